@@ -1,0 +1,268 @@
+/*
+ * bfc.h - the bfcshim allocator engine: a best-fit-with-coalescing pool over
+ * address ranges.
+ *
+ * The engine hands out sub-ranges of large "regions" that it obtains from a
+ * backend (in the shim: cuMemAlloc of the real driver; in tests and replay: a
+ * simulated address space). It never reads or writes the memory it manages
+ * (device memory is not host-readable), so every piece of bookkeeping lives in
+ * host memory that grows with the number of chunks, never with region size.
+ *
+ * Vocabulary
+ *   region  a range obtained from the backend in one call; returned whole.
+ *   chunk   a piece of a region: allocated, free, or pending. The chunks of a
+ *           region tile it exactly, in address order.
+ *   free    reusable by any allocation at once.
+ *   pending freed by the owner but not yet safe for everyone: it waits in a
+ *           "lane" until the owner reports its fence token complete. In the
+ *           shim a lane is a CUDA stream and a token stands for CUDA events.
+ *   lane    a FIFO of pending chunks. An allocation made *on* a reusable lane
+ *           may take that lane's pending chunks at once (stream order makes
+ *           that safe); nobody else may until they retire.
+ *
+ * Thread safety: every function that takes a pool locks that pool's one
+ * mutex for its whole duration; pools are independent. The fence callback is
+ * called with the lock held and must not call back into the pool.
+ *
+ * The engine has no global state and does no I/O except to FILE streams the
+ * caller passes (dump, check).
+ */
+#ifndef BFCSHIM_CORE_BFC_H
+#define BFCSHIM_CORE_BFC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef uint64_t bfc_addr;
+typedef struct bfc_pool bfc_pool;
+
+/* Smallest unit of size and alignment, as in TSL's BFC (kMinAllocationSize). */
+#define BFC_MIN_GRANULARITY 256u
+/* Requests above this (256 TiB) are rejected as too large: no device has that
+ * much memory and it keeps every size computation far from overflow. */
+#define BFC_MAX_ALLOC_BYTES (UINT64_C(1) << 48)
+/* Lane 0 means "no lane": a plain allocation, or an immediate free. */
+#define BFC_NO_LANE 0u
+
+typedef enum bfc_status {
+    BFC_OK = 0,
+    BFC_ERR_OOM,           /* nothing fits and the backend gives no more */
+    BFC_ERR_TOO_LARGE,     /* size above BFC_MAX_ALLOC_BYTES (rounding would overflow) */
+    BFC_ERR_NOT_OWNED,     /* address in no region of this pool: route it elsewhere */
+    BFC_ERR_NOT_ALLOCATED, /* inside a region but not the start of a live allocation */
+    BFC_ERR_BAD_LANE,      /* lane not open, or not accepting frees */
+    BFC_ERR_BAD_TOKEN,     /* fence tokens of a lane must not decrease */
+    BFC_ERR_HOST_MEMORY,   /* host metadata could not be allocated; pool unchanged */
+    BFC_ERR_INVALID,       /* bad options or arguments */
+} bfc_status;
+
+const char *bfc_status_name(bfc_status s);
+
+/*
+ * Where regions come from. region_alloc must return a base aligned to at
+ * least the pool's granularity and never 0; it returns 0 on success and any
+ * other value on failure (the pool then backs off to a smaller size).
+ */
+typedef struct bfc_backend {
+    void *ctx;
+    int (*region_alloc)(void *ctx, uint64_t size, bfc_addr *base);
+    void (*region_free)(void *ctx, bfc_addr base, uint64_t size);
+    /*
+     * Optional. Asks whether fence `token` of `lane` has completed; with
+     * wait=true it may block until it has. Returns true when complete. Called
+     * with the pool locked, only on the slow path (when nothing fits).
+     */
+    bool (*fence_done)(void *ctx, uint32_t lane, uint64_t token, bool wait);
+} bfc_backend;
+
+typedef struct bfc_options {
+    /* The most bytes of regions the pool may hold at once (required, > 0). */
+    uint64_t limit_bytes;
+    /* true: the first extension asks for the whole limit (XLA preallocation);
+     * false: regions start at initial_region_bytes and double (growth mode). */
+    bool preallocate;
+    uint64_t initial_region_bytes; /* growth mode; default 2 MiB */
+    /* Region sizes are rounded up to this (the driver's allocation granule);
+     * default 2 MiB. Set 256 to simulate exact region sizes. */
+    uint64_t region_granularity;
+    /* Size rounding and alignment of every chunk: a power of two >= 256. */
+    uint64_t granularity;
+    /* A free chunk is split only when the remainder is at least this many
+     * bytes (and at least one granule). Default: 256 (always split). */
+    uint64_t min_split_bytes;
+    /* On OOM, return regions that hold no allocated or pending chunk to the
+     * backend and retry with one region that fits (TSL garbage collection). */
+    bool garbage_collection;
+    /* Requests of at most this many bytes are placed at the high end of the
+     * best-fitting free chunk, larger ones at the low end, so that small
+     * short-lived blocks do not pin holes between large ones. 0 disables. */
+    uint64_t small_alloc_bytes;
+} bfc_options;
+
+/* Fills *o with the defaults above, limit_bytes left 0. */
+void bfc_options_init(bfc_options *o);
+
+/*
+ * Statistics. Names follow TSL's AllocatorStats where one exists
+ * (num_allocs, bytes_in_use, peak_bytes_in_use, largest_alloc_size,
+ * bytes_limit, bytes_reserved, peak_bytes_reserved, largest_free_block_bytes,
+ * pool_bytes, peak_pool_bytes). bytes_in_use counts rounded chunk sizes, as in
+ * TSL; bytes_requested counts what callers asked for.
+ */
+typedef struct bfc_stats {
+    uint64_t num_allocs;
+    uint64_t num_frees;
+    uint64_t num_ooms;
+    uint64_t bytes_in_use;
+    uint64_t peak_bytes_in_use;
+    uint64_t bytes_requested;
+    uint64_t peak_bytes_requested;
+    uint64_t largest_alloc_size;
+    uint64_t bytes_limit;
+    uint64_t bytes_reserved;      /* = pool_bytes: held from the device */
+    uint64_t peak_bytes_reserved; /* = peak_pool_bytes */
+    uint64_t pool_bytes;
+    uint64_t peak_pool_bytes;
+    uint64_t largest_free_block_bytes;
+    uint64_t free_bytes;    /* in free chunks */
+    uint64_t pending_bytes; /* in pending chunks (freed, fence not done) */
+    uint64_t internal_fragmentation_bytes; /* bytes_in_use - bytes_requested */
+    double fragmentation; /* (free - largest free) / free, TSL's measure; 0 if no free */
+    uint64_t num_chunks;
+    uint64_t num_free_chunks;
+    uint64_t num_pending_chunks;
+    uint64_t num_regions;
+    uint64_t num_region_allocs; /* successful backend region_alloc calls */
+    uint64_t num_region_frees;  /* backend region_free calls */
+    uint64_t num_region_alloc_failures;
+    uint64_t num_gc_runs;
+    uint64_t num_fence_waits; /* blocking fence_done calls on the slow path */
+    uint64_t host_metadata_bytes; /* host memory the engine holds for bookkeeping */
+} bfc_stats;
+
+/* Creates a pool. Takes no memory from the backend until the first
+ * allocation (or bfc_pool_reserve). Returns NULL on bad options or no memory. */
+bfc_pool *bfc_pool_create(const bfc_options *opt, const bfc_backend *backend);
+
+/* Destroys the pool; with release_regions, returns every region to the
+ * backend first (live allocations included). */
+void bfc_pool_destroy(bfc_pool *pool, bool release_regions);
+
+/* Takes the first region now (preallocation at start-up) unless the pool
+ * already holds one. Returns BFC_OK or BFC_ERR_OOM. */
+bfc_status bfc_pool_reserve(bfc_pool *pool);
+
+/*
+ * Allocates `size` bytes. Size 0 succeeds with *out = 0 and takes nothing (as
+ * cudaMalloc does). `lane` is BFC_NO_LANE or an open lane whose pending
+ * chunks this allocation may reuse. On failure *out is left unchanged.
+ */
+bfc_status bfc_pool_alloc(bfc_pool *pool, uint64_t size, uint32_t lane,
+                          bfc_addr *out);
+
+/* Frees the allocation that starts at addr; the memory is reusable at once.
+ * addr 0 is a no-op that succeeds. Bad pointers change nothing. */
+bfc_status bfc_pool_free(bfc_pool *pool, bfc_addr addr);
+
+/*
+ * Frees the allocation at addr into `lane`, where it waits until fence
+ * `token` completes (bfc_pool_retire, or the backend's fence_done on the slow
+ * path). Tokens given to one lane must not decrease. The engine picks the
+ * oldest token across lanes first when it must wait, so owners should draw
+ * tokens from one counter per pool.
+ */
+bfc_status bfc_pool_free_fenced(bfc_pool *pool, bfc_addr addr, uint32_t lane,
+                                uint64_t token);
+
+/* Opens a lane. reusable: allocations on this lane may take its pending
+ * chunks before they retire. */
+bfc_status bfc_pool_lane_open(bfc_pool *pool, bool reusable, uint32_t *lane);
+
+/* Closes a lane: it accepts no more frees or allocations; its pending chunks
+ * still wait for their tokens, and the lane's slot is recycled once empty. */
+void bfc_pool_lane_close(bfc_pool *pool, uint32_t lane);
+
+/* Makes every chunk of `lane` whose token is <= `completed` free. */
+void bfc_pool_retire(bfc_pool *pool, uint32_t lane, uint64_t completed);
+
+/* Oldest pending token of a lane; false when the lane holds nothing. */
+bool bfc_pool_lane_oldest(bfc_pool *pool, uint32_t lane, uint64_t *token);
+
+/* Returns every region that holds no allocated or pending chunk to the
+ * backend; returns the number of bytes released. */
+uint64_t bfc_pool_trim(bfc_pool *pool);
+
+/* True when addr lies inside one of the pool's regions. */
+bool bfc_pool_owns(bfc_pool *pool, bfc_addr addr);
+
+/* Finds the live allocation containing addr: its base and requested size.
+ * Costs a hash lookup when addr is a base, a walk of its region otherwise. */
+bfc_status bfc_pool_lookup(bfc_pool *pool, bfc_addr addr, bfc_addr *base,
+                           uint64_t *size);
+
+/* Writes one line describing what addr is to the pool (for error messages):
+ * "live allocation", "interior of ...", "inside free block ...", ... */
+void bfc_pool_describe(bfc_pool *pool, bfc_addr addr, char *buf, size_t len);
+
+void bfc_pool_stats(bfc_pool *pool, bfc_stats *out);
+void bfc_pool_options(bfc_pool *pool, bfc_options *out);
+
+/* Up to n live allocations, largest first: base, rounded size, requested
+ * size, allocation sequence number (age). Returns how many were written. */
+typedef struct bfc_live_info {
+    bfc_addr addr;
+    uint64_t size;
+    uint64_t requested;
+    uint64_t seq;
+} bfc_live_info;
+size_t bfc_pool_largest_live(bfc_pool *pool, bfc_live_info *out, size_t n);
+
+/* Calls fn for every chunk of every region in address order (pool locked). */
+typedef enum bfc_chunk_kind {
+    BFC_CHUNK_FREE,
+    BFC_CHUNK_ALLOCATED,
+    BFC_CHUNK_PENDING,
+} bfc_chunk_kind;
+typedef struct bfc_chunk_info {
+    bfc_addr addr;
+    uint64_t size;
+    uint64_t requested; /* allocated and pending chunks */
+    uint64_t seq;       /* allocated: allocation sequence; pending: token */
+    uint32_t region;    /* index of the region in address order */
+    uint32_t lane;      /* pending chunks */
+    bfc_chunk_kind kind;
+} bfc_chunk_info;
+typedef void (*bfc_chunk_visitor)(void *arg, const bfc_chunk_info *chunk);
+void bfc_pool_visit(bfc_pool *pool, bfc_chunk_visitor fn, void *arg);
+
+/* Memory-map dump for OOM reports and debugging. */
+enum {
+    BFC_DUMP_SUMMARY = 1u << 0,   /* stats in TSL's DebugString layout */
+    BFC_DUMP_BINS = 1u << 1,      /* one line per non-empty bin */
+    BFC_DUMP_CHUNKS = 1u << 2,    /* every chunk */
+    BFC_DUMP_OCCUPANCY = 1u << 3, /* a 100-column map per region */
+    BFC_DUMP_ALL = 0xfu,
+};
+void bfc_pool_dump(bfc_pool *pool, FILE *out, unsigned what);
+
+/*
+ * Checks every structural invariant (see check.c) and that the statistics
+ * equal a recount. Returns the number of violations; describes up to a few of
+ * them on `err` when it is not NULL.
+ */
+size_t bfc_pool_check(bfc_pool *pool, FILE *err);
+
+/* For fork handlers: hold / release the pool's lock. */
+void bfc_pool_lock(bfc_pool *pool);
+void bfc_pool_unlock(bfc_pool *pool);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,80 @@
+/*
+ * chunks.h - chunk records and the store that holds them.
+ *
+ * Every chunk is described by one 64-byte record in host memory, named by a
+ * 32-bit index (a "handle") rather than a pointer: handles stay valid while
+ * the store grows, and they halve the size of every link. Index 0 is never
+ * handed out and means "none" (CHUNK_NIL); the bin trees also use record 0 as
+ * their black sentinel, so it must stay zeroed apart from the parent link the
+ * tree code scribbles on it.
+ *
+ * Records live in slabs of 4096 (256 KiB each) that are never moved, so the
+ * store grows without copying and without a latency spike, and host memory is
+ * proportional to the peak number of chunks, not to the size of the regions.
+ */
+#ifndef BFCSHIM_CORE_CHUNKS_H
+#define BFCSHIM_CORE_CHUNKS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define CHUNK_NIL 0u
+#define CHUNK_SLAB_SHIFT 12u
+#define CHUNK_SLAB_SIZE (1u << CHUNK_SLAB_SHIFT)
+#define CHUNK_SLAB_MASK (CHUNK_SLAB_SIZE - 1u)
+
+enum chunk_state {
+    CHUNK_UNUSED = 0,    /* record on the store's free list */
+    CHUNK_FREE = 1,      /* in the pool's free bins */
+    CHUNK_ALLOCATED = 2, /* in the live-address map */
+    CHUNK_PENDING = 3,   /* in a lane, waiting for its fence token */
+};
+
+typedef struct chunk {
+    uint64_t addr;
+    uint64_t size;      /* multiple of the granularity */
+    uint64_t requested; /* allocated / pending: bytes the caller asked for */
+    uint64_t stamp;     /* allocated: allocation sequence; pending: token */
+    uint32_t prev, next;          /* physical neighbours within the region */
+    uint32_t left, right, parent; /* bin tree links while free or pending */
+    uint32_t qprev, qnext;        /* lane FIFO while pending; free list while unused */
+    uint16_t lane;                /* pending: the lane it waits in */
+    uint8_t state;
+    uint8_t red; /* bin tree colour */
+} chunk;
+
+_Static_assert(sizeof(chunk) == 64, "a chunk record should fill one cache line");
+
+typedef struct chunk_store {
+    chunk **slabs;
+    uint32_t nslabs;
+    uint32_t slabs_cap;
+    uint32_t free_head; /* unused records, linked through qnext */
+    uint32_t used;      /* records handed out (not counting record 0) */
+} chunk_store;
+
+static inline chunk *chunk_at(const chunk_store *s, uint32_t i)
+{
+    return &s->slabs[i >> CHUNK_SLAB_SHIFT][i & CHUNK_SLAB_MASK];
+}
+
+/* Starts an empty store; record 0 is allocated here. Returns false on OOM. */
+bool chunk_store_init(chunk_store *s);
+void chunk_store_fini(chunk_store *s);
+
+/* Makes sure n more records can be taken without failing. */
+bool chunk_store_reserve(chunk_store *s, uint32_t n);
+
+/* Takes a zeroed record. The caller must have reserved it. */
+uint32_t chunk_new(chunk_store *s);
+void chunk_release(chunk_store *s, uint32_t i);
+
+/* Records the store can hold without growing (including record 0). */
+static inline uint64_t chunk_store_capacity(const chunk_store *s)
+{
+    return (uint64_t)s->nslabs << CHUNK_SLAB_SHIFT;
+}
+
+uint64_t chunk_store_host_bytes(const chunk_store *s);
+
+#endif

@@ -1,0 +1,263 @@
+/*
+ * lanes.c - deferred frees: chunks that wait for a fence before anyone else
+ * may reuse them.
+ *
+ * Why: a GPU may still be running work that reads a block when the program
+ * frees it. CUDA's stream-ordered pools let the freeing stream reuse such a
+ * block at once (its later work is ordered after the free) and everyone else
+ * only once the free has completed. A lane models one such stream: a FIFO of
+ * pending chunks tagged with the owner's fence token. Tokens of a lane never
+ * decrease, so a completed token retires a prefix of the FIFO.
+ *
+ * Pending chunks are not merged with anything: merging would have to pick one
+ * token for memory freed at different times. They coalesce with their free
+ * neighbours when they retire.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool_internal.h"
+
+static lane *lane_get(bfc_pool *p, uint32_t id)
+{
+    if (id == BFC_NO_LANE || id >= p->nlanes || !p->lanes[id].open)
+        return NULL;
+    return &p->lanes[id];
+}
+
+bfc_status bfc_pool_lane_open(bfc_pool *p, bool reusable, uint32_t *out)
+{
+    bfc_status s = BFC_OK;
+    bin_set *bins = NULL;
+    pthread_mutex_lock(&p->lock);
+    /* Slot 0 is BFC_NO_LANE; recycle the first closed slot, else append. */
+    uint32_t id = 1;
+    while (id < p->nlanes && p->lanes[id].open)
+        id++;
+    if (id > LANE_MAX) {
+        s = BFC_ERR_INVALID;
+        goto out;
+    }
+    if (id == p->lanes_cap) {
+        uint32_t cap = p->lanes_cap * 2;
+        lane *t = realloc(p->lanes, cap * sizeof *t);
+        if (!t) {
+            s = BFC_ERR_HOST_MEMORY;
+            goto out;
+        }
+        memset(t + p->lanes_cap, 0, (cap - p->lanes_cap) * sizeof *t);
+        p->lanes = t;
+        p->lanes_cap = cap;
+    }
+    if (reusable) {
+        bins = malloc(sizeof *bins);
+        if (!bins) {
+            s = BFC_ERR_HOST_MEMORY;
+            goto out;
+        }
+        bins_init(bins);
+    }
+    if (id == p->nlanes)
+        p->nlanes++;
+    p->lanes[id] = (lane){.open = 1, .accepting = 1, .bins = bins};
+    *out = id;
+out:
+    pthread_mutex_unlock(&p->lock);
+    return s;
+}
+
+static void lane_free_slot(lane *l)
+{
+    free(l->bins);
+    memset(l, 0, sizeof *l);
+}
+
+void bfc_pool_lane_close(bfc_pool *p, uint32_t id)
+{
+    pthread_mutex_lock(&p->lock);
+    lane *l = lane_get(p, id);
+    if (l) {
+        l->accepting = 0;
+        if (l->head == CHUNK_NIL)
+            lane_free_slot(l);
+    }
+    pthread_mutex_unlock(&p->lock);
+}
+
+/* Unlinks a pending chunk from its lane's FIFO and bins. */
+void lane_detach(bfc_pool *p, uint32_t c)
+{
+    chunk *cc = C(p, c);
+    lane *l = &p->lanes[cc->lane];
+    if (l->bins)
+        bins_remove(l->bins, &p->chunks, c);
+    if (cc->qprev != CHUNK_NIL)
+        C(p, cc->qprev)->qnext = cc->qnext;
+    else
+        l->head = cc->qnext;
+    if (cc->qnext != CHUNK_NIL)
+        C(p, cc->qnext)->qprev = cc->qprev;
+    else
+        l->tail = cc->qprev;
+    cc->qprev = cc->qnext = CHUNK_NIL;
+    l->count--;
+    l->bytes -= cc->size;
+    p->st.pending_bytes -= cc->size;
+    p->st.num_pending_chunks--;
+}
+
+/* Makes c pending in lane `id` with `token`, placed in the FIFO right after
+ * `after` (CHUNK_NIL: at the head). Callers keep tokens in order: a new free
+ * goes after the tail, a split remainder where its parent was. */
+void lane_attach_after(bfc_pool *p, uint32_t c, uint32_t id, uint64_t token,
+                       uint32_t after)
+{
+    lane *l = &p->lanes[id];
+    chunk *cc = C(p, c);
+    cc->state = CHUNK_PENDING;
+    cc->lane = (uint16_t)id;
+    cc->stamp = token;
+    cc->requested = 0;
+    cc->qprev = after;
+    cc->qnext = after != CHUNK_NIL ? C(p, after)->qnext : l->head;
+    if (cc->qnext != CHUNK_NIL)
+        C(p, cc->qnext)->qprev = c;
+    else
+        l->tail = c;
+    if (after != CHUNK_NIL)
+        C(p, after)->qnext = c;
+    else
+        l->head = c;
+    if (l->bins)
+        bins_insert(l->bins, &p->chunks, c);
+    l->count++;
+    l->bytes += cc->size;
+    p->st.pending_bytes += cc->size;
+    p->st.num_pending_chunks++;
+}
+
+bfc_status bfc_pool_free_fenced(bfc_pool *p, bfc_addr addr, uint32_t id,
+                                uint64_t token)
+{
+    if (addr == 0)
+        return BFC_OK;
+    bfc_status s = BFC_OK;
+    pthread_mutex_lock(&p->lock);
+    lane *l = lane_get(p, id);
+    if (!l || !l->accepting) {
+        s = BFC_ERR_BAD_LANE;
+    } else if (token < l->last_token) {
+        s = BFC_ERR_BAD_TOKEN;
+    } else {
+        uint32_t c = addr_map_take(&p->live, addr);
+        if (c == CHUNK_NIL) {
+            s = region_find(p, addr) < 0 ? BFC_ERR_NOT_OWNED : BFC_ERR_NOT_ALLOCATED;
+        } else {
+            chunk *cc = C(p, c);
+            p->st.num_frees++;
+            p->st.bytes_in_use -= cc->size;
+            p->st.bytes_requested -= cc->requested;
+            lane_attach_after(p, c, id, token, l->tail);
+            l->last_token = token;
+        }
+    }
+    pthread_mutex_unlock(&p->lock);
+    return s;
+}
+
+void lane_retire_locked(bfc_pool *p, uint32_t id, uint64_t completed)
+{
+    lane *l = lane_get(p, id);
+    if (!l)
+        return;
+    while (l->head != CHUNK_NIL && C(p, l->head)->stamp <= completed) {
+        uint32_t c = l->head;
+        lane_detach(p, c);
+        pool_make_free(p, c);
+    }
+    if (!l->accepting && l->head == CHUNK_NIL)
+        lane_free_slot(l);
+}
+
+void bfc_pool_retire(bfc_pool *p, uint32_t id, uint64_t completed)
+{
+    pthread_mutex_lock(&p->lock);
+    lane_retire_locked(p, id, completed);
+    pthread_mutex_unlock(&p->lock);
+}
+
+bool bfc_pool_lane_oldest(bfc_pool *p, uint32_t id, uint64_t *token)
+{
+    pthread_mutex_lock(&p->lock);
+    lane *l = lane_get(p, id);
+    bool any = l && l->head != CHUNK_NIL;
+    if (any)
+        *token = C(p, l->head)->stamp;
+    pthread_mutex_unlock(&p->lock);
+    return any;
+}
+
+/* Slow path, step 1: retire every token the owner already reports complete.
+ * Returns true when anything retired. */
+bool lanes_poll(bfc_pool *p)
+{
+    if (!p->backend.fence_done)
+        return false;
+    bool any = false;
+    for (uint32_t id = 1; id < p->nlanes; id++) {
+        lane *l = &p->lanes[id];
+        while (l->open && l->head != CHUNK_NIL) {
+            uint64_t t = C(p, l->head)->stamp;
+            if (!p->backend.fence_done(p->backend.ctx, id, t, false))
+                break;
+            lane_retire_locked(p, id, t);
+            any = true;
+        }
+    }
+    return any;
+}
+
+/* Slow path, step 3: wait for the oldest token of all lanes and retire it.
+ * Returns false when nothing is pending or the owner could not wait. */
+bool lanes_wait_oldest(bfc_pool *p)
+{
+    if (!p->backend.fence_done)
+        return false;
+    uint32_t best = 0;
+    uint64_t best_token = 0;
+    for (uint32_t id = 1; id < p->nlanes; id++) {
+        const lane *l = &p->lanes[id];
+        if (!l->open || l->head == CHUNK_NIL)
+            continue;
+        uint64_t t = C(p, l->head)->stamp;
+        if (best == 0 || t < best_token) {
+            best = id;
+            best_token = t;
+        }
+    }
+    if (best == 0)
+        return false;
+    p->st.num_fence_waits++;
+    if (!p->backend.fence_done(p->backend.ctx, best, best_token, true))
+        return false;
+    lane_retire_locked(p, best, best_token);
+    return true;
+}
+
+void lanes_fini(bfc_pool *p)
+{
+    for (uint32_t id = 1; id < p->nlanes; id++)
+        free(p->lanes[id].bins);
+    free(p->lanes);
+    p->lanes = NULL;
+    p->nlanes = p->lanes_cap = 0;
+}
+
+uint64_t lanes_host_bytes(const bfc_pool *p)
+{
+    uint64_t bytes = (uint64_t)p->lanes_cap * sizeof(lane);
+    for (uint32_t id = 1; id < p->nlanes; id++)
+        if (p->lanes[id].bins)
+            bytes += sizeof(bin_set);
+    return bytes;
+}

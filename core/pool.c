@@ -1,0 +1,449 @@
+/*
+ * pool.c - the pool's life cycle and its hot path: allocate, free, coalesce.
+ *
+ * Allocation: round the size up to the granularity; take the best fit from
+ * the free bins (and from the caller's lane, when it has one); if nothing
+ * fits, go down the slow path (retire completed fences, grow, wait for fences,
+ * garbage-collect empty regions, grow again). Split the chunk when the
+ * remainder is worth keeping. Small requests are carved from the high end of
+ * their chunk, large ones from the low end (see bfc_options.small_alloc_bytes).
+ *
+ * Free: find the chunk by address, merge it with free neighbours at once, and
+ * file the result in its bin. Everything that can fail (host memory for a new
+ * record or a bigger address map) is reserved before anything changes, so a
+ * failure leaves the pool exactly as it was.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool_internal.h"
+
+const char *bfc_status_name(bfc_status s)
+{
+    switch (s) {
+    case BFC_OK: return "ok";
+    case BFC_ERR_OOM: return "out of memory";
+    case BFC_ERR_TOO_LARGE: return "size too large";
+    case BFC_ERR_NOT_OWNED: return "address not in this pool";
+    case BFC_ERR_NOT_ALLOCATED: return "not the start of a live allocation";
+    case BFC_ERR_BAD_LANE: return "lane not open";
+    case BFC_ERR_BAD_TOKEN: return "fence token went backwards";
+    case BFC_ERR_HOST_MEMORY: return "host memory exhausted";
+    case BFC_ERR_INVALID: return "invalid argument";
+    }
+    return "unknown status";
+}
+
+void bfc_options_init(bfc_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->preallocate = true;
+    o->initial_region_bytes = UINT64_C(2) << 20;
+    o->region_granularity = UINT64_C(2) << 20;
+    o->granularity = BFC_MIN_GRANULARITY;
+    o->min_split_bytes = BFC_MIN_GRANULARITY;
+    o->garbage_collection = true;
+    o->small_alloc_bytes = 0;
+}
+
+static bool is_pow2(uint64_t x) { return x && !(x & (x - 1)); }
+
+bfc_pool *bfc_pool_create(const bfc_options *opt, const bfc_backend *backend)
+{
+    if (!opt || !backend || !backend->region_alloc || !backend->region_free)
+        return NULL;
+    if (opt->limit_bytes == 0 || !is_pow2(opt->granularity) ||
+        opt->granularity < BFC_MIN_GRANULARITY || opt->region_granularity == 0 ||
+        opt->region_granularity % opt->granularity != 0 ||
+        opt->limit_bytes > BFC_MAX_ALLOC_BYTES)
+        return NULL;
+    bfc_pool *p = calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    p->opt = *opt;
+    if (p->opt.initial_region_bytes == 0)
+        p->opt.initial_region_bytes = p->opt.region_granularity;
+    p->backend = *backend;
+    p->next_region_bytes = p->opt.initial_region_bytes;
+    p->st.bytes_limit = p->opt.limit_bytes;
+    bins_init(&p->free_bins);
+    p->lanes_cap = 8;
+    p->nlanes = 1;
+    p->lanes = calloc(p->lanes_cap, sizeof *p->lanes);
+    if (!p->lanes || !chunk_store_init(&p->chunks) || !addr_map_init(&p->live) ||
+        pthread_mutex_init(&p->lock, NULL) != 0) {
+        free(p->lanes);
+        chunk_store_fini(&p->chunks);
+        addr_map_fini(&p->live);
+        free(p);
+        return NULL;
+    }
+    return p;
+}
+
+void bfc_pool_destroy(bfc_pool *p, bool release_regions)
+{
+    if (!p)
+        return;
+    if (release_regions)
+        region_release_all(p);
+    lanes_fini(p);
+    free(p->regions);
+    addr_map_fini(&p->live);
+    chunk_store_fini(&p->chunks);
+    pthread_mutex_destroy(&p->lock);
+    free(p);
+}
+
+void bfc_pool_lock(bfc_pool *p) { pthread_mutex_lock(&p->lock); }
+void bfc_pool_unlock(bfc_pool *p) { pthread_mutex_unlock(&p->lock); }
+
+bfc_status bfc_pool_reserve(bfc_pool *p)
+{
+    pthread_mutex_lock(&p->lock);
+    bfc_status s = BFC_OK;
+    if (p->nregions == 0 && !region_extend(p, p->opt.granularity))
+        s = BFC_ERR_OOM;
+    pthread_mutex_unlock(&p->lock);
+    return s;
+}
+
+/* The best candidate for `rounded` bytes: the free bins, or the caller's
+ * lane, whichever holds the smaller fit (lower address on ties). */
+static uint32_t find_fit(bfc_pool *p, uint64_t rounded, uint32_t lane_id)
+{
+    uint32_t c = bins_best_fit(&p->free_bins, &p->chunks, rounded);
+    if (lane_id != BFC_NO_LANE) {
+        const bin_set *lb = p->lanes[lane_id].bins;
+        uint32_t d = lb ? bins_best_fit(lb, &p->chunks, rounded) : CHUNK_NIL;
+        if (d != CHUNK_NIL && (c == CHUNK_NIL || chunk_less(C(p, d), C(p, c))))
+            c = d;
+    }
+    return c;
+}
+
+static uint32_t find_fit_slow(bfc_pool *p, uint64_t rounded, uint32_t lane_id)
+{
+    uint32_t c;
+    if (lanes_poll(p) && (c = find_fit(p, rounded, lane_id)) != CHUNK_NIL)
+        return c;
+    if (region_extend(p, rounded))
+        return find_fit(p, rounded, lane_id);
+    while (lanes_wait_oldest(p))
+        if ((c = find_fit(p, rounded, lane_id)) != CHUNK_NIL)
+            return c;
+    if (p->opt.garbage_collection && p->nregions > 0) {
+        p->st.num_gc_runs++;
+        if (region_release_empty(p) > 0 && region_extend(p, rounded))
+            return find_fit(p, rounded, lane_id);
+    }
+    return CHUNK_NIL;
+}
+
+/* Links record r into the address list right after c. */
+static void link_after(bfc_pool *p, uint32_t c, uint32_t r)
+{
+    chunk *cc = C(p, c), *rc = C(p, r);
+    rc->prev = c;
+    rc->next = cc->next;
+    if (cc->next != CHUNK_NIL)
+        C(p, cc->next)->prev = r;
+    cc->next = r;
+}
+
+/*
+ * Takes chunk c (FREE or PENDING) for an allocation of `rounded` bytes and
+ * returns the handle of the allocated piece; a remainder stays where c was
+ * (free bins, or its lane's FIFO at c's place with c's token). A free chunk's
+ * neighbours are never free, so the remainder needs no merging.
+ */
+static uint32_t take_chunk(bfc_pool *p, uint32_t c, uint64_t rounded)
+{
+    chunk *cc = C(p, c);
+    const bool pending = cc->state == CHUNK_PENDING;
+    const uint32_t lane_id = cc->lane, fifo_prev = cc->qprev;
+    const uint64_t token = cc->stamp;
+    if (pending)
+        lane_detach(p, c);
+    else
+        bins_remove(&p->free_bins, &p->chunks, c);
+
+    uint64_t rest = cc->size - rounded;
+    uint64_t min_rest = p->opt.min_split_bytes > p->opt.granularity
+                            ? p->opt.min_split_bytes
+                            : p->opt.granularity;
+    if (rest < min_rest)
+        return c;
+
+    uint32_t r = chunk_new(&p->chunks); /* reserved by the caller */
+    chunk *rc = C(p, r);
+    uint32_t taken = c, left = r;
+    if (p->opt.small_alloc_bytes && rounded <= p->opt.small_alloc_bytes) {
+        /* High end: c keeps the low remainder, r becomes the allocation. */
+        rc->addr = cc->addr + rest;
+        rc->size = rounded;
+        cc->size = rest;
+        taken = r;
+        left = c;
+    } else {
+        rc->addr = cc->addr + rounded;
+        rc->size = rest;
+        cc->size = rounded;
+    }
+    link_after(p, c, r);
+    if (pending) {
+        lane_attach_after(p, left, lane_id, token, fifo_prev);
+    } else {
+        C(p, left)->state = CHUNK_FREE;
+        bins_insert(&p->free_bins, &p->chunks, left);
+    }
+    return taken;
+}
+
+bfc_status bfc_pool_alloc(bfc_pool *p, uint64_t size, uint32_t lane_id,
+                          bfc_addr *out)
+{
+    if (size == 0) {
+        *out = 0;
+        return BFC_OK;
+    }
+    if (size > BFC_MAX_ALLOC_BYTES)
+        return BFC_ERR_TOO_LARGE;
+    const uint64_t rounded = round_up(size, p->opt.granularity);
+    bfc_status s = BFC_OK;
+    pthread_mutex_lock(&p->lock);
+    if (lane_id != BFC_NO_LANE &&
+        (lane_id >= p->nlanes || !p->lanes[lane_id].accepting)) {
+        s = BFC_ERR_BAD_LANE;
+        goto out;
+    }
+    /* One record for a split remainder, one for a new region, one map slot. */
+    if (!chunk_store_reserve(&p->chunks, 2) || !addr_map_reserve(&p->live, 1)) {
+        s = BFC_ERR_HOST_MEMORY;
+        goto out;
+    }
+    uint32_t c = find_fit(p, rounded, lane_id);
+    if (c == CHUNK_NIL)
+        c = find_fit_slow(p, rounded, lane_id);
+    if (c == CHUNK_NIL) {
+        p->st.num_ooms++;
+        s = BFC_ERR_OOM;
+        goto out;
+    }
+    c = take_chunk(p, c, rounded);
+    chunk *cc = C(p, c);
+    cc->state = CHUNK_ALLOCATED;
+    cc->requested = size;
+    cc->stamp = ++p->alloc_seq;
+    addr_map_put(&p->live, cc->addr, c);
+
+    bfc_stats *st = &p->st;
+    st->num_allocs++;
+    st->bytes_in_use += cc->size;
+    st->bytes_requested += size;
+    if (st->bytes_in_use > st->peak_bytes_in_use)
+        st->peak_bytes_in_use = st->bytes_in_use;
+    if (st->bytes_requested > st->peak_bytes_requested)
+        st->peak_bytes_requested = st->bytes_requested;
+    if (size > st->largest_alloc_size)
+        st->largest_alloc_size = size;
+    *out = cc->addr;
+out:
+    pthread_mutex_unlock(&p->lock);
+    return s;
+}
+
+/* Unlinks and recycles record r, which follows c; c absorbs its bytes. */
+static void absorb_next(bfc_pool *p, uint32_t c, uint32_t r)
+{
+    chunk *cc = C(p, c), *rc = C(p, r);
+    cc->size += rc->size;
+    cc->next = rc->next;
+    if (rc->next != CHUNK_NIL)
+        C(p, rc->next)->prev = c;
+    chunk_release(&p->chunks, r);
+}
+
+/* Turns a detached chunk (just freed or just retired) into a free one,
+ * merging it with free neighbours; the lower record survives a merge. */
+void pool_make_free(bfc_pool *p, uint32_t c)
+{
+    chunk *cc = C(p, c);
+    cc->state = CHUNK_FREE;
+    cc->requested = 0;
+    cc->stamp = 0;
+    uint32_t n = cc->next;
+    if (n != CHUNK_NIL && C(p, n)->state == CHUNK_FREE) {
+        bins_remove(&p->free_bins, &p->chunks, n);
+        absorb_next(p, c, n);
+    }
+    uint32_t v = cc->prev;
+    if (v != CHUNK_NIL && C(p, v)->state == CHUNK_FREE) {
+        bins_remove(&p->free_bins, &p->chunks, v);
+        absorb_next(p, v, c);
+        c = v;
+    }
+    bins_insert(&p->free_bins, &p->chunks, c);
+}
+
+bfc_status bfc_pool_free(bfc_pool *p, bfc_addr addr)
+{
+    if (addr == 0)
+        return BFC_OK;
+    bfc_status s = BFC_OK;
+    pthread_mutex_lock(&p->lock);
+    uint32_t c = addr_map_take(&p->live, addr);
+    if (c == CHUNK_NIL) {
+        s = region_find(p, addr) < 0 ? BFC_ERR_NOT_OWNED : BFC_ERR_NOT_ALLOCATED;
+    } else {
+        chunk *cc = C(p, c);
+        p->st.num_frees++;
+        p->st.bytes_in_use -= cc->size;
+        p->st.bytes_requested -= cc->requested;
+        pool_make_free(p, c);
+    }
+    pthread_mutex_unlock(&p->lock);
+    return s;
+}
+
+uint64_t bfc_pool_trim(bfc_pool *p)
+{
+    pthread_mutex_lock(&p->lock);
+    uint64_t released = region_release_empty(p);
+    pthread_mutex_unlock(&p->lock);
+    return released;
+}
+
+bool bfc_pool_owns(bfc_pool *p, bfc_addr addr)
+{
+    pthread_mutex_lock(&p->lock);
+    bool owned = region_find(p, addr) >= 0;
+    pthread_mutex_unlock(&p->lock);
+    return owned;
+}
+
+bfc_status bfc_pool_lookup(bfc_pool *p, bfc_addr addr, bfc_addr *base,
+                           uint64_t *size)
+{
+    bfc_status s = BFC_OK;
+    pthread_mutex_lock(&p->lock);
+    uint32_t c = addr_map_get(&p->live, addr);
+    if (c == CHUNK_NIL) {
+        int r = region_find(p, addr);
+        if (r < 0) {
+            s = BFC_ERR_NOT_OWNED;
+        } else {
+            c = region_chunk_containing(p, r, addr);
+            /* Bytes past the request but inside the rounded chunk are not
+             * part of the allocation. */
+            if (c == CHUNK_NIL || C(p, c)->state != CHUNK_ALLOCATED ||
+                addr - C(p, c)->addr >= C(p, c)->requested) {
+                c = CHUNK_NIL;
+                s = BFC_ERR_NOT_ALLOCATED;
+            }
+        }
+    }
+    if (c != CHUNK_NIL) {
+        if (base)
+            *base = C(p, c)->addr;
+        if (size)
+            *size = C(p, c)->requested;
+    }
+    pthread_mutex_unlock(&p->lock);
+    return s;
+}
+
+void bfc_pool_describe(bfc_pool *p, bfc_addr addr, char *buf, size_t len)
+{
+    pthread_mutex_lock(&p->lock);
+    int r = region_find(p, addr);
+    uint32_t c = r < 0 ? CHUNK_NIL : region_chunk_containing(p, r, addr);
+    if (c == CHUNK_NIL) {
+        snprintf(buf, len, "0x%llx is not in any region of the pool",
+                 (unsigned long long)addr);
+    } else {
+        const chunk *cc = C(p, c);
+        unsigned long long a = addr, base = cc->addr, size = cc->size,
+                           off = addr - cc->addr;
+        switch (cc->state) {
+        case CHUNK_ALLOCATED:
+            if (off == 0)
+                snprintf(buf, len, "0x%llx is a live allocation of %llu bytes", a,
+                         (unsigned long long)cc->requested);
+            else
+                snprintf(buf, len,
+                         "0x%llx is %llu bytes inside the live allocation 0x%llx "
+                         "(%llu bytes), not its start",
+                         a, off, base, (unsigned long long)cc->requested);
+            break;
+        case CHUNK_PENDING:
+            snprintf(buf, len,
+                     "0x%llx is not allocated: it lies in block 0x%llx (%llu bytes) "
+                     "freed earlier and waiting for stream work (double free?)",
+                     a, base, size);
+            break;
+        default:
+            snprintf(buf, len,
+                     "0x%llx is not allocated: it lies in free block 0x%llx "
+                     "(%llu bytes)%s",
+                     a, base, size, off == 0 ? " (double free?)" : "");
+            break;
+        }
+    }
+    pthread_mutex_unlock(&p->lock);
+}
+
+void bfc_pool_options(bfc_pool *p, bfc_options *out)
+{
+    pthread_mutex_lock(&p->lock);
+    *out = p->opt;
+    pthread_mutex_unlock(&p->lock);
+}
+
+size_t bfc_pool_largest_live(bfc_pool *p, bfc_live_info *out, size_t n)
+{
+    size_t have = 0;
+    if (n == 0)
+        return 0;
+    pthread_mutex_lock(&p->lock);
+    for (uint64_t i = 0; i <= p->live.mask; i++) {
+        if (!p->live.slots[i].key)
+            continue;
+        const chunk *cc = C(p, p->live.slots[i].val);
+        if (have == n && cc->size <= out[n - 1].size)
+            continue;
+        /* Insertion into the sorted prefix, dropping the smallest if full. */
+        size_t j = have < n ? have++ : n - 1;
+        while (j > 0 && out[j - 1].size < cc->size) {
+            out[j] = out[j - 1];
+            j--;
+        }
+        out[j] = (bfc_live_info){.addr = cc->addr, .size = cc->size,
+                                 .requested = cc->requested, .seq = cc->stamp};
+    }
+    pthread_mutex_unlock(&p->lock);
+    return have;
+}
+
+void bfc_pool_visit(bfc_pool *p, bfc_chunk_visitor fn, void *arg)
+{
+    pthread_mutex_lock(&p->lock);
+    for (uint32_t r = 0; r < p->nregions; r++) {
+        for (uint32_t c = p->regions[r].first; c != CHUNK_NIL; c = C(p, c)->next) {
+            const chunk *cc = C(p, c);
+            bfc_chunk_info info = {
+                .addr = cc->addr,
+                .size = cc->size,
+                .requested = cc->requested,
+                .seq = cc->stamp,
+                .region = r,
+                .lane = cc->lane,
+                .kind = cc->state == CHUNK_ALLOCATED ? BFC_CHUNK_ALLOCATED
+                        : cc->state == CHUNK_PENDING ? BFC_CHUNK_PENDING
+                                                     : BFC_CHUNK_FREE,
+            };
+            fn(arg, &info);
+        }
+    }
+    pthread_mutex_unlock(&p->lock);
+}

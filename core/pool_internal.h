@@ -1,0 +1,110 @@
+/*
+ * pool_internal.h - the pool's data structures, shared by the modules of the
+ * engine (pool.c, regions.c, lanes.c, stats.c, dump.c, check.c). Not part of
+ * the public API.
+ *
+ *   bfc_pool
+ *   |-- regions[]     sorted by base; each names its lowest chunk, which never
+ *   |                 changes (merges keep the lower record, splits add the
+ *   |                 higher one), so a region's chunk list always starts there
+ *   |-- chunks        the record store; records of one region form a doubly
+ *   |                 linked list in address order (prev/next)
+ *   |-- free_bins     every FREE chunk, by size class (bins.h)
+ *   |-- live          every ALLOCATED chunk, by address (addr_map.h)
+ *   `-- lanes[]       each a FIFO of PENDING chunks, oldest token first, plus
+ *                     its own bins when allocations on the lane may reuse them
+ *
+ * Invariants (checked by bfc_pool_check after every step in the tests):
+ *   - the chunks of a region tile it exactly, in address order;
+ *   - no two FREE chunks are neighbours (coalescing is eager); PENDING chunks
+ *     are never merged until they retire;
+ *   - each FREE chunk is in free_bins under bin_index(size), each ALLOCATED
+ *     chunk in `live` under its address, each PENDING chunk in exactly its
+ *     lane's FIFO (and its lane's bins when the lane is reusable);
+ *   - the counters in `st` equal a recount.
+ */
+#ifndef BFCSHIM_CORE_POOL_INTERNAL_H
+#define BFCSHIM_CORE_POOL_INTERNAL_H
+
+#include <pthread.h>
+
+#include "addr_map.h"
+#include "bfc.h"
+#include "bins.h"
+#include "chunks.h"
+
+#define LANE_MAX 65535u /* chunk.lane is 16 bits */
+
+typedef struct region {
+    bfc_addr base;
+    uint64_t size;
+    uint32_t first; /* handle of the chunk at base */
+} region;
+
+typedef struct lane {
+    uint8_t open;      /* slot in use */
+    uint8_t accepting; /* not closed: takes frees and allocations */
+    uint32_t head, tail; /* FIFO of pending chunks, oldest first */
+    uint64_t last_token;
+    uint64_t count, bytes;
+    bin_set *bins; /* NULL unless the lane is reusable */
+} lane;
+
+struct bfc_pool {
+    pthread_mutex_t lock;
+    bfc_options opt;
+    bfc_backend backend;
+    chunk_store chunks;
+    addr_map live;
+    bin_set free_bins;
+    region *regions;
+    uint32_t nregions, regions_cap;
+    lane *lanes; /* slot 0 unused: BFC_NO_LANE */
+    uint32_t nlanes, lanes_cap;
+    uint64_t next_region_bytes; /* growth mode: size of the next region */
+    uint64_t alloc_seq;
+    /* Running counters; derived fields are filled in by bfc_pool_stats. */
+    bfc_stats st;
+};
+
+static inline chunk *C(const bfc_pool *p, uint32_t i)
+{
+    return chunk_at(&p->chunks, i);
+}
+
+static inline uint64_t round_up(uint64_t x, uint64_t to)
+{
+    return (x + to - 1) / to * to;
+}
+
+/* (size, address) order shared by every bin. */
+static inline int chunk_less(const chunk *a, const chunk *b)
+{
+    return a->size < b->size || (a->size == b->size && a->addr < b->addr);
+}
+
+/* regions.c */
+int region_find(const bfc_pool *p, bfc_addr addr); /* index or -1 */
+bool region_extend(bfc_pool *p, uint64_t rounded);
+uint64_t region_release_empty(bfc_pool *p);
+void region_release_all(bfc_pool *p);
+/* The chunk containing addr inside region r (a walk of the region). */
+uint32_t region_chunk_containing(const bfc_pool *p, int r, bfc_addr addr);
+
+/* stats.c */
+void pool_stats_locked(const bfc_pool *p, bfc_stats *out);
+
+/* pool.c */
+void pool_make_free(bfc_pool *p, uint32_t c);
+
+/* lanes.c */
+void lane_detach(bfc_pool *p, uint32_t c);
+void lane_attach_after(bfc_pool *p, uint32_t c, uint32_t lane_id,
+                       uint64_t token, uint32_t after);
+bool lanes_poll(bfc_pool *p);
+bool lanes_wait_oldest(bfc_pool *p);
+void lanes_fini(bfc_pool *p);
+uint64_t lanes_host_bytes(const bfc_pool *p);
+void lane_retire_locked(bfc_pool *p, uint32_t id, uint64_t completed);
+
+#endif

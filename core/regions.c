@@ -1,0 +1,169 @@
+/*
+ * regions.c - obtaining regions from the backend and giving them back.
+ *
+ * Policy, as in TSL's BFC:
+ *   - preallocation: the first region asks for the whole limit;
+ *   - growth: regions start at initial_region_bytes and each new one is at
+ *     least twice the largest so far, never less than the request, never past
+ *     the limit;
+ *   - back-off: when the backend refuses, ask again for 90% of the size, down
+ *     to what the request itself needs (another process may hold memory);
+ *   - garbage collection: regions that hold only one free chunk go back to
+ *     the backend, so a later, larger region can take their place.
+ * Region sizes are rounded to region_granularity (the driver hands memory out
+ * in 2 MiB granules, so asking for less would only hide the waste).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool_internal.h"
+
+int region_find(const bfc_pool *p, bfc_addr addr)
+{
+    uint32_t lo = 0, hi = p->nregions;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        const region *r = &p->regions[mid];
+        if (addr < r->base)
+            hi = mid;
+        else if (addr - r->base >= r->size)
+            lo = mid + 1;
+        else
+            return (int)mid;
+    }
+    return -1;
+}
+
+static bool overlaps_existing(const bfc_pool *p, bfc_addr base, uint64_t size)
+{
+    for (uint32_t i = 0; i < p->nregions; i++) {
+        const region *r = &p->regions[i];
+        if (base < r->base + r->size && r->base < base + size)
+            return true;
+    }
+    return false;
+}
+
+static bool regions_reserve(bfc_pool *p)
+{
+    if (p->nregions < p->regions_cap)
+        return true;
+    uint32_t cap = p->regions_cap ? p->regions_cap * 2 : 8;
+    region *t = realloc(p->regions, cap * sizeof *t);
+    if (!t)
+        return false;
+    p->regions = t;
+    p->regions_cap = cap;
+    return true;
+}
+
+static uint64_t first_request_bytes(const bfc_pool *p, uint64_t need, uint64_t avail)
+{
+    uint64_t want;
+    if (p->nregions == 0 && p->opt.preallocate)
+        want = avail;
+    else
+        want = need > p->next_region_bytes ? need : p->next_region_bytes;
+    want = round_up(want, p->opt.region_granularity);
+    return want > avail ? avail : want;
+}
+
+/* Adds a region able to hold `rounded` bytes. False when the limit or the
+ * backend says no, or host memory runs out (then nothing changed). */
+bool region_extend(bfc_pool *p, uint64_t rounded)
+{
+    uint64_t avail = p->opt.limit_bytes - p->st.pool_bytes;
+    if (rounded > avail)
+        return false;
+    if (!regions_reserve(p) || !chunk_store_reserve(&p->chunks, 1))
+        return false;
+    uint64_t need = round_up(rounded, p->opt.region_granularity);
+    if (need > avail)
+        need = avail;
+    uint64_t want = first_request_bytes(p, need, avail);
+    bfc_addr base = 0;
+    for (;;) {
+        if (p->backend.region_alloc(p->backend.ctx, want, &base) == 0) {
+            if (base != 0 && base % p->opt.granularity == 0 &&
+                !overlaps_existing(p, base, want))
+                break;
+            /* A region we cannot use: hand it straight back. */
+            p->backend.region_free(p->backend.ctx, base, want);
+        }
+        p->st.num_region_alloc_failures++;
+        if (want == need)
+            return false;
+        uint64_t smaller = want / 10 * 9 / p->opt.region_granularity *
+                           p->opt.region_granularity;
+        want = smaller > need ? smaller : need;
+    }
+
+    uint32_t c = chunk_new(&p->chunks);
+    chunk *cc = C(p, c);
+    cc->addr = base;
+    cc->size = want;
+    cc->state = CHUNK_FREE;
+    bins_insert(&p->free_bins, &p->chunks, c);
+
+    uint32_t at = 0;
+    while (at < p->nregions && p->regions[at].base < base)
+        at++;
+    memmove(&p->regions[at + 1], &p->regions[at],
+            (p->nregions - at) * sizeof(region));
+    p->regions[at] = (region){.base = base, .size = want, .first = c};
+    p->nregions++;
+
+    p->st.num_region_allocs++;
+    p->st.pool_bytes += want;
+    if (p->st.pool_bytes > p->st.peak_pool_bytes)
+        p->st.peak_pool_bytes = p->st.pool_bytes;
+    uint64_t grown = (want > p->next_region_bytes ? want : p->next_region_bytes);
+    p->next_region_bytes = grown > UINT64_MAX / 2 ? grown : grown * 2;
+    return true;
+}
+
+static void drop_region(bfc_pool *p, uint32_t i)
+{
+    region r = p->regions[i];
+    memmove(&p->regions[i], &p->regions[i + 1],
+            (p->nregions - i - 1) * sizeof(region));
+    p->nregions--;
+    p->st.pool_bytes -= r.size;
+    p->st.num_region_frees++;
+    p->backend.region_free(p->backend.ctx, r.base, r.size);
+}
+
+uint64_t region_release_empty(bfc_pool *p)
+{
+    uint64_t released = 0;
+    for (uint32_t i = p->nregions; i-- > 0;) {
+        const region *r = &p->regions[i];
+        chunk *c = C(p, r->first);
+        if (c->state != CHUNK_FREE || c->size != r->size)
+            continue;
+        uint64_t size = r->size;
+        bins_remove(&p->free_bins, &p->chunks, r->first);
+        chunk_release(&p->chunks, r->first);
+        drop_region(p, i);
+        released += size;
+    }
+    return released;
+}
+
+void region_release_all(bfc_pool *p)
+{
+    while (p->nregions)
+        drop_region(p, p->nregions - 1);
+}
+
+uint32_t region_chunk_containing(const bfc_pool *p, int r, bfc_addr addr)
+{
+    uint32_t c = p->regions[r].first;
+    while (c != CHUNK_NIL) {
+        const chunk *cc = C(p, c);
+        if (addr - cc->addr < cc->size)
+            return c;
+        c = cc->next;
+    }
+    return CHUNK_NIL;
+}

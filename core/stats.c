@@ -1,0 +1,35 @@
+/*
+ * stats.c - a snapshot of the pool's counters plus the figures derived from
+ * its structures (largest free block, fragmentation, host memory held).
+ */
+#include "pool_internal.h"
+
+void pool_stats_locked(const bfc_pool *p, bfc_stats *out)
+{
+    *out = p->st;
+    uint32_t largest = bins_largest(&p->free_bins, &p->chunks);
+    out->largest_free_block_bytes = largest == CHUNK_NIL ? 0 : C(p, largest)->size;
+    out->free_bytes = p->free_bins.bytes;
+    out->num_free_chunks = p->free_bins.count;
+    out->num_chunks = p->chunks.used;
+    out->num_regions = p->nregions;
+    out->bytes_reserved = out->pool_bytes;
+    out->peak_bytes_reserved = out->peak_pool_bytes;
+    out->internal_fragmentation_bytes = out->bytes_in_use - out->bytes_requested;
+    out->fragmentation =
+        out->free_bytes == 0
+            ? 0.0
+            : (double)(out->free_bytes - out->largest_free_block_bytes) /
+                  (double)out->free_bytes;
+    out->host_metadata_bytes = sizeof *p + chunk_store_host_bytes(&p->chunks) +
+                               addr_map_host_bytes(&p->live) +
+                               (uint64_t)p->regions_cap * sizeof(region) +
+                               lanes_host_bytes(p);
+}
+
+void bfc_pool_stats(bfc_pool *p, bfc_stats *out)
+{
+    pthread_mutex_lock(&p->lock);
+    pool_stats_locked(p, out);
+    pthread_mutex_unlock(&p->lock);
+}

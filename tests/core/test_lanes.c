@@ -1,0 +1,250 @@
+/* Deferred frees: lanes, fence tokens, retirement, and the slow path that
+ * polls and waits for fences. */
+#include "pool_fixture.h"
+
+/* A fence model: tokens up to `done` have completed; a wait completes the
+ * token asked for, like cuEventSynchronize. */
+typedef struct fences {
+    sim_device *dev;
+    uint64_t done;
+    uint64_t polls, waits;
+    uint32_t last_wait_lane;
+} fences;
+
+static fences fence_state;
+
+static bool fence_done(void *ctx, uint32_t lane, uint64_t token, bool wait)
+{
+    (void)ctx;
+    if (wait) {
+        fence_state.waits++;
+        fence_state.last_wait_lane = lane;
+        if (token > fence_state.done)
+            fence_state.done = token;
+        return true;
+    }
+    fence_state.polls++;
+    return token <= fence_state.done;
+}
+
+static void start_with_fences(fixture *f)
+{
+    memset(&fence_state, 0, sizeof fence_state);
+    bfc_backend b = sim_device_backend(&f->dev);
+    b.fence_done = fence_done;
+    fixture_start_with(f, &b);
+}
+
+static uint32_t open_lane(fixture *f, bool reusable)
+{
+    uint32_t id = 0;
+    REQUIRE(bfc_pool_lane_open(f->pool, reusable, &id) == BFC_OK);
+    CHECK(id != BFC_NO_LANE);
+    return id;
+}
+
+static void pending_blocks_wait_for_their_fence(void)
+{
+    fixture f;
+    fixture_begin(&f, 1 * MiB);
+    fixture_start(&f); /* no fence callback: only retire frees them */
+    uint32_t lane = open_lane(&f, true);
+    bfc_addr a = must_alloc(&f, 1 * MiB);
+    CHECK_EQ(bfc_pool_free_fenced(f.pool, a, lane, 5), BFC_OK);
+    CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+    bfc_stats s = stats_of(&f);
+    CHECK_EQ(s.pending_bytes, 1 * MiB);
+    CHECK_EQ(s.bytes_in_use, 0);
+    CHECK_EQ(s.num_frees, 1);
+    bfc_addr b = 0;
+    CHECK_EQ(bfc_pool_alloc(f.pool, 256, BFC_NO_LANE, &b), BFC_ERR_OOM);
+    uint64_t t = 0;
+    CHECK(bfc_pool_lane_oldest(f.pool, lane, &t));
+    CHECK_EQ(t, 5);
+    bfc_pool_retire(f.pool, lane, 4); /* not yet */
+    CHECK_EQ(stats_of(&f).pending_bytes, 1 * MiB);
+    bfc_pool_retire(f.pool, lane, 5);
+    CHECK_EQ(stats_of(&f).pending_bytes, 0);
+    CHECK(!bfc_pool_lane_oldest(f.pool, lane, &t));
+    CHECK_EQ(must_alloc(&f, 1 * MiB), a);
+    fixture_end(&f);
+}
+
+static void the_freeing_lane_reuses_at_once_others_do_not(void)
+{
+    fixture f;
+    fixture_begin(&f, 1 * MiB);
+    fixture_start(&f);
+    uint32_t s1 = open_lane(&f, true), s2 = open_lane(&f, true);
+    bfc_addr a = must_alloc(&f, 1 * MiB);
+    CHECK_EQ(bfc_pool_free_fenced(f.pool, a, s1, 1), BFC_OK);
+    bfc_addr b = 0;
+    CHECK_EQ(bfc_pool_alloc(f.pool, 512 * KiB, s2, &b), BFC_ERR_OOM);
+    CHECK_EQ(bfc_pool_alloc(f.pool, 512 * KiB, s1, &b), BFC_OK);
+    CHECK_EQ(b, a);
+    CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+    /* The remainder stays pending in s1 with the same token. */
+    bfc_stats s = stats_of(&f);
+    CHECK_EQ(s.pending_bytes, 512 * KiB);
+    uint64_t t = 0;
+    CHECK(bfc_pool_lane_oldest(f.pool, s1, &t));
+    CHECK_EQ(t, 1);
+    bfc_pool_retire(f.pool, s1, 1);
+    CHECK_EQ(bfc_pool_alloc(f.pool, 512 * KiB, s2, &b), BFC_OK);
+    CHECK_EQ(b, a + 512 * KiB);
+    fixture_end(&f);
+}
+
+static void non_reusable_lanes_hold_blocks_for_everyone(void)
+{
+    fixture f;
+    fixture_begin(&f, 1 * MiB);
+    fixture_start(&f);
+    uint32_t all = open_lane(&f, false);
+    bfc_addr a = must_alloc(&f, 1 * MiB), b = 0;
+    CHECK_EQ(bfc_pool_free_fenced(f.pool, a, all, 1), BFC_OK);
+    CHECK_EQ(bfc_pool_alloc(f.pool, 256, all, &b), BFC_ERR_OOM);
+    CHECK_EQ(bfc_pool_alloc(f.pool, 256, BFC_NO_LANE, &b), BFC_ERR_OOM);
+    bfc_pool_retire(f.pool, all, 1);
+    CHECK_EQ(must_alloc(&f, 256), a);
+    fixture_end(&f);
+}
+
+static void tokens_must_not_go_backwards(void)
+{
+    fixture f;
+    fixture_begin(&f, 1 * MiB);
+    fixture_start(&f);
+    uint32_t lane = open_lane(&f, true);
+    bfc_addr a = must_alloc(&f, 4 * KiB), b = must_alloc(&f, 4 * KiB);
+    CHECK_EQ(bfc_pool_free_fenced(f.pool, a, lane, 10), BFC_OK);
+    CHECK_EQ(bfc_pool_free_fenced(f.pool, b, lane, 9), BFC_ERR_BAD_TOKEN);
+    CHECK_EQ(stats_of(&f).bytes_in_use, 4 * KiB); /* b still allocated */
+    CHECK_EQ(bfc_pool_free_fenced(f.pool, b, lane, 10), BFC_OK);
+    CHECK_EQ(bfc_pool_free_fenced(f.pool, b, lane, 11), BFC_ERR_NOT_ALLOCATED);
+    CHECK_EQ(bfc_pool_free_fenced(f.pool, 0x10, lane, 11), BFC_ERR_NOT_OWNED);
+    CHECK_EQ(bfc_pool_free_fenced(f.pool, a, 99, 11), BFC_ERR_BAD_LANE);
+    bfc_addr c = 0;
+    CHECK_EQ(bfc_pool_alloc(f.pool, 256, 99, &c), BFC_ERR_BAD_LANE);
+    char msg[256];
+    bfc_pool_describe(f.pool, a, msg, sizeof msg);
+    CHECK(strstr(msg, "waiting for stream work") != NULL);
+    fixture_end(&f);
+}
+
+static void retirement_coalesces_with_free_neighbours(void)
+{
+    fixture f;
+    fixture_begin(&f, 1 * MiB);
+    fixture_start(&f);
+    uint32_t lane = open_lane(&f, false);
+    bfc_addr a = must_alloc(&f, 256 * KiB), b = must_alloc(&f, 256 * KiB),
+             c = must_alloc(&f, 256 * KiB);
+    must_free(&f, a);
+    CHECK_EQ(bfc_pool_free_fenced(f.pool, b, lane, 1), BFC_OK);
+    must_free(&f, c);
+    /* a free | b pending | c + tail free: pending blocks never merge. */
+    CHECK_EQ(stats_of(&f).num_free_chunks, 2);
+    bfc_pool_retire(f.pool, lane, 1);
+    bfc_stats s = stats_of(&f);
+    CHECK_EQ(s.num_free_chunks, 1);
+    CHECK_EQ(s.largest_free_block_bytes, 1 * MiB);
+    fixture_end(&f);
+}
+
+static void the_slow_path_polls_then_waits_oldest_first(void)
+{
+    fixture f;
+    fixture_begin(&f, 1 * MiB);
+    start_with_fences(&f);
+    uint32_t s1 = open_lane(&f, true), s2 = open_lane(&f, true);
+    bfc_addr a = must_alloc(&f, 512 * KiB), b = must_alloc(&f, 512 * KiB);
+    CHECK_EQ(bfc_pool_free_fenced(f.pool, b, s2, 3), BFC_OK);
+    CHECK_EQ(bfc_pool_free_fenced(f.pool, a, s1, 7), BFC_OK);
+    /* Token 3 already done: a poll retires it, no wait needed. */
+    fence_state.done = 3;
+    CHECK_EQ(must_alloc(&f, 512 * KiB), b);
+    CHECK_EQ(fence_state.waits, 0);
+    CHECK(fence_state.polls > 0);
+    /* Nothing done: the pool waits for the oldest token (7, lane s1). */
+    CHECK_EQ(must_alloc(&f, 512 * KiB), a);
+    CHECK_EQ(fence_state.waits, 1);
+    CHECK_EQ(fence_state.last_wait_lane, s1);
+    CHECK_EQ(stats_of(&f).num_fence_waits, 1);
+    fixture_end(&f);
+}
+
+static void waiting_picks_the_oldest_token_across_lanes(void)
+{
+    fixture f;
+    fixture_begin(&f, 1 * MiB);
+    start_with_fences(&f);
+    uint32_t s1 = open_lane(&f, true), s2 = open_lane(&f, true);
+    bfc_addr a = must_alloc(&f, 512 * KiB), b = must_alloc(&f, 512 * KiB);
+    CHECK_EQ(bfc_pool_free_fenced(f.pool, a, s1, 20), BFC_OK);
+    CHECK_EQ(bfc_pool_free_fenced(f.pool, b, s2, 10), BFC_OK);
+    CHECK_EQ(must_alloc(&f, 256 * KiB), b);
+    CHECK_EQ(fence_state.last_wait_lane, s2);
+    CHECK_EQ(fence_state.waits, 1);
+    fixture_end(&f);
+}
+
+static void closed_lanes_drain_then_recycle(void)
+{
+    fixture f;
+    fixture_begin(&f, 1 * MiB);
+    fixture_start(&f);
+    uint32_t lane = open_lane(&f, true);
+    bfc_addr a = must_alloc(&f, 4 * KiB), b = 0;
+    CHECK_EQ(bfc_pool_free_fenced(f.pool, a, lane, 1), BFC_OK);
+    bfc_pool_lane_close(f.pool, lane);
+    CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+    CHECK_EQ(bfc_pool_alloc(f.pool, 256, lane, &b), BFC_ERR_BAD_LANE);
+    b = must_alloc(&f, 4 * KiB);
+    CHECK_EQ(bfc_pool_free_fenced(f.pool, b, lane, 2), BFC_ERR_BAD_LANE);
+    bfc_pool_retire(f.pool, lane, 1); /* drains, then frees the slot */
+    CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+    uint32_t again = open_lane(&f, false);
+    CHECK_EQ(again, lane); /* slot recycled */
+    /* An empty lane closes at once. */
+    bfc_pool_lane_close(f.pool, again);
+    CHECK_EQ(open_lane(&f, true), lane);
+    fixture_end(&f);
+}
+
+static void many_lanes(void)
+{
+    fixture f;
+    fixture_begin(&f, 64 * MiB);
+    fixture_start(&f);
+    uint32_t ids[100];
+    for (int i = 0; i < 100; i++)
+        ids[i] = open_lane(&f, i % 2);
+    for (int i = 0; i < 100; i++) {
+        bfc_addr a = must_alloc(&f, 64 * KiB);
+        CHECK_EQ(bfc_pool_free_fenced(f.pool, a, ids[i], (uint64_t)i), BFC_OK);
+    }
+    CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+    for (int i = 0; i < 100; i++)
+        bfc_pool_lane_close(f.pool, ids[i]);
+    for (int i = 0; i < 100; i++)
+        bfc_pool_retire(f.pool, ids[i], UINT64_MAX);
+    bfc_stats s = stats_of(&f);
+    CHECK_EQ(s.pending_bytes, 0);
+    CHECK_EQ(s.num_free_chunks, 1);
+    fixture_end(&f);
+}
+
+int main(void)
+{
+    RUN(pending_blocks_wait_for_their_fence);
+    RUN(the_freeing_lane_reuses_at_once_others_do_not);
+    RUN(non_reusable_lanes_hold_blocks_for_everyone);
+    RUN(tokens_must_not_go_backwards);
+    RUN(retirement_coalesces_with_free_neighbours);
+    RUN(the_slow_path_polls_then_waits_oldest_first);
+    RUN(waiting_picks_the_oldest_token_across_lanes);
+    RUN(closed_lanes_drain_then_recycle);
+    RUN(many_lanes);
+    return harness_result();
+}

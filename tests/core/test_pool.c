@@ -1,0 +1,526 @@
+/* The engine's rules, one case each: rounding, best fit, splitting,
+ * coalescing, regions, garbage collection, bad input, stats, dump. */
+#include "pool_fixture.h"
+
+static void sizes_round_to_granularity_and_align(void)
+{
+    fixture f;
+    fixture_begin(&f, 16 * MiB);
+    fixture_start(&f);
+    bfc_addr a = must_alloc(&f, 1), b = must_alloc(&f, 257), c = must_alloc(&f, 256);
+    CHECK_EQ(a % 256, 0);
+    CHECK_EQ(b % 256, 0);
+    CHECK_EQ(c % 256, 0);
+    CHECK_EQ(b - a, 256); /* low-end placement, consecutive */
+    CHECK_EQ(c - b, 512);
+    bfc_stats s = stats_of(&f);
+    CHECK_EQ(s.bytes_in_use, 256 + 512 + 256);
+    CHECK_EQ(s.bytes_requested, 1 + 257 + 256);
+    CHECK_EQ(s.internal_fragmentation_bytes, 1024 - 514);
+    fixture_end(&f);
+
+    fixture_begin(&f, 16 * MiB);
+    f.opt.granularity = 512;
+    f.opt.region_granularity = 512;
+    fixture_start(&f);
+    a = must_alloc(&f, 1);
+    b = must_alloc(&f, 513);
+    CHECK_EQ(a % 512, 0);
+    CHECK_EQ(b - a, 512);
+    CHECK_EQ(stats_of(&f).bytes_in_use, 512 + 1024);
+    fixture_end(&f);
+}
+
+static void zero_and_oversized_requests(void)
+{
+    fixture f;
+    fixture_begin(&f, 16 * MiB);
+    fixture_start(&f);
+    bfc_addr a = 0x1234;
+    CHECK_EQ(bfc_pool_alloc(f.pool, 0, BFC_NO_LANE, &a), BFC_OK);
+    CHECK_EQ(a, 0);
+    CHECK_EQ(stats_of(&f).num_allocs, 0);
+    CHECK_EQ(f.dev.calls, 0); /* size 0 takes nothing, not even a region */
+    CHECK_EQ(bfc_pool_free(f.pool, 0), BFC_OK);
+
+    a = 0x1234;
+    CHECK_EQ(bfc_pool_alloc(f.pool, UINT64_MAX, BFC_NO_LANE, &a), BFC_ERR_TOO_LARGE);
+    CHECK_EQ(bfc_pool_alloc(f.pool, UINT64_MAX - 100, BFC_NO_LANE, &a), BFC_ERR_TOO_LARGE);
+    CHECK_EQ(bfc_pool_alloc(f.pool, BFC_MAX_ALLOC_BYTES + 1, BFC_NO_LANE, &a),
+             BFC_ERR_TOO_LARGE);
+    CHECK_EQ(a, 0x1234); /* untouched on failure */
+    CHECK_EQ(bfc_pool_alloc(f.pool, 16 * MiB + 1, BFC_NO_LANE, &a), BFC_ERR_OOM);
+    CHECK_EQ(stats_of(&f).num_ooms, 1);
+    CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+    /* The whole limit is still available after the failures. */
+    a = must_alloc(&f, 16 * MiB);
+    must_free(&f, a);
+    fixture_end(&f);
+}
+
+static void preallocation_takes_the_limit_once(void)
+{
+    fixture f;
+    fixture_begin(&f, 64 * MiB);
+    fixture_start(&f);
+    CHECK_EQ(f.dev.calls, 0); /* nothing until first use */
+    bfc_addr a[10];
+    for (int i = 0; i < 10; i++)
+        a[i] = must_alloc(&f, 3 * MiB);
+    CHECK_EQ(f.dev.calls, 1);
+    bfc_stats s = stats_of(&f);
+    CHECK_EQ(s.pool_bytes, 64 * MiB);
+    CHECK_EQ(s.num_regions, 1);
+    CHECK_EQ(s.num_region_allocs, 1);
+    for (int i = 0; i < 10; i++)
+        must_free(&f, a[i]);
+    CHECK_EQ(stats_of(&f).num_free_chunks, 1);
+    fixture_end(&f);
+
+    fixture_begin(&f, 64 * MiB);
+    fixture_start(&f);
+    CHECK_EQ(bfc_pool_reserve(f.pool), BFC_OK);
+    CHECK_EQ(bfc_pool_reserve(f.pool), BFC_OK);
+    CHECK_EQ(f.dev.calls, 1);
+    CHECK_EQ(stats_of(&f).pool_bytes, 64 * MiB);
+    fixture_end(&f);
+}
+
+static void growth_mode_doubles_regions(void)
+{
+    fixture f;
+    fixture_begin(&f, 1 * GiB);
+    f.opt.preallocate = false;
+    f.opt.initial_region_bytes = 2 * MiB;
+    f.opt.region_granularity = 2 * MiB;
+    fixture_start(&f);
+    /* Small requests: the first region is the initial size, the next one
+     * twice that, even though the request would fit in less. */
+    must_alloc(&f, 1 * MiB);
+    CHECK_EQ(stats_of(&f).pool_bytes, 2 * MiB);
+    must_alloc(&f, 1 * MiB);
+    CHECK_EQ(stats_of(&f).num_regions, 1);
+    must_alloc(&f, 1 * MiB);
+    CHECK_EQ(stats_of(&f).pool_bytes, 6 * MiB);
+    /* A request above the doubled size gets a region of its own size, and
+     * the size after that doubles from there. */
+    must_alloc(&f, 20 * MiB);
+    CHECK_EQ(stats_of(&f).pool_bytes, 26 * MiB);
+    must_alloc(&f, 4 * MiB);
+    bfc_stats s = stats_of(&f);
+    CHECK_EQ(s.pool_bytes, 66 * MiB);
+    CHECK_EQ(s.num_regions, 4);
+    CHECK_EQ(s.num_region_allocs, 4);
+    fixture_end(&f);
+
+    /* Never past the limit: the last region is clipped to what is left. */
+    fixture_begin(&f, 10 * MiB);
+    f.opt.preallocate = false;
+    f.opt.initial_region_bytes = 4 * MiB;
+    fixture_start(&f);
+    must_alloc(&f, 4 * MiB);
+    must_alloc(&f, 5 * MiB);
+    s = stats_of(&f);
+    CHECK_EQ(s.pool_bytes, 10 * MiB);
+    CHECK_EQ(s.num_regions, 2);
+    bfc_addr a;
+    CHECK_EQ(bfc_pool_alloc(f.pool, 2 * MiB, BFC_NO_LANE, &a), BFC_ERR_OOM);
+    fixture_end(&f);
+}
+
+static void refused_regions_back_off_to_ninety_percent(void)
+{
+    fixture f;
+    fixture_begin(&f, 10 * MiB);
+    f.dev.refuse_above = 5 * MiB;
+    fixture_start(&f);
+    must_alloc(&f, 1 * MiB);
+    bfc_stats s = stats_of(&f);
+    /* 10 -> 9 -> 8.1 -> ... MiB: the first size at or below 5 MiB wins. */
+    CHECK(s.pool_bytes <= 5 * MiB);
+    CHECK(s.pool_bytes * 10 / 9 + 256 > 5 * MiB);
+    CHECK(s.num_region_alloc_failures >= 6);
+    CHECK_EQ(s.num_regions, 1);
+    fixture_end(&f);
+
+    /* The request itself cannot be backed: fail with OOM, pool intact. */
+    fixture_begin(&f, 10 * MiB);
+    f.dev.refuse_above = 1 * MiB;
+    fixture_start(&f);
+    bfc_addr a = 0;
+    CHECK_EQ(bfc_pool_alloc(f.pool, 2 * MiB, BFC_NO_LANE, &a), BFC_ERR_OOM);
+    CHECK_EQ(stats_of(&f).pool_bytes, 0);
+    must_alloc(&f, 1 * MiB); /* a smaller request still gets its region */
+    fixture_end(&f);
+
+    /* One failed call (an injected fault) costs only that attempt. */
+    fixture_begin(&f, 8 * MiB);
+    f.dev.fail_call = 1;
+    fixture_start(&f);
+    must_alloc(&f, 1 * MiB);
+    s = stats_of(&f);
+    CHECK_EQ(s.num_region_alloc_failures, 1);
+    CHECK(s.pool_bytes >= 7 * MiB);
+    fixture_end(&f);
+}
+
+static void best_fit_prefers_smallest_then_lowest_address(void)
+{
+    fixture f;
+    fixture_begin(&f, 1 * MiB);
+    fixture_start(&f);
+    /* Layout: [A 1K][B 4K][C 1K][D 4K][E 1K][F 3K][G 1K][rest] */
+    bfc_addr A = must_alloc(&f, 1 * KiB), B = must_alloc(&f, 4 * KiB),
+             C_ = must_alloc(&f, 1 * KiB), D = must_alloc(&f, 4 * KiB),
+             E = must_alloc(&f, 1 * KiB), F = must_alloc(&f, 3 * KiB),
+             G = must_alloc(&f, 1 * KiB);
+    (void)A, (void)C_, (void)E, (void)G;
+    must_free(&f, D);
+    must_free(&f, B);
+    /* Two equal 4K holes: the lower one (B) wins. */
+    CHECK_EQ(must_alloc(&f, 4 * KiB), B);
+    must_free(&f, B);
+    must_free(&f, F);
+    /* Holes: B 4K, D 4K, F 3K: a 3K request takes F (smallest that fits),
+     * even though B and D come first in address order. */
+    CHECK_EQ(must_alloc(&f, 3 * KiB), F);
+    /* 2K: smallest fit is a 4K hole, the lower one, split from its start. */
+    CHECK_EQ(must_alloc(&f, 2 * KiB), B);
+    CHECK_EQ(must_alloc(&f, 2 * KiB), B + 2 * KiB);
+    CHECK_EQ(must_alloc(&f, 4 * KiB), D);
+    fixture_end(&f);
+}
+
+static void split_only_when_the_remainder_is_worth_it(void)
+{
+    fixture f;
+    fixture_begin(&f, 1 * MiB);
+    f.opt.min_split_bytes = 4 * KiB;
+    fixture_start(&f);
+    bfc_addr h1 = must_alloc(&f, 5 * KiB), s1 = must_alloc(&f, 1 * KiB);
+    bfc_addr h2 = must_alloc(&f, 8 * KiB), s2 = must_alloc(&f, 1 * KiB);
+    (void)s1, (void)s2;
+    must_free(&f, h1);
+    must_free(&f, h2);
+    uint64_t in_use = stats_of(&f).bytes_in_use;
+    /* 5K hole, 2K request: a 3K remainder is below 4K, so no split. */
+    CHECK_EQ(must_alloc(&f, 2 * KiB), h1);
+    CHECK_EQ(stats_of(&f).bytes_in_use - in_use, 5 * KiB);
+    CHECK_EQ(stats_of(&f).bytes_requested, 1 * KiB + 1 * KiB + 2 * KiB);
+    /* 8K hole, 2K request: a 6K remainder is kept as a free chunk. */
+    in_use = stats_of(&f).bytes_in_use;
+    CHECK_EQ(must_alloc(&f, 2 * KiB), h2);
+    CHECK_EQ(stats_of(&f).bytes_in_use - in_use, 2 * KiB);
+    CHECK_EQ(must_alloc(&f, 6 * KiB), h2 + 2 * KiB);
+    fixture_end(&f);
+}
+
+static void frees_coalesce_with_both_neighbours(void)
+{
+    fixture f;
+    fixture_begin(&f, 1 * MiB);
+    fixture_start(&f);
+    bfc_addr a = must_alloc(&f, 64 * KiB), b = must_alloc(&f, 64 * KiB),
+             c = must_alloc(&f, 64 * KiB), d = must_alloc(&f, 64 * KiB);
+    (void)d;
+    must_free(&f, a);
+    must_free(&f, c);
+    CHECK_EQ(stats_of(&f).num_free_chunks, 3); /* a, c, and the tail */
+    must_free(&f, b);                          /* joins a and c */
+    bfc_stats s = stats_of(&f);
+    CHECK_EQ(s.num_free_chunks, 2);
+    CHECK_EQ(s.largest_free_block_bytes, 1 * MiB - 256 * KiB);
+    CHECK_EQ(must_alloc(&f, 192 * KiB), a);
+    must_free(&f, a);
+    must_free(&f, d); /* everything merges back into one chunk */
+    s = stats_of(&f);
+    CHECK_EQ(s.num_free_chunks, 1);
+    CHECK_EQ(s.num_chunks, 1);
+    CHECK_EQ(s.largest_free_block_bytes, 1 * MiB);
+    CHECK(s.fragmentation == 0.0);
+    fixture_end(&f);
+}
+
+static void regions_never_merge_across_their_boundaries(void)
+{
+    fixture f;
+    fixture_begin(&f, 64 * MiB);
+    f.opt.preallocate = false;
+    f.opt.initial_region_bytes = 1 * MiB;
+    f.dev.alignment = 256;
+    fixture_start(&f);
+    bfc_addr a = must_alloc(&f, 1 * MiB);
+    bfc_addr b = must_alloc(&f, 2 * MiB);
+    must_free(&f, a);
+    must_free(&f, b);
+    bfc_stats s = stats_of(&f);
+    CHECK_EQ(s.num_regions, 2);
+    CHECK_EQ(s.num_free_chunks, 2);
+    CHECK_EQ(s.largest_free_block_bytes, 2 * MiB);
+    fixture_end(&f);
+}
+
+static void garbage_collection_returns_empty_regions(void)
+{
+    for (int gc = 0; gc <= 1; gc++) {
+        fixture f;
+        fixture_begin(&f, 16 * MiB);
+        f.opt.preallocate = false;
+        f.opt.initial_region_bytes = 2 * MiB;
+        f.opt.region_granularity = 2 * MiB;
+        f.opt.garbage_collection = gc;
+        fixture_start(&f);
+        bfc_addr a = must_alloc(&f, 2 * MiB), b = must_alloc(&f, 4 * MiB),
+                 c = must_alloc(&f, 8 * MiB);
+        CHECK_EQ(stats_of(&f).pool_bytes, 14 * MiB);
+        must_free(&f, a);
+        must_free(&f, b);
+        must_free(&f, c);
+        /* 15 MiB fits in no region, and only 2 MiB are left under the limit:
+         * only returning the empty regions makes room. */
+        bfc_addr d = 0;
+        bfc_status st = bfc_pool_alloc(f.pool, 15 * MiB, BFC_NO_LANE, &d);
+        bfc_stats s = stats_of(&f);
+        if (gc) {
+            CHECK_EQ(st, BFC_OK);
+            CHECK_EQ(s.num_region_frees, 3);
+            CHECK_EQ(s.num_regions, 1);
+            CHECK_EQ(s.pool_bytes, 16 * MiB);
+            CHECK_EQ(s.num_gc_runs, 1);
+            CHECK_EQ(s.peak_pool_bytes, 16 * MiB);
+        } else {
+            CHECK_EQ(st, BFC_ERR_OOM);
+            CHECK_EQ(s.num_region_frees, 0);
+            CHECK_EQ(s.pool_bytes, 14 * MiB);
+        }
+        fixture_end(&f);
+    }
+}
+
+static void trim_returns_only_empty_regions(void)
+{
+    fixture f;
+    fixture_begin(&f, 64 * MiB);
+    f.opt.preallocate = false;
+    f.opt.initial_region_bytes = 2 * MiB;
+    fixture_start(&f);
+    bfc_addr a = must_alloc(&f, 2 * MiB), b = must_alloc(&f, 4 * MiB);
+    (void)b;
+    must_free(&f, a);
+    CHECK_EQ(bfc_pool_trim(f.pool), 2 * MiB);
+    CHECK_EQ(bfc_pool_trim(f.pool), 0);
+    CHECK_EQ(stats_of(&f).num_regions, 1);
+    CHECK_EQ(f.dev.held, 4 * MiB);
+    CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+    fixture_end(&f);
+}
+
+static void bad_frees_are_refused_and_change_nothing(void)
+{
+    fixture f;
+    fixture_begin(&f, 1 * MiB);
+    fixture_start(&f);
+    bfc_addr a = must_alloc(&f, 4 * KiB), b = must_alloc(&f, 4 * KiB),
+             c = must_alloc(&f, 4 * KiB);
+    (void)c;
+    must_free(&f, a);
+    bfc_stats before = stats_of(&f);
+    CHECK_EQ(bfc_pool_free(f.pool, a), BFC_ERR_NOT_ALLOCATED);          /* double */
+    CHECK_EQ(bfc_pool_free(f.pool, b + 256), BFC_ERR_NOT_ALLOCATED);    /* interior */
+    CHECK_EQ(bfc_pool_free(f.pool, b + 1), BFC_ERR_NOT_ALLOCATED);      /* unaligned */
+    CHECK_EQ(bfc_pool_free(f.pool, 0x1000), BFC_ERR_NOT_OWNED);         /* foreign */
+    CHECK_EQ(bfc_pool_free(f.pool, a + 2 * MiB), BFC_ERR_NOT_OWNED);    /* past the end */
+    must_free(&f, b); /* b merges with a: a is now inside a free block */
+    CHECK_EQ(bfc_pool_free(f.pool, b), BFC_ERR_NOT_ALLOCATED);
+    bfc_stats after = stats_of(&f);
+    CHECK_EQ(after.num_frees, before.num_frees + 1);
+    CHECK_EQ(after.bytes_in_use, before.bytes_in_use - 4 * KiB);
+    CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+
+    char msg[256];
+    bfc_pool_describe(f.pool, a, msg, sizeof msg);
+    CHECK(strstr(msg, "double free") != NULL);
+    bfc_pool_describe(f.pool, c + 512, msg, sizeof msg);
+    CHECK(strstr(msg, "inside the live allocation") != NULL);
+    bfc_pool_describe(f.pool, 0x1000, msg, sizeof msg);
+    CHECK(strstr(msg, "not in any region") != NULL);
+    bfc_pool_describe(f.pool, c, msg, sizeof msg);
+    CHECK(strstr(msg, "live allocation of 4096 bytes") != NULL);
+    fixture_end(&f);
+}
+
+static void lookup_finds_allocations_from_interior_addresses(void)
+{
+    fixture f;
+    fixture_begin(&f, 1 * MiB);
+    fixture_start(&f);
+    bfc_addr a = must_alloc(&f, 1000), b = must_alloc(&f, 5000);
+    bfc_addr base = 0;
+    uint64_t size = 0;
+    CHECK_EQ(bfc_pool_lookup(f.pool, a, &base, &size), BFC_OK);
+    CHECK_EQ(base, a);
+    CHECK_EQ(size, 1000);
+    CHECK_EQ(bfc_pool_lookup(f.pool, b + 4999, &base, &size), BFC_OK);
+    CHECK_EQ(base, b);
+    CHECK_EQ(size, 5000);
+    /* Past the request, inside the rounding: not part of the allocation. */
+    CHECK_EQ(bfc_pool_lookup(f.pool, a + 1000, &base, &size), BFC_ERR_NOT_ALLOCATED);
+    CHECK_EQ(bfc_pool_lookup(f.pool, b + 64 * KiB, &base, &size), BFC_ERR_NOT_ALLOCATED);
+    CHECK_EQ(bfc_pool_lookup(f.pool, 0x42, &base, &size), BFC_ERR_NOT_OWNED);
+    CHECK(bfc_pool_owns(f.pool, b + 64 * KiB));
+    CHECK(!bfc_pool_owns(f.pool, 0x42));
+    fixture_end(&f);
+}
+
+static void stats_track_peaks_and_largest(void)
+{
+    fixture f;
+    fixture_begin(&f, 8 * MiB);
+    fixture_start(&f);
+    bfc_addr a = must_alloc(&f, 3 * MiB), b = must_alloc(&f, 100);
+    must_free(&f, a);
+    bfc_addr c = must_alloc(&f, 1 * MiB);
+    bfc_stats s = stats_of(&f);
+    CHECK_EQ(s.num_allocs, 3);
+    CHECK_EQ(s.num_frees, 1);
+    CHECK_EQ(s.peak_bytes_in_use, 3 * MiB + 256);
+    CHECK_EQ(s.bytes_in_use, 1 * MiB + 256);
+    CHECK_EQ(s.largest_alloc_size, 3 * MiB);
+    CHECK_EQ(s.bytes_limit, 8 * MiB);
+    CHECK_EQ(s.bytes_reserved, s.pool_bytes);
+    CHECK_EQ(s.peak_pool_bytes, 8 * MiB);
+    /* Free space: 2 MiB hole before b, and the tail after b. */
+    CHECK_EQ(s.free_bytes, 8 * MiB - 1 * MiB - 256);
+    CHECK_EQ(s.largest_free_block_bytes, 8 * MiB - 3 * MiB - 256);
+    CHECK(s.fragmentation > 0.2 && s.fragmentation < 0.35);
+    CHECK(s.host_metadata_bytes > 0);
+    (void)b, (void)c;
+    fixture_end(&f);
+}
+
+static void largest_live_lists_biggest_first(void)
+{
+    fixture f;
+    fixture_begin(&f, 64 * MiB);
+    fixture_start(&f);
+    uint64_t sizes[] = {5 * KiB, 3 * MiB, 700, 9 * MiB, 1 * MiB, 64 * KiB};
+    for (size_t i = 0; i < 6; i++)
+        must_alloc(&f, sizes[i]);
+    bfc_live_info top[3];
+    CHECK_EQ(bfc_pool_largest_live(f.pool, top, 3), 3);
+    CHECK_EQ(top[0].size, 9 * MiB);
+    CHECK_EQ(top[1].size, 3 * MiB);
+    CHECK_EQ(top[2].size, 1 * MiB);
+    CHECK_EQ(top[0].seq, 4); /* the fourth allocation */
+    bfc_live_info all[10];
+    CHECK_EQ(bfc_pool_largest_live(f.pool, all, 10), 6);
+    CHECK_EQ(all[5].requested, 700);
+    fixture_end(&f);
+}
+
+static void small_requests_come_from_the_high_end(void)
+{
+    fixture f;
+    fixture_begin(&f, 4 * MiB);
+    f.opt.small_alloc_bytes = 64 * KiB;
+    fixture_start(&f);
+    bfc_addr big = must_alloc(&f, 1 * MiB);
+    bfc_addr small = must_alloc(&f, 4 * KiB);
+    bfc_addr small2 = must_alloc(&f, 4 * KiB);
+    CHECK_EQ(small, big + 4 * MiB - 4 * KiB);
+    CHECK_EQ(small2, small - 4 * KiB);
+    bfc_addr big2 = must_alloc(&f, 1 * MiB);
+    CHECK_EQ(big2, big + 1 * MiB);
+    fixture_end(&f);
+}
+
+static size_t count_lines_with(const char *text, const char *needle)
+{
+    size_t n = 0;
+    for (const char *p = text; (p = strstr(p, needle)) != NULL; p++)
+        n++;
+    return n;
+}
+
+static void dump_shows_summary_bins_chunks_and_occupancy(void)
+{
+    fixture f;
+    fixture_begin(&f, 1 * MiB);
+    fixture_start(&f);
+    bfc_addr a = must_alloc(&f, 300 * KiB), b = must_alloc(&f, 200 * KiB - 100);
+    (void)b;
+    must_free(&f, a);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *out = open_memstream(&buf, &len);
+    REQUIRE(out);
+    bfc_pool_dump(f.pool, out, BFC_DUMP_ALL);
+    fclose(out);
+    CHECK(strstr(buf, "Limit:") && strstr(buf, "InUse:") && strstr(buf, "MaxInUse:"));
+    CHECK(strstr(buf, "LargestFreeBlock:") != NULL);
+    CHECK(strstr(buf, "Bin (") != NULL);
+    CHECK_EQ(count_lines_with(buf, "InUse   0x"), 1);
+    CHECK_EQ(count_lines_with(buf, "Free    0x"), 2);
+    const char *strip = strstr(buf, "Region 0 |");
+    CHECK(strip != NULL);
+    if (strip) {
+        strip += strlen("Region 0 |");
+        const char *end = strchr(strip, '|');
+        CHECK(end && end - strip == 100);
+        /* 30% free, 20% in use, 50% free. */
+        CHECK(strip[0] == '_' && strip[35] == '*' && strip[99] == '_');
+    }
+    free(buf);
+    fixture_end(&f);
+}
+
+static void host_metadata_follows_chunks_not_region_size(void)
+{
+    /* A 1 TiB pool with a handful of allocations holds little host memory. */
+    fixture f;
+    fixture_begin(&f, UINT64_C(1) << 40);
+    fixture_start(&f);
+    for (int i = 0; i < 100; i++)
+        must_alloc(&f, 1 * GiB);
+    bfc_stats s = stats_of(&f);
+    CHECK(s.host_metadata_bytes < 2 * MiB);
+    fixture_end(&f);
+
+    /* Per chunk: bounded, whatever the region size. */
+    fixture_begin(&f, 64 * GiB);
+    fixture_start(&f);
+    enum { N = 200000 };
+    for (int i = 0; i < N; i++) {
+        bfc_addr a;
+        REQUIRE(bfc_pool_alloc(f.pool, 512, BFC_NO_LANE, &a) == BFC_OK);
+    }
+    s = stats_of(&f);
+    double per_chunk = (double)s.host_metadata_bytes / (double)s.num_chunks;
+    printf("host metadata: %.1f bytes per chunk at %" PRIu64 " chunks\n", per_chunk,
+           s.num_chunks);
+    CHECK(per_chunk <= 160.0);
+    fixture_end(&f);
+}
+
+int main(void)
+{
+    RUN(sizes_round_to_granularity_and_align);
+    RUN(zero_and_oversized_requests);
+    RUN(preallocation_takes_the_limit_once);
+    RUN(growth_mode_doubles_regions);
+    RUN(refused_regions_back_off_to_ninety_percent);
+    RUN(best_fit_prefers_smallest_then_lowest_address);
+    RUN(split_only_when_the_remainder_is_worth_it);
+    RUN(frees_coalesce_with_both_neighbours);
+    RUN(regions_never_merge_across_their_boundaries);
+    RUN(garbage_collection_returns_empty_regions);
+    RUN(trim_returns_only_empty_regions);
+    RUN(bad_frees_are_refused_and_change_nothing);
+    RUN(lookup_finds_allocations_from_interior_addresses);
+    RUN(stats_track_peaks_and_largest);
+    RUN(largest_live_lists_biggest_first);
+    RUN(small_requests_come_from_the_high_end);
+    RUN(dump_shows_summary_bins_chunks_and_occupancy);
+    RUN(host_metadata_follows_chunks_not_region_size);
+    return harness_result();
+}

@@ -1,0 +1,507 @@
+/*
+ * Property test: long seeded sequences of random operations against the
+ * engine, each followed by the invariant checker and compared with a model.
+ *
+ *   test_property [--seeds A-B | --seed N] [--ops N] [--quiet]
+ *
+ * Each seed also draws the pool's configuration (preallocation or growth,
+ * granularity, split threshold, two-ended placement, garbage collection,
+ * limit, a device that refuses some requests, a fence callback or none), so
+ * a seed range covers the option space.
+ *
+ * What the model checks besides bfc_pool_check:
+ *   - every allocation is aligned, inside the pool, and overlaps no live
+ *     allocation and no pending block it may not reuse;
+ *   - it is the best fit: the smallest free (or own-lane pending) chunk that
+ *     fits, lowest address on ties, carved from the end the policy says;
+ *   - an OOM happens only when no chunk fits and the pool could not grow;
+ *   - bad frees (double, interior, foreign, stale) are refused with the right
+ *     status and change no statistic;
+ *   - bytes requested and live counts agree with the model.
+ * A failure prints the seed and step, so `--seed N --ops M` replays it.
+ */
+#include <getopt.h>
+#include <string.h>
+
+#include "pool_fixture.h"
+
+#define MAX_LIVE 400
+#define MAX_PENDING 4096
+#define MAX_LANES 6
+
+typedef struct live_block {
+    bfc_addr addr;
+    uint64_t size, rounded;
+} live_block;
+
+typedef struct pending_range {
+    bfc_addr lo, hi; /* [lo, hi) */
+    uint32_t lane;
+    uint64_t token;
+} pending_range;
+
+typedef struct model {
+    live_block live[MAX_LIVE];
+    size_t nlive;
+    pending_range pend[MAX_PENDING];
+    size_t npend;
+    uint32_t lanes[MAX_LANES]; /* 0: slot closed */
+    bool lane_reusable[MAX_LANES];
+    uint64_t next_token;
+    uint64_t requested;
+    bfc_addr freed[64]; /* recently freed addresses, for double frees */
+    size_t nfreed;
+} model;
+
+typedef struct run {
+    uint64_t seed, step, rng;
+    fixture f;
+    model m;
+    uint64_t fence_done_upto;
+    bool with_fences;
+    uint64_t ooms, allocs, frees, bad_frees, retires;
+} run;
+
+static run R;
+
+static bool fence_done(void *ctx, uint32_t lane, uint64_t token, bool wait)
+{
+    (void)ctx, (void)lane;
+    if (wait && token > R.fence_done_upto)
+        R.fence_done_upto = token;
+    return token <= R.fence_done_upto;
+}
+
+#define FAIL_AT(...)                                                               \
+    do {                                                                           \
+        fprintf(stderr, "seed %" PRIu64 " step %" PRIu64 ": ", R.seed, R.step);    \
+        fprintf(stderr, __VA_ARGS__);                                              \
+        fputc('\n', stderr);                                                       \
+        harness_failures++;                                                        \
+    } while (0)
+
+static bool overlaps(bfc_addr a, uint64_t n, bfc_addr b, uint64_t m)
+{
+    return a < b + m && b < a + n;
+}
+
+/* ---- configuration ---------------------------------------------------- */
+
+static void configure(void)
+{
+    uint64_t *rng = &R.rng;
+    fixture *f = &R.f;
+    static const uint64_t limits[] = {1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB};
+    fixture_begin(f, limits[rng_below(rng, 4)]);
+    f->opt.granularity = rng_below(rng, 4) == 0 ? 512 : 256;
+    f->opt.region_granularity = rng_below(rng, 2) ? f->opt.granularity : 64 * KiB;
+    f->opt.preallocate = rng_below(rng, 2);
+    f->opt.initial_region_bytes = (rng_below(rng, 8) + 1) * 64 * KiB;
+    static const uint64_t splits[] = {256, 1024, 16 * KiB};
+    f->opt.min_split_bytes = splits[rng_below(rng, 3)];
+    f->opt.small_alloc_bytes = rng_below(rng, 2) ? 64 * KiB : 0;
+    f->opt.garbage_collection = rng_below(rng, 4) != 0;
+    if (rng_below(rng, 4) == 0)
+        f->dev.refuse_above = f->opt.limit_bytes / 2;
+    if (rng_below(rng, 4) == 0)
+        f->dev.capacity = f->opt.limit_bytes * 3 / 4;
+    f->dev.alignment = rng_below(rng, 2) ? 512 : 2 * MiB;
+    R.with_fences = rng_below(rng, 2);
+    bfc_backend b = sim_device_backend(&f->dev);
+    if (R.with_fences)
+        b.fence_done = fence_done;
+    fixture_start_with(f, &b);
+}
+
+/* ---- model maintenance ------------------------------------------------- */
+
+/* Removes [lo, hi) from the pending ranges of `lane` (a same-lane reuse). */
+static void pending_subtract(uint32_t lane, bfc_addr lo, bfc_addr hi)
+{
+    model *m = &R.m;
+    for (size_t i = 0; i < m->npend;) {
+        pending_range p = m->pend[i];
+        if (p.lane != lane || !overlaps(p.lo, p.hi - p.lo, lo, hi - lo)) {
+            i++;
+            continue;
+        }
+        m->pend[i] = m->pend[--m->npend];
+        if (p.lo < lo && m->npend < MAX_PENDING)
+            m->pend[m->npend++] = (pending_range){p.lo, lo, p.lane, p.token};
+        if (hi < p.hi && m->npend < MAX_PENDING)
+            m->pend[m->npend++] = (pending_range){hi, p.hi, p.lane, p.token};
+    }
+}
+
+/* The pool may retire lanes on its slow path; resynchronise from the oldest
+ * token each lane still holds. */
+static void pending_resync(void)
+{
+    model *m = &R.m;
+    for (size_t i = 0; i < m->npend;) {
+        uint64_t oldest = 0;
+        bool any = bfc_pool_lane_oldest(R.f.pool, m->pend[i].lane, &oldest);
+        if (!any || m->pend[i].token < oldest)
+            m->pend[i] = m->pend[--m->npend];
+        else
+            i++;
+    }
+}
+
+typedef struct fit {
+    bool found;
+    bfc_chunk_info chunk;
+} fit;
+
+typedef struct fit_search {
+    uint64_t rounded;
+    uint32_t lane;
+    fit best;
+} fit_search;
+
+static bool model_lane_reusable(uint32_t lane)
+{
+    for (int i = 0; i < MAX_LANES; i++)
+        if (R.m.lanes[i] == lane && lane != BFC_NO_LANE)
+            return R.m.lane_reusable[i];
+    return false;
+}
+
+static void fit_visitor(void *arg, const bfc_chunk_info *c)
+{
+    fit_search *s = arg;
+    bool usable = c->kind == BFC_CHUNK_FREE ||
+                  (c->kind == BFC_CHUNK_PENDING && c->lane == s->lane &&
+                   model_lane_reusable(s->lane));
+    if (!usable)
+        return;
+    if (c->size < s->rounded)
+        return;
+    if (!s->best.found || c->size < s->best.chunk.size ||
+        (c->size == s->best.chunk.size && c->addr < s->best.chunk.addr)) {
+        s->best.found = true;
+        s->best.chunk = *c;
+    }
+}
+
+/* ---- operations --------------------------------------------------------- */
+
+static uint64_t draw_size(void)
+{
+    uint64_t *rng = &R.rng, limit = R.f.opt.limit_bytes;
+    switch (rng_below(rng, 20)) {
+    case 0: return 0;
+    case 1: return limit + rng_below(rng, limit) + 1; /* never fits */
+    case 2: return (uint64_t)1 << rng_below(rng, 20);   /* powers of two */
+    case 3:
+    case 4: return rng_below(rng, limit / 4) + 1;      /* large */
+    case 5:
+    case 6:
+    case 7: return rng_below(rng, 256 * KiB) + 1;      /* medium */
+    default: return rng_below(rng, 4 * KiB) + 1;       /* small */
+    }
+}
+
+static uint32_t draw_lane(void)
+{
+    if (rng_below(&R.rng, 3) == 0)
+        return BFC_NO_LANE;
+    uint32_t id = R.m.lanes[rng_below(&R.rng, MAX_LANES)];
+    return id;
+}
+
+static void op_alloc(void)
+{
+    model *m = &R.m;
+    if (m->nlive == MAX_LIVE)
+        return;
+    uint64_t size = draw_size();
+    uint32_t lane = draw_lane();
+    uint64_t g = R.f.opt.granularity;
+    uint64_t rounded = (size + g - 1) / g * g;
+    fit_search s = {.rounded = rounded, .lane = lane};
+    if (size && size <= BFC_MAX_ALLOC_BYTES)
+        bfc_pool_visit(R.f.pool, fit_visitor, &s);
+    bfc_stats before = stats_of(&R.f);
+
+    bfc_addr a = 0xdead00;
+    bfc_status st = bfc_pool_alloc(R.f.pool, size, lane, &a);
+    if (size == 0) {
+        if (st != BFC_OK || a != 0)
+            FAIL_AT("alloc(0) gave %s, %#llx", bfc_status_name(st), (unsigned long long)a);
+        return;
+    }
+    if (st == BFC_ERR_OOM) {
+        R.ooms++;
+        if (s.best.found)
+            FAIL_AT("OOM for %" PRIu64 " bytes though chunk %#llx of %" PRIu64 " fits",
+                    rounded, (unsigned long long)s.best.chunk.addr, s.best.chunk.size);
+        if (a != 0xdead00)
+            FAIL_AT("failed alloc wrote its out-pointer");
+        bfc_stats after = stats_of(&R.f);
+        if (after.num_ooms != before.num_ooms + 1)
+            FAIL_AT("num_ooms did not count the failure");
+        if (after.largest_free_block_bytes >= rounded)
+            FAIL_AT("OOM while a free block of %" PRIu64 " >= %" PRIu64 " exists",
+                    after.largest_free_block_bytes, rounded);
+        pending_resync();
+        return;
+    }
+    if (st != BFC_OK) {
+        FAIL_AT("alloc(%" PRIu64 ") gave %s", size, bfc_status_name(st));
+        return;
+    }
+    R.allocs++;
+    if (a % g != 0 || !bfc_pool_owns(R.f.pool, a) ||
+        !bfc_pool_owns(R.f.pool, a + rounded - 1))
+        FAIL_AT("allocation %#llx of %" PRIu64 " is misaligned or outside the pool",
+                (unsigned long long)a, rounded);
+    /* Best fit: when a fit existed before, the block must come from it. */
+    bfc_addr taken_lo = a, taken_hi = a + rounded;
+    if (s.best.found) {
+        bool high = R.f.opt.small_alloc_bytes && rounded <= R.f.opt.small_alloc_bytes;
+        uint64_t rest = s.best.chunk.size - rounded;
+        uint64_t min_rest = R.f.opt.min_split_bytes > g ? R.f.opt.min_split_bytes : g;
+        if (rest < min_rest) { /* not split: the whole chunk is taken */
+            taken_lo = s.best.chunk.addr;
+            taken_hi = s.best.chunk.addr + s.best.chunk.size;
+        }
+        bfc_addr expect = high && rest >= min_rest
+                              ? s.best.chunk.addr + s.best.chunk.size - rounded
+                              : s.best.chunk.addr;
+        if (a != expect)
+            FAIL_AT("alloc %" PRIu64 " got %#llx, best fit says %#llx (chunk %#llx+%" PRIu64
+                    ")", rounded, (unsigned long long)a, (unsigned long long)expect,
+                    (unsigned long long)s.best.chunk.addr, s.best.chunk.size);
+    }
+    for (size_t i = 0; i < m->nlive; i++)
+        if (overlaps(a, rounded, m->live[i].addr, m->live[i].rounded))
+            FAIL_AT("allocation %#llx overlaps live block %#llx", (unsigned long long)a,
+                    (unsigned long long)m->live[i].addr);
+    pending_resync();
+    for (size_t i = 0; i < m->npend; i++) {
+        const pending_range *p = &m->pend[i];
+        if (overlaps(a, rounded, p->lo, p->hi - p->lo) && p->lane != lane)
+            FAIL_AT("allocation %#llx on lane %u reuses a block pending on lane %u",
+                    (unsigned long long)a, lane, p->lane);
+    }
+    if (lane != BFC_NO_LANE)
+        pending_subtract(lane, taken_lo, taken_hi);
+    m->live[m->nlive++] = (live_block){a, size, rounded};
+    m->requested += size;
+}
+
+static void remember_freed(bfc_addr a)
+{
+    model *m = &R.m;
+    m->freed[m->nfreed++ % 64] = a;
+}
+
+static void op_free(bool fenced)
+{
+    model *m = &R.m;
+    if (!m->nlive)
+        return;
+    size_t i = rng_below(&R.rng, m->nlive);
+    live_block b = m->live[i];
+    bfc_status st;
+    uint32_t lane = BFC_NO_LANE;
+    if (fenced) {
+        lane = R.m.lanes[rng_below(&R.rng, MAX_LANES)];
+        if (!lane)
+            return;
+        st = bfc_pool_free_fenced(R.f.pool, b.addr, lane, ++m->next_token);
+    } else {
+        st = bfc_pool_free(R.f.pool, b.addr);
+    }
+    if (st != BFC_OK) {
+        FAIL_AT("free of live %#llx gave %s", (unsigned long long)b.addr,
+                bfc_status_name(st));
+        return;
+    }
+    R.frees++;
+    m->live[i] = m->live[--m->nlive];
+    m->requested -= b.size;
+    if (fenced && m->npend < MAX_PENDING)
+        m->pend[m->npend++] = (pending_range){b.addr, b.addr + b.rounded, lane,
+                                              m->next_token};
+    remember_freed(b.addr);
+}
+
+static void op_bad_free(void)
+{
+    model *m = &R.m;
+    bfc_addr a = 0;
+    bfc_status want_owned = BFC_ERR_NOT_ALLOCATED;
+    switch (rng_below(&R.rng, 3)) {
+    case 0: /* interior of a live block */
+        if (!m->nlive)
+            return;
+        {
+            live_block b = m->live[rng_below(&R.rng, m->nlive)];
+            a = b.addr + 1 + rng_below(&R.rng, b.rounded - 1);
+        }
+        break;
+    case 1: /* something freed earlier (may be live again: then skip) */
+        if (!m->nfreed)
+            return;
+        a = m->freed[rng_below(&R.rng, m->nfreed < 64 ? m->nfreed : 64)];
+        for (size_t i = 0; i < m->nlive; i++)
+            if (m->live[i].addr == a)
+                return;
+        break;
+    default: /* foreign */
+        a = 0x1000 + rng_below(&R.rng, 1u << 20) * 256;
+        want_owned = BFC_ERR_NOT_OWNED;
+    }
+    bfc_stats before = stats_of(&R.f);
+    bfc_status st = rng_below(&R.rng, 2) || !m->lanes[0]
+                        ? bfc_pool_free(R.f.pool, a)
+                        : bfc_pool_free_fenced(R.f.pool, a, m->lanes[0], m->next_token);
+    bool owned = bfc_pool_owns(R.f.pool, a);
+    bfc_status expect = owned ? BFC_ERR_NOT_ALLOCATED : BFC_ERR_NOT_OWNED;
+    (void)want_owned;
+    if (st != expect)
+        FAIL_AT("bad free of %#llx gave %s, expected %s", (unsigned long long)a,
+                bfc_status_name(st), bfc_status_name(expect));
+    bfc_stats after = stats_of(&R.f);
+    if (memcmp(&before, &after, sizeof before) != 0)
+        FAIL_AT("a refused free changed the statistics");
+    R.bad_frees++;
+}
+
+static void op_lanes(void)
+{
+    model *m = &R.m;
+    int i = (int)rng_below(&R.rng, MAX_LANES);
+    if (m->lanes[i]) {
+        bfc_pool_lane_close(R.f.pool, m->lanes[i]);
+        m->lanes[i] = 0; /* its pending ranges stay until retired */
+    } else {
+        bool reusable = rng_below(&R.rng, 3) != 0;
+        uint32_t id = 0;
+        if (bfc_pool_lane_open(R.f.pool, reusable, &id) != BFC_OK) {
+            FAIL_AT("lane_open failed");
+            return;
+        }
+        /* A recycled id must not still hold pending ranges of a closed lane. */
+        for (size_t k = 0; k < m->npend; k++)
+            if (m->pend[k].lane == id)
+                FAIL_AT("lane %u reopened while it still holds pending blocks", id);
+        m->lanes[i] = id;
+        m->lane_reusable[i] = reusable;
+    }
+}
+
+/* Retires tokens the simulated GPU has completed, in every lane the pool
+ * knows, as the shim would from its event queries. */
+static void op_progress(void)
+{
+    model *m = &R.m;
+    if (m->next_token > R.fence_done_upto)
+        R.fence_done_upto += rng_below(&R.rng, m->next_token - R.fence_done_upto + 1);
+    /* Closed lanes still drain: walk the model's pending ranges' lanes. */
+    uint32_t seen[MAX_PENDING];
+    size_t nseen = 0;
+    for (size_t i = 0; i < m->npend; i++) {
+        bool dup = false;
+        for (size_t k = 0; k < nseen; k++)
+            dup |= seen[k] == m->pend[i].lane;
+        if (!dup)
+            seen[nseen++] = m->pend[i].lane;
+    }
+    for (size_t k = 0; k < nseen; k++)
+        bfc_pool_retire(R.f.pool, seen[k], R.fence_done_upto);
+    R.retires++;
+    pending_resync();
+}
+
+static void check_model(void)
+{
+    size_t v = bfc_pool_check(R.f.pool, stderr);
+    if (v)
+        FAIL_AT("invariant checker found %zu violation(s)", v);
+    bfc_stats s = stats_of(&R.f);
+    if (s.bytes_requested != R.m.requested || s.num_allocs - s.num_frees != R.m.nlive)
+        FAIL_AT("stats say %" PRIu64 " bytes / %" PRIu64 " live, model %" PRIu64 " / %zu",
+                s.bytes_requested, s.num_allocs - s.num_frees, R.m.requested, R.m.nlive);
+    if (s.pool_bytes > R.f.opt.limit_bytes || R.f.dev.held != s.pool_bytes)
+        FAIL_AT("pool holds %" PRIu64 " (device says %" PRIu64 "), limit %" PRIu64,
+                s.pool_bytes, R.f.dev.held, R.f.opt.limit_bytes);
+}
+
+static void run_seed(uint64_t seed, uint64_t ops)
+{
+    memset(&R, 0, sizeof R);
+    R.seed = seed;
+    R.rng = seed * 0x2545F4914F6CDD1Dull + 1;
+    configure();
+    for (R.step = 0; R.step < ops && !harness_failures; R.step++) {
+        uint64_t r = rng_below(&R.rng, 1000);
+        bool crowded = R.m.nlive > MAX_LIVE * 3 / 4;
+        if (r < (crowded ? 250u : 460u))
+            op_alloc();
+        else if (r < 760)
+            op_free(false);
+        else if (r < 860)
+            op_free(true);
+        else if (r < 930)
+            op_progress();
+        else if (r < 960)
+            op_bad_free();
+        else if (r < 980)
+            op_lanes();
+        else if (r < 999)
+            bfc_pool_trim(R.f.pool);
+        else {
+            /* Now and then free everything: back to one chunk per region. */
+            while (R.m.nlive)
+                op_free(false);
+        }
+        check_model();
+    }
+    bfc_pool_destroy(R.f.pool, true);
+    if (R.f.dev.held != 0)
+        FAIL_AT("device still holds %" PRIu64 " bytes after destroy", R.f.dev.held);
+}
+
+int main(int argc, char **argv)
+{
+    uint64_t first = 1, last = 8, ops = 20000;
+    bool quiet = false;
+    static const struct option longopts[] = {
+        {"seed", required_argument, 0, 's'}, {"seeds", required_argument, 0, 'S'},
+        {"ops", required_argument, 0, 'n'},  {"quiet", no_argument, 0, 'q'},
+        {0, 0, 0, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        switch (c) {
+        case 's': first = last = strtoull(optarg, NULL, 0); break;
+        case 'S':
+            if (sscanf(optarg, "%" SCNu64 "-%" SCNu64, &first, &last) != 2) {
+                fprintf(stderr, "--seeds wants A-B\n");
+                return 2;
+            }
+            break;
+        case 'n': ops = strtoull(optarg, NULL, 0); break;
+        case 'q': quiet = true; break;
+        default: return 2;
+        }
+    }
+    uint64_t total = 0, ooms = 0, bad = 0;
+    for (uint64_t seed = first; seed <= last && !harness_failures; seed++) {
+        run_seed(seed, ops);
+        total += R.step;
+        ooms += R.ooms;
+        bad += R.bad_frees;
+        if (!quiet)
+            printf("seed %" PRIu64 ": %" PRIu64 " ops (%" PRIu64 " allocs, %" PRIu64
+                   " frees, %" PRIu64 " OOMs, %" PRIu64 " bad frees) %s\n",
+                   seed, R.step, R.allocs, R.frees, R.ooms, R.bad_frees,
+                   harness_failures ? "FAILED" : "clean");
+    }
+    printf("property: %" PRIu64 " operations over seeds %" PRIu64 "-%" PRIu64
+           ", %" PRIu64 " OOMs, %" PRIu64 " refused bad frees, %s\n",
+           total, first, last, ooms, bad, harness_failures ? "FAILED" : "all clean");
+    return harness_result();
+}
