@@ -212,6 +212,30 @@ static void closed_lanes_drain_then_recycle(void)
     fixture_end(&f);
 }
 
+static void garbage_collection_keeps_regions_with_pending_blocks(void)
+{
+    fixture f;
+    fixture_begin(&f, 4 * MiB);
+    f.opt.preallocate = false;
+    f.opt.initial_region_bytes = 2 * MiB;
+    f.opt.region_granularity = 2 * MiB;
+    fixture_start(&f);
+    uint32_t lane = open_lane(&f, false);
+    bfc_addr a = must_alloc(&f, 2 * MiB), b = 0;
+    CHECK_EQ(bfc_pool_free_fenced(f.pool, a, lane, 1), BFC_OK);
+    /* 3 MiB needs the pending region back; the GPU may still use it, so
+     * garbage collection must leave it alone and the request fails. */
+    CHECK_EQ(bfc_pool_alloc(f.pool, 3 * MiB, BFC_NO_LANE, &b), BFC_ERR_OOM);
+    bfc_stats s = stats_of(&f);
+    CHECK_EQ(s.num_region_frees, 0);
+    CHECK_EQ(s.pending_bytes, 2 * MiB);
+    CHECK_EQ(bfc_pool_trim(f.pool), 0);
+    bfc_pool_retire(f.pool, lane, 1);
+    CHECK_EQ(bfc_pool_alloc(f.pool, 3 * MiB, BFC_NO_LANE, &b), BFC_OK);
+    CHECK_EQ(stats_of(&f).num_region_frees, 1);
+    fixture_end(&f);
+}
+
 static void many_lanes(void)
 {
     fixture f;
@@ -245,6 +269,7 @@ int main(void)
     RUN(the_slow_path_polls_then_waits_oldest_first);
     RUN(waiting_picks_the_oldest_token_across_lanes);
     RUN(closed_lanes_drain_then_recycle);
+    RUN(garbage_collection_keeps_regions_with_pending_blocks);
     RUN(many_lanes);
     return harness_result();
 }

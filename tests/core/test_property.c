@@ -189,7 +189,13 @@ static void fit_visitor(void *arg, const bfc_chunk_info *c)
 static uint64_t draw_size(void)
 {
     uint64_t *rng = &R.rng, limit = R.f.opt.limit_bytes;
-    switch (rng_below(rng, 20)) {
+    switch (rng_below(rng, 22)) {
+    case 20:
+    case 21: { /* clustered: a few shapes with small variations, as tensors are */
+        static const uint64_t shapes[] = {20 * KiB, 100 * KiB, 1 * MiB, 3 * MiB};
+        uint64_t base = shapes[rng_below(rng, 4)];
+        return base + rng_below(rng, base / 25) + 1;
+    }
     case 0: return 0;
     case 1: return limit + rng_below(rng, limit) + 1; /* never fits */
     case 2: return (uint64_t)1 << rng_below(rng, 20);   /* powers of two */
