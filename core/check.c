@@ -133,6 +133,10 @@ static void check_chunk(const bfc_pool *p, uint32_t c, recount *n, checker *k)
         n->requested += cc->requested;
         uint64_t rounded = round_up(cc->requested, g);
         uint64_t slack = p->opt.min_split_bytes > g ? p->opt.min_split_bytes : g;
+        if (p->opt.tsl_split) /* unsplit below 2x, or a remainder under 128 MiB */
+            slack = rounded > BFC_TSL_MAX_INTERNAL_FRAGMENTATION
+                        ? BFC_TSL_MAX_INTERNAL_FRAGMENTATION
+                        : rounded;
         if (cc->requested == 0 || rounded > cc->size || cc->size - rounded >= slack)
             fail(k, "allocated chunk %u: size %" PRIu64 " for a request of %" PRIu64,
                  c, cc->size, cc->requested);

@@ -5,8 +5,8 @@
  * the free bins (and from the caller's lane, when it has one); if nothing
  * fits, go down the slow path (retire completed fences, grow, wait for fences,
  * garbage-collect empty regions, grow again). Split the chunk when the
- * remainder is worth keeping. Small requests are carved from the high end of
- * their chunk, large ones from the low end (see bfc_options.small_alloc_bytes).
+ * remainder is worth keeping, carving the allocation from the end that
+ * touches the older neighbour (see bfc_placement in bfc.h).
  *
  * Free: find the chunk by address, merge it with free neighbours at once, and
  * file the result in its bin. Everything that can fail (host memory for a new
@@ -42,8 +42,9 @@ void bfc_options_init(bfc_options *o)
     o->region_granularity = UINT64_C(2) << 20;
     o->granularity = BFC_MIN_GRANULARITY;
     o->min_split_bytes = BFC_MIN_GRANULARITY;
+    o->tsl_split = false;
     o->garbage_collection = true;
-    o->small_alloc_bytes = 0;
+    o->placement = BFC_PLACE_BY_AGE;
 }
 
 static bool is_pow2(uint64_t x) { return x && !(x & (x - 1)); }
@@ -55,7 +56,8 @@ bfc_pool *bfc_pool_create(const bfc_options *opt, const bfc_backend *backend)
     if (opt->limit_bytes == 0 || !is_pow2(opt->granularity) ||
         opt->granularity < BFC_MIN_GRANULARITY || opt->region_granularity == 0 ||
         opt->region_granularity % opt->granularity != 0 ||
-        opt->limit_bytes > BFC_MAX_ALLOC_BYTES)
+        opt->limit_bytes > BFC_MAX_ALLOC_BYTES ||
+        (opt->placement != BFC_PLACE_BY_AGE && opt->placement != BFC_PLACE_LOW))
         return NULL;
     bfc_pool *p = calloc(1, sizeof *p);
     if (!p)
@@ -151,6 +153,27 @@ static void link_after(bfc_pool *p, uint32_t c, uint32_t r)
     cc->next = r;
 }
 
+/* How long a neighbour of a free chunk is expected to stay: a region edge
+ * never moves (0, oldest), an allocated block is as old as its sequence
+ * number, a pending block is about to become free (youngest). */
+static uint64_t neighbour_age(const bfc_pool *p, uint32_t n)
+{
+    if (n == CHUNK_NIL)
+        return 0;
+    const chunk *c = C(p, n);
+    return c->state == CHUNK_ALLOCATED ? c->stamp : UINT64_MAX;
+}
+
+/* Is the remainder of splitting `size` for `rounded` worth keeping? */
+static bool worth_splitting(const bfc_options *o, uint64_t size, uint64_t rounded)
+{
+    uint64_t rest = size - rounded;
+    if (o->tsl_split)
+        return size >= 2 * rounded || rest >= BFC_TSL_MAX_INTERNAL_FRAGMENTATION;
+    return rest >= (o->min_split_bytes > o->granularity ? o->min_split_bytes
+                                                         : o->granularity);
+}
+
 /*
  * Takes chunk c (FREE or PENDING) for an allocation of `rounded` bytes and
  * returns the handle of the allocated piece; a remainder stays where c was
@@ -167,18 +190,15 @@ static uint32_t take_chunk(bfc_pool *p, uint32_t c, uint64_t rounded)
         lane_detach(p, c);
     else
         bins_remove(&p->free_bins, &p->chunks, c);
-
-    uint64_t rest = cc->size - rounded;
-    uint64_t min_rest = p->opt.min_split_bytes > p->opt.granularity
-                            ? p->opt.min_split_bytes
-                            : p->opt.granularity;
-    if (rest < min_rest)
+    if (!worth_splitting(&p->opt, cc->size, rounded))
         return c;
 
+    uint64_t rest = cc->size - rounded;
     uint32_t r = chunk_new(&p->chunks); /* reserved by the caller */
     chunk *rc = C(p, r);
     uint32_t taken = c, left = r;
-    if (p->opt.small_alloc_bytes && rounded <= p->opt.small_alloc_bytes) {
+    if (p->opt.placement == BFC_PLACE_BY_AGE &&
+        neighbour_age(p, cc->next) < neighbour_age(p, cc->prev)) {
         /* High end: c keeps the low remainder, r becomes the allocation. */
         rc->addr = cc->addr + rest;
         rc->size = rounded;

@@ -18,8 +18,10 @@ typedef struct fixture {
     bfc_pool *pool;
 } fixture;
 
-/* Defaults for tests: exact region sizes, preallocation, GC on. Callers
- * change f->opt / f->dev between fixture_begin and fixture_start. */
+/* Defaults for tests: exact region sizes, preallocation, GC on, and low-end
+ * placement, so that the tests of other rules can name exact addresses (the
+ * placement test and the property test cover the default, age placement).
+ * Callers change f->opt / f->dev between fixture_begin and fixture_start. */
 static inline void fixture_begin(fixture *f, uint64_t limit)
 {
     memset(f, 0, sizeof *f);
@@ -27,6 +29,7 @@ static inline void fixture_begin(fixture *f, uint64_t limit)
     bfc_options_init(&f->opt);
     f->opt.limit_bytes = limit;
     f->opt.region_granularity = 256;
+    f->opt.placement = BFC_PLACE_LOW;
 }
 
 static inline void fixture_start(fixture *f)

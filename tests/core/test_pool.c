@@ -418,19 +418,79 @@ static void largest_live_lists_biggest_first(void)
     fixture_end(&f);
 }
 
-static void small_requests_come_from_the_high_end(void)
+static void allocations_are_carved_against_the_older_neighbour(void)
 {
     fixture f;
-    fixture_begin(&f, 4 * MiB);
-    f.opt.small_alloc_bytes = 64 * KiB;
+    fixture_begin(&f, 1 * MiB);
+    f.opt.placement = BFC_PLACE_BY_AGE;
     fixture_start(&f);
-    bfc_addr big = must_alloc(&f, 1 * MiB);
-    bfc_addr small = must_alloc(&f, 4 * KiB);
-    bfc_addr small2 = must_alloc(&f, 4 * KiB);
-    CHECK_EQ(small, big + 4 * MiB - 4 * KiB);
-    CHECK_EQ(small2, small - 4 * KiB);
-    bfc_addr big2 = must_alloc(&f, 1 * MiB);
-    CHECK_EQ(big2, big + 1 * MiB);
+    const uint64_t K64 = 64 * KiB;
+    /* A fresh region: both ends are edges (equally old), take the low end. */
+    bfc_addr a1 = must_alloc(&f, K64), base = a1, end = base + 1 * MiB;
+    /* The rest lies between a1 and the region's end; the edge is older. */
+    bfc_addr a2 = must_alloc(&f, K64);
+    CHECK_EQ(a2, end - K64);
+    /* Between a1 (1st) and a2 (2nd): a1 is older, carve next to it. */
+    bfc_addr a3 = must_alloc(&f, K64);
+    CHECK_EQ(a3, base + K64);
+    /* Between a3 (3rd) and a2 (2nd): a2 is older. */
+    bfc_addr a4 = must_alloc(&f, K64);
+    CHECK_EQ(a4, end - 2 * K64);
+    /* A hole between a1 (old) and a3's successor: free a3, then the free
+     * middle spans from a1 to a4; a1 is the older neighbour. */
+    must_free(&f, a3);
+    CHECK_EQ(must_alloc(&f, 16 * KiB), base + K64);
+    /* The middle now lies between that new block (5th) and a4 (4th). */
+    CHECK_EQ(must_alloc(&f, 16 * KiB), a4 - 16 * KiB);
+    fixture_end(&f);
+
+    /* TSL placement: always the low end. */
+    fixture_begin(&f, 1 * MiB);
+    fixture_start(&f);
+    a1 = must_alloc(&f, K64);
+    a2 = must_alloc(&f, K64);
+    CHECK_EQ(a2, a1 + K64);
+    must_free(&f, a1);
+    CHECK_EQ(must_alloc(&f, 16 * KiB), a1);
+    CHECK_EQ(must_alloc(&f, 16 * KiB), a1 + 16 * KiB);
+    fixture_end(&f);
+}
+
+static void pending_neighbours_count_as_youngest(void)
+{
+    fixture f;
+    fixture_begin(&f, 1 * MiB);
+    f.opt.placement = BFC_PLACE_BY_AGE;
+    fixture_start(&f);
+    uint32_t lane = 0;
+    REQUIRE(bfc_pool_lane_open(f.pool, false, &lane) == BFC_OK);
+    bfc_addr a = must_alloc(&f, 64 * KiB); /* low end */
+    bfc_addr b = must_alloc(&f, 64 * KiB); /* high end, against the edge */
+    bfc_addr c = must_alloc(&f, 64 * KiB); /* against a, the older */
+    CHECK_EQ(b, a + 1 * MiB - 64 * KiB);
+    CHECK_EQ(c, a + 64 * KiB);
+    /* The middle lies between c (3rd) and b (2nd): b is older, so the next
+     * block would go against b. Once b is pending it counts as youngest and
+     * the block goes against c instead. */
+    CHECK_EQ(bfc_pool_free_fenced(f.pool, b, lane, 1), BFC_OK);
+    CHECK_EQ(must_alloc(&f, 64 * KiB), c + 64 * KiB);
+    fixture_end(&f);
+}
+
+static void tsl_split_rule_keeps_up_to_twice_the_request(void)
+{
+    fixture f;
+    fixture_begin(&f, 1 * MiB);
+    f.opt.tsl_split = true;
+    f.opt.placement = BFC_PLACE_LOW;
+    fixture_start(&f);
+    bfc_addr h = must_alloc(&f, 7 * KiB), s = must_alloc(&f, 1 * KiB);
+    (void)s;
+    must_free(&f, h);
+    uint64_t before = stats_of(&f).bytes_in_use;
+    /* 7K hole, 4K request: below 2x, so the whole 7K goes. */
+    CHECK_EQ(must_alloc(&f, 4 * KiB), h);
+    CHECK_EQ(stats_of(&f).bytes_in_use - before, 7 * KiB);
     fixture_end(&f);
 }
 
@@ -519,7 +579,9 @@ int main(void)
     RUN(lookup_finds_allocations_from_interior_addresses);
     RUN(stats_track_peaks_and_largest);
     RUN(largest_live_lists_biggest_first);
-    RUN(small_requests_come_from_the_high_end);
+    RUN(allocations_are_carved_against_the_older_neighbour);
+    RUN(pending_neighbours_count_as_youngest);
+    RUN(tsl_split_rule_keeps_up_to_twice_the_request);
     RUN(dump_shows_summary_bins_chunks_and_occupancy);
     RUN(host_metadata_follows_chunks_not_region_size);
     return harness_result();

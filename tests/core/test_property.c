@@ -99,7 +99,8 @@ static void configure(void)
     f->opt.initial_region_bytes = (rng_below(rng, 8) + 1) * 64 * KiB;
     static const uint64_t splits[] = {256, 1024, 16 * KiB};
     f->opt.min_split_bytes = splits[rng_below(rng, 3)];
-    f->opt.small_alloc_bytes = rng_below(rng, 2) ? 64 * KiB : 0;
+    f->opt.placement = rng_below(rng, 3) == 0 ? BFC_PLACE_LOW : BFC_PLACE_BY_AGE;
+    f->opt.tsl_split = rng_below(rng, 5) == 0;
     f->opt.garbage_collection = rng_below(rng, 4) != 0;
     if (rng_below(rng, 4) == 0)
         f->dev.refuse_above = f->opt.limit_bytes / 2;
@@ -151,12 +152,15 @@ static void pending_resync(void)
 typedef struct fit {
     bool found;
     bfc_chunk_info chunk;
+    uint64_t prev_age, next_age; /* of its neighbours, as the policy sees them */
 } fit;
 
 typedef struct fit_search {
     uint64_t rounded;
     uint32_t lane;
     fit best;
+    bool have_last, best_is_last;
+    bfc_chunk_info last; /* previous chunk in address order */
 } fit_search;
 
 static bool model_lane_reusable(uint32_t lane)
@@ -167,21 +171,33 @@ static bool model_lane_reusable(uint32_t lane)
     return false;
 }
 
+/* Region edge: oldest; allocated: its sequence; pending: youngest. */
+static uint64_t age_of(const bfc_chunk_info *c)
+{
+    return c->kind == BFC_CHUNK_ALLOCATED ? c->seq : UINT64_MAX;
+}
+
 static void fit_visitor(void *arg, const bfc_chunk_info *c)
 {
     fit_search *s = arg;
+    bool same_region = s->have_last && s->last.region == c->region;
+    if (s->best_is_last) /* c follows the current best */
+        s->best.next_age = same_region ? age_of(c) : 0;
+    s->best_is_last = false;
     bool usable = c->kind == BFC_CHUNK_FREE ||
                   (c->kind == BFC_CHUNK_PENDING && c->lane == s->lane &&
                    model_lane_reusable(s->lane));
-    if (!usable)
-        return;
-    if (c->size < s->rounded)
-        return;
-    if (!s->best.found || c->size < s->best.chunk.size ||
-        (c->size == s->best.chunk.size && c->addr < s->best.chunk.addr)) {
+    if (usable && c->size >= s->rounded &&
+        (!s->best.found || c->size < s->best.chunk.size ||
+         (c->size == s->best.chunk.size && c->addr < s->best.chunk.addr))) {
         s->best.found = true;
         s->best.chunk = *c;
+        s->best.prev_age = same_region ? age_of(&s->last) : 0;
+        s->best.next_age = 0; /* a region edge unless a chunk follows */
+        s->best_is_last = true;
     }
+    s->last = *c;
+    s->have_last = true;
 }
 
 /* ---- operations --------------------------------------------------------- */
@@ -265,16 +281,18 @@ static void op_alloc(void)
     /* Best fit: when a fit existed before, the block must come from it. */
     bfc_addr taken_lo = a, taken_hi = a + rounded;
     if (s.best.found) {
-        bool high = R.f.opt.small_alloc_bytes && rounded <= R.f.opt.small_alloc_bytes;
-        uint64_t rest = s.best.chunk.size - rounded;
-        uint64_t min_rest = R.f.opt.min_split_bytes > g ? R.f.opt.min_split_bytes : g;
-        if (rest < min_rest) { /* not split: the whole chunk is taken */
+        const bfc_options *o = &R.f.opt;
+        uint64_t size = s.best.chunk.size, rest = size - rounded;
+        bool split = o->tsl_split
+                         ? size >= 2 * rounded || rest >= BFC_TSL_MAX_INTERNAL_FRAGMENTATION
+                         : rest >= (o->min_split_bytes > g ? o->min_split_bytes : g);
+        bool high = split && o->placement == BFC_PLACE_BY_AGE &&
+                    s.best.next_age < s.best.prev_age;
+        if (!split) { /* not split: the whole chunk is taken */
             taken_lo = s.best.chunk.addr;
-            taken_hi = s.best.chunk.addr + s.best.chunk.size;
+            taken_hi = s.best.chunk.addr + size;
         }
-        bfc_addr expect = high && rest >= min_rest
-                              ? s.best.chunk.addr + s.best.chunk.size - rounded
-                              : s.best.chunk.addr;
+        bfc_addr expect = high ? s.best.chunk.addr + size - rounded : s.best.chunk.addr;
         if (a != expect)
             FAIL_AT("alloc %" PRIu64 " got %#llx, best fit says %#llx (chunk %#llx+%" PRIu64
                     ")", rounded, (unsigned long long)a, (unsigned long long)expect,

@@ -1,0 +1,18 @@
+/* cli.h - the bfcshim command's subcommands and their shared helpers. */
+#ifndef BFCSHIM_CLI_CLI_H
+#define BFCSHIM_CLI_CLI_H
+
+#include <getopt.h>
+#include <stdio.h>
+
+int cmd_replay(int argc, char **argv);
+int cmd_tracegen(int argc, char **argv);
+
+/* "bfcshim CMD: OPTION 'VALUE' is not ACCEPTED" on stderr; returns 2. */
+int cli_bad_value(const char *cmd, const char *option, const char *value,
+                  const char *accepted);
+
+/* "--name" of the long option whose val is `val`. */
+const char *cli_option_name(const struct option *opts, int val);
+
+#endif

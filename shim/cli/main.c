@@ -1,0 +1,70 @@
+/*
+ * main.c - the `bfcshim` command: one binary, one subcommand per task.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+#ifndef BFCSHIM_VERSION
+#define BFCSHIM_VERSION "unknown"
+#endif
+
+int cli_bad_value(const char *cmd, const char *option, const char *value,
+                  const char *accepted)
+{
+    fprintf(stderr, "bfcshim %s: %s '%s' is not %s\n", cmd, option, value, accepted);
+    return 2;
+}
+
+const char *cli_option_name(const struct option *opts, int val)
+{
+    static char buf[64];
+    for (; opts->name; opts++)
+        if (opts->val == val) {
+            snprintf(buf, sizeof buf, "--%s", opts->name);
+            return buf;
+        }
+    return "option";
+}
+
+static const struct {
+    const char *name;
+    int (*run)(int, char **);
+    const char *what;
+} commands[] = {
+    {"replay", cmd_replay, "replay allocation traces through the engine (no GPU)"},
+    {"tracegen", cmd_tracegen, "write a synthetic training-step allocation trace"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: bfcshim COMMAND [OPTIONS]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].what);
+    fprintf(f, "  %-10s %s\n\n'bfcshim COMMAND --help' describes each.\n", "version",
+            "print the version");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
+        printf("bfcshim %s\n", BFCSHIM_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(cmd, commands[i].name))
+            return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "bfcshim: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,396 @@
+/*
+ * replay.c - `bfcshim replay`: allocation traces through the engine, no GPU.
+ *
+ *   bfcshim replay [--pool-size SIZE | --min-pool] [--json] [--repeat N]
+ *                  [policy options] TRACE.csv...
+ *
+ * For each trace it
+ *   1. bisects, to 1 MiB, the smallest single preallocated region that serves
+ *      every allocation of the trace (min_pool_bytes). The lower bound is the
+ *      trace's peak of live bytes, which no allocator can beat, so
+ *      efficiency = peak_live_bytes / min_pool_bytes is 1.0 at best;
+ *   2. times the replay loop alone (parsing and pool set-up excluded) at the
+ *      pool size of --pool-size, or at min_pool_bytes, --repeat times, and
+ *      reports the median nanoseconds per operation (allocate or free).
+ * Allocations that fail at the timed pool size are counted (`failures`) and
+ * their frees skipped.
+ */
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bfc.h"
+#include "cli.h"
+#include "json_out.h"
+#include "sim_device.h"
+#include "trace_csv.h"
+#include "units.h"
+
+#define MIB (UINT64_C(1) << 20)
+
+typedef struct replay_opts {
+    uint64_t pool_size; /* 0: time at min_pool_bytes */
+    int repeats;
+    bool json;
+    const char *dump_path; /* --dump-at-failure */
+    bfc_options policy; /* granularity, split and placement knobs */
+} replay_opts;
+
+typedef struct run_result {
+    uint64_t failures;
+    uint64_t ops;
+    double seconds;
+    bfc_stats stats;
+} run_result;
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The timed loop, kept out of line so that callgrind can count it alone
+ * (--toggle-collect=replay_loop). */
+__attribute__((noinline)) uint64_t replay_loop(bfc_pool *pool, const trace *t,
+                                               bfc_addr *slot_addr)
+{
+    uint64_t failures = 0;
+    for (size_t i = 0; i < t->nev; i++) {
+        const trace_event *e = &t->ev[i];
+        if (e->kind == TRACE_ALLOC) {
+            if (bfc_pool_alloc(pool, e->size, BFC_NO_LANE, &slot_addr[e->slot]) != BFC_OK) {
+                slot_addr[e->slot] = 0;
+                failures++;
+            }
+        } else {
+            bfc_pool_free(pool, slot_addr[e->slot]);
+        }
+    }
+    return failures;
+}
+
+/* One replay in a fresh pool of exactly `pool_bytes`, preallocated. */
+static bool run_once(const trace *t, const replay_opts *o, uint64_t pool_bytes,
+                     bfc_addr *slot_addr, run_result *r)
+{
+    sim_device dev;
+    sim_device_init(&dev, pool_bytes);
+    bfc_backend backend = sim_device_backend(&dev);
+    bfc_options opt = o->policy;
+    opt.limit_bytes = pool_bytes;
+    opt.preallocate = true;
+    opt.region_granularity = opt.granularity;
+    opt.garbage_collection = false;
+    bfc_pool *pool = bfc_pool_create(&opt, &backend);
+    if (!pool || bfc_pool_reserve(pool) != BFC_OK) {
+        bfc_pool_destroy(pool, true);
+        return false;
+    }
+    double t0 = now_seconds();
+    r->failures = replay_loop(pool, t, slot_addr);
+    r->seconds = now_seconds() - t0;
+    r->ops = t->nev;
+    bfc_pool_stats(pool, &r->stats);
+    bfc_pool_destroy(pool, true);
+    return true;
+}
+
+static bool serves_all(const trace *t, const replay_opts *o, uint64_t pool_bytes,
+                       bfc_addr *slot_addr)
+{
+    run_result r;
+    return run_once(t, o, pool_bytes, slot_addr, &r) && r.failures == 0;
+}
+
+/* Smallest pool, to 1 MiB, that serves the whole trace. Bisection assumes
+ * that a larger pool never serves less, which holds for best fit in practice
+ * though not in theory: the answer is the smallest size found that works. */
+static uint64_t min_pool(const trace *t, const replay_opts *o, bfc_addr *slot_addr)
+{
+    if (t->peak_live_bytes == 0)
+        return 0;
+    uint64_t lo = (t->peak_live_bytes + MIB - 1) / MIB - 1; /* in MiB: fails */
+    uint64_t hi = lo + 1;
+    uint64_t cap = (t->total_alloc_bytes + t->allocs * o->policy.granularity) / MIB + 1;
+    while (!serves_all(t, o, hi * MIB, slot_addr)) {
+        lo = hi;
+        hi = hi * 2 > cap ? cap : hi * 2;
+        if (lo == cap)
+            return 0; /* cannot happen: every byte ever allocated fits */
+    }
+    while (hi - lo > 1) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if (serves_all(t, o, mid * MIB, slot_addr))
+            hi = mid;
+        else
+            lo = mid;
+    }
+    return hi * MIB;
+}
+
+/* Replays in a pool 1 MiB below the minimum and writes the memory map at the
+ * first allocation that fails: where the fragmentation is. */
+static void dump_at_failure(const trace *t, const replay_opts *o, uint64_t min_bytes,
+                            bfc_addr *slot_addr)
+{
+    FILE *f = strcmp(o->dump_path, "-") == 0 ? stderr : fopen(o->dump_path, "a");
+    if (!f) {
+        perror(o->dump_path);
+        return;
+    }
+    if (min_bytes <= MIB) {
+        fprintf(f, "%s: the minimum pool is 1 MiB or less: nothing to show\n", t->name);
+        goto out;
+    }
+    sim_device dev;
+    sim_device_init(&dev, min_bytes - MIB);
+    bfc_backend backend = sim_device_backend(&dev);
+    bfc_options opt = o->policy;
+    opt.limit_bytes = min_bytes - MIB;
+    opt.region_granularity = opt.granularity;
+    bfc_pool *pool = bfc_pool_create(&opt, &backend);
+    if (!pool || bfc_pool_reserve(pool) != BFC_OK) {
+        bfc_pool_destroy(pool, true);
+        goto out;
+    }
+    for (size_t i = 0; i < t->nev; i++) {
+        const trace_event *e = &t->ev[i];
+        if (e->kind == TRACE_FREE) {
+            bfc_pool_free(pool, slot_addr[e->slot]);
+        } else if (bfc_pool_alloc(pool, e->size, BFC_NO_LANE, &slot_addr[e->slot]) != BFC_OK) {
+            fprintf(f, "%s: event %zu: allocation of %llu bytes fails in a pool of %llu:\n",
+                    t->name, i, (unsigned long long)e->size,
+                    (unsigned long long)opt.limit_bytes);
+            bfc_pool_dump(pool, f, BFC_DUMP_SUMMARY | BFC_DUMP_OCCUPANCY | BFC_DUMP_CHUNKS);
+            break;
+        }
+    }
+    bfc_pool_destroy(pool, true);
+out:
+    if (f != stderr)
+        fclose(f);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+typedef struct trace_report {
+    const trace *t;
+    uint64_t min_pool_bytes, timed_pool_bytes;
+    double efficiency, ns_per_op;
+    run_result timed;
+} trace_report;
+
+static void print_json(const trace_report *r, const replay_opts *o)
+{
+    json_out j;
+    json_begin(&j, stdout, false);
+    json_object_open(&j, NULL);
+    json_string(&j, "trace", r->t->name);
+    json_u64(&j, "events", r->t->nev);
+    json_u64(&j, "allocs", r->t->allocs);
+    json_u64(&j, "frees", r->t->frees);
+    json_u64(&j, "unmatched_frees", r->t->unmatched_frees);
+    json_u64(&j, "trace_failed_allocs", r->t->failed_allocs);
+    json_u64(&j, "leaked_reuses", r->t->leaked_reuses);
+    json_u64(&j, "peak_live_bytes", r->t->peak_live_bytes);
+    json_u64(&j, "min_pool_bytes", r->min_pool_bytes);
+    if (r->min_pool_bytes)
+        json_double(&j, "efficiency", r->efficiency);
+    else
+        json_null(&j, "efficiency");
+    json_double(&j, "ns_per_op", r->ns_per_op);
+    json_u64(&j, "failures", r->timed.failures);
+    json_u64(&j, "pool_bytes", r->timed_pool_bytes);
+    json_u64(&j, "peak_bytes_in_use", r->timed.stats.peak_bytes_in_use);
+    json_u64(&j, "repeats", (uint64_t)o->repeats);
+    json_object_open(&j, "policy");
+    json_u64(&j, "granularity", o->policy.granularity);
+    json_u64(&j, "min_split_bytes", o->policy.min_split_bytes);
+    json_string(&j, "placement", o->policy.placement == BFC_PLACE_LOW ? "low" : "age");
+    json_bool(&j, "tsl_split", o->policy.tsl_split);
+    json_object_close(&j);
+    json_object_close(&j);
+    json_end(&j);
+}
+
+static void print_header(void)
+{
+    printf("%-40s %9s %9s %11s %11s %10s %8s %8s\n", "trace", "events", "allocs",
+           "peak live", "min pool", "efficiency", "ns/op", "failures");
+}
+
+static void print_row(const trace_report *r)
+{
+    char live[32], pool[32];
+    const char *name = strrchr(r->t->name, '/');
+    name = name ? name + 1 : r->t->name;
+    printf("%-40.40s %9zu %9llu %11s %11s %10.4f %8.1f %8llu\n", name, r->t->nev,
+           (unsigned long long)r->t->allocs,
+           format_size(r->t->peak_live_bytes, live, sizeof live),
+           format_size(r->min_pool_bytes, pool, sizeof pool), r->efficiency, r->ns_per_op,
+           (unsigned long long)r->timed.failures);
+}
+
+static int replay_one(const char *path, const replay_opts *o, bool first)
+{
+    trace t;
+    if (!trace_load(&t, path)) {
+        fprintf(stderr, "bfcshim replay: %s\n", t.error);
+        trace_free(&t);
+        return 1;
+    }
+    bfc_addr *slot_addr = calloc(t.nslots ? t.nslots : 1, sizeof *slot_addr);
+    if (!slot_addr) {
+        fprintf(stderr, "bfcshim replay: %s: out of host memory\n", path);
+        trace_free(&t);
+        return 1;
+    }
+    trace_report r = {.t = &t};
+    r.min_pool_bytes = min_pool(&t, o, slot_addr);
+    r.efficiency = r.min_pool_bytes ? (double)t.peak_live_bytes / (double)r.min_pool_bytes
+                                    : 0.0;
+    if (o->dump_path)
+        dump_at_failure(&t, o, r.min_pool_bytes, slot_addr);
+    r.timed_pool_bytes = o->pool_size ? o->pool_size : r.min_pool_bytes;
+    if (r.timed_pool_bytes == 0)
+        r.timed_pool_bytes = MIB;
+
+    double *ns = calloc((size_t)o->repeats, sizeof *ns);
+    int ok_runs = 0;
+    for (int i = 0; ns && i < o->repeats; i++) {
+        if (!run_once(&t, o, r.timed_pool_bytes, slot_addr, &r.timed))
+            break;
+        ns[ok_runs++] = t.nev ? r.timed.seconds * 1e9 / (double)t.nev : 0.0;
+    }
+    int status = 0;
+    if (ok_runs == 0) {
+        fprintf(stderr, "bfcshim replay: %s: could not create a pool of %llu bytes\n", path,
+                (unsigned long long)r.timed_pool_bytes);
+        status = 1;
+    } else {
+        qsort(ns, (size_t)ok_runs, sizeof *ns, cmp_double);
+        r.ns_per_op = ns[ok_runs / 2];
+        if (o->json) {
+            print_json(&r, o);
+        } else {
+            if (first)
+                print_header();
+            print_row(&r);
+        }
+        if (t.unmatched_frees || t.leaked_reuses)
+            fprintf(stderr,
+                    "bfcshim replay: %s: %llu frees of pointers not live in the trace "
+                    "skipped, %llu blocks assumed leaked\n",
+                    path, (unsigned long long)t.unmatched_frees,
+                    (unsigned long long)t.leaked_reuses);
+    }
+    free(ns);
+    free(slot_addr);
+    trace_free(&t);
+    return status;
+}
+
+static void replay_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: bfcshim replay [--pool-size SIZE | --min-pool] [--json] [--repeat N]\n"
+            "                      [--granularity BYTES] [--min-split BYTES]\n"
+            "                      [--placement age|low] [--tsl] TRACE.csv[.gz]...\n"
+            "\n"
+            "Replays RMM-format allocation traces through the BFC engine with no GPU.\n"
+            "  --min-pool          time the replay at the smallest pool that serves the\n"
+            "                      trace (default)\n"
+            "  --pool-size SIZE    time it at SIZE instead (e.g. 40GiB) and count failures\n"
+            "  --json              one JSON object per trace, one per line\n"
+            "  --repeat N          timed replays per trace; the median is reported (5)\n"
+            "  --granularity B     size rounding, a power of two >= 256 (256)\n"
+            "  --min-split B       split a free chunk only if B bytes or more remain (256)\n"
+            "  --placement P       age: carve against the older neighbour (default);\n"
+            "                      low: always the low end (TSL)\n"
+            "  --tsl               TSL's policy: low placement, split only at 2x or 128 MiB\n"
+            "  --dump-at-failure F append to F (- for stderr) the pool's memory map at the\n"
+            "                      first failure in a pool 1 MiB below the minimum\n");
+}
+
+int cmd_replay(int argc, char **argv)
+{
+    replay_opts o = {.repeats = 5};
+    bfc_options_init(&o.policy);
+    enum { OPT_GRAN = 256, OPT_SPLIT, OPT_PLACE, OPT_TSL, OPT_DUMP };
+    static const struct option longopts[] = {
+        {"pool-size", required_argument, 0, 'p'}, {"min-pool", no_argument, 0, 'm'},
+        {"json", no_argument, 0, 'j'},           {"repeat", required_argument, 0, 'r'},
+        {"granularity", required_argument, 0, OPT_GRAN},
+        {"min-split", required_argument, 0, OPT_SPLIT},
+        {"placement", required_argument, 0, OPT_PLACE},
+        {"tsl", no_argument, 0, OPT_TSL},
+        {"dump-at-failure", required_argument, 0, OPT_DUMP},
+        {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
+    int c;
+    bool min_pool_flag = false;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        uint64_t v = 0;
+        switch (c) {
+        case 'p':
+            if (!parse_size(optarg, &v) || v == 0)
+                return cli_bad_value("replay", "--pool-size", optarg, "a size like 40GiB");
+            o.pool_size = v;
+            break;
+        case 'm': min_pool_flag = true; break;
+        case 'j': o.json = true; break;
+        case 'r':
+            o.repeats = atoi(optarg);
+            if (o.repeats < 1 || o.repeats > 1000)
+                return cli_bad_value("replay", "--repeat", optarg, "1 to 1000");
+            break;
+        case OPT_GRAN:
+            if (!parse_size(optarg, &v) || v < 256 || (v & (v - 1)) || v > (1u << 20))
+                return cli_bad_value("replay", "--granularity", optarg,
+                                     "a power of two from 256 to 1MiB");
+            o.policy.granularity = v;
+            break;
+        case OPT_SPLIT:
+            if (!parse_size(optarg, &v))
+                return cli_bad_value("replay", "--min-split", optarg, "a size");
+            o.policy.min_split_bytes = v;
+            break;
+        case OPT_PLACE:
+            if (strcmp(optarg, "age") == 0)
+                o.policy.placement = BFC_PLACE_BY_AGE;
+            else if (strcmp(optarg, "low") == 0)
+                o.policy.placement = BFC_PLACE_LOW;
+            else
+                return cli_bad_value("replay", "--placement", optarg, "age or low");
+            break;
+        case OPT_TSL:
+            o.policy.placement = BFC_PLACE_LOW;
+            o.policy.tsl_split = true;
+            break;
+        case OPT_DUMP: o.dump_path = optarg; break;
+        case 'h': replay_usage(stdout); return 0;
+        default: replay_usage(stderr); return 2;
+        }
+    }
+    if (min_pool_flag && o.pool_size) {
+        fprintf(stderr, "bfcshim replay: --pool-size and --min-pool exclude each other\n");
+        return 2;
+    }
+    if (optind == argc) {
+        replay_usage(stderr);
+        return 2;
+    }
+    if (o.pool_size)
+        o.pool_size = (o.pool_size + o.policy.granularity - 1) / o.policy.granularity *
+                      o.policy.granularity;
+    int status = 0;
+    for (int i = optind; i < argc; i++)
+        status |= replay_one(argv[i], &o, i == optind);
+    return status;
+}

@@ -1,0 +1,286 @@
+/* trace_csv.c - RMM CSV trace parser (see trace_csv.h). */
+#include "trace_csv.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef BFCSHIM_HAVE_ZLIB
+#include <zlib.h>
+#endif
+
+#define FIELDS 6
+
+bool trace_init(trace *t, const char *name)
+{
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    return addr_map_init(&t->ptr_to_slot);
+}
+
+void trace_finish(trace *t)
+{
+    addr_map_fini(&t->ptr_to_slot);
+}
+
+void trace_free(trace *t)
+{
+    trace_finish(t);
+    free(t->ev);
+    t->ev = NULL;
+    t->nev = t->cap = 0;
+}
+
+__attribute__((format(printf, 2, 3))) static bool malformed(trace *t, const char *fmt, ...)
+{
+    int n = snprintf(t->error, sizeof t->error, "%s:%llu: ", t->name,
+                     (unsigned long long)t->lines);
+    va_list ap;
+    va_start(ap, fmt);
+    if (n > 0 && (size_t)n < sizeof t->error)
+        vsnprintf(t->error + n, sizeof t->error - (size_t)n, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+/* A field: [s, e) with blanks trimmed. */
+typedef struct field {
+    const char *s;
+    size_t n;
+} field;
+
+static bool field_is(field f, const char *word)
+{
+    return f.n == strlen(word) && memcmp(f.s, word, f.n) == 0;
+}
+
+static bool parse_u64(field f, int base, uint64_t *out)
+{
+    if (f.n == 0)
+        return false;
+    uint64_t v = 0;
+    for (size_t i = 0; i < f.n; i++) {
+        unsigned d;
+        char c = f.s[i];
+        if (c >= '0' && c <= '9')
+            d = (unsigned)(c - '0');
+        else if (base == 16 && c >= 'a' && c <= 'f')
+            d = (unsigned)(c - 'a' + 10);
+        else if (base == 16 && c >= 'A' && c <= 'F')
+            d = (unsigned)(c - 'A' + 10);
+        else
+            return false;
+        if (v > (UINT64_MAX - d) / (uint64_t)base)
+            return false;
+        v = v * (uint64_t)base + d;
+    }
+    *out = v;
+    return true;
+}
+
+/* 0x-prefixed hex, a plain decimal, or a null spelling. */
+static bool parse_number(field f, uint64_t *out)
+{
+    if (field_is(f, "(nil)") || field_is(f, "nil") || field_is(f, "NULL")) {
+        *out = 0;
+        return true;
+    }
+    if (f.n > 2 && f.s[0] == '0' && (f.s[1] == 'x' || f.s[1] == 'X'))
+        return parse_u64((field){f.s + 2, f.n - 2}, 16, out);
+    return parse_u64(f, 10, out);
+}
+
+/* HH:MM:SS:micro, each part decimal. */
+static bool parse_time(field f, uint64_t *us)
+{
+    uint64_t part[4];
+    int k = 0;
+    size_t start = 0;
+    for (size_t i = 0; i <= f.n; i++) {
+        if (i == f.n || f.s[i] == ':') {
+            if (k == 4 || !parse_u64((field){f.s + start, i - start}, 10, &part[k]))
+                return false;
+            k++;
+            start = i + 1;
+        }
+    }
+    if (k != 4 || part[1] > 59 || part[2] > 60 || part[0] > 1000000)
+        return false;
+    *us = ((part[0] * 60 + part[1]) * 60 + part[2]) * 1000000 + part[3];
+    return true;
+}
+
+static bool push(trace *t, uint32_t kind, uint32_t slot, uint64_t size)
+{
+    if (t->nev == t->cap) {
+        size_t cap = t->cap ? t->cap * 2 : 4096;
+        trace_event *e = realloc(t->ev, cap * sizeof *e);
+        if (!e)
+            return malformed(t, "out of host memory after %zu events", t->nev);
+        t->ev = e;
+        t->cap = cap;
+    }
+    t->ev[t->nev++] = (trace_event){.size = size, .slot = slot, .kind = kind};
+    return true;
+}
+
+static bool on_alloc(trace *t, uint64_t ptr, uint64_t size)
+{
+    if (size == 0) {
+        t->zero_size_allocs++;
+        return true;
+    }
+    if (ptr == 0)
+        return malformed(t, "allocate of %llu bytes returned a null pointer",
+                         (unsigned long long)size);
+    if (t->nev >= UINT32_MAX - 1)
+        return malformed(t, "more than 2^32 events");
+    /* A still-live pointer: the trace lost the earlier block's free, so that
+     * block stays live to the end and the pointer now names the new one. */
+    if (addr_map_take(&t->ptr_to_slot, ptr))
+        t->leaked_reuses++;
+    if (!addr_map_reserve(&t->ptr_to_slot, 1))
+        return malformed(t, "out of host memory");
+    addr_map_put(&t->ptr_to_slot, ptr, (uint32_t)t->nev + 1);
+    t->allocs++;
+    t->total_alloc_bytes += size;
+    t->live_bytes += size;
+    if (t->live_bytes > t->peak_live_bytes)
+        t->peak_live_bytes = t->live_bytes;
+    return push(t, TRACE_ALLOC, t->nslots++, size);
+}
+
+static bool on_free(trace *t, uint64_t ptr)
+{
+    /* The map holds the index + 1 of the event that allocated ptr. */
+    uint32_t e1 = ptr ? addr_map_take(&t->ptr_to_slot, ptr) : 0;
+    if (!e1) {
+        t->unmatched_frees++;
+        return true;
+    }
+    const trace_event *a = &t->ev[e1 - 1];
+    t->frees++;
+    t->live_bytes -= a->size;
+    return push(t, TRACE_FREE, a->slot, 0);
+}
+
+bool trace_feed_line(trace *t, const char *line, size_t len)
+{
+    t->lines++;
+    while (len && (line[len - 1] == '\n' || line[len - 1] == '\r' ||
+                   line[len - 1] == ' ' || line[len - 1] == '\t'))
+        len--;
+    if (len == 0)
+        return true;
+    field f[FIELDS];
+    size_t nf = 0, start = 0;
+    for (size_t i = 0; i <= len; i++) {
+        if (i == len || line[i] == ',') {
+            if (nf == FIELDS)
+                return malformed(t, "more than %d comma-separated fields", FIELDS);
+            const char *s = line + start;
+            size_t n = i - start;
+            while (n && (*s == ' ' || *s == '\t'))
+                s++, n--;
+            while (n && (s[n - 1] == ' ' || s[n - 1] == '\t'))
+                n--;
+            f[nf++] = (field){s, n};
+            start = i + 1;
+        }
+    }
+    if (!t->saw_header && t->nev == 0 && t->allocs == 0 && field_is(f[0], "Thread")) {
+        t->saw_header = true;
+        if (nf != FIELDS || !field_is(f[1], "Time") || !field_is(f[2], "Action") ||
+            !field_is(f[3], "Pointer") || !field_is(f[4], "Size") ||
+            !field_is(f[5], "Stream"))
+            return malformed(t, "header is not Thread,Time,Action,Pointer,Size,Stream");
+        return true;
+    }
+    if (nf != FIELDS)
+        return malformed(t, "expected %d comma-separated fields "
+                            "(Thread,Time,Action,Pointer,Size,Stream), found %zu",
+                         FIELDS, nf);
+    if (f[0].n == 0)
+        return malformed(t, "empty Thread field");
+    uint64_t us, ptr, size, stream;
+    if (!parse_time(f[1], &us))
+        return malformed(t, "Time '%.*s' is not HH:MM:SS:microseconds", (int)f[1].n, f[1].s);
+    if (!parse_number(f[3], &ptr))
+        return malformed(t, "Pointer '%.*s' is not a hex address", (int)f[3].n, f[3].s);
+    if (!parse_u64(f[4], 10, &size))
+        return malformed(t, "Size '%.*s' is not a byte count", (int)f[4].n, f[4].s);
+    if (!parse_number(f[5], &stream))
+        return malformed(t, "Stream '%.*s' is not a number", (int)f[5].n, f[5].s);
+    if (t->allocs + t->frees + t->unmatched_frees + t->failed_allocs == 0)
+        t->first_us = us;
+    t->last_us = us;
+    if (field_is(f[2], "allocate"))
+        return on_alloc(t, ptr, size);
+    if (field_is(f[2], "free"))
+        return on_free(t, ptr);
+    if (field_is(f[2], "allocate failure")) {
+        t->failed_allocs++;
+        return true;
+    }
+    return malformed(t, "Action '%.*s' is not allocate, free or allocate failure",
+                     (int)f[2].n, f[2].s);
+}
+
+bool trace_load(trace *t, const char *path)
+{
+    if (!trace_init(t, path)) {
+        snprintf(t->error, sizeof t->error, "%s: out of host memory", path);
+        return false;
+    }
+    bool ok = true;
+    char *line = NULL;
+#ifdef BFCSHIM_HAVE_ZLIB
+    /* gzopen reads uncompressed files unchanged, so one path serves both. */
+    gzFile gz = gzopen(path, "rb");
+    if (!gz) {
+        snprintf(t->error, sizeof t->error, "%s: %s", path, strerror(errno));
+        trace_finish(t);
+        return false;
+    }
+    gzbuffer(gz, 1 << 20);
+    enum { LINE_MAX_BYTES = 1 << 16 };
+    line = malloc(LINE_MAX_BYTES);
+    if (!line)
+        ok = malformed(t, "out of host memory");
+    while (ok && gzgets(gz, line, LINE_MAX_BYTES)) {
+        size_t n = strlen(line);
+        if (n == LINE_MAX_BYTES - 1 && line[n - 1] != '\n')
+            ok = malformed(t, "line longer than %d bytes", LINE_MAX_BYTES);
+        else
+            ok = trace_feed_line(t, line, n);
+    }
+    int gzerr = 0;
+    const char *gzmsg = gzerror(gz, &gzerr);
+    if (ok && gzerr != Z_OK && gzerr != Z_STREAM_END) {
+        snprintf(t->error, sizeof t->error, "%s: read error: %s", path, gzmsg);
+        ok = false;
+    }
+    gzclose(gz);
+#else
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(t->error, sizeof t->error, "%s: %s", path, strerror(errno));
+        trace_finish(t);
+        return false;
+    }
+    size_t cap = 0;
+    ssize_t n;
+    while (ok && (n = getline(&line, &cap, f)) >= 0)
+        ok = trace_feed_line(t, line, (size_t)n);
+    if (ok && ferror(f)) {
+        snprintf(t->error, sizeof t->error, "%s: read error", path);
+        ok = false;
+    }
+    fclose(f);
+#endif
+    free(line);
+    trace_finish(t);
+    return ok;
+}

@@ -1,0 +1,28 @@
+/*
+ * units.h - byte sizes as people write them ("40GiB", "512MB", "1.5G",
+ * "1048576") and as we print them, shared by the shim's configuration and the
+ * bfcshim command.
+ */
+#ifndef BFCSHIM_COMMON_UNITS_H
+#define BFCSHIM_COMMON_UNITS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Parses a size. Suffixes: B, K/KB/KiB, M/MB/MiB, G/GB/GiB, T/TB/TiB, any
+ * case; KB and KiB both mean 1024 (as in XLA and PyTorch settings). A
+ * fraction is allowed before a suffix ("1.5GiB"). Returns false for anything
+ * else, including overflow and negative numbers. */
+bool parse_size(const char *text, uint64_t *out);
+
+/* Parses a real number in [lo, hi]; the whole string must be consumed. */
+bool parse_double_in(const char *text, double lo, double hi, double *out);
+
+/* Parses true/false/1/0/yes/no/on/off (any case). */
+bool parse_bool(const char *text, bool *out);
+
+/* "9.54 GiB", "512 B": three significant digits, binary units. */
+const char *format_size(uint64_t bytes, char *buf, size_t len);
+
+#endif
