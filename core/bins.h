@@ -25,6 +25,7 @@
 
 #include <stdint.h>
 
+#include "chunk_tree.h"
 #include "chunks.h"
 
 #define BIN_SUB_BITS 5u
@@ -60,13 +61,149 @@ static inline uint32_t bin_index(uint64_t size)
 uint64_t bin_min_size(uint32_t b);
 
 void bins_init(bin_set *b);
-void bins_insert(bin_set *b, chunk_store *s, uint32_t c);
-void bins_remove(bin_set *b, chunk_store *s, uint32_t c);
-/* Best fit for `size`, or CHUNK_NIL. */
-uint32_t bins_best_fit(const bin_set *b, const chunk_store *s, uint64_t size);
 /* Largest chunk in the set, or CHUNK_NIL. */
 uint32_t bins_largest(const bin_set *b, const chunk_store *s);
-/* First non-empty bin at or above `from`, or BIN_NONE. */
-uint32_t bins_next_nonempty(const bin_set *b, uint32_t from);
+
+/* The hot path: inline, so that an allocation is one function body. */
+
+static inline void bins_mark(bin_set *b, uint32_t bin)
+{
+    b->words[bin >> 6] |= UINT64_C(1) << (bin & 63);
+    b->summary |= UINT64_C(1) << (bin >> 6);
+}
+
+static inline void bins_unmark(bin_set *b, uint32_t bin)
+{
+    uint64_t w = b->words[bin >> 6] &= ~(UINT64_C(1) << (bin & 63));
+    if (!w)
+        b->summary &= ~(UINT64_C(1) << (bin >> 6));
+}
+
+static inline void bins_insert(bin_set *b, chunk_store *s, uint32_t c)
+{
+    const chunk *cc = chunk_at(s, c);
+    uint32_t bin = bin_index(cc->size);
+    if (b->root[bin] == CHUNK_NIL)
+        bins_mark(b, bin);
+    tree_insert(s, &b->root[bin], c);
+    uint32_t f = b->first[bin];
+    if (f == CHUNK_NIL || cc->size < chunk_at(s, f)->size ||
+        (cc->size == chunk_at(s, f)->size && cc->addr < chunk_at(s, f)->addr))
+        b->first[bin] = c;
+    b->count++;
+    b->bytes += cc->size;
+}
+
+/* Removes c, which is filed under `bin` (its size's bin). */
+static inline void bins_remove_from(bin_set *b, chunk_store *s, uint32_t c, uint32_t bin)
+{
+    if (b->first[bin] == c)
+        b->first[bin] = tree_next(s, c);
+    tree_remove(s, &b->root[bin], c);
+    if (b->root[bin] == CHUNK_NIL)
+        bins_unmark(b, bin);
+    b->count--;
+    b->bytes -= chunk_at(s, c)->size;
+}
+
+static inline void bins_remove(bin_set *b, chunk_store *s, uint32_t c)
+{
+    bins_remove_from(b, s, c, bin_index(chunk_at(s, c)->size));
+}
+
+static inline int key_before(const chunk *a, const chunk *b)
+{
+    return a->size < b->size || (a->size == b->size && a->addr < b->addr);
+}
+
+/*
+ * Re-keying without leaving the tree. Splits only shrink a chunk and merges
+ * only grow one, so a changed key usually keeps its rank: then the node stays
+ * where it is and the tree is not touched. Checking one in-order neighbour
+ * (the predecessor for a shrink, the successor for a growth) is far cheaper
+ * than a removal and an insertion with their rebalancing.
+ */
+
+/* c, in the set, changes size to new_size at the same address. */
+static inline void bins_resize(bin_set *b, chunk_store *s, uint32_t c, uint64_t new_size)
+{
+    chunk *cc = chunk_at(s, c);
+    const uint32_t bin = bin_index(cc->size);
+    bool keep = bin_index(new_size) == bin;
+    if (keep) {
+        const chunk probe = {.addr = cc->addr, .size = new_size};
+        if (new_size < cc->size) {
+            uint32_t pred = b->first[bin] == c ? CHUNK_NIL : tree_prev(s, c);
+            keep = pred == CHUNK_NIL || key_before(chunk_at(s, pred), &probe);
+        } else {
+            uint32_t succ = tree_next(s, c);
+            keep = succ == CHUNK_NIL || key_before(&probe, chunk_at(s, succ));
+        }
+    }
+    if (keep) {
+        b->bytes += new_size - cc->size; /* wraps correctly for a shrink */
+        cc->size = new_size;
+        return;
+    }
+    bins_remove_from(b, s, c, bin);
+    cc->size = new_size;
+    bins_insert(b, s, c);
+}
+
+/* `by` (not in any set, its key set) takes the place of `old` (in the set),
+ * whose key is smaller (a merge) or larger (a split's remainder). */
+static inline void bins_substitute(bin_set *b, chunk_store *s, uint32_t old, uint32_t by)
+{
+    chunk *oc = chunk_at(s, old), *bc = chunk_at(s, by);
+    const uint32_t bin = bin_index(oc->size);
+    bool keep = bin_index(bc->size) == bin;
+    if (keep) {
+        uint32_t pred = b->first[bin] == old ? CHUNK_NIL : tree_prev(s, old);
+        uint32_t succ = tree_next(s, old);
+        keep = (pred == CHUNK_NIL || key_before(chunk_at(s, pred), bc)) &&
+               (succ == CHUNK_NIL || key_before(bc, chunk_at(s, succ)));
+    }
+    if (!keep) {
+        bins_remove_from(b, s, old, bin);
+        bins_insert(b, s, by);
+        return;
+    }
+    tree_replace(s, &b->root[bin], old, by);
+    if (b->first[bin] == old)
+        b->first[bin] = by;
+    b->bytes += bc->size - oc->size;
+}
+
+static inline uint32_t bins_next_nonempty(const bin_set *b, uint32_t from)
+{
+    if (from >= BIN_COUNT)
+        return BIN_NONE;
+    uint32_t w = from >> 6;
+    uint64_t m = b->words[w] & (~UINT64_C(0) << (from & 63));
+    if (m)
+        return (w << 6) + bits_ctz64(m);
+    uint64_t rest = w + 1 < 64 ? b->summary & (~UINT64_C(0) << (w + 1)) : 0;
+    if (!rest)
+        return BIN_NONE;
+    w = bits_ctz64(rest);
+    return (w << 6) + bits_ctz64(b->words[w]);
+}
+
+static inline uint32_t bins_best_fit(const bin_set *b, const chunk_store *s,
+                                     uint64_t size)
+{
+    uint32_t bin = bin_index(size);
+    uint32_t f = b->first[bin];
+    if (f != CHUNK_NIL) {
+        if (chunk_at(s, f)->size >= size)
+            return f;
+        uint32_t c = tree_lower_bound(s, b->root[bin], size);
+        if (c != CHUNK_NIL)
+            return c;
+    }
+    uint32_t next = bins_next_nonempty(b, bin + 1);
+    return next == BIN_NONE ? CHUNK_NIL : b->first[next];
+}
+
 
 #endif

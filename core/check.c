@@ -140,7 +140,7 @@ static void check_chunk(const bfc_pool *p, uint32_t c, recount *n, checker *k)
         if (cc->requested == 0 || rounded > cc->size || cc->size - rounded >= slack)
             fail(k, "allocated chunk %u: size %" PRIu64 " for a request of %" PRIu64,
                  c, cc->size, cc->requested);
-        if (addr_map_get(&p->live, cc->addr) != c)
+        if (live_index_find(&p->live, &p->chunks, cc->addr) != c)
             fail(k, "allocated chunk %u at 0x%" PRIx64 " missing from the address map",
                  c, cc->addr);
         break;
@@ -299,12 +299,12 @@ size_t bfc_pool_check(bfc_pool *p, FILE *err)
 {
     checker k = {.err = err, .violations = 0};
     recount n = {0};
-    pthread_mutex_lock(&p->lock);
+    bfc_lock_acquire(&p->lock);
     check_regions(p, &n, &k);
     check_bin_set(p, &p->free_bins, "free bins", CHUNK_FREE, 0, &k);
     check_lanes(p, &k);
     check_store(p, &k);
     check_stats(p, &n, &k);
-    pthread_mutex_unlock(&p->lock);
+    bfc_lock_release(&p->lock);
     return k.violations;
 }

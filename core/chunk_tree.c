@@ -217,6 +217,27 @@ void tree_remove(chunk_store *s, uint32_t *root, uint32_t z)
     RED(z) = 0;
 }
 
+void tree_replace(chunk_store *s, uint32_t *root, uint32_t old, uint32_t by)
+{
+    chunk *o = N(old), *b = N(by);
+    b->left = o->left;
+    b->right = o->right;
+    b->parent = o->parent;
+    b->red = o->red;
+    if (o->parent == CHUNK_NIL)
+        *root = by;
+    else if (L(o->parent) == old)
+        L(o->parent) = by;
+    else
+        R(o->parent) = by;
+    if (o->left != CHUNK_NIL)
+        P(o->left) = by;
+    if (o->right != CHUNK_NIL)
+        P(o->right) = by;
+    o->left = o->right = o->parent = CHUNK_NIL;
+    o->red = 0;
+}
+
 uint32_t tree_lower_bound(const chunk_store *s, uint32_t root, uint64_t size)
 {
     uint32_t best = CHUNK_NIL;
@@ -251,6 +272,22 @@ uint32_t tree_next(const chunk_store *s, uint32_t x)
         return subtree_min(s, R(x));
     uint32_t y = P(x);
     while (y != CHUNK_NIL && x == R(y)) {
+        x = y;
+        y = P(y);
+    }
+    return y;
+}
+
+uint32_t tree_prev(const chunk_store *s, uint32_t x)
+{
+    if (L(x) != CHUNK_NIL) {
+        x = L(x);
+        while (R(x) != CHUNK_NIL)
+            x = R(x);
+        return x;
+    }
+    uint32_t y = P(x);
+    while (y != CHUNK_NIL && x == L(y)) {
         x = y;
         y = P(y);
     }

@@ -19,6 +19,10 @@
 
 void tree_insert(chunk_store *s, uint32_t *root, uint32_t z);
 void tree_remove(chunk_store *s, uint32_t *root, uint32_t z);
+/* Puts node `by` (not in any tree) exactly where `old` is, colour and all,
+ * and detaches `old`. The caller guarantees that by's key sorts where old's
+ * did: no rebalancing happens. */
+void tree_replace(chunk_store *s, uint32_t *root, uint32_t old, uint32_t by);
 
 /* The smallest node with size >= `size` (lowest address among equals), or
  * CHUNK_NIL. */
@@ -26,8 +30,9 @@ uint32_t tree_lower_bound(const chunk_store *s, uint32_t root, uint64_t size);
 
 uint32_t tree_first(const chunk_store *s, uint32_t root);
 uint32_t tree_last(const chunk_store *s, uint32_t root);
-/* In-order successor, or CHUNK_NIL. */
+/* In-order successor / predecessor, or CHUNK_NIL. */
 uint32_t tree_next(const chunk_store *s, uint32_t x);
+uint32_t tree_prev(const chunk_store *s, uint32_t x);
 
 /* Checks order, colours, black height and parent links. Returns the number of
  * nodes, or -1 after describing the first violation on err (if not NULL). */

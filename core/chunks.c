@@ -50,33 +50,13 @@ void chunk_store_fini(chunk_store *s)
     memset(s, 0, sizeof *s);
 }
 
-bool chunk_store_reserve(chunk_store *s, uint32_t n)
+bool chunk_store_grow(chunk_store *s, uint32_t n)
 {
     /* Free records = capacity - 1 (sentinel) - used. */
     while (chunk_store_capacity(s) - 1 - s->used < n)
         if (!add_slab(s))
             return false;
     return true;
-}
-
-uint32_t chunk_new(chunk_store *s)
-{
-    uint32_t i = s->free_head;
-    chunk *c = chunk_at(s, i);
-    s->free_head = c->qnext;
-    memset(c, 0, sizeof *c);
-    s->used++;
-    return i;
-}
-
-void chunk_release(chunk_store *s, uint32_t i)
-{
-    chunk *c = chunk_at(s, i);
-    memset(c, 0, sizeof *c);
-    c->state = CHUNK_UNUSED;
-    c->qnext = s->free_head;
-    s->free_head = i;
-    s->used--;
 }
 
 uint64_t chunk_store_host_bytes(const chunk_store *s)

@@ -62,17 +62,40 @@ static inline chunk *chunk_at(const chunk_store *s, uint32_t i)
 bool chunk_store_init(chunk_store *s);
 void chunk_store_fini(chunk_store *s);
 
-/* Makes sure n more records can be taken without failing. */
-bool chunk_store_reserve(chunk_store *s, uint32_t n);
-
-/* Takes a zeroed record. The caller must have reserved it. */
-uint32_t chunk_new(chunk_store *s);
-void chunk_release(chunk_store *s, uint32_t i);
-
 /* Records the store can hold without growing (including record 0). */
 static inline uint64_t chunk_store_capacity(const chunk_store *s)
 {
     return (uint64_t)s->nslabs << CHUNK_SLAB_SHIFT;
+}
+
+bool chunk_store_grow(chunk_store *s, uint32_t n);
+
+/* Makes sure n more records can be taken without failing. */
+static inline bool chunk_store_reserve(chunk_store *s, uint32_t n)
+{
+    return chunk_store_capacity(s) - 1 - s->used >= n || chunk_store_grow(s, n);
+}
+
+/* Takes a cleared record (links NIL, state UNUSED). The caller must have
+ * reserved it. */
+static inline uint32_t chunk_new(chunk_store *s)
+{
+    uint32_t i = s->free_head;
+    chunk *c = chunk_at(s, i);
+    s->free_head = c->qnext;
+    c->qnext = CHUNK_NIL;
+    s->used++;
+    return i;
+}
+
+/* Returns a record to the free list, cleared: records on the list keep
+ * every field zero but qnext, so chunk_new need not clear them. */
+static inline void chunk_release(chunk_store *s, uint32_t i)
+{
+    chunk *c = chunk_at(s, i);
+    *c = (chunk){.qnext = s->free_head};
+    s->free_head = i;
+    s->used--;
 }
 
 uint64_t chunk_store_host_bytes(const chunk_store *s);

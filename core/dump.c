@@ -149,7 +149,7 @@ static void dump_occupancy(const bfc_pool *p, FILE *out)
 
 void bfc_pool_dump(bfc_pool *p, FILE *out, unsigned what)
 {
-    pthread_mutex_lock(&p->lock);
+    bfc_lock_acquire(&p->lock);
     if (what & BFC_DUMP_SUMMARY)
         dump_summary(p, out);
     if (what & BFC_DUMP_BINS)
@@ -158,5 +158,5 @@ void bfc_pool_dump(bfc_pool *p, FILE *out, unsigned what)
         dump_chunks(p, out);
     if (what & BFC_DUMP_OCCUPANCY)
         dump_occupancy(p, out);
-    pthread_mutex_unlock(&p->lock);
+    bfc_lock_release(&p->lock);
 }

@@ -29,7 +29,7 @@ bfc_status bfc_pool_lane_open(bfc_pool *p, bool reusable, uint32_t *out)
 {
     bfc_status s = BFC_OK;
     bin_set *bins = NULL;
-    pthread_mutex_lock(&p->lock);
+    bfc_lock_acquire(&p->lock);
     /* Slot 0 is BFC_NO_LANE; recycle the first closed slot, else append. */
     uint32_t id = 1;
     while (id < p->nlanes && p->lanes[id].open)
@@ -62,7 +62,7 @@ bfc_status bfc_pool_lane_open(bfc_pool *p, bool reusable, uint32_t *out)
     p->lanes[id] = (lane){.open = 1, .accepting = 1, .bins = bins};
     *out = id;
 out:
-    pthread_mutex_unlock(&p->lock);
+    bfc_lock_release(&p->lock);
     return s;
 }
 
@@ -74,14 +74,14 @@ static void lane_free_slot(lane *l)
 
 void bfc_pool_lane_close(bfc_pool *p, uint32_t id)
 {
-    pthread_mutex_lock(&p->lock);
+    bfc_lock_acquire(&p->lock);
     lane *l = lane_get(p, id);
     if (l) {
         l->accepting = 0;
         if (l->head == CHUNK_NIL)
             lane_free_slot(l);
     }
-    pthread_mutex_unlock(&p->lock);
+    bfc_lock_release(&p->lock);
 }
 
 /* Unlinks a pending chunk from its lane's FIFO and bins. */
@@ -142,14 +142,14 @@ bfc_status bfc_pool_free_fenced(bfc_pool *p, bfc_addr addr, uint32_t id,
     if (addr == 0)
         return BFC_OK;
     bfc_status s = BFC_OK;
-    pthread_mutex_lock(&p->lock);
+    bfc_lock_acquire(&p->lock);
     lane *l = lane_get(p, id);
     if (!l || !l->accepting) {
         s = BFC_ERR_BAD_LANE;
     } else if (token < l->last_token) {
         s = BFC_ERR_BAD_TOKEN;
     } else {
-        uint32_t c = addr_map_take(&p->live, addr);
+        uint32_t c = live_index_take(&p->live, &p->chunks, addr);
         if (c == CHUNK_NIL) {
             s = region_find(p, addr) < 0 ? BFC_ERR_NOT_OWNED : BFC_ERR_NOT_ALLOCATED;
         } else {
@@ -161,7 +161,7 @@ bfc_status bfc_pool_free_fenced(bfc_pool *p, bfc_addr addr, uint32_t id,
             l->last_token = token;
         }
     }
-    pthread_mutex_unlock(&p->lock);
+    bfc_lock_release(&p->lock);
     return s;
 }
 
@@ -181,19 +181,19 @@ void lane_retire_locked(bfc_pool *p, uint32_t id, uint64_t completed)
 
 void bfc_pool_retire(bfc_pool *p, uint32_t id, uint64_t completed)
 {
-    pthread_mutex_lock(&p->lock);
+    bfc_lock_acquire(&p->lock);
     lane_retire_locked(p, id, completed);
-    pthread_mutex_unlock(&p->lock);
+    bfc_lock_release(&p->lock);
 }
 
 bool bfc_pool_lane_oldest(bfc_pool *p, uint32_t id, uint64_t *token)
 {
-    pthread_mutex_lock(&p->lock);
+    bfc_lock_acquire(&p->lock);
     lane *l = lane_get(p, id);
     bool any = l && l->head != CHUNK_NIL;
     if (any)
         *token = C(p, l->head)->stamp;
-    pthread_mutex_unlock(&p->lock);
+    bfc_lock_release(&p->lock);
     return any;
 }
 

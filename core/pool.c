@@ -72,11 +72,11 @@ bfc_pool *bfc_pool_create(const bfc_options *opt, const bfc_backend *backend)
     p->lanes_cap = 8;
     p->nlanes = 1;
     p->lanes = calloc(p->lanes_cap, sizeof *p->lanes);
-    if (!p->lanes || !chunk_store_init(&p->chunks) || !addr_map_init(&p->live) ||
-        pthread_mutex_init(&p->lock, NULL) != 0) {
+    bfc_lock_init(&p->lock);
+    if (!p->lanes || !chunk_store_init(&p->chunks) || !live_index_init(&p->live)) {
         free(p->lanes);
         chunk_store_fini(&p->chunks);
-        addr_map_fini(&p->live);
+        live_index_fini(&p->live);
         free(p);
         return NULL;
     }
@@ -91,22 +91,21 @@ void bfc_pool_destroy(bfc_pool *p, bool release_regions)
         region_release_all(p);
     lanes_fini(p);
     free(p->regions);
-    addr_map_fini(&p->live);
+    live_index_fini(&p->live);
     chunk_store_fini(&p->chunks);
-    pthread_mutex_destroy(&p->lock);
     free(p);
 }
 
-void bfc_pool_lock(bfc_pool *p) { pthread_mutex_lock(&p->lock); }
-void bfc_pool_unlock(bfc_pool *p) { pthread_mutex_unlock(&p->lock); }
+void bfc_pool_lock(bfc_pool *p) { bfc_lock_acquire(&p->lock); }
+void bfc_pool_unlock(bfc_pool *p) { bfc_lock_release(&p->lock); }
 
 bfc_status bfc_pool_reserve(bfc_pool *p)
 {
-    pthread_mutex_lock(&p->lock);
+    bfc_lock_acquire(&p->lock);
     bfc_status s = BFC_OK;
     if (p->nregions == 0 && !region_extend(p, p->opt.granularity))
         s = BFC_ERR_OOM;
-    pthread_mutex_unlock(&p->lock);
+    bfc_lock_release(&p->lock);
     return s;
 }
 
@@ -174,32 +173,69 @@ static bool worth_splitting(const bfc_options *o, uint64_t size, uint64_t rounde
                                                          : o->granularity);
 }
 
+/* Should the allocation go at the high end of free chunk c? */
+static bool carve_high(const bfc_pool *p, const chunk *c)
+{
+    return p->opt.placement == BFC_PLACE_BY_AGE &&
+           neighbour_age(p, c->next) < neighbour_age(p, c->prev);
+}
+
 /*
- * Takes chunk c (FREE or PENDING) for an allocation of `rounded` bytes and
- * returns the handle of the allocated piece; a remainder stays where c was
- * (free bins, or its lane's FIFO at c's place with c's token). A free chunk's
- * neighbours are never free, so the remainder needs no merging.
+ * Takes FREE chunk c for an allocation of `rounded` bytes and returns the
+ * handle of the allocated piece; a remainder stays in the free bins. A free
+ * chunk's neighbours are never free, so the remainder needs no merging, and
+ * its key is smaller than c's: it usually takes c's place in the tree as it
+ * stands (bins_resize, bins_substitute).
  */
-static uint32_t take_chunk(bfc_pool *p, uint32_t c, uint64_t rounded)
+static uint32_t take_free(bfc_pool *p, uint32_t c, uint64_t rounded)
+{
+    bin_set *bins = &p->free_bins;
+    chunk *cc = C(p, c);
+    if (!worth_splitting(&p->opt, cc->size, rounded)) {
+        live_index_prefetch(&p->live, cc->addr);
+        bins_remove(bins, &p->chunks, c);
+        return c;
+    }
+    const uint64_t rest = cc->size - rounded;
+    const bool high = carve_high(p, cc); /* before r becomes a neighbour */
+    const uint32_t r = chunk_new(&p->chunks); /* reserved by the caller */
+    chunk *rc = C(p, r);
+    live_index_prefetch(&p->live, high ? cc->addr + rest : cc->addr);
+    if (high) {
+        /* c keeps the low remainder (same address, smaller size); r is the
+         * allocation. */
+        bins_resize(bins, &p->chunks, c, rest);
+        rc->addr = cc->addr + rest;
+        rc->size = rounded;
+        link_after(p, c, r);
+        return r;
+    }
+    /* c is the allocation, r the high remainder. */
+    rc->addr = cc->addr + rounded;
+    rc->size = rest;
+    rc->state = CHUNK_FREE;
+    bins_substitute(bins, &p->chunks, c, r);
+    cc->size = rounded;
+    link_after(p, c, r);
+    return c;
+}
+
+/* Takes PENDING chunk c (reused by its own lane); a remainder stays pending
+ * in the lane's FIFO at c's place, with c's token. */
+static uint32_t take_pending(bfc_pool *p, uint32_t c, uint64_t rounded)
 {
     chunk *cc = C(p, c);
-    const bool pending = cc->state == CHUNK_PENDING;
     const uint32_t lane_id = cc->lane, fifo_prev = cc->qprev;
     const uint64_t token = cc->stamp;
-    if (pending)
-        lane_detach(p, c);
-    else
-        bins_remove(&p->free_bins, &p->chunks, c);
+    lane_detach(p, c);
     if (!worth_splitting(&p->opt, cc->size, rounded))
         return c;
-
-    uint64_t rest = cc->size - rounded;
-    uint32_t r = chunk_new(&p->chunks); /* reserved by the caller */
+    const uint64_t rest = cc->size - rounded;
+    const bool high = carve_high(p, cc);
+    const uint32_t r = chunk_new(&p->chunks);
     chunk *rc = C(p, r);
     uint32_t taken = c, left = r;
-    if (p->opt.placement == BFC_PLACE_BY_AGE &&
-        neighbour_age(p, cc->next) < neighbour_age(p, cc->prev)) {
-        /* High end: c keeps the low remainder, r becomes the allocation. */
+    if (high) {
         rc->addr = cc->addr + rest;
         rc->size = rounded;
         cc->size = rest;
@@ -211,12 +247,7 @@ static uint32_t take_chunk(bfc_pool *p, uint32_t c, uint64_t rounded)
         cc->size = rounded;
     }
     link_after(p, c, r);
-    if (pending) {
-        lane_attach_after(p, left, lane_id, token, fifo_prev);
-    } else {
-        C(p, left)->state = CHUNK_FREE;
-        bins_insert(&p->free_bins, &p->chunks, left);
-    }
+    lane_attach_after(p, left, lane_id, token, fifo_prev);
     return taken;
 }
 
@@ -229,16 +260,16 @@ bfc_status bfc_pool_alloc(bfc_pool *p, uint64_t size, uint32_t lane_id,
     }
     if (size > BFC_MAX_ALLOC_BYTES)
         return BFC_ERR_TOO_LARGE;
-    const uint64_t rounded = round_up(size, p->opt.granularity);
+    const uint64_t rounded = round_up_pow2(size, p->opt.granularity);
     bfc_status s = BFC_OK;
-    pthread_mutex_lock(&p->lock);
+    bfc_lock_acquire(&p->lock);
     if (lane_id != BFC_NO_LANE &&
         (lane_id >= p->nlanes || !p->lanes[lane_id].accepting)) {
         s = BFC_ERR_BAD_LANE;
         goto out;
     }
     /* One record for a split remainder, one for a new region, one map slot. */
-    if (!chunk_store_reserve(&p->chunks, 2) || !addr_map_reserve(&p->live, 1)) {
+    if (!chunk_store_reserve(&p->chunks, 2) || !live_index_reserve(&p->live, &p->chunks, 1)) {
         s = BFC_ERR_HOST_MEMORY;
         goto out;
     }
@@ -250,12 +281,13 @@ bfc_status bfc_pool_alloc(bfc_pool *p, uint64_t size, uint32_t lane_id,
         s = BFC_ERR_OOM;
         goto out;
     }
-    c = take_chunk(p, c, rounded);
+    c = C(p, c)->state == CHUNK_PENDING ? take_pending(p, c, rounded)
+                                        : take_free(p, c, rounded);
     chunk *cc = C(p, c);
     cc->state = CHUNK_ALLOCATED;
     cc->requested = size;
     cc->stamp = ++p->alloc_seq;
-    addr_map_put(&p->live, cc->addr, c);
+    live_index_insert(&p->live, &p->chunks, c);
 
     bfc_stats *st = &p->st;
     st->num_allocs++;
@@ -269,15 +301,14 @@ bfc_status bfc_pool_alloc(bfc_pool *p, uint64_t size, uint32_t lane_id,
         st->largest_alloc_size = size;
     *out = cc->addr;
 out:
-    pthread_mutex_unlock(&p->lock);
+    bfc_lock_release(&p->lock);
     return s;
 }
 
-/* Unlinks and recycles record r, which follows c; c absorbs its bytes. */
-static void absorb_next(bfc_pool *p, uint32_t c, uint32_t r)
+/* Unlinks and recycles record r, which follows c in its region. */
+static void unlink_next(bfc_pool *p, uint32_t c, uint32_t r)
 {
     chunk *cc = C(p, c), *rc = C(p, r);
-    cc->size += rc->size;
     cc->next = rc->next;
     if (rc->next != CHUNK_NIL)
         C(p, rc->next)->prev = c;
@@ -285,25 +316,35 @@ static void absorb_next(bfc_pool *p, uint32_t c, uint32_t r)
 }
 
 /* Turns a detached chunk (just freed or just retired) into a free one,
- * merging it with free neighbours; the lower record survives a merge. */
+ * merging it with free neighbours; the lower record survives a merge. The
+ * merged chunk's key only grows, so it usually keeps the tree position of
+ * the neighbour it absorbed (bins_resize, bins_substitute). */
 void pool_make_free(bfc_pool *p, uint32_t c)
 {
+    bin_set *bins = &p->free_bins;
     chunk *cc = C(p, c);
     cc->state = CHUNK_FREE;
     cc->requested = 0;
     cc->stamp = 0;
-    uint32_t n = cc->next;
-    if (n != CHUNK_NIL && C(p, n)->state == CHUNK_FREE) {
-        bins_remove(&p->free_bins, &p->chunks, n);
-        absorb_next(p, c, n);
+    const uint32_t n = cc->next, v = cc->prev;
+    const bool next_free = n != CHUNK_NIL && C(p, n)->state == CHUNK_FREE;
+    const bool prev_free = v != CHUNK_NIL && C(p, v)->state == CHUNK_FREE;
+    if (next_free) {
+        if (prev_free) { /* n disappears, v grows over c and n */
+            bins_remove(bins, &p->chunks, n);
+            cc->size += C(p, n)->size;
+        } else { /* c absorbs n and takes its place */
+            cc->size += C(p, n)->size;
+            bins_substitute(bins, &p->chunks, n, c);
+        }
+        unlink_next(p, c, n);
     }
-    uint32_t v = cc->prev;
-    if (v != CHUNK_NIL && C(p, v)->state == CHUNK_FREE) {
-        bins_remove(&p->free_bins, &p->chunks, v);
-        absorb_next(p, v, c);
-        c = v;
+    if (prev_free) {
+        bins_resize(bins, &p->chunks, v, C(p, v)->size + cc->size);
+        unlink_next(p, v, c);
+    } else if (!next_free) {
+        bins_insert(bins, &p->chunks, c);
     }
-    bins_insert(&p->free_bins, &p->chunks, c);
 }
 
 bfc_status bfc_pool_free(bfc_pool *p, bfc_addr addr)
@@ -311,8 +352,8 @@ bfc_status bfc_pool_free(bfc_pool *p, bfc_addr addr)
     if (addr == 0)
         return BFC_OK;
     bfc_status s = BFC_OK;
-    pthread_mutex_lock(&p->lock);
-    uint32_t c = addr_map_take(&p->live, addr);
+    bfc_lock_acquire(&p->lock);
+    uint32_t c = live_index_take(&p->live, &p->chunks, addr);
     if (c == CHUNK_NIL) {
         s = region_find(p, addr) < 0 ? BFC_ERR_NOT_OWNED : BFC_ERR_NOT_ALLOCATED;
     } else {
@@ -322,23 +363,23 @@ bfc_status bfc_pool_free(bfc_pool *p, bfc_addr addr)
         p->st.bytes_requested -= cc->requested;
         pool_make_free(p, c);
     }
-    pthread_mutex_unlock(&p->lock);
+    bfc_lock_release(&p->lock);
     return s;
 }
 
 uint64_t bfc_pool_trim(bfc_pool *p)
 {
-    pthread_mutex_lock(&p->lock);
+    bfc_lock_acquire(&p->lock);
     uint64_t released = region_release_empty(p);
-    pthread_mutex_unlock(&p->lock);
+    bfc_lock_release(&p->lock);
     return released;
 }
 
 bool bfc_pool_owns(bfc_pool *p, bfc_addr addr)
 {
-    pthread_mutex_lock(&p->lock);
+    bfc_lock_acquire(&p->lock);
     bool owned = region_find(p, addr) >= 0;
-    pthread_mutex_unlock(&p->lock);
+    bfc_lock_release(&p->lock);
     return owned;
 }
 
@@ -346,8 +387,8 @@ bfc_status bfc_pool_lookup(bfc_pool *p, bfc_addr addr, bfc_addr *base,
                            uint64_t *size)
 {
     bfc_status s = BFC_OK;
-    pthread_mutex_lock(&p->lock);
-    uint32_t c = addr_map_get(&p->live, addr);
+    bfc_lock_acquire(&p->lock);
+    uint32_t c = live_index_find(&p->live, &p->chunks, addr);
     if (c == CHUNK_NIL) {
         int r = region_find(p, addr);
         if (r < 0) {
@@ -369,13 +410,13 @@ bfc_status bfc_pool_lookup(bfc_pool *p, bfc_addr addr, bfc_addr *base,
         if (size)
             *size = C(p, c)->requested;
     }
-    pthread_mutex_unlock(&p->lock);
+    bfc_lock_release(&p->lock);
     return s;
 }
 
 void bfc_pool_describe(bfc_pool *p, bfc_addr addr, char *buf, size_t len)
 {
-    pthread_mutex_lock(&p->lock);
+    bfc_lock_acquire(&p->lock);
     int r = region_find(p, addr);
     uint32_t c = r < 0 ? CHUNK_NIL : region_chunk_containing(p, r, addr);
     if (c == CHUNK_NIL) {
@@ -410,14 +451,14 @@ void bfc_pool_describe(bfc_pool *p, bfc_addr addr, char *buf, size_t len)
             break;
         }
     }
-    pthread_mutex_unlock(&p->lock);
+    bfc_lock_release(&p->lock);
 }
 
 void bfc_pool_options(bfc_pool *p, bfc_options *out)
 {
-    pthread_mutex_lock(&p->lock);
+    bfc_lock_acquire(&p->lock);
     *out = p->opt;
-    pthread_mutex_unlock(&p->lock);
+    bfc_lock_release(&p->lock);
 }
 
 size_t bfc_pool_largest_live(bfc_pool *p, bfc_live_info *out, size_t n)
@@ -425,11 +466,11 @@ size_t bfc_pool_largest_live(bfc_pool *p, bfc_live_info *out, size_t n)
     size_t have = 0;
     if (n == 0)
         return 0;
-    pthread_mutex_lock(&p->lock);
+    bfc_lock_acquire(&p->lock);
     for (uint64_t i = 0; i <= p->live.mask; i++) {
-        if (!p->live.slots[i].key)
+        if (p->live.slots[i] == CHUNK_NIL)
             continue;
-        const chunk *cc = C(p, p->live.slots[i].val);
+        const chunk *cc = C(p, p->live.slots[i]);
         if (have == n && cc->size <= out[n - 1].size)
             continue;
         /* Insertion into the sorted prefix, dropping the smallest if full. */
@@ -441,13 +482,13 @@ size_t bfc_pool_largest_live(bfc_pool *p, bfc_live_info *out, size_t n)
         out[j] = (bfc_live_info){.addr = cc->addr, .size = cc->size,
                                  .requested = cc->requested, .seq = cc->stamp};
     }
-    pthread_mutex_unlock(&p->lock);
+    bfc_lock_release(&p->lock);
     return have;
 }
 
 void bfc_pool_visit(bfc_pool *p, bfc_chunk_visitor fn, void *arg)
 {
-    pthread_mutex_lock(&p->lock);
+    bfc_lock_acquire(&p->lock);
     for (uint32_t r = 0; r < p->nregions; r++) {
         for (uint32_t c = p->regions[r].first; c != CHUNK_NIL; c = C(p, c)->next) {
             const chunk *cc = C(p, c);
@@ -465,5 +506,5 @@ void bfc_pool_visit(bfc_pool *p, bfc_chunk_visitor fn, void *arg)
             fn(arg, &info);
         }
     }
-    pthread_mutex_unlock(&p->lock);
+    bfc_lock_release(&p->lock);
 }

@@ -10,7 +10,7 @@
  *   |-- chunks        the record store; records of one region form a doubly
  *   |                 linked list in address order (prev/next)
  *   |-- free_bins     every FREE chunk, by size class (bins.h)
- *   |-- live          every ALLOCATED chunk, by address (addr_map.h)
+ *   |-- live          every ALLOCATED chunk, by address (live_index.h)
  *   `-- lanes[]       each a FIFO of PENDING chunks, oldest token first, plus
  *                     its own bins when allocations on the lane may reuse them
  *
@@ -26,12 +26,12 @@
 #ifndef BFCSHIM_CORE_POOL_INTERNAL_H
 #define BFCSHIM_CORE_POOL_INTERNAL_H
 
-#include <pthread.h>
+#include "lock.h"
 
-#include "addr_map.h"
 #include "bfc.h"
 #include "bins.h"
 #include "chunks.h"
+#include "live_index.h"
 
 #define LANE_MAX 65535u /* chunk.lane is 16 bits */
 
@@ -51,11 +51,11 @@ typedef struct lane {
 } lane;
 
 struct bfc_pool {
-    pthread_mutex_t lock;
+    bfc_lock lock;
     bfc_options opt;
     bfc_backend backend;
     chunk_store chunks;
-    addr_map live;
+    live_index live;
     bin_set free_bins;
     region *regions;
     uint32_t nregions, regions_cap;
@@ -75,6 +75,12 @@ static inline chunk *C(const bfc_pool *p, uint32_t i)
 static inline uint64_t round_up(uint64_t x, uint64_t to)
 {
     return (x + to - 1) / to * to;
+}
+
+/* The hot path's rounding: the granularity is a power of two. */
+static inline uint64_t round_up_pow2(uint64_t x, uint64_t to)
+{
+    return (x + to - 1) & ~(to - 1);
 }
 
 /* (size, address) order shared by every bin. */

@@ -22,14 +22,14 @@ void pool_stats_locked(const bfc_pool *p, bfc_stats *out)
             : (double)(out->free_bytes - out->largest_free_block_bytes) /
                   (double)out->free_bytes;
     out->host_metadata_bytes = sizeof *p + chunk_store_host_bytes(&p->chunks) +
-                               addr_map_host_bytes(&p->live) +
+                               live_index_host_bytes(&p->live) +
                                (uint64_t)p->regions_cap * sizeof(region) +
                                lanes_host_bytes(p);
 }
 
 void bfc_pool_stats(bfc_pool *p, bfc_stats *out)
 {
-    pthread_mutex_lock(&p->lock);
+    bfc_lock_acquire(&p->lock);
     pool_stats_locked(p, out);
-    pthread_mutex_unlock(&p->lock);
+    bfc_lock_release(&p->lock);
 }

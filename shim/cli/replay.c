@@ -34,6 +34,8 @@ typedef struct replay_opts {
     int repeats;
     bool json;
     const char *dump_path; /* --dump-at-failure */
+    bool bisect;           /* false with --no-min-pool */
+    uint64_t warmup;       /* events replayed before the clock starts */
     bfc_options policy; /* granularity, split and placement knobs */
 } replay_opts;
 
@@ -51,13 +53,13 @@ static double now_seconds(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* The timed loop, kept out of line so that callgrind can count it alone
- * (--toggle-collect=replay_loop). */
-__attribute__((noinline)) uint64_t replay_loop(bfc_pool *pool, const trace *t,
-                                               bfc_addr *slot_addr)
+/* The timed loop over events [from, to), kept out of line so that callgrind
+ * can count it alone (--toggle-collect=replay_loop). */
+__attribute__((noinline)) uint64_t replay_loop(bfc_pool *pool, const trace *t, size_t from,
+                                               size_t to, bfc_addr *slot_addr)
 {
     uint64_t failures = 0;
-    for (size_t i = 0; i < t->nev; i++) {
+    for (size_t i = from; i < to; i++) {
         const trace_event *e = &t->ev[i];
         if (e->kind == TRACE_ALLOC) {
             if (bfc_pool_alloc(pool, e->size, BFC_NO_LANE, &slot_addr[e->slot]) != BFC_OK) {
@@ -88,10 +90,12 @@ static bool run_once(const trace *t, const replay_opts *o, uint64_t pool_bytes,
         bfc_pool_destroy(pool, true);
         return false;
     }
+    size_t warm = o->warmup < t->nev ? (size_t)o->warmup : t->nev;
+    r->failures = replay_loop(pool, t, 0, warm, slot_addr);
     double t0 = now_seconds();
-    r->failures = replay_loop(pool, t, slot_addr);
+    r->failures += replay_loop(pool, t, warm, t->nev, slot_addr);
     r->seconds = now_seconds() - t0;
-    r->ops = t->nev;
+    r->ops = t->nev - warm;
     bfc_pool_stats(pool, &r->stats);
     bfc_pool_destroy(pool, true);
     return true;
@@ -199,7 +203,10 @@ static void print_json(const trace_report *r, const replay_opts *o)
     json_u64(&j, "trace_failed_allocs", r->t->failed_allocs);
     json_u64(&j, "leaked_reuses", r->t->leaked_reuses);
     json_u64(&j, "peak_live_bytes", r->t->peak_live_bytes);
-    json_u64(&j, "min_pool_bytes", r->min_pool_bytes);
+    if (r->min_pool_bytes)
+        json_u64(&j, "min_pool_bytes", r->min_pool_bytes);
+    else
+        json_null(&j, "min_pool_bytes");
     if (r->min_pool_bytes)
         json_double(&j, "efficiency", r->efficiency);
     else
@@ -209,6 +216,8 @@ static void print_json(const trace_report *r, const replay_opts *o)
     json_u64(&j, "pool_bytes", r->timed_pool_bytes);
     json_u64(&j, "peak_bytes_in_use", r->timed.stats.peak_bytes_in_use);
     json_u64(&j, "repeats", (uint64_t)o->repeats);
+    json_u64(&j, "warmup_events", o->warmup);
+    json_u64(&j, "timed_events", r->timed.ops);
     json_object_open(&j, "policy");
     json_u64(&j, "granularity", o->policy.granularity);
     json_u64(&j, "min_split_bytes", o->policy.min_split_bytes);
@@ -230,11 +239,16 @@ static void print_row(const trace_report *r)
     char live[32], pool[32];
     const char *name = strrchr(r->t->name, '/');
     name = name ? name + 1 : r->t->name;
-    printf("%-40.40s %9zu %9llu %11s %11s %10.4f %8.1f %8llu\n", name, r->t->nev,
+    char eff[16] = "-";
+    if (r->min_pool_bytes)
+        snprintf(eff, sizeof eff, "%.4f", r->efficiency);
+    else
+        snprintf(pool, sizeof pool, "-");
+    printf("%-40.40s %9zu %9llu %11s %11s %10s %8.1f %8llu\n", name, r->t->nev,
            (unsigned long long)r->t->allocs,
            format_size(r->t->peak_live_bytes, live, sizeof live),
-           format_size(r->min_pool_bytes, pool, sizeof pool), r->efficiency, r->ns_per_op,
-           (unsigned long long)r->timed.failures);
+           r->min_pool_bytes ? format_size(r->min_pool_bytes, pool, sizeof pool) : pool, eff,
+           r->ns_per_op, (unsigned long long)r->timed.failures);
 }
 
 static int replay_one(const char *path, const replay_opts *o, bool first)
@@ -252,10 +266,10 @@ static int replay_one(const char *path, const replay_opts *o, bool first)
         return 1;
     }
     trace_report r = {.t = &t};
-    r.min_pool_bytes = min_pool(&t, o, slot_addr);
+    r.min_pool_bytes = o->bisect ? min_pool(&t, o, slot_addr) : 0;
     r.efficiency = r.min_pool_bytes ? (double)t.peak_live_bytes / (double)r.min_pool_bytes
                                     : 0.0;
-    if (o->dump_path)
+    if (o->dump_path && o->bisect)
         dump_at_failure(&t, o, r.min_pool_bytes, slot_addr);
     r.timed_pool_bytes = o->pool_size ? o->pool_size : r.min_pool_bytes;
     if (r.timed_pool_bytes == 0)
@@ -266,7 +280,7 @@ static int replay_one(const char *path, const replay_opts *o, bool first)
     for (int i = 0; ns && i < o->repeats; i++) {
         if (!run_once(&t, o, r.timed_pool_bytes, slot_addr, &r.timed))
             break;
-        ns[ok_runs++] = t.nev ? r.timed.seconds * 1e9 / (double)t.nev : 0.0;
+        ns[ok_runs++] = r.timed.ops ? r.timed.seconds * 1e9 / (double)r.timed.ops : 0.0;
     }
     int status = 0;
     if (ok_runs == 0) {
@@ -307,8 +321,12 @@ static void replay_usage(FILE *f)
             "  --min-pool          time the replay at the smallest pool that serves the\n"
             "                      trace (default)\n"
             "  --pool-size SIZE    time it at SIZE instead (e.g. 40GiB) and count failures\n"
+            "  --no-min-pool       with --pool-size: skip the bisection (min_pool_bytes and\n"
+            "                      efficiency are then null): for timing very large traces\n"
             "  --json              one JSON object per trace, one per line\n"
             "  --repeat N          timed replays per trace; the median is reported (5)\n"
+            "  --warmup-events N   replay the first N events of each run before starting\n"
+            "                      the clock (steady-state figures; default 0)\n"
             "  --granularity B     size rounding, a power of two >= 256 (256)\n"
             "  --min-split B       split a free chunk only if B bytes or more remain (256)\n"
             "  --placement P       age: carve against the older neighbour (default);\n"
@@ -320,9 +338,9 @@ static void replay_usage(FILE *f)
 
 int cmd_replay(int argc, char **argv)
 {
-    replay_opts o = {.repeats = 5};
+    replay_opts o = {.repeats = 5, .bisect = true};
     bfc_options_init(&o.policy);
-    enum { OPT_GRAN = 256, OPT_SPLIT, OPT_PLACE, OPT_TSL, OPT_DUMP };
+    enum { OPT_GRAN = 256, OPT_SPLIT, OPT_PLACE, OPT_TSL, OPT_DUMP, OPT_NO_MIN, OPT_WARM };
     static const struct option longopts[] = {
         {"pool-size", required_argument, 0, 'p'}, {"min-pool", no_argument, 0, 'm'},
         {"json", no_argument, 0, 'j'},           {"repeat", required_argument, 0, 'r'},
@@ -331,6 +349,8 @@ int cmd_replay(int argc, char **argv)
         {"placement", required_argument, 0, OPT_PLACE},
         {"tsl", no_argument, 0, OPT_TSL},
         {"dump-at-failure", required_argument, 0, OPT_DUMP},
+        {"no-min-pool", no_argument, 0, OPT_NO_MIN},
+        {"warmup-events", required_argument, 0, OPT_WARM},
         {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
     int c;
     bool min_pool_flag = false;
@@ -374,12 +394,24 @@ int cmd_replay(int argc, char **argv)
             o.policy.tsl_split = true;
             break;
         case OPT_DUMP: o.dump_path = optarg; break;
+        case OPT_NO_MIN: o.bisect = false; break;
+        case OPT_WARM: {
+            char *end;
+            o.warmup = strtoull(optarg, &end, 10);
+            if (*end || optarg[0] == '-')
+                return cli_bad_value("replay", "--warmup-events", optarg, "an event count");
+            break;
+        }
         case 'h': replay_usage(stdout); return 0;
         default: replay_usage(stderr); return 2;
         }
     }
     if (min_pool_flag && o.pool_size) {
         fprintf(stderr, "bfcshim replay: --pool-size and --min-pool exclude each other\n");
+        return 2;
+    }
+    if (!o.bisect && (!o.pool_size || min_pool_flag)) {
+        fprintf(stderr, "bfcshim replay: --no-min-pool needs --pool-size\n");
         return 2;
     }
     if (optind == argc) {

@@ -17,12 +17,12 @@ bool trace_init(trace *t, const char *name)
 {
     memset(t, 0, sizeof *t);
     snprintf(t->name, sizeof t->name, "%s", name);
-    return addr_map_init(&t->ptr_to_slot);
+    return ptr_map_init(&t->ptr_to_slot);
 }
 
 void trace_finish(trace *t)
 {
-    addr_map_fini(&t->ptr_to_slot);
+    ptr_map_fini(&t->ptr_to_slot);
 }
 
 void trace_free(trace *t)
@@ -139,11 +139,11 @@ static bool on_alloc(trace *t, uint64_t ptr, uint64_t size)
         return malformed(t, "more than 2^32 events");
     /* A still-live pointer: the trace lost the earlier block's free, so that
      * block stays live to the end and the pointer now names the new one. */
-    if (addr_map_take(&t->ptr_to_slot, ptr))
+    if (ptr_map_take(&t->ptr_to_slot, ptr))
         t->leaked_reuses++;
-    if (!addr_map_reserve(&t->ptr_to_slot, 1))
+    if (!ptr_map_reserve(&t->ptr_to_slot, 1))
         return malformed(t, "out of host memory");
-    addr_map_put(&t->ptr_to_slot, ptr, (uint32_t)t->nev + 1);
+    ptr_map_put(&t->ptr_to_slot, ptr, (uint32_t)t->nev + 1);
     t->allocs++;
     t->total_alloc_bytes += size;
     t->live_bytes += size;
@@ -155,7 +155,7 @@ static bool on_alloc(trace *t, uint64_t ptr, uint64_t size)
 static bool on_free(trace *t, uint64_t ptr)
 {
     /* The map holds the index + 1 of the event that allocated ptr. */
-    uint32_t e1 = ptr ? addr_map_take(&t->ptr_to_slot, ptr) : 0;
+    uint32_t e1 = ptr ? ptr_map_take(&t->ptr_to_slot, ptr) : 0;
     if (!e1) {
         t->unmatched_frees++;
         return true;

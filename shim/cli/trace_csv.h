@@ -23,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "addr_map.h"
+#include "ptr_map.h"
 
 enum { TRACE_ALLOC = 0, TRACE_FREE = 1 };
 
@@ -47,7 +47,7 @@ typedef struct trace {
     uint64_t live_bytes, peak_live_bytes, total_alloc_bytes;
     uint64_t first_us, last_us; /* time of the first and last event */
     bool saw_header;
-    addr_map ptr_to_slot;       /* parsing: live pointer -> allocate event + 1 */
+    ptr_map ptr_to_slot;       /* parsing: live pointer -> allocate event + 1 */
     char error[320];            /* set when a line is malformed */
 } trace;
 

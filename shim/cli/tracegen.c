@@ -435,7 +435,8 @@ static void churn(gen *g, uint64_t live, uint64_t ops)
     }
     for (uint64_t i = 0; i < live; i++)
         release(g, &fill[i]);
-    /* Short-lived traffic: a sliding window of recent blocks, mostly small. */
+    /* Short-lived traffic: a sliding window of recent blocks, mostly small.
+     * `ops` counts these operations alone (half allocations, half frees). */
     for (uint64_t i = 0; i < ops / 2; i++) {
         sized *slot = &recent[rnd_below(g, WINDOW)];
         release(g, slot);
@@ -455,7 +456,8 @@ static void usage(FILE *f)
             "         gpt:    [--layers L] [--hidden D] [--heads H] [--seq S] [--batch B]\n"
             "                 [--vocab V] [--steps N] [--vary-seq]\n"
             "         resnet: [--blocks B] [--image PX] [--batch B] [--steps N]\n"
-            "         churn:  [--live N] [--ops N]\n"
+            "         churn:  [--live N] [--ops N]  (N long-lived blocks, then N ops of\n"
+            "                 short-lived traffic among them)\n"
             "Writes a synthetic allocation trace (RMM CSV) named synthetic-...csv unless\n"
             "-o says otherwise, and prints its name, events and peak live bytes.\n");
 }
