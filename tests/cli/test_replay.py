@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""bfcshim replay and tracegen, end to end through the command line.
+
+usage: test_replay.py PATH/TO/bfcshim
+"""
+import gzip
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+BFCSHIM = os.path.abspath(sys.argv[1])
+MiB = 1 << 20
+HEADER = "Thread,Time,Action,Pointer,Size,Stream\n"
+failures = 0
+
+
+def check(cond, what):
+    global failures
+    if not cond:
+        failures += 1
+        print(f"FAIL: {what}", file=sys.stderr)
+
+
+def run(*args, ok=True):
+    p = subprocess.run([BFCSHIM, *args], capture_output=True, text=True)
+    if ok and p.returncode != 0:
+        print(p.stdout, p.stderr, file=sys.stderr)
+    return p
+
+
+def write_trace(d, name, rows, header=True, compress=False):
+    path = os.path.join(d, name)
+    text = (HEADER if header else "") + "".join(rows)
+    if compress:
+        with gzip.open(path, "wt") as f:
+            f.write(text)
+    else:
+        with open(path, "w") as f:
+            f.write(text)
+    return path
+
+
+def row(action, ptr, size, us=[0]):
+    us[0] += 7
+    t = us[0]
+    return f"1,00:00:{t // 1000000:02d}:{t % 1000000:06d},{action},{ptr},{size},0\n"
+
+
+def replay_json(*args):
+    p = run("replay", "--json", "--repeat", "1", *args)
+    check(p.returncode == 0, f"replay {args} exits 0 (got {p.returncode}: {p.stderr})")
+    lines = [l for l in p.stdout.splitlines() if l.strip()]
+    return [json.loads(l) for l in lines], p
+
+
+def test_min_pool_and_placement(d):
+    # A and B take 1 MiB each; A goes; C needs 2 MiB. Age placement puts B
+    # against the pool's end, so A's hole joins the free middle and C fits in
+    # 3 MiB; low placement leaves A's hole apart from the tail: 4 MiB.
+    t = write_trace(d, "abc.csv", [
+        row("allocate", "0x1000000", MiB), row("allocate", "0x2000000", MiB),
+        row("free", "0x1000000", MiB), row("allocate", "0x3000000", 2 * MiB)])
+    (r,), _ = replay_json(t)
+    check(r["peak_live_bytes"] == 3 * MiB, f"peak_live_bytes {r['peak_live_bytes']}")
+    check(r["min_pool_bytes"] == 3 * MiB, f"age min_pool_bytes {r['min_pool_bytes']}")
+    check(abs(r["efficiency"] - 1.0) < 1e-9, f"efficiency {r['efficiency']}")
+    check(r["failures"] == 0 and r["events"] == 4 and r["allocs"] == 3, f"counts {r}")
+    (r,), _ = replay_json("--placement", "low", t)
+    check(r["min_pool_bytes"] == 4 * MiB, f"low min_pool_bytes {r['min_pool_bytes']}")
+    check(abs(r["efficiency"] - 0.75) < 1e-9, f"low efficiency {r['efficiency']}")
+    # Timed at a pool too small: failures are counted, frees of them skipped.
+    (r,), _ = replay_json("--pool-size", "2MiB", t)
+    check(r["failures"] == 1, f"failures at 2 MiB: {r['failures']}")
+    check(r["pool_bytes"] == 2 * MiB, f"pool_bytes {r['pool_bytes']}")
+
+
+def test_json_contract(d):
+    t = write_trace(d, "one.csv", [row("allocate", "0x7f0000000000", 1000)])
+    (r,), _ = replay_json(t)
+    for key, kind in [("trace", str), ("events", int), ("allocs", int),
+                      ("peak_live_bytes", int), ("min_pool_bytes", int),
+                      ("efficiency", float), ("ns_per_op", (int, float)),
+                      ("failures", int)]:
+        check(key in r and isinstance(r[key], kind), f"JSON field {key} ({r.get(key)!r})")
+    check(r["min_pool_bytes"] == MiB, "a 1000-byte trace needs the 1 MiB minimum")
+    # One object per trace, one per line.
+    rs, _ = replay_json(t, t)
+    check(len(rs) == 2, "two traces, two JSON lines")
+
+
+def test_unmatched_and_failed_lines(d):
+    t = write_trace(d, "odd.csv", [
+        row("free", "0xdead00", 512),                      # never allocated
+        row("allocate", "0x100000", 4096),
+        row("allocate failure", "(nil)", 1 << 40),
+        row("allocate", "0x100000", 8192),                 # lost free: leak
+        row("free", "0x100000", 8192),
+        row("allocate", "0x200000", 0)])                   # zero size
+    (r,), p = replay_json(t)
+    check(r["unmatched_frees"] == 1, f"unmatched_frees {r['unmatched_frees']}")
+    check(r["trace_failed_allocs"] == 1, f"trace_failed_allocs {r['trace_failed_allocs']}")
+    check(r["leaked_reuses"] == 1, f"leaked_reuses {r['leaked_reuses']}")
+    check(r["allocs"] == 2 and r["frees"] == 1, f"allocs/frees {r['allocs']}/{r['frees']}")
+    check(r["peak_live_bytes"] == 4096 + 8192, f"peak {r['peak_live_bytes']}")
+    check("1 frees of pointers not live" in p.stderr, f"stderr names skipped frees: {p.stderr}")
+
+
+def test_malformed_lines_name_their_line(d):
+    cases = [
+        ("fields.csv", "1,00:00:00:000001,allocate,0x1000\n", "expected 6"),
+        ("time.csv", "1,00:00:0x:000001,allocate,0x1000,256,0\n", "Time"),
+        ("action.csv", "1,00:00:00:000001,alloc,0x1000,256,0\n", "Action 'alloc'"),
+        ("size.csv", "1,00:00:00:000001,allocate,0x1000,-5,0\n", "Size '-5'"),
+        ("ptr.csv", "1,00:00:00:000001,allocate,0xzz,256,0\n", "Pointer"),
+        ("huge.csv", "1,00:00:00:000001,allocate,0x1000,99999999999999999999,0\n", "Size"),
+        ("header.csv", "Thread,Time,Action,Pointer,Bytes,Stream\n", "header"),
+    ]
+    for name, bad, needle in cases:
+        text = row("allocate", "0x500000", 256) + row("free", "0x500000", 256) + bad
+        t = write_trace(d, name, [text], header=not name.startswith("header"))
+        p = run("replay", "--repeat", "1", t, ok=False)
+        line = 4 if not name.startswith("header") else 3
+        check(p.returncode != 0, f"{name}: malformed trace fails")
+        check(f"{t}:{line}:" in p.stderr and needle in p.stderr,
+              f"{name}: error names line {line} and '{needle}': {p.stderr.strip()}")
+    # A bad trace does not stop the good ones after it.
+    good = write_trace(d, "good.csv", [row("allocate", "0x1000", 512)])
+    p = run("replay", "--json", "--repeat", "1", os.path.join(d, "time.csv"), good, ok=False)
+    check(p.returncode != 0 and len(p.stdout.splitlines()) == 1, "good trace still reported")
+
+
+def test_gzip_and_crlf(d):
+    rows = [row("allocate", "0x1000000", 3 * MiB).replace("\n", "\r\n"),
+            row("free", "0x1000000", 3 * MiB).replace("\n", "\r\n")]
+    t = write_trace(d, "t.csv.gz", rows, compress=True)
+    (r,), _ = replay_json(t)
+    check(r["events"] == 2 and r["min_pool_bytes"] == 3 * MiB, f"gzip trace: {r}")
+
+
+def test_bad_options(d):
+    t = write_trace(d, "x.csv", [row("allocate", "0x1000", 512)])
+    for args, needle in [(["--pool-size", "lots"], "--pool-size 'lots'"),
+                         (["--repeat", "0"], "--repeat '0'"),
+                         (["--granularity", "300"], "--granularity '300'"),
+                         (["--placement", "middle"], "--placement 'middle'"),
+                         (["--pool-size", "1GiB", "--min-pool"], "exclude"),
+                         (["--no-min-pool"], "needs --pool-size")]:
+        p = run("replay", *args, t, ok=False)
+        check(p.returncode == 2 and needle in p.stderr, f"{args}: {p.stderr.strip()}")
+    p = run("replay", os.path.join(d, "missing.csv"), ok=False)
+    check(p.returncode == 1 and "missing.csv" in p.stderr, f"missing file: {p.stderr}")
+    p = run("frobnicate", ok=False)
+    check(p.returncode == 2 and "unknown command" in p.stderr, "unknown command")
+
+
+def test_tracegen(d):
+    os.chdir(d)
+    p = run("tracegen", "--model", "gpt", "--layers", "2", "--hidden", "64", "--heads", "2",
+            "--seq", "128", "--batch", "2", "--vocab", "512", "--steps", "2", "--vary-seq")
+    check(p.returncode == 0, "tracegen gpt")
+    name = p.stdout.split(":")[0]
+    check(name.startswith("synthetic-gpt-") and os.path.exists(name), f"named {name}")
+    first = open(name).read()
+    run("tracegen", "--model", "gpt", "--layers", "2", "--hidden", "64", "--heads", "2",
+        "--seq", "128", "--batch", "2", "--vocab", "512", "--steps", "2", "--vary-seq")
+    check(open(name).read() == first, "same seed, same trace")
+    run("tracegen", "--model", "gpt", "--layers", "2", "--hidden", "64", "--heads", "2",
+        "--seq", "128", "--batch", "2", "--vocab", "512", "--steps", "2", "--vary-seq",
+        "--seed", "2", "-o", "other.csv")
+    check(open("other.csv").read() != first, "another seed, another trace")
+    (r,), _ = replay_json(name)
+    check(r["unmatched_frees"] == 0 and r["leaked_reuses"] == 0, "generated traces are closed")
+    for model, extra in [("resnet", ["--blocks", "1", "--batch", "4", "--image", "64"]),
+                         ("churn", ["--live", "100", "--ops", "1000"])]:
+        p = run("tracegen", "--model", model, "--steps", "2", *extra, "-o", f"{model}.csv")
+        check(p.returncode == 0 and os.path.getsize(f"{model}.csv") > 100, f"tracegen {model}")
+        (r,), _ = replay_json(f"{model}.csv")
+        check(r["events"] > 0, f"{model} replays")
+    p = run("tracegen", "--model", "transformerXL", ok=False)
+    check(p.returncode == 2 and "--model 'transformerXL'" in p.stderr, "bad model named")
+    p = run("tracegen", "--layers", "zero", ok=False)
+    check(p.returncode == 2 and "--layers 'zero'" in p.stderr, "bad number named")
+
+
+def test_dump_at_failure(d):
+    t = write_trace(d, "frag.csv", [
+        row("allocate", "0x1000000", MiB), row("allocate", "0x2000000", MiB),
+        row("free", "0x1000000", MiB), row("allocate", "0x3000000", 2 * MiB)])
+    out = os.path.join(d, "dump.txt")
+    replay_json("--dump-at-failure", out, t)
+    text = open(out).read()
+    check("fails in a pool of" in text and "Region 0 |" in text and "LargestFreeBlock" in text,
+          f"dump at failure: {text[:300]}")
+
+
+with tempfile.TemporaryDirectory() as d:
+    for test in [test_min_pool_and_placement, test_json_contract, test_unmatched_and_failed_lines,
+                 test_malformed_lines_name_their_line, test_gzip_and_crlf, test_bad_options,
+                 test_dump_at_failure, test_tracegen]:
+        before = failures
+        test(d)
+        print(f"{test.__name__}: {'ok' if failures == before else 'FAILED'}")
+sys.exit(1 if failures else 0)

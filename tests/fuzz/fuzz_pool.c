@@ -1,0 +1,139 @@
+/*
+ * fuzz_pool.c - libFuzzer target for the engine API. The input is a program:
+ * the first bytes pick the pool's options, every following byte pair an
+ * operation (allocate, free, fenced free, retire, lane open/close, bad free,
+ * trim). The invariant checker runs after every operation; any violation, or
+ * a misbehaving return code, aborts.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bfc.h"
+#include "sim_device.h"
+
+#define MAX_LIVE 256
+#define MAX_LANES 4
+
+typedef struct cursor {
+    const uint8_t *p;
+    size_t left;
+} cursor;
+
+static unsigned take(cursor *c)
+{
+    if (!c->left)
+        return 0;
+    c->left--;
+    return *c->p++;
+}
+
+static void must(int cond, const char *what)
+{
+    if (!cond) {
+        fprintf(stderr, "fuzz_pool: %s\n", what);
+        abort();
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    cursor in = {data, size};
+    bfc_options o;
+    bfc_options_init(&o);
+    unsigned cfg = take(&in);
+    o.limit_bytes = (uint64_t)(take(&in) % 32 + 1) << 16; /* 64 KiB .. 2 MiB */
+    o.preallocate = cfg & 1;
+    o.placement = cfg & 2 ? BFC_PLACE_LOW : BFC_PLACE_BY_AGE;
+    o.tsl_split = (cfg & 4) != 0;
+    o.garbage_collection = (cfg & 8) != 0;
+    o.granularity = cfg & 16 ? 512 : 256;
+    o.region_granularity = o.granularity;
+    o.initial_region_bytes = 4096;
+    o.min_split_bytes = (cfg & 32) ? 2048 : 256;
+    sim_device dev;
+    sim_device_init(&dev, o.limit_bytes);
+    dev.alignment = 512;
+    if (cfg & 64)
+        dev.refuse_above = o.limit_bytes / 2;
+    bfc_backend b = sim_device_backend(&dev);
+    bfc_pool *pool = bfc_pool_create(&o, &b);
+    must(pool != NULL, "create failed");
+
+    bfc_addr live[MAX_LIVE];
+    size_t nlive = 0;
+    uint32_t lanes[MAX_LANES] = {0};
+    uint32_t opened[256]; /* every lane ever opened: closed ones may still drain */
+    size_t nopened = 0;
+    uint64_t token = 0;
+    while (in.left) {
+        unsigned op = take(&in), arg = take(&in);
+        bfc_status s;
+        switch (op % 8) {
+        case 0:
+        case 1: { /* allocate: sizes from 0 to beyond the limit */
+            uint64_t sz = op & 8 ? (uint64_t)arg << 12 : (uint64_t)arg * 37;
+            uint32_t lane = op & 16 ? lanes[arg % MAX_LANES] : BFC_NO_LANE;
+            bfc_addr a = 0;
+            s = bfc_pool_alloc(pool, sz, lane, &a);
+            must(s == BFC_OK || s == BFC_ERR_OOM, "alloc returned an unexpected status");
+            if (s == BFC_OK && sz && nlive < MAX_LIVE)
+                live[nlive++] = a;
+            else if (s == BFC_OK && sz)
+                must(bfc_pool_free(pool, a) == BFC_OK, "free of a fresh block failed");
+            break;
+        }
+        case 2:
+        case 3: /* free, plain or fenced */
+            if (nlive) {
+                size_t i = arg % nlive;
+                uint32_t lane = lanes[arg % MAX_LANES];
+                s = (op & 8) && lane ? bfc_pool_free_fenced(pool, live[i], lane, ++token)
+                                     : bfc_pool_free(pool, live[i]);
+                must(s == BFC_OK, "free of a live block failed");
+                live[i] = live[--nlive];
+            }
+            break;
+        case 4: /* retire up to some token */
+            for (int l = 0; l < MAX_LANES; l++)
+                if (lanes[l])
+                    bfc_pool_retire(pool, lanes[l], token - (token > arg ? arg : token));
+            break;
+        case 5: { /* lanes */
+            uint32_t *l = &lanes[arg % MAX_LANES];
+            if (*l) {
+                bfc_pool_lane_close(pool, *l);
+                *l = 0;
+            } else if (nopened < 256) {
+                must(bfc_pool_lane_open(pool, op & 8, l) == BFC_OK, "lane_open failed");
+                if (nopened < 256)
+                    opened[nopened++] = *l;
+            }
+            break;
+        }
+        case 6: { /* a free of something that is not a live block start */
+            /* Inside the first granule of a live block, or far outside the pool. */
+            bfc_addr a = nlive ? live[arg % nlive] + 1 + arg % 255 : 0x1000 + arg;
+            s = bfc_pool_free(pool, a);
+            must(s == BFC_ERR_NOT_ALLOCATED || s == BFC_ERR_NOT_OWNED || a == 0,
+                 "a bad free was accepted");
+            break;
+        }
+        default:
+            bfc_pool_trim(pool);
+        }
+        must(bfc_pool_check(pool, stderr) == 0, "invariant violated");
+    }
+    for (size_t l = 0; l < nopened; l++)
+        bfc_pool_retire(pool, opened[l], UINT64_MAX);
+    while (nlive)
+        must(bfc_pool_free(pool, live[--nlive]) == BFC_OK, "final free failed");
+    must(bfc_pool_check(pool, stderr) == 0, "invariant violated at the end");
+    bfc_stats st;
+    bfc_pool_stats(pool, &st);
+    must(st.bytes_in_use == 0 && st.pending_bytes == 0, "bytes left in use");
+    bfc_pool_destroy(pool, true);
+    must(dev.held == 0, "regions leaked");
+    return 0;
+}
