@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bfcshim replay and tracegen, end to end through the command line.
 
-usage: test_replay.py PATH/TO/bfcshim
+usage: test_replay.py PATH/TO/bfcshim [BUNDLED_TRACES_DIR]
 """
 import gzip
 import json
@@ -11,6 +11,7 @@ import sys
 import tempfile
 
 BFCSHIM = os.path.abspath(sys.argv[1])
+BUNDLED = os.path.abspath(sys.argv[2]) if len(sys.argv) > 2 else None
 MiB = 1 << 20
 HEADER = "Thread,Time,Action,Pointer,Size,Stream\n"
 failures = 0
@@ -195,10 +196,37 @@ def test_dump_at_failure(d):
           f"dump at failure: {text[:300]}")
 
 
+def test_bundled_traces(d):
+    """The shipped synthetic traces: the efficiency bar of issue 2 (>= 0.97)
+    holds on them, and the generator still writes them byte for byte (if it
+    changes on purpose, regenerate them with the command in their README)."""
+    if not BUNDLED:
+        return
+    traces = sorted(os.path.join(BUNDLED, f) for f in os.listdir(BUNDLED) if f.endswith(".csv.gz"))
+    check(len(traces) >= 2, "bundled traces present")
+    rs, _ = replay_json(*traces)
+    for r in rs:
+        check(r["efficiency"] >= 0.97, f"{os.path.basename(r['trace'])}: efficiency {r['efficiency']}")
+        check(r["failures"] == 0 and r["unmatched_frees"] == 0, f"{r['trace']} replays cleanly")
+    os.chdir(d)
+    for path in traces:
+        name = os.path.basename(path)[:-len(".gz")]
+        # synthetic-<model>-...: regenerate from the options its name encodes.
+        if name.startswith("synthetic-gpt-L12-d768-b8-s1024var-steps6-seed1"):
+            run("tracegen", "--model", "gpt", "--vary-seq", "--steps", "6")
+        elif name.startswith("synthetic-resnet-blocks3-b64-px224-steps4-seed1"):
+            run("tracegen", "--model", "resnet", "--steps", "4")
+        else:
+            check(False, f"no recipe for bundled trace {name}")
+            continue
+        with gzip.open(path, "rt") as f:
+            check(open(name).read() == f.read(), f"tracegen reproduces {name}")
+
+
 with tempfile.TemporaryDirectory() as d:
     for test in [test_min_pool_and_placement, test_json_contract, test_unmatched_and_failed_lines,
                  test_malformed_lines_name_their_line, test_gzip_and_crlf, test_bad_options,
-                 test_dump_at_failure, test_tracegen]:
+                 test_dump_at_failure, test_tracegen, test_bundled_traces]:
         before = failures
         test(d)
         print(f"{test.__name__}: {'ok' if failures == before else 'FAILED'}")

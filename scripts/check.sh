@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# scripts/check.sh - builds bfcshim in every configuration CI cares about and
+# runs the whole test suite in each; the last line reads "N passed, M failed".
+#
+#   default    release + LTO build (what users run): every suite
+#   asan       AddressSanitizer + UndefinedBehaviorSanitizer: every suite
+#   tsan       ThreadSanitizer: the multi-threaded suites
+#   libfuzzer  clang + libFuzzer: a 30-second session per fuzz target
+#
+# Build directories go under build-check/ and are reused between runs.
+# BFCSHIM_CHECK_ONLY="default asan" limits the configurations.
+set -u
+cd "$(dirname "$0")/.."
+root=$(pwd)
+scripts/deps.sh --with-tests || exit 1
+
+passed=0 failed=0 skipped=0
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+
+# count BUILDDIR: adds meson's per-test results from testlog.json
+count() {
+    local log=$1/meson-logs/testlog.json
+    [ -f "$log" ] || return
+    read -r p f s < <(python3 - "$log" <<'PY'
+import json, sys
+p = f = s = 0
+for line in open(sys.argv[1]):
+    if not line.strip():
+        continue
+    r = json.loads(line)["result"]
+    if r in ("OK", "EXPECTEDFAIL"):
+        p += 1
+    elif r == "SKIP":
+        s += 1
+    else:
+        f += 1
+print(p, f, s)
+PY
+)
+    passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+    echo "  $p passed, $f failed, $s skipped"
+}
+
+# config NAME [meson setup args] -- [meson test args]
+config() {
+    local name=$1; shift
+    local setup=() tests=()
+    while [ $# -gt 0 ] && [ "$1" != "--" ]; do setup+=("$1"); shift; done
+    [ $# -gt 0 ] && shift
+    tests=("$@")
+    case " ${BFCSHIM_CHECK_ONLY:-default asan tsan libfuzzer} " in
+        *" $name "*) ;;
+        *) return ;;
+    esac
+    local dir=$root/build-check/$name
+    echo "== $name"
+    if [ -d "$dir" ]; then
+        meson setup --reconfigure "$dir" "${setup[@]}" >"$dir.setup.log" 2>&1
+    else
+        mkdir -p "$root/build-check"
+        meson setup "$dir" "${setup[@]}" >"$dir.setup.log" 2>&1
+    fi || { echo "  setup failed (see $dir.setup.log)"; failed=$((failed + 1)); return; }
+    if ! meson compile -C "$dir" >"$dir.build.log" 2>&1; then
+        echo "  build failed:"; grep -E "error|FAILED" "$dir.build.log" | head -20
+        failed=$((failed + 1)); return
+    fi
+    rm -f "$dir/meson-logs/testlog.json"
+    meson test -C "$dir" --print-errorlogs "${tests[@]}" >"$dir.test.log" 2>&1
+    grep -E "^ *[0-9]+/[0-9]+ .*(FAIL|TIMEOUT|ERROR)" "$dir.test.log" | sed 's/^/  /'
+    count "$dir"
+}
+
+config default -- 
+config asan -Db_sanitize=address,undefined -Db_lundef=false -Db_lto=false \
+    -Dbuildtype=debugoptimized -Dproperty_ops=100000 -- --timeout-multiplier 4
+config tsan -Db_sanitize=thread -Db_lundef=false -Db_lto=false \
+    -Dbuildtype=debugoptimized -- --suite threads --timeout-multiplier 4
+CC=clang config libfuzzer -Dfuzz=true -Db_lto=false -Dbuildtype=debugoptimized \
+    -- --suite libfuzzer
+
+echo "($skipped skipped: tests that need a GPU or a tool this machine lacks)"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# scripts/deps.sh [--with-tests] - installs the Debian packages bfcshim needs
+# when they are missing: meson and ninja (build), zlib (gzip traces),
+# python3 (tests); with --with-tests also clang and its runtimes (libFuzzer).
+# Needs root for apt-get; otherwise it names what to install and fails.
+set -u
+want=(meson ninja-build pkg-config zlib1g-dev python3)
+[ "${1:-}" = "--with-tests" ] && want+=(clang libclang-rt-14-dev)
+
+missing=()
+for pkg in "${want[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" ||
+        missing+=("$pkg")
+done
+# python3 may come from elsewhere (pyenv): accept any on PATH.
+if command -v python3 >/dev/null 2>&1; then
+    missing=("${missing[@]/python3}")
+fi
+missing=($(printf '%s\n' "${missing[@]}" | grep -v '^$' || true))
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "bfcshim: missing packages: ${missing[*]}; run: sudo apt-get install -y ${missing[*]}" >&2
+    exit 1
+fi
+echo "bfcshim: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get install -y -q "${missing[@]}" >/dev/null 2>&1 ||
+    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q "${missing[@]}" >/dev/null; } ||
+    { echo "bfcshim: apt-get could not install ${missing[*]}" >&2; exit 1; }
