@@ -52,6 +52,7 @@ for r in ours:
     t = tsl[r["trace"]]
     print(f"{os.path.basename(r['trace']):40} {r['peak_live_bytes']/2**30:10.2f}Gi {r['efficiency']:8.4f} {t['efficiency']:8.4f}")
 e = [r["efficiency"] for r in ours]; f = [tsl[r["trace"]]["efficiency"] for r in ours]
+assert None not in e + f, "a trace without allocations"
 print(f"{'min / mean':40} {'':12} {min(e):.4f}/{sum(e)/len(e):.4f} {min(f):.4f}/{sum(f)/len(f):.4f}")
 PY
 

@@ -110,14 +110,19 @@ static bool serves_all(const trace *t, const replay_opts *o, uint64_t pool_bytes
 
 /* Smallest pool, to 1 MiB, that serves the whole trace. Bisection assumes
  * that a larger pool never serves less, which holds for best fit in practice
- * though not in theory: the answer is the smallest size found that works. */
+ * though not in theory: the answer is the smallest size found that works.
+ * Returns 0 only for a trace without allocations. */
 static uint64_t min_pool(const trace *t, const replay_opts *o, bfc_addr *slot_addr)
 {
     if (t->peak_live_bytes == 0)
         return 0;
     uint64_t lo = (t->peak_live_bytes + MIB - 1) / MIB - 1; /* in MiB: fails */
     uint64_t hi = lo + 1;
-    uint64_t cap = (t->total_alloc_bytes + t->allocs * o->policy.granularity) / MIB + 1;
+    /* Always enough: every byte ever allocated, rounded, twice over (TSL's
+     * split rule may hand out up to twice a request), plus the 128 MiB past
+     * which it always splits. */
+    uint64_t cap = (2 * (t->total_alloc_bytes + t->allocs * o->policy.granularity) +
+                    BFC_TSL_MAX_INTERNAL_FRAGMENTATION) / MIB + 1;
     while (!serves_all(t, o, hi * MIB, slot_addr)) {
         lo = hi;
         hi = hi * 2 > cap ? cap : hi * 2;

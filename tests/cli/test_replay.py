@@ -71,6 +71,14 @@ def test_min_pool_and_placement(d):
     (r,), _ = replay_json("--placement", "low", t)
     check(r["min_pool_bytes"] == 4 * MiB, f"low min_pool_bytes {r['min_pool_bytes']}")
     check(abs(r["efficiency"] - 0.75) < 1e-9, f"low efficiency {r['efficiency']}")
+    # TSL's split rule gives a whole chunk away when it is under twice the
+    # request: with nothing ever freed, the last allocations need room well
+    # beyond the bytes requested. The bisection must still find a size.
+    t2 = write_trace(d, "nofree.csv", [row("allocate", hex(0x1000000 * (i + 1)), (5 + i) * MiB)
+                                       for i in range(6)])
+    (r2,), _ = replay_json("--tsl", t2)
+    check(r2["min_pool_bytes"] is not None and r2["min_pool_bytes"] >= r2["peak_live_bytes"],
+          f"TSL policy on a trace without frees: {r2['min_pool_bytes']}")
     # Timed at a pool too small: failures are counted, frees of them skipped.
     (r,), _ = replay_json("--pool-size", "2MiB", t)
     check(r["failures"] == 1, f"failures at 2 MiB: {r['failures']}")
