@@ -46,15 +46,15 @@ typedef struct bin_set {
 static inline unsigned bits_msb64(uint64_t x) { return 63u - (unsigned)__builtin_clzll(x); }
 static inline unsigned bits_ctz64(uint64_t x) { return (unsigned)__builtin_ctzll(x); }
 
-/* Bin of a size (a positive multiple of 256 below 2^48). */
+/* Bin of a size (a positive multiple of 256 below 2^48). Branch-free: with
+ * f = top bit of (u | 32), bin = (f - 5) * 32 + (u >> (f - 5)); below 32
+ * units f is 5 and the bin is u itself, and from 32 up the shifted value is
+ * the 1 + 5 leading bits of u, so each power of two spans 32 bins. */
 static inline uint32_t bin_index(uint64_t size)
 {
     uint64_t u = size >> 8;
-    if (u < BIN_SUB_COUNT)
-        return (uint32_t)u;
-    unsigned f = bits_msb64(u);
-    uint32_t sub = (uint32_t)(u >> (f - BIN_SUB_BITS)) - BIN_SUB_COUNT;
-    return (f - BIN_SUB_BITS + 1u) * BIN_SUB_COUNT + sub;
+    unsigned shift = bits_msb64(u | BIN_SUB_COUNT) - BIN_SUB_BITS;
+    return (shift << BIN_SUB_BITS) + (uint32_t)(u >> shift);
 }
 
 /* Smallest size that maps to bin b. */
@@ -124,11 +124,11 @@ static inline int key_before(const chunk *a, const chunk *b)
  * than a removal and an insertion with their rebalancing.
  */
 
-/* c, in the set, changes size to new_size at the same address. */
-static inline void bins_resize(bin_set *b, chunk_store *s, uint32_t c, uint64_t new_size)
+/* c, in the set under `bin`, changes size to new_size at the same address. */
+static inline void bins_resize_in(bin_set *b, chunk_store *s, uint32_t c, uint32_t bin,
+                                  uint64_t new_size)
 {
     chunk *cc = chunk_at(s, c);
-    const uint32_t bin = bin_index(cc->size);
     bool keep = bin_index(new_size) == bin;
     if (keep) {
         const chunk probe = {.addr = cc->addr, .size = new_size};
@@ -148,6 +148,11 @@ static inline void bins_resize(bin_set *b, chunk_store *s, uint32_t c, uint64_t 
     bins_remove_from(b, s, c, bin);
     cc->size = new_size;
     bins_insert(b, s, c);
+}
+
+static inline void bins_resize(bin_set *b, chunk_store *s, uint32_t c, uint64_t new_size)
+{
+    bins_resize_in(b, s, c, bin_index(chunk_at(s, c)->size), new_size);
 }
 
 /* `by` (not in any set, its key set) takes the place of `old` (in the set),

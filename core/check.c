@@ -248,18 +248,20 @@ static void check_store(const bfc_pool *p, checker *k)
 {
     uint64_t spare = 0;
     for (uint32_t c = p->chunks.free_head; c != CHUNK_NIL; c = C(p, c)->qnext) {
-        if (C(p, c)->state != CHUNK_UNUSED) {
-            fail(k, "record %u on the store's free list is in use", c);
+        if (c >= p->chunks.high || C(p, c)->state != CHUNK_UNUSED) {
+            fail(k, "record %u on the store's free list is in use or never handed out", c);
             return;
         }
-        if (++spare > chunk_store_capacity(&p->chunks)) {
+        if (++spare > p->chunks.high) {
             fail(k, "store free list does not end (cycle)");
             return;
         }
     }
-    if (spare + p->chunks.used + 1 != chunk_store_capacity(&p->chunks))
-        fail(k, "store: %" PRIu64 " spare + %u used + sentinel != capacity %" PRIu64,
-             spare, p->chunks.used, chunk_store_capacity(&p->chunks));
+    if (spare + p->chunks.used + 1 != p->chunks.high)
+        fail(k, "store: %" PRIu64 " spare + %u used + sentinel != %u handed out", spare,
+             p->chunks.used, p->chunks.high);
+    if (p->chunks.high > p->chunks.cap)
+        fail(k, "store: %u records handed out, capacity %u", p->chunks.high, p->chunks.cap);
     const chunk *nil = C(p, CHUNK_NIL);
     if (nil->red || nil->left || nil->right || nil->size || nil->addr)
         fail(k, "the sentinel record was modified");

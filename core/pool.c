@@ -204,7 +204,7 @@ static uint32_t take_free(bfc_pool *p, uint32_t c, uint64_t rounded)
     if (high) {
         /* c keeps the low remainder (same address, smaller size); r is the
          * allocation. */
-        bins_resize(bins, &p->chunks, c, rest);
+        bins_resize_in(bins, &p->chunks, c, bin_index(cc->size), rest);
         rc->addr = cc->addr + rest;
         rc->size = rounded;
         link_after(p, c, r);
