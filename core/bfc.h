@@ -78,9 +78,18 @@ typedef struct bfc_backend {
     /*
      * Optional. Asks whether fence `token` of `lane` has completed; with
      * wait=true it may block until it has. Returns true when complete. Called
-     * with the pool locked, only on the slow path (when nothing fits).
+     * with the pool locked: on the slow path (when nothing fits), and to poll
+     * the oldest pending token once per allocation.
      */
     bool (*fence_done)(void *ctx, uint32_t lane, uint64_t token, bool wait);
+    /*
+     * Optional, for bfc_pool_free_deferred. Makes the fence for `token` of
+     * `lane`: everything freed into that epoch must become reusable only
+     * when work submitted up to now has finished (the shim records CUDA
+     * events). Returns false when it cannot now; the epoch then stays open
+     * and is tried again. Called with the pool locked.
+     */
+    bool (*fence_seal)(void *ctx, uint32_t lane, uint64_t token);
 } bfc_backend;
 
 /*
@@ -165,6 +174,7 @@ typedef struct bfc_stats {
     uint64_t num_region_alloc_failures;
     uint64_t num_gc_runs;
     uint64_t num_fence_waits; /* blocking fence_done calls on the slow path */
+    uint64_t num_retired;     /* pending chunks that became free */
     uint64_t host_metadata_bytes; /* host memory the engine holds for bookkeeping */
 } bfc_stats;
 
@@ -202,12 +212,29 @@ bfc_status bfc_pool_free(bfc_pool *pool, bfc_addr addr);
 bfc_status bfc_pool_free_fenced(bfc_pool *pool, bfc_addr addr, uint32_t lane,
                                 uint64_t token);
 
+/*
+ * Frees the allocation at addr into `lane`'s open epoch, the engine choosing
+ * the token: the first deferred free after a seal opens a new epoch with the
+ * next token of the pool's counter. Before each allocation the pool seals
+ * every open epoch (backend.fence_seal), so a fence is always made *after*
+ * the frees it covers, and polls the oldest sealed token (fence_done without
+ * waiting). Token choice and free happen under the pool lock, so no free can
+ * slip in after its epoch's fence. Do not mix with bfc_pool_free_fenced on
+ * the same lane.
+ */
+bfc_status bfc_pool_free_deferred(bfc_pool *pool, bfc_addr addr, uint32_t lane);
+
+/* Seals the lane's open epoch now, if any (before its stream goes away).
+ * Returns false when the backend could not seal it. */
+bool bfc_pool_seal_lane(bfc_pool *pool, uint32_t lane);
+
 /* Opens a lane. reusable: allocations on this lane may take its pending
  * chunks before they retire. */
 bfc_status bfc_pool_lane_open(bfc_pool *pool, bool reusable, uint32_t *lane);
 
-/* Closes a lane: it accepts no more frees or allocations; its pending chunks
- * still wait for their tokens, and the lane's slot is recycled once empty. */
+/* Closes a lane: it accepts no more frees or allocations; its open epoch is
+ * sealed, its pending chunks still wait for their tokens, and the lane's slot
+ * is recycled once empty. */
 void bfc_pool_lane_close(bfc_pool *pool, uint32_t lane);
 
 /* Makes every chunk of `lane` whose token is <= `completed` free. */

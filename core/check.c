@@ -196,12 +196,13 @@ static void check_regions(const bfc_pool *p, recount *n, checker *k)
 
 static void check_lanes(const bfc_pool *p, checker *k)
 {
+    uint32_t open_epochs = 0;
     if (p->nlanes == 0 || p->lanes[0].open)
         fail(k, "lane slot 0 must exist and stay closed");
     for (uint32_t id = 1; id < p->nlanes; id++) {
         const lane *l = &p->lanes[id];
         if (!l->open) {
-            if (l->head || l->tail || l->count || l->bins)
+            if (l->head || l->tail || l->count || l->bins || l->open_token)
                 fail(k, "closed lane %u still holds state", id);
             continue;
         }
@@ -239,9 +240,16 @@ static void check_lanes(const bfc_pool *p, checker *k)
                 fail(k, "lane %u: bins hold %" PRIu64 " chunks, FIFO %" PRIu64, id,
                      l->bins->count, l->count);
         }
-        if (!l->accepting && l->head == CHUNK_NIL)
+        if (!l->accepting && l->head == CHUNK_NIL && !l->open_token)
             fail(k, "lane %u is closed and empty but its slot was not recycled", id);
+        if (l->open_token) {
+            open_epochs++;
+            if (l->open_token < l->last_token || l->open_token > p->token_counter)
+                fail(k, "lane %u: open epoch %" PRIu64 " out of order", id, l->open_token);
+        }
     }
+    if (open_epochs != p->open_epochs)
+        fail(k, "%u lanes have open epochs, the pool counts %u", open_epochs, p->open_epochs);
 }
 
 static void check_store(const bfc_pool *p, checker *k)

@@ -72,13 +72,45 @@ static void lane_free_slot(lane *l)
     memset(l, 0, sizeof *l);
 }
 
+/* Seals lane l's open epoch, if any; false if the backend refused. (An
+ * epoch is never empty here: allocations seal before they reuse.) */
+static bool seal(bfc_pool *p, uint32_t id, lane *l)
+{
+    if (!l->open_token)
+        return true;
+    if (!p->backend.fence_seal || !p->backend.fence_seal(p->backend.ctx, id, l->open_token))
+        return false;
+    l->open_token = 0;
+    p->open_epochs--;
+    if (!l->accepting && l->head == CHUNK_NIL)
+        lane_free_slot(l);
+    return true;
+}
+
+void lanes_seal_all(bfc_pool *p)
+{
+    for (uint32_t id = 1; id < p->nlanes && p->open_epochs; id++)
+        if (p->lanes[id].open)
+            seal(p, id, &p->lanes[id]);
+}
+
+bool bfc_pool_seal_lane(bfc_pool *p, uint32_t id)
+{
+    bfc_lock_acquire(&p->lock);
+    lane *l = lane_get(p, id);
+    bool ok = !l || seal(p, id, l);
+    bfc_lock_release(&p->lock);
+    return ok;
+}
+
 void bfc_pool_lane_close(bfc_pool *p, uint32_t id)
 {
     bfc_lock_acquire(&p->lock);
     lane *l = lane_get(p, id);
     if (l) {
+        seal(p, id, l); /* if refused, the epoch seals before a later allocation */
         l->accepting = 0;
-        if (l->head == CHUNK_NIL)
+        if (l->head == CHUNK_NIL && !l->open_token)
             lane_free_slot(l);
     }
     bfc_lock_release(&p->lock);
@@ -136,19 +168,12 @@ void lane_attach_after(bfc_pool *p, uint32_t c, uint32_t id, uint64_t token,
     p->st.num_pending_chunks++;
 }
 
-bfc_status bfc_pool_free_fenced(bfc_pool *p, bfc_addr addr, uint32_t id,
-                                uint64_t token)
+/* The common part of fenced and deferred frees; lock held, lane valid. */
+static bfc_status free_into(bfc_pool *p, bfc_addr addr, uint32_t id, lane *l,
+                            uint64_t token)
 {
-    if (addr == 0)
-        return BFC_OK;
     bfc_status s = BFC_OK;
-    bfc_lock_acquire(&p->lock);
-    lane *l = lane_get(p, id);
-    if (!l || !l->accepting) {
-        s = BFC_ERR_BAD_LANE;
-    } else if (token < l->last_token) {
-        s = BFC_ERR_BAD_TOKEN;
-    } else {
+    {
         uint32_t c = live_index_take(&p->live, &p->chunks, addr);
         if (c == CHUNK_NIL) {
             s = region_find(p, addr) < 0 ? BFC_ERR_NOT_OWNED : BFC_ERR_NOT_ALLOCATED;
@@ -159,6 +184,46 @@ bfc_status bfc_pool_free_fenced(bfc_pool *p, bfc_addr addr, uint32_t id,
             p->st.bytes_requested -= cc->requested;
             lane_attach_after(p, c, id, token, l->tail);
             l->last_token = token;
+        }
+    }
+    return s;
+}
+
+bfc_status bfc_pool_free_fenced(bfc_pool *p, bfc_addr addr, uint32_t id,
+                                uint64_t token)
+{
+    if (addr == 0)
+        return BFC_OK;
+    bfc_status s;
+    bfc_lock_acquire(&p->lock);
+    lane *l = lane_get(p, id);
+    if (!l || !l->accepting)
+        s = BFC_ERR_BAD_LANE;
+    else if (token < l->last_token)
+        s = BFC_ERR_BAD_TOKEN;
+    else
+        s = free_into(p, addr, id, l, token);
+    bfc_lock_release(&p->lock);
+    return s;
+}
+
+bfc_status bfc_pool_free_deferred(bfc_pool *p, bfc_addr addr, uint32_t id)
+{
+    if (addr == 0)
+        return BFC_OK;
+    bfc_status s;
+    bfc_lock_acquire(&p->lock);
+    lane *l = lane_get(p, id);
+    if (!l || !l->accepting) {
+        s = BFC_ERR_BAD_LANE;
+    } else {
+        bool opening = !l->open_token;
+        uint64_t token = opening ? p->token_counter + 1 : l->open_token;
+        s = free_into(p, addr, id, l, token);
+        if (s == BFC_OK && opening) {
+            p->token_counter = token;
+            l->open_token = token;
+            p->open_epochs++;
         }
     }
     bfc_lock_release(&p->lock);
@@ -174,8 +239,9 @@ void lane_retire_locked(bfc_pool *p, uint32_t id, uint64_t completed)
         uint32_t c = l->head;
         lane_detach(p, c);
         pool_make_free(p, c);
+        p->st.num_retired++;
     }
-    if (!l->accepting && l->head == CHUNK_NIL)
+    if (!l->accepting && l->head == CHUNK_NIL && !l->open_token)
         lane_free_slot(l);
 }
 
@@ -197,6 +263,16 @@ bool bfc_pool_lane_oldest(bfc_pool *p, uint32_t id, uint64_t *token)
     return any;
 }
 
+/* A lane's oldest token, if it has been sealed (only sealed tokens have a
+ * fence to ask about). */
+static bool sealed_head(const bfc_pool *p, const lane *l, uint64_t *token)
+{
+    if (!l->open || l->head == CHUNK_NIL)
+        return false;
+    *token = C(p, l->head)->stamp;
+    return !l->open_token || *token < l->open_token;
+}
+
 /* Slow path, step 1: retire every token the owner already reports complete.
  * Returns true when anything retired. */
 bool lanes_poll(bfc_pool *p)
@@ -204,12 +280,10 @@ bool lanes_poll(bfc_pool *p)
     if (!p->backend.fence_done)
         return false;
     bool any = false;
+    uint64_t t;
     for (uint32_t id = 1; id < p->nlanes; id++) {
         lane *l = &p->lanes[id];
-        while (l->open && l->head != CHUNK_NIL) {
-            uint64_t t = C(p, l->head)->stamp;
-            if (!p->backend.fence_done(p->backend.ctx, id, t, false))
-                break;
+        while (sealed_head(p, l, &t) && p->backend.fence_done(p->backend.ctx, id, t, false)) {
             lane_retire_locked(p, id, t);
             any = true;
         }
@@ -217,30 +291,42 @@ bool lanes_poll(bfc_pool *p)
     return any;
 }
 
+/* The lane whose sealed head token is the oldest, or 0. */
+static uint32_t oldest_lane(const bfc_pool *p, uint64_t *token)
+{
+    uint32_t best = 0;
+    uint64_t t;
+    for (uint32_t id = 1; id < p->nlanes; id++)
+        if (sealed_head(p, &p->lanes[id], &t) && (best == 0 || t < *token)) {
+            best = id;
+            *token = t;
+        }
+    return best;
+}
+
+/* Every allocation: one non-blocking question about the oldest fence, so
+ * that pending memory returns to the free bins as the GPU catches up instead
+ * of piling up until the slow path. */
+void lanes_poll_oldest(bfc_pool *p)
+{
+    uint64_t t = 0;
+    uint32_t id = p->backend.fence_done ? oldest_lane(p, &t) : 0;
+    if (id && p->backend.fence_done(p->backend.ctx, id, t, false))
+        lane_retire_locked(p, id, t);
+}
+
 /* Slow path, step 3: wait for the oldest token of all lanes and retire it.
  * Returns false when nothing is pending or the owner could not wait. */
 bool lanes_wait_oldest(bfc_pool *p)
 {
-    if (!p->backend.fence_done)
-        return false;
-    uint32_t best = 0;
-    uint64_t best_token = 0;
-    for (uint32_t id = 1; id < p->nlanes; id++) {
-        const lane *l = &p->lanes[id];
-        if (!l->open || l->head == CHUNK_NIL)
-            continue;
-        uint64_t t = C(p, l->head)->stamp;
-        if (best == 0 || t < best_token) {
-            best = id;
-            best_token = t;
-        }
-    }
-    if (best == 0)
+    uint64_t t = 0;
+    uint32_t id = p->backend.fence_done ? oldest_lane(p, &t) : 0;
+    if (!id)
         return false;
     p->st.num_fence_waits++;
-    if (!p->backend.fence_done(p->backend.ctx, best, best_token, true))
+    if (!p->backend.fence_done(p->backend.ctx, id, t, true))
         return false;
-    lane_retire_locked(p, best, best_token);
+    lane_retire_locked(p, id, t);
     return true;
 }
 

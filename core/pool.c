@@ -268,6 +268,12 @@ bfc_status bfc_pool_alloc(bfc_pool *p, uint64_t size, uint32_t lane_id,
         s = BFC_ERR_BAD_LANE;
         goto out;
     }
+    /* Deferred frees: fence what was freed since the last allocation, and
+     * retire what the GPU has finished since. */
+    if (p->open_epochs)
+        lanes_seal_all(p);
+    if (p->st.num_pending_chunks)
+        lanes_poll_oldest(p);
     /* One record for a split remainder, one for a new region, one map slot. */
     if (!chunk_store_reserve(&p->chunks, 2) || !live_index_reserve(&p->live, &p->chunks, 1)) {
         s = BFC_ERR_HOST_MEMORY;

@@ -44,6 +44,7 @@ typedef struct region {
 typedef struct lane {
     uint8_t open;      /* slot in use */
     uint8_t accepting; /* not closed: takes frees and allocations */
+    uint64_t open_token; /* deferred frees join this epoch until sealed; 0: none */
     uint32_t head, tail; /* FIFO of pending chunks, oldest first */
     uint64_t last_token;
     uint64_t count, bytes;
@@ -62,6 +63,8 @@ struct bfc_pool {
     lane *lanes; /* slot 0 unused: BFC_NO_LANE */
     uint32_t nlanes, lanes_cap;
     uint64_t next_region_bytes; /* growth mode: size of the next region */
+    uint64_t token_counter;     /* epochs of bfc_pool_free_deferred */
+    uint32_t open_epochs;       /* lanes with an open epoch */
     uint64_t alloc_seq;
     /* Running counters; derived fields are filled in by bfc_pool_stats. */
     bfc_stats st;
@@ -108,7 +111,9 @@ void lane_detach(bfc_pool *p, uint32_t c);
 void lane_attach_after(bfc_pool *p, uint32_t c, uint32_t lane_id,
                        uint64_t token, uint32_t after);
 bool lanes_poll(bfc_pool *p);
+void lanes_poll_oldest(bfc_pool *p);
 bool lanes_wait_oldest(bfc_pool *p);
+void lanes_seal_all(bfc_pool *p);
 void lanes_fini(bfc_pool *p);
 uint64_t lanes_host_bytes(const bfc_pool *p);
 void lane_retire_locked(bfc_pool *p, uint32_t id, uint64_t completed);

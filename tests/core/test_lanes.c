@@ -9,6 +9,9 @@ typedef struct fences {
     uint64_t done;
     uint64_t polls, waits;
     uint32_t last_wait_lane;
+    bool refuse_seal;
+    uint64_t seals, sealed_token[16];
+    uint32_t sealed_lane[16];
 } fences;
 
 static fences fence_state;
@@ -27,11 +30,25 @@ static bool fence_done(void *ctx, uint32_t lane, uint64_t token, bool wait)
     return token <= fence_state.done;
 }
 
+static bool fence_seal(void *ctx, uint32_t lane, uint64_t token)
+{
+    (void)ctx;
+    if (fence_state.refuse_seal)
+        return false;
+    if (fence_state.seals < 16) {
+        fence_state.sealed_lane[fence_state.seals] = lane;
+        fence_state.sealed_token[fence_state.seals] = token;
+    }
+    fence_state.seals++;
+    return true;
+}
+
 static void start_with_fences(fixture *f)
 {
     memset(&fence_state, 0, sizeof fence_state);
     bfc_backend b = sim_device_backend(&f->dev);
     b.fence_done = fence_done;
+    b.fence_seal = fence_seal;
     fixture_start_with(f, &b);
 }
 
@@ -236,6 +253,87 @@ static void garbage_collection_keeps_regions_with_pending_blocks(void)
     fixture_end(&f);
 }
 
+static void deferred_frees_share_an_epoch_sealed_at_the_next_allocation(void)
+{
+    fixture f;
+    fixture_begin(&f, 1 * MiB);
+    start_with_fences(&f);
+    uint32_t lane = open_lane(&f, false);
+    bfc_addr a = must_alloc(&f, 256 * KiB), b = must_alloc(&f, 256 * KiB),
+             c = must_alloc(&f, 256 * KiB);
+    CHECK_EQ(bfc_pool_free_deferred(f.pool, a, lane), BFC_OK);
+    CHECK_EQ(bfc_pool_free_deferred(f.pool, b, lane), BFC_OK);
+    CHECK_EQ(fence_state.seals, 0); /* nothing sealed until someone allocates */
+    uint64_t t = 0;
+    CHECK(bfc_pool_lane_oldest(f.pool, lane, &t));
+    CHECK_EQ(t, 1);
+    must_alloc(&f, 4 * KiB); /* seals epoch 1 (a and b), polls it: not done */
+    CHECK_EQ(fence_state.seals, 1);
+    CHECK_EQ(fence_state.sealed_lane[0], lane);
+    CHECK_EQ(fence_state.sealed_token[0], 1);
+    CHECK_EQ(stats_of(&f).pending_bytes, 512 * KiB);
+    CHECK_EQ(bfc_pool_free_deferred(f.pool, c, lane), BFC_OK); /* epoch 2 */
+    fence_state.done = 1; /* the GPU finishes epoch 1 */
+    must_alloc(&f, 4 * KiB); /* seals epoch 2 and retires epoch 1 by polling */
+    CHECK_EQ(fence_state.seals, 2);
+    CHECK_EQ(fence_state.sealed_token[1], 2);
+    bfc_stats s = stats_of(&f);
+    CHECK_EQ(s.pending_bytes, 256 * KiB);
+    CHECK_EQ(s.num_fence_waits, 0);
+    CHECK(bfc_pool_lane_oldest(f.pool, lane, &t));
+    CHECK_EQ(t, 2);
+    fixture_end(&f);
+}
+
+static void a_refused_seal_keeps_the_epoch_open(void)
+{
+    fixture f;
+    fixture_begin(&f, 1 * MiB);
+    start_with_fences(&f);
+    uint32_t lane = open_lane(&f, false);
+    bfc_addr a = must_alloc(&f, 512 * KiB);
+    CHECK_EQ(bfc_pool_free_deferred(f.pool, a, lane), BFC_OK);
+    fence_state.refuse_seal = true; /* e.g. every stream is capturing */
+    fence_state.done = UINT64_MAX;  /* even a completed-looking token ... */
+    bfc_addr b = 0;
+    /* ... is not retired: its fence was never made. The slow path cannot
+     * wait for it either, so the request that needs it fails. */
+    CHECK_EQ(bfc_pool_alloc(f.pool, 768 * KiB, BFC_NO_LANE, &b), BFC_ERR_OOM);
+    CHECK_EQ(stats_of(&f).pending_bytes, 512 * KiB);
+    CHECK_EQ(fence_state.waits, 0);
+    CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+    fence_state.refuse_seal = false; /* the next allocation seals and retires */
+    CHECK_EQ(bfc_pool_alloc(f.pool, 768 * KiB, BFC_NO_LANE, &b), BFC_OK);
+    CHECK_EQ(fence_state.seals, 1);
+    fixture_end(&f);
+}
+
+static void closing_a_lane_seals_its_epoch(void)
+{
+    fixture f;
+    fixture_begin(&f, 1 * MiB);
+    start_with_fences(&f);
+    uint32_t lane = open_lane(&f, true);
+    bfc_addr a = must_alloc(&f, 4 * KiB), b = must_alloc(&f, 4 * KiB);
+    CHECK_EQ(bfc_pool_free_deferred(f.pool, a, lane), BFC_OK);
+    bfc_pool_lane_close(f.pool, lane);
+    CHECK_EQ(fence_state.seals, 1);
+    /* An allocation on a lane seals first, then may reuse what the lane
+     * freed: its own stream runs after the free in any case. */
+    uint32_t l2 = open_lane(&f, true);
+    CHECK_EQ(bfc_pool_free_deferred(f.pool, b, l2), BFC_OK);
+    bfc_addr c = 0;
+    CHECK_EQ(bfc_pool_alloc(f.pool, 4 * KiB, l2, &c), BFC_OK);
+    CHECK_EQ(fence_state.seals, 2);
+    CHECK_EQ(c, b);
+    bfc_pool_lane_close(f.pool, l2); /* nothing open: no fence to make */
+    CHECK_EQ(fence_state.seals, 2);
+    CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+    fence_state.done = UINT64_MAX;
+    must_alloc(&f, 256);
+    fixture_end(&f);
+}
+
 static void many_lanes(void)
 {
     fixture f;
@@ -270,6 +368,9 @@ int main(void)
     RUN(waiting_picks_the_oldest_token_across_lanes);
     RUN(closed_lanes_drain_then_recycle);
     RUN(garbage_collection_keeps_regions_with_pending_blocks);
+    RUN(deferred_frees_share_an_epoch_sealed_at_the_next_allocation);
+    RUN(a_refused_seal_keeps_the_epoch_open);
+    RUN(closing_a_lane_seals_its_epoch);
     RUN(many_lanes);
     return harness_result();
 }

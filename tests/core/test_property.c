@@ -17,6 +17,8 @@
  *   - an OOM happens only when no chunk fits and the pool could not grow;
  *   - bad frees (double, interior, foreign, stale) are refused with the right
  *     status and change no statistic;
+ *   - deferred frees (lanes 3..5) are sealed before the next allocation and
+ *     never retire while their epoch is unsealed;
  *   - bytes requested and live counts agree with the model.
  * A failure prints the seed and step, so `--seed N --ops M` replays it.
  */
@@ -45,8 +47,10 @@ typedef struct model {
     size_t nlive;
     pending_range pend[MAX_PENDING];
     size_t npend;
-    uint32_t lanes[MAX_LANES]; /* 0: slot closed */
+    uint32_t lanes[MAX_LANES]; /* 0: slot closed; lanes 3.. take deferred frees */
     bool lane_reusable[MAX_LANES];
+    uint64_t open_epoch[MAX_LANES]; /* deferred lanes: the pool's open token */
+    uint64_t epoch_counter;         /* mirrors the pool's token counter */
     uint64_t next_token;
     uint64_t requested;
     bfc_addr freed[64]; /* recently freed addresses, for double frees */
@@ -57,19 +61,46 @@ typedef struct run {
     uint64_t seed, step, rng;
     fixture f;
     model m;
-    uint64_t fence_done_upto;
+    uint64_t fence_done_upto, epoch_done_upto;
     bool with_fences;
     uint64_t ooms, allocs, frees, bad_frees, retires;
 } run;
 
 static run R;
 
+#define DEFERRED_FIRST 3
+
+static int model_lane_index(uint32_t lane)
+{
+    for (int i = 0; i < MAX_LANES; i++)
+        if (R.m.lanes[i] == lane && lane != BFC_NO_LANE)
+            return i;
+    return -1;
+}
+
+/* Deferred lanes' tokens come from the pool's counter, explicit ones from
+ * the model's: each kind has its own simulated GPU progress. A lane closed
+ * by the model may still drain, so its kind is looked up in `deferred_ids`. */
+static bool deferred_ids[65536];
+
 static bool fence_done(void *ctx, uint32_t lane, uint64_t token, bool wait)
 {
-    (void)ctx, (void)lane;
-    if (wait && token > R.fence_done_upto)
-        R.fence_done_upto = token;
-    return token <= R.fence_done_upto;
+    (void)ctx;
+    uint64_t *done = deferred_ids[lane] ? &R.epoch_done_upto : &R.fence_done_upto;
+    if (wait && token > *done)
+        *done = token;
+    return token <= *done;
+}
+
+static bool fence_seal(void *ctx, uint32_t lane, uint64_t token)
+{
+    (void)ctx;
+    if (rng_below(&R.rng, 10) == 0)
+        return false; /* e.g. a stream is capturing: try again later */
+    int i = model_lane_index(lane);
+    if (i >= 0 && R.m.open_epoch[i] == token)
+        R.m.open_epoch[i] = 0;
+    return true;
 }
 
 #define FAIL_AT(...)                                                               \
@@ -111,6 +142,7 @@ static void configure(void)
     bfc_backend b = sim_device_backend(&f->dev);
     if (R.with_fences)
         b.fence_done = fence_done;
+    b.fence_seal = fence_seal;
     fixture_start_with(f, &b);
 }
 
@@ -134,18 +166,25 @@ static void pending_subtract(uint32_t lane, bfc_addr lo, bfc_addr hi)
     }
 }
 
-/* The pool may retire lanes on its slow path; resynchronise from the oldest
- * token each lane still holds. */
+/* The pool may retire lanes on its slow path and by polling; resynchronise
+ * from the oldest token each lane still holds. A block of an epoch that was
+ * never sealed must still be there. */
 static void pending_resync(void)
 {
     model *m = &R.m;
     for (size_t i = 0; i < m->npend;) {
         uint64_t oldest = 0;
         bool any = bfc_pool_lane_oldest(R.f.pool, m->pend[i].lane, &oldest);
-        if (!any || m->pend[i].token < oldest)
+        if (!any || m->pend[i].token < oldest) {
+            int k = model_lane_index(m->pend[i].lane);
+            if (k >= DEFERRED_FIRST && m->open_epoch[k] &&
+                m->pend[i].token >= m->open_epoch[k])
+                FAIL_AT("lane %u retired token %" PRIu64 " of an unsealed epoch",
+                        m->pend[i].lane, m->pend[i].token);
             m->pend[i] = m->pend[--m->npend];
-        else
+        } else {
             i++;
+        }
     }
 }
 
@@ -198,6 +237,26 @@ static void fit_visitor(void *arg, const bfc_chunk_info *c)
     }
     s->last = *c;
     s->have_last = true;
+}
+
+typedef struct extent_search {
+    bfc_addr addr;
+    uint64_t size;
+} extent_search;
+
+static void extent_visitor(void *arg, const bfc_chunk_info *c)
+{
+    extent_search *e = arg;
+    if (c->kind == BFC_CHUNK_ALLOCATED && c->addr == e->addr)
+        e->size = c->size;
+}
+
+/* Size of the allocated chunk that starts at addr. */
+static uint64_t chunk_extent(bfc_addr addr)
+{
+    extent_search e = {addr, 0};
+    bfc_pool_visit(R.f.pool, extent_visitor, &e);
+    return e.size;
 }
 
 /* ---- operations --------------------------------------------------------- */
@@ -255,7 +314,7 @@ static void op_alloc(void)
     }
     if (st == BFC_ERR_OOM) {
         R.ooms++;
-        if (s.best.found)
+        if (s.best.found && stats_of(&R.f).num_retired == before.num_retired)
             FAIL_AT("OOM for %" PRIu64 " bytes though chunk %#llx of %" PRIu64 " fits",
                     rounded, (unsigned long long)s.best.chunk.addr, s.best.chunk.size);
         if (a != 0xdead00)
@@ -278,9 +337,10 @@ static void op_alloc(void)
         !bfc_pool_owns(R.f.pool, a + rounded - 1))
         FAIL_AT("allocation %#llx of %" PRIu64 " is misaligned or outside the pool",
                 (unsigned long long)a, rounded);
-    /* Best fit: when a fit existed before, the block must come from it. */
-    bfc_addr taken_lo = a, taken_hi = a + rounded;
-    if (s.best.found) {
+    /* Best fit: when a fit existed before, the block must come from it,
+     * unless the allocation first retired blocks whose fences completed. */
+    bool retired = stats_of(&R.f).num_retired != before.num_retired;
+    if (s.best.found && !retired) {
         const bfc_options *o = &R.f.opt;
         uint64_t size = s.best.chunk.size, rest = size - rounded;
         bool split = o->tsl_split
@@ -288,10 +348,6 @@ static void op_alloc(void)
                          : rest >= (o->min_split_bytes > g ? o->min_split_bytes : g);
         bool high = split && o->placement == BFC_PLACE_BY_AGE &&
                     s.best.next_age < s.best.prev_age;
-        if (!split) { /* not split: the whole chunk is taken */
-            taken_lo = s.best.chunk.addr;
-            taken_hi = s.best.chunk.addr + size;
-        }
         bfc_addr expect = high ? s.best.chunk.addr + size - rounded : s.best.chunk.addr;
         if (a != expect)
             FAIL_AT("alloc %" PRIu64 " got %#llx, best fit says %#llx (chunk %#llx+%" PRIu64
@@ -302,15 +358,26 @@ static void op_alloc(void)
         if (overlaps(a, rounded, m->live[i].addr, m->live[i].rounded))
             FAIL_AT("allocation %#llx overlaps live block %#llx", (unsigned long long)a,
                     (unsigned long long)m->live[i].addr);
-    pending_resync();
+    /* Before the pool's retirements are folded in: the block may reuse only
+     * what is pending on its own lane. */
     for (size_t i = 0; i < m->npend; i++) {
         const pending_range *p = &m->pend[i];
-        if (overlaps(a, rounded, p->lo, p->hi - p->lo) && p->lane != lane)
+        if (overlaps(a, rounded, p->lo, p->hi - p->lo) && p->lane != lane &&
+            !retired)
             FAIL_AT("allocation %#llx on lane %u reuses a block pending on lane %u",
                     (unsigned long long)a, lane, p->lane);
     }
+    /* What the block really covers (an unsplit chunk is larger than the
+     * request) is no longer pending on its lane; then fold in retirements. */
     if (lane != BFC_NO_LANE)
-        pending_subtract(lane, taken_lo, taken_hi);
+        pending_subtract(lane, a, a + chunk_extent(a));
+    pending_resync();
+    for (size_t i = 0; i < m->npend; i++) {
+        const pending_range *p = &m->pend[i];
+        if (overlaps(a, rounded, p->lo, p->hi - p->lo))
+            FAIL_AT("allocation %#llx on lane %u overlaps a block still pending on lane %u",
+                    (unsigned long long)a, lane, p->lane);
+    }
     m->live[m->nlive++] = (live_block){a, size, rounded};
     m->requested += size;
 }
@@ -330,11 +397,27 @@ static void op_free(bool fenced)
     live_block b = m->live[i];
     bfc_status st;
     uint32_t lane = BFC_NO_LANE;
+    uint64_t token = 0;
     if (fenced) {
-        lane = R.m.lanes[rng_below(&R.rng, MAX_LANES)];
+        int k = (int)rng_below(&R.rng, MAX_LANES);
+        lane = R.m.lanes[k];
         if (!lane)
             return;
-        st = bfc_pool_free_fenced(R.f.pool, b.addr, lane, ++m->next_token);
+        if (k >= DEFERRED_FIRST && !R.with_fences) {
+            /* Deferred frees need a fence callback to ever retire (the shim
+             * always has one); without, free plainly. */
+            fenced = false;
+            lane = BFC_NO_LANE;
+            st = bfc_pool_free(R.f.pool, b.addr);
+        } else if (k >= DEFERRED_FIRST) {
+            token = m->open_epoch[k] ? m->open_epoch[k] : m->epoch_counter + 1;
+            st = bfc_pool_free_deferred(R.f.pool, b.addr, lane);
+            if (st == BFC_OK && !m->open_epoch[k])
+                m->open_epoch[k] = ++m->epoch_counter;
+        } else {
+            token = ++m->next_token;
+            st = bfc_pool_free_fenced(R.f.pool, b.addr, lane, token);
+        }
     } else {
         st = bfc_pool_free(R.f.pool, b.addr);
     }
@@ -347,8 +430,7 @@ static void op_free(bool fenced)
     m->live[i] = m->live[--m->nlive];
     m->requested -= b.size;
     if (fenced && m->npend < MAX_PENDING)
-        m->pend[m->npend++] = (pending_range){b.addr, b.addr + b.rounded, lane,
-                                              m->next_token};
+        m->pend[m->npend++] = (pending_range){b.addr, b.addr + b.rounded, lane, token};
     remember_freed(b.addr);
 }
 
@@ -379,9 +461,12 @@ static void op_bad_free(void)
         want_owned = BFC_ERR_NOT_OWNED;
     }
     bfc_stats before = stats_of(&R.f);
-    bfc_status st = rng_below(&R.rng, 2) || !m->lanes[0]
-                        ? bfc_pool_free(R.f.pool, a)
-                        : bfc_pool_free_fenced(R.f.pool, a, m->lanes[0], m->next_token);
+    int kind = (int)rng_below(&R.rng, 3);
+    bfc_status st = kind == 1 && m->lanes[0]
+                        ? bfc_pool_free_fenced(R.f.pool, a, m->lanes[0], m->next_token)
+                    : kind == 2 && m->lanes[DEFERRED_FIRST]
+                        ? bfc_pool_free_deferred(R.f.pool, a, m->lanes[DEFERRED_FIRST])
+                        : bfc_pool_free(R.f.pool, a);
     bool owned = bfc_pool_owns(R.f.pool, a);
     bfc_status expect = owned ? BFC_ERR_NOT_ALLOCATED : BFC_ERR_NOT_OWNED;
     (void)want_owned;
@@ -399,8 +484,9 @@ static void op_lanes(void)
     model *m = &R.m;
     int i = (int)rng_below(&R.rng, MAX_LANES);
     if (m->lanes[i]) {
-        bfc_pool_lane_close(R.f.pool, m->lanes[i]);
+        bfc_pool_lane_close(R.f.pool, m->lanes[i]); /* seals an open epoch */
         m->lanes[i] = 0; /* its pending ranges stay until retired */
+        m->open_epoch[i] = 0;
     } else {
         bool reusable = rng_below(&R.rng, 3) != 0;
         uint32_t id = 0;
@@ -414,6 +500,8 @@ static void op_lanes(void)
                 FAIL_AT("lane %u reopened while it still holds pending blocks", id);
         m->lanes[i] = id;
         m->lane_reusable[i] = reusable;
+        m->open_epoch[i] = 0;
+        deferred_ids[id] = i >= DEFERRED_FIRST;
     }
 }
 
@@ -424,10 +512,14 @@ static void op_progress(void)
     model *m = &R.m;
     if (m->next_token > R.fence_done_upto)
         R.fence_done_upto += rng_below(&R.rng, m->next_token - R.fence_done_upto + 1);
+    if (m->epoch_counter > R.epoch_done_upto)
+        R.epoch_done_upto += rng_below(&R.rng, m->epoch_counter - R.epoch_done_upto + 1);
     /* Closed lanes still drain: walk the model's pending ranges' lanes. */
     uint32_t seen[MAX_PENDING];
     size_t nseen = 0;
     for (size_t i = 0; i < m->npend; i++) {
+        if (deferred_ids[m->pend[i].lane])
+            continue; /* the pool polls deferred lanes itself */
         bool dup = false;
         for (size_t k = 0; k < nseen; k++)
             dup |= seen[k] == m->pend[i].lane;
@@ -457,6 +549,7 @@ static void check_model(void)
 static void run_seed(uint64_t seed, uint64_t ops)
 {
     memset(&R, 0, sizeof R);
+    memset(deferred_ids, 0, sizeof deferred_ids);
     R.seed = seed;
     R.rng = seed * 0x2545F4914F6CDD1Dull + 1;
     configure();

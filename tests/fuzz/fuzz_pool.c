@@ -28,6 +28,25 @@ static unsigned take(cursor *c)
     return *c->p++;
 }
 
+/* Fences: tokens up to `done` have completed; seals are refused while
+ * `refuse_seals` is set (as when every stream is capturing). */
+static uint64_t done;
+static bool refuse_seals;
+
+static bool fence_done(void *ctx, uint32_t lane, uint64_t token, bool wait)
+{
+    (void)ctx, (void)lane;
+    if (wait && token > done)
+        done = token;
+    return token <= done;
+}
+
+static bool fence_seal(void *ctx, uint32_t lane, uint64_t token)
+{
+    (void)ctx, (void)lane, (void)token;
+    return !refuse_seals;
+}
+
 static void must(int cond, const char *what)
 {
     if (!cond) {
@@ -58,6 +77,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (cfg & 64)
         dev.refuse_above = o.limit_bytes / 2;
     bfc_backend b = sim_device_backend(&dev);
+    done = 0;
+    refuse_seals = false;
+    if (cfg & 128) {
+        b.fence_done = fence_done;
+        b.fence_seal = fence_seal;
+    }
     bfc_pool *pool = bfc_pool_create(&o, &b);
     must(pool != NULL, "create failed");
 
@@ -89,16 +114,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (nlive) {
                 size_t i = arg % nlive;
                 uint32_t lane = lanes[arg % MAX_LANES];
-                s = (op & 8) && lane ? bfc_pool_free_fenced(pool, live[i], lane, ++token)
-                                     : bfc_pool_free(pool, live[i]);
+                /* Explicit tokens on lanes 0-1, deferred epochs on 2-3. */
+                bool deferred = (arg % MAX_LANES) >= 2 && b.fence_seal;
+                s = !(op & 8) || !lane ? bfc_pool_free(pool, live[i])
+                    : deferred         ? bfc_pool_free_deferred(pool, live[i], lane)
+                                       : bfc_pool_free_fenced(pool, live[i], lane, ++token);
                 must(s == BFC_OK, "free of a live block failed");
                 live[i] = live[--nlive];
             }
             break;
-        case 4: /* retire up to some token */
-            for (int l = 0; l < MAX_LANES; l++)
+        case 4: /* retire up to some token (explicit lanes), or GPU progress */
+            for (int l = 0; l < 2; l++)
                 if (lanes[l])
                     bfc_pool_retire(pool, lanes[l], token - (token > arg ? arg : token));
+            done += arg % 4;
+            refuse_seals = (op & 32) != 0;
             break;
         case 5: { /* lanes */
             uint32_t *l = &lanes[arg % MAX_LANES];
@@ -125,8 +155,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         must(bfc_pool_check(pool, stderr) == 0, "invariant violated");
     }
-    for (size_t l = 0; l < nopened; l++)
+    refuse_seals = false;
+    for (size_t l = 0; l < nopened; l++) {
+        bfc_pool_seal_lane(pool, opened[l]);
         bfc_pool_retire(pool, opened[l], UINT64_MAX);
+    }
     while (nlive)
         must(bfc_pool_free(pool, live[--nlive]) == BFC_OK, "final free failed");
     must(bfc_pool_check(pool, stderr) == 0, "invariant violated at the end");
