@@ -155,7 +155,7 @@ static bool on_alloc(trace *t, uint64_t ptr, uint64_t size)
 static bool on_free(trace *t, uint64_t ptr)
 {
     /* The map holds the index + 1 of the event that allocated ptr. */
-    uint32_t e1 = ptr ? ptr_map_take(&t->ptr_to_slot, ptr) : 0;
+    uint64_t e1 = ptr ? ptr_map_take(&t->ptr_to_slot, ptr) : 0;
     if (!e1) {
         t->unmatched_frees++;
         return true;

@@ -38,7 +38,7 @@ void ptr_map_fini(ptr_map *m)
     m->count = 0;
 }
 
-static void insert_slot(ptr_map *m, uint64_t key, uint32_t val)
+static void insert_slot(ptr_map *m, uint64_t key, uint64_t val)
 {
     uint64_t i = slot_of(m, key);
     while (m->slots[i].key)
@@ -62,13 +62,13 @@ bool ptr_map_grow(ptr_map *m, uint64_t n)
     return true;
 }
 
-void ptr_map_put(ptr_map *m, uint64_t key, uint32_t val)
+void ptr_map_put(ptr_map *m, uint64_t key, uint64_t val)
 {
     insert_slot(m, key, val);
     m->count++;
 }
 
-uint32_t ptr_map_get(const ptr_map *m, uint64_t key)
+uint64_t ptr_map_get(const ptr_map *m, uint64_t key)
 {
     if (!key)
         return 0;
@@ -80,7 +80,7 @@ uint32_t ptr_map_get(const ptr_map *m, uint64_t key)
     }
 }
 
-uint32_t ptr_map_take(ptr_map *m, uint64_t key)
+uint64_t ptr_map_take(ptr_map *m, uint64_t key)
 {
     if (!key)
         return 0;
@@ -90,7 +90,7 @@ uint32_t ptr_map_take(ptr_map *m, uint64_t key)
             return 0;
         i = (i + 1) & m->mask;
     }
-    uint32_t val = m->slots[i].val;
+    uint64_t val = m->slots[i].val;
     /* Backward-shift deletion (linear_probe.h). */
     uint64_t hole = i;
     for (uint64_t j = (i + 1) & m->mask; m->slots[j].key; j = (j + 1) & m->mask) {
