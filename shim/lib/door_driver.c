@@ -1,0 +1,272 @@
+/*
+ * door_driver.c - the driver API door: cuMemAlloc_v2 and friends.
+ *
+ * Programs reach these by linking against libcuda (the preload wins), by
+ * dlsym on their own libcuda handle (dlsym_hook.c) or through
+ * cuGetProcAddress (procaddr.c); cudart reaches them the last way, so the
+ * runtime calls of a program with a static cudart land here too.
+ *
+ * Every function passes straight through when the door is closed
+ * (BFCSHIM_DRIVER_HOOKS=0, platform mode, a forked child, or a call the
+ * shim itself makes into the real runtime), when no context is current, and
+ * for pointers no pool owns. Only the _v2 ABI of the allocation calls exists
+ * here: the v1 entry points take 32-bit sizes and no current toolkit emits
+ * references to them.
+ *
+ * The stream calls only register streams (streams.c) so that plain frees
+ * can be fenced on every stream; the context calls forget pools whose memory
+ * went away with their context.
+ */
+#include "shim.h"
+
+/* The real function, or CUDA_ERROR_NOT_INITIALIZED when there is no driver. */
+#define REAL(field) (real_driver_get() ? real_driver_get()->field : NULL)
+#define PASS(field, ...) \
+    (REAL(field) ? REAL(field)(__VA_ARGS__) : CUDA_ERROR_NOT_INITIALIZED)
+
+static CUresult code_of(svc_status st)
+{
+    switch (st) {
+    case SVC_OK:
+        return CUDA_SUCCESS;
+    case SVC_OOM:
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    case SVC_UNSUPPORTED:
+        return CUDA_ERROR_NOT_SUPPORTED;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+static CUresult refuse(const char *api, const char *why)
+{
+    shim_log(LOG_ERROR, "%s: %s", api, why);
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* A pointer no pool owns goes to the real free; when that refuses it too, the
+ * user hears which pointer it was. */
+static CUresult foreign_result(CUresult r, const char *api, CUdeviceptr p)
+{
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED)
+        shim_log(LOG_ERROR, "%s(0x%llx): not a pooled pointer, and the driver refused it (%d)",
+                 api, (unsigned long long)p, (int)r);
+    return r;
+}
+
+/* Platform mode passes everything through but still counts what is live. */
+static bool counting(void)
+{
+    return !shim_tls_bypass && shim_config_get()->mode == MODE_PLATFORM;
+}
+
+static CUresult counted_alloc(CUresult r, CUdeviceptr *dptr, size_t size)
+{
+    if (r == CUDA_SUCCESS && dptr && counting())
+        platform_note_alloc(*dptr, size);
+    return r;
+}
+
+static CUresult counted_free(CUresult r, CUdeviceptr p)
+{
+    if (r == CUDA_SUCCESS && counting())
+        platform_note_free(p);
+    return r;
+}
+
+/* ---- plain allocation ------------------------------------------------------------ */
+
+SHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
+{
+    shim_pool *sp;
+    if (!shim_driver_door() || !(sp = svc_current_pool()))
+        return counted_alloc(PASS(MemAlloc, dptr, size), dptr, size);
+    if (!dptr)
+        return refuse("cuMemAlloc_v2", "NULL result pointer");
+    if (size == 0)
+        return refuse("cuMemAlloc_v2", "size 0 (the driver refuses it too)");
+    return code_of(svc_alloc(sp, size, BFC_NO_LANE, dptr, "cuMemAlloc_v2"));
+}
+
+SHIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr p)
+{
+    if (!shim_driver_door() || p == 0)
+        return counted_free(PASS(MemFree, p), p);
+    svc_status st = svc_free(p, FREE_PLAIN, NULL, false, "cuMemFree_v2");
+    if (st == SVC_PASS)
+        return foreign_result(PASS(MemFree, p), "cuMemFree_v2", p);
+    return code_of(st);
+}
+
+SHIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
+                                        size_t height, unsigned element_size)
+{
+    shim_pool *sp;
+    if (!shim_driver_door() || !(sp = svc_current_pool())) {
+        CUresult r = PASS(MemAllocPitch, dptr, pitch, width, height, element_size);
+        return counted_alloc(r, dptr, r == CUDA_SUCCESS && pitch ? *pitch * height : 0);
+    }
+    size_t p = 0, bytes = 0;
+    if (!dptr || !pitch)
+        return refuse("cuMemAllocPitch_v2", "NULL result pointer");
+    if (!svc_pitch(width, height, element_size, &p, &bytes))
+        return refuse("cuMemAllocPitch_v2", "zero width or height, element size not 4, 8 or "
+                                            "16, or a size that overflows");
+    CUresult r = code_of(svc_alloc(sp, bytes, BFC_NO_LANE, dptr, "cuMemAllocPitch_v2"));
+    if (r == CUDA_SUCCESS)
+        *pitch = p;
+    return r;
+}
+
+/* ---- queries --------------------------------------------------------------------- */
+
+SHIM_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
+{
+    CUresult r = PASS(MemGetInfo, free_bytes, total);
+    if (r == CUDA_SUCCESS && total && shim_driver_door())
+        svc_adjust_meminfo(free_bytes, *total);
+    return r;
+}
+
+/* The real call would answer with the whole pool region. */
+SHIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p)
+{
+    shim_pool *sp;
+    if (!shim_driver_door() || !(sp = pool_owning(p)))
+        return PASS(MemGetAddressRange, base, size, p);
+    bfc_addr b = 0;
+    uint64_t n = 0;
+    if (bfc_pool_lookup(sp->bfc, p, &b, &n) != BFC_OK)
+        return CUDA_ERROR_NOT_FOUND;
+    if (base)
+        *base = (CUdeviceptr)b;
+    if (size)
+        *size = (size_t)n;
+    return CUDA_SUCCESS;
+}
+
+SHIM_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr p)
+{
+    if (shim_driver_door()) {
+        svc_status st = svc_ipc_check(p, "cuIpcGetMemHandle");
+        if (st != SVC_PASS)
+            return code_of(st);
+    }
+    return PASS(IpcGetMemHandle, handle, p);
+}
+
+/* ---- stream-ordered allocation --------------------------------------------------- */
+
+/* z: 0 for the plain entry point, 1 for _ptsz (stream 0 is per-thread). */
+static CUresult alloc_async(int z, CUdeviceptr *dptr, size_t size, CUstream s, const char *api)
+{
+    shim_pool *sp;
+    if (!shim_driver_door() || size == 0 || !dptr || svc_stream_capturing(s, z) ||
+        !(sp = svc_current_pool()))
+        return counted_alloc(PASS(MemAllocAsync[z], dptr, size, s), dptr, size);
+    return code_of(svc_alloc(sp, size, pool_lane_for_alloc(sp, s, z), dptr, api));
+}
+
+static CUresult free_async(int z, CUdeviceptr p, CUstream s, const char *api)
+{
+    if (!shim_driver_door() || p == 0)
+        return counted_free(PASS(MemFreeAsync[z], p, s), p);
+    svc_status st = svc_free(p, FREE_STREAM, s, z, api);
+    if (st == SVC_PASS)
+        return foreign_result(PASS(MemFreeAsync[z], p, s), api, p);
+    return code_of(st);
+}
+
+static CUresult alloc_from_pool(int z, CUdeviceptr *dptr, size_t size, CUmemoryPool pool,
+                                CUstream s, const char *api)
+{
+    shim_pool *sp;
+    if (!shim_driver_door() || size == 0 || !dptr || svc_stream_capturing(s, z) ||
+        !(sp = svc_current_pool()) || !svc_is_default_pool(sp, pool))
+        return PASS(MemAllocFromPoolAsync[z], dptr, size, pool, s);
+    return code_of(svc_alloc(sp, size, pool_lane_for_alloc(sp, s, z), dptr, api));
+}
+
+SHIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s)
+{
+    return alloc_async(0, dptr, size, s, "cuMemAllocAsync");
+}
+
+SHIM_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream s)
+{
+    return alloc_async(1, dptr, size, s, "cuMemAllocAsync_ptsz");
+}
+
+SHIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
+{
+    return free_async(0, p, s, "cuMemFreeAsync");
+}
+
+SHIM_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s)
+{
+    return free_async(1, p, s, "cuMemFreeAsync_ptsz");
+}
+
+SHIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool,
+                                             CUstream s)
+{
+    return alloc_from_pool(0, dptr, size, pool, s, "cuMemAllocFromPoolAsync");
+}
+
+SHIM_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size,
+                                                  CUmemoryPool pool, CUstream s)
+{
+    return alloc_from_pool(1, dptr, size, pool, s, "cuMemAllocFromPoolAsync_ptsz");
+}
+
+/* ---- streams and contexts -------------------------------------------------------- */
+
+/* Streams are registered whether or not the pool is active yet: a plain free
+ * later must know every stream that might still use its block. */
+SHIM_EXPORT CUresult cuStreamCreate(CUstream *s, unsigned flags)
+{
+    CUresult r = PASS(StreamCreate, s, flags);
+    if (r == CUDA_SUCCESS && s)
+        streams_add(*s);
+    return r;
+}
+
+SHIM_EXPORT CUresult cuStreamCreateWithPriority(CUstream *s, unsigned flags, int priority)
+{
+    CUresult r = PASS(StreamCreateWithPriority, s, flags, priority);
+    if (r == CUDA_SUCCESS && s)
+        streams_add(*s);
+    return r;
+}
+
+SHIM_EXPORT CUresult cuStreamDestroy_v2(CUstream s)
+{
+    /* Seal the stream's lanes while it still exists. */
+    pools_stream_destroyed(s);
+    streams_remove(s);
+    return PASS(StreamDestroy, s);
+}
+
+SHIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    pools_forget_context(ctx);
+    return PASS(CtxDestroy, ctx);
+}
+
+SHIM_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    pools_forget_primary(dev);
+    return PASS(DevicePrimaryCtxReset, dev);
+}
+
+SHIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    CUresult r = PASS(DevicePrimaryCtxRelease, dev);
+    unsigned flags = 0;
+    int active = 1;
+    /* The last release destroys the primary context, and its memory. */
+    if (r == CUDA_SUCCESS && REAL(DevicePrimaryCtxGetState) &&
+        REAL(DevicePrimaryCtxGetState)(dev, &flags, &active) == CUDA_SUCCESS && !active)
+        pools_forget_primary(dev);
+    return r;
+}

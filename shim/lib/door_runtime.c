@@ -1,0 +1,335 @@
+/*
+ * door_runtime.c - the runtime API door: cudaMalloc and friends.
+ *
+ * Exported unversioned, these bind to a program's references to
+ * cudaMalloc@libcudart.so.12 or .13 alike (an unversioned definition
+ * satisfies a versioned reference), so one build serves both toolkits. The
+ * real functions come from the next library in lookup order (RTLD_NEXT).
+ *
+ * The door serves pooled calls itself rather than relying on cudart to reach
+ * the driver door, so it works with BFCSHIM_DRIVER_HOOKS=0 too. Two runtime
+ * behaviours must survive that:
+ *   - initialisation: the runtime makes the device's primary context current
+ *     on first use; when no context is current we let the real cudaFree(NULL)
+ *     do exactly that;
+ *   - the last error: a failing runtime call also sets the per-thread error
+ *     cudaGetLastError returns. The door cannot set it directly, so on a
+ *     failure it makes the real runtime fail the same way with a call that
+ *     has no other effect: cudaMalloc of an impossible size (out of memory)
+ *     or into a NULL result pointer (invalid value), with the driver door
+ *     bypassed for this thread.
+ */
+#include <stdint.h>
+
+#include "shim.h"
+
+typedef cudaError_t (*malloc_fn)(void **, size_t);
+typedef cudaError_t (*free_fn)(void *);
+typedef cudaError_t (*malloc_async_fn)(void **, size_t, cudaStream_t);
+typedef cudaError_t (*free_async_fn)(void *, cudaStream_t);
+typedef cudaError_t (*malloc_pool_fn)(void **, size_t, cudaMemPool_t, cudaStream_t);
+typedef cudaError_t (*pitch_fn)(void **, size_t *, size_t, size_t);
+typedef cudaError_t (*meminfo_fn)(size_t *, size_t *);
+typedef cudaError_t (*ipc_fn)(cudaIpcMemHandle_t *, void *);
+typedef cudaError_t (*stream_create_fn)(cudaStream_t *);
+typedef cudaError_t (*stream_create_flags_fn)(cudaStream_t *, unsigned);
+typedef cudaError_t (*stream_create_prio_fn)(cudaStream_t *, unsigned, int);
+typedef cudaError_t (*stream_destroy_fn)(cudaStream_t);
+typedef cudaError_t (*device_reset_fn)(void);
+typedef cudaError_t (*get_device_fn)(int *);
+
+/* No runtime behind us (a static cudart, or none): nothing to call. */
+#define NO_RUNTIME cudaErrorInsufficientDriver
+
+static cudaError_t real_malloc(void **p, size_t size)
+{
+    REAL_RT(malloc_fn, f, "cudaMalloc");
+    return f ? f(p, size) : NO_RUNTIME;
+}
+
+static cudaError_t real_free(void *p)
+{
+    REAL_RT(free_fn, f, "cudaFree");
+    return f ? f(p) : NO_RUNTIME;
+}
+
+/* Sets the runtime's last error to `e` (see the header comment). */
+static cudaError_t fail(cudaError_t e)
+{
+    shim_tls_bypass++;
+    void *p = NULL;
+    if (e == cudaErrorMemoryAllocation)
+        real_malloc(&p, SIZE_MAX & ~(size_t)0xfffff);
+    else
+        real_malloc(NULL, 1);
+    shim_tls_bypass--;
+    return e;
+}
+
+static cudaError_t result_of(svc_status st)
+{
+    switch (st) {
+    case SVC_OK:
+        return cudaSuccess;
+    case SVC_OOM:
+        return fail(cudaErrorMemoryAllocation);
+    default:
+        return fail(cudaErrorInvalidValue);
+    }
+}
+
+/* The pool of the runtime's current context, initialising the runtime first
+ * if no context is current (what any runtime call would do). */
+static shim_pool *runtime_pool(void)
+{
+    const real_driver *R = real_driver_get();
+    CUcontext cur = NULL;
+    if (!R || R->CtxGetCurrent(&cur) != CUDA_SUCCESS)
+        return NULL;
+    if (!cur) {
+        shim_tls_bypass++;
+        cudaError_t e = real_free(NULL);
+        shim_tls_bypass--;
+        if (e != cudaSuccess || R->CtxGetCurrent(&cur) != CUDA_SUCCESS || !cur)
+            return NULL;
+    }
+    return pool_for_context(cur, true);
+}
+
+static bool counting(void)
+{
+    return !shim_tls_bypass && shim_config_get()->mode == MODE_PLATFORM;
+}
+
+static cudaError_t counted_alloc(cudaError_t e, void **p, size_t size)
+{
+    if (e == cudaSuccess && p && counting())
+        platform_note_alloc((CUdeviceptr)(uintptr_t)*p, size);
+    return e;
+}
+
+static cudaError_t counted_free(cudaError_t e, void *p)
+{
+    if (e == cudaSuccess && counting())
+        platform_note_free((CUdeviceptr)(uintptr_t)p);
+    return e;
+}
+
+/* No pool owns p: the real free, with the driver door stepping aside (it
+ * would only ask the pools again, and complain a second time). */
+static cudaError_t pass_foreign_free(void *p)
+{
+    shim_tls_bypass++;
+    cudaError_t e = real_free(p);
+    shim_tls_bypass--;
+    return e;
+}
+
+static cudaError_t foreign_result(cudaError_t e, const char *api, void *p)
+{
+    if (e != cudaSuccess && e != cudaErrorCudartUnloading)
+        shim_log(LOG_ERROR, "%s(%p): not a pooled pointer, and the runtime refused it (%d)", api,
+                 p, (int)e);
+    return e;
+}
+
+/* ---- plain allocation ------------------------------------------------------------ */
+
+SHIM_EXPORT cudaError_t cudaMalloc(void **p, size_t size)
+{
+    shim_pool *sp;
+    bool active = shim_active();
+    if (active && !p)
+        shim_log(LOG_ERROR, "cudaMalloc(NULL, %zu): NULL result pointer", size);
+    /* NULL result pointers and size 0 get the runtime's own answers. */
+    if (!active || !p || size == 0 || !(sp = runtime_pool()))
+        return counted_alloc(real_malloc(p, size), p, size);
+    CUdeviceptr d = 0;
+    svc_status st = svc_alloc(sp, size, BFC_NO_LANE, &d, "cudaMalloc");
+    if (st == SVC_OK)
+        *p = (void *)(uintptr_t)d;
+    return result_of(st);
+}
+
+SHIM_EXPORT cudaError_t cudaFree(void *p)
+{
+    if (!shim_active() || !p)
+        return counted_free(real_free(p), p);
+    svc_status st = svc_free((CUdeviceptr)(uintptr_t)p, FREE_PLAIN, NULL, false, "cudaFree");
+    if (st == SVC_PASS)
+        return foreign_result(pass_foreign_free(p), "cudaFree", p);
+    return result_of(st);
+}
+
+SHIM_EXPORT cudaError_t cudaMallocPitch(void **p, size_t *pitch, size_t width, size_t height)
+{
+    REAL_RT(pitch_fn, f, "cudaMallocPitch");
+    shim_pool *sp;
+    if (!shim_active() || !p || !pitch || !(sp = runtime_pool())) {
+        cudaError_t e = f ? f(p, pitch, width, height) : NO_RUNTIME;
+        return counted_alloc(e, p, e == cudaSuccess && pitch ? *pitch * height : 0);
+    }
+    size_t rows = 0, bytes = 0;
+    if (!svc_pitch(width, height, 4, &rows, &bytes)) {
+        shim_log(LOG_ERROR, "cudaMallocPitch(%zu x %zu): zero or overflowing size", width,
+                 height);
+        return fail(cudaErrorInvalidValue);
+    }
+    CUdeviceptr d = 0;
+    svc_status st = svc_alloc(sp, bytes, BFC_NO_LANE, &d, "cudaMallocPitch");
+    if (st == SVC_OK) {
+        *p = (void *)(uintptr_t)d;
+        *pitch = rows;
+    }
+    return result_of(st);
+}
+
+SHIM_EXPORT cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
+{
+    REAL_RT(meminfo_fn, f, "cudaMemGetInfo");
+    cudaError_t e = f ? f(free_bytes, total) : NO_RUNTIME;
+    if (e == cudaSuccess && total && shim_active())
+        svc_adjust_meminfo(free_bytes, *total);
+    return e;
+}
+
+SHIM_EXPORT cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *p)
+{
+    REAL_RT(ipc_fn, f, "cudaIpcGetMemHandle");
+    /* With the driver door open, cudart's own cuIpcGetMemHandle refuses the
+     * pointer and the runtime records the error as usual. */
+    if (shim_active() && !shim_driver_door() &&
+        svc_ipc_check((CUdeviceptr)(uintptr_t)p, "cudaIpcGetMemHandle") == SVC_UNSUPPORTED)
+        return cudaErrorNotSupported;
+    return f ? f(handle, p) : NO_RUNTIME;
+}
+
+/* ---- stream-ordered allocation --------------------------------------------------- */
+
+static cudaError_t malloc_async(int z, void **p, size_t size, cudaStream_t s, const char *api)
+{
+    REAL_RT(malloc_async_fn, f0, "cudaMallocAsync");
+    REAL_RT(malloc_async_fn, f1, "cudaMallocAsync_ptsz");
+    malloc_async_fn f = z ? f1 : f0;
+    shim_pool *sp;
+    if (!shim_active() || !p || size == 0 || svc_stream_capturing((CUstream)s, z) ||
+        !(sp = runtime_pool()))
+        return counted_alloc(f ? f(p, size, s) : NO_RUNTIME, p, size);
+    CUdeviceptr d = 0;
+    svc_status st = svc_alloc(sp, size, pool_lane_for_alloc(sp, (CUstream)s, z), &d, api);
+    if (st == SVC_OK)
+        *p = (void *)(uintptr_t)d;
+    return result_of(st);
+}
+
+static cudaError_t free_async(int z, void *p, cudaStream_t s, const char *api)
+{
+    REAL_RT(free_async_fn, f0, "cudaFreeAsync");
+    REAL_RT(free_async_fn, f1, "cudaFreeAsync_ptsz");
+    free_async_fn f = z ? f1 : f0;
+    if (!shim_active() || !p)
+        return counted_free(f ? f(p, s) : NO_RUNTIME, p);
+    svc_status st = svc_free((CUdeviceptr)(uintptr_t)p, FREE_STREAM, (CUstream)s, z, api);
+    if (st == SVC_PASS) {
+        shim_tls_bypass++;
+        cudaError_t e = f ? f(p, s) : NO_RUNTIME;
+        shim_tls_bypass--;
+        return foreign_result(e, api, p);
+    }
+    return result_of(st);
+}
+
+static cudaError_t malloc_from_pool(int z, void **p, size_t size, cudaMemPool_t pool,
+                                    cudaStream_t s, const char *api)
+{
+    REAL_RT(malloc_pool_fn, f0, "cudaMallocFromPoolAsync");
+    REAL_RT(malloc_pool_fn, f1, "cudaMallocFromPoolAsync_ptsz");
+    malloc_pool_fn f = z ? f1 : f0;
+    shim_pool *sp;
+    if (!shim_active() || !p || size == 0 || svc_stream_capturing((CUstream)s, z) ||
+        !(sp = runtime_pool()) || !svc_is_default_pool(sp, (CUmemoryPool)pool))
+        return f ? f(p, size, pool, s) : NO_RUNTIME;
+    CUdeviceptr d = 0;
+    svc_status st = svc_alloc(sp, size, pool_lane_for_alloc(sp, (CUstream)s, z), &d, api);
+    if (st == SVC_OK)
+        *p = (void *)(uintptr_t)d;
+    return result_of(st);
+}
+
+SHIM_EXPORT cudaError_t cudaMallocAsync(void **p, size_t size, cudaStream_t s)
+{
+    return malloc_async(0, p, size, s, "cudaMallocAsync");
+}
+
+SHIM_EXPORT cudaError_t cudaMallocAsync_ptsz(void **p, size_t size, cudaStream_t s)
+{
+    return malloc_async(1, p, size, s, "cudaMallocAsync_ptsz");
+}
+
+SHIM_EXPORT cudaError_t cudaFreeAsync(void *p, cudaStream_t s)
+{
+    return free_async(0, p, s, "cudaFreeAsync");
+}
+
+SHIM_EXPORT cudaError_t cudaFreeAsync_ptsz(void *p, cudaStream_t s)
+{
+    return free_async(1, p, s, "cudaFreeAsync_ptsz");
+}
+
+SHIM_EXPORT cudaError_t cudaMallocFromPoolAsync(void **p, size_t size, cudaMemPool_t pool,
+                                                cudaStream_t s)
+{
+    return malloc_from_pool(0, p, size, pool, s, "cudaMallocFromPoolAsync");
+}
+
+SHIM_EXPORT cudaError_t cudaMallocFromPoolAsync_ptsz(void **p, size_t size, cudaMemPool_t pool,
+                                                     cudaStream_t s)
+{
+    return malloc_from_pool(1, p, size, pool, s, "cudaMallocFromPoolAsync_ptsz");
+}
+
+/* ---- streams and devices --------------------------------------------------------- */
+
+/* Registered here as well as in the driver door, which may be closed. */
+static cudaError_t registered(cudaError_t e, cudaStream_t *s)
+{
+    if (e == cudaSuccess && s)
+        streams_add((CUstream)*s);
+    return e;
+}
+
+SHIM_EXPORT cudaError_t cudaStreamCreate(cudaStream_t *s)
+{
+    REAL_RT(stream_create_fn, f, "cudaStreamCreate");
+    return registered(f ? f(s) : NO_RUNTIME, s);
+}
+
+SHIM_EXPORT cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
+{
+    REAL_RT(stream_create_flags_fn, f, "cudaStreamCreateWithFlags");
+    return registered(f ? f(s, flags) : NO_RUNTIME, s);
+}
+
+SHIM_EXPORT cudaError_t cudaStreamCreateWithPriority(cudaStream_t *s, unsigned flags, int prio)
+{
+    REAL_RT(stream_create_prio_fn, f, "cudaStreamCreateWithPriority");
+    return registered(f ? f(s, flags, prio) : NO_RUNTIME, s);
+}
+
+SHIM_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t s)
+{
+    REAL_RT(stream_destroy_fn, f, "cudaStreamDestroy");
+    pools_stream_destroyed((CUstream)s);
+    streams_remove((CUstream)s);
+    return f ? f(s) : NO_RUNTIME;
+}
+
+SHIM_EXPORT cudaError_t cudaDeviceReset(void)
+{
+    REAL_RT(device_reset_fn, f, "cudaDeviceReset");
+    REAL_RT(get_device_fn, get_device, "cudaGetDevice");
+    int dev = 0;
+    if (get_device && get_device(&dev) == cudaSuccess)
+        pools_forget_primary((CUdevice)dev);
+    return f ? f() : NO_RUNTIME;
+}

@@ -1,0 +1,60 @@
+/*
+ * lifecycle.c - start, fork and exit.
+ *
+ * Start: nothing runs at load time. The first CUDA call that reaches a door
+ * reads the configuration and installs the fork handlers (shim_init), so a
+ * program that never uses CUDA, or a tool run under a preloaded environment,
+ * pays nothing.
+ *
+ * Fork: CUDA cannot be used in a child forked after the parent initialised
+ * it, and the pools belong to the parent's contexts. A child forked while
+ * pools exist therefore passes every call through (the driver then gives the
+ * child its own error); a child forked before any pool existed (a data
+ * loader worker started before CUDA was touched, or multiprocessing's fork
+ * start method) keeps the shim and makes its own pools. The handlers hold
+ * the shim's locks across fork, so the child never inherits one held by a
+ * thread that does not exist there.
+ *
+ * Exit and unload: pools are never torn down. At exit the driver releases
+ * the process's memory itself, and a destructor freeing regions could run
+ * after the driver has shut down or while another thread still allocates.
+ * A preloaded library is never unloaded.
+ */
+#include "shim.h"
+
+atomic_bool shim_forked_child;
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+static void before_fork(void)
+{
+    pools_lock_for_fork(true);
+    streams_lock();
+    platform_lock_for_fork(true);
+}
+
+static void after_fork_parent(void)
+{
+    platform_lock_for_fork(false);
+    streams_unlock();
+    pools_lock_for_fork(false);
+}
+
+static void after_fork_child(void)
+{
+    platform_lock_for_fork(false);
+    streams_unlock();
+    pools_lock_for_fork(false);
+    if (pools_count() > 0)
+        atomic_store(&shim_forked_child, true);
+}
+
+static void init_once(void)
+{
+    const shim_config *cfg = shim_config_get();
+    pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+    shim_log(LOG_DEBUG, "loaded: allocator %s, driver door %s",
+             cfg->mode == MODE_BFC ? "bfc" : "platform", cfg->driver_hooks ? "on" : "off");
+}
+
+void shim_init(void) { pthread_once(&once, init_once); }

@@ -1,0 +1,79 @@
+/*
+ * log.c - one-line messages: "bfcshim[PID]: LEVEL: text", to stderr or to
+ * BFCSHIM_LOG_FILE. Each message is formatted first and written with one
+ * write(2), so lines from several threads do not interleave.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "shim.h"
+
+static int log_fd(void)
+{
+    static atomic_int fd = -2;
+    int f = atomic_load(&fd);
+    if (f != -2)
+        return f;
+    /* The config is not consulted here: config.c logs while it parses. */
+    const char *path = getenv("BFCSHIM_LOG_FILE");
+    int opened = path && *path ? open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644) : -1;
+    if (opened < 0)
+        opened = STDERR_FILENO;
+    int expected = -2;
+    if (!atomic_compare_exchange_strong(&fd, &expected, opened) && opened != STDERR_FILENO)
+        close(opened);
+    return atomic_load(&fd);
+}
+
+static int threshold(void)
+{
+    /* Before the config is parsed (or while it is), warnings and errors. */
+    static const char *const names[] = {"error", "warn", "info", "debug"};
+    const char *v = getenv("BFCSHIM_LOG_LEVEL");
+    if (v)
+        for (int i = 0; i < 4; i++)
+            if (strcasecmp(v, names[i]) == 0)
+                return i;
+    return LOG_WARN;
+}
+
+void shim_vlog(int level, const char *fmt, va_list ap)
+{
+    if (level > threshold())
+        return;
+    static const char *const tag[] = {"error", "warning", "info", "debug"};
+    char line[1024];
+    int n = snprintf(line, sizeof line, "bfcshim[%d]: %s: ", (int)getpid(), tag[level]);
+    if (n < 0)
+        return;
+    int m = vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
+    size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
+    if (len > sizeof line - 2)
+        len = sizeof line - 2;
+    line[len++] = '\n';
+    int saved = errno;
+    ssize_t w = write(log_fd(), line, len);
+    (void)w;
+    errno = saved;
+}
+
+void shim_log(int level, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    shim_vlog(level, fmt, ap);
+    va_end(ap);
+}
+
+void shim_log_once(atomic_bool *flag, int level, const char *fmt, ...)
+{
+    if (atomic_exchange(flag, true))
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    shim_vlog(level, fmt, ap);
+    va_end(ap);
+}

@@ -1,0 +1,353 @@
+/*
+ * pools.c - one engine pool per CUDA context (a pointer of one context is
+ * not valid in another; for the runtime, the context is the device's primary
+ * one), created on first use.
+ *
+ * Regions come from the real cuMemAlloc_v2 with the pool's context current.
+ * The limit is BFCSHIM_MEM_LIMIT, else BFCSHIM_MEM_FRACTION of the device's
+ * total memory; with BFCSHIM_PREALLOCATE the whole limit is taken when the
+ * pool is created (the engine backs off by 10% steps if the device cannot
+ * give it all).
+ *
+ * Lanes: every pool has a "plain" lane for frees that must wait for every
+ * stream (cudaFree, cuMemFree) and a lane per stream for stream-ordered
+ * frees, so that the freeing stream may reuse its blocks at once.
+ *
+ * A pool whose context goes away (cuCtxDestroy, primary context reset or
+ * last release) is marked dead and forgotten but never freed: another thread
+ * may still be inside it, and its memory went with the context anyway.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "shim.h"
+#include "units.h"
+
+#define MAX_POOLS 64
+#define LANE_SLOTS 65536u /* lanes are 16-bit handles in the engine */
+
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic(shim_pool *) registry[MAX_POOLS];
+static atomic_size_t npools;
+
+size_t pools_count(void) { return atomic_load(&npools); }
+
+shim_pool *pools_at(size_t i)
+{
+    return i < MAX_POOLS ? atomic_load(&registry[i]) : NULL;
+}
+
+static int region_alloc(void *ctx, uint64_t size, bfc_addr *base)
+{
+    (void)ctx;
+    const real_driver *R = real_driver_get();
+    CUdeviceptr p = 0;
+    CUresult r = R->MemAlloc(&p, (size_t)size);
+    if (r != CUDA_SUCCESS) {
+        shim_log(LOG_DEBUG, "cuMemAlloc_v2 of a %llu-byte region failed (%d)",
+                 (unsigned long long)size, (int)r);
+        return 1;
+    }
+    *base = p;
+    return 0;
+}
+
+static void region_free(void *ctx, bfc_addr base, uint64_t size)
+{
+    (void)ctx, (void)size;
+    real_driver_get()->MemFree(base);
+}
+
+/* Is ctx the primary context of dev? Retaining the primary context to
+ * compare would create it if it is not active, so ask its state first. */
+static bool is_primary(const real_driver *R, CUcontext ctx, CUdevice dev)
+{
+    unsigned flags = 0;
+    int active = 0;
+    if (!R->DevicePrimaryCtxGetState || !R->DevicePrimaryCtxRetain ||
+        !R->DevicePrimaryCtxRelease ||
+        R->DevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS || !active)
+        return false;
+    CUcontext p = NULL;
+    if (R->DevicePrimaryCtxRetain(&p, dev) != CUDA_SUCCESS)
+        return false;
+    R->DevicePrimaryCtxRelease(dev);
+    return p == ctx;
+}
+
+/* Regions are whole multiples of 2 MiB, the driver's own granule. */
+static const uint64_t granule = UINT64_C(2) << 20;
+
+uint64_t pools_limit_for(uint64_t total)
+{
+    const shim_config *cfg = shim_config_get();
+    uint64_t limit = cfg->mem_limit ? cfg->mem_limit : (uint64_t)(cfg->mem_fraction * (double)total);
+    if (limit > total)
+        limit = total;
+    limit = limit / granule * granule;
+    return limit < granule ? granule : limit;
+}
+
+void pools_lock_for_fork(bool lock)
+{
+    if (lock)
+        pthread_mutex_lock(&reg_lock);
+    else
+        pthread_mutex_unlock(&reg_lock);
+}
+
+/* ctx is current. */
+static shim_pool *create_pool(const real_driver *R, CUcontext ctx)
+{
+    const shim_config *cfg = shim_config_get();
+    CUdevice dev = 0;
+    size_t total = 0;
+    if (R->CtxGetDevice(&dev) != CUDA_SUCCESS || R->DeviceTotalMem(&total, dev) != CUDA_SUCCESS ||
+        total == 0)
+        return NULL;
+    uint64_t limit = pools_limit_for(total);
+
+    shim_pool *sp = calloc(1, sizeof *sp);
+    if (!sp)
+        return NULL;
+    sp->ctx = ctx;
+    sp->dev = dev;
+    sp->total_memory = total;
+    sp->limit = limit;
+    sp->primary = is_primary(R, ctx, dev);
+    pthread_mutex_init(&sp->lanes_lock, NULL);
+    sp->lane_stream = calloc(LANE_SLOTS, sizeof *sp->lane_stream);
+    sp->fences = calloc(LANE_SLOTS, sizeof *sp->fences);
+
+    bfc_options o;
+    bfc_options_init(&o);
+    o.limit_bytes = limit;
+    o.preallocate = cfg->preallocate;
+    o.initial_region_bytes = cfg->initial_region;
+    o.region_granularity = granule;
+    o.granularity = cfg->alignment;
+    o.min_split_bytes = cfg->alignment;
+    o.garbage_collection = cfg->garbage_collection;
+    o.placement = cfg->placement;
+    bfc_backend b = {.ctx = sp,
+                     .region_alloc = region_alloc,
+                     .region_free = region_free,
+                     .fence_done = fences_done,
+                     .fence_seal = fences_seal};
+    if (sp->lane_stream && sp->fences)
+        sp->bfc = bfc_pool_create(&o, &b);
+    if (!sp->bfc || bfc_pool_lane_open(sp->bfc, false, &sp->plain_lane) != BFC_OK ||
+        bfc_pool_lane_open(sp->bfc, true, &sp->legacy_lane) != BFC_OK) {
+        bfc_pool_destroy(sp->bfc, true);
+        free(sp->lane_stream);
+        free(sp->fences);
+        free(sp);
+        return NULL;
+    }
+    atomic_store(&sp->lane_stream[sp->legacy_lane], CU_STREAM_LEGACY);
+
+    char lim[32], tot[32];
+    shim_log(LOG_INFO, "device %d: pool of %s (%s of %s), %s, free policy %s", (int)dev,
+             format_size(limit, lim, sizeof lim),
+             cfg->mem_limit ? "BFCSHIM_MEM_LIMIT" : "BFCSHIM_MEM_FRACTION",
+             format_size(total, tot, sizeof tot),
+             cfg->preallocate ? "preallocated" : "growing on demand",
+             cfg->free_policy == FREE_FENCED ? "fenced" : "immediate");
+    if (cfg->preallocate && bfc_pool_reserve(sp->bfc) != BFC_OK)
+        shim_log(LOG_WARN, "device %d: could not take the %s pool up front; regions will be "
+                           "taken as allocations need them",
+                 (int)dev, lim);
+    return sp;
+}
+
+shim_pool *pool_for_context(CUcontext ctx, bool create)
+{
+    size_t n = atomic_load(&npools);
+    for (size_t i = 0; i < n; i++) {
+        shim_pool *sp = atomic_load(&registry[i]);
+        if (sp && sp->ctx == ctx && !atomic_load(&sp->dead))
+            return sp;
+    }
+    const real_driver *R = real_driver_get();
+    if (!create || !R || !ctx)
+        return NULL;
+    pthread_mutex_lock(&reg_lock);
+    shim_pool *found = NULL;
+    n = atomic_load(&npools);
+    for (size_t i = 0; i < n && !found; i++) {
+        shim_pool *sp = atomic_load(&registry[i]);
+        if (sp && sp->ctx == ctx && !atomic_load(&sp->dead))
+            found = sp;
+    }
+    if (!found && n == MAX_POOLS) {
+        static atomic_bool said;
+        shim_log_once(&said, LOG_WARN, "more than %d CUDA contexts: allocations in the "
+                                       "others pass through unpooled", MAX_POOLS);
+    } else if (!found) {
+        /* The pool's context must be current while it is set up. */
+        CUcontext cur = NULL;
+        R->CtxGetCurrent(&cur);
+        bool push = cur != ctx && R->CtxPushCurrent(ctx) == CUDA_SUCCESS;
+        found = create_pool(R, ctx);
+        if (push)
+            R->CtxPopCurrent(&cur);
+        if (found) {
+            atomic_store(&registry[n], found);
+            atomic_store(&npools, n + 1);
+        }
+    }
+    pthread_mutex_unlock(&reg_lock);
+    return found;
+}
+
+shim_pool *pool_owning(CUdeviceptr addr)
+{
+    const real_driver *R = real_driver_get();
+    CUcontext cur = NULL;
+    if (R)
+        R->CtxGetCurrent(&cur);
+    shim_pool *mine = cur ? pool_for_context(cur, false) : NULL;
+    if (mine && bfc_pool_owns(mine->bfc, addr))
+        return mine;
+    size_t n = atomic_load(&npools);
+    for (size_t i = 0; i < n; i++) {
+        shim_pool *sp = atomic_load(&registry[i]);
+        if (sp && sp != mine && !atomic_load(&sp->dead) && bfc_pool_owns(sp->bfc, addr))
+            return sp;
+    }
+    return NULL;
+}
+
+static void forget_if(bool (*match)(const shim_pool *, const void *), const void *arg)
+{
+    size_t n = atomic_load(&npools);
+    for (size_t i = 0; i < n; i++) {
+        shim_pool *sp = atomic_load(&registry[i]);
+        if (sp && !atomic_load(&sp->dead) && match(sp, arg)) {
+            atomic_store(&sp->dead, true);
+            shim_log(LOG_INFO, "device %d: context gone, its pool is forgotten", (int)sp->dev);
+        }
+    }
+}
+
+static bool same_ctx(const shim_pool *sp, const void *arg)
+{
+    return sp->ctx == *(const CUcontext *)arg;
+}
+
+static bool primary_of(const shim_pool *sp, const void *arg)
+{
+    return sp->primary && sp->dev == *(const CUdevice *)arg;
+}
+
+void pools_forget_context(CUcontext ctx) { forget_if(same_ctx, &ctx); }
+void pools_forget_primary(CUdevice dev) { forget_if(primary_of, &dev); }
+
+/* ---- lanes --------------------------------------------------------------------- */
+
+static bool lane_lookup(shim_pool *sp, CUstream s, uint32_t *lane)
+{
+    bool found = false;
+    pthread_mutex_lock(&sp->lanes_lock);
+    for (size_t i = 0; i < sp->nlanes && !found; i++)
+        if (sp->lanes[i].stream == s) {
+            *lane = sp->lanes[i].lane;
+            found = true;
+        }
+    pthread_mutex_unlock(&sp->lanes_lock);
+    return found;
+}
+
+/* The lane of an explicit stream handle, opened on first use; BFC_NO_LANE if
+ * one cannot be had. */
+static uint32_t stream_lane(shim_pool *sp, CUstream s)
+{
+    uint32_t lane;
+    if (lane_lookup(sp, s, &lane))
+        return lane;
+    if (bfc_pool_lane_open(sp->bfc, true, &lane) != BFC_OK)
+        return BFC_NO_LANE;
+    atomic_store_explicit(&sp->lane_stream[lane], s, memory_order_release);
+    pthread_mutex_lock(&sp->lanes_lock);
+    uint32_t existing = BFC_NO_LANE;
+    for (size_t i = 0; i < sp->nlanes; i++)
+        if (sp->lanes[i].stream == s)
+            existing = sp->lanes[i].lane;
+    if (existing == BFC_NO_LANE && sp->nlanes == sp->caplanes) {
+        size_t cap = sp->caplanes ? sp->caplanes * 2 : 16;
+        struct lane_entry *t = realloc(sp->lanes, cap * sizeof *t);
+        if (t) {
+            sp->lanes = t;
+            sp->caplanes = cap;
+        }
+    }
+    if (existing == BFC_NO_LANE && sp->nlanes < sp->caplanes)
+        sp->lanes[sp->nlanes++] = (struct lane_entry){s, lane};
+    else if (existing == BFC_NO_LANE)
+        existing = sp->plain_lane; /* no host memory: be safe, wait for all */
+    pthread_mutex_unlock(&sp->lanes_lock);
+    if (existing != BFC_NO_LANE) { /* another thread won, or no room */
+        bfc_pool_lane_close(sp->bfc, lane);
+        return existing;
+    }
+    return lane;
+}
+
+static bool per_thread_stream(CUstream s, bool per_thread_call)
+{
+    return s == CU_STREAM_PER_THREAD || (s == NULL && per_thread_call);
+}
+
+uint32_t pool_lane_for_alloc(shim_pool *sp, CUstream s, bool per_thread)
+{
+    /* The per-thread default stream has one handle for many streams: its
+     * pending blocks are not reusable by handle. */
+    if (per_thread_stream(s, per_thread))
+        return BFC_NO_LANE;
+    if (s == NULL || s == CU_STREAM_LEGACY)
+        return sp->legacy_lane;
+    uint32_t lane = stream_lane(sp, s);
+    return lane == sp->plain_lane ? BFC_NO_LANE : lane;
+}
+
+uint32_t pool_lane_for_free(shim_pool *sp, CUstream s, bool per_thread)
+{
+    /* A block freed on a per-thread stream waits for every stream: the
+     * legacy stream's fence covers the per-thread ones. */
+    if (per_thread_stream(s, per_thread))
+        return sp->plain_lane;
+    if (s == NULL || s == CU_STREAM_LEGACY)
+        return sp->legacy_lane;
+    uint32_t lane = stream_lane(sp, s);
+    return lane == BFC_NO_LANE ? sp->plain_lane : lane;
+}
+
+void pools_stream_destroyed(CUstream s)
+{
+    const real_driver *R = real_driver_get();
+    size_t n = atomic_load(&npools);
+    for (size_t i = 0; R && i < n; i++) {
+        shim_pool *sp = atomic_load(&registry[i]);
+        if (!sp || atomic_load(&sp->dead))
+            continue;
+        uint32_t lane = BFC_NO_LANE;
+        pthread_mutex_lock(&sp->lanes_lock);
+        for (size_t k = 0; k < sp->nlanes; k++)
+            if (sp->lanes[k].stream == s) {
+                lane = sp->lanes[k].lane;
+                sp->lanes[k] = sp->lanes[--sp->nlanes];
+                break;
+            }
+        pthread_mutex_unlock(&sp->lanes_lock);
+        if (lane == BFC_NO_LANE)
+            continue;
+        /* Closing seals the lane's open epoch: an event on the stream while
+         * it still exists, recorded in the pool's context. */
+        CUcontext cur = NULL;
+        R->CtxGetCurrent(&cur);
+        bool push = cur != sp->ctx && R->CtxPushCurrent(sp->ctx) == CUDA_SUCCESS;
+        bfc_pool_lane_close(sp->bfc, lane);
+        if (push)
+            R->CtxPopCurrent(&cur);
+    }
+}

@@ -1,0 +1,116 @@
+/*
+ * real.c - the real CUDA functions the shim calls.
+ *
+ * Driver: libcuda.so.1 is opened on first need (never linked: a NEEDED entry
+ * would break programs whose environment lacks it), and every function is
+ * looked up in it with the real dlsym, so the table never points at our own
+ * exports. If cuMemAlloc_v2 turns out to live in some other object, another
+ * interposer sits in front of libcuda: we say so once and stack on top.
+ *
+ * Runtime: functions are looked up lazily with dlsym(RTLD_NEXT, ...), which
+ * from this library finds the program's libcudart (the next definition after
+ * ours). A program with a static cudart has none; its driver calls still
+ * reach us through the driver door.
+ */
+#include <dlfcn.h>
+#include <string.h>
+
+#include "shim.h"
+
+static real_driver drv;
+static bool drv_ok;
+static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
+
+/* POSIX lets a dlsym result become a function pointer; memcpy does it
+ * without a cast per field type. */
+#define LOOK(field, name)                          \
+    do {                                           \
+        void *p_ = real_dlsym(h, name);            \
+        memcpy(&drv.field, &p_, sizeof p_);        \
+    } while (0)
+
+static void load_driver(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD);
+    if (!h)
+        h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (!h) {
+        shim_log(LOG_WARN, "cannot open libcuda.so.1 (%s): passing every call through",
+                 dlerror());
+        return;
+    }
+    LOOK(GetProcAddress, "cuGetProcAddress");
+    LOOK(GetProcAddress_v2, "cuGetProcAddress_v2");
+    LOOK(CtxGetCurrent, "cuCtxGetCurrent");
+    LOOK(CtxGetDevice, "cuCtxGetDevice");
+    LOOK(CtxPushCurrent, "cuCtxPushCurrent_v2");
+    LOOK(CtxPopCurrent, "cuCtxPopCurrent_v2");
+    LOOK(CtxDestroy, "cuCtxDestroy_v2");
+    LOOK(DeviceTotalMem, "cuDeviceTotalMem_v2");
+    LOOK(DeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool");
+    LOOK(DevicePrimaryCtxGetState, "cuDevicePrimaryCtxGetState");
+    LOOK(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+    LOOK(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2");
+    LOOK(DevicePrimaryCtxReset, "cuDevicePrimaryCtxReset_v2");
+    LOOK(MemAlloc, "cuMemAlloc_v2");
+    LOOK(MemFree, "cuMemFree_v2");
+    LOOK(MemAllocPitch, "cuMemAllocPitch_v2");
+    LOOK(MemGetInfo, "cuMemGetInfo_v2");
+    LOOK(MemGetAddressRange, "cuMemGetAddressRange_v2");
+    LOOK(MemAllocAsync[0], "cuMemAllocAsync");
+    LOOK(MemAllocAsync[1], "cuMemAllocAsync_ptsz");
+    LOOK(MemFreeAsync[0], "cuMemFreeAsync");
+    LOOK(MemFreeAsync[1], "cuMemFreeAsync_ptsz");
+    LOOK(MemAllocFromPoolAsync[0], "cuMemAllocFromPoolAsync");
+    LOOK(MemAllocFromPoolAsync[1], "cuMemAllocFromPoolAsync_ptsz");
+    LOOK(IpcGetMemHandle, "cuIpcGetMemHandle");
+    LOOK(StreamCreate, "cuStreamCreate");
+    LOOK(StreamCreateWithPriority, "cuStreamCreateWithPriority");
+    LOOK(StreamDestroy, "cuStreamDestroy_v2");
+    LOOK(StreamGetCtx, "cuStreamGetCtx");
+    LOOK(StreamGetFlags, "cuStreamGetFlags");
+    LOOK(StreamIsCapturing, "cuStreamIsCapturing");
+    LOOK(EventCreate, "cuEventCreate");
+    LOOK(EventDestroy, "cuEventDestroy_v2");
+    LOOK(EventRecord, "cuEventRecord");
+    LOOK(EventQuery, "cuEventQuery");
+    LOOK(EventSynchronize, "cuEventSynchronize");
+
+    /* Everything the pools need must be there; the rest only widens what
+     * can be passed through. */
+    drv_ok = drv.CtxGetCurrent && drv.CtxGetDevice && drv.CtxPushCurrent && drv.CtxPopCurrent &&
+             drv.DeviceTotalMem && drv.MemAlloc && drv.MemFree && drv.MemGetInfo &&
+             drv.StreamIsCapturing && drv.EventCreate && drv.EventDestroy && drv.EventRecord &&
+             drv.EventQuery && drv.EventSynchronize;
+    if (!drv_ok) {
+        shim_log(LOG_WARN, "libcuda.so.1 lacks functions the pool needs: passing every call "
+                           "through");
+        return;
+    }
+    Dl_info info;
+    if (dladdr((void *)drv.MemAlloc, &info) && info.dli_fname) {
+        const char *base = strrchr(info.dli_fname, '/');
+        base = base ? base + 1 : info.dli_fname;
+        if (strncmp(base, "libcuda.so", 10) != 0)
+            shim_log(LOG_WARN,
+                     "cuMemAlloc_v2 is defined in %s, not in libcuda: another CUDA "
+                     "interposer is loaded; bfcshim stacks on top of it",
+                     info.dli_fname);
+    }
+}
+
+const real_driver *real_driver_get(void)
+{
+    pthread_once(&drv_once, load_driver);
+    return drv_ok ? &drv : NULL;
+}
+
+void *real_runtime(_Atomic(void *) *slot, const char *name)
+{
+    void *f = atomic_load_explicit(slot, memory_order_acquire);
+    if (!f) {
+        f = real_dlsym(RTLD_NEXT, name);
+        atomic_store_explicit(slot, f, memory_order_release);
+    }
+    return f;
+}

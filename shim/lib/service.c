@@ -1,0 +1,273 @@
+/*
+ * service.c - the one allocation service behind both doors.
+ *
+ * The doors translate between their API (CUresult or cudaError_t, CUdeviceptr
+ * or void *) and this file, which decides: does this call belong to a pool,
+ * which lane does a free go into under the free policy, and what does a bad
+ * call get. The answers come back as svc_status, which each door maps to its
+ * own error codes.
+ *
+ * Bad input never changes the pool: the engine checks every pointer against
+ * its live index before touching anything, and each kind of mistake is logged
+ * as one line naming the call, the pointer and what the pointer is.
+ */
+#include <stdlib.h>
+
+#include "ptr_map.h"
+#include "shim.h"
+#include "units.h"
+
+_Thread_local int shim_tls_bypass;
+
+bool shim_active(void)
+{
+    if (shim_tls_bypass || atomic_load_explicit(&shim_forked_child, memory_order_relaxed))
+        return false;
+    shim_init();
+    return shim_config_get()->mode == MODE_BFC && real_driver_get() != NULL;
+}
+
+bool shim_driver_door(void)
+{
+    return shim_active() && shim_config_get()->driver_hooks;
+}
+
+shim_pool *svc_current_pool(void)
+{
+    const real_driver *R = real_driver_get();
+    CUcontext cur = NULL;
+    if (!R || R->CtxGetCurrent(&cur) != CUDA_SUCCESS || !cur)
+        return NULL;
+    return pool_for_context(cur, true);
+}
+
+bool svc_is_default_pool(shim_pool *sp, CUmemoryPool pool)
+{
+    const real_driver *R = real_driver_get();
+    CUmemoryPool dflt = NULL;
+    return R->DeviceGetDefaultMemPool &&
+           R->DeviceGetDefaultMemPool(&dflt, sp->dev) == CUDA_SUCCESS && dflt == pool;
+}
+
+/* ---- allocation ----------------------------------------------------------------- */
+
+/* The first out-of-memory of each pool writes the memory map, so the user can
+ * see whether the pool was full or fragmented; later ones say one line. */
+static void report_oom(shim_pool *sp, size_t size, const char *api)
+{
+    bfc_stats st;
+    bfc_pool_stats(sp->bfc, &st);
+    char req[32], lim[32], use[32], big[32];
+    shim_log(LOG_ERROR,
+             "%s(%zu bytes = %s) on device %d: out of memory in the pool (limit %s, in use %s, "
+             "largest free block %s). Raise BFCSHIM_MEM_FRACTION or BFCSHIM_MEM_LIMIT, or free "
+             "memory and retry",
+             api, size, format_size(size, req, sizeof req), (int)sp->dev,
+             format_size(st.bytes_limit, lim, sizeof lim),
+             format_size(st.bytes_in_use, use, sizeof use),
+             format_size(st.largest_free_block_bytes, big, sizeof big));
+    if (st.num_ooms == 1 && shim_config_get()->log_level >= LOG_INFO)
+        bfc_pool_dump(sp->bfc, stderr, BFC_DUMP_SUMMARY | BFC_DUMP_BINS | BFC_DUMP_OCCUPANCY);
+}
+
+svc_status svc_alloc(shim_pool *sp, size_t size, uint32_t lane, CUdeviceptr *out,
+                     const char *api)
+{
+    bfc_addr a = 0;
+    bfc_status st = bfc_pool_alloc(sp->bfc, size, lane, &a);
+    switch (st) {
+    case BFC_OK:
+        *out = (CUdeviceptr)a;
+        return SVC_OK;
+    case BFC_ERR_OOM:
+        report_oom(sp, size, api);
+        return SVC_OOM;
+    case BFC_ERR_TOO_LARGE:
+        shim_log(LOG_ERROR, "%s(%zu bytes): larger than any device; out of memory", api, size);
+        return SVC_OOM;
+    case BFC_ERR_HOST_MEMORY:
+        shim_log(LOG_ERROR, "%s(%zu bytes): out of host memory for the pool's bookkeeping",
+                 api, size);
+        return SVC_OOM;
+    case BFC_ERR_BAD_LANE: /* a lane closed under us: take it without reuse */
+        return svc_alloc(sp, size, BFC_NO_LANE, out, api);
+    default:
+        shim_log(LOG_ERROR, "%s(%zu bytes): engine error %s", api, size, bfc_status_name(st));
+        return SVC_INVALID;
+    }
+}
+
+bool svc_pitch(size_t width, size_t height, unsigned element_size, size_t *pitch,
+               size_t *bytes)
+{
+    if (width == 0 || height == 0 || (element_size != 4 && element_size != 8 &&
+                                      element_size != 16))
+        return false;
+    if (width > SIZE_MAX - 511)
+        return false;
+    size_t p = (width + 511) & ~(size_t)511;
+    if (height > SIZE_MAX / p)
+        return false;
+    *pitch = p;
+    *bytes = p * height;
+    return true;
+}
+
+/* ---- free ----------------------------------------------------------------------- */
+
+static svc_status bad_pointer(shim_pool *sp, CUdeviceptr ptr, const char *api)
+{
+    char what[160];
+    bfc_pool_describe(sp->bfc, ptr, what, sizeof what);
+    shim_log(LOG_ERROR, "%s(0x%llx): not the start of a live allocation (%s); ignored", api,
+             (unsigned long long)ptr, what);
+    return SVC_INVALID;
+}
+
+svc_status svc_free(CUdeviceptr ptr, free_kind kind, CUstream stream, bool per_thread,
+                    const char *api)
+{
+    shim_pool *sp = pool_owning(ptr);
+    if (!sp)
+        return SVC_PASS;
+    bfc_status st;
+    if (kind == FREE_STREAM && svc_stream_capturing(stream, per_thread)) {
+        /* The free becomes part of a graph that may run any number of times
+         * later: the block can never be proven idle, so it is kept. */
+        bfc_addr base;
+        uint64_t size;
+        if (bfc_pool_lookup(sp->bfc, ptr, &base, &size) != BFC_OK || base != ptr)
+            return bad_pointer(sp, ptr, api);
+        static atomic_bool said;
+        shim_log_once(&said, LOG_WARN,
+                      "%s of pooled memory on a capturing stream: the block is kept until exit "
+                      "(allocate inside the capture to let the graph own it)",
+                      api);
+        return SVC_OK;
+    }
+    if (kind == FREE_PLAIN && shim_config_get()->free_policy == FREE_IMMEDIATE)
+        st = bfc_pool_free(sp->bfc, ptr);
+    else {
+        uint32_t lane = kind == FREE_PLAIN ? sp->plain_lane
+                                           : pool_lane_for_free(sp, stream, per_thread);
+        st = bfc_pool_free_deferred(sp->bfc, ptr, lane);
+        if (st == BFC_ERR_BAD_LANE) /* the stream's lane closed under us */
+            st = bfc_pool_free_deferred(sp->bfc, ptr, sp->plain_lane);
+    }
+    if (st == BFC_OK)
+        return SVC_OK;
+    if (st == BFC_ERR_NOT_ALLOCATED)
+        return bad_pointer(sp, ptr, api);
+    shim_log(LOG_ERROR, "%s(0x%llx): engine error %s", api, (unsigned long long)ptr,
+             bfc_status_name(st));
+    return SVC_INVALID;
+}
+
+/* ---- queries -------------------------------------------------------------------- */
+
+void svc_adjust_meminfo(size_t *free_bytes, size_t total)
+{
+    const real_driver *R = real_driver_get();
+    CUcontext cur = NULL;
+    if (!free_bytes || !R || R->CtxGetCurrent(&cur) != CUDA_SUCCESS || !cur)
+        return;
+    /* The program can still get what its pool has not handed out (pending
+     * blocks become free soon) plus what the device can still add to the
+     * pool, within the pool's limit. Before the first allocation, the limit. */
+    shim_pool *sp = pool_for_context(cur, false);
+    uint64_t device_free = *free_bytes, can_get;
+    if (sp) {
+        bfc_stats st;
+        bfc_pool_stats(sp->bfc, &st);
+        uint64_t unused = st.pool_bytes - st.bytes_in_use;
+        can_get = st.bytes_limit - st.bytes_in_use;
+        if (device_free + unused < can_get)
+            can_get = device_free + unused;
+    } else {
+        can_get = pools_limit_for(total);
+        if (device_free < can_get)
+            can_get = device_free;
+    }
+    *free_bytes = (size_t)can_get;
+}
+
+svc_status svc_ipc_check(CUdeviceptr ptr, const char *api)
+{
+    shim_pool *sp = pool_owning(ptr);
+    if (!sp)
+        return SVC_PASS;
+    shim_log(LOG_ERROR,
+             "%s(0x%llx): the pointer is a block inside a bfcshim pool region, which another "
+             "process cannot open on its own; refused (run with BFCSHIM_ALLOCATOR=platform for "
+             "programs that share memory by IPC)",
+             api, (unsigned long long)ptr);
+    return SVC_UNSUPPORTED;
+}
+
+bool svc_stream_capturing(CUstream s, bool per_thread)
+{
+    const real_driver *R = real_driver_get();
+    if (!R)
+        return false;
+    if (s == NULL && per_thread)
+        s = CU_STREAM_PER_THREAD;
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    return R->StreamIsCapturing(s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+/* ---- platform mode -------------------------------------------------------------- */
+
+/* In platform mode every call passes through; the shim still counts what is
+ * live so that its statistics compare with the pool's. */
+static pthread_mutex_t platform_lock = PTHREAD_MUTEX_INITIALIZER;
+static ptr_map platform_live;
+static bool platform_ready;
+static platform_counts counts;
+
+void platform_note_alloc(CUdeviceptr ptr, size_t size)
+{
+    if (!ptr)
+        return;
+    pthread_mutex_lock(&platform_lock);
+    if (!platform_ready)
+        platform_ready = ptr_map_init(&platform_live);
+    counts.num_allocs++;
+    if (platform_ready && ptr_map_reserve(&platform_live, 1) &&
+        !ptr_map_get(&platform_live, ptr)) {
+        ptr_map_put(&platform_live, ptr, size ? size : 1);
+        counts.bytes_in_use += size;
+        if (counts.bytes_in_use > counts.peak_bytes_in_use)
+            counts.peak_bytes_in_use = counts.bytes_in_use;
+        if (size > counts.largest_alloc_size)
+            counts.largest_alloc_size = size;
+    }
+    pthread_mutex_unlock(&platform_lock);
+}
+
+void platform_note_free(CUdeviceptr ptr)
+{
+    if (!ptr)
+        return;
+    pthread_mutex_lock(&platform_lock);
+    uint64_t size = platform_ready ? ptr_map_take(&platform_live, ptr) : 0;
+    if (size) {
+        counts.num_frees++;
+        counts.bytes_in_use -= size;
+    }
+    pthread_mutex_unlock(&platform_lock);
+}
+
+void platform_get_counts(platform_counts *out)
+{
+    pthread_mutex_lock(&platform_lock);
+    *out = counts;
+    pthread_mutex_unlock(&platform_lock);
+}
+
+void platform_lock_for_fork(bool lock)
+{
+    if (lock)
+        pthread_mutex_lock(&platform_lock);
+    else
+        pthread_mutex_unlock(&platform_lock);
+}

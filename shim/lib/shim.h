@@ -1,0 +1,258 @@
+/*
+ * shim.h - what the modules of libbfcshim.so share. Not installed.
+ *
+ *   door_runtime.c  door_driver.c      exported CUDA entry points (two doors)
+ *          \            /
+ *           service.c                  one allocation service: pools, policy,
+ *              |                       error classes, platform accounting
+ *   pools.c  fences.c  streams.c       per-context pools over the engine,
+ *              |                       fences as CUDA events, known streams
+ *   real.c                             the real driver and runtime functions
+ *   dlsym_hook.c  procaddr.c           how dynamic lookups reach the doors
+ *   config.c  log.c  lifecycle.c       settings, messages, init/fork/exit
+ */
+#ifndef BFCSHIM_LIB_SHIM_H
+#define BFCSHIM_LIB_SHIM_H
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#undef cuGetProcAddress /* the v1 entry point keeps its own name */
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bfc.h"
+
+#define SHIM_EXPORT __attribute__((visibility("default")))
+
+/* ---- entry points the headers do not declare -------------------------------- */
+
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream);
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                      CUstream hStream);
+cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream);
+cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream);
+cudaError_t cudaMallocFromPoolAsync_ptsz(void **ptr, size_t size, cudaMemPool_t memPool,
+                                         cudaStream_t stream);
+
+/* ---- configuration (config.c) -------------------------------------------------- */
+
+typedef enum shim_mode { MODE_BFC, MODE_PLATFORM } shim_mode;
+typedef enum free_policy { FREE_FENCED, FREE_IMMEDIATE } free_policy;
+enum { LOG_ERROR, LOG_WARN, LOG_INFO, LOG_DEBUG };
+
+typedef struct shim_config {
+    shim_mode mode;
+    double mem_fraction;
+    uint64_t mem_limit; /* 0: use the fraction */
+    bool preallocate;
+    bool garbage_collection;
+    free_policy free_policy;
+    uint64_t alignment;
+    bfc_placement placement;
+    uint64_t initial_region;
+    bool driver_hooks;
+    int log_level;
+    const char *log_file;
+} shim_config;
+
+/* Parses the BFCSHIM_* variables once; cheap and lock-free afterwards. */
+const shim_config *shim_config_get(void);
+
+/* ---- messages (log.c) -------------------------------------------------------------- */
+
+void shim_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void shim_vlog(int level, const char *fmt, va_list ap);
+/* Logs once per `flag` (a static atomic_flag-like bool), then stays quiet. */
+void shim_log_once(atomic_bool *flag, int level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---- the real CUDA (real.c) ------------------------------------------------------- */
+
+typedef CUresult (*getproc_v2_fn)(const char *, void **, int, cuuint64_t,
+                                  CUdriverProcAddressQueryResult *);
+typedef CUresult (*getproc_v1_fn)(const char *, void **, int, cuuint64_t);
+
+/* The real driver's functions, from libcuda itself and never through our own
+ * exports, so nothing is pooled twice. [0] plain, [1] per-thread stream. */
+typedef struct real_driver {
+    getproc_v1_fn GetProcAddress;
+    getproc_v2_fn GetProcAddress_v2;
+    CUresult (*CtxGetCurrent)(CUcontext *);
+    CUresult (*CtxGetDevice)(CUdevice *);
+    CUresult (*CtxPushCurrent)(CUcontext);
+    CUresult (*CtxPopCurrent)(CUcontext *);
+    CUresult (*CtxDestroy)(CUcontext);
+    CUresult (*DeviceTotalMem)(size_t *, CUdevice);
+    CUresult (*DeviceGetDefaultMemPool)(CUmemoryPool *, CUdevice);
+    CUresult (*DevicePrimaryCtxGetState)(CUdevice, unsigned *, int *);
+    CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+    CUresult (*DevicePrimaryCtxRelease)(CUdevice);
+    CUresult (*DevicePrimaryCtxReset)(CUdevice);
+    CUresult (*MemAlloc)(CUdeviceptr *, size_t);
+    CUresult (*MemFree)(CUdeviceptr);
+    CUresult (*MemAllocPitch)(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
+    CUresult (*MemGetInfo)(size_t *, size_t *);
+    CUresult (*MemGetAddressRange)(CUdeviceptr *, size_t *, CUdeviceptr);
+    CUresult (*MemAllocAsync[2])(CUdeviceptr *, size_t, CUstream);
+    CUresult (*MemFreeAsync[2])(CUdeviceptr, CUstream);
+    CUresult (*MemAllocFromPoolAsync[2])(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+    CUresult (*IpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
+    CUresult (*StreamCreate)(CUstream *, unsigned);
+    CUresult (*StreamCreateWithPriority)(CUstream *, unsigned, int);
+    CUresult (*StreamDestroy)(CUstream);
+    CUresult (*StreamGetCtx)(CUstream, CUcontext *);
+    CUresult (*StreamGetFlags)(CUstream, unsigned *);
+    CUresult (*StreamIsCapturing)(CUstream, CUstreamCaptureStatus *);
+    CUresult (*EventCreate)(CUevent *, unsigned);
+    CUresult (*EventDestroy)(CUevent);
+    CUresult (*EventRecord)(CUevent, CUstream);
+    CUresult (*EventQuery)(CUevent);
+    CUresult (*EventSynchronize)(CUevent);
+} real_driver;
+
+/* Loads libcuda.so.1 on first use; NULL if it cannot be found. */
+const real_driver *real_driver_get(void);
+
+/* The real dlsym (the override in dlsym_hook.c forwards to it). */
+void *real_dlsym(void *handle, const char *symbol);
+
+/* A real runtime function by name, looked up after this library
+ * (RTLD_NEXT), cached in *slot. NULL when no runtime is loaded. */
+void *real_runtime(_Atomic(void *) *slot, const char *name);
+/* Declares `var`, the real runtime function `name` of type `type`. */
+#define REAL_RT(type, var, name)                  \
+    static _Atomic(void *) var##_slot;            \
+    type var = (type)real_runtime(&var##_slot, name)
+
+/* ---- per-context pools (pools.c, fences.c, streams.c) --------------------------- */
+
+typedef struct fence_queue fence_queue;
+
+typedef struct shim_pool {
+    CUcontext ctx;
+    CUdevice dev;
+    bool primary;         /* ctx is the device's primary context */
+    atomic_bool dead;     /* its context went away: no more use */
+    bfc_pool *bfc;
+    uint64_t total_memory, limit;
+    uint32_t plain_lane;  /* frees that wait for every stream (cudaFree) */
+    uint32_t legacy_lane; /* stream-ordered frees on the legacy stream */
+    /* stream -> lane, for stream-ordered calls */
+    pthread_mutex_t lanes_lock;
+    struct lane_entry { CUstream stream; uint32_t lane; } *lanes;
+    size_t nlanes, caplanes;
+    /* lane -> stream and lane -> fences: read in engine callbacks, which run
+     * with the engine's lock held; 65536 entries (lanes are 16-bit). */
+    _Atomic(CUstream) *lane_stream;
+    fence_queue **fences;
+    /* recycled events, touched only under the engine's lock */
+    CUevent *spare_events;
+    size_t nspare, capspare;
+    /* passthrough counters */
+    atomic_uint_fast64_t passthrough_allocs;
+} shim_pool;
+
+/* The pool of a context, created on first use when `create`; NULL on failure
+ * (then callers pass the call through). */
+shim_pool *pool_for_context(CUcontext ctx, bool create);
+/* The pool whose regions contain addr, or NULL. */
+shim_pool *pool_owning(CUdeviceptr addr);
+/* A context went away: forget its pool (its memory went with it). */
+void pools_forget_context(CUcontext ctx);
+void pools_forget_primary(CUdevice dev);
+/* Number of live pools, and the i-th (for stats and fork handlers). */
+size_t pools_count(void);
+shim_pool *pools_at(size_t i);
+/* The pool limit for a device of `total` bytes, under the configuration. */
+uint64_t pools_limit_for(uint64_t total);
+/* For fork handlers: hold / release the pool registry. */
+void pools_lock_for_fork(bool lock);
+
+/* The lane for stream-ordered calls on `stream` (per_thread: the call is a
+ * _ptsz one, so stream 0 is the per-thread stream). BFC_NO_LANE for a stream
+ * whose blocks other threads' streams share (the per-thread stream): they
+ * then wait for every stream. create=false: lookup only. */
+uint32_t pool_lane_for_alloc(shim_pool *sp, CUstream stream, bool per_thread);
+uint32_t pool_lane_for_free(shim_pool *sp, CUstream stream, bool per_thread);
+/* A stream goes away: seal and close its lanes in every pool. */
+void pools_stream_destroyed(CUstream stream);
+
+/* Engine callbacks (fences.c). */
+bool fences_seal(void *ctx, uint32_t lane, uint64_t token);
+bool fences_done(void *ctx, uint32_t lane, uint64_t token, bool wait);
+
+/* Streams we have seen created and not destroyed (streams.c). */
+void streams_add(CUstream s);
+void streams_remove(CUstream s);
+typedef struct known_stream {
+    CUstream stream;
+    bool non_blocking;
+} known_stream;
+/* Copies up to n streams of context ctx into out; returns how many exist. */
+size_t streams_of_context(CUcontext ctx, known_stream *out, size_t n);
+void streams_lock(void);
+void streams_unlock(void);
+
+/* ---- the allocation service (service.c) ---------------------------------------- */
+
+typedef enum svc_status {
+    SVC_OK,
+    SVC_PASS,     /* not for the pool: call the real function */
+    SVC_OOM,      /* out of memory: report written, error returned */
+    SVC_INVALID,  /* a bad pointer or argument: logged once */
+    SVC_UNSUPPORTED,
+} svc_status;
+
+typedef enum free_kind { FREE_PLAIN, FREE_STREAM } free_kind;
+
+/* Is the shim serving allocations (bfc mode, not a forked child, ...)? */
+bool shim_active(void);
+bool shim_driver_door(void);
+
+/* The pool of the current context (created on first use); NULL when no
+ * context is current or no pool can be made: then pass the call through. */
+shim_pool *svc_current_pool(void);
+/* Is `pool` the device's default memory pool (which the BFC pool stands in
+ * for)? Other pools belong to the program: their calls pass through. */
+bool svc_is_default_pool(shim_pool *sp, CUmemoryPool pool);
+svc_status svc_alloc(shim_pool *sp, size_t size, uint32_t lane, CUdeviceptr *out,
+                     const char *api);
+svc_status svc_free(CUdeviceptr ptr, free_kind kind, CUstream stream, bool per_thread,
+                    const char *api);
+/* Adjusts the device's free memory by what the current context's pool can
+ * still give. */
+void svc_adjust_meminfo(size_t *free_bytes, size_t total);
+/* IPC of a pooled pointer cannot be right: refuses it loudly. */
+svc_status svc_ipc_check(CUdeviceptr ptr, const char *api);
+/* Is the stream capturing? (Then stream-ordered calls pass through.) */
+bool svc_stream_capturing(CUstream s, bool per_thread);
+/* Platform mode bookkeeping: counts what passes through. */
+void platform_note_alloc(CUdeviceptr ptr, size_t size);
+void platform_note_free(CUdeviceptr ptr);
+typedef struct platform_counts {
+    uint64_t num_allocs, num_frees, bytes_in_use, peak_bytes_in_use, largest_alloc_size;
+} platform_counts;
+void platform_get_counts(platform_counts *out);
+void platform_lock_for_fork(bool lock);
+/* Pitch and size of a pitched allocation (pitch aligned to 512 bytes, as the
+ * devices report); false when the arguments are invalid or overflow. */
+bool svc_pitch(size_t width, size_t height, unsigned element_size, size_t *pitch,
+               size_t *bytes);
+
+/* Per-thread: set while the shim itself calls into the real runtime, so the
+ * driver door lets those calls through untouched. */
+extern _Thread_local int shim_tls_bypass;
+
+/* ---- lifecycle (lifecycle.c) --------------------------------------------------- */
+
+void shim_init(void);
+extern atomic_bool shim_forked_child;
+
+#endif

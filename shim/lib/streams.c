@@ -1,0 +1,86 @@
+/*
+ * streams.c - the streams this process has created and not destroyed, with
+ * their context and blocking flag.
+ *
+ * Why: a plain cudaFree promises that no work on *any* stream still uses the
+ * block. To fence that without synchronising the device, the shim records an
+ * event on the legacy stream (which waits for every blocking stream) and on
+ * every non-blocking stream; this registry is how it knows them. Streams are
+ * registered by the create and destroy calls of both doors, so it is
+ * complete from the moment the library is loaded (preloading guarantees it).
+ */
+#include <stdlib.h>
+
+#include "shim.h"
+
+typedef struct entry {
+    CUstream stream;
+    CUcontext ctx;
+    bool non_blocking;
+} entry;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static entry *all;
+static size_t nall, capall;
+
+void streams_lock(void) { pthread_mutex_lock(&lock); }
+void streams_unlock(void) { pthread_mutex_unlock(&lock); }
+
+void streams_add(CUstream s)
+{
+    const real_driver *R = real_driver_get();
+    if (!R || !s)
+        return;
+    CUcontext ctx = NULL;
+    unsigned flags = 0;
+    if (!R->StreamGetCtx || R->StreamGetCtx(s, &ctx) != CUDA_SUCCESS)
+        R->CtxGetCurrent(&ctx);
+    if (R->StreamGetFlags)
+        R->StreamGetFlags(s, &flags);
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < nall; i++)
+        if (all[i].stream == s) { /* a handle reused after a missed destroy */
+            all[i] = (entry){s, ctx, (flags & CU_STREAM_NON_BLOCKING) != 0};
+            pthread_mutex_unlock(&lock);
+            return;
+        }
+    if (nall == capall) {
+        size_t cap = capall ? capall * 2 : 32;
+        entry *t = realloc(all, cap * sizeof *t);
+        if (!t) {
+            pthread_mutex_unlock(&lock);
+            shim_log(LOG_WARN, "out of host memory tracking streams: cudaFree may reuse "
+                               "memory before a non-blocking stream is done with it");
+            return;
+        }
+        all = t;
+        capall = cap;
+    }
+    all[nall++] = (entry){s, ctx, (flags & CU_STREAM_NON_BLOCKING) != 0};
+    pthread_mutex_unlock(&lock);
+}
+
+void streams_remove(CUstream s)
+{
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < nall; i++)
+        if (all[i].stream == s) {
+            all[i] = all[--nall];
+            break;
+        }
+    pthread_mutex_unlock(&lock);
+}
+
+size_t streams_of_context(CUcontext ctx, known_stream *out, size_t n)
+{
+    size_t k = 0;
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < nall; i++)
+        if (all[i].ctx == ctx) {
+            if (k < n)
+                out[k] = (known_stream){all[i].stream, all[i].non_blocking};
+            k++;
+        }
+    pthread_mutex_unlock(&lock);
+    return k;
+}

@@ -1,0 +1,125 @@
+/*
+ * e2e.h - helpers for the end-to-end programs. The programs are ordinary
+ * CUDA programs that never heard of the shim: the test runner preloads
+ * libbfcshim.so and points the dynamic linker at the fake CUDA libraries.
+ * What they check about the shim they learn from the fake driver's counters
+ * and from the shim's log file (BFCSHIM_LOG_FILE, set by meson).
+ */
+#ifndef BFCSHIM_TESTS_E2E_H
+#define BFCSHIM_TESTS_E2E_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fake_cuda.h"
+
+static int e2e_failures;
+
+#define CHECK(cond)                                                              \
+    do {                                                                         \
+        if (!(cond)) {                                                           \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+            e2e_failures++;                                                      \
+        }                                                                        \
+    } while (0)
+
+#define CHECK_EQ(a, b)                                                           \
+    do {                                                                         \
+        long long a_ = (long long)(a), b_ = (long long)(b);                      \
+        if (a_ != b_) {                                                          \
+            fprintf(stderr, "%s:%d: %s == %lld, expected %s == %lld\n", __FILE__, \
+                    __LINE__, #a, a_, #b, b_);                                   \
+            e2e_failures++;                                                      \
+        }                                                                        \
+    } while (0)
+
+static inline int e2e_done(const char *name)
+{
+    if (e2e_failures)
+        fprintf(stderr, "%s: %d check(s) failed\n", name, e2e_failures);
+    else
+        printf("%s: ok\n", name);
+    return e2e_failures ? 1 : 0;
+}
+
+static inline fakecuda_stats fake_stats(void)
+{
+    fakecuda_stats st;
+    fakecuda()->stats(&st);
+    return st;
+}
+
+static long e2e_log_offset;
+
+static inline const char *e2e_log_path(void)
+{
+    const char *path = getenv("BFCSHIM_LOG_FILE");
+    if (!path) {
+        fprintf(stderr, "BFCSHIM_LOG_FILE is not set: cannot count log lines\n");
+        exit(2);
+    }
+    return path;
+}
+
+/* Empties the shim's log file; call first thing in main. */
+static inline void shim_log_reset(void)
+{
+    FILE *f = fopen(e2e_log_path(), "w");
+    if (f)
+        fclose(f);
+    e2e_log_offset = 0;
+}
+
+/* Lines the shim logged since the previous call, copied (up to len bytes)
+ * into buf when it is not NULL. */
+static inline int shim_log_lines(char *buf, size_t len)
+{
+    if (buf && len)
+        buf[0] = 0;
+    FILE *f = fopen(e2e_log_path(), "r");
+    if (!f)
+        return 0;
+    fseek(f, e2e_log_offset, SEEK_SET);
+    int lines = 0;
+    size_t used = 0;
+    char line[2048];
+    while (fgets(line, sizeof line, f)) {
+        size_t n = strlen(line);
+        lines++;
+        if (buf && used + n < len) {
+            memcpy(buf + used, line, n + 1);
+            used += n;
+        }
+    }
+    e2e_log_offset = ftell(f);
+    fclose(f);
+    return lines;
+}
+
+/* Expects exactly one new log line that contains `word`. */
+#define CHECK_ONE_LOG_LINE(word)                                                  \
+    do {                                                                          \
+        char log_[4096];                                                          \
+        int n_ = shim_log_lines(log_, sizeof log_);                               \
+        if (n_ != 1 || !strstr(log_, word)) {                                     \
+            fprintf(stderr, "%s:%d: expected one log line with '%s', got %d:\n%s", \
+                    __FILE__, __LINE__, word, n_, log_);                          \
+            e2e_failures++;                                                       \
+        }                                                                         \
+    } while (0)
+
+/* Fills and checks a block byte by byte ("device" memory is host memory in
+ * the fake driver). */
+static inline void fill(void *p, size_t n, unsigned char v) { memset(p, v, n); }
+static inline int holds(const void *p, size_t n, unsigned char v)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        if (b[i] != v)
+            return 0;
+    return 1;
+}
+
+#endif

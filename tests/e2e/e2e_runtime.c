@@ -1,0 +1,469 @@
+/*
+ * e2e_runtime.c - a CUDA runtime program (linked against libcudart.so.13,
+ * versioned references) run under the shim. One scenario per invocation:
+ *
+ *   basic       pooled allocations, pitch, size 0, cudaMemGetInfo, IPC refused
+ *   badinput    double free, interior, foreign and NULL pointers, huge sizes
+ *   oom         out of memory with the runtime's last-error behaviour, then recovery
+ *   growth      growth mode with a region request that fails, then recovery
+ *   streams     no early reuse across streams; stream-ordered reuse; no syncs
+ *   immediate   BFCSHIM_FREE_POLICY=immediate reuses a plain free at once
+ *   capture     frees and allocations while another stream captures
+ *   threads     eight threads hammering the pool with checked patterns
+ *   multidevice one pool per device; frees from the other device
+ *   fork        fork after the pool exists, and before
+ *   platform    BFCSHIM_ALLOCATOR=platform passes everything through
+ *   garbage-env malformed variables: one line each, defaults, the program runs
+ *
+ * The fake device has 1 GiB (FAKECUDA_MEM), so the default pool is 768 MiB.
+ */
+#include <cuda_runtime_api.h>
+#include <pthread.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "e2e.h"
+
+#define MiB (UINT64_C(1) << 20)
+#define LIMIT (768 * MiB)
+
+static char *alloc_ok(size_t n)
+{
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, n);
+    if (e != cudaSuccess || !p) {
+        fprintf(stderr, "cudaMalloc(%zu) failed: %d\n", n, (int)e);
+        e2e_failures++;
+        exit(e2e_done("e2e_runtime"));
+    }
+    return p;
+}
+
+static size_t free_memory(void)
+{
+    size_t f = 0, t = 0;
+    CHECK_EQ(cudaMemGetInfo(&f, &t), cudaSuccess);
+    return f;
+}
+
+/* ---- scenarios ----------------------------------------------------------------- */
+
+static void basic(void)
+{
+    CHECK_EQ(cudaFree(NULL), cudaSuccess);
+    fakecuda_stats s0 = fake_stats();
+    char *p[100];
+    for (int i = 0; i < 100; i++) {
+        size_t n = 256 + (size_t)i * 4099;
+        p[i] = alloc_ok(n);
+        fill(p[i], n, (unsigned char)i);
+    }
+    for (int i = 0; i < 100; i++)
+        CHECK(holds(p[i], 256 + (size_t)i * 4099, (unsigned char)i));
+    for (int i = 0; i < 100; i++)
+        CHECK_EQ(cudaFree(p[i]), cudaSuccess);
+    fakecuda_stats s1 = fake_stats();
+    /* One region for a hundred allocations, none returned. */
+    CHECK_EQ(s1.mem_alloc_calls - s0.mem_alloc_calls, 1);
+    CHECK_EQ(s1.mem_free_calls - s0.mem_free_calls, 0);
+    CHECK_EQ(s1.bytes_in_use[0], LIMIT);
+
+    void *z = (void *)1;
+    CHECK_EQ(cudaMalloc(&z, 0), cudaSuccess); /* legal, and NULL */
+    CHECK(z == NULL);
+
+    void *q = NULL;
+    size_t pitch = 0;
+    CHECK_EQ(cudaMallocPitch(&q, &pitch, 1000, 10), cudaSuccess);
+    CHECK_EQ(pitch, 1024);
+    fill(q, pitch * 10, 7);
+    CHECK_EQ(fake_stats().mem_alloc_calls, s1.mem_alloc_calls);
+
+    /* What the program can still get: the pool's limit less what it holds. */
+    size_t before = free_memory();
+    CHECK_EQ(before, LIMIT - 10240);
+    char *big = alloc_ok(100 * MiB);
+    CHECK_EQ(free_memory(), before - 100 * MiB);
+    size_t t = 0, f = 0;
+    CHECK_EQ(cudaMemGetInfo(&f, &t), cudaSuccess);
+    CHECK_EQ(t, 1024 * MiB);
+
+    /* IPC of a block inside a pool region cannot work: refused loudly. */
+    cudaIpcMemHandle_t h;
+    CHECK_EQ(cudaIpcGetMemHandle(&h, big), cudaErrorNotSupported);
+    CHECK_EQ(cudaGetLastError(), cudaErrorNotSupported);
+    CHECK_ONE_LOG_LINE("IPC");
+    CHECK_EQ(cudaFree(big), cudaSuccess);
+    CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(free_memory(), LIMIT);
+    CHECK_EQ(shim_log_lines(NULL, 0), 0);
+}
+
+static void badinput(void)
+{
+    char *p = alloc_ok(MiB), *q = alloc_ok(MiB);
+    fill(q, MiB, 0xab);
+    size_t base_free = free_memory();
+
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+    CHECK_EQ(cudaFree(p), cudaErrorInvalidValue); /* double free */
+    CHECK_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+    CHECK_EQ(cudaGetLastError(), cudaSuccess);
+    CHECK_ONE_LOG_LINE("not the start of a live allocation");
+
+    CHECK_EQ(cudaFree(q + 256), cudaErrorInvalidValue); /* interior pointer */
+    CHECK_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+    CHECK_ONE_LOG_LINE("inside the live allocation");
+
+    char *host = malloc(64); /* a pointer no pool and no driver knows */
+    CHECK(cudaFree(host) != cudaSuccess);
+    CHECK(cudaGetLastError() != cudaSuccess);
+    CHECK_ONE_LOG_LINE("not a pooled pointer");
+    free(host);
+
+    CHECK_EQ(cudaMalloc(NULL, 16), cudaErrorInvalidValue); /* NULL out-pointer */
+    CHECK_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+    CHECK_ONE_LOG_LINE("NULL");
+
+    void *z = (void *)1;
+    CHECK_EQ(cudaMalloc(&z, 0), cudaSuccess); /* size 0 is legal: no complaint */
+    CHECK(z == NULL);
+    CHECK_EQ(shim_log_lines(NULL, 0), 0);
+
+    void *h = (void *)1;
+    CHECK_EQ(cudaMalloc(&h, (size_t)1 << 50), cudaErrorMemoryAllocation); /* huge */
+    CHECK(h == (void *)1);
+    CHECK_EQ(cudaGetLastError(), cudaErrorMemoryAllocation);
+    CHECK_ONE_LOG_LINE("larger than any device");
+    CHECK_EQ(cudaMalloc(&h, SIZE_MAX), cudaErrorMemoryAllocation); /* rounding overflows */
+    CHECK_EQ(cudaGetLastError(), cudaErrorMemoryAllocation);
+    CHECK_ONE_LOG_LINE("larger than any device");
+
+    /* The pool is intact: q kept its bytes, nothing leaked, all works. */
+    CHECK(holds(q, MiB, 0xab));
+    CHECK_EQ(free_memory(), base_free + MiB);
+    CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(free_memory(), LIMIT);
+    char *all = alloc_ok(LIMIT);
+    CHECK_EQ(cudaFree(all), cudaSuccess);
+    CHECK_EQ(fake_stats().bytes_in_use[0], LIMIT); /* still the one region */
+}
+
+static void oom(void)
+{
+    char *a = alloc_ok(700 * MiB);
+    void *b = (void *)1;
+    CHECK_EQ(cudaMalloc(&b, 100 * MiB), cudaErrorMemoryAllocation);
+    CHECK(b == (void *)1);
+    CHECK_EQ(cudaPeekAtLastError(), cudaErrorMemoryAllocation);
+    CHECK_EQ(cudaGetLastError(), cudaErrorMemoryAllocation);
+    CHECK_EQ(cudaGetLastError(), cudaSuccess);
+    CHECK_ONE_LOG_LINE("out of memory");
+    /* After freeing, the same request succeeds. */
+    CHECK_EQ(cudaFree(a), cudaSuccess);
+    CHECK_EQ(cudaMalloc(&b, 100 * MiB), cudaSuccess);
+    CHECK_EQ(cudaFree(b), cudaSuccess);
+    CHECK_EQ(shim_log_lines(NULL, 0), 0);
+}
+
+static void growth(void)
+{
+    /* BFCSHIM_PREALLOCATE=false: regions come as needed. */
+    char *a = alloc_ok(MiB);
+    CHECK(fake_stats().bytes_in_use[0] < LIMIT);
+    fakecuda()->fail_alloc_after(1); /* the next region request fails */
+    void *b = NULL;
+    cudaError_t e = cudaMalloc(&b, 300 * MiB);
+    if (e == cudaSuccess) /* the engine backed off to a smaller region */
+        CHECK_EQ(cudaFree(b), cudaSuccess);
+    else {
+        CHECK_EQ(e, cudaErrorMemoryAllocation);
+        CHECK_EQ(cudaGetLastError(), cudaErrorMemoryAllocation);
+    }
+    CHECK_EQ(cudaMalloc(&b, 300 * MiB), cudaSuccess); /* the device is fine again */
+    CHECK_EQ(cudaFree(b), cudaSuccess);
+    CHECK_EQ(cudaFree(a), cudaSuccess);
+}
+
+static void write_pattern(void *arg) { memset(arg, 0x5a, MiB); }
+
+static void streams(void)
+{
+    cudaStream_t A, B;
+    CHECK_EQ(cudaStreamCreateWithFlags(&A, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(cudaStreamCreate(&B), cudaSuccess);
+    fakecuda_stats s0 = fake_stats();
+
+    /* A plain free must wait for work on any stream, here a non-blocking
+     * one the legacy stream does not cover. */
+    char *x = alloc_ok(MiB);
+    CHECK_EQ(fakecuda()->launch(A, write_pattern, x), 0);
+    CHECK_EQ(cudaFree(x), cudaSuccess);
+    char *y[8];
+    for (int i = 0; i < 8; i++) {
+        y[i] = alloc_ok(MiB);
+        CHECK(y[i] != x);
+    }
+    /* Nothing waited for the device. */
+    fakecuda_stats s1 = fake_stats();
+    CHECK_EQ(s1.ctx_synchronize_calls, s0.ctx_synchronize_calls);
+    CHECK_EQ(s1.stream_synchronize_calls, s0.stream_synchronize_calls);
+    CHECK_EQ(s1.event_synchronize_calls, s0.event_synchronize_calls);
+    for (int i = 0; i < 8; i++)
+        CHECK_EQ(cudaFree(y[i]), cudaSuccess);
+
+    /* Once A finished, x's bytes come back without any waiting. */
+    fakecuda()->complete(A);
+    CHECK(holds(x, MiB, 0x5a));
+    char *all = alloc_ok(LIMIT);
+    CHECK_EQ(fake_stats().event_synchronize_calls, s0.event_synchronize_calls);
+    CHECK_EQ(cudaFree(all), cudaSuccess);
+    fakecuda()->complete_all();
+
+    /* Stream-ordered: the freeing stream reuses at once, another does not. */
+    void *z = NULL, *w = NULL, *v = NULL;
+    CHECK_EQ(cudaMallocAsync(&z, MiB, A), cudaSuccess);
+    CHECK_EQ(fakecuda()->launch(A, write_pattern, z), 0);
+    CHECK_EQ(cudaFreeAsync(z, A), cudaSuccess);
+    CHECK_EQ(cudaMallocAsync(&v, MiB, B), cudaSuccess);
+    CHECK(v != z);
+    CHECK_EQ(cudaMallocAsync(&w, MiB, A), cudaSuccess);
+    CHECK(w == z);
+    CHECK_EQ(fake_stats().mem_alloc_async_calls, s0.mem_alloc_async_calls);
+    CHECK_EQ(cudaFreeAsync(w, A), cudaSuccess);
+    CHECK_EQ(cudaFreeAsync(v, B), cudaSuccess);
+    fakecuda()->complete_all();
+
+    /* A destroyed stream's pending blocks still retire. */
+    CHECK_EQ(cudaMallocAsync(&z, MiB, A), cudaSuccess);
+    CHECK_EQ(cudaFreeAsync(z, A), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(A), cudaSuccess);
+    fakecuda()->complete_all();
+    all = alloc_ok(LIMIT);
+    CHECK_EQ(cudaFree(all), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(B), cudaSuccess);
+    CHECK_EQ(shim_log_lines(NULL, 0), 0);
+}
+
+static void immediate(void)
+{
+    cudaStream_t A;
+    CHECK_EQ(cudaStreamCreateWithFlags(&A, cudaStreamNonBlocking), cudaSuccess);
+    char *x = alloc_ok(MiB);
+    CHECK_EQ(fakecuda()->launch(A, write_pattern, x), 0);
+    CHECK_EQ(cudaFree(x), cudaSuccess);
+    char *y = alloc_ok(MiB);
+    CHECK(y == x); /* XLA-style: the program promised ordering itself */
+    fakecuda()->complete_all();
+    CHECK_EQ(cudaFree(y), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(A), cudaSuccess);
+}
+
+static void capture(void)
+{
+    cudaStream_t B, C;
+    CHECK_EQ(cudaStreamCreate(&B), cudaSuccess);
+    CHECK_EQ(cudaStreamCreateWithFlags(&C, cudaStreamNonBlocking), cudaSuccess);
+    char *kept = alloc_ok(MiB);
+    fakecuda_stats s0 = fake_stats();
+    CHECK_EQ(cudaStreamBeginCapture(B, cudaStreamCaptureModeRelaxed), cudaSuccess);
+
+    /* Plain frees and allocations elsewhere must not touch the legacy
+     * stream (its work would join B's capture and invalidate it). */
+    for (int i = 0; i < 4; i++) {
+        char *x = alloc_ok(MiB);
+        CHECK_EQ(cudaFree(x), cudaSuccess);
+    }
+    void *g = NULL;
+    CHECK_EQ(cudaMallocAsync(&g, MiB, B), cudaSuccess); /* graph-owned: passed through */
+    CHECK_EQ(fake_stats().graph_allocs, s0.graph_allocs + 1);
+    CHECK_EQ(cudaFreeAsync(g, B), cudaSuccess);
+    CHECK_EQ(cudaFreeAsync(kept, B), cudaSuccess); /* a pooled block freed into a graph */
+    CHECK_ONE_LOG_LINE("capturing stream");
+
+    cudaGraph_t graph;
+    CHECK_EQ(cudaStreamEndCapture(B, &graph), cudaSuccess);
+    CHECK_EQ(fake_stats().capture_invalidations, s0.capture_invalidations);
+    fakecuda()->complete_all();
+    /* The block freed into the graph is never reused (the graph may run again). */
+    CHECK_EQ(free_memory(), LIMIT - MiB);
+    CHECK_EQ(cudaStreamDestroy(B), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(C), cudaSuccess);
+}
+
+typedef struct worker {
+    int id;
+    int failures;
+} worker;
+
+static void *hammer(void *arg)
+{
+    worker *w = arg;
+    cudaStream_t s;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+        w->failures++;
+        return NULL;
+    }
+    uint64_t rng = 0x9e3779b97f4a7c15ull * (uint64_t)(w->id + 1);
+    char *live[16] = {0};
+    size_t size[16] = {0};
+    for (int i = 0; i < 3000; i++) {
+        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+        int k = (int)(rng % 16);
+        if (live[k]) {
+            if (!holds(live[k], size[k], (unsigned char)(w->id * 16 + k)))
+                w->failures++;
+            cudaError_t e = (rng >> 20) & 1 ? cudaFreeAsync(live[k], s) : cudaFree(live[k]);
+            w->failures += e != cudaSuccess;
+            live[k] = NULL;
+        } else {
+            size[k] = 1 + (size_t)((rng >> 8) % (2 * MiB));
+            void *p = NULL;
+            cudaError_t e = (rng >> 21) & 1 ? cudaMallocAsync(&p, size[k], s)
+                                            : cudaMalloc(&p, size[k]);
+            if (e != cudaSuccess || !p) {
+                w->failures++;
+                continue;
+            }
+            live[k] = p;
+            fill(p, size[k], (unsigned char)(w->id * 16 + k));
+        }
+    }
+    for (int k = 0; k < 16; k++)
+        if (live[k])
+            w->failures += cudaFree(live[k]) != cudaSuccess;
+    w->failures += cudaStreamDestroy(s) != cudaSuccess;
+    return NULL;
+}
+
+static void threads(void)
+{
+    CHECK_EQ(cudaFree(NULL), cudaSuccess);
+    pthread_t t[8];
+    worker w[8];
+    for (int i = 0; i < 8; i++) {
+        w[i] = (worker){i, 0};
+        pthread_create(&t[i], NULL, hammer, &w[i]);
+    }
+    for (int i = 0; i < 8; i++) {
+        pthread_join(t[i], NULL);
+        CHECK_EQ(w[i].failures, 0);
+    }
+    CHECK_EQ(fake_stats().mem_alloc_calls, 1);
+    CHECK_EQ(free_memory(), LIMIT);
+    CHECK_EQ(shim_log_lines(NULL, 0), 0);
+}
+
+static void multidevice(void)
+{
+    int n = 0;
+    CHECK_EQ(cudaGetDeviceCount(&n), cudaSuccess);
+    CHECK_EQ(n, 2);
+    CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+    char *a = alloc_ok(MiB);
+    CHECK_EQ(cudaSetDevice(1), cudaSuccess);
+    char *b = alloc_ok(MiB);
+    fakecuda_stats st = fake_stats();
+    CHECK_EQ(st.mem_alloc_calls, 2); /* one region per device */
+    CHECK_EQ(st.bytes_in_use[0], LIMIT);
+    CHECK_EQ(st.bytes_in_use[1], LIMIT);
+    CHECK_EQ(cudaFree(a), cudaSuccess); /* device 0's block, device 1 current */
+    CHECK_EQ(cudaFree(b), cudaSuccess);
+    CHECK_EQ(free_memory(), LIMIT);
+    CHECK_EQ(shim_log_lines(NULL, 0), 0);
+}
+
+static int child_allocations(uint64_t expect_calls)
+{
+    fakecuda_stats s0 = fake_stats();
+    int bad = 0;
+    for (int i = 0; i < 5; i++) {
+        void *p = NULL;
+        bad += cudaMalloc(&p, MiB) != cudaSuccess;
+        bad += cudaFree(p) != cudaSuccess;
+    }
+    bad += fake_stats().mem_alloc_calls - s0.mem_alloc_calls != expect_calls;
+    return bad ? 1 : 0;
+}
+
+static int wait_child(pid_t pid)
+{
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 99;
+}
+
+static void forks(void)
+{
+    /* Forked before CUDA was touched: the child gets its own pool. */
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(child_allocations(1));
+    CHECK_EQ(wait_child(pid), 0);
+
+    char *p = alloc_ok(MiB);
+    fill(p, MiB, 3);
+    /* Forked with a pool: the child passes every call through (its parent's
+     * pool is not its to use). */
+    pid = fork();
+    if (pid == 0)
+        _exit(child_allocations(5));
+    CHECK_EQ(wait_child(pid), 0);
+    CHECK(holds(p, MiB, 3));
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+    CHECK_EQ(fake_stats().mem_alloc_calls, 1);
+}
+
+static void platform(void)
+{
+    fakecuda_stats s0 = fake_stats();
+    void *p[10];
+    for (int i = 0; i < 10; i++)
+        CHECK_EQ(cudaMalloc(&p[i], MiB), cudaSuccess);
+    for (int i = 0; i < 10; i++)
+        CHECK_EQ(cudaFree(p[i]), cudaSuccess);
+    fakecuda_stats s1 = fake_stats();
+    CHECK_EQ(s1.mem_alloc_calls - s0.mem_alloc_calls, 10);
+    CHECK_EQ(s1.mem_free_calls - s0.mem_free_calls, 10);
+    size_t f = 0, t = 0;
+    CHECK_EQ(cudaMemGetInfo(&f, &t), cudaSuccess);
+    CHECK_EQ(f, t); /* the device's own answer */
+}
+
+static void garbage_env(void)
+{
+    /* The runner sets BFCSHIM_MEM_FRACTION=lots and BFCSHIM_PREALLOCATE=maybe. */
+    char *p = alloc_ok(MiB);
+    char log[4096];
+    CHECK_EQ(shim_log_lines(log, sizeof log), 2);
+    CHECK(strstr(log, "BFCSHIM_MEM_FRACTION='lots'") != NULL);
+    CHECK(strstr(log, "BFCSHIM_PREALLOCATE='maybe'") != NULL);
+    CHECK_EQ(fake_stats().bytes_in_use[0], LIMIT); /* defaults: 0.75, preallocated */
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+}
+
+int main(int argc, char **argv)
+{
+    static const struct {
+        const char *name;
+        void (*fn)(void);
+    } scenarios[] = {
+        {"basic", basic},         {"badinput", badinput},       {"oom", oom},
+        {"growth", growth},       {"streams", streams},         {"immediate", immediate},
+        {"capture", capture},     {"threads", threads},         {"multidevice", multidevice},
+        {"fork", forks},          {"platform", platform},       {"garbage-env", garbage_env},
+    };
+    if (argc != 2) {
+        fprintf(stderr, "usage: e2e_runtime SCENARIO\n");
+        return 2;
+    }
+    shim_log_reset();
+    fakecuda(); /* skips (77) unless the fake driver is what got loaded */
+    for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
+        if (strcmp(argv[1], scenarios[i].name) == 0) {
+            scenarios[i].fn();
+            return e2e_done(argv[1]);
+        }
+    fprintf(stderr, "e2e_runtime: no scenario '%s'\n", argv[1]);
+    return 2;
+}

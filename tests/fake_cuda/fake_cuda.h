@@ -1,0 +1,77 @@
+/*
+ * fake_cuda.h - the test-control API of the fake CUDA driver
+ * (tests/fake_cuda/libcuda.so.1). Test programs reach it with
+ * fakecuda_api() without linking against it, as programs that never heard of
+ * the shim would not.
+ *
+ * The fake driver serves "device memory" from host memory (mmap, so tests can
+ * write and check patterns), keeps several devices with configurable memory,
+ * primary and created contexts, streams whose work completes only when a test
+ * says so, events, graph-capture state with CUDA's invalidation rules, and
+ * failure injection.
+ *
+ * Environment: FAKECUDA_DEVICES (2), FAKECUDA_MEM (per device, "1GiB"; a list
+ * "1GiB,512MiB" sets each), FAKECUDA_FAIL_ALLOC=N (the Nth cuMemAlloc fails
+ * with CUDA_ERROR_OUT_OF_MEMORY), FAKECUDA_AUTOCOMPLETE=1 (all work completes
+ * at once, like an idle GPU).
+ */
+#ifndef BFCSHIM_TESTS_FAKE_CUDA_H
+#define BFCSHIM_TESTS_FAKE_CUDA_H
+
+#include <dlfcn.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef struct fakecuda_stats {
+    uint64_t mem_alloc_calls;      /* cuMemAlloc_v2, cuMemAllocPitch_v2 */
+    uint64_t mem_free_calls;       /* cuMemFree_v2 */
+    uint64_t mem_alloc_async_calls;
+    uint64_t mem_free_async_calls;
+    uint64_t bytes_in_use[8];      /* per device, real allocations */
+    uint64_t ctx_synchronize_calls;
+    uint64_t stream_synchronize_calls;
+    uint64_t event_synchronize_calls;
+    uint64_t event_records;
+    uint64_t legacy_stream_ops;    /* work submitted on the legacy stream */
+    uint64_t capture_invalidations;
+    uint64_t graph_allocs;         /* allocations made into a capture */
+    uint64_t ipc_handles;
+    uint64_t proc_address_lookups;
+} fakecuda_stats;
+
+typedef void (*fakecuda_work)(void *arg);
+
+typedef struct fakecuda_api {
+    /* Queue host work on a stream: it runs when the stream's work completes. */
+    int (*launch)(void *stream, fakecuda_work fn, void *arg);
+    /* Complete everything submitted so far on one stream / on all streams. */
+    void (*complete)(void *stream);
+    void (*complete_all)(void);
+    /* Operations submitted on a stream and not yet completed. */
+    uint64_t (*pending)(void *stream);
+    void (*stats)(fakecuda_stats *out);
+    /* The Nth cuMemAlloc_v2 from now fails (0: none). */
+    void (*fail_alloc_after)(uint64_t n);
+    /* Is this address inside a live real allocation? */
+    int (*is_device_pointer)(uint64_t addr);
+} fakecuda_api;
+
+/* The fake driver's control table, or exit 77 (skip) when the loaded
+ * libcuda.so.1 is not the fake. */
+static inline const fakecuda_api *fakecuda(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (!h)
+        h = dlopen("libcuda.so.1", RTLD_NOW);
+    const fakecuda_api *(*get)(void) =
+        h ? (const fakecuda_api *(*)(void))dlsym(h, "fakecuda_api_table") : NULL;
+    if (!get) {
+        fprintf(stderr, "libcuda.so.1 is not the fake driver: skipping\n");
+        exit(77);
+    }
+    return get();
+}
+
+#endif

@@ -1,0 +1,1230 @@
+/*
+ * fake_driver.c - a fake CUDA driver, built as libcuda.so.1, so that the shim
+ * is tested end to end through the real dynamic linker without a GPU. See
+ * fake_cuda.h for what it models and how tests steer it.
+ *
+ * Model
+ *   devices   FAKECUDA_DEVICES of them, each with a memory size; "device
+ *             memory" is host memory from mmap (MAP_NORESERVE), so large
+ *             pools cost nothing until touched and tests can read patterns.
+ *   contexts  a primary context per device (retain/release/reset) and
+ *             created ones; a per-thread current context.
+ *   streams   each keeps a queue of work (host callbacks, event records)
+ *             that completes only when a test calls complete(), or when a
+ *             synchronise call forces it, as a host waiting on a GPU would.
+ *             The legacy stream (0 or CU_STREAM_LEGACY) is per context; an
+ *             event recorded on it also waits for every blocking stream.
+ *   capture   cuStreamBeginCapture marks a stream; CUDA's rules are enforced
+ *             where the shim could break them: legacy-stream work while a
+ *             blocking stream captures, and cuCtxSynchronize during a
+ *             global-mode capture, invalidate the capture.
+ *   failures  FAKECUDA_FAIL_ALLOC / fail_alloc_after make one cuMemAlloc fail.
+ * Everything takes one global mutex; host callbacks run outside it.
+ */
+#include <cuda.h>
+#undef cuGetProcAddress /* we define both the v1 and the _v2 entry point */
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "fake_cuda.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define MAX_DEVICES 8
+#define MAX_DEPS 64
+
+/* ---- objects -------------------------------------------------------------- */
+
+typedef struct work_item {
+    uint64_t seq;
+    fakecuda_work fn;
+    void *arg;
+} work_item;
+
+typedef struct fstream {
+    uint32_t magic;
+    struct fctx *ctx;
+    unsigned flags;
+    bool legacy, per_thread;
+    uint64_t submitted, completed;
+    work_item *queue;
+    size_t nqueue, capqueue;
+    CUstreamCaptureMode capture_mode;
+    bool capturing, invalidated;
+    struct fstream *next; /* all streams of the process */
+} fstream;
+
+typedef struct fctx {
+    uint32_t magic;
+    int dev;
+    bool primary, alive;
+    int refcount;
+    fstream legacy;
+} fctx;
+
+typedef struct dep {
+    fstream *s;
+    uint64_t seq;
+} dep;
+
+typedef struct fevent {
+    uint32_t magic;
+    bool recorded, captured;
+    int ndeps;
+    dep deps[MAX_DEPS];
+} fevent;
+
+typedef struct allocation {
+    uint64_t base, size;
+    int dev;
+    fctx *ctx;
+    bool graph;
+} allocation;
+
+#define STREAM_MAGIC 0x5743414du
+#define CTX_MAGIC 0x43545843u
+#define EVENT_MAGIC 0x45564e54u
+
+static struct {
+    pthread_mutex_t lock;
+    bool configured;
+    int ndev;
+    uint64_t mem[MAX_DEVICES];
+    fctx primary[MAX_DEVICES];
+    fstream *streams;
+    fctx *created[64]; /* contexts from cuCtxCreate */
+    size_t ncreated;
+    allocation *allocs;
+    size_t nallocs, capallocs;
+    uint64_t fail_alloc_countdown;
+    bool autocomplete;
+    fakecuda_stats st;
+    CUmemoryPool default_pool[MAX_DEVICES];
+} G = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static _Thread_local fctx *tls_ctx_stack[16];
+static _Thread_local int tls_ctx_depth;
+static _Thread_local fstream tls_ptds; /* the per-thread default stream */
+
+static fctx *current_ctx(void)
+{
+    return tls_ctx_depth ? tls_ctx_stack[tls_ctx_depth - 1] : NULL;
+}
+
+static uint64_t parse_bytes(const char *s)
+{
+    char *end;
+    double v = strtod(s, &end);
+    uint64_t mul = 1;
+    if (*end == 'K' || *end == 'k')
+        mul = 1ull << 10;
+    else if (*end == 'M' || *end == 'm')
+        mul = 1ull << 20;
+    else if (*end == 'G' || *end == 'g')
+        mul = 1ull << 30;
+    else if (*end == 'T' || *end == 't')
+        mul = 1ull << 40;
+    return (uint64_t)(v * (double)mul);
+}
+
+/* Lock held. */
+static void configure(void)
+{
+    if (G.configured)
+        return;
+    G.configured = true;
+    const char *n = getenv("FAKECUDA_DEVICES");
+    G.ndev = n ? atoi(n) : 2;
+    if (G.ndev < 0 || G.ndev > MAX_DEVICES)
+        G.ndev = 2;
+    const char *m = getenv("FAKECUDA_MEM");
+    uint64_t last = 1ull << 30;
+    for (int d = 0; d < G.ndev; d++) {
+        if (m && *m) {
+            last = parse_bytes(m);
+            const char *comma = strchr(m, ',');
+            m = comma ? comma + 1 : NULL;
+        }
+        G.mem[d] = last;
+        G.primary[d] = (fctx){.magic = CTX_MAGIC, .dev = d, .primary = true};
+        G.primary[d].legacy = (fstream){.magic = STREAM_MAGIC, .ctx = &G.primary[d],
+                                        .legacy = true};
+        G.default_pool[d] = (CUmemoryPool)(uintptr_t)(0xF00D0000u + (unsigned)d);
+    }
+    const char *f = getenv("FAKECUDA_FAIL_ALLOC");
+    G.fail_alloc_countdown = f ? strtoull(f, NULL, 10) : 0;
+    G.autocomplete = getenv("FAKECUDA_AUTOCOMPLETE") != NULL;
+}
+
+#define ENTER()                        \
+    pthread_mutex_lock(&G.lock);       \
+    configure()
+#define LEAVE(r)                       \
+    do {                               \
+        pthread_mutex_unlock(&G.lock); \
+        return (r);                    \
+    } while (0)
+
+/* Lock held: the stream a handle names, or NULL for a bad handle. */
+static fstream *stream_of(CUstream h)
+{
+    if (h == NULL || h == CU_STREAM_LEGACY) {
+        fctx *c = current_ctx();
+        return c ? &c->legacy : NULL;
+    }
+    if (h == CU_STREAM_PER_THREAD) {
+        if (!tls_ptds.magic)
+            tls_ptds = (fstream){.magic = STREAM_MAGIC, .ctx = current_ctx(), .per_thread = true};
+        return &tls_ptds;
+    }
+    fstream *s = (fstream *)h;
+    return s->magic == STREAM_MAGIC ? s : NULL;
+}
+
+static bool blocking(const fstream *s)
+{
+    return !s->legacy && !(s->flags & CU_STREAM_NON_BLOCKING);
+}
+
+/* Lock held. Work on the legacy stream joins every blocking stream: if one
+ * of them is capturing, CUDA invalidates that capture and fails the call. */
+static CUresult legacy_use(fstream *s)
+{
+    if (!s->legacy)
+        return CUDA_SUCCESS;
+    G.st.legacy_stream_ops++;
+    CUresult r = CUDA_SUCCESS;
+    for (fstream *o = G.streams; o; o = o->next)
+        if (o->ctx == s->ctx && blocking(o) && o->capturing) {
+            o->invalidated = true;
+            G.st.capture_invalidations++;
+            r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+        }
+    return r;
+}
+
+/* Lock held: appends work and returns its sequence number. */
+static uint64_t submit(fstream *s, fakecuda_work fn, void *arg)
+{
+    uint64_t seq = ++s->submitted;
+    if (fn) {
+        if (s->nqueue == s->capqueue) {
+            s->capqueue = s->capqueue ? s->capqueue * 2 : 16;
+            s->queue = realloc(s->queue, s->capqueue * sizeof *s->queue);
+        }
+        s->queue[s->nqueue++] = (work_item){seq, fn, arg};
+    }
+    return seq;
+}
+
+/* Completes s up to `upto`; returns the callbacks to run (outside the lock). */
+static size_t complete_locked(fstream *s, uint64_t upto, work_item **out)
+{
+    if (upto > s->submitted)
+        upto = s->submitted;
+    if (upto <= s->completed)
+        return 0;
+    s->completed = upto;
+    size_t n = 0;
+    while (n < s->nqueue && s->queue[n].seq <= upto)
+        n++;
+    if (n) {
+        *out = malloc(n * sizeof **out);
+        memcpy(*out, s->queue, n * sizeof **out);
+        memmove(s->queue, s->queue + n, (s->nqueue - n) * sizeof *s->queue);
+        s->nqueue -= n;
+    }
+    return n;
+}
+
+static void run_work(work_item *w, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        w[i].fn(w[i].arg);
+    free(w);
+}
+
+/* Lock held on entry, released on return: completes s fully and runs its
+ * callbacks. */
+static void complete_and_unlock(fstream *s)
+{
+    work_item *w = NULL;
+    size_t n = s ? complete_locked(s, s->submitted, &w) : 0;
+    pthread_mutex_unlock(&G.lock);
+    run_work(w, n);
+}
+
+/* Lock held: completes s up to `upto` and appends its callbacks to *all. */
+static void gather(fstream *s, uint64_t upto, work_item **all, size_t *nall)
+{
+    work_item *w = NULL;
+    size_t n = complete_locked(s, upto, &w);
+    if (!n)
+        return;
+    *all = realloc(*all, (*nall + n) * sizeof **all);
+    memcpy(*all + *nall, w, n * sizeof *w);
+    *nall += n;
+    free(w);
+}
+
+/* Lock held on entry, released on return: completes every stream (of one
+ * context, or all) and runs the callbacks. */
+static void complete_everything_and_unlock(fctx *only)
+{
+    work_item *all = NULL;
+    size_t nall = 0;
+    for (int d = 0; d < G.ndev; d++)
+        if (!only || only == &G.primary[d])
+            gather(&G.primary[d].legacy, UINT64_MAX, &all, &nall);
+    for (size_t i = 0; i < G.ncreated; i++)
+        if (!only || only == G.created[i])
+            gather(&G.created[i]->legacy, UINT64_MAX, &all, &nall);
+    for (fstream *s = G.streams; s; s = s->next)
+        if (!only || s->ctx == only)
+            gather(s, UINT64_MAX, &all, &nall);
+    if (tls_ptds.magic)
+        gather(&tls_ptds, UINT64_MAX, &all, &nall);
+    pthread_mutex_unlock(&G.lock);
+    run_work(all, nall);
+}
+
+/* Lock held: completes s if the fake runs with FAKECUDA_AUTOCOMPLETE. */
+static void maybe_autocomplete_and_unlock(fstream *s)
+{
+    if (G.autocomplete && s)
+        complete_and_unlock(s);
+    else
+        pthread_mutex_unlock(&G.lock);
+}
+
+/* ---- allocations ---------------------------------------------------------- */
+
+static allocation *find_alloc(uint64_t addr, bool interior)
+{
+    for (size_t i = 0; i < G.nallocs; i++) {
+        allocation *a = &G.allocs[i];
+        if (addr == a->base || (interior && addr - a->base < a->size))
+            return a;
+    }
+    return NULL;
+}
+
+static CUresult do_alloc(CUdeviceptr *dptr, size_t size, bool graph)
+{
+    if (!dptr || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    fctx *c = current_ctx();
+    if (!c)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!graph && G.fail_alloc_countdown && --G.fail_alloc_countdown == 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (size > G.mem[c->dev] || G.st.bytes_in_use[c->dev] > G.mem[c->dev] - size)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (G.nallocs == G.capallocs) {
+        G.capallocs = G.capallocs ? G.capallocs * 2 : 64;
+        G.allocs = realloc(G.allocs, G.capallocs * sizeof *G.allocs);
+    }
+    G.allocs[G.nallocs++] = (allocation){(uint64_t)(uintptr_t)p, size, c->dev, c, graph};
+    G.st.bytes_in_use[c->dev] += size;
+    *dptr = (CUdeviceptr)(uintptr_t)p;
+    return CUDA_SUCCESS;
+}
+
+static CUresult do_free(CUdeviceptr dptr)
+{
+    allocation *a = find_alloc(dptr, false);
+    if (!a)
+        return CUDA_ERROR_INVALID_VALUE;
+    munmap((void *)(uintptr_t)a->base, a->size);
+    G.st.bytes_in_use[a->dev] -= a->size;
+    *a = G.allocs[--G.nallocs];
+    return CUDA_SUCCESS;
+}
+
+/* ---- initialisation, devices, contexts ------------------------------------- */
+
+EXPORT CUresult cuInit(unsigned int flags)
+{
+    ENTER();
+    LEAVE(flags ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuDriverGetVersion(int *v)
+{
+    if (!v)
+        return CUDA_ERROR_INVALID_VALUE;
+    *v = CUDA_VERSION;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetCount(int *count)
+{
+    ENTER();
+    if (!count)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    *count = G.ndev;
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal)
+{
+    ENTER();
+    if (!dev || ordinal < 0 || ordinal >= G.ndev)
+        LEAVE(CUDA_ERROR_INVALID_DEVICE);
+    *dev = ordinal;
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
+{
+    if (!name || len <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    snprintf(name, (size_t)len, "Fake CUDA device %d", dev);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    ENTER();
+    if (!bytes || dev < 0 || dev >= G.ndev)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    *bytes = G.mem[dev];
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
+{
+    (void)dev;
+    if (!pi)
+        return CUDA_ERROR_INVALID_VALUE;
+    switch (attrib) {
+    case CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT: *pi = 32; break;
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: *pi = 1; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = 9; break;
+    default: *pi = 0;
+    }
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    ENTER();
+    if (!pool || dev < 0 || dev >= G.ndev)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    *pool = G.default_pool[dev];
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    ENTER();
+    if (!pctx || dev < 0 || dev >= G.ndev)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    G.primary[dev].refcount++;
+    G.primary[dev].alive = true;
+    *pctx = (CUcontext)&G.primary[dev];
+    LEAVE(CUDA_SUCCESS);
+}
+
+/* Lock held: drops every allocation of a context, as CUDA does when it goes. */
+static void destroy_ctx_memory(fctx *c)
+{
+    for (size_t i = 0; i < G.nallocs;) {
+        if (G.allocs[i].ctx == c) {
+            munmap((void *)(uintptr_t)G.allocs[i].base, G.allocs[i].size);
+            G.st.bytes_in_use[G.allocs[i].dev] -= G.allocs[i].size;
+            G.allocs[i] = G.allocs[--G.nallocs];
+        } else {
+            i++;
+        }
+    }
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    ENTER();
+    if (dev < 0 || dev >= G.ndev || G.primary[dev].refcount == 0)
+        LEAVE(CUDA_ERROR_INVALID_CONTEXT);
+    if (--G.primary[dev].refcount == 0) {
+        G.primary[dev].alive = false;
+        destroy_ctx_memory(&G.primary[dev]);
+    }
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    ENTER();
+    if (dev < 0 || dev >= G.ndev)
+        LEAVE(CUDA_ERROR_INVALID_DEVICE);
+    destroy_ctx_memory(&G.primary[dev]);
+    G.primary[dev].alive = false;
+    G.primary[dev].refcount = 0;
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+    ENTER();
+    if (dev < 0 || dev >= G.ndev || !flags || !active)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    *flags = 0;
+    *active = G.primary[dev].alive;
+    LEAVE(CUDA_SUCCESS);
+}
+
+/* cuCtxCreate in CUDA 13 headers is cuCtxCreate_v4 (with creation
+ * parameters, ignored here). */
+EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags,
+                               CUdevice dev)
+{
+    (void)flags, (void)params;
+    ENTER();
+    if (!pctx || dev < 0 || dev >= G.ndev)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    fctx *c = calloc(1, sizeof *c);
+    *c = (fctx){.magic = CTX_MAGIC, .dev = dev, .alive = true, .refcount = 1};
+    c->legacy = (fstream){.magic = STREAM_MAGIC, .ctx = c, .legacy = true};
+    if (G.ncreated < 64)
+        G.created[G.ncreated++] = c;
+    if (tls_ctx_depth < 16)
+        tls_ctx_stack[tls_ctx_depth++] = c;
+    *pctx = (CUcontext)c;
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    ENTER();
+    fctx *c = (fctx *)ctx;
+    if (!c || c->magic != CTX_MAGIC || c->primary)
+        LEAVE(CUDA_ERROR_INVALID_CONTEXT);
+    destroy_ctx_memory(c);
+    c->alive = false;
+    for (int i = 0; i < tls_ctx_depth; i++)
+        if (tls_ctx_stack[i] == c)
+            tls_ctx_stack[i] = NULL;
+    while (tls_ctx_depth && !tls_ctx_stack[tls_ctx_depth - 1])
+        tls_ctx_depth--;
+    LEAVE(CUDA_SUCCESS); /* the struct stays: handles may still be compared */
+}
+
+EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
+{
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pctx = (CUcontext)current_ctx();
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+    fctx *c = (fctx *)ctx;
+    if (c && c->magic != CTX_MAGIC)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!c) {
+        if (tls_ctx_depth)
+            tls_ctx_depth--;
+        return CUDA_SUCCESS;
+    }
+    if (tls_ctx_depth == 0)
+        tls_ctx_depth = 1;
+    tls_ctx_stack[tls_ctx_depth - 1] = c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    fctx *c = (fctx *)ctx;
+    if (!c || c->magic != CTX_MAGIC || tls_ctx_depth == 16)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    tls_ctx_stack[tls_ctx_depth++] = c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+    if (!tls_ctx_depth)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    fctx *c = tls_ctx_stack[--tls_ctx_depth];
+    if (pctx)
+        *pctx = (CUcontext)c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
+{
+    fctx *c = current_ctx();
+    if (!dev)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!c)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *dev = c->dev;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSynchronize(void)
+{
+    ENTER();
+    fctx *c = current_ctx();
+    if (!c)
+        LEAVE(CUDA_ERROR_INVALID_CONTEXT);
+    G.st.ctx_synchronize_calls++;
+    /* Synchronising a context while a global-mode capture is under way is
+     * a prohibited, potentially unsafe call: CUDA invalidates the capture. */
+    for (fstream *o = G.streams; o; o = o->next)
+        if (o->ctx == c && o->capturing && o->capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL) {
+            o->invalidated = true;
+            G.st.capture_invalidations++;
+            LEAVE(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        }
+    complete_everything_and_unlock(c);
+    return CUDA_SUCCESS;
+}
+
+/* ---- streams and events ------------------------------------------------------ */
+
+static CUresult create_stream(CUstream *ph, unsigned flags)
+{
+    ENTER();
+    fctx *c = current_ctx();
+    if (!ph)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    if (!c)
+        LEAVE(CUDA_ERROR_INVALID_CONTEXT);
+    fstream *s = calloc(1, sizeof *s);
+    *s = (fstream){.magic = STREAM_MAGIC, .ctx = c, .flags = flags, .next = G.streams};
+    G.streams = s;
+    *ph = (CUstream)s;
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuStreamCreate(CUstream *ph, unsigned int flags)
+{
+    return create_stream(ph, flags);
+}
+
+EXPORT CUresult cuStreamCreateWithPriority(CUstream *ph, unsigned int flags, int priority)
+{
+    (void)priority;
+    return create_stream(ph, flags);
+}
+
+EXPORT CUresult cuStreamDestroy_v2(CUstream h)
+{
+    ENTER();
+    fstream *s = stream_of(h);
+    if (!s || s->legacy || s->per_thread)
+        LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    /* Pending work still completes (and may be completed by tests): the
+     * struct is unlinked but kept, as CUDA keeps resources until work ends. */
+    for (fstream **pp = &G.streams; *pp; pp = &(*pp)->next)
+        if (*pp == s) {
+            *pp = s->next;
+            break;
+        }
+    s->next = NULL;
+    complete_and_unlock(s); /* a destroyed stream's work runs to the end */
+    s->magic = 0;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamGetFlags(CUstream h, unsigned int *flags)
+{
+    ENTER();
+    fstream *s = stream_of(h);
+    if (!s || !flags)
+        LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    *flags = s->flags;
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuStreamGetCtx(CUstream h, CUcontext *pctx)
+{
+    ENTER();
+    fstream *s = stream_of(h);
+    if (!s || !pctx)
+        LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    *pctx = (CUcontext)s->ctx;
+    LEAVE(CUDA_SUCCESS);
+}
+
+static CUresult stream_sync(CUstream h)
+{
+    ENTER();
+    fstream *s = stream_of(h);
+    if (!s)
+        LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    if (s->capturing)
+        LEAVE(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    G.st.stream_synchronize_calls++;
+    complete_and_unlock(s);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamSynchronize(CUstream h) { return stream_sync(h); }
+EXPORT CUresult cuStreamSynchronize_ptsz(CUstream h)
+{
+    return stream_sync(h ? h : CU_STREAM_PER_THREAD);
+}
+
+EXPORT CUresult cuStreamQuery(CUstream h)
+{
+    ENTER();
+    fstream *s = stream_of(h);
+    if (!s)
+        LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    LEAVE(s->completed == s->submitted ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY);
+}
+
+static CUresult is_capturing(CUstream h, CUstreamCaptureStatus *status)
+{
+    ENTER();
+    fstream *s = stream_of(h);
+    if (!s || !status)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    *status = !s->capturing  ? CU_STREAM_CAPTURE_STATUS_NONE
+              : s->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                               : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuStreamIsCapturing(CUstream h, CUstreamCaptureStatus *st)
+{
+    return is_capturing(h, st);
+}
+EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream h, CUstreamCaptureStatus *st)
+{
+    return is_capturing(h ? h : CU_STREAM_PER_THREAD, st);
+}
+
+static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode)
+{
+    ENTER();
+    fstream *s = stream_of(h);
+    if (!s || s->legacy) /* the legacy stream cannot be captured */
+        LEAVE(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    if (s->capturing)
+        LEAVE(CUDA_ERROR_ILLEGAL_STATE);
+    s->capturing = true;
+    s->invalidated = false;
+    s->capture_mode = mode;
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream h, CUstreamCaptureMode mode)
+{
+    return begin_capture(h, mode);
+}
+EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream h, CUstreamCaptureMode mode)
+{
+    return begin_capture(h ? h : CU_STREAM_PER_THREAD, mode);
+}
+
+static CUresult end_capture(CUstream h, CUgraph *graph)
+{
+    ENTER();
+    fstream *s = stream_of(h);
+    if (!s || !s->capturing)
+        LEAVE(CUDA_ERROR_ILLEGAL_STATE);
+    s->capturing = false;
+    if (graph)
+        *graph = (CUgraph)(uintptr_t)0x6a0;
+    LEAVE(s->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuStreamEndCapture(CUstream h, CUgraph *g) { return end_capture(h, g); }
+EXPORT CUresult cuStreamEndCapture_ptsz(CUstream h, CUgraph *g)
+{
+    return end_capture(h ? h : CU_STREAM_PER_THREAD, g);
+}
+
+EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent ev, unsigned int flags)
+{
+    (void)flags, (void)ev;
+    ENTER();
+    fstream *s = stream_of(h);
+    if (!s)
+        LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    LEAVE(legacy_use(s));
+}
+
+EXPORT CUresult cuEventCreate(CUevent *ph, unsigned int flags)
+{
+    (void)flags;
+    if (!ph)
+        return CUDA_ERROR_INVALID_VALUE;
+    fevent *e = calloc(1, sizeof *e);
+    e->magic = EVENT_MAGIC;
+    *ph = (CUevent)e;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventDestroy_v2(CUevent h)
+{
+    fevent *e = (fevent *)h;
+    if (!e || e->magic != EVENT_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    e->magic = 0;
+    free(e);
+    return CUDA_SUCCESS;
+}
+
+static CUresult event_record(CUevent h, CUstream sh)
+{
+    ENTER();
+    fevent *e = (fevent *)h;
+    fstream *s = stream_of(sh);
+    if (!e || e->magic != EVENT_MAGIC || !s)
+        LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    CUresult r = legacy_use(s);
+    if (r != CUDA_SUCCESS)
+        LEAVE(r);
+    G.st.event_records++;
+    e->recorded = true;
+    e->captured = s->capturing;
+    e->ndeps = 0;
+    /* Complete once the work submitted before it is: an event on an idle
+     * stream is complete at once, as on an idle GPU. */
+    e->deps[e->ndeps++] = (dep){s, s->submitted};
+    /* An event on the legacy stream also waits for every blocking stream. */
+    if (s->legacy)
+        for (fstream *o = G.streams; o && e->ndeps < MAX_DEPS; o = o->next)
+            if (o->ctx == s->ctx && blocking(o))
+                e->deps[e->ndeps++] = (dep){o, o->submitted};
+    maybe_autocomplete_and_unlock(s);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventRecord(CUevent h, CUstream s) { return event_record(h, s); }
+EXPORT CUresult cuEventRecord_ptsz(CUevent h, CUstream s)
+{
+    return event_record(h, s ? s : CU_STREAM_PER_THREAD);
+}
+
+/* Lock held. */
+static bool event_done(const fevent *e)
+{
+    for (int i = 0; i < e->ndeps; i++)
+        if (e->deps[i].s->completed < e->deps[i].seq)
+            return false;
+    return true;
+}
+
+EXPORT CUresult cuEventQuery(CUevent h)
+{
+    ENTER();
+    fevent *e = (fevent *)h;
+    if (!e || e->magic != EVENT_MAGIC)
+        LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    if (e->captured)
+        LEAVE(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    LEAVE(!e->recorded || event_done(e) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY);
+}
+
+EXPORT CUresult cuEventSynchronize(CUevent h)
+{
+    ENTER();
+    fevent *e = (fevent *)h;
+    if (!e || e->magic != EVENT_MAGIC)
+        LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    G.st.event_synchronize_calls++;
+    /* The host waits: the GPU catches up to everything the event needs. */
+    work_item *all = NULL;
+    size_t nall = 0;
+    for (int i = 0; i < e->ndeps; i++)
+        gather(e->deps[i].s, e->deps[i].seq, &all, &nall);
+    pthread_mutex_unlock(&G.lock);
+    run_work(all, nall);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void *data)
+{
+    ENTER();
+    fstream *s = stream_of(h);
+    if (!s || !fn)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    CUresult r = legacy_use(s);
+    if (r != CUDA_SUCCESS)
+        LEAVE(r);
+    submit(s, (fakecuda_work)fn, data);
+    maybe_autocomplete_and_unlock(s);
+    return CUDA_SUCCESS;
+}
+
+/* ---- memory ---------------------------------------------------------------------- */
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
+{
+    ENTER();
+    G.st.mem_alloc_calls++;
+    LEAVE(do_alloc(dptr, size, false));
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    ENTER();
+    G.st.mem_free_calls++;
+    /* cudaFree(NULL) is a no-op in the runtime; the driver refuses 0. */
+    LEAVE(dptr ? do_free(dptr) : CUDA_ERROR_INVALID_VALUE);
+}
+
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
+                                   unsigned int elem)
+{
+    if (!dptr || !pitch || width == 0 || height == 0 || (elem != 4 && elem != 8 && elem != 16))
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t p = (width + 511) & ~(size_t)511;
+    ENTER();
+    G.st.mem_alloc_calls++;
+    CUresult r = do_alloc(dptr, p * height, false);
+    if (r == CUDA_SUCCESS)
+        *pitch = p;
+    LEAVE(r);
+}
+
+static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUstream h)
+{
+    ENTER();
+    fstream *s = stream_of(h);
+    if (!s)
+        LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    G.st.mem_alloc_async_calls++;
+    if (s->capturing)
+        G.st.graph_allocs++;
+    LEAVE(do_alloc(dptr, size, s->capturing));
+}
+
+static CUresult free_async(CUdeviceptr dptr, CUstream h)
+{
+    ENTER();
+    fstream *s = stream_of(h);
+    if (!s)
+        LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    G.st.mem_free_async_calls++;
+    LEAVE(do_free(dptr));
+}
+
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *d, size_t n, CUstream s) { return alloc_async(d, n, s); }
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *d, size_t n, CUstream s)
+{
+    return alloc_async(d, n, s ? s : CU_STREAM_PER_THREAD);
+}
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr d, CUstream s) { return free_async(d, s); }
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr d, CUstream s)
+{
+    return free_async(d, s ? s : CU_STREAM_PER_THREAD);
+}
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s)
+{
+    (void)p;
+    return alloc_async(d, n, s);
+}
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s)
+{
+    (void)p;
+    return alloc_async(d, n, s ? s : CU_STREAM_PER_THREAD);
+}
+
+EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
+{
+    ENTER();
+    fctx *c = current_ctx();
+    if (!free_bytes || !total)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    if (!c)
+        LEAVE(CUDA_ERROR_INVALID_CONTEXT);
+    *total = G.mem[c->dev];
+    *free_bytes = G.mem[c->dev] - G.st.bytes_in_use[c->dev];
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr dptr)
+{
+    ENTER();
+    allocation *a = find_alloc(dptr, true);
+    if (!a)
+        LEAVE(CUDA_ERROR_NOT_FOUND);
+    if (base)
+        *base = a->base;
+    if (size)
+        *size = a->size;
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr ptr)
+{
+    ENTER();
+    allocation *a = find_alloc(ptr, true);
+    if (!data)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    if (!a)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    switch (attr) {
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *(unsigned *)data = CU_MEMORYTYPE_DEVICE; break;
+    case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = (CUcontext)a->ctx; break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = a->dev; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = a->base; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = a->size; break;
+    default: LEAVE(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr dptr)
+{
+    ENTER();
+    allocation *a = find_alloc(dptr, true);
+    if (!h || !a)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    /* Like the real driver: the handle names the whole allocation. */
+    memset(h, 0, sizeof *h);
+    memcpy(h->reserved, &a->base, sizeof a->base);
+    G.st.ipc_handles++;
+    LEAVE(CUDA_SUCCESS);
+}
+
+static CUresult copy(void *dst, const void *src, size_t n)
+{
+    memmove(dst, src, n);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t n)
+{
+    return copy((void *)(uintptr_t)d, s, n);
+}
+EXPORT CUresult cuMemcpyDtoH_v2(void *d, CUdeviceptr s, size_t n)
+{
+    return copy(d, (const void *)(uintptr_t)s, n);
+}
+EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n)
+{
+    return copy((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n);
+}
+EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n)
+{
+    memset((void *)(uintptr_t)d, v, n);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGetErrorString(CUresult e, const char **s)
+{
+    if (!s)
+        return CUDA_ERROR_INVALID_VALUE;
+    *s = e == CUDA_SUCCESS ? "no error"
+         : e == CUDA_ERROR_OUT_OF_MEMORY ? "out of memory"
+         : e == CUDA_ERROR_INVALID_VALUE ? "invalid argument"
+                                         : "fake driver error";
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGetErrorName(CUresult e, const char **s)
+{
+    return cuGetErrorString(e, s);
+}
+
+EXPORT CUresult cuGetExportTable(const void **table, const CUuuid *id)
+{
+    (void)table, (void)id;
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+/* ---- cuGetProcAddress --------------------------------------------------------- */
+
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags);
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                    CUdriverProcAddressQueryResult *status);
+
+/* Base name -> versions, newest first: what cudart asks for, as the real
+ * driver serves it (cuMemAlloc at 3020 is cuMemAlloc_v2, and so on). */
+typedef struct proc {
+    const char *base;
+    int since;      /* lowest cudaVersion that gets this entry */
+    bool ptsz;      /* per-thread default stream variant */
+    void *fn;
+} proc;
+
+#define P(base, since, fn) {base, since, false, (void *)(fn)}
+#define PZ(base, since, fn) {base, since, true, (void *)(fn)}
+static const proc procs[] = {
+    P("cuInit", 2000, cuInit),
+    P("cuDriverGetVersion", 2020, cuDriverGetVersion),
+    P("cuDeviceGet", 2000, cuDeviceGet),
+    P("cuDeviceGetCount", 2000, cuDeviceGetCount),
+    P("cuDeviceGetName", 2000, cuDeviceGetName),
+    P("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2),
+    P("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute),
+    P("cuDeviceGetDefaultMemPool", 11020, cuDeviceGetDefaultMemPool),
+    P("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
+    P("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
+    P("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2),
+    P("cuDevicePrimaryCtxGetState", 7000, cuDevicePrimaryCtxGetState),
+    P("cuCtxCreate", 12050, cuCtxCreate_v4),
+    P("cuCtxDestroy", 4000, cuCtxDestroy_v2),
+    P("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
+    P("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
+    P("cuCtxPushCurrent", 4000, cuCtxPushCurrent_v2),
+    P("cuCtxPopCurrent", 4000, cuCtxPopCurrent_v2),
+    P("cuCtxGetDevice", 2000, cuCtxGetDevice),
+    P("cuCtxSynchronize", 2000, cuCtxSynchronize),
+    P("cuStreamCreate", 2000, cuStreamCreate),
+    P("cuStreamCreateWithPriority", 5050, cuStreamCreateWithPriority),
+    P("cuStreamDestroy", 4000, cuStreamDestroy_v2),
+    P("cuStreamGetFlags", 5050, cuStreamGetFlags),
+    P("cuStreamGetCtx", 9020, cuStreamGetCtx),
+    P("cuStreamQuery", 2000, cuStreamQuery),
+    P("cuStreamWaitEvent", 3020, cuStreamWaitEvent),
+    P("cuStreamSynchronize", 2000, cuStreamSynchronize),
+    PZ("cuStreamSynchronize", 7000, cuStreamSynchronize_ptsz),
+    P("cuStreamIsCapturing", 10000, cuStreamIsCapturing),
+    PZ("cuStreamIsCapturing", 10000, cuStreamIsCapturing_ptsz),
+    P("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2),
+    PZ("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2_ptsz),
+    P("cuStreamEndCapture", 10000, cuStreamEndCapture),
+    PZ("cuStreamEndCapture", 10000, cuStreamEndCapture_ptsz),
+    P("cuEventCreate", 2000, cuEventCreate),
+    P("cuEventDestroy", 4000, cuEventDestroy_v2),
+    P("cuEventRecord", 2000, cuEventRecord),
+    PZ("cuEventRecord", 7000, cuEventRecord_ptsz),
+    P("cuEventQuery", 2000, cuEventQuery),
+    P("cuEventSynchronize", 2000, cuEventSynchronize),
+    P("cuLaunchHostFunc", 10000, cuLaunchHostFunc),
+    P("cuMemAlloc", 3020, cuMemAlloc_v2),
+    P("cuMemFree", 3020, cuMemFree_v2),
+    P("cuMemAllocPitch", 3020, cuMemAllocPitch_v2),
+    P("cuMemAllocAsync", 11020, cuMemAllocAsync),
+    PZ("cuMemAllocAsync", 11020, cuMemAllocAsync_ptsz),
+    P("cuMemFreeAsync", 11020, cuMemFreeAsync),
+    PZ("cuMemFreeAsync", 11020, cuMemFreeAsync_ptsz),
+    P("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync),
+    PZ("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync_ptsz),
+    P("cuMemGetInfo", 3020, cuMemGetInfo_v2),
+    P("cuMemGetAddressRange", 3020, cuMemGetAddressRange_v2),
+    P("cuPointerGetAttribute", 4000, cuPointerGetAttribute),
+    P("cuIpcGetMemHandle", 4010, cuIpcGetMemHandle),
+    P("cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2),
+    P("cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2),
+    P("cuMemcpyDtoD", 3020, cuMemcpyDtoD_v2),
+    P("cuMemsetD8", 3020, cuMemsetD8_v2),
+    P("cuGetErrorString", 6000, cuGetErrorString),
+    P("cuGetErrorName", 6000, cuGetErrorName),
+    P("cuGetExportTable", 3000, cuGetExportTable),
+    P("cuGetProcAddress", 12000, cuGetProcAddress_v2),
+    P("cuGetProcAddress", 11030, cuGetProcAddress),
+};
+
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                    CUdriverProcAddressQueryResult *status)
+{
+    if (!symbol || !pfn)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&G.lock);
+    G.st.proc_address_lookups++;
+    pthread_mutex_unlock(&G.lock);
+    bool want_ptsz = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+    const proc *best = NULL;
+    bool known = false;
+    for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++) {
+        const proc *p = &procs[i];
+        if (strcmp(p->base, symbol) != 0)
+            continue;
+        known = true;
+        if (p->since > version)
+            continue;
+        /* Prefer the per-thread variant when asked, else the plain one;
+         * among those, the first listed (newest) that the version allows. */
+        if (!best || (p->ptsz == want_ptsz && best->ptsz != want_ptsz))
+            best = p;
+    }
+    if (best && best->ptsz && !want_ptsz)
+        best = NULL;
+    *pfn = best ? best->fn : NULL;
+    if (status)
+        *status = best ? CU_GET_PROC_ADDRESS_SUCCESS
+                  : known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+                          : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return best ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags)
+{
+    return cuGetProcAddress_v2(symbol, pfn, version, flags, NULL);
+}
+
+/* ---- test control ------------------------------------------------------------ */
+
+static int ctl_launch(void *stream, fakecuda_work fn, void *arg)
+{
+    ENTER();
+    fstream *s = stream_of((CUstream)stream);
+    if (!s)
+        LEAVE(-1);
+    if (legacy_use(s) != CUDA_SUCCESS)
+        LEAVE(-1);
+    submit(s, fn, arg);
+    maybe_autocomplete_and_unlock(s);
+    return 0;
+}
+
+static void ctl_complete(void *stream)
+{
+    ENTER();
+    complete_and_unlock(stream_of((CUstream)stream));
+}
+
+static void ctl_complete_all(void)
+{
+    ENTER();
+    complete_everything_and_unlock(NULL);
+}
+
+static uint64_t ctl_pending(void *stream)
+{
+    ENTER();
+    fstream *s = stream_of((CUstream)stream);
+    LEAVE(s ? s->submitted - s->completed : 0);
+}
+
+static void ctl_stats(fakecuda_stats *out)
+{
+    ENTER();
+    *out = G.st;
+    pthread_mutex_unlock(&G.lock);
+}
+
+static void ctl_fail_alloc_after(uint64_t n)
+{
+    ENTER();
+    G.fail_alloc_countdown = n;
+    pthread_mutex_unlock(&G.lock);
+}
+
+static int ctl_is_device_pointer(uint64_t addr)
+{
+    ENTER();
+    LEAVE(find_alloc(addr, true) != NULL);
+}
+
+EXPORT const fakecuda_api *fakecuda_api_table(void);
+static const fakecuda_api api = {
+    .launch = ctl_launch,
+    .complete = ctl_complete,
+    .complete_all = ctl_complete_all,
+    .pending = ctl_pending,
+    .stats = ctl_stats,
+    .fail_alloc_after = ctl_fail_alloc_after,
+    .is_device_pointer = ctl_is_device_pointer,
+};
+
+EXPORT const fakecuda_api *fakecuda_api_table(void) { return &api; }

@@ -1,0 +1,470 @@
+/*
+ * fake_runtime.c - a fake CUDA runtime, built as libcudart.so.13 with the
+ * real library's symbol version node (cudaMalloc@@libcudart.so.13), for the
+ * shim's end-to-end tests.
+ *
+ * It reaches the driver the way the real cudart (11.3 and later) does: it
+ * dlopens libcuda.so.1, looks up cuGetProcAddress_v2 with dlsym, and gets
+ * every other entry point through it, by base name and CUDA version, with the
+ * per-thread flag for the _ptsz entry points. So the shim's dlsym override
+ * and cuGetProcAddress routing are on the path exactly as with the real one.
+ *
+ * Semantics kept: a per-thread current device whose primary context is made
+ * current on use; cudaFree(NULL) initialises and succeeds; cudaMalloc of 0
+ * bytes succeeds with NULL; a per-thread last error set by every failing
+ * call, returned and cleared by cudaGetLastError.
+ */
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#undef cuGetProcAddress
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EXPORT __attribute__((visibility("default")))
+#define MAX_DEVICES 8
+
+typedef CUresult (*proc_fn)(const char *, void **, int, cuuint64_t,
+                            CUdriverProcAddressQueryResult *);
+
+/* The driver entry points, plain and per-thread-default-stream. */
+static struct {
+    CUresult (*Init)(unsigned);
+    CUresult (*DeviceGetCount)(int *);
+    CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+    CUresult (*DevicePrimaryCtxReset)(CUdevice);
+    CUresult (*DeviceGetDefaultMemPool)(CUmemoryPool *, CUdevice);
+    CUresult (*CtxGetCurrent)(CUcontext *);
+    CUresult (*CtxSetCurrent)(CUcontext);
+    CUresult (*CtxSynchronize)(void);
+    CUresult (*MemAlloc)(CUdeviceptr *, size_t);
+    CUresult (*MemFree)(CUdeviceptr);
+    CUresult (*MemAllocPitch)(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
+    CUresult (*MemGetInfo)(size_t *, size_t *);
+    CUresult (*MemAllocAsync[2])(CUdeviceptr *, size_t, CUstream);
+    CUresult (*MemFreeAsync[2])(CUdeviceptr, CUstream);
+    CUresult (*MemAllocFromPoolAsync[2])(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+    CUresult (*StreamCreate)(CUstream *, unsigned);
+    CUresult (*StreamCreateWithPriority)(CUstream *, unsigned, int);
+    CUresult (*StreamDestroy)(CUstream);
+    CUresult (*StreamSynchronize[2])(CUstream);
+    CUresult (*StreamIsCapturing[2])(CUstream, CUstreamCaptureStatus *);
+    CUresult (*StreamBeginCapture[2])(CUstream, CUstreamCaptureMode);
+    CUresult (*StreamEndCapture[2])(CUstream, CUgraph *);
+    CUresult (*EventCreate)(CUevent *, unsigned);
+    CUresult (*EventDestroy)(CUevent);
+    CUresult (*EventRecord[2])(CUevent, CUstream);
+    CUresult (*EventQuery)(CUevent);
+    CUresult (*EventSynchronize)(CUevent);
+    CUresult (*LaunchHostFunc)(CUstream, CUhostFn, void *);
+    CUresult (*IpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
+} D;
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static cudaError_t init_error = cudaSuccess;
+static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
+static CUcontext primary[MAX_DEVICES];
+static int ndevices;
+
+static _Thread_local int tls_device;
+static _Thread_local cudaError_t tls_last_error;
+
+static void resolve(proc_fn get, const char *name, void **slot, cuuint64_t flags)
+{
+    CUdriverProcAddressQueryResult st;
+    if (get(name, slot, CUDA_VERSION, flags, &st) != CUDA_SUCCESS)
+        *slot = NULL;
+}
+
+#define R(field, name) resolve(get, name, (void **)&D.field, 0)
+#define RZ(field, name)                                                     \
+    do {                                                                    \
+        resolve(get, name, (void **)&D.field[0], 0);                        \
+        resolve(get, name, (void **)&D.field[1],                            \
+                CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);             \
+    } while (0)
+
+static void initialise(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    proc_fn get = h ? (proc_fn)dlsym(h, "cuGetProcAddress_v2") : NULL;
+    if (!get) {
+        init_error = cudaErrorInsufficientDriver;
+        return;
+    }
+    R(Init, "cuInit");
+    R(DeviceGetCount, "cuDeviceGetCount");
+    R(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+    R(DevicePrimaryCtxReset, "cuDevicePrimaryCtxReset");
+    R(DeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool");
+    R(CtxGetCurrent, "cuCtxGetCurrent");
+    R(CtxSetCurrent, "cuCtxSetCurrent");
+    R(CtxSynchronize, "cuCtxSynchronize");
+    R(MemAlloc, "cuMemAlloc");
+    R(MemFree, "cuMemFree");
+    R(MemAllocPitch, "cuMemAllocPitch");
+    R(MemGetInfo, "cuMemGetInfo");
+    RZ(MemAllocAsync, "cuMemAllocAsync");
+    RZ(MemFreeAsync, "cuMemFreeAsync");
+    RZ(MemAllocFromPoolAsync, "cuMemAllocFromPoolAsync");
+    R(StreamCreate, "cuStreamCreate");
+    R(StreamCreateWithPriority, "cuStreamCreateWithPriority");
+    R(StreamDestroy, "cuStreamDestroy");
+    RZ(StreamSynchronize, "cuStreamSynchronize");
+    RZ(StreamIsCapturing, "cuStreamIsCapturing");
+    RZ(StreamBeginCapture, "cuStreamBeginCapture");
+    RZ(StreamEndCapture, "cuStreamEndCapture");
+    R(EventCreate, "cuEventCreate");
+    R(EventDestroy, "cuEventDestroy");
+    RZ(EventRecord, "cuEventRecord");
+    R(EventQuery, "cuEventQuery");
+    R(EventSynchronize, "cuEventSynchronize");
+    R(LaunchHostFunc, "cuLaunchHostFunc");
+    R(IpcGetMemHandle, "cuIpcGetMemHandle");
+    if (!D.Init || D.Init(0) != CUDA_SUCCESS || D.DeviceGetCount(&ndevices) != CUDA_SUCCESS)
+        init_error = cudaErrorInitializationError;
+}
+
+/* Driver codes used here have the same numbers as the runtime's. */
+static cudaError_t record(CUresult r)
+{
+    cudaError_t e = (cudaError_t)r;
+    if (r == CUDA_ERROR_INVALID_CONTEXT)
+        e = cudaErrorDeviceUninitialized;
+    if (e != cudaSuccess)
+        tls_last_error = e;
+    return e;
+}
+
+/* Initialises the runtime and makes the current device's primary context
+ * current on this thread unless a context already is. */
+static cudaError_t enter(void)
+{
+    pthread_once(&once, initialise);
+    if (init_error != cudaSuccess)
+        return tls_last_error = init_error;
+    CUcontext cur = NULL;
+    D.CtxGetCurrent(&cur);
+    if (cur)
+        return cudaSuccess;
+    pthread_mutex_lock(&ctx_lock);
+    CUresult r = CUDA_SUCCESS;
+    if (!primary[tls_device])
+        r = D.DevicePrimaryCtxRetain(&primary[tls_device], tls_device);
+    CUcontext c = primary[tls_device];
+    pthread_mutex_unlock(&ctx_lock);
+    if (r != CUDA_SUCCESS)
+        return record(r);
+    return record(D.CtxSetCurrent(c));
+}
+
+#define ENTER()                            \
+    do {                                   \
+        cudaError_t e_ = enter();          \
+        if (e_ != cudaSuccess)             \
+            return e_;                     \
+    } while (0)
+
+static CUstream S(cudaStream_t s) { return (CUstream)s; }
+
+/* ---- devices and errors ------------------------------------------------------ */
+
+EXPORT cudaError_t cudaGetDeviceCount(int *count)
+{
+    ENTER();
+    if (!count)
+        return record(CUDA_ERROR_INVALID_VALUE);
+    *count = ndevices;
+    return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaSetDevice(int dev)
+{
+    pthread_once(&once, initialise);
+    if (dev < 0 || dev >= ndevices)
+        return tls_last_error = cudaErrorInvalidDevice;
+    tls_device = dev;
+    pthread_mutex_lock(&ctx_lock);
+    CUresult r = CUDA_SUCCESS;
+    if (!primary[dev])
+        r = D.DevicePrimaryCtxRetain(&primary[dev], dev);
+    CUcontext c = primary[dev];
+    pthread_mutex_unlock(&ctx_lock);
+    return record(r != CUDA_SUCCESS ? r : D.CtxSetCurrent(c));
+}
+
+EXPORT cudaError_t cudaGetDevice(int *dev)
+{
+    if (!dev)
+        return tls_last_error = cudaErrorInvalidValue;
+    *dev = tls_device;
+    return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaDeviceSynchronize(void)
+{
+    ENTER();
+    return record(D.CtxSynchronize());
+}
+
+EXPORT cudaError_t cudaDeviceReset(void)
+{
+    ENTER();
+    pthread_mutex_lock(&ctx_lock);
+    primary[tls_device] = NULL;
+    pthread_mutex_unlock(&ctx_lock);
+    CUresult r = D.DevicePrimaryCtxReset(tls_device);
+    D.CtxSetCurrent(NULL);
+    return record(r);
+}
+
+EXPORT cudaError_t cudaGetLastError(void)
+{
+    cudaError_t e = tls_last_error;
+    tls_last_error = cudaSuccess;
+    return e;
+}
+
+EXPORT cudaError_t cudaPeekAtLastError(void) { return tls_last_error; }
+
+EXPORT const char *cudaGetErrorString(cudaError_t e)
+{
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorNotSupported: return "operation not supported";
+    default: return "fake runtime error";
+    }
+}
+
+EXPORT const char *cudaGetErrorName(cudaError_t e) { return cudaGetErrorString(e); }
+
+EXPORT cudaError_t cudaRuntimeGetVersion(int *v)
+{
+    if (!v)
+        return tls_last_error = cudaErrorInvalidValue;
+    *v = CUDART_VERSION;
+    return cudaSuccess;
+}
+
+/* ---- memory ------------------------------------------------------------------ */
+
+EXPORT cudaError_t cudaMalloc(void **p, size_t size)
+{
+    ENTER();
+    if (!p)
+        return record(CUDA_ERROR_INVALID_VALUE);
+    if (size == 0) {
+        *p = NULL;
+        return cudaSuccess;
+    }
+    CUdeviceptr d = 0;
+    CUresult r = D.MemAlloc(&d, size);
+    if (r == CUDA_SUCCESS)
+        *p = (void *)(uintptr_t)d;
+    return record(r);
+}
+
+EXPORT cudaError_t cudaFree(void *p)
+{
+    ENTER(); /* cudaFree(NULL) is the classic way to initialise the runtime */
+    if (!p)
+        return cudaSuccess;
+    return record(D.MemFree((CUdeviceptr)(uintptr_t)p));
+}
+
+EXPORT cudaError_t cudaMallocPitch(void **p, size_t *pitch, size_t width, size_t height)
+{
+    ENTER();
+    if (!p || !pitch)
+        return record(CUDA_ERROR_INVALID_VALUE);
+    CUdeviceptr d = 0;
+    CUresult r = D.MemAllocPitch(&d, pitch, width, height, 4);
+    if (r == CUDA_SUCCESS)
+        *p = (void *)(uintptr_t)d;
+    return record(r);
+}
+
+EXPORT cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
+{
+    ENTER();
+    return record(D.MemGetInfo(free_bytes, total));
+}
+
+static cudaError_t malloc_async(int z, void **p, size_t size, cudaStream_t s)
+{
+    ENTER();
+    if (!p)
+        return record(CUDA_ERROR_INVALID_VALUE);
+    CUdeviceptr d = 0;
+    CUresult r = D.MemAllocAsync[z](&d, size, S(s));
+    if (r == CUDA_SUCCESS)
+        *p = (void *)(uintptr_t)d;
+    return record(r);
+}
+
+static cudaError_t free_async(int z, void *p, cudaStream_t s)
+{
+    ENTER();
+    return record(D.MemFreeAsync[z]((CUdeviceptr)(uintptr_t)p, S(s)));
+}
+
+static cudaError_t malloc_from_pool(int z, void **p, size_t size, cudaMemPool_t pool,
+                                    cudaStream_t s)
+{
+    ENTER();
+    if (!p)
+        return record(CUDA_ERROR_INVALID_VALUE);
+    CUdeviceptr d = 0;
+    CUresult r = D.MemAllocFromPoolAsync[z](&d, size, (CUmemoryPool)pool, S(s));
+    if (r == CUDA_SUCCESS)
+        *p = (void *)(uintptr_t)d;
+    return record(r);
+}
+
+EXPORT cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s)
+{
+    return malloc_async(0, p, n, s);
+}
+EXPORT cudaError_t cudaMallocAsync_ptsz(void **p, size_t n, cudaStream_t s);
+EXPORT cudaError_t cudaMallocAsync_ptsz(void **p, size_t n, cudaStream_t s)
+{
+    return malloc_async(1, p, n, s);
+}
+EXPORT cudaError_t cudaFreeAsync(void *p, cudaStream_t s) { return free_async(0, p, s); }
+EXPORT cudaError_t cudaFreeAsync_ptsz(void *p, cudaStream_t s);
+EXPORT cudaError_t cudaFreeAsync_ptsz(void *p, cudaStream_t s) { return free_async(1, p, s); }
+EXPORT cudaError_t cudaMallocFromPoolAsync(void **p, size_t n, cudaMemPool_t pool, cudaStream_t s)
+{
+    return malloc_from_pool(0, p, n, pool, s);
+}
+EXPORT cudaError_t cudaMallocFromPoolAsync_ptsz(void **p, size_t n, cudaMemPool_t pool,
+                                                cudaStream_t s);
+EXPORT cudaError_t cudaMallocFromPoolAsync_ptsz(void **p, size_t n, cudaMemPool_t pool,
+                                                cudaStream_t s)
+{
+    return malloc_from_pool(1, p, n, pool, s);
+}
+
+EXPORT cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *pool, int dev)
+{
+    ENTER();
+    return record(D.DeviceGetDefaultMemPool((CUmemoryPool *)pool, dev));
+}
+
+EXPORT cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
+{
+    (void)kind;
+    ENTER(); /* fake device memory is host memory */
+    memmove(dst, src, n);
+    return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaMemset(void *p, int v, size_t n)
+{
+    ENTER();
+    memset(p, v, n);
+    return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p)
+{
+    ENTER();
+    return record(D.IpcGetMemHandle((CUipcMemHandle *)h, (CUdeviceptr)(uintptr_t)p));
+}
+
+/* ---- streams, events, capture --------------------------------------------------- */
+
+EXPORT cudaError_t cudaStreamCreate(cudaStream_t *s)
+{
+    ENTER();
+    return record(D.StreamCreate((CUstream *)s, 0));
+}
+
+EXPORT cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags)
+{
+    ENTER();
+    return record(D.StreamCreate((CUstream *)s, flags));
+}
+
+EXPORT cudaError_t cudaStreamCreateWithPriority(cudaStream_t *s, unsigned int flags, int prio)
+{
+    ENTER();
+    return record(D.StreamCreateWithPriority((CUstream *)s, flags, prio));
+}
+
+EXPORT cudaError_t cudaStreamDestroy(cudaStream_t s)
+{
+    ENTER();
+    return record(D.StreamDestroy(S(s)));
+}
+
+EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t s)
+{
+    ENTER();
+    return record(D.StreamSynchronize[0](S(s)));
+}
+
+EXPORT cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *st)
+{
+    ENTER();
+    return record(D.StreamIsCapturing[0](S(s), (CUstreamCaptureStatus *)st));
+}
+
+EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode)
+{
+    ENTER();
+    return record(D.StreamBeginCapture[0](S(s), (CUstreamCaptureMode)mode));
+}
+
+EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g)
+{
+    ENTER();
+    return record(D.StreamEndCapture[0](S(s), (CUgraph *)g));
+}
+
+EXPORT cudaError_t cudaEventCreate(cudaEvent_t *e)
+{
+    ENTER();
+    return record(D.EventCreate((CUevent *)e, 0));
+}
+
+EXPORT cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags)
+{
+    ENTER();
+    return record(D.EventCreate((CUevent *)e, flags));
+}
+
+EXPORT cudaError_t cudaEventDestroy(cudaEvent_t e)
+{
+    ENTER();
+    return record(D.EventDestroy((CUevent)e));
+}
+
+EXPORT cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
+{
+    ENTER();
+    return record(D.EventRecord[0]((CUevent)e, S(s)));
+}
+
+EXPORT cudaError_t cudaEventQuery(cudaEvent_t e)
+{
+    ENTER();
+    return record(D.EventQuery((CUevent)e));
+}
+
+EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t e)
+{
+    ENTER();
+    return record(D.EventSynchronize((CUevent)e));
+}
+
+EXPORT cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *data)
+{
+    ENTER();
+    return record(D.LaunchHostFunc(S(s), (CUhostFn)fn, data));
+}
