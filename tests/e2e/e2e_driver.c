@@ -1,0 +1,254 @@
+/*
+ * e2e_driver.c - a driver API program that finds libcuda the way XLA,
+ * TensorFlow and Numba do: dlopen("libcuda.so.1") and dlsym on that handle,
+ * never linking against it. Scenarios:
+ *
+ *   basic       pooled allocations, cuMemGetAddressRange_v2, cuMemGetInfo_v2
+ *   badinput    NULL out-pointer, size 0, double free, interior, foreign, huge
+ *   contexts    created contexts get their own pools; destroying one is safe
+ *   async       cuMemAllocAsync / cuMemFreeAsync with stream-ordered reuse
+ *   hooks-off   BFCSHIM_DRIVER_HOOKS=0: the driver door stays closed
+ */
+#include <cuda.h>
+#include <dlfcn.h>
+
+#include "e2e.h"
+
+#define MiB (UINT64_C(1) << 20)
+#define LIMIT (768 * MiB)
+
+static struct {
+    CUresult (*Init)(unsigned);
+    CUresult (*DeviceGet)(CUdevice *, int);
+    CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+    CUresult (*CtxSetCurrent)(CUcontext);
+    CUresult (*CtxCreate)(CUcontext *, CUctxCreateParams *, unsigned, CUdevice);
+    CUresult (*CtxDestroy)(CUcontext);
+    CUresult (*MemAlloc)(CUdeviceptr *, size_t);
+    CUresult (*MemFree)(CUdeviceptr);
+    CUresult (*MemGetInfo)(size_t *, size_t *);
+    CUresult (*MemGetAddressRange)(CUdeviceptr *, size_t *, CUdeviceptr);
+    CUresult (*MemAllocAsync)(CUdeviceptr *, size_t, CUstream);
+    CUresult (*MemFreeAsync)(CUdeviceptr, CUstream);
+    CUresult (*StreamCreate)(CUstream *, unsigned);
+    CUresult (*StreamDestroy)(CUstream);
+} D;
+
+static void *must(void *h, const char *name)
+{
+    void *p = dlsym(h, name);
+    if (!p) {
+        fprintf(stderr, "dlsym(%s) failed\n", name);
+        exit(1);
+    }
+    return p;
+}
+
+#define LOAD(field, name) *(void **)&D.field = must(h, name)
+
+static void load(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        fprintf(stderr, "dlopen(libcuda.so.1): %s\n", dlerror());
+        exit(1);
+    }
+    LOAD(Init, "cuInit");
+    LOAD(DeviceGet, "cuDeviceGet");
+    LOAD(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+    LOAD(CtxSetCurrent, "cuCtxSetCurrent");
+    LOAD(CtxCreate, "cuCtxCreate_v4");
+    LOAD(CtxDestroy, "cuCtxDestroy_v2");
+    LOAD(MemAlloc, "cuMemAlloc_v2");
+    LOAD(MemFree, "cuMemFree_v2");
+    LOAD(MemGetInfo, "cuMemGetInfo_v2");
+    LOAD(MemGetAddressRange, "cuMemGetAddressRange_v2");
+    LOAD(MemAllocAsync, "cuMemAllocAsync");
+    LOAD(MemFreeAsync, "cuMemFreeAsync");
+    LOAD(StreamCreate, "cuStreamCreate");
+    LOAD(StreamDestroy, "cuStreamDestroy_v2");
+}
+
+static void start(int device)
+{
+    CUdevice dev;
+    CUcontext ctx;
+    CHECK_EQ(D.Init(0), CUDA_SUCCESS);
+    CHECK_EQ(D.DeviceGet(&dev, device), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&ctx, dev), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(ctx), CUDA_SUCCESS);
+}
+
+static CUdeviceptr alloc_ok(size_t n)
+{
+    CUdeviceptr p = 0;
+    CUresult r = D.MemAlloc(&p, n);
+    if (r != CUDA_SUCCESS || !p) {
+        fprintf(stderr, "cuMemAlloc_v2(%zu) failed: %d\n", n, (int)r);
+        e2e_failures++;
+        exit(e2e_done("e2e_driver"));
+    }
+    return p;
+}
+
+static size_t free_memory(void)
+{
+    size_t f = 0, t = 0;
+    CHECK_EQ(D.MemGetInfo(&f, &t), CUDA_SUCCESS);
+    return f;
+}
+
+static void basic(void)
+{
+    start(0);
+    fakecuda_stats s0 = fake_stats();
+    CUdeviceptr p[50];
+    for (int i = 0; i < 50; i++) {
+        p[i] = alloc_ok(1000 + (size_t)i * 777);
+        fill((void *)(uintptr_t)p[i], 1000 + (size_t)i * 777, (unsigned char)i);
+    }
+    CHECK_EQ(fake_stats().mem_alloc_calls - s0.mem_alloc_calls, 1);
+
+    /* The block, not the region it lies in. */
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    CHECK_EQ(D.MemGetAddressRange(&base, &size, p[7] + 100), CUDA_SUCCESS);
+    CHECK_EQ(base, p[7]);
+    CHECK_EQ(size, 1000 + 7 * 777);
+
+    for (int i = 0; i < 50; i++) {
+        CHECK(holds((void *)(uintptr_t)p[i], 1000 + (size_t)i * 777, (unsigned char)i));
+        CHECK_EQ(D.MemFree(p[i]), CUDA_SUCCESS);
+    }
+    CHECK_EQ(D.MemGetAddressRange(&base, &size, p[7]), CUDA_ERROR_NOT_FOUND);
+    CHECK_EQ(free_memory(), LIMIT);
+    CHECK_EQ(shim_log_lines(NULL, 0), 0);
+}
+
+static void badinput(void)
+{
+    start(0);
+    CUdeviceptr q = alloc_ok(MiB);
+    fill((void *)(uintptr_t)q, MiB, 0x3c);
+
+    CHECK_EQ(D.MemAlloc(NULL, 64), CUDA_ERROR_INVALID_VALUE);
+    CHECK_ONE_LOG_LINE("NULL result pointer");
+    CUdeviceptr z = 42;
+    CHECK_EQ(D.MemAlloc(&z, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(z, 42);
+    CHECK_ONE_LOG_LINE("size 0");
+
+    CUdeviceptr p = alloc_ok(MiB);
+    CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(p), CUDA_ERROR_INVALID_VALUE);
+    CHECK_ONE_LOG_LINE("not the start of a live allocation");
+    CHECK_EQ(D.MemFree(q + 512), CUDA_ERROR_INVALID_VALUE);
+    CHECK_ONE_LOG_LINE("inside the live allocation");
+    CHECK_EQ(D.MemFree((CUdeviceptr)0x1000), CUDA_ERROR_INVALID_VALUE);
+    CHECK_ONE_LOG_LINE("not a pooled pointer");
+
+    CUdeviceptr h = 42;
+    CHECK_EQ(D.MemAlloc(&h, (size_t)1 << 50), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK_EQ(h, 42);
+    CHECK_ONE_LOG_LINE("larger than any device");
+    CHECK_EQ(D.MemAlloc(&h, 800 * MiB), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK_ONE_LOG_LINE("out of memory in the pool");
+
+    CHECK(holds((void *)(uintptr_t)q, MiB, 0x3c));
+    CHECK_EQ(D.MemFree(q), CUDA_SUCCESS);
+    CUdeviceptr all = alloc_ok(LIMIT);
+    CHECK_EQ(D.MemFree(all), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().bytes_in_use[0], LIMIT);
+}
+
+static void contexts(void)
+{
+    CHECK_EQ(D.Init(0), CUDA_SUCCESS);
+    CUdevice d0, d1;
+    CHECK_EQ(D.DeviceGet(&d0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.DeviceGet(&d1, 1), CUDA_SUCCESS);
+    CUcontext c0, c1;
+    CHECK_EQ(D.CtxCreate(&c0, NULL, 0, d0), CUDA_SUCCESS);
+    CUdeviceptr a = alloc_ok(MiB);
+    CHECK_EQ(D.CtxCreate(&c1, NULL, 0, d1), CUDA_SUCCESS);
+    CUdeviceptr b = alloc_ok(MiB);
+    fakecuda_stats st = fake_stats();
+    CHECK_EQ(st.bytes_in_use[0], LIMIT);
+    CHECK_EQ(st.bytes_in_use[1], LIMIT);
+    /* a belongs to c0's pool, found while c1 is current. */
+    CHECK_EQ(D.MemFree(a), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxDestroy(c1), CUDA_SUCCESS); /* b went with it */
+    CHECK_EQ(fake_stats().bytes_in_use[1], 0);
+    (void)b;
+    /* A new context on device 1 gets a fresh pool. */
+    CHECK_EQ(D.CtxCreate(&c1, NULL, 0, d1), CUDA_SUCCESS);
+    CUdeviceptr c = alloc_ok(2 * MiB);
+    CHECK_EQ(fake_stats().bytes_in_use[1], LIMIT);
+    CHECK_EQ(D.MemFree(c), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxDestroy(c1), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxDestroy(c0), CUDA_SUCCESS);
+    CHECK_EQ(shim_log_lines(NULL, 0), 0);
+}
+
+static void async(void)
+{
+    start(0);
+    CUstream s, t;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&t, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    fakecuda_stats s0 = fake_stats();
+    CUdeviceptr a = 0, b = 0, c = 0;
+    CHECK_EQ(D.MemAllocAsync(&a, MiB, s), CUDA_SUCCESS);
+    CHECK_EQ(fakecuda()->launch(s, NULL, NULL), 0);
+    CHECK_EQ(D.MemFreeAsync(a, s), CUDA_SUCCESS);
+    CHECK_EQ(D.MemAllocAsync(&b, MiB, t), CUDA_SUCCESS);
+    CHECK(b != a); /* t may not see s's free before s's work is done */
+    CHECK_EQ(D.MemAllocAsync(&c, MiB, s), CUDA_SUCCESS);
+    CHECK(c == a); /* s may: its own order protects it */
+    CHECK_EQ(fake_stats().mem_alloc_async_calls, s0.mem_alloc_async_calls);
+    CHECK_EQ(D.MemFreeAsync(b, t), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFreeAsync(c, s), CUDA_SUCCESS);
+    fakecuda()->complete_all();
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(t), CUDA_SUCCESS);
+    CUdeviceptr all = alloc_ok(LIMIT);
+    CHECK_EQ(D.MemFree(all), CUDA_SUCCESS);
+    CHECK_EQ(shim_log_lines(NULL, 0), 0);
+}
+
+static void hooks_off(void)
+{
+    start(0);
+    fakecuda_stats s0 = fake_stats();
+    CUdeviceptr p[10];
+    for (int i = 0; i < 10; i++)
+        p[i] = alloc_ok(MiB);
+    for (int i = 0; i < 10; i++)
+        CHECK_EQ(D.MemFree(p[i]), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().mem_alloc_calls - s0.mem_alloc_calls, 10);
+}
+
+int main(int argc, char **argv)
+{
+    static const struct {
+        const char *name;
+        void (*fn)(void);
+    } scenarios[] = {
+        {"basic", basic}, {"badinput", badinput}, {"contexts", contexts},
+        {"async", async}, {"hooks-off", hooks_off},
+    };
+    if (argc != 2) {
+        fprintf(stderr, "usage: e2e_driver SCENARIO\n");
+        return 2;
+    }
+    shim_log_reset();
+    fakecuda();
+    load();
+    for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
+        if (strcmp(argv[1], scenarios[i].name) == 0) {
+            scenarios[i].fn();
+            return e2e_done(argv[1]);
+        }
+    fprintf(stderr, "e2e_driver: no scenario '%s'\n", argv[1]);
+    return 2;
+}
