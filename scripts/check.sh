@@ -4,7 +4,7 @@
 #
 #   default    release + LTO build (what users run): every suite
 #   asan       AddressSanitizer + UndefinedBehaviorSanitizer: every suite
-#   tsan       ThreadSanitizer: the multi-threaded suites
+#   tsan       ThreadSanitizer: the multi-threaded suites and the shim end to end
 #   libfuzzer  clang + libFuzzer: a 30-second session per fuzz target
 #
 # Build directories go under build-check/ and are reused between runs.
@@ -75,7 +75,7 @@ config default --
 config asan -Db_sanitize=address,undefined -Db_lundef=false -Db_lto=false \
     -Dbuildtype=debugoptimized -Dproperty_ops=100000 -- --timeout-multiplier 4
 config tsan -Db_sanitize=thread -Db_lundef=false -Db_lto=false \
-    -Dbuildtype=debugoptimized -- --suite threads --timeout-multiplier 4
+    -Dbuildtype=debugoptimized -- --suite threads --suite e2e --timeout-multiplier 4
 CC=clang config libfuzzer -Dfuzz=true -Db_lto=false -Dbuildtype=debugoptimized \
     -- --suite libfuzzer
 

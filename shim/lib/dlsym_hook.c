@@ -15,6 +15,10 @@
  *   - lookups made by libcuda itself go straight on (its own internal dlsym
  *     once recursed through an interposer);
  *   - nothing heavy happens here: no locks beyond glibc's, no CUDA calls.
+ *   - sanitizer runtimes look up the functions they intercept with dlsym
+ *     while they start, before their shadow memory exists: this path is
+ *     built without sanitizer instrumentation (UNINSTRUMENTED) and copies
+ *     no memory through intercepted functions;
  *   - glibc 2.34 moved dlsym to GLIBC_2.34; the real one is found with
  *     dlvsym at that version, then at the architecture's base version. Our
  *     own definition is unversioned, which binds to references of either.
@@ -27,18 +31,28 @@
 #include "hooks.h"
 
 typedef void *(*dlsym_fn)(void *, const char *);
+
+#if defined(__clang__) || __GNUC__ >= 8
+#define UNINSTRUMENTED __attribute__((no_sanitize("address", "undefined", "thread")))
+#else
+#define UNINSTRUMENTED
+#endif
+
+/* POSIX guarantees that a dlsym result converts to a function pointer. */
+typedef union {
+    void *data;
+    dlsym_fn fn;
+} dlsym_pun;
 static _Atomic(dlsym_fn) real_fn;
 
-static dlsym_fn find_real_dlsym(void)
+UNINSTRUMENTED static dlsym_fn find_real_dlsym(void)
 {
     dlsym_fn f = atomic_load_explicit(&real_fn, memory_order_acquire);
     if (f)
         return f;
     static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"};
-    for (size_t i = 0; i < sizeof versions / sizeof versions[0] && !f; i++) {
-        void *p = dlvsym(RTLD_NEXT, "dlsym", versions[i]);
-        memcpy(&f, &p, sizeof p);
-    }
+    for (size_t i = 0; i < sizeof versions / sizeof versions[0] && !f; i++)
+        f = ((dlsym_pun){.data = dlvsym(RTLD_NEXT, "dlsym", versions[i])}).fn;
     if (!f)
         abort(); /* no dlsym at all: nothing could work */
     atomic_store_explicit(&real_fn, f, memory_order_release);
@@ -50,7 +64,7 @@ void *real_dlsym(void *handle, const char *symbol)
     return find_real_dlsym()(handle, symbol);
 }
 
-static bool driver_symbol(const char *s)
+UNINSTRUMENTED static bool driver_symbol(const char *s)
 {
     return s && s[0] == 'c' && s[1] == 'u' && s[2] >= 'A' && s[2] <= 'Z';
 }
@@ -81,14 +95,11 @@ static void *dlsym_driver(void *handle, const char *symbol)
 __attribute__((visibility("hidden"))) void *bfcshim_dlsym_target(void *handle,
                                                                  const char *symbol,
                                                                  void *caller);
-void *bfcshim_dlsym_target(void *handle, const char *symbol, void *caller)
+UNINSTRUMENTED void *bfcshim_dlsym_target(void *handle, const char *symbol, void *caller)
 {
     (void)handle; /* the trampoline passes it on to the target unchanged */
-    dlsym_fn real = find_real_dlsym();
-    void *target;
+    dlsym_pun real = {.fn = find_real_dlsym()};
     if (!driver_symbol(symbol) || called_from_libcuda(caller))
-        memcpy(&target, &real, sizeof real);
-    else
-        target = (void *)dlsym_driver;
-    return target;
+        return real.data;
+    return (void *)dlsym_driver;
 }
