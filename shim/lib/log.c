@@ -6,12 +6,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "shim.h"
 
-static int log_fd(void)
+int shim_log_fd(void)
 {
     static atomic_int fd = -2;
     int f = atomic_load(&fd);
@@ -55,7 +57,7 @@ void shim_vlog(int level, const char *fmt, va_list ap)
         len = sizeof line - 2;
     line[len++] = '\n';
     int saved = errno;
-    ssize_t w = write(log_fd(), line, len);
+    ssize_t w = write(shim_log_fd(), line, len);
     (void)w;
     errno = saved;
 }

@@ -11,7 +11,9 @@
  * its live index before touching anything, and each kind of mistake is logged
  * as one line naming the call, the pointer and what the pointer is.
  */
+#include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "ptr_map.h"
 #include "shim.h"
@@ -66,8 +68,15 @@ static void report_oom(shim_pool *sp, size_t size, const char *api)
              format_size(st.bytes_limit, lim, sizeof lim),
              format_size(st.bytes_in_use, use, sizeof use),
              format_size(st.largest_free_block_bytes, big, sizeof big));
-    if (st.num_ooms == 1 && shim_config_get()->log_level >= LOG_INFO)
-        bfc_pool_dump(sp->bfc, stderr, BFC_DUMP_SUMMARY | BFC_DUMP_BINS | BFC_DUMP_OCCUPANCY);
+    if (st.num_ooms == 1 && shim_config_get()->log_level >= LOG_INFO) {
+        int fd = dup(shim_log_fd());
+        FILE *out = fd >= 0 ? fdopen(fd, "a") : NULL;
+        if (out) {
+            bfc_pool_dump(sp->bfc, out, BFC_DUMP_SUMMARY | BFC_DUMP_BINS | BFC_DUMP_OCCUPANCY);
+            fclose(out);
+        } else if (fd >= 0)
+            close(fd);
+    }
 }
 
 svc_status svc_alloc(shim_pool *sp, size_t size, uint32_t lane, CUdeviceptr *out,

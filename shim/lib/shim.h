@@ -69,6 +69,8 @@ const shim_config *shim_config_get(void);
 
 void shim_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void shim_vlog(int level, const char *fmt, va_list ap);
+/* Where messages go (stderr or BFCSHIM_LOG_FILE), for multi-line reports. */
+int shim_log_fd(void);
 /* Logs once per `flag` (a static atomic_flag-like bool), then stays quiet. */
 void shim_log_once(atomic_bool *flag, int level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
