@@ -17,6 +17,7 @@
  */
 #include <getopt.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
 #include <time.h>
 
@@ -25,6 +26,7 @@
 #include "json_out.h"
 #include "sim_device.h"
 #include "trace_csv.h"
+#include "trace_log.h"
 #include "units.h"
 
 #define MIB (UINT64_C(1) << 20)
@@ -36,6 +38,7 @@ typedef struct replay_opts {
     const char *dump_path; /* --dump-at-failure */
     bool bisect;           /* false with --no-min-pool */
     uint64_t warmup;       /* events replayed before the clock starts */
+    const char *record;    /* --record: write a trace while timing, as BFCSHIM_TRACE does */
     bfc_options policy; /* granularity, split and placement knobs */
 } replay_opts;
 
@@ -73,9 +76,44 @@ __attribute__((noinline)) uint64_t replay_loop(bfc_pool *pool, const trace *t, s
     return failures;
 }
 
-/* One replay in a fresh pool of exactly `pool_bytes`, preallocated. */
+/* The timed loop with every event also recorded, exactly as the shim records
+ * under BFCSHIM_TRACE: the cost of recording is the difference. */
+__attribute__((noinline)) uint64_t replay_loop_recorded(bfc_pool *pool, const trace *t,
+                                                        size_t from, size_t to,
+                                                        bfc_addr *slot_addr, trace_log *rec)
+{
+    uint64_t failures = 0;
+    for (size_t i = from; i < to; i++) {
+        const trace_event *e = &t->ev[i];
+        if (e->kind == TRACE_ALLOC) {
+            if (bfc_pool_alloc(pool, e->size, BFC_NO_LANE, &slot_addr[e->slot]) != BFC_OK) {
+                slot_addr[e->slot] = 0;
+                failures++;
+                trace_log_event(rec, REC_ALLOCATE_FAILURE, 0, e->size, 0);
+            } else {
+                trace_log_event(rec, REC_ALLOCATE, slot_addr[e->slot], e->size, 0);
+            }
+        } else {
+            bfc_pool_free(pool, slot_addr[e->slot]);
+            trace_log_event(rec, REC_FREE, slot_addr[e->slot], 0, 0);
+        }
+    }
+    return failures;
+}
+
+/* One replay in a fresh pool of exactly `pool_bytes`, preallocated; `rec`
+ * records the timed part. */
+static bool run_once_recording(const trace *t, const replay_opts *o, uint64_t pool_bytes,
+                               bfc_addr *slot_addr, run_result *r, trace_log *rec);
+
 static bool run_once(const trace *t, const replay_opts *o, uint64_t pool_bytes,
                      bfc_addr *slot_addr, run_result *r)
+{
+    return run_once_recording(t, o, pool_bytes, slot_addr, r, NULL);
+}
+
+static bool run_once_recording(const trace *t, const replay_opts *o, uint64_t pool_bytes,
+                               bfc_addr *slot_addr, run_result *r, trace_log *rec)
 {
     sim_device dev;
     sim_device_init(&dev, pool_bytes);
@@ -93,7 +131,10 @@ static bool run_once(const trace *t, const replay_opts *o, uint64_t pool_bytes,
     size_t warm = o->warmup < t->nev ? (size_t)o->warmup : t->nev;
     r->failures = replay_loop(pool, t, 0, warm, slot_addr);
     double t0 = now_seconds();
-    r->failures += replay_loop(pool, t, warm, t->nev, slot_addr);
+    if (rec)
+        r->failures += replay_loop_recorded(pool, t, warm, t->nev, slot_addr, rec);
+    else
+        r->failures += replay_loop(pool, t, warm, t->nev, slot_addr);
     r->seconds = now_seconds() - t0;
     r->ops = t->nev - warm;
     bfc_pool_stats(pool, &r->stats);
@@ -282,11 +323,17 @@ static int replay_one(const char *path, const replay_opts *o, bool first)
 
     double *ns = calloc((size_t)o->repeats, sizeof *ns);
     int ok_runs = 0;
-    for (int i = 0; ns && i < o->repeats; i++) {
-        if (!run_once(&t, o, r.timed_pool_bytes, slot_addr, &r.timed))
+    /* One recording for all repeats, as a process keeps one for its life. */
+    trace_log *rec = NULL;
+    if (o->record && !(rec = trace_log_open(o->record)))
+        fprintf(stderr, "bfcshim replay: --record %s: %s\n", o->record, strerror(errno));
+    for (int i = 0; ns && i < o->repeats && (rec || !o->record); i++) {
+        bool ran = run_once_recording(&t, o, r.timed_pool_bytes, slot_addr, &r.timed, rec);
+        if (!ran)
             break;
         ns[ok_runs++] = r.timed.ops ? r.timed.seconds * 1e9 / (double)r.timed.ops : 0.0;
     }
+    trace_log_close(rec); /* the writer's last drain is not timed */
     int status = 0;
     if (ok_runs == 0) {
         fprintf(stderr, "bfcshim replay: %s: could not create a pool of %llu bytes\n", path,
@@ -338,14 +385,17 @@ static void replay_usage(FILE *f)
             "                      low: always the low end (TSL)\n"
             "  --tsl               TSL's policy: low placement, split only at 2x or 128 MiB\n"
             "  --dump-at-failure F append to F (- for stderr) the pool's memory map at the\n"
-            "                      first failure in a pool 1 MiB below the minimum\n");
+            "                      first failure in a pool 1 MiB below the minimum\n"
+            "  --record F          write every timed event to F as BFCSHIM_TRACE would, to\n"
+            "                      measure what recording costs (compare ns_per_op)\n");
 }
 
 int cmd_replay(int argc, char **argv)
 {
     replay_opts o = {.repeats = 5, .bisect = true};
     bfc_options_init(&o.policy);
-    enum { OPT_GRAN = 256, OPT_SPLIT, OPT_PLACE, OPT_TSL, OPT_DUMP, OPT_NO_MIN, OPT_WARM };
+    enum { OPT_GRAN = 256, OPT_SPLIT, OPT_PLACE, OPT_TSL, OPT_DUMP, OPT_NO_MIN, OPT_WARM,
+           OPT_RECORD };
     static const struct option longopts[] = {
         {"pool-size", required_argument, 0, 'p'}, {"min-pool", no_argument, 0, 'm'},
         {"json", no_argument, 0, 'j'},           {"repeat", required_argument, 0, 'r'},
@@ -356,6 +406,7 @@ int cmd_replay(int argc, char **argv)
         {"dump-at-failure", required_argument, 0, OPT_DUMP},
         {"no-min-pool", no_argument, 0, OPT_NO_MIN},
         {"warmup-events", required_argument, 0, OPT_WARM},
+        {"record", required_argument, 0, OPT_RECORD},
         {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
     int c;
     bool min_pool_flag = false;
@@ -400,6 +451,7 @@ int cmd_replay(int argc, char **argv)
             break;
         case OPT_DUMP: o.dump_path = optarg; break;
         case OPT_NO_MIN: o.bisect = false; break;
+        case OPT_RECORD: o.record = optarg; break;
         case OPT_WARM: {
             char *end;
             o.warmup = strtoull(optarg, &end, 10);

@@ -1,0 +1,44 @@
+/*
+ * trace_log.h - records allocation events as RMM logging CSV
+ * (Thread,Time,Action,Pointer,Size,Stream), the format `bfcshim replay`
+ * reads, without slowing the allocation path.
+ *
+ * The caller's side only appends a 32-byte binary record to a buffer under a
+ * test-and-set lock. Full buffers go to a writer thread, which spools them
+ * to disk; the CSV is made from the spool when the log is flushed (at exit,
+ * on OOM, on request), so formatting never runs on the allocating thread.
+ * Times have a resolution of 4 ms (the writer thread reads the coarse clock
+ * that often for everyone); replay uses the order of events, not their
+ * times, and the report's time axis needs no finer grain.
+ */
+#ifndef BFCSHIM_COMMON_TRACE_LOG_H
+#define BFCSHIM_COMMON_TRACE_LOG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct trace_log trace_log;
+
+typedef enum rec_action {
+    REC_ALLOCATE,
+    REC_FREE,
+    REC_ALLOCATE_FAILURE,
+} rec_action;
+
+/* Opens (truncates) path and writes the header; NULL with errno on failure. */
+trace_log *trace_log_open(const char *path);
+/* Appends one event. Thread-safe. */
+void trace_log_event(trace_log *t, rec_action action, uint64_t ptr, uint64_t size,
+                     uint64_t stream);
+/* Writes everything recorded so far to the file, as CSV. Not for the hot
+ * path: it formats every event since the last flush. */
+void trace_log_flush(trace_log *t);
+/* Flushes, stops the writer and closes the file. */
+void trace_log_close(trace_log *t);
+/* Events recorded so far. */
+uint64_t trace_log_count(trace_log *t);
+/* For a forked child, which has no writer thread: the log is dropped
+ * without writing or freeing anything (the parent owns both). */
+void trace_log_abandon(trace_log *t);
+
+#endif
