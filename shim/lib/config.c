@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
+#include <stdio.h>
 
 #include "shim.h"
 #include "units.h"
@@ -59,6 +61,40 @@ static void get_choice(const char *name, const char *const *names, int n, int *o
         strncat(accepted, names[i], sizeof accepted - strlen(accepted) - 1);
     }
     bad(name, v, accepted, names[*out]);
+}
+
+/* A file path, or NULL when unset or empty. */
+static const char *get_path(const char *name)
+{
+    const char *v = getenv(name);
+    char probe[4096];
+    if (!v || !*v)
+        return NULL;
+    if (!shim_expand_path(v, probe, sizeof probe)) {
+        bad(name, v, "a path shorter than 4096 bytes", "none");
+        return NULL;
+    }
+    return v;
+}
+
+bool shim_expand_path(const char *pattern, char *out, size_t len)
+{
+    size_t k = 0;
+    for (const char *p = pattern; *p; p++) {
+        char pid[16];
+        const char *piece = p[0] == '%' && p[1] == 'p' ? pid : NULL;
+        if (piece) {
+            snprintf(pid, sizeof pid, "%d", (int)getpid());
+            p++;
+        }
+        size_t n = piece ? strlen(piece) : 1;
+        if (k + n >= len)
+            return false;
+        memcpy(out + k, piece ? piece : p, n);
+        k += n;
+    }
+    out[k] = 0;
+    return true;
 }
 
 static void parse(void)
@@ -112,6 +148,11 @@ static void parse(void)
 
     get_size("BFCSHIM_INITIAL_REGION", &cfg.initial_region, "2MiB");
     get_bool("BFCSHIM_DRIVER_HOOKS", &cfg.driver_hooks);
+
+    cfg.trace_path = get_path("BFCSHIM_TRACE");
+    cfg.stats_file = get_path("BFCSHIM_STATS_FILE");
+    cfg.oom_report_path = get_path("BFCSHIM_OOM_REPORT");
+    get_bool("BFCSHIM_STATS", &cfg.stats_summary);
 }
 
 const shim_config *shim_config_get(void)

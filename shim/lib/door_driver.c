@@ -85,7 +85,7 @@ SHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
         return refuse("cuMemAlloc_v2", "NULL result pointer");
     if (size == 0)
         return refuse("cuMemAlloc_v2", "size 0 (the driver refuses it too)");
-    return code_of(svc_alloc(sp, size, BFC_NO_LANE, dptr, "cuMemAlloc_v2"));
+    return code_of(svc_alloc(sp, size, BFC_NO_LANE, NULL, dptr, "cuMemAlloc_v2"));
 }
 
 SHIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr p)
@@ -112,7 +112,7 @@ SHIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
     if (!svc_pitch(width, height, element_size, &p, &bytes))
         return refuse("cuMemAllocPitch_v2", "zero width or height, element size not 4, 8 or "
                                             "16, or a size that overflows");
-    CUresult r = code_of(svc_alloc(sp, bytes, BFC_NO_LANE, dptr, "cuMemAllocPitch_v2"));
+    CUresult r = code_of(svc_alloc(sp, bytes, BFC_NO_LANE, NULL, dptr, "cuMemAllocPitch_v2"));
     if (r == CUDA_SUCCESS)
         *pitch = p;
     return r;
@@ -161,10 +161,13 @@ SHIM_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr p)
 static CUresult alloc_async(int z, CUdeviceptr *dptr, size_t size, CUstream s, const char *api)
 {
     shim_pool *sp;
-    if (!shim_driver_door() || size == 0 || !dptr || svc_stream_capturing(s, z) ||
-        !(sp = svc_current_pool()))
+    if (!shim_driver_door() || size == 0 || !dptr)
         return counted_alloc(PASS(MemAllocAsync[z], dptr, size, s), dptr, size);
-    return code_of(svc_alloc(sp, size, pool_lane_for_alloc(sp, s, z), dptr, api));
+    if (svc_stream_capturing(s, z) || !(sp = svc_current_pool())) {
+        svc_note_passthrough();
+        return PASS(MemAllocAsync[z], dptr, size, s);
+    }
+    return code_of(svc_alloc(sp, size, pool_lane_for_alloc(sp, s, z), s, dptr, api));
 }
 
 static CUresult free_async(int z, CUdeviceptr p, CUstream s, const char *api)
@@ -181,10 +184,14 @@ static CUresult alloc_from_pool(int z, CUdeviceptr *dptr, size_t size, CUmemoryP
                                 CUstream s, const char *api)
 {
     shim_pool *sp;
-    if (!shim_driver_door() || size == 0 || !dptr || svc_stream_capturing(s, z) ||
-        !(sp = svc_current_pool()) || !svc_is_default_pool(sp, pool))
+    if (!shim_driver_door() || size == 0 || !dptr)
         return PASS(MemAllocFromPoolAsync[z], dptr, size, pool, s);
-    return code_of(svc_alloc(sp, size, pool_lane_for_alloc(sp, s, z), dptr, api));
+    if (svc_stream_capturing(s, z) || !(sp = svc_current_pool()) ||
+        !svc_is_default_pool(sp, pool)) {
+        svc_note_passthrough();
+        return PASS(MemAllocFromPoolAsync[z], dptr, size, pool, s);
+    }
+    return code_of(svc_alloc(sp, size, pool_lane_for_alloc(sp, s, z), s, dptr, api));
 }
 
 SHIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s)

@@ -145,7 +145,7 @@ SHIM_EXPORT cudaError_t cudaMalloc(void **p, size_t size)
     if (!active || !p || size == 0 || !(sp = runtime_pool()))
         return counted_alloc(real_malloc(p, size), p, size);
     CUdeviceptr d = 0;
-    svc_status st = svc_alloc(sp, size, BFC_NO_LANE, &d, "cudaMalloc");
+    svc_status st = svc_alloc(sp, size, BFC_NO_LANE, NULL, &d, "cudaMalloc");
     if (st == SVC_OK)
         *p = (void *)(uintptr_t)d;
     return result_of(st);
@@ -176,7 +176,7 @@ SHIM_EXPORT cudaError_t cudaMallocPitch(void **p, size_t *pitch, size_t width, s
         return fail(cudaErrorInvalidValue);
     }
     CUdeviceptr d = 0;
-    svc_status st = svc_alloc(sp, bytes, BFC_NO_LANE, &d, "cudaMallocPitch");
+    svc_status st = svc_alloc(sp, bytes, BFC_NO_LANE, NULL, &d, "cudaMallocPitch");
     if (st == SVC_OK) {
         *p = (void *)(uintptr_t)d;
         *pitch = rows;
@@ -206,17 +206,29 @@ SHIM_EXPORT cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *p)
 
 /* ---- stream-ordered allocation --------------------------------------------------- */
 
+/* A stream-ordered allocation the pool does not serve (capture: the graph
+ * owns it), counted once. */
+static cudaError_t pass_alloc_async(malloc_async_fn f, void **p, size_t size, cudaStream_t s)
+{
+    svc_note_passthrough();
+    shim_tls_bypass++;
+    cudaError_t e = f ? f(p, size, s) : NO_RUNTIME;
+    shim_tls_bypass--;
+    return e;
+}
+
 static cudaError_t malloc_async(int z, void **p, size_t size, cudaStream_t s, const char *api)
 {
     REAL_RT(malloc_async_fn, f0, "cudaMallocAsync");
     REAL_RT(malloc_async_fn, f1, "cudaMallocAsync_ptsz");
     malloc_async_fn f = z ? f1 : f0;
     shim_pool *sp;
-    if (!shim_active() || !p || size == 0 || svc_stream_capturing((CUstream)s, z) ||
-        !(sp = runtime_pool()))
+    if (!shim_active() || !p || size == 0)
         return counted_alloc(f ? f(p, size, s) : NO_RUNTIME, p, size);
+    if (svc_stream_capturing((CUstream)s, z) || !(sp = runtime_pool()))
+        return pass_alloc_async(f, p, size, s);
     CUdeviceptr d = 0;
-    svc_status st = svc_alloc(sp, size, pool_lane_for_alloc(sp, (CUstream)s, z), &d, api);
+    svc_status st = svc_alloc(sp, size, pool_lane_for_alloc(sp, (CUstream)s, z), (CUstream)s, &d, api);
     if (st == SVC_OK)
         *p = (void *)(uintptr_t)d;
     return result_of(st);
@@ -246,11 +258,18 @@ static cudaError_t malloc_from_pool(int z, void **p, size_t size, cudaMemPool_t 
     REAL_RT(malloc_pool_fn, f1, "cudaMallocFromPoolAsync_ptsz");
     malloc_pool_fn f = z ? f1 : f0;
     shim_pool *sp;
-    if (!shim_active() || !p || size == 0 || svc_stream_capturing((CUstream)s, z) ||
-        !(sp = runtime_pool()) || !svc_is_default_pool(sp, (CUmemoryPool)pool))
+    if (!shim_active() || !p || size == 0)
         return f ? f(p, size, pool, s) : NO_RUNTIME;
+    if (svc_stream_capturing((CUstream)s, z) || !(sp = runtime_pool()) ||
+        !svc_is_default_pool(sp, (CUmemoryPool)pool)) {
+        svc_note_passthrough();
+        shim_tls_bypass++; /* counted here, not again in the driver door */
+        cudaError_t e = f ? f(p, size, pool, s) : NO_RUNTIME;
+        shim_tls_bypass--;
+        return e;
+    }
     CUdeviceptr d = 0;
-    svc_status st = svc_alloc(sp, size, pool_lane_for_alloc(sp, (CUstream)s, z), &d, api);
+    svc_status st = svc_alloc(sp, size, pool_lane_for_alloc(sp, (CUstream)s, z), (CUstream)s, &d, api);
     if (st == SVC_OK)
         *p = (void *)(uintptr_t)d;
     return result_of(st);

@@ -15,11 +15,16 @@
  * the shim's locks across fork, so the child never inherits one held by a
  * thread that does not exist there.
  *
+ * Exit: the trace is flushed and the stats file and summary are written
+ * (BFCSHIM_TRACE, BFCSHIM_STATS_FILE, BFCSHIM_STATS).
+ *
  * Exit and unload: pools are never torn down. At exit the driver releases
  * the process's memory itself, and a destructor freeing regions could run
  * after the driver has shut down or while another thread still allocates.
  * A preloaded library is never unloaded.
  */
+#include <stdlib.h>
+
 #include "shim.h"
 
 atomic_bool shim_forked_child;
@@ -45,14 +50,26 @@ static void after_fork_child(void)
     platform_lock_for_fork(false);
     streams_unlock();
     pools_lock_for_fork(false);
+    record_after_fork_child();
     if (pools_count() > 0)
         atomic_store(&shim_forked_child, true);
+}
+
+/* Reports at exit read the pools' statistics and flush the trace; they make
+ * no CUDA call (the driver may be shutting down). */
+static void at_exit(void)
+{
+    if (atomic_load(&shim_forked_child))
+        return; /* the parent reports */
+    record_flush();
+    stats_at_exit();
 }
 
 static void init_once(void)
 {
     const shim_config *cfg = shim_config_get();
     pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+    atexit(at_exit);
     shim_log(LOG_DEBUG, "loaded: allocator %s, driver door %s",
              cfg->mode == MODE_BFC ? "bfc" : "platform", cfg->driver_hooks ? "on" : "off");
 }

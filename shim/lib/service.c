@@ -51,45 +51,37 @@ bool svc_is_default_pool(shim_pool *sp, CUmemoryPool pool)
            R->DeviceGetDefaultMemPool(&dflt, sp->dev) == CUDA_SUCCESS && dflt == pool;
 }
 
-/* ---- allocation ----------------------------------------------------------------- */
-
-/* The first out-of-memory of each pool writes the memory map, so the user can
- * see whether the pool was full or fragmented; later ones say one line. */
-static void report_oom(shim_pool *sp, size_t size, const char *api)
+void svc_note_passthrough(void)
 {
-    bfc_stats st;
-    bfc_pool_stats(sp->bfc, &st);
-    char req[32], lim[32], use[32], big[32];
-    shim_log(LOG_ERROR,
-             "%s(%zu bytes = %s) on device %d: out of memory in the pool (limit %s, in use %s, "
-             "largest free block %s). Raise BFCSHIM_MEM_FRACTION or BFCSHIM_MEM_LIMIT, or free "
-             "memory and retry",
-             api, size, format_size(size, req, sizeof req), (int)sp->dev,
-             format_size(st.bytes_limit, lim, sizeof lim),
-             format_size(st.bytes_in_use, use, sizeof use),
-             format_size(st.largest_free_block_bytes, big, sizeof big));
-    if (st.num_ooms == 1 && shim_config_get()->log_level >= LOG_INFO) {
-        int fd = dup(shim_log_fd());
-        FILE *out = fd >= 0 ? fdopen(fd, "a") : NULL;
-        if (out) {
-            bfc_pool_dump(sp->bfc, out, BFC_DUMP_SUMMARY | BFC_DUMP_BINS | BFC_DUMP_OCCUPANCY);
-            fclose(out);
-        } else if (fd >= 0)
-            close(fd);
-    }
+    atomic_fetch_add_explicit(&shim_passthrough_allocs, 1, memory_order_relaxed);
+    const real_driver *R = real_driver_get();
+    CUcontext cur = NULL;
+    shim_pool *sp = R && R->CtxGetCurrent(&cur) == CUDA_SUCCESS && cur
+                        ? pool_for_context(cur, false)
+                        : NULL;
+    if (sp)
+        atomic_fetch_add_explicit(&sp->passthrough_allocs, 1, memory_order_relaxed);
 }
 
-svc_status svc_alloc(shim_pool *sp, size_t size, uint32_t lane, CUdeviceptr *out,
-                     const char *api)
+/* ---- allocation ----------------------------------------------------------------- */
+
+svc_status svc_alloc(shim_pool *sp, size_t size, uint32_t lane, CUstream stream,
+                     CUdeviceptr *out, const char *api)
 {
     bfc_addr a = 0;
     bfc_status st = bfc_pool_alloc(sp->bfc, size, lane, &a);
-    switch (st) {
-    case BFC_OK:
+    if (st == BFC_OK) {
         *out = (CUdeviceptr)a;
+        record_alloc(a, size, stream);
+        stats_poll_request();
         return SVC_OK;
+    }
+    if (st == BFC_ERR_BAD_LANE) /* a lane closed under us: take it without reuse */
+        return svc_alloc(sp, size, BFC_NO_LANE, stream, out, api);
+    record_alloc_failure(size, stream);
+    switch (st) {
     case BFC_ERR_OOM:
-        report_oom(sp, size, api);
+        oom_report(sp, size, api);
         return SVC_OOM;
     case BFC_ERR_TOO_LARGE:
         shim_log(LOG_ERROR, "%s(%zu bytes): larger than any device; out of memory", api, size);
@@ -98,8 +90,6 @@ svc_status svc_alloc(shim_pool *sp, size_t size, uint32_t lane, CUdeviceptr *out
         shim_log(LOG_ERROR, "%s(%zu bytes): out of host memory for the pool's bookkeeping",
                  api, size);
         return SVC_OOM;
-    case BFC_ERR_BAD_LANE: /* a lane closed under us: take it without reuse */
-        return svc_alloc(sp, size, BFC_NO_LANE, out, api);
     default:
         shim_log(LOG_ERROR, "%s(%zu bytes): engine error %s", api, size, bfc_status_name(st));
         return SVC_INVALID;
@@ -163,8 +153,10 @@ svc_status svc_free(CUdeviceptr ptr, free_kind kind, CUstream stream, bool per_t
         if (st == BFC_ERR_BAD_LANE) /* the stream's lane closed under us */
             st = bfc_pool_free_deferred(sp->bfc, ptr, sp->plain_lane);
     }
-    if (st == BFC_OK)
+    if (st == BFC_OK) {
+        record_free(ptr, kind == FREE_STREAM ? stream : NULL);
         return SVC_OK;
+    }
     if (st == BFC_ERR_NOT_ALLOCATED)
         return bad_pointer(sp, ptr, api);
     shim_log(LOG_ERROR, "%s(0x%llx): engine error %s", api, (unsigned long long)ptr,
@@ -240,9 +232,9 @@ void platform_note_alloc(CUdeviceptr ptr, size_t size)
     pthread_mutex_lock(&platform_lock);
     if (!platform_ready)
         platform_ready = ptr_map_init(&platform_live);
-    counts.num_allocs++;
     if (platform_ready && ptr_map_reserve(&platform_live, 1) &&
         !ptr_map_get(&platform_live, ptr)) {
+        counts.num_allocs++;
         ptr_map_put(&platform_live, ptr, size ? size : 1);
         counts.bytes_in_use += size;
         if (counts.bytes_in_use > counts.peak_bytes_in_use)

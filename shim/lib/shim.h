@@ -60,7 +60,15 @@ typedef struct shim_config {
     bool driver_hooks;
     int log_level;
     const char *log_file;
+    const char *trace_path;      /* BFCSHIM_TRACE; %p becomes the pid */
+    const char *stats_file;      /* BFCSHIM_STATS_FILE; %p becomes the pid */
+    bool stats_summary;          /* BFCSHIM_STATS */
+    const char *oom_report_path; /* BFCSHIM_OOM_REPORT; %p becomes the pid */
 } shim_config;
+
+/* Copies pattern into out with every %p replaced by the pid; false if it
+ * does not fit. */
+bool shim_expand_path(const char *pattern, char *out, size_t len);
 
 /* Parses the BFCSHIM_* variables once; cheap and lock-free afterwards. */
 const shim_config *shim_config_get(void);
@@ -224,8 +232,9 @@ shim_pool *svc_current_pool(void);
 /* Is `pool` the device's default memory pool (which the BFC pool stands in
  * for)? Other pools belong to the program: their calls pass through. */
 bool svc_is_default_pool(shim_pool *sp, CUmemoryPool pool);
-svc_status svc_alloc(shim_pool *sp, size_t size, uint32_t lane, CUdeviceptr *out,
-                     const char *api);
+/* `stream` is only recorded in the trace; the lane decides reuse. */
+svc_status svc_alloc(shim_pool *sp, size_t size, uint32_t lane, CUstream stream,
+                     CUdeviceptr *out, const char *api);
 svc_status svc_free(CUdeviceptr ptr, free_kind kind, CUstream stream, bool per_thread,
                     const char *api);
 /* Adjusts the device's free memory by what the current context's pool can
@@ -251,6 +260,33 @@ bool svc_pitch(size_t width, size_t height, unsigned element_size, size_t *pitch
 /* Per-thread: set while the shim itself calls into the real runtime, so the
  * driver door lets those calls through untouched. */
 extern _Thread_local int shim_tls_bypass;
+
+/* Allocations passed to the real driver while the pool is active (capture,
+ * other memory pools, no pool for the context). */
+extern atomic_uint_fast64_t shim_passthrough_allocs;
+/* Counts one such allocation (globally and in the current context's pool). */
+void svc_note_passthrough(void);
+
+/* ---- what the shim tells the user (record.c, stats_file.c, oom_report.c) --- */
+
+/* BFCSHIM_TRACE: one event per pooled allocation, failure and free. */
+void record_alloc(uint64_t ptr, uint64_t size, CUstream stream);
+void record_alloc_failure(uint64_t size, CUstream stream);
+void record_free(uint64_t ptr, CUstream stream);
+void record_flush(void);
+void record_after_fork_child(void);
+
+/* BFCSHIM_STATS_FILE / BFCSHIM_STATS. */
+bool stats_write_file(const char *path);
+void stats_write_summary(int fd);
+/* Called on the allocation path: writes the stats file when the user asked
+ * for it by creating STATS_FILE.request (checked every 1024 allocations). */
+void stats_poll_request(void);
+void stats_at_exit(void);
+
+/* An allocation the pool cannot serve: one line always; the full report
+ * (memory map, largest blocks, hint) once per distinct situation. */
+void oom_report(shim_pool *sp, size_t size, const char *api);
 
 /* ---- lifecycle (lifecycle.c) --------------------------------------------------- */
 

@@ -8,6 +8,7 @@
 #ifndef BFCSHIM_TESTS_E2E_H
 #define BFCSHIM_TESTS_E2E_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,10 +73,16 @@ static inline void shim_log_reset(void)
     e2e_log_offset = 0;
 }
 
+/* Out-of-memory reports (multi-line blocks) seen by the last shim_log_lines. */
+static int e2e_reports;
+
 /* Lines the shim logged since the previous call, copied (up to len bytes)
- * into buf when it is not NULL. */
+ * into buf when it is not NULL. An out-of-memory report block is not a log
+ * line: it is counted in e2e_reports instead. */
 static inline int shim_log_lines(char *buf, size_t len)
 {
+    bool in_report = false;
+    e2e_reports = 0;
     if (buf && len)
         buf[0] = 0;
     FILE *f = fopen(e2e_log_path(), "r");
@@ -87,6 +94,14 @@ static inline int shim_log_lines(char *buf, size_t len)
     char line[2048];
     while (fgets(line, sizeof line, f)) {
         size_t n = strlen(line);
+        if (strncmp(line, "==== bfcshim out-of-memory report", 33) == 0) {
+            in_report = true;
+            e2e_reports++;
+        }
+        if (in_report) {
+            in_report = strncmp(line, "==== end of report", 18) != 0;
+            continue;
+        }
         lines++;
         if (buf && used + n < len) {
             memcpy(buf + used, line, n + 1);

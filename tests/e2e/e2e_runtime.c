@@ -14,10 +14,12 @@
  *   fork        fork after the pool exists, and before
  *   platform    BFCSHIM_ALLOCATOR=platform passes everything through
  *   garbage-env malformed variables: one line each, defaults, the program runs
+ *   stats-now   statistics on demand: bfcshim_write_stats and the request file
  *
  * The fake device has 1 GiB (FAKECUDA_MEM), so the default pool is 768 MiB.
  */
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <pthread.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -159,6 +161,12 @@ static void oom(void)
     CHECK_EQ(cudaGetLastError(), cudaErrorMemoryAllocation);
     CHECK_EQ(cudaGetLastError(), cudaSuccess);
     CHECK_ONE_LOG_LINE("out of memory");
+    CHECK_EQ(e2e_reports, 1); /* the full report, once */
+    /* The same failure again: the line, not the report. */
+    CHECK_EQ(cudaMalloc(&b, 100 * MiB), cudaErrorMemoryAllocation);
+    CHECK_EQ(cudaGetLastError(), cudaErrorMemoryAllocation);
+    CHECK_ONE_LOG_LINE("out of memory");
+    CHECK_EQ(e2e_reports, 0);
     /* After freeing, the same request succeeds. */
     CHECK_EQ(cudaFree(a), cudaSuccess);
     CHECK_EQ(cudaMalloc(&b, 100 * MiB), cudaSuccess);
@@ -442,6 +450,47 @@ static void garbage_env(void)
     CHECK_EQ(cudaFree(p), cudaSuccess);
 }
 
+/* BFCSHIM_STATS_FILE is set by the runner; $STATS_NOW names another path. */
+static void stats_now(void)
+{
+    int (*write_stats)(const char *) = (int (*)(const char *))dlsym(RTLD_DEFAULT,
+                                                                   "bfcshim_write_stats");
+    CHECK(write_stats != NULL);
+    if (!write_stats)
+        return;
+    char *p = alloc_ok(MiB);
+    const char *now = getenv("STATS_NOW");
+    CHECK(now != NULL);
+    remove(now);
+    CHECK_EQ(write_stats(now), 0);
+    FILE *f = fopen(now, "r");
+    CHECK(f != NULL);
+    char text[8192] = "";
+    if (f) {
+        size_t n = fread(text, 1, sizeof text - 1, f);
+        text[n] = 0;
+        fclose(f);
+    }
+    CHECK(strstr(text, "\"num_allocs\": 1,") != NULL);
+
+    /* The request file: the next thousand allocations answer it. */
+    const char *file = getenv("BFCSHIM_STATS_FILE");
+    char req[4200];
+    snprintf(req, sizeof req, "%s.request", file);
+    remove(file);
+    FILE *r = fopen(req, "w");
+    CHECK(r != NULL);
+    if (r)
+        fclose(r);
+    for (int i = 0; i < 1100; i++) {
+        char *q = alloc_ok(4096);
+        CHECK_EQ(cudaFree(q), cudaSuccess);
+    }
+    CHECK(access(req, F_OK) != 0); /* answered and removed */
+    CHECK(access(file, F_OK) == 0);
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -452,6 +501,7 @@ int main(int argc, char **argv)
         {"growth", growth},       {"streams", streams},         {"immediate", immediate},
         {"capture", capture},     {"threads", threads},         {"multidevice", multidevice},
         {"fork", forks},          {"platform", platform},       {"garbage-env", garbage_env},
+        {"stats-now", stats_now},
     };
     if (argc != 2) {
         fprintf(stderr, "usage: e2e_runtime SCENARIO\n");

@@ -1,0 +1,168 @@
+/*
+ * oom_report.c - what the user sees when the pool cannot serve an allocation.
+ *
+ * Always one log line with the figures that matter. Once per distinct
+ * situation, a full report: the request and its rounded size, the pool's
+ * limit and how it is used, the largest live allocations, the memory map,
+ * and the hint that fits the situation. A situation is the device, the
+ * request's power of two and whether the pool was full or fragmented: a job
+ * that fails the same way a thousand times in a retry loop gets one report,
+ * a job that fails in a new way gets another. The report goes to the log
+ * (stderr by default) and, with BFCSHIM_OOM_REPORT=path, is appended there;
+ * the trace (BFCSHIM_TRACE) is flushed so it ends at the failure.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "shim.h"
+#include "units.h"
+
+enum { MAX_SITUATIONS = 256, TOP_LIVE = 10, MAX_CHUNK_LINES = 2000 };
+
+static pthread_mutex_t seen_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint32_t seen[MAX_SITUATIONS];
+static size_t nseen;
+
+/* True the first time this situation is seen. */
+static bool first_time(uint32_t key)
+{
+    bool fresh = true;
+    pthread_mutex_lock(&seen_lock);
+    for (size_t i = 0; i < nseen && fresh; i++)
+        fresh = seen[i] != key;
+    if (fresh && nseen < MAX_SITUATIONS)
+        seen[nseen++] = key;
+    pthread_mutex_unlock(&seen_lock);
+    return fresh;
+}
+
+static unsigned log2_floor(uint64_t x)
+{
+    return x ? 63u - (unsigned)__builtin_clzll(x) : 0;
+}
+
+static void write_hint(FILE *f, const shim_config *cfg, const bfc_stats *st, uint64_t rounded,
+                       uint64_t total)
+{
+    char a[32], b[32], c[32];
+    uint64_t room = st->bytes_limit - st->bytes_in_use;
+    if (room >= rounded) {
+        fprintf(f, "diagnosis: fragmentation. The pool has %s not in use but no single free "
+                   "block of %s (the largest is %s",
+                format_size(room, a, sizeof a), format_size(rounded, b, sizeof b),
+                format_size(st->largest_free_block_bytes, c, sizeof c));
+        if (st->pending_bytes)
+            fprintf(f, "; %s are freed blocks still waiting for stream work",
+                    format_size(st->pending_bytes, a, sizeof a));
+        fprintf(f, ").\nhint: keep BFCSHIM_PLACEMENT=age (the default: it keeps blocks of "
+                   "different lifetimes apart); give the pool headroom above the job's peak with "
+                   "a higher BFCSHIM_MEM_FRACTION; ");
+        if (!cfg->preallocate && cfg->garbage_collection)
+            fprintf(f, "growth mode already returns empty regions.\n");
+        else
+            fprintf(f, "or grow on demand (BFCSHIM_PREALLOCATE=false, BFCSHIM_GC=true) so that "
+                       "emptied regions go back to the device and come back whole.\n");
+        return;
+    }
+    double need = (double)(st->bytes_in_use + rounded) / (double)total;
+    fprintf(f, "diagnosis: the pool is full: %s in use of a %s limit.\n",
+            format_size(st->bytes_in_use, a, sizeof a),
+            format_size(st->bytes_limit, b, sizeof b));
+    if (need <= 1.0 && st->bytes_limit < total)
+        fprintf(f, "hint: raise the limit: this request needs at least "
+                   "BFCSHIM_MEM_FRACTION=%.2f (now %.2f) of the device's %s, or a "
+                   "BFCSHIM_MEM_LIMIT of %s or more.\n",
+                need + 0.005, (double)st->bytes_limit / (double)total,
+                format_size(total, c, sizeof c),
+                format_size(st->bytes_in_use + rounded, a, sizeof a));
+    else
+        fprintf(f, "hint: the device cannot hold this much: free memory first (smaller batch, "
+                   "activation checkpointing).\n");
+    if (!cfg->preallocate && !cfg->garbage_collection)
+        fprintf(f, "hint: BFCSHIM_GC=true would return empty regions before failing.\n");
+}
+
+static void write_report(FILE *f, shim_pool *sp, size_t size, const char *api)
+{
+    const shim_config *cfg = shim_config_get();
+    bfc_stats st;
+    bfc_pool_stats(sp->bfc, &st);
+    bfc_options o;
+    bfc_pool_options(sp->bfc, &o);
+    uint64_t rounded = ((uint64_t)size + o.granularity - 1) / o.granularity * o.granularity;
+    char a[32], b[32], c[32], d[32], e[32];
+    fprintf(f, "==== bfcshim out-of-memory report (pid %d, device %d) ====\n", (int)getpid(),
+            (int)sp->dev);
+    fprintf(f, "request: %s(%zu bytes = %s), rounded to %s\n", api, size,
+            format_size(size, a, sizeof a), format_size(rounded, b, sizeof b));
+    fprintf(f, "pool: limit %s (%s of the device's %s), %s held in %llu region(s)\n",
+            format_size(st.bytes_limit, a, sizeof a),
+            cfg->mem_limit ? "BFCSHIM_MEM_LIMIT" : "BFCSHIM_MEM_FRACTION",
+            format_size(sp->total_memory, b, sizeof b), format_size(st.pool_bytes, c, sizeof c),
+            (unsigned long long)st.num_regions);
+    fprintf(f, "in use %s (requested %s), free %s, pending %s, largest free block %s, "
+               "fragmentation %.3f\n",
+            format_size(st.bytes_in_use, a, sizeof a),
+            format_size(st.bytes_requested, b, sizeof b), format_size(st.free_bytes, c, sizeof c),
+            format_size(st.pending_bytes, d, sizeof d),
+            format_size(st.largest_free_block_bytes, e, sizeof e), st.fragmentation);
+    write_hint(f, cfg, &st, rounded, sp->total_memory);
+
+    bfc_live_info top[TOP_LIVE];
+    size_t n = bfc_pool_largest_live(sp->bfc, top, TOP_LIVE);
+    fprintf(f, "largest live allocations (of %llu):\n",
+            (unsigned long long)(st.num_allocs - st.num_frees));
+    for (size_t i = 0; i < n; i++)
+        fprintf(f, "  0x%llx  %10s  requested %llu, allocation #%llu\n",
+                (unsigned long long)top[i].addr, format_size(top[i].size, a, sizeof a),
+                (unsigned long long)top[i].requested, (unsigned long long)top[i].seq);
+    unsigned what = BFC_DUMP_SUMMARY | BFC_DUMP_BINS | BFC_DUMP_OCCUPANCY;
+    if (st.num_chunks <= MAX_CHUNK_LINES)
+        what |= BFC_DUMP_CHUNKS;
+    fprintf(f, "memory map:\n");
+    bfc_pool_dump(sp->bfc, f, what);
+    fprintf(f, "==== end of report ====\n");
+}
+
+void oom_report(shim_pool *sp, size_t size, const char *api)
+{
+    const shim_config *cfg = shim_config_get();
+    bfc_stats st;
+    bfc_pool_stats(sp->bfc, &st);
+    char req[32], lim[32], use[32], big[32];
+    shim_log(LOG_ERROR,
+             "%s(%zu bytes = %s) on device %d: out of memory in the pool (limit %s, in use %s, "
+             "largest free block %s). Raise BFCSHIM_MEM_FRACTION or BFCSHIM_MEM_LIMIT, or free "
+             "memory and retry",
+             api, size, format_size(size, req, sizeof req), (int)sp->dev,
+             format_size(st.bytes_limit, lim, sizeof lim),
+             format_size(st.bytes_in_use, use, sizeof use),
+             format_size(st.largest_free_block_bytes, big, sizeof big));
+    record_flush();
+    bool fragmented = st.bytes_limit - st.bytes_in_use >= size;
+    uint32_t key = (uint32_t)sp->dev << 8 | log2_floor(size) << 1 | fragmented;
+    if (!first_time(key))
+        return;
+    /* Formatted once, then written whole to each destination. */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&text, &len);
+    if (!mem)
+        return;
+    write_report(mem, sp, size, api);
+    fclose(mem);
+    ssize_t w = write(shim_log_fd(), text, len);
+    (void)w;
+    char path[4096];
+    if (cfg->oom_report_path && shim_expand_path(cfg->oom_report_path, path, sizeof path)) {
+        FILE *f = fopen(path, "a");
+        if (f) {
+            fwrite(text, 1, len, f);
+            fclose(f);
+        } else {
+            shim_log(LOG_ERROR, "BFCSHIM_OOM_REPORT: cannot write %s", path);
+        }
+    }
+    free(text);
+}

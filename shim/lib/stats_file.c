@@ -1,0 +1,192 @@
+/*
+ * stats_file.c - the pools' statistics for people and programs.
+ *
+ *   BFCSHIM_STATS_FILE=path  JSON at exit (the contract in
+ *                            ../shared/notes/design-brief.md), and on
+ *                            demand: create path.request and the next
+ *                            thousand allocations write it and remove the
+ *                            request; or call bfcshim_write_stats(path)
+ *                            (exported; NULL means the configured path),
+ *                            e.g. from Python with ctypes. No signal is
+ *                            taken from the program.
+ *   BFCSHIM_STATS=1          a one-screen summary on stderr at exit.
+ *
+ * Field names are TSL's AllocatorStats names where one exists.
+ */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "json_out.h"
+#include "shim.h"
+#include "units.h"
+
+atomic_uint_fast64_t shim_passthrough_allocs;
+
+static void pool_json(json_out *j, shim_pool *sp)
+{
+    bfc_stats st;
+    bfc_pool_stats(sp->bfc, &st);
+    json_object_open(j, NULL);
+    json_i64(j, "device", (int64_t)sp->dev);
+    json_bool(j, "primary_context", sp->primary);
+    json_bool(j, "alive", !atomic_load(&sp->dead));
+    json_u64(j, "num_allocs", st.num_allocs);
+    json_u64(j, "num_frees", st.num_frees);
+    json_u64(j, "num_ooms", st.num_ooms);
+    json_u64(j, "bytes_in_use", st.bytes_in_use);
+    json_u64(j, "peak_bytes_in_use", st.peak_bytes_in_use);
+    json_u64(j, "bytes_requested", st.bytes_requested);
+    json_u64(j, "peak_bytes_requested", st.peak_bytes_requested);
+    json_u64(j, "largest_alloc_size", st.largest_alloc_size);
+    json_u64(j, "bytes_limit", st.bytes_limit);
+    json_u64(j, "bytes_reserved", st.bytes_reserved);
+    json_u64(j, "peak_bytes_reserved", st.peak_bytes_reserved);
+    json_u64(j, "pool_bytes", st.pool_bytes);
+    json_u64(j, "peak_pool_bytes", st.peak_pool_bytes);
+    json_u64(j, "largest_free_block_bytes", st.largest_free_block_bytes);
+    json_u64(j, "free_bytes", st.free_bytes);
+    json_u64(j, "pending_bytes", st.pending_bytes);
+    json_u64(j, "internal_fragmentation_bytes", st.internal_fragmentation_bytes);
+    json_double(j, "fragmentation", st.fragmentation);
+    json_u64(j, "num_chunks", st.num_chunks);
+    json_u64(j, "num_regions", st.num_regions);
+    json_u64(j, "num_region_allocs", st.num_region_allocs);
+    json_u64(j, "num_region_frees", st.num_region_frees);
+    json_u64(j, "num_gc_runs", st.num_gc_runs);
+    json_u64(j, "num_fence_waits", st.num_fence_waits);
+    json_u64(j, "host_metadata_bytes", st.host_metadata_bytes);
+    json_u64(j, "total_memory", sp->total_memory);
+    json_u64(j, "passthrough_allocs", atomic_load(&sp->passthrough_allocs));
+    json_object_close(j);
+}
+
+static void write_json(FILE *f)
+{
+    const shim_config *cfg = shim_config_get();
+    json_out j;
+    json_begin(&j, f, true);
+    json_object_open(&j, NULL);
+    json_u64(&j, "version", 1);
+    json_i64(&j, "pid", (int64_t)getpid());
+    json_string(&j, "allocator", cfg->mode == MODE_BFC ? "bfc" : "platform");
+    json_string(&j, "free_policy", cfg->free_policy == FREE_FENCED ? "fenced" : "immediate");
+    uint64_t driver_allocs = atomic_load(&shim_passthrough_allocs), driver_frees = 0;
+    json_array_open(&j, "pools");
+    for (size_t i = 0; i < pools_count(); i++) {
+        shim_pool *sp = pools_at(i);
+        if (!sp)
+            continue;
+        bfc_stats st;
+        bfc_pool_stats(sp->bfc, &st);
+        driver_allocs += st.num_region_allocs;
+        driver_frees += st.num_region_frees;
+        pool_json(&j, sp);
+    }
+    json_array_close(&j);
+    platform_counts pc;
+    platform_get_counts(&pc);
+    json_object_open(&j, "platform");
+    json_u64(&j, "num_allocs", pc.num_allocs);
+    json_u64(&j, "num_frees", pc.num_frees);
+    json_u64(&j, "bytes_in_use", pc.bytes_in_use);
+    json_u64(&j, "peak_bytes_in_use", pc.peak_bytes_in_use);
+    json_u64(&j, "largest_alloc_size", pc.largest_alloc_size);
+    json_object_close(&j);
+    /* What the device saw: regions (and pass-through calls) in bfc mode,
+     * every call in platform mode. */
+    json_u64(&j, "driver_alloc_calls", driver_allocs + pc.num_allocs);
+    json_u64(&j, "driver_free_calls", driver_frees + pc.num_frees);
+    json_u64(&j, "passthrough_allocs", atomic_load(&shim_passthrough_allocs));
+    json_object_close(&j);
+    json_end(&j);
+}
+
+bool stats_write_file(const char *pattern)
+{
+    char path[4096], tmp[4200];
+    if (!pattern || !shim_expand_path(pattern, path, sizeof path))
+        return false;
+    /* Written aside and renamed, so a reader never sees half a file. */
+    snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        shim_log(LOG_ERROR, "BFCSHIM_STATS_FILE: cannot write %s", tmp);
+        return false;
+    }
+    write_json(f);
+    bool ok = fclose(f) == 0 && rename(tmp, path) == 0;
+    if (!ok) {
+        unlink(tmp);
+        shim_log(LOG_ERROR, "BFCSHIM_STATS_FILE: cannot write %s", path);
+    }
+    return ok;
+}
+
+SHIM_EXPORT int bfcshim_write_stats(const char *path)
+{
+    return stats_write_file(path ? path : shim_config_get()->stats_file) ? 0 : -1;
+}
+
+void stats_poll_request(void)
+{
+    static _Thread_local unsigned calls __attribute__((tls_model("initial-exec")));
+    if (++calls % 1024)
+        return;
+    const char *pattern = shim_config_get()->stats_file;
+    char path[4096], req[4200];
+    if (!pattern || !shim_expand_path(pattern, path, sizeof path))
+        return;
+    snprintf(req, sizeof req, "%s.request", path);
+    if (access(req, F_OK) == 0 && unlink(req) == 0)
+        stats_write_file(pattern);
+}
+
+void stats_write_summary(int fd)
+{
+    FILE *f = fdopen(dup(fd), "w");
+    if (!f)
+        return;
+    char a[32], b[32], c[32], d[32];
+    fprintf(f, "bfcshim[%d]: allocator %s\n", (int)getpid(),
+            shim_config_get()->mode == MODE_BFC ? "bfc" : "platform");
+    for (size_t i = 0; i < pools_count(); i++) {
+        shim_pool *sp = pools_at(i);
+        if (!sp)
+            continue;
+        bfc_stats st;
+        bfc_pool_stats(sp->bfc, &st);
+        fprintf(f, "  device %d%s: limit %s, pool %s (peak %s), %llu region call(s)\n",
+                (int)sp->dev, atomic_load(&sp->dead) ? " (context gone)" : "",
+                format_size(st.bytes_limit, a, sizeof a), format_size(st.pool_bytes, b, sizeof b),
+                format_size(st.peak_pool_bytes, c, sizeof c),
+                (unsigned long long)st.num_region_allocs);
+        fprintf(f, "    in use %s, peak %s, largest allocation %s\n",
+                format_size(st.bytes_in_use, a, sizeof a),
+                format_size(st.peak_bytes_in_use, b, sizeof b),
+                format_size(st.largest_alloc_size, c, sizeof c));
+        fprintf(f, "    %llu allocations, %llu frees, %llu out of memory; largest free block %s, "
+                   "fragmentation %.3f, %llu fence wait(s)\n",
+                (unsigned long long)st.num_allocs, (unsigned long long)st.num_frees,
+                (unsigned long long)st.num_ooms,
+                format_size(st.largest_free_block_bytes, d, sizeof d), st.fragmentation,
+                (unsigned long long)st.num_fence_waits);
+    }
+    platform_counts pc;
+    platform_get_counts(&pc);
+    if (pc.num_allocs)
+        fprintf(f, "  passed through: %llu allocations, %llu frees, peak %s live\n",
+                (unsigned long long)pc.num_allocs, (unsigned long long)pc.num_frees,
+                format_size(pc.peak_bytes_in_use, a, sizeof a));
+    fclose(f);
+}
+
+void stats_at_exit(void)
+{
+    const shim_config *cfg = shim_config_get();
+    if (cfg->stats_file)
+        stats_write_file(cfg->stats_file);
+    if (cfg->stats_summary)
+        stats_write_summary(STDERR_FILENO);
+}

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""What the shim writes for the user, checked from outside the process:
+the stats file at exit (JSON, contract field names, right counts), the trace
+(RMM CSV that `bfcshim replay` accepts, with the right events), the OOM
+report file, the summary on stderr, and per-process traces across fork.
+
+usage: test_reporting.py BFCSHIM E2E_RUNTIME LIBBFCSHIM FAKE_CUDA_DIR WORKDIR
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+bfcshim, program, lib, fake_dir, work = sys.argv[1:6]
+shutil.rmtree(work, ignore_errors=True)
+os.makedirs(work)
+failures = 0
+
+
+def check(cond, what):
+    global failures
+    if not cond:
+        failures += 1
+        print("FAIL:", what)
+
+
+def run(scenario, **env):
+    e = dict(os.environ)
+    e.update(LD_PRELOAD=lib, LD_LIBRARY_PATH=fake_dir, FAKECUDA_DEVICES="2",
+             FAKECUDA_MEM="1GiB", BFCSHIM_LOG_FILE=os.path.join(work, scenario + ".log"),
+             ASAN_OPTIONS="verify_asan_link_order=0:detect_leaks=0")
+    e.update(env)
+    p = subprocess.run([program, scenario], env=e, capture_output=True, text=True)
+    check(p.returncode == 0, f"{scenario} exited {p.returncode}: {p.stderr[-2000:]}")
+    return p
+
+
+def replay(path):
+    p = subprocess.run([bfcshim, "replay", "--json", "--repeat", "1", path],
+                       capture_output=True, text=True)
+    check(p.returncode == 0, f"replay {path}: {p.stderr}")
+    return json.loads(p.stdout) if p.returncode == 0 else {}
+
+
+# 1. stats at exit and the trace of the same run (scenario basic: 102
+#    allocations and 102 frees in one preallocated region).
+stats = os.path.join(work, "stats.json")
+trace = os.path.join(work, "trace.csv")
+run("basic", BFCSHIM_STATS_FILE=stats, BFCSHIM_TRACE=trace)
+doc = json.load(open(stats))
+check(doc["version"] == 1 and doc["allocator"] == "bfc", "stats header")
+pools = doc["pools"]
+check(len(pools) == 1, f"{len(pools)} pools")
+pool = pools[0]
+for key in ("device", "num_allocs", "num_frees", "bytes_in_use", "peak_bytes_in_use",
+            "largest_alloc_size", "bytes_limit", "pool_bytes", "peak_pool_bytes",
+            "largest_free_block_bytes", "num_ooms", "passthrough_allocs"):
+    check(key in pool, f"stats field {key}")
+check(pool["num_allocs"] == 102 and pool["num_frees"] == 102,
+      f"allocs/frees {pool['num_allocs']}/{pool['num_frees']}")
+check(pool["bytes_limit"] == 768 << 20 and pool["pool_bytes"] == 768 << 20, "limit")
+check(pool["bytes_in_use"] == 0 and pool["peak_bytes_in_use"] >= 100 << 20, "in use")
+check(doc["driver_alloc_calls"] == 1, f"driver calls {doc['driver_alloc_calls']}")
+
+lines = open(trace).read().splitlines()
+check(lines[0] == "Thread,Time,Action,Pointer,Size,Stream", "trace header")
+check(len(lines) == 1 + 204, f"trace has {len(lines) - 1} events")
+r = replay(trace)
+check(r.get("allocs") == 102 and r.get("frees") == 102 and r.get("unmatched_frees") == 0,
+      f"replayed trace: {r}")
+
+# 2. the OOM report file: one report for two identical failures, with the
+#    figures and the hint for a full pool.
+report = os.path.join(work, "oom.txt")
+run("oom", BFCSHIM_OOM_REPORT=report, BFCSHIM_TRACE=os.path.join(work, "oom.csv"))
+text = open(report).read()
+check(text.count("==== bfcshim out-of-memory report") == 1, "one report")
+check("rounded to 100 MiB" in text and "diagnosis: the pool is full" in text, "report body")
+check("BFCSHIM_MEM_FRACTION=0.79" in text, "the hint names the fraction that fits")
+check("largest live allocations" in text and "Region 0 |" in text, "live list and map")
+oom_trace = open(os.path.join(work, "oom.csv")).read()
+check(oom_trace.count(",allocate failure,") == 2, "failures in the trace")
+
+# 3. the summary on stderr.
+p = run("basic", BFCSHIM_STATS="1")
+check("device 0: limit 768 MiB" in p.stderr and "102 allocations, 102 frees" in p.stderr,
+      f"summary: {p.stderr}")
+
+# 4. on demand (the program asks, and the request file).
+run("stats-now", BFCSHIM_STATS_FILE=os.path.join(work, "req.json"),
+    STATS_NOW=os.path.join(work, "now.json"))
+check(json.load(open(os.path.join(work, "now.json")))["version"] == 1, "stats on demand")
+
+# 5. platform mode counts what passes through.
+run("platform", BFCSHIM_ALLOCATOR="platform", BFCSHIM_STATS_FILE=stats)
+doc = json.load(open(stats))
+check(doc["allocator"] == "platform" and doc["pools"] == [], "platform: no pools")
+check(doc["platform"]["num_allocs"] == 10 and doc["driver_alloc_calls"] == 10,
+      f"platform counts {doc['platform']}")
+
+# 6. %p: each process its own trace; the child forked before the pool
+#    records its own allocations.
+run("fork", BFCSHIM_TRACE=os.path.join(work, "fork-%p.csv"))
+files = sorted(f for f in os.listdir(work) if f.startswith("fork-") and f.endswith(".csv"))
+check(len(files) == 2, f"per-process traces: {files}")
+for f in files:
+    replay(os.path.join(work, f))
+
+print("failures:", failures)
+sys.exit(1 if failures else 0)
