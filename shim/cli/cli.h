@@ -5,6 +5,8 @@
 #include <getopt.h>
 #include <stdio.h>
 
+int cmd_run(int argc, char **argv);
+int cmd_ab(int argc, char **argv);
 int cmd_replay(int argc, char **argv);
 int cmd_tracegen(int argc, char **argv);
 

@@ -33,6 +33,8 @@ static const struct {
     int (*run)(int, char **);
     const char *what;
 } commands[] = {
+    {"run", cmd_run, "run a program with the shim preloaded"},
+    {"ab", cmd_ab, "compare a program under its own allocator and under the shim"},
     {"replay", cmd_replay, "replay allocation traces through the engine (no GPU)"},
     {"tracegen", cmd_tracegen, "write a synthetic training-step allocation trace"},
 };

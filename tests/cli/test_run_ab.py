@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""`bfcshim run` and `bfcshim ab` on a stand-in job (tests/e2e/e2e_workload.c)
+over the fake CUDA libraries: the shim is found without a path, options
+become variables, LD_PRELOAD is kept, exit statuses pass through, and ab's
+table and JSON carry the right counts.
+
+usage: test_run_ab.py BFCSHIM WORKLOAD FAKE_CUDA_DIR WORKDIR
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+bfcshim, workload, fake_dir, work = sys.argv[1:5]
+shutil.rmtree(work, ignore_errors=True)
+os.makedirs(work)
+env = dict(os.environ, LD_LIBRARY_PATH=fake_dir, FAKECUDA_MEM="1GiB",
+           ASAN_OPTIONS="verify_asan_link_order=0:detect_leaks=0")
+env.pop("LD_PRELOAD", None)
+failures = 0
+
+
+def check(cond, what):
+    global failures
+    if not cond:
+        failures += 1
+        print("FAIL:", what)
+
+
+def sh(*args, **extra):
+    return subprocess.run([bfcshim, *args], env=dict(env, **extra), capture_output=True,
+                          text=True)
+
+
+# run: the status passes through, options become variables, LD_PRELOAD kept.
+stats = os.path.join(work, "run.json")
+p = sh("run", "--fraction", "0.5", "--stats-file", stats, "--", workload, "3", "2",
+       LD_PRELOAD="libm.so.6")
+check(p.returncode == 3, f"run exit status {p.returncode}: {p.stderr}")
+preload = p.stdout.splitlines()[0]
+check("libbfcshim.so" in preload and preload.endswith(":libm.so.6"), f"run {preload}")
+doc = json.load(open(stats))
+check(doc["pools"][0]["bytes_limit"] == 512 << 20, "--fraction 0.5 reached the shim")
+check(doc["pools"][0]["num_allocs"] == 40, "allocations counted")
+
+p = sh("run", "--fraction", "2", "--", workload)
+check(p.returncode == 2 and "--fraction '2'" in p.stderr, f"bad value: {p.stderr}")
+p = sh("run", "--")
+check(p.returncode == 2 and "no command" in p.stderr, "no command")
+p = sh("run", "--", os.path.join(work, "no-such-program"))
+check(p.returncode == 127, f"missing program: {p.returncode}")
+p = sh("run", "--", workload, BFCSHIM_LIBRARY="/nonexistent/libbfcshim.so")
+check(p.returncode == 2 and "BFCSHIM_LIBRARY" in p.stderr, "unreadable BFCSHIM_LIBRARY")
+
+# ab: A counts the driver calls the job makes itself, B takes one region.
+p = sh("ab", "--repeat", "2", "--json", "--metric", r"samples/s ([0-9.]+)",
+       "--env-b", "BFCSHIM_MEM_FRACTION=0.25", "--", workload, "0", "3")
+check(p.returncode == 0, f"ab: {p.returncode} {p.stderr}")
+check(p.stderr.count("bfcshim ab: run ") == 4, "progress lines")
+order = [line.split(", ")[1].split(" ")[0] for line in p.stderr.splitlines()
+         if line.startswith("bfcshim ab: run ")]
+check(order == ["A:", "B:", "A:", "B:"], f"interleaved: {order}")
+doc = json.loads(p.stdout)
+a, b = doc["arms"]
+check(len(a["runs"]) == 2 and len(b["runs"]) == 2, "two runs per arm")
+for r in a["runs"]:
+    check(r["driver_alloc_calls"] == 60 and r["exit_status"] == 0, f"arm A run {r}")
+    check(r["metric"] == 1002.0, "metric from the last matching line")
+for r in b["runs"]:
+    check(r["driver_alloc_calls"] == 1 and r["peak_device_bytes"] == 256 << 20,
+          f"arm B run {r}")
+check(a["wall_s_median"] > 0 and b["metric_median"] == 1002.0, "medians")
+
+# The table, a baseline without the shim, and a failing job.
+p = sh("ab", "--repeat", "1", "--baseline", "none", "--", workload, "5", "1")
+check(p.returncode == 1, f"failing job: ab exits 1, got {p.returncode}")
+lines = p.stdout.splitlines()
+calls = [l for l in lines if l.startswith("driver allocation calls")]
+check(calls and calls[0].split()[3] == "n/a" and calls[0].split()[4] == "1",
+      f"table row: {calls}")
+status = [l for l in lines if l.startswith("exit status")]
+check(status and status[0].split()[2:] == ["5", "5"], f"exit row: {status}")
+
+print("failures:", failures)
+sys.exit(1 if failures else 0)
