@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # scripts/deps.sh [--with-tests] - installs the Debian packages bfcshim needs
 # when they are missing: meson and ninja (build), zlib (gzip traces),
-# python3 (tests); with --with-tests also clang and its runtimes (libFuzzer).
+# python3 (tests); with --with-tests also clang and its runtimes (libFuzzer)
+# and chromium (the report is checked in headless Chromium).
 # Needs root for apt-get; otherwise it names what to install and fails.
 set -u
 want=(meson ninja-build pkg-config zlib1g-dev python3)
-[ "${1:-}" = "--with-tests" ] && want+=(clang libclang-rt-14-dev)
+[ "${1:-}" = "--with-tests" ] && want+=(clang libclang-rt-14-dev chromium)
 
 missing=()
 for pkg in "${want[@]}"; do

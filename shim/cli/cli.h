@@ -3,11 +3,19 @@
 #define BFCSHIM_CLI_CLI_H
 
 #include <getopt.h>
+#include <stdint.h>
 #include <stdio.h>
+
+#include "bfc.h"
+#include "trace_csv.h"
 
 int cmd_run(int argc, char **argv);
 int cmd_ab(int argc, char **argv);
 int cmd_replay(int argc, char **argv);
+int cmd_report(int argc, char **argv);
+
+/* The smallest single region, to 1 MiB, that serves the trace (replay.c). */
+uint64_t replay_min_pool_bytes(const trace *t, const bfc_options *policy);
 int cmd_tracegen(int argc, char **argv);
 
 /* "bfcshim CMD: OPTION 'VALUE' is not ACCEPTED" on stderr; returns 2. */

@@ -36,6 +36,7 @@ static const struct {
     {"run", cmd_run, "run a program with the shim preloaded"},
     {"ab", cmd_ab, "compare a program under its own allocator and under the shim"},
     {"replay", cmd_replay, "replay allocation traces through the engine (no GPU)"},
+    {"report", cmd_report, "turn a trace (and stats, and ab results) into an HTML page"},
     {"tracegen", cmd_tracegen, "write a synthetic training-step allocation trace"},
 };
 

@@ -180,6 +180,15 @@ static uint64_t min_pool(const trace *t, const replay_opts *o, bfc_addr *slot_ad
     return hi * MIB;
 }
 
+uint64_t replay_min_pool_bytes(const trace *t, const bfc_options *policy)
+{
+    replay_opts o = {.repeats = 1, .bisect = true, .policy = *policy};
+    bfc_addr *slot_addr = calloc(t->nslots ? t->nslots : 1, sizeof *slot_addr);
+    uint64_t bytes = slot_addr ? min_pool(t, &o, slot_addr) : 0;
+    free(slot_addr);
+    return bytes;
+}
+
 /* Replays in a pool 1 MiB below the minimum and writes the memory map at the
  * first allocation that fails: where the fragmentation is. */
 static void dump_at_failure(const trace *t, const replay_opts *o, uint64_t min_bytes,

@@ -17,6 +17,7 @@ bool trace_init(trace *t, const char *name)
 {
     memset(t, 0, sizeof *t);
     snprintf(t->name, sizeof t->name, "%s", name);
+    t->first_failure_at = SIZE_MAX;
     return ptr_map_init(&t->ptr_to_slot);
 }
 
@@ -29,7 +30,9 @@ void trace_free(trace *t)
 {
     trace_finish(t);
     free(t->ev);
+    free(t->times);
     t->ev = NULL;
+    t->times = NULL;
     t->nev = t->cap = 0;
 }
 
@@ -120,8 +123,16 @@ static bool push(trace *t, uint32_t kind, uint32_t slot, uint64_t size)
         if (!e)
             return malformed(t, "out of host memory after %zu events", t->nev);
         t->ev = e;
+        if (t->keep_times) {
+            uint64_t *tm = realloc(t->times, cap * sizeof *tm);
+            if (!tm)
+                return malformed(t, "out of host memory after %zu events", t->nev);
+            t->times = tm;
+        }
         t->cap = cap;
     }
+    if (t->keep_times)
+        t->times[t->nev] = t->cur_us;
     t->ev[t->nev++] = (trace_event){.size = size, .slot = slot, .kind = kind};
     return true;
 }
@@ -216,21 +227,32 @@ bool trace_feed_line(trace *t, const char *line, size_t len)
     if (t->allocs + t->frees + t->unmatched_frees + t->failed_allocs == 0)
         t->first_us = us;
     t->last_us = us;
+    t->cur_us = us;
     if (field_is(f[2], "allocate"))
         return on_alloc(t, ptr, size);
     if (field_is(f[2], "free"))
         return on_free(t, ptr);
     if (field_is(f[2], "allocate failure")) {
-        t->failed_allocs++;
+        if (t->failed_allocs++ == 0) {
+            t->first_failure_at = t->nev;
+            t->first_failure_size = size;
+        }
         return true;
     }
     return malformed(t, "Action '%.*s' is not allocate, free or allocate failure",
                      (int)f[2].n, f[2].s);
 }
 
-bool trace_load(trace *t, const char *path)
+static bool load(trace *t, const char *path, bool keep_times);
+
+bool trace_load(trace *t, const char *path) { return load(t, path, false); }
+bool trace_load_with_times(trace *t, const char *path) { return load(t, path, true); }
+
+static bool load(trace *t, const char *path, bool keep_times)
 {
-    if (!trace_init(t, path)) {
+    bool ready = trace_init(t, path);
+    t->keep_times = keep_times;
+    if (!ready) {
         snprintf(t->error, sizeof t->error, "%s: out of host memory", path);
         return false;
     }

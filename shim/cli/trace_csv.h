@@ -47,6 +47,13 @@ typedef struct trace {
     uint64_t live_bytes, peak_live_bytes, total_alloc_bytes;
     uint64_t first_us, last_us; /* time of the first and last event */
     bool saw_header;
+    /* trace_load_with_times: the time of every event (us, parallel to ev).
+     * Always: where the first `allocate failure` line fell (the number of
+     * events before it, SIZE_MAX if none) and what it asked for. */
+    bool keep_times;
+    uint64_t *times, cur_us;
+    size_t first_failure_at;
+    uint64_t first_failure_size;
     ptr_map ptr_to_slot;       /* parsing: live pointer -> allocate event + 1 */
     char error[320];            /* set when a line is malformed */
 } trace;
@@ -62,5 +69,7 @@ void trace_free(trace *t);
 /* Reads a whole file (gzip-compressed when built with zlib). Returns false
  * with t->error set on I/O or format errors. */
 bool trace_load(trace *t, const char *path);
+/* The same, keeping every event's time in t->times. */
+bool trace_load_with_times(trace *t, const char *path);
 
 #endif

@@ -1,0 +1,381 @@
+/*
+ * report.c - `bfcshim report TRACE.csv [--stats S.json] [--ab AB.json]`:
+ * one self-contained HTML page (no network, no external files) showing
+ *   - live bytes over time, the peak marked;
+ *   - the pool's occupancy map at the peak and at the first failure (hover:
+ *     address, size, age), from replaying the trace through the engine;
+ *   - a histogram of allocation sizes;
+ *   - the stats file and the `bfcshim ab --json` table when given.
+ *
+ * The page is report_page.html (embedded at build time by
+ * scripts/embed_text.py) with the data as one JSON object in a
+ * <script type="application/json"> element; its script draws SVG.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bfc.h"
+#include "cli.h"
+#include "json_out.h"
+#include "report_page.h"
+#include "sim_device.h"
+#include "trace_csv.h"
+#include "units.h"
+
+enum { MAX_POINTS = 2000 };
+
+typedef struct map_capture {
+    const char *label;
+    json_out *j;
+    bfc_addr base;
+    uint64_t newest_seq;
+    size_t nchunks;
+} map_capture;
+
+static void visit_chunk(void *arg, const bfc_chunk_info *c)
+{
+    map_capture *m = arg;
+    /* [offset, size, kind, seq, requested, region] */
+    json_array_open(m->j, NULL);
+    json_u64(m->j, NULL, c->addr - m->base);
+    json_u64(m->j, NULL, c->size);
+    json_u64(m->j, NULL, (uint64_t)c->kind);
+    json_u64(m->j, NULL, c->seq);
+    json_u64(m->j, NULL, c->requested);
+    json_u64(m->j, NULL, c->region);
+    json_array_close(m->j);
+    m->nchunks++;
+}
+
+static void find_base(void *arg, const bfc_chunk_info *c)
+{
+    bfc_addr *base = arg;
+    if (*base == 0 || c->addr < *base)
+        *base = c->addr;
+}
+
+static void write_map(json_out *j, bfc_pool *pool, const char *label, size_t event,
+                      uint64_t request, uint64_t newest_seq)
+{
+    bfc_stats st;
+    bfc_pool_stats(pool, &st);
+    bfc_addr base = 0;
+    bfc_pool_visit(pool, find_base, &base);
+    json_object_open(j, NULL);
+    json_string(j, "label", label);
+    json_u64(j, "event", event);
+    if (request)
+        json_u64(j, "request", request);
+    else
+        json_null(j, "request");
+    json_u64(j, "base", base);
+    json_u64(j, "pool_bytes", st.pool_bytes);
+    json_u64(j, "bytes_in_use", st.bytes_in_use);
+    json_u64(j, "largest_free_block_bytes", st.largest_free_block_bytes);
+    json_u64(j, "newest_seq", newest_seq);
+    json_array_open(j, "chunks");
+    map_capture m = {label, j, base, newest_seq, 0};
+    bfc_pool_visit(pool, visit_chunk, &m);
+    json_array_close(j);
+    json_object_close(j);
+}
+
+/* Copies a JSON file into the page's data verbatim (it is our own output);
+ * null when absent or unreadable. */
+static bool embed_file(FILE *out, const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+        for (size_t i = 0; i < n; i++) {
+            /* keep "</script>" out of the data block */
+            if (buf[i] == '<')
+                fputs("\\u003c", out);
+            else
+                fputc(buf[i], out);
+        }
+    fclose(f);
+    return true;
+}
+
+static uint64_t stats_limit(const char *path)
+{
+    FILE *f = path ? fopen(path, "r") : NULL;
+    if (!f)
+        return 0;
+    char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *p = strstr(buf, "\"bytes_limit\": ");
+    return p ? strtoull(p + 15, NULL, 10) : 0;
+}
+
+typedef struct report_opts {
+    const char *trace, *output, *stats, *ab, *title;
+    uint64_t pool_size;
+} report_opts;
+
+/* Text that goes into the page's data block may not contain '<' (it would
+ * end the <script> element). */
+static const char *no_tags(const char *s, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s", s);
+    for (char *p = buf; *p; p++)
+        if (*p == '<')
+            *p = '_';
+    return buf;
+}
+
+static int write_report(const report_opts *o, trace *t)
+{
+    char title[256], name[256];
+    /* sizes of each allocation slot, for frees */
+    uint64_t *slot_size = calloc(t->nslots ? t->nslots : 1, sizeof *slot_size);
+    bfc_addr *slot_addr = calloc(t->nslots ? t->nslots : 1, sizeof *slot_addr);
+    if (!slot_size || !slot_addr) {
+        fprintf(stderr, "bfcshim report: out of host memory\n");
+        free(slot_size);
+        free(slot_addr);
+        return 1;
+    }
+    size_t peak_at = 0;
+    uint64_t live = 0, peak = 0;
+    for (size_t i = 0; i < t->nev; i++) {
+        const trace_event *e = &t->ev[i];
+        if (e->kind == TRACE_ALLOC) {
+            slot_size[e->slot] = e->size;
+            live += e->size;
+        } else {
+            live -= slot_size[e->slot];
+        }
+        if (live > peak) {
+            peak = live;
+            peak_at = i;
+        }
+    }
+
+    bfc_options policy;
+    bfc_options_init(&policy);
+    const char *pool_source = "--pool-size";
+    uint64_t pool_bytes = o->pool_size;
+    if (!pool_bytes && (pool_bytes = stats_limit(o->stats)))
+        pool_source = "the stats file's bytes_limit";
+    if (!pool_bytes) {
+        pool_bytes = replay_min_pool_bytes(t, &policy);
+        pool_source = "the smallest pool that serves the trace";
+    }
+    if (!pool_bytes)
+        pool_bytes = UINT64_C(1) << 20;
+
+    FILE *out = fopen(o->output, "w");
+    if (!out) {
+        fprintf(stderr, "bfcshim report: %s: %s\n", o->output, strerror(errno));
+        free(slot_size);
+        free(slot_addr);
+        return 1;
+    }
+    fputs(report_page_head, out);
+    json_out j;
+    json_begin(&j, out, false);
+    json_object_open(&j, NULL);
+    json_u64(&j, "version", 1);
+    json_string(&j, "title", no_tags(o->title ? o->title : t->name, title, sizeof title));
+    json_string(&j, "trace", no_tags(t->name, name, sizeof name));
+    json_u64(&j, "events", t->nev);
+    json_u64(&j, "allocs", t->allocs);
+    json_u64(&j, "frees", t->frees);
+    json_u64(&j, "failed_allocs", t->failed_allocs);
+    json_u64(&j, "peak_live_bytes", peak);
+    json_u64(&j, "peak_event", peak_at);
+    json_bool(&j, "has_times", t->times != NULL && t->nev > 0 && t->last_us > t->first_us);
+    json_u64(&j, "pool_bytes", pool_bytes);
+    json_string(&j, "pool_source", pool_source);
+
+    /* live bytes, at most MAX_POINTS points: each keeps its bucket's maximum
+     * so that no peak disappears */
+    json_object_open(&j, "series");
+    size_t step = t->nev / MAX_POINTS + 1;
+    json_array_open(&j, "x");
+    for (size_t i = 0; i < t->nev; i += step) {
+        size_t last = i + step - 1 < t->nev ? i + step - 1 : t->nev - 1;
+        if (t->times)
+            json_double(&j, NULL, (double)(t->times[last] - t->first_us) / 1e6);
+        else
+            json_u64(&j, NULL, last);
+    }
+    json_array_close(&j);
+    json_array_open(&j, "live");
+    live = 0;
+    uint64_t bucket_max = 0;
+    for (size_t i = 0; i < t->nev; i++) {
+        const trace_event *e = &t->ev[i];
+        live += e->kind == TRACE_ALLOC ? e->size : 0;
+        live -= e->kind == TRACE_FREE ? slot_size[e->slot] : 0;
+        if (live > bucket_max)
+            bucket_max = live;
+        if (i % step == step - 1 || i == t->nev - 1) {
+            json_u64(&j, NULL, bucket_max);
+            bucket_max = 0;
+        }
+    }
+    json_array_close(&j);
+    json_u64(&j, "peak_index", peak_at / step);
+    if (t->times && t->nev)
+        json_double(&j, "peak_x", (double)(t->times[peak_at] - t->first_us) / 1e6);
+    else
+        json_u64(&j, "peak_x", peak_at);
+    json_object_close(&j);
+
+    /* size histogram by powers of two */
+    uint64_t count[64] = {0}, bytes[64] = {0};
+    for (size_t i = 0; i < t->nev; i++)
+        if (t->ev[i].kind == TRACE_ALLOC) {
+            unsigned b = t->ev[i].size ? 63u - (unsigned)__builtin_clzll(t->ev[i].size) : 0;
+            count[b]++;
+            bytes[b] += t->ev[i].size;
+        }
+    json_array_open(&j, "hist");
+    for (unsigned b = 0; b < 64; b++)
+        if (count[b]) {
+            json_object_open(&j, NULL);
+            json_u64(&j, "lo", UINT64_C(1) << b);
+            json_u64(&j, "count", count[b]);
+            json_u64(&j, "bytes", bytes[b]);
+            json_object_close(&j);
+        }
+    json_array_close(&j);
+
+    /* the occupancy maps, replaying through the engine */
+    json_array_open(&j, "maps");
+    sim_device dev;
+    sim_device_init(&dev, pool_bytes);
+    bfc_backend backend = sim_device_backend(&dev);
+    policy.limit_bytes = pool_bytes;
+    policy.preallocate = true;
+    policy.region_granularity = policy.granularity;
+    policy.garbage_collection = false;
+    bfc_pool *pool = bfc_pool_create(&policy, &backend);
+    bool failure_shown = false;
+    uint64_t seq = 0, engine_failures = 0;
+    if (pool && bfc_pool_reserve(pool) == BFC_OK) {
+        for (size_t i = 0; i < t->nev; i++) {
+            const trace_event *e = &t->ev[i];
+            if (!failure_shown && i == t->first_failure_at) {
+                write_map(&j, pool, "at the job's first allocation failure", i,
+                          t->first_failure_size, seq);
+                failure_shown = true;
+            }
+            if (e->kind == TRACE_FREE) {
+                bfc_pool_free(pool, slot_addr[e->slot]);
+                slot_addr[e->slot] = 0;
+            } else if (bfc_pool_alloc(pool, e->size, BFC_NO_LANE, &slot_addr[e->slot]) ==
+                       BFC_OK) {
+                seq++;
+            } else {
+                slot_addr[e->slot] = 0;
+                engine_failures++;
+                if (!failure_shown) {
+                    write_map(&j, pool, "at the first allocation this pool cannot serve", i,
+                              e->size, seq);
+                    failure_shown = true;
+                }
+            }
+            if (i == peak_at)
+                write_map(&j, pool, "at the peak of live bytes", i, 0, seq);
+        }
+        if (!failure_shown && t->first_failure_at == t->nev) /* the last line failed */
+            write_map(&j, pool, "at the job's first allocation failure", t->nev,
+                      t->first_failure_size, seq);
+    }
+    json_array_close(&j);
+    json_u64(&j, "replay_failures", engine_failures);
+    bfc_pool_destroy(pool, true);
+
+    json_end(&j); /* the object stays open: the embedded files follow */
+    fputs(", \"stats\": ", out);
+    if (!o->stats || !embed_file(out, o->stats))
+        fputs("null", out);
+    fputs(", \"ab\": ", out);
+    if (!o->ab || !embed_file(out, o->ab))
+        fputs("null", out);
+    fputs("}", out);
+    fputs(report_page_tail, out);
+    bool ok = fclose(out) == 0;
+    free(slot_size);
+    free(slot_addr);
+    if (!ok) {
+        fprintf(stderr, "bfcshim report: %s: write failed\n", o->output);
+        return 1;
+    }
+    char a[32], b[32];
+    fprintf(stderr, "bfcshim report: %s: %zu events, peak %s live; pool of %s (%s)\n",
+            o->output, t->nev, format_size(peak, a, sizeof a),
+            format_size(pool_bytes, b, sizeof b), pool_source);
+    return 0;
+}
+
+static void report_usage(FILE *f)
+{
+    fprintf(f, "usage: bfcshim report TRACE.csv[.gz] [-o OUT.html] [--stats STATS.json]\n"
+               "                      [--ab AB.json] [--pool-size SIZE] [--title TEXT]\n\n"
+               "Writes one self-contained HTML page: live bytes over time with the peak,\n"
+               "the pool's occupancy map at the peak and at the first failure (replayed\n"
+               "through the engine at SIZE, else the stats file's limit, else the smallest\n"
+               "pool that serves the trace), the allocation size histogram, the statistics\n"
+               "(BFCSHIM_STATS_FILE) and the A/B table (bfcshim ab --json).\n");
+}
+
+int cmd_report(int argc, char **argv)
+{
+    enum { R_STATS = 3000, R_AB, R_POOL, R_TITLE };
+    static const struct option longopts[] = {{"output", required_argument, 0, 'o'},
+                                             {"stats", required_argument, 0, R_STATS},
+                                             {"ab", required_argument, 0, R_AB},
+                                             {"pool-size", required_argument, 0, R_POOL},
+                                             {"title", required_argument, 0, R_TITLE},
+                                             {"help", no_argument, 0, 'h'},
+                                             {0, 0, 0, 0}};
+    report_opts o = {.output = "bfcshim-report.html"};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "o:h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'o': o.output = optarg; break;
+        case R_STATS: o.stats = optarg; break;
+        case R_AB: o.ab = optarg; break;
+        case R_TITLE: o.title = optarg; break;
+        case R_POOL:
+            if (!parse_size(optarg, &o.pool_size) || o.pool_size == 0)
+                return cli_bad_value("report", "--pool-size", optarg, "a size such as 40GiB");
+            break;
+        case 'h': report_usage(stdout); return 0;
+        default: report_usage(stderr); return 2;
+        }
+    }
+    if (optind != argc - 1) {
+        report_usage(stderr);
+        return 2;
+    }
+    o.trace = argv[optind];
+    const char *inputs[] = {o.stats, o.ab};
+    for (size_t i = 0; i < 2; i++)
+        if (inputs[i] && access(inputs[i], R_OK) != 0) {
+            fprintf(stderr, "bfcshim report: %s: %s\n", inputs[i], strerror(errno));
+            return 1;
+        }
+    trace t;
+    if (!trace_load_with_times(&t, o.trace)) {
+        fprintf(stderr, "bfcshim report: %s\n", t.error);
+        trace_free(&t);
+        return 1;
+    }
+    int status = write_report(&o, &t);
+    trace_free(&t);
+    return status;
+}

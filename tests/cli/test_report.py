@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""`bfcshim report` end to end, checked in headless Chromium: a job run under
+the shim (trace + stats), an A/B run, a trace with an allocation failure;
+the page must load with no script error and draw what it should, checked on
+the DOM and on a screenshot.
+
+usage: test_report.py BFCSHIM WORKLOAD FAKE_CUDA_DIR WORKDIR
+Skips (77) when no chromium is installed (scripts/deps.sh --with-tests installs it).
+"""
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import zlib
+
+bfcshim, workload, fake_dir, work = sys.argv[1:5]
+chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+if not chromium:
+    print("chromium is not installed: skipping")
+    sys.exit(77)
+shutil.rmtree(work, ignore_errors=True)
+os.makedirs(work)
+env = dict(os.environ, LD_LIBRARY_PATH=fake_dir, FAKECUDA_MEM="1GiB",
+           ASAN_OPTIONS="verify_asan_link_order=0:detect_leaks=0")
+env.pop("LD_PRELOAD", None)
+failures = 0
+
+
+def check(cond, what):
+    global failures
+    if not cond:
+        failures += 1
+        print("FAIL:", what)
+
+
+def sh(*args):
+    p = subprocess.run(list(args), env=env, capture_output=True, text=True)
+    check(p.returncode == 0, f"{args}: {p.returncode} {p.stderr[-1500:]}")
+    return p
+
+
+def path(name):
+    return os.path.join(work, name)
+
+
+# A job under the shim, its A/B, and a trace whose job hit a failure.
+sh(bfcshim, "run", "--trace", path("job.csv"), "--stats-file", path("job.json"), "--",
+   workload, "0", "4")
+ab = sh(bfcshim, "ab", "--repeat", "2", "--json", "--metric", r"samples/s ([0-9.]+)",
+        "--metric-name", "samples/s", "--", workload, "0", "2")
+open(path("ab.json"), "w").write(ab.stdout)
+with open(path("oom.csv"), "w") as f:
+    f.write("Thread,Time,Action,Pointer,Size,Stream\n")
+    for i in range(8):
+        f.write(f"1,10:00:00:{i:06d},allocate,0x{0x10000000 + i * 0x100000:x},{1 << 20},0\n")
+    f.write("1,10:00:01:000000,free,0x10200000,0,0\n")
+    f.write("1,10:00:02:000000,allocate failure,0x0,67108864,0\n")
+
+sh(bfcshim, "report", path("job.csv"), "--stats", path("job.json"), "--ab", path("ab.json"),
+   "-o", path("job.html"))
+sh(bfcshim, "report", path("oom.csv"), "-o", path("oom.html"))
+
+
+def render(html, shot=None):
+    args = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+            "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000",
+            "--window-size=1200,1800"]
+    args += [f"--screenshot={shot}"] if shot else ["--dump-dom"]
+    p = subprocess.run(args + ["file://" + html], capture_output=True, text=True, timeout=120,
+                       cwd=work)
+    errors = [l for l in p.stderr.splitlines()
+              if "Uncaught" in l or ("CONSOLE" in l and "error" in l.lower())]
+    check(not errors, f"console errors in {html}: {errors}")
+    return p.stdout
+
+
+dom = render(path("job.html"))
+check('data-ready="1"' in dom and "data-error" not in dom, "job page rendered without error")
+live = re.search(r'<svg id="live".*?</svg>', dom, re.S)
+check(live and "<polyline" in live.group(0) and 'id="peak-marker"' in live.group(0),
+      "live-bytes chart with the peak marked")
+m0 = re.search(r'<svg id="map-0".*?</svg>', dom, re.S)
+rects = re.findall(r"<rect[^>]*><title>([^<]*)</title>", m0.group(0) if m0 else "")
+check(len(rects) >= 2, f"map at the peak has {len(rects)} blocks")
+check(any(re.match(r"0x[0-9a-f]+: .* allocated, requested .*, age \d+ allocations", t)
+          for t in rects), "hover text: address, size, age")
+check(dom.count('class="bar"') == len(json.loads(re.search(
+    r'<script type="application/json" id="data">(.*?)</script>', dom, re.S).group(1))["hist"]),
+    "one histogram bar per size bucket")
+check('<table id="ab">' in dom and "samples/s" in dom and "driver allocation calls" in dom,
+      "the A/B table")
+ab_rows = re.search(r'<table id="ab">(.*?)</table>', dom, re.S)
+check(ab_rows and ab_rows.group(1).count("<tr>") == 8, "A/B rows")
+check('<table id="stats">' in dom and "peak_pool_bytes" in dom, "the stats table")
+
+dom = render(path("oom.html"))
+check('data-ready="1"' in dom, "oom page rendered")
+check("at the job's first allocation failure" in dom and 'id="map-1"' in dom,
+      "a map at the failure and one at the peak")
+check("request of 64.0 MiB" in dom, "the failing request named")
+
+
+def png_pixels(png):
+    """(width, height, rows of RGB tuples) of an 8-bit RGB/RGBA PNG."""
+    data = open(png, "rb").read()
+    check(data[:8] == b"\x89PNG\r\n\x1a\n", "a PNG")
+    pos, idat, w = 8, b"", 0
+    while pos < len(data):
+        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + n]
+        if kind == b"IHDR":
+            w, h, depth, ctype = struct.unpack(">IIBB", body[:10])
+            ch = {2: 3, 6: 4}[ctype]
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + n
+    raw, stride, prev, out = zlib.decompress(idat), w * ch, bytearray(w * ch), []
+    for y in range(h):
+        f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - ch] if i >= ch else 0
+            b, c = prev[i], prev[i - ch] if i >= ch else 0
+            if f == 1: line[i] = (line[i] + a) & 255
+            elif f == 2: line[i] = (line[i] + b) & 255
+            elif f == 3: line[i] = (line[i] + (a + b) // 2) & 255
+            elif f == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        out.append([tuple(line[x * ch:x * ch + 3]) for x in range(w)])
+        prev = line
+    return w, h, out
+
+
+render(path("job.html"), path("job.png"))
+w, h, px = png_pixels(path("job.png"))
+check((w, h) == (1200, 1800), f"screenshot size {w}x{h}")
+flat = [p for row in px for p in row]
+inked = sum(1 for p in flat if p != (255, 255, 255)) / len(flat)
+check(inked > 0.05, f"the screenshot is {inked:.1%} drawn")
+colours = set(flat)
+check(any(abs(r - 214) < 12 and abs(g - 39) < 12 and abs(b - 40) < 12 for r, g, b in colours),
+      "the peak marker is visible")
+check(any(r > 150 and 60 < g < 140 and b < 80 for r, g, b in colours),
+      "allocated blocks are drawn on the map")
+check(any(abs(r - 91) < 8 and abs(g - 143) < 8 and abs(b - 214) < 8 for r, g, b in colours),
+      "histogram bars are drawn")
+
+print("failures:", failures)
+sys.exit(1 if failures else 0)
