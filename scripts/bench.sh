@@ -81,3 +81,16 @@ done
 
 echo; echo "## 4. lock"
 build/tests/bench_lock
+
+echo; echo "## 5. cost of recording a trace (BFCSHIM_TRACE's writer, via replay --record)"
+echo "ns/op on the 10^4-live trace, 7 process pairs x median of 9 replays, plain then recording:"
+for i in 1 2 3 4 5 6 7; do
+    plain=$($B replay --repeat 9 --no-min-pool --pool-size 8GiB "$work/gpt-1e4.csv" | awk 'NR>1{print $8}')
+    rec=$($B replay --repeat 9 --no-min-pool --pool-size 8GiB --record "$work/recorded.csv" "$work/gpt-1e4.csv" | awk 'NR>1{print $8}')
+    echo "$plain $rec"
+done | python3 -c '
+import sys, statistics
+rows = [tuple(map(float, l.split())) for l in sys.stdin if l.strip()]
+for p, r in rows: print(f"{p:.1f} {r:.1f}")
+p = statistics.median(x for x, _ in rows); r = statistics.median(y for _, y in rows)
+print(f"median: plain {p:.1f}, recording {r:.1f} ns/op (+{100 * (r / p - 1):.0f}%)")'

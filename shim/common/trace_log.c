@@ -115,7 +115,7 @@ static void write_csv(int fd, uint64_t start_us, const record *recs, size_t coun
         const record *r = &recs[i];
         uint64_t us = start_us + (uint64_t)r->tick * TICK_US;
         uint32_t day = (uint32_t)(us / 1000000u % 86400u);
-        int n = snprintf(out + used, CHUNK - used, "%u,%02u:%02u:%02u:%06u,%s,0x%llx,%llu,0x%llx\n",
+        int n = snprintf(out + used, CHUNK - used, "%u,%02u:%02u:%02u:%06u,%s,0x%llx,%llu,%llu\n",
                          r->thread_action >> 2, day / 3600, day / 60 % 60, day % 60,
                          (unsigned)(us % 1000000u), names[r->thread_action & 3],
                          (unsigned long long)r->ptr,
