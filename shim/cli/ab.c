@@ -315,7 +315,7 @@ static void print_table(const ab_opts *o, arm *arms)
             continue;
         if (rows[i].f == f_nvml && !o->nvml)
             continue;
-        char c0[64], c1[64];
+        char c0[128], c1[128];
         cell(c0, sizeof c0, &arms[0], &rows[i]);
         cell(c1, sizeof c1, &arms[1], &rows[i]);
         printf("%-32s %-34s %-34s\n", rows[i].name, c0, c1);
