@@ -56,10 +56,13 @@ static double now_seconds(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* The timed loop over events [from, to), kept out of line so that callgrind
- * can count it alone (--toggle-collect=replay_loop). */
-__attribute__((noinline)) uint64_t replay_loop(bfc_pool *pool, const trace *t, size_t from,
-                                               size_t to, bfc_addr *slot_addr)
+/* The replay loop body; `rec` (NULL or not) is a constant in each caller,
+ * so the recording branches vanish from the plain loop. When recording,
+ * every event is also logged exactly as the shim logs under BFCSHIM_TRACE:
+ * the cost of recording is the difference between the two loops. */
+static inline __attribute__((always_inline)) uint64_t
+loop_body(bfc_pool *pool, const trace *t, size_t from, size_t to, bfc_addr *slot_addr,
+          trace_log *rec)
 {
     uint64_t failures = 0;
     for (size_t i = from; i < to; i++) {
@@ -68,37 +71,33 @@ __attribute__((noinline)) uint64_t replay_loop(bfc_pool *pool, const trace *t, s
             if (bfc_pool_alloc(pool, e->size, BFC_NO_LANE, &slot_addr[e->slot]) != BFC_OK) {
                 slot_addr[e->slot] = 0;
                 failures++;
+                if (rec)
+                    trace_log_event(rec, REC_ALLOCATE_FAILURE, 0, e->size, 0);
+            } else if (rec) {
+                trace_log_event(rec, REC_ALLOCATE, slot_addr[e->slot], e->size, 0);
             }
         } else {
             bfc_pool_free(pool, slot_addr[e->slot]);
+            if (rec)
+                trace_log_event(rec, REC_FREE, slot_addr[e->slot], 0, 0);
         }
     }
     return failures;
 }
 
-/* The timed loop with every event also recorded, exactly as the shim records
- * under BFCSHIM_TRACE: the cost of recording is the difference. */
+/* The timed loops over events [from, to), kept out of line so that
+ * callgrind can count them alone (--toggle-collect=replay_loop). */
+__attribute__((noinline)) uint64_t replay_loop(bfc_pool *pool, const trace *t, size_t from,
+                                               size_t to, bfc_addr *slot_addr)
+{
+    return loop_body(pool, t, from, to, slot_addr, NULL);
+}
+
 __attribute__((noinline)) uint64_t replay_loop_recorded(bfc_pool *pool, const trace *t,
                                                         size_t from, size_t to,
                                                         bfc_addr *slot_addr, trace_log *rec)
 {
-    uint64_t failures = 0;
-    for (size_t i = from; i < to; i++) {
-        const trace_event *e = &t->ev[i];
-        if (e->kind == TRACE_ALLOC) {
-            if (bfc_pool_alloc(pool, e->size, BFC_NO_LANE, &slot_addr[e->slot]) != BFC_OK) {
-                slot_addr[e->slot] = 0;
-                failures++;
-                trace_log_event(rec, REC_ALLOCATE_FAILURE, 0, e->size, 0);
-            } else {
-                trace_log_event(rec, REC_ALLOCATE, slot_addr[e->slot], e->size, 0);
-            }
-        } else {
-            bfc_pool_free(pool, slot_addr[e->slot]);
-            trace_log_event(rec, REC_FREE, slot_addr[e->slot], 0, 0);
-        }
-    }
-    return failures;
+    return loop_body(pool, t, from, to, slot_addr, rec);
 }
 
 /* One replay in a fresh pool of exactly `pool_bytes`, preallocated; `rec`

@@ -24,10 +24,9 @@
 
 atomic_uint_fast64_t shim_passthrough_allocs;
 
-static void pool_json(json_out *j, shim_pool *sp)
+static void pool_json(json_out *j, shim_pool *sp, const bfc_stats *s)
 {
-    bfc_stats st;
-    bfc_pool_stats(sp->bfc, &st);
+    const bfc_stats st = *s;
     json_object_open(j, NULL);
     json_i64(j, "device", (int64_t)sp->dev);
     json_bool(j, "primary_context", sp->primary);
@@ -62,6 +61,32 @@ static void pool_json(json_out *j, shim_pool *sp)
     json_object_close(j);
 }
 
+/* Calls fn for every pool with its statistics. */
+static void each_pool(void (*fn)(void *arg, shim_pool *sp, const bfc_stats *st), void *arg)
+{
+    for (size_t i = 0; i < pools_count(); i++) {
+        shim_pool *sp = pools_at(i);
+        if (!sp)
+            continue;
+        bfc_stats st;
+        bfc_pool_stats(sp->bfc, &st);
+        fn(arg, sp, &st);
+    }
+}
+
+typedef struct json_walk {
+    json_out *j;
+    uint64_t driver_allocs, driver_frees;
+} json_walk;
+
+static void pool_json_counted(void *arg, shim_pool *sp, const bfc_stats *st)
+{
+    json_walk *w = arg;
+    w->driver_allocs += st->num_region_allocs;
+    w->driver_frees += st->num_region_frees;
+    pool_json(w->j, sp, st);
+}
+
 static void write_json(FILE *f)
 {
     const shim_config *cfg = shim_config_get();
@@ -72,18 +97,9 @@ static void write_json(FILE *f)
     json_i64(&j, "pid", (int64_t)getpid());
     json_string(&j, "allocator", cfg->mode == MODE_BFC ? "bfc" : "platform");
     json_string(&j, "free_policy", cfg->free_policy == FREE_FENCED ? "fenced" : "immediate");
-    uint64_t driver_allocs = atomic_load(&shim_passthrough_allocs), driver_frees = 0;
+    json_walk w = {&j, atomic_load(&shim_passthrough_allocs), 0};
     json_array_open(&j, "pools");
-    for (size_t i = 0; i < pools_count(); i++) {
-        shim_pool *sp = pools_at(i);
-        if (!sp)
-            continue;
-        bfc_stats st;
-        bfc_pool_stats(sp->bfc, &st);
-        driver_allocs += st.num_region_allocs;
-        driver_frees += st.num_region_frees;
-        pool_json(&j, sp);
-    }
+    each_pool(pool_json_counted, &w);
     json_array_close(&j);
     platform_counts pc;
     platform_get_counts(&pc);
@@ -96,8 +112,8 @@ static void write_json(FILE *f)
     json_object_close(&j);
     /* What the device saw: regions (and pass-through calls) in bfc mode,
      * every call in platform mode. */
-    json_u64(&j, "driver_alloc_calls", driver_allocs + pc.num_allocs);
-    json_u64(&j, "driver_free_calls", driver_frees + pc.num_frees);
+    json_u64(&j, "driver_alloc_calls", w.driver_allocs + pc.num_allocs);
+    json_u64(&j, "driver_free_calls", w.driver_frees + pc.num_frees);
     json_u64(&j, "passthrough_allocs", atomic_load(&shim_passthrough_allocs));
     json_object_close(&j);
     json_end(&j);
@@ -143,38 +159,38 @@ void stats_poll_request(void)
         stats_write_file(pattern);
 }
 
+static void pool_summary(void *arg, shim_pool *sp, const bfc_stats *st)
+{
+    FILE *f = arg;
+    char a[32], b[32], c[32];
+    fprintf(f, "  device %d%s: limit %s, pool %s (peak %s), %llu region call(s)\n",
+            (int)sp->dev, atomic_load(&sp->dead) ? " (context gone)" : "",
+            format_size(st->bytes_limit, a, sizeof a), format_size(st->pool_bytes, b, sizeof b),
+            format_size(st->peak_pool_bytes, c, sizeof c),
+            (unsigned long long)st->num_region_allocs);
+    fprintf(f, "    in use %s, peak %s, largest allocation %s\n",
+            format_size(st->bytes_in_use, a, sizeof a),
+            format_size(st->peak_bytes_in_use, b, sizeof b),
+            format_size(st->largest_alloc_size, c, sizeof c));
+    fprintf(f, "    %llu allocations, %llu frees, %llu out of memory; largest free block %s, "
+               "fragmentation %.3f, %llu fence wait(s)\n",
+            (unsigned long long)st->num_allocs, (unsigned long long)st->num_frees,
+            (unsigned long long)st->num_ooms,
+            format_size(st->largest_free_block_bytes, a, sizeof a), st->fragmentation,
+            (unsigned long long)st->num_fence_waits);
+}
+
 void stats_write_summary(int fd)
 {
     FILE *f = fdopen(dup(fd), "w");
     if (!f)
         return;
-    char a[32], b[32], c[32], d[32];
     fprintf(f, "bfcshim[%d]: allocator %s\n", (int)getpid(),
             shim_config_get()->mode == MODE_BFC ? "bfc" : "platform");
-    for (size_t i = 0; i < pools_count(); i++) {
-        shim_pool *sp = pools_at(i);
-        if (!sp)
-            continue;
-        bfc_stats st;
-        bfc_pool_stats(sp->bfc, &st);
-        fprintf(f, "  device %d%s: limit %s, pool %s (peak %s), %llu region call(s)\n",
-                (int)sp->dev, atomic_load(&sp->dead) ? " (context gone)" : "",
-                format_size(st.bytes_limit, a, sizeof a), format_size(st.pool_bytes, b, sizeof b),
-                format_size(st.peak_pool_bytes, c, sizeof c),
-                (unsigned long long)st.num_region_allocs);
-        fprintf(f, "    in use %s, peak %s, largest allocation %s\n",
-                format_size(st.bytes_in_use, a, sizeof a),
-                format_size(st.peak_bytes_in_use, b, sizeof b),
-                format_size(st.largest_alloc_size, c, sizeof c));
-        fprintf(f, "    %llu allocations, %llu frees, %llu out of memory; largest free block %s, "
-                   "fragmentation %.3f, %llu fence wait(s)\n",
-                (unsigned long long)st.num_allocs, (unsigned long long)st.num_frees,
-                (unsigned long long)st.num_ooms,
-                format_size(st.largest_free_block_bytes, d, sizeof d), st.fragmentation,
-                (unsigned long long)st.num_fence_waits);
-    }
+    each_pool(pool_summary, f);
     platform_counts pc;
     platform_get_counts(&pc);
+    char a[32];
     if (pc.num_allocs)
         fprintf(f, "  passed through: %llu allocations, %llu frees, peak %s live\n",
                 (unsigned long long)pc.num_allocs, (unsigned long long)pc.num_frees,

@@ -16,24 +16,17 @@ import subprocess
 import sys
 import zlib
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import testcheck  # noqa: E402
+
 bfcshim, workload, fake_dir, work = sys.argv[1:5]
 chromium = shutil.which("chromium") or shutil.which("chromium-browser")
 if not chromium:
     print("chromium is not installed: skipping")
     sys.exit(77)
-shutil.rmtree(work, ignore_errors=True)
-os.makedirs(work)
-env = dict(os.environ, LD_LIBRARY_PATH=fake_dir, FAKECUDA_MEM="1GiB",
-           ASAN_OPTIONS="verify_asan_link_order=0:detect_leaks=0")
-env.pop("LD_PRELOAD", None)
-failures = 0
-
-
-def check(cond, what):
-    global failures
-    if not cond:
-        failures += 1
-        print("FAIL:", what)
+testcheck.fresh_dir(work)
+env = testcheck.fake_cuda_env(fake_dir)
+check = testcheck.Checks()
 
 
 def sh(*args):
@@ -149,5 +142,4 @@ check(any(r > 150 and 60 < g < 140 and b < 80 for r, g, b in colours),
 check(any(abs(r - 91) < 8 and abs(g - 143) < 8 and abs(b - 214) < 8 for r, g, b in colours),
       "histogram bars are drawn")
 
-print("failures:", failures)
-sys.exit(1 if failures else 0)
+check.finish()

@@ -8,24 +8,16 @@ usage: test_run_ab.py BFCSHIM WORKLOAD FAKE_CUDA_DIR WORKDIR
 """
 import json
 import os
-import shutil
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import testcheck  # noqa: E402
+
 bfcshim, workload, fake_dir, work = sys.argv[1:5]
-shutil.rmtree(work, ignore_errors=True)
-os.makedirs(work)
-env = dict(os.environ, LD_LIBRARY_PATH=fake_dir, FAKECUDA_MEM="1GiB",
-           ASAN_OPTIONS="verify_asan_link_order=0:detect_leaks=0")
-env.pop("LD_PRELOAD", None)
-failures = 0
-
-
-def check(cond, what):
-    global failures
-    if not cond:
-        failures += 1
-        print("FAIL:", what)
+testcheck.fresh_dir(work)
+env = testcheck.fake_cuda_env(fake_dir)
+check = testcheck.Checks()
 
 
 def sh(*args, **extra):
@@ -82,5 +74,4 @@ check(calls and calls[0].split()[3] == "n/a" and calls[0].split()[4] == "1",
 status = [l for l in lines if l.startswith("exit status")]
 check(status and status[0].split()[2:] == ["5", "5"], f"exit row: {status}")
 
-print("failures:", failures)
-sys.exit(1 if failures else 0)
+check.finish()

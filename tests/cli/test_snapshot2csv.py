@@ -8,21 +8,15 @@ usage: test_snapshot2csv.py BFCSHIM CONVERTER WORKDIR
 import json
 import os
 import pickle
-import shutil
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import testcheck  # noqa: E402
+
 bfcshim, converter, work = sys.argv[1:4]
-shutil.rmtree(work, ignore_errors=True)
-os.makedirs(work)
-failures = 0
-
-
-def check(cond, what):
-    global failures
-    if not cond:
-        failures += 1
-        print("FAIL:", what)
+testcheck.fresh_dir(work)
+check = testcheck.Checks()
 
 
 # A snapshot as _dump_snapshot writes it: plain dicts and lists. Three
@@ -89,5 +83,4 @@ p = convert(evil)
 check(p.returncode == 1 and "refused" in p.stderr, f"evil pickle: {p.returncode} {p.stderr}")
 check(not os.path.exists(os.path.join(work, "pwned")), "the evil pickle ran code")
 
-print("failures:", failures)
-sys.exit(1 if failures else 0)
+check.finish()

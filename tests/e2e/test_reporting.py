@@ -8,29 +8,20 @@ usage: test_reporting.py BFCSHIM E2E_RUNTIME LIBBFCSHIM FAKE_CUDA_DIR WORKDIR
 """
 import json
 import os
-import shutil
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import testcheck  # noqa: E402
+
 bfcshim, program, lib, fake_dir, work = sys.argv[1:6]
-shutil.rmtree(work, ignore_errors=True)
-os.makedirs(work)
-failures = 0
-
-
-def check(cond, what):
-    global failures
-    if not cond:
-        failures += 1
-        print("FAIL:", what)
+testcheck.fresh_dir(work)
+check = testcheck.Checks()
 
 
 def run(scenario, **env):
-    e = dict(os.environ)
-    e.update(LD_PRELOAD=lib, LD_LIBRARY_PATH=fake_dir, FAKECUDA_DEVICES="2",
-             FAKECUDA_MEM="1GiB", BFCSHIM_LOG_FILE=os.path.join(work, scenario + ".log"),
-             ASAN_OPTIONS="verify_asan_link_order=0:detect_leaks=0")
-    e.update(env)
+    e = testcheck.fake_cuda_env(fake_dir, LD_PRELOAD=lib,
+                                BFCSHIM_LOG_FILE=os.path.join(work, scenario + ".log"), **env)
     p = subprocess.run([program, scenario], env=e, capture_output=True, text=True)
     check(p.returncode == 0, f"{scenario} exited {p.returncode}: {p.stderr[-2000:]}")
     return p
@@ -107,5 +98,4 @@ check(len(files) == 2, f"per-process traces: {files}")
 for f in files:
     replay(os.path.join(work, f))
 
-print("failures:", failures)
-sys.exit(1 if failures else 0)
+check.finish()
