@@ -15,6 +15,7 @@
  *   platform    BFCSHIM_ALLOCATOR=platform passes everything through
  *   garbage-env malformed variables: one line each, defaults, the program runs
  *   stats-now   statistics on demand: bfcshim_write_stats and the request file
+ *   reset       cudaDeviceReset: the pool goes with the context, a new one follows
  *
  * The fake device has 1 GiB (FAKECUDA_MEM), so the default pool is 768 MiB.
  */
@@ -450,6 +451,26 @@ static void garbage_env(void)
     CHECK_EQ(cudaFree(p), cudaSuccess);
 }
 
+static void reset(void)
+{
+    char *p = alloc_ok(MiB);
+    CHECK_EQ(fake_stats().bytes_in_use[0], LIMIT);
+    CHECK_EQ(cudaDeviceReset(), cudaSuccess); /* the region went with the context */
+    CHECK_EQ(fake_stats().bytes_in_use[0], 0);
+    char *q = alloc_ok(MiB); /* a fresh pool, even if the context handle is reused */
+    CHECK_EQ(fake_stats().bytes_in_use[0], LIMIT);
+    fill(q, MiB, 9);
+    CHECK(holds(q, MiB, 9));
+    CHECK_EQ(free_memory(), LIMIT - MiB);
+    /* The old pointer belongs to no pool now: the runtime refuses it, one line. */
+    if (p != q) {
+        CHECK(cudaFree(p) != cudaSuccess);
+        cudaGetLastError();
+        CHECK_ONE_LOG_LINE("not a pooled pointer");
+    }
+    CHECK_EQ(cudaFree(q), cudaSuccess);
+}
+
 /* BFCSHIM_STATS_FILE is set by the runner; $STATS_NOW names another path. */
 static void stats_now(void)
 {
@@ -501,7 +522,7 @@ int main(int argc, char **argv)
         {"growth", growth},       {"streams", streams},         {"immediate", immediate},
         {"capture", capture},     {"threads", threads},         {"multidevice", multidevice},
         {"fork", forks},          {"platform", platform},       {"garbage-env", garbage_env},
-        {"stats-now", stats_now},
+        {"stats-now", stats_now}, {"reset", reset},
     };
     if (argc != 2) {
         fprintf(stderr, "usage: e2e_runtime SCENARIO\n");
