@@ -35,12 +35,28 @@
 
 enum { BUFFER_EVENTS = 4096, NBUFFERS = 16 };
 
-/* 32 bytes: the spool's bandwidth is what recording costs a busy allocator. */
+/*
+ * 16 bytes per event: the spool's bandwidth is what recording costs a busy
+ * allocator. An event is {pointer | action, size}; pointers are at least
+ * 4-byte aligned, which frees the two low bits for the action. What rarely
+ * changes (the thread, the stream, the 4 ms tick) is written as a marker
+ * record {MARK | kind << 2, value} only when it differs from the previous
+ * event's, and a pointer that is not 4-byte aligned travels in a marker of
+ * its own. The CSV writer replays the markers to rebuild every line.
+ */
 typedef struct record {
-    uint64_t ptr, size, stream;
-    uint32_t tick;          /* TICK_US periods since the log opened */
-    uint32_t thread_action; /* thread id << 2 | action */
+    uint64_t word; /* pointer | action, or kind << 2 | MARK */
+    uint64_t value; /* size, or the marker's value */
 } record;
+
+enum { MARK = 3 };
+enum { MARK_THREAD, MARK_STREAM, MARK_TICK, MARK_POINTER };
+
+/* The CSV writer's view of the markers so far. */
+typedef struct decode_state {
+    uint64_t thread, stream, tick, pointer;
+    bool have_pointer;
+} decode_state;
 
 typedef struct buffer {
     record *r;
@@ -63,6 +79,8 @@ struct trace_log {
     off_t spooled, converted;
     pthread_t writer;
     uint64_t count;              /* under lock */
+    uint64_t last_thread, last_stream, last_tick; /* under lock: what the markers say now */
+    decode_state dec;            /* under m: the CSV writer's */
     uint64_t start_us;           /* the clock when the log opened */
     _Atomic uint32_t tick;       /* (clock - start) / TICK_US, as last read by the writer */
 };
@@ -82,11 +100,12 @@ static uint64_t clock_us(void)
 /* Initial-exec: the preloaded library has static TLS, and the default model
  * would call __tls_get_addr on every event. */
 static _Thread_local uint32_t my_tid __attribute__((tls_model("initial-exec")));
+/* (the first event of a log always writes a thread marker: no thread is 0) */
 
 static uint32_t thread_id(void)
 {
-    if (!my_tid) /* Linux thread ids fit in 22 bits (pid_max is at most 2^22) */
-        my_tid = (uint32_t)syscall(SYS_gettid) & 0x3fffffffu;
+    if (!my_tid)
+        my_tid = (uint32_t)syscall(SYS_gettid);
     return my_tid;
 }
 
@@ -103,7 +122,8 @@ static void write_all(int fd, const char *p, size_t n)
     }
 }
 
-static void write_csv(int fd, uint64_t start_us, const record *recs, size_t count)
+static void write_csv(int fd, uint64_t start_us, decode_state *d, const record *recs,
+                      size_t count)
 {
     static const char *const names[] = {"allocate", "free", "allocate failure"};
     enum { CHUNK = 1 << 16, LINE = 128 };
@@ -113,13 +133,24 @@ static void write_csv(int fd, uint64_t start_us, const record *recs, size_t coun
     size_t used = 0;
     for (size_t i = 0; i < count; i++) {
         const record *r = &recs[i];
-        uint64_t us = start_us + (uint64_t)r->tick * TICK_US;
+        unsigned action = (unsigned)(r->word & 3);
+        if (action == MARK) {
+            switch (r->word >> 2) {
+            case MARK_THREAD: d->thread = r->value; break;
+            case MARK_STREAM: d->stream = r->value; break;
+            case MARK_TICK: d->tick = r->value; break;
+            case MARK_POINTER: d->pointer = r->value, d->have_pointer = true; break;
+            }
+            continue;
+        }
+        uint64_t ptr = d->have_pointer ? d->pointer : r->word & ~(uint64_t)3;
+        d->have_pointer = false;
+        uint64_t us = start_us + d->tick * TICK_US;
         uint32_t day = (uint32_t)(us / 1000000u % 86400u);
-        int n = snprintf(out + used, CHUNK - used, "%u,%02u:%02u:%02u:%06u,%s,0x%llx,%llu,%llu\n",
-                         r->thread_action >> 2, day / 3600, day / 60 % 60, day % 60,
-                         (unsigned)(us % 1000000u), names[r->thread_action & 3],
-                         (unsigned long long)r->ptr,
-                         (unsigned long long)r->size, (unsigned long long)r->stream);
+        int n = snprintf(out + used, CHUNK - used, "%llu,%02u:%02u:%02u:%06u,%s,0x%llx,%llu,%llu\n",
+                         (unsigned long long)d->thread, day / 3600, day / 60 % 60, day % 60,
+                         (unsigned)(us % 1000000u), names[action], (unsigned long long)ptr,
+                         (unsigned long long)r->value, (unsigned long long)d->stream);
         if (n > 0)
             used += (size_t)n;
         if (used > CHUNK - LINE) {
@@ -241,17 +272,38 @@ static buffer *hand_over(trace_log *t, buffer *b)
     return next;
 }
 
+/* Appends one record; t->lock is held. */
+static inline void put(trace_log *t, uint64_t word, uint64_t value)
+{
+    buffer *b = t->cur;
+    b->r[b->n++] = (record){word, value};
+    if (b->n == BUFFER_EVENTS)
+        t->cur = hand_over(t, b);
+}
+
+static inline void mark(trace_log *t, uint64_t *last, unsigned kind, uint64_t value)
+{
+    if (__builtin_expect(*last != value, 0)) {
+        put(t, (uint64_t)kind << 2 | MARK, value);
+        *last = value;
+    }
+}
+
 void trace_log_event(trace_log *t, rec_action action, uint64_t ptr, uint64_t size,
                      uint64_t stream)
 {
-    uint32_t tick = atomic_load_explicit(&t->tick, memory_order_relaxed);
-    uint32_t who = thread_id() << 2 | (uint32_t)action;
+    uint64_t tick = atomic_load_explicit(&t->tick, memory_order_relaxed);
+    uint64_t who = thread_id();
     bfc_lock_acquire(&t->lock);
-    buffer *b = t->cur;
-    b->r[b->n++] = (record){ptr, size, stream, tick, who};
+    mark(t, &t->last_thread, MARK_THREAD, who);
+    mark(t, &t->last_stream, MARK_STREAM, stream);
+    mark(t, &t->last_tick, MARK_TICK, tick);
+    if (__builtin_expect(ptr & 3, 0)) {
+        put(t, (uint64_t)MARK_POINTER << 2 | MARK, ptr);
+        ptr = 0;
+    }
+    put(t, ptr | (uint64_t)action, size);
     t->count++;
-    if (b->n == BUFFER_EVENTS)
-        t->cur = hand_over(t, b);
     bfc_lock_release(&t->lock);
 }
 
@@ -273,7 +325,7 @@ void trace_log_flush(trace_log *t)
         ssize_t got = pread(t->spool, batch, want, t->converted);
         if (got <= 0)
             break;
-        write_csv(t->fd, t->start_us, batch, (size_t)got / sizeof *batch);
+        write_csv(t->fd, t->start_us, &t->dec, batch, (size_t)got / sizeof *batch);
         t->converted += got;
     }
     free(batch);

@@ -3,7 +3,7 @@
  * (Thread,Time,Action,Pointer,Size,Stream), the format `bfcshim replay`
  * reads, without slowing the allocation path.
  *
- * The caller's side only appends a 32-byte binary record to a buffer under a
+ * The caller's side only appends a 16-byte binary record to a buffer under a
  * test-and-set lock. Full buffers go to a writer thread, which spools them
  * to disk; the CSV is made from the spool when the log is flushed (at exit,
  * on OOM, on request), so formatting never runs on the allocating thread.

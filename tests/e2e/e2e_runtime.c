@@ -462,11 +462,14 @@ static void reset(void)
     fill(q, MiB, 9);
     CHECK(holds(q, MiB, 9));
     CHECK_EQ(free_memory(), LIMIT - MiB);
-    /* The old pointer belongs to no pool now: the runtime refuses it, one line. */
+    /* The old pointer is stale: refused with one line, whether it now lies
+     * outside every pool or (address space being reused) inside the new
+     * pool's region but not at a live block. */
     if (p != q) {
         CHECK(cudaFree(p) != cudaSuccess);
-        cudaGetLastError();
-        CHECK_ONE_LOG_LINE("not a pooled pointer");
+        CHECK_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+        CHECK_ONE_LOG_LINE("cudaFree(");
+        CHECK(holds(q, MiB, 9));
     }
     CHECK_EQ(cudaFree(q), cudaSuccess);
 }
