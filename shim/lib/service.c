@@ -144,6 +144,11 @@ svc_status svc_free(CUdeviceptr ptr, free_kind kind, CUstream stream, bool per_t
                       api);
         return SVC_OK;
     }
+    /* Recorded before the engine frees it: once it is free another thread
+     * may allocate the same address, and the trace must show this free
+     * first. (A free the engine then refuses stays in the trace; replay
+     * counts it as a free of a pointer that is not live.) */
+    record_free(ptr, kind == FREE_STREAM ? stream : NULL);
     if (kind == FREE_PLAIN && shim_config_get()->free_policy == FREE_IMMEDIATE)
         st = bfc_pool_free(sp->bfc, ptr);
     else {
@@ -153,10 +158,8 @@ svc_status svc_free(CUdeviceptr ptr, free_kind kind, CUstream stream, bool per_t
         if (st == BFC_ERR_BAD_LANE) /* the stream's lane closed under us */
             st = bfc_pool_free_deferred(sp->bfc, ptr, sp->plain_lane);
     }
-    if (st == BFC_OK) {
-        record_free(ptr, kind == FREE_STREAM ? stream : NULL);
+    if (st == BFC_OK)
         return SVC_OK;
-    }
     if (st == BFC_ERR_NOT_ALLOCATED)
         return bad_pointer(sp, ptr, api);
     shim_log(LOG_ERROR, "%s(0x%llx): engine error %s", api, (unsigned long long)ptr,

@@ -90,7 +90,17 @@ check(doc["allocator"] == "platform" and doc["pools"] == [], "platform: no pools
 check(doc["platform"]["num_allocs"] == 10 and doc["driver_alloc_calls"] == 10,
       f"platform counts {doc['platform']}")
 
-# 6. %p: each process its own trace; the child forked before the pool
+# 6. eight threads on their own streams: every thread in the trace, every
+#    free after its allocation.
+threads_trace = os.path.join(work, "threads.csv")
+run("threads", BFCSHIM_TRACE=threads_trace)
+rows = [l.split(",") for l in open(threads_trace).read().splitlines()[1:]]
+check(len({r[0] for r in rows}) >= 8, f"{len({r[0] for r in rows})} threads in the trace")
+check(len({r[5] for r in rows}) > 1, "streams recorded")
+r = replay(threads_trace)
+check(r.get("unmatched_frees") == 0 and r.get("allocs", 0) > 1000, f"threads trace: {r}")
+
+# 7. %p: each process its own trace; the child forked before the pool
 #    records its own allocations.
 run("fork", BFCSHIM_TRACE=os.path.join(work, "fork-%p.csv"))
 files = sorted(f for f in os.listdir(work) if f.startswith("fork-") and f.endswith(".csv"))
