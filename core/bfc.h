@@ -66,6 +66,13 @@ typedef enum bfc_status {
 
 const char *bfc_status_name(bfc_status s);
 
+/* What a tracing backend is told (bfc_backend.on_event). */
+typedef enum bfc_event {
+    BFC_EVENT_ALLOC,
+    BFC_EVENT_FREE,
+    BFC_EVENT_ALLOC_FAILED,
+} bfc_event;
+
 /*
  * Where regions come from. region_alloc must return a base aligned to at
  * least the pool's granularity and never 0; it returns 0 on success and any
@@ -90,6 +97,17 @@ typedef struct bfc_backend {
      * and is tried again. Called with the pool locked.
      */
     bool (*fence_seal)(void *ctx, uint32_t lane, uint64_t token);
+    /*
+     * Optional, for tracing: told of every allocation (its address and the
+     * requested size), every allocation that found no memory (address 0)
+     * and every accepted free (size 0), with its lane, in the order the pool
+     * served them. Called with the pool locked, so a recorder needs no lock
+     * of its own and sees the pool's exact order; it must be quick and must
+     * not call into the pool. Its context is event_ctx.
+     */
+    void (*on_event)(void *event_ctx, bfc_event ev, bfc_addr addr, uint64_t size,
+                     uint32_t lane);
+    void *event_ctx;
 } bfc_backend;
 
 /*

@@ -184,6 +184,8 @@ static bfc_status free_into(bfc_pool *p, bfc_addr addr, uint32_t id, lane *l,
             p->st.bytes_requested -= cc->requested;
             lane_attach_after(p, c, id, token, l->tail);
             l->last_token = token;
+            if (p->backend.on_event)
+                p->backend.on_event(p->backend.event_ctx, BFC_EVENT_FREE, addr, 0, id);
         }
     }
     return s;

@@ -285,6 +285,8 @@ bfc_status bfc_pool_alloc(bfc_pool *p, uint64_t size, uint32_t lane_id,
     if (c == CHUNK_NIL) {
         p->st.num_ooms++;
         s = BFC_ERR_OOM;
+        if (p->backend.on_event)
+            p->backend.on_event(p->backend.event_ctx, BFC_EVENT_ALLOC_FAILED, 0, size, lane_id);
         goto out;
     }
     c = C(p, c)->state == CHUNK_PENDING ? take_pending(p, c, rounded)
@@ -306,6 +308,8 @@ bfc_status bfc_pool_alloc(bfc_pool *p, uint64_t size, uint32_t lane_id,
     if (size > st->largest_alloc_size)
         st->largest_alloc_size = size;
     *out = cc->addr;
+    if (p->backend.on_event)
+        p->backend.on_event(p->backend.event_ctx, BFC_EVENT_ALLOC, cc->addr, size, lane_id);
 out:
     bfc_lock_release(&p->lock);
     return s;
@@ -368,6 +372,8 @@ bfc_status bfc_pool_free(bfc_pool *p, bfc_addr addr)
         p->st.bytes_in_use -= cc->size;
         p->st.bytes_requested -= cc->requested;
         pool_make_free(p, c);
+        if (p->backend.on_event)
+            p->backend.on_event(p->backend.event_ctx, BFC_EVENT_FREE, addr, 0, BFC_NO_LANE);
     }
     bfc_lock_release(&p->lock);
     return s;

@@ -56,13 +56,10 @@ static double now_seconds(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* The replay loop body; `rec` (NULL or not) is a constant in each caller,
- * so the recording branches vanish from the plain loop. When recording,
- * every event is also logged exactly as the shim logs under BFCSHIM_TRACE:
- * the cost of recording is the difference between the two loops. */
-static inline __attribute__((always_inline)) uint64_t
-loop_body(bfc_pool *pool, const trace *t, size_t from, size_t to, bfc_addr *slot_addr,
-          trace_log *rec)
+/* The timed loop over events [from, to), kept out of line so that callgrind
+ * can count it alone (--toggle-collect=replay_loop). */
+__attribute__((noinline)) uint64_t replay_loop(bfc_pool *pool, const trace *t, size_t from,
+                                               size_t to, bfc_addr *slot_addr)
 {
     uint64_t failures = 0;
     for (size_t i = from; i < to; i++) {
@@ -71,39 +68,30 @@ loop_body(bfc_pool *pool, const trace *t, size_t from, size_t to, bfc_addr *slot
             if (bfc_pool_alloc(pool, e->size, BFC_NO_LANE, &slot_addr[e->slot]) != BFC_OK) {
                 slot_addr[e->slot] = 0;
                 failures++;
-                if (rec)
-                    trace_log_event(rec, REC_ALLOCATE_FAILURE, 0, e->size, 0);
-            } else if (rec) {
-                trace_log_event(rec, REC_ALLOCATE, slot_addr[e->slot], e->size, 0);
             }
         } else {
             bfc_pool_free(pool, slot_addr[e->slot]);
-            if (rec)
-                trace_log_event(rec, REC_FREE, slot_addr[e->slot], 0, 0);
         }
     }
     return failures;
 }
 
-/* The timed loops over events [from, to), kept out of line so that
- * callgrind can count them alone (--toggle-collect=replay_loop). */
-__attribute__((noinline)) uint64_t replay_loop(bfc_pool *pool, const trace *t, size_t from,
-                                               size_t to, bfc_addr *slot_addr)
+/* --record: the engine tells this hook of every event under its lock, and
+ * it records them exactly as the shim does under BFCSHIM_TRACE, so the cost
+ * of recording is the difference in ns_per_op. */
+static void record_event(void *ctx, bfc_event ev, bfc_addr addr, uint64_t size, uint32_t lane)
 {
-    return loop_body(pool, t, from, to, slot_addr, NULL);
+    (void)lane;
+    static const rec_action action[] = {[BFC_EVENT_ALLOC] = REC_ALLOCATE,
+                                        [BFC_EVENT_FREE] = REC_FREE,
+                                        [BFC_EVENT_ALLOC_FAILED] = REC_ALLOCATE_FAILURE};
+    trace_channel_event(ctx, action[ev], addr, size, 0);
 }
 
-__attribute__((noinline)) uint64_t replay_loop_recorded(bfc_pool *pool, const trace *t,
-                                                        size_t from, size_t to,
-                                                        bfc_addr *slot_addr, trace_log *rec)
-{
-    return loop_body(pool, t, from, to, slot_addr, rec);
-}
-
-/* One replay in a fresh pool of exactly `pool_bytes`, preallocated; `rec`
- * records the timed part. */
+/* One replay in a fresh pool of exactly `pool_bytes`, preallocated; with
+ * `rec`, every event of the run is recorded. */
 static bool run_once_recording(const trace *t, const replay_opts *o, uint64_t pool_bytes,
-                               bfc_addr *slot_addr, run_result *r, trace_log *rec);
+                               bfc_addr *slot_addr, run_result *r, trace_channel *rec);
 
 static bool run_once(const trace *t, const replay_opts *o, uint64_t pool_bytes,
                      bfc_addr *slot_addr, run_result *r)
@@ -112,11 +100,15 @@ static bool run_once(const trace *t, const replay_opts *o, uint64_t pool_bytes,
 }
 
 static bool run_once_recording(const trace *t, const replay_opts *o, uint64_t pool_bytes,
-                               bfc_addr *slot_addr, run_result *r, trace_log *rec)
+                               bfc_addr *slot_addr, run_result *r, trace_channel *rec)
 {
     sim_device dev;
     sim_device_init(&dev, pool_bytes);
     bfc_backend backend = sim_device_backend(&dev);
+    if (rec) {
+        backend.on_event = record_event;
+        backend.event_ctx = rec;
+    }
     bfc_options opt = o->policy;
     opt.limit_bytes = pool_bytes;
     opt.preallocate = true;
@@ -130,10 +122,7 @@ static bool run_once_recording(const trace *t, const replay_opts *o, uint64_t po
     size_t warm = o->warmup < t->nev ? (size_t)o->warmup : t->nev;
     r->failures = replay_loop(pool, t, 0, warm, slot_addr);
     double t0 = now_seconds();
-    if (rec)
-        r->failures += replay_loop_recorded(pool, t, warm, t->nev, slot_addr, rec);
-    else
-        r->failures += replay_loop(pool, t, warm, t->nev, slot_addr);
+    r->failures += replay_loop(pool, t, warm, t->nev, slot_addr);
     r->seconds = now_seconds() - t0;
     r->ops = t->nev - warm;
     bfc_pool_stats(pool, &r->stats);
@@ -333,14 +322,19 @@ static int replay_one(const char *path, const replay_opts *o, bool first)
     int ok_runs = 0;
     /* One recording for all repeats, as a process keeps one for its life. */
     trace_log *rec = NULL;
+    trace_channel *channel = NULL;
     if (o->record && !(rec = trace_log_open(o->record)))
         fprintf(stderr, "bfcshim replay: --record %s: %s\n", o->record, strerror(errno));
-    for (int i = 0; ns && i < o->repeats && (rec || !o->record); i++) {
-        bool ran = run_once_recording(&t, o, r.timed_pool_bytes, slot_addr, &r.timed, rec);
+    if (rec)
+        channel = trace_log_channel_open(rec);
+    for (int i = 0; ns && i < o->repeats && (channel || !o->record); i++) {
+        bool ran = run_once_recording(&t, o, r.timed_pool_bytes, slot_addr, &r.timed, channel);
         if (!ran)
             break;
         ns[ok_runs++] = r.timed.ops ? r.timed.seconds * 1e9 / (double)r.timed.ops : 0.0;
     }
+    if (channel)
+        trace_channel_flush(channel);
     trace_log_close(rec); /* the writer's last drain is not timed */
     int status = 0;
     if (ok_runs == 0) {

@@ -33,7 +33,9 @@
 #include "lock.h"
 #include "trace_log.h"
 
-enum { BUFFER_EVENTS = 4096, NBUFFERS = 16 };
+/* Each channel holds one buffer while it fills, so channels must stay well
+ * below the number of buffers. */
+enum { BUFFER_EVENTS = 4096, NBUFFERS = 24, MAX_CHANNELS = 8 };
 
 /*
  * 16 bytes per event: the spool's bandwidth is what recording costs a busy
@@ -50,7 +52,7 @@ typedef struct record {
 } record;
 
 enum { MARK = 3 };
-enum { MARK_THREAD, MARK_STREAM, MARK_TICK, MARK_POINTER };
+enum { MARK_THREAD, MARK_STREAM, MARK_TICK, MARK_POINTER, MARK_CHANNEL };
 
 /* The CSV writer's view of the markers so far. */
 typedef struct decode_state {
@@ -61,12 +63,29 @@ typedef struct decode_state {
 typedef struct buffer {
     record *r;
     size_t n;
+    uint32_t channel; /* whose records these are */
 } buffer;
 
-struct trace_log {
-    bfc_lock lock; /* guards cur */
+/* A producer's state: its buffer and what its markers say now. Channel 0
+ * belongs to the log and is guarded by its lock; the others belong to
+ * callers that serialise their own events (trace_channel). */
+typedef struct channel {
     buffer *cur;
+    uint64_t last_thread, last_stream, last_tick;
+    uint32_t id;
+} channel;
+
+struct trace_channel {
+    trace_log *log;
+    channel ch;
+};
+
+struct trace_log {
+    bfc_lock lock; /* guards main */
+    channel main;
     pthread_mutex_t m; /* guards everything below */
+    trace_channel *channels[MAX_CHANNELS];
+    size_t nchannels; /* channel ids 1..nchannels */
     pthread_cond_t filled, emptied;
     buffer *full[NBUFFERS];
     size_t full_head, nfull;
@@ -78,9 +97,8 @@ struct trace_log {
     int spool; /* binary records not yet made into CSV */
     off_t spooled, converted;
     pthread_t writer;
-    uint64_t count;              /* under lock */
-    uint64_t last_thread, last_stream, last_tick; /* under lock: what the markers say now */
-    decode_state dec;            /* under m: the CSV writer's */
+    decode_state dec[MAX_CHANNELS + 1]; /* under m: the CSV writer's, per channel */
+    decode_state *decoding;             /* the channel being decoded */
     uint64_t start_us;           /* the clock when the log opened */
     _Atomic uint32_t tick;       /* (clock - start) / TICK_US, as last read by the writer */
 };
@@ -122,9 +140,10 @@ static void write_all(int fd, const char *p, size_t n)
     }
 }
 
-static void write_csv(int fd, uint64_t start_us, decode_state *d, const record *recs,
-                      size_t count)
+static void write_csv(int fd, uint64_t start_us, decode_state *dec, decode_state **current,
+                      const record *recs, size_t count)
 {
+    decode_state *d = *current;
     static const char *const names[] = {"allocate", "free", "allocate failure"};
     enum { CHUNK = 1 << 16, LINE = 128 };
     char *out = malloc(CHUNK);
@@ -140,6 +159,10 @@ static void write_csv(int fd, uint64_t start_us, decode_state *d, const record *
             case MARK_STREAM: d->stream = r->value; break;
             case MARK_TICK: d->tick = r->value; break;
             case MARK_POINTER: d->pointer = r->value, d->have_pointer = true; break;
+            case MARK_CHANNEL:
+                if (r->value <= MAX_CHANNELS)
+                    d = *current = &dec[r->value];
+                break;
             }
             continue;
         }
@@ -188,9 +211,11 @@ static void *writer_main(void *arg)
         t->nfull--;
         t->writing = true;
         pthread_mutex_unlock(&t->m);
+        record tag = {(uint64_t)MARK_CHANNEL << 2 | MARK, b->channel};
+        write_all(t->spool, (const char *)&tag, sizeof tag);
         write_all(t->spool, (const char *)b->r, b->n * sizeof(record));
         pthread_mutex_lock(&t->m);
-        t->spooled += (off_t)(b->n * sizeof(record));
+        t->spooled += (off_t)((b->n + 1) * sizeof(record));
         b->n = 0;
         t->spare[t->nspare++] = b;
         t->writing = false;
@@ -233,7 +258,8 @@ trace_log *trace_log_open(const char *path)
     pthread_mutex_init(&t->m, NULL);
     pthread_cond_init(&t->filled, NULL);
     pthread_cond_init(&t->emptied, NULL);
-    t->cur = &t->bufs[0];
+    t->main.cur = &t->bufs[0];
+    t->decoding = &t->dec[0];
     t->start_us = clock_us();
     atomic_init(&t->tick, 0);
     for (int i = 1; i < NBUFFERS; i++)
@@ -268,50 +294,87 @@ static buffer *hand_over(trace_log *t, buffer *b)
     while (!t->nspare)
         pthread_cond_wait(&t->emptied, &t->m);
     buffer *next = t->spare[--t->nspare];
+    next->channel = b->channel;
     pthread_mutex_unlock(&t->m);
     return next;
 }
 
-/* Appends one record; t->lock is held. */
-static inline void put(trace_log *t, uint64_t word, uint64_t value)
+/* Appends one record to a channel (whose owner serialises the calls). */
+static inline void put(trace_log *t, channel *c, uint64_t word, uint64_t value)
 {
-    buffer *b = t->cur;
+    buffer *b = c->cur;
     b->r[b->n++] = (record){word, value};
     if (b->n == BUFFER_EVENTS)
-        t->cur = hand_over(t, b);
+        c->cur = hand_over(t, b);
 }
 
-static inline void mark(trace_log *t, uint64_t *last, unsigned kind, uint64_t value)
+static inline void mark(trace_log *t, channel *c, uint64_t *last, unsigned kind,
+                        uint64_t value)
 {
     if (__builtin_expect(*last != value, 0)) {
-        put(t, (uint64_t)kind << 2 | MARK, value);
+        put(t, c, (uint64_t)kind << 2 | MARK, value);
         *last = value;
     }
+}
+
+static inline void channel_event(trace_log *t, channel *c, rec_action action, uint64_t ptr,
+                                 uint64_t size, uint64_t stream)
+{
+    mark(t, c, &c->last_thread, MARK_THREAD, thread_id());
+    mark(t, c, &c->last_stream, MARK_STREAM, stream);
+    mark(t, c, &c->last_tick, MARK_TICK, atomic_load_explicit(&t->tick, memory_order_relaxed));
+    if (__builtin_expect(ptr & 3, 0)) {
+        put(t, c, (uint64_t)MARK_POINTER << 2 | MARK, ptr);
+        ptr = 0;
+    }
+    put(t, c, ptr | (uint64_t)action, size);
 }
 
 void trace_log_event(trace_log *t, rec_action action, uint64_t ptr, uint64_t size,
                      uint64_t stream)
 {
-    uint64_t tick = atomic_load_explicit(&t->tick, memory_order_relaxed);
-    uint64_t who = thread_id();
     bfc_lock_acquire(&t->lock);
-    mark(t, &t->last_thread, MARK_THREAD, who);
-    mark(t, &t->last_stream, MARK_STREAM, stream);
-    mark(t, &t->last_tick, MARK_TICK, tick);
-    if (__builtin_expect(ptr & 3, 0)) {
-        put(t, (uint64_t)MARK_POINTER << 2 | MARK, ptr);
-        ptr = 0;
-    }
-    put(t, ptr | (uint64_t)action, size);
-    t->count++;
+    channel_event(t, &t->main, action, ptr, size, stream);
     bfc_lock_release(&t->lock);
+}
+
+trace_channel *trace_log_channel_open(trace_log *t)
+{
+    trace_channel *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    pthread_mutex_lock(&t->m);
+    if (t->nchannels == MAX_CHANNELS || !t->nspare) {
+        pthread_mutex_unlock(&t->m);
+        free(c);
+        return NULL;
+    }
+    c->log = t;
+    c->ch.id = (uint32_t)++t->nchannels;
+    c->ch.cur = t->spare[--t->nspare];
+    c->ch.cur->channel = c->ch.id;
+    t->channels[c->ch.id - 1] = c;
+    pthread_mutex_unlock(&t->m);
+    return c;
+}
+
+void trace_channel_event(trace_channel *c, rec_action action, uint64_t ptr, uint64_t size,
+                         uint64_t stream)
+{
+    channel_event(c->log, &c->ch, action, ptr, size, stream);
+}
+
+void trace_channel_flush(trace_channel *c)
+{
+    if (c->ch.cur->n)
+        c->ch.cur = hand_over(c->log, c->ch.cur);
 }
 
 void trace_log_flush(trace_log *t)
 {
     bfc_lock_acquire(&t->lock);
-    if (t->cur->n)
-        t->cur = hand_over(t, t->cur);
+    if (t->main.cur->n)
+        t->main.cur = hand_over(t, t->main.cur);
     pthread_mutex_lock(&t->m);
     while (t->nfull || t->writing)
         pthread_cond_wait(&t->emptied, &t->m);
@@ -325,7 +388,7 @@ void trace_log_flush(trace_log *t)
         ssize_t got = pread(t->spool, batch, want, t->converted);
         if (got <= 0)
             break;
-        write_csv(t->fd, t->start_us, &t->dec, batch, (size_t)got / sizeof *batch);
+        write_csv(t->fd, t->start_us, t->dec, &t->decoding, batch, (size_t)got / sizeof *batch);
         t->converted += got;
     }
     free(batch);
@@ -345,6 +408,8 @@ void trace_log_close(trace_log *t)
     pthread_join(t->writer, NULL);
     close(t->fd);
     close(t->spool);
+    for (size_t i = 0; i < t->nchannels; i++)
+        free(t->channels[i]);
     for (int i = 0; i < NBUFFERS; i++)
         free(t->bufs[i].r);
     pthread_mutex_destroy(&t->m);
@@ -353,13 +418,6 @@ void trace_log_close(trace_log *t)
     free(t);
 }
 
-uint64_t trace_log_count(trace_log *t)
-{
-    bfc_lock_acquire(&t->lock);
-    uint64_t n = t->count;
-    bfc_lock_release(&t->lock);
-    return n;
-}
 
 void trace_log_abandon(trace_log *t)
 {

@@ -35,8 +35,20 @@ void trace_log_event(trace_log *t, rec_action action, uint64_t ptr, uint64_t siz
 void trace_log_flush(trace_log *t);
 /* Flushes, stops the writer and closes the file. */
 void trace_log_close(trace_log *t);
-/* Events recorded so far. */
-uint64_t trace_log_count(trace_log *t);
+/*
+ * A channel records without the log's lock, for a producer that already
+ * serialises its own events (the engine calls its on_event hook under its
+ * pool's lock): no second atomic instruction per event, and the events keep
+ * exactly the producer's order. Up to 8 channels per log; NULL when no more
+ * can be had. Flushing a channel (handing its partial buffer to the writer)
+ * must also happen under the producer's serialisation, before
+ * trace_log_flush. Channels are freed with the log.
+ */
+typedef struct trace_channel trace_channel;
+trace_channel *trace_log_channel_open(trace_log *t);
+void trace_channel_event(trace_channel *c, rec_action action, uint64_t ptr, uint64_t size,
+                         uint64_t stream);
+void trace_channel_flush(trace_channel *c);
 /* For a forked child, which has no writer thread: the log is dropped
  * without writing or freeing anything (the parent owns both). */
 void trace_log_abandon(trace_log *t);

@@ -134,6 +134,7 @@ static shim_pool *create_pool(const real_driver *R, CUcontext ctx)
                      .region_free = region_free,
                      .fence_done = fences_done,
                      .fence_seal = fences_seal};
+    record_attach(sp, &b);
     if (sp->lane_stream && sp->fences)
         sp->bfc = bfc_pool_create(&o, &b);
     if (!sp->bfc || bfc_pool_lane_open(sp->bfc, false, &sp->plain_lane) != BFC_OK ||

@@ -3,11 +3,18 @@
  * free, in RMM's CSV, replayable by `bfcshim replay` (shim/common/trace_log.c
  * keeps it off the hot path).
  *
- * The file is opened at the first event, flushed at exit and on every OOM
- * report (so the trace that led to a failure is on disk even if the program
- * then dies), and with %p in its name each process gets its own. A child
- * forked after the trace opened stops recording unless the name has %p, in
- * which case it opens its own file at its first event.
+ * Each pool records through its own channel from the engine's on_event
+ * hook, under the pool's lock: no second lock per event, and the trace
+ * keeps exactly the order in which the pool served allocations and frees
+ * (a free always precedes another thread's reuse of the address).
+ * Pass-through allocations (platform mode) and failures the engine reports
+ * before taking its lock go through the log's own, locked channel.
+ *
+ * The file is opened when the first pool is made or the first event comes,
+ * flushed at exit and on every OOM report (so the trace that led to a
+ * failure is on disk even if the program then dies), and with %p in its
+ * name each process gets its own. A child forked after the trace opened
+ * stops recording unless the name has %p, in which case it opens its own.
  */
 #include <errno.h>
 #include <limits.h>
@@ -69,10 +76,52 @@ void record_free(uint64_t ptr, CUstream stream)
         trace_log_event(t, REC_FREE, ptr, 0, (uint64_t)(uintptr_t)stream);
 }
 
+static const rec_action engine_action[] = {[BFC_EVENT_ALLOC] = REC_ALLOCATE,
+                                           [BFC_EVENT_FREE] = REC_FREE,
+                                           [BFC_EVENT_ALLOC_FAILED] = REC_ALLOCATE_FAILURE};
+
+/* The engine's on_event hook (pool locked): the lane's stream is the one
+ * the program named (0 for plain calls and the per-thread stream). */
+static void pool_event(void *ctx, bfc_event ev, bfc_addr addr, uint64_t size, uint32_t lane)
+{
+    shim_pool *sp = ctx;
+    CUstream stream = lane != BFC_NO_LANE && lane != sp->plain_lane
+                          ? atomic_load_explicit(&sp->lane_stream[lane], memory_order_relaxed)
+                          : NULL;
+    trace_channel_event(sp->trace, engine_action[ev], addr, size, (uint64_t)(uintptr_t)stream);
+}
+
+bool record_attach(shim_pool *sp, bfc_backend *b)
+{
+    trace_log *t = log_for_event();
+    if (!t)
+        return false;
+    sp->trace = trace_log_channel_open(t);
+    if (!sp->trace) {
+        static atomic_bool said;
+        shim_log_once(&said, LOG_WARN, "BFCSHIM_TRACE: more than 8 pools; the others are not "
+                                       "recorded");
+        return false;
+    }
+    b->on_event = pool_event;
+    b->event_ctx = sp;
+    return true;
+}
+
 void record_flush(void)
 {
-    if (atomic_load_explicit(&state, memory_order_acquire) == OPEN)
-        trace_log_flush(atomic_load(&active));
+    if (atomic_load_explicit(&state, memory_order_acquire) != OPEN)
+        return;
+    /* Each pool's partial buffer, under the lock its events take. */
+    for (size_t i = 0; i < pools_count(); i++) {
+        shim_pool *sp = pools_at(i);
+        if (sp && sp->trace) {
+            bfc_pool_lock(sp->bfc);
+            trace_channel_flush(sp->trace);
+            bfc_pool_unlock(sp->bfc);
+        }
+    }
+    trace_log_flush(atomic_load(&active));
 }
 
 void record_after_fork_child(void)

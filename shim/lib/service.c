@@ -72,13 +72,15 @@ svc_status svc_alloc(shim_pool *sp, size_t size, uint32_t lane, CUstream stream,
     bfc_status st = bfc_pool_alloc(sp->bfc, size, lane, &a);
     if (st == BFC_OK) {
         *out = (CUdeviceptr)a;
-        record_alloc(a, size, stream);
         stats_poll_request();
         return SVC_OK;
     }
     if (st == BFC_ERR_BAD_LANE) /* a lane closed under us: take it without reuse */
         return svc_alloc(sp, size, BFC_NO_LANE, stream, out, api);
-    record_alloc_failure(size, stream);
+    /* The engine records its own events (out of memory among them) when the
+     * pool is traced; the failures it refuses up front are recorded here. */
+    if (st != BFC_ERR_OOM || !sp->trace)
+        record_alloc_failure(size, stream);
     switch (st) {
     case BFC_ERR_OOM:
         oom_report(sp, size, api);
@@ -144,11 +146,6 @@ svc_status svc_free(CUdeviceptr ptr, free_kind kind, CUstream stream, bool per_t
                       api);
         return SVC_OK;
     }
-    /* Recorded before the engine frees it: once it is free another thread
-     * may allocate the same address, and the trace must show this free
-     * first. (A free the engine then refuses stays in the trace; replay
-     * counts it as a free of a pointer that is not live.) */
-    record_free(ptr, kind == FREE_STREAM ? stream : NULL);
     if (kind == FREE_PLAIN && shim_config_get()->free_policy == FREE_IMMEDIATE)
         st = bfc_pool_free(sp->bfc, ptr);
     else {
@@ -232,6 +229,7 @@ void platform_note_alloc(CUdeviceptr ptr, size_t size)
 {
     if (!ptr)
         return;
+    record_alloc(ptr, size, NULL);
     pthread_mutex_lock(&platform_lock);
     if (!platform_ready)
         platform_ready = ptr_map_init(&platform_live);
@@ -252,6 +250,7 @@ void platform_note_free(CUdeviceptr ptr)
 {
     if (!ptr)
         return;
+    record_free(ptr, NULL);
     pthread_mutex_lock(&platform_lock);
     uint64_t size = platform_ready ? ptr_map_take(&platform_live, ptr) : 0;
     if (size) {

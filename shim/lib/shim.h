@@ -167,6 +167,8 @@ typedef struct shim_pool {
     size_t nspare, capspare;
     /* passthrough counters */
     atomic_uint_fast64_t passthrough_allocs;
+    /* BFCSHIM_TRACE: this pool's channel, fed by the engine under its lock */
+    struct trace_channel *trace;
 } shim_pool;
 
 /* The pool of a context, created on first use when `create`; NULL on failure
@@ -269,7 +271,10 @@ void svc_note_passthrough(void);
 
 /* ---- what the shim tells the user (record.c, stats_file.c, oom_report.c) --- */
 
-/* BFCSHIM_TRACE: one event per pooled allocation, failure and free. */
+/* BFCSHIM_TRACE: pools record through the engine's on_event hook, attached
+ * here when a trace is wanted (false: not traced); pass-through calls and
+ * failures outside the engine through these. */
+bool record_attach(shim_pool *sp, bfc_backend *b);
 void record_alloc(uint64_t ptr, uint64_t size, CUstream stream);
 void record_alloc_failure(uint64_t size, CUstream stream);
 void record_free(uint64_t ptr, CUstream stream);

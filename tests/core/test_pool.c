@@ -562,6 +562,67 @@ static void host_metadata_follows_chunks_not_region_size(void)
     fixture_end(&f);
 }
 
+/* The tracing hook sees every served allocation, failure and accepted free,
+ * in order, with the lane; refused frees and size 0 are not events. */
+typedef struct seen_event {
+    bfc_event ev;
+    bfc_addr addr;
+    uint64_t size;
+    uint32_t lane;
+} seen_event;
+
+typedef struct event_log {
+    seen_event e[16];
+    int n;
+} event_log;
+
+static void log_event(void *ctx, bfc_event ev, bfc_addr addr, uint64_t size, uint32_t lane)
+{
+    event_log *l = ctx;
+    if (l->n < 16)
+        l->e[l->n++] = (seen_event){ev, addr, size, lane};
+}
+
+static void tracing_hook_sees_events_in_order(void)
+{
+    fixture f;
+    event_log log = {0};
+    fixture_begin(&f, 1 * MiB);
+    bfc_backend b = sim_device_backend(&f.dev);
+    b.on_event = log_event;
+    b.event_ctx = &log;
+    fixture_start_with(&f, &b);
+    bfc_addr a = must_alloc(&f, 1000);
+    bfc_addr z = 1;
+    CHECK_EQ(bfc_pool_alloc(f.pool, 0, BFC_NO_LANE, &z), BFC_OK); /* not an event */
+    bfc_addr big = 0;
+    CHECK_EQ(bfc_pool_alloc(f.pool, 2 * MiB, BFC_NO_LANE, &big), BFC_ERR_OOM);
+    CHECK_EQ(bfc_pool_free(f.pool, a + 256), BFC_ERR_NOT_ALLOCATED); /* refused: no event */
+    must_free(&f, a);
+    uint32_t lane;
+    CHECK_EQ(bfc_pool_lane_open(f.pool, true, &lane), BFC_OK);
+    bfc_addr c = 0;
+    CHECK_EQ(bfc_pool_alloc(f.pool, 512, lane, &c), BFC_OK);
+    CHECK_EQ(bfc_pool_free_fenced(f.pool, c, lane, 1), BFC_OK);
+    REQUIRE(log.n == 5);
+    CHECK_EQ(log.e[0].ev, BFC_EVENT_ALLOC);
+    CHECK_EQ(log.e[0].addr, a);
+    CHECK_EQ(log.e[0].size, 1000);
+    CHECK_EQ(log.e[1].ev, BFC_EVENT_ALLOC_FAILED);
+    CHECK_EQ(log.e[1].addr, 0);
+    CHECK_EQ(log.e[1].size, 2 * MiB);
+    CHECK_EQ(log.e[2].ev, BFC_EVENT_FREE);
+    CHECK_EQ(log.e[2].addr, a);
+    CHECK_EQ(log.e[3].ev, BFC_EVENT_ALLOC);
+    CHECK_EQ(log.e[3].lane, lane);
+    CHECK_EQ(log.e[4].ev, BFC_EVENT_FREE);
+    CHECK_EQ(log.e[4].addr, c);
+    CHECK_EQ(log.e[4].lane, lane);
+    bfc_pool_retire(f.pool, lane, 1);
+    bfc_pool_lane_close(f.pool, lane);
+    fixture_end(&f);
+}
+
 int main(void)
 {
     RUN(sizes_round_to_granularity_and_align);
@@ -584,5 +645,6 @@ int main(void)
     RUN(tsl_split_rule_keeps_up_to_twice_the_request);
     RUN(dump_shows_summary_bins_chunks_and_occupancy);
     RUN(host_metadata_follows_chunks_not_region_size);
+    RUN(tracing_hook_sees_events_in_order);
     return harness_result();
 }
