@@ -14,6 +14,15 @@ int cmd_ab(int argc, char **argv);
 int cmd_replay(int argc, char **argv);
 int cmd_report(int argc, char **argv);
 
+/* A pool of exactly `pool_bytes` in one preallocated region of a fresh
+ * simulated device, with the policy's placement and split rules, as replay
+ * measures them (no garbage collection: one region is all there is). The
+ * backend's region functions are filled in; its hooks (on_event) are the
+ * caller's. NULL if it cannot be made. (replay.c) */
+struct sim_device;
+bfc_pool *replay_pool_create(struct sim_device *dev, const bfc_options *policy,
+                             uint64_t pool_bytes, bfc_backend *backend);
+
 /* The smallest single region, to 1 MiB, that serves the trace (replay.c). */
 uint64_t replay_min_pool_bytes(const trace *t, const bfc_options *policy);
 int cmd_tracegen(int argc, char **argv);

@@ -88,37 +88,37 @@ static void record_event(void *ctx, bfc_event ev, bfc_addr addr, uint64_t size, 
     trace_channel_event(ctx, action[ev], addr, size, 0);
 }
 
-/* One replay in a fresh pool of exactly `pool_bytes`, preallocated; with
- * `rec`, every event of the run is recorded. */
-static bool run_once_recording(const trace *t, const replay_opts *o, uint64_t pool_bytes,
-                               bfc_addr *slot_addr, run_result *r, trace_channel *rec);
-
-static bool run_once(const trace *t, const replay_opts *o, uint64_t pool_bytes,
-                     bfc_addr *slot_addr, run_result *r)
+bfc_pool *replay_pool_create(sim_device *dev, const bfc_options *policy, uint64_t pool_bytes,
+                             bfc_backend *backend)
 {
-    return run_once_recording(t, o, pool_bytes, slot_addr, r, NULL);
-}
-
-static bool run_once_recording(const trace *t, const replay_opts *o, uint64_t pool_bytes,
-                               bfc_addr *slot_addr, run_result *r, trace_channel *rec)
-{
-    sim_device dev;
-    sim_device_init(&dev, pool_bytes);
-    bfc_backend backend = sim_device_backend(&dev);
-    if (rec) {
-        backend.on_event = record_event;
-        backend.event_ctx = rec;
-    }
-    bfc_options opt = o->policy;
+    sim_device_init(dev, pool_bytes);
+    bfc_backend defaults = sim_device_backend(dev);
+    backend->ctx = defaults.ctx;
+    backend->region_alloc = defaults.region_alloc;
+    backend->region_free = defaults.region_free;
+    bfc_options opt = *policy;
     opt.limit_bytes = pool_bytes;
     opt.preallocate = true;
     opt.region_granularity = opt.granularity;
     opt.garbage_collection = false;
-    bfc_pool *pool = bfc_pool_create(&opt, &backend);
-    if (!pool || bfc_pool_reserve(pool) != BFC_OK) {
+    bfc_pool *pool = bfc_pool_create(&opt, backend);
+    if (pool && bfc_pool_reserve(pool) != BFC_OK) {
         bfc_pool_destroy(pool, true);
-        return false;
+        pool = NULL;
     }
+    return pool;
+}
+
+/* One replay in a fresh pool of exactly `pool_bytes`, preallocated; with
+ * `rec` (not NULL), every event of the run is recorded. */
+static bool run_once(const trace *t, const replay_opts *o, uint64_t pool_bytes,
+                     bfc_addr *slot_addr, run_result *r, trace_channel *rec)
+{
+    sim_device dev;
+    bfc_backend backend = {.on_event = rec ? record_event : NULL, .event_ctx = rec};
+    bfc_pool *pool = replay_pool_create(&dev, &o->policy, pool_bytes, &backend);
+    if (!pool)
+        return false;
     size_t warm = o->warmup < t->nev ? (size_t)o->warmup : t->nev;
     r->failures = replay_loop(pool, t, 0, warm, slot_addr);
     double t0 = now_seconds();
@@ -134,7 +134,7 @@ static bool serves_all(const trace *t, const replay_opts *o, uint64_t pool_bytes
                        bfc_addr *slot_addr)
 {
     run_result r;
-    return run_once(t, o, pool_bytes, slot_addr, &r) && r.failures == 0;
+    return run_once(t, o, pool_bytes, slot_addr, &r, NULL) && r.failures == 0;
 }
 
 /* Smallest pool, to 1 MiB, that serves the whole trace. Bisection assumes
@@ -192,16 +192,10 @@ static void dump_at_failure(const trace *t, const replay_opts *o, uint64_t min_b
         goto out;
     }
     sim_device dev;
-    sim_device_init(&dev, min_bytes - MIB);
-    bfc_backend backend = sim_device_backend(&dev);
-    bfc_options opt = o->policy;
-    opt.limit_bytes = min_bytes - MIB;
-    opt.region_granularity = opt.granularity;
-    bfc_pool *pool = bfc_pool_create(&opt, &backend);
-    if (!pool || bfc_pool_reserve(pool) != BFC_OK) {
-        bfc_pool_destroy(pool, true);
+    bfc_backend backend = {0};
+    bfc_pool *pool = replay_pool_create(&dev, &o->policy, min_bytes - MIB, &backend);
+    if (!pool)
         goto out;
-    }
     for (size_t i = 0; i < t->nev; i++) {
         const trace_event *e = &t->ev[i];
         if (e->kind == TRACE_FREE) {
@@ -209,7 +203,7 @@ static void dump_at_failure(const trace *t, const replay_opts *o, uint64_t min_b
         } else if (bfc_pool_alloc(pool, e->size, BFC_NO_LANE, &slot_addr[e->slot]) != BFC_OK) {
             fprintf(f, "%s: event %zu: allocation of %llu bytes fails in a pool of %llu:\n",
                     t->name, i, (unsigned long long)e->size,
-                    (unsigned long long)opt.limit_bytes);
+                    (unsigned long long)(min_bytes - MIB));
             bfc_pool_dump(pool, f, BFC_DUMP_SUMMARY | BFC_DUMP_OCCUPANCY | BFC_DUMP_CHUNKS);
             break;
         }
@@ -328,7 +322,7 @@ static int replay_one(const char *path, const replay_opts *o, bool first)
     if (rec)
         channel = trace_log_channel_open(rec);
     for (int i = 0; ns && i < o->repeats && (channel || !o->record); i++) {
-        bool ran = run_once_recording(&t, o, r.timed_pool_bytes, slot_addr, &r.timed, channel);
+        bool ran = run_once(&t, o, r.timed_pool_bytes, slot_addr, &r.timed, channel);
         if (!ran)
             break;
         ns[ok_runs++] = r.timed.ops ? r.timed.seconds * 1e9 / (double)r.timed.ops : 0.0;

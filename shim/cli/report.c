@@ -34,9 +34,12 @@ typedef struct map_capture {
     size_t nchunks;
 } map_capture;
 
+/* Chunks come in address order: the first one's address is the base. */
 static void visit_chunk(void *arg, const bfc_chunk_info *c)
 {
     map_capture *m = arg;
+    if (m->nchunks == 0)
+        m->base = c->addr;
     /* [offset, size, kind, seq, requested, region] */
     json_array_open(m->j, NULL);
     json_u64(m->j, NULL, c->addr - m->base);
@@ -49,20 +52,11 @@ static void visit_chunk(void *arg, const bfc_chunk_info *c)
     m->nchunks++;
 }
 
-static void find_base(void *arg, const bfc_chunk_info *c)
-{
-    bfc_addr *base = arg;
-    if (*base == 0 || c->addr < *base)
-        *base = c->addr;
-}
-
 static void write_map(json_out *j, bfc_pool *pool, const char *label, size_t event,
                       uint64_t request, uint64_t newest_seq)
 {
     bfc_stats st;
     bfc_pool_stats(pool, &st);
-    bfc_addr base = 0;
-    bfc_pool_visit(pool, find_base, &base);
     json_object_open(j, NULL);
     json_string(j, "label", label);
     json_u64(j, "event", event);
@@ -70,15 +64,15 @@ static void write_map(json_out *j, bfc_pool *pool, const char *label, size_t eve
         json_u64(j, "request", request);
     else
         json_null(j, "request");
-    json_u64(j, "base", base);
     json_u64(j, "pool_bytes", st.pool_bytes);
     json_u64(j, "bytes_in_use", st.bytes_in_use);
     json_u64(j, "largest_free_block_bytes", st.largest_free_block_bytes);
     json_u64(j, "newest_seq", newest_seq);
     json_array_open(j, "chunks");
-    map_capture m = {label, j, base, newest_seq, 0};
+    map_capture m = {label, j, 0, newest_seq, 0};
     bfc_pool_visit(pool, visit_chunk, &m);
     json_array_close(j);
+    json_u64(j, "base", m.base);
     json_object_close(j);
 }
 
@@ -144,6 +138,17 @@ static int write_report(const report_opts *o, trace *t)
         free(slot_addr);
         return 1;
     }
+    /* Live bytes after every event, in one pass: the peak, and for the
+     * series at most MAX_POINTS points, each its bucket's maximum so that
+     * no peak disappears. */
+    size_t step = t->nev / MAX_POINTS + 1, npoints = t->nev ? (t->nev - 1) / step + 1 : 0;
+    uint64_t *bucket_max = calloc(npoints ? npoints : 1, sizeof *bucket_max);
+    if (!bucket_max) {
+        fprintf(stderr, "bfcshim report: out of host memory\n");
+        free(slot_size);
+        free(slot_addr);
+        return 1;
+    }
     size_t peak_at = 0;
     uint64_t live = 0, peak = 0;
     for (size_t i = 0; i < t->nev; i++) {
@@ -154,6 +159,8 @@ static int write_report(const report_opts *o, trace *t)
         } else {
             live -= slot_size[e->slot];
         }
+        if (live > bucket_max[i / step])
+            bucket_max[i / step] = live;
         if (live > peak) {
             peak = live;
             peak_at = i;
@@ -176,6 +183,7 @@ static int write_report(const report_opts *o, trace *t)
     FILE *out = fopen(o->output, "w");
     if (!out) {
         fprintf(stderr, "bfcshim report: %s: %s\n", o->output, strerror(errno));
+        free(bucket_max);
         free(slot_size);
         free(slot_addr);
         return 1;
@@ -197,10 +205,7 @@ static int write_report(const report_opts *o, trace *t)
     json_u64(&j, "pool_bytes", pool_bytes);
     json_string(&j, "pool_source", pool_source);
 
-    /* live bytes, at most MAX_POINTS points: each keeps its bucket's maximum
-     * so that no peak disappears */
     json_object_open(&j, "series");
-    size_t step = t->nev / MAX_POINTS + 1;
     json_array_open(&j, "x");
     for (size_t i = 0; i < t->nev; i += step) {
         size_t last = i + step - 1 < t->nev ? i + step - 1 : t->nev - 1;
@@ -211,19 +216,8 @@ static int write_report(const report_opts *o, trace *t)
     }
     json_array_close(&j);
     json_array_open(&j, "live");
-    live = 0;
-    uint64_t bucket_max = 0;
-    for (size_t i = 0; i < t->nev; i++) {
-        const trace_event *e = &t->ev[i];
-        live += e->kind == TRACE_ALLOC ? e->size : 0;
-        live -= e->kind == TRACE_FREE ? slot_size[e->slot] : 0;
-        if (live > bucket_max)
-            bucket_max = live;
-        if (i % step == step - 1 || i == t->nev - 1) {
-            json_u64(&j, NULL, bucket_max);
-            bucket_max = 0;
-        }
-    }
+    for (size_t k = 0; k < npoints; k++)
+        json_u64(&j, NULL, bucket_max[k]);
     json_array_close(&j);
     json_u64(&j, "peak_index", peak_at / step);
     if (t->times && t->nev)
@@ -254,16 +248,11 @@ static int write_report(const report_opts *o, trace *t)
     /* the occupancy maps, replaying through the engine */
     json_array_open(&j, "maps");
     sim_device dev;
-    sim_device_init(&dev, pool_bytes);
-    bfc_backend backend = sim_device_backend(&dev);
-    policy.limit_bytes = pool_bytes;
-    policy.preallocate = true;
-    policy.region_granularity = policy.granularity;
-    policy.garbage_collection = false;
-    bfc_pool *pool = bfc_pool_create(&policy, &backend);
+    bfc_backend backend = {0};
+    bfc_pool *pool = replay_pool_create(&dev, &policy, pool_bytes, &backend);
     bool failure_shown = false;
     uint64_t seq = 0, engine_failures = 0;
-    if (pool && bfc_pool_reserve(pool) == BFC_OK) {
+    if (pool) {
         for (size_t i = 0; i < t->nev; i++) {
             const trace_event *e = &t->ev[i];
             if (!failure_shown && i == t->first_failure_at) {
@@ -307,6 +296,7 @@ static int write_report(const report_opts *o, trace *t)
     fputs("}", out);
     fputs(report_page_tail, out);
     bool ok = fclose(out) == 0;
+    free(bucket_max);
     free(slot_size);
     free(slot_addr);
     if (!ok) {
