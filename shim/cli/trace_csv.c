@@ -132,7 +132,7 @@ static bool push(trace *t, uint32_t kind, uint32_t slot, uint64_t size)
         t->cap = cap;
     }
     if (t->keep_times)
-        t->times[t->nev] = t->cur_us;
+        t->times[t->nev] = t->last_us; /* the line being parsed */
     t->ev[t->nev++] = (trace_event){.size = size, .slot = slot, .kind = kind};
     return true;
 }
@@ -227,7 +227,6 @@ bool trace_feed_line(trace *t, const char *line, size_t len)
     if (t->allocs + t->frees + t->unmatched_frees + t->failed_allocs == 0)
         t->first_us = us;
     t->last_us = us;
-    t->cur_us = us;
     if (field_is(f[2], "allocate"))
         return on_alloc(t, ptr, size);
     if (field_is(f[2], "free"))

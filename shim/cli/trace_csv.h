@@ -51,7 +51,7 @@ typedef struct trace {
      * Always: where the first `allocate failure` line fell (the number of
      * events before it, SIZE_MAX if none) and what it asked for. */
     bool keep_times;
-    uint64_t *times, cur_us;
+    uint64_t *times;
     size_t first_failure_at;
     uint64_t first_failure_size;
     ptr_map ptr_to_slot;       /* parsing: live pointer -> allocate event + 1 */

@@ -417,12 +417,3 @@ void trace_log_close(trace_log *t)
     pthread_cond_destroy(&t->emptied);
     free(t);
 }
-
-
-void trace_log_abandon(trace_log *t)
-{
-    /* In a forked child: no writer thread exists, and the parent owns the
-     * file. Nothing is written or freed (another thread of the parent may
-     * have held the lock at fork time); the caller forgets the pointer. */
-    (void)t;
-}

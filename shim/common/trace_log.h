@@ -49,8 +49,5 @@ trace_channel *trace_log_channel_open(trace_log *t);
 void trace_channel_event(trace_channel *c, rec_action action, uint64_t ptr, uint64_t size,
                          uint64_t stream);
 void trace_channel_flush(trace_channel *c);
-/* For a forked child, which has no writer thread: the log is dropped
- * without writing or freeing anything (the parent owns both). */
-void trace_log_abandon(trace_log *t);
 
 #endif

@@ -126,9 +126,10 @@ void record_flush(void)
 
 void record_after_fork_child(void)
 {
-    trace_log *t = atomic_exchange(&active, NULL);
-    if (t)
-        trace_log_abandon(t);
+    /* The child has no writer thread and the parent owns the file: the log
+     * is forgotten, never written or freed (another thread of the parent may
+     * have held its lock at fork time). */
+    atomic_store(&active, NULL);
     const char *pattern = shim_config_get()->trace_path;
     bool own_file = pattern && strstr(pattern, "%p");
     pthread_mutex_init(&open_lock, NULL);
