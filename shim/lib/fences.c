@@ -89,64 +89,73 @@ static bool queue_push(shim_pool *sp, uint32_t lane, fence *f)
     return true;
 }
 
-/* The streams a seal of `lane` records on; false: not now (capture). */
-static bool fence_streams(shim_pool *sp, const real_driver *R, uint32_t lane, CUstream **out,
-                          uint32_t *nout)
+/* Writes into out (room for n + 1) the streams a seal of `lane` records
+ * on, given the context's n known streams; returns how many, or -1 when it
+ * cannot seal now (capture). Only the plain lane and the legacy stream's
+ * lane need to know which streams capture. */
+static int fence_streams(shim_pool *sp, const real_driver *R, uint32_t lane,
+                         const known_stream *known, size_t n, CUstream *out)
 {
-    known_stream few[32], *known = few;
-    size_t n = streams_of_context(sp->ctx, few, 32);
-    if (n > 32) {
-        known = malloc(n * sizeof *known);
-        if (!known)
-            return false;
-        n = streams_of_context(sp->ctx, known, n);
+    CUstream own = atomic_load_explicit(&sp->lane_stream[lane], memory_order_acquire);
+    if (lane != sp->plain_lane && own != CU_STREAM_LEGACY) {
+        if (capturing(R, own)) /* one stream: not while it captures */
+            return -1;
+        out[0] = own;
+        return 1;
     }
     bool blocking_capture = false;
-    bool *cap = calloc(n ? n : 1, sizeof *cap);
-    CUstream *list = malloc((n + 1) * sizeof *list);
-    uint32_t k = 0;
-    bool ok = cap && list;
-    for (size_t i = 0; ok && i < n; i++) {
-        cap[i] = capturing(R, known[i].stream);
-        blocking_capture |= cap[i] && !known[i].non_blocking;
+    for (size_t i = 0; i < n && !blocking_capture; i++)
+        blocking_capture = !known[i].non_blocking && capturing(R, known[i].stream);
+    if (lane != sp->plain_lane) {
+        /* The legacy stream's lane: legacy work would join the capture. */
+        if (blocking_capture)
+            return -1;
+        out[0] = own;
+        return 1;
     }
-    CUstream own = atomic_load_explicit(&sp->lane_stream[lane], memory_order_acquire);
-    if (!ok) {
-        /* no host memory: refuse */
-    } else if (lane != sp->plain_lane) {
-        /* One stream: refuse while it captures (or, for the legacy stream,
-         * while a blocking stream does: legacy work would join it). */
-        bool busy = own == CU_STREAM_LEGACY ? blocking_capture : capturing(R, own);
-        ok = !busy;
-        if (ok)
-            list[k++] = own;
-    } else {
-        if (!blocking_capture)
-            list[k++] = CU_STREAM_LEGACY;
-        for (size_t i = 0; i < n; i++)
-            if (!cap[i] && (known[i].non_blocking || blocking_capture))
-                list[k++] = known[i].stream;
-    }
-    free(cap);
-    if (known != few)
-        free(known);
-    if (!ok) {
-        free(list);
-        return false;
-    }
-    *out = list;
-    *nout = k;
-    return true;
+    int k = 0;
+    if (!blocking_capture)
+        out[k++] = CU_STREAM_LEGACY;
+    for (size_t i = 0; i < n; i++)
+        if ((known[i].non_blocking || blocking_capture) && !capturing(R, known[i].stream))
+            out[k++] = known[i].stream;
+    return k;
 }
+
+/* Seals run on most allocations that follow frees: the common case (up to
+ * 32 known streams) touches no heap but the fence itself. */
+enum { FEW_STREAMS = 32 };
 
 bool fences_seal(void *ctx, uint32_t lane, uint64_t token)
 {
     shim_pool *sp = ctx;
     const real_driver *R = real_driver_get();
-    CUstream *streams = NULL;
-    uint32_t n = 0;
-    if (!fence_streams(sp, R, lane, &streams, &n))
+    known_stream few[FEW_STREAMS], *known = few;
+    CUstream few_out[FEW_STREAMS + 1], *streams = few_out;
+    size_t nknown = streams_of_context(sp->ctx, few, FEW_STREAMS);
+    if (nknown > FEW_STREAMS) {
+        known = malloc(nknown * sizeof *known);
+        streams = malloc((nknown + 1) * sizeof *streams);
+        if (!known || !streams) {
+            free(known);
+            free(streams);
+            return false;
+        }
+        /* (a stream made since the count is not copied, nor fenced: it has
+         * no work older than the frees) */
+        size_t now = streams_of_context(sp->ctx, known, nknown);
+        if (now < nknown)
+            nknown = now;
+    }
+    int found = fence_streams(sp, R, lane, known, nknown, streams);
+    if (known != few)
+        free(known);
+    if (found < 0) {
+        if (streams != few_out)
+            free(streams);
         return false;
+    }
+    uint32_t n = (uint32_t)found;
     fence *f = malloc(sizeof *f + n * sizeof(CUevent));
     bool ok = f != NULL;
     uint32_t made = 0;
@@ -160,7 +169,8 @@ bool fences_seal(void *ctx, uint32_t lane, uint64_t token)
         }
         f->ev[made] = e;
     }
-    free(streams);
+    if (streams != few_out)
+        free(streams);
     if (ok) {
         f->token = token;
         f->nevents = n;
