@@ -55,21 +55,16 @@ static CUresult foreign_result(CUresult r, const char *api, CUdeviceptr p)
 }
 
 /* Platform mode passes everything through but still counts what is live. */
-static bool counting(void)
-{
-    return !shim_tls_bypass && shim_config_get()->mode == MODE_PLATFORM;
-}
-
 static CUresult counted_alloc(CUresult r, CUdeviceptr *dptr, size_t size)
 {
-    if (r == CUDA_SUCCESS && dptr && counting())
+    if (r == CUDA_SUCCESS && dptr && platform_counting())
         platform_note_alloc(*dptr, size);
     return r;
 }
 
 static CUresult counted_free(CUresult r, CUdeviceptr p)
 {
-    if (r == CUDA_SUCCESS && counting())
+    if (r == CUDA_SUCCESS && platform_counting())
         platform_note_free(p);
     return r;
 }

@@ -96,21 +96,16 @@ static shim_pool *runtime_pool(void)
     return pool_for_context(cur, true);
 }
 
-static bool counting(void)
-{
-    return !shim_tls_bypass && shim_config_get()->mode == MODE_PLATFORM;
-}
-
 static cudaError_t counted_alloc(cudaError_t e, void **p, size_t size)
 {
-    if (e == cudaSuccess && p && counting())
+    if (e == cudaSuccess && p && platform_counting())
         platform_note_alloc((CUdeviceptr)(uintptr_t)*p, size);
     return e;
 }
 
 static cudaError_t counted_free(cudaError_t e, void *p)
 {
-    if (e == cudaSuccess && counting())
+    if (e == cudaSuccess && platform_counting())
         platform_note_free((CUdeviceptr)(uintptr_t)p);
     return e;
 }

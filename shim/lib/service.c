@@ -225,6 +225,11 @@ static ptr_map platform_live;
 static bool platform_ready;
 static platform_counts counts;
 
+bool platform_counting(void)
+{
+    return !shim_tls_bypass && shim_config_get()->mode == MODE_PLATFORM;
+}
+
 void platform_note_alloc(CUdeviceptr ptr, size_t size)
 {
     if (!ptr)

@@ -246,7 +246,9 @@ void svc_adjust_meminfo(size_t *free_bytes, size_t total);
 svc_status svc_ipc_check(CUdeviceptr ptr, const char *api);
 /* Is the stream capturing? (Then stream-ordered calls pass through.) */
 bool svc_stream_capturing(CUstream s, bool per_thread);
-/* Platform mode bookkeeping: counts what passes through. */
+/* Platform mode bookkeeping: counts what passes through. platform_counting:
+ * is this call one to count (platform mode, not the shim's own call)? */
+bool platform_counting(void);
 void platform_note_alloc(CUdeviceptr ptr, size_t size);
 void platform_note_free(CUdeviceptr ptr);
 typedef struct platform_counts {
