@@ -6,8 +6,11 @@
 #      processes, and instructions per operation under callgrind
 #   3. scaling from 10^3 to 10^6 live chunks: whole trace and steady state
 #   4. the pool lock's cost (bench_lock)
-# Writes everything to OUT (default docs/results/bench-<commit>.txt) with the
-# machine, compiler and commit. Needs ~2 GB of disk and ~15 minutes.
+#   5. what recording a trace (BFCSHIM_TRACE) costs per operation: paired
+#      replays, and the extra instructions per operation under callgrind
+# BENCH_SECTIONS="2 5" runs only those sections. Writes everything to OUT
+# (default docs/results/bench-<commit>.txt) with the machine, compiler and
+# commit. Needs ~2 GB of disk and ~15 minutes.
 set -eu
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -24,10 +27,13 @@ echo "# bfcshim benchmarks, commit $commit, $(date -u +%Y-%m-%d)"
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs, $(free -g | awk '/Mem:/{print $2}') GiB"
 echo "kernel: $(uname -r); compiler: $(cc --version | head -1); build: $(meson introspect build --buildoptions | python3 -c 'import json,sys; o={x["name"]:x["value"] for x in json.load(sys.stdin)}; print(o["buildtype"], "lto" if o["b_lto"] else "no-lto")')"
 
+# BENCH_SECTIONS="2 5" runs only those sections (default: all).
+want() { [[ " ${BENCH_SECTIONS:-1 2 3 4 5} " == *" $1 "* ]]; }
 gen() { # name args...
     local name=$1; shift
     [ -f "$work/$name.csv" ] || $B tracegen -o "$work/$name.csv" "$@" >/dev/null
 }
+if want 1; then
 echo; echo "## 1. efficiency"
 for seed in 1 2 3; do
     gen gpt-s$seed --model gpt --steps 4 --seed $seed
@@ -56,6 +62,8 @@ assert None not in e + f, "a trace without allocations"
 print(f"{'min / mean':40} {'':12} {min(e):.4f}/{sum(e)/len(e):.4f} {min(f):.4f}/{sum(f)/len(f):.4f}")
 PY
 
+fi
+if want 2; then
 echo; echo "## 2. speed at ~10^4 live chunks (synthetic GPT training, 160 layers)"
 gen gpt-1e4 --model gpt --layers 160 --hidden 256 --heads 4 --batch 8 --seq 256 --vocab 8192 --steps 6 --vary-seq
 echo -n "ns/op, 7 processes x median of 9 replays:"
@@ -69,6 +77,8 @@ if command -v valgrind >/dev/null; then
     awk -v ev="$events" '/Collected/{printf "callgrind: %.0f instructions per operation (%d events)\n", $4/ev, ev}' "$work/cg.log"
 fi
 
+fi
+if want 3; then
 echo; echo "## 3. scaling (churn: N long-lived blocks, then max(2M, 10N) short-lived ops)"
 echo "live      whole-trace ns/op   steady-state ns/op (setup of 3N events excluded)"
 for n in 1000 10000 100000 1000000; do
@@ -79,18 +89,39 @@ for n in 1000 10000 100000 1000000; do
     printf "%-9s %-19s %s\n" "$n" "$whole" "$steady"
 done
 
+fi
+if want 4; then
 echo; echo "## 4. lock"
 build/tests/bench_lock
 
+fi
+if want 5; then
+gen gpt-1e4 --model gpt --layers 160 --hidden 256 --heads 4 --batch 8 --seq 256 --vocab 8192 --steps 6 --vary-seq
 echo; echo "## 5. cost of recording a trace (BFCSHIM_TRACE's writer, via replay --record)"
-echo "ns/op on the 10^4-live trace, 7 process pairs x median of 9 replays, plain then recording:"
+echo "the 10^4-live trace; each process times 21 pairs of replays (plain, recording, in"
+echo "alternating order) and reports the medians and the median of recording/plain - 1:"
 for i in 1 2 3 4 5 6 7; do
-    plain=$($B replay --repeat 9 --no-min-pool --pool-size 8GiB "$work/gpt-1e4.csv" | awk 'NR>1{print $8}')
-    rec=$($B replay --repeat 9 --no-min-pool --pool-size 8GiB --record "$work/recorded.csv" "$work/gpt-1e4.csv" | awk 'NR>1{print $8}')
-    echo "$plain $rec"
+    $B replay --json --repeat 21 --no-min-pool --pool-size 8GiB --record "$work/recorded.csv" "$work/gpt-1e4.csv"
 done | python3 -c '
-import sys, statistics
-rows = [tuple(map(float, l.split())) for l in sys.stdin if l.strip()]
-for p, r in rows: print(f"{p:.1f} {r:.1f}")
-p = statistics.median(x for x, _ in rows); r = statistics.median(y for _, y in rows)
-print(f"median: plain {p:.1f}, recording {r:.1f} ns/op (+{100 * (r / p - 1):.0f}%)")'
+import json, sys, statistics
+rows = [json.loads(l) for l in sys.stdin if l.strip()]
+print("plain ns/op  recording ns/op  cost")
+for r in rows:
+    p, n, c = r["plain_ns_per_op"], r["ns_per_op"], r["recording_cost"]
+    print(f"{p:11.1f}  {n:15.1f}  {100 * c:+5.1f}%")
+c = [r["recording_cost"] for r in rows]
+print(f"median cost over processes: {100 * statistics.median(c):+.1f}% (range {100 * min(c):+.1f}% to {100 * max(c):+.1f}%)")'
+if command -v valgrind >/dev/null; then
+    # One --record repeat is a plain and a recording replay: the difference
+    # from a plain run's count is the recording replay's.
+    events=$($B replay --json --repeat 1 --no-min-pool --pool-size 8GiB "$work/gpt-1e4.csv" | python3 -c 'import json,sys; print(json.load(sys.stdin)["timed_events"])')
+    for arm in plain record; do
+        extra=(); [ $arm = record ] && extra=(--record "$work/recorded.csv")
+        valgrind --tool=callgrind --toggle-collect=replay_loop --callgrind-out-file="$work/cg-$arm.out" \
+            $B replay --repeat 1 --no-min-pool --pool-size 8GiB "${extra[@]}" "$work/gpt-1e4.csv" >/dev/null 2>"$work/cg-$arm.log"
+    done
+    plain=$(awk '/Collected/{print $4}' "$work/cg-plain.log")
+    both=$(awk '/Collected/{print $4}' "$work/cg-record.log")
+    python3 -c "p, b, n = $plain, $both, $events; print(f'callgrind: {p / n:.0f} instructions per operation plain, {(b - p) / n:.0f} recording (+{(b - 2 * p) / n:.0f})')"
+fi
+fi

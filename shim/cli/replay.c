@@ -220,10 +220,25 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* Sorts v. */
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return v[n / 2];
+}
+
+static double ns_per_op(const run_result *r)
+{
+    return r->ops ? r->seconds * 1e9 / (double)r->ops : 0.0;
+}
+
 typedef struct trace_report {
     const trace *t;
     uint64_t min_pool_bytes, timed_pool_bytes;
     double efficiency, ns_per_op;
+    /* --record: ns_per_op is the recording replays'; these are the plain
+     * ones' median and the median over pairs of recording / plain - 1. */
+    double plain_ns_per_op, recording_cost;
     run_result timed;
 } trace_report;
 
@@ -249,6 +264,10 @@ static void print_json(const trace_report *r, const replay_opts *o)
     else
         json_null(&j, "efficiency");
     json_double(&j, "ns_per_op", r->ns_per_op);
+    if (o->record) {
+        json_double(&j, "plain_ns_per_op", r->plain_ns_per_op);
+        json_double(&j, "recording_cost", r->recording_cost);
+    }
     json_u64(&j, "failures", r->timed.failures);
     json_u64(&j, "pool_bytes", r->timed_pool_bytes);
     json_u64(&j, "peak_bytes_in_use", r->timed.stats.peak_bytes_in_use);
@@ -313,6 +332,8 @@ static int replay_one(const char *path, const replay_opts *o, bool first)
         r.timed_pool_bytes = MIB;
 
     double *ns = calloc((size_t)o->repeats, sizeof *ns);
+    double *plain_ns = calloc((size_t)o->repeats, sizeof *plain_ns);
+    double *cost = calloc((size_t)o->repeats, sizeof *cost);
     int ok_runs = 0;
     /* One recording for all repeats, as a process keeps one for its life. */
     trace_log *rec = NULL;
@@ -321,29 +342,55 @@ static int replay_one(const char *path, const replay_opts *o, bool first)
         fprintf(stderr, "bfcshim replay: --record %s: %s\n", o->record, strerror(errno));
     if (rec)
         channel = trace_log_channel_open(rec);
-    for (int i = 0; ns && i < o->repeats && (channel || !o->record); i++) {
-        bool ran = run_once(&t, o, r.timed_pool_bytes, slot_addr, &r.timed, channel);
+    for (int i = 0; ns && plain_ns && cost && i < o->repeats && (channel || !o->record); i++) {
+        if (!o->record) {
+            if (!run_once(&t, o, r.timed_pool_bytes, slot_addr, &r.timed, NULL))
+                break;
+            ns[ok_runs++] = ns_per_op(&r.timed);
+            continue;
+        }
+        /* --record: a plain and a recording replay side by side, in
+         * alternating order, so that the machine's drift (which moves this
+         * VM's figures by 30% between processes) falls on both alike. The
+         * writer drains between pairs, untimed: in a real program it keeps
+         * up, and its backlog must not slow the next plain replay. */
+        double pair[2];
+        bool ran = true;
+        for (int k = 0; k < 2 && ran; k++) {
+            bool recording = (k == 0) == (i % 2 == 1);
+            ran = run_once(&t, o, r.timed_pool_bytes, slot_addr, &r.timed,
+                           recording ? channel : NULL);
+            pair[recording] = ns_per_op(&r.timed);
+        }
         if (!ran)
             break;
-        ns[ok_runs++] = r.timed.ops ? r.timed.seconds * 1e9 / (double)r.timed.ops : 0.0;
-    }
-    if (channel)
         trace_channel_flush(channel);
-    trace_log_close(rec); /* the writer's last drain is not timed */
+        trace_log_flush(rec);
+        plain_ns[ok_runs] = pair[0];
+        cost[ok_runs] = pair[0] > 0 ? pair[1] / pair[0] - 1 : 0;
+        ns[ok_runs++] = pair[1];
+    }
+    trace_log_close(rec);
     int status = 0;
     if (ok_runs == 0) {
         fprintf(stderr, "bfcshim replay: %s: could not create a pool of %llu bytes\n", path,
                 (unsigned long long)r.timed_pool_bytes);
         status = 1;
     } else {
-        qsort(ns, (size_t)ok_runs, sizeof *ns, cmp_double);
-        r.ns_per_op = ns[ok_runs / 2];
+        r.ns_per_op = median(ns, ok_runs);
+        if (o->record) {
+            r.plain_ns_per_op = median(plain_ns, ok_runs);
+            r.recording_cost = median(cost, ok_runs);
+        }
         if (o->json) {
             print_json(&r, o);
         } else {
             if (first)
                 print_header();
             print_row(&r);
+            if (o->record)
+                printf("  recording: %.1f ns/op plain, %+.1f%% (median of %d pairs)\n",
+                       r.plain_ns_per_op, 100 * r.recording_cost, ok_runs);
         }
         if (t.unmatched_frees || t.leaked_reuses)
             fprintf(stderr,
@@ -353,6 +400,8 @@ static int replay_one(const char *path, const replay_opts *o, bool first)
                     (unsigned long long)t.leaked_reuses);
     }
     free(ns);
+    free(plain_ns);
+    free(cost);
     free(slot_addr);
     trace_free(&t);
     return status;
@@ -382,8 +431,11 @@ static void replay_usage(FILE *f)
             "  --tsl               TSL's policy: low placement, split only at 2x or 128 MiB\n"
             "  --dump-at-failure F append to F (- for stderr) the pool's memory map at the\n"
             "                      first failure in a pool 1 MiB below the minimum\n"
-            "  --record F          write every timed event to F as BFCSHIM_TRACE would, to\n"
-            "                      measure what recording costs (compare ns_per_op)\n");
+            "  --record F          measure what recording costs: each repeat is a pair of\n"
+            "                      replays, one plain and one recording every event to F\n"
+            "                      as BFCSHIM_TRACE would; ns_per_op is the recording\n"
+            "                      one's, plain_ns_per_op and recording_cost (median of\n"
+            "                      recording / plain - 1 over the pairs) are added\n");
 }
 
 int cmd_replay(int argc, char **argv)

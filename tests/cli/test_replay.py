@@ -204,6 +204,33 @@ def test_dump_at_failure(d):
           f"dump at failure: {text[:300]}")
 
 
+def test_record(d):
+    """--record: pairs of plain and recording replays; the recording holds
+    every event of the recording replays, in order, and replays again."""
+    os.chdir(d)
+    run("tracegen", "--model", "gpt", "--layers", "2", "--hidden", "64", "--heads", "2",
+        "--seq", "128", "--batch", "2", "--vocab", "512", "--steps", "2", "-o", "rec-src.csv")
+    (r,), _ = replay_json("--record", "rec-out.csv", "--repeat", "3", "rec-src.csv")
+    check(r["plain_ns_per_op"] > 0 and r["ns_per_op"] > 0, f"both arms timed: {r}")
+    check(abs(r["recording_cost"]) < 100, f"recording_cost is a ratio: {r['recording_cost']}")
+
+    def actions(path):
+        with open(path) as f:
+            rows = [l.rstrip("\n").split(",") for l in f][1:]
+        return [(a, int(size) if a == "allocate" else 0) for _, _, a, _, size, _ in rows], rows
+    want, _ = actions("rec-src.csv")
+    got, rows = actions("rec-out.csv")
+    check(got == want * 3, f"recorded {len(got)} events, the 3 recording replays made {3 * len(want)}")
+    check(all(int(t) > 0 and s == "0" for t, _, _, _, _, s in rows), "thread ids and stream 0")
+    (again,), _ = replay_json("rec-out.csv")
+    # (the trace leaves its weights live, so later repeats reuse their addresses)
+    check(again["allocs"] == 3 * r["allocs"] and again["frees"] == 3 * r["frees"]
+          and again["unmatched_frees"] == 0, f"the recording replays: {again}")
+    p = run("replay", "--record", "rec-out2.csv", "--repeat", "1", "rec-src.csv")
+    check(p.returncode == 0 and "recording:" in p.stdout and "plain" in p.stdout,
+          f"the table says what recording cost: {p.stdout}")
+
+
 def test_bundled_traces(d):
     """The shipped synthetic traces: the efficiency bar of issue 2 (>= 0.97)
     holds on them, and the generator still writes them byte for byte (if it
@@ -234,7 +261,7 @@ def test_bundled_traces(d):
 with tempfile.TemporaryDirectory() as d:
     for test in [test_min_pool_and_placement, test_json_contract, test_unmatched_and_failed_lines,
                  test_malformed_lines_name_their_line, test_gzip_and_crlf, test_bad_options,
-                 test_dump_at_failure, test_tracegen, test_bundled_traces]:
+                 test_dump_at_failure, test_tracegen, test_record, test_bundled_traces]:
         before = failures
         test(d)
         print(f"{test.__name__}: {'ok' if failures == before else 'FAILED'}")
