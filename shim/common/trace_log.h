@@ -3,8 +3,9 @@
  * (Thread,Time,Action,Pointer,Size,Stream), the format `bfcshim replay`
  * reads, without slowing the allocation path.
  *
- * The caller's side only appends a 16-byte binary record to a buffer under a
- * test-and-set lock. Full buffers go to a writer thread, which spools them
+ * The caller's side only appends a 16-byte binary record to its buffer
+ * (five compares and a store when its thread, stream and time tick are the
+ * previous event's). Full buffers go to a writer thread, which spools them
  * to disk; the CSV is made from the spool when the log is flushed (at exit,
  * on OOM, on request), so formatting never runs on the allocating thread.
  * Times have a resolution of 4 ms (the writer thread reads the coarse clock

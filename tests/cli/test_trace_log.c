@@ -1,0 +1,168 @@
+/*
+ * The trace recorder (shim/common/trace_log.c): what goes in comes out as
+ * CSV, in each producer's order, with the right thread, stream and a time
+ * that never runs backwards, across many more buffers than the recorder
+ * owns (so producers outrun the writer and wait), odd pointers, changing
+ * streams, threads sharing the locked channel, and a flush in the middle.
+ *
+ * Each event names its producer and its place in that producer's sequence:
+ * pointer = producer << 40 | seq << 4 (| 1 for an odd pointer), size = seq.
+ */
+#include <pthread.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "trace_log.h"
+
+enum { CHANNELS = 3, THREADS = 2, PRODUCERS = CHANNELS + THREADS };
+enum { CHANNEL_EVENTS = 150000, THREAD_EVENTS = 40000 };
+
+static uint64_t pointer_of(unsigned producer, uint64_t seq)
+{
+    uint64_t p = (uint64_t)(producer + 1) << 40 | seq << 4;
+    return seq % 97 == 5 ? p | 1 : p; /* now and then an odd one */
+}
+
+static uint64_t stream_of(uint64_t seq)
+{
+    return seq / 1000 % 3 * 0x1000; /* changes every thousand events */
+}
+
+static rec_action action_of(uint64_t seq)
+{
+    return seq % 2 ? REC_FREE : seq % 10 == 4 ? REC_ALLOCATE_FAILURE : REC_ALLOCATE;
+}
+
+typedef struct thread_arg {
+    trace_log *log;
+    unsigned producer;
+    uint64_t tid;
+} thread_arg;
+
+static void *thread_main(void *p)
+{
+    thread_arg *a = p;
+    a->tid = (uint64_t)syscall(SYS_gettid);
+    for (uint64_t s = 0; s < THREAD_EVENTS; s++)
+        trace_log_event(a->log, action_of(s), pointer_of(a->producer, s), s, stream_of(s));
+    return NULL;
+}
+
+/* What the CSV says, producer by producer. */
+typedef struct seen {
+    uint64_t next_seq, thread, last_us;
+    int bad_lines;
+} seen;
+
+static uint64_t read_csv(const char *path, seen *s, uint64_t main_tid, const uint64_t *tids)
+{
+    FILE *f = fopen(path, "r");
+    REQUIRE(f);
+    char line[256];
+    REQUIRE(fgets(line, sizeof line, f));
+    CHECK(strcmp(line, "Thread,Time,Action,Pointer,Size,Stream\n") == 0);
+    memset(s, 0, PRODUCERS * sizeof *s);
+    uint64_t lines = 0;
+    static const char *const names[] = {"allocate", "free", "allocate failure"};
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long thread, ptr, size, stream;
+        unsigned hh, mm, ss, us;
+        char action[32];
+        lines++;
+        if (sscanf(line, "%llu,%u:%u:%u:%u,%31[a-z ],%llx,%llu,%llu", &thread, &hh, &mm, &ss,
+                   &us, action, &ptr, &size, &stream) != 9) {
+            CHECK(!"a line parses");
+            continue;
+        }
+        unsigned producer = (unsigned)(ptr >> 40) - 1;
+        if (producer >= PRODUCERS) {
+            CHECK(!"a known producer");
+            continue;
+        }
+        seen *p = &s[producer];
+        uint64_t seq = size;
+        uint64_t t = ((uint64_t)hh * 3600 + mm * 60 + ss) * 1000000 + us;
+        /* in order, nothing lost, every field as it went in; time moves on
+         * (a decrease of more than 12 hours is midnight) */
+        bool ok = seq == p->next_seq && ptr == pointer_of(producer, seq) &&
+                  strcmp(action, names[action_of(seq)]) == 0 && stream == stream_of(seq) &&
+                  thread == (producer < CHANNELS ? main_tid : tids[producer - CHANNELS]) &&
+                  (t >= p->last_us || p->last_us - t > 43200ull * 1000000);
+        if (!ok && p->bad_lines++ < 3)
+            fprintf(stderr, "producer %u, expected seq %llu: %s", producer,
+                    (unsigned long long)p->next_seq, line);
+        p->next_seq = seq + 1;
+        p->last_us = t;
+    }
+    fclose(f);
+    return lines;
+}
+
+static void producers_keep_order_across_buffers_and_flushes(void)
+{
+    char dir[] = "/tmp/test_trace_log.XXXXXX";
+    REQUIRE(mkdtemp(dir));
+    char path[128];
+    snprintf(path, sizeof path, "%s/trace.csv", dir);
+    trace_log *log = trace_log_open(path);
+    REQUIRE(log);
+    trace_channel *ch[CHANNELS];
+    for (int i = 0; i < CHANNELS; i++)
+        REQUIRE((ch[i] = trace_log_channel_open(log)));
+    uint64_t main_tid = (uint64_t)syscall(SYS_gettid);
+
+    thread_arg args[THREADS];
+    pthread_t threads[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        args[i] = (thread_arg){.log = log, .producer = CHANNELS + (unsigned)i};
+        REQUIRE(pthread_create(&threads[i], NULL, thread_main, &args[i]) == 0);
+    }
+    /* The channels, interleaved, in two halves with a flush and a pause of
+     * a few ticks between them. */
+    uint64_t half = CHANNEL_EVENTS / 2;
+    for (uint64_t s = 0; s < half; s++)
+        for (unsigned c = 0; c < CHANNELS; c++)
+            trace_channel_event(ch[c], action_of(s), pointer_of(c, s), s, stream_of(s));
+    for (int i = 0; i < THREADS; i++)
+        pthread_join(threads[i], NULL);
+    for (int i = 0; i < CHANNELS; i++)
+        trace_channel_flush(ch[i]);
+    trace_log_flush(log);
+    uint64_t tids[THREADS] = {args[0].tid, args[1].tid};
+    seen s[PRODUCERS];
+    uint64_t lines = read_csv(path, s, main_tid, tids);
+    CHECK_EQ(lines, CHANNELS * half + THREADS * THREAD_EVENTS);
+    for (int p = 0; p < PRODUCERS; p++) {
+        CHECK_EQ(s[p].bad_lines, 0);
+        CHECK_EQ(s[p].next_seq, p < CHANNELS ? half : THREAD_EVENTS);
+    }
+    uint64_t before_pause = s[0].last_us;
+
+    nanosleep(&(struct timespec){.tv_nsec = 20 * 1000 * 1000}, NULL);
+    for (uint64_t q = half; q < CHANNEL_EVENTS; q++)
+        for (unsigned c = 0; c < CHANNELS; c++)
+            trace_channel_event(ch[c], action_of(q), pointer_of(c, q), q, stream_of(q));
+    for (int i = 0; i < CHANNELS; i++)
+        trace_channel_flush(ch[i]);
+    trace_log_close(log);
+    lines = read_csv(path, s, main_tid, tids);
+    CHECK_EQ(lines, CHANNELS * CHANNEL_EVENTS + THREADS * THREAD_EVENTS);
+    for (int p = 0; p < PRODUCERS; p++) {
+        CHECK_EQ(s[p].bad_lines, 0);
+        CHECK_EQ(s[p].next_seq, p < CHANNELS ? CHANNEL_EVENTS : THREAD_EVENTS);
+    }
+    /* The pause shows in the times (ticks are 4 ms; it lasted 20). */
+    uint64_t after = s[0].last_us;
+    CHECK(after >= before_pause + 8000 || before_pause > after);
+    unlink(path);
+    rmdir(dir);
+}
+
+int main(void)
+{
+    RUN(producers_keep_order_across_buffers_and_flushes);
+    return harness_result();
+}
