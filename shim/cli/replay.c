@@ -82,10 +82,7 @@ __attribute__((noinline)) uint64_t replay_loop(bfc_pool *pool, const trace *t, s
 static void record_event(void *ctx, bfc_event ev, bfc_addr addr, uint64_t size, uint32_t lane)
 {
     (void)lane;
-    static const rec_action action[] = {[BFC_EVENT_ALLOC] = REC_ALLOCATE,
-                                        [BFC_EVENT_FREE] = REC_FREE,
-                                        [BFC_EVENT_ALLOC_FAILED] = REC_ALLOCATE_FAILURE};
-    trace_channel_event(ctx, action[ev], addr, size, 0);
+    trace_channel_event(ctx, (rec_action)ev, addr, size, 0);
 }
 
 bfc_pool *replay_pool_create(sim_device *dev, const bfc_options *policy, uint64_t pool_bytes,

@@ -36,8 +36,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bfc.h"
 #include "lock.h"
 #include "trace_log.h"
+
+_Static_assert(REC_ALLOCATE == (int)BFC_EVENT_ALLOC && REC_FREE == (int)BFC_EVENT_FREE &&
+                   REC_ALLOCATE_FAILURE == (int)BFC_EVENT_ALLOC_FAILED,
+               "recorder actions are the engine's events");
 
 /* Each channel holds one buffer while it fills, so channels must stay well
  * below the number of buffers. */
@@ -75,18 +80,17 @@ typedef struct buffer {
 /* A producer's state: where its next record goes and what its markers say
  * now. Channel 0 belongs to the log and is guarded by its lock; the others
  * belong to callers that serialise their own events (trace_channel). */
-typedef struct channel {
+typedef struct trace_channel {
+    trace_log *log;
     record *next; /* in cur->r */
     record *last; /* cur->r's last slot, which only the slow path fills */
+    /* The fast path runs while next < stop: stop is `last`, or 0 when the
+     * writer wants the next event to look at the clock (see set_tick). */
+    _Atomic uintptr_t stop;
     buffer *cur;
     uint64_t last_thread, last_stream; /* no thread is ~0: the first event marks it */
     uint32_t last_tick, id;
 } channel;
-
-struct trace_channel {
-    trace_log *log;
-    channel ch;
-};
 
 struct trace_log {
     bfc_lock lock; /* guards main */
@@ -200,6 +204,26 @@ static void channel_take(channel *c, buffer *b)
     c->cur = b;
     c->next = b->r;
     c->last = b->r + BUFFER_EVENTS - 1;
+    atomic_store_explicit(&c->stop, (uintptr_t)c->last, memory_order_relaxed);
+}
+
+/*
+ * Reads the clock for everyone. When the tick moves on, every channel's
+ * next event is sent down the slow path, which writes the new tick: the
+ * event path itself never looks at the clock (one load and compare fewer
+ * per event). A channel's slow path racing this store can undo it; its
+ * events then show the old tick until the next one, so times are at
+ * worst one tick early. t->m is held (it guards the channel list).
+ */
+static void set_tick(trace_log *t)
+{
+    uint32_t now = (uint32_t)((clock_us() - t->start_us) / TICK_US);
+    if (now == atomic_load_explicit(&t->tick, memory_order_relaxed))
+        return;
+    atomic_store_explicit(&t->tick, now, memory_order_relaxed);
+    atomic_store_explicit(&t->main.stop, 0, memory_order_relaxed);
+    for (size_t i = 0; i < t->nchannels; i++)
+        atomic_store_explicit(&t->channels[i]->stop, 0, memory_order_relaxed);
 }
 
 static void *writer_main(void *arg)
@@ -208,8 +232,7 @@ static void *writer_main(void *arg)
     pthread_mutex_lock(&t->m);
     for (;;) {
         while (!t->nfull && !t->stop) {
-            atomic_store_explicit(&t->tick, (uint32_t)((clock_us() - t->start_us) / TICK_US),
-                                  memory_order_relaxed);
+            set_tick(t);
             struct timespec until;
             clock_gettime(CLOCK_REALTIME, &until);
             until.tv_nsec += TICK_US * 1000L;
@@ -219,8 +242,7 @@ static void *writer_main(void *arg)
             }
             pthread_cond_timedwait(&t->filled, &t->m, &until);
         }
-        atomic_store_explicit(&t->tick, (uint32_t)((clock_us() - t->start_us) / TICK_US),
-                              memory_order_relaxed);
+        set_tick(t);
         if (!t->nfull)
             break;
         buffer *b = t->full[t->full_head];
@@ -275,6 +297,7 @@ trace_log *trace_log_open(const char *path)
     pthread_mutex_init(&t->m, NULL);
     pthread_cond_init(&t->filled, NULL);
     pthread_cond_init(&t->emptied, NULL);
+    t->main.log = t;
     t->main.last_thread = ~(uint64_t)0;
     channel_take(&t->main, &t->bufs[0]);
     t->decoding = &t->dec[0];
@@ -308,8 +331,9 @@ fail:;
  * interrupt each time (+7% per operation in the replay benchmark). The
  * channel's owner serialises the call.
  */
-static __attribute__((noinline)) void hand_over(trace_log *t, channel *c)
+static __attribute__((noinline)) void hand_over(channel *c)
 {
+    trace_log *t = c->log;
     buffer *b = c->cur;
     b->n = (size_t)(c->next - b->r);
     pthread_mutex_lock(&t->m);
@@ -324,68 +348,71 @@ static __attribute__((noinline)) void hand_over(trace_log *t, channel *c)
 }
 
 /* Appends one record, handing the buffer over when that fills it. */
-static void put(trace_log *t, channel *c, uint64_t word, uint64_t value)
+static void put(channel *c, uint64_t word, uint64_t value)
 {
     *c->next++ = (record){word, value};
     if (c->next > c->last)
-        hand_over(t, c);
+        hand_over(c);
 }
 
-static void mark(trace_log *t, channel *c, uint64_t *last, unsigned kind, uint64_t value)
+static void mark(channel *c, uint64_t *last, unsigned kind, uint64_t value)
 {
     if (*last != value) {
-        put(t, c, (uint64_t)kind << 2 | MARK, value);
+        put(c, (uint64_t)kind << 2 | MARK, value);
         *last = value;
     }
 }
 
 /* Whatever the fast path does not: markers, odd pointers, a full buffer. */
-static __attribute__((noinline, cold)) void channel_event_slow(trace_log *t, channel *c,
-                                                               rec_action action, uint64_t ptr,
-                                                               uint64_t size, uint64_t stream,
-                                                               uint32_t tick)
+static __attribute__((noinline, cold)) void channel_event_slow(channel *c, rec_action action,
+                                                               uint64_t ptr, uint64_t size,
+                                                               uint64_t stream)
 {
-    mark(t, c, &c->last_thread, MARK_THREAD, thread_id());
-    mark(t, c, &c->last_stream, MARK_STREAM, stream);
+    trace_log *t = c->log;
+    /* Re-armed before the clock is read, so that a tick after the read
+     * sends the next event here again. */
+    atomic_store_explicit(&c->stop, (uintptr_t)c->last, memory_order_relaxed);
+    uint32_t tick = atomic_load_explicit(&t->tick, memory_order_relaxed);
+    mark(c, &c->last_thread, MARK_THREAD, thread_id());
+    mark(c, &c->last_stream, MARK_STREAM, stream);
     if (tick != c->last_tick) {
-        put(t, c, (uint64_t)MARK_TICK << 2 | MARK, tick);
+        put(c, (uint64_t)MARK_TICK << 2 | MARK, tick);
         c->last_tick = tick;
     }
     if (ptr & 3) { /* its own marker, just before its event */
-        put(t, c, (uint64_t)MARK_POINTER << 2 | MARK, ptr);
+        put(c, (uint64_t)MARK_POINTER << 2 | MARK, ptr);
         ptr = 0;
     }
-    put(t, c, ptr | (uint64_t)action, size);
+    put(c, ptr | (uint64_t)action, size);
 }
 
 /*
  * The allocating thread's whole cost when nothing changed since the
- * previous event (same thread, stream and tick, an aligned pointer, room in
- * the buffer): five compares and one 16-byte store. Everything else is out
+ * previous event (same thread and stream, no new tick, an aligned pointer,
+ * room in the buffer): four compares and one 16-byte store. Everything else is out
  * of line, so this inlines into the caller without spilling registers
  * (inlined whole, the old path cost 48 instructions, a dozen of them saves
  * and restores).
  */
-static inline void channel_event(trace_log *t, channel *c, rec_action action, uint64_t ptr,
-                                 uint64_t size, uint64_t stream)
+static inline void channel_event(channel *c, rec_action action, uint64_t ptr, uint64_t size,
+                                 uint64_t stream)
 {
-    uint32_t tick = atomic_load_explicit(&t->tick, memory_order_relaxed);
     record *r = c->next;
-    if (__builtin_expect(my_tid == c->last_thread && stream == c->last_stream &&
-                             tick == c->last_tick && !(ptr & 3) && r < c->last,
+    if (__builtin_expect(my_tid == c->last_thread && stream == c->last_stream && !(ptr & 3) &&
+                             (uintptr_t)r < atomic_load_explicit(&c->stop, memory_order_relaxed),
                          1)) {
         *r = (record){ptr | (uint64_t)action, size};
         c->next = r + 1;
         return;
     }
-    channel_event_slow(t, c, action, ptr, size, stream, tick);
+    channel_event_slow(c, action, ptr, size, stream);
 }
 
 void trace_log_event(trace_log *t, rec_action action, uint64_t ptr, uint64_t size,
                      uint64_t stream)
 {
     bfc_lock_acquire(&t->lock);
-    channel_event(t, &t->main, action, ptr, size, stream);
+    channel_event(&t->main, action, ptr, size, stream);
     bfc_lock_release(&t->lock);
 }
 
@@ -401,10 +428,10 @@ trace_channel *trace_log_channel_open(trace_log *t)
         return NULL;
     }
     c->log = t;
-    c->ch.id = (uint32_t)++t->nchannels;
-    c->ch.last_thread = ~(uint64_t)0;
-    channel_take(&c->ch, t->spare[--t->nspare]);
-    t->channels[c->ch.id - 1] = c;
+    c->id = (uint32_t)++t->nchannels;
+    c->last_thread = ~(uint64_t)0;
+    channel_take(c, t->spare[--t->nspare]);
+    t->channels[c->id - 1] = c;
     pthread_mutex_unlock(&t->m);
     return c;
 }
@@ -412,20 +439,20 @@ trace_channel *trace_log_channel_open(trace_log *t)
 void trace_channel_event(trace_channel *c, rec_action action, uint64_t ptr, uint64_t size,
                          uint64_t stream)
 {
-    channel_event(c->log, &c->ch, action, ptr, size, stream);
+    channel_event(c, action, ptr, size, stream);
 }
 
 void trace_channel_flush(trace_channel *c)
 {
-    if (c->ch.next != c->ch.cur->r)
-        hand_over(c->log, &c->ch);
+    if (c->next != c->cur->r)
+        hand_over(c);
 }
 
 void trace_log_flush(trace_log *t)
 {
     bfc_lock_acquire(&t->lock);
     if (t->main.next != t->main.cur->r)
-        hand_over(t, &t->main);
+        hand_over(&t->main);
     pthread_mutex_lock(&t->m);
     pthread_cond_signal(&t->filled); /* drain now, not at the next tick */
     while (t->nfull || t->writing)

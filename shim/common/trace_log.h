@@ -4,12 +4,13 @@
  * reads, without slowing the allocation path.
  *
  * The caller's side only appends a 16-byte binary record to its buffer
- * (five compares and a store when its thread, stream and time tick are the
- * previous event's). Full buffers go to a writer thread, which spools them
+ * (four compares and a store when its thread and stream are the previous
+ * event's and no 4 ms tick has passed). Full buffers go to a writer thread, which spools them
  * to disk; the CSV is made from the spool when the log is flushed (at exit,
  * on OOM, on request), so formatting never runs on the allocating thread.
  * Times have a resolution of 4 ms (the writer thread reads the coarse clock
- * that often for everyone); replay uses the order of events, not their
+ * that often for everyone; an event racing the tick may show the one
+ * before); replay uses the order of events, not their
  * times, and the report's time axis needs no finer grain.
  */
 #ifndef BFCSHIM_COMMON_TRACE_LOG_H
@@ -20,6 +21,8 @@
 
 typedef struct trace_log trace_log;
 
+/* The engine's bfc_event values, so that an on_event hook passes its event
+ * on as it is (trace_log.c asserts that they agree). */
 typedef enum rec_action {
     REC_ALLOCATE,
     REC_FREE,

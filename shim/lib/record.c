@@ -76,10 +76,6 @@ void record_free(uint64_t ptr, CUstream stream)
         trace_log_event(t, REC_FREE, ptr, 0, (uint64_t)(uintptr_t)stream);
 }
 
-static const rec_action engine_action[] = {[BFC_EVENT_ALLOC] = REC_ALLOCATE,
-                                           [BFC_EVENT_FREE] = REC_FREE,
-                                           [BFC_EVENT_ALLOC_FAILED] = REC_ALLOCATE_FAILURE};
-
 /* The engine's on_event hook (pool locked): the lane's stream is the one
  * the program named (0 for plain calls and the per-thread stream). */
 static void pool_event(void *ctx, bfc_event ev, bfc_addr addr, uint64_t size, uint32_t lane)
@@ -88,7 +84,7 @@ static void pool_event(void *ctx, bfc_event ev, bfc_addr addr, uint64_t size, ui
     CUstream stream = lane != BFC_NO_LANE && lane != sp->plain_lane
                           ? atomic_load_explicit(&sp->lane_stream[lane], memory_order_relaxed)
                           : NULL;
-    trace_channel_event(sp->trace, engine_action[ev], addr, size, (uint64_t)(uintptr_t)stream);
+    trace_channel_event(sp->trace, (rec_action)ev, addr, size, (uint64_t)(uintptr_t)stream);
 }
 
 bool record_attach(shim_pool *sp, bfc_backend *b)
