@@ -83,7 +83,7 @@ static bool called_from_libcuda(void *caller)
 static void *dlsym_driver(void *handle, const char *symbol)
 {
     void *real = real_dlsym(handle, symbol);
-    if (!real || !shim_driver_door())
+    if (!real || !shim_driver_hooked())
         return real;
     void *ours = hook_by_name(symbol);
     return ours ? ours : real;

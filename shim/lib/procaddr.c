@@ -80,7 +80,7 @@ SHIM_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver
     if (!R || !R->GetProcAddress_v2)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = R->GetProcAddress_v2(symbol, pfn, version, flags, st);
-    if (r == CUDA_SUCCESS && pfn && *pfn && shim_driver_door())
+    if (r == CUDA_SUCCESS && pfn && *pfn && shim_driver_hooked())
         *pfn = hook_by_real(*pfn);
     return r;
 }
@@ -92,7 +92,7 @@ SHIM_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int versio
     if (!R || !R->GetProcAddress)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = R->GetProcAddress(symbol, pfn, version, flags);
-    if (r == CUDA_SUCCESS && pfn && *pfn && shim_driver_door())
+    if (r == CUDA_SUCCESS && pfn && *pfn && shim_driver_hooked())
         *pfn = hook_by_real(*pfn);
     return r;
 }

@@ -34,6 +34,14 @@ bool shim_driver_door(void)
     return shim_active() && shim_config_get()->driver_hooks;
 }
 
+bool shim_driver_hooked(void)
+{
+    if (shim_tls_bypass || atomic_load_explicit(&shim_forked_child, memory_order_relaxed))
+        return false;
+    shim_init();
+    return shim_config_get()->driver_hooks && real_driver_get() != NULL;
+}
+
 shim_pool *svc_current_pool(void)
 {
     const real_driver *R = real_driver_get();
@@ -241,7 +249,7 @@ void platform_note_alloc(CUdeviceptr ptr, size_t size)
     if (platform_ready && ptr_map_reserve(&platform_live, 1) &&
         !ptr_map_get(&platform_live, ptr)) {
         counts.num_allocs++;
-        ptr_map_put(&platform_live, ptr, size ? size : 1);
+        ptr_map_put(&platform_live, ptr, size + 1); /* 0 means absent to the map */
         counts.bytes_in_use += size;
         if (counts.bytes_in_use > counts.peak_bytes_in_use)
             counts.peak_bytes_in_use = counts.bytes_in_use;
@@ -257,10 +265,10 @@ void platform_note_free(CUdeviceptr ptr)
         return;
     record_free(ptr, NULL);
     pthread_mutex_lock(&platform_lock);
-    uint64_t size = platform_ready ? ptr_map_take(&platform_live, ptr) : 0;
-    if (size) {
+    uint64_t stored = platform_ready ? ptr_map_take(&platform_live, ptr) : 0;
+    if (stored) {
         counts.num_frees++;
-        counts.bytes_in_use -= size;
+        counts.bytes_in_use -= stored - 1;
     }
     pthread_mutex_unlock(&platform_lock);
 }

@@ -226,7 +226,13 @@ typedef enum free_kind { FREE_PLAIN, FREE_STREAM } free_kind;
 
 /* Is the shim serving allocations (bfc mode, not a forked child, ...)? */
 bool shim_active(void);
+/* Do the driver door's functions serve from the pools (bfc mode, driver
+ * hooks on)? */
 bool shim_driver_door(void);
+/* Do dlsym and cuGetProcAddress hand out the driver door? Whenever driver
+ * hooks are on: in bfc mode to serve, in platform mode to count what
+ * programs that find the driver by dlsym (XLA, TensorFlow, Numba) allocate. */
+bool shim_driver_hooked(void);
 
 /* The pool of the current context (created on first use); NULL when no
  * context is current or no pool can be made: then pass the call through. */

@@ -8,6 +8,8 @@
  *   contexts    created contexts get their own pools; destroying one is safe
  *   async       cuMemAllocAsync / cuMemFreeAsync with stream-ordered reuse
  *   hooks-off   BFCSHIM_DRIVER_HOOKS=0: the driver door stays closed
+ *   platform-zero  platform mode counts a 0-byte allocation a driver answered
+ *               with a pointer as 0 bytes in use, before and after its free
  */
 #include <cuda.h>
 #include <dlfcn.h>
@@ -228,6 +230,47 @@ static void hooks_off(void)
     CHECK_EQ(fake_stats().mem_alloc_calls - s0.mem_alloc_calls, 10);
 }
 
+/* The platform statistics as bfcshim_write_stats writes them. */
+static void read_stats(char *text, size_t cap)
+{
+    int (*write_stats)(const char *) =
+        (int (*)(const char *))dlsym(RTLD_DEFAULT, "bfcshim_write_stats");
+    const char *path = getenv("STATS_NOW");
+    text[0] = 0;
+    CHECK(write_stats != NULL && path != NULL);
+    if (!write_stats || !path)
+        return;
+    CHECK_EQ(write_stats(path), 0);
+    FILE *f = fopen(path, "r");
+    CHECK(f != NULL);
+    if (f) {
+        text[fread(text, 1, cap - 1, f)] = 0;
+        fclose(f);
+    }
+}
+
+static void platform_zero(void)
+{
+    /* The fake answers cuMemAlloc(0) with a pointer (FAKECUDA_ZERO_ALLOC). */
+    start(0);
+    CUdeviceptr zero = 0, one = 0;
+    CHECK_EQ(D.MemAlloc(&zero, 0), CUDA_SUCCESS);
+    CHECK(zero != 0);
+    CHECK_EQ(D.MemAlloc(&one, MiB), CUDA_SUCCESS);
+    char text[8192];
+    read_stats(text, sizeof text);
+    CHECK(strstr(text, "\"num_allocs\": 2,") != NULL);
+    CHECK(strstr(text, "\"bytes_in_use\": 1048576,") != NULL);
+    CHECK_EQ(D.MemFree(zero), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(one), CUDA_SUCCESS);
+    read_stats(text, sizeof text);
+    CHECK(strstr(text, "\"num_frees\": 2,") != NULL);
+    CHECK(strstr(text, "\"bytes_in_use\": 0,") != NULL);
+    CHECK(strstr(text, "\"peak_bytes_in_use\": 1048576,") != NULL);
+    if (e2e_failures)
+        fprintf(stderr, "%s\n", text);
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -235,7 +278,7 @@ int main(int argc, char **argv)
         void (*fn)(void);
     } scenarios[] = {
         {"basic", basic}, {"badinput", badinput}, {"contexts", contexts},
-        {"async", async}, {"hooks-off", hooks_off},
+        {"async", async}, {"hooks-off", hooks_off}, {"platform-zero", platform_zero},
     };
     if (argc != 2) {
         fprintf(stderr, "usage: e2e_driver SCENARIO\n");

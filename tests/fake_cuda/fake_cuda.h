@@ -13,7 +13,8 @@
  * Environment: FAKECUDA_DEVICES (2), FAKECUDA_MEM (per device, "1GiB"; a list
  * "1GiB,512MiB" sets each), FAKECUDA_FAIL_ALLOC=N (the Nth cuMemAlloc fails
  * with CUDA_ERROR_OUT_OF_MEMORY), FAKECUDA_AUTOCOMPLETE=1 (all work completes
- * at once, like an idle GPU).
+ * at once, like an idle GPU), FAKECUDA_ZERO_ALLOC=1 (cuMemAlloc of 0 bytes
+ * returns a pointer instead of CUDA_ERROR_INVALID_VALUE).
  */
 #ifndef BFCSHIM_TESTS_FAKE_CUDA_H
 #define BFCSHIM_TESTS_FAKE_CUDA_H

@@ -103,6 +103,7 @@ static struct {
     size_t nallocs, capallocs;
     uint64_t fail_alloc_countdown;
     bool autocomplete;
+    bool zero_alloc; /* cuMemAlloc(0) succeeds (CUDA's refuses; nothing may depend on it) */
     fakecuda_stats st;
     CUmemoryPool default_pool[MAX_DEVICES];
 } G = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -159,6 +160,7 @@ static void configure(void)
     const char *f = getenv("FAKECUDA_FAIL_ALLOC");
     G.fail_alloc_countdown = f ? strtoull(f, NULL, 10) : 0;
     G.autocomplete = getenv("FAKECUDA_AUTOCOMPLETE") != NULL;
+    G.zero_alloc = getenv("FAKECUDA_ZERO_ALLOC") != NULL;
 }
 
 #define ENTER()                        \
@@ -316,7 +318,7 @@ static allocation *find_alloc(uint64_t addr, bool interior)
 
 static CUresult do_alloc(CUdeviceptr *dptr, size_t size, bool graph)
 {
-    if (!dptr || size == 0)
+    if (!dptr || (size == 0 && !G.zero_alloc))
         return CUDA_ERROR_INVALID_VALUE;
     fctx *c = current_ctx();
     if (!c)
@@ -325,7 +327,7 @@ static CUresult do_alloc(CUdeviceptr *dptr, size_t size, bool graph)
         return CUDA_ERROR_OUT_OF_MEMORY;
     if (size > G.mem[c->dev] || G.st.bytes_in_use[c->dev] > G.mem[c->dev] - size)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE,
+    void *p = mmap(NULL, size ? size : 1, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -344,7 +346,7 @@ static CUresult do_free(CUdeviceptr dptr)
     allocation *a = find_alloc(dptr, false);
     if (!a)
         return CUDA_ERROR_INVALID_VALUE;
-    munmap((void *)(uintptr_t)a->base, a->size);
+    munmap((void *)(uintptr_t)a->base, a->size ? a->size : 1);
     G.st.bytes_in_use[a->dev] -= a->size;
     *a = G.allocs[--G.nallocs];
     return CUDA_SUCCESS;
@@ -440,7 +442,7 @@ static void destroy_ctx_memory(fctx *c)
 {
     for (size_t i = 0; i < G.nallocs;) {
         if (G.allocs[i].ctx == c) {
-            munmap((void *)(uintptr_t)G.allocs[i].base, G.allocs[i].size);
+            munmap((void *)(uintptr_t)G.allocs[i].base, G.allocs[i].size ? G.allocs[i].size : 1);
             G.st.bytes_in_use[G.allocs[i].dev] -= G.allocs[i].size;
             G.allocs[i] = G.allocs[--G.nallocs];
         } else {
