@@ -226,17 +226,21 @@ static int write_report(const report_opts *o, trace *t)
         json_u64(&j, "peak_x", peak_at);
     json_object_close(&j);
 
-    /* size histogram by powers of two */
+    /* size histogram by powers of two, every bucket from the smallest used
+     * to the largest (empty ones too, so that the axis stays logarithmic) */
     uint64_t count[64] = {0}, bytes[64] = {0};
+    unsigned lo_bucket = 63, hi_bucket = 0;
     for (size_t i = 0; i < t->nev; i++)
         if (t->ev[i].kind == TRACE_ALLOC) {
             unsigned b = t->ev[i].size ? 63u - (unsigned)__builtin_clzll(t->ev[i].size) : 0;
             count[b]++;
             bytes[b] += t->ev[i].size;
+            lo_bucket = b < lo_bucket ? b : lo_bucket;
+            hi_bucket = b > hi_bucket ? b : hi_bucket;
         }
     json_array_open(&j, "hist");
-    for (unsigned b = 0; b < 64; b++)
-        if (count[b]) {
+    for (unsigned b = lo_bucket; b <= hi_bucket; b++)
+        if (t->allocs) {
             json_object_open(&j, NULL);
             json_u64(&j, "lo", UINT64_C(1) << b);
             json_u64(&j, "count", count[b]);

@@ -55,6 +55,15 @@ with open(path("oom.csv"), "w") as f:
 sh(bfcshim, "report", path("job.csv"), "--stats", path("job.json"), "--ab", path("ab.json"),
    "-o", path("job.html"))
 sh(bfcshim, "report", path("oom.csv"), "-o", path("oom.html"))
+# Sizes in every power of two from 1 B to 1 GiB: 31 buckets, too many for a
+# label under each bar.
+with open(path("wide.csv"), "w") as f:
+    f.write("Thread,Time,Action,Pointer,Size,Stream\n")
+    for i in range(31):
+        f.write(f"1,10:00:00:{i:06d},allocate,0x{(i + 1) << 32:x},{1 << i},0\n")
+    for i in range(31):
+        f.write(f"1,10:00:01:{i:06d},free,0x{(i + 1) << 32:x},0,0\n")
+sh(bfcshim, "report", path("wide.csv"), "-o", path("wide.html"))
 
 
 def render(html, shot=None):
@@ -83,11 +92,22 @@ check(any(re.match(r"0x[0-9a-f]+: .* allocated, requested .*, age \d+ allocation
 check(dom.count('class="bar"') == len(json.loads(re.search(
     r'<script type="application/json" id="data">(.*?)</script>', dom, re.S).group(1))["hist"]),
     "one histogram bar per size bucket")
+hist = json.loads(re.search(
+    r'<script type="application/json" id="data">(.*?)</script>', dom, re.S).group(1))["hist"]
+check(all(b["lo"] == 2 * a["lo"] for a, b in zip(hist, hist[1:])),
+      "histogram buckets are consecutive powers of two (empty ones kept)")
+check(re.search(r'<svg id="hist"[^>]*data-label-overlaps="0"', dom) is not None,
+      "histogram labels do not overlap")
 check('<table id="ab">' in dom and "samples/s" in dom and "driver allocation calls" in dom,
       "the A/B table")
 ab_rows = re.search(r'<table id="ab">(.*?)</table>', dom, re.S)
 check(ab_rows and ab_rows.group(1).count("<tr>") == 8, "A/B rows")
 check('<table id="stats">' in dom and "peak_pool_bytes" in dom, "the stats table")
+
+dom = render(path("wide.html"))
+check(re.search(r'<svg id="hist"[^>]*data-label-overlaps="0"', dom) is not None and
+      dom.count('class="bar"') == 31, "31 buckets, labels thinned out so none overlap")
+check(">time since the first event (s)<" in dom, "the time axis in seconds for a 1 s trace")
 
 dom = render(path("oom.html"))
 check('data-ready="1"' in dom, "oom page rendered")
