@@ -127,6 +127,28 @@ static inline int shim_log_lines(char *buf, size_t len)
 
 /* Fills and checks a block byte by byte ("device" memory is host memory in
  * the fake driver). */
+/* Statistics on demand: the shim's exported bfcshim_write_stats writes
+ * them to $STATS_NOW, read back into text (empty, with a failed check,
+ * when anything is missing). */
+static inline void e2e_stats_now(char *text, size_t cap)
+{
+    int (*write_stats)(const char *) =
+        (int (*)(const char *))dlsym(RTLD_DEFAULT, "bfcshim_write_stats");
+    const char *path = getenv("STATS_NOW");
+    text[0] = 0;
+    CHECK(write_stats != NULL && path != NULL);
+    if (!write_stats || !path)
+        return;
+    remove(path);
+    CHECK_EQ(write_stats(path), 0);
+    FILE *f = fopen(path, "r");
+    CHECK(f != NULL);
+    if (f) {
+        text[fread(text, 1, cap - 1, f)] = 0;
+        fclose(f);
+    }
+}
+
 static inline void fill(void *p, size_t n, unsigned char v) { memset(p, v, n); }
 static inline int holds(const void *p, size_t n, unsigned char v)
 {

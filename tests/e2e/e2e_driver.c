@@ -230,25 +230,6 @@ static void hooks_off(void)
     CHECK_EQ(fake_stats().mem_alloc_calls - s0.mem_alloc_calls, 10);
 }
 
-/* The platform statistics as bfcshim_write_stats writes them. */
-static void read_stats(char *text, size_t cap)
-{
-    int (*write_stats)(const char *) =
-        (int (*)(const char *))dlsym(RTLD_DEFAULT, "bfcshim_write_stats");
-    const char *path = getenv("STATS_NOW");
-    text[0] = 0;
-    CHECK(write_stats != NULL && path != NULL);
-    if (!write_stats || !path)
-        return;
-    CHECK_EQ(write_stats(path), 0);
-    FILE *f = fopen(path, "r");
-    CHECK(f != NULL);
-    if (f) {
-        text[fread(text, 1, cap - 1, f)] = 0;
-        fclose(f);
-    }
-}
-
 static void platform_zero(void)
 {
     /* The fake answers cuMemAlloc(0) with a pointer (FAKECUDA_ZERO_ALLOC). */
@@ -258,12 +239,12 @@ static void platform_zero(void)
     CHECK(zero != 0);
     CHECK_EQ(D.MemAlloc(&one, MiB), CUDA_SUCCESS);
     char text[8192];
-    read_stats(text, sizeof text);
+    e2e_stats_now(text, sizeof text);
     CHECK(strstr(text, "\"num_allocs\": 2,") != NULL);
     CHECK(strstr(text, "\"bytes_in_use\": 1048576,") != NULL);
     CHECK_EQ(D.MemFree(zero), CUDA_SUCCESS);
     CHECK_EQ(D.MemFree(one), CUDA_SUCCESS);
-    read_stats(text, sizeof text);
+    e2e_stats_now(text, sizeof text);
     CHECK(strstr(text, "\"num_frees\": 2,") != NULL);
     CHECK(strstr(text, "\"bytes_in_use\": 0,") != NULL);
     CHECK(strstr(text, "\"peak_bytes_in_use\": 1048576,") != NULL);

@@ -477,24 +477,9 @@ static void reset(void)
 /* BFCSHIM_STATS_FILE is set by the runner; $STATS_NOW names another path. */
 static void stats_now(void)
 {
-    int (*write_stats)(const char *) = (int (*)(const char *))dlsym(RTLD_DEFAULT,
-                                                                   "bfcshim_write_stats");
-    CHECK(write_stats != NULL);
-    if (!write_stats)
-        return;
     char *p = alloc_ok(MiB);
-    const char *now = getenv("STATS_NOW");
-    CHECK(now != NULL);
-    remove(now);
-    CHECK_EQ(write_stats(now), 0);
-    FILE *f = fopen(now, "r");
-    CHECK(f != NULL);
-    char text[8192] = "";
-    if (f) {
-        size_t n = fread(text, 1, sizeof text - 1, f);
-        text[n] = 0;
-        fclose(f);
-    }
+    char text[8192];
+    e2e_stats_now(text, sizeof text);
     CHECK(strstr(text, "\"num_allocs\": 1,") != NULL);
 
     /* The request file: the next thousand allocations answer it. */
