@@ -21,12 +21,18 @@
 
 _Thread_local int shim_tls_bypass;
 
-bool shim_active(void)
+/* Not stepping aside (a call of our own, a forked child), and configured. */
+static bool shim_present(void)
 {
     if (shim_tls_bypass || atomic_load_explicit(&shim_forked_child, memory_order_relaxed))
         return false;
     shim_init();
-    return shim_config_get()->mode == MODE_BFC && real_driver_get() != NULL;
+    return true;
+}
+
+bool shim_active(void)
+{
+    return shim_present() && shim_config_get()->mode == MODE_BFC && real_driver_get() != NULL;
 }
 
 bool shim_driver_door(void)
@@ -36,10 +42,7 @@ bool shim_driver_door(void)
 
 bool shim_driver_hooked(void)
 {
-    if (shim_tls_bypass || atomic_load_explicit(&shim_forked_child, memory_order_relaxed))
-        return false;
-    shim_init();
-    return shim_config_get()->driver_hooks && real_driver_get() != NULL;
+    return shim_present() && shim_config_get()->driver_hooks && real_driver_get() != NULL;
 }
 
 shim_pool *svc_current_pool(void)
