@@ -83,13 +83,13 @@ typedef struct buffer {
 typedef struct trace_channel {
     trace_log *log;
     record *next; /* in cur->r */
-    record *last; /* cur->r's last slot, which only the slow path fills */
-    /* The fast path runs while next < stop: stop is `last`, or 0 when the
-     * writer wants the next event to look at the clock (see set_tick). */
+    /* The fast path runs while next < stop: stop is the buffer's last slot
+     * (which only the slow path fills), or 0 when the writer wants the
+     * next event to look at the clock (see set_tick). */
     _Atomic uintptr_t stop;
     buffer *cur;
-    uint64_t last_thread, last_stream; /* no thread is ~0: the first event marks it */
-    uint32_t last_tick, id;
+    uint64_t last_thread, last_stream, last_tick; /* no thread is ~0: the first event marks it */
+    uint32_t id;
 } channel;
 
 struct trace_log {
@@ -197,14 +197,18 @@ static void write_csv(int fd, uint64_t start_us, decode_state *dec, decode_state
     free(out);
 }
 
+static record *last_slot(const channel *c)
+{
+    return c->cur->r + BUFFER_EVENTS - 1;
+}
+
 /* Makes b the channel's buffer to fill. */
 static void channel_take(channel *c, buffer *b)
 {
     b->channel = c->id;
     c->cur = b;
     c->next = b->r;
-    c->last = b->r + BUFFER_EVENTS - 1;
-    atomic_store_explicit(&c->stop, (uintptr_t)c->last, memory_order_relaxed);
+    atomic_store_explicit(&c->stop, (uintptr_t)last_slot(c), memory_order_relaxed);
 }
 
 /*
@@ -351,7 +355,7 @@ static __attribute__((noinline)) void hand_over(channel *c)
 static void put(channel *c, uint64_t word, uint64_t value)
 {
     *c->next++ = (record){word, value};
-    if (c->next > c->last)
+    if (c->next > last_slot(c))
         hand_over(c);
 }
 
@@ -371,14 +375,11 @@ static __attribute__((noinline, cold)) void channel_event_slow(channel *c, rec_a
     trace_log *t = c->log;
     /* Re-armed before the clock is read, so that a tick after the read
      * sends the next event here again. */
-    atomic_store_explicit(&c->stop, (uintptr_t)c->last, memory_order_relaxed);
+    atomic_store_explicit(&c->stop, (uintptr_t)last_slot(c), memory_order_relaxed);
     uint32_t tick = atomic_load_explicit(&t->tick, memory_order_relaxed);
     mark(c, &c->last_thread, MARK_THREAD, thread_id());
     mark(c, &c->last_stream, MARK_STREAM, stream);
-    if (tick != c->last_tick) {
-        put(c, (uint64_t)MARK_TICK << 2 | MARK, tick);
-        c->last_tick = tick;
-    }
+    mark(c, &c->last_tick, MARK_TICK, tick);
     if (ptr & 3) { /* its own marker, just before its event */
         put(c, (uint64_t)MARK_POINTER << 2 | MARK, ptr);
         ptr = 0;
@@ -389,10 +390,10 @@ static __attribute__((noinline, cold)) void channel_event_slow(channel *c, rec_a
 /*
  * The allocating thread's whole cost when nothing changed since the
  * previous event (same thread and stream, no new tick, an aligned pointer,
- * room in the buffer): four compares and one 16-byte store. Everything else is out
- * of line, so this inlines into the caller without spilling registers
- * (inlined whole, the old path cost 48 instructions, a dozen of them saves
- * and restores).
+ * room in the buffer): four compares and one 16-byte store. Everything
+ * else is out of line, so this inlines into the caller without spilling
+ * registers (inlined whole, the old path cost 48 instructions, a dozen of
+ * them saves and restores).
  */
 static inline void channel_event(channel *c, rec_action action, uint64_t ptr, uint64_t size,
                                  uint64_t stream)
