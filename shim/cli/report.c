@@ -239,14 +239,13 @@ static int write_report(const report_opts *o, trace *t)
             hi_bucket = b > hi_bucket ? b : hi_bucket;
         }
     json_array_open(&j, "hist");
-    for (unsigned b = lo_bucket; b <= hi_bucket; b++)
-        if (t->allocs) {
-            json_object_open(&j, NULL);
-            json_u64(&j, "lo", UINT64_C(1) << b);
-            json_u64(&j, "count", count[b]);
-            json_u64(&j, "bytes", bytes[b]);
-            json_object_close(&j);
-        }
+    for (unsigned b = lo_bucket; b <= hi_bucket; b++) { /* none when nothing was allocated */
+        json_object_open(&j, NULL);
+        json_u64(&j, "lo", UINT64_C(1) << b);
+        json_u64(&j, "count", count[b]);
+        json_u64(&j, "bytes", bytes[b]);
+        json_object_close(&j);
+    }
     json_array_close(&j);
 
     /* the occupancy maps, replaying through the engine */

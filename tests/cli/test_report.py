@@ -89,11 +89,9 @@ rects = re.findall(r"<rect[^>]*><title>([^<]*)</title>", m0.group(0) if m0 else 
 check(len(rects) >= 2, f"map at the peak has {len(rects)} blocks")
 check(any(re.match(r"0x[0-9a-f]+: .* allocated, requested .*, age \d+ allocations", t)
           for t in rects), "hover text: address, size, age")
-check(dom.count('class="bar"') == len(json.loads(re.search(
-    r'<script type="application/json" id="data">(.*?)</script>', dom, re.S).group(1))["hist"]),
-    "one histogram bar per size bucket")
 hist = json.loads(re.search(
     r'<script type="application/json" id="data">(.*?)</script>', dom, re.S).group(1))["hist"]
+check(dom.count('class="bar"') == len(hist), "one histogram bar per size bucket")
 check(all(b["lo"] == 2 * a["lo"] for a, b in zip(hist, hist[1:])),
       "histogram buckets are consecutive powers of two (empty ones kept)")
 check(re.search(r'<svg id="hist"[^>]*data-label-overlaps="0"', dom) is not None,
