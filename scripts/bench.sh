@@ -33,6 +33,11 @@ gen() { # name args...
     local name=$1; shift
     [ -f "$work/$name.csv" ] || $B tracegen -o "$work/$name.csv" "$@" >/dev/null
 }
+# The ~10^4-live-chunk training trace that sections 2 and 5 time.
+gen_1e4() {
+    gen gpt-1e4 --model gpt --layers 160 --hidden 256 --heads 4 --batch 8 --seq 256 \
+        --vocab 8192 --steps 6 --vary-seq
+}
 if want 1; then
 echo; echo "## 1. efficiency"
 for seed in 1 2 3; do
@@ -65,7 +70,7 @@ PY
 fi
 if want 2; then
 echo; echo "## 2. speed at ~10^4 live chunks (synthetic GPT training, 160 layers)"
-gen gpt-1e4 --model gpt --layers 160 --hidden 256 --heads 4 --batch 8 --seq 256 --vocab 8192 --steps 6 --vary-seq
+gen_1e4
 echo -n "ns/op, 7 processes x median of 9 replays:"
 for i in 1 2 3 4 5 6 7; do
     $B replay --repeat 9 --no-min-pool --pool-size 8GiB "$work/gpt-1e4.csv" | awk 'NR>1{printf " %s", $8}'
@@ -96,7 +101,7 @@ build/tests/bench_lock
 
 fi
 if want 5; then
-gen gpt-1e4 --model gpt --layers 160 --hidden 256 --heads 4 --batch 8 --seq 256 --vocab 8192 --steps 6 --vary-seq
+gen_1e4
 echo; echo "## 5. cost of recording a trace (BFCSHIM_TRACE's writer, via replay --record)"
 echo "the 10^4-live trace; each process times 21 pairs of replays (plain, recording, in"
 echo "alternating order) and reports the medians and the median of recording/plain - 1:"
