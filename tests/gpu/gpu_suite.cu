@@ -13,7 +13,25 @@
  *   oom          out of memory with the runtime's last error, then recovery
  *   ipc          an IPC handle of a pooled block is refused
  *   meminfo      cudaMemGetInfo reports what the pool can still give
+ *   meminfo-agree    the runtime and the driver report the same free memory
+ *                    (the runtime door must not adjust a figure twice)
+ *
+ * Early reuse, on the real driver. Each of these fills the pool around one
+ * hole, so a new allocation can only land in the block just freed; a kernel
+ * that is still queued when the block is freed writes into it late, and the
+ * new owner's pattern is then found overwritten:
+ *   stream-destroy   the stream running that kernel is destroyed (it returns
+ *                    at once; the work goes on) before the cudaFree
+ *   capture-pending  the stream begins a capture between the free and the
+ *                    next allocation
+ *   reset            cudaDeviceReset with streams alive, then enough
+ *                    allocations and frees to need the frees retired
+ *   first-malloc     cudaMalloc is the program's first runtime call; then an
+ *                    IPC handle of the pooled block must still be refused
+ *   ptr-attr         cuPointerGetAttribute's range of a pooled block agrees
+ *                    with cuMemGetAddressRange (the block, not the region)
  */
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <stdio.h>
@@ -46,6 +64,34 @@ __global__ void verify(const unsigned *p, size_t n, unsigned pattern, unsigned l
     for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
         if (p[i] != (pattern ^ (unsigned)i))
             atomicAdd(bad, 1ull);
+}
+
+/* Waits `ns` nanoseconds of GPU time, then writes the pattern: a kernel that
+ * is certainly still running when the host frees its block. */
+__global__ void late_fill(unsigned *p, size_t n, unsigned pattern, unsigned long long ns)
+{
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    while (t - t0 < ns);
+    for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        p[i] = pattern ^ (unsigned)i;
+}
+
+/* Is there a GPU? Asked through the driver alone when the scenario needs
+ * the runtime untouched (first-malloc), else as programs usually do. */
+static bool gpu_present(bool runtime_may_start)
+{
+    int n = 0;
+    if (runtime_may_start)
+        return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (!h)
+        return false;
+    CUresult (*init)(unsigned) = (CUresult(*)(unsigned))dlsym(h, "cuInit");
+    CUresult (*count)(int *) = (CUresult(*)(int *))dlsym(h, "cuDeviceGetCount");
+    return init && count && init(0) == CUDA_SUCCESS && count(&n) == CUDA_SUCCESS && n > 0;
 }
 
 static bool under_shim(void)
@@ -172,19 +218,238 @@ static void meminfo(void)
     CUDA_OK(cudaFree(p));
 }
 
+
+/* ---- early reuse on the real driver ------------------------------------------ */
+
+enum { HOLE = 64u << 20 };
+static const unsigned long long LATE_NS = 300ull * 1000 * 1000; /* 300 ms */
+
+/* Takes all the pool can give but one HOLE-sized hole, so the next HOLE
+ * allocation after the hole is freed can only land in it. Returns the
+ * filler (free it at the end) and the block in the hole. */
+static void *fill_pool_but_hole(unsigned **hole)
+{
+    size_t f = 0, t = 0;
+    CUDA_OK(cudaMemGetInfo(&f, &t));
+    void *filler = NULL;
+    *hole = NULL;
+    CUDA_OK(cudaMalloc((void **)hole, HOLE));
+    /* Leave less than a HOLE of slack, so a second HOLE cannot fit elsewhere. */
+    size_t take = f > 2 * (size_t)HOLE ? f - HOLE - HOLE / 2 : 0;
+    if (take)
+        CUDA_OK(cudaMalloc(&filler, take));
+    return filler;
+}
+
+/* Counts the n words of q that do not hold `pattern`. */
+static unsigned long long count_bad_n(unsigned *q, size_t n, unsigned pattern)
+{
+    unsigned long long *bad = NULL, h = ~0ull;
+    CUDA_OK(cudaMalloc((void **)&bad, sizeof *bad));
+    CUDA_OK(cudaMemset(bad, 0, sizeof *bad));
+    verify<<<256, 256>>>(q, n, pattern, bad);
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(&h, bad, sizeof h, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaFree(bad));
+    return h;
+}
+
+static unsigned long long count_bad(unsigned *q, unsigned pattern)
+{
+    return count_bad_n(q, HOLE / 4, pattern);
+}
+
+/* The block q, allocated after p was freed under late work, must keep the
+ * pattern its own owner wrote. */
+static void expect_intact(unsigned *p, unsigned *q, cudaStream_t s2)
+{
+    const unsigned mine = 0xb1e55edu;
+    fill<<<256, 256, 0, s2>>>(q, HOLE / 4, mine, 0);
+    CUDA_OK(cudaStreamSynchronize(s2));
+    CUDA_OK(cudaDeviceSynchronize()); /* the late kernel has run by now */
+    unsigned long long bad = count_bad(q, mine);
+    printf("  new block %s the freed one; %llu word(s) overwritten by the late kernel\n",
+           q == p ? "reuses" : "differs from", bad);
+    CHECK(bad == 0);
+}
+
+static void stream_destroy(void)
+{
+    unsigned *p = NULL, *q = NULL;
+    void *filler = fill_pool_but_hole(&p);
+    cudaStream_t s1, s2;
+    CUDA_OK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+    CUDA_OK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    late_fill<<<256, 256, 0, s1>>>(p, HOLE / 4, 0xdeadu, LATE_NS);
+    CUDA_OK(cudaGetLastError());
+    /* "the function will return immediately and the resources associated
+     * with hStream will be released automatically once the device has
+     * completed all work in hStream" (cuStreamDestroy) */
+    CUDA_OK(cudaStreamDestroy(s1));
+    CUDA_OK(cudaFree(p));
+    CUDA_OK(cudaMalloc((void **)&q, HOLE));
+    if (q)
+        expect_intact(p, q, s2);
+    CUDA_OK(cudaFree(q));
+    CUDA_OK(cudaFree(filler));
+    CUDA_OK(cudaStreamDestroy(s2));
+}
+
+static void capture_pending(void)
+{
+    unsigned *p = NULL, *q = NULL;
+    void *filler = fill_pool_but_hole(&p);
+    cudaStream_t s1, s2;
+    CUDA_OK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+    CUDA_OK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    late_fill<<<256, 256, 0, s1>>>(p, HOLE / 4, 0xdeadu, LATE_NS);
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaFree(p));
+    /* s1's queued kernel still runs; the capture only records what follows. */
+    CUDA_OK(cudaStreamBeginCapture(s1, cudaStreamCaptureModeRelaxed));
+    CUDA_OK(cudaMalloc((void **)&q, HOLE)); /* allowed in relaxed mode */
+    cudaGraph_t g = NULL;
+    CUDA_OK(cudaStreamEndCapture(s1, &g));
+    if (g)
+        CUDA_OK(cudaGraphDestroy(g));
+    if (q)
+        expect_intact(p, q, s2);
+    CUDA_OK(cudaFree(q));
+    CUDA_OK(cudaFree(filler));
+    CUDA_OK(cudaStreamDestroy(s1));
+    CUDA_OK(cudaStreamDestroy(s2));
+}
+
+static void reset(void)
+{
+    cudaStream_t s[4];
+    for (int i = 0; i < 4; i++) {
+        CUDA_OK(cudaStreamCreateWithFlags(&s[i], cudaStreamNonBlocking));
+        void *p = NULL;
+        CUDA_OK(cudaMallocAsync(&p, 1 << 20, s[i]));
+        CUDA_OK(cudaFreeAsync(p, s[i]));
+    }
+    void *p = NULL;
+    CUDA_OK(cudaMalloc(&p, 1 << 20));
+    CUDA_OK(cudaFree(p));
+    CUDA_OK(cudaDeviceSynchronize());
+    /* The streams die with the context; a new primary context (and pool)
+     * follows at the next call, possibly under the same handle value. */
+    CUDA_OK(cudaDeviceReset());
+    size_t f = 0, t = 0;
+    CUDA_OK(cudaMemGetInfo(&f, &t));
+    size_t big = f / 3 & ~(size_t)0xfffff;
+    /* Ten times what the pool can hold at once: only works if frees retire. */
+    int ok = 0;
+    for (int i = 0; i < 30; i++) {
+        void *q = NULL;
+        cudaError_t e = cudaMalloc(&q, big);
+        if (e != cudaSuccess) {
+            fprintf(stderr, "reset: allocation %d of %zu bytes failed (%d)\n", i, big, (int)e);
+            cudaGetLastError();
+            break;
+        }
+        fill<<<64, 256>>>((unsigned *)q, big / 4, (unsigned)i, 0);
+        CUDA_OK(cudaFree(q));
+        ok++;
+    }
+    CHECK(ok == 30);
+    CUDA_OK(cudaDeviceSynchronize());
+}
+
+/* The driver's entry points, looked up the way programs do (through the
+ * shim's dlsym, which hands out its own where it has one). */
+static void *driver_fn(const char *name)
+{
+    static void *h;
+    if (!h)
+        h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    return h ? dlsym(h, name) : NULL;
+}
+
+static void first_malloc(void)
+{
+    /* main made no runtime call for this scenario: this is the first. */
+    unsigned *p = NULL;
+    CUDA_OK(cudaMalloc((void **)&p, 1 << 20));
+    fill<<<64, 256>>>(p, (1 << 20) / 4, 5u, 0);
+    CUDA_OK(cudaDeviceSynchronize());
+    CHECK(count_bad_n(p, (1 << 20) / 4, 5u) == 0);
+    cudaIpcMemHandle_t h;
+    cudaError_t e = cudaIpcGetMemHandle(&h, p);
+    printf("  cudaIpcGetMemHandle of a pooled block: %d (%s)\n", (int)e, cudaGetErrorName(e));
+    CHECK(e == cudaErrorNotSupported);
+    cudaGetLastError();
+    CUDA_OK(cudaFree(p));
+}
+
+static void ptr_attr(void)
+{
+    typedef CUresult (*attr_fn)(void *, CUpointer_attribute, CUdeviceptr);
+    typedef CUresult (*range_fn)(CUdeviceptr *, size_t *, CUdeviceptr);
+    attr_fn attr = (attr_fn)driver_fn("cuPointerGetAttribute");
+    range_fn range = (range_fn)driver_fn("cuMemGetAddressRange_v2");
+    CHECK(attr && range);
+    if (!attr || !range)
+        return;
+    void *a = NULL, *b = NULL;
+    CUDA_OK(cudaMalloc(&a, 3u << 20));
+    CUDA_OK(cudaMalloc(&b, 5u << 20));
+    CUdeviceptr inside = (CUdeviceptr)(uintptr_t)b + 4096, base = 0, start = 0;
+    size_t size = 0, rsize = 0;
+    CHECK(range(&base, &size, inside) == CUDA_SUCCESS);
+    CHECK(attr(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, inside) == CUDA_SUCCESS);
+    CHECK(attr(&rsize, CU_POINTER_ATTRIBUTE_RANGE_SIZE, inside) == CUDA_SUCCESS);
+    printf("  cuMemGetAddressRange: 0x%llx + %zu; cuPointerGetAttribute: 0x%llx + %zu\n",
+           (unsigned long long)base, size, (unsigned long long)start, rsize);
+    CHECK(base == (CUdeviceptr)(uintptr_t)b);
+    CHECK(start == base);
+    CHECK(rsize == size);
+    CUDA_OK(cudaFree(a));
+    CUDA_OK(cudaFree(b));
+}
+
+static void meminfo_agree(void)
+{
+    typedef CUresult (*info_fn)(size_t *, size_t *);
+    info_fn info = (info_fn)driver_fn("cuMemGetInfo_v2");
+    CHECK(info != NULL);
+    if (!info)
+        return;
+    void *p = NULL;
+    CUDA_OK(cudaMalloc(&p, 256u << 20));
+    size_t rf = 0, rt = 0, df = 0, dt = 0;
+    CUDA_OK(cudaMemGetInfo(&rf, &rt));
+    CHECK(info(&df, &dt) == CUDA_SUCCESS);
+    printf("  free: runtime %zu, driver %zu (total %zu)\n", rf, df, rt);
+    /* Nothing else allocates between the two calls in this process; another
+     * process on the device may, so allow a little. */
+    CHECK(rt == dt);
+    CHECK(rf <= df + (64u << 20) && df <= rf + (64u << 20));
+    CHECK(rf <= rt);
+    CUDA_OK(cudaFree(p));
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
         const char *name;
         void (*fn)(void);
-    } scenarios[] = {{"reuse", reuse_plain}, {"reuse-async", reuse_async}, {"capture", capture},
-                     {"oom", oom},           {"ipc", ipc},                 {"meminfo", meminfo}};
+    } scenarios[] = {
+        {"reuse", reuse_plain},       {"reuse-async", reuse_async},
+        {"capture", capture},         {"oom", oom},
+        {"ipc", ipc},                 {"meminfo", meminfo},
+        {"meminfo-agree", meminfo_agree},
+        {"stream-destroy", stream_destroy},
+        {"capture-pending", capture_pending},
+        {"reset", reset},             {"first-malloc", first_malloc},
+        {"ptr-attr", ptr_attr},
+    };
     if (argc != 2) {
         fprintf(stderr, "usage: gpu_suite SCENARIO\n");
         return 2;
     }
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    if (!gpu_present(strcmp(argv[1], "first-malloc") != 0)) {
         printf("no GPU: skipping\n");
         return 77;
     }

@@ -1,0 +1,320 @@
+#!/usr/bin/env bash
+# scripts/gpu-proof.sh [OUTDIR] - on a fresh GPU machine (nvcc, meson, ninja,
+# PyTorch, JAX, CuPy, Numba; no network): builds bfcshim from this checkout
+# and runs the GPU proof steps in order, each bounded in time, continuing past
+# a failed step. Every step writes its log (STEP.log) and its workloads'
+# `RESULT {json}` lines (results.jsonl) under OUTDIR (default
+# docs/results/gpu-<commit>); a table of all results comes last
+# (scripts/gpu/summarize.py).
+#
+#   GPU_PROOF_STEPS     the steps to run, in order (default: the first-run set
+#                       below); "full" means every step
+#   GPU_PROOF_DEADLINE  seconds for the whole script (default 560); a step
+#                       never runs past it, and the archive is always written
+#   GPU_PROOF_REPEAT    runs per arm for the timed A/B steps (default 1)
+#   GPU_PROOF_COMMIT    the commit measured, where the tree has no .git
+#   GPU_PROOF_TAR       also pack OUTDIR into this .tar.gz at the end
+#   GPU_PROOF_REHEARSE  1: tiny sizes, and the CPU where a framework has one,
+#                       to check the plumbing on a machine without a GPU
+#
+# Steps (first-run set marked *):
+#   env*        device, driver, toolkit, compiler and framework versions
+#   build*      meson setup + compile (release, LTO), the GPU suite with nvcc
+#   suite*      the GPU suite (tests/gpu) against the real driver and runtime,
+#               the user's first program (static and shared cudart) included
+#   bench*      cudaMalloc/cudaFree and cudaMallocAsync/cudaFreeAsync pairs,
+#               512 B to 1 GiB, native and pooled
+#   numba*      Numba's driver layer (ctypes) natively and through the shim
+#   torch-gpt*  GPT-style training, arms A native, B shim under the cache,
+#               C shim without the cache, D native without the cache
+#   cupy*       CuPy: own pool | pool off under the shim | pool off natively
+#   jax*        JAX: own BFC | platform | platform under the shim (fenced,
+#               immediate)
+#   three*      PyTorch + JAX + CuPy through DLPack in one process, native and
+#               one pool
+#   ddp*        two ranks on one GPU via torchrun (gloo), each capped by
+#               BFCSHIM_MEM_FRACTION=0.4
+#   torch-resnet  ResNet-50 training, arms A-D
+#   maxbatch    largest GPT batch under an equal 16 GiB cap, arms A, C, D
+#   traces      tensor-level traces: BFCSHIM_TRACE of arm C (GPT, ResNet),
+#               JAX platform and CuPy under the shim; PyTorch's own
+#               memory-history snapshot of arm A
+set -u
+cd "$(dirname "$0")/.." || exit 1
+root=$(pwd)
+# (the device machine's copy of the tree may have no .git: GPU_PROOF_COMMIT)
+commit=${GPU_PROOF_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+[ -z "${GPU_PROOF_COMMIT:-}" ] && ! git diff --quiet HEAD 2>/dev/null && commit="$commit-dirty"
+out=${1:-docs/results/gpu-$commit}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+results=$out/results.jsonl
+: >"$results"
+: >"$out/steps.tsv"
+start=$(date +%s)
+deadline=$((start + ${GPU_PROOF_DEADLINE:-560}))
+repeat=${GPU_PROOF_REPEAT:-1}
+first_run="env build suite bench numba torch-gpt cupy jax three ddp"
+all_steps="$first_run torch-resnet maxbatch traces"
+steps=${GPU_PROOF_STEPS:-$first_run}
+[ "$steps" = full ] && steps=$all_steps
+
+build=$root/build-gpu
+lib=$build/shim/libbfcshim.so
+py=${PYTHON:-python3}
+gpu=$root/scripts/gpu
+export PYTHONUNBUFFERED=1
+
+# Workload sizes (later arguments win in argparse, so rehearsal appends).
+gpt_size=() resnet_size=() jax_size=() small_env=()
+ddp_device=cuda
+if [ "${GPU_PROOF_REHEARSE:-0}" = 1 ]; then
+    gpt_size=(--seq 64 --d 64 --layers 2 --heads 2 --batch 2 --steps 2 --warmup 1)
+    resnet_size=(--px 32 --batch 2 --steps 2 --warmup 1)
+    jax_size=(--width 64 --batch 16 --steps 3 --warmup 1)
+    small_env=(JAX_PLATFORMS=cpu)
+    ddp_device=cpu
+fi
+
+log() { echo "[gpu-proof +$(($(date +%s) - start))s] $*"; }
+
+# run_arm STEP ARM TIMEOUT SHIM(yes|no) [VAR=VALUE...] -- CMD...: one bounded
+# run; its output goes to STEP.log, its RESULT lines (tagged with step, arm
+# and exit status) to results.jsonl.
+run_arm() {
+    local step=$1 arm=$2 limit=$3 shim=$4
+    shift 4
+    local envs=()
+    while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    shift
+    local left=$((deadline - $(date +%s) - 15))
+    [ "$limit" -gt "$left" ] && limit=$left
+    if [ "$limit" -le 5 ]; then
+        log "$step/$arm: skipped, out of time"
+        printf '%s\t%s\tskipped\t0\n' "$step" "$arm" >>"$out/steps.tsv"
+        return 1
+    fi
+    [ "$shim" = yes ] && envs+=("LD_PRELOAD=$lib" "BFCSHIM_STATS=1")
+    local t0 tmp
+    t0=$(date +%s.%N)
+    tmp=$(mktemp)
+    echo "==== $step/$arm: ${envs[*]} $*" >>"$out/$step.log"
+    env "${envs[@]}" timeout -k 10 "$limit" "$@" >"$tmp" 2>&1
+    local rc=$?
+    local dt
+    dt=$(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" \
+        "$t0" "$(date +%s.%N)")
+    cat "$tmp" >>"$out/$step.log"
+    echo "==== $step/$arm: exit $rc after ${dt}s" >>"$out/$step.log"
+    grep '^RESULT ' "$tmp" | sed 's/^RESULT //' | python3 -c '
+import json, sys
+step, arm, rc, dt = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+for line in sys.stdin:
+    try:
+        r = json.loads(line)
+    except ValueError:
+        continue
+    r.update(step=step, arm_label=arm, exit=rc, run_s=dt)
+    print(json.dumps(r, sort_keys=True))
+' "$step" "$arm" "$rc" "$dt" >>"$results"
+    rm -f "$tmp"
+    printf '%s\t%s\t%s\t%s\n' "$step" "$arm" "$rc" "$dt" >>"$out/steps.tsv"
+    [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && log "$step/$arm: TIMED OUT after ${limit}s"
+    [ "$rc" -ne 0 ] && log "$step/$arm: exit $rc (tail of its output:)" &&
+        tail -n 6 "$out/$step.log" | sed 's/^/    /'
+    [ "$rc" -eq 0 ] && log "$step/$arm: ok (${dt}s)"
+    return $rc
+}
+
+# ---- steps -------------------------------------------------------------------------
+
+step_env() {
+    {
+        echo "commit $commit, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+        nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm \
+            --format=csv 2>&1
+        nvidia-smi 2>&1 | head -15
+        nvcc --version 2>&1 | tail -2
+        (cc --version || gcc --version) 2>&1 | head -1
+        meson --version 2>&1; ninja --version 2>&1
+        uname -a; nproc; free -g | head -2
+        "$py" - <<'PY' 2>&1
+import importlib, sys
+print("python", sys.version.split()[0], sys.executable)
+for m in ("torch", "torchvision", "jax", "jaxlib", "cupy", "numba", "numba_cuda", "numpy"):
+    try:
+        print(m, importlib.import_module(m).__version__)
+    except Exception as e:  # report, never stop
+        print(m, "unavailable:", type(e).__name__, e)
+try:
+    import torch
+    print("torch cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(),
+          "device", torch.cuda.get_device_name(0))
+except Exception as e:
+    print("torch cuda check failed:", e)
+PY
+    } >"$out/env.txt" 2>&1
+    cat "$out/env.txt"
+}
+
+step_build() {
+    {
+        if [ -d "$build" ]; then
+            meson setup --reconfigure "$build"
+        else
+            meson setup "$build"
+        fi && meson compile -C "$build"
+    } >"$out/build.log" 2>&1
+    local rc=$?
+    printf 'build\t-\t%s\t0\n' "$rc" >>"$out/steps.tsv"
+    if [ $rc -ne 0 ] || [ ! -f "$lib" ]; then
+        log "build FAILED"; tail -25 "$out/build.log"; return 1
+    fi
+    log "build ok: $lib"
+}
+
+step_suite() {
+    local left=$((deadline - $(date +%s) - 15))
+    local limit=240
+    [ "$limit" -gt "$left" ] && limit=$left
+    timeout -k 10 "$limit" meson test -C "$build" --suite gpu --print-errorlogs -v \
+        >"$out/suite.log" 2>&1
+    local rc=$?
+    printf 'suite\t-\t%s\t0\n' "$rc" >>"$out/steps.tsv"
+    grep -E "^ *[0-9]+/[0-9]+ " "$out/suite.log" | sed 's/^/    /'
+    log "suite: exit $rc"
+}
+
+step_bench() {
+    local b=$build/tests/gpu/malloc_bench
+    run_arm bench native 120 no -- "$b" native
+    run_arm bench pooled 120 yes -- "$b" pooled
+    # one object per size and API: collected as RESULT lines
+    python3 - "$out/bench.log" >>"$results" <<'PY'
+import json, sys
+arm = None
+for line in open(sys.argv[1]):
+    if line.startswith("==== bench/"):
+        arm = line.split("/")[1].split(":")[0]
+    elif line.startswith("{"):
+        r = json.loads(line)
+        r.update(step="bench", arm_label=arm, workload="malloc-bench")
+        print(json.dumps(r, sort_keys=True))
+PY
+}
+
+step_numba() {
+    run_arm numba native 120 no -- "$py" "$gpu/numba_job.py" --arm native
+    run_arm numba shim 120 yes -- "$py" "$gpu/numba_job.py" --arm shim
+}
+
+step_cupy() {
+    for _ in $(seq "$repeat"); do
+        run_arm cupy A-own-pool 120 no -- "$py" "$gpu/cupy_job.py" --arm A --pool on
+        run_arm cupy B-shim-pool-off 120 yes -- "$py" "$gpu/cupy_job.py" --arm B --pool off
+        run_arm cupy C-native-pool-off 120 no -- "$py" "$gpu/cupy_job.py" --arm C --pool off
+    done
+}
+
+step_jax() {
+    local p="XLA_PYTHON_CLIENT_ALLOCATOR=platform"
+    for _ in $(seq "$repeat"); do
+        run_arm jax A-bfc 150 no "${small_env[@]}" -- \
+            "$py" "$gpu/jax_train.py" --arm A "${jax_size[@]}"
+        run_arm jax B-platform 150 no "$p" "${small_env[@]}" -- \
+            "$py" "$gpu/jax_train.py" --arm B "${jax_size[@]}"
+        run_arm jax C-platform-shim 150 yes "$p" "${small_env[@]}" -- \
+            "$py" "$gpu/jax_train.py" --arm C "${jax_size[@]}"
+        run_arm jax D-platform-shim-immediate 150 yes "$p" BFCSHIM_FREE_POLICY=immediate \
+            "${small_env[@]}" -- "$py" "$gpu/jax_train.py" --arm D "${jax_size[@]}"
+    done
+}
+
+# torch_arms STEP MODEL [ARGS...]: arms A-D of the PyTorch job, interleaved.
+torch_arms() {
+    local step=$1 model=$2 nc="PYTORCH_NO_CUDA_MEMORY_CACHING=1"
+    shift 2
+    local job=("$py" "$gpu/torch_train.py" --model "$model" "$@")
+    for _ in $(seq "$repeat"); do
+        run_arm "$step" A-native 200 no -- "${job[@]}" --arm A
+        run_arm "$step" B-shim-cache 200 yes -- "${job[@]}" --arm B
+        run_arm "$step" C-shim-nocache 200 yes "$nc" -- "${job[@]}" --arm C
+        run_arm "$step" D-native-nocache 150 no "$nc" -- "${job[@]}" --arm D
+    done
+}
+
+step_torch_gpt() { torch_arms torch-gpt gpt --steps 20 --warmup 5 --batch 8 "${gpt_size[@]}"; }
+step_torch_resnet() {
+    torch_arms torch-resnet resnet --steps 20 --warmup 5 --batch 64 "${resnet_size[@]}"
+}
+
+step_three() {
+    run_arm three native 180 no XLA_PYTHON_CLIENT_PREALLOCATE=false -- \
+        "$py" "$gpu/three_frameworks.py" --arm native --cupy-pool on
+    run_arm three one-pool 180 yes XLA_PYTHON_CLIENT_ALLOCATOR=platform \
+        PYTORCH_NO_CUDA_MEMORY_CACHING=1 BFCSHIM_PREALLOCATE=false -- \
+        "$py" "$gpu/three_frameworks.py" --arm one-pool --cupy-pool off
+}
+
+step_ddp() {
+    run_arm ddp shim-0.4-each 180 yes BFCSHIM_MEM_FRACTION=0.4 -- \
+        "$py" -m torch.distributed.run --standalone --nproc_per_node=2 \
+        "$gpu/torch_ddp.py" --arm shim-0.4-each --device "$ddp_device"
+}
+
+step_maxbatch() {
+    local nc="PYTORCH_NO_CUDA_MEMORY_CACHING=1" cap=16GiB
+    local job=("$py" "$gpu/torch_train.py" --model gpt "${gpt_size[@]}" --max-batch 1:64
+               --cap "$cap")
+    run_arm maxbatch A-native 200 no -- "${job[@]}" --arm A
+    run_arm maxbatch C-shim-nocache 200 yes "$nc" BFCSHIM_MEM_LIMIT=$cap -- "${job[@]}" --arm C
+    run_arm maxbatch D-native-nocache 300 no "$nc" -- "${job[@]}" --arm D
+}
+
+step_traces() {
+    local t=$out/traces
+    mkdir -p "$t"
+    run_arm traces torch-gpt-C 200 yes PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+        "BFCSHIM_TRACE=$t/torch-gpt-b8-training.csv" -- \
+        "$py" "$gpu/torch_train.py" --model gpt --steps 6 --warmup 1 --batch 8 --arm C
+    run_arm traces torch-resnet-C 200 yes PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+        "BFCSHIM_TRACE=$t/torch-resnet50-b64-training.csv" -- \
+        "$py" "$gpu/torch_train.py" --model resnet --steps 6 --warmup 1 --batch 64 --arm C
+    run_arm traces jax-C 150 yes XLA_PYTHON_CLIENT_ALLOCATOR=platform \
+        "BFCSHIM_TRACE=$t/jax-mlp-platform.csv" -- "$py" "$gpu/jax_train.py" --arm C --steps 10
+    run_arm traces cupy-B 120 yes "BFCSHIM_TRACE=$t/cupy-mix.csv" -- \
+        "$py" "$gpu/cupy_job.py" --arm B --pool off --iters 20
+    run_arm traces torch-gpt-A-snapshot 200 no -- \
+        "$py" "$gpu/torch_train.py" --model gpt --steps 6 --warmup 1 --batch 8 --arm A \
+        --snapshot "$t/torch-gpt-b8-snapshot.pickle"
+    gzip -f "$t"/*.csv "$t"/*.pickle 2>/dev/null
+    ls -la "$t"
+}
+
+# ---- main --------------------------------------------------------------------------
+
+log "commit $commit; steps: $steps; output: $out"
+for s in $steps; do
+    if [ "$(date +%s)" -ge $((deadline - 20)) ]; then
+        log "deadline reached: $s and later steps not run"
+        printf '%s\t-\tnot-run\t0\n' "$s" >>"$out/steps.tsv"
+        continue
+    fi
+    case $s in
+        env | build | suite | bench | numba | cupy | jax | three | ddp | maxbatch | traces)
+            log "== $s"; "step_$s" ;;
+        torch-gpt) log "== $s"; step_torch_gpt ;;
+        torch-resnet) log "== $s"; step_torch_resnet ;;
+        *) log "unknown step '$s'" ;;
+    esac
+    if [ "$s" = build ] && [ ! -f "$lib" ]; then
+        log "no library: stopping"; break
+    fi
+done
+
+python3 "$gpu/summarize.py" "$out" | tee "$out/summary.txt"
+if [ -n "${GPU_PROOF_TAR:-}" ]; then
+    tar -czf "$GPU_PROOF_TAR" -C "$(dirname "$out")" "$(basename "$out")"
+    log "packed into $GPU_PROOF_TAR ($(du -h "$GPU_PROOF_TAR" | cut -f1))"
+fi
+log "done"

@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""summarize.py OUTDIR - the tables of a scripts/gpu-proof.sh run, from
+OUTDIR/results.jsonl and OUTDIR/steps.tsv: step status, then one table per
+workload with each arm's median time, its ratio to arm A, peak memory,
+allocation counts and the digest that shows whether results agree.
+"""
+import collections
+import json
+import os
+import statistics
+import sys
+
+GiB = 1 << 30
+
+
+def fmt_bytes(v):
+    return "-" if v is None else f"{v / GiB:.2f}G"
+
+
+def med(vals):
+    vals = [v for v in vals if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def fmt(v, spec=".1f"):
+    return "-" if v is None else format(v, spec)
+
+
+def table(rows, header):
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    line = "  ".join(f"{{:<{w}}}" for w in widths)
+    out = [line.format(*header)]
+    out += [line.format(*[str(c) for c in r]) for r in rows]
+    return "\n".join(out)
+
+
+def by_arm(results, step):
+    arms = collections.OrderedDict()
+    for r in results:
+        if r.get("step") == step:
+            arms.setdefault(r.get("arm_label"), []).append(r)
+    return arms
+
+
+def timed_table(results, step, key):
+    arms = by_arm(results, step)
+    if not arms:
+        return None
+    base = None
+    rows = []
+    for arm, runs in arms.items():
+        t = med(r.get(key) for r in runs)
+        if base is None:
+            base = t
+        shim = [r.get("shim_after") or r.get("shim") for r in runs]
+        shim = shim[-1] if shim else None
+        digests = sorted({r.get("loss_digest") or r.get("sum_digest") or "-" for r in runs})
+        rows.append([
+            arm, len(runs), ",".join(str(r.get("exit")) for r in runs), fmt(t, ".2f"),
+            fmt(t / base, ".3f") if t and base else "-",
+            fmt_bytes(med(r.get("nvml_peak_bytes") for r in runs)),
+            fmt_bytes(med(r.get("torch_peak_allocated") for r in runs)),
+            fmt_bytes(med(r.get("torch_peak_reserved") for r in runs)),
+            fmt(med(r.get("torch_device_allocs_after_warmup") for r in runs), ".0f"),
+            fmt(med(r.get("shim_region_allocs_after_warmup") for r in runs), ".0f"),
+            "-" if not shim else shim.get("num_allocs"),
+            "-" if not shim else shim.get("num_fence_waits"),
+            "-" if not shim else shim.get("passthrough_allocs"),
+            " ".join(digests),
+        ])
+    return table(rows, ["arm", "runs", "exit", key, "vs first", "nvml peak", "peak alloc",
+                        "peak resv", "dev allocs*", "regions*", "pool allocs", "fence waits",
+                        "passthru", "digest"])
+
+
+def main():
+    out = sys.argv[1]
+    results = []
+    path = os.path.join(out, "results.jsonl")
+    if os.path.exists(path):
+        for line in open(path):
+            if line.strip():
+                results.append(json.loads(line))
+    print("\n== steps (exit status, seconds)")
+    steps = os.path.join(out, "steps.tsv")
+    if os.path.exists(steps):
+        rows = [line.rstrip("\n").split("\t") for line in open(steps) if line.strip()]
+        bad = [r for r in rows if r[2] not in ("0",)]
+        print(f"{len(rows)} runs, {len(rows) - len(bad)} exit 0")
+        for r in bad:
+            print("  not ok:", " ".join(r))
+    for step, key in (("torch-gpt", "step_ms_median"), ("torch-resnet", "step_ms_median"),
+                      ("jax", "step_ms_median"), ("cupy", "iter_ms_median")):
+        t = timed_table(results, step, key)
+        if t:
+            print(f"\n== {step} (* = after warm-up)")
+            print(t)
+    for step in ("numba", "three", "ddp", "maxbatch"):
+        arms = by_arm(results, step)
+        if not arms:
+            continue
+        print(f"\n== {step}")
+        for arm, runs in arms.items():
+            for r in runs:
+                keep = {k: r[k] for k in ("exit", "wrong_round_trips", "checks_failed",
+                                          "seconds", "params_agree", "max_batch", "tried",
+                                          "numba_binding", "sum_digest") if k in r}
+                if r.get("nvml_peak_bytes") is not None:
+                    keep["nvml_peak"] = fmt_bytes(r["nvml_peak_bytes"])
+                shim = r.get("shim") or r.get("shim_rank0")
+                if shim:
+                    keep["pool"] = {k: shim[k] for k in ("num_allocs", "peak_bytes_in_use",
+                                                         "peak_pool_bytes",
+                                                         "passthrough_allocs")}
+                print(f"  {arm}: {json.dumps(keep)}")
+    bench = [r for r in results if r.get("workload") == "malloc-bench"]
+    if bench:
+        print("\n== malloc-bench: microseconds per allocation+free pair (median)")
+        cells = collections.OrderedDict()
+        for r in bench:
+            cells.setdefault((r["api"], r["size"]), {})[r["arm_label"]] = r["us_median"]
+        rows = []
+        for (api, size), v in cells.items():
+            n, p = v.get("native"), v.get("pooled")
+            rows.append([api, size, fmt(n, ".2f"), fmt(p, ".2f"),
+                         fmt(n / p, ".1f") if n and p else "-"])
+        print(table(rows, ["api", "bytes", "native us", "pooled us", "speed-up"]))
+
+
+if __name__ == "__main__":
+    main()
