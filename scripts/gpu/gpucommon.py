@@ -77,11 +77,11 @@ def shim_stats():
     except AttributeError:
         return None
     write.argtypes = [ctypes.c_char_p]
-    write.restype = ctypes.c_bool
+    write.restype = ctypes.c_int  # 0 on success
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     try:
-        if not write(path.encode()):
+        if write(path.encode()) != 0:
             return None
         with open(path) as f:
             return json.load(f)

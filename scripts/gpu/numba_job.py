@@ -35,6 +35,11 @@ def main():
     args = ap.parse_args()
 
     import numpy as np
+    if not hasattr(np, "row_stack"):
+        # numba 0.68 registers an overload for np.row_stack, which NumPy 2.4
+        # removed (seen on the GPU image: numba 0.68.0 with numpy 2.5.2).
+        # The alias lets it import; this job never calls it.
+        np.row_stack = np.vstack
     from numba import cuda
 
     @cuda.jit

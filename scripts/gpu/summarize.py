@@ -54,7 +54,8 @@ def timed_table(results, step, key):
             base = t
         shim = [r.get("shim_after") or r.get("shim") for r in runs]
         shim = shim[-1] if shim else None
-        digests = sorted({r.get("loss_digest") or r.get("sum_digest") or "-" for r in runs})
+        digests = sorted({r.get("loss_digest") or r.get("exact_digest") or r.get("sum_digest")
+                          or "-" for r in runs})
         rows.append([
             arm, len(runs), ",".join(str(r.get("exit")) for r in runs), fmt(t, ".2f"),
             fmt(t / base, ".3f") if t and base else "-",
