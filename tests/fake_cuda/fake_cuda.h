@@ -14,7 +14,9 @@
  * "1GiB,512MiB" sets each), FAKECUDA_FAIL_ALLOC=N (the Nth cuMemAlloc fails
  * with CUDA_ERROR_OUT_OF_MEMORY), FAKECUDA_AUTOCOMPLETE=1 (all work completes
  * at once, like an idle GPU), FAKECUDA_ZERO_ALLOC=1 (cuMemAlloc of 0 bytes
- * returns a pointer instead of CUDA_ERROR_INVALID_VALUE).
+ * returns a pointer instead of CUDA_ERROR_INVALID_VALUE), FAKECUDA_OTHER_USED
+ * (memory other processes hold on each device, "0"; a list sets each),
+ * FAKECUDA_CTX_OVERHEAD (what each live context takes for itself, "0").
  */
 #ifndef BFCSHIM_TESTS_FAKE_CUDA_H
 #define BFCSHIM_TESTS_FAKE_CUDA_H
@@ -40,12 +42,17 @@ typedef struct fakecuda_stats {
     uint64_t graph_allocs;         /* allocations made into a capture */
     uint64_t ipc_handles;
     uint64_t proc_address_lookups;
+    uint64_t stale_handle_uses;    /* a destroyed stream's or event's handle used */
+    uint64_t unsafe_calls_refused; /* potentially unsafe calls during a capture */
+    uint64_t event_queries;        /* cuEventQuery calls that were answered */
 } fakecuda_stats;
 
 typedef void (*fakecuda_work)(void *arg);
 
 typedef struct fakecuda_api {
-    /* Queue host work on a stream: it runs when the stream's work completes. */
+    /* Queue host work on a stream: it runs when the stream's work completes.
+ * complete() and pending() also take a destroyed stream's handle (its work
+ * goes on after cuStreamDestroy until it completes). */
     int (*launch)(void *stream, fakecuda_work fn, void *arg);
     /* Complete everything submitted so far on one stream / on all streams. */
     void (*complete)(void *stream);

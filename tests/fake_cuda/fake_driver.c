@@ -13,11 +13,37 @@
  *             that completes only when a test calls complete(), or when a
  *             synchronise call forces it, as a host waiting on a GPU would.
  *             The legacy stream (0 or CU_STREAM_LEGACY) is per context; an
- *             event recorded on it also waits for every blocking stream.
- *   capture   cuStreamBeginCapture marks a stream; CUDA's rules are enforced
- *             where the shim could break them: legacy-stream work while a
- *             blocking stream captures, and cuCtxSynchronize during a
- *             global-mode capture, invalidate the capture.
+ *             event recorded on it also waits for every blocking stream,
+ *             the per-thread default streams of every thread included.
+ *             cuStreamDestroy returns at once and the stream's queued work
+ *             goes on until it completes ("resources ... released
+ *             automatically once the device has completed all work",
+ *             cuda.h); the handle is invalid from then on.
+ *   lifetime  cuCtxDestroy, cuDevicePrimaryCtxReset and the last primary
+ *             release destroy the context's streams and events: their
+ *             queued work never runs, and a later use of such a handle gets
+ *             CUDA_ERROR_INVALID_HANDLE and is counted (stale_handle_uses:
+ *             the real driver may crash instead; on an H100 a stale stream
+ *             handle after cudaDeviceReset killed the process). A new context
+ *             may get the old one's handle value (primary contexts always do;
+ *             created ones reuse destroyed slots).
+ *   capture   cuStreamBeginCapture marks a stream with its mode and thread.
+ *             Legacy-stream work while a blocking stream captures
+ *             invalidates that capture; cuStreamIsCapturing(CU_STREAM_LEGACY)
+ *             then answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT. "Potentially
+ *             unsafe" calls (synchronous cuMemAlloc/cuMemFree, event and
+ *             stream queries and synchronisation, cuCtxSynchronize) follow
+ *             cuThreadExchangeStreamCaptureMode's rules: a thread in GLOBAL
+ *             mode is refused (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) while
+ *             it captures in a non-relaxed mode itself or another thread
+ *             captures in GLOBAL mode, THREAD_LOCAL only for its own
+ *             captures, RELAXED never; a refused call invalidates the
+ *             captures it conflicts with. Querying an event recorded in a
+ *             capture gets CUDA_ERROR_CAPTURED_EVENT.
+ *   memory    cuMemGetInfo counts memory other processes use
+ *             (FAKECUDA_OTHER_USED) and each live context's own overhead
+ *             (FAKECUDA_CTX_OVERHEAD), which allocations cannot use either.
+ *             Stream-ordered allocations come from the stream's device.
  *   failures  FAKECUDA_FAIL_ALLOC / fail_alloc_after make one cuMemAlloc fail.
  * Everything takes one global mutex; host callbacks run outside it.
  */
@@ -51,12 +77,15 @@ typedef struct fstream {
     struct fctx *ctx;
     unsigned flags;
     bool legacy, per_thread;
+    bool destroyed; /* cuStreamDestroy'd: handle invalid, queued work goes on */
+    bool dead;      /* its context went away: handle invalid, work never runs */
     uint64_t submitted, completed;
     work_item *queue;
     size_t nqueue, capqueue;
     CUstreamCaptureMode capture_mode;
     bool capturing, invalidated;
-    struct fstream *next; /* all streams of the process */
+    unsigned capture_thread;
+    struct fstream *next; /* all streams of the process (never freed) */
 } fstream;
 
 typedef struct fctx {
@@ -74,9 +103,11 @@ typedef struct dep {
 
 typedef struct fevent {
     uint32_t magic;
-    bool recorded, captured;
+    fctx *ctx;
+    bool recorded, captured, dead;
     int ndeps;
     dep deps[MAX_DEPS];
+    struct fevent *next; /* all events (never freed while the context lives) */
 } fevent;
 
 typedef struct allocation {
@@ -84,6 +115,7 @@ typedef struct allocation {
     int dev;
     fctx *ctx;
     bool graph;
+    uint64_t buffer_id; /* unique over the process lifetime, as CUDA's */
 } allocation;
 
 #define STREAM_MAGIC 0x5743414du
@@ -97,8 +129,13 @@ static struct {
     uint64_t mem[MAX_DEVICES];
     fctx primary[MAX_DEVICES];
     fstream *streams;
-    fctx *created[64]; /* contexts from cuCtxCreate */
+    fevent *events;
+    fctx *created[64]; /* contexts from cuCtxCreate (destroyed slots reused) */
     size_t ncreated;
+    uint64_t other_used[MAX_DEVICES]; /* FAKECUDA_OTHER_USED */
+    uint64_t ctx_overhead;            /* FAKECUDA_CTX_OVERHEAD, per live context */
+    uint64_t next_buffer_id;
+    unsigned next_thread;
     allocation *allocs;
     size_t nallocs, capallocs;
     uint64_t fail_alloc_countdown;
@@ -110,11 +147,26 @@ static struct {
 
 static _Thread_local fctx *tls_ctx_stack[16];
 static _Thread_local int tls_ctx_depth;
-static _Thread_local fstream tls_ptds; /* the per-thread default stream */
+/* The calling thread's per-thread default streams, one per context. */
+static _Thread_local struct {
+    fctx *ctx;
+    fstream *s;
+} tls_ptds[MAX_DEVICES + 8];
+static _Thread_local int tls_nptds;
+static _Thread_local CUstreamCaptureMode tls_capture_mode; /* GLOBAL (0) by default */
+static _Thread_local unsigned tls_thread;                  /* 0: not numbered yet */
 
 static fctx *current_ctx(void)
 {
     return tls_ctx_depth ? tls_ctx_stack[tls_ctx_depth - 1] : NULL;
+}
+
+/* Lock held: a small number naming the calling thread. */
+static unsigned this_thread(void)
+{
+    if (!tls_thread)
+        tls_thread = ++G.next_thread;
+    return tls_thread;
 }
 
 static uint64_t parse_bytes(const char *s)
@@ -157,6 +209,18 @@ static void configure(void)
                                         .legacy = true};
         G.default_pool[d] = (CUmemoryPool)(uintptr_t)(0xF00D0000u + (unsigned)d);
     }
+    const char *o = getenv("FAKECUDA_OTHER_USED");
+    last = 0;
+    for (int d = 0; d < G.ndev; d++) {
+        if (o && *o) {
+            last = parse_bytes(o);
+            const char *comma = strchr(o, ',');
+            o = comma ? comma + 1 : NULL;
+        }
+        G.other_used[d] = last;
+    }
+    const char *ov = getenv("FAKECUDA_CTX_OVERHEAD");
+    G.ctx_overhead = ov ? parse_bytes(ov) : 0;
     const char *f = getenv("FAKECUDA_FAIL_ALLOC");
     G.fail_alloc_countdown = f ? strtoull(f, NULL, 10) : 0;
     G.autocomplete = getenv("FAKECUDA_AUTOCOMPLETE") != NULL;
@@ -172,25 +236,86 @@ static void configure(void)
         return (r);                    \
     } while (0)
 
-/* Lock held: the stream a handle names, or NULL for a bad handle. */
+/* Lock held: the calling thread's per-thread default stream in context c,
+ * made on first use and listed with all streams (it is a blocking stream:
+ * the legacy stream waits for it and it for the legacy stream). */
+static fstream *per_thread_stream(fctx *c)
+{
+    if (!c)
+        return NULL;
+    for (int i = 0; i < tls_nptds; i++)
+        if (tls_ptds[i].ctx == c && !tls_ptds[i].s->dead)
+            return tls_ptds[i].s;
+    fstream *s = calloc(1, sizeof *s);
+    *s = (fstream){.magic = STREAM_MAGIC, .ctx = c, .per_thread = true, .next = G.streams};
+    G.streams = s;
+    int slot = tls_nptds < (int)(sizeof tls_ptds / sizeof tls_ptds[0]) ? tls_nptds++ : 0;
+    tls_ptds[slot].ctx = c;
+    tls_ptds[slot].s = s;
+    return s;
+}
+
+/* Lock held: the stream a handle names, or NULL for a bad handle. Handles
+ * of destroyed streams, or of streams whose context went away, are bad, and
+ * counted: the real driver may crash on them. */
 static fstream *stream_of(CUstream h)
 {
     if (h == NULL || h == CU_STREAM_LEGACY) {
         fctx *c = current_ctx();
-        return c ? &c->legacy : NULL;
+        return c && c->alive ? &c->legacy : NULL;
     }
-    if (h == CU_STREAM_PER_THREAD) {
-        if (!tls_ptds.magic)
-            tls_ptds = (fstream){.magic = STREAM_MAGIC, .ctx = current_ctx(), .per_thread = true};
-        return &tls_ptds;
-    }
+    if (h == CU_STREAM_PER_THREAD)
+        return per_thread_stream(current_ctx());
     fstream *s = (fstream *)h;
-    return s->magic == STREAM_MAGIC ? s : NULL;
+    if (s->magic != STREAM_MAGIC)
+        return NULL;
+    if (s->destroyed || s->dead) {
+        G.st.stale_handle_uses++;
+        return NULL;
+    }
+    return s;
+}
+
+/* Lock held: for test control, which may still complete a destroyed
+ * stream's work. */
+static fstream *ctl_stream_of(CUstream h)
+{
+    if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD)
+        return stream_of(h);
+    fstream *s = (fstream *)h;
+    return s->magic == STREAM_MAGIC && !s->dead ? s : NULL;
+}
+
+/* Lock held: the event a handle names, or NULL (stale handles counted). */
+static fevent *event_of(CUevent h)
+{
+    fevent *e = (fevent *)h;
+    if (!e || e->magic != EVENT_MAGIC)
+        return NULL;
+    if (e->dead) {
+        G.st.stale_handle_uses++;
+        return NULL;
+    }
+    return e;
 }
 
 static bool blocking(const fstream *s)
 {
     return !s->legacy && !(s->flags & CU_STREAM_NON_BLOCKING);
+}
+
+static bool live_capture(const fstream *s)
+{
+    return s->capturing && !s->dead && !s->destroyed;
+}
+
+/* Lock held: does a blocking stream of c capture? */
+static bool blocking_capture_in(const fctx *c)
+{
+    for (fstream *o = G.streams; o; o = o->next)
+        if (o->ctx == c && blocking(o) && live_capture(o))
+            return true;
+    return false;
 }
 
 /* Lock held. Work on the legacy stream joins every blocking stream: if one
@@ -202,11 +327,38 @@ static CUresult legacy_use(fstream *s)
     G.st.legacy_stream_ops++;
     CUresult r = CUDA_SUCCESS;
     for (fstream *o = G.streams; o; o = o->next)
-        if (o->ctx == s->ctx && blocking(o) && o->capturing) {
+        if (o->ctx == s->ctx && blocking(o) && live_capture(o)) {
             o->invalidated = true;
             G.st.capture_invalidations++;
             r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
         }
+    return r;
+}
+
+/* Lock held: may the calling thread make a "potentially unsafe" call now
+ * (cuThreadExchangeStreamCaptureMode's rules)? If not, the captures it
+ * conflicts with are invalidated and the call is refused. */
+static CUresult unsafe_call(void)
+{
+    if (tls_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_SUCCESS;
+    unsigned me = this_thread();
+    CUresult r = CUDA_SUCCESS;
+    for (fstream *o = G.streams; o; o = o->next) {
+        if (!live_capture(o))
+            continue;
+        bool mine = o->capture_thread == me;
+        bool conflict = mine ? o->capture_mode != CU_STREAM_CAPTURE_MODE_RELAXED
+                             : o->capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+                                   tls_capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+        if (conflict) {
+            if (!o->invalidated)
+                G.st.capture_invalidations++;
+            o->invalidated = true;
+            G.st.unsafe_calls_refused++;
+            r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        }
+    }
     return r;
 }
 
@@ -287,10 +439,8 @@ static void complete_everything_and_unlock(fctx *only)
         if (!only || only == G.created[i])
             gather(&G.created[i]->legacy, UINT64_MAX, &all, &nall);
     for (fstream *s = G.streams; s; s = s->next)
-        if (!only || s->ctx == only)
+        if ((!only || s->ctx == only) && !s->dead)
             gather(s, UINT64_MAX, &all, &nall);
-    if (tls_ptds.magic)
-        gather(&tls_ptds, UINT64_MAX, &all, &nall);
     pthread_mutex_unlock(&G.lock);
     run_work(all, nall);
 }
@@ -316,16 +466,37 @@ static allocation *find_alloc(uint64_t addr, bool interior)
     return NULL;
 }
 
-static CUresult do_alloc(CUdeviceptr *dptr, size_t size, bool graph)
+/* Lock held: device memory nobody can allocate: other processes' and the
+ * live contexts' own. */
+static uint64_t unavailable(int dev)
+{
+    uint64_t n = G.other_used[dev];
+    for (int d = 0; d < G.ndev; d++)
+        if (d == dev && G.primary[d].alive)
+            n += G.ctx_overhead;
+    for (size_t i = 0; i < G.ncreated; i++)
+        if (G.created[i]->alive && G.created[i]->dev == dev)
+            n += G.ctx_overhead;
+    return n;
+}
+
+/* Lock held: bytes still free on a device. */
+static uint64_t device_free(int dev)
+{
+    uint64_t used = G.st.bytes_in_use[dev] + unavailable(dev);
+    return used < G.mem[dev] ? G.mem[dev] - used : 0;
+}
+
+/* Lock held: an allocation in context c (the current one, or a stream's). */
+static CUresult do_alloc(fctx *c, CUdeviceptr *dptr, size_t size, bool graph)
 {
     if (!dptr || (size == 0 && !G.zero_alloc))
         return CUDA_ERROR_INVALID_VALUE;
-    fctx *c = current_ctx();
-    if (!c)
+    if (!c || !c->alive)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (!graph && G.fail_alloc_countdown && --G.fail_alloc_countdown == 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    if (size > G.mem[c->dev] || G.st.bytes_in_use[c->dev] > G.mem[c->dev] - size)
+    if (size > device_free(c->dev))
         return CUDA_ERROR_OUT_OF_MEMORY;
     void *p = mmap(NULL, size ? size : 1, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -335,7 +506,8 @@ static CUresult do_alloc(CUdeviceptr *dptr, size_t size, bool graph)
         G.capallocs = G.capallocs ? G.capallocs * 2 : 64;
         G.allocs = realloc(G.allocs, G.capallocs * sizeof *G.allocs);
     }
-    G.allocs[G.nallocs++] = (allocation){(uint64_t)(uintptr_t)p, size, c->dev, c, graph};
+    G.allocs[G.nallocs++] =
+        (allocation){(uint64_t)(uintptr_t)p, size, c->dev, c, graph, ++G.next_buffer_id};
     G.st.bytes_in_use[c->dev] += size;
     *dptr = (CUdeviceptr)(uintptr_t)p;
     return CUDA_SUCCESS;
@@ -437,6 +609,27 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     LEAVE(CUDA_SUCCESS);
 }
 
+/* Lock held: a context goes away with its streams (their queued work never
+ * runs), its events and its memory. */
+static void destroy_ctx_memory(fctx *c);
+static void kill_ctx(fctx *c)
+{
+    for (fstream *s = G.streams; s; s = s->next)
+        if (s->ctx == c) {
+            s->dead = true;
+            s->capturing = false;
+            s->nqueue = 0;
+            s->completed = s->submitted;
+        }
+    c->legacy.nqueue = 0;
+    c->legacy.completed = c->legacy.submitted;
+    for (fevent *e = G.events; e; e = e->next)
+        if (e->ctx == c)
+            e->dead = true;
+    destroy_ctx_memory(c);
+    c->alive = false;
+}
+
 /* Lock held: drops every allocation of a context, as CUDA does when it goes. */
 static void destroy_ctx_memory(fctx *c)
 {
@@ -456,10 +649,8 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     ENTER();
     if (dev < 0 || dev >= G.ndev || G.primary[dev].refcount == 0)
         LEAVE(CUDA_ERROR_INVALID_CONTEXT);
-    if (--G.primary[dev].refcount == 0) {
-        G.primary[dev].alive = false;
-        destroy_ctx_memory(&G.primary[dev]);
-    }
+    if (--G.primary[dev].refcount == 0)
+        kill_ctx(&G.primary[dev]);
     LEAVE(CUDA_SUCCESS);
 }
 
@@ -468,8 +659,7 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     ENTER();
     if (dev < 0 || dev >= G.ndev)
         LEAVE(CUDA_ERROR_INVALID_DEVICE);
-    destroy_ctx_memory(&G.primary[dev]);
-    G.primary[dev].alive = false;
+    kill_ctx(&G.primary[dev]);
     G.primary[dev].refcount = 0;
     LEAVE(CUDA_SUCCESS);
 }
@@ -493,11 +683,19 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsig
     ENTER();
     if (!pctx || dev < 0 || dev >= G.ndev)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
-    fctx *c = calloc(1, sizeof *c);
+    /* A destroyed context's slot (and so its handle value) is reused, as
+     * the real driver may. */
+    fctx *c = NULL;
+    for (size_t i = 0; i < G.ncreated && !c; i++)
+        if (!G.created[i]->alive)
+            c = G.created[i];
+    if (!c) {
+        c = calloc(1, sizeof *c);
+        if (G.ncreated < 64)
+            G.created[G.ncreated++] = c;
+    }
     *c = (fctx){.magic = CTX_MAGIC, .dev = dev, .alive = true, .refcount = 1};
     c->legacy = (fstream){.magic = STREAM_MAGIC, .ctx = c, .legacy = true};
-    if (G.ncreated < 64)
-        G.created[G.ncreated++] = c;
     if (tls_ctx_depth < 16)
         tls_ctx_stack[tls_ctx_depth++] = c;
     *pctx = (CUcontext)c;
@@ -508,10 +706,9 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     ENTER();
     fctx *c = (fctx *)ctx;
-    if (!c || c->magic != CTX_MAGIC || c->primary)
+    if (!c || c->magic != CTX_MAGIC || c->primary || !c->alive)
         LEAVE(CUDA_ERROR_INVALID_CONTEXT);
-    destroy_ctx_memory(c);
-    c->alive = false;
+    kill_ctx(c);
     for (int i = 0; i < tls_ctx_depth; i++)
         if (tls_ctx_stack[i] == c)
             tls_ctx_stack[i] = NULL;
@@ -581,14 +778,19 @@ EXPORT CUresult cuCtxSynchronize(void)
     if (!c)
         LEAVE(CUDA_ERROR_INVALID_CONTEXT);
     G.st.ctx_synchronize_calls++;
-    /* Synchronising a context while a global-mode capture is under way is
-     * a prohibited, potentially unsafe call: CUDA invalidates the capture. */
+    /* Synchronising a context while one of its streams captures cannot
+     * mean anything ("invalid to ... synchronize a broader handle which
+     * encompasses an active stream capture"), whatever the modes. */
+    CUresult r = unsafe_call();
     for (fstream *o = G.streams; o; o = o->next)
-        if (o->ctx == c && o->capturing && o->capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL) {
+        if (o->ctx == c && live_capture(o)) {
+            if (!o->invalidated)
+                G.st.capture_invalidations++;
             o->invalidated = true;
-            G.st.capture_invalidations++;
-            LEAVE(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+            r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
         }
+    if (r != CUDA_SUCCESS)
+        LEAVE(r);
     complete_everything_and_unlock(c);
     return CUDA_SUCCESS;
 }
@@ -601,7 +803,7 @@ static CUresult create_stream(CUstream *ph, unsigned flags)
     fctx *c = current_ctx();
     if (!ph)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
-    if (!c)
+    if (!c || !c->alive)
         LEAVE(CUDA_ERROR_INVALID_CONTEXT);
     fstream *s = calloc(1, sizeof *s);
     *s = (fstream){.magic = STREAM_MAGIC, .ctx = c, .flags = flags, .next = G.streams};
@@ -627,17 +829,11 @@ EXPORT CUresult cuStreamDestroy_v2(CUstream h)
     fstream *s = stream_of(h);
     if (!s || s->legacy || s->per_thread)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
-    /* Pending work still completes (and may be completed by tests): the
-     * struct is unlinked but kept, as CUDA keeps resources until work ends. */
-    for (fstream **pp = &G.streams; *pp; pp = &(*pp)->next)
-        if (*pp == s) {
-            *pp = s->next;
-            break;
-        }
-    s->next = NULL;
-    complete_and_unlock(s); /* a destroyed stream's work runs to the end */
-    s->magic = 0;
-    return CUDA_SUCCESS;
+    /* Returns at once: the queued work goes on and completes when the test
+     * (or anything that waits for it) completes it, as on a GPU. */
+    s->destroyed = true;
+    s->capturing = false;
+    LEAVE(CUDA_SUCCESS);
 }
 
 EXPORT CUresult cuStreamGetFlags(CUstream h, unsigned int *flags)
@@ -668,6 +864,9 @@ static CUresult stream_sync(CUstream h)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
     if (s->capturing)
         LEAVE(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    CUresult r = unsafe_call();
+    if (r != CUDA_SUCCESS)
+        LEAVE(r);
     G.st.stream_synchronize_calls++;
     complete_and_unlock(s);
     return CUDA_SUCCESS;
@@ -685,6 +884,9 @@ EXPORT CUresult cuStreamQuery(CUstream h)
     fstream *s = stream_of(h);
     if (!s)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    CUresult r = unsafe_call();
+    if (r != CUDA_SUCCESS)
+        LEAVE(r);
     LEAVE(s->completed == s->submitted ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY);
 }
 
@@ -694,6 +896,11 @@ static CUresult is_capturing(CUstream h, CUstreamCaptureStatus *status)
     fstream *s = stream_of(h);
     if (!s || !status)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
+    /* "if this is called on CU_STREAM_LEGACY while a blocking stream in
+     * the same context is capturing, it will return
+     * CUDA_ERROR_STREAM_CAPTURE_IMPLICIT" (not invalidating it) */
+    if (s->legacy && blocking_capture_in(s->ctx))
+        LEAVE(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
     *status = !s->capturing  ? CU_STREAM_CAPTURE_STATUS_NONE
               : s->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
                                : CU_STREAM_CAPTURE_STATUS_ACTIVE;
@@ -720,6 +927,7 @@ static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode)
     s->capturing = true;
     s->invalidated = false;
     s->capture_mode = mode;
+    s->capture_thread = this_thread();
     LEAVE(CUDA_SUCCESS);
 }
 
@@ -738,6 +946,10 @@ static CUresult end_capture(CUstream h, CUgraph *graph)
     fstream *s = stream_of(h);
     if (!s || !s->capturing)
         LEAVE(CUDA_ERROR_ILLEGAL_STATE);
+    /* "If mode is not CU_STREAM_CAPTURE_MODE_RELAXED, cuStreamEndCapture
+     * must be called on this stream from the same thread." */
+    if (s->capture_mode != CU_STREAM_CAPTURE_MODE_RELAXED && s->capture_thread != this_thread())
+        LEAVE(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
     s->capturing = false;
     if (graph)
         *graph = (CUgraph)(uintptr_t)0x6a0;
@@ -748,6 +960,16 @@ EXPORT CUresult cuStreamEndCapture(CUstream h, CUgraph *g) { return end_capture(
 EXPORT CUresult cuStreamEndCapture_ptsz(CUstream h, CUgraph *g)
 {
     return end_capture(h ? h : CU_STREAM_PER_THREAD, g);
+}
+
+EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
+{
+    if (!mode || *mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUstreamCaptureMode old = tls_capture_mode;
+    tls_capture_mode = *mode;
+    *mode = old;
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent ev, unsigned int flags)
@@ -763,30 +985,42 @@ EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent ev, unsigned int flags)
 EXPORT CUresult cuEventCreate(CUevent *ph, unsigned int flags)
 {
     (void)flags;
+    ENTER();
+    fctx *c = current_ctx();
     if (!ph)
-        return CUDA_ERROR_INVALID_VALUE;
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    if (!c || !c->alive)
+        LEAVE(CUDA_ERROR_INVALID_CONTEXT);
     fevent *e = calloc(1, sizeof *e);
     e->magic = EVENT_MAGIC;
+    e->ctx = c;
+    e->next = G.events;
+    G.events = e;
     *ph = (CUevent)e;
-    return CUDA_SUCCESS;
+    LEAVE(CUDA_SUCCESS);
 }
 
 EXPORT CUresult cuEventDestroy_v2(CUevent h)
 {
-    fevent *e = (fevent *)h;
-    if (!e || e->magic != EVENT_MAGIC)
-        return CUDA_ERROR_INVALID_HANDLE;
-    e->magic = 0;
-    free(e);
-    return CUDA_SUCCESS;
+    ENTER();
+    fevent *e = event_of(h);
+    if (!e)
+        LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    /* Kept in the list (other events' records never point at it), only
+     * marked: a later use is a stale handle. */
+    e->dead = true;
+    LEAVE(CUDA_SUCCESS);
 }
 
 static CUresult event_record(CUevent h, CUstream sh)
 {
     ENTER();
-    fevent *e = (fevent *)h;
+    fevent *e = event_of(h);
     fstream *s = stream_of(sh);
-    if (!e || e->magic != EVENT_MAGIC || !s)
+    if (!e || !s)
+        LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    /* "hEvent and hStream must be from the same CUDA context" */
+    if (e->ctx != s->ctx)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
     CUresult r = legacy_use(s);
     if (r != CUDA_SUCCESS)
@@ -801,7 +1035,7 @@ static CUresult event_record(CUevent h, CUstream sh)
     /* An event on the legacy stream also waits for every blocking stream. */
     if (s->legacy)
         for (fstream *o = G.streams; o && e->ndeps < MAX_DEPS; o = o->next)
-            if (o->ctx == s->ctx && blocking(o))
+            if (o->ctx == s->ctx && blocking(o) && !o->dead)
                 e->deps[e->ndeps++] = (dep){o, o->submitted};
     maybe_autocomplete_and_unlock(s);
     return CUDA_SUCCESS;
@@ -825,20 +1059,29 @@ static bool event_done(const fevent *e)
 EXPORT CUresult cuEventQuery(CUevent h)
 {
     ENTER();
-    fevent *e = (fevent *)h;
-    if (!e || e->magic != EVENT_MAGIC)
+    fevent *e = event_of(h);
+    if (!e)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
     if (e->captured)
-        LEAVE(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        LEAVE(CUDA_ERROR_CAPTURED_EVENT);
+    CUresult r = unsafe_call();
+    if (r != CUDA_SUCCESS)
+        LEAVE(r);
+    G.st.event_queries++;
     LEAVE(!e->recorded || event_done(e) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY);
 }
 
 EXPORT CUresult cuEventSynchronize(CUevent h)
 {
     ENTER();
-    fevent *e = (fevent *)h;
-    if (!e || e->magic != EVENT_MAGIC)
+    fevent *e = event_of(h);
+    if (!e)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    if (e->captured)
+        LEAVE(CUDA_ERROR_CAPTURED_EVENT);
+    CUresult r = unsafe_call();
+    if (r != CUDA_SUCCESS)
+        LEAVE(r);
     G.st.event_synchronize_calls++;
     /* The host waits: the GPU catches up to everything the event needs. */
     work_item *all = NULL;
@@ -870,13 +1113,19 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
 {
     ENTER();
     G.st.mem_alloc_calls++;
-    LEAVE(do_alloc(dptr, size, false));
+    CUresult r = unsafe_call();
+    if (r != CUDA_SUCCESS)
+        LEAVE(r);
+    LEAVE(do_alloc(current_ctx(), dptr, size, false));
 }
 
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     ENTER();
     G.st.mem_free_calls++;
+    CUresult r = unsafe_call();
+    if (r != CUDA_SUCCESS)
+        LEAVE(r);
     /* cudaFree(NULL) is a no-op in the runtime; the driver refuses 0. */
     LEAVE(dptr ? do_free(dptr) : CUDA_ERROR_INVALID_VALUE);
 }
@@ -889,7 +1138,9 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t widt
     size_t p = (width + 511) & ~(size_t)511;
     ENTER();
     G.st.mem_alloc_calls++;
-    CUresult r = do_alloc(dptr, p * height, false);
+    CUresult r = unsafe_call();
+    if (r == CUDA_SUCCESS)
+        r = do_alloc(current_ctx(), dptr, p * height, false);
     if (r == CUDA_SUCCESS)
         *pitch = p;
     LEAVE(r);
@@ -904,7 +1155,9 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUstream h)
     G.st.mem_alloc_async_calls++;
     if (s->capturing)
         G.st.graph_allocs++;
-    LEAVE(do_alloc(dptr, size, s->capturing));
+    /* From the stream's device (its current memory pool), whatever the
+     * calling thread's current context. */
+    LEAVE(do_alloc(s->ctx, dptr, size, s->capturing));
 }
 
 static CUresult free_async(CUdeviceptr dptr, CUstream h)
@@ -947,7 +1200,7 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
     if (!c)
         LEAVE(CUDA_ERROR_INVALID_CONTEXT);
     *total = G.mem[c->dev];
-    *free_bytes = G.mem[c->dev] - G.st.bytes_in_use[c->dev];
+    *free_bytes = device_free(c->dev);
     LEAVE(CUDA_SUCCESS);
 }
 
@@ -964,22 +1217,48 @@ EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdevic
     LEAVE(CUDA_SUCCESS);
 }
 
+/* Lock held: one attribute of the allocation a (NULL: not a CUDA pointer,
+ * which gets the "default NULL values" cuPointerGetAttributes documents). */
+static CUresult pointer_attribute(const allocation *a, CUdeviceptr ptr, CUpointer_attribute attr,
+                                  void *data)
+{
+    switch (attr) {
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *(unsigned *)data = a ? CU_MEMORYTYPE_DEVICE : 0; break;
+    case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = a ? (CUcontext)a->ctx : NULL; break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *(CUdeviceptr *)data = a ? ptr : 0; break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = a ? a->dev : -1; break;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+        *(unsigned long long *)data = a ? a->buffer_id : 0;
+        break;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(int *)data = 0; break;
+    case CU_POINTER_ATTRIBUTE_MAPPED: *(int *)data = a != NULL; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = a ? a->base : 0; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = a ? a->size : 0; break;
+    default: return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr ptr)
 {
     ENTER();
     allocation *a = find_alloc(ptr, true);
-    if (!data)
+    /* "If ptr is not a valid CUDA pointer then CUDA_ERROR_INVALID_VALUE" */
+    if (!data || !a)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
-    if (!a)
+    LEAVE(pointer_attribute(a, ptr, attr, data));
+}
+
+EXPORT CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attrs, void **data,
+                                       CUdeviceptr ptr)
+{
+    ENTER();
+    if (!attrs || !data)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
-    switch (attr) {
-    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *(unsigned *)data = CU_MEMORYTYPE_DEVICE; break;
-    case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = (CUcontext)a->ctx; break;
-    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = a->dev; break;
-    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = a->base; break;
-    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = a->size; break;
-    default: LEAVE(CUDA_ERROR_NOT_SUPPORTED);
-    }
+    allocation *a = find_alloc(ptr, true);
+    for (unsigned i = 0; i < n; i++)
+        if (data[i] && pointer_attribute(a, ptr, attrs[i], data[i]) != CUDA_SUCCESS)
+            LEAVE(CUDA_ERROR_INVALID_VALUE);
     LEAVE(CUDA_SUCCESS);
 }
 
@@ -1114,6 +1393,8 @@ static const proc procs[] = {
     P("cuMemGetInfo", 3020, cuMemGetInfo_v2),
     P("cuMemGetAddressRange", 3020, cuMemGetAddressRange_v2),
     P("cuPointerGetAttribute", 4000, cuPointerGetAttribute),
+    P("cuPointerGetAttributes", 7000, cuPointerGetAttributes),
+    P("cuThreadExchangeStreamCaptureMode", 10010, cuThreadExchangeStreamCaptureMode),
     P("cuIpcGetMemHandle", 4010, cuIpcGetMemHandle),
     P("cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2),
     P("cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2),
@@ -1182,7 +1463,7 @@ static int ctl_launch(void *stream, fakecuda_work fn, void *arg)
 static void ctl_complete(void *stream)
 {
     ENTER();
-    complete_and_unlock(stream_of((CUstream)stream));
+    complete_and_unlock(ctl_stream_of((CUstream)stream));
 }
 
 static void ctl_complete_all(void)
@@ -1194,7 +1475,7 @@ static void ctl_complete_all(void)
 static uint64_t ctl_pending(void *stream)
 {
     ENTER();
-    fstream *s = stream_of((CUstream)stream);
+    fstream *s = ctl_stream_of((CUstream)stream);
     LEAVE(s ? s->submitted - s->completed : 0);
 }
 
