@@ -243,7 +243,9 @@ SHIM_EXPORT CUresult cuStreamCreateWithPriority(CUstream *s, unsigned flags, int
 
 SHIM_EXPORT CUresult cuStreamDestroy_v2(CUstream s)
 {
-    /* Seal the stream's lanes while it still exists. */
+    /* While the stream still exists: a stand-in for its queued work (which
+     * runs on after the destroy returns), and its lanes sealed. */
+    capture_stand_in(s, false);
     pools_stream_destroyed(s);
     streams_remove(s);
     return PASS(StreamDestroy, s);
@@ -251,24 +253,33 @@ SHIM_EXPORT CUresult cuStreamDestroy_v2(CUstream s)
 
 SHIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
-    pools_forget_context(ctx);
+    pools_context_gone(ctx);
     return PASS(CtxDestroy, ctx);
 }
 
 SHIM_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
-    pools_forget_primary(dev);
+    pools_primary_gone(dev);
     return PASS(DevicePrimaryCtxReset, dev);
 }
 
 SHIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
-    CUresult r = PASS(DevicePrimaryCtxRelease, dev);
+    /* The last release destroys the primary context: learn its handle while
+     * it is still alive, in case this is the last. */
+    CUcontext ctx = NULL;
+    const real_driver *R = real_driver_get();
     unsigned flags = 0;
-    int active = 1;
-    /* The last release destroys the primary context, and its memory. */
-    if (r == CUDA_SUCCESS && REAL(DevicePrimaryCtxGetState) &&
-        REAL(DevicePrimaryCtxGetState)(dev, &flags, &active) == CUDA_SUCCESS && !active)
-        pools_forget_primary(dev);
+    int active = 0;
+    if (R && R->DevicePrimaryCtxGetState &&
+        R->DevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && active &&
+        R->DevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS)
+        R->DevicePrimaryCtxRelease(dev);
+    CUresult r = PASS(DevicePrimaryCtxRelease, dev);
+    if (r == CUDA_SUCCESS && R && ctx &&
+        R->DevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active) {
+        pools_primary_gone(dev); /* the pool (the context is no longer active) */
+        pools_context_gone(ctx); /* and the streams under its handle */
+    }
     return r;
 }

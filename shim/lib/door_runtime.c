@@ -333,8 +333,12 @@ SHIM_EXPORT cudaError_t cudaStreamCreateWithPriority(cudaStream_t *s, unsigned f
 SHIM_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t s)
 {
     REAL_RT(stream_destroy_fn, f, "cudaStreamDestroy");
-    pools_stream_destroyed((CUstream)s);
-    streams_remove((CUstream)s);
+    /* With the driver door hooked, cudart's cuStreamDestroy does this. */
+    if (!shim_driver_hooked()) {
+        capture_stand_in((CUstream)s, false);
+        pools_stream_destroyed((CUstream)s);
+        streams_remove((CUstream)s);
+    }
     return f ? f(s) : NO_RUNTIME;
 }
 
@@ -344,6 +348,6 @@ SHIM_EXPORT cudaError_t cudaDeviceReset(void)
     REAL_RT(get_device_fn, get_device, "cudaGetDevice");
     int dev = 0;
     if (get_device && get_device(&dev) == cudaSuccess)
-        pools_forget_primary((CUdevice)dev);
+        pools_primary_gone((CUdevice)dev);
     return f ? f() : NO_RUNTIME;
 }

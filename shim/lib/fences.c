@@ -8,29 +8,61 @@
  *   the plain lane   (cudaFree/cuMemFree: work on any stream may still use the
  *                    block) one event on the legacy stream, which waits for
  *                    every blocking stream and every per-thread stream, plus
- *                    one on each known non-blocking stream.
+ *                    one on each known non-blocking stream, plus every
+ *                    stand-in event that has not completed (below).
  * No device-wide synchronisation, and nothing that would break a capture
  * under way in another thread: a capturing stream gets no event (its work
  * has not run and will run only as a graph), and the legacy stream is left
  * alone while any blocking stream captures (legacy work would join the
- * capture and invalidate it); then each known non-capturing stream gets its
- * own event instead. A lane's own stream capturing means its seal is refused
- * and the epoch stays open until a later allocation.
+ * capture and invalidate it; the driver tells us by answering
+ * cuStreamIsCapturing(CU_STREAM_LEGACY) with CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+ * which also covers per-thread default streams); then each known
+ * non-capturing stream gets its own event instead. A lane's own stream
+ * capturing means its seal is refused and the epoch stays open until a later
+ * allocation.
+ *
+ * Stand-ins. Work queued on a stream before it is destroyed still runs
+ * (cuStreamDestroy returns at once), and work queued before a stream begins
+ * capturing still runs while no event can be recorded on it. Either way the
+ * stream drops out of the seals above while its old work may still read a
+ * block freed before or after. So just before a stream is destroyed or
+ * begins a capture, one event is recorded on it (and on the legacy stream
+ * when a blocking stream begins capturing): a stand-in. Every plain seal
+ * includes each stand-in that has not completed yet; a completed stand-in
+ * is dropped once no fence refers to it.
  *
  * Done: cuEventQuery on each event (cuEventSynchronize when the engine must
- * wait). All of this runs with the engine's lock held, which also guards the
- * fence queues and the recycled events.
+ * wait), made with the thread in relaxed capture mode while any capture is
+ * under way (capture.c): in the default global mode another thread's
+ * capture would refuse them and be invalidated. Only CUDA_SUCCESS means
+ * complete: an error (a refused query, a lost context) means "not known",
+ * and the blocks stay pending. All of this runs with the engine's lock held,
+ * which also guards the fence queues and the recycled events; the stand-ins
+ * have their own lock (taken inside the engine's, never the other way).
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "shim.h"
 
+/* A stand-in event, shared by the fences that include it. */
+typedef struct stand_in {
+    CUevent ev;
+    uint32_t refs; /* fences that include it */
+    bool done;     /* seen complete */
+} stand_in;
+
 typedef struct fence {
     uint64_t token;
-    uint32_t nevents;
+    uint32_t nevents;   /* recorded for this fence, recycled with it */
+    uint32_t nstandins; /* shared stand-ins, after the events */
     CUevent ev[];
 } fence;
+
+static stand_in **fence_stand_ins(fence *f)
+{
+    return (stand_in **)(f->ev + f->nevents);
+}
 
 struct fence_queue {
     fence **items; /* ring */
@@ -41,6 +73,56 @@ static bool capturing(const real_driver *R, CUstream s)
 {
     CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
     return R->StreamIsCapturing(s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+/* Does a blocking stream of the current context capture? The driver says so
+ * for every such stream, per-thread default streams of any thread included,
+ * when asked about the legacy stream. */
+static bool legacy_blocked(const real_driver *R)
+{
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    return R->StreamIsCapturing(CU_STREAM_LEGACY, &st) == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+}
+
+/* Is the fence event complete? Only a successful answer counts; waiting
+ * blocks the host until it is. */
+static bool event_done(const real_driver *R, CUevent e, bool wait)
+{
+    relaxed_scope rs = capture_relax(R);
+    CUresult r = wait ? R->EventSynchronize(e) : R->EventQuery(e);
+    capture_restore(R, rs);
+    if (r == CUDA_SUCCESS)
+        return true;
+    if (r != CUDA_ERROR_NOT_READY) {
+        static atomic_bool said;
+        shim_log_once(&said, LOG_DEBUG,
+                      "a fence event query returned %d: its blocks stay pending", (int)r);
+    }
+    return false;
+}
+
+/* ---- stand-ins ------------------------------------------------------------------ */
+
+/* Stand-in lock held: forgets completed stand-ins no fence refers to, and
+ * returns how many are still pending (each then goes into the next plain
+ * fence). */
+static size_t stand_ins_pending(shim_pool *sp, const real_driver *R)
+{
+    size_t pending = 0;
+    for (size_t i = 0; i < sp->nstand_ins;) {
+        stand_in *si = sp->stand_ins[i];
+        if (!si->done)
+            si->done = event_done(R, si->ev, false);
+        if (si->done && si->refs == 0) {
+            R->EventDestroy(si->ev);
+            free(si);
+            sp->stand_ins[i] = sp->stand_ins[--sp->nstand_ins];
+            continue;
+        }
+        pending += !si->done;
+        i++;
+    }
+    return pending;
 }
 
 static CUevent take_event(shim_pool *sp, const real_driver *R)
@@ -89,6 +171,42 @@ static bool queue_push(shim_pool *sp, uint32_t lane, fence *f)
     return true;
 }
 
+void fences_stand_in(shim_pool *sp, CUstream s)
+{
+    const real_driver *R = real_driver_get();
+    CUevent e = NULL;
+    if (!R || R->EventCreate(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+        return;
+    stand_in *si = calloc(1, sizeof *si);
+    if (!si || R->EventRecord(e, s) != CUDA_SUCCESS) {
+        free(si);
+        R->EventDestroy(e);
+        return;
+    }
+    si->ev = e;
+    pthread_mutex_lock(&sp->stand_in_lock);
+    /* Programs without plain frees never seal the plain lane: sweep here
+     * too, so completed stand-ins do not pile up. */
+    stand_ins_pending(sp, R);
+    if (sp->nstand_ins == sp->capstand_ins) {
+        size_t cap = sp->capstand_ins ? sp->capstand_ins * 2 : 8;
+        stand_in **t = realloc(sp->stand_ins, cap * sizeof *t);
+        if (!t) {
+            pthread_mutex_unlock(&sp->stand_in_lock);
+            /* Without room to remember it, wait for it now: correctness
+             * first (this only happens when host memory runs out). */
+            R->EventSynchronize(e);
+            R->EventDestroy(e);
+            free(si);
+            return;
+        }
+        sp->stand_ins = t;
+        sp->capstand_ins = cap;
+    }
+    sp->stand_ins[sp->nstand_ins++] = si;
+    pthread_mutex_unlock(&sp->stand_in_lock);
+}
+
 /* Writes into out (room for n + 1) the streams a seal of `lane` records
  * on, given the context's n known streams; returns how many, or -1 when it
  * cannot seal now (capture). Only the plain lane and the legacy stream's
@@ -103,7 +221,7 @@ static int fence_streams(shim_pool *sp, const real_driver *R, uint32_t lane,
         out[0] = own;
         return 1;
     }
-    bool blocking_capture = false;
+    bool blocking_capture = legacy_blocked(R);
     for (size_t i = 0; i < n && !blocking_capture; i++)
         blocking_capture = !known[i].non_blocking && capturing(R, known[i].stream);
     if (lane != sp->plain_lane) {
@@ -156,8 +274,17 @@ bool fences_seal(void *ctx, uint32_t lane, uint64_t token)
         return false;
     }
     uint32_t n = (uint32_t)found;
-    fence *f = malloc(sizeof *f + n * sizeof(CUevent));
+    /* The plain lane also waits for every stand-in still pending. */
+    bool plain = lane == sp->plain_lane;
+    if (plain)
+        pthread_mutex_lock(&sp->stand_in_lock);
+    size_t nsi = plain ? stand_ins_pending(sp, R) : 0;
+    fence *f = malloc(sizeof *f + n * sizeof(CUevent) + nsi * sizeof(stand_in *));
     bool ok = f != NULL;
+    if (ok) {
+        f->nevents = n;
+        f->nstandins = 0;
+    }
     uint32_t made = 0;
     for (; ok && made < n; made++) {
         CUevent e = take_event(sp, R);
@@ -172,10 +299,20 @@ bool fences_seal(void *ctx, uint32_t lane, uint64_t token)
     if (streams != few_out)
         free(streams);
     if (ok) {
+        stand_in **si = fence_stand_ins(f);
+        for (size_t i = 0; i < sp->nstand_ins && f->nstandins < nsi; i++)
+            if (!sp->stand_ins[i]->done) {
+                sp->stand_ins[i]->refs++;
+                si[f->nstandins++] = sp->stand_ins[i];
+            }
         f->token = token;
-        f->nevents = n;
         ok = queue_push(sp, lane, f);
+        if (!ok)
+            for (uint32_t i = 0; i < f->nstandins; i++)
+                si[i]->refs--;
     }
+    if (plain)
+        pthread_mutex_unlock(&sp->stand_in_lock);
     if (!ok) {
         for (uint32_t i = 0; f && i < made; i++)
             give_event(sp, R, f->ev[i]);
@@ -186,7 +323,8 @@ bool fences_seal(void *ctx, uint32_t lane, uint64_t token)
     return ok;
 }
 
-/* Removes the oldest fence of a queue, keeping its events for reuse. */
+/* Removes the oldest fence of a queue, keeping its events for reuse and
+ * letting go of its stand-ins. */
 static void drop_head(shim_pool *sp, const real_driver *R, fence_queue *q)
 {
     fence *f = q->items[q->head];
@@ -194,6 +332,13 @@ static void drop_head(shim_pool *sp, const real_driver *R, fence_queue *q)
     q->n--;
     for (uint32_t i = 0; i < f->nevents; i++)
         give_event(sp, R, f->ev[i]);
+    if (f->nstandins) {
+        pthread_mutex_lock(&sp->stand_in_lock);
+        stand_in **si = fence_stand_ins(f);
+        for (uint32_t i = 0; i < f->nstandins; i++)
+            si[i]->refs--;
+        pthread_mutex_unlock(&sp->stand_in_lock);
+    }
     free(f);
 }
 
@@ -209,14 +354,19 @@ bool fences_done(void *ctx, uint32_t lane, uint64_t token, bool wait)
     if (!q || !q->n || q->items[q->head]->token != token)
         return false;
     fence *f = q->items[q->head];
-    for (uint32_t i = 0; i < f->nevents; i++) {
-        CUresult r = wait ? R->EventSynchronize(f->ev[i]) : R->EventQuery(f->ev[i]);
-        if (r == CUDA_ERROR_NOT_READY)
+    for (uint32_t i = 0; i < f->nevents; i++)
+        if (!event_done(R, f->ev[i], wait))
             return false;
-        /* Any other error means the work can no longer be running (a lost
-         * context, a destroyed stream's event): nothing to wait for. */
-        if (r != CUDA_SUCCESS)
-            shim_log(LOG_DEBUG, "fence event query returned %d; treating as complete", (int)r);
+    if (f->nstandins) {
+        pthread_mutex_lock(&sp->stand_in_lock);
+        stand_in **si = fence_stand_ins(f);
+        bool all = true;
+        for (uint32_t i = 0; i < f->nstandins && all; i++)
+            if (!si[i]->done)
+                all = si[i]->done = event_done(R, si[i]->ev, wait);
+        pthread_mutex_unlock(&sp->stand_in_lock);
+        if (!all)
+            return false;
     }
     drop_head(sp, R, q);
     return true;

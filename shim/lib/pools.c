@@ -116,6 +116,7 @@ static shim_pool *create_pool(const real_driver *R, CUcontext ctx)
     sp->limit = limit;
     sp->primary = is_primary(R, ctx, dev);
     pthread_mutex_init(&sp->lanes_lock, NULL);
+    pthread_mutex_init(&sp->stand_in_lock, NULL);
     sp->lane_stream = calloc(LANE_SLOTS, sizeof *sp->lane_stream);
     sp->fences = calloc(LANE_SLOTS, sizeof *sp->fences);
 
@@ -241,8 +242,29 @@ static bool primary_of(const shim_pool *sp, const void *arg)
     return sp->primary && sp->dev == *(const CUdevice *)arg;
 }
 
-void pools_forget_context(CUcontext ctx) { forget_if(same_ctx, &ctx); }
-void pools_forget_primary(CUdevice dev) { forget_if(primary_of, &dev); }
+void pools_context_gone(CUcontext ctx)
+{
+    forget_if(same_ctx, &ctx);
+    streams_forget_context(ctx);
+}
+
+void pools_primary_gone(CUdevice dev)
+{
+    forget_if(primary_of, &dev);
+    /* Its streams are registered under its handle, which we learn by
+     * retaining it: only while it is active, or retaining would create it. */
+    const real_driver *R = real_driver_get();
+    unsigned flags = 0;
+    int active = 0;
+    CUcontext ctx = NULL;
+    if (R && R->DevicePrimaryCtxGetState && R->DevicePrimaryCtxRetain &&
+        R->DevicePrimaryCtxRelease &&
+        R->DevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && active &&
+        R->DevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS) {
+        R->DevicePrimaryCtxRelease(dev);
+        streams_forget_context(ctx);
+    }
+}
 
 /* ---- lanes --------------------------------------------------------------------- */
 

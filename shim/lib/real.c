@@ -70,6 +70,15 @@ static void load_driver(void)
     LOOK(StreamGetCtx, "cuStreamGetCtx");
     LOOK(StreamGetFlags, "cuStreamGetFlags");
     LOOK(StreamIsCapturing, "cuStreamIsCapturing");
+    LOOK(StreamBeginCapture[0], "cuStreamBeginCapture_v2");
+    LOOK(StreamBeginCapture[1], "cuStreamBeginCapture_v2_ptsz");
+    LOOK(StreamBeginCaptureToGraph[0], "cuStreamBeginCaptureToGraph");
+    LOOK(StreamBeginCaptureToGraph[1], "cuStreamBeginCaptureToGraph_ptsz");
+    LOOK(StreamEndCapture[0], "cuStreamEndCapture");
+    LOOK(StreamEndCapture[1], "cuStreamEndCapture_ptsz");
+    LOOK(ThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode");
+    LOOK(PointerGetAttribute, "cuPointerGetAttribute");
+    LOOK(PointerGetAttributes, "cuPointerGetAttributes");
     LOOK(EventCreate, "cuEventCreate");
     LOOK(EventDestroy, "cuEventDestroy_v2");
     LOOK(EventRecord, "cuEventRecord");

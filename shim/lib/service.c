@@ -40,9 +40,16 @@ bool shim_driver_door(void)
     return shim_active() && shim_config_get()->driver_hooks;
 }
 
+/* Lookups (dlsym, cuGetProcAddress) ignore the calling thread's bypass: it
+ * routes *calls* the shim makes itself, while a table filled during such a
+ * call (cudart initialising inside the shim's first cudaFree(NULL)) is kept
+ * for the whole run. The doors check the bypass when they are called. */
 bool shim_driver_hooked(void)
 {
-    return shim_present() && shim_config_get()->driver_hooks && real_driver_get() != NULL;
+    if (atomic_load_explicit(&shim_forked_child, memory_order_relaxed))
+        return false;
+    shim_init();
+    return shim_config_get()->driver_hooks && real_driver_get() != NULL;
 }
 
 shim_pool *svc_current_pool(void)

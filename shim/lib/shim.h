@@ -36,6 +36,14 @@ CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStre
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream);
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                       CUstream hStream);
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode);
+CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
+                                          const CUgraphNode *dependencies,
+                                          const CUgraphEdgeData *dependencyData,
+                                          size_t numDependencies, CUstreamCaptureMode mode);
+CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph);
+cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream, enum cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t *pGraph);
 cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream);
 cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream);
 cudaError_t cudaMallocFromPoolAsync_ptsz(void **ptr, size_t size, cudaMemPool_t memPool,
@@ -120,6 +128,14 @@ typedef struct real_driver {
     CUresult (*StreamGetCtx)(CUstream, CUcontext *);
     CUresult (*StreamGetFlags)(CUstream, unsigned *);
     CUresult (*StreamIsCapturing)(CUstream, CUstreamCaptureStatus *);
+    CUresult (*StreamBeginCapture[2])(CUstream, CUstreamCaptureMode);
+    CUresult (*StreamBeginCaptureToGraph[2])(CUstream, CUgraph, const CUgraphNode *,
+                                             const CUgraphEdgeData *, size_t,
+                                             CUstreamCaptureMode);
+    CUresult (*StreamEndCapture[2])(CUstream, CUgraph *);
+    CUresult (*ThreadExchangeStreamCaptureMode)(CUstreamCaptureMode *);
+    CUresult (*PointerGetAttribute)(void *, CUpointer_attribute, CUdeviceptr);
+    CUresult (*PointerGetAttributes)(unsigned, CUpointer_attribute *, void **, CUdeviceptr);
     CUresult (*EventCreate)(CUevent *, unsigned);
     CUresult (*EventDestroy)(CUevent);
     CUresult (*EventRecord)(CUevent, CUstream);
@@ -165,6 +181,11 @@ typedef struct shim_pool {
     /* recycled events, touched only under the engine's lock */
     CUevent *spare_events;
     size_t nspare, capspare;
+    /* stand-in events (fences.c): for streams that stopped taking events
+     * (destroyed, capturing) while their old work may still run */
+    pthread_mutex_t stand_in_lock;
+    struct stand_in **stand_ins;
+    size_t nstand_ins, capstand_ins;
     /* passthrough counters */
     atomic_uint_fast64_t passthrough_allocs;
     /* BFCSHIM_TRACE: this pool's channel, fed by the engine under its lock */
@@ -176,9 +197,11 @@ typedef struct shim_pool {
 shim_pool *pool_for_context(CUcontext ctx, bool create);
 /* The pool whose regions contain addr, or NULL. */
 shim_pool *pool_owning(CUdeviceptr addr);
-/* A context went away: forget its pool (its memory went with it). */
-void pools_forget_context(CUcontext ctx);
-void pools_forget_primary(CUdevice dev);
+/* A context is about to go away (destroy, reset, last primary release):
+ * forget its pool (its memory goes with it) and its streams. */
+void pools_context_gone(CUcontext ctx);
+/* The same for the device's primary context, if it is active. */
+void pools_primary_gone(CUdevice dev);
 /* Number of live pools, and the i-th (for stats and fork handlers). */
 size_t pools_count(void);
 shim_pool *pools_at(size_t i);
@@ -199,10 +222,29 @@ void pools_stream_destroyed(CUstream stream);
 /* Engine callbacks (fences.c). */
 bool fences_seal(void *ctx, uint32_t lane, uint64_t token);
 bool fences_done(void *ctx, uint32_t lane, uint64_t token, bool wait);
+/* Records a stand-in event on s (of sp's context, which is current): every
+ * plain-free fence waits for it until it completes. */
+void fences_stand_in(shim_pool *sp, CUstream s);
+
+/* ---- graph capture (capture.c) ----------------------------------------------- */
+
+/* The calling thread's capture mode, made relaxed while any capture is under
+ * way, around the shim's own potentially unsafe driver calls. */
+typedef struct relaxed_scope {
+    bool changed;
+    CUstreamCaptureMode old;
+} relaxed_scope;
+relaxed_scope capture_relax(const real_driver *R);
+void capture_restore(const real_driver *R, relaxed_scope rs);
+/* A stream stops taking events (it is destroyed, or begins capturing):
+ * records its stand-in, and the legacy stream's when legacy_too. */
+void capture_stand_in(CUstream s, bool legacy_too);
 
 /* Streams we have seen created and not destroyed (streams.c). */
 void streams_add(CUstream s);
 void streams_remove(CUstream s);
+/* The context went away: its streams are dead handles now. */
+void streams_forget_context(CUcontext ctx);
 typedef struct known_stream {
     CUstream stream;
     bool non_blocking;

@@ -8,6 +8,12 @@
  * every non-blocking stream; this registry is how it knows them. Streams are
  * registered by the create and destroy calls of both doors, so it is
  * complete from the moment the library is loaded (preloading guarantees it).
+ *
+ * A context that goes away (destroyed, reset, last primary release) takes
+ * its streams with it: their handles are dead, and the real driver crashes
+ * on a dead stream handle (seen on an H100 after cudaDeviceReset). A new
+ * context may even get the old one's handle value, so the entries go the
+ * moment the context does (streams_forget_context).
  */
 #include <stdlib.h>
 
@@ -57,6 +63,17 @@ void streams_add(CUstream s)
         capall = cap;
     }
     all[nall++] = (entry){s, ctx, (flags & CU_STREAM_NON_BLOCKING) != 0};
+    pthread_mutex_unlock(&lock);
+}
+
+void streams_forget_context(CUcontext ctx)
+{
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < nall;)
+        if (all[i].ctx == ctx)
+            all[i] = all[--nall];
+        else
+            i++;
     pthread_mutex_unlock(&lock);
 }
 

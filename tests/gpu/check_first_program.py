@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """check_first_program.py PROGRAM LIBBFCSHIM - runs a user's first CUDA
-program under the shim and checks, from the stats file, that the pool served
-its allocation (whichever door it came through). Exits 77 (skip) when the
-program finds no GPU."""
+program alone and then under the shim, and checks, from the stats file, that
+the pool served its allocation (whichever door it came through). Exits 77
+(skip) when the program alone finds no GPU."""
 import json
 import os
 import subprocess
@@ -12,6 +12,13 @@ import tempfile
 
 def main():
     program, lib = sys.argv[1], sys.argv[2]
+    # Whether there is a GPU is the program's own answer, asked without the
+    # shim (a sanitizer build of the shim preloaded into an uninstrumented
+    # static-cudart program can fail before main, which is not a skip).
+    alone = subprocess.run([program], capture_output=True, text=True, timeout=120)
+    if alone.returncode == 77:
+        sys.stdout.write(alone.stdout)
+        return 77
     with tempfile.TemporaryDirectory() as tmp:
         stats = os.path.join(tmp, "stats.json")
         env = dict(os.environ, LD_PRELOAD=lib, BFCSHIM_STATS_FILE=stats)

@@ -1,0 +1,240 @@
+/*
+ * capture.c - CUDA graph capture, as the pools must see it.
+ *
+ * Two rules (docs/design.md, "Fences"):
+ *
+ *   Before a stream begins capturing, a stand-in event is recorded on it,
+ *   and on the legacy stream too when the stream is blocking (a per-thread
+ *   default stream is): while the capture lasts no event can be recorded on
+ *   the stream (the legacy stream is unusable), yet work queued before the
+ *   capture still runs and may still read blocks freed before or during it.
+ *   Plain-free fences wait for stand-ins (fences.c).
+ *
+ *   While any capture is under way, the shim makes its own "potentially
+ *   unsafe" calls (event queries and synchronisation, region allocation and
+ *   release) with the calling thread in CU_STREAM_CAPTURE_MODE_RELAXED. In
+ *   the default global mode, another thread's global-mode capture makes the
+ *   driver refuse them (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) and invalidate
+ *   that capture (cuThreadExchangeStreamCaptureMode's rules). The count of
+ *   captures under way comes from the begin/end calls below; when it is 0
+ *   the mode is left alone (two driver calls saved per query).
+ *
+ * Both doors have the calls: the driver's (reached by cudart through
+ * cuGetProcAddress, and by programs through dlsym) do the work; the
+ * runtime's do it only when the driver door is not hooked
+ * (BFCSHIM_DRIVER_HOOKS=0), else cudart's own driver call would do it twice.
+ */
+#include "shim.h"
+
+static atomic_int underway;
+
+relaxed_scope capture_relax(const real_driver *R)
+{
+    relaxed_scope rs = {false, CU_STREAM_CAPTURE_MODE_GLOBAL};
+    if (atomic_load_explicit(&underway, memory_order_relaxed) > 0 &&
+        R->ThreadExchangeStreamCaptureMode) {
+        rs.old = CU_STREAM_CAPTURE_MODE_RELAXED;
+        rs.changed = R->ThreadExchangeStreamCaptureMode(&rs.old) == CUDA_SUCCESS;
+    }
+    return rs;
+}
+
+void capture_restore(const real_driver *R, relaxed_scope rs)
+{
+    if (rs.changed)
+        R->ThreadExchangeStreamCaptureMode(&rs.old);
+}
+
+/* The stream a capture call names: stream 0 of a _ptsz call is the calling
+ * thread's per-thread default stream. */
+static CUstream named(CUstream s, int z)
+{
+    return s == NULL && z ? CU_STREAM_PER_THREAD : s;
+}
+
+/* Records the stand-ins for a stream about to stop taking events (it begins
+ * capturing, or it is being destroyed). legacy_too: also one on the legacy
+ * stream, which a blocking stream's capture makes unusable. */
+void capture_stand_in(CUstream s, bool legacy_too)
+{
+    const real_driver *R = real_driver_get();
+    if (!R || !shim_active())
+        return;
+    CUcontext ctx = NULL;
+    if (s == CU_STREAM_PER_THREAD || s == NULL || s == CU_STREAM_LEGACY ||
+        !R->StreamGetCtx || R->StreamGetCtx(s, &ctx) != CUDA_SUCCESS)
+        R->CtxGetCurrent(&ctx);
+    /* No pool in the stream's context: nothing has been freed there. */
+    shim_pool *sp = ctx ? pool_for_context(ctx, false) : NULL;
+    if (!sp)
+        return;
+    CUcontext cur = NULL;
+    R->CtxGetCurrent(&cur);
+    bool push = cur != ctx && R->CtxPushCurrent(ctx) == CUDA_SUCCESS;
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    /* A stream that already captures has had its stand-in (its work since
+     * is a graph's, and an event on it would be a captured one). */
+    if (R->StreamIsCapturing(s, &st) == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_NONE)
+        fences_stand_in(sp, s);
+    if (legacy_too && R->StreamIsCapturing(CU_STREAM_LEGACY, &st) == CUDA_SUCCESS)
+        fences_stand_in(sp, CU_STREAM_LEGACY);
+    if (push)
+        R->CtxPopCurrent(&cur);
+}
+
+/* Is s a blocking stream (one the legacy stream synchronises with)? */
+static bool blocking_stream(const real_driver *R, CUstream s)
+{
+    if (s == CU_STREAM_PER_THREAD)
+        return true;
+    unsigned flags = 0;
+    return R->StreamGetFlags && R->StreamGetFlags(s, &flags) == CUDA_SUCCESS &&
+           !(flags & CU_STREAM_NON_BLOCKING);
+}
+
+static void before_begin(CUstream s)
+{
+    const real_driver *R = real_driver_get();
+    if (R)
+        capture_stand_in(s, blocking_stream(R, s));
+}
+
+static CUresult began(CUresult r)
+{
+    if (r == CUDA_SUCCESS)
+        atomic_fetch_add_explicit(&underway, 1, memory_order_relaxed);
+    return r;
+}
+
+/* A capture ends when EndCapture succeeds or reports it invalidated or
+ * unjoined; other answers (not capturing, wrong thread) leave it on. */
+static void ended(int r)
+{
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_STREAM_CAPTURE_INVALIDATED &&
+        r != CUDA_ERROR_STREAM_CAPTURE_UNJOINED)
+        return;
+    int n = atomic_load_explicit(&underway, memory_order_relaxed);
+    while (n > 0 && !atomic_compare_exchange_weak(&underway, &n, n - 1))
+        ;
+}
+
+/* ---- driver door ------------------------------------------------------------------ */
+
+#define REAL(field) (real_driver_get() ? real_driver_get()->field : NULL)
+
+static CUresult begin(int z, CUstream s, CUstreamCaptureMode mode)
+{
+    CUresult (*f)(CUstream, CUstreamCaptureMode) = REAL(StreamBeginCapture[z]);
+    if (!f)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    before_begin(named(s, z));
+    return began(f(s, mode));
+}
+
+static CUresult begin_to_graph(int z, CUstream s, CUgraph g, const CUgraphNode *deps,
+                               const CUgraphEdgeData *edges, size_t n, CUstreamCaptureMode mode)
+{
+    CUresult (*f)(CUstream, CUgraph, const CUgraphNode *, const CUgraphEdgeData *, size_t,
+                  CUstreamCaptureMode) = REAL(StreamBeginCaptureToGraph[z]);
+    if (!f)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    before_begin(named(s, z));
+    return began(f(s, g, deps, edges, n, mode));
+}
+
+static CUresult end(int z, CUstream s, CUgraph *g)
+{
+    CUresult (*f)(CUstream, CUgraph *) = REAL(StreamEndCapture[z]);
+    if (!f)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = f(s, g);
+    ended(r);
+    return r;
+}
+
+SHIM_EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode)
+{
+    return begin(0, s, mode);
+}
+
+SHIM_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode)
+{
+    return begin(1, s, mode);
+}
+
+SHIM_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode *deps,
+                                                 const CUgraphEdgeData *edges, size_t n,
+                                                 CUstreamCaptureMode mode)
+{
+    return begin_to_graph(0, s, g, deps, edges, n, mode);
+}
+
+SHIM_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g,
+                                                      const CUgraphNode *deps,
+                                                      const CUgraphEdgeData *edges, size_t n,
+                                                      CUstreamCaptureMode mode)
+{
+    return begin_to_graph(1, s, g, deps, edges, n, mode);
+}
+
+SHIM_EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g) { return end(0, s, g); }
+
+SHIM_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) { return end(1, s, g); }
+
+/* ---- runtime door ----------------------------------------------------------------- */
+
+typedef cudaError_t (*rt_begin_fn)(cudaStream_t, enum cudaStreamCaptureMode);
+typedef cudaError_t (*rt_end_fn)(cudaStream_t, cudaGraph_t *);
+
+/* With the driver door hooked, cudart's own driver calls (above) do the
+ * work; otherwise the runtime calls must. */
+static bool runtime_does_it(void) { return !shim_driver_hooked(); }
+
+/* The runtime's begin and end: stand-ins and counting only when the driver
+ * door does not see cudart's own driver call. (The runtime's capture error
+ * codes have the driver's numbers.) */
+static cudaError_t rt_begin(rt_begin_fn f, cudaStream_t s, enum cudaStreamCaptureMode mode,
+                            int z)
+{
+    if (!f)
+        return cudaErrorInsufficientDriver;
+    if (!runtime_does_it())
+        return f(s, mode);
+    before_begin(named((CUstream)s, z));
+    return (cudaError_t)began((CUresult)f(s, mode));
+}
+
+static cudaError_t rt_end(rt_end_fn f, cudaStream_t s, cudaGraph_t *g)
+{
+    if (!f)
+        return cudaErrorInsufficientDriver;
+    cudaError_t e = f(s, g);
+    if (runtime_does_it())
+        ended((int)e);
+    return e;
+}
+
+SHIM_EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode)
+{
+    REAL_RT(rt_begin_fn, f, "cudaStreamBeginCapture");
+    return rt_begin(f, s, mode, 0);
+}
+
+SHIM_EXPORT cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t s,
+                                                    enum cudaStreamCaptureMode mode)
+{
+    REAL_RT(rt_begin_fn, f, "cudaStreamBeginCapture_ptsz");
+    return rt_begin(f, s, mode, 1);
+}
+
+SHIM_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g)
+{
+    REAL_RT(rt_end_fn, f, "cudaStreamEndCapture");
+    return rt_end(f, s, g);
+}
+
+SHIM_EXPORT cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t s, cudaGraph_t *g)
+{
+    REAL_RT(rt_end_fn, f, "cudaStreamEndCapture_ptsz");
+    return rt_end(f, s, g);
+}

@@ -1,0 +1,340 @@
+/*
+ * e2e_fences.c - a plain cudaFree must never hand its block to a new
+ * allocation while work queued before the free may still use it, whatever
+ * happens to the streams meanwhile. Each scenario fills the pool around one
+ * 1 MiB hole, so the next 1 MiB allocation can only land in the block just
+ * freed; work queued on a stream before the free is still pending on the
+ * fake GPU, and the allocation must not return that block until it has
+ * completed (fakecuda's pending() says). Scenarios:
+ *
+ *   stream-destroy   the stream is destroyed (cuStreamDestroy returns at once,
+ *                    its work goes on) before the free
+ *   destroy-after    ... after the free, before the next allocation
+ *   capture-begin    the stream begins a capture between the free and the
+ *                    next allocation
+ *   legacy-capture   work on the legacy stream, then a blocking stream begins
+ *                    capturing (the legacy stream becomes unusable)
+ *   ptsz-capture     another thread captures on its per-thread default stream:
+ *                    the shim must not touch the legacy stream meanwhile
+ *   global-capture   another thread captures in global mode: the shim's own
+ *                    fence queries must neither break that capture nor take a
+ *                    refused query as "complete"
+ *   reset-streams    cudaDeviceReset with streams alive, then enough
+ *                    allocations and frees that frees must retire; no stale
+ *                    stream handle may be used (the real driver crashed)
+ *   ctx-reuse        a created context is destroyed with streams alive and a
+ *                    new one gets its handle value
+ */
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <pthread.h>
+
+#include "e2e.h"
+
+#define MiB (UINT64_C(1) << 20)
+#define LIMIT (768 * MiB)
+
+static char *alloc_ok(size_t n)
+{
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, n);
+    if (e != cudaSuccess || !p) {
+        fprintf(stderr, "cudaMalloc(%zu) failed: %d\n", n, (int)e);
+        e2e_failures++;
+        exit(e2e_done("e2e_fences"));
+    }
+    return p;
+}
+
+static size_t free_memory(void)
+{
+    size_t f = 0, t = 0;
+    CHECK_EQ(cudaMemGetInfo(&f, &t), cudaSuccess);
+    return f;
+}
+
+/* The 1 MiB block *hole, and a filler that leaves less than 1 MiB anywhere
+ * else in the pool. */
+static char *fill_but_hole(char **hole)
+{
+    *hole = alloc_ok(MiB);
+    return alloc_ok(free_memory() - MiB / 2);
+}
+
+static void write_pattern(void *arg) { memset(arg, 0x5a, MiB); }
+
+/* q was allocated after the hole was freed under work queued on `s`: if it
+ * is the hole, that work must have completed first. */
+static void expect_safe(const char *hole, const char *q, void *s)
+{
+    uint64_t left = fakecuda()->pending(s);
+    if (q == hole && left) {
+        fprintf(stderr, "the freed block was handed out with %llu operation(s) still "
+                        "queued before its free\n", (unsigned long long)left);
+        e2e_failures++;
+    }
+    CHECK_EQ(fake_stats().stale_handle_uses, 0);
+}
+
+static void stream_destroy(void)
+{
+    char *p, *filler = fill_but_hole(&p);
+    cudaStream_t s;
+    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(fakecuda()->launch(s, write_pattern, p), 0);
+    CHECK_EQ(cudaStreamDestroy(s), cudaSuccess); /* returns; the work goes on */
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+    char *q = alloc_ok(MiB);
+    expect_safe(p, q, s);
+    fakecuda()->complete_all();
+    CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+}
+
+static void destroy_after(void)
+{
+    char *p, *filler = fill_but_hole(&p);
+    cudaStream_t s;
+    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(fakecuda()->launch(s, write_pattern, p), 0);
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
+    char *q = alloc_ok(MiB);
+    expect_safe(p, q, s);
+    fakecuda()->complete_all();
+    CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+}
+
+static void capture_begin(void)
+{
+    char *p, *filler = fill_but_hole(&p);
+    cudaStream_t s;
+    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(fakecuda()->launch(s, write_pattern, p), 0);
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+    fakecuda_stats s0 = fake_stats();
+    CHECK_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    char *q = alloc_ok(MiB); /* allowed in relaxed mode */
+    expect_safe(p, q, s);
+    cudaGraph_t g;
+    CHECK_EQ(cudaStreamEndCapture(s, &g), cudaSuccess);
+    CHECK_EQ(fake_stats().capture_invalidations, s0.capture_invalidations);
+    fakecuda()->complete_all();
+    CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
+}
+
+static void legacy_capture(void)
+{
+    char *p, *filler = fill_but_hole(&p);
+    cudaStream_t b;
+    CHECK_EQ(cudaStreamCreate(&b), cudaSuccess); /* blocking */
+    CHECK_EQ(fakecuda()->launch(NULL, write_pattern, p), 0); /* the legacy stream */
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+    fakecuda_stats s0 = fake_stats();
+    CHECK_EQ(cudaStreamBeginCapture(b, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    char *q = alloc_ok(MiB);
+    expect_safe(p, q, NULL);
+    cudaGraph_t g;
+    CHECK_EQ(cudaStreamEndCapture(b, &g), cudaSuccess);
+    CHECK_EQ(fake_stats().capture_invalidations, s0.capture_invalidations);
+    fakecuda()->complete_all();
+    CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(b), cudaSuccess);
+}
+
+/* Another thread captures on its per-thread default stream (or in global
+ * mode on a stream of its own) until told to stop. */
+typedef struct capturer {
+    bool per_thread;
+    enum cudaStreamCaptureMode mode;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int phase; /* 1: capturing, 2: please end, 3: ended */
+    /* what the thread saw, checked by the main thread (CHECK is not
+     * thread-safe) */
+    CUresult begin_result, end_result;
+    cudaError_t setup_result;
+} capturer;
+
+static void set_phase(capturer *c, int phase)
+{
+    pthread_mutex_lock(&c->lock);
+    c->phase = phase;
+    pthread_cond_broadcast(&c->cond);
+    pthread_mutex_unlock(&c->lock);
+}
+
+static void wait_phase(capturer *c, int phase)
+{
+    pthread_mutex_lock(&c->lock);
+    while (c->phase < phase)
+        pthread_cond_wait(&c->cond, &c->lock);
+    pthread_mutex_unlock(&c->lock);
+}
+
+static void *capture_thread(void *arg)
+{
+    capturer *c = arg;
+    typedef CUresult (*begin_fn)(CUstream, CUstreamCaptureMode);
+    typedef CUresult (*end_fn)(CUstream, CUgraph *);
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    CUstream s = NULL;
+    begin_fn begin = (begin_fn)dlsym(h, c->per_thread ? "cuStreamBeginCapture_v2_ptsz"
+                                                      : "cuStreamBeginCapture_v2");
+    end_fn end = (end_fn)dlsym(h, c->per_thread ? "cuStreamEndCapture_ptsz"
+                                                : "cuStreamEndCapture");
+    c->setup_result = cudaFree(NULL); /* this thread's context */
+    if (!c->per_thread && c->setup_result == cudaSuccess)
+        c->setup_result = cudaStreamCreateWithFlags((cudaStream_t *)&s, cudaStreamNonBlocking);
+    c->begin_result = begin(s, (CUstreamCaptureMode)c->mode);
+    set_phase(c, 1);
+    wait_phase(c, 2);
+    CUgraph g;
+    c->end_result = end(s, &g);
+    set_phase(c, 3);
+    if (s)
+        cudaStreamDestroy((cudaStream_t)s);
+    return NULL;
+}
+
+static void other_thread_capture(bool per_thread, enum cudaStreamCaptureMode mode)
+{
+    char *p, *filler = fill_but_hole(&p);
+    cudaStream_t s;
+    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    /* A block freed with its work done, and one freed with work pending. */
+    char *done = alloc_ok(MiB / 4);
+    CHECK_EQ(cudaFree(done), cudaSuccess);
+    CHECK_EQ(fakecuda()->launch(s, write_pattern, p), 0);
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+
+    capturer c = {.per_thread = per_thread, .mode = mode, .lock = PTHREAD_MUTEX_INITIALIZER,
+                  .cond = PTHREAD_COND_INITIALIZER};
+    pthread_t t;
+    pthread_create(&t, NULL, capture_thread, &c);
+    wait_phase(&c, 1);
+    fakecuda_stats s0 = fake_stats();
+    /* While the other thread captures: allocations and plain frees here. */
+    for (int i = 0; i < 4; i++) {
+        char *x = alloc_ok(MiB / 8);
+        CHECK_EQ(cudaFree(x), cudaSuccess);
+    }
+    /* Not while its work is pending: the hole is not free yet. */
+    void *q = NULL;
+    if (cudaMalloc(&q, MiB) == cudaSuccess)
+        expect_safe(p, q, s);
+    else
+        cudaGetLastError();
+    CHECK_EQ(fake_stats().capture_invalidations, s0.capture_invalidations);
+    CHECK_EQ(fake_stats().unsafe_calls_refused, s0.unsafe_calls_refused);
+    set_phase(&c, 2);
+    wait_phase(&c, 3);
+    pthread_join(t, NULL);
+    CHECK_EQ(c.setup_result, cudaSuccess);
+    CHECK_EQ(c.begin_result, CUDA_SUCCESS);
+    CHECK_EQ(c.end_result, CUDA_SUCCESS);
+    fakecuda()->complete_all();
+    if (q)
+        CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
+    /* Everything comes back once the work is done. */
+    char *all = alloc_ok(free_memory());
+    CHECK_EQ(cudaFree(all), cudaSuccess);
+}
+
+static void ptsz_capture(void) { other_thread_capture(true, cudaStreamCaptureModeGlobal); }
+static void global_capture(void) { other_thread_capture(false, cudaStreamCaptureModeGlobal); }
+
+static void reset_streams(void)
+{
+    cudaStream_t s[4];
+    for (int i = 0; i < 4; i++) {
+        CHECK_EQ(cudaStreamCreateWithFlags(&s[i], cudaStreamNonBlocking), cudaSuccess);
+        void *p = NULL;
+        CHECK_EQ(cudaMallocAsync(&p, MiB, s[i]), cudaSuccess);
+        CHECK_EQ(cudaFreeAsync(p, s[i]), cudaSuccess);
+    }
+    char *x = alloc_ok(MiB);
+    CHECK_EQ(cudaFree(x), cudaSuccess);
+    fakecuda()->complete_all();
+    /* The streams die with the context; the new primary context has the
+     * same handle value in the fake (the real driver may do the same). */
+    CHECK_EQ(cudaDeviceReset(), cudaSuccess);
+    size_t big = LIMIT / 3;
+    int ok = 0;
+    for (int i = 0; i < 30; i++) {
+        void *q = NULL;
+        if (cudaMalloc(&q, big) != cudaSuccess) {
+            fprintf(stderr, "allocation %d of %zu bytes failed after the reset\n", i, big);
+            cudaGetLastError();
+            break;
+        }
+        CHECK_EQ(cudaFree(q), cudaSuccess);
+        ok++;
+    }
+    CHECK_EQ(ok, 30);
+    CHECK_EQ(fake_stats().stale_handle_uses, 0);
+}
+
+static void ctx_reuse(void)
+{
+    typedef CUresult (*create_fn)(CUcontext *, CUctxCreateParams *, unsigned, CUdevice);
+    typedef CUresult (*destroy_fn)(CUcontext);
+    typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
+    typedef CUresult (*free_fn)(CUdeviceptr);
+    typedef CUresult (*stream_fn)(CUstream *, unsigned);
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    create_fn create = (create_fn)dlsym(h, "cuCtxCreate_v4");
+    destroy_fn destroy = (destroy_fn)dlsym(h, "cuCtxDestroy_v2");
+    alloc_fn mem_alloc = (alloc_fn)dlsym(h, "cuMemAlloc_v2");
+    free_fn mem_free = (free_fn)dlsym(h, "cuMemFree_v2");
+    stream_fn stream_create = (stream_fn)dlsym(h, "cuStreamCreate");
+    CHECK_EQ(cudaFree(NULL), cudaSuccess);
+    CUcontext a = NULL, b = NULL;
+    CUstream s;
+    CUdeviceptr p = 0;
+    CHECK_EQ(create(&a, NULL, 0, 0), CUDA_SUCCESS);
+    CHECK_EQ(stream_create(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(mem_alloc(&p, MiB), CUDA_SUCCESS);
+    CHECK_EQ(mem_free(p), CUDA_SUCCESS);
+    CHECK_EQ(destroy(a), CUDA_SUCCESS);
+    CHECK_EQ(create(&b, NULL, 0, 0), CUDA_SUCCESS);
+    CHECK(a == b); /* the fake reuses the slot: the shim must not confuse them */
+    for (int i = 0; i < 8; i++) {
+        CHECK_EQ(mem_alloc(&p, MiB), CUDA_SUCCESS);
+        CHECK_EQ(mem_free(p), CUDA_SUCCESS);
+    }
+    CHECK_EQ(fake_stats().stale_handle_uses, 0);
+    CHECK_EQ(destroy(b), CUDA_SUCCESS);
+}
+
+int main(int argc, char **argv)
+{
+    static const struct {
+        const char *name;
+        void (*fn)(void);
+    } scenarios[] = {
+        {"stream-destroy", stream_destroy}, {"destroy-after", destroy_after},
+        {"capture-begin", capture_begin},   {"legacy-capture", legacy_capture},
+        {"ptsz-capture", ptsz_capture},     {"global-capture", global_capture},
+        {"reset-streams", reset_streams},   {"ctx-reuse", ctx_reuse},
+    };
+    if (argc != 2) {
+        fprintf(stderr, "usage: e2e_fences SCENARIO\n");
+        return 2;
+    }
+    shim_log_reset();
+    fakecuda();
+    for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
+        if (strcmp(argv[1], scenarios[i].name) == 0) {
+            scenarios[i].fn();
+            return e2e_done(argv[1]);
+        }
+    fprintf(stderr, "e2e_fences: no scenario '%s'\n", argv[1]);
+    return 2;
+}
