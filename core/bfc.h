@@ -268,10 +268,6 @@ uint64_t bfc_pool_trim(bfc_pool *pool);
 /* True when addr lies inside one of the pool's regions. */
 bool bfc_pool_owns(bfc_pool *pool, bfc_addr addr);
 
-/* Finds the live allocation containing addr: its base and requested size.
- * Costs a hash lookup when addr is a base, a walk of its region otherwise. */
-bfc_status bfc_pool_lookup(bfc_pool *pool, bfc_addr addr, bfc_addr *base,
-                           uint64_t *size);
 
 /* Writes one line describing what addr is to the pool (for error messages):
  * "live allocation", "interior of ...", "inside free block ...", ... */
@@ -289,6 +285,14 @@ typedef struct bfc_live_info {
     uint64_t seq;
 } bfc_live_info;
 size_t bfc_pool_largest_live(bfc_pool *pool, bfc_live_info *out, size_t n);
+
+/* Finds the live allocation containing addr (its base, sizes and allocation
+ * sequence number: no two allocations of a pool share one). Costs a hash
+ * lookup when addr is a base, a walk of its region otherwise. */
+bfc_status bfc_pool_block(bfc_pool *pool, bfc_addr addr, bfc_live_info *out);
+/* The same, only its base and requested size. */
+bfc_status bfc_pool_lookup(bfc_pool *pool, bfc_addr addr, bfc_addr *base,
+                           uint64_t *size);
 
 /* Calls fn for every chunk of every region in address order (pool locked). */
 typedef enum bfc_chunk_kind {

@@ -395,8 +395,7 @@ bool bfc_pool_owns(bfc_pool *p, bfc_addr addr)
     return owned;
 }
 
-bfc_status bfc_pool_lookup(bfc_pool *p, bfc_addr addr, bfc_addr *base,
-                           uint64_t *size)
+bfc_status bfc_pool_block(bfc_pool *p, bfc_addr addr, bfc_live_info *out)
 {
     bfc_status s = BFC_OK;
     bfc_lock_acquire(&p->lock);
@@ -416,13 +415,25 @@ bfc_status bfc_pool_lookup(bfc_pool *p, bfc_addr addr, bfc_addr *base,
             }
         }
     }
-    if (c != CHUNK_NIL) {
-        if (base)
-            *base = C(p, c)->addr;
-        if (size)
-            *size = C(p, c)->requested;
+    if (c != CHUNK_NIL && out) {
+        const chunk *cc = C(p, c);
+        *out = (bfc_live_info){.addr = cc->addr, .size = cc->size,
+                               .requested = cc->requested, .seq = cc->stamp};
     }
     bfc_lock_release(&p->lock);
+    return s;
+}
+
+bfc_status bfc_pool_lookup(bfc_pool *p, bfc_addr addr, bfc_addr *base, uint64_t *size)
+{
+    bfc_live_info b;
+    bfc_status s = bfc_pool_block(p, addr, &b);
+    if (s == BFC_OK) {
+        if (base)
+            *base = b.addr;
+        if (size)
+            *size = b.requested;
+    }
     return s;
 }
 

@@ -140,6 +140,58 @@ SHIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CU
     return CUDA_SUCCESS;
 }
 
+/* What a pointer attribute is for a pooled pointer: the real driver would
+ * describe the whole region. Attributes about the block (its range, its
+ * buffer id) come from the pool; the rest (memory type, context, device)
+ * are the region's, which are the block's too. `live` is false for a
+ * pointer into the region outside any live block: no valid CUDA pointer. */
+static bool pooled_attribute(const shim_pool *sp, const bfc_live_info *b, bool live,
+                             CUpointer_attribute attr, void *data)
+{
+    switch (attr) {
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+        *(CUdeviceptr *)data = live ? (CUdeviceptr)b->addr : 0;
+        return true;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+        *(size_t *)data = live ? (size_t)b->requested : 0;
+        return true;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+        *(unsigned long long *)data = live ? svc_buffer_id(sp, b->seq) : 0;
+        return true;
+    default:
+        return false;
+    }
+}
+
+SHIM_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr p)
+{
+    shim_pool *sp;
+    if (!shim_driver_door() || !data || !(sp = pool_owning(p)))
+        return PASS(PointerGetAttribute, data, attr, p);
+    bfc_live_info b;
+    /* "If ptr is not a valid CUDA pointer then CUDA_ERROR_INVALID_VALUE" */
+    if (bfc_pool_block(sp->bfc, p, &b) != BFC_OK)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (pooled_attribute(sp, &b, true, attr, data))
+        return CUDA_SUCCESS;
+    return PASS(PointerGetAttribute, data, attr, p);
+}
+
+SHIM_EXPORT CUresult cuPointerGetAttributes(unsigned n, CUpointer_attribute *attrs, void **data,
+                                            CUdeviceptr p)
+{
+    CUresult r = PASS(PointerGetAttributes, n, attrs, data, p);
+    shim_pool *sp;
+    if (r != CUDA_SUCCESS || !attrs || !data || !shim_driver_door() || !(sp = pool_owning(p)))
+        return r;
+    bfc_live_info b = {0};
+    bool live = bfc_pool_block(sp->bfc, p, &b) == BFC_OK;
+    for (unsigned i = 0; i < n; i++)
+        if (data[i])
+            pooled_attribute(sp, &b, live, attrs[i], data[i]);
+    return r;
+}
+
 SHIM_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr p)
 {
     if (shim_driver_door()) {

@@ -182,8 +182,9 @@ SHIM_EXPORT cudaError_t cudaMallocPitch(void **p, size_t *pitch, size_t width, s
 SHIM_EXPORT cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
 {
     REAL_RT(meminfo_fn, f, "cudaMemGetInfo");
+    svc_meminfo_begin();
     cudaError_t e = f ? f(free_bytes, total) : NO_RUNTIME;
-    if (e == cudaSuccess && total && shim_active())
+    if (e == cudaSuccess && total && shim_active() && !svc_meminfo_adjusted())
         svc_adjust_meminfo(free_bytes, *total);
     return e;
 }

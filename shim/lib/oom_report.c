@@ -42,12 +42,37 @@ static unsigned log2_floor(uint64_t x)
     return x ? 63u - (unsigned)__builtin_clzll(x) : 0;
 }
 
+/* Why an allocation failed: the pool's limit, its layout, or the device. */
+typedef enum oom_cause {
+    CAUSE_LIMIT,       /* in use + request exceeds the pool's limit */
+    CAUSE_FRAGMENTED,  /* the pool holds enough unused bytes, not in one block */
+    CAUSE_DEVICE_FULL, /* the pool may grow, but the device has no memory to give */
+} oom_cause;
+
+static oom_cause cause_of(const bfc_stats *st, uint64_t rounded)
+{
+    if (st->bytes_limit - st->bytes_in_use < rounded)
+        return CAUSE_LIMIT;
+    if (st->free_bytes + st->pending_bytes >= rounded)
+        return CAUSE_FRAGMENTED;
+    return CAUSE_DEVICE_FULL;
+}
+
+/* The device's free memory as the driver sees it (0 when it cannot say). */
+static uint64_t device_free_bytes(void)
+{
+    const real_driver *R = real_driver_get();
+    size_t f = 0, t = 0;
+    return R && R->MemGetInfo(&f, &t) == CUDA_SUCCESS ? f : 0;
+}
+
 static void write_hint(FILE *f, const shim_config *cfg, const bfc_stats *st, uint64_t rounded,
                        uint64_t total)
 {
-    char a[32], b[32], c[32];
+    char a[32], b[32], c[32], d[32];
     uint64_t room = st->bytes_limit - st->bytes_in_use;
-    if (room >= rounded) {
+    switch (cause_of(st, rounded)) {
+    case CAUSE_FRAGMENTED:
         fprintf(f, "diagnosis: fragmentation. The pool has %s not in use but no single free "
                    "block of %s (the largest is %s",
                 format_size(room, a, sizeof a), format_size(rounded, b, sizeof b),
@@ -64,6 +89,19 @@ static void write_hint(FILE *f, const shim_config *cfg, const bfc_stats *st, uin
             fprintf(f, "or grow on demand (BFCSHIM_PREALLOCATE=false, BFCSHIM_GC=true) so that "
                        "emptied regions go back to the device and come back whole.\n");
         return;
+    case CAUSE_DEVICE_FULL:
+        fprintf(f, "diagnosis: the device has no memory left for the pool: it has %s free of "
+                   "%s, and the pool holds %s of its %s limit (other processes or CUDA contexts "
+                   "hold the rest).\n",
+                format_size(device_free_bytes(), a, sizeof a), format_size(total, b, sizeof b),
+                format_size(st->pool_bytes, c, sizeof c),
+                format_size(st->bytes_limit, d, sizeof d));
+        fprintf(f, "hint: free device memory elsewhere (nvidia-smi lists the processes), or "
+                   "take the pool before others do (BFCSHIM_PREALLOCATE=true); a larger "
+                   "BFCSHIM_MEM_FRACTION cannot help.\n");
+        return;
+    case CAUSE_LIMIT:
+        break;
     }
     double need = (double)(st->bytes_in_use + rounded) / (double)total;
     fprintf(f, "diagnosis: the pool is full: %s in use of a %s limit.\n",
@@ -130,18 +168,24 @@ void oom_report(shim_pool *sp, size_t size, const char *api)
     const shim_config *cfg = shim_config_get();
     bfc_stats st;
     bfc_pool_stats(sp->bfc, &st);
+    bfc_options o;
+    bfc_pool_options(sp->bfc, &o);
+    uint64_t rounded = ((uint64_t)size + o.granularity - 1) / o.granularity * o.granularity;
+    oom_cause cause = cause_of(&st, rounded);
     char req[32], lim[32], use[32], big[32];
     shim_log(LOG_ERROR,
-             "%s(%zu bytes = %s) on device %d: out of memory in the pool (limit %s, in use %s, "
-             "largest free block %s). Raise BFCSHIM_MEM_FRACTION or BFCSHIM_MEM_LIMIT, or free "
-             "memory and retry",
+             "%s(%zu bytes = %s) on device %d: out of memory %s (limit %s, in use %s, "
+             "largest free block %s). %s",
              api, size, format_size(size, req, sizeof req), (int)sp->dev,
+             cause == CAUSE_DEVICE_FULL ? "on the device" : "in the pool",
              format_size(st.bytes_limit, lim, sizeof lim),
              format_size(st.bytes_in_use, use, sizeof use),
-             format_size(st.largest_free_block_bytes, big, sizeof big));
+             format_size(st.largest_free_block_bytes, big, sizeof big),
+             cause == CAUSE_DEVICE_FULL
+                 ? "Other processes or contexts hold the device's memory"
+                 : "Raise BFCSHIM_MEM_FRACTION or BFCSHIM_MEM_LIMIT, or free memory and retry");
     record_flush();
-    bool fragmented = st.bytes_limit - st.bytes_in_use >= size;
-    uint32_t key = (uint32_t)sp->dev << 8 | log2_floor(size) << 1 | fragmented;
+    uint32_t key = (uint32_t)sp->dev << 8 | log2_floor(size) << 2 | (uint32_t)cause;
     if (!first_time(key))
         return;
     /* Formatted once, then written whole to each destination. */

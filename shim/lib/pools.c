@@ -194,6 +194,7 @@ shim_pool *pool_for_context(CUcontext ctx, bool create)
         if (push)
             R->CtxPopCurrent(&cur);
         if (found) {
+            found->index = (uint32_t)n;
             atomic_store(&registry[n], found);
             atomic_store(&npools, n + 1);
         }

@@ -36,6 +36,8 @@ static hook hooks[] = {
     H(cuMemAllocFromPoolAsync),
     H(cuMemAllocFromPoolAsync_ptsz),
     H(cuIpcGetMemHandle),
+    H(cuPointerGetAttribute),
+    H(cuPointerGetAttributes),
     H(cuStreamCreate),
     H(cuStreamCreateWithPriority),
     H(cuStreamDestroy_v2),

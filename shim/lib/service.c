@@ -184,12 +184,21 @@ svc_status svc_free(CUdeviceptr ptr, free_kind kind, CUstream stream, bool per_t
 
 /* ---- queries -------------------------------------------------------------------- */
 
+/* Set when a figure has been adjusted in this thread's current query: cudart's
+ * cudaMemGetInfo reaches the driver door's cuMemGetInfo_v2, and the runtime
+ * door must not add the pool's unused bytes a second time. */
+static _Thread_local bool meminfo_adjusted;
+
+void svc_meminfo_begin(void) { meminfo_adjusted = false; }
+bool svc_meminfo_adjusted(void) { return meminfo_adjusted; }
+
 void svc_adjust_meminfo(size_t *free_bytes, size_t total)
 {
     const real_driver *R = real_driver_get();
     CUcontext cur = NULL;
     if (!free_bytes || !R || R->CtxGetCurrent(&cur) != CUDA_SUCCESS || !cur)
         return;
+    meminfo_adjusted = true;
     /* The program can still get what its pool has not handed out (pending
      * blocks become free soon) plus what the device can still add to the
      * pool, within the pool's limit. Before the first allocation, the limit. */
@@ -208,6 +217,11 @@ void svc_adjust_meminfo(size_t *free_bytes, size_t total)
             can_get = device_free;
     }
     *free_bytes = (size_t)can_get;
+}
+
+uint64_t svc_buffer_id(const shim_pool *sp, uint64_t seq)
+{
+    return UINT64_C(1) << 63 | (uint64_t)sp->index << 48 | (seq & ((UINT64_C(1) << 48) - 1));
 }
 
 svc_status svc_ipc_check(CUdeviceptr ptr, const char *api)

@@ -188,6 +188,8 @@ typedef struct shim_pool {
     size_t nstand_ins, capstand_ins;
     /* passthrough counters */
     atomic_uint_fast64_t passthrough_allocs;
+    /* position in the registry: pools are never removed, so it is unique */
+    uint32_t index;
     /* BFCSHIM_TRACE: this pool's channel, fed by the engine under its lock */
     struct trace_channel *trace;
 } shim_pool;
@@ -288,8 +290,16 @@ svc_status svc_alloc(shim_pool *sp, size_t size, uint32_t lane, CUstream stream,
 svc_status svc_free(CUdeviceptr ptr, free_kind kind, CUstream stream, bool per_thread,
                     const char *api);
 /* Adjusts the device's free memory by what the current context's pool can
- * still give. */
+ * still give. A query that passes through both doors is adjusted once: the
+ * runtime door calls svc_meminfo_begin, then the real runtime (which may
+ * reach the driver door), and adjusts only if !svc_meminfo_adjusted(). */
 void svc_adjust_meminfo(size_t *free_bytes, size_t total);
+void svc_meminfo_begin(void);
+bool svc_meminfo_adjusted(void);
+/* The process-wide unique buffer id of a pooled block (CUDA's
+ * CU_POINTER_ATTRIBUTE_BUFFER_ID promise): the top bit set, then the pool's
+ * index and the block's allocation sequence number. */
+uint64_t svc_buffer_id(const shim_pool *sp, uint64_t seq);
 /* IPC of a pooled pointer cannot be right: refuses it loudly. */
 svc_status svc_ipc_check(CUdeviceptr ptr, const char *api);
 /* Is the stream capturing? (Then stream-ordered calls pass through.) */

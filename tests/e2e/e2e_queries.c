@@ -1,0 +1,173 @@
+/*
+ * e2e_queries.c - what programs learn about pooled memory from the driver
+ * and the runtime must be true. Scenarios:
+ *
+ *   first-malloc   cudaMalloc is the program's first CUDA call; an IPC handle
+ *                  of the pooled block must still be refused (cudart must
+ *                  have the shim's driver entry points, not the real ones)
+ *   meminfo-once   with other processes on the device and a growing pool,
+ *                  cudaMemGetInfo and cuMemGetInfo_v2 report the same free
+ *                  memory: what the device can still add plus the pool's
+ *                  unused bytes, counted once
+ *   ptr-attr       cuPointerGetAttribute(s) describe the block, not the pool's
+ *                  region, with a buffer id no other allocation ever had
+ *   device-full    out of memory because the device itself is full (other
+ *                  processes hold it): the report says so and suggests no
+ *                  larger BFCSHIM_MEM_FRACTION
+ *
+ * Run with the variables meson sets per scenario (tests/meson.build).
+ */
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include "e2e.h"
+
+#define MiB (UINT64_C(1) << 20)
+
+static void *driver(const char *name)
+{
+    static void *h;
+    if (!h)
+        h = dlopen("libcuda.so.1", RTLD_NOW);
+    void *f = h ? dlsym(h, name) : NULL;
+    if (!f) {
+        fprintf(stderr, "no %s in the driver\n", name);
+        exit(1);
+    }
+    return f;
+}
+
+static void first_malloc(void)
+{
+    void *p = NULL;
+    CHECK_EQ(cudaMalloc(&p, MiB), cudaSuccess); /* the first call of all */
+    cudaIpcMemHandle_t h;
+    CHECK_EQ(cudaIpcGetMemHandle(&h, p), cudaErrorNotSupported);
+    CHECK_EQ(cudaGetLastError(), cudaErrorNotSupported);
+    CHECK_ONE_LOG_LINE("refused");
+    CHECK_EQ(fake_stats().ipc_handles, 0);
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+}
+
+/* FAKECUDA_OTHER_USED=256MiB on the 1 GiB device, BFCSHIM_PREALLOCATE=false,
+ * BFCSHIM_MEM_FRACTION=1: the pool may grow to the whole device, but only
+ * 768 MiB exist for this process. */
+static void meminfo_once(void)
+{
+    typedef CUresult (*info_fn)(size_t *, size_t *);
+    info_fn info = (info_fn)driver("cuMemGetInfo_v2");
+    void *a = NULL, *b = NULL;
+    CHECK_EQ(cudaMalloc(&a, 64 * MiB), cudaSuccess);
+    CHECK_EQ(cudaMalloc(&b, 64 * MiB), cudaSuccess);
+    CHECK_EQ(cudaFree(b), cudaSuccess); /* now the pool holds unused bytes */
+    size_t rf = 0, rt = 0, df = 0, dt = 0;
+    CHECK_EQ(cudaMemGetInfo(&rf, &rt), cudaSuccess);
+    CHECK_EQ(info(&df, &dt), CUDA_SUCCESS);
+    /* Expected: the device's free memory plus what the pool holds unused. */
+    uint64_t pool = fake_stats().bytes_in_use[0];
+    uint64_t device_free = 1024 * MiB - 256 * MiB - pool;
+    uint64_t expected = device_free + (pool - 64 * MiB);
+    CHECK_EQ(rt, 1024 * MiB);
+    CHECK_EQ(df, expected);
+    CHECK_EQ(rf, expected);
+    CHECK_EQ(cudaFree(a), cudaSuccess);
+}
+
+static void ptr_attr(void)
+{
+    typedef CUresult (*attr_fn)(void *, CUpointer_attribute, CUdeviceptr);
+    typedef CUresult (*attrs_fn)(unsigned, CUpointer_attribute *, void **, CUdeviceptr);
+    attr_fn attr = (attr_fn)driver("cuPointerGetAttribute");
+    attrs_fn attrs = (attrs_fn)driver("cuPointerGetAttributes");
+    char *a = NULL, *b = NULL;
+    CHECK_EQ(cudaMalloc((void **)&a, 3 * MiB), cudaSuccess);
+    CHECK_EQ(cudaMalloc((void **)&b, 5 * MiB + 100), cudaSuccess);
+    CUdeviceptr inside = (CUdeviceptr)(uintptr_t)(b + 4096), start = 0;
+    size_t size = 0;
+    unsigned long long id_a = 0, id_b = 0, id_c = 0;
+    int ordinal = -1;
+    CHECK_EQ(attr(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, inside), CUDA_SUCCESS);
+    CHECK_EQ(attr(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, inside), CUDA_SUCCESS);
+    CHECK_EQ(start, (CUdeviceptr)(uintptr_t)b);
+    CHECK_EQ(size, 5 * MiB + 100);
+    CHECK_EQ(attr(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, inside), CUDA_SUCCESS);
+    CHECK_EQ(ordinal, 0); /* the rest comes from the real region */
+    CHECK_EQ(attr(&id_a, CU_POINTER_ATTRIBUTE_BUFFER_ID, (CUdeviceptr)(uintptr_t)a),
+             CUDA_SUCCESS);
+    CHECK_EQ(attr(&id_b, CU_POINTER_ATTRIBUTE_BUFFER_ID, inside), CUDA_SUCCESS);
+    CHECK(id_a != id_b);
+
+    /* The several-attribute form agrees. */
+    CUpointer_attribute which[3] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                    CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                    CU_POINTER_ATTRIBUTE_BUFFER_ID};
+    CUdeviceptr s2 = 0;
+    size_t z2 = 0;
+    unsigned long long i2 = 0;
+    void *out[3] = {&s2, &z2, &i2};
+    CHECK_EQ(attrs(3, which, out, inside), CUDA_SUCCESS);
+    CHECK_EQ(s2, start);
+    CHECK_EQ(z2, size);
+    CHECK_EQ(i2, id_b);
+
+    /* A freed block is no valid pointer any more, and the next allocation at
+     * the same place gets a new id ("subsequent allocations do not reuse
+     * IDs"). */
+    CHECK_EQ(cudaFree(b), cudaSuccess);
+    CHECK_EQ(attr(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, inside),
+             CUDA_ERROR_INVALID_VALUE);
+    fakecuda()->complete_all();
+    char *c = NULL;
+    CHECK_EQ(cudaMalloc((void **)&c, 5 * MiB + 100), cudaSuccess);
+    CHECK_EQ(attr(&id_c, CU_POINTER_ATTRIBUTE_BUFFER_ID, (CUdeviceptr)(uintptr_t)c),
+             CUDA_SUCCESS);
+    CHECK(id_c != id_b && id_c != id_a);
+    CHECK_EQ(cudaFree(a), cudaSuccess);
+    CHECK_EQ(cudaFree(c), cudaSuccess);
+}
+
+/* FAKECUDA_OTHER_USED=1000MiB of the 1 GiB device, BFCSHIM_PREALLOCATE=false. */
+static void device_full(void)
+{
+    void *p = NULL;
+    CHECK_EQ(cudaMalloc(&p, 64 * MiB), cudaErrorMemoryAllocation);
+    CHECK_EQ(cudaGetLastError(), cudaErrorMemoryAllocation);
+    char log[16384];
+    FILE *f = fopen(getenv("BFCSHIM_LOG_FILE"), "r");
+    size_t n = f ? fread(log, 1, sizeof log - 1, f) : 0;
+    log[n] = 0;
+    if (f)
+        fclose(f);
+    CHECK(strstr(log, "diagnosis: the device has no memory left for the pool: it has 24.0 MiB "
+                      "free of 1.00 GiB, and the pool holds 0 B of its 768 MiB limit") != NULL);
+    CHECK(strstr(log, "diagnosis: fragmentation") == NULL);
+    CHECK(strstr(log, "hint: raise the limit") == NULL);
+    /* What fits in the device's remaining 24 MiB still works. */
+    CHECK_EQ(cudaMalloc(&p, 8 * MiB), cudaSuccess);
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+}
+
+int main(int argc, char **argv)
+{
+    static const struct {
+        const char *name;
+        void (*fn)(void);
+    } scenarios[] = {
+        {"first-malloc", first_malloc},
+        {"meminfo-once", meminfo_once},
+        {"ptr-attr", ptr_attr},
+        {"device-full", device_full},
+    };
+    if (argc != 2) {
+        fprintf(stderr, "usage: e2e_queries SCENARIO\n");
+        return 2;
+    }
+    shim_log_reset();
+    for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
+        if (strcmp(argv[1], scenarios[i].name) == 0) {
+            scenarios[i].fn();
+            return e2e_done(argv[1]);
+        }
+    fprintf(stderr, "e2e_queries: no scenario '%s'\n", argv[1]);
+    return 2;
+}
