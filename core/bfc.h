@@ -152,6 +152,12 @@ typedef struct bfc_options {
     bool garbage_collection;
     /* Which end of the best-fitting free chunk an allocation is carved from. */
     bfc_placement placement;
+    /* Deferred frees: open epochs are sealed, and the oldest fence polled,
+     * once every this many allocations (0 or 1: every allocation), and
+     * always when nothing fits. A fence made later covers more work, so any
+     * interval is safe; a longer one makes fewer fences (in the shim, CUDA
+     * events) and holds freed blocks back a little longer. */
+    uint32_t fence_interval;
 } bfc_options;
 
 /* Fills *o with the defaults above, limit_bytes left 0. */
@@ -233,9 +239,10 @@ bfc_status bfc_pool_free_fenced(bfc_pool *pool, bfc_addr addr, uint32_t lane,
 /*
  * Frees the allocation at addr into `lane`'s open epoch, the engine choosing
  * the token: the first deferred free after a seal opens a new epoch with the
- * next token of the pool's counter. Before each allocation the pool seals
- * every open epoch (backend.fence_seal), so a fence is always made *after*
- * the frees it covers, and polls the oldest sealed token (fence_done without
+ * next token of the pool's counter. Before an allocation (every
+ * fence_interval-th one, and whenever nothing fits) the pool seals every
+ * open epoch (backend.fence_seal), so a fence is always made *after* the
+ * frees it covers, and polls the oldest sealed token (fence_done without
  * waiting). Token choice and free happen under the pool lock, so no free can
  * slip in after its epoch's fence. Do not mix with bfc_pool_free_fenced on
  * the same lane.

@@ -126,6 +126,12 @@ static uint32_t find_fit(bfc_pool *p, uint64_t rounded, uint32_t lane_id)
 static uint32_t find_fit_slow(bfc_pool *p, uint64_t rounded, uint32_t lane_id)
 {
     uint32_t c;
+    /* Epochs left open by the fence interval get their fences now: only a
+     * sealed epoch can be waited for. */
+    if (p->open_epochs) {
+        lanes_seal_all(p);
+        p->allocs_since_fence = 0;
+    }
     if (lanes_poll(p) && (c = find_fit(p, rounded, lane_id)) != CHUNK_NIL)
         return c;
     if (region_extend(p, rounded))
@@ -268,12 +274,17 @@ bfc_status bfc_pool_alloc(bfc_pool *p, uint64_t size, uint32_t lane_id,
         s = BFC_ERR_BAD_LANE;
         goto out;
     }
-    /* Deferred frees: fence what was freed since the last allocation, and
-     * retire what the GPU has finished since. */
-    if (p->open_epochs)
-        lanes_seal_all(p);
-    if (p->st.num_pending_chunks)
-        lanes_poll_oldest(p);
+    /* Deferred frees: fence what was freed since the last fencing, and
+     * retire what the GPU has finished since (every fence_interval-th
+     * allocation; the slow path does both whenever nothing fits). */
+    if ((p->open_epochs || p->st.num_pending_chunks) &&
+        ++p->allocs_since_fence >= p->opt.fence_interval) {
+        p->allocs_since_fence = 0;
+        if (p->open_epochs)
+            lanes_seal_all(p);
+        if (p->st.num_pending_chunks)
+            lanes_poll_oldest(p);
+    }
     /* One record for a split remainder, one for a new region, one map slot. */
     if (!chunk_store_reserve(&p->chunks, 2) || !live_index_reserve(&p->live, &p->chunks, 1)) {
         s = BFC_ERR_HOST_MEMORY;

@@ -108,6 +108,7 @@ static void parse(void)
         .alignment = 512,
         .placement = BFC_PLACE_BY_AGE,
         .initial_region = UINT64_C(2) << 20,
+        .fence_interval = 1,
         .driver_hooks = true,
         .log_level = LOG_WARN,
     };
@@ -147,6 +148,13 @@ static void parse(void)
     cfg.placement = place ? BFC_PLACE_LOW : BFC_PLACE_BY_AGE;
 
     get_size("BFCSHIM_INITIAL_REGION", &cfg.initial_region, "2MiB");
+
+    double every = cfg.fence_interval;
+    v = getenv("BFCSHIM_FENCE_INTERVAL");
+    if (v && (!parse_double_in(v, 1, 4096, &every) || every != (double)(uint32_t)every))
+        bad("BFCSHIM_FENCE_INTERVAL", v, "a whole number from 1 to 4096", "1");
+    else
+        cfg.fence_interval = (uint32_t)every;
     get_bool("BFCSHIM_DRIVER_HOOKS", &cfg.driver_hooks);
 
     cfg.trace_path = get_path("BFCSHIM_TRACE");

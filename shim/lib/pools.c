@@ -130,6 +130,7 @@ static shim_pool *create_pool(const real_driver *R, CUcontext ctx)
     o.min_split_bytes = cfg->alignment;
     o.garbage_collection = cfg->garbage_collection;
     o.placement = cfg->placement;
+    o.fence_interval = cfg->fence_interval;
     bfc_backend b = {.ctx = sp,
                      .region_alloc = region_alloc,
                      .region_free = region_free,

@@ -65,6 +65,7 @@ typedef struct shim_config {
     uint64_t alignment;
     bfc_placement placement;
     uint64_t initial_region;
+    uint32_t fence_interval; /* allocations between fence seals (engine option) */
     bool driver_hooks;
     int log_level;
     const char *log_file;

@@ -285,6 +285,38 @@ static void deferred_frees_share_an_epoch_sealed_at_the_next_allocation(void)
     fixture_end(&f);
 }
 
+/* fence_interval 4: the 4th allocation after a deferred free seals and
+ * polls, the ones before leave the epoch open; an allocation that finds
+ * nothing free seals at once (else it could not wait). */
+static void the_fence_interval_batches_seals_and_the_slow_path_seals_at_once(void)
+{
+    fixture f;
+    fixture_begin(&f, 1 * MiB);
+    f.opt.fence_interval = 4;
+    start_with_fences(&f);
+    uint32_t lane = open_lane(&f, false);
+    bfc_addr a = must_alloc(&f, 256 * KiB), b = must_alloc(&f, 256 * KiB);
+    CHECK_EQ(bfc_pool_free_deferred(f.pool, a, lane), BFC_OK);
+    for (int i = 0; i < 3; i++)
+        must_alloc(&f, 4 * KiB);
+    CHECK_EQ(fence_state.seals, 0);
+    CHECK_EQ(fence_state.polls, 0);
+    must_alloc(&f, 4 * KiB); /* the 4th: seals epoch 1 and polls it */
+    CHECK_EQ(fence_state.seals, 1);
+    CHECK_EQ(fence_state.sealed_token[0], 1);
+    CHECK_EQ(fence_state.polls, 1);
+    CHECK_EQ(bfc_pool_free_deferred(f.pool, b, lane), BFC_OK); /* epoch 2, open */
+    /* 1 MiB pool: 496 KiB are free, so 512 KiB only fit by waiting for a
+     * and b; the slow path seals epoch 2 first, then waits oldest first. */
+    bfc_addr c = 0;
+    CHECK_EQ(bfc_pool_alloc(f.pool, 512 * KiB, BFC_NO_LANE, &c), BFC_OK);
+    CHECK_EQ(fence_state.seals, 2);
+    CHECK_EQ(fence_state.sealed_token[1], 2);
+    CHECK(fence_state.waits >= 1);
+    CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+    fixture_end(&f);
+}
+
 static void a_refused_seal_keeps_the_epoch_open(void)
 {
     fixture f;
@@ -369,6 +401,7 @@ int main(void)
     RUN(closed_lanes_drain_then_recycle);
     RUN(garbage_collection_keeps_regions_with_pending_blocks);
     RUN(deferred_frees_share_an_epoch_sealed_at_the_next_allocation);
+    RUN(the_fence_interval_batches_seals_and_the_slow_path_seals_at_once);
     RUN(a_refused_seal_keeps_the_epoch_open);
     RUN(closing_a_lane_seals_its_epoch);
     RUN(many_lanes);

@@ -17,8 +17,9 @@
  *   - an OOM happens only when no chunk fits and the pool could not grow;
  *   - bad frees (double, interior, foreign, stale) are refused with the right
  *     status and change no statistic;
- *   - deferred frees (lanes 3..5) are sealed before the next allocation and
- *     never retire while their epoch is unsealed;
+ *   - deferred frees (lanes 3..5) are sealed by a later allocation (the
+ *     fence interval's, or any that finds nothing free) and never retire
+ *     while their epoch is unsealed;
  *   - bytes requested and live counts agree with the model.
  * A failure prints the seed and step, so `--seed N --ops M` replays it.
  */
@@ -133,6 +134,7 @@ static void configure(void)
     f->opt.placement = rng_below(rng, 3) == 0 ? BFC_PLACE_LOW : BFC_PLACE_BY_AGE;
     f->opt.tsl_split = rng_below(rng, 5) == 0;
     f->opt.garbage_collection = rng_below(rng, 4) != 0;
+    f->opt.fence_interval = rng_below(rng, 3) == 0 ? 1 + (uint32_t)rng_below(rng, 16) : 1;
     if (rng_below(rng, 4) == 0)
         f->dev.refuse_above = f->opt.limit_bytes / 2;
     if (rng_below(rng, 4) == 0)
