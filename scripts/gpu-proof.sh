@@ -196,6 +196,8 @@ step_bench() {
     local b=$build/tests/gpu/malloc_bench
     run_arm bench native 120 no -- "$b" native
     run_arm bench pooled 120 yes -- "$b" pooled
+    run_arm bench pooled-interval16 120 yes BFCSHIM_FENCE_INTERVAL=16 -- "$b" pooled-interval16
+    run_arm bench pooled-immediate 120 yes BFCSHIM_FREE_POLICY=immediate -- "$b" pooled-immediate
     # one object per size and API: collected as RESULT lines
     python3 - "$out/bench.log" >>"$results" <<'PY'
 import json, sys
@@ -232,12 +234,18 @@ step_jax() {
             "$py" "$gpu/jax_train.py" --arm B "${jax_size[@]}"
         run_arm jax C-platform-shim 150 yes "$p" "${small_env[@]}" -- \
             "$py" "$gpu/jax_train.py" --arm C "${jax_size[@]}"
+        run_arm jax C16-platform-shim-interval16 150 yes "$p" BFCSHIM_FENCE_INTERVAL=16 \
+            "${small_env[@]}" -- "$py" "$gpu/jax_train.py" --arm C16 "${jax_size[@]}"
         run_arm jax D-platform-shim-immediate 150 yes "$p" BFCSHIM_FREE_POLICY=immediate \
             "${small_env[@]}" -- "$py" "$gpu/jax_train.py" --arm D "${jax_size[@]}"
     done
 }
 
-# torch_arms STEP MODEL [ARGS...]: arms A-D of the PyTorch job, interleaved.
+# torch_arms STEP MODEL [ARGS...]: the PyTorch job's arms, interleaved:
+# A native, B the shim under PyTorch's cache, C the shim instead of the
+# cache, C16 the same with BFCSHIM_FENCE_INTERVAL=16, C-imm with the
+# immediate free policy (no fences: a bound on what fencing costs, not a
+# safe setting for PyTorch's multi-stream frees), D native without the cache.
 torch_arms() {
     local step=$1 model=$2 nc="PYTORCH_NO_CUDA_MEMORY_CACHING=1"
     shift 2
@@ -246,6 +254,10 @@ torch_arms() {
         run_arm "$step" A-native 200 no -- "${job[@]}" --arm A
         run_arm "$step" B-shim-cache 200 yes -- "${job[@]}" --arm B
         run_arm "$step" C-shim-nocache 200 yes "$nc" -- "${job[@]}" --arm C
+        run_arm "$step" C16-shim-nocache-interval16 200 yes "$nc" BFCSHIM_FENCE_INTERVAL=16 -- \
+            "${job[@]}" --arm C16
+        run_arm "$step" C-imm-shim-nocache-immediate 200 yes "$nc" \
+            BFCSHIM_FREE_POLICY=immediate -- "${job[@]}" --arm C-imm
         run_arm "$step" D-native-nocache 150 no "$nc" -- "${job[@]}" --arm D
     done
 }
@@ -275,6 +287,8 @@ step_maxbatch() {
                --cap "$cap")
     run_arm maxbatch A-native 200 no -- "${job[@]}" --arm A
     run_arm maxbatch C-shim-nocache 200 yes "$nc" BFCSHIM_MEM_LIMIT=$cap -- "${job[@]}" --arm C
+    run_arm maxbatch C16-shim-nocache-interval16 200 yes "$nc" BFCSHIM_MEM_LIMIT=$cap \
+        BFCSHIM_FENCE_INTERVAL=16 -- "${job[@]}" --arm C16
     run_arm maxbatch D-native-nocache 300 no "$nc" -- "${job[@]}" --arm D
 }
 

@@ -118,14 +118,14 @@ def main():
     if bench:
         print("\n== malloc-bench: microseconds per allocation+free pair (median)")
         cells = collections.OrderedDict()
+        arms = []
         for r in bench:
             cells.setdefault((r["api"], r["size"]), {})[r["arm_label"]] = r["us_median"]
-        rows = []
-        for (api, size), v in cells.items():
-            n, p = v.get("native"), v.get("pooled")
-            rows.append([api, size, fmt(n, ".2f"), fmt(p, ".2f"),
-                         fmt(n / p, ".1f") if n and p else "-"])
-        print(table(rows, ["api", "bytes", "native us", "pooled us", "speed-up"]))
+            if r["arm_label"] not in arms:
+                arms.append(r["arm_label"])
+        rows = [[api, size] + [fmt(v.get(a), ".2f") for a in arms]
+                for (api, size), v in cells.items()]
+        print(table(rows, ["api", "bytes"] + arms))
 
 
 if __name__ == "__main__":

@@ -189,11 +189,20 @@ def run_steps(args, device, nvml):
     return res
 
 
+def is_oom(e):
+    """With caching off, PyTorch reports a failed cudaMalloc as a plain CUDA
+    error (torch.AcceleratorError: CUDA error: out of memory), not as
+    torch.OutOfMemoryError (seen with torch 2.11)."""
+    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e)
+
+
 def try_batch(model, opt, batch_fn, loss_fn, batch, device):
     try:
         train_steps(model, opt, batch_fn, loss_fn, batch, 2, 0, device)
         return True
-    except torch.OutOfMemoryError:
+    except RuntimeError as e:  # OutOfMemoryError and AcceleratorError are both
+        if not is_oom(e):
+            raise
         return False
     finally:
         opt.zero_grad(set_to_none=True)
