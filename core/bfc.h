@@ -153,11 +153,14 @@ typedef struct bfc_options {
     /* Which end of the best-fitting free chunk an allocation is carved from. */
     bfc_placement placement;
     /* Deferred frees: open epochs are sealed, and the oldest fence polled,
-     * once every this many allocations (0 or 1: every allocation), and
-     * always when nothing fits. A fence made later covers more work, so any
-     * interval is safe; a longer one makes fewer fences (in the shim, CUDA
-     * events) and holds freed blocks back a little longer. */
+     * once every fence_interval allocations (0 or 1: every allocation), or
+     * sooner, as soon as fence_bytes or more have been freed into them (0:
+     * no such trigger), and always when nothing fits. A fence made later
+     * covers more work, so any setting is safe; fewer fences (in the shim,
+     * CUDA events) cost less time, and freed blocks held back longer cost
+     * memory: the byte trigger keeps large frees from waiting. */
     uint32_t fence_interval;
+    uint64_t fence_bytes;
 } bfc_options;
 
 /* Fills *o with the defaults above, limit_bytes left 0. */

@@ -221,7 +221,9 @@ bfc_status bfc_pool_free_deferred(bfc_pool *p, bfc_addr addr, uint32_t id)
     } else {
         bool opening = !l->open_token;
         uint64_t token = opening ? p->token_counter + 1 : l->open_token;
+        uint64_t before = l->bytes;
         s = free_into(p, addr, id, l, token);
+        p->bytes_since_fence += l->bytes - before;
         if (s == BFC_OK && opening) {
             p->token_counter = token;
             l->open_token = token;

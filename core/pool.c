@@ -131,6 +131,7 @@ static uint32_t find_fit_slow(bfc_pool *p, uint64_t rounded, uint32_t lane_id)
     if (p->open_epochs) {
         lanes_seal_all(p);
         p->allocs_since_fence = 0;
+        p->bytes_since_fence = 0;
     }
     if (lanes_poll(p) && (c = find_fit(p, rounded, lane_id)) != CHUNK_NIL)
         return c;
@@ -276,10 +277,13 @@ bfc_status bfc_pool_alloc(bfc_pool *p, uint64_t size, uint32_t lane_id,
     }
     /* Deferred frees: fence what was freed since the last fencing, and
      * retire what the GPU has finished since (every fence_interval-th
-     * allocation; the slow path does both whenever nothing fits). */
+     * allocation, or once fence_bytes were freed; the slow path does both
+     * whenever nothing fits). */
     if ((p->open_epochs || p->st.num_pending_chunks) &&
-        ++p->allocs_since_fence >= p->opt.fence_interval) {
+        (++p->allocs_since_fence >= p->opt.fence_interval ||
+         (p->opt.fence_bytes && p->bytes_since_fence >= p->opt.fence_bytes))) {
         p->allocs_since_fence = 0;
+        p->bytes_since_fence = 0;
         if (p->open_epochs)
             lanes_seal_all(p);
         if (p->st.num_pending_chunks)

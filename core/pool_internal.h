@@ -66,6 +66,7 @@ struct bfc_pool {
     uint64_t token_counter;     /* epochs of bfc_pool_free_deferred */
     uint32_t open_epochs;       /* lanes with an open epoch */
     uint32_t allocs_since_fence; /* allocations since open epochs were last sealed */
+    uint64_t bytes_since_fence;  /* bytes freed into open epochs since then */
     uint64_t alloc_seq;
     /* Running counters; derived fields are filled in by bfc_pool_stats. */
     bfc_stats st;

@@ -109,6 +109,7 @@ static void parse(void)
         .placement = BFC_PLACE_BY_AGE,
         .initial_region = UINT64_C(2) << 20,
         .fence_interval = 1,
+        .fence_bytes = UINT64_C(64) << 20,
         .driver_hooks = true,
         .log_level = LOG_WARN,
     };
@@ -155,6 +156,14 @@ static void parse(void)
         bad("BFCSHIM_FENCE_INTERVAL", v, "a whole number from 1 to 4096", "1");
     else
         cfg.fence_interval = (uint32_t)every;
+    v = getenv("BFCSHIM_FENCE_BYTES");
+    uint64_t fb = 0;
+    if (v && strcmp(v, "0") == 0)
+        cfg.fence_bytes = 0;
+    else if (v && parse_size(v, &fb))
+        cfg.fence_bytes = fb;
+    else if (v)
+        bad("BFCSHIM_FENCE_BYTES", v, "a size such as 64MiB, or 0 for none", "64MiB");
     get_bool("BFCSHIM_DRIVER_HOOKS", &cfg.driver_hooks);
 
     cfg.trace_path = get_path("BFCSHIM_TRACE");

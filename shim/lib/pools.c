@@ -131,6 +131,7 @@ static shim_pool *create_pool(const real_driver *R, CUcontext ctx)
     o.garbage_collection = cfg->garbage_collection;
     o.placement = cfg->placement;
     o.fence_interval = cfg->fence_interval;
+    o.fence_bytes = cfg->fence_bytes;
     bfc_backend b = {.ctx = sp,
                      .region_alloc = region_alloc,
                      .region_free = region_free,

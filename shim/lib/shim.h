@@ -66,6 +66,7 @@ typedef struct shim_config {
     bfc_placement placement;
     uint64_t initial_region;
     uint32_t fence_interval; /* allocations between fence seals (engine option) */
+    uint64_t fence_bytes;    /* bytes freed that trigger a seal sooner (engine option) */
     bool driver_hooks;
     int log_level;
     const char *log_file;

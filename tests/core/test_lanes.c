@@ -317,6 +317,30 @@ static void the_fence_interval_batches_seals_and_the_slow_path_seals_at_once(voi
     fixture_end(&f);
 }
 
+/* fence_bytes 512 KiB with a long interval: small frees wait for the
+ * interval, a free that brings the open bytes to 512 KiB is fenced at the
+ * next allocation. */
+static void the_fence_bytes_trigger_fences_large_frees_at_once(void)
+{
+    fixture f;
+    fixture_begin(&f, 4 * MiB);
+    f.opt.fence_interval = 1000;
+    f.opt.fence_bytes = 512 * KiB;
+    start_with_fences(&f);
+    uint32_t lane = open_lane(&f, false);
+    bfc_addr small = must_alloc(&f, 64 * KiB), big = must_alloc(&f, 512 * KiB);
+    CHECK_EQ(bfc_pool_free_deferred(f.pool, small, lane), BFC_OK);
+    must_alloc(&f, 4 * KiB);
+    CHECK_EQ(fence_state.seals, 0); /* 64 KiB open: below the trigger */
+    CHECK_EQ(bfc_pool_free_deferred(f.pool, big, lane), BFC_OK);
+    must_alloc(&f, 4 * KiB); /* 576 KiB open: fenced now */
+    CHECK_EQ(fence_state.seals, 1);
+    CHECK_EQ(fence_state.sealed_token[0], 1);
+    must_alloc(&f, 4 * KiB); /* nothing new freed: no fence */
+    CHECK_EQ(fence_state.seals, 1);
+    fixture_end(&f);
+}
+
 static void a_refused_seal_keeps_the_epoch_open(void)
 {
     fixture f;
@@ -402,6 +426,7 @@ int main(void)
     RUN(garbage_collection_keeps_regions_with_pending_blocks);
     RUN(deferred_frees_share_an_epoch_sealed_at_the_next_allocation);
     RUN(the_fence_interval_batches_seals_and_the_slow_path_seals_at_once);
+    RUN(the_fence_bytes_trigger_fences_large_frees_at_once);
     RUN(a_refused_seal_keeps_the_epoch_open);
     RUN(closing_a_lane_seals_its_epoch);
     RUN(many_lanes);

@@ -135,6 +135,7 @@ static void configure(void)
     f->opt.tsl_split = rng_below(rng, 5) == 0;
     f->opt.garbage_collection = rng_below(rng, 4) != 0;
     f->opt.fence_interval = rng_below(rng, 3) == 0 ? 1 + (uint32_t)rng_below(rng, 16) : 1;
+    f->opt.fence_bytes = rng_below(rng, 2) ? 0 : (1 + rng_below(rng, 8)) * 64 * KiB;
     if (rng_below(rng, 4) == 0)
         f->dev.refuse_above = f->opt.limit_bytes / 2;
     if (rng_below(rng, 4) == 0)
