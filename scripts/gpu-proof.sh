@@ -13,6 +13,10 @@
 #                       never runs past it, and the archive is always written
 #   GPU_PROOF_REPEAT    runs per arm for the timed A/B steps (default 1)
 #   GPU_PROOF_COMMIT    the commit measured, where the tree has no .git
+#   GPU_PROOF_ARMS      an extended regex: only arms whose label matches run
+#                       (e.g. '^(A-native|C16-.*)$'); all by default
+#   GPU_PROOF_OLD_LIB   another libbfcshim.so (an older build) for the malloc
+#                       bench to time on the same machine, as arm pooled-old
 #   GPU_PROOF_TAR       also pack OUTDIR into this .tar.gz at the end
 #   GPU_PROOF_REHEARSE  1: tiny sizes, and the CPU where a framework has one,
 #                       to check the plumbing on a machine without a GPU
@@ -87,6 +91,9 @@ run_arm() {
     local envs=()
     while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
     shift
+    if [ -n "${GPU_PROOF_ARMS:-}" ] && ! [[ $arm =~ $GPU_PROOF_ARMS ]]; then
+        return 0
+    fi
     local left=$((deadline - $(date +%s) - 15))
     [ "$limit" -gt "$left" ] && limit=$left
     if [ "$limit" -le 5 ]; then
@@ -198,6 +205,11 @@ step_bench() {
     run_arm bench pooled 120 yes -- "$b" pooled
     run_arm bench pooled-interval16 120 yes BFCSHIM_FENCE_INTERVAL=16 -- "$b" pooled-interval16
     run_arm bench pooled-immediate 120 yes BFCSHIM_FREE_POLICY=immediate -- "$b" pooled-immediate
+    if [ -n "${GPU_PROOF_OLD_LIB:-}" ] && [ -f "$GPU_PROOF_OLD_LIB" ]; then
+        local old
+        old=$(cd "$(dirname "$GPU_PROOF_OLD_LIB")" && pwd)/$(basename "$GPU_PROOF_OLD_LIB")
+        run_arm bench pooled-old 120 no "LD_PRELOAD=$old" -- "$b" pooled-old
+    fi
     # one object per size and API: collected as RESULT lines
     python3 - "$out/bench.log" >>"$results" <<'PY'
 import json, sys
