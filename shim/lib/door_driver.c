@@ -210,7 +210,11 @@ static CUresult alloc_async(int z, CUdeviceptr *dptr, size_t size, CUstream s, c
     shim_pool *sp;
     if (!shim_driver_door() || size == 0 || !dptr)
         return counted_alloc(PASS(MemAllocAsync[z], dptr, size, s), dptr, size);
-    if (svc_stream_capturing(s, z) || !(sp = svc_current_pool())) {
+    /* The stream's device, not the current one; and its default pool only. */
+    sp = svc_stream_capturing(s, z)        ? NULL
+         : svc_explicit_stream(s, z)       ? svc_stream_pool(s)
+                                           : svc_current_pool();
+    if (!sp || !svc_default_pool_current(sp->dev)) {
         svc_note_passthrough();
         return PASS(MemAllocAsync[z], dptr, size, s);
     }
@@ -233,8 +237,10 @@ static CUresult alloc_from_pool(int z, CUdeviceptr *dptr, size_t size, CUmemoryP
     shim_pool *sp;
     if (!shim_driver_door() || size == 0 || !dptr)
         return PASS(MemAllocFromPoolAsync[z], dptr, size, pool, s);
-    if (svc_stream_capturing(s, z) || !(sp = svc_current_pool()) ||
-        !svc_is_default_pool(sp, pool)) {
+    sp = svc_stream_capturing(s, z)        ? NULL
+         : svc_explicit_stream(s, z)       ? svc_stream_pool(s)
+                                           : svc_current_pool();
+    if (!sp || !svc_is_default_pool(sp, pool)) {
         svc_note_passthrough();
         return PASS(MemAllocFromPoolAsync[z], dptr, size, pool, s);
     }
@@ -301,6 +307,14 @@ SHIM_EXPORT CUresult cuStreamDestroy_v2(CUstream s)
     pools_stream_destroyed(s);
     streams_remove(s);
     return PASS(StreamDestroy, s);
+}
+
+SHIM_EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
+{
+    CUresult r = PASS(DeviceSetMemPool, dev, pool);
+    if (r == CUDA_SUCCESS)
+        svc_note_device_pool(dev, pool);
+    return r;
 }
 
 SHIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)

@@ -221,7 +221,11 @@ static cudaError_t malloc_async(int z, void **p, size_t size, cudaStream_t s, co
     shim_pool *sp;
     if (!shim_active() || !p || size == 0)
         return counted_alloc(f ? f(p, size, s) : NO_RUNTIME, p, size);
-    if (svc_stream_capturing((CUstream)s, z) || !(sp = runtime_pool()))
+    if (svc_stream_capturing((CUstream)s, z))
+        return pass_alloc_async(f, p, size, s);
+    /* The stream's device, not the current one; and its default pool only. */
+    sp = svc_explicit_stream((CUstream)s, z) ? svc_stream_pool((CUstream)s) : runtime_pool();
+    if (!sp || !svc_default_pool_current(sp->dev))
         return pass_alloc_async(f, p, size, s);
     CUdeviceptr d = 0;
     svc_status st = svc_alloc(sp, size, pool_lane_for_alloc(sp, (CUstream)s, z), (CUstream)s, &d, api);
@@ -256,8 +260,11 @@ static cudaError_t malloc_from_pool(int z, void **p, size_t size, cudaMemPool_t 
     shim_pool *sp;
     if (!shim_active() || !p || size == 0)
         return f ? f(p, size, pool, s) : NO_RUNTIME;
-    if (svc_stream_capturing((CUstream)s, z) || !(sp = runtime_pool()) ||
-        !svc_is_default_pool(sp, (CUmemoryPool)pool)) {
+    if (!svc_stream_capturing((CUstream)s, z))
+        sp = svc_explicit_stream((CUstream)s, z) ? svc_stream_pool((CUstream)s) : runtime_pool();
+    else
+        sp = NULL;
+    if (!sp || !svc_is_default_pool(sp, (CUmemoryPool)pool)) {
         svc_note_passthrough();
         shim_tls_bypass++; /* counted here, not again in the driver door */
         cudaError_t e = f ? f(p, size, pool, s) : NO_RUNTIME;
@@ -341,6 +348,18 @@ SHIM_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t s)
         streams_remove((CUstream)s);
     }
     return f ? f(s) : NO_RUNTIME;
+}
+
+typedef cudaError_t (*set_pool_fn)(int, cudaMemPool_t);
+
+SHIM_EXPORT cudaError_t cudaDeviceSetMemPool(int dev, cudaMemPool_t pool)
+{
+    REAL_RT(set_pool_fn, f, "cudaDeviceSetMemPool");
+    cudaError_t e = f ? f(dev, pool) : NO_RUNTIME;
+    /* With the driver door hooked, cudart's cuDeviceSetMemPool tells us. */
+    if (e == cudaSuccess && !shim_driver_hooked())
+        svc_note_device_pool((CUdevice)dev, (CUmemoryPool)pool);
+    return e;
 }
 
 SHIM_EXPORT cudaError_t cudaDeviceReset(void)

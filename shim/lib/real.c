@@ -48,6 +48,7 @@ static void load_driver(void)
     LOOK(CtxDestroy, "cuCtxDestroy_v2");
     LOOK(DeviceTotalMem, "cuDeviceTotalMem_v2");
     LOOK(DeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool");
+    LOOK(DeviceSetMemPool, "cuDeviceSetMemPool");
     LOOK(DevicePrimaryCtxGetState, "cuDevicePrimaryCtxGetState");
     LOOK(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
     LOOK(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2");

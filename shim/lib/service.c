@@ -69,6 +69,43 @@ bool svc_is_default_pool(shim_pool *sp, CUmemoryPool pool)
            R->DeviceGetDefaultMemPool(&dflt, sp->dev) == CUDA_SUCCESS && dflt == pool;
 }
 
+/* The pool each device's stream-ordered calls use, when the program set one
+ * other than the default (NULL: the default, which the BFC pool serves). */
+enum { TRACKED_DEVICES = 64 };
+static _Atomic(CUmemoryPool) set_pool[TRACKED_DEVICES];
+
+void svc_note_device_pool(CUdevice dev, CUmemoryPool pool)
+{
+    const real_driver *R = real_driver_get();
+    CUmemoryPool dflt = NULL;
+    if (dev < 0 || dev >= TRACKED_DEVICES || !R || !R->DeviceGetDefaultMemPool ||
+        R->DeviceGetDefaultMemPool(&dflt, dev) != CUDA_SUCCESS)
+        return;
+    atomic_store(&set_pool[dev], pool == dflt ? NULL : pool);
+}
+
+bool svc_default_pool_current(CUdevice dev)
+{
+    return dev < 0 || dev >= TRACKED_DEVICES || atomic_load_explicit(&set_pool[dev],
+                                                                      memory_order_relaxed) == NULL;
+}
+
+bool svc_explicit_stream(CUstream s, bool per_thread)
+{
+    (void)per_thread; /* stream 0 is the legacy or the per-thread stream */
+    return s != NULL && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD;
+}
+
+shim_pool *svc_stream_pool(CUstream s)
+{
+    const real_driver *R = real_driver_get();
+    CUcontext ctx = NULL;
+    if (!R || !R->StreamGetCtx || R->StreamGetCtx(s, &ctx) != CUDA_SUCCESS || !ctx)
+        return NULL;
+    shim_pool *sp = pool_for_context(ctx, true);
+    return sp && svc_default_pool_current(sp->dev) ? sp : NULL;
+}
+
 void svc_note_passthrough(void)
 {
     atomic_fetch_add_explicit(&shim_passthrough_allocs, 1, memory_order_relaxed);
@@ -83,11 +120,27 @@ void svc_note_passthrough(void)
 
 /* ---- allocation ----------------------------------------------------------------- */
 
+/* Runs the engine with the pool's context current: it may take a region,
+ * and seal fences, whose CUDA calls act on the current context (a
+ * stream-ordered call on another device's stream arrives with another
+ * context current). */
+static bfc_status pool_alloc_in_context(shim_pool *sp, size_t size, uint32_t lane, bfc_addr *a)
+{
+    const real_driver *R = real_driver_get();
+    CUcontext cur = NULL;
+    R->CtxGetCurrent(&cur);
+    bool push = cur != sp->ctx && R->CtxPushCurrent(sp->ctx) == CUDA_SUCCESS;
+    bfc_status st = bfc_pool_alloc(sp->bfc, size, lane, a);
+    if (push)
+        R->CtxPopCurrent(&cur);
+    return st;
+}
+
 svc_status svc_alloc(shim_pool *sp, size_t size, uint32_t lane, CUstream stream,
                      CUdeviceptr *out, const char *api)
 {
     bfc_addr a = 0;
-    bfc_status st = bfc_pool_alloc(sp->bfc, size, lane, &a);
+    bfc_status st = pool_alloc_in_context(sp, size, lane, &a);
     if (st == BFC_OK) {
         *out = (CUdeviceptr)a;
         stats_poll_request();

@@ -111,6 +111,7 @@ typedef struct real_driver {
     CUresult (*CtxDestroy)(CUcontext);
     CUresult (*DeviceTotalMem)(size_t *, CUdevice);
     CUresult (*DeviceGetDefaultMemPool)(CUmemoryPool *, CUdevice);
+    CUresult (*DeviceSetMemPool)(CUdevice, CUmemoryPool);
     CUresult (*DevicePrimaryCtxGetState)(CUdevice, unsigned *, int *);
     CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
     CUresult (*DevicePrimaryCtxRelease)(CUdevice);
@@ -286,6 +287,17 @@ shim_pool *svc_current_pool(void);
 /* Is `pool` the device's default memory pool (which the BFC pool stands in
  * for)? Other pools belong to the program: their calls pass through. */
 bool svc_is_default_pool(shim_pool *sp, CUmemoryPool pool);
+/* The pool a stream-ordered call on an explicit stream serves from: the
+ * stream's context's (a stream belongs to one device, whatever context is
+ * current), created on first use; NULL to pass the call through (including
+ * when the program made another pool its device's current one). */
+shim_pool *svc_stream_pool(CUstream s);
+/* Is s an explicit stream handle (not the legacy or per-thread stream)? */
+bool svc_explicit_stream(CUstream s, bool per_thread);
+/* Does the device still allocate stream-ordered memory from its default
+ * pool? cuDeviceSetMemPool (both doors) tells us when it stops. */
+bool svc_default_pool_current(CUdevice dev);
+void svc_note_device_pool(CUdevice dev, CUmemoryPool pool);
 /* `stream` is only recorded in the trace; the lane decides reuse. */
 svc_status svc_alloc(shim_pool *sp, size_t size, uint32_t lane, CUstream stream,
                      CUdeviceptr *out, const char *api);

@@ -24,6 +24,11 @@
  *                    stream handle may be used (the real driver crashed)
  *   ctx-reuse        a created context is destroyed with streams alive and a
  *                    new one gets its handle value
+ *   stream-device    stream-ordered allocations on a stream of device 1 while
+ *                    device 0 is current: served from device 1's pool and
+ *                    fenced there (else the blocks never retire)
+ *   custom-pool      after cudaDeviceSetMemPool(dev, pool of the program's),
+ *                    cudaMallocAsync on that device is the program's pool's
  */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -313,6 +318,74 @@ static void ctx_reuse(void)
     CHECK_EQ(destroy(b), CUDA_SUCCESS);
 }
 
+static int device_of(void *p)
+{
+    typedef CUresult (*attr_fn)(void *, CUpointer_attribute, CUdeviceptr);
+    attr_fn attr = (attr_fn)dlsym(dlopen("libcuda.so.1", RTLD_NOW), "cuPointerGetAttribute");
+    int dev = -1;
+    if (attr(&dev, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, (CUdeviceptr)(uintptr_t)p) != CUDA_SUCCESS)
+        return -1;
+    return dev;
+}
+
+static void stream_device(void)
+{
+    cudaStream_t s1;
+    CHECK_EQ(cudaSetDevice(1), cudaSuccess);
+    CHECK_EQ(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+    CHECK_EQ(cudaFree(NULL), cudaSuccess);
+    /* 40 x 64 MiB through a 768 MiB pool: only works if the frees retire. */
+    int ok = 0;
+    for (int i = 0; i < 40; i++) {
+        void *p = NULL;
+        if (cudaMallocAsync(&p, 64 * MiB, s1) != cudaSuccess) {
+            cudaGetLastError();
+            fprintf(stderr, "allocation %d on device 1's stream failed\n", i);
+            break;
+        }
+        if (i == 0)
+            CHECK_EQ(device_of(p), 1);
+        CHECK_EQ(cudaFreeAsync(p, s1), cudaSuccess);
+        fakecuda()->complete(s1);
+        ok++;
+    }
+    CHECK_EQ(ok, 40);
+    CHECK_EQ(fake_stats().bytes_in_use[0], 0); /* no pool on device 0 */
+    CHECK_EQ(fake_stats().stale_handle_uses, 0);
+    CHECK_EQ(cudaStreamDestroy(s1), cudaSuccess);
+}
+
+static void custom_pool(void)
+{
+    typedef CUresult (*create_fn)(CUmemoryPool *, const CUmemPoolProps *);
+    create_fn create = (create_fn)dlsym(dlopen("libcuda.so.1", RTLD_NOW), "cuMemPoolCreate");
+    CHECK_EQ(cudaFree(NULL), cudaSuccess);
+    cudaStream_t s;
+    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    void *pooled = NULL, *mine = NULL;
+    CHECK_EQ(cudaMallocAsync(&pooled, MiB, s), cudaSuccess); /* the default pool: ours */
+    CUmemPoolProps props = {.allocType = CU_MEM_ALLOCATION_TYPE_PINNED,
+                            .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+    CUmemoryPool pool = NULL;
+    CHECK_EQ(create(&pool, &props), CUDA_SUCCESS);
+    CHECK_EQ(cudaDeviceSetMemPool(0, (cudaMemPool_t)pool), cudaSuccess);
+    fakecuda_stats s0 = fake_stats();
+    CHECK_EQ(cudaMallocAsync(&mine, MiB, s), cudaSuccess);
+    CHECK_EQ(fake_stats().mem_alloc_async_calls, s0.mem_alloc_async_calls + 1);
+    CHECK_EQ(cudaFreeAsync(mine, s), cudaSuccess);
+    CHECK_EQ(fake_stats().mem_free_async_calls, s0.mem_free_async_calls + 1);
+    CUmemoryPool dflt = NULL;
+    CHECK_EQ(cudaDeviceGetDefaultMemPool((cudaMemPool_t *)&dflt, 0), cudaSuccess);
+    CHECK_EQ(cudaDeviceSetMemPool(0, (cudaMemPool_t)dflt), cudaSuccess);
+    s0 = fake_stats();
+    CHECK_EQ(cudaMallocAsync(&mine, MiB, s), cudaSuccess); /* ours again */
+    CHECK_EQ(fake_stats().mem_alloc_async_calls, s0.mem_alloc_async_calls);
+    CHECK_EQ(cudaFreeAsync(mine, s), cudaSuccess);
+    CHECK_EQ(cudaFreeAsync(pooled, s), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -323,6 +396,7 @@ int main(int argc, char **argv)
         {"capture-begin", capture_begin},   {"legacy-capture", legacy_capture},
         {"ptsz-capture", ptsz_capture},     {"global-capture", global_capture},
         {"reset-streams", reset_streams},   {"ctx-reuse", ctx_reuse},
+        {"stream-device", stream_device},   {"custom-pool", custom_pool},
     };
     if (argc != 2) {
         fprintf(stderr, "usage: e2e_fences SCENARIO\n");

@@ -143,6 +143,8 @@ static struct {
     bool zero_alloc; /* cuMemAlloc(0) succeeds (CUDA's refuses; nothing may depend on it) */
     fakecuda_stats st;
     CUmemoryPool default_pool[MAX_DEVICES];
+    CUmemoryPool current_pool[MAX_DEVICES]; /* cuDeviceSetMemPool's */
+    unsigned npools_created;
 } G = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static _Thread_local fctx *tls_ctx_stack[16];
@@ -208,6 +210,7 @@ static void configure(void)
         G.primary[d].legacy = (fstream){.magic = STREAM_MAGIC, .ctx = &G.primary[d],
                                         .legacy = true};
         G.default_pool[d] = (CUmemoryPool)(uintptr_t)(0xF00D0000u + (unsigned)d);
+        G.current_pool[d] = G.default_pool[d];
     }
     const char *o = getenv("FAKECUDA_OTHER_USED");
     last = 0;
@@ -595,6 +598,36 @@ EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
     if (!pool || dev < 0 || dev >= G.ndev)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     *pool = G.default_pool[dev];
+    LEAVE(CUDA_SUCCESS);
+}
+
+/* Memory pools are handles only: what a pool allocates comes from its
+ * device like any other allocation. */
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
+{
+    ENTER();
+    if (!pool || !props || props->location.id < 0 || props->location.id >= G.ndev)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    *pool = (CUmemoryPool)(uintptr_t)(0xBEEF0000u + ++G.npools_created * 16u +
+                                      (unsigned)props->location.id);
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
+{
+    ENTER();
+    if (dev < 0 || dev >= G.ndev || !pool)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    G.current_pool[dev] = pool;
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    ENTER();
+    if (!pool || dev < 0 || dev >= G.ndev)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    *pool = G.current_pool[dev];
     LEAVE(CUDA_SUCCESS);
 }
 
@@ -1347,6 +1380,9 @@ static const proc procs[] = {
     P("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2),
     P("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute),
     P("cuDeviceGetDefaultMemPool", 11020, cuDeviceGetDefaultMemPool),
+    P("cuDeviceSetMemPool", 11020, cuDeviceSetMemPool),
+    P("cuDeviceGetMemPool", 11020, cuDeviceGetMemPool),
+    P("cuMemPoolCreate", 11020, cuMemPoolCreate),
     P("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
     P("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
     P("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2),

@@ -37,6 +37,7 @@ static struct {
     CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
     CUresult (*DevicePrimaryCtxReset)(CUdevice);
     CUresult (*DeviceGetDefaultMemPool)(CUmemoryPool *, CUdevice);
+    CUresult (*DeviceSetMemPool)(CUdevice, CUmemoryPool);
     CUresult (*CtxGetCurrent)(CUcontext *);
     CUresult (*CtxSetCurrent)(CUcontext);
     CUresult (*CtxSynchronize)(void);
@@ -100,6 +101,7 @@ static void initialise(void)
     R(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
     R(DevicePrimaryCtxReset, "cuDevicePrimaryCtxReset");
     R(DeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool");
+    R(DeviceSetMemPool, "cuDeviceSetMemPool");
     R(CtxGetCurrent, "cuCtxGetCurrent");
     R(CtxSetCurrent, "cuCtxSetCurrent");
     R(CtxSynchronize, "cuCtxSynchronize");
@@ -354,6 +356,12 @@ EXPORT cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *pool, int dev)
 {
     ENTER();
     return record(D.DeviceGetDefaultMemPool((CUmemoryPool *)pool, dev));
+}
+
+EXPORT cudaError_t cudaDeviceSetMemPool(int dev, cudaMemPool_t pool)
+{
+    ENTER();
+    return record(D.DeviceSetMemPool(dev, (CUmemoryPool)pool));
 }
 
 EXPORT cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
