@@ -12,6 +12,12 @@
  *     dlsym sees the original return address.
  *   - only names of the form cu[A-Z]... are ours to look at (matching "cu"
  *     alone caught cudnnCreate elsewhere); everything else goes straight on;
+ *   - only lookups on an explicit handle are ours (a libcuda handle searches
+ *     only libcuda's tree, where our exports are not). RTLD_DEFAULT already
+ *     finds our exported doors first (preloaded objects come first), and
+ *     RTLD_NEXT must search after the *caller*: another interposer stacked
+ *     after us asks it for the function it wraps, and answered from here it
+ *     would get its own function back and recurse. Both go straight on;
  *   - lookups made by libcuda itself go straight on (its own internal dlsym
  *     once recursed through an interposer);
  *   - nothing heavy happens here: no locks beyond glibc's, no CUDA calls.
@@ -97,9 +103,9 @@ __attribute__((visibility("hidden"))) void *bfcshim_dlsym_target(void *handle,
                                                                  void *caller);
 UNINSTRUMENTED void *bfcshim_dlsym_target(void *handle, const char *symbol, void *caller)
 {
-    (void)handle; /* the trampoline passes it on to the target unchanged */
     dlsym_pun real = {.fn = find_real_dlsym()};
-    if (!driver_symbol(symbol) || called_from_libcuda(caller))
+    if (!driver_symbol(symbol) || handle == RTLD_NEXT || handle == RTLD_DEFAULT ||
+        called_from_libcuda(caller))
         return real.data;
     return (void *)dlsym_driver;
 }
