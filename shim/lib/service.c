@@ -315,16 +315,19 @@ bool platform_counting(void)
     return !shim_tls_bypass && shim_config_get()->mode == MODE_PLATFORM;
 }
 
+/* An allocation seen at both doors (cudart's cudaMalloc reaching the driver
+ * door's cuMemAlloc_v2) is one pointer: counted and recorded in the trace
+ * once, by whichever door sees it first. */
 void platform_note_alloc(CUdeviceptr ptr, size_t size)
 {
     if (!ptr)
         return;
-    record_alloc(ptr, size, NULL);
     pthread_mutex_lock(&platform_lock);
     if (!platform_ready)
         platform_ready = ptr_map_init(&platform_live);
     if (platform_ready && ptr_map_reserve(&platform_live, 1) &&
         !ptr_map_get(&platform_live, ptr)) {
+        record_alloc(ptr, size, NULL);
         counts.num_allocs++;
         ptr_map_put(&platform_live, ptr, size + 1); /* 0 means absent to the map */
         counts.bytes_in_use += size;
@@ -340,10 +343,10 @@ void platform_note_free(CUdeviceptr ptr)
 {
     if (!ptr)
         return;
-    record_free(ptr, NULL);
     pthread_mutex_lock(&platform_lock);
     uint64_t stored = platform_ready ? ptr_map_take(&platform_live, ptr) : 0;
     if (stored) {
+        record_free(ptr, NULL);
         counts.num_frees++;
         counts.bytes_in_use -= stored - 1;
     }

@@ -83,12 +83,19 @@ run("stats-now", BFCSHIM_STATS_FILE=os.path.join(work, "req.json"),
     STATS_NOW=os.path.join(work, "now.json"))
 check(json.load(open(os.path.join(work, "now.json")))["version"] == 1, "stats on demand")
 
-# 5. platform mode counts what passes through.
-run("platform", BFCSHIM_ALLOCATOR="platform", BFCSHIM_STATS_FILE=stats)
+# 5. platform mode counts what passes through, and traces each allocation
+#    once though cudart's cudaMalloc reaches the driver door too.
+platform_trace = os.path.join(work, "platform.csv")
+run("platform", BFCSHIM_ALLOCATOR="platform", BFCSHIM_STATS_FILE=stats,
+    BFCSHIM_TRACE=platform_trace)
 doc = json.load(open(stats))
 check(doc["allocator"] == "platform" and doc["pools"] == [], "platform: no pools")
 check(doc["platform"]["num_allocs"] == 10 and doc["driver_alloc_calls"] == 10,
       f"platform counts {doc['platform']}")
+actions = [l.split(",")[2] for l in open(platform_trace).read().splitlines()[1:]]
+check(actions.count("allocate") == 10 and actions.count("free") == 10,
+      f"platform trace: {actions.count('allocate')} allocations and "
+      f"{actions.count('free')} frees recorded (10 each expected)")
 
 # 6. eight threads on their own streams: every thread in the trace, every
 #    free after its allocation.
