@@ -15,7 +15,11 @@
  *
  * A pool whose context goes away (cuCtxDestroy, primary context reset or
  * last release) is marked dead and forgotten but never freed: another thread
- * may still be inside it, and its memory went with the context anyway.
+ * may still be inside it, and its memory went with the context anyway. Its
+ * registry slot goes to the next new pool, so a program that makes and
+ * destroys contexts again and again keeps its pools (the dead pool's
+ * bookkeeping stays: a few KiB resident, its lane tables being untouched
+ * zero pages).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +33,7 @@
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic(shim_pool *) registry[MAX_POOLS];
 static atomic_size_t npools;
+static uint32_t next_serial; /* under reg_lock */
 
 size_t pools_count(void) { return atomic_load(&npools); }
 
@@ -183,10 +188,17 @@ shim_pool *pool_for_context(CUcontext ctx, bool create)
         if (sp && sp->ctx == ctx && !atomic_load(&sp->dead))
             found = sp;
     }
-    if (!found && n == MAX_POOLS) {
+    /* A new pool takes the first dead pool's slot, else a new one. */
+    size_t slot = n;
+    for (size_t i = 0; i < n && slot == n && !found; i++) {
+        shim_pool *sp = atomic_load(&registry[i]);
+        if (sp && atomic_load(&sp->dead))
+            slot = i;
+    }
+    if (!found && slot == MAX_POOLS) {
         static atomic_bool said;
-        shim_log_once(&said, LOG_WARN, "more than %d CUDA contexts: allocations in the "
-                                       "others pass through unpooled", MAX_POOLS);
+        shim_log_once(&said, LOG_WARN, "more than %d CUDA contexts alive at once: allocations "
+                                       "in the others pass through unpooled", MAX_POOLS);
     } else if (!found) {
         /* The pool's context must be current while it is set up. */
         CUcontext cur = NULL;
@@ -196,9 +208,10 @@ shim_pool *pool_for_context(CUcontext ctx, bool create)
         if (push)
             R->CtxPopCurrent(&cur);
         if (found) {
-            found->index = (uint32_t)n;
-            atomic_store(&registry[n], found);
-            atomic_store(&npools, n + 1);
+            found->serial = next_serial++;
+            atomic_store(&registry[slot], found);
+            if (slot == n)
+                atomic_store(&npools, n + 1);
         }
     }
     pthread_mutex_unlock(&reg_lock);

@@ -274,7 +274,8 @@ void svc_adjust_meminfo(size_t *free_bytes, size_t total)
 
 uint64_t svc_buffer_id(const shim_pool *sp, uint64_t seq)
 {
-    return UINT64_C(1) << 63 | (uint64_t)sp->index << 48 | (seq & ((UINT64_C(1) << 48) - 1));
+    return UINT64_C(1) << 63 | (uint64_t)(sp->serial & 0x7fff) << 48 |
+           (seq & ((UINT64_C(1) << 48) - 1));
 }
 
 svc_status svc_ipc_check(CUdeviceptr ptr, const char *api)

@@ -191,8 +191,8 @@ typedef struct shim_pool {
     size_t nstand_ins, capstand_ins;
     /* passthrough counters */
     atomic_uint_fast64_t passthrough_allocs;
-    /* position in the registry: pools are never removed, so it is unique */
-    uint32_t index;
+    /* the pool's number, never reused (a dead pool's registry slot is) */
+    uint32_t serial;
     /* BFCSHIM_TRACE: this pool's channel, fed by the engine under its lock */
     struct trace_channel *trace;
 } shim_pool;
@@ -312,7 +312,7 @@ void svc_meminfo_begin(void);
 bool svc_meminfo_adjusted(void);
 /* The process-wide unique buffer id of a pooled block (CUDA's
  * CU_POINTER_ATTRIBUTE_BUFFER_ID promise): the top bit set, then the pool's
- * index and the block's allocation sequence number. */
+ * serial number and the block's allocation sequence number. */
 uint64_t svc_buffer_id(const shim_pool *sp, uint64_t seq);
 /* IPC of a pooled pointer cannot be right: refuses it loudly. */
 svc_status svc_ipc_check(CUdeviceptr ptr, const char *api);

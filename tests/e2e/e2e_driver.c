@@ -6,6 +6,8 @@
  *   basic       pooled allocations, cuMemGetAddressRange_v2, cuMemGetInfo_v2
  *   badinput    NULL out-pointer, size 0, double free, interior, foreign, huge
  *   contexts    created contexts get their own pools; destroying one is safe
+ *   context-churn  70 contexts, one after another, each destroyed after use:
+ *               every one gets a pool (dead pools give their place up)
  *   async       cuMemAllocAsync / cuMemFreeAsync with stream-ordered reuse
  *   hooks-off   BFCSHIM_DRIVER_HOOKS=0: the driver door stays closed
  *   platform-zero  platform mode counts a 0-byte allocation a driver answered
@@ -192,6 +194,30 @@ static void contexts(void)
     CHECK_EQ(shim_log_lines(NULL, 0), 0);
 }
 
+static void context_churn(void)
+{
+    CHECK_EQ(D.Init(0), CUDA_SUCCESS);
+    CUdevice d0;
+    CHECK_EQ(D.DeviceGet(&d0, 0), CUDA_SUCCESS);
+    for (int i = 0; i < 70; i++) {
+        CUcontext c;
+        CHECK_EQ(D.CtxCreate(&c, NULL, 0, d0), CUDA_SUCCESS);
+        fakecuda_stats s0 = fake_stats();
+        CUdeviceptr a = alloc_ok(MiB), b = alloc_ok(MiB);
+        /* one region call for both: they came from a pool */
+        if (fake_stats().mem_alloc_calls - s0.mem_alloc_calls != 1) {
+            fprintf(stderr, "context %d: %llu driver allocations for two blocks\n", i,
+                    (unsigned long long)(fake_stats().mem_alloc_calls - s0.mem_alloc_calls));
+            e2e_failures++;
+            break;
+        }
+        CHECK_EQ(D.MemFree(a), CUDA_SUCCESS);
+        CHECK_EQ(D.MemFree(b), CUDA_SUCCESS);
+        CHECK_EQ(D.CtxDestroy(c), CUDA_SUCCESS);
+    }
+    CHECK_EQ(shim_log_lines(NULL, 0), 0);
+}
+
 static void async(void)
 {
     start(0);
@@ -260,6 +286,7 @@ int main(int argc, char **argv)
     } scenarios[] = {
         {"basic", basic}, {"badinput", badinput}, {"contexts", contexts},
         {"async", async}, {"hooks-off", hooks_off}, {"platform-zero", platform_zero},
+        {"context-churn", context_churn},
     };
     if (argc != 2) {
         fprintf(stderr, "usage: e2e_driver SCENARIO\n");
