@@ -115,6 +115,21 @@ static bool parse_time(field f, uint64_t *us)
     return true;
 }
 
+/* RMM's Time is the time of day: a time more than 12 hours before the
+ * previous event's means the job ran past midnight (threads' events may
+ * come a little out of order, never by hours). */
+static uint64_t unwrap_midnight(trace *t, uint64_t us)
+{
+    const uint64_t day = UINT64_C(86400000000);
+    bool any = t->allocs + t->frees + t->unmatched_frees + t->failed_allocs > 0;
+    us += t->day_us;
+    if (any && us + day / 2 < t->last_us) {
+        t->day_us += day;
+        us += day;
+    }
+    return us;
+}
+
 static bool push(trace *t, uint32_t kind, uint32_t slot, uint64_t size)
 {
     if (t->nev == t->cap) {
@@ -224,6 +239,7 @@ bool trace_feed_line(trace *t, const char *line, size_t len)
         return malformed(t, "Size '%.*s' is not a byte count", (int)f[4].n, f[4].s);
     if (!parse_number(f[5], &stream))
         return malformed(t, "Stream '%.*s' is not a number", (int)f[5].n, f[5].s);
+    us = unwrap_midnight(t, us);
     if (t->allocs + t->frees + t->unmatched_frees + t->failed_allocs == 0)
         t->first_us = us;
     t->last_us = us;

@@ -46,6 +46,7 @@ typedef struct trace {
     uint64_t leaked_reuses;     /* allocations of a still-live pointer */
     uint64_t live_bytes, peak_live_bytes, total_alloc_bytes;
     uint64_t first_us, last_us; /* time of the first and last event */
+    uint64_t day_us;            /* days crossed so far, in microseconds */
     bool saw_header;
     /* trace_load_with_times: the time of every event (us, parallel to ev).
      * Always: where the first `allocate failure` line fell (the number of

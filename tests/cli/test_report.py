@@ -64,6 +64,19 @@ with open(path("wide.csv"), "w") as f:
     for i in range(31):
         f.write(f"1,10:00:01:{i:06d},free,0x{(i + 1) << 32:x},0,0\n")
 sh(bfcshim, "report", path("wide.csv"), "-o", path("wide.html"))
+# A job that runs across midnight: RMM's Time column is the time of day.
+with open(path("midnight.csv"), "w") as f:
+    f.write("Thread,Time,Action,Pointer,Size,Stream\n")
+    f.write("1,23:59:58:500000,allocate,0x10000000,1048576,0\n")
+    f.write("1,23:59:59:500000,allocate,0x20000000,4194304,0\n")
+    f.write("1,00:00:00:500000,allocate,0x30000000,8388608,0\n")
+    f.write("1,00:00:01:500000,free,0x30000000,0,0\n")
+sh(bfcshim, "report", path("midnight.csv"), "-o", path("midnight.html"))
+data = json.loads(re.search(r'<script type="application/json" id="data">(.*?)</script>',
+                            open(path("midnight.html")).read(), re.S).group(1))
+check(data["series"]["x"] == [0.0, 1.0, 2.0, 3.0] and data["series"]["peak_x"] == 2.0,
+      f"times across midnight keep counting: {data['series']['x']}, peak at "
+      f"{data['series']['peak_x']} s")
 
 
 def render(html, shot=None):
