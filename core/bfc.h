@@ -284,6 +284,8 @@ bool bfc_pool_owns(bfc_pool *pool, bfc_addr addr);
 void bfc_pool_describe(bfc_pool *pool, bfc_addr addr, char *buf, size_t len);
 
 void bfc_pool_stats(bfc_pool *pool, bfc_stats *out);
+/* The same, or false when another thread holds the pool for max_ms more. */
+bool bfc_pool_stats_within(bfc_pool *pool, bfc_stats *out, unsigned max_ms);
 void bfc_pool_options(bfc_pool *pool, bfc_options *out);
 
 /* Up to n live allocations, largest first: base, rounded size, requested
@@ -342,6 +344,9 @@ size_t bfc_pool_check(bfc_pool *pool, FILE *err);
 /* For fork handlers: hold / release the pool's lock. */
 void bfc_pool_lock(bfc_pool *pool);
 void bfc_pool_unlock(bfc_pool *pool);
+/* The same, giving up when another thread holds the lock for max_ms more
+ * (it may be waiting for a GPU that never finishes): for exit-time reports. */
+bool bfc_pool_lock_within(bfc_pool *pool, unsigned max_ms);
 
 #ifdef __cplusplus
 }

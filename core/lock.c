@@ -12,7 +12,16 @@
 #define cpu_relax() ((void)0)
 #endif
 
-void bfc_lock_wait(bfc_lock *l)
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Spins, then yields, then sleeps in growing steps until the lock is taken,
+ * or (deadline_ns != 0) until the clock passes the deadline. */
+static bool wait_for(bfc_lock *l, uint64_t deadline_ns)
 {
     unsigned round = 0;
     long sleep_ns = 1000;
@@ -25,6 +34,8 @@ void bfc_lock_wait(bfc_lock *l)
             } else if (round < 256) {
                 sched_yield();
             } else {
+                if (deadline_ns && now_ns() >= deadline_ns)
+                    return false;
                 struct timespec ts = {0, sleep_ns};
                 nanosleep(&ts, NULL);
                 if (sleep_ns < 1000000)
@@ -32,6 +43,15 @@ void bfc_lock_wait(bfc_lock *l)
             }
         }
         if (!atomic_exchange_explicit(&l->held, true, memory_order_acquire))
-            return;
+            return true;
     }
+}
+
+void bfc_lock_wait(bfc_lock *l) { wait_for(l, 0); }
+
+bool bfc_lock_acquire_within(bfc_lock *l, unsigned max_ms)
+{
+    if (!atomic_exchange_explicit(&l->held, true, memory_order_acquire))
+        return true;
+    return wait_for(l, now_ns() + (uint64_t)max_ms * 1000000u);
 }

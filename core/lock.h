@@ -17,12 +17,15 @@
 
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 typedef struct bfc_lock {
     atomic_bool held;
 } bfc_lock;
 
 void bfc_lock_wait(bfc_lock *l); /* the contended path, lock.c */
+/* Takes the lock unless someone holds it for max_ms more; false then. */
+bool bfc_lock_acquire_within(bfc_lock *l, unsigned max_ms);
 
 static inline void bfc_lock_init(bfc_lock *l)
 {

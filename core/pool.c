@@ -97,6 +97,11 @@ void bfc_pool_destroy(bfc_pool *p, bool release_regions)
 }
 
 void bfc_pool_lock(bfc_pool *p) { bfc_lock_acquire(&p->lock); }
+bool bfc_pool_lock_within(bfc_pool *p, unsigned max_ms)
+{
+    return bfc_lock_acquire_within(&p->lock, max_ms);
+}
+
 void bfc_pool_unlock(bfc_pool *p) { bfc_lock_release(&p->lock); }
 
 bfc_status bfc_pool_reserve(bfc_pool *p)

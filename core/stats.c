@@ -33,3 +33,12 @@ void bfc_pool_stats(bfc_pool *p, bfc_stats *out)
     pool_stats_locked(p, out);
     bfc_lock_release(&p->lock);
 }
+
+bool bfc_pool_stats_within(bfc_pool *p, bfc_stats *out, unsigned max_ms)
+{
+    if (!bfc_lock_acquire_within(&p->lock, max_ms))
+        return false;
+    pool_stats_locked(p, out);
+    bfc_lock_release(&p->lock);
+    return true;
+}

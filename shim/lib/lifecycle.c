@@ -56,12 +56,14 @@ static void after_fork_child(void)
 }
 
 /* Reports at exit read the pools' statistics and flush the trace; they make
- * no CUDA call (the driver may be shutting down). */
+ * no CUDA call (the driver may be shutting down), and they give up a pool
+ * that another thread holds for good (waiting for a GPU that never
+ * finishes) instead of hanging exit(). */
 static void at_exit(void)
 {
     if (atomic_load(&shim_forked_child))
         return; /* the parent reports */
-    record_flush();
+    record_flush_at_exit();
     stats_at_exit();
 }
 

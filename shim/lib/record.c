@@ -104,21 +104,35 @@ bool record_attach(shim_pool *sp, bfc_backend *b)
     return true;
 }
 
-void record_flush(void)
+/* How long record_flush_at_exit waits for a pool another thread holds. */
+enum { EXIT_WAIT_MS = 100 };
+
+static void flush(bool at_exit)
 {
     if (atomic_load_explicit(&state, memory_order_acquire) != OPEN)
         return;
-    /* Each pool's partial buffer, under the lock its events take. */
+    /* Each pool's partial buffer, under the lock its events take. At exit a
+     * pool held for good (a thread waiting for a GPU that never finishes)
+     * keeps its last partial buffer rather than hang exit(). */
     for (size_t i = 0; i < pools_count(); i++) {
         shim_pool *sp = pools_at(i);
-        if (sp && sp->trace) {
+        if (!sp || !sp->trace)
+            continue;
+        if (!at_exit)
             bfc_pool_lock(sp->bfc);
-            trace_channel_flush(sp->trace);
-            bfc_pool_unlock(sp->bfc);
+        else if (!bfc_pool_lock_within(sp->bfc, EXIT_WAIT_MS)) {
+            shim_log(LOG_WARN, "BFCSHIM_TRACE: device %d's pool was busy at exit; its last "
+                               "events are not in the trace", (int)sp->dev);
+            continue;
         }
+        trace_channel_flush(sp->trace);
+        bfc_pool_unlock(sp->bfc);
     }
     trace_log_flush(atomic_load(&active));
 }
+
+void record_flush(void) { flush(false); }
+void record_flush_at_exit(void) { flush(true); }
 
 void record_after_fork_child(void)
 {

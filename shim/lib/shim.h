@@ -353,6 +353,8 @@ void record_alloc(uint64_t ptr, uint64_t size, CUstream stream);
 void record_alloc_failure(uint64_t size, CUstream stream);
 void record_free(uint64_t ptr, CUstream stream);
 void record_flush(void);
+/* The same at exit: a pool another thread holds for good is given up. */
+void record_flush_at_exit(void);
 void record_after_fork_child(void);
 
 /* BFCSHIM_STATS_FILE / BFCSHIM_STATS. */

@@ -26,6 +26,13 @@ atomic_uint_fast64_t shim_passthrough_allocs;
 
 static void pool_json(json_out *j, shim_pool *sp, const bfc_stats *s)
 {
+    if (!s) { /* held by a thread that did not let go at exit */
+        json_object_open(j, NULL);
+        json_i64(j, "device", (int64_t)sp->dev);
+        json_bool(j, "busy_at_exit", true);
+        json_object_close(j);
+        return;
+    }
     const bfc_stats st = *s;
     json_object_open(j, NULL);
     json_i64(j, "device", (int64_t)sp->dev);
@@ -61,7 +68,13 @@ static void pool_json(json_out *j, shim_pool *sp, const bfc_stats *s)
     json_object_close(j);
 }
 
-/* Calls fn for every pool with its statistics. */
+/* At exit another thread may hold a pool for good (waiting for a GPU that
+ * never finishes): the writers then give that pool up after this long, and
+ * say so, rather than hang exit(). */
+enum { EXIT_WAIT_MS = 100 };
+static bool exiting;
+
+/* Calls fn for every pool with its statistics (NULL: the pool was busy). */
 static void each_pool(void (*fn)(void *arg, shim_pool *sp, const bfc_stats *st), void *arg)
 {
     for (size_t i = 0; i < pools_count(); i++) {
@@ -69,7 +82,12 @@ static void each_pool(void (*fn)(void *arg, shim_pool *sp, const bfc_stats *st),
         if (!sp)
             continue;
         bfc_stats st;
-        bfc_pool_stats(sp->bfc, &st);
+        if (!exiting)
+            bfc_pool_stats(sp->bfc, &st);
+        else if (!bfc_pool_stats_within(sp->bfc, &st, EXIT_WAIT_MS)) {
+            fn(arg, sp, NULL);
+            continue;
+        }
         fn(arg, sp, &st);
     }
 }
@@ -82,8 +100,10 @@ typedef struct json_walk {
 static void pool_json_counted(void *arg, shim_pool *sp, const bfc_stats *st)
 {
     json_walk *w = arg;
-    w->driver_allocs += st->num_region_allocs;
-    w->driver_frees += st->num_region_frees;
+    if (st) {
+        w->driver_allocs += st->num_region_allocs;
+        w->driver_frees += st->num_region_frees;
+    }
     pool_json(w->j, sp, st);
 }
 
@@ -163,6 +183,11 @@ static void pool_summary(void *arg, shim_pool *sp, const bfc_stats *st)
 {
     FILE *f = arg;
     char a[32], b[32], c[32];
+    if (!st) {
+        fprintf(f, "  device %d: busy at exit (a thread held the pool, waiting for the GPU)\n",
+                (int)sp->dev);
+        return;
+    }
     fprintf(f, "  device %d%s: limit %s, pool %s (peak %s), %llu region call(s)\n",
             (int)sp->dev, atomic_load(&sp->dead) ? " (context gone)" : "",
             format_size(st->bytes_limit, a, sizeof a), format_size(st->pool_bytes, b, sizeof b),
@@ -201,6 +226,7 @@ void stats_write_summary(int fd)
 void stats_at_exit(void)
 {
     const shim_config *cfg = shim_config_get();
+    exiting = true;
     if (cfg->stats_file)
         stats_write_file(cfg->stats_file);
     if (cfg->stats_summary)

@@ -1,5 +1,10 @@
 /* The engine's rules, one case each: rounding, best fit, splitting,
  * coalescing, regions, garbage collection, bad input, stats, dump. */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <time.h>
+
 #include "pool_fixture.h"
 
 static void sizes_round_to_granularity_and_align(void)
@@ -623,6 +628,55 @@ static void tracing_hook_sees_events_in_order(void)
     fixture_end(&f);
 }
 
+/* A thread that holds the pool (as one waiting for a GPU would) until told. */
+static atomic_bool hold_release, hold_taken;
+
+static void *hold_pool(void *pool)
+{
+    bfc_pool_lock(pool);
+    atomic_store(&hold_taken, true);
+    while (!atomic_load(&hold_release)) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    bfc_pool_unlock(pool);
+    return NULL;
+}
+
+static double seconds_since(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+/* Exit-time reports must not hang on a pool another thread holds for good. */
+static void stats_within_gives_up_on_a_held_pool(void)
+{
+    fixture f;
+    fixture_begin(&f, 1 * MiB);
+    fixture_start(&f);
+    must_alloc(&f, 4 * KiB);
+    pthread_t t;
+    pthread_create(&t, NULL, hold_pool, f.pool);
+    while (!atomic_load(&hold_taken))
+        sched_yield();
+    bfc_stats s;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    CHECK(!bfc_pool_stats_within(f.pool, &s, 50));
+    CHECK(!bfc_pool_lock_within(f.pool, 10));
+    double waited = seconds_since(&t0);
+    CHECK(waited >= 0.05 && waited < 5.0);
+    atomic_store(&hold_release, true);
+    pthread_join(t, NULL);
+    CHECK(bfc_pool_stats_within(f.pool, &s, 50));
+    CHECK_EQ(s.num_allocs, 1);
+    CHECK(bfc_pool_lock_within(f.pool, 10));
+    bfc_pool_unlock(f.pool);
+    fixture_end(&f);
+}
+
 int main(void)
 {
     RUN(sizes_round_to_granularity_and_align);
@@ -646,5 +700,6 @@ int main(void)
     RUN(dump_shows_summary_bins_chunks_and_occupancy);
     RUN(host_metadata_follows_chunks_not_region_size);
     RUN(tracing_hook_sees_events_in_order);
+    RUN(stats_within_gives_up_on_a_held_pool);
     return harness_result();
 }

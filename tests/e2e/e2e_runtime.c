@@ -16,12 +16,16 @@
  *   garbage-env malformed variables: one line each, defaults, the program runs
  *   stats-now   statistics on demand: bfcshim_write_stats and the request file
  *   reset       cudaDeviceReset: the pool goes with the context, a new one follows
+ *   exit-busy   the program exits while another thread holds the pool, waiting
+ *               for a fence that never completes: exit must not hang (the
+ *               stats and trace writers give a busy pool up)
  *
  * The fake device has 1 GiB (FAKECUDA_MEM), so the default pool is 768 MiB.
  */
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -474,6 +478,44 @@ static void reset(void)
     CHECK_EQ(cudaFree(q), cudaSuccess);
 }
 
+static atomic_int stuck_thread_ready;
+
+/* Leaves only a 1 MiB hole, frees it behind work that never ends, and asks
+ * for it again: the pool's slow path waits for the fence, for good. */
+static void *stuck_allocator(void *arg)
+{
+    (void)arg;
+    cudaStream_t s;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess)
+        return NULL;
+    void *p = NULL, *filler = NULL, *q = NULL;
+    if (cudaMalloc(&p, MiB) != cudaSuccess || cudaMalloc(&filler, LIMIT - MiB - MiB / 2) !=
+                                                  cudaSuccess)
+        return NULL;
+    fakecuda()->launch_stuck(s);
+    cudaFree(p);
+    atomic_store(&stuck_thread_ready, 1);
+    cudaMalloc(&q, MiB); /* never returns */
+    return NULL;
+}
+
+static void exit_busy(void)
+{
+    pthread_t t;
+    pthread_create(&t, NULL, stuck_allocator, NULL);
+    /* Until the thread waits inside the pool. */
+    for (int i = 0; i < 500; i++) {
+        if (atomic_load(&stuck_thread_ready) && fake_stats().event_synchronize_calls > 0)
+            break;
+        usleep(10000);
+    }
+    CHECK(atomic_load(&stuck_thread_ready));
+    CHECK(fake_stats().event_synchronize_calls > 0);
+    usleep(50000);
+    alarm(20); /* a hang at exit fails the test here, not at meson's timeout */
+    /* main returns: exit() runs the shim's writers with the pool held. */
+}
+
 /* BFCSHIM_STATS_FILE is set by the runner; $STATS_NOW names another path. */
 static void stats_now(void)
 {
@@ -510,7 +552,7 @@ int main(int argc, char **argv)
         {"growth", growth},       {"streams", streams},         {"immediate", immediate},
         {"capture", capture},     {"threads", threads},         {"multidevice", multidevice},
         {"fork", forks},          {"platform", platform},       {"garbage-env", garbage_env},
-        {"stats-now", stats_now}, {"reset", reset},
+        {"stats-now", stats_now}, {"reset", reset},           {"exit-busy", exit_busy},
     };
     if (argc != 2) {
         fprintf(stderr, "usage: e2e_runtime SCENARIO\n");

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import testcheck  # noqa: E402
@@ -96,6 +97,19 @@ actions = [l.split(",")[2] for l in open(platform_trace).read().splitlines()[1:]
 check(actions.count("allocate") == 10 and actions.count("free") == 10,
       f"platform trace: {actions.count('allocate')} allocations and "
       f"{actions.count('free')} frees recorded (10 each expected)")
+
+# 5b. exit while another thread holds a pool, waiting for a fence that never
+#     completes: the program exits at once, the stats name the busy pool and
+#     the trace is written (without that pool's last events).
+busy_stats = os.path.join(work, "busy.json")
+busy_trace = os.path.join(work, "busy.csv")
+t0 = time.monotonic()
+run("exit-busy", BFCSHIM_STATS_FILE=busy_stats, BFCSHIM_TRACE=busy_trace)
+check(time.monotonic() - t0 < 10, f"exit took {time.monotonic() - t0:.1f} s")
+doc = json.load(open(busy_stats)) if os.path.exists(busy_stats) else {"pools": []}
+check([p.get("busy_at_exit") for p in doc["pools"]] == [True],
+      f"the busy pool is named in the stats: {doc['pools']}")
+check(os.path.exists(busy_trace), "the trace is written")
 
 # 6. eight threads on their own streams: every thread in the trace, every
 #    free after its allocation.

@@ -64,6 +64,10 @@ typedef struct fakecuda_api {
     void (*fail_alloc_after)(uint64_t n);
     /* Is this address inside a live real allocation? */
     int (*is_device_pointer)(uint64_t addr);
+    /* Queue work that never completes (a kernel that does not end): the
+     * stream completes nothing past it, and cuEventSynchronize on an event
+     * behind it blocks for good. */
+    int (*launch_stuck)(void *stream);
 } fakecuda_api;
 
 /* The fake driver's control table, or exit 77 (skip) when the loaded

@@ -70,6 +70,7 @@ typedef struct work_item {
     uint64_t seq;
     fakecuda_work fn;
     void *arg;
+    bool stuck; /* never completes: a kernel that does not end */
 } work_item;
 
 typedef struct fstream {
@@ -142,10 +143,11 @@ static struct {
     bool autocomplete;
     bool zero_alloc; /* cuMemAlloc(0) succeeds (CUDA's refuses; nothing may depend on it) */
     fakecuda_stats st;
+    pthread_cond_t stuck_cond; /* a host waiting on stuck work sleeps here */
     CUmemoryPool default_pool[MAX_DEVICES];
     CUmemoryPool current_pool[MAX_DEVICES]; /* cuDeviceSetMemPool's */
     unsigned npools_created;
-} G = {.lock = PTHREAD_MUTEX_INITIALIZER};
+} G = {.lock = PTHREAD_MUTEX_INITIALIZER, .stuck_cond = PTHREAD_COND_INITIALIZER};
 
 static _Thread_local fctx *tls_ctx_stack[16];
 static _Thread_local int tls_ctx_depth;
@@ -374,7 +376,7 @@ static uint64_t submit(fstream *s, fakecuda_work fn, void *arg)
             s->capqueue = s->capqueue ? s->capqueue * 2 : 16;
             s->queue = realloc(s->queue, s->capqueue * sizeof *s->queue);
         }
-        s->queue[s->nqueue++] = (work_item){seq, fn, arg};
+        s->queue[s->nqueue++] = (work_item){.seq = seq, .fn = fn, .arg = arg};
     }
     return seq;
 }
@@ -384,6 +386,12 @@ static size_t complete_locked(fstream *s, uint64_t upto, work_item **out)
 {
     if (upto > s->submitted)
         upto = s->submitted;
+    /* Nothing on a stream completes past work that never ends. */
+    for (size_t i = 0; i < s->nqueue && s->queue[i].seq <= upto; i++)
+        if (s->queue[i].stuck) {
+            upto = s->queue[i].seq - 1;
+            break;
+        }
     if (upto <= s->completed)
         return 0;
     s->completed = upto;
@@ -1116,11 +1124,14 @@ EXPORT CUresult cuEventSynchronize(CUevent h)
     if (r != CUDA_SUCCESS)
         LEAVE(r);
     G.st.event_synchronize_calls++;
-    /* The host waits: the GPU catches up to everything the event needs. */
+    /* The host waits: the GPU catches up to everything the event needs,
+     * and behind work that never ends, the host waits for good. */
     work_item *all = NULL;
     size_t nall = 0;
     for (int i = 0; i < e->ndeps; i++)
         gather(e->deps[i].s, e->deps[i].seq, &all, &nall);
+    while (!event_done(e))
+        pthread_cond_wait(&G.stuck_cond, &G.lock);
     pthread_mutex_unlock(&G.lock);
     run_work(all, nall);
     return CUDA_SUCCESS;
@@ -1496,6 +1507,22 @@ static int ctl_launch(void *stream, fakecuda_work fn, void *arg)
     return 0;
 }
 
+static int ctl_launch_stuck(void *stream)
+{
+    ENTER();
+    fstream *s = stream_of((CUstream)stream);
+    if (!s || legacy_use(s) != CUDA_SUCCESS)
+        LEAVE(-1);
+    submit(s, NULL, NULL);
+    /* (submit queues only work with a callback: queue this one by hand) */
+    if (s->nqueue == s->capqueue) {
+        s->capqueue = s->capqueue ? s->capqueue * 2 : 16;
+        s->queue = realloc(s->queue, s->capqueue * sizeof *s->queue);
+    }
+    s->queue[s->nqueue++] = (work_item){.seq = s->submitted, .stuck = true};
+    LEAVE(0);
+}
+
 static void ctl_complete(void *stream)
 {
     ENTER();
@@ -1544,6 +1571,7 @@ static const fakecuda_api api = {
     .stats = ctl_stats,
     .fail_alloc_after = ctl_fail_alloc_after,
     .is_device_pointer = ctl_is_device_pointer,
+    .launch_stuck = ctl_launch_stuck,
 };
 
 EXPORT const fakecuda_api *fakecuda_api_table(void) { return &api; }
