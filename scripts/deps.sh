@@ -2,7 +2,9 @@
 # scripts/deps.sh [--with-tests] - installs the Debian packages bfcshim needs
 # when they are missing: meson and ninja (build), zlib (gzip traces),
 # python3 (tests); with --with-tests also clang and its runtimes (libFuzzer)
-# and chromium (the report is checked in headless Chromium).
+# and chromium (the report is checked in headless Chromium), and from PyPI
+# numba-cuda (Numba's driver layer is a test client: tests/e2e/test_numba.py,
+# which skips without it).
 # Needs root for apt-get; otherwise it names what to install and fails.
 set -u
 want=(meson ninja-build pkg-config zlib1g-dev python3)
@@ -18,6 +20,13 @@ if command -v python3 >/dev/null 2>&1; then
     missing=("${missing[@]/python3}")
 fi
 missing=($(printf '%s\n' "${missing[@]}" | grep -v '^$' || true))
+
+# The version tested here (it drives the driver through cuda-bindings).
+if [ "${1:-}" = "--with-tests" ] && ! python3 -c "import numba.cuda" >/dev/null 2>&1; then
+    python3 -m pip install -q "numba-cuda==0.30.4" >/dev/null 2>&1 ||
+        echo "bfcshim: could not install numba-cuda from PyPI: test_numba will skip" >&2
+fi
+
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then

@@ -577,6 +577,18 @@ EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
+/* A stable UUID per device (Numba names devices by it). */
+EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
+{
+    ENTER();
+    if (!uuid || dev < 0 || dev >= G.ndev)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    memset(uuid, 0, sizeof *uuid);
+    memcpy(uuid->bytes, "fakecudadevice", 14);
+    uuid->bytes[15] = (char)dev;
+    LEAVE(CUDA_SUCCESS);
+}
+
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
     ENTER();
@@ -1337,6 +1349,52 @@ EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n)
 {
     return copy((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n);
 }
+/* Stream-ordered copies are stream work: each runs, in order, when its
+ * stream's work completes (a synchronise, an event wait, or the test). */
+typedef struct async_copy {
+    void *dst;
+    const void *src;
+    size_t n;
+} async_copy;
+
+static void run_copy(void *arg)
+{
+    async_copy *c = arg;
+    memmove(c->dst, c->src, c->n);
+    free(c);
+}
+
+static CUresult copy_async(void *dst, const void *src, size_t n, CUstream h)
+{
+    ENTER();
+    fstream *s = stream_of(h);
+    if (!s)
+        LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    CUresult r = legacy_use(s);
+    if (r != CUDA_SUCCESS)
+        LEAVE(r);
+    async_copy *c = malloc(sizeof *c);
+    if (!c)
+        LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+    *c = (async_copy){dst, src, n};
+    submit(s, run_copy, c);
+    maybe_autocomplete_and_unlock(s);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, CUstream st)
+{
+    return copy_async((void *)(uintptr_t)d, s, n, st);
+}
+EXPORT CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, CUstream st)
+{
+    return copy_async(d, (const void *)(uintptr_t)s, n, st);
+}
+EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
+{
+    return copy_async((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n, st);
+}
+
 EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n)
 {
     memset((void *)(uintptr_t)d, v, n);
@@ -1388,6 +1446,7 @@ static const proc procs[] = {
     P("cuDeviceGet", 2000, cuDeviceGet),
     P("cuDeviceGetCount", 2000, cuDeviceGetCount),
     P("cuDeviceGetName", 2000, cuDeviceGetName),
+    P("cuDeviceGetUuid", 11040, cuDeviceGetUuid_v2),
     P("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2),
     P("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute),
     P("cuDeviceGetDefaultMemPool", 11020, cuDeviceGetDefaultMemPool),
@@ -1447,6 +1506,9 @@ static const proc procs[] = {
     P("cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2),
     P("cuMemcpyDtoD", 3020, cuMemcpyDtoD_v2),
     P("cuMemsetD8", 3020, cuMemsetD8_v2),
+    P("cuMemcpyHtoDAsync", 3020, cuMemcpyHtoDAsync_v2),
+    P("cuMemcpyDtoHAsync", 3020, cuMemcpyDtoHAsync_v2),
+    P("cuMemcpyDtoDAsync", 3020, cuMemcpyDtoDAsync_v2),
     P("cuGetErrorString", 6000, cuGetErrorString),
     P("cuGetErrorName", 6000, cuGetErrorName),
     P("cuGetExportTable", 3000, cuGetExportTable),
