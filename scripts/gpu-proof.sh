@@ -28,7 +28,9 @@
 #               the user's first program (static and shared cudart) included
 #   bench*      cudaMalloc/cudaFree and cudaMallocAsync/cudaFreeAsync pairs,
 #               512 B to 1 GiB, native and pooled
-#   numba*      Numba's driver layer (ctypes) natively and through the shim
+#   numba*      Numba's driver layer (numba-cuda: NVIDIA's cuda-bindings,
+#               every entry point through cuGetProcAddress), natively and
+#               through the shim
 #   torch-gpt*  GPT-style training, arms A native, B shim under the cache,
 #               C shim without the cache, D native without the cache
 #   cupy*       CuPy: own pool | pool off under the shim | pool off natively

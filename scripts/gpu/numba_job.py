@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""numba_job.py - Numba's CUDA driver layer (code nobody here wrote, which
-drives libcuda.so.1 through ctypes) as a client of the shim's driver door.
+"""numba_job.py - Numba's CUDA driver layer (code nobody here wrote: numba-cuda
+reaches libcuda.so.1 through NVIDIA's cuda-bindings, which finds every entry
+point with cuGetProcAddress) as a client of the shim's driver door.
 
 Device arrays of many sizes on several streams, a kernel that writes a
 pattern, round trips host -> device -> host, explicit frees, and
@@ -20,12 +21,12 @@ import gpucommon  # noqa: E402
 
 
 def binding_name():
-    """Which binding Numba drives the driver through."""
+    """Which binding Numba drives the driver through: the module its driver
+    layer calls (numba-cuda 0.30 imports cuda.bindings.driver as `binding`;
+    older releases drove libcuda through ctypes)."""
     from numba.cuda.cudadrv import driver
-    nv = getattr(driver, "USE_NV_BINDING", None)
-    if nv is None:
-        nv = os.environ.get("NUMBA_CUDA_USE_NVIDIA_BINDING", "0") == "1"
-    return "nvidia" if nv else "ctypes"
+    binding = getattr(driver, "binding", None)
+    return getattr(binding, "__name__", "ctypes") if binding is not None else "ctypes"
 
 
 def main():
