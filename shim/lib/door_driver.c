@@ -104,7 +104,7 @@ SHIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
     size_t p = 0, bytes = 0;
     if (!dptr || !pitch)
         return refuse("cuMemAllocPitch_v2", "NULL result pointer");
-    if (!svc_pitch(width, height, element_size, &p, &bytes))
+    if (!svc_pitch(sp, width, height, element_size, &p, &bytes))
         return refuse("cuMemAllocPitch_v2", "zero width or height, element size not 4, 8 or "
                                             "16, or a size that overflows");
     CUresult r = code_of(svc_alloc(sp, bytes, BFC_NO_LANE, NULL, dptr, "cuMemAllocPitch_v2"));

@@ -165,7 +165,7 @@ SHIM_EXPORT cudaError_t cudaMallocPitch(void **p, size_t *pitch, size_t width, s
         return counted_alloc(e, p, e == cudaSuccess && pitch ? *pitch * height : 0);
     }
     size_t rows = 0, bytes = 0;
-    if (!svc_pitch(width, height, 4, &rows, &bytes)) {
+    if (!svc_pitch(sp, width, height, 4, &rows, &bytes)) {
         shim_log(LOG_ERROR, "cudaMallocPitch(%zu x %zu): zero or overflowing size", width,
                  height);
         return fail(cudaErrorInvalidValue);

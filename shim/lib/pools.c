@@ -80,6 +80,43 @@ static bool is_primary(const real_driver *R, CUcontext ctx, CUdevice dev)
     return p == ctx;
 }
 
+/* The row alignment the driver's cuMemAllocPitch uses on the pool's
+ * device: the pitch it gives for a 1-byte row (one real allocation, freed at
+ * once), learned at the pool's first pitched allocation, with the pool's
+ * context current. CUDA documents only a lower bound (the texture pitch
+ * alignment); when the probe cannot run, the larger of that and 512, what
+ * devices report. */
+static uint64_t learn_pitch_align(const real_driver *R, CUdevice dev)
+{
+    CUdeviceptr d = 0;
+    size_t pitch = 0;
+    if (R->MemAllocPitch && R->MemAllocPitch(&d, &pitch, 1, 1, 4) == CUDA_SUCCESS) {
+        R->MemFree(d);
+        if (pitch && !(pitch & (pitch - 1)))
+            return pitch;
+    }
+    int tex = 0;
+    if (R->DeviceGetAttribute &&
+        R->DeviceGetAttribute(&tex, CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT, dev) ==
+            CUDA_SUCCESS &&
+        tex > 512 && !(tex & (tex - 1)))
+        return (uint64_t)tex;
+    return 512;
+}
+
+uint64_t pools_pitch_align(shim_pool *sp)
+{
+    uint64_t a = atomic_load_explicit(&sp->pitch_align, memory_order_acquire);
+    if (a)
+        return a;
+    const real_driver *R = real_driver_get();
+    shim_tls_bypass++; /* our own call: the doors stay out of it */
+    a = learn_pitch_align(R, sp->dev);
+    shim_tls_bypass--;
+    atomic_store_explicit(&sp->pitch_align, a, memory_order_release);
+    return a;
+}
+
 /* Regions are whole multiples of 2 MiB, the driver's own granule. */
 static const uint64_t granule = UINT64_C(2) << 20;
 

@@ -47,6 +47,7 @@ static void load_driver(void)
     LOOK(CtxPopCurrent, "cuCtxPopCurrent_v2");
     LOOK(CtxDestroy, "cuCtxDestroy_v2");
     LOOK(DeviceTotalMem, "cuDeviceTotalMem_v2");
+    LOOK(DeviceGetAttribute, "cuDeviceGetAttribute");
     LOOK(DeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool");
     LOOK(DeviceSetMemPool, "cuDeviceSetMemPool");
     LOOK(DevicePrimaryCtxGetState, "cuDevicePrimaryCtxGetState");

@@ -169,15 +169,16 @@ svc_status svc_alloc(shim_pool *sp, size_t size, uint32_t lane, CUstream stream,
     }
 }
 
-bool svc_pitch(size_t width, size_t height, unsigned element_size, size_t *pitch,
-               size_t *bytes)
+bool svc_pitch(shim_pool *sp, size_t width, size_t height, unsigned element_size,
+               size_t *pitch, size_t *bytes)
 {
     if (width == 0 || height == 0 || (element_size != 4 && element_size != 8 &&
                                       element_size != 16))
         return false;
-    if (width > SIZE_MAX - 511)
+    const size_t a = (size_t)pools_pitch_align(sp);
+    if (width > SIZE_MAX - (a - 1))
         return false;
-    size_t p = (width + 511) & ~(size_t)511;
+    size_t p = (width + a - 1) & ~(a - 1);
     if (height > SIZE_MAX / p)
         return false;
     *pitch = p;

@@ -110,6 +110,7 @@ typedef struct real_driver {
     CUresult (*CtxPopCurrent)(CUcontext *);
     CUresult (*CtxDestroy)(CUcontext);
     CUresult (*DeviceTotalMem)(size_t *, CUdevice);
+    CUresult (*DeviceGetAttribute)(int *, CUdevice_attribute, CUdevice);
     CUresult (*DeviceGetDefaultMemPool)(CUmemoryPool *, CUdevice);
     CUresult (*DeviceSetMemPool)(CUdevice, CUmemoryPool);
     CUresult (*DevicePrimaryCtxGetState)(CUdevice, unsigned *, int *);
@@ -193,6 +194,9 @@ typedef struct shim_pool {
     atomic_uint_fast64_t passthrough_allocs;
     /* the pool's number, never reused (a dead pool's registry slot is) */
     uint32_t serial;
+    /* the driver's cuMemAllocPitch row alignment on this device, learned at
+     * the first pitched allocation (0 until then; pools_pitch_align) */
+    atomic_uint_fast64_t pitch_align;
     /* BFCSHIM_TRACE: this pool's channel, fed by the engine under its lock */
     struct trace_channel *trace;
 } shim_pool;
@@ -210,6 +214,9 @@ void pools_primary_gone(CUdevice dev);
 /* Number of live pools, and the i-th (for stats and fork handlers). */
 size_t pools_count(void);
 shim_pool *pools_at(size_t i);
+/* The row alignment of the driver's cuMemAllocPitch on the pool's device
+ * (its context current). */
+uint64_t pools_pitch_align(shim_pool *sp);
 /* The pool limit for a device of `total` bytes, under the configuration. */
 uint64_t pools_limit_for(uint64_t total);
 /* For fork handlers: hold / release the pool registry. */
@@ -328,10 +335,11 @@ typedef struct platform_counts {
 } platform_counts;
 void platform_get_counts(platform_counts *out);
 void platform_lock_for_fork(bool lock);
-/* Pitch and size of a pitched allocation (pitch aligned to 512 bytes, as the
- * devices report); false when the arguments are invalid or overflow. */
-bool svc_pitch(size_t width, size_t height, unsigned element_size, size_t *pitch,
-               size_t *bytes);
+/* Pitch and size of a pitched allocation: the width rounded up to the row
+ * alignment the real driver uses on the pool's device; false when the
+ * arguments are invalid or overflow. */
+bool svc_pitch(shim_pool *sp, size_t width, size_t height, unsigned element_size,
+               size_t *pitch, size_t *bytes);
 
 /* Per-thread: set while the shim itself calls into the real runtime, so the
  * driver door lets those calls through untouched. */

@@ -35,8 +35,8 @@ def replay(path):
     return json.loads(p.stdout) if p.returncode == 0 else {}
 
 
-# 1. stats at exit and the trace of the same run (scenario basic: 102
-#    allocations and 102 frees in one preallocated region).
+# 1. stats at exit and the trace of the same run (scenario basic: 103
+#    allocations and 103 frees in one preallocated region).
 stats = os.path.join(work, "stats.json")
 trace = os.path.join(work, "trace.csv")
 run("basic", BFCSHIM_STATS_FILE=stats, BFCSHIM_TRACE=trace)
@@ -49,7 +49,7 @@ for key in ("device", "num_allocs", "num_frees", "bytes_in_use", "peak_bytes_in_
             "largest_alloc_size", "bytes_limit", "pool_bytes", "peak_pool_bytes",
             "largest_free_block_bytes", "num_ooms", "passthrough_allocs"):
     check(key in pool, f"stats field {key}")
-check(pool["num_allocs"] == 102 and pool["num_frees"] == 102,
+check(pool["num_allocs"] == 103 and pool["num_frees"] == 103,
       f"allocs/frees {pool['num_allocs']}/{pool['num_frees']}")
 check(pool["bytes_limit"] == 768 << 20 and pool["pool_bytes"] == 768 << 20, "limit")
 check(pool["bytes_in_use"] == 0 and pool["peak_bytes_in_use"] >= 100 << 20, "in use")
@@ -57,9 +57,9 @@ check(doc["driver_alloc_calls"] == 1, f"driver calls {doc['driver_alloc_calls']}
 
 lines = open(trace).read().splitlines()
 check(lines[0] == "Thread,Time,Action,Pointer,Size,Stream", "trace header")
-check(len(lines) == 1 + 204, f"trace has {len(lines) - 1} events")
+check(len(lines) == 1 + 206, f"trace has {len(lines) - 1} events")
 r = replay(trace)
-check(r.get("allocs") == 102 and r.get("frees") == 102 and r.get("unmatched_frees") == 0,
+check(r.get("allocs") == 103 and r.get("frees") == 103 and r.get("unmatched_frees") == 0,
       f"replayed trace: {r}")
 
 # 2. the OOM report file: one report for two identical failures, with the
@@ -76,7 +76,7 @@ check(oom_trace.count(",allocate failure,") == 2, "failures in the trace")
 
 # 3. the summary on stderr.
 p = run("basic", BFCSHIM_STATS="1")
-check("device 0: limit 768 MiB" in p.stderr and "102 allocations, 102 frees" in p.stderr,
+check("device 0: limit 768 MiB" in p.stderr and "103 allocations, 103 frees" in p.stderr,
       f"summary: {p.stderr}")
 
 # 4. on demand (the program asks, and the request file).

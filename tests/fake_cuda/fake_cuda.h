@@ -16,7 +16,8 @@
  * at once, like an idle GPU), FAKECUDA_ZERO_ALLOC=1 (cuMemAlloc of 0 bytes
  * returns a pointer instead of CUDA_ERROR_INVALID_VALUE), FAKECUDA_OTHER_USED
  * (memory other processes hold on each device, "0"; a list sets each),
- * FAKECUDA_CTX_OVERHEAD (what each live context takes for itself, "0").
+ * FAKECUDA_CTX_OVERHEAD (what each live context takes for itself, "0"),
+ * FAKECUDA_PITCH_ALIGN (cuMemAllocPitch's row alignment, "128").
  */
 #ifndef BFCSHIM_TESTS_FAKE_CUDA_H
 #define BFCSHIM_TESTS_FAKE_CUDA_H

@@ -135,6 +135,7 @@ static struct {
     size_t ncreated;
     uint64_t other_used[MAX_DEVICES]; /* FAKECUDA_OTHER_USED */
     uint64_t ctx_overhead;            /* FAKECUDA_CTX_OVERHEAD, per live context */
+    uint64_t pitch_align;             /* FAKECUDA_PITCH_ALIGN */
     uint64_t next_buffer_id;
     unsigned next_thread;
     allocation *allocs;
@@ -224,6 +225,14 @@ static void configure(void)
         }
         G.other_used[d] = last;
     }
+    /* cuMemAllocPitch's row alignment: CUDA documents only that the pitch
+     * "is guaranteed to match or exceed the alignment requirement for
+     * texture binding" (CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT, 32
+     * here), so a program (and the shim) must take the pitch it is given. */
+    const char *pa = getenv("FAKECUDA_PITCH_ALIGN");
+    G.pitch_align = pa ? parse_bytes(pa) : 128;
+    if (G.pitch_align < 32 || (G.pitch_align & (G.pitch_align - 1)))
+        G.pitch_align = 128;
     const char *ov = getenv("FAKECUDA_CTX_OVERHEAD");
     G.ctx_overhead = ov ? parse_bytes(ov) : 0;
     const char *f = getenv("FAKECUDA_FAIL_ALLOC");
@@ -1191,8 +1200,8 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t widt
 {
     if (!dptr || !pitch || width == 0 || height == 0 || (elem != 4 && elem != 8 && elem != 16))
         return CUDA_ERROR_INVALID_VALUE;
-    size_t p = (width + 511) & ~(size_t)511;
     ENTER();
+    size_t p = (width + G.pitch_align - 1) & ~(size_t)(G.pitch_align - 1);
     G.st.mem_alloc_calls++;
     CUresult r = unsafe_call();
     if (r == CUDA_SUCCESS)
