@@ -79,9 +79,7 @@ def main():
         "shim": gpucommon.shim_totals(gpucommon.shim_stats()),
         "nvml_peak_bytes": nvml.stop(),
     }
-    gpucommon.emit(res)
-    if bad:
-        sys.exit(1)
+    gpucommon.emit_and_exit(res, bad)
 
 
 if __name__ == "__main__":

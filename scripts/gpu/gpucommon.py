@@ -115,6 +115,14 @@ def emit(result):
     print("RESULT " + json.dumps(result, sort_keys=True), flush=True)
 
 
+def emit_and_exit(result, wrong):
+    """Prints the result line, then exits 1 when the job computed anything
+    wrong (the line is written either way, for the tables)."""
+    emit(result)
+    if wrong:
+        sys.exit(1)
+
+
 def fail(msg):
     print(f"error: {msg}", file=sys.stderr, flush=True)
     sys.exit(1)

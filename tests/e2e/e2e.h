@@ -17,6 +17,8 @@
 #include "fake_cuda.h"
 
 static int e2e_failures;
+/* The program's name, for messages (set by e2e_main). */
+static const char *e2e_program = "e2e";
 
 #define CHECK(cond)                                                              \
     do {                                                                         \
@@ -157,6 +159,33 @@ static inline int holds(const void *p, size_t n, unsigned char v)
         if (b[i] != v)
             return 0;
     return 1;
+}
+
+/* One scenario per invocation: `PROGRAM SCENARIO`. */
+typedef struct e2e_scenario {
+    const char *name;
+    void (*fn)(void);
+} e2e_scenario;
+
+/* Runs the scenario argv[1] names, after emptying the shim's log and
+ * checking that the fake driver is the one loaded (else skip, 77). */
+static inline int e2e_main(const char *program, const e2e_scenario *scenarios, size_t n,
+                           int argc, char **argv)
+{
+    e2e_program = program;
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s SCENARIO\n", program);
+        return 2;
+    }
+    shim_log_reset();
+    fakecuda();
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(argv[1], scenarios[i].name) == 0) {
+            scenarios[i].fn();
+            return e2e_done(argv[1]);
+        }
+    fprintf(stderr, "%s: no scenario '%s'\n", program, argv[1]);
+    return 2;
 }
 
 #endif

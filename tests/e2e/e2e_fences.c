@@ -34,29 +34,10 @@
 #include <cuda_runtime_api.h>
 #include <pthread.h>
 
-#include "e2e.h"
+#include "e2e_rt.h"
 
 #define MiB (UINT64_C(1) << 20)
 #define LIMIT (768 * MiB)
-
-static char *alloc_ok(size_t n)
-{
-    void *p = NULL;
-    cudaError_t e = cudaMalloc(&p, n);
-    if (e != cudaSuccess || !p) {
-        fprintf(stderr, "cudaMalloc(%zu) failed: %d\n", n, (int)e);
-        e2e_failures++;
-        exit(e2e_done("e2e_fences"));
-    }
-    return p;
-}
-
-static size_t free_memory(void)
-{
-    size_t f = 0, t = 0;
-    CHECK_EQ(cudaMemGetInfo(&f, &t), cudaSuccess);
-    return f;
-}
 
 /* The 1 MiB block *hole, and a filler that leaves less than 1 MiB anywhere
  * else in the pool. */
@@ -81,14 +62,19 @@ static void expect_safe(const char *hole, const char *q, void *s)
     CHECK_EQ(fake_stats().stale_handle_uses, 0);
 }
 
-static void stream_destroy(void)
+/* The stream with work still queued is destroyed before or after the free
+ * of the block that work uses. */
+static void destroyed_stream(bool before_free)
 {
     char *p, *filler = fill_but_hole(&p);
     cudaStream_t s;
     CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
     CHECK_EQ(fakecuda()->launch(s, write_pattern, p), 0);
-    CHECK_EQ(cudaStreamDestroy(s), cudaSuccess); /* returns; the work goes on */
+    if (before_free)
+        CHECK_EQ(cudaStreamDestroy(s), cudaSuccess); /* returns; the work goes on */
     CHECK_EQ(cudaFree(p), cudaSuccess);
+    if (!before_free)
+        CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
     char *q = alloc_ok(MiB);
     expect_safe(p, q, s);
     fakecuda()->complete_all();
@@ -96,20 +82,8 @@ static void stream_destroy(void)
     CHECK_EQ(cudaFree(filler), cudaSuccess);
 }
 
-static void destroy_after(void)
-{
-    char *p, *filler = fill_but_hole(&p);
-    cudaStream_t s;
-    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-    CHECK_EQ(fakecuda()->launch(s, write_pattern, p), 0);
-    CHECK_EQ(cudaFree(p), cudaSuccess);
-    CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
-    char *q = alloc_ok(MiB);
-    expect_safe(p, q, s);
-    fakecuda()->complete_all();
-    CHECK_EQ(cudaFree(q), cudaSuccess);
-    CHECK_EQ(cudaFree(filler), cudaSuccess);
-}
+static void stream_destroy(void) { destroyed_stream(true); }
+static void destroy_after(void) { destroyed_stream(false); }
 
 static void capture_begin(void)
 {
@@ -388,27 +362,12 @@ static void custom_pool(void)
 
 int main(int argc, char **argv)
 {
-    static const struct {
-        const char *name;
-        void (*fn)(void);
-    } scenarios[] = {
+    static const e2e_scenario scenarios[] = {
         {"stream-destroy", stream_destroy}, {"destroy-after", destroy_after},
         {"capture-begin", capture_begin},   {"legacy-capture", legacy_capture},
         {"ptsz-capture", ptsz_capture},     {"global-capture", global_capture},
         {"reset-streams", reset_streams},   {"ctx-reuse", ctx_reuse},
         {"stream-device", stream_device},   {"custom-pool", custom_pool},
     };
-    if (argc != 2) {
-        fprintf(stderr, "usage: e2e_fences SCENARIO\n");
-        return 2;
-    }
-    shim_log_reset();
-    fakecuda();
-    for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
-        if (strcmp(argv[1], scenarios[i].name) == 0) {
-            scenarios[i].fn();
-            return e2e_done(argv[1]);
-        }
-    fprintf(stderr, "e2e_fences: no scenario '%s'\n", argv[1]);
-    return 2;
+    return e2e_main("e2e_fences", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }

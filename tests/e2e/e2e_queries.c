@@ -20,7 +20,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
-#include "e2e.h"
+#include "e2e_rt.h"
 
 #define MiB (UINT64_C(1) << 20)
 
@@ -149,25 +149,11 @@ static void device_full(void)
 
 int main(int argc, char **argv)
 {
-    static const struct {
-        const char *name;
-        void (*fn)(void);
-    } scenarios[] = {
+    static const e2e_scenario scenarios[] = {
         {"first-malloc", first_malloc},
         {"meminfo-once", meminfo_once},
         {"ptr-attr", ptr_attr},
         {"device-full", device_full},
     };
-    if (argc != 2) {
-        fprintf(stderr, "usage: e2e_queries SCENARIO\n");
-        return 2;
-    }
-    shim_log_reset();
-    for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
-        if (strcmp(argv[1], scenarios[i].name) == 0) {
-            scenarios[i].fn();
-            return e2e_done(argv[1]);
-        }
-    fprintf(stderr, "e2e_queries: no scenario '%s'\n", argv[1]);
-    return 2;
+    return e2e_main("e2e_queries", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }

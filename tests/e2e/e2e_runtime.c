@@ -29,29 +29,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "e2e.h"
+#include "e2e_rt.h"
 
 #define MiB (UINT64_C(1) << 20)
 #define LIMIT (768 * MiB)
-
-static char *alloc_ok(size_t n)
-{
-    void *p = NULL;
-    cudaError_t e = cudaMalloc(&p, n);
-    if (e != cudaSuccess || !p) {
-        fprintf(stderr, "cudaMalloc(%zu) failed: %d\n", n, (int)e);
-        e2e_failures++;
-        exit(e2e_done("e2e_runtime"));
-    }
-    return p;
-}
-
-static size_t free_memory(void)
-{
-    size_t f = 0, t = 0;
-    CHECK_EQ(cudaMemGetInfo(&f, &t), cudaSuccess);
-    return f;
-}
 
 /* ---- scenarios ----------------------------------------------------------------- */
 
@@ -555,27 +536,12 @@ static void stats_now(void)
 
 int main(int argc, char **argv)
 {
-    static const struct {
-        const char *name;
-        void (*fn)(void);
-    } scenarios[] = {
+    static const e2e_scenario scenarios[] = {
         {"basic", basic},         {"badinput", badinput},       {"oom", oom},
         {"growth", growth},       {"streams", streams},         {"immediate", immediate},
         {"capture", capture},     {"threads", threads},         {"multidevice", multidevice},
         {"fork", forks},          {"platform", platform},       {"garbage-env", garbage_env},
         {"stats-now", stats_now}, {"reset", reset},           {"exit-busy", exit_busy},
     };
-    if (argc != 2) {
-        fprintf(stderr, "usage: e2e_runtime SCENARIO\n");
-        return 2;
-    }
-    shim_log_reset();
-    fakecuda(); /* skips (77) unless the fake driver is what got loaded */
-    for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
-        if (strcmp(argv[1], scenarios[i].name) == 0) {
-            scenarios[i].fn();
-            return e2e_done(argv[1]);
-        }
-    fprintf(stderr, "e2e_runtime: no scenario '%s'\n", argv[1]);
-    return 2;
+    return e2e_main("e2e_runtime", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }

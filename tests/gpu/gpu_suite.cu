@@ -295,7 +295,16 @@ static void expect_intact(unsigned *p, unsigned *q, cudaStream_t s2, bool runnin
     CHECK(bad == 0);
 }
 
-static void stream_destroy(void)
+/* What happens to the late kernel's stream s1 between the free of its
+ * block and the next allocation. */
+typedef enum late_twist {
+    DESTROY_BEFORE_FREE,   /* s1 destroyed (returns at once, the kernel goes on) */
+    CAPTURE_BEFORE_ALLOC,  /* s1 begins capturing after the free */
+} late_twist;
+
+/* A kernel queued on s1 writes p late; p is freed meanwhile and the pool,
+ * full but for p's hole, is asked for HOLE bytes again. */
+static void late_reuse(late_twist twist)
 {
     unsigned *p = NULL, *q = NULL;
     void *filler = fill_pool_but_hole(&p);
@@ -309,54 +318,37 @@ static void stream_destroy(void)
     cudaEvent_t late_done = NULL;
     CUDA_OK(cudaEventCreateWithFlags(&late_done, cudaEventDisableTiming));
     CUDA_OK(cudaEventRecord(late_done, s1));
-    /* "the function will return immediately and the resources associated
-     * with hStream will be released automatically once the device has
-     * completed all work in hStream" (cuStreamDestroy) */
-    CUDA_OK(cudaStreamDestroy(s1));
+    if (twist == DESTROY_BEFORE_FREE) {
+        /* "the function will return immediately and the resources
+         * associated with hStream will be released automatically once the
+         * device has completed all work in hStream" (cuStreamDestroy) */
+        CUDA_OK(cudaStreamDestroy(s1));
+        s1 = NULL;
+    }
     CUDA_OK(cudaFree(p));
-    CUDA_OK(cudaMalloc((void **)&q, HOLE));
+    if (twist == CAPTURE_BEFORE_ALLOC) /* only what follows is captured */
+        CUDA_OK(cudaStreamBeginCapture(s1, cudaStreamCaptureModeRelaxed));
+    CUDA_OK(cudaMalloc((void **)&q, HOLE)); /* allowed in relaxed mode */
     bool running = cudaEventQuery(late_done) == cudaErrorNotReady;
     cudaGetLastError();
+    if (twist == CAPTURE_BEFORE_ALLOC) {
+        cudaGraph_t g = NULL;
+        CUDA_OK(cudaStreamEndCapture(s1, &g));
+        if (g)
+            CUDA_OK(cudaGraphDestroy(g));
+    }
     if (q)
         expect_intact(p, q, s2, running);
     CUDA_OK(cudaEventDestroy(late_done));
     CUDA_OK(cudaFree(q));
     CUDA_OK(cudaFree(filler));
+    if (s1)
+        CUDA_OK(cudaStreamDestroy(s1));
     CUDA_OK(cudaStreamDestroy(s2));
 }
 
-static void capture_pending(void)
-{
-    unsigned *p = NULL, *q = NULL;
-    void *filler = fill_pool_but_hole(&p);
-    cudaStream_t s1 = NULL, s2 = NULL;
-    CUDA_OK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
-    CUDA_OK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
-    if (failures)
-        return;
-    late_fill<<<256, 256, 0, s1>>>(p, HOLE / 4, 0xdeadu, LATE_NS);
-    CUDA_OK(cudaGetLastError());
-    cudaEvent_t late_done = NULL;
-    CUDA_OK(cudaEventCreateWithFlags(&late_done, cudaEventDisableTiming));
-    CUDA_OK(cudaEventRecord(late_done, s1));
-    CUDA_OK(cudaFree(p));
-    /* s1's queued kernel still runs; the capture only records what follows. */
-    CUDA_OK(cudaStreamBeginCapture(s1, cudaStreamCaptureModeRelaxed));
-    CUDA_OK(cudaMalloc((void **)&q, HOLE)); /* allowed in relaxed mode */
-    cudaGraph_t g = NULL;
-    bool running = cudaEventQuery(late_done) == cudaErrorNotReady;
-    cudaGetLastError();
-    CUDA_OK(cudaStreamEndCapture(s1, &g));
-    if (g)
-        CUDA_OK(cudaGraphDestroy(g));
-    if (q)
-        expect_intact(p, q, s2, running);
-    CUDA_OK(cudaEventDestroy(late_done));
-    CUDA_OK(cudaFree(q));
-    CUDA_OK(cudaFree(filler));
-    CUDA_OK(cudaStreamDestroy(s1));
-    CUDA_OK(cudaStreamDestroy(s2));
-}
+static void stream_destroy(void) { late_reuse(DESTROY_BEFORE_FREE); }
+static void capture_pending(void) { late_reuse(CAPTURE_BEFORE_ALLOC); }
 
 static void reset(void)
 {
