@@ -208,9 +208,10 @@ void fences_stand_in(shim_pool *sp, CUstream s)
 }
 
 /* Writes into out (room for n + 1) the streams a seal of `lane` records
- * on, given the context's n known streams; returns how many, or -1 when it
- * cannot seal now (capture). Only the plain lane and the legacy stream's
- * lane need to know which streams capture. */
+ * on, given the context's n known streams (gathered for the plain lane
+ * only); returns how many, or -1 when it cannot seal now (capture). Only
+ * the plain lane and the legacy stream's lane need to know which streams
+ * capture. */
 static int fence_streams(shim_pool *sp, const real_driver *R, uint32_t lane,
                          const known_stream *known, size_t n, CUstream *out)
 {
@@ -221,9 +222,10 @@ static int fence_streams(shim_pool *sp, const real_driver *R, uint32_t lane,
         out[0] = own;
         return 1;
     }
+    /* Seals run with the pool's context current (the shim pushes it before
+     * entering the engine), so one question covers every blocking stream of
+     * the context, per-thread default streams included. */
     bool blocking_capture = legacy_blocked(R);
-    for (size_t i = 0; i < n && !blocking_capture; i++)
-        blocking_capture = !known[i].non_blocking && capturing(R, known[i].stream);
     if (lane != sp->plain_lane) {
         /* The legacy stream's lane: legacy work would join the capture. */
         if (blocking_capture)
@@ -248,9 +250,11 @@ bool fences_seal(void *ctx, uint32_t lane, uint64_t token)
 {
     shim_pool *sp = ctx;
     const real_driver *R = real_driver_get();
+    /* Only the plain lane fences other streams than its own. */
+    bool plain = lane == sp->plain_lane;
     known_stream few[FEW_STREAMS], *known = few;
     CUstream few_out[FEW_STREAMS + 1], *streams = few_out;
-    size_t nknown = streams_of_context(sp->ctx, few, FEW_STREAMS);
+    size_t nknown = plain ? streams_of_context(sp->ctx, few, FEW_STREAMS) : 0;
     if (nknown > FEW_STREAMS) {
         known = malloc(nknown * sizeof *known);
         streams = malloc((nknown + 1) * sizeof *streams);
@@ -275,7 +279,6 @@ bool fences_seal(void *ctx, uint32_t lane, uint64_t token)
     }
     uint32_t n = (uint32_t)found;
     /* The plain lane also waits for every stand-in still pending. */
-    bool plain = lane == sp->plain_lane;
     if (plain)
         pthread_mutex_lock(&sp->stand_in_lock);
     size_t nsi = plain ? stand_ins_pending(sp, R) : 0;
