@@ -68,9 +68,7 @@ void capture_stand_in(CUstream s, bool legacy_too)
     shim_pool *sp = ctx ? pool_for_context(ctx, false) : NULL;
     if (!sp)
         return;
-    CUcontext cur = NULL;
-    R->CtxGetCurrent(&cur);
-    bool push = cur != ctx && R->CtxPushCurrent(ctx) == CUDA_SUCCESS;
+    bool pushed = real_ctx_enter(R, ctx);
     CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
     /* A stream that already captures has had its stand-in (its work since
      * is a graph's, and an event on it would be a captured one). */
@@ -78,8 +76,7 @@ void capture_stand_in(CUstream s, bool legacy_too)
         fences_stand_in(sp, s);
     if (legacy_too && R->StreamIsCapturing(CU_STREAM_LEGACY, &st) == CUDA_SUCCESS)
         fences_stand_in(sp, CU_STREAM_LEGACY);
-    if (push)
-        R->CtxPopCurrent(&cur);
+    real_ctx_leave(R, pushed);
 }
 
 /* Is s a blocking stream (one the legacy stream synchronises with)? */

@@ -333,16 +333,12 @@ SHIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
     /* The last release destroys the primary context: learn its handle while
      * it is still alive, in case this is the last. */
-    CUcontext ctx = NULL;
     const real_driver *R = real_driver_get();
+    CUcontext ctx = real_active_primary(R, dev);
+    CUresult r = PASS(DevicePrimaryCtxRelease, dev);
     unsigned flags = 0;
     int active = 0;
-    if (R && R->DevicePrimaryCtxGetState &&
-        R->DevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && active &&
-        R->DevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS)
-        R->DevicePrimaryCtxRelease(dev);
-    CUresult r = PASS(DevicePrimaryCtxRelease, dev);
-    if (r == CUDA_SUCCESS && R && ctx &&
+    if (r == CUDA_SUCCESS && ctx &&
         R->DevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active) {
         pools_primary_gone(dev); /* the pool (the context is no longer active) */
         pools_context_gone(ctx); /* and the streams under its handle */

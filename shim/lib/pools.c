@@ -63,21 +63,11 @@ static void region_free(void *ctx, bfc_addr base, uint64_t size)
     real_driver_get()->MemFree(base);
 }
 
-/* Is ctx the primary context of dev? Retaining the primary context to
- * compare would create it if it is not active, so ask its state first. */
+/* Is ctx the primary context of dev? (An inactive one is not ctx.) */
 static bool is_primary(const real_driver *R, CUcontext ctx, CUdevice dev)
 {
-    unsigned flags = 0;
-    int active = 0;
-    if (!R->DevicePrimaryCtxGetState || !R->DevicePrimaryCtxRetain ||
-        !R->DevicePrimaryCtxRelease ||
-        R->DevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS || !active)
-        return false;
-    CUcontext p = NULL;
-    if (R->DevicePrimaryCtxRetain(&p, dev) != CUDA_SUCCESS)
-        return false;
-    R->DevicePrimaryCtxRelease(dev);
-    return p == ctx;
+    CUcontext p = real_active_primary(R, dev);
+    return p && p == ctx;
 }
 
 /* The row alignment the driver's cuMemAllocPitch uses on the pool's
@@ -238,12 +228,9 @@ shim_pool *pool_for_context(CUcontext ctx, bool create)
                                        "in the others pass through unpooled", MAX_POOLS);
     } else if (!found) {
         /* The pool's context must be current while it is set up. */
-        CUcontext cur = NULL;
-        R->CtxGetCurrent(&cur);
-        bool push = cur != ctx && R->CtxPushCurrent(ctx) == CUDA_SUCCESS;
+        bool pushed = real_ctx_enter(R, ctx);
         found = create_pool(R, ctx);
-        if (push)
-            R->CtxPopCurrent(&cur);
+        real_ctx_leave(R, pushed);
         if (found) {
             found->serial = next_serial++;
             atomic_store(&registry[slot], found);
@@ -304,19 +291,10 @@ void pools_context_gone(CUcontext ctx)
 void pools_primary_gone(CUdevice dev)
 {
     forget_if(primary_of, &dev);
-    /* Its streams are registered under its handle, which we learn by
-     * retaining it: only while it is active, or retaining would create it. */
-    const real_driver *R = real_driver_get();
-    unsigned flags = 0;
-    int active = 0;
-    CUcontext ctx = NULL;
-    if (R && R->DevicePrimaryCtxGetState && R->DevicePrimaryCtxRetain &&
-        R->DevicePrimaryCtxRelease &&
-        R->DevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && active &&
-        R->DevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS) {
-        R->DevicePrimaryCtxRelease(dev);
+    /* Its streams are registered under its handle. */
+    CUcontext ctx = real_active_primary(real_driver_get(), dev);
+    if (ctx)
         streams_forget_context(ctx);
-    }
 }
 
 /* ---- lanes --------------------------------------------------------------------- */
@@ -419,11 +397,8 @@ void pools_stream_destroyed(CUstream s)
             continue;
         /* Closing seals the lane's open epoch: an event on the stream while
          * it still exists, recorded in the pool's context. */
-        CUcontext cur = NULL;
-        R->CtxGetCurrent(&cur);
-        bool push = cur != sp->ctx && R->CtxPushCurrent(sp->ctx) == CUDA_SUCCESS;
+        bool pushed = real_ctx_enter(R, sp->ctx);
         bfc_pool_lane_close(sp->bfc, lane);
-        if (push)
-            R->CtxPopCurrent(&cur);
+        real_ctx_leave(R, pushed);
     }
 }

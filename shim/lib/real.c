@@ -116,6 +116,34 @@ const real_driver *real_driver_get(void)
     return drv_ok ? &drv : NULL;
 }
 
+bool real_ctx_enter(const real_driver *R, CUcontext ctx)
+{
+    CUcontext cur = NULL;
+    R->CtxGetCurrent(&cur);
+    return cur != ctx && R->CtxPushCurrent(ctx) == CUDA_SUCCESS;
+}
+
+void real_ctx_leave(const real_driver *R, bool pushed)
+{
+    CUcontext popped = NULL;
+    if (pushed)
+        R->CtxPopCurrent(&popped);
+}
+
+CUcontext real_active_primary(const real_driver *R, CUdevice dev)
+{
+    unsigned flags = 0;
+    int active = 0;
+    CUcontext ctx = NULL;
+    if (!R || !R->DevicePrimaryCtxGetState || !R->DevicePrimaryCtxRetain ||
+        !R->DevicePrimaryCtxRelease ||
+        R->DevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS || !active ||
+        R->DevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS)
+        return NULL;
+    R->DevicePrimaryCtxRelease(dev);
+    return ctx;
+}
+
 void *real_runtime(_Atomic(void *) *slot, const char *name)
 {
     void *f = atomic_load_explicit(slot, memory_order_acquire);

@@ -127,12 +127,9 @@ void svc_note_passthrough(void)
 static bfc_status pool_alloc_in_context(shim_pool *sp, size_t size, uint32_t lane, bfc_addr *a)
 {
     const real_driver *R = real_driver_get();
-    CUcontext cur = NULL;
-    R->CtxGetCurrent(&cur);
-    bool push = cur != sp->ctx && R->CtxPushCurrent(sp->ctx) == CUDA_SUCCESS;
+    bool pushed = real_ctx_enter(R, sp->ctx);
     bfc_status st = bfc_pool_alloc(sp->bfc, size, lane, a);
-    if (push)
-        R->CtxPopCurrent(&cur);
+    real_ctx_leave(R, pushed);
     return st;
 }
 

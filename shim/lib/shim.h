@@ -150,6 +150,14 @@ typedef struct real_driver {
 /* Loads libcuda.so.1 on first use; NULL if it cannot be found. */
 const real_driver *real_driver_get(void);
 
+/* Makes ctx current for the driver calls that follow, unless it already is;
+ * returns whether it pushed, for real_ctx_leave. */
+bool real_ctx_enter(const real_driver *R, CUcontext ctx);
+void real_ctx_leave(const real_driver *R, bool pushed);
+/* The handle of dev's primary context while it is active, else NULL:
+ * retaining it to learn the handle would create it when it is not. */
+CUcontext real_active_primary(const real_driver *R, CUdevice dev);
+
 /* The real dlsym (the override in dlsym_hook.c forwards to it). */
 void *real_dlsym(void *handle, const char *symbol);
 
