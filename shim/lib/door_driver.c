@@ -207,13 +207,10 @@ SHIM_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr p)
 /* z: 0 for the plain entry point, 1 for _ptsz (stream 0 is per-thread). */
 static CUresult alloc_async(int z, CUdeviceptr *dptr, size_t size, CUstream s, const char *api)
 {
-    shim_pool *sp;
     if (!shim_driver_door() || size == 0 || !dptr)
         return counted_alloc(PASS(MemAllocAsync[z], dptr, size, s), dptr, size);
     /* The stream's device, not the current one; and its default pool only. */
-    sp = svc_stream_capturing(s, z)        ? NULL
-         : svc_explicit_stream(s, z)       ? svc_stream_pool(s)
-                                           : svc_current_pool();
+    shim_pool *sp = svc_async_pool(s, z, svc_current_pool);
     if (!sp || !svc_default_pool_current(sp->dev)) {
         svc_note_passthrough();
         return PASS(MemAllocAsync[z], dptr, size, s);
@@ -234,12 +231,9 @@ static CUresult free_async(int z, CUdeviceptr p, CUstream s, const char *api)
 static CUresult alloc_from_pool(int z, CUdeviceptr *dptr, size_t size, CUmemoryPool pool,
                                 CUstream s, const char *api)
 {
-    shim_pool *sp;
     if (!shim_driver_door() || size == 0 || !dptr)
         return PASS(MemAllocFromPoolAsync[z], dptr, size, pool, s);
-    sp = svc_stream_capturing(s, z)        ? NULL
-         : svc_explicit_stream(s, z)       ? svc_stream_pool(s)
-                                           : svc_current_pool();
+    shim_pool *sp = svc_async_pool(s, z, svc_current_pool);
     if (!sp || !svc_is_default_pool(sp, pool)) {
         svc_note_passthrough();
         return PASS(MemAllocFromPoolAsync[z], dptr, size, pool, s);

@@ -218,13 +218,10 @@ static cudaError_t malloc_async(int z, void **p, size_t size, cudaStream_t s, co
     REAL_RT(malloc_async_fn, f0, "cudaMallocAsync");
     REAL_RT(malloc_async_fn, f1, "cudaMallocAsync_ptsz");
     malloc_async_fn f = z ? f1 : f0;
-    shim_pool *sp;
     if (!shim_active() || !p || size == 0)
         return counted_alloc(f ? f(p, size, s) : NO_RUNTIME, p, size);
-    if (svc_stream_capturing((CUstream)s, z))
-        return pass_alloc_async(f, p, size, s);
     /* The stream's device, not the current one; and its default pool only. */
-    sp = svc_explicit_stream((CUstream)s, z) ? svc_stream_pool((CUstream)s) : runtime_pool();
+    shim_pool *sp = svc_async_pool((CUstream)s, z, runtime_pool);
     if (!sp || !svc_default_pool_current(sp->dev))
         return pass_alloc_async(f, p, size, s);
     CUdeviceptr d = 0;
@@ -257,13 +254,9 @@ static cudaError_t malloc_from_pool(int z, void **p, size_t size, cudaMemPool_t 
     REAL_RT(malloc_pool_fn, f0, "cudaMallocFromPoolAsync");
     REAL_RT(malloc_pool_fn, f1, "cudaMallocFromPoolAsync_ptsz");
     malloc_pool_fn f = z ? f1 : f0;
-    shim_pool *sp;
     if (!shim_active() || !p || size == 0)
         return f ? f(p, size, pool, s) : NO_RUNTIME;
-    if (!svc_stream_capturing((CUstream)s, z))
-        sp = svc_explicit_stream((CUstream)s, z) ? svc_stream_pool((CUstream)s) : runtime_pool();
-    else
-        sp = NULL;
+    shim_pool *sp = svc_async_pool((CUstream)s, z, runtime_pool);
     if (!sp || !svc_is_default_pool(sp, (CUmemoryPool)pool)) {
         svc_note_passthrough();
         shim_tls_bypass++; /* counted here, not again in the driver door */

@@ -90,20 +90,22 @@ bool svc_default_pool_current(CUdevice dev)
                                                                       memory_order_relaxed) == NULL;
 }
 
-bool svc_explicit_stream(CUstream s, bool per_thread)
-{
-    (void)per_thread; /* stream 0 is the legacy or the per-thread stream */
-    return s != NULL && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD;
-}
-
-shim_pool *svc_stream_pool(CUstream s)
+static shim_pool *stream_pool(CUstream s)
 {
     const real_driver *R = real_driver_get();
     CUcontext ctx = NULL;
     if (!R || !R->StreamGetCtx || R->StreamGetCtx(s, &ctx) != CUDA_SUCCESS || !ctx)
         return NULL;
-    shim_pool *sp = pool_for_context(ctx, true);
-    return sp && svc_default_pool_current(sp->dev) ? sp : NULL;
+    return pool_for_context(ctx, true);
+}
+
+shim_pool *svc_async_pool(CUstream s, bool per_thread, shim_pool *(*current)(void))
+{
+    if (svc_stream_capturing(s, per_thread))
+        return NULL;
+    /* Stream 0 is the legacy or the per-thread stream: the current context's. */
+    bool explicit_stream = s != NULL && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD;
+    return explicit_stream ? stream_pool(s) : current();
 }
 
 void svc_note_passthrough(void)

@@ -302,13 +302,13 @@ shim_pool *svc_current_pool(void);
 /* Is `pool` the device's default memory pool (which the BFC pool stands in
  * for)? Other pools belong to the program: their calls pass through. */
 bool svc_is_default_pool(shim_pool *sp, CUmemoryPool pool);
-/* The pool a stream-ordered call on an explicit stream serves from: the
- * stream's context's (a stream belongs to one device, whatever context is
- * current), created on first use; NULL to pass the call through (including
- * when the program made another pool its device's current one). */
-shim_pool *svc_stream_pool(CUstream s);
-/* Is s an explicit stream handle (not the legacy or per-thread stream)? */
-bool svc_explicit_stream(CUstream s, bool per_thread);
+/* The pool a stream-ordered allocation on s would serve from, before the
+ * door checks which memory pool the call means; NULL to pass it through.
+ * None while s captures (the graph owns what it allocates); for an explicit
+ * stream, its context's (a stream belongs to one device, whatever context is
+ * current), created on first use; else current(), the door's pool of the
+ * current context. */
+shim_pool *svc_async_pool(CUstream s, bool per_thread, shim_pool *(*current)(void));
 /* Does the device still allocate stream-ordered memory from its default
  * pool? cuDeviceSetMemPool (both doors) tells us when it stops. */
 bool svc_default_pool_current(CUdevice dev);

@@ -28,7 +28,8 @@
  *                    device 0 is current: served from device 1's pool and
  *                    fenced there (else the blocks never retire)
  *   custom-pool      after cudaDeviceSetMemPool(dev, pool of the program's),
- *                    cudaMallocAsync on that device is the program's pool's
+ *                    cudaMallocAsync on that device is the program's pool's;
+ *                    cudaMallocFromPoolAsync naming the default pool is ours
  */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -349,8 +350,16 @@ static void custom_pool(void)
     CHECK_EQ(fake_stats().mem_alloc_async_calls, s0.mem_alloc_async_calls + 1);
     CHECK_EQ(cudaFreeAsync(mine, s), cudaSuccess);
     CHECK_EQ(fake_stats().mem_free_async_calls, s0.mem_free_async_calls + 1);
+    /* Asking for the default pool by name is still ours, whichever pool is
+     * current, on an explicit stream as on the legacy one. */
     CUmemoryPool dflt = NULL;
     CHECK_EQ(cudaDeviceGetDefaultMemPool((cudaMemPool_t *)&dflt, 0), cudaSuccess);
+    s0 = fake_stats();
+    CHECK_EQ(cudaMallocFromPoolAsync(&mine, MiB, (cudaMemPool_t)dflt, s), cudaSuccess);
+    CHECK_EQ(cudaFreeAsync(mine, s), cudaSuccess);
+    CHECK_EQ(cudaMallocFromPoolAsync(&mine, MiB, (cudaMemPool_t)dflt, NULL), cudaSuccess);
+    CHECK_EQ(cudaFreeAsync(mine, NULL), cudaSuccess);
+    CHECK_EQ(fake_stats().mem_alloc_async_calls, s0.mem_alloc_async_calls);
     CHECK_EQ(cudaDeviceSetMemPool(0, (cudaMemPool_t)dflt), cudaSuccess);
     s0 = fake_stats();
     CHECK_EQ(cudaMallocAsync(&mine, MiB, s), cudaSuccess); /* ours again */
