@@ -295,11 +295,7 @@ SHIM_EXPORT CUresult cuStreamCreateWithPriority(CUstream *s, unsigned flags, int
 
 SHIM_EXPORT CUresult cuStreamDestroy_v2(CUstream s)
 {
-    /* While the stream still exists: a stand-in for its queued work (which
-     * runs on after the destroy returns), and its lanes sealed. */
-    capture_stand_in(s, false);
     pools_stream_destroyed(s);
-    streams_remove(s);
     return PASS(StreamDestroy, s);
 }
 

@@ -335,11 +335,8 @@ SHIM_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t s)
 {
     REAL_RT(stream_destroy_fn, f, "cudaStreamDestroy");
     /* With the driver door hooked, cudart's cuStreamDestroy does this. */
-    if (!shim_driver_hooked()) {
-        capture_stand_in((CUstream)s, false);
+    if (!shim_driver_hooked())
         pools_stream_destroyed((CUstream)s);
-        streams_remove((CUstream)s);
-    }
     return f ? f(s) : NO_RUNTIME;
 }
 

@@ -378,6 +378,7 @@ uint32_t pool_lane_for_free(shim_pool *sp, CUstream s, bool per_thread)
 
 void pools_stream_destroyed(CUstream s)
 {
+    capture_stand_in(s, false);
     const real_driver *R = real_driver_get();
     size_t n = atomic_load(&npools);
     for (size_t i = 0; R && i < n; i++) {
@@ -401,4 +402,5 @@ void pools_stream_destroyed(CUstream s)
         bfc_pool_lane_close(sp->bfc, lane);
         real_ctx_leave(R, pushed);
     }
+    streams_remove(s);
 }

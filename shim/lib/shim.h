@@ -236,7 +236,9 @@ void pools_lock_for_fork(bool lock);
  * then wait for every stream. create=false: lookup only. */
 uint32_t pool_lane_for_alloc(shim_pool *sp, CUstream stream, bool per_thread);
 uint32_t pool_lane_for_free(shim_pool *sp, CUstream stream, bool per_thread);
-/* A stream goes away: seal and close its lanes in every pool. */
+/* A stream is about to be destroyed (its queued work runs on after the
+ * destroy returns): while it still exists, a stand-in for that work, and its
+ * lanes sealed and closed in every pool; then it leaves the registry. */
 void pools_stream_destroyed(CUstream stream);
 
 /* Engine callbacks (fences.c). */
