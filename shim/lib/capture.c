@@ -117,8 +117,6 @@ static void ended(int r)
 
 /* ---- driver door ------------------------------------------------------------------ */
 
-#define REAL(field) (real_driver_get() ? real_driver_get()->field : NULL)
-
 static CUresult begin(int z, CUstream s, CUstreamCaptureMode mode)
 {
     CUresult (*f)(CUstream, CUstreamCaptureMode) = REAL(StreamBeginCapture[z]);

@@ -19,8 +19,8 @@
  */
 #include "shim.h"
 
-/* The real function, or CUDA_ERROR_NOT_INITIALIZED when there is no driver. */
-#define REAL(field) (real_driver_get() ? real_driver_get()->field : NULL)
+/* The real function's answer, or CUDA_ERROR_NOT_INITIALIZED when there is
+ * no driver. */
 #define PASS(field, ...) \
     (REAL(field) ? REAL(field)(__VA_ARGS__) : CUDA_ERROR_NOT_INITIALIZED)
 

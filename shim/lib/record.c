@@ -104,9 +104,6 @@ bool record_attach(shim_pool *sp, bfc_backend *b)
     return true;
 }
 
-/* How long record_flush_at_exit waits for a pool another thread holds. */
-enum { EXIT_WAIT_MS = 100 };
-
 static void flush(bool at_exit)
 {
     if (atomic_load_explicit(&state, memory_order_acquire) != OPEN)

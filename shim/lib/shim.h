@@ -149,6 +149,8 @@ typedef struct real_driver {
 
 /* Loads libcuda.so.1 on first use; NULL if it cannot be found. */
 const real_driver *real_driver_get(void);
+/* One real driver function, or NULL when there is no driver or it lacks it. */
+#define REAL(field) (real_driver_get() ? real_driver_get()->field : NULL)
 
 /* Makes ctx current for the driver calls that follow, unless it already is;
  * returns whether it pushed, for real_ctx_leave. */
@@ -362,6 +364,11 @@ extern atomic_uint_fast64_t shim_passthrough_allocs;
 void svc_note_passthrough(void);
 
 /* ---- what the shim tells the user (record.c, stats_file.c, oom_report.c) --- */
+
+/* At exit another thread may hold a pool for good (waiting for a GPU that
+ * never finishes): the trace and statistics writers give that pool up after
+ * this long, and say so, rather than hang exit(). */
+enum { EXIT_WAIT_MS = 100 };
 
 /* BFCSHIM_TRACE: pools record through the engine's on_event hook, attached
  * here when a trace is wanted (false: not traced); pass-through calls and

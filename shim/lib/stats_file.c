@@ -68,10 +68,6 @@ static void pool_json(json_out *j, shim_pool *sp, const bfc_stats *s)
     json_object_close(j);
 }
 
-/* At exit another thread may hold a pool for good (waiting for a GPU that
- * never finishes): the writers then give that pool up after this long, and
- * say so, rather than hang exit(). */
-enum { EXIT_WAIT_MS = 100 };
 static bool exiting;
 
 /* Calls fn for every pool with its statistics (NULL: the pool was busy). */
