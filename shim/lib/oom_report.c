@@ -67,11 +67,11 @@ static uint64_t device_free_bytes(void)
 }
 
 static void write_hint(FILE *f, const shim_config *cfg, const bfc_stats *st, uint64_t rounded,
-                       uint64_t total)
+                       oom_cause cause, uint64_t total)
 {
     char a[32], b[32], c[32], d[32];
     uint64_t room = st->bytes_limit - st->bytes_in_use;
-    switch (cause_of(st, rounded)) {
+    switch (cause) {
     case CAUSE_FRAGMENTED:
         fprintf(f, "diagnosis: fragmentation. The pool has %s not in use but no single free "
                    "block of %s (the largest is %s",
@@ -121,42 +121,39 @@ static void write_hint(FILE *f, const shim_config *cfg, const bfc_stats *st, uin
         fprintf(f, "hint: BFCSHIM_GC=true would return empty regions before failing.\n");
 }
 
-static void write_report(FILE *f, shim_pool *sp, size_t size, const char *api)
+/* The full report, from the statistics the failure was judged on. */
+static void write_report(FILE *f, shim_pool *sp, const bfc_stats *st, uint64_t rounded,
+                         oom_cause cause, size_t size, const char *api)
 {
     const shim_config *cfg = shim_config_get();
-    bfc_stats st;
-    bfc_pool_stats(sp->bfc, &st);
-    bfc_options o;
-    bfc_pool_options(sp->bfc, &o);
-    uint64_t rounded = ((uint64_t)size + o.granularity - 1) / o.granularity * o.granularity;
     char a[32], b[32], c[32], d[32], e[32];
     fprintf(f, "==== bfcshim out-of-memory report (pid %d, device %d) ====\n", (int)getpid(),
             (int)sp->dev);
     fprintf(f, "request: %s(%zu bytes = %s), rounded to %s\n", api, size,
             format_size(size, a, sizeof a), format_size(rounded, b, sizeof b));
     fprintf(f, "pool: limit %s (%s of the device's %s), %s held in %llu region(s)\n",
-            format_size(st.bytes_limit, a, sizeof a),
+            format_size(st->bytes_limit, a, sizeof a),
             cfg->mem_limit ? "BFCSHIM_MEM_LIMIT" : "BFCSHIM_MEM_FRACTION",
-            format_size(sp->total_memory, b, sizeof b), format_size(st.pool_bytes, c, sizeof c),
-            (unsigned long long)st.num_regions);
+            format_size(sp->total_memory, b, sizeof b), format_size(st->pool_bytes, c, sizeof c),
+            (unsigned long long)st->num_regions);
     fprintf(f, "in use %s (requested %s), free %s, pending %s, largest free block %s, "
                "fragmentation %.3f\n",
-            format_size(st.bytes_in_use, a, sizeof a),
-            format_size(st.bytes_requested, b, sizeof b), format_size(st.free_bytes, c, sizeof c),
-            format_size(st.pending_bytes, d, sizeof d),
-            format_size(st.largest_free_block_bytes, e, sizeof e), st.fragmentation);
-    write_hint(f, cfg, &st, rounded, sp->total_memory);
+            format_size(st->bytes_in_use, a, sizeof a),
+            format_size(st->bytes_requested, b, sizeof b), format_size(st->free_bytes, c, sizeof c),
+            format_size(st->pending_bytes, d, sizeof d),
+            format_size(st->largest_free_block_bytes, e, sizeof e), st->fragmentation);
+    write_hint(f, cfg, st, rounded, cause, sp->total_memory);
 
     bfc_live_info top[TOP_LIVE];
     size_t n = bfc_pool_largest_live(sp->bfc, top, TOP_LIVE);
     fprintf(f, "largest live allocations (of %llu):\n",
-            (unsigned long long)(st.num_allocs - st.num_frees));
+            (unsigned long long)(st->num_allocs - st->num_frees));
     for (size_t i = 0; i < n; i++)
         fprintf(f, "  0x%llx  %10s  requested %llu, allocation #%llu\n",
                 (unsigned long long)top[i].addr, format_size(top[i].size, a, sizeof a),
                 (unsigned long long)top[i].requested, (unsigned long long)top[i].seq);
     unsigned what = BFC_DUMP_SUMMARY | BFC_DUMP_BINS | BFC_DUMP_OCCUPANCY;
-    if (st.num_chunks <= MAX_CHUNK_LINES)
+    if (st->num_chunks <= MAX_CHUNK_LINES)
         what |= BFC_DUMP_CHUNKS;
     fprintf(f, "memory map:\n");
     bfc_pool_dump(sp->bfc, f, what);
@@ -194,7 +191,7 @@ void oom_report(shim_pool *sp, size_t size, const char *api)
     FILE *mem = open_memstream(&text, &len);
     if (!mem)
         return;
-    write_report(mem, sp, size, api);
+    write_report(mem, sp, &st, rounded, cause, size, api);
     fclose(mem);
     ssize_t w = write(shim_log_fd(), text, len);
     (void)w;
