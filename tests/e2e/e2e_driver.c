@@ -12,9 +12,14 @@
  *   hooks-off   BFCSHIM_DRIVER_HOOKS=0: the driver door stays closed
  *   platform-zero  platform mode counts a 0-byte allocation a driver answered
  *               with a pointer as 0 bytes in use, before and after its free
+ *   fake-lifetime  (driver door closed: the fake itself) cuCtxDestroy keeps
+ *               stream-ordered allocations and frees the rest; a destroyed
+ *               context still current to another thread is
+ *               CUDA_ERROR_CONTEXT_IS_DESTROYED there (cuda.h's rules)
  */
 #include <cuda.h>
 #include <dlfcn.h>
+#include <pthread.h>
 
 #include "e2e.h"
 
@@ -278,6 +283,72 @@ static void platform_zero(void)
         fprintf(stderr, "%s\n", text);
 }
 
+/* Another thread, with ctx current, tries to allocate once told to. */
+typedef struct late_user {
+    CUcontext ctx;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int phase; /* 1: ctx is current there, 2: please allocate, 3: done */
+    CUresult result;
+} late_user;
+
+static void set_phase(late_user *u, int phase)
+{
+    pthread_mutex_lock(&u->lock);
+    u->phase = phase;
+    pthread_cond_broadcast(&u->cond);
+    pthread_mutex_unlock(&u->lock);
+}
+
+static void await_phase(late_user *u, int phase)
+{
+    pthread_mutex_lock(&u->lock);
+    while (u->phase < phase)
+        pthread_cond_wait(&u->cond, &u->lock);
+    pthread_mutex_unlock(&u->lock);
+}
+
+static void *late_user_thread(void *arg)
+{
+    late_user *u = arg;
+    D.CtxSetCurrent(u->ctx);
+    set_phase(u, 1);
+    await_phase(u, 2);
+    CUdeviceptr p = 0;
+    u->result = D.MemAlloc(&p, MiB);
+    set_phase(u, 3);
+    return NULL;
+}
+
+static void fake_lifetime(void)
+{
+    CHECK_EQ(D.Init(0), CUDA_SUCCESS);
+    CUdevice d0;
+    CHECK_EQ(D.DeviceGet(&d0, 0), CUDA_SUCCESS);
+    CUcontext c;
+    CHECK_EQ(D.CtxCreate(&c, NULL, 0, d0), CUDA_SUCCESS);
+    late_user u = {.ctx = c, .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+    pthread_t t;
+    CHECK_EQ(pthread_create(&t, NULL, late_user_thread, &u), 0);
+    await_phase(&u, 1);
+    CUstream s;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUdeviceptr plain = alloc_ok(MiB), ordered = 0;
+    CHECK_EQ(D.MemAllocAsync(&ordered, 2 * MiB, s), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().bytes_in_use[0], 3 * MiB);
+    CHECK_EQ(D.CtxDestroy(c), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().bytes_in_use[0], 2 * MiB); /* `plain` went with c */
+    (void)plain;
+    set_phase(&u, 2);
+    await_phase(&u, 3);
+    CHECK_EQ(pthread_join(t, NULL), 0);
+    CHECK_EQ(u.result, CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    /* cuMemFree takes a stream-ordered allocation too, from any context. */
+    start(0);
+    CHECK_EQ(D.MemFree(ordered), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().bytes_in_use[0], 0);
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -286,7 +357,7 @@ int main(int argc, char **argv)
     } scenarios[] = {
         {"basic", basic}, {"badinput", badinput}, {"contexts", contexts},
         {"async", async}, {"hooks-off", hooks_off}, {"platform-zero", platform_zero},
-        {"context-churn", context_churn},
+        {"context-churn", context_churn}, {"fake-lifetime", fake_lifetime},
     };
     if (argc != 2) {
         fprintf(stderr, "usage: e2e_driver SCENARIO\n");

@@ -14,36 +14,57 @@
  *             synchronise call forces it, as a host waiting on a GPU would.
  *             The legacy stream (0 or CU_STREAM_LEGACY) is per context; an
  *             event recorded on it also waits for every blocking stream,
- *             the per-thread default streams of every thread included.
+ *             the per-thread default streams of every thread included ("the
+ *             legacy stream first waits on all blocking streams"; the
+ *             per-thread default stream is a blocking one: "Stream
+ *             synchronization behavior", docs.nvidia.com/cuda/
+ *             cuda-driver-api/stream-sync-behavior.html). The converse
+ *             (blocking streams then wait for the legacy stream) is not
+ *             modelled: an event there may complete sooner than on a GPU,
+ *             which makes reuse look less safe, never more.
  *             cuStreamDestroy returns at once and the stream's queued work
  *             goes on until it completes ("resources ... released
  *             automatically once the device has completed all work",
  *             cuda.h); the handle is invalid from then on.
  *   lifetime  cuCtxDestroy, cuDevicePrimaryCtxReset and the last primary
- *             release destroy the context's streams and events: their
- *             queued work never runs, and a later use of such a handle gets
+ *             release destroy the context's streams, events and memory:
+ *             queued work never runs, and a later use of such a handle
+ *             ("undefined behavior", cuCtxDestroy in cuda.h) gets
  *             CUDA_ERROR_INVALID_HANDLE and is counted (stale_handle_uses:
  *             the real driver may crash instead; on an H100 a stale stream
- *             handle after cudaDeviceReset killed the process). A new context
+ *             handle after cudaDeviceReset killed the process). cuCtxDestroy
+ *             keeps stream-ordered allocations ("not associated with any
+ *             CUDA context"); a reset, or the last release, drops them too.
+ *             A destroyed or inactive context still current to a thread
+ *             gets CUDA_ERROR_CONTEXT_IS_DESTROYED there. A new context
  *             may get the old one's handle value (primary contexts always do;
  *             created ones reuse destroyed slots).
  *   capture   cuStreamBeginCapture marks a stream with its mode and thread.
  *             Legacy-stream work while a blocking stream captures
  *             invalidates that capture; cuStreamIsCapturing(CU_STREAM_LEGACY)
- *             then answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT. "Potentially
- *             unsafe" calls (synchronous cuMemAlloc/cuMemFree, event and
- *             stream queries and synchronisation, cuCtxSynchronize) follow
+ *             then answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT. cuda.h
+ *             calls some calls "potentially unsafe" during capture without
+ *             listing them (its example is cudaMalloc); the fake's list is
+ *             synchronous cuMemAlloc/cuMemFree, event and stream queries
+ *             and synchronisation, and cuCtxSynchronize. They follow
  *             cuThreadExchangeStreamCaptureMode's rules: a thread in GLOBAL
  *             mode is refused (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) while
  *             it captures in a non-relaxed mode itself or another thread
  *             captures in GLOBAL mode, THREAD_LOCAL only for its own
- *             captures, RELAXED never; a refused call invalidates the
- *             captures it conflicts with. Querying an event recorded in a
- *             capture gets CUDA_ERROR_CAPTURED_EVENT.
+ *             captures, RELAXED never. A refused call also invalidates the
+ *             captures it conflicts with: cuda.h says so only for
+ *             cuCtxRecordEvent (and its green-context twin); the fake
+ *             applies that harsher reading to all. Querying or waiting for an event
+ *             last recorded in a capture gets CUDA_ERROR_CAPTURED_EVENT in
+ *             every mode ("not permitted on an event which was last
+ *             recorded in a capturing stream"; RELAXED threads are "still
+ *             prohibited from API calls which necessarily conflict with
+ *             stream capture", cuda.h).
  *   memory    cuMemGetInfo counts memory other processes use
  *             (FAKECUDA_OTHER_USED) and each live context's own overhead
  *             (FAKECUDA_CTX_OVERHEAD), which allocations cannot use either.
- *             Stream-ordered allocations come from the stream's device.
+ *             Stream-ordered allocations come from the stream's device
+ *             ("the memory pool current to the stream's device", cuda.h).
  *   failures  FAKECUDA_FAIL_ALLOC / fail_alloc_after make one cuMemAlloc fail.
  * Everything takes one global mutex; host callbacks run outside it.
  */
@@ -115,7 +136,7 @@ typedef struct allocation {
     uint64_t base, size;
     int dev;
     fctx *ctx;
-    bool graph;
+    bool stream_ordered; /* cuMemAllocAsync's: outlives cuCtxDestroy */
     uint64_t buffer_id; /* unique over the process lifetime, as CUDA's */
 } allocation;
 
@@ -164,6 +185,17 @@ static _Thread_local unsigned tls_thread;                  /* 0: not numbered ye
 static fctx *current_ctx(void)
 {
     return tls_ctx_depth ? tls_ctx_stack[tls_ctx_depth - 1] : NULL;
+}
+
+/* May work be created in context c? A destroyed context, or a primary one
+ * not (or no longer) active, that is still current is
+ * CUDA_ERROR_CONTEXT_IS_DESTROYED ("the context current to the calling
+ * thread has been destroyed using cuCtxDestroy, or is a primary context
+ * which has not yet been initialized", cuda.h); none at all is
+ * CUDA_ERROR_INVALID_CONTEXT. */
+static CUresult ctx_usable(const fctx *c)
+{
+    return !c ? CUDA_ERROR_INVALID_CONTEXT : c->alive ? CUDA_SUCCESS : CUDA_ERROR_CONTEXT_IS_DESTROYED;
 }
 
 /* Lock held: a small number naming the calling thread. */
@@ -507,13 +539,16 @@ static uint64_t device_free(int dev)
     return used < G.mem[dev] ? G.mem[dev] - used : 0;
 }
 
-/* Lock held: an allocation in context c (the current one, or a stream's). */
-static CUresult do_alloc(fctx *c, CUdeviceptr *dptr, size_t size, bool graph)
+/* Lock held: an allocation in context c (the current one, or for a
+ * stream-ordered one, the stream's: then `on` is that stream). */
+static CUresult do_alloc(fctx *c, CUdeviceptr *dptr, size_t size, const fstream *on)
 {
+    bool graph = on && on->capturing;
     if (!dptr || (size == 0 && !G.zero_alloc))
         return CUDA_ERROR_INVALID_VALUE;
-    if (!c || !c->alive)
-        return CUDA_ERROR_INVALID_CONTEXT;
+    CUresult usable = ctx_usable(c);
+    if (usable != CUDA_SUCCESS)
+        return usable;
     if (!graph && G.fail_alloc_countdown && --G.fail_alloc_countdown == 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     if (size > device_free(c->dev))
@@ -527,7 +562,7 @@ static CUresult do_alloc(fctx *c, CUdeviceptr *dptr, size_t size, bool graph)
         G.allocs = realloc(G.allocs, G.capallocs * sizeof *G.allocs);
     }
     G.allocs[G.nallocs++] =
-        (allocation){(uint64_t)(uintptr_t)p, size, c->dev, c, graph, ++G.next_buffer_id};
+        (allocation){(uint64_t)(uintptr_t)p, size, c->dev, c, on != NULL, ++G.next_buffer_id};
     G.st.bytes_in_use[c->dev] += size;
     *dptr = (CUdeviceptr)(uintptr_t)p;
     return CUDA_SUCCESS;
@@ -672,9 +707,17 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 }
 
 /* Lock held: a context goes away with its streams (their queued work never
- * runs), its events and its memory. */
-static void destroy_ctx_memory(fctx *c);
-static void kill_ctx(fctx *c)
+ * runs), its events and its memory. Using those streams and events after
+ * "will result in undefined behavior" (cuCtxDestroy, cuda.h): the fake
+ * answers CUDA_ERROR_INVALID_HANDLE and counts it (stale_handle_uses).
+ * keep_stream_ordered: cuCtxDestroy "will not destroy memory allocations by
+ * cuMemCreate(), cuMemAllocAsync() and cuMemAllocFromPoolAsync()" (they are
+ * "not associated with any CUDA context"); a primary context's reset (also
+ * its last release: "the context is automatically reset once the last
+ * reference to it is released") "destroys and cleans up all resources
+ * associated with the current device". */
+static void destroy_ctx_memory(fctx *c, bool keep_stream_ordered);
+static void kill_ctx(fctx *c, bool keep_stream_ordered)
 {
     for (fstream *s = G.streams; s; s = s->next)
         if (s->ctx == c) {
@@ -688,15 +731,15 @@ static void kill_ctx(fctx *c)
     for (fevent *e = G.events; e; e = e->next)
         if (e->ctx == c)
             e->dead = true;
-    destroy_ctx_memory(c);
+    destroy_ctx_memory(c, keep_stream_ordered);
     c->alive = false;
 }
 
-/* Lock held: drops every allocation of a context, as CUDA does when it goes. */
-static void destroy_ctx_memory(fctx *c)
+/* Lock held: drops the allocations of a context, as CUDA does when it goes. */
+static void destroy_ctx_memory(fctx *c, bool keep_stream_ordered)
 {
     for (size_t i = 0; i < G.nallocs;) {
-        if (G.allocs[i].ctx == c) {
+        if (G.allocs[i].ctx == c && !(keep_stream_ordered && G.allocs[i].stream_ordered)) {
             munmap((void *)(uintptr_t)G.allocs[i].base, G.allocs[i].size ? G.allocs[i].size : 1);
             G.st.bytes_in_use[G.allocs[i].dev] -= G.allocs[i].size;
             G.allocs[i] = G.allocs[--G.nallocs];
@@ -712,7 +755,7 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     if (dev < 0 || dev >= G.ndev || G.primary[dev].refcount == 0)
         LEAVE(CUDA_ERROR_INVALID_CONTEXT);
     if (--G.primary[dev].refcount == 0)
-        kill_ctx(&G.primary[dev]);
+        kill_ctx(&G.primary[dev], false);
     LEAVE(CUDA_SUCCESS);
 }
 
@@ -721,7 +764,7 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     ENTER();
     if (dev < 0 || dev >= G.ndev)
         LEAVE(CUDA_ERROR_INVALID_DEVICE);
-    kill_ctx(&G.primary[dev]);
+    kill_ctx(&G.primary[dev], false);
     G.primary[dev].refcount = 0;
     LEAVE(CUDA_SUCCESS);
 }
@@ -770,7 +813,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     fctx *c = (fctx *)ctx;
     if (!c || c->magic != CTX_MAGIC || c->primary || !c->alive)
         LEAVE(CUDA_ERROR_INVALID_CONTEXT);
-    kill_ctx(c);
+    kill_ctx(c, true);
     for (int i = 0; i < tls_ctx_depth; i++)
         if (tls_ctx_stack[i] == c)
             tls_ctx_stack[i] = NULL;
@@ -840,9 +883,13 @@ EXPORT CUresult cuCtxSynchronize(void)
     if (!c)
         LEAVE(CUDA_ERROR_INVALID_CONTEXT);
     G.st.ctx_synchronize_calls++;
-    /* Synchronising a context while one of its streams captures cannot
-     * mean anything ("invalid to ... synchronize a broader handle which
-     * encompasses an active stream capture"), whatever the modes. */
+    /* Synchronising a context while one of its streams captures is
+     * refused and invalidates those captures, whatever the modes. cuda.h
+     * does not say so for cuCtxSynchronize; it does for the other
+     * context-wide call, cuCtxRecordEvent ("will return
+     * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED if the specified context hCtx
+     * has a stream in the capture mode ... will invalidate all the
+     * conflicting captures"), and the fake takes that harsher reading. */
     CUresult r = unsafe_call();
     for (fstream *o = G.streams; o; o = o->next)
         if (o->ctx == c && live_capture(o)) {
@@ -865,8 +912,9 @@ static CUresult create_stream(CUstream *ph, unsigned flags)
     fctx *c = current_ctx();
     if (!ph)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
-    if (!c || !c->alive)
-        LEAVE(CUDA_ERROR_INVALID_CONTEXT);
+    CUresult usable = ctx_usable(c);
+    if (usable != CUDA_SUCCESS)
+        LEAVE(usable);
     fstream *s = calloc(1, sizeof *s);
     *s = (fstream){.magic = STREAM_MAGIC, .ctx = c, .flags = flags, .next = G.streams};
     G.streams = s;
@@ -1051,8 +1099,9 @@ EXPORT CUresult cuEventCreate(CUevent *ph, unsigned int flags)
     fctx *c = current_ctx();
     if (!ph)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
-    if (!c || !c->alive)
-        LEAVE(CUDA_ERROR_INVALID_CONTEXT);
+    CUresult usable = ctx_usable(c);
+    if (usable != CUDA_SUCCESS)
+        LEAVE(usable);
     fevent *e = calloc(1, sizeof *e);
     e->magic = EVENT_MAGIC;
     e->ctx = c;
@@ -1081,7 +1130,8 @@ static CUresult event_record(CUevent h, CUstream sh)
     fstream *s = stream_of(sh);
     if (!e || !s)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
-    /* "hEvent and hStream must be from the same CUDA context" */
+    /* "hEvent and hStream must be from the same context otherwise
+     * CUDA_ERROR_INVALID_HANDLE is returned" (cuEventRecord, cuda.h) */
     if (e->ctx != s->ctx)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
     CUresult r = legacy_use(s);
@@ -1181,7 +1231,7 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
     CUresult r = unsafe_call();
     if (r != CUDA_SUCCESS)
         LEAVE(r);
-    LEAVE(do_alloc(current_ctx(), dptr, size, false));
+    LEAVE(do_alloc(current_ctx(), dptr, size, NULL));
 }
 
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
@@ -1205,7 +1255,7 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t widt
     G.st.mem_alloc_calls++;
     CUresult r = unsafe_call();
     if (r == CUDA_SUCCESS)
-        r = do_alloc(current_ctx(), dptr, p * height, false);
+        r = do_alloc(current_ctx(), dptr, p * height, NULL);
     if (r == CUDA_SUCCESS)
         *pitch = p;
     LEAVE(r);
@@ -1220,9 +1270,10 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUstream h)
     G.st.mem_alloc_async_calls++;
     if (s->capturing)
         G.st.graph_allocs++;
-    /* From the stream's device (its current memory pool), whatever the
-     * calling thread's current context. */
-    LEAVE(do_alloc(s->ctx, dptr, size, s->capturing));
+    /* "cuMemAllocAsync allocates from the current mempool of the provided
+     * stream's device" (cuda.h), whatever the calling thread's current
+     * context. */
+    LEAVE(do_alloc(s->ctx, dptr, size, s));
 }
 
 static CUresult free_async(CUdeviceptr dptr, CUstream h)
