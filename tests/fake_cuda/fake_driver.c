@@ -137,7 +137,7 @@ typedef struct allocation {
     int dev;
     fctx *ctx;
     bool stream_ordered; /* cuMemAllocAsync's: outlives cuCtxDestroy */
-    uint64_t buffer_id; /* unique over the process lifetime, as CUDA's */
+    uint64_t buffer_id; /* "a process-wide unique ID" (CU_POINTER_ATTRIBUTE_BUFFER_ID) */
 } allocation;
 
 #define STREAM_MAGIC 0x5743414du
