@@ -16,6 +16,9 @@
  *               stream-ordered allocations and frees the rest; a destroyed
  *               context still current to another thread is
  *               CUDA_ERROR_CONTEXT_IS_DESTROYED there (cuda.h's rules)
+ *   fake-pools  (driver door closed) a device's current pool must be its own;
+ *               cuMemAllocFromPoolAsync allocates on the pool's device, not
+ *               the stream's
  */
 #include <cuda.h>
 #include <dlfcn.h>
@@ -39,6 +42,9 @@ static struct {
     CUresult (*MemGetAddressRange)(CUdeviceptr *, size_t *, CUdeviceptr);
     CUresult (*MemAllocAsync)(CUdeviceptr *, size_t, CUstream);
     CUresult (*MemFreeAsync)(CUdeviceptr, CUstream);
+    CUresult (*MemAllocFromPoolAsync)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+    CUresult (*DeviceGetDefaultMemPool)(CUmemoryPool *, CUdevice);
+    CUresult (*DeviceSetMemPool)(CUdevice, CUmemoryPool);
     CUresult (*StreamCreate)(CUstream *, unsigned);
     CUresult (*StreamDestroy)(CUstream);
 } D;
@@ -74,6 +80,9 @@ static void load(void)
     LOAD(MemGetAddressRange, "cuMemGetAddressRange_v2");
     LOAD(MemAllocAsync, "cuMemAllocAsync");
     LOAD(MemFreeAsync, "cuMemFreeAsync");
+    LOAD(MemAllocFromPoolAsync, "cuMemAllocFromPoolAsync");
+    LOAD(DeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool");
+    LOAD(DeviceSetMemPool, "cuDeviceSetMemPool");
     LOAD(StreamCreate, "cuStreamCreate");
     LOAD(StreamDestroy, "cuStreamDestroy_v2");
 }
@@ -349,6 +358,28 @@ static void fake_lifetime(void)
     CHECK_EQ(fake_stats().bytes_in_use[0], 0);
 }
 
+static void fake_pools(void)
+{
+    start(0);
+    CUdevice d1;
+    CHECK_EQ(D.DeviceGet(&d1, 1), CUDA_SUCCESS);
+    CUmemoryPool pool1 = NULL;
+    CHECK_EQ(D.DeviceGetDefaultMemPool(&pool1, d1), CUDA_SUCCESS);
+    /* "The memory pool must be local to the specified device." */
+    CHECK_EQ(D.DeviceSetMemPool(0, pool1), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(D.DeviceSetMemPool(d1, pool1), CUDA_SUCCESS);
+    CUstream s; /* on device 0 */
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUdeviceptr p = 0;
+    CHECK_EQ(D.MemAllocFromPoolAsync(&p, MiB, pool1, s), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().bytes_in_use[0], 0);
+    CHECK_EQ(fake_stats().bytes_in_use[1], MiB);
+    CHECK_EQ(D.MemFreeAsync(p, s), CUDA_SUCCESS);
+    CHECK_EQ(D.MemAllocFromPoolAsync(&p, MiB, (CUmemoryPool)(uintptr_t)0x1234, s),
+             CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -358,6 +389,7 @@ int main(int argc, char **argv)
         {"basic", basic}, {"badinput", badinput}, {"contexts", contexts},
         {"async", async}, {"hooks-off", hooks_off}, {"platform-zero", platform_zero},
         {"context-churn", context_churn}, {"fake-lifetime", fake_lifetime},
+        {"fake-pools", fake_pools},
     };
     if (argc != 2) {
         fprintf(stderr, "usage: e2e_driver SCENARIO\n");

@@ -64,7 +64,9 @@
  *             (FAKECUDA_OTHER_USED) and each live context's own overhead
  *             (FAKECUDA_CTX_OVERHEAD), which allocations cannot use either.
  *             Stream-ordered allocations come from the stream's device
- *             ("the memory pool current to the stream's device", cuda.h).
+ *             ("the memory pool current to the stream's device", cuda.h),
+ *             cuMemAllocFromPoolAsync's from its pool's; a device's current
+ *             pool must be its own.
  *   failures  FAKECUDA_FAIL_ALLOC / fail_alloc_after make one cuMemAlloc fail.
  * Everything takes one global mutex; host callbacks run outside it.
  */
@@ -84,6 +86,10 @@
 #define EXPORT __attribute__((visibility("default")))
 #define MAX_DEVICES 8
 #define MAX_DEPS 64
+/* Memory pool handles encode their device: default pools are POOL_DEFAULT +
+ * device, created ones POOL_CREATED + 16 * n + device. */
+#define POOL_DEFAULT 0xF00D0000u
+#define POOL_CREATED 0xBEEF0000u
 
 /* ---- objects -------------------------------------------------------------- */
 
@@ -244,7 +250,7 @@ static void configure(void)
         G.primary[d] = (fctx){.magic = CTX_MAGIC, .dev = d, .primary = true};
         G.primary[d].legacy = (fstream){.magic = STREAM_MAGIC, .ctx = &G.primary[d],
                                         .legacy = true};
-        G.default_pool[d] = (CUmemoryPool)(uintptr_t)(0xF00D0000u + (unsigned)d);
+        G.default_pool[d] = (CUmemoryPool)(uintptr_t)(POOL_DEFAULT + (unsigned)d);
         G.current_pool[d] = G.default_pool[d];
     }
     const char *o = getenv("FAKECUDA_OTHER_USED");
@@ -540,8 +546,9 @@ static uint64_t device_free(int dev)
 }
 
 /* Lock held: an allocation in context c (the current one, or for a
- * stream-ordered one, the stream's: then `on` is that stream). */
-static CUresult do_alloc(fctx *c, CUdeviceptr *dptr, size_t size, const fstream *on)
+ * stream-ordered one, the stream's: then `on` is that stream), on device
+ * dev (-1: c's; a memory pool's device may be another). */
+static CUresult do_alloc(fctx *c, int dev, CUdeviceptr *dptr, size_t size, const fstream *on)
 {
     bool graph = on && on->capturing;
     if (!dptr || (size == 0 && !G.zero_alloc))
@@ -549,9 +556,11 @@ static CUresult do_alloc(fctx *c, CUdeviceptr *dptr, size_t size, const fstream 
     CUresult usable = ctx_usable(c);
     if (usable != CUDA_SUCCESS)
         return usable;
+    if (dev < 0)
+        dev = c->dev;
     if (!graph && G.fail_alloc_countdown && --G.fail_alloc_countdown == 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    if (size > device_free(c->dev))
+    if (size > device_free(dev))
         return CUDA_ERROR_OUT_OF_MEMORY;
     void *p = mmap(NULL, size ? size : 1, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -562,8 +571,8 @@ static CUresult do_alloc(fctx *c, CUdeviceptr *dptr, size_t size, const fstream 
         G.allocs = realloc(G.allocs, G.capallocs * sizeof *G.allocs);
     }
     G.allocs[G.nallocs++] =
-        (allocation){(uint64_t)(uintptr_t)p, size, c->dev, c, on != NULL, ++G.next_buffer_id};
-    G.st.bytes_in_use[c->dev] += size;
+        (allocation){(uint64_t)(uintptr_t)p, size, dev, c, on != NULL, ++G.next_buffer_id};
+    G.st.bytes_in_use[dev] += size;
     *dptr = (CUdeviceptr)(uintptr_t)p;
     return CUDA_SUCCESS;
 }
@@ -666,13 +675,26 @@ EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
 }
 
 /* Memory pools are handles only: what a pool allocates comes from its
- * device like any other allocation. */
+ * device like any other allocation (POOL_DEFAULT, POOL_CREATED). */
+
+/* Lock held: the device of a pool handle, or -1 if the fake never made it. */
+static int pool_device(CUmemoryPool pool)
+{
+    uintptr_t v = (uintptr_t)pool;
+    if (v >= POOL_DEFAULT && v < POOL_DEFAULT + (unsigned)G.ndev)
+        return (int)(v - POOL_DEFAULT);
+    if (v >= POOL_CREATED + 16u && v < POOL_CREATED + 16u * (G.npools_created + 1u) &&
+        (int)(v % 16u) < G.ndev)
+        return (int)(v % 16u);
+    return -1;
+}
+
 EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 {
     ENTER();
     if (!pool || !props || props->location.id < 0 || props->location.id >= G.ndev)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
-    *pool = (CUmemoryPool)(uintptr_t)(0xBEEF0000u + ++G.npools_created * 16u +
+    *pool = (CUmemoryPool)(uintptr_t)(POOL_CREATED + ++G.npools_created * 16u +
                                       (unsigned)props->location.id);
     LEAVE(CUDA_SUCCESS);
 }
@@ -680,7 +702,8 @@ EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
 {
     ENTER();
-    if (dev < 0 || dev >= G.ndev || !pool)
+    /* "The memory pool must be local to the specified device." */
+    if (dev < 0 || dev >= G.ndev || pool_device(pool) != dev)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     G.current_pool[dev] = pool;
     LEAVE(CUDA_SUCCESS);
@@ -1231,7 +1254,7 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
     CUresult r = unsafe_call();
     if (r != CUDA_SUCCESS)
         LEAVE(r);
-    LEAVE(do_alloc(current_ctx(), dptr, size, NULL));
+    LEAVE(do_alloc(current_ctx(), -1, dptr, size, NULL));
 }
 
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
@@ -1255,25 +1278,32 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t widt
     G.st.mem_alloc_calls++;
     CUresult r = unsafe_call();
     if (r == CUDA_SUCCESS)
-        r = do_alloc(current_ctx(), dptr, p * height, NULL);
+        r = do_alloc(current_ctx(), -1, dptr, p * height, NULL);
     if (r == CUDA_SUCCESS)
         *pitch = p;
     LEAVE(r);
 }
 
-static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUstream h)
+/* pool: NULL for cuMemAllocAsync. */
+static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream h)
 {
     ENTER();
     fstream *s = stream_of(h);
     if (!s)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    /* "cuMemAllocAsync allocates from the current mempool of the provided
+     * stream's device" (cuda.h), whatever the calling thread's current
+     * context; cuMemAllocFromPoolAsync from the pool's, which may be
+     * another ("use cuMemAllocFromPoolAsync to specify asynchronous
+     * allocations from a device different than the one the stream runs
+     * on", cuDeviceSetMemPool). */
+    int dev = pool ? pool_device(pool) : -1;
+    if (pool && dev < 0)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
     G.st.mem_alloc_async_calls++;
     if (s->capturing)
         G.st.graph_allocs++;
-    /* "cuMemAllocAsync allocates from the current mempool of the provided
-     * stream's device" (cuda.h), whatever the calling thread's current
-     * context. */
-    LEAVE(do_alloc(s->ctx, dptr, size, s));
+    LEAVE(do_alloc(s->ctx, dev, dptr, size, s));
 }
 
 static CUresult free_async(CUdeviceptr dptr, CUstream h)
@@ -1286,10 +1316,13 @@ static CUresult free_async(CUdeviceptr dptr, CUstream h)
     LEAVE(do_free(dptr));
 }
 
-EXPORT CUresult cuMemAllocAsync(CUdeviceptr *d, size_t n, CUstream s) { return alloc_async(d, n, s); }
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *d, size_t n, CUstream s)
+{
+    return alloc_async(d, n, NULL, s);
+}
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *d, size_t n, CUstream s)
 {
-    return alloc_async(d, n, s ? s : CU_STREAM_PER_THREAD);
+    return alloc_async(d, n, NULL, s ? s : CU_STREAM_PER_THREAD);
 }
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr d, CUstream s) { return free_async(d, s); }
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr d, CUstream s)
@@ -1298,13 +1331,11 @@ EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr d, CUstream s)
 }
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s)
 {
-    (void)p;
-    return alloc_async(d, n, s);
+    return alloc_async(d, n, p, s);
 }
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s)
 {
-    (void)p;
-    return alloc_async(d, n, s ? s : CU_STREAM_PER_THREAD);
+    return alloc_async(d, n, p, s ? s : CU_STREAM_PER_THREAD);
 }
 
 EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
