@@ -73,8 +73,7 @@ def main():
         "checks_failed": bad,
         "exact_digest": hashlib.sha1(",".join(map(str, exact)).encode()).hexdigest()[:16],
         # float sums: cuBLAS may pick other kernels for other addresses
-        "sum_digest": hashlib.sha1(
-            ",".join(float(v).hex() for v in sums).encode()).hexdigest()[:16],
+        "sum_digest": gpucommon.float_digest(sums),
         "cupy_pool_total_bytes": pool.total_bytes(),
         "shim": gpucommon.shim_totals(gpucommon.shim_stats()),
         "nvml_peak_bytes": nvml.stop(),

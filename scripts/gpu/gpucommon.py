@@ -10,6 +10,7 @@
   collects, so every workload reports in the same shape.
 """
 import ctypes
+import hashlib
 import json
 import os
 import sys
@@ -107,6 +108,19 @@ def median(xs):
     if not n:
         return None
     return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def step_ms(times, what="step"):
+    """Median, fastest and slowest of `times` (seconds), in milliseconds."""
+    return {f"{what}_ms_median": 1e3 * median(times),
+            f"{what}_ms_min": 1e3 * min(times),
+            f"{what}_ms_max": 1e3 * max(times)}
+
+
+def float_digest(values):
+    """A short digest of floats that two runs share only when every value is
+    bit-identical (each is written exactly, as hex)."""
+    return hashlib.sha1(",".join(float(v).hex() for v in values).encode()).hexdigest()[:16]
 
 
 def emit(result):

@@ -13,7 +13,6 @@ losses and their digest, NVML's peak, JAX's memory_stats() where the
 allocator keeps them, and the shim's pool statistics when it is loaded.
 """
 import argparse
-import hashlib
 import os
 import sys
 import time
@@ -76,12 +75,9 @@ def main():
         "arm": args.arm,
         "jax": jax.__version__,
         "allocator_env": os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "default"),
-        "step_ms_median": 1e3 * gpucommon.median(times),
-        "step_ms_min": 1e3 * min(times),
-        "step_ms_max": 1e3 * max(times),
+        **gpucommon.step_ms(times),
         "losses": losses,
-        "loss_digest": hashlib.sha1(
-            ",".join(float(v).hex() for v in losses).encode()).hexdigest()[:16],
+        "loss_digest": gpucommon.float_digest(losses),
         "jax_peak_bytes_in_use": mstats.get("peak_bytes_in_use"),
         "jax_bytes_limit": mstats.get("bytes_limit"),
         "shim": gpucommon.shim_totals(gpucommon.shim_stats()),

@@ -12,7 +12,6 @@ external-allocator hook). Prints one `RESULT {json}` line with NVML's peak
 and, under the shim, the pool's statistics.
 """
 import argparse
-import hashlib
 import os
 import sys
 import time
@@ -68,8 +67,7 @@ def main():
         "n": n,
         "seconds": time.perf_counter() - t0,
         "checks_failed": bad,
-        "sum_digest": hashlib.sha1(
-            ",".join(float(v).hex() for v in sums).encode()).hexdigest()[:16],
+        "sum_digest": gpucommon.float_digest(sums),
         "torch_peak_reserved": torch.cuda.max_memory_reserved(),
         "jax_allocator": os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "default"),
         "cupy_pool_total_bytes": cp.get_default_memory_pool().total_bytes(),

@@ -25,7 +25,6 @@ only SIZE free on the device.
 """
 import argparse
 import gc
-import hashlib
 import math
 import os
 import sys
@@ -170,12 +169,9 @@ def run_steps(args, device, nvml):
         "batch": args.batch,
         "steps": args.steps,
         "warmup": args.warmup,
-        "step_ms_median": 1e3 * gpucommon.median(times),
-        "step_ms_min": 1e3 * min(times),
-        "step_ms_max": 1e3 * max(times),
+        **gpucommon.step_ms(times),
         "losses": all_losses,
-        "loss_digest": hashlib.sha1(
-            ",".join(float(v).hex() for v in all_losses).encode()).hexdigest()[:16],
+        "loss_digest": gpucommon.float_digest(all_losses),
         "torch_device_allocs_after_warmup": driver_allocs(device) - dev_before,
         "shim_before": shim_before,
         "shim_after": shim_after,
