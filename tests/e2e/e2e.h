@@ -8,6 +8,7 @@
 #ifndef BFCSHIM_TESTS_E2E_H
 #define BFCSHIM_TESTS_E2E_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -45,6 +46,32 @@ static inline int e2e_done(const char *name)
     else
         printf("%s: ok\n", name);
     return e2e_failures ? 1 : 0;
+}
+
+/* How far a test's second thread has come: one thread sets the phase it
+ * reached, the other waits for it (CHECK is not thread-safe, so the
+ * thread leaves its results for the main thread to check). */
+typedef struct e2e_phase {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int phase;
+} e2e_phase;
+#define E2E_PHASE_INIT {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0}
+
+static inline void e2e_phase_set(e2e_phase *p, int phase)
+{
+    pthread_mutex_lock(&p->lock);
+    p->phase = phase;
+    pthread_cond_broadcast(&p->cond);
+    pthread_mutex_unlock(&p->lock);
+}
+
+static inline void e2e_phase_wait(e2e_phase *p, int phase)
+{
+    pthread_mutex_lock(&p->lock);
+    while (p->phase < phase)
+        pthread_cond_wait(&p->cond, &p->lock);
+    pthread_mutex_unlock(&p->lock);
 }
 
 static inline fakecuda_stats fake_stats(void)

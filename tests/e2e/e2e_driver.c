@@ -22,7 +22,6 @@
  */
 #include <cuda.h>
 #include <dlfcn.h>
-#include <pthread.h>
 
 #include "e2e.h"
 
@@ -295,37 +294,19 @@ static void platform_zero(void)
 /* Another thread, with ctx current, tries to allocate once told to. */
 typedef struct late_user {
     CUcontext ctx;
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    int phase; /* 1: ctx is current there, 2: please allocate, 3: done */
+    e2e_phase step; /* 1: ctx is current there, 2: please allocate, 3: done */
     CUresult result;
 } late_user;
-
-static void set_phase(late_user *u, int phase)
-{
-    pthread_mutex_lock(&u->lock);
-    u->phase = phase;
-    pthread_cond_broadcast(&u->cond);
-    pthread_mutex_unlock(&u->lock);
-}
-
-static void await_phase(late_user *u, int phase)
-{
-    pthread_mutex_lock(&u->lock);
-    while (u->phase < phase)
-        pthread_cond_wait(&u->cond, &u->lock);
-    pthread_mutex_unlock(&u->lock);
-}
 
 static void *late_user_thread(void *arg)
 {
     late_user *u = arg;
     D.CtxSetCurrent(u->ctx);
-    set_phase(u, 1);
-    await_phase(u, 2);
+    e2e_phase_set(&u->step, 1);
+    e2e_phase_wait(&u->step, 2);
     CUdeviceptr p = 0;
     u->result = D.MemAlloc(&p, MiB);
-    set_phase(u, 3);
+    e2e_phase_set(&u->step, 3);
     return NULL;
 }
 
@@ -336,10 +317,10 @@ static void fake_lifetime(void)
     CHECK_EQ(D.DeviceGet(&d0, 0), CUDA_SUCCESS);
     CUcontext c;
     CHECK_EQ(D.CtxCreate(&c, NULL, 0, d0), CUDA_SUCCESS);
-    late_user u = {.ctx = c, .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+    late_user u = {.ctx = c, .step = E2E_PHASE_INIT};
     pthread_t t;
     CHECK_EQ(pthread_create(&t, NULL, late_user_thread, &u), 0);
-    await_phase(&u, 1);
+    e2e_phase_wait(&u.step, 1);
     CUstream s;
     CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
     CUdeviceptr plain = alloc_ok(MiB), ordered = 0;
@@ -348,8 +329,8 @@ static void fake_lifetime(void)
     CHECK_EQ(D.CtxDestroy(c), CUDA_SUCCESS);
     CHECK_EQ(fake_stats().bytes_in_use[0], 2 * MiB); /* `plain` went with c */
     (void)plain;
-    set_phase(&u, 2);
-    await_phase(&u, 3);
+    e2e_phase_set(&u.step, 2);
+    e2e_phase_wait(&u.step, 3);
     CHECK_EQ(pthread_join(t, NULL), 0);
     CHECK_EQ(u.result, CUDA_ERROR_CONTEXT_IS_DESTROYED);
     /* cuMemFree takes a stream-ordered allocation too, from any context. */

@@ -131,30 +131,11 @@ static void legacy_capture(void)
 typedef struct capturer {
     bool per_thread;
     enum cudaStreamCaptureMode mode;
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    int phase; /* 1: capturing, 2: please end, 3: ended */
-    /* what the thread saw, checked by the main thread (CHECK is not
-     * thread-safe) */
+    e2e_phase step; /* 1: capturing, 2: please end, 3: ended */
+    /* what the thread saw, checked by the main thread */
     CUresult begin_result, end_result;
     cudaError_t setup_result;
 } capturer;
-
-static void set_phase(capturer *c, int phase)
-{
-    pthread_mutex_lock(&c->lock);
-    c->phase = phase;
-    pthread_cond_broadcast(&c->cond);
-    pthread_mutex_unlock(&c->lock);
-}
-
-static void wait_phase(capturer *c, int phase)
-{
-    pthread_mutex_lock(&c->lock);
-    while (c->phase < phase)
-        pthread_cond_wait(&c->cond, &c->lock);
-    pthread_mutex_unlock(&c->lock);
-}
 
 static void *capture_thread(void *arg)
 {
@@ -171,11 +152,11 @@ static void *capture_thread(void *arg)
     if (!c->per_thread && c->setup_result == cudaSuccess)
         c->setup_result = cudaStreamCreateWithFlags((cudaStream_t *)&s, cudaStreamNonBlocking);
     c->begin_result = begin(s, (CUstreamCaptureMode)c->mode);
-    set_phase(c, 1);
-    wait_phase(c, 2);
+    e2e_phase_set(&c->step, 1);
+    e2e_phase_wait(&c->step, 2);
     CUgraph g;
     c->end_result = end(s, &g);
-    set_phase(c, 3);
+    e2e_phase_set(&c->step, 3);
     if (s)
         cudaStreamDestroy((cudaStream_t)s);
     return NULL;
@@ -192,11 +173,10 @@ static void other_thread_capture(bool per_thread, enum cudaStreamCaptureMode mod
     CHECK_EQ(fakecuda()->launch(s, write_pattern, p), 0);
     CHECK_EQ(cudaFree(p), cudaSuccess);
 
-    capturer c = {.per_thread = per_thread, .mode = mode, .lock = PTHREAD_MUTEX_INITIALIZER,
-                  .cond = PTHREAD_COND_INITIALIZER};
+    capturer c = {.per_thread = per_thread, .mode = mode, .step = E2E_PHASE_INIT};
     pthread_t t;
     pthread_create(&t, NULL, capture_thread, &c);
-    wait_phase(&c, 1);
+    e2e_phase_wait(&c.step, 1);
     fakecuda_stats s0 = fake_stats();
     /* While the other thread captures: allocations and plain frees here. */
     for (int i = 0; i < 4; i++) {
@@ -211,8 +191,8 @@ static void other_thread_capture(bool per_thread, enum cudaStreamCaptureMode mod
         cudaGetLastError();
     CHECK_EQ(fake_stats().capture_invalidations, s0.capture_invalidations);
     CHECK_EQ(fake_stats().unsafe_calls_refused, s0.unsafe_calls_refused);
-    set_phase(&c, 2);
-    wait_phase(&c, 3);
+    e2e_phase_set(&c.step, 2);
+    e2e_phase_wait(&c.step, 3);
     pthread_join(t, NULL);
     CHECK_EQ(c.setup_result, cudaSuccess);
     CHECK_EQ(c.begin_result, CUDA_SUCCESS);
