@@ -111,22 +111,46 @@ typedef struct bfc_backend {
 } bfc_backend;
 
 /*
- * Placement inside the chosen chunk. A free chunk always has allocated
+ * Placement: which end of the chosen chunk an allocation is carved from, and
+ * (for BFC_PLACE_ALIGNED) at which address. A free chunk always has allocated
  * neighbours (or a region edge): free neighbours would have merged.
+ *   BFC_PLACE_ALIGNED default: BFC_PLACE_BY_AGE's end, at an address that is
+ *                     a multiple of the block's natural alignment: the
+ *                     largest power of two that divides its rounded size,
+ *                     capped at align_bytes, for blocks of align_bytes or
+ *                     more. Small blocks that come and go leave odd offsets
+ *                     behind; without alignment a large block placed after
+ *                     one inherits the offset, and when it dies its hole is a
+ *                     few hundred bytes short of the next block of the same
+ *                     size. Aligned, same-sized blocks tile the holes they
+ *                     leave. The best fit is kept when it can hold the block
+ *                     aligned; otherwise the best fit for size + alignment -
+ *                     granule (which always can); failing both, the block
+ *                     goes unaligned into the best fit, so alignment never
+ *                     turns a fit into an OOM. Measured on real traces in
+ *                     docs/benchmarks.md (placement section).
  *   BFC_PLACE_BY_AGE  carve against the *older* neighbour, treating a region
  *                     edge as oldest and a pending block as youngest. A block
  *                     that has lived long is likely to live on; packing new
  *                     blocks against it leaves the free remainder beside the
  *                     neighbour that will die sooner, so the hole grows back.
- *                     Measured in docs/benchmarks.md: it lifts the worst
- *                     efficiency of synthetic CNN training traces from 0.94
- *                     to 0.98 and costs nothing on transformer ones.
  *   BFC_PLACE_LOW     always the low end, as TSL's BFC does.
+ * Pending blocks reused by their own lane are carved as by BFC_PLACE_BY_AGE,
+ * unaligned: the lane's FIFO keeps one remainder per reused block.
  */
 typedef enum bfc_placement {
     BFC_PLACE_BY_AGE = 0,
     BFC_PLACE_LOW = 1,
+    BFC_PLACE_ALIGNED = 2,
 } bfc_placement;
+
+/* Default cap (and threshold) of BFC_PLACE_ALIGNED's natural alignment,
+ * chosen by cross-validation over the real traces (docs/benchmarks.md). */
+#define BFC_DEFAULT_ALIGN_BYTES (UINT64_C(64) << 10)
+
+/* "aligned", "age", "low"; and back (false for an unknown name). */
+const char *bfc_placement_name(bfc_placement p);
+bool bfc_placement_from_name(const char *name, bfc_placement *out);
 
 typedef struct bfc_options {
     /* The most bytes of regions the pool may hold at once (required, > 0). */
@@ -150,8 +174,13 @@ typedef struct bfc_options {
     /* On OOM, return regions that hold no allocated or pending chunk to the
      * backend and retry with one region that fits (TSL garbage collection). */
     bool garbage_collection;
-    /* Which end of the best-fitting free chunk an allocation is carved from. */
+    /* Where in the best-fitting free chunk an allocation goes (above). */
     bfc_placement placement;
+    /* BFC_PLACE_ALIGNED: blocks of at least this many bytes start at a
+     * multiple of min(align_bytes, the largest power of two dividing their
+     * rounded size). A power of two; at or below the granularity it changes
+     * nothing. Default BFC_DEFAULT_ALIGN_BYTES. */
+    uint64_t align_bytes;
     /* Deferred frees: open epochs are sealed, and the oldest fence polled,
      * once every fence_interval allocations (0 or 1: every allocation), or
      * sooner, as soon as fence_bytes or more have been freed into them (0:

@@ -2,11 +2,12 @@
  * pool.c - the pool's life cycle and its hot path: allocate, free, coalesce.
  *
  * Allocation: round the size up to the granularity; take the best fit from
- * the free bins (and from the caller's lane, when it has one); if nothing
- * fits, go down the slow path (retire completed fences, grow, wait for fences,
- * garbage-collect empty regions, grow again). Split the chunk when the
- * remainder is worth keeping, carving the allocation from the end that
- * touches the older neighbour (see bfc_placement in bfc.h).
+ * the free bins (and from the caller's lane, when it has one) that can hold
+ * the block at its natural alignment; if nothing fits, go down the slow path
+ * (retire completed fences, grow, wait for fences, garbage-collect empty
+ * regions, grow again). Split the chunk when the remainder is worth keeping,
+ * carving the allocation from the end that touches the older neighbour, at
+ * an aligned address (see bfc_placement in bfc.h).
  *
  * Free: find the chunk by address, merge it with free neighbours at once, and
  * file the result in its bin. Everything that can fail (host memory for a new
@@ -34,6 +35,25 @@ const char *bfc_status_name(bfc_status s)
     return "unknown status";
 }
 
+static const char *const placement_names[] = {
+    [BFC_PLACE_BY_AGE] = "age", [BFC_PLACE_LOW] = "low", [BFC_PLACE_ALIGNED] = "aligned"};
+
+const char *bfc_placement_name(bfc_placement p)
+{
+    return (unsigned)p < sizeof placement_names / sizeof *placement_names ? placement_names[p]
+                                                                          : "unknown";
+}
+
+bool bfc_placement_from_name(const char *name, bfc_placement *out)
+{
+    for (unsigned i = 0; i < sizeof placement_names / sizeof *placement_names; i++)
+        if (strcmp(name, placement_names[i]) == 0) {
+            *out = (bfc_placement)i;
+            return true;
+        }
+    return false;
+}
+
 void bfc_options_init(bfc_options *o)
 {
     memset(o, 0, sizeof *o);
@@ -44,7 +64,8 @@ void bfc_options_init(bfc_options *o)
     o->min_split_bytes = BFC_MIN_GRANULARITY;
     o->tsl_split = false;
     o->garbage_collection = true;
-    o->placement = BFC_PLACE_BY_AGE;
+    o->placement = BFC_PLACE_ALIGNED;
+    o->align_bytes = BFC_DEFAULT_ALIGN_BYTES;
 }
 
 static bool is_pow2(uint64_t x) { return x && !(x & (x - 1)); }
@@ -57,7 +78,9 @@ bfc_pool *bfc_pool_create(const bfc_options *opt, const bfc_backend *backend)
         opt->granularity < BFC_MIN_GRANULARITY || opt->region_granularity == 0 ||
         opt->region_granularity % opt->granularity != 0 ||
         opt->limit_bytes > BFC_MAX_ALLOC_BYTES ||
-        (opt->placement != BFC_PLACE_BY_AGE && opt->placement != BFC_PLACE_LOW))
+        (opt->placement != BFC_PLACE_BY_AGE && opt->placement != BFC_PLACE_LOW &&
+         opt->placement != BFC_PLACE_ALIGNED) ||
+        (opt->placement == BFC_PLACE_ALIGNED && !is_pow2(opt->align_bytes)))
         return NULL;
     bfc_pool *p = calloc(1, sizeof *p);
     if (!p)
@@ -116,7 +139,7 @@ bfc_status bfc_pool_reserve(bfc_pool *p)
 
 /* The best candidate for `rounded` bytes: the free bins, or the caller's
  * lane, whichever holds the smaller fit (lower address on ties). */
-static uint32_t find_fit(bfc_pool *p, uint64_t rounded, uint32_t lane_id)
+static uint32_t best_fit(bfc_pool *p, uint64_t rounded, uint32_t lane_id)
 {
     uint32_t c = bins_best_fit(&p->free_bins, &p->chunks, rounded);
     if (lane_id != BFC_NO_LANE) {
@@ -128,7 +151,50 @@ static uint32_t find_fit(bfc_pool *p, uint64_t rounded, uint32_t lane_id)
     return c;
 }
 
-static uint32_t find_fit_slow(bfc_pool *p, uint64_t rounded, uint32_t lane_id)
+/* BFC_PLACE_ALIGNED: the alignment a block of `rounded` bytes is placed at,
+ * or 0 for none. */
+static uint64_t natural_alignment(const bfc_options *o, uint64_t rounded)
+{
+    if (o->placement != BFC_PLACE_ALIGNED || rounded < o->align_bytes)
+        return 0;
+    uint64_t a = rounded & (~rounded + 1); /* lowest set bit */
+    if (a > o->align_bytes)
+        a = o->align_bytes;
+    return a > o->granularity ? a : 0;
+}
+
+/* Can FREE chunk c hold `rounded` bytes at a multiple of `align`? */
+static bool holds_aligned(const chunk *c, uint64_t rounded, uint64_t align)
+{
+    return round_up_pow2(c->addr, align) + rounded <= c->addr + c->size;
+}
+
+/*
+ * The chunk an allocation of `rounded` bytes goes to, and in *align the
+ * alignment to place it at (0: none). The best fit when it can hold the block
+ * aligned; else the best fit for rounded + align - granule, which can (any
+ * chunk that large can); else the best fit, unaligned. Pending chunks (own
+ * lane) are taken unaligned.
+ */
+static uint32_t find_fit(bfc_pool *p, uint64_t rounded, uint32_t lane_id, uint64_t *align)
+{
+    uint32_t c = best_fit(p, rounded, lane_id);
+    uint64_t a = natural_alignment(&p->opt, rounded);
+    *align = 0;
+    if (c == CHUNK_NIL || a == 0 || C(p, c)->state != CHUNK_FREE)
+        return c;
+    if (!holds_aligned(C(p, c), rounded, a)) {
+        uint32_t d = best_fit(p, rounded + a - p->opt.granularity, lane_id);
+        if (d == CHUNK_NIL || C(p, d)->state != CHUNK_FREE)
+            return c;
+        c = d;
+    }
+    *align = a;
+    return c;
+}
+
+static uint32_t find_fit_slow(bfc_pool *p, uint64_t rounded, uint32_t lane_id,
+                              uint64_t *align)
 {
     uint32_t c;
     /* Epochs left open by the fence interval get their fences now: only a
@@ -138,17 +204,17 @@ static uint32_t find_fit_slow(bfc_pool *p, uint64_t rounded, uint32_t lane_id)
         p->allocs_since_fence = 0;
         p->bytes_since_fence = 0;
     }
-    if (lanes_poll(p) && (c = find_fit(p, rounded, lane_id)) != CHUNK_NIL)
+    if (lanes_poll(p) && (c = find_fit(p, rounded, lane_id, align)) != CHUNK_NIL)
         return c;
     if (region_extend(p, rounded))
-        return find_fit(p, rounded, lane_id);
+        return find_fit(p, rounded, lane_id, align);
     while (lanes_wait_oldest(p))
-        if ((c = find_fit(p, rounded, lane_id)) != CHUNK_NIL)
+        if ((c = find_fit(p, rounded, lane_id, align)) != CHUNK_NIL)
             return c;
     if (p->opt.garbage_collection && p->nregions > 0) {
         p->st.num_gc_runs++;
         if (region_release_empty(p) > 0 && region_extend(p, rounded))
-            return find_fit(p, rounded, lane_id);
+            return find_fit(p, rounded, lane_id, align);
     }
     return CHUNK_NIL;
 }
@@ -188,8 +254,43 @@ static bool worth_splitting(const bfc_options *o, uint64_t size, uint64_t rounde
 /* Should the allocation go at the high end of free chunk c? */
 static bool carve_high(const bfc_pool *p, const chunk *c)
 {
-    return p->opt.placement == BFC_PLACE_BY_AGE &&
+    return p->opt.placement != BFC_PLACE_LOW &&
            neighbour_age(p, c->next) < neighbour_age(p, c->prev);
+}
+
+/*
+ * Takes `rounded` bytes at address `at`, strictly inside FREE chunk c (at >
+ * c's start and at + rounded < its end): c keeps the gap below `at`, the
+ * allocation is a new record, and what lies above it becomes
+ * a free chunk of its own when it is worth splitting off (else the
+ * allocation keeps it as slack, as an unsplit chunk would). Uses up to two
+ * records, reserved by the caller.
+ */
+static uint32_t take_free_at(bfc_pool *p, uint32_t c, uint64_t rounded, uint64_t at)
+{
+    bin_set *bins = &p->free_bins;
+    chunk *cc = C(p, c);
+    const uint64_t end = cc->addr + cc->size;
+    uint64_t above = end - at - rounded;
+    if (above && !worth_splitting(&p->opt, above + rounded, rounded))
+        above = 0; /* too small to keep: slack of the allocation */
+    const uint32_t a = chunk_new(&p->chunks);
+    chunk *ac = C(p, a);
+    live_index_prefetch(&p->live, at);
+    ac->addr = at;
+    ac->size = end - at - above;
+    bins_resize_in(bins, &p->chunks, c, bin_index(cc->size), at - cc->addr);
+    link_after(p, c, a);
+    if (above) {
+        const uint32_t r = chunk_new(&p->chunks);
+        chunk *rc = C(p, r);
+        rc->addr = end - above;
+        rc->size = above;
+        rc->state = CHUNK_FREE;
+        link_after(p, a, r);
+        bins_insert(bins, &p->chunks, r);
+    }
+    return a;
 }
 
 /*
@@ -199,7 +300,7 @@ static bool carve_high(const bfc_pool *p, const chunk *c)
  * its key is smaller than c's: it usually takes c's place in the tree as it
  * stands (bins_resize, bins_substitute).
  */
-static uint32_t take_free(bfc_pool *p, uint32_t c, uint64_t rounded)
+static uint32_t take_free(bfc_pool *p, uint32_t c, uint64_t rounded, uint64_t align)
 {
     bin_set *bins = &p->free_bins;
     chunk *cc = C(p, c);
@@ -209,7 +310,21 @@ static uint32_t take_free(bfc_pool *p, uint32_t c, uint64_t rounded)
         return c;
     }
     const uint64_t rest = cc->size - rounded;
-    const bool high = carve_high(p, cc); /* before r becomes a neighbour */
+    bool high = carve_high(p, cc); /* before r becomes a neighbour */
+    if (align) {
+        /* The aligned address nearest the chosen end; find_fit made sure
+         * one exists. At either end of c, the plain carve below puts the
+         * block there; inside, take_free_at leaves a gap on each side. */
+        const uint64_t end = cc->addr + cc->size;
+        const uint64_t at = high ? (end - rounded) & ~(align - 1)
+                                 : round_up_pow2(cc->addr, align);
+        if (at == cc->addr)
+            high = false;
+        else if (at + rounded == end)
+            high = true;
+        else
+            return take_free_at(p, c, rounded, at);
+    }
     const uint32_t r = chunk_new(&p->chunks); /* reserved by the caller */
     chunk *rc = C(p, r);
     live_index_prefetch(&p->live, high ? cc->addr + rest : cc->addr);
@@ -295,13 +410,16 @@ bfc_status bfc_pool_alloc(bfc_pool *p, uint64_t size, uint32_t lane_id,
             lanes_poll_oldest(p);
     }
     /* One record for a split remainder, one for a new region, one map slot. */
-    if (!chunk_store_reserve(&p->chunks, 2) || !live_index_reserve(&p->live, &p->chunks, 1)) {
+    /* Two records for an aligned carve's gap and remainder, one for a new
+     * region, one map slot. */
+    if (!chunk_store_reserve(&p->chunks, 3) || !live_index_reserve(&p->live, &p->chunks, 1)) {
         s = BFC_ERR_HOST_MEMORY;
         goto out;
     }
-    uint32_t c = find_fit(p, rounded, lane_id);
+    uint64_t align;
+    uint32_t c = find_fit(p, rounded, lane_id, &align);
     if (c == CHUNK_NIL)
-        c = find_fit_slow(p, rounded, lane_id);
+        c = find_fit_slow(p, rounded, lane_id, &align);
     if (c == CHUNK_NIL) {
         p->st.num_ooms++;
         s = BFC_ERR_OOM;
@@ -310,7 +428,7 @@ bfc_status bfc_pool_alloc(bfc_pool *p, uint64_t size, uint32_t lane_id,
         goto out;
     }
     c = C(p, c)->state == CHUNK_PENDING ? take_pending(p, c, rounded)
-                                        : take_free(p, c, rounded);
+                                        : take_free(p, c, rounded, align);
     chunk *cc = C(p, c);
     cc->state = CHUNK_ALLOCATED;
     cc->requested = size;

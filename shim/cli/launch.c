@@ -131,7 +131,7 @@ const char launch_options_help[] =
     "  --platform           BFCSHIM_ALLOCATOR=platform: pass through, only count\n"
     "  --free-policy P      BFCSHIM_FREE_POLICY: fenced (default) or immediate\n"
     "  --no-gc              BFCSHIM_GC=false\n"
-    "  --placement P        BFCSHIM_PLACEMENT: age (default) or low\n"
+    "  --placement P        BFCSHIM_PLACEMENT: aligned (default), age or low\n"
     "  --stats-file PATH    BFCSHIM_STATS_FILE: JSON statistics at exit\n"
     "  --stats              BFCSHIM_STATS=1: a summary on stderr at exit\n"
     "  --trace PATH         BFCSHIM_TRACE: record allocations (RMM CSV)\n"
@@ -172,8 +172,9 @@ int launch_option(const char *cmd, int opt, const char *arg, env_list *e)
         break;
     case LOPT_NO_GC: ok = env_add(e, "BFCSHIM_GC", "false"); break;
     case LOPT_PLACEMENT:
-        if (!one_of(arg, "age", "low"))
-            return cli_bad_value(cmd, "--placement", arg, "age or low"), -1;
+        bfc_placement unused;
+        if (!bfc_placement_from_name(arg, &unused))
+            return cli_bad_value(cmd, "--placement", arg, "aligned, age or low"), -1;
         ok = env_add(e, "BFCSHIM_PLACEMENT", arg);
         break;
     case LOPT_STATS_FILE: ok = env_add(e, "BFCSHIM_STATS_FILE", arg); break;

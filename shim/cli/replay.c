@@ -287,7 +287,8 @@ static void print_json(const trace_report *r, const replay_opts *o)
     json_object_open(&j, "policy");
     json_u64(&j, "granularity", o->policy.granularity);
     json_u64(&j, "min_split_bytes", o->policy.min_split_bytes);
-    json_string(&j, "placement", o->policy.placement == BFC_PLACE_LOW ? "low" : "age");
+    json_string(&j, "placement", bfc_placement_name(o->policy.placement));
+    json_u64(&j, "align_bytes", o->policy.placement == BFC_PLACE_ALIGNED ? o->policy.align_bytes : 0);
     json_bool(&j, "tsl_split", o->policy.tsl_split);
     json_object_close(&j);
     json_object_close(&j);
@@ -422,7 +423,8 @@ static void replay_usage(FILE *f)
     fprintf(f,
             "usage: bfcshim replay [--pool-size SIZE | --min-pool] [--json] [--repeat N]\n"
             "                      [--granularity BYTES] [--min-split BYTES]\n"
-            "                      [--placement age|low] [--tsl] TRACE.csv[.gz]...\n"
+            "                      [--placement aligned|age|low] [--align BYTES] [--tsl]\n"
+            "                      TRACE.csv[.gz]...\n"
             "\n"
             "Replays RMM-format allocation traces through the BFC engine with no GPU.\n"
             "  --min-pool          time the replay at the smallest pool that serves the\n"
@@ -436,8 +438,13 @@ static void replay_usage(FILE *f)
             "                      the clock (steady-state figures; default 0)\n"
             "  --granularity B     size rounding, a power of two >= 256 (256)\n"
             "  --min-split B       split a free chunk only if B bytes or more remain (256)\n"
-            "  --placement P       age: carve against the older neighbour (default);\n"
+            "  --placement P       aligned (default): as age, and blocks of 64 KiB or more\n"
+            "                      start at their natural alignment (the largest power of\n"
+            "                      two dividing the size, up to --align);\n"
+            "                      age: carve against the older neighbour;\n"
             "                      low: always the low end (TSL)\n"
+            "  --align B           aligned placement's cap and threshold, a power of two\n"
+            "                      (64KiB)\n"
             "  --tsl               TSL's policy: low placement, split only at 2x or 128 MiB\n"
             "  --dump-at-failure F append to F (- for stderr) the pool's memory map at the\n"
             "                      first failure in a pool one granule below the minimum\n"
@@ -452,14 +459,15 @@ int cmd_replay(int argc, char **argv)
 {
     replay_opts o = {.repeats = 5, .bisect = true};
     bfc_options_init(&o.policy);
-    enum { OPT_GRAN = 256, OPT_SPLIT, OPT_PLACE, OPT_TSL, OPT_DUMP, OPT_NO_MIN, OPT_WARM,
-           OPT_RECORD };
+    enum { OPT_GRAN = 256, OPT_SPLIT, OPT_PLACE, OPT_ALIGN, OPT_TSL, OPT_DUMP, OPT_NO_MIN,
+           OPT_WARM, OPT_RECORD };
     static const struct option longopts[] = {
         {"pool-size", required_argument, 0, 'p'}, {"min-pool", no_argument, 0, 'm'},
         {"json", no_argument, 0, 'j'},           {"repeat", required_argument, 0, 'r'},
         {"granularity", required_argument, 0, OPT_GRAN},
         {"min-split", required_argument, 0, OPT_SPLIT},
         {"placement", required_argument, 0, OPT_PLACE},
+        {"align", required_argument, 0, OPT_ALIGN},
         {"tsl", no_argument, 0, OPT_TSL},
         {"dump-at-failure", required_argument, 0, OPT_DUMP},
         {"no-min-pool", no_argument, 0, OPT_NO_MIN},
@@ -496,12 +504,14 @@ int cmd_replay(int argc, char **argv)
             o.policy.min_split_bytes = v;
             break;
         case OPT_PLACE:
-            if (strcmp(optarg, "age") == 0)
-                o.policy.placement = BFC_PLACE_BY_AGE;
-            else if (strcmp(optarg, "low") == 0)
-                o.policy.placement = BFC_PLACE_LOW;
-            else
-                return cli_bad_value("replay", "--placement", optarg, "age or low");
+            if (!bfc_placement_from_name(optarg, &o.policy.placement))
+                return cli_bad_value("replay", "--placement", optarg, "aligned, age or low");
+            break;
+        case OPT_ALIGN:
+            if (!parse_size(optarg, &v) || v < 256 || (v & (v - 1)) || v > (UINT64_C(1) << 30))
+                return cli_bad_value("replay", "--align", optarg,
+                                     "a power of two from 256 to 1GiB");
+            o.policy.align_bytes = v;
             break;
         case OPT_TSL:
             o.policy.placement = BFC_PLACE_LOW;

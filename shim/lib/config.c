@@ -106,7 +106,7 @@ static void parse(void)
         .garbage_collection = true,
         .free_policy = FREE_FENCED,
         .alignment = 512,
-        .placement = BFC_PLACE_BY_AGE,
+        .placement = BFC_PLACE_ALIGNED,
         .initial_region = UINT64_C(2) << 20,
         .fence_interval = 1,
         .fence_bytes = UINT64_C(64) << 20,
@@ -143,10 +143,11 @@ static void parse(void)
     else
         cfg.alignment = align;
 
-    static const char *const places[] = {"age", "low"};
-    int place = cfg.placement == BFC_PLACE_LOW;
-    get_choice("BFCSHIM_PLACEMENT", places, 2, &place);
-    cfg.placement = place ? BFC_PLACE_LOW : BFC_PLACE_BY_AGE;
+    /* In bfc_placement's order, so that the index is the value. */
+    static const char *const places[] = {"age", "low", "aligned"};
+    int place = (int)cfg.placement;
+    get_choice("BFCSHIM_PLACEMENT", places, 3, &place);
+    cfg.placement = (bfc_placement)place;
 
     get_size("BFCSHIM_INITIAL_REGION", &cfg.initial_region, "2MiB");
 

@@ -80,8 +80,8 @@ static void write_hint(FILE *f, const shim_config *cfg, const bfc_stats *st, uin
         if (st->pending_bytes)
             fprintf(f, "; %s are freed blocks still waiting for stream work",
                     format_size(st->pending_bytes, a, sizeof a));
-        fprintf(f, ").\nhint: keep BFCSHIM_PLACEMENT=age (the default: it keeps blocks of "
-                   "different lifetimes apart); give the pool headroom above the job's peak with "
+        fprintf(f, ").\nhint: keep BFCSHIM_PLACEMENT=aligned (the default: it keeps blocks of "
+                   "different lifetimes apart and large blocks aligned); give the pool headroom above the job's peak with "
                    "a higher BFCSHIM_MEM_FRACTION; ");
         if (!cfg->preallocate && cfg->garbage_collection)
             fprintf(f, "growth mode already returns empty regions.\n");

@@ -20,7 +20,8 @@ typedef struct fixture {
 
 /* Defaults for tests: exact region sizes, preallocation, GC on, and low-end
  * placement, so that the tests of other rules can name exact addresses (the
- * placement test and the property test cover the default, age placement).
+ * placement tests and the property test cover the default, aligned
+ * placement, and age placement).
  * Callers change f->opt / f->dev between fixture_begin and fixture_start. */
 static inline void fixture_begin(fixture *f, uint64_t limit)
 {

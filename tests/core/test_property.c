@@ -131,7 +131,12 @@ static void configure(void)
     f->opt.initial_region_bytes = (rng_below(rng, 8) + 1) * 64 * KiB;
     static const uint64_t splits[] = {256, 1024, 16 * KiB};
     f->opt.min_split_bytes = splits[rng_below(rng, 3)];
-    f->opt.placement = rng_below(rng, 3) == 0 ? BFC_PLACE_LOW : BFC_PLACE_BY_AGE;
+    static const bfc_placement places[] = {BFC_PLACE_LOW, BFC_PLACE_BY_AGE, BFC_PLACE_ALIGNED,
+                                           BFC_PLACE_ALIGNED};
+    f->opt.placement = places[rng_below(rng, 4)];
+    /* From "never above the granularity" to alignments that matter at
+     * every size the test draws. */
+    f->opt.align_bytes = (uint64_t)256 << rng_below(rng, 10);
     f->opt.tsl_split = rng_below(rng, 5) == 0;
     f->opt.garbage_collection = rng_below(rng, 4) != 0;
     f->opt.fence_interval = rng_below(rng, 3) == 0 ? 1 + (uint32_t)rng_below(rng, 16) : 1;
@@ -262,6 +267,28 @@ static uint64_t chunk_extent(bfc_addr addr)
     return e.size;
 }
 
+/* The engine's BFC_PLACE_ALIGNED rule, restated: blocks of align_bytes or
+ * more start at a multiple of the largest power of two dividing their
+ * rounded size, at most align_bytes; 0 when that is no more than the
+ * granularity. */
+static uint64_t natural_alignment(uint64_t rounded)
+{
+    const bfc_options *o = &R.f.opt;
+    if (o->placement != BFC_PLACE_ALIGNED || rounded < o->align_bytes)
+        return 0;
+    uint64_t a = 1;
+    while (!(rounded & a))
+        a <<= 1;
+    if (a > o->align_bytes)
+        a = o->align_bytes;
+    return a > o->granularity ? a : 0;
+}
+
+static bool holds_aligned(const bfc_chunk_info *c, uint64_t rounded, uint64_t align)
+{
+    return (c->addr + align - 1) / align * align + rounded <= c->addr + c->size;
+}
+
 /* ---- operations --------------------------------------------------------- */
 
 static uint64_t draw_size(void)
@@ -306,6 +333,21 @@ static void op_alloc(void)
     fit_search s = {.rounded = rounded, .lane = lane};
     if (size && size <= BFC_MAX_ALLOC_BYTES)
         bfc_pool_visit(R.f.pool, fit_visitor, &s);
+    /* Aligned placement: the best fit if it holds the block aligned, else
+     * the best fit for rounded + align - granule if that one is free, else
+     * the best fit unaligned. */
+    uint64_t align = natural_alignment(rounded);
+    if (s.best.found && align && s.best.chunk.kind == BFC_CHUNK_FREE &&
+        !holds_aligned(&s.best.chunk, rounded, align)) {
+        fit_search wider = {.rounded = rounded + align - g, .lane = lane};
+        bfc_pool_visit(R.f.pool, fit_visitor, &wider);
+        if (wider.best.found && wider.best.chunk.kind == BFC_CHUNK_FREE)
+            s.best = wider.best;
+        else
+            align = 0;
+    }
+    if (s.best.found && s.best.chunk.kind != BFC_CHUNK_FREE)
+        align = 0;
     bfc_stats before = stats_of(&R.f);
 
     bfc_addr a = 0xdead00;
@@ -349,9 +391,14 @@ static void op_alloc(void)
         bool split = o->tsl_split
                          ? size >= 2 * rounded || rest >= BFC_TSL_MAX_INTERNAL_FRAGMENTATION
                          : rest >= (o->min_split_bytes > g ? o->min_split_bytes : g);
-        bool high = split && o->placement == BFC_PLACE_BY_AGE &&
+        bool high = split && o->placement != BFC_PLACE_LOW &&
                     s.best.next_age < s.best.prev_age;
-        bfc_addr expect = high ? s.best.chunk.addr + size - rounded : s.best.chunk.addr;
+        bfc_addr lo = s.best.chunk.addr, hi = s.best.chunk.addr + size - rounded;
+        if (split && align) {
+            lo = (lo + align - 1) / align * align;
+            hi = hi / align * align;
+        }
+        bfc_addr expect = high ? hi : lo;
         if (a != expect)
             FAIL_AT("alloc %" PRIu64 " got %#llx, best fit says %#llx (chunk %#llx+%" PRIu64
                     ")", rounded, (unsigned long long)a, (unsigned long long)expect,
