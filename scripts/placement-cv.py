@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""Leave-one-out cross-validation of placement settings on real traces.
+
+    scripts/placement-cv.py [--bfcshim build/bfcshim] TRACE.csv[.gz]...
+
+Replays every trace with `bfcshim replay --min-pool` under each candidate
+setting (age placement, and aligned placement at each --align cap), then, for
+each trace in turn, picks the setting with the best mean efficiency on the
+*other* traces and reports what that choice scores on the held-out one. The
+cross-validated figure is the mean (and worst) of those held-out scores: what
+a setting tuned on some jobs does on a job it has never seen.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+CANDIDATES = [("age", ["--placement", "age"])] + [
+    ("aligned/%dK" % (a >> 10) if a >= 1024 else "aligned/%d" % a,
+     ["--placement", "aligned", "--align", str(a)])
+    for a in (1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 21)
+]
+
+
+def efficiency(bfcshim, args, trace):
+    out = subprocess.run([bfcshim, "replay", "--min-pool", "--json", "--repeat", "1"]
+                         + args + [trace], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout)["efficiency"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bfcshim", default="build/bfcshim")
+    ap.add_argument("traces", nargs="+")
+    a = ap.parse_args()
+    if len(a.traces) < 2:
+        sys.exit("placement-cv: need at least two traces")
+    eff = {name: {t: efficiency(a.bfcshim, args, t) for t in a.traces}
+           for name, args in CANDIDATES}
+    print("%-14s %8s %8s" % ("setting", "mean", "worst"))
+    for name, _ in CANDIDATES:
+        v = list(eff[name].values())
+        print("%-14s %8.4f %8.4f" % (name, sum(v) / len(v), min(v)))
+    print("\nleave one out:")
+    held = []
+    for t in a.traces:
+        rest = [x for x in a.traces if x != t]
+        best = max((name for name, _ in CANDIDATES),
+                   key=lambda n: (sum(eff[n][x] for x in rest), min(eff[n][x] for x in rest)))
+        held.append(eff[best][t])
+        print("  %-50s chose %-12s held-out %.4f" % (os.path.basename(t), best, eff[best][t]))
+    print("cross-validated: mean %.4f, worst %.4f over %d traces"
+          % (sum(held) / len(held), min(held), len(held)))
+
+
+if __name__ == "__main__":
+    main()
