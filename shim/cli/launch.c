@@ -171,12 +171,13 @@ int launch_option(const char *cmd, int opt, const char *arg, env_list *e)
         ok = env_add(e, "BFCSHIM_FREE_POLICY", arg);
         break;
     case LOPT_NO_GC: ok = env_add(e, "BFCSHIM_GC", "false"); break;
-    case LOPT_PLACEMENT:
-        bfc_placement unused;
-        if (!bfc_placement_from_name(arg, &unused))
+    case LOPT_PLACEMENT: {
+        bfc_placement known;
+        if (!bfc_placement_from_name(arg, &known))
             return cli_bad_value(cmd, "--placement", arg, "aligned, age or low"), -1;
         ok = env_add(e, "BFCSHIM_PLACEMENT", arg);
         break;
+    }
     case LOPT_STATS_FILE: ok = env_add(e, "BFCSHIM_STATS_FILE", arg); break;
     case LOPT_STATS: ok = env_add(e, "BFCSHIM_STATS", "1"); break;
     case LOPT_TRACE: ok = env_add(e, "BFCSHIM_TRACE", arg); break;
