@@ -409,7 +409,6 @@ bfc_status bfc_pool_alloc(bfc_pool *p, uint64_t size, uint32_t lane_id,
         if (p->st.num_pending_chunks)
             lanes_poll_oldest(p);
     }
-    /* One record for a split remainder, one for a new region, one map slot. */
     /* Two records for an aligned carve's gap and remainder, one for a new
      * region, one map slot. */
     if (!chunk_store_reserve(&p->chunks, 3) || !live_index_reserve(&p->live, &p->chunks, 1)) {

@@ -143,8 +143,11 @@ static void parse(void)
     else
         cfg.alignment = align;
 
-    /* In bfc_placement's order, so that the index is the value. */
-    static const char *const places[] = {"age", "low", "aligned"};
+    /* The engine's names, in bfc_placement's order, so that the index is
+     * the value. */
+    const char *const places[] = {bfc_placement_name(BFC_PLACE_BY_AGE),
+                                  bfc_placement_name(BFC_PLACE_LOW),
+                                  bfc_placement_name(BFC_PLACE_ALIGNED)};
     int place = (int)cfg.placement;
     get_choice("BFCSHIM_PLACEMENT", places, 3, &place);
     cfg.placement = (bfc_placement)place;
