@@ -301,7 +301,9 @@ void bfc_pool_retire(bfc_pool *pool, uint32_t lane, uint64_t completed);
 bool bfc_pool_lane_oldest(bfc_pool *pool, uint32_t lane, uint64_t *token);
 
 /* Returns every region that holds no allocated or pending chunk to the
- * backend; returns the number of bytes released. */
+ * backend, after sealing open epochs and retiring the fences the backend
+ * already reports done (it never waits for one); returns the number of bytes
+ * released. */
 uint64_t bfc_pool_trim(bfc_pool *pool);
 
 /* True when addr lies inside one of the pool's regions. */

@@ -519,6 +519,11 @@ bfc_status bfc_pool_free(bfc_pool *p, bfc_addr addr)
 uint64_t bfc_pool_trim(bfc_pool *p)
 {
     bfc_lock_acquire(&p->lock);
+    /* Frees still in an open epoch have no fence yet: seal them, then retire
+     * whatever the owner already reports done. Never wait: trimming is a
+     * request to give back what is idle now, not to stall on the GPU. */
+    lanes_seal_all(p);
+    lanes_poll(p);
     uint64_t released = region_release_empty(p);
     bfc_lock_release(&p->lock);
     return released;

@@ -253,6 +253,37 @@ static void garbage_collection_keeps_regions_with_pending_blocks(void)
     fixture_end(&f);
 }
 
+/* Trim is the user's "give memory back now": it seals open epochs and
+ * retires what the fences already report done, but never waits for the GPU,
+ * and a region with a block still pending stays. */
+static void trim_retires_completed_frees_without_waiting(void)
+{
+    fixture f;
+    fixture_begin(&f, 4 * MiB);
+    f.opt.preallocate = false;
+    f.opt.initial_region_bytes = 2 * MiB;
+    f.opt.region_granularity = 2 * MiB;
+    start_with_fences(&f);
+    uint32_t lane = open_lane(&f, true);
+    bfc_addr a = must_alloc(&f, 2 * MiB);
+    CHECK_EQ(bfc_pool_free_deferred(f.pool, a, lane), BFC_OK); /* open epoch */
+    CHECK_EQ(bfc_pool_trim(f.pool), 0); /* sealed now, fence not yet done */
+    CHECK_EQ(fence_state.seals, 1);
+    CHECK_EQ(fence_state.waits, 0);
+    CHECK_EQ(stats_of(&f).pending_bytes, 2 * MiB);
+    fence_state.done = fence_state.sealed_token[0];
+    CHECK_EQ(bfc_pool_trim(f.pool), 2 * MiB);
+    bfc_stats s = stats_of(&f);
+    CHECK_EQ(s.pool_bytes, 0);
+    CHECK_EQ(s.pending_bytes, 0);
+    CHECK_EQ(s.num_region_frees, 1);
+    CHECK_EQ(fence_state.waits, 0);
+    CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+    /* The pool grows again on demand. */
+    CHECK(must_alloc(&f, 1 * MiB) != 0);
+    fixture_end(&f);
+}
+
 static void deferred_frees_share_an_epoch_sealed_at_the_next_allocation(void)
 {
     fixture f;
@@ -424,6 +455,7 @@ int main(void)
     RUN(waiting_picks_the_oldest_token_across_lanes);
     RUN(closed_lanes_drain_then_recycle);
     RUN(garbage_collection_keeps_regions_with_pending_blocks);
+    RUN(trim_retires_completed_frees_without_waiting);
     RUN(deferred_frees_share_an_epoch_sealed_at_the_next_allocation);
     RUN(the_fence_interval_batches_seals_and_the_slow_path_seals_at_once);
     RUN(the_fence_bytes_trigger_fences_large_frees_at_once);

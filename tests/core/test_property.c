@@ -618,8 +618,10 @@ static void run_seed(uint64_t seed, uint64_t ops)
             op_bad_free();
         else if (r < 980)
             op_lanes();
-        else if (r < 999)
-            bfc_pool_trim(R.f.pool);
+        else if (r < 999) {
+            bfc_pool_trim(R.f.pool); /* seals epochs and retires what is done */
+            pending_resync();
+        }
         else {
             /* Now and then free everything: back to one chunk per region. */
             while (R.m.nlive)
