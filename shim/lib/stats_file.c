@@ -8,7 +8,8 @@
  *                            request; or call bfcshim_write_stats(path)
  *                            (exported; NULL means the configured path),
  *                            e.g. from Python with ctypes. No signal is
- *                            taken from the program.
+ *                            taken from the program. bfcshim_stats_json
+ *                            gives the same document in memory.
  *   BFCSHIM_STATS=1          a one-screen summary on stderr at exit.
  *
  * Field names are TSL's AllocatorStats names where one exists.
@@ -16,6 +17,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "json_out.h"
@@ -159,6 +161,27 @@ bool stats_write_file(const char *pattern)
 SHIM_EXPORT int bfcshim_write_stats(const char *path)
 {
     return stats_write_file(path ? path : shim_config_get()->stats_file) ? 0 : -1;
+}
+
+SHIM_EXPORT size_t bfcshim_stats_json(char *buf, size_t size)
+{
+    char *doc = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&doc, &len);
+    if (!f)
+        return 0;
+    write_json(f);
+    if (fclose(f) != 0) {
+        free(doc);
+        return 0;
+    }
+    if (buf && size) {
+        size_t n = len < size - 1 ? len : size - 1;
+        memcpy(buf, doc, n);
+        buf[n] = 0;
+    }
+    free(doc);
+    return len;
 }
 
 void stats_poll_request(void)

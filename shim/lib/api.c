@@ -1,0 +1,241 @@
+/*
+ * api.c - the explicit C interface of include/bfcshim.h: allocation on a
+ * device and stream, memory info and trim, for programs and plug-ins that
+ * call the library instead of (or besides) preloading it.
+ *
+ * It is a third door onto the same service as the runtime and driver doors:
+ * the same per-context pools, lanes and error classes, so a Python plug-in
+ * that dlopens the library in a preloaded process reaches the very pools the
+ * preloaded doors serve (one copy of the library, one registry). Differences
+ * from the doors, and why:
+ *   - the caller names a device, not a current context: frameworks allocate
+ *     for a device from threads where another device's context may be
+ *     current, and the pool must be that device's primary context's;
+ *   - when the library is not serving (platform mode, a forked child) the
+ *     calls go to the real driver, so a plug-in needs no second code path;
+ *   - results are plain CUresult values, which every language can read.
+ */
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "bfcshim.h"
+#include "shim.h"
+#include "units.h"
+
+SHIM_EXPORT int bfcshim_api_version(void) { return BFCSHIM_API_VERSION; }
+
+SHIM_EXPORT int bfcshim_active(void) { return shim_active() ? 1 : 0; }
+
+static CUresult fail(CUresult r, const char *api, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static CUresult fail(CUresult r, const char *api, const char *fmt, ...)
+{
+    char why[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    shim_log(LOG_ERROR, "%s: %s", api, why);
+    return r;
+}
+
+static bool explicit_stream(CUstream s)
+{
+    return s != NULL && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD;
+}
+
+/* The context a call on `device` (and `stream`) means: an explicit stream's
+ * own; else the current context when it is the device's (or device < 0);
+ * else the device's primary context, which must be active. */
+static CUresult context_for(const real_driver *R, int device, CUstream s, CUcontext *out,
+                            const char *api)
+{
+    if (explicit_stream(s)) {
+        if (!R->StreamGetCtx || R->StreamGetCtx(s, out) != CUDA_SUCCESS || !*out)
+            return fail(CUDA_ERROR_INVALID_HANDLE, api, "stream %p is not a valid stream",
+                        (void *)s);
+        return CUDA_SUCCESS;
+    }
+    CUcontext cur = NULL;
+    CUdevice dev = -1;
+    if (R->CtxGetCurrent(&cur) == CUDA_SUCCESS && cur &&
+        (device < 0 || (R->CtxGetDevice(&dev) == CUDA_SUCCESS && dev == device))) {
+        *out = cur;
+        return CUDA_SUCCESS;
+    }
+    if (device >= 0 && (*out = real_active_primary(R, device)) != NULL)
+        return CUDA_SUCCESS;
+    if (device < 0)
+        return fail(CUDA_ERROR_INVALID_CONTEXT, api,
+                    "device -1 means the current context, and none is current");
+    return fail(CUDA_ERROR_INVALID_CONTEXT, api,
+                "device %d has no active primary context (initialise CUDA on it first), or "
+                "does not exist",
+                device);
+}
+
+static CUresult code_of(svc_status st)
+{
+    switch (st) {
+    case SVC_OK:
+        return CUDA_SUCCESS;
+    case SVC_OOM:
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    case SVC_UNSUPPORTED:
+        return CUDA_ERROR_NOT_SUPPORTED;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+/* Not served from a pool: the real driver's call in ctx, counted in
+ * platform mode like the doors' pass-through calls. */
+static CUresult pass_alloc(const real_driver *R, CUcontext ctx, size_t size, CUstream s,
+                           bool stream_ordered, CUdeviceptr *out)
+{
+    bool pushed = real_ctx_enter(R, ctx);
+    CUresult r = stream_ordered && R->MemAllocAsync[0] ? R->MemAllocAsync[0](out, size, s)
+                                                        : R->MemAlloc(out, size);
+    real_ctx_leave(R, pushed);
+    if (r == CUDA_SUCCESS && platform_counting())
+        platform_note_alloc(*out, size);
+    return r;
+}
+
+static int api_alloc(void **ptr, size_t size, int device, CUstream s, bool stream_ordered,
+                     const char *api)
+{
+    if (!ptr)
+        return fail(CUDA_ERROR_INVALID_VALUE, api, "NULL result pointer");
+    *ptr = NULL;
+    if (size == 0)
+        return fail(CUDA_ERROR_INVALID_VALUE, api, "size 0 (cudaMalloc refuses it too)");
+    const real_driver *R = real_driver_get();
+    if (!R)
+        return fail(CUDA_ERROR_NOT_INITIALIZED, api, "no CUDA driver (libcuda.so.1)");
+    CUcontext ctx = NULL;
+    CUresult r = context_for(R, device, s, &ctx, api);
+    if (r != CUDA_SUCCESS)
+        return r;
+    CUdeviceptr p = 0;
+    shim_pool *sp = shim_active() ? pool_for_context(ctx, true) : NULL;
+    if (!sp || (stream_ordered && svc_stream_capturing(s, false))) {
+        /* A capturing stream's allocation belongs to the graph (as at the
+         * doors); no pool (not serving, or none could be made): the driver. */
+        if (sp)
+            svc_note_passthrough();
+        r = pass_alloc(R, ctx, size, s, stream_ordered, &p);
+    } else {
+        uint32_t lane = stream_ordered ? pool_lane_for_alloc(sp, s, false) : BFC_NO_LANE;
+        r = code_of(svc_alloc(sp, size, lane, s, &p, api));
+    }
+    if (r == CUDA_SUCCESS)
+        *ptr = (void *)(uintptr_t)p;
+    return (int)r;
+}
+
+static int api_free(void *ptr, CUstream s, bool stream_ordered, const char *api)
+{
+    if (!ptr)
+        return CUDA_SUCCESS;
+    const real_driver *R = real_driver_get();
+    if (!R)
+        return fail(CUDA_ERROR_NOT_INITIALIZED, api, "no CUDA driver (libcuda.so.1)");
+    CUdeviceptr p = (CUdeviceptr)(uintptr_t)ptr;
+    svc_status st = shim_active() ? svc_free(p, stream_ordered ? FREE_STREAM : FREE_PLAIN, s,
+                                             false, api)
+                                  : SVC_PASS;
+    if (st != SVC_PASS)
+        return (int)code_of(st);
+    /* Not pooled: the driver's memory (passed through, or the caller's). */
+    CUresult r = stream_ordered && R->MemFreeAsync[0] ? R->MemFreeAsync[0](p, s) : R->MemFree(p);
+    if (r == CUDA_SUCCESS && platform_counting())
+        platform_note_free(p);
+    if (r != CUDA_SUCCESS)
+        return fail(r, api, "%p is not a pooled pointer, and the driver refused it (%d)", ptr,
+                    (int)r);
+    return CUDA_SUCCESS;
+}
+
+SHIM_EXPORT int bfcshim_malloc(void **ptr, size_t size, int device)
+{
+    return api_alloc(ptr, size, device, NULL, false, "bfcshim_malloc");
+}
+
+SHIM_EXPORT int bfcshim_free(void *ptr)
+{
+    return api_free(ptr, NULL, false, "bfcshim_free");
+}
+
+SHIM_EXPORT int bfcshim_malloc_async(void **ptr, size_t size, int device, void *stream)
+{
+    return api_alloc(ptr, size, device, (CUstream)stream, true, "bfcshim_malloc_async");
+}
+
+SHIM_EXPORT int bfcshim_free_async(void *ptr, void *stream)
+{
+    return api_free(ptr, (CUstream)stream, true, "bfcshim_free_async");
+}
+
+/* PyTorch asks for size 0 never through its caching allocator, but a
+ * pluggable allocator sees what the program asks: an empty tensor gets NULL,
+ * which PyTorch accepts for 0 bytes, and no error is logged. */
+SHIM_EXPORT void *bfcshim_torch_alloc(ssize_t size, int device, void *stream)
+{
+    void *p = NULL;
+    if (size > 0)
+        api_alloc(&p, (size_t)size, device, (CUstream)stream, true, "bfcshim_torch_alloc");
+    else if (size < 0)
+        fail(CUDA_ERROR_INVALID_VALUE, "bfcshim_torch_alloc", "negative size %zd", size);
+    return p;
+}
+
+SHIM_EXPORT void bfcshim_torch_free(void *ptr, size_t size, int device, void *stream)
+{
+    (void)size, (void)device; /* the pool knows both */
+    api_free(ptr, (CUstream)stream, true, "bfcshim_torch_free");
+}
+
+SHIM_EXPORT int bfcshim_mem_get_info(int device, size_t *free_bytes, size_t *total_bytes)
+{
+    const char *api = "bfcshim_mem_get_info";
+    if (!free_bytes || !total_bytes)
+        return fail(CUDA_ERROR_INVALID_VALUE, api, "NULL result pointer");
+    const real_driver *R = real_driver_get();
+    if (!R)
+        return fail(CUDA_ERROR_NOT_INITIALIZED, api, "no CUDA driver (libcuda.so.1)");
+    CUcontext ctx = NULL;
+    CUresult r = context_for(R, device, NULL, &ctx, api);
+    if (r != CUDA_SUCCESS)
+        return r;
+    bool pushed = real_ctx_enter(R, ctx);
+    r = R->MemGetInfo(free_bytes, total_bytes);
+    if (r == CUDA_SUCCESS && shim_active())
+        svc_adjust_meminfo(free_bytes, *total_bytes); /* the pool of ctx, now current */
+    real_ctx_leave(R, pushed);
+    return (int)r;
+}
+
+SHIM_EXPORT size_t bfcshim_trim(void)
+{
+    const real_driver *R = real_driver_get();
+    if (!R || !shim_active())
+        return 0;
+    uint64_t released = 0;
+    for (size_t i = 0; i < pools_count(); i++) {
+        shim_pool *sp = pools_at(i);
+        if (!sp || atomic_load(&sp->dead))
+            continue;
+        /* Regions go back with cuMemFree and fences are recorded in the
+         * pool's context. */
+        bool pushed = real_ctx_enter(R, sp->ctx);
+        released += bfc_pool_trim(sp->bfc);
+        real_ctx_leave(R, pushed);
+    }
+    char b[32];
+    shim_log(LOG_INFO, "bfcshim_trim: %s given back to the device",
+             format_size(released, b, sizeof b));
+    return (size_t)released;
+}

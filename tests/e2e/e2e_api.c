@@ -1,0 +1,266 @@
+/*
+ * e2e_api.c - a program that uses the C interface of include/bfcshim.h,
+ * linked against libbfcshim.so (no LD_PRELOAD), on the fake driver, which it
+ * reaches by dlopen like the plug-ins' frameworks do. Scenarios:
+ *
+ *   plain      bfcshim_malloc/free on two devices: one pool each, a freed
+ *              block is not handed out while any stream's queued work may
+ *              still use it, and is once the work is done
+ *   async      bfcshim_malloc_async/free_async and the PyTorch entry points:
+ *              the freeing stream reuses at once, another stream only after
+ *              the freeing stream's work; an explicit stream's context wins
+ *              over `device`
+ *   badinput   every bad call gets its CUresult and the pool stays intact
+ *   trim       (growth mode) trim gives idle regions back to the device, not
+ *              the ones holding live or still-queued blocks
+ *   stats      bfcshim_stats_json (size probe, content), mem_get_info
+ *   platform   (BFCSHIM_ALLOCATOR=platform) every call reaches the driver
+ */
+#include <cuda.h>
+
+#include "bfcshim.h"
+#include "e2e.h"
+
+#define MiB ((size_t)1 << 20)
+
+static struct {
+    CUresult (*Init)(unsigned);
+    CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+    CUresult (*CtxSetCurrent)(CUcontext);
+    CUresult (*StreamCreate)(CUstream *, unsigned);
+    CUresult (*MemAlloc)(CUdeviceptr *, size_t);
+} D;
+
+static const fakecuda_api *F;
+
+#define LOAD(field, name) *(void **)&D.field = must(h, name)
+
+static void *must(void *h, const char *name)
+{
+    void *p = dlsym(h, name);
+    if (!p) {
+        fprintf(stderr, "dlsym(%s) failed\n", name);
+        exit(1);
+    }
+    return p;
+}
+
+/* Both devices' primary contexts active, device 0's current. */
+static void start(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        fprintf(stderr, "dlopen(libcuda.so.1): %s\n", dlerror());
+        exit(1);
+    }
+    LOAD(Init, "cuInit");
+    LOAD(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+    LOAD(CtxSetCurrent, "cuCtxSetCurrent");
+    LOAD(StreamCreate, "cuStreamCreate");
+    LOAD(MemAlloc, "cuMemAlloc_v2");
+    F = fakecuda();
+    CUcontext c0, c1;
+    CHECK_EQ(D.Init(0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c1, 1), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+}
+
+static void *must_alloc(size_t size, int device)
+{
+    void *p = NULL;
+    int r = bfcshim_malloc(&p, size, device);
+    if (r != 0 || !p) {
+        fprintf(stderr, "bfcshim_malloc(%zu, %d) = %d\n", size, device, r);
+        exit(1);
+    }
+    return p;
+}
+
+static void noop(void *arg) { (void)arg; }
+
+static void plain(void)
+{
+    start();
+    CHECK_EQ(bfcshim_api_version(), BFCSHIM_API_VERSION);
+    CHECK_EQ(bfcshim_active(), 1);
+    void *a = must_alloc(3 * MiB, 0);
+    void *b = must_alloc(3 * MiB, 1); /* device 1: not current, but active */
+    CHECK(F->is_device_pointer((uint64_t)(uintptr_t)a));
+    fakecuda_stats st = fake_stats();
+    CHECK(st.bytes_in_use[0] > 0 && st.bytes_in_use[1] > 0); /* one pool per device */
+    CHECK(a != b);
+    /* Work queued on a stream that may use `a`; a plain free then must not
+     * give `a` to anyone until that work is done. */
+    CUstream s;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(F->launch(s, noop, NULL), 0);
+    CHECK_EQ(bfcshim_free(a), 0);
+    void *c = must_alloc(3 * MiB, 0);
+    CHECK(c != a);
+    F->complete_all();
+    CHECK_EQ(bfcshim_free(c), 0);
+    void *d = must_alloc(3 * MiB, 0);
+    CHECK(d == a || d == c); /* idle now: best fit takes a freed block */
+    CHECK_EQ(bfcshim_free(d), 0);
+    CHECK_EQ(bfcshim_free(b), 0);
+}
+
+static void async(void)
+{
+    start();
+    CUstream s1, s2;
+    CHECK_EQ(D.StreamCreate(&s1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    void *a = NULL, *b = NULL, *c = NULL;
+    CHECK_EQ(bfcshim_malloc_async(&a, 2 * MiB, 0, s1), 0);
+    CHECK_EQ(F->launch(s1, noop, NULL), 0);
+    CHECK_EQ(bfcshim_free_async(a, s1), 0);
+    /* Another stream must not get `a` while s1's work may use it. */
+    CHECK_EQ(bfcshim_malloc_async(&b, 2 * MiB, 0, s2), 0);
+    CHECK(b != a);
+    /* The freeing stream may: its later work runs after its earlier work. */
+    CHECK_EQ(bfcshim_malloc_async(&c, 2 * MiB, 0, s1), 0);
+    CHECK(c == a);
+    CHECK_EQ(bfcshim_free_async(c, s1), 0);
+    CHECK_EQ(bfcshim_free_async(b, s2), 0);
+
+    /* PyTorch's entry points: the same stream-ordered semantics. */
+    void *t = bfcshim_torch_alloc(5 * MiB, 0, s1);
+    CHECK(t != NULL);
+    CHECK_EQ(F->launch(s1, noop, NULL), 0);
+    bfcshim_torch_free(t, 5 * MiB, 0, s1);
+    void *u = bfcshim_torch_alloc(5 * MiB, 0, s2);
+    CHECK(u != NULL && u != t);
+    void *v = bfcshim_torch_alloc(5 * MiB, 0, s1);
+    CHECK(v == t);
+    CHECK(bfcshim_torch_alloc(0, 0, s1) == NULL); /* an empty tensor */
+    bfcshim_torch_free(u, 5 * MiB, 0, s2);
+    bfcshim_torch_free(v, 5 * MiB, 0, s1);
+
+    /* An explicit stream of device 0 names device 0's pool, whatever
+     * `device` says: the memory must be usable by that stream's work. */
+    uint64_t before = fake_stats().bytes_in_use[1];
+    void *w = NULL;
+    CHECK_EQ(bfcshim_malloc_async(&w, MiB, 1, s1), 0);
+    CHECK_EQ(fake_stats().bytes_in_use[1], before);
+    CHECK_EQ(bfcshim_free_async(w, s1), 0);
+    F->complete_all();
+}
+
+static void badinput(void)
+{
+    start();
+    void *p = NULL, *a = must_alloc(MiB, 0);
+    char text[4096];
+    bfcshim_stats_json(text, sizeof text);
+    CHECK_EQ(bfcshim_malloc(NULL, MiB, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(bfcshim_malloc(&p, 0, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(bfcshim_malloc(&p, MiB, 7), CUDA_ERROR_INVALID_CONTEXT);
+    CHECK(p == NULL);
+    CHECK_EQ(bfcshim_malloc(&p, (size_t)1 << 50, 0), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK_EQ(bfcshim_free((char *)a + 256), CUDA_ERROR_INVALID_VALUE); /* interior */
+    CHECK_EQ(bfcshim_free(a), 0);
+    CHECK_EQ(bfcshim_free(a), CUDA_ERROR_INVALID_VALUE); /* twice */
+    int local;
+    CHECK(bfcshim_free(&local) != 0); /* not device memory at all */
+    CHECK_EQ(bfcshim_free(NULL), 0);
+    CHECK(bfcshim_torch_alloc(-1, 0, NULL) == NULL);
+    size_t f = 0;
+    CHECK_EQ(bfcshim_mem_get_info(0, NULL, &f), CUDA_ERROR_INVALID_VALUE);
+    /* The pool is intact: everything freed, one allocation served again. */
+    char after[4096];
+    bfcshim_stats_json(after, sizeof after);
+    CHECK(strstr(after, "\"bytes_in_use\": 0") != NULL);
+    void *b = must_alloc(MiB, 0);
+    CHECK_EQ(bfcshim_free(b), 0);
+}
+
+static void trim(void)
+{
+    start();
+    void *a = must_alloc(64 * MiB, 0);
+    void *keep = must_alloc(MiB, 1);
+    uint64_t held = fake_stats().bytes_in_use[0];
+    CHECK(held >= 64 * MiB);
+    CUstream s;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(F->launch(s, noop, NULL), 0);
+    CHECK_EQ(bfcshim_free(a), 0);
+    /* Queued work may still use `a`: nothing of device 0 goes back yet;
+     * device 1's region holds a live block. */
+    CHECK_EQ(bfcshim_trim(), 0);
+    CHECK_EQ(fake_stats().bytes_in_use[0], held);
+    F->complete_all();
+    CHECK_EQ(bfcshim_trim(), held);
+    CHECK_EQ(fake_stats().bytes_in_use[0], 0);
+    CHECK(fake_stats().bytes_in_use[1] > 0);
+    /* The pool grows again when asked. */
+    void *b = must_alloc(64 * MiB, 0);
+    CHECK_EQ(bfcshim_free(b), 0);
+    CHECK_EQ(bfcshim_free(keep), 0);
+}
+
+static void stats(void)
+{
+    start();
+    void *a = must_alloc(5 * MiB, 0);
+    size_t need = bfcshim_stats_json(NULL, 0);
+    CHECK(need > 100);
+    char small[16];
+    CHECK_EQ(bfcshim_stats_json(small, sizeof small), need);
+    CHECK_EQ(strlen(small), sizeof small - 1); /* cut, and terminated */
+    char *doc = malloc(need + 1);
+    CHECK_EQ(bfcshim_stats_json(doc, need + 1), need);
+    CHECK(strstr(doc, "\"allocator\": \"bfc\"") != NULL);
+    CHECK(strstr(doc, "\"bytes_in_use\": 5242880") != NULL);
+    free(doc);
+    size_t f = 0, t = 0;
+    CHECK_EQ(bfcshim_mem_get_info(0, &f, &t), 0);
+    CHECK_EQ(t, 1024 * MiB);
+    /* BFCSHIM_MEM_LIMIT=512MiB (meson): what is left of the pool's limit. */
+    CHECK_EQ(f, 512 * MiB - 5 * MiB);
+    CHECK_EQ(bfcshim_mem_get_info(1, &f, &t), 0); /* no pool yet: the limit */
+    CHECK_EQ(f, 512 * MiB);
+    CHECK_EQ(bfcshim_free(a), 0);
+}
+
+static void platform(void)
+{
+    start();
+    CHECK_EQ(bfcshim_active(), 0);
+    uint64_t calls = fake_stats().mem_alloc_calls;
+    void *a = must_alloc(MiB, 0), *b = must_alloc(MiB, 1);
+    CHECK_EQ(fake_stats().mem_alloc_calls, calls + 2);
+    CUstream s;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    void *c = NULL;
+    CHECK_EQ(bfcshim_malloc_async(&c, MiB, 0, s), 0);
+    CHECK_EQ(fake_stats().mem_alloc_async_calls, 1);
+    CHECK_EQ(bfcshim_free_async(c, s), 0);
+    CHECK_EQ(bfcshim_free(a), 0);
+    CHECK_EQ(bfcshim_free(b), 0);
+    CHECK_EQ(fake_stats().mem_free_calls, 2);
+    CHECK_EQ(bfcshim_trim(), 0);
+    char doc[4096];
+    bfcshim_stats_json(doc, sizeof doc);
+    CHECK(strstr(doc, "\"num_allocs\": 3") != NULL); /* counted as passed through */
+    F->complete_all();
+}
+
+int main(int argc, char **argv)
+{
+    const char *s = argc > 1 ? argv[1] : "";
+    static const struct {
+        const char *name;
+        void (*fn)(void);
+    } scenarios[] = {{"plain", plain}, {"async", async},   {"badinput", badinput},
+                     {"trim", trim},   {"stats", stats},   {"platform", platform}};
+    for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
+        if (strcmp(s, scenarios[i].name) == 0) {
+            scenarios[i].fn();
+            return e2e_done(s);
+        }
+    fprintf(stderr, "usage: e2e_api plain|async|badinput|trim|stats|platform\n");
+    return 2;
+}
