@@ -3,8 +3,8 @@
 # when they are missing: meson and ninja (build), zlib (gzip traces),
 # python3 (tests); with --with-tests also clang and its runtimes (libFuzzer)
 # and chromium (the report is checked in headless Chromium), and from PyPI
-# numba-cuda (Numba's driver layer is a test client: tests/e2e/test_numba.py,
-# which skips without it).
+# numba-cuda (Numba's driver layer is a test client: tests/e2e/test_numba.py
+# and tests/python/test_numba_plugin.py, which skip without it).
 # Needs root for apt-get; otherwise it names what to install and fails.
 set -u
 want=(meson ninja-build pkg-config zlib1g-dev python3)
@@ -15,9 +15,12 @@ for pkg in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" ||
         missing+=("$pkg")
 done
-# python3 may come from elsewhere (pyenv): accept any on PATH.
+# python3 may come from elsewhere (pyenv): accept any on PATH. The pip
+# install test makes a virtual environment: Debian's Python needs python3-venv.
 if command -v python3 >/dev/null 2>&1; then
     missing=("${missing[@]/python3}")
+    [ "${1:-}" = "--with-tests" ] && ! python3 -c "import ensurepip" >/dev/null 2>&1 &&
+        missing+=(python3-venv)
 fi
 missing=($(printf '%s\n' "${missing[@]}" | grep -v '^$' || true))
 

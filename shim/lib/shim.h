@@ -2,6 +2,7 @@
  * shim.h - what the modules of libbfcshim.so share. Not installed.
  *
  *   door_runtime.c  door_driver.c      exported CUDA entry points (two doors)
+ *   api.c                              the C interface of bfcshim.h (third door)
  *          \            /
  *           service.c                  one allocation service: pools, policy,
  *              |                       error classes, platform accounting

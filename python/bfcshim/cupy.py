@@ -1,0 +1,63 @@
+"""CuPy's device memory from the bfcshim pool, without LD_PRELOAD.
+
+    import bfcshim.cupy
+    bfcshim.cupy.install()            # every later CuPy allocation
+    with bfcshim.cupy.pool():         # or only inside a scope
+        x = cupy.zeros(1 << 20)
+
+CuPy's own memory pool is then bypassed (``cupy.get_default_memory_pool()``
+stays empty). Blocks are stream-ordered like CuPy's pool: each is allocated
+on the current stream and, when its array is collected, freed on that
+stream, so that stream reuses it at once and others after the stream's
+queued work has finished. An array used on another stream needs the same
+synchronisation it needs under CuPy's pool.
+"""
+import contextlib
+import ctypes
+import weakref
+
+import cupy
+
+from . import _library
+
+__all__ = ["malloc", "install", "pool"]
+
+
+class _Block:
+    """Owns one pooled block; freeing happens when CuPy drops its last
+    reference (CuPy's UnownedMemory keeps this object alive until then)."""
+
+    __slots__ = ("address", "__weakref__")
+
+    def __init__(self, lib, address, stream):
+        self.address = address
+        weakref.finalize(self, lib.bfcshim_free_async, address, stream)
+
+
+def malloc(nbytes):
+    """A CuPy allocator function (``cupy.cuda.set_allocator(malloc)``)."""
+    device = cupy.cuda.Device().id
+    if nbytes == 0:
+        return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(0, 0, None, device), 0)
+    lib = _library.load()
+    stream = cupy.cuda.get_current_stream().ptr
+    ptr = ctypes.c_void_p()
+    _library.check(lib.bfcshim_malloc_async(ctypes.byref(ptr), nbytes, device, stream),
+                   f"bfcshim_malloc_async({nbytes} bytes)")
+    block = _Block(lib, ptr.value, stream)
+    mem = cupy.cuda.UnownedMemory(ptr.value, nbytes, block, device)
+    return cupy.cuda.MemoryPointer(mem, 0)
+
+
+def install():
+    """Makes the bfcshim pool CuPy's allocator for the rest of the process."""
+    _library.load()
+    cupy.cuda.set_allocator(malloc)
+
+
+@contextlib.contextmanager
+def pool():
+    """CuPy allocations inside the ``with`` block come from the bfcshim pool."""
+    _library.load()
+    with cupy.cuda.using_allocator(malloc):
+        yield

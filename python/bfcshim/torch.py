@@ -1,0 +1,60 @@
+"""PyTorch's CUDA memory from the bfcshim pool, without LD_PRELOAD, through
+``torch.cuda.memory.CUDAPluggableAllocator``.
+
+    import bfcshim.torch
+    bfcshim.torch.install()           # before the first CUDA tensor
+
+or, for a scope, with a PyTorch that has ``torch.cuda.MemPool``::
+
+    pool = bfcshim.torch.mem_pool()
+    with torch.cuda.use_mem_pool(pool):
+        x = torch.empty(1 << 20, device="cuda")
+
+What the pluggable path loses: ``torch.cuda.memory_stats``, ``memory_summary``,
+``_snapshot``/memory_viz and ``empty_cache`` know nothing of the pool; use
+``bfcshim.stats()``, ``bfcshim.trim()`` and ``BFCSHIM_TRACE`` instead.
+PyTorch calls the free with the stream the block was allocated on, so blocks
+are stream-ordered like in its caching allocator; ``Tensor.record_stream`` is
+not forwarded (PyTorch's pluggable allocator has no such entry point here):
+synchronise before freeing a tensor that another stream still uses.
+Alternatively, run the unmodified program under ``bfcshim run`` with
+``PYTORCH_NO_CUDA_MEMORY_CACHING=1``, which keeps PyTorch's own statistics of
+what it asked for.
+"""
+import torch
+
+from . import _library
+
+__all__ = ["allocator", "install", "mem_pool"]
+
+_allocator = None
+
+
+def allocator():
+    """The CUDAPluggableAllocator over the bfcshim pool (one per process)."""
+    global _allocator
+    if _allocator is None:
+        _allocator = torch.cuda.memory.CUDAPluggableAllocator(
+            _library.path(), "bfcshim_torch_alloc", "bfcshim_torch_free")
+    return _allocator
+
+
+def install():
+    """Makes the bfcshim pool PyTorch's CUDA allocator. Must run before
+    PyTorch allocates its first CUDA tensor."""
+    try:
+        torch.cuda.memory.change_current_allocator(allocator())
+    except RuntimeError as e:
+        raise RuntimeError(
+            "bfcshim.torch.install() must run before PyTorch's CUDA allocator is initialised "
+            "(before the first CUDA tensor); or use bfcshim.torch.mem_pool() for a scope, or "
+            f"`bfcshim run` for the whole program ({e})") from None
+
+
+def mem_pool():
+    """A ``torch.cuda.MemPool`` served by the bfcshim pool, for
+    ``torch.cuda.use_mem_pool``. PyTorch still caches the pool's blocks on
+    top (freed blocks go back to the pool at ``torch.cuda.empty_cache``)."""
+    if not hasattr(torch.cuda, "MemPool"):
+        raise RuntimeError(f"torch {torch.__version__} has no torch.cuda.MemPool: use install()")
+    return torch.cuda.MemPool(allocator().allocator())

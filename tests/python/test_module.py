@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""test_module.py LIBBFCSHIM FAKE_CUDA_DIR WORKDIR - the bfcshim Python
+module (from the source tree) on the fake driver: loaded as a plug-in
+(BFCSHIM_LIBRARY, no LD_PRELOAD) and in a preloaded process, where it must
+use the preloaded copy so that one pool serves both the program's driver
+calls and the module's."""
+import json
+import os
+import subprocess
+import sys
+
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(here, ".."))
+import testcheck  # noqa: E402
+
+lib, fake_dir, work = sys.argv[1:4]
+testcheck.fresh_dir(work)
+check = testcheck.Checks()
+source = os.path.join(here, "..", "..", "python")
+MiB = 1 << 20
+
+
+def client(mode, **env):
+    e = testcheck.fake_cuda_env(fake_dir, PYTHONPATH=source, BFCSHIM_MEM_LIMIT="256MiB",
+                                BFCSHIM_PREALLOCATE="false",
+                                BFCSHIM_LOG_FILE=os.path.join(work, mode + ".log"), **env)
+    p = subprocess.run([sys.executable, os.path.join(here, "module_client.py"), mode, work],
+                       env=e, capture_output=True, text=True, timeout=120)
+    check(p.returncode == 0, f"{mode}: client exited {p.returncode}: {p.stderr[-2000:]}")
+    lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
+    return json.loads(lines[-1]) if lines else {}
+
+
+plug = client("plugin", BFCSHIM_LIBRARY=lib)
+check(os.path.samefile(plug.get("library", "/"), lib), f"plug-in loaded {plug.get('library')}")
+check(plug.get("active") is True, "the plug-in's library serves from pools")
+check(plug.get("malloc") == 0 and plug.get("driver_alloc") == 0, f"allocations: {plug}")
+# Plug-in only: the program's own cuMemAlloc is not the pool's business.
+check(plug.get("pools") == 1 and plug.get("bytes_in_use") == 8 * MiB,
+      f"one pool holding the module's 8 MiB only: {plug}")
+check(plug.get("free_total") == [256 * MiB - 8 * MiB, 1024 * MiB],
+      f"mem_get_info(0) is the pool's view: {plug.get('free_total')}")
+check(plug.get("free_total_current") == plug.get("free_total"), "device -1: the current one")
+check(plug.get("written") == 1, "write_stats wrote the same statistics")
+check(plug.get("free") == 0 and plug.get("trimmed", 0) >= 8 * MiB and
+      plug.get("after_trim") == 0, f"free then trim gives the region back: {plug}")
+check("CUresult 201" in plug.get("bad_device", ""), f"bad device: {plug.get('bad_device')}")
+check("out of memory" in plug.get("oom", ""), f"huge allocation: {plug.get('oom')}")
+
+pre = client("preloaded", LD_PRELOAD=lib)
+check(os.path.samefile(pre.get("library", "/"), lib), "the preloaded copy is used")
+check(pre.get("pools") == 1 and pre.get("bytes_in_use") == 12 * MiB,
+      f"one pool serves the driver door and the module: {pre}")
+check(pre.get("written") == 2, f"both allocations counted: {pre.get('written')}")
+check(pre.get("after_trim") == 0, "trim after both frees")
+
+# A library that is neither preloaded nor findable: a clear error.
+e = testcheck.fake_cuda_env(fake_dir, PYTHONPATH=source)
+e.pop("BFCSHIM_LIBRARY", None)
+p = subprocess.run([sys.executable, "-c", "import bfcshim; bfcshim.stats()"], env=e,
+                   capture_output=True, text=True)
+check(p.returncode != 0 and "libbfcshim.so not found" in p.stderr,
+      f"no library: {p.stderr[-500:]}")
+check.finish()

@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""test_pip_install.py SOURCE_ROOT E2E_RUNTIME FAKE_CUDA_DIR WORKDIR - the
+pip route a user takes: `pip install SOURCE_ROOT` into a fresh virtual
+environment (meson-python builds the library, the command and the package),
+then, from that install only: `bfcshim run` a CUDA program on the fake
+driver, the module finding its own library, bfcshim.run(), the snapshot
+converter as a module, and the installed header compiling."""
+import json
+import os
+import subprocess
+import sys
+
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(here, ".."))
+import testcheck  # noqa: E402
+
+source, program, fake_dir, work = map(os.path.abspath, sys.argv[1:5])
+testcheck.fresh_dir(work)
+check = testcheck.Checks()
+venv = os.path.join(work, "venv")
+py = os.path.join(venv, "bin", "python")
+
+subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+p = subprocess.run([py, "-m", "pip", "install", "--quiet", source], capture_output=True,
+                   text=True, timeout=900)
+if not check(p.returncode == 0, f"pip install failed ({p.returncode}):\n{p.stdout[-3000:]}\n"
+             f"{p.stderr[-3000:]}"):
+    check.finish()
+
+version = open(os.path.join(source, "meson.build")).read().split("version : '")[1].split("'")[0]
+cmd = os.path.join(venv, "bin", "bfcshim")
+p = subprocess.run([cmd, "--version"], capture_output=True, text=True)
+check(p.returncode == 0 and version in p.stdout, f"bfcshim --version: {p.stdout!r} {p.stderr!r}")
+
+# The user's first run: an unmodified CUDA program under the installed shim.
+stats = os.path.join(work, "stats.json")
+env = testcheck.fake_cuda_env(fake_dir, BFCSHIM_STATS_FILE=stats,
+                              BFCSHIM_LOG_FILE=os.path.join(work, "run.log"))
+env.pop("BFCSHIM_LIBRARY", None)
+p = subprocess.run([cmd, "run", "--", program, "basic"], env=env, capture_output=True, text=True)
+check(p.returncode == 0, f"bfcshim run: {p.returncode} {p.stderr[-2000:]}")
+doc = json.load(open(stats)) if os.path.exists(stats) else {"pools": []}
+check(len(doc["pools"]) == 1 and doc["pools"][0].get("num_allocs") == 103,
+      f"the program's allocations came from the pool: {doc.get('pools')}")
+
+# The module finds the library inside the package, and runs programs.
+script = f"""
+import json, bfcshim
+r = bfcshim.run([{program!r}, "basic"], capture_output=True, text=True)
+print(json.dumps({{"library": bfcshim.library_path(), "rc": r.returncode,
+                  "version": bfcshim.__version__}}))
+"""
+p = subprocess.run([py, "-c", script], env=env, capture_output=True, text=True, cwd=work)
+check(p.returncode == 0, f"module: {p.stderr[-2000:]}")
+out = json.loads(p.stdout.splitlines()[-1]) if p.returncode == 0 else {}
+check(out.get("library", "").startswith(os.path.realpath(venv)) or
+      out.get("library", "").startswith(venv), f"the package's own library: {out}")
+check(out.get("rc") == 0 and out.get("version") == version, f"bfcshim.run and version: {out}")
+
+p = subprocess.run([py, "-m", "bfcshim.snapshot2csv", "--help"], capture_output=True, text=True)
+check(p.returncode == 0 and "snapshot" in p.stdout, f"python -m bfcshim.snapshot2csv: {p.stderr}")
+
+# The installed header is usable by a C program.
+p = subprocess.run([py, "-c", "import bfcshim, os; print(os.path.dirname(bfcshim.library_path()))"],
+                   env=env, capture_output=True, text=True)
+include = os.path.join(os.path.dirname(p.stdout.strip()), "include")
+test_c = os.path.join(work, "uses_header.c")
+with open(test_c, "w") as f:
+    f.write("#include <bfcshim.h>\n"
+            "int main(void) { return bfcshim_api_version() == BFCSHIM_API_VERSION ? 0 : 1; }\n")
+p = subprocess.run(["cc", "-std=c11", "-Wall", "-Werror", "-fsyntax-only", "-I", include, test_c],
+                   capture_output=True, text=True)
+check(p.returncode == 0, f"the installed bfcshim.h compiles: {p.stderr}")
+check.finish()
