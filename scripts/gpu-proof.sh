@@ -31,6 +31,9 @@
 #   numba*      Numba's driver layer (numba-cuda: NVIDIA's cuda-bindings,
 #               every entry point through cuGetProcAddress), natively and
 #               through the shim
+#   plugins*    the Python plug-ins without LD_PRELOAD (bfcshim.torch on the
+#               GPT job against arm A, bfcshim.cupy, bfcshim.numba), and the
+#               PyTorch plug-in in a preloaded process (one pool)
 #   torch-gpt*  GPT-style training, arms A native, B shim under the cache,
 #               C shim without the cache, D native without the cache
 #   cupy*       CuPy: own pool | pool off under the shim | pool off natively
@@ -60,7 +63,7 @@ results=$out/results.jsonl
 start=$(date +%s)
 deadline=$((start + ${GPU_PROOF_DEADLINE:-560}))
 repeat=${GPU_PROOF_REPEAT:-1}
-first_run="env build suite bench numba torch-gpt cupy jax three ddp"
+first_run="env build suite bench numba plugins torch-gpt cupy jax three ddp"
 all_steps="$first_run torch-resnet maxbatch traces"
 steps=${GPU_PROOF_STEPS:-$first_run}
 [ "$steps" = full ] && steps=$all_steps
@@ -231,6 +234,20 @@ step_numba() {
     run_arm numba shim 120 yes -- "$py" "$gpu/numba_job.py" --arm shim
 }
 
+step_plugins() {
+    local pp=("PYTHONPATH=$root/python" "BFCSHIM_LIBRARY=$lib")
+    local gpt=("$py" "$gpu/torch_train.py" --model gpt --steps 10 --warmup 3 --batch 8
+               "${gpt_size[@]}")
+    run_arm plugins torch-gpt-A-native 200 no -- "${gpt[@]}" --arm A
+    run_arm plugins torch-gpt-P-plugin 200 no "${pp[@]}" -- "${gpt[@]}" --arm P --plugin
+    run_arm plugins torch-gpt-P-plugin-preloaded 200 yes "${pp[@]}" -- \
+        "${gpt[@]}" --arm P-pre --plugin
+    run_arm plugins cupy-P-plugin 120 no "${pp[@]}" -- \
+        "$py" "$gpu/cupy_job.py" --arm P --pool bfcshim --iters 20
+    run_arm plugins numba-P-plugin 120 no "${pp[@]}" NUMBA_CUDA_MEMORY_MANAGER=bfcshim.numba -- \
+        "$py" "$gpu/numba_job.py" --arm plugin
+}
+
 step_cupy() {
     for _ in $(seq "$repeat"); do
         run_arm cupy A-own-pool 120 no -- "$py" "$gpu/cupy_job.py" --arm A --pool on
@@ -336,7 +353,8 @@ for s in $steps; do
         continue
     fi
     case $s in
-        env | build | suite | bench | numba | cupy | jax | three | ddp | maxbatch | traces)
+        env | build | suite | bench | numba | plugins | cupy | jax | three | ddp | maxbatch | \
+            traces)
             log "== $s"; "step_$s" ;;
         torch-gpt) log "== $s"; step_torch_gpt ;;
         torch-resnet) log "== $s"; step_torch_resnet ;;

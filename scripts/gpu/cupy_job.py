@@ -25,7 +25,8 @@ import gpucommon  # noqa: E402
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--arm", default="?")
-    ap.add_argument("--pool", choices=("on", "off"), default="on")
+    ap.add_argument("--pool", choices=("on", "off", "bfcshim"), default="on",
+                    help="CuPy's pool, none (cudaMalloc), or bfcshim.cupy's plug-in")
     ap.add_argument("--iters", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=5)
     args = ap.parse_args()
@@ -36,6 +37,9 @@ def main():
 
     if args.pool == "off":
         cp.cuda.set_allocator(None)
+    elif args.pool == "bfcshim":
+        import bfcshim.cupy  # PYTHONPATH=python, BFCSHIM_LIBRARY (scripts/gpu-proof.sh)
+        bfcshim.cupy.install()
     rng = np.random.default_rng(7)
     host = rng.standard_normal((2048, 2048), dtype=np.float32)
     times, sums, exact, bad = [], [], [], 0

@@ -5,7 +5,8 @@
   is reported above the device's use when the sampler started, which the
   workloads do before their framework touches the GPU.
 - shim_stats(): the shim's statistics, read in this process through its
-  exported bfcshim_write_stats (None when the shim is not preloaded).
+  exported bfcshim_write_stats, or the bfcshim module when a plug-in loaded
+  the library (None when neither is there).
 - emit(): one line `RESULT {json}` on stdout that scripts/gpu-proof.sh
   collects, so every workload reports in the same shape.
 """
@@ -72,7 +73,14 @@ class NvmlPeak:
 
 
 def shim_stats():
-    """The shim's stats document, or None when libbfcshim.so is not loaded."""
+    """The shim's stats document, or None when libbfcshim.so is not loaded.
+    A plug-in (bfcshim.torch, .cupy, .numba) holds the library privately
+    (RTLD_LOCAL): then the bfcshim module answers."""
+    if "bfcshim" in sys.modules:
+        try:
+            return sys.modules["bfcshim"].stats()
+        except Exception as e:  # the module is there but cannot reach a library
+            print("bfcshim.stats() failed:", e, file=sys.stderr)
     try:
         write = ctypes.CDLL(None).bfcshim_write_stats
     except AttributeError:

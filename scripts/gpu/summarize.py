@@ -96,7 +96,7 @@ def main():
         if t:
             print(f"\n== {step} (* = after warm-up)")
             print(t)
-    for step in ("numba", "three", "ddp", "maxbatch"):
+    for step in ("numba", "plugins", "three", "ddp", "maxbatch"):
         arms = by_arm(results, step)
         if not arms:
             continue
@@ -105,7 +105,9 @@ def main():
             for r in runs:
                 keep = {k: r[k] for k in ("exit", "wrong_round_trips", "checks_failed",
                                           "seconds", "params_agree", "max_batch", "tried",
-                                          "numba_binding", "sum_digest") if k in r}
+                                          "numba_binding", "sum_digest", "loss_digest",
+                                          "exact_digest", "step_ms_median",
+                                          "iter_ms_median") if k in r}
                 if r.get("nvml_peak_bytes") is not None:
                     keep["nvml_peak"] = fmt_bytes(r["nvml_peak_bytes"])
                 shim = r.get("shim") or r.get("shim_rank0")

@@ -284,7 +284,12 @@ def main():
     ap.add_argument("--cap", help="device memory for --max-batch, e.g. 16GiB")
     ap.add_argument("--snapshot", help="record PyTorch's memory history into this pickle")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--plugin", action="store_true",
+                    help="bfcshim.torch.install(): the pool as PyTorch's pluggable allocator")
     args = ap.parse_args()
+    if args.plugin:
+        import bfcshim.torch  # PYTHONPATH=python, BFCSHIM_LIBRARY (scripts/gpu-proof.sh)
+        bfcshim.torch.install()
 
     device = torch.device(args.device)
     torch.manual_seed(0)
@@ -304,7 +309,7 @@ def main():
         torch.cuda.memory._dump_snapshot(args.snapshot)
         torch.cuda.memory._record_memory_history(enabled=None)
     res["nvml_peak_bytes"] = nvml.stop() if nvml else None
-    res["caching"] = args_caching()
+    res["caching"] = "bfcshim-plugin" if args.plugin else args_caching()
     res["torch"] = torch.__version__
     gpucommon.emit(res)
 
