@@ -5,12 +5,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <unistd.h>
 
 #include "cli.h"
+#include "env_vars.h"
 #include "launch.h"
-#include "units.h"
 
 #ifndef BFCSHIM_LIBDIR
 #define BFCSHIM_LIBDIR "lib"
@@ -141,63 +140,69 @@ const char launch_options_help[] =
     "  --no-driver-hooks    BFCSHIM_DRIVER_HOOKS=false: runtime symbols only\n"
     "  --env NAME=VALUE     any other variable for the program\n";
 
-static bool one_of(const char *v, const char *a, const char *b)
+/* Adds NAME=VALUE for a variable of the shared table (env_vars.c), after
+ * checking the value the way the library will: the command refuses what
+ * would stop the program later. `option` names the flag in messages. */
+static int add_checked(const char *cmd, const char *option, const char *name, const char *value,
+                       env_list *e)
 {
-    return strcasecmp(v, a) == 0 || strcasecmp(v, b) == 0;
+    char accepted[256];
+    if (!env_var_check(env_var_find(name), value, accepted, sizeof accepted))
+        return cli_bad_value(cmd, option, value, accepted), -1;
+    return env_add(e, name, value) ? 1 : 0;
+}
+
+/* --env NAME=VALUE: any variable for the program; a BFCSHIM_* one must be a
+ * known name with a valid value. */
+static int add_assignment(const char *cmd, const char *arg, env_list *e)
+{
+    const char *eq = strchr(arg, '=');
+    char name[256];
+    size_t n = eq ? (size_t)(eq - arg) : 0;
+    if (!eq || n == 0 || n >= sizeof name)
+        return cli_bad_value(cmd, "--env", arg, "NAME=VALUE"), -1;
+    memcpy(name, arg, n);
+    name[n] = 0;
+    if (strncmp(name, "BFCSHIM_", 8) == 0) {
+        if (!env_var_find(name)) {
+            const char *near = env_var_closest(name);
+            fprintf(stderr, "bfcshim %s: --env %s: not a bfcshim variable%s%s%s\n", cmd, name,
+                    near ? "; did you mean " : "", near ? near : "", near ? "?" : "");
+            return -1;
+        }
+        char option[300];
+        snprintf(option, sizeof option, "--env %s", name);
+        return add_checked(cmd, option, name, eq + 1, e);
+    }
+    return env_add_assignment(e, arg) ? 1 : 0;
 }
 
 int launch_option(const char *cmd, int opt, const char *arg, env_list *e)
 {
-    double d;
-    uint64_t size;
-    bool ok = true;
+    int r = 1;
     switch (opt) {
-    case LOPT_FRACTION:
-        if (!parse_double_in(arg, 1e-6, 1.0, &d))
-            return cli_bad_value(cmd, "--fraction", arg, "a number above 0 and at most 1"),
-                   -1;
-        ok = env_add(e, "BFCSHIM_MEM_FRACTION", arg);
-        break;
-    case LOPT_LIMIT:
-        if (!parse_size(arg, &size) || size == 0)
-            return cli_bad_value(cmd, "--limit", arg, "a size such as 40GiB"), -1;
-        ok = env_add(e, "BFCSHIM_MEM_LIMIT", arg);
-        break;
-    case LOPT_NO_PREALLOC: ok = env_add(e, "BFCSHIM_PREALLOCATE", "false"); break;
-    case LOPT_PLATFORM: ok = env_add(e, "BFCSHIM_ALLOCATOR", "platform"); break;
+    case LOPT_FRACTION: r = add_checked(cmd, "--fraction", "BFCSHIM_MEM_FRACTION", arg, e); break;
+    case LOPT_LIMIT: r = add_checked(cmd, "--limit", "BFCSHIM_MEM_LIMIT", arg, e); break;
+    case LOPT_NO_PREALLOC: r = env_add(e, "BFCSHIM_PREALLOCATE", "false"); break;
+    case LOPT_PLATFORM: r = env_add(e, "BFCSHIM_ALLOCATOR", "platform"); break;
     case LOPT_FREE_POLICY:
-        if (!one_of(arg, "fenced", "immediate"))
-            return cli_bad_value(cmd, "--free-policy", arg, "fenced or immediate"), -1;
-        ok = env_add(e, "BFCSHIM_FREE_POLICY", arg);
+        r = add_checked(cmd, "--free-policy", "BFCSHIM_FREE_POLICY", arg, e);
         break;
-    case LOPT_NO_GC: ok = env_add(e, "BFCSHIM_GC", "false"); break;
-    case LOPT_PLACEMENT: {
-        bfc_placement known;
-        if (!bfc_placement_from_name(arg, &known))
-            return cli_bad_value(cmd, "--placement", arg, "aligned, age or low"), -1;
-        ok = env_add(e, "BFCSHIM_PLACEMENT", arg);
-        break;
-    }
-    case LOPT_STATS_FILE: ok = env_add(e, "BFCSHIM_STATS_FILE", arg); break;
-    case LOPT_STATS: ok = env_add(e, "BFCSHIM_STATS", "1"); break;
-    case LOPT_TRACE: ok = env_add(e, "BFCSHIM_TRACE", arg); break;
-    case LOPT_OOM_REPORT: ok = env_add(e, "BFCSHIM_OOM_REPORT", arg); break;
-    case LOPT_LOG_LEVEL:
-        if (!one_of(arg, "error", "warn") && !one_of(arg, "info", "debug"))
-            return cli_bad_value(cmd, "--log-level", arg, "error, warn, info or debug"), -1;
-        ok = env_add(e, "BFCSHIM_LOG_LEVEL", arg);
-        break;
-    case LOPT_LOG_FILE: ok = env_add(e, "BFCSHIM_LOG_FILE", arg); break;
-    case LOPT_NO_DRIVER_HOOKS: ok = env_add(e, "BFCSHIM_DRIVER_HOOKS", "false"); break;
-    case LOPT_ENV:
-        if (!env_add_assignment(e, arg))
-            return cli_bad_value(cmd, "--env", arg, "NAME=VALUE"), -1;
-        break;
+    case LOPT_NO_GC: r = env_add(e, "BFCSHIM_GC", "false"); break;
+    case LOPT_PLACEMENT: r = add_checked(cmd, "--placement", "BFCSHIM_PLACEMENT", arg, e); break;
+    case LOPT_STATS_FILE: r = add_checked(cmd, "--stats-file", "BFCSHIM_STATS_FILE", arg, e); break;
+    case LOPT_STATS: r = env_add(e, "BFCSHIM_STATS", "1"); break;
+    case LOPT_TRACE: r = add_checked(cmd, "--trace", "BFCSHIM_TRACE", arg, e); break;
+    case LOPT_OOM_REPORT: r = add_checked(cmd, "--oom-report", "BFCSHIM_OOM_REPORT", arg, e); break;
+    case LOPT_LOG_LEVEL: r = add_checked(cmd, "--log-level", "BFCSHIM_LOG_LEVEL", arg, e); break;
+    case LOPT_LOG_FILE: r = add_checked(cmd, "--log-file", "BFCSHIM_LOG_FILE", arg, e); break;
+    case LOPT_NO_DRIVER_HOOKS: r = env_add(e, "BFCSHIM_DRIVER_HOOKS", "false"); break;
+    case LOPT_ENV: r = add_assignment(cmd, arg, e); break;
     default: return 0;
     }
-    if (!ok) {
+    if (r == 0) {
         fprintf(stderr, "bfcshim %s: out of memory\n", cmd);
         return -1;
     }
-    return 1;
+    return r;
 }

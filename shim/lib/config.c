@@ -2,76 +2,93 @@
  * config.c - the BFCSHIM_* environment variables, read once at first use (not
  * in a constructor: a program that never touches CUDA pays nothing).
  *
- * Each variable has one parser. A malformed value gets one message naming the
- * variable, the value and what is accepted; the default stays and the program
- * runs on. docs/configuration.md lists every variable with its XLA, TF and
- * PyTorch counterpart.
+ * What each variable accepts is in one table shared with the command
+ * (shim/common/env_vars.c). A malformed value stops the program, as JAX and
+ * TensorFlow do with a bad setting: in a long job's logs a warning is lost,
+ * and the user would silently get another pool than the one asked for. Each
+ * bad variable gets one line naming it, its value and what is accepted, then
+ * one line says the program stops (exit status 78, EX_CONFIG), on stderr
+ * even when BFCSHIM_LOG_FILE sends the rest elsewhere.
+ * BFCSHIM_CONFIG_ERRORS=warn keeps the defaults and runs on instead. A
+ * BFCSHIM_* name the shim does not know gets a warning with the nearest
+ * known name (a typo would otherwise do nothing, silently).
+ *
+ * docs/configuration.md lists every variable with its XLA, TF and PyTorch
+ * counterpart.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <unistd.h>
-#include <stdio.h>
 
+#include "env_vars.h"
 #include "shim.h"
 #include "units.h"
 
+extern char **environ;
+
 static shim_config cfg;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
+static int malformed;
 
-static void bad(const char *name, const char *value, const char *accepted, const char *dflt)
+/* The value of a known variable when it is set and valid; NULL when unset
+ * or malformed (then logged and counted). */
+static const char *valid(const char *name)
 {
-    shim_log(LOG_ERROR, "%s='%s' is not %s; using %s", name, value, accepted, dflt);
+    const char *v = getenv(name);
+    const env_var *var = env_var_find(name);
+    char accepted[256];
+    if (!v || !var)
+        return NULL;
+    if (env_var_check(var, v, accepted, sizeof accepted))
+        return v;
+    shim_log(LOG_ERROR, "%s='%s' is not %s", name, v, accepted);
+    malformed++;
+    return NULL;
 }
 
 static void get_bool(const char *name, bool *out)
 {
-    const char *v = getenv(name);
-    if (v && !parse_bool(v, out))
-        bad(name, v, "true/false (or 1/0, yes/no, on/off)", *out ? "true" : "false");
+    const char *v = valid(name);
+    if (v)
+        parse_bool(v, out);
 }
 
-static void get_size(const char *name, uint64_t *out, const char *dflt)
+static void get_size(const char *name, uint64_t *out)
 {
-    const char *v = getenv(name);
-    uint64_t x;
-    if (!v)
-        return;
-    if (parse_size(v, &x) && x > 0)
-        *out = x;
-    else
-        bad(name, v, "a size such as 40GiB, 512MiB or 1073741824", dflt);
+    const char *v = valid(name);
+    if (v)
+        parse_size(v, out);
 }
 
-/* One of `names`, or the default (index 0 of the accepted list stays). */
-static void get_choice(const char *name, const char *const *names, int n, int *out)
+static void get_number(const char *name, double *out)
 {
-    const char *v = getenv(name);
-    if (!v)
-        return;
-    for (int i = 0; i < n; i++)
-        if (strcasecmp(v, names[i]) == 0) {
-            *out = i;
-            return;
-        }
-    char accepted[128] = "one of";
-    for (int i = 0; i < n; i++) {
-        strncat(accepted, i ? ", " : " ", sizeof accepted - strlen(accepted) - 1);
-        strncat(accepted, names[i], sizeof accepted - strlen(accepted) - 1);
-    }
-    bad(name, v, accepted, names[*out]);
+    const char *v = valid(name);
+    if (v)
+        *out = strtod(v, NULL);
 }
 
-/* A file path, or NULL when unset or empty. */
+static void get_choice(const char *name, int *out)
+{
+    const char *v = valid(name);
+    if (v)
+        *out = env_var_choice(env_var_find(name), v);
+}
+
+/* A file path, or NULL when unset, empty or malformed. */
 static const char *get_path(const char *name)
 {
     const char *v = getenv(name);
-    char probe[4096];
     if (!v || !*v)
         return NULL;
+    char probe[4096];
+    if (!valid(name))
+        return NULL;
     if (!shim_expand_path(v, probe, sizeof probe)) {
-        bad(name, v, "a path shorter than 4096 bytes", "none");
+        shim_log(LOG_ERROR, "%s='%s' is too long once %%p becomes the pid", name, v);
+        malformed++;
         return NULL;
     }
     return v;
@@ -97,6 +114,54 @@ bool shim_expand_path(const char *pattern, char *out, size_t len)
     return true;
 }
 
+/* BFCSHIM_* names nobody reads: a warning each, with the nearest known. */
+static void warn_unknown_names(void)
+{
+    for (char **e = environ; e && *e; e++) {
+        if (strncmp(*e, "BFCSHIM_", 8) != 0)
+            continue;
+        const char *eq = strchr(*e, '=');
+        char name[128];
+        size_t n = eq ? (size_t)(eq - *e) : strlen(*e);
+        if (n >= sizeof name)
+            n = sizeof name - 1;
+        memcpy(name, *e, n);
+        name[n] = 0;
+        if (env_var_find(name))
+            continue;
+        const char *near = env_var_closest(name);
+        shim_log(LOG_WARN, "%s is not a bfcshim variable and does nothing%s%s%s", name,
+                 near ? "; did you mean " : "", near ? near : "", near ? "?" : "");
+    }
+}
+
+static void stop_or_run_on(bool fatal)
+{
+    if (!malformed)
+        return;
+    if (!fatal) {
+        shim_log(LOG_WARN, "running on with the defaults in place of the %d malformed "
+                           "setting(s) above (BFCSHIM_CONFIG_ERRORS=warn)",
+                 malformed);
+        return;
+    }
+    char line[320];
+    int n = snprintf(line, sizeof line,
+                     "bfcshim[%d]: error: stopping the program: %d malformed BFCSHIM_* "
+                     "setting(s)%s. Fix them, or set BFCSHIM_CONFIG_ERRORS=warn to run on "
+                     "with the defaults\n",
+                     (int)getpid(), malformed,
+                     shim_log_fd() == STDERR_FILENO ? " above" : ", listed in BFCSHIM_LOG_FILE");
+    if (n > 0) {
+        size_t len = (size_t)n < sizeof line ? (size_t)n : sizeof line - 1;
+        ssize_t w = write(STDERR_FILENO, line, len);
+        if (shim_log_fd() != STDERR_FILENO)
+            w = write(shim_log_fd(), line, len);
+        (void)w;
+    }
+    _exit(78); /* EX_CONFIG */
+}
+
 static void parse(void)
 {
     cfg = (shim_config){
@@ -114,66 +179,38 @@ static void parse(void)
         .log_level = LOG_WARN,
     };
     /* The log settings first, so that messages about the others go there. */
-    static const char *const levels[] = {"error", "warn", "info", "debug"};
-    cfg.log_file = getenv("BFCSHIM_LOG_FILE");
-    get_choice("BFCSHIM_LOG_LEVEL", levels, 4, &cfg.log_level);
+    cfg.log_file = get_path("BFCSHIM_LOG_FILE");
+    get_choice("BFCSHIM_LOG_LEVEL", &cfg.log_level);
+    int fatal = 0; /* index of "fatal" in the table's choices */
+    get_choice("BFCSHIM_CONFIG_ERRORS", &fatal);
 
-    static const char *const modes[] = {"bfc", "platform"};
     int mode = cfg.mode;
-    get_choice("BFCSHIM_ALLOCATOR", modes, 2, &mode);
+    get_choice("BFCSHIM_ALLOCATOR", &mode);
     cfg.mode = (shim_mode)mode;
-
-    const char *v = getenv("BFCSHIM_MEM_FRACTION");
-    if (v && !parse_double_in(v, 1e-6, 1.0, &cfg.mem_fraction))
-        bad("BFCSHIM_MEM_FRACTION", v, "a number above 0 and at most 1", "0.75");
-    get_size("BFCSHIM_MEM_LIMIT", &cfg.mem_limit, "no limit beyond the fraction");
+    get_number("BFCSHIM_MEM_FRACTION", &cfg.mem_fraction);
+    get_size("BFCSHIM_MEM_LIMIT", &cfg.mem_limit);
     get_bool("BFCSHIM_PREALLOCATE", &cfg.preallocate);
     get_bool("BFCSHIM_GC", &cfg.garbage_collection);
-
-    static const char *const policies[] = {"fenced", "immediate"};
     int policy = cfg.free_policy;
-    get_choice("BFCSHIM_FREE_POLICY", policies, 2, &policy);
+    get_choice("BFCSHIM_FREE_POLICY", &policy);
     cfg.free_policy = (free_policy)policy;
-
-    uint64_t align = cfg.alignment;
-    get_size("BFCSHIM_ALIGNMENT", &align, "512");
-    if (align < 256 || align > (UINT64_C(1) << 20) || (align & (align - 1)))
-        bad("BFCSHIM_ALIGNMENT", getenv("BFCSHIM_ALIGNMENT"),
-            "a power of two from 256 to 1MiB", "512");
-    else
-        cfg.alignment = align;
-
-    /* The engine's names, in bfc_placement's order, so that the index is
-     * the value. */
-    const char *const places[] = {bfc_placement_name(BFC_PLACE_BY_AGE),
-                                  bfc_placement_name(BFC_PLACE_LOW),
-                                  bfc_placement_name(BFC_PLACE_ALIGNED)};
-    int place = (int)cfg.placement;
-    get_choice("BFCSHIM_PLACEMENT", places, 3, &place);
+    get_size("BFCSHIM_ALIGNMENT", &cfg.alignment);
+    int place = (int)cfg.placement; /* the table lists the engine's names in its order */
+    get_choice("BFCSHIM_PLACEMENT", &place);
     cfg.placement = (bfc_placement)place;
-
-    get_size("BFCSHIM_INITIAL_REGION", &cfg.initial_region, "2MiB");
-
+    get_size("BFCSHIM_INITIAL_REGION", &cfg.initial_region);
     double every = cfg.fence_interval;
-    v = getenv("BFCSHIM_FENCE_INTERVAL");
-    if (v && (!parse_double_in(v, 1, 4096, &every) || every != (double)(uint32_t)every))
-        bad("BFCSHIM_FENCE_INTERVAL", v, "a whole number from 1 to 4096", "1");
-    else
-        cfg.fence_interval = (uint32_t)every;
-    v = getenv("BFCSHIM_FENCE_BYTES");
-    uint64_t fb = 0;
-    if (v && strcmp(v, "0") == 0)
-        cfg.fence_bytes = 0;
-    else if (v && parse_size(v, &fb))
-        cfg.fence_bytes = fb;
-    else if (v)
-        bad("BFCSHIM_FENCE_BYTES", v, "a size such as 64MiB, or 0 for none", "64MiB");
+    get_number("BFCSHIM_FENCE_INTERVAL", &every);
+    cfg.fence_interval = (uint32_t)every;
+    get_size("BFCSHIM_FENCE_BYTES", &cfg.fence_bytes);
     get_bool("BFCSHIM_DRIVER_HOOKS", &cfg.driver_hooks);
-
     cfg.trace_path = get_path("BFCSHIM_TRACE");
     cfg.stats_file = get_path("BFCSHIM_STATS_FILE");
     cfg.oom_report_path = get_path("BFCSHIM_OOM_REPORT");
     get_bool("BFCSHIM_STATS", &cfg.stats_summary);
+
+    warn_unknown_names();
+    stop_or_run_on(fatal == 0);
 }
 
 const shim_config *shim_config_get(void)

@@ -11,6 +11,7 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "env_vars.h"
 #include "shim.h"
 
 int shim_log_fd(void)
@@ -32,14 +33,11 @@ int shim_log_fd(void)
 
 static int threshold(void)
 {
-    /* Before the config is parsed (or while it is), warnings and errors. */
-    static const char *const names[] = {"error", "warn", "info", "debug"};
+    /* Read here, not from the config: config.c logs while it parses. The
+     * table's choices are in LOG_* order. */
     const char *v = getenv("BFCSHIM_LOG_LEVEL");
-    if (v)
-        for (int i = 0; i < 4; i++)
-            if (strcasecmp(v, names[i]) == 0)
-                return i;
-    return LOG_WARN;
+    int level = v ? env_var_choice(env_var_find("BFCSHIM_LOG_LEVEL"), v) : -1;
+    return level >= 0 ? level : LOG_WARN;
 }
 
 void shim_vlog(int level, const char *fmt, va_list ap)

@@ -437,12 +437,15 @@ static void platform(void)
 
 static void garbage_env(void)
 {
-    /* The runner sets BFCSHIM_MEM_FRACTION=lots and BFCSHIM_PREALLOCATE=maybe. */
+    /* The runner sets BFCSHIM_MEM_FRACTION=lots and BFCSHIM_PREALLOCATE=maybe,
+     * with BFCSHIM_CONFIG_ERRORS=warn (else the program would stop: the
+     * Python test test_config_errors checks that). */
     char *p = alloc_ok(MiB);
     char log[4096];
-    CHECK_EQ(shim_log_lines(log, sizeof log), 2);
-    CHECK(strstr(log, "BFCSHIM_MEM_FRACTION='lots'") != NULL);
+    CHECK_EQ(shim_log_lines(log, sizeof log), 3);
+    CHECK(strstr(log, "BFCSHIM_MEM_FRACTION='lots' is not a number from 0.000001 to 1") != NULL);
     CHECK(strstr(log, "BFCSHIM_PREALLOCATE='maybe'") != NULL);
+    CHECK(strstr(log, "running on with the defaults") != NULL);
     CHECK_EQ(fake_stats().bytes_in_use[0], LIMIT); /* defaults: 0.75, preallocated */
     CHECK_EQ(cudaFree(p), cudaSuccess);
 }
