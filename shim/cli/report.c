@@ -126,6 +126,22 @@ static const char *no_tags(const char *s, char *buf, size_t len)
     return buf;
 }
 
+/* Is the time axis worth drawing? A trace the shim records has times at the
+ * coarse clock's resolution (4 ms): a short job's events share one or a
+ * few of them, and plotting by time would pile them into a column or two.
+ * Times are used when they change at least 20 times from one event to the
+ * next (once every four events in a short trace); otherwise the chart goes
+ * by event order, which is exact. */
+static bool times_usable(const trace *t)
+{
+    if (!t->times || t->nev < 2 || t->last_us <= t->first_us)
+        return false;
+    size_t changes = 0, want = t->nev / 4 < 20 ? t->nev / 4 : 20;
+    for (size_t i = 1; i < t->nev && changes < want; i++)
+        changes += t->times[i] != t->times[i - 1];
+    return changes >= want && changes >= 1;
+}
+
 static int write_report(const report_opts *o, trace *t)
 {
     char title[256], name[256];
@@ -167,6 +183,8 @@ static int write_report(const report_opts *o, trace *t)
         }
     }
 
+    const bool by_time = times_usable(t);
+
     bfc_options policy;
     bfc_options_init(&policy);
     const char *pool_source = "--pool-size";
@@ -201,7 +219,7 @@ static int write_report(const report_opts *o, trace *t)
     json_u64(&j, "failed_allocs", t->failed_allocs);
     json_u64(&j, "peak_live_bytes", peak);
     json_u64(&j, "peak_event", peak_at);
-    json_bool(&j, "has_times", t->times != NULL && t->nev > 0 && t->last_us > t->first_us);
+    json_bool(&j, "has_times", by_time);
     json_u64(&j, "pool_bytes", pool_bytes);
     json_string(&j, "pool_source", pool_source);
 
@@ -209,7 +227,7 @@ static int write_report(const report_opts *o, trace *t)
     json_array_open(&j, "x");
     for (size_t i = 0; i < t->nev; i += step) {
         size_t last = i + step - 1 < t->nev ? i + step - 1 : t->nev - 1;
-        if (t->times)
+        if (by_time)
             json_double(&j, NULL, (double)(t->times[last] - t->first_us) / 1e6);
         else
             json_u64(&j, NULL, last);
@@ -220,7 +238,7 @@ static int write_report(const report_opts *o, trace *t)
         json_u64(&j, NULL, bucket_max[k]);
     json_array_close(&j);
     json_u64(&j, "peak_index", peak_at / step);
-    if (t->times && t->nev)
+    if (by_time)
         json_double(&j, "peak_x", (double)(t->times[peak_at] - t->first_us) / 1e6);
     else
         json_u64(&j, "peak_x", peak_at);

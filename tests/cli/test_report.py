@@ -77,6 +77,22 @@ data = json.loads(re.search(r'<script type="application/json" id="data">(.*?)</s
 check(data["series"]["x"] == [0.0, 1.0, 2.0, 3.0] and data["series"]["peak_x"] == 2.0,
       f"times across midnight keep counting: {data['series']['x']}, peak at "
       f"{data['series']['peak_x']} s")
+# A short job as the shim records it: 120 events inside one 4 ms clock
+# tick share a timestamp. The chart must go by event order (it used to plot
+# every point at x = 0 under an "events" axis from 0 to 1).
+with open(path("coarse.csv"), "w") as f:
+    f.write("Thread,Time,Action,Pointer,Size,Stream\n")
+    for i in range(60):
+        f.write(f"1,10:00:00:004000,allocate,0x{(i + 1) << 24:x},{(i + 1) << 10},0\n")
+    for i in range(60):
+        f.write(f"1,10:00:00:004000,free,0x{(i + 1) << 24:x},0,0\n")
+sh(bfcshim, "report", path("coarse.csv"), "-o", path("coarse.html"))
+data = json.loads(re.search(r'<script type="application/json" id="data">(.*?)</script>',
+                            open(path("coarse.html")).read(), re.S).group(1))
+check(not data["has_times"] and data["series"]["x"] == list(range(120)) and
+      data["series"]["peak_x"] == 59,
+      f"one timestamp: by event order: {data['series']['x'][:5]}..., peak at "
+      f"{data['series']['peak_x']}")
 
 
 def render(html, shot=None):
@@ -119,6 +135,12 @@ dom = render(path("wide.html"))
 check(re.search(r'<svg id="hist"[^>]*data-label-overlaps="0"', dom) is not None and
       dom.count('class="bar"') == 31, "31 buckets, labels thinned out so none overlap")
 check(">time since the first event (s)<" in dom, "the time axis in seconds for a 1 s trace")
+
+dom = render(path("coarse.html"))
+live = re.search(r'<svg id="live".*?</svg>', dom, re.S)
+xs = {round(float(p.split(",")[0])) for p in
+      re.search(r'<polyline points="([^"]*)"', live.group(0)).group(1).split()} if live else set()
+check(">events<" in dom and len(xs) > 100, f"drawn along the events axis: {len(xs)} columns")
 
 dom = render(path("oom.html"))
 check('data-ready="1"' in dom, "oom page rendered")
