@@ -98,18 +98,21 @@ def command_path():
     return p
 
 
-def run(argv, env=None, **options):
+def run(argv, env=None, fake_gpu=False, **options):
     """Runs ``argv`` under the shim (``bfcshim run -- argv``) and returns its
     subprocess.CompletedProcess. ``env`` adds environment variables (such as
-    ``{"BFCSHIM_MEM_FRACTION": "0.5"}``); other keyword arguments go to
-    subprocess.run."""
+    ``{"BFCSHIM_MEM_FRACTION": "0.5"}``, checked like ``bfcshim run --env``);
+    ``fake_gpu`` runs it on the fake CUDA driver that comes with bfcshim
+    (host memory, no kernels: for trying the shim without a GPU); other
+    keyword arguments go to subprocess.run."""
     if isinstance(argv, str):
         raise TypeError("run: give the command as a list of arguments")
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    # The command finds the library next to itself; a BFCSHIM_LIBRARY the
-    # caller set wins.
-    return subprocess.run([command_path(), "run", "--", *argv], env=full_env, **options)
+    flags = ["--fake-gpu"] if fake_gpu else []
+    for name, value in (env or {}).items():
+        flags += ["--env", f"{name}={value}"]
+    # The command finds the library next to itself; a BFCSHIM_LIBRARY in the
+    # environment wins.
+    return subprocess.run([command_path(), "run", *flags, "--", *argv], **options)
 
 
 def _main():

@@ -488,6 +488,10 @@ int cmd_ab(int argc, char **argv)
         case AB_JSON: o.json = true; break;
         case AB_VERBOSE: o.verbose = true; break;
         default: {
+            /* --fake-gpu is where both arms run; every other option shapes
+             * the shim's arm only. */
+            if (c == LOPT_FAKE_GPU && launch_option("ab", c, optarg, &arms[0].env) < 0)
+                goto out;
             int r = launch_option("ab", c, optarg, &arms[1].env);
             if (r == 0)
                 ab_usage(stderr);

@@ -70,6 +70,29 @@ void env_apply(const env_list *e)
 
 static bool readable(const char *path) { return access(path, R_OK) == 0; }
 
+/* The folder this command lives in; false when /proc cannot say. */
+static bool exe_dir(char *out, size_t len)
+{
+    ssize_t n = readlink("/proc/self/exe", out, len - 1);
+    if (n <= 0)
+        return false;
+    out[n] = 0;
+    *strrchr(out, '/') = 0;
+    return true;
+}
+
+/* The first of dir + rel[i] that can be read, resolved into found. */
+static bool first_readable(const char *dir, const char *const *rel, size_t n, char *found)
+{
+    for (size_t i = 0; i < n; i++) {
+        char cand[PATH_MAX + 64];
+        snprintf(cand, sizeof cand, "%s%s", dir, rel[i]);
+        if (readable(cand) && realpath(cand, found))
+            return true;
+    }
+    return false;
+}
+
 const char *launch_find_shim(void)
 {
     static char found[PATH_MAX];
@@ -81,28 +104,58 @@ const char *launch_find_shim(void)
         return NULL;
     }
     char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0) {
+    if (!exe_dir(exe, sizeof exe)) {
         fprintf(stderr, "bfcshim: cannot tell where this command lives; set BFCSHIM_LIBRARY\n");
         return NULL;
     }
-    exe[n] = 0;
-    char *slash = strrchr(exe, '/');
-    *slash = 0;
     /* build tree, a flat install, the installed library directory */
     const char *const rel[] = {"/shim/libbfcshim.so", "/libbfcshim.so",
                                "/../" BFCSHIM_LIBDIR "/libbfcshim.so"};
-    for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
-        char cand[PATH_MAX + 64];
-        snprintf(cand, sizeof cand, "%s%s", exe, rel[i]);
-        if (readable(cand) && realpath(cand, found))
-            return found;
-    }
+    if (first_readable(exe, rel, sizeof rel / sizeof rel[0], found))
+        return found;
     fprintf(stderr,
             "bfcshim: libbfcshim.so is not next to %s/bfcshim (shim/ or ../%s/); "
             "set BFCSHIM_LIBRARY to its path\n",
             exe, BFCSHIM_LIBDIR);
     return NULL;
+}
+
+const char *launch_find_fake_cuda(void)
+{
+    static char found[PATH_MAX];
+    char exe[PATH_MAX];
+    const char *const rel[] = {"/tests/fake_cuda/libcuda.so.1",
+                               "/../" BFCSHIM_LIBDIR "/bfcshim-fake-cuda/libcuda.so.1"};
+    if (exe_dir(exe, sizeof exe) && first_readable(exe, rel, sizeof rel / sizeof rel[0], found)) {
+        *strrchr(found, '/') = 0;
+        return found;
+    }
+    fprintf(stderr, "bfcshim: --fake-gpu: the fake CUDA libraries are neither in the build "
+                    "tree (tests/fake_cuda) nor installed (../%s/bfcshim-fake-cuda) from this "
+                    "command; build with -Dshim=enabled\n",
+            BFCSHIM_LIBDIR);
+    return NULL;
+}
+
+/* --fake-gpu: the fake driver and runtime first in the loader's path. */
+static int add_fake_gpu(const char *cmd, env_list *e)
+{
+    const char *dir = launch_find_fake_cuda();
+    if (!dir)
+        return -1;
+    const char *old = getenv("LD_LIBRARY_PATH");
+    char path[PATH_MAX * 2];
+    snprintf(path, sizeof path, "%s%s%s", dir, old && *old ? ":" : "", old ? old : "");
+    static bool said; /* ab applies it to both arms: one message */
+    if (!said)
+        fprintf(stderr,
+            "bfcshim %s: --fake-gpu: CUDA goes to the fake driver in %s: %s device(s) of %s "
+            "in host memory (FAKECUDA_DEVICES, FAKECUDA_MEM); no kernel runs, so this tries "
+            "the allocator, not a workload\n",
+            cmd, dir, getenv("FAKECUDA_DEVICES") ? getenv("FAKECUDA_DEVICES") : "2",
+            getenv("FAKECUDA_MEM") ? getenv("FAKECUDA_MEM") : "1GiB");
+    said = true;
+    return env_add(e, "LD_LIBRARY_PATH", path) ? 1 : 0;
 }
 
 void launch_preload(const char *shim)
@@ -138,7 +191,9 @@ const char launch_options_help[] =
     "  --log-level L        BFCSHIM_LOG_LEVEL: error, warn, info, debug\n"
     "  --log-file PATH      BFCSHIM_LOG_FILE\n"
     "  --no-driver-hooks    BFCSHIM_DRIVER_HOOKS=false: runtime symbols only\n"
-    "  --env NAME=VALUE     any other variable for the program\n";
+    "  --env NAME=VALUE     any other variable for the program\n"
+    "  --fake-gpu           run on bfcshim's fake CUDA driver (host memory, no kernels):\n"
+    "                       try the shim without a GPU\n";
 
 /* Adds NAME=VALUE for a variable of the shared table (env_vars.c), after
  * checking the value the way the library will: the command refuses what
@@ -198,6 +253,7 @@ int launch_option(const char *cmd, int opt, const char *arg, env_list *e)
     case LOPT_LOG_FILE: r = add_checked(cmd, "--log-file", "BFCSHIM_LOG_FILE", arg, e); break;
     case LOPT_NO_DRIVER_HOOKS: r = env_add(e, "BFCSHIM_DRIVER_HOOKS", "false"); break;
     case LOPT_ENV: r = add_assignment(cmd, arg, e); break;
+    case LOPT_FAKE_GPU: r = add_fake_gpu(cmd, e); break;
     default: return 0;
     }
     if (r == 0) {

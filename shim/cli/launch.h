@@ -28,6 +28,11 @@ void env_apply(const env_list *e);
  * message on stderr when none is found. */
 const char *launch_find_shim(void);
 
+/* The folder of the fake CUDA libraries (libcuda.so.1, libcudart.so.13) that
+ * come with bfcshim: the build tree's tests/fake_cuda, or where they were
+ * installed (LIBDIR/bfcshim-fake-cuda). NULL with a message when none. */
+const char *launch_find_fake_cuda(void);
+
 /* Sets LD_PRELOAD in this process's environment to the shim followed by
  * whatever was there (without listing the shim twice). */
 void launch_preload(const char *shim);
@@ -40,7 +45,7 @@ void launch_preload(const char *shim);
 enum {
     LOPT_FRACTION = 1000, LOPT_LIMIT, LOPT_NO_PREALLOC, LOPT_PLATFORM, LOPT_FREE_POLICY,
     LOPT_NO_GC, LOPT_STATS_FILE, LOPT_STATS, LOPT_TRACE, LOPT_OOM_REPORT, LOPT_LOG_LEVEL,
-    LOPT_LOG_FILE, LOPT_NO_DRIVER_HOOKS, LOPT_PLACEMENT, LOPT_ENV,
+    LOPT_LOG_FILE, LOPT_NO_DRIVER_HOOKS, LOPT_PLACEMENT, LOPT_ENV, LOPT_FAKE_GPU,
 };
 #define LAUNCH_LONGOPTS                                                                  \
     {"fraction", required_argument, 0, LOPT_FRACTION},                                   \
@@ -56,7 +61,8 @@ enum {
         {"log-file", required_argument, 0, LOPT_LOG_FILE},                               \
         {"no-driver-hooks", no_argument, 0, LOPT_NO_DRIVER_HOOKS},                       \
         {"placement", required_argument, 0, LOPT_PLACEMENT},                             \
-        {"env", required_argument, 0, LOPT_ENV}
+        {"env", required_argument, 0, LOPT_ENV},                                         \
+        {"fake-gpu", no_argument, 0, LOPT_FAKE_GPU}
 int launch_option(const char *cmd, int opt, const char *arg, env_list *e);
 /* Usage lines for those options. */
 extern const char launch_options_help[];

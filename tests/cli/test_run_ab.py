@@ -45,6 +45,22 @@ check(p.returncode == 127, f"missing program: {p.returncode}")
 p = sh("run", "--", workload, BFCSHIM_LIBRARY="/nonexistent/libbfcshim.so")
 check(p.returncode == 2 and "BFCSHIM_LIBRARY" in p.stderr, "unreadable BFCSHIM_LIBRARY")
 
+# --fake-gpu: no LD_LIBRARY_PATH from the user; the command finds the fake
+# CUDA libraries that come with it, for run and for both arms of ab.
+bare = {k: v for k, v in env.items() if k != "LD_LIBRARY_PATH"}
+stats = os.path.join(work, "fake.json")
+p = subprocess.run([bfcshim, "run", "--fake-gpu", "--stats-file", stats, "--", workload, "0",
+                    "2"], env=bare, capture_output=True, text=True)
+check(p.returncode == 0 and "--fake-gpu: CUDA goes to the fake driver" in p.stderr,
+      f"run --fake-gpu: {p.returncode} {p.stderr}")
+check(os.path.exists(stats) and json.load(open(stats))["pools"][0]["num_allocs"] == 40,
+      "the job's allocations were pooled on the fake device")
+p = subprocess.run([bfcshim, "ab", "--fake-gpu", "--repeat", "1", "--json", "--", workload, "0",
+                    "2"], env=bare, capture_output=True, text=True)
+arms = json.loads(p.stdout)["arms"] if p.returncode == 0 else []
+check(p.returncode == 0 and [[r["exit_status"] for r in a["runs"]] for a in arms] == [[0], [0]] and
+      p.stderr.count("--fake-gpu:") == 1, f"ab --fake-gpu: both arms ran: {p.stderr}")
+
 # ab: A counts the driver calls the job makes itself, B takes one region.
 p = sh("ab", "--repeat", "2", "--json", "--metric", r"samples/s ([0-9.]+)",
        "--env-b", "BFCSHIM_MEM_FRACTION=0.25", "--", workload, "0", "3")

@@ -32,13 +32,18 @@ cmd = os.path.join(venv, "bin", "bfcshim")
 p = subprocess.run([cmd, "--version"], capture_output=True, text=True)
 check(p.returncode == 0 and version in p.stdout, f"bfcshim --version: {p.stdout!r} {p.stderr!r}")
 
-# The user's first run: an unmodified CUDA program under the installed shim.
+# The user's first run: an unmodified CUDA program under the installed shim,
+# on the fake driver that comes in the package (--fake-gpu: no
+# LD_LIBRARY_PATH of ours).
 stats = os.path.join(work, "stats.json")
 env = testcheck.fake_cuda_env(fake_dir, BFCSHIM_STATS_FILE=stats,
                               BFCSHIM_LOG_FILE=os.path.join(work, "run.log"))
 env.pop("BFCSHIM_LIBRARY", None)
-p = subprocess.run([cmd, "run", "--", program, "basic"], env=env, capture_output=True, text=True)
-check(p.returncode == 0, f"bfcshim run: {p.returncode} {p.stderr[-2000:]}")
+env.pop("LD_LIBRARY_PATH", None)
+p = subprocess.run([cmd, "run", "--fake-gpu", "--", program, "basic"], env=env,
+                   capture_output=True, text=True)
+check(p.returncode == 0 and "bfcshim-fake-cuda" in p.stderr,
+      f"bfcshim run --fake-gpu: {p.returncode} {p.stderr[-2000:]}")
 doc = json.load(open(stats)) if os.path.exists(stats) else {"pools": []}
 check(len(doc["pools"]) == 1 and doc["pools"][0].get("num_allocs") == 103,
       f"the program's allocations came from the pool: {doc.get('pools')}")
@@ -46,7 +51,8 @@ check(len(doc["pools"]) == 1 and doc["pools"][0].get("num_allocs") == 103,
 # The module finds the library inside the package, and runs programs.
 script = f"""
 import json, bfcshim
-r = bfcshim.run([{program!r}, "basic"], capture_output=True, text=True)
+r = bfcshim.run([{program!r}, "basic"], fake_gpu=True, env={{"BFCSHIM_FENCE_BYTES": "32MiB"}},
+                capture_output=True, text=True)
 print(json.dumps({{"library": bfcshim.library_path(), "rc": r.returncode,
                   "version": bfcshim.__version__}}))
 """
