@@ -18,6 +18,7 @@
 
 #include "bfc.h"
 #include "cli.h"
+#include "json_check.h"
 #include "json_out.h"
 #include "report_page.h"
 #include "sim_device.h"
@@ -110,6 +111,68 @@ static uint64_t stats_limit(const char *path)
     return p ? strtoull(p + 15, NULL, 10) : 0;
 }
 
+/* The user's --stats or --ab file must be what it claims: well-formed JSON
+ * (the page's script parses it) with the key its writer always puts there.
+ * Returns false with a message on stderr when `quiet` is false. */
+static bool input_is(const char *path, const char *option, const char *key, const char *what,
+                     bool quiet)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        if (!quiet)
+            fprintf(stderr, "bfcshim report: %s %s: %s\n", option, path, strerror(errno));
+        return false;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *text = malloc(cap);
+    size_t got;
+    while (text && (got = fread(text + n, 1, cap - n, f)) > 0)
+        if ((n += got) == cap && cap < (SIZE_MAX >> 1)) {
+            char *bigger = realloc(text, cap *= 2);
+            if (!bigger)
+                free(text);
+            text = bigger;
+        }
+    fclose(f);
+    char why[128] = "", needle[64];
+    snprintf(needle, sizeof needle, "\"%s\"", key);
+    bool json = text && json_check(text, n, why, sizeof why);
+    bool ok = json && memmem(text, n, needle, strlen(needle)) != NULL;
+    free(text);
+    if (!ok && !quiet) {
+        if (!json)
+            fprintf(stderr, "bfcshim report: %s %s: not JSON (%s); expected %s\n", option, path,
+                    text ? why : "out of host memory", what);
+        else
+            fprintf(stderr, "bfcshim report: %s %s: not %s (it has no \"%s\")\n", option,
+                    path, what, key);
+    }
+    return ok;
+}
+
+#define STATS_WHAT "a bfcshim statistics file (BFCSHIM_STATS_FILE, bfcshim run --stats-file)"
+#define AB_WHAT "a bfcshim ab --json result"
+
+/* The statistics the job wrote next to its trace (job.csv[.gz] -> job.json),
+ * or NULL: a report of `bfcshim run --trace job.csv --stats-file job.json`
+ * then shows the job's own pool without being told. */
+static const char *sibling_stats(const char *trace, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s", trace);
+    char *dot = strrchr(buf, '.');
+    if (dot && strcmp(dot, ".gz") == 0) {
+        *dot = 0;
+        dot = strrchr(buf, '.');
+    }
+    char *slash = strrchr(buf, '/');
+    if (!dot || (slash && dot < slash) || strcmp(dot, ".json") == 0)
+        return NULL;
+    if ((size_t)(dot - buf) + 6 > len)
+        return NULL;
+    strcpy(dot, ".json");
+    return access(buf, R_OK) == 0 && input_is(buf, "", "pools", STATS_WHAT, true) ? buf : NULL;
+}
+
 typedef struct report_opts {
     const char *trace, *output, *stats, *ab, *title;
     uint64_t pool_size;
@@ -187,13 +250,18 @@ static int write_report(const report_opts *o, trace *t)
 
     bfc_options policy;
     bfc_options_init(&policy);
-    const char *pool_source = "--pool-size";
+    /* Which pool the maps show, said plainly on the page: the maps are a
+     * replay, and free space in the smallest pool is not the job's. */
+    const char *pool_source = "--pool-size", *pool_kind = "given";
     uint64_t pool_bytes = o->pool_size;
-    if (!pool_bytes && (pool_bytes = stats_limit(o->stats)))
-        pool_source = "the stats file's bytes_limit";
+    if (!pool_bytes && (pool_bytes = stats_limit(o->stats))) {
+        pool_source = "bytes_limit of the job's statistics";
+        pool_kind = "job";
+    }
     if (!pool_bytes) {
         pool_bytes = replay_min_pool_bytes(t, &policy);
         pool_source = "the smallest pool that serves the trace";
+        pool_kind = "smallest";
     }
     if (!pool_bytes)
         pool_bytes = UINT64_C(1) << 20;
@@ -222,6 +290,7 @@ static int write_report(const report_opts *o, trace *t)
     json_bool(&j, "has_times", by_time);
     json_u64(&j, "pool_bytes", pool_bytes);
     json_string(&j, "pool_source", pool_source);
+    json_string(&j, "pool_kind", pool_kind);
 
     json_object_open(&j, "series");
     json_array_open(&j, "x");
@@ -374,12 +443,14 @@ int cmd_report(int argc, char **argv)
         return 2;
     }
     o.trace = argv[optind];
-    const char *inputs[] = {o.stats, o.ab};
-    for (size_t i = 0; i < 2; i++)
-        if (inputs[i] && access(inputs[i], R_OK) != 0) {
-            fprintf(stderr, "bfcshim report: %s: %s\n", inputs[i], strerror(errno));
-            return 1;
-        }
+    if (o.stats && !input_is(o.stats, "--stats", "pools", STATS_WHAT, false))
+        return 2;
+    if (o.ab && !input_is(o.ab, "--ab", "arms", AB_WHAT, false))
+        return 2;
+    char sibling[4096];
+    if (!o.stats && (o.stats = sibling_stats(o.trace, sibling, sizeof sibling)))
+        fprintf(stderr, "bfcshim report: the job's statistics from %s, next to the trace\n",
+                o.stats);
     trace t;
     if (!trace_load_with_times(&t, o.trace)) {
         fprintf(stderr, "bfcshim report: %s\n", t.error);

@@ -77,6 +77,32 @@ data = json.loads(re.search(r'<script type="application/json" id="data">(.*?)</s
 check(data["series"]["x"] == [0.0, 1.0, 2.0, 3.0] and data["series"]["peak_x"] == 2.0,
       f"times across midnight keep counting: {data['series']['x']}, peak at "
       f"{data['series']['peak_x']} s")
+# Which pool the maps show. Without --stats, the job's statistics next to its
+# trace (job.csv -> job.json) are used; without any, the smallest pool, and
+# the page says plainly that it is not the job's.
+def page_data(name):
+    return json.loads(re.search(r'<script type="application/json" id="data">(.*?)</script>',
+                                open(path(name)).read(), re.S).group(1))
+
+
+p = sh(bfcshim, "report", path("job.csv"), "-o", path("sibling.html"))
+d = page_data("sibling.html")
+check(d["pool_kind"] == "job" and d["pool_bytes"] == 768 << 20 and
+      "next to the trace" in p.stderr, f"sibling stats used: {d['pool_kind']} {p.stderr}")
+check(page_data("oom.html")["pool_kind"] == "smallest", "no stats: the smallest pool")
+
+# Inputs that are not what they claim are refused, nothing written.
+with open(path("broken.json"), "w") as f:
+    f.write('{"version": 1, "pools": [{"bytes_limit": 5')
+for args, words in ((["--stats", path("ab.json")], "not a bfcshim statistics file"),
+                    (["--stats", path("broken.json")], "not JSON (a missing"),
+                    (["--ab", path("job.json")], "not a bfcshim ab --json result"),
+                    (["--stats", path("missing.json")], "No such file")):
+    p = subprocess.run([bfcshim, "report", path("job.csv"), "-o", path("refused.html"), *args],
+                       env=env, capture_output=True, text=True)
+    check(p.returncode == 2 and words in p.stderr and not os.path.exists(path("refused.html")),
+          f"report {args}: {p.returncode} {p.stderr}")
+
 # A short job as the shim records it: 120 events inside one 4 ms clock
 # tick share a timestamp. The chart must go by event order (it used to plot
 # every point at x = 0 under an "events" axis from 0 to 1).
@@ -109,6 +135,8 @@ def render(html, shot=None):
 
 
 dom = render(path("job.html"))
+check(re.search(r'<p id="pool-note">[^<]*the job\'s own pool of 768.0 MiB', dom) is not None,
+      "the page names the job's pool")
 check('data-ready="1"' in dom and "data-error" not in dom, "job page rendered without error")
 live = re.search(r'<svg id="live".*?</svg>', dom, re.S)
 check(live and "<polyline" in live.group(0) and 'id="peak-marker"' in live.group(0),
@@ -144,6 +172,8 @@ check(">events<" in dom and len(xs) > 100, f"drawn along the events axis: {len(x
 
 dom = render(path("oom.html"))
 check('data-ready="1"' in dom, "oom page rendered")
+check(re.search(r'<p id="pool-note">[^<]*smallest pool that serves it[^<]*not the job\'s own',
+                dom) is not None, "the page says the maps are not the job's pool")
 check("at the job's first allocation failure" in dom and 'id="map-1"' in dom,
       "a map at the failure and one at the peak")
 check("request of 64.0 MiB" in dom, "the failing request named")
