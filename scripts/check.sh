@@ -72,6 +72,20 @@ config() {
 }
 
 config default -- 
+# The demo, as a newcomer runs it, on the default build: it must run to its
+# last step (one more test in the count).
+case " ${BFCSHIM_CHECK_ONLY:-default asan tsan libfuzzer} " in
+    *" default "*)
+        echo "== demo"
+        if BFCSHIM_BUILD=build-check/default scripts/demo.sh build-check/demo-out \
+                >build-check/demo.log 2>&1 &&
+            grep -q "^== 6/6" build-check/demo.log && grep -q "efficiency" build-check/demo.log &&
+            [ -s build-check/demo-out/report.html ]; then
+            passed=$((passed + 1)); echo "  demo ok"
+        else
+            failed=$((failed + 1)); echo "  demo FAILED:"; tail -20 build-check/demo.log
+        fi ;;
+esac
 config asan -Db_sanitize=address,undefined -Db_lundef=false -Db_lto=false \
     -Dbuildtype=debugoptimized -Dproperty_ops=100000 -- --timeout-multiplier 4
 config tsan -Db_sanitize=thread -Db_lundef=false -Db_lto=false \

@@ -43,6 +43,7 @@ typedef struct replay_opts {
     uint64_t warmup;       /* events replayed before the clock starts */
     const char *record;    /* --record: write a trace while timing, as BFCSHIM_TRACE does */
     bfc_options policy; /* granularity, split and placement knobs */
+    int name_width;     /* the table's first column: the longest trace name */
 } replay_opts;
 
 typedef struct run_result {
@@ -295,23 +296,29 @@ static void print_json(const trace_report *r, const replay_opts *o)
     json_end(&j);
 }
 
-static void print_header(void)
+/* A trace's name in the table: its file name without the folder. */
+static const char *short_name(const char *path)
 {
-    printf("%-40s %9s %9s %11s %11s %10s %8s %8s\n", "trace", "events", "allocs",
+    const char *name = strrchr(path, '/');
+    return name ? name + 1 : path;
+}
+
+static void print_header(const replay_opts *o)
+{
+    printf("%-*s %9s %9s %11s %11s %10s %8s %8s\n", o->name_width, "trace", "events", "allocs",
            "peak live", "min pool", "efficiency", "ns/op", "failures");
 }
 
-static void print_row(const trace_report *r)
+static void print_row(const trace_report *r, const replay_opts *o)
 {
     char live[32], pool[32];
-    const char *name = strrchr(r->t->name, '/');
-    name = name ? name + 1 : r->t->name;
+    const char *name = short_name(r->t->name);
     char eff[16] = "-";
     if (r->min_pool_bytes)
         snprintf(eff, sizeof eff, "%.4f", r->efficiency);
     else
         snprintf(pool, sizeof pool, "-");
-    printf("%-40.40s %9zu %9llu %11s %11s %10s %8.1f %8llu\n", name, r->t->nev,
+    printf("%-*s %9zu %9llu %11s %11s %10s %8.1f %8llu\n", o->name_width, name, r->t->nev,
            (unsigned long long)r->t->allocs,
            format_size(r->t->peak_live_bytes, live, sizeof live),
            r->min_pool_bytes ? format_size(r->min_pool_bytes, pool, sizeof pool) : pool, eff,
@@ -397,8 +404,8 @@ static int replay_one(const char *path, const replay_opts *o, bool first)
             print_json(&r, o);
         } else {
             if (first)
-                print_header();
-            print_row(&r);
+                print_header(o);
+            print_row(&r, o);
             if (o->record)
                 printf("  recording: %.1f ns/op plain, %+.1f%% (median of %d pairs)\n",
                        r.plain_ns_per_op, 100 * r.recording_cost, ok_runs);
@@ -546,6 +553,12 @@ int cmd_replay(int argc, char **argv)
     if (o.pool_size)
         o.pool_size = (o.pool_size + o.policy.granularity - 1) / o.policy.granularity *
                       o.policy.granularity;
+    /* Names are never cut: the column is as wide as the longest. */
+    o.name_width = 5;
+    for (int i = optind; i < argc; i++) {
+        int n = (int)strlen(short_name(argv[i]));
+        o.name_width = n > o.name_width ? n : o.name_width;
+    }
     int status = 0;
     for (int i = optind; i < argc; i++)
         status |= replay_one(argv[i], &o, i == optind);

@@ -253,6 +253,10 @@ def test_bundled_traces(d):
     for r in rs:
         check(r["efficiency"] >= 0.97, f"{os.path.basename(r['trace'])}: efficiency {r['efficiency']}")
         check(r["failures"] == 0 and r["unmatched_frees"] == 0, f"{r['trace']} replays cleanly")
+    # The table never cuts a name (a newcomer could not tell traces apart).
+    table = run("replay", "--repeat", "1", "--pool-size", "64GiB", "--no-min-pool", *every).stdout
+    for t in every:
+        check(os.path.basename(t) in table, f"{os.path.basename(t)} whole in the table")
     rs, _ = replay_json(*real)
     for r in rs:
         check(r["efficiency"] >= 0.96, f"{os.path.basename(r['trace'])}: efficiency {r['efficiency']}")
