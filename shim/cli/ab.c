@@ -54,6 +54,7 @@ typedef struct ab_opts {
     const char *metric_name;
     regex_t metric;
     bool has_metric;
+    const char *metric_pattern;
     char **cmd;
 } ab_opts;
 
@@ -481,6 +482,7 @@ int cmd_ab(int argc, char **argv)
                 goto out;
             }
             o.has_metric = true;
+            o.metric_pattern = optarg;
             break;
         }
         case AB_METRIC_NAME: o.metric_name = optarg; break;
@@ -537,6 +539,18 @@ int cmd_ab(int argc, char **argv)
         print_json(&o, arms);
     else
         print_table(&o, arms);
+    /* A pattern that never matched leaves an empty row that reads like a
+     * result: say so. */
+    bool matched = false;
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < arms[k].nruns; i++)
+            matched |= arms[k].runs[i].has_metric;
+    if (o.has_metric && !matched)
+        fprintf(stderr,
+                "bfcshim ab: warning: --metric '%s' matched no line of the job's output in any "
+                "run (it needs a parenthesised number, e.g. 'samples/s ([0-9.]+)'; -v shows "
+                "the output)\n",
+                o.metric_pattern);
     /* The comparison worked; a job that failed is in the table, and in the
      * status: 1 when any run did not exit 0. */
     status = 0;

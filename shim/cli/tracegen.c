@@ -20,11 +20,15 @@
  *   churn   N long-lived blocks scattered through the pool, then short-lived
  *           traffic among them: the scaling benchmark (1e3 .. 1e6 live).
  */
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef BFCSHIM_HAVE_ZLIB
+#include <zlib.h>
+#endif
 
 #include "cli.h"
 #include "units.h"
@@ -462,6 +466,43 @@ static void usage(FILE *f)
             "-o says otherwise, and prints its name, events and peak live bytes.\n");
 }
 
+/* The output stream: a plain file, or gzip for a name ending in .gz (what
+ * the name promises, and what replay reads back). */
+#ifdef BFCSHIM_HAVE_ZLIB
+static ssize_t gz_write(void *cookie, const char *buf, size_t n)
+{
+    return n == 0 ? 0 : gzwrite((gzFile)cookie, buf, (unsigned)n) > 0 ? (ssize_t)n : -1;
+}
+
+static int gz_close(void *cookie) { return gzclose((gzFile)cookie) == Z_OK ? 0 : -1; }
+#endif
+
+static FILE *open_output(const char *path)
+{
+    size_t n = strlen(path);
+    bool gz = n > 3 && strcmp(path + n - 3, ".gz") == 0;
+    FILE *f = NULL;
+    if (!gz) {
+        f = fopen(path, "w");
+    } else {
+#ifdef BFCSHIM_HAVE_ZLIB
+        gzFile z = gzopen(path, "wb");
+        f = z ? fopencookie(z, "w", (cookie_io_functions_t){.write = gz_write,
+                                                              .close = gz_close})
+              : NULL;
+        if (z && !f)
+            gzclose(z);
+#else
+        fprintf(stderr, "bfcshim tracegen: %s: this build has no zlib, so it cannot write "
+                        "gzip; name the file without .gz\n", path);
+        return NULL;
+#endif
+    }
+    if (!f)
+        fprintf(stderr, "bfcshim tracegen: %s: %s\n", path, strerror(errno ? errno : ENOMEM));
+    return f;
+}
+
 int cmd_tracegen(int argc, char **argv)
 {
     const char *model = "gpt", *out_path = NULL;
@@ -528,11 +569,9 @@ int cmd_tracegen(int argc, char **argv)
     if (!out_path)
         out_path = name;
     gen g = {.rng = seed};
-    g.out = fopen(out_path, "w");
-    if (!g.out) {
-        perror(out_path);
+    g.out = open_output(out_path);
+    if (!g.out)
         return 1;
-    }
     fputs("Thread,Time,Action,Pointer,Size,Stream\n", g.out);
     if (strcmp(model, "gpt") == 0)
         gpt(&g, &gc);
@@ -541,7 +580,7 @@ int cmd_tracegen(int argc, char **argv)
     else
         churn(&g, live, ops);
     if (fclose(g.out) != 0) {
-        perror(out_path);
+        fprintf(stderr, "bfcshim tracegen: %s: %s\n", out_path, strerror(errno));
         return 1;
     }
     char peak[32];

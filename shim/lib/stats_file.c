@@ -2,7 +2,8 @@
  * stats_file.c - the pools' statistics for people and programs.
  *
  *   BFCSHIM_STATS_FILE=path  JSON at exit (the contract in
- *                            ../shared/notes/design-brief.md), and on
+ *                            README, "Statistics, traces and
+ *                            out-of-memory reports"), and on
  *                            demand: create path.request and the next
  *                            thousand allocations write it and remove the
  *                            request; or call bfcshim_write_stats(path)

@@ -191,6 +191,14 @@ def test_tracegen(d):
         check(p.returncode == 0 and os.path.getsize(f"{model}.csv") > 100, f"tracegen {model}")
         (r,), _ = replay_json(f"{model}.csv")
         check(r["events"] > 0, f"{model} replays")
+    # A .gz name gets gzip (it used to get plain text under a .gz name).
+    run("tracegen", "--model", "churn", "--live", "50", "--ops", "500", "-o", "churn.csv.gz")
+    check(open("churn.csv.gz", "rb").read(2) == b"\x1f\x8b", "tracegen -o x.gz writes gzip")
+    (r,), _ = replay_json("churn.csv.gz")
+    check(r["events"] > 400, "and replay reads it back")
+    p = run("tracegen", "-o", os.path.join(d, "no-such-dir", "x.csv"), ok=False)
+    check(p.returncode == 1 and p.stderr.startswith("bfcshim tracegen: "),
+          f"an unwritable output is named with the command's prefix: {p.stderr}")
     p = run("tracegen", "--model", "transformerXL", ok=False)
     check(p.returncode == 2 and "--model 'transformerXL'" in p.stderr, "bad model named")
     p = run("tracegen", "--layers", "zero", ok=False)
@@ -236,7 +244,7 @@ def test_record(d):
 
 
 def test_bundled_traces(d):
-    """The shipped traces. Synthetic ones: the efficiency bar of issue 2
+    """The shipped traces. Synthetic ones: the efficiency bar
     (>= 0.97) holds on them, and the generator still writes them byte for
     byte (if it changes on purpose, regenerate them with the command in their
     README). Real ones, recorded on an H100: they replay cleanly and stay at

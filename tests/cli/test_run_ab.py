@@ -61,6 +61,13 @@ arms = json.loads(p.stdout)["arms"] if p.returncode == 0 else []
 check(p.returncode == 0 and [[r["exit_status"] for r in a["runs"]] for a in arms] == [[0], [0]] and
       p.stderr.count("--fake-gpu:") == 1, f"ab --fake-gpu: both arms ran: {p.stderr}")
 
+# A --metric that never matches is a warning, not an empty row read as data.
+p = sh("ab", "--repeat", "1", "--metric", r"tokens/s ([0-9.]+)", "--", workload, "0", "1")
+check(p.returncode == 0 and "--metric 'tokens/s ([0-9.]+)' matched no line" in p.stderr,
+      f"unmatched metric warned: {p.stderr[-500:]}")
+p = sh("ab", "--repeat", "1", "--metric", r"samples/s ([0-9.]+)", "--", workload, "0", "1")
+check("matched no line" not in p.stderr, "no warning when it matches")
+
 # ab: A counts the driver calls the job makes itself, B takes one region.
 p = sh("ab", "--repeat", "2", "--json", "--metric", r"samples/s ([0-9.]+)",
        "--env-b", "BFCSHIM_MEM_FRACTION=0.25", "--", workload, "0", "3")
