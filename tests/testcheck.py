@@ -35,3 +35,13 @@ def fake_cuda_env(fake_dir, **extra):
     env.pop("LD_PRELOAD", None)
     env.update(extra)
     return env
+
+
+def require_module(name, what):
+    """Exits 77 (a visible skip) when `name` cannot be imported."""
+    import importlib
+    try:
+        importlib.import_module(name)
+    except Exception as e:  # ImportError, or a broken install
+        print(f"{what} is not importable ({type(e).__name__}: {e}): skipping")
+        sys.exit(77)

@@ -76,18 +76,13 @@ static CUresult context_for(const real_driver *R, int device, CUstream s, CUcont
                 device);
 }
 
-static CUresult code_of(svc_status st)
+/* The driver, and the context the call means (context_for). */
+static CUresult driver_and_context(int device, CUstream s, const real_driver **R,
+                                   CUcontext *ctx, const char *api)
 {
-    switch (st) {
-    case SVC_OK:
-        return CUDA_SUCCESS;
-    case SVC_OOM:
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    case SVC_UNSUPPORTED:
-        return CUDA_ERROR_NOT_SUPPORTED;
-    default:
-        return CUDA_ERROR_INVALID_VALUE;
-    }
+    if (!(*R = real_driver_get()))
+        return fail(CUDA_ERROR_NOT_INITIALIZED, api, "no CUDA driver (libcuda.so.1)");
+    return context_for(*R, device, s, ctx, api);
 }
 
 /* Not served from a pool: the real driver's call in ctx, counted in
@@ -112,11 +107,9 @@ static int api_alloc(void **ptr, size_t size, int device, CUstream s, bool strea
     *ptr = NULL;
     if (size == 0)
         return fail(CUDA_ERROR_INVALID_VALUE, api, "size 0 (cudaMalloc refuses it too)");
-    const real_driver *R = real_driver_get();
-    if (!R)
-        return fail(CUDA_ERROR_NOT_INITIALIZED, api, "no CUDA driver (libcuda.so.1)");
+    const real_driver *R;
     CUcontext ctx = NULL;
-    CUresult r = context_for(R, device, s, &ctx, api);
+    CUresult r = driver_and_context(device, s, &R, &ctx, api);
     if (r != CUDA_SUCCESS)
         return r;
     CUdeviceptr p = 0;
@@ -129,7 +122,7 @@ static int api_alloc(void **ptr, size_t size, int device, CUstream s, bool strea
         r = pass_alloc(R, ctx, size, s, stream_ordered, &p);
     } else {
         uint32_t lane = stream_ordered ? pool_lane_for_alloc(sp, s, false) : BFC_NO_LANE;
-        r = code_of(svc_alloc(sp, size, lane, s, &p, api));
+        r = svc_cuda_result(svc_alloc(sp, size, lane, s, &p, api));
     }
     if (r == CUDA_SUCCESS)
         *ptr = (void *)(uintptr_t)p;
@@ -148,7 +141,7 @@ static int api_free(void *ptr, CUstream s, bool stream_ordered, const char *api)
                                              false, api)
                                   : SVC_PASS;
     if (st != SVC_PASS)
-        return (int)code_of(st);
+        return (int)svc_cuda_result(st);
     /* Not pooled: the driver's memory (passed through, or the caller's). */
     CUresult r = stream_ordered && R->MemFreeAsync[0] ? R->MemFreeAsync[0](p, s) : R->MemFree(p);
     if (r == CUDA_SUCCESS && platform_counting())
@@ -203,11 +196,9 @@ SHIM_EXPORT int bfcshim_mem_get_info(int device, size_t *free_bytes, size_t *tot
     const char *api = "bfcshim_mem_get_info";
     if (!free_bytes || !total_bytes)
         return fail(CUDA_ERROR_INVALID_VALUE, api, "NULL result pointer");
-    const real_driver *R = real_driver_get();
-    if (!R)
-        return fail(CUDA_ERROR_NOT_INITIALIZED, api, "no CUDA driver (libcuda.so.1)");
+    const real_driver *R;
     CUcontext ctx = NULL;
-    CUresult r = context_for(R, device, NULL, &ctx, api);
+    CUresult r = driver_and_context(device, NULL, &R, &ctx, api);
     if (r != CUDA_SUCCESS)
         return r;
     bool pushed = real_ctx_enter(R, ctx);

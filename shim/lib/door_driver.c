@@ -24,20 +24,6 @@
 #define PASS(field, ...) \
     (REAL(field) ? REAL(field)(__VA_ARGS__) : CUDA_ERROR_NOT_INITIALIZED)
 
-static CUresult code_of(svc_status st)
-{
-    switch (st) {
-    case SVC_OK:
-        return CUDA_SUCCESS;
-    case SVC_OOM:
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    case SVC_UNSUPPORTED:
-        return CUDA_ERROR_NOT_SUPPORTED;
-    default:
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-}
-
 static CUresult refuse(const char *api, const char *why)
 {
     shim_log(LOG_ERROR, "%s: %s", api, why);
@@ -80,7 +66,7 @@ SHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
         return refuse("cuMemAlloc_v2", "NULL result pointer");
     if (size == 0)
         return refuse("cuMemAlloc_v2", "size 0 (the driver refuses it too)");
-    return code_of(svc_alloc(sp, size, BFC_NO_LANE, NULL, dptr, "cuMemAlloc_v2"));
+    return svc_cuda_result(svc_alloc(sp, size, BFC_NO_LANE, NULL, dptr, "cuMemAlloc_v2"));
 }
 
 SHIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr p)
@@ -90,7 +76,7 @@ SHIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr p)
     svc_status st = svc_free(p, FREE_PLAIN, NULL, false, "cuMemFree_v2");
     if (st == SVC_PASS)
         return foreign_result(PASS(MemFree, p), "cuMemFree_v2", p);
-    return code_of(st);
+    return svc_cuda_result(st);
 }
 
 SHIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
@@ -107,7 +93,8 @@ SHIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
     if (!svc_pitch(sp, width, height, element_size, &p, &bytes))
         return refuse("cuMemAllocPitch_v2", "zero width or height, element size not 4, 8 or "
                                             "16, or a size that overflows");
-    CUresult r = code_of(svc_alloc(sp, bytes, BFC_NO_LANE, NULL, dptr, "cuMemAllocPitch_v2"));
+    CUresult r =
+        svc_cuda_result(svc_alloc(sp, bytes, BFC_NO_LANE, NULL, dptr, "cuMemAllocPitch_v2"));
     if (r == CUDA_SUCCESS)
         *pitch = p;
     return r;
@@ -197,7 +184,7 @@ SHIM_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr p)
     if (shim_driver_door()) {
         svc_status st = svc_ipc_check(p, "cuIpcGetMemHandle");
         if (st != SVC_PASS)
-            return code_of(st);
+            return svc_cuda_result(st);
     }
     return PASS(IpcGetMemHandle, handle, p);
 }
@@ -215,7 +202,7 @@ static CUresult alloc_async(int z, CUdeviceptr *dptr, size_t size, CUstream s, c
         svc_note_passthrough();
         return PASS(MemAllocAsync[z], dptr, size, s);
     }
-    return code_of(svc_alloc(sp, size, pool_lane_for_alloc(sp, s, z), s, dptr, api));
+    return svc_cuda_result(svc_alloc(sp, size, pool_lane_for_alloc(sp, s, z), s, dptr, api));
 }
 
 static CUresult free_async(int z, CUdeviceptr p, CUstream s, const char *api)
@@ -225,7 +212,7 @@ static CUresult free_async(int z, CUdeviceptr p, CUstream s, const char *api)
     svc_status st = svc_free(p, FREE_STREAM, s, z, api);
     if (st == SVC_PASS)
         return foreign_result(PASS(MemFreeAsync[z], p, s), api, p);
-    return code_of(st);
+    return svc_cuda_result(st);
 }
 
 static CUresult alloc_from_pool(int z, CUdeviceptr *dptr, size_t size, CUmemoryPool pool,
@@ -238,7 +225,7 @@ static CUresult alloc_from_pool(int z, CUdeviceptr *dptr, size_t size, CUmemoryP
         svc_note_passthrough();
         return PASS(MemAllocFromPoolAsync[z], dptr, size, pool, s);
     }
-    return code_of(svc_alloc(sp, size, pool_lane_for_alloc(sp, s, z), s, dptr, api));
+    return svc_cuda_result(svc_alloc(sp, size, pool_lane_for_alloc(sp, s, z), s, dptr, api));
 }
 
 SHIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s)

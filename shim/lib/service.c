@@ -185,6 +185,20 @@ bool svc_pitch(shim_pool *sp, size_t width, size_t height, unsigned element_size
     return true;
 }
 
+CUresult svc_cuda_result(svc_status st)
+{
+    switch (st) {
+    case SVC_OK:
+        return CUDA_SUCCESS;
+    case SVC_OOM:
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    case SVC_UNSUPPORTED:
+        return CUDA_ERROR_NOT_SUPPORTED;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
 /* ---- free ----------------------------------------------------------------------- */
 
 static svc_status bad_pointer(shim_pool *sp, CUdeviceptr ptr, const char *api)

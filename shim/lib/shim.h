@@ -291,6 +291,10 @@ typedef enum svc_status {
 
 typedef enum free_kind { FREE_PLAIN, FREE_STREAM } free_kind;
 
+/* The driver API's code for a service answer (the driver door and the C
+ * interface; the runtime door has its own, with the last error set). */
+CUresult svc_cuda_result(svc_status st);
+
 /* Is the shim serving allocations (bfc mode, not a forked child, ...)? */
 bool shim_active(void);
 /* Do the driver door's functions serve from the pools (bfc mode, driver

@@ -39,6 +39,12 @@ def path(name):
     return os.path.join(work, name)
 
 
+def page_data(name):
+    """The JSON block a report page carries."""
+    return json.loads(re.search(r'<script type="application/json" id="data">(.*?)</script>',
+                                open(path(name)).read(), re.S).group(1))
+
+
 # A job under the shim, its A/B, and a trace whose job hit a failure.
 sh(bfcshim, "run", "--trace", path("job.csv"), "--stats-file", path("job.json"), "--",
    workload, "0", "4")
@@ -72,19 +78,13 @@ with open(path("midnight.csv"), "w") as f:
     f.write("1,00:00:00:500000,allocate,0x30000000,8388608,0\n")
     f.write("1,00:00:01:500000,free,0x30000000,0,0\n")
 sh(bfcshim, "report", path("midnight.csv"), "-o", path("midnight.html"))
-data = json.loads(re.search(r'<script type="application/json" id="data">(.*?)</script>',
-                            open(path("midnight.html")).read(), re.S).group(1))
+data = page_data("midnight.html")
 check(data["series"]["x"] == [0.0, 1.0, 2.0, 3.0] and data["series"]["peak_x"] == 2.0,
       f"times across midnight keep counting: {data['series']['x']}, peak at "
       f"{data['series']['peak_x']} s")
 # Which pool the maps show. Without --stats, the job's statistics next to its
 # trace (job.csv -> job.json) are used; without any, the smallest pool, and
 # the page says plainly that it is not the job's.
-def page_data(name):
-    return json.loads(re.search(r'<script type="application/json" id="data">(.*?)</script>',
-                                open(path(name)).read(), re.S).group(1))
-
-
 p = sh(bfcshim, "report", path("job.csv"), "-o", path("sibling.html"))
 d = page_data("sibling.html")
 check(d["pool_kind"] == "job" and d["pool_bytes"] == 768 << 20 and
@@ -113,8 +113,7 @@ with open(path("coarse.csv"), "w") as f:
     for i in range(60):
         f.write(f"1,10:00:00:004000,free,0x{(i + 1) << 24:x},0,0\n")
 sh(bfcshim, "report", path("coarse.csv"), "-o", path("coarse.html"))
-data = json.loads(re.search(r'<script type="application/json" id="data">(.*?)</script>',
-                            open(path("coarse.html")).read(), re.S).group(1))
+data = page_data("coarse.html")
 check(not data["has_times"] and data["series"]["x"] == list(range(120)) and
       data["series"]["peak_x"] == 59,
       f"one timestamp: by event order: {data['series']['x'][:5]}..., peak at "

@@ -74,6 +74,17 @@ static inline void e2e_phase_wait(e2e_phase *p, int phase)
     pthread_mutex_unlock(&p->lock);
 }
 
+/* A function the program looks up in a library it opened, or exit 1. */
+static inline void *e2e_dlsym(void *h, const char *name)
+{
+    void *p = dlsym(h, name);
+    if (!p) {
+        fprintf(stderr, "dlsym(%s) failed\n", name);
+        exit(1);
+    }
+    return p;
+}
+
 static inline fakecuda_stats fake_stats(void)
 {
     fakecuda_stats st;

@@ -33,17 +33,7 @@ static struct {
 
 static const fakecuda_api *F;
 
-#define LOAD(field, name) *(void **)&D.field = must(h, name)
-
-static void *must(void *h, const char *name)
-{
-    void *p = dlsym(h, name);
-    if (!p) {
-        fprintf(stderr, "dlsym(%s) failed\n", name);
-        exit(1);
-    }
-    return p;
-}
+#define LOAD(field, name) *(void **)&D.field = e2e_dlsym(h, name)
 
 /* Both devices' primary contexts active, device 0's current. */
 static void start(void)

@@ -48,17 +48,7 @@ static struct {
     CUresult (*StreamDestroy)(CUstream);
 } D;
 
-static void *must(void *h, const char *name)
-{
-    void *p = dlsym(h, name);
-    if (!p) {
-        fprintf(stderr, "dlsym(%s) failed\n", name);
-        exit(1);
-    }
-    return p;
-}
-
-#define LOAD(field, name) *(void **)&D.field = must(h, name)
+#define LOAD(field, name) *(void **)&D.field = e2e_dlsym(h, name)
 
 static void load(void)
 {

@@ -11,15 +11,14 @@ import numpy as np
 from numba import cuda
 
 
-def main():
-    rng = np.random.default_rng(1)
-    devices = [d.id for d in cuda.gpus]
-    streams = [cuda.stream() for _ in range(3)]
-    free0, total = cuda.current_context().get_memory_info()
+def round_trips(count, streams, max_n, seed):
+    """Host -> device -> device -> host, on the streams in turn; returns
+    (rounds, wrong ones). The arrays are dropped each round (freed)."""
+    rng = np.random.default_rng(seed)
     bad = rounds = 0
-    for r in range(40):
+    for r in range(count):
         s = streams[r % len(streams)]
-        n = int(rng.integers(1, 300000))
+        n = int(rng.integers(1, max_n))
         host = rng.integers(0, 1 << 31, n, dtype=np.uint32)
         d = cuda.to_device(host, stream=s)
         e = cuda.device_array(n, dtype=np.uint32, stream=s)
@@ -29,6 +28,14 @@ def main():
         bad += int(not np.array_equal(back, host))
         rounds += 1
         del d, e
+    return rounds, bad
+
+
+def main():
+    devices = [d.id for d in cuda.gpus]
+    streams = [cuda.stream() for _ in range(3)]
+    free0, total = cuda.current_context().get_memory_info()
+    rounds, bad = round_trips(40, streams, 300000, 1)
     cuda.current_context().deallocations.clear()
     free1, _ = cuda.current_context().get_memory_info()
     print(json.dumps({"devices": devices, "rounds": rounds, "bad": bad, "total": total,

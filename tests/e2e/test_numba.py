@@ -7,7 +7,6 @@ Alone it checks the fake against code nobody here wrote; under the shim,
 that every device allocation Numba makes is pooled (none passes through),
 the data round-trips intact and the process exits cleanly. Skips (77) when
 Numba cannot be imported (scripts/deps.sh --with-tests installs it)."""
-import importlib
 import json
 import os
 import subprocess
@@ -17,11 +16,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import testcheck  # noqa: E402
 
 lib, fake_dir, work = sys.argv[1:4]
-try:
-    importlib.import_module("numba.cuda")
-except Exception as e:  # ImportError, or a broken install
-    print(f"numba-cuda is not importable ({type(e).__name__}: {e}): skipping")
-    sys.exit(77)
+testcheck.require_module("numba.cuda", "numba-cuda")
 testcheck.fresh_dir(work)
 check = testcheck.Checks()
 client = os.path.join(os.path.dirname(os.path.abspath(__file__)), "numba_client.py")

@@ -4,12 +4,16 @@
 driver: arrays on several streams, round trips, memory info, reset.
 Prints one JSON line; the test decides what is right."""
 import json
+import os
 import sys
 
 import numpy as np
 from numba import cuda
 
 import bfcshim
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
+from numba_client import round_trips  # noqa: E402
 
 
 def pooled_bytes():
@@ -20,21 +24,7 @@ def main():
     ctx = cuda.current_context()
     out = {"manager": type(ctx.memory_manager).__module__ + "." +
            type(ctx.memory_manager).__name__}
-    rng = np.random.default_rng(2)
-    streams = [cuda.stream() for _ in range(3)]
-    bad = rounds = 0
-    for r in range(30):
-        s = streams[r % len(streams)]
-        n = int(rng.integers(1, 200000))
-        host = rng.integers(0, 1 << 31, n, dtype=np.uint32)
-        d = cuda.to_device(host, stream=s)
-        e = cuda.device_array(n, dtype=np.uint32, stream=s)
-        e.copy_to_device(d, stream=s)
-        back = e.copy_to_host(stream=s)
-        s.synchronize()
-        bad += int(not np.array_equal(back, host))
-        rounds += 1
-        del d, e
+    rounds, bad = round_trips(30, [cuda.stream() for _ in range(3)], 200000, 2)
     out.update(rounds=rounds, bad=bad)
     st = bfcshim.stats()
     out["num_allocs"] = sum(p["num_allocs"] for p in st["pools"])

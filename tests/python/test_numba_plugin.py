@@ -3,7 +3,6 @@
 plug-in (bfcshim.numba) driven by real Numba on the fake driver, without
 LD_PRELOAD and with it (then the plug-in and the preloaded doors must share
 one pool). Skips (77) when numba-cuda cannot be imported."""
-import importlib
 import json
 import os
 import subprocess
@@ -14,11 +13,7 @@ sys.path.insert(0, os.path.join(here, ".."))
 import testcheck  # noqa: E402
 
 lib, fake_dir, work = sys.argv[1:4]
-try:
-    importlib.import_module("numba.cuda")
-except Exception as e:  # ImportError, or a broken install
-    print(f"numba-cuda is not importable ({type(e).__name__}: {e}): skipping")
-    sys.exit(77)
+testcheck.require_module("numba.cuda", "numba-cuda")
 testcheck.fresh_dir(work)
 check = testcheck.Checks()
 source = os.path.join(here, "..", "..", "python")
