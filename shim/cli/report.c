@@ -3,7 +3,10 @@
  * one self-contained HTML page (no network, no external files) showing
  *   - live bytes over time, the peak marked;
  *   - the pool's occupancy map at the peak and at the first failure (hover:
- *     address, size, age), from replaying the trace through the engine;
+ *     address, size, age), and at any of 24 moments under a time cursor,
+ *     from replaying the trace through the engine (report_replay.c);
+ *   - fragmentation over time: free bytes by hole size, the largest free
+ *     block;
  *   - a histogram of allocation sizes;
  *   - the stats file and the `bfcshim ab --json` table when given.
  *
@@ -20,62 +23,12 @@
 #include "cli.h"
 #include "json_check.h"
 #include "json_out.h"
+#include "report_replay.h"
 #include "report_page.h"
-#include "sim_device.h"
 #include "trace_csv.h"
 #include "units.h"
 
 enum { MAX_POINTS = 2000 };
-
-typedef struct map_capture {
-    const char *label;
-    json_out *j;
-    bfc_addr base;
-    uint64_t newest_seq;
-    size_t nchunks;
-} map_capture;
-
-/* Chunks come in address order: the first one's address is the base. */
-static void visit_chunk(void *arg, const bfc_chunk_info *c)
-{
-    map_capture *m = arg;
-    if (m->nchunks == 0)
-        m->base = c->addr;
-    /* [offset, size, kind, seq, requested, region] */
-    json_array_open(m->j, NULL);
-    json_u64(m->j, NULL, c->addr - m->base);
-    json_u64(m->j, NULL, c->size);
-    json_u64(m->j, NULL, (uint64_t)c->kind);
-    json_u64(m->j, NULL, c->seq);
-    json_u64(m->j, NULL, c->requested);
-    json_u64(m->j, NULL, c->region);
-    json_array_close(m->j);
-    m->nchunks++;
-}
-
-static void write_map(json_out *j, bfc_pool *pool, const char *label, size_t event,
-                      uint64_t request, uint64_t newest_seq)
-{
-    bfc_stats st;
-    bfc_pool_stats(pool, &st);
-    json_object_open(j, NULL);
-    json_string(j, "label", label);
-    json_u64(j, "event", event);
-    if (request)
-        json_u64(j, "request", request);
-    else
-        json_null(j, "request");
-    json_u64(j, "pool_bytes", st.pool_bytes);
-    json_u64(j, "bytes_in_use", st.bytes_in_use);
-    json_u64(j, "largest_free_block_bytes", st.largest_free_block_bytes);
-    json_u64(j, "newest_seq", newest_seq);
-    json_array_open(j, "chunks");
-    map_capture m = {label, j, 0, newest_seq, 0};
-    bfc_pool_visit(pool, visit_chunk, &m);
-    json_array_close(j);
-    json_u64(j, "base", m.base);
-    json_object_close(j);
-}
 
 /* Copies a JSON file into the page's data verbatim (it is our own output);
  * null when absent or unreadable. */
@@ -210,11 +163,8 @@ static int write_report(const report_opts *o, trace *t)
     char title[256], name[256];
     /* sizes of each allocation slot, for frees */
     uint64_t *slot_size = calloc(t->nslots ? t->nslots : 1, sizeof *slot_size);
-    bfc_addr *slot_addr = calloc(t->nslots ? t->nslots : 1, sizeof *slot_addr);
-    if (!slot_size || !slot_addr) {
+    if (!slot_size) {
         fprintf(stderr, "bfcshim report: out of host memory\n");
-        free(slot_size);
-        free(slot_addr);
         return 1;
     }
     /* Live bytes after every event, in one pass: the peak, and for the
@@ -225,7 +175,6 @@ static int write_report(const report_opts *o, trace *t)
     if (!bucket_max) {
         fprintf(stderr, "bfcshim report: out of host memory\n");
         free(slot_size);
-        free(slot_addr);
         return 1;
     }
     size_t peak_at = 0;
@@ -271,7 +220,6 @@ static int write_report(const report_opts *o, trace *t)
         fprintf(stderr, "bfcshim report: %s: %s\n", o->output, strerror(errno));
         free(bucket_max);
         free(slot_size);
-        free(slot_addr);
         return 1;
     }
     fputs(report_page_head, out);
@@ -335,46 +283,9 @@ static int write_report(const report_opts *o, trace *t)
     }
     json_array_close(&j);
 
-    /* the occupancy maps, replaying through the engine */
-    json_array_open(&j, "maps");
-    sim_device dev;
-    bfc_backend backend = {0};
-    bfc_pool *pool = replay_pool_create(&dev, &policy, pool_bytes, &backend);
-    bool failure_shown = false;
-    uint64_t seq = 0, engine_failures = 0;
-    if (pool) {
-        for (size_t i = 0; i < t->nev; i++) {
-            const trace_event *e = &t->ev[i];
-            if (!failure_shown && i == t->first_failure_at) {
-                write_map(&j, pool, "at the job's first allocation failure", i,
-                          t->first_failure_size, seq);
-                failure_shown = true;
-            }
-            if (e->kind == TRACE_FREE) {
-                bfc_pool_free(pool, slot_addr[e->slot]);
-                slot_addr[e->slot] = 0;
-            } else if (bfc_pool_alloc(pool, e->size, BFC_NO_LANE, &slot_addr[e->slot]) ==
-                       BFC_OK) {
-                seq++;
-            } else {
-                slot_addr[e->slot] = 0;
-                engine_failures++;
-                if (!failure_shown) {
-                    write_map(&j, pool, "at the first allocation this pool cannot serve", i,
-                              e->size, seq);
-                    failure_shown = true;
-                }
-            }
-            if (i == peak_at)
-                write_map(&j, pool, "at the peak of live bytes", i, 0, seq);
-        }
-        if (!failure_shown && t->first_failure_at == t->nev) /* the last line failed */
-            write_map(&j, pool, "at the job's first allocation failure", t->nev,
-                      t->first_failure_size, seq);
-    }
-    json_array_close(&j);
-    json_u64(&j, "replay_failures", engine_failures);
-    bfc_pool_destroy(pool, true);
+    /* the maps, the time cursor's maps and the fragmentation series */
+    report_replay rr = {t, &policy, pool_bytes, peak_at, by_time};
+    report_replay_write(&rr, &j);
 
     json_end(&j); /* the object stays open: the embedded files follow */
     fputs(", \"stats\": ", out);
@@ -388,7 +299,6 @@ static int write_report(const report_opts *o, trace *t)
     bool ok = fclose(out) == 0;
     free(bucket_max);
     free(slot_size);
-    free(slot_addr);
     if (!ok) {
         fprintf(stderr, "bfcshim report: %s: write failed\n", o->output);
         return 1;

@@ -14,6 +14,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import time
 import zlib
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -120,13 +121,13 @@ check(not data["has_times"] and data["series"]["x"] == list(range(120)) and
       f"{data['series']['peak_x']}")
 
 
-def render(html, shot=None):
+def render(html, shot=None, fragment=""):
     args = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
             "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000",
             "--window-size=1200,1800"]
     args += [f"--screenshot={shot}"] if shot else ["--dump-dom"]
-    p = subprocess.run(args + ["file://" + html], capture_output=True, text=True, timeout=120,
-                       cwd=work)
+    p = subprocess.run(args + ["file://" + html + fragment], capture_output=True, text=True,
+                       timeout=120, cwd=work)
     errors = [l for l in p.stderr.splitlines()
               if "Uncaught" in l or ("CONSOLE" in l and "error" in l.lower())]
     check(not errors, f"console errors in {html}: {errors}")
@@ -157,6 +158,47 @@ check('<table id="ab">' in dom and "samples/s" in dom and "driver allocation cal
 ab_rows = re.search(r'<table id="ab">(.*?)</table>', dom, re.S)
 check(ab_rows and ab_rows.group(1).count("<tr>") == 8, "A/B rows")
 check('<table id="stats">' in dom and "peak_pool_bytes" in dom, "the stats table")
+
+# Fragmentation over time and the time cursor, from the job's replay: the
+# data add up, and the page draws them and follows #cursor=N.
+d = page_data("job.html")
+fr = d["frag"]
+n = len(fr["x"])
+check(n == min(400, d["events"]) and len(fr["largest"]) == n and len(fr["free_by_class"]) == 4
+      and all(len(c) == n for c in fr["free_by_class"]), f"fragmentation series: {n} samples")
+free = [sum(c[i] for c in fr["free_by_class"]) for i in range(n)]
+check(all(fr["largest"][i] <= free[i] <= d["pool_bytes"] for i in range(n)),
+      "largest free block <= free bytes <= pool")
+check(fr["event"] == sorted(fr["event"]) and fr["event"][-1] == d["events"] - 1,
+      "samples in event order, the last after the last event")
+cm = d["cursor_maps"]
+check(len(cm) == 24 and [m["event"] for m in cm] == sorted(m["event"] for m in cm) and
+      cm[-1]["event"] == d["events"] - 1, f"24 cursor maps: {[m['event'] for m in cm]}")
+dom = render(path("job.html"), fragment="#cursor=5")
+check('data-cursor="5"' in dom, "the cursor opened where the address said")
+check(f"At the cursor (event {cm[5]['event']})" in dom and 'id="map-cursor"' in dom,
+      "the map under the cursor is drawn")
+frag_svg = re.search(r'<svg id="frag".*?</svg>', dom, re.S)
+check(frag_svg and frag_svg.group(0).count('class="hole"') == 4 and
+      'class="largest"' in frag_svg.group(0) and 'class="cursor"' in frag_svg.group(0),
+      "fragmentation chart: four hole classes, the largest block, the cursor line")
+
+# A million events: the page stays a few MB (maps merge sub-pixel chunks,
+# series are decimated) and draws in seconds. Left out under sanitizers,
+# where the engine runs ten times slower.
+if os.environ.get("REPORT_TEST_MILLION", "1") == "1":
+    sh(bfcshim, "tracegen", "--model", "churn", "--live", "10000", "--ops", "1000000", "-o",
+       path("big.csv.gz"))
+    t0 = time.time()
+    sh(bfcshim, "report", path("big.csv.gz"), "-o", path("big.html"))
+    made = time.time() - t0
+    size = os.path.getsize(path("big.html"))
+    dom = render(path("big.html"), fragment="#cursor=23")
+    load = re.search(r'data-load-ms="(\d+)"', dom)
+    print(f"10^6 events: report {made:.1f} s, page {size / 1e6:.2f} MB, "
+          f"drawn in {load.group(1) if load else '?'} ms")
+    check('data-ready="1"' in dom and 'data-cursor="23"' in dom and size < 8e6,
+          f"a 10^6-event page: {size} bytes, ready and at the last cursor moment")
 
 dom = render(path("wide.html"))
 check(re.search(r'<svg id="hist"[^>]*data-label-overlaps="0"', dom) is not None and
