@@ -1,7 +1,8 @@
 /*
  * report.c - `bfcshim report TRACE.csv [--stats S.json] [--ab AB.json]`:
  * one self-contained HTML page (no network, no external files) showing
- *   - live bytes over time, the peak marked;
+ *   - live bytes over time, the peak marked, and the largest allocations as
+ *     stacked bands over time, zoomable (report_timeline.c);
  *   - the pool's occupancy map at the peak and at the first failure (hover:
  *     address, size, age), and at any of 24 moments under a time cursor,
  *     from replaying the trace through the engine (report_replay.c);
@@ -24,6 +25,7 @@
 #include "json_check.h"
 #include "json_out.h"
 #include "report_replay.h"
+#include "report_timeline.h"
 #include "report_page.h"
 #include "trace_csv.h"
 #include "units.h"
@@ -282,6 +284,9 @@ static int write_report(const report_opts *o, trace *t)
         json_object_close(&j);
     }
     json_array_close(&j);
+
+    /* the largest allocations as bands over time */
+    report_timeline_write(t, by_time, &j);
 
     /* the maps, the time cursor's maps and the fragmentation series */
     report_replay rr = {t, &policy, pool_bytes, peak_at, by_time};

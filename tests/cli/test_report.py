@@ -174,6 +174,30 @@ check(fr["event"] == sorted(fr["event"]) and fr["event"][-1] == d["events"] - 1,
 cm = d["cursor_maps"]
 check(len(cm) == 24 and [m["event"] for m in cm] == sorted(m["event"] for m in cm) and
       cm[-1]["event"] == d["events"] - 1, f"24 cursor maps: {[m['event'] for m in cm]}")
+# The allocation timeline: at every sample, the grey band plus the bands
+# live there add up to the live bytes the trace says (computed here).
+tl = d["timeline"]
+live, sizes, now, after = {}, {}, 0, []
+for line in open(path("job.csv")).read().splitlines()[1:]:
+    _, _, action, ptr, size, _ = line.split(",")
+    if action == "allocate":
+        sizes[ptr] = int(size)
+        now += int(size)
+    elif action == "free":
+        now -= sizes.pop(ptr)
+    after.append(now)
+check(len(tl["x"]) == min(2000, d["events"]) and len(tl["bands"]) == min(300, d["allocs"]),
+      f"timeline: {len(tl['x'])} samples, {len(tl['bands'])} bands")
+sums_ok = all(tl["other"][k] + sum(b[2] for b in tl["bands"] if b[0] <= ev < b[1]) == after[ev]
+              for k, ev in enumerate(tl["event"]))
+check(sums_ok, "grey band + live bands = live bytes at every sample")
+check(all(b[3] < b[4] for b in tl["bands"]), "every band spans at least one sample")
+dom = render(path("job.html"), fragment="#zoom=10-50")
+check(re.search(r'<svg id="timeline"[^>]*data-view="10-50"', dom) is not None and
+      "double-click to zoom out" in dom, "the timeline opens zoomed where the address said")
+bands_drawn = re.search(r'<svg id="timeline"[^>]*data-bands="(\d+)"', dom)
+check(bands_drawn and 0 < int(bands_drawn.group(1)) < len(tl["bands"]),
+      f"zoomed: only the bands live in view are drawn ({bands_drawn and bands_drawn.group(1)})")
 dom = render(path("job.html"), fragment="#cursor=5")
 check('data-cursor="5"' in dom, "the cursor opened where the address said")
 check(f"At the cursor (event {cm[5]['event']})" in dom and 'id="map-cursor"' in dom,

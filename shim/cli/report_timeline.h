@@ -1,0 +1,28 @@
+/*
+ * report_timeline.h - the data of the report's allocation timeline (the
+ * view PyTorch's memory_viz calls "active memory timeline"): the largest
+ * allocations as bands over time, stacked on the page, and the bytes of
+ * all the others as one band beneath them.
+ */
+#ifndef BFCSHIM_CLI_REPORT_TIMELINE_H
+#define BFCSHIM_CLI_REPORT_TIMELINE_H
+
+#include <stdbool.h>
+
+#include "json_out.h"
+#include "trace_csv.h"
+
+enum {
+    TIMELINE_BANDS = 300,   /* allocations drawn one by one: the largest */
+    TIMELINE_SAMPLES = 2000 /* moments the page stacks them at */
+};
+
+/* Writes the member "timeline" into the open object of j: "x" and "event"
+ * of each sample, "other" (live bytes outside the bands at each sample) and
+ * "bands": [alloc event, free event (events: never freed), size, first
+ * sample, end sample] in allocation order. by_time: x in seconds since the
+ * first event, else event indexes. False when out of host memory (then
+ * "timeline" is null). */
+bool report_timeline_write(const trace *t, bool by_time, json_out *j);
+
+#endif
