@@ -21,8 +21,15 @@ Levels:
 
 usage: snapshot2csv.py SNAPSHOT.pickle [-o OUT.csv] [--level tensors|segments]
                        [--device N] [--free completed|requested]
+                       [--frames OUT.frames.txt]
 Output is RMM's CSV: Thread,Time,Action,Pointer,Size,Stream (Time is
 HH:MM:SS:microseconds of the event's day, UTC).
+
+--frames writes where each allocation was made, for `bfcshim report` (which
+finds OUT.frames.txt next to OUT.csv by itself): RMM's CSV has no column for
+it and stays as it is. After a '#' header line, one line per allocation
+that has a size (in the CSV's order): its innermost stack frames as
+"function file:line", joined by " < ", or "-" when the snapshot has none.
 """
 import argparse
 import gzip
@@ -60,7 +67,24 @@ def clock(time_us):
     return f"{day_s // 3600:02d}:{day_s // 60 % 60:02d}:{day_s % 60:02d}:{us % 1_000_000:06d}"
 
 
-def convert(snapshot, level, device, free_action):
+FRAMES_KEPT = 8       # innermost frames per allocation
+FRAME_LINE_MAX = 600  # characters per allocation's line
+
+
+def frames_text(event):
+    """One line for an event's stack: its innermost frames, or "-"."""
+    frames = event.get("frames") or []
+    parts = []
+    for fr in frames[:FRAMES_KEPT]:
+        if isinstance(fr, dict):
+            parts.append(f"{fr.get('name', '?')} {fr.get('filename', '?')}:{fr.get('line', '?')}")
+    text = " < ".join(parts) or "-"
+    return text.replace("\n", " ")[:FRAME_LINE_MAX]
+
+
+def convert(snapshot, level, device, free_action, frames=None):
+    """The CSV text and the counts; when `frames` is a list, one line per
+    allocation with a size is appended to it (see --frames)."""
     if not isinstance(snapshot, dict) or "device_traces" not in snapshot:
         raise ValueError("not a memory snapshot: no 'device_traces' (was memory history "
                          "recorded with torch.cuda.memory._record_memory_history()?)")
@@ -86,6 +110,8 @@ def convert(snapshot, level, device, free_action):
             addr = 0
         lines.append(f"0,{clock(e.get('time_us'))},{what},0x{addr:x},{size},{stream}")
         counts[what] += 1
+        if frames is not None and what == "allocate" and size > 0:
+            frames.append(frames_text(e))
     return "\n".join(lines) + "\n", counts
 
 
@@ -97,10 +123,18 @@ def main(argv):
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--free", choices=["completed", "requested"], default="completed",
                     help="which free event ends a tensor (default: completed)")
+    ap.add_argument("--frames", metavar="PATH",
+                    help="also write where each allocation was made (for bfcshim report)")
     a = ap.parse_args(argv)
+    frames = [] if a.frames else None
     try:
         snap = load_snapshot(a.snapshot)
-        text, counts = convert(snap, a.level, a.device, "free_" + a.free)
+        text, counts = convert(snap, a.level, a.device, "free_" + a.free, frames)
+        if a.frames:
+            with open(a.frames, "w") as f:
+                f.write("# bfcshim frames v1: one line per allocation with a size, in trace "
+                        "order\n")
+                f.write("".join(line + "\n" for line in frames))
     except (OSError, pickle.UnpicklingError, ValueError, EOFError) as err:
         print(f"snapshot2csv: {a.snapshot}: {err}", file=sys.stderr)
         return 1

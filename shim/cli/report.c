@@ -108,10 +108,9 @@ static bool input_is(const char *path, const char *option, const char *key, cons
 #define STATS_WHAT "a bfcshim statistics file (BFCSHIM_STATS_FILE, bfcshim run --stats-file)"
 #define AB_WHAT "a bfcshim ab --json result"
 
-/* The statistics the job wrote next to its trace (job.csv[.gz] -> job.json),
- * or NULL: a report of `bfcshim run --trace job.csv --stats-file job.json`
- * then shows the job's own pool without being told. */
-static const char *sibling_stats(const char *trace, char *buf, size_t len)
+/* A file next to the trace with the same stem and another ending
+ * (job.csv[.gz] -> job.json, job.frames.txt), when it can be read. */
+static const char *sibling(const char *trace, const char *ending, char *buf, size_t len)
 {
     snprintf(buf, len, "%s", trace);
     char *dot = strrchr(buf, '.');
@@ -120,16 +119,16 @@ static const char *sibling_stats(const char *trace, char *buf, size_t len)
         dot = strrchr(buf, '.');
     }
     char *slash = strrchr(buf, '/');
-    if (!dot || (slash && dot < slash) || strcmp(dot, ".json") == 0)
+    if (!dot || (slash && dot < slash) || strcmp(dot, ending) == 0)
         return NULL;
-    if ((size_t)(dot - buf) + 6 > len)
+    if ((size_t)(dot - buf) + strlen(ending) + 1 > len)
         return NULL;
-    strcpy(dot, ".json");
-    return access(buf, R_OK) == 0 && input_is(buf, "", "pools", STATS_WHAT, true) ? buf : NULL;
+    strcpy(dot, ending);
+    return access(buf, R_OK) == 0 ? buf : NULL;
 }
 
 typedef struct report_opts {
-    const char *trace, *output, *stats, *ab, *title;
+    const char *trace, *output, *stats, *ab, *title, *frames;
     uint64_t pool_size;
 } report_opts;
 
@@ -286,7 +285,7 @@ static int write_report(const report_opts *o, trace *t)
     json_array_close(&j);
 
     /* the largest allocations as bands over time */
-    report_timeline_write(t, by_time, &j);
+    report_timeline_write(t, by_time, o->frames, &j);
 
     /* the maps, the time cursor's maps and the fragmentation series */
     report_replay rr = {t, &policy, pool_bytes, peak_at, by_time};
@@ -318,7 +317,8 @@ static int write_report(const report_opts *o, trace *t)
 static void report_usage(FILE *f)
 {
     fprintf(f, "usage: bfcshim report TRACE.csv[.gz] [-o OUT.html] [--stats STATS.json]\n"
-               "                      [--ab AB.json] [--pool-size SIZE] [--title TEXT]\n\n"
+               "                      [--ab AB.json] [--pool-size SIZE] [--title TEXT]\n"
+               "                      [--frames FRAMES.txt]\n\n"
                "Writes one self-contained HTML page: live bytes over time with the peak,\n"
                "the pool's occupancy map at the peak and at the first failure (replayed\n"
                "through the engine at SIZE, else the stats file's limit, else the smallest\n"
@@ -328,12 +328,13 @@ static void report_usage(FILE *f)
 
 int cmd_report(int argc, char **argv)
 {
-    enum { R_STATS = 3000, R_AB, R_POOL, R_TITLE };
+    enum { R_STATS = 3000, R_AB, R_POOL, R_TITLE, R_FRAMES };
     static const struct option longopts[] = {{"output", required_argument, 0, 'o'},
                                              {"stats", required_argument, 0, R_STATS},
                                              {"ab", required_argument, 0, R_AB},
                                              {"pool-size", required_argument, 0, R_POOL},
                                              {"title", required_argument, 0, R_TITLE},
+                                             {"frames", required_argument, 0, R_FRAMES},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     report_opts o = {.output = "bfcshim-report.html"};
@@ -345,6 +346,7 @@ int cmd_report(int argc, char **argv)
         case R_STATS: o.stats = optarg; break;
         case R_AB: o.ab = optarg; break;
         case R_TITLE: o.title = optarg; break;
+        case R_FRAMES: o.frames = optarg; break;
         case R_POOL:
             if (!parse_size(optarg, &o.pool_size) || o.pool_size == 0)
                 return cli_bad_value("report", "--pool-size", optarg, "a size such as 40GiB");
@@ -362,10 +364,24 @@ int cmd_report(int argc, char **argv)
         return 2;
     if (o.ab && !input_is(o.ab, "--ab", "arms", AB_WHAT, false))
         return 2;
-    char sibling[4096];
-    if (!o.stats && (o.stats = sibling_stats(o.trace, sibling, sizeof sibling)))
-        fprintf(stderr, "bfcshim report: the job's statistics from %s, next to the trace\n",
-                o.stats);
+    /* What the job wrote next to its trace: its statistics (bfcshim run
+     * --stats-file job.json) and where its allocations were made
+     * (snapshot2csv --frames job.frames.txt). */
+    char stats_next[4096], frames_next[4096];
+    if (!o.stats && (o.stats = sibling(o.trace, ".json", stats_next, sizeof stats_next))) {
+        if (input_is(o.stats, "", "pools", STATS_WHAT, true))
+            fprintf(stderr, "bfcshim report: the job's statistics from %s, next to the trace\n",
+                    o.stats);
+        else
+            o.stats = NULL;
+    }
+    if (!o.frames && (o.frames = sibling(o.trace, ".frames.txt", frames_next,
+                                         sizeof frames_next)))
+        fprintf(stderr, "bfcshim report: where allocations were made, from %s\n", o.frames);
+    if (o.frames && access(o.frames, R_OK) != 0) {
+        fprintf(stderr, "bfcshim report: --frames %s: %s\n", o.frames, strerror(errno));
+        return 2;
+    }
     trace t;
     if (!trace_load_with_times(&t, o.trace)) {
         fprintf(stderr, "bfcshim report: %s\n", t.error);

@@ -11,13 +11,17 @@
  * as spikes. "other" counts only what is truly live at each sample, so the
  * stack's height is the live bytes there, spikes aside.
  */
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "report_timeline.h"
 
 typedef struct band {
     size_t alloc_ev, free_ev;
     uint64_t size;
+    size_t ordinal; /* among the trace's allocations: its line in a frames file */
+    char *where;    /* that line, when there is a frames file */
 } band;
 
 /* Larger first; among equals, the longer-lived. */
@@ -36,6 +40,32 @@ static int by_alloc(const void *a, const void *b)
     return x->alloc_ev < y->alloc_ev ? -1 : x->alloc_ev > y->alloc_ev;
 }
 
+/* Reads the lines of the frames file that belong to the bands (sorted by
+ * allocation, so by ordinal too): one pass, keeping only those. A file that
+ * cannot be read leaves them NULL. */
+static void read_frames(const char *path, band *bands, size_t nb)
+{
+    FILE *f = path ? fopen(path, "r") : NULL;
+    if (!f)
+        return;
+    char *line = NULL;
+    size_t cap = 0, ordinal = 0, b = 0;
+    ssize_t len;
+    while (b < nb && (len = getline(&line, &cap, f)) >= 0) {
+        if (line[0] == '#')
+            continue;
+        while (len && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+            line[--len] = 0;
+        while (b < nb && bands[b].ordinal < ordinal)
+            b++;
+        if (b < nb && bands[b].ordinal == ordinal && strcmp(line, "-") != 0)
+            bands[b].where = strdup(line);
+        ordinal++;
+    }
+    free(line);
+    fclose(f);
+}
+
 /* The first sample taken at or after event e (S when none): samples[] is
  * increasing. */
 static size_t sample_at_or_after(const size_t *samples, size_t S, size_t e)
@@ -51,7 +81,7 @@ static size_t sample_at_or_after(const size_t *samples, size_t S, size_t e)
     return lo;
 }
 
-bool report_timeline_write(const trace *t, bool by_time, json_out *j)
+bool report_timeline_write(const trace *t, bool by_time, const char *frames, json_out *j)
 {
     size_t S = t->nev < TIMELINE_SAMPLES ? t->nev : TIMELINE_SAMPLES;
     band *all = calloc(t->allocs ? t->allocs : 1, sizeof *all);
@@ -70,7 +100,7 @@ bool report_timeline_write(const trace *t, bool by_time, json_out *j)
         const trace_event *e = &t->ev[i];
         if (e->kind == TRACE_ALLOC) {
             if (n < t->allocs) {
-                all[n] = (band){i, t->nev, e->size};
+                all[n] = (band){i, t->nev, e->size, n, NULL};
                 open[e->slot] = ++n;
             }
             now += e->size;
@@ -89,6 +119,7 @@ bool report_timeline_write(const trace *t, bool by_time, json_out *j)
     qsort(all, n, sizeof *all, by_size_desc);
     size_t nb = n < TIMELINE_BANDS ? n : TIMELINE_BANDS;
     qsort(all, nb, sizeof *all, by_alloc);
+    read_frames(frames, all, nb);
 
     json_object_open(j, "timeline");
     json_array_open(j, "x");
@@ -115,6 +146,8 @@ bool report_timeline_write(const trace *t, bool by_time, json_out *j)
         json_u64(j, NULL, all[b].size);
         json_u64(j, NULL, first);
         json_u64(j, NULL, end > first ? end : first + 1 <= S ? first + 1 : S);
+        json_string(j, NULL, all[b].where); /* NULL: null */
+        free(all[b].where);
         json_array_close(j);
     }
     json_array_close(j);

@@ -20,9 +20,11 @@ enum {
 /* Writes the member "timeline" into the open object of j: "x" and "event"
  * of each sample, "other" (live bytes outside the bands at each sample) and
  * "bands": [alloc event, free event (events: never freed), size, first
- * sample, end sample] in allocation order. by_time: x in seconds since the
- * first event, else event indexes. False when out of host memory (then
- * "timeline" is null). */
-bool report_timeline_write(const trace *t, bool by_time, json_out *j);
+ * sample, end sample, where it was made (or null)] in allocation order.
+ * by_time: x in seconds since the first event, else event indexes. frames:
+ * a frames file (scripts/snapshot2csv.py --frames: after a '#' line, one
+ * line per allocation in trace order) or NULL. False when out of host
+ * memory (then "timeline" is null). */
+bool report_timeline_write(const trace *t, bool by_time, const char *frames, json_out *j);
 
 #endif

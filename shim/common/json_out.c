@@ -23,7 +23,9 @@ static void put_escaped(FILE *f, const char *s)
         case '\r': fputs("\\r", f); break;
         case '\t': fputs("\\t", f); break;
         default:
-            if (*p < 0x20)
+            /* '<' too: the report embeds JSON in a <script> element, which
+             * any "</" would end; \u003c means the same to every reader. */
+            if (*p < 0x20 || *p == '<')
                 fprintf(f, "\\u%04x", *p);
             else
                 fputc(*p, f);

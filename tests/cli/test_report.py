@@ -192,6 +192,17 @@ sums_ok = all(tl["other"][k] + sum(b[2] for b in tl["bands"] if b[0] <= ev < b[1
               for k, ev in enumerate(tl["event"]))
 check(sums_ok, "grey band + live bands = live bytes at every sample")
 check(all(b[3] < b[4] for b in tl["bands"]), "every band spans at least one sample")
+# Where each allocation was made (snapshot2csv --frames), found next to the
+# trace: each band's tooltip names it; a '<' in it does not break the page.
+with open(path("job.frames.txt"), "w") as f:
+    f.write("# bfcshim frames v1\n")
+    f.write("".join(f"layer{k} model.py:{k} < train model.py:1\n" for k in range(d["allocs"])))
+p = sh(bfcshim, "report", path("job.csv"), "-o", path("frames.html"))
+check("where allocations were made, from" in p.stderr, f"frames file found: {p.stderr}")
+dom = render(path("frames.html"))
+check('data-ready="1"' in dom and "made at:\n  layer79 model.py:79\n  train model.py:1" in dom,
+      "band tooltips say where the allocation was made")
+os.unlink(path("job.frames.txt"))
 dom = render(path("job.html"), fragment="#zoom=10-50")
 check(re.search(r'<svg id="timeline"[^>]*data-view="10-50"', dom) is not None and
       "double-click to zoom out" in dom, "the timeline opens zoomed where the address said")

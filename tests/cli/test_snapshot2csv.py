@@ -26,7 +26,10 @@ base = 0x7F0000000000
 t = 1_700_000_000_000_000
 events = [
     {"action": "segment_alloc", "addr": base, "size": 2 * MiB, "stream": 0, "time_us": t},
-    {"action": "alloc", "addr": base, "size": 512 * 1024, "stream": 0, "time_us": t + 1},
+    {"action": "alloc", "addr": base, "size": 512 * 1024, "stream": 0, "time_us": t + 1,
+     "frames": [{"name": "linear", "filename": "model.py", "line": 42},
+                {"name": "forward", "filename": "model.py", "line": 7}]},
+    {"action": "alloc", "addr": base + 2 * MiB, "size": 0, "stream": 0, "time_us": t + 1},
     {"action": "alloc", "addr": base + 512 * 1024, "size": 256 * 1024, "stream": 0,
      "time_us": t + 2},
     {"action": "free_requested", "addr": base, "size": 512 * 1024, "stream": 0, "time_us": t + 3},
@@ -51,7 +54,8 @@ p = convert(good, "-o", out)
 check(p.returncode == 0, f"convert: {p.stderr}")
 lines = open(out).read().splitlines()
 check(lines[0] == "Thread,Time,Action,Pointer,Size,Stream", "header")
-check(len(lines) == 1 + 5, f"tensor events: {lines}")
+check(len(lines) == 1 + 6, f"tensor events: {lines}")
+lines = [l for l in lines if ",0," not in l or "allocate failure" in l]  # the 0-byte one
 check(lines[1].split(",")[2:] == ["allocate", f"0x{base:x}", str(512 * 1024), "0"], lines[1])
 check(lines[3].split(",")[2] == "free" and lines[5].split(",")[2] == "allocate failure",
       "free_completed and oom")
@@ -62,6 +66,14 @@ doc = json.loads(r.stdout or "{}")
 check(doc.get("allocs") == 3 and doc.get("frees") == 1 and doc.get("trace_failed_allocs") == 1,
       f"replayed: {doc}")
 check(doc.get("peak_live_bytes") == (256 + 1024) * 1024, f"peak {doc.get('peak_live_bytes')}")
+
+# Frames: one line per allocation with a size, in the CSV's order.
+frames = os.path.join(work, "tensors.frames.txt")
+p = convert(good, "-o", out, "--frames", frames)
+fl = open(frames).read().splitlines() if os.path.exists(frames) else []
+check(p.returncode == 0 and len(fl) == 1 + 3 and fl[0].startswith("# bfcshim frames v1"),
+      f"frames file: {fl}")
+check(fl[1:] == ["linear model.py:42 < forward model.py:7", "-", "-"], f"frames: {fl[1:]}")
 
 p = convert(good, "--level", "segments", "-o", os.path.join(work, "segments.csv"))
 seg = open(os.path.join(work, "segments.csv")).read().splitlines()
