@@ -130,6 +130,8 @@ static const char *sibling(const char *trace, const char *ending, char *buf, siz
 typedef struct report_opts {
     const char *trace, *output, *stats, *ab, *title, *frames;
     uint64_t pool_size;
+    const bfc_options *compare; /* --compare: another policy, or NULL */
+    const char *compare_name;
 } report_opts;
 
 /* Text that goes into the page's data block may not contain '<' (it would
@@ -288,8 +290,25 @@ static int write_report(const report_opts *o, trace *t)
     report_timeline_write(t, by_time, o->frames, &j);
 
     /* the maps, the time cursor's maps and the fragmentation series */
-    report_replay rr = {t, &policy, pool_bytes, peak_at, by_time};
+    report_replay rr = {t, &policy, pool_bytes, peak_at, by_time, true};
     report_replay_write(&rr, &j);
+    json_string(&j, "policy", bfc_placement_name(policy.placement));
+
+    /* The same trace under another policy, in the same pool, side by side,
+     * with the smallest pool each needs. */
+    if (o->compare) {
+        json_object_open(&j, "compare");
+        json_u64(&j, "base_min_pool_bytes", strcmp(pool_kind, "smallest") == 0
+                                                ? pool_bytes
+                                                : replay_min_pool_bytes(t, &policy));
+        json_string(&j, "policy", o->compare_name);
+        json_u64(&j, "min_pool_bytes", replay_min_pool_bytes(t, o->compare));
+        report_replay other = {t, o->compare, pool_bytes, peak_at, by_time, false};
+        report_replay_write(&other, &j);
+        json_object_close(&j);
+    } else {
+        json_null(&j, "compare");
+    }
 
     json_end(&j); /* the object stays open: the embedded files follow */
     fputs(", \"stats\": ", out);
@@ -318,26 +337,30 @@ static void report_usage(FILE *f)
 {
     fprintf(f, "usage: bfcshim report TRACE.csv[.gz] [-o OUT.html] [--stats STATS.json]\n"
                "                      [--ab AB.json] [--pool-size SIZE] [--title TEXT]\n"
-               "                      [--frames FRAMES.txt]\n\n"
+               "                      [--frames FRAMES.txt] [--compare POLICY]\n\n"
                "Writes one self-contained HTML page: live bytes over time with the peak,\n"
                "the pool's occupancy map at the peak and at the first failure (replayed\n"
                "through the engine at SIZE, else the stats file's limit, else the smallest\n"
                "pool that serves the trace), the allocation size histogram, the statistics\n"
-               "(BFCSHIM_STATS_FILE) and the A/B table (bfcshim ab --json).\n");
+               "(BFCSHIM_STATS_FILE) and the A/B table (bfcshim ab --json); with --compare,\n"
+               "the same trace under another placement (aligned, age, low, or tsl: TSL's\n"
+               "BFC policy) in the same pool, side by side.\n");
 }
 
 int cmd_report(int argc, char **argv)
 {
-    enum { R_STATS = 3000, R_AB, R_POOL, R_TITLE, R_FRAMES };
+    enum { R_STATS = 3000, R_AB, R_POOL, R_TITLE, R_FRAMES, R_COMPARE };
     static const struct option longopts[] = {{"output", required_argument, 0, 'o'},
                                              {"stats", required_argument, 0, R_STATS},
                                              {"ab", required_argument, 0, R_AB},
                                              {"pool-size", required_argument, 0, R_POOL},
                                              {"title", required_argument, 0, R_TITLE},
                                              {"frames", required_argument, 0, R_FRAMES},
+                                             {"compare", required_argument, 0, R_COMPARE},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     report_opts o = {.output = "bfcshim-report.html"};
+    bfc_options compare;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "o:h", longopts, NULL)) != -1) {
@@ -347,6 +370,18 @@ int cmd_report(int argc, char **argv)
         case R_AB: o.ab = optarg; break;
         case R_TITLE: o.title = optarg; break;
         case R_FRAMES: o.frames = optarg; break;
+        case R_COMPARE:
+            /* the engine's placements, and TSL's policy as replay --tsl has it */
+            bfc_options_init(&compare);
+            if (strcmp(optarg, "tsl") == 0) {
+                compare.placement = BFC_PLACE_LOW;
+                compare.tsl_split = true;
+            } else if (!bfc_placement_from_name(optarg, &compare.placement)) {
+                return cli_bad_value("report", "--compare", optarg, "aligned, age, low or tsl");
+            }
+            o.compare = &compare;
+            o.compare_name = optarg;
+            break;
         case R_POOL:
             if (!parse_size(optarg, &o.pool_size) || o.pool_size == 0)
                 return cli_bad_value("report", "--pool-size", optarg, "a size such as 40GiB");

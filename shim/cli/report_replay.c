@@ -208,6 +208,7 @@ bool report_replay_write(const report_replay *r, json_out *j)
                   t->first_failure_size, seq);
     json_array_close(j);
     json_u64(j, "replay_failures", failures);
+    bool ok = pool != NULL;
     if (pool)
         bfc_pool_destroy(pool, true);
 
@@ -238,6 +239,12 @@ bool report_replay_write(const report_replay *r, json_out *j)
     json_array_close(j);
     json_object_close(j);
 
+    if (!r->cursor) {
+        free(frag_event);
+        free(frag);
+        free(slot_addr);
+        return ok;
+    }
     /* The cursor's maps: a second pass, stopping at evenly spaced events. */
     json_array_open(j, "cursor_maps");
     if (slot_addr)
@@ -261,7 +268,7 @@ bool report_replay_write(const report_replay *r, json_out *j)
         }
     }
     json_array_close(j);
-    bool ok = pool != NULL;
+    ok = ok && pool != NULL;
     if (pool)
         bfc_pool_destroy(pool, true);
     free(frag_event);

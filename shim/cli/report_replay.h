@@ -27,11 +27,12 @@ typedef struct report_replay {
     uint64_t pool_bytes;
     size_t peak_at; /* the event after which live bytes peak */
     bool by_time;   /* x values are seconds since the first event, else event indexes */
+    bool cursor;    /* also the time cursor's maps */
 } report_replay;
 
-/* Writes the members "maps", "cursor_maps", "frag" and "replay_failures"
- * into the open object of j. False when the engine could not be set up
- * (then the members are written empty). */
+/* Writes the members "maps", "frag", "replay_failures" and, with cursor,
+ * "cursor_maps" into the open object of j. False when the engine could not
+ * be set up (then the members are written empty). */
 bool report_replay_write(const report_replay *r, json_out *j);
 
 #endif

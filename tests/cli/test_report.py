@@ -209,7 +209,23 @@ check(re.search(r'<svg id="timeline"[^>]*data-view="10-50"', dom) is not None an
 bands_drawn = re.search(r'<svg id="timeline"[^>]*data-bands="(\d+)"', dom)
 check(bands_drawn and 0 < int(bands_drawn.group(1)) < len(tl["bands"]),
       f"zoomed: only the bands live in view are drawn ({bands_drawn and bands_drawn.group(1)})")
+# The same trace under another placement, side by side in the same pool.
+sh(bfcshim, "report", path("job.csv"), "--compare", "low", "-o", path("compare.html"))
+c = page_data("compare.html")["compare"]
+check(c and c["policy"] == "low" and len(c["frag"]["largest"]) == len(d["frag"]["largest"]) and
+      c["min_pool_bytes"] > 0 and c["base_min_pool_bytes"] > 0 and len(c["maps"]) >= 1,
+      f"compare data: {c and {k: c[k] for k in ('policy', 'min_pool_bytes')}}")
+dom = render(path("compare.html"))
+check('<div id="compare-section">' in dom and 'id="map-compare-0"' in dom and
+      'id="map-compare-1"' in dom and "Side by side: aligned and low" in dom,
+      "side by side: both maps at the peak")
+check(re.search(r'<svg id="compare"[^>]*data-better="\d+"[^>]*data-worse="\d+"', dom) is not None,
+      "the largest-free-block difference drawn")
+p = subprocess.run([bfcshim, "report", path("job.csv"), "--compare", "best", "-o",
+                    path("refused.html")], env=env, capture_output=True, text=True)
+check(p.returncode == 2 and "--compare 'best'" in p.stderr, f"bad --compare: {p.stderr}")
 dom = render(path("job.html"), fragment="#cursor=5")
+check('<div id="compare-section" hidden=""' in dom, "no comparison unless asked")
 check('data-cursor="5"' in dom, "the cursor opened where the address said")
 check(f"At the cursor (event {cm[5]['event']})" in dom and 'id="map-cursor"' in dom,
       "the map under the cursor is drawn")
