@@ -17,7 +17,9 @@
  * returns a pointer instead of CUDA_ERROR_INVALID_VALUE), FAKECUDA_OTHER_USED
  * (memory other processes hold on each device, "0"; a list sets each),
  * FAKECUDA_CTX_OVERHEAD (what each live context takes for itself, "0"),
- * FAKECUDA_PITCH_ALIGN (cuMemAllocPitch's row alignment, "128").
+ * FAKECUDA_PITCH_ALIGN (cuMemAllocPitch's row alignment, "128"),
+ * FAKECUDA_VMM=0 (no virtual memory management), FAKECUDA_VMM_GRANULARITY
+ * (its granularity, "2MiB"; FAKECUDA_FAIL_ALLOC counts cuMemCreate too).
  */
 #ifndef BFCSHIM_TESTS_FAKE_CUDA_H
 #define BFCSHIM_TESTS_FAKE_CUDA_H
@@ -46,6 +48,10 @@ typedef struct fakecuda_stats {
     uint64_t stale_handle_uses;    /* a destroyed stream's or event's handle used */
     uint64_t unsafe_calls_refused; /* potentially unsafe calls during a capture */
     uint64_t event_queries;        /* cuEventQuery calls that were answered */
+    uint64_t vmm_reserve_calls;    /* cuMemAddressReserve */
+    uint64_t vmm_create_calls;     /* cuMemCreate (bytes_in_use counts what they hold) */
+    uint64_t vmm_map_calls;        /* cuMemMap */
+    uint64_t vmm_unmap_calls;      /* cuMemUnmap */
 } fakecuda_stats;
 
 typedef void (*fakecuda_work)(void *arg);

@@ -39,6 +39,10 @@
  *             gets CUDA_ERROR_CONTEXT_IS_DESTROYED there. A new context
  *             may get the old one's handle value (primary contexts always do;
  *             created ones reuse destroyed slots).
+ *   vmm       cuMemAddressReserve/Create/Map/SetAccess/Unmap/Release on
+ *             host memory: PROT_NONE reservations, memfd physical memory
+ *             counted against the device, access enforced by page
+ *             protection (see "virtual memory management" below).
  *   capture   cuStreamBeginCapture marks a stream with its mode and thread.
  *             Legacy-stream work while a blocking stream captures
  *             invalidates that capture; cuStreamIsCapturing(CU_STREAM_LEGACY)
@@ -80,6 +84,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "fake_cuda.h"
 
@@ -659,6 +664,11 @@ EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevic
     switch (attrib) {
     case CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT: *pi = 32; break;
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: *pi = 1; break;
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: {
+        const char *on = getenv("FAKECUDA_VMM");
+        *pi = !on || strcmp(on, "0") != 0;
+        break;
+    }
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = 9; break;
     default: *pi = 0;
     }
@@ -1514,6 +1524,324 @@ EXPORT CUresult cuGetExportTable(const void **table, const CUuuid *id)
     return CUDA_ERROR_NOT_SUPPORTED;
 }
 
+/* ---- virtual memory management ------------------------------------------------- */
+
+/*
+ * cuMemAddressReserve / cuMemCreate / cuMemMap / cuMemSetAccess / cuMemUnmap /
+ * cuMemRelease / cuMemAddressFree on host memory. A reservation is an
+ * anonymous PROT_NONE mapping; a physical allocation is a memory file
+ * (memfd) counted against the device's memory from cuMemCreate until it is
+ * both released and unmapped everywhere; cuMemMap maps the file over the
+ * reservation with MAP_FIXED, still PROT_NONE ("calling cuMemMap does not
+ * make the address accessible"), and cuMemSetAccess gives the owning
+ * device's protection: touching a granule that is unmapped, or mapped
+ * without access, faults as a GPU would. Rules enforced from cuda.h: sizes,
+ * addresses and offsets are multiples of the granularity
+ * (FAKECUDA_VMM_GRANULARITY, 2 MiB), the offset must be zero ("currently
+ * must be zero"), a mapping goes only onto a reserved, unmapped range,
+ * cuMemUnmap and cuMemSetAccess take whole mappings ("cannot unmap a
+ * sub-range"; "a fully mapped address range"), flags must be zero. Not
+ * modelled: shareable handles, multicast, host-NUMA locations, peers'
+ * access (one address space: the owner's protection applies), and
+ * cuMemUnmap's synchronisation (the fake unmaps at once, the harsher
+ * reading: memory still used by queued work is gone). FAKECUDA_VMM=0
+ * makes the devices report no support and the calls CUDA_ERROR_NOT_SUPPORTED.
+ * VMM allocations belong to no context: cuCtxDestroy and resets leave them.
+ */
+#define VMM_MAGIC 0x564d4d48u
+
+typedef struct vmm_handle {
+    uint32_t magic;
+    int dev, fd;
+    uint64_t size;
+    unsigned mappings;
+    bool released;
+} vmm_handle;
+
+typedef struct vmm_range {
+    uint64_t base, size;
+    vmm_handle *h; /* mappings */
+    int prot;      /* mappings: the owner's access */
+} vmm_range;
+
+static struct {
+    bool configured, supported;
+    uint64_t granularity;
+    vmm_range *reserved, *mapped;
+    size_t nreserved, capreserved, nmapped, capmapped;
+} V;
+
+/* Lock held. */
+static void vmm_configure(void)
+{
+    if (V.configured)
+        return;
+    V.configured = true;
+    const char *on = getenv("FAKECUDA_VMM");
+    V.supported = !on || strcmp(on, "0") != 0;
+    const char *g = getenv("FAKECUDA_VMM_GRANULARITY");
+    V.granularity = g ? parse_bytes(g) : UINT64_C(2) << 20;
+    if (V.granularity < 4096 || (V.granularity & (V.granularity - 1)))
+        V.granularity = UINT64_C(2) << 20;
+}
+
+#define VMM_ENTER()                                 \
+    ENTER();                                        \
+    vmm_configure();                                \
+    if (!V.supported)                               \
+        LEAVE(CUDA_ERROR_NOT_SUPPORTED)
+
+static bool vmm_aligned(uint64_t v) { return v % V.granularity == 0; }
+
+static bool vmm_push(vmm_range **a, size_t *n, size_t *cap, vmm_range r)
+{
+    if (*n == *cap) {
+        size_t c = *cap ? *cap * 2 : 16;
+        vmm_range *t = realloc(*a, c * sizeof *t);
+        if (!t)
+            return false;
+        *a = t;
+        *cap = c;
+    }
+    (*a)[(*n)++] = r;
+    return true;
+}
+
+/* The device a pinned-device allocation property names, or -1. */
+static int vmm_prop_device(const CUmemAllocationProp *prop)
+{
+    if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop->location.id < 0 ||
+        prop->location.id >= G.ndev)
+        return -1;
+    return prop->location.id;
+}
+
+static vmm_handle *vmm_handle_of(CUmemGenericAllocationHandle handle)
+{
+    vmm_handle *h = (vmm_handle *)(uintptr_t)handle;
+    return h && h->magic == VMM_MAGIC ? h : NULL;
+}
+
+/* The physical memory goes back to the device once released and unmapped. */
+static void vmm_maybe_free(vmm_handle *h)
+{
+    if (!h->released || h->mappings)
+        return;
+    close(h->fd);
+    G.st.bytes_in_use[h->dev] -= h->size;
+    h->magic = 0;
+    free(h);
+}
+
+/* The reservation holding [base, base + size), or NULL. */
+static vmm_range *vmm_reservation(uint64_t base, uint64_t size)
+{
+    for (size_t i = 0; i < V.nreserved; i++)
+        if (base >= V.reserved[i].base && base + size <= V.reserved[i].base + V.reserved[i].size &&
+            base + size > base)
+            return &V.reserved[i];
+    return NULL;
+}
+
+/* Do whole mappings tile [base, base + size) exactly, without gaps? */
+static bool vmm_whole_mappings(uint64_t base, uint64_t size)
+{
+    uint64_t at = base;
+    while (at < base + size) {
+        size_t i = 0;
+        while (i < V.nmapped && V.mapped[i].base != at)
+            i++;
+        if (i == V.nmapped || V.mapped[i].base + V.mapped[i].size > base + size)
+            return false;
+        at += V.mapped[i].size;
+    }
+    return size > 0;
+}
+
+EXPORT CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                              CUmemAllocationGranularity_flags option)
+{
+    VMM_ENTER();
+    if (!granularity || vmm_prop_device(prop) < 0 ||
+        (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
+         option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    *granularity = V.granularity;
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
+                                    CUdeviceptr addr, unsigned long long flags)
+{
+    VMM_ENTER();
+    (void)addr; /* a hint */
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    if (!ptr || size == 0 || size % page || flags || (alignment & (alignment - 1)))
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    size_t align = alignment > V.granularity ? alignment : V.granularity;
+    uint8_t *p = mmap(NULL, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                      -1, 0);
+    if (p == MAP_FAILED)
+        LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+    uint8_t *base = (uint8_t *)(((uintptr_t)p + align - 1) & ~(uintptr_t)(align - 1));
+    if (base > p)
+        munmap(p, (size_t)(base - p));
+    munmap(base + size, (size_t)(p + size + align - (base + size)));
+    if (!vmm_push(&V.reserved, &V.nreserved, &V.capreserved,
+                  (vmm_range){(uint64_t)(uintptr_t)base, size, NULL, PROT_NONE})) {
+        munmap(base, size);
+        LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    G.st.vmm_reserve_calls++;
+    *ptr = (CUdeviceptr)(uintptr_t)base;
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    VMM_ENTER();
+    size_t i = 0;
+    while (i < V.nreserved && (V.reserved[i].base != ptr || V.reserved[i].size != size))
+        i++;
+    if (i == V.nreserved)
+        LEAVE(CUDA_ERROR_INVALID_VALUE); /* "must match what was given" */
+    for (size_t m = 0; m < V.nmapped; m++)
+        if (V.mapped[m].base >= ptr && V.mapped[m].base < ptr + size)
+            LEAVE(CUDA_ERROR_INVALID_VALUE); /* still mapped: unmap first */
+    munmap((void *)(uintptr_t)ptr, size);
+    V.reserved[i] = V.reserved[--V.nreserved];
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                            const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    VMM_ENTER();
+    int dev = vmm_prop_device(prop);
+    if (!handle || dev < 0 || size == 0 || !vmm_aligned(size) || flags)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    G.st.vmm_create_calls++;
+    if (G.fail_alloc_countdown && --G.fail_alloc_countdown == 0)
+        LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+    if (size > device_free(dev))
+        LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+    vmm_handle *h = calloc(1, sizeof *h);
+    int fd = h ? memfd_create("fakecuda-vmm", MFD_CLOEXEC) : -1;
+    if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
+        if (fd >= 0)
+            close(fd);
+        free(h);
+        LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    *h = (vmm_handle){VMM_MAGIC, dev, fd, size, 0, false};
+    G.st.bytes_in_use[dev] += size;
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    VMM_ENTER();
+    vmm_handle *h = vmm_handle_of(handle);
+    if (!h || h->released)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    h->released = true;
+    vmm_maybe_free(h); /* else when its last mapping goes */
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                         CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    VMM_ENTER();
+    vmm_handle *h = vmm_handle_of(handle);
+    if (!h || h->released || size == 0 || offset != 0 || flags || !vmm_aligned(ptr) ||
+        !vmm_aligned(size) || size > h->size || !vmm_reservation(ptr, size))
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    for (size_t m = 0; m < V.nmapped; m++)
+        if (ptr < V.mapped[m].base + V.mapped[m].size && V.mapped[m].base < ptr + size)
+            LEAVE(CUDA_ERROR_INVALID_VALUE); /* "only ... reservations that are not mapped" */
+    void *p = mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, h->fd, 0);
+    if (p == MAP_FAILED)
+        LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+    if (!vmm_push(&V.mapped, &V.nmapped, &V.capmapped, (vmm_range){ptr, size, h, PROT_NONE})) {
+        mmap(p, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+        LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    h->mappings++;
+    G.st.vmm_map_calls++;
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    VMM_ENTER();
+    if (!vmm_whole_mappings(ptr, size))
+        LEAVE(CUDA_ERROR_INVALID_VALUE); /* "cannot unmap a sub-range" */
+    for (size_t m = 0; m < V.nmapped;) {
+        vmm_range *r = &V.mapped[m];
+        if (r->base >= ptr && r->base < ptr + size) {
+            /* back to a bare reservation: inaccessible, no memory behind it */
+            mmap((void *)(uintptr_t)r->base, r->size, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+            vmm_handle *h = r->h;
+            *r = V.mapped[--V.nmapped];
+            h->mappings--;
+            vmm_maybe_free(h);
+        } else {
+            m++;
+        }
+    }
+    G.st.vmm_unmap_calls++;
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
+                               size_t count)
+{
+    VMM_ENTER();
+    if (!desc || count == 0 || !vmm_whole_mappings(ptr, size))
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    for (size_t k = 0; k < count; k++)
+        if (desc[k].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[k].location.id < 0 ||
+            desc[k].location.id >= G.ndev)
+            LEAVE(CUDA_ERROR_INVALID_DEVICE);
+    for (size_t m = 0; m < V.nmapped; m++) {
+        vmm_range *r = &V.mapped[m];
+        if (r->base < ptr || r->base >= ptr + size)
+            continue;
+        for (size_t k = 0; k < count; k++) {
+            if (desc[k].location.id != r->h->dev)
+                continue; /* a peer's access: one address space here */
+            r->prot = desc[k].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
+                      : desc[k].flags == CU_MEM_ACCESS_FLAGS_PROT_READ ? PROT_READ
+                                                                       : PROT_NONE;
+            mprotect((void *)(uintptr_t)r->base, r->size, r->prot);
+        }
+    }
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocation *location,
+                               CUdeviceptr ptr)
+{
+    VMM_ENTER();
+    if (!flags || !location || location->type != CU_MEM_LOCATION_TYPE_DEVICE)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    for (size_t m = 0; m < V.nmapped; m++) {
+        vmm_range *r = &V.mapped[m];
+        if (ptr >= r->base && ptr < r->base + r->size) {
+            *flags = location->id != r->h->dev ? CU_MEM_ACCESS_FLAGS_PROT_NONE
+                     : r->prot == (PROT_READ | PROT_WRITE) ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+                     : r->prot == PROT_READ ? CU_MEM_ACCESS_FLAGS_PROT_READ
+                                            : CU_MEM_ACCESS_FLAGS_PROT_NONE;
+            LEAVE(CUDA_SUCCESS);
+        }
+    }
+    LEAVE(CUDA_ERROR_INVALID_VALUE);
+}
+
 /* ---- cuGetProcAddress --------------------------------------------------------- */
 
 EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags);
@@ -1603,6 +1931,15 @@ static const proc procs[] = {
     P("cuGetErrorString", 6000, cuGetErrorString),
     P("cuGetErrorName", 6000, cuGetErrorName),
     P("cuGetExportTable", 3000, cuGetExportTable),
+    P("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
+    P("cuMemAddressReserve", 10020, cuMemAddressReserve),
+    P("cuMemAddressFree", 10020, cuMemAddressFree),
+    P("cuMemCreate", 10020, cuMemCreate),
+    P("cuMemRelease", 10020, cuMemRelease),
+    P("cuMemMap", 10020, cuMemMap),
+    P("cuMemUnmap", 10020, cuMemUnmap),
+    P("cuMemSetAccess", 10020, cuMemSetAccess),
+    P("cuMemGetAccess", 10020, cuMemGetAccess),
     P("cuGetProcAddress", 12000, cuGetProcAddress_v2),
     P("cuGetProcAddress", 11030, cuGetProcAddress),
 };
