@@ -151,6 +151,24 @@ static void visit_hole(void *arg, const bfc_chunk_info *c)
 
 /* ---- the pass -------------------------------------------------------------------- */
 
+/* Replays one event; false when the pool cannot serve an allocation (its
+ * slot then holds nothing, and a later free of it is a no-op). */
+static bool replay_event(bfc_pool *pool, const trace_event *e, bfc_addr *slot_addr,
+                         uint64_t *seq)
+{
+    if (e->kind == TRACE_FREE) {
+        bfc_pool_free(pool, slot_addr[e->slot]);
+        slot_addr[e->slot] = 0;
+        return true;
+    }
+    if (bfc_pool_alloc(pool, e->size, BFC_NO_LANE, &slot_addr[e->slot]) == BFC_OK) {
+        (*seq)++;
+        return true;
+    }
+    slot_addr[e->slot] = 0;
+    return false;
+}
+
 bool report_replay_write(const report_replay *r, json_out *j)
 {
     const trace *t = r->t;
@@ -180,13 +198,7 @@ bool report_replay_write(const report_replay *r, json_out *j)
                       seq);
             failure_shown = true;
         }
-        if (e->kind == TRACE_FREE) {
-            bfc_pool_free(pool, slot_addr[e->slot]);
-            slot_addr[e->slot] = 0;
-        } else if (bfc_pool_alloc(pool, e->size, BFC_NO_LANE, &slot_addr[e->slot]) == BFC_OK) {
-            seq++;
-        } else {
-            slot_addr[e->slot] = 0;
+        if (!replay_event(pool, e, slot_addr, &seq)) {
             failures++;
             if (!failure_shown) {
                 write_map(j, r, pool, "at the first allocation this pool cannot serve", i, e->size,
@@ -253,15 +265,7 @@ bool report_replay_write(const report_replay *r, json_out *j)
     seq = 0;
     size_t next = 0;
     for (size_t i = 0; pool && i < t->nev && next < ncursor; i++) {
-        const trace_event *e = &t->ev[i];
-        if (e->kind == TRACE_FREE) {
-            bfc_pool_free(pool, slot_addr[e->slot]);
-            slot_addr[e->slot] = 0;
-        } else if (bfc_pool_alloc(pool, e->size, BFC_NO_LANE, &slot_addr[e->slot]) == BFC_OK) {
-            seq++;
-        } else {
-            slot_addr[e->slot] = 0;
-        }
+        replay_event(pool, &t->ev[i], slot_addr, &seq);
         if (i + 1 >= (next + 1) * t->nev / ncursor) {
             write_map(j, r, pool, "at the cursor", i, 0, seq);
             next++;

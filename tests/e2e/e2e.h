@@ -74,6 +74,18 @@ static inline void e2e_phase_wait(e2e_phase *p, int phase)
     pthread_mutex_unlock(&p->lock);
 }
 
+/* libcuda.so.1 opened the way XLA and Numba open it (dlopen, never linked),
+ * or exit 1. */
+static inline void *e2e_open_libcuda(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        fprintf(stderr, "dlopen(libcuda.so.1): %s\n", dlerror());
+        exit(1);
+    }
+    return h;
+}
+
 /* A function the program looks up in a library it opened, or exit 1. */
 static inline void *e2e_dlsym(void *h, const char *name)
 {

@@ -38,11 +38,7 @@ static const fakecuda_api *F;
 /* Both devices' primary contexts active, device 0's current. */
 static void start(void)
 {
-    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        fprintf(stderr, "dlopen(libcuda.so.1): %s\n", dlerror());
-        exit(1);
-    }
+    void *h = e2e_open_libcuda();
     LOAD(Init, "cuInit");
     LOAD(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
     LOAD(CtxSetCurrent, "cuCtxSetCurrent");

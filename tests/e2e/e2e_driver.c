@@ -52,11 +52,7 @@ static struct {
 
 static void load(void)
 {
-    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        fprintf(stderr, "dlopen(libcuda.so.1): %s\n", dlerror());
-        exit(1);
-    }
+    void *h = e2e_open_libcuda();
     LOAD(Init, "cuInit");
     LOAD(DeviceGet, "cuDeviceGet");
     LOAD(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");

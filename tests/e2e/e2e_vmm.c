@@ -70,11 +70,7 @@ static CUmemAccessDesc rw_on(int dev)
 
 static void start(void)
 {
-    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        fprintf(stderr, "dlopen(libcuda.so.1): %s\n", dlerror());
-        exit(1);
-    }
+    void *h = e2e_open_libcuda();
     LOAD(Init, "cuInit");
     LOAD(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
     LOAD(CtxSetCurrent, "cuCtxSetCurrent");
