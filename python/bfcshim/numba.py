@@ -25,7 +25,7 @@ import weakref
 
 from numba.cuda import HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer
 
-from . import _library
+from . import _library, mem_get_info
 
 __all__ = ["BfcshimMemoryManager"]
 
@@ -39,7 +39,7 @@ class BfcshimMemoryManager(HostOnlyCUDAMemoryManager):
         self._live_lock = threading.Lock()
 
     def initialize(self):
-        self._lib = _library.load()
+        _library.load()  # a missing library fails here, not at the first array
 
     def _device(self):
         return self.context.device.id
@@ -66,10 +66,8 @@ class BfcshimMemoryManager(HostOnlyCUDAMemoryManager):
                              finalizer=finalizer)
 
     def get_memory_info(self):
-        free, total = ctypes.c_size_t(), ctypes.c_size_t()
-        _library.check(_library.load().bfcshim_mem_get_info(
-            self._device(), ctypes.byref(free), ctypes.byref(total)), "bfcshim_mem_get_info")
-        return MemoryInfo(free=free.value, total=total.value)
+        free, total = mem_get_info(self._device())
+        return MemoryInfo(free=free, total=total)
 
     def get_ipc_handle(self, memory):
         raise RuntimeError(

@@ -25,6 +25,10 @@ bfc_pool *replay_pool_create(struct sim_device *dev, const bfc_options *policy,
 
 /* The smallest single region, to 1 MiB, that serves the trace (replay.c). */
 uint64_t replay_min_pool_bytes(const trace *t, const bfc_options *policy);
+/* TSL's BFC policy (replay --tsl, report --compare tsl): lowest-address
+ * placement, and a chunk split only when the rest is at least as large as
+ * the request or 128 MiB (replay.c). */
+void cli_policy_tsl(bfc_options *policy);
 int cmd_tracegen(int argc, char **argv);
 
 /* "bfcshim CMD: OPTION 'VALUE' is not ACCEPTED" on stderr; returns 2. */

@@ -220,9 +220,9 @@ static int add_assignment(const char *cmd, const char *arg, env_list *e)
     name[n] = 0;
     if (strncmp(name, "BFCSHIM_", 8) == 0) {
         if (!env_var_find(name)) {
-            const char *near = env_var_closest(name);
-            fprintf(stderr, "bfcshim %s: --env %s: not a bfcshim variable%s%s%s\n", cmd, name,
-                    near ? "; did you mean " : "", near ? near : "", near ? "?" : "");
+            char hint[160];
+            fprintf(stderr, "bfcshim %s: --env %s: not a bfcshim variable%s\n", cmd, name,
+                    env_var_hint(name, hint, sizeof hint));
             return -1;
         }
         char option[300];

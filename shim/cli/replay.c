@@ -89,6 +89,12 @@ static void record_event(void *ctx, bfc_event ev, bfc_addr addr, uint64_t size, 
     trace_channel_event(ctx, (rec_action)ev, addr, size, 0);
 }
 
+void cli_policy_tsl(bfc_options *policy)
+{
+    policy->placement = BFC_PLACE_LOW;
+    policy->tsl_split = true;
+}
+
 bfc_pool *replay_pool_create(sim_device *dev, const bfc_options *policy, uint64_t pool_bytes,
                              bfc_backend *backend)
 {
@@ -520,10 +526,7 @@ int cmd_replay(int argc, char **argv)
                                      "a power of two from 256 to 1GiB");
             o.policy.align_bytes = v;
             break;
-        case OPT_TSL:
-            o.policy.placement = BFC_PLACE_LOW;
-            o.policy.tsl_split = true;
-            break;
+        case OPT_TSL: cli_policy_tsl(&o.policy); break;
         case OPT_DUMP: o.dump_path = optarg; break;
         case OPT_NO_MIN: o.bisect = false; break;
         case OPT_RECORD: o.record = optarg; break;

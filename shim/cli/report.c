@@ -247,10 +247,7 @@ static int write_report(const report_opts *o, trace *t)
     json_array_open(&j, "x");
     for (size_t i = 0; i < t->nev; i += step) {
         size_t last = i + step - 1 < t->nev ? i + step - 1 : t->nev - 1;
-        if (by_time)
-            json_double(&j, NULL, (double)(t->times[last] - t->first_us) / 1e6);
-        else
-            json_u64(&j, NULL, last);
+        report_write_x(&j, NULL, t, by_time, last);
     }
     json_array_close(&j);
     json_array_open(&j, "live");
@@ -258,10 +255,7 @@ static int write_report(const report_opts *o, trace *t)
         json_u64(&j, NULL, bucket_max[k]);
     json_array_close(&j);
     json_u64(&j, "peak_index", peak_at / step);
-    if (by_time)
-        json_double(&j, "peak_x", (double)(t->times[peak_at] - t->first_us) / 1e6);
-    else
-        json_u64(&j, "peak_x", peak_at);
+    report_write_x(&j, "peak_x", t, by_time, peak_at);
     json_object_close(&j);
 
     /* size histogram by powers of two, every bucket from the smallest used
@@ -287,7 +281,7 @@ static int write_report(const report_opts *o, trace *t)
     json_array_close(&j);
 
     /* the largest allocations as bands over time */
-    report_timeline_write(t, by_time, o->frames, &j);
+    report_timeline_write(t, o->frames, &j);
 
     /* the maps, the time cursor's maps and the fragmentation series */
     report_replay rr = {t, &policy, pool_bytes, peak_at, by_time, true};
@@ -373,10 +367,9 @@ int cmd_report(int argc, char **argv)
         case R_COMPARE:
             /* the engine's placements, and TSL's policy as replay --tsl has it */
             bfc_options_init(&compare);
-            if (strcmp(optarg, "tsl") == 0) {
-                compare.placement = BFC_PLACE_LOW;
-                compare.tsl_split = true;
-            } else if (!bfc_placement_from_name(optarg, &compare.placement)) {
+            if (strcmp(optarg, "tsl") == 0)
+                cli_policy_tsl(&compare);
+            else if (!bfc_placement_from_name(optarg, &compare.placement)) {
                 return cli_bad_value("report", "--compare", optarg, "aligned, age, low or tsl");
             }
             o.compare = &compare;

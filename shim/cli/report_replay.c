@@ -8,6 +8,7 @@
  * the page stays light on traces of a million events. The fragmentation
  * series walks the chunks at FRAG_POINTS evenly spaced events.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -88,11 +89,10 @@ static void visit_chunk(void *arg, const bfc_chunk_info *c)
         m->kind_bytes[c->kind] += c->size;
 }
 
-/* An event's x on the page: seconds since the first event, or its index. */
-static void write_x(json_out *j, const char *key, const report_replay *r, size_t event)
+void report_write_x(json_out *j, const char *key, const trace *t, bool by_time, size_t event)
 {
-    if (r->by_time)
-        json_double(j, key, (double)(r->t->times[event] - r->t->first_us) / 1e6);
+    if (by_time)
+        json_double(j, key, (double)(t->times[event] - t->first_us) / 1e6);
     else
         json_u64(j, key, event);
 }
@@ -106,7 +106,7 @@ static void write_map(json_out *j, const report_replay *r, bfc_pool *pool, const
     json_string(j, "label", label);
     json_u64(j, "event", event);
     if (event < r->t->nev)
-        write_x(j, "x", r, event);
+        report_write_x(j, "x", r->t, r->by_time, event);
     if (request)
         json_u64(j, "request", request);
     else
@@ -176,19 +176,26 @@ bool report_replay_write(const report_replay *r, json_out *j)
     size_t nsamples = t->nev < FRAG_POINTS ? t->nev : FRAG_POINTS;
     frag_sample *frag = calloc(nsamples ? nsamples : 1, sizeof *frag);
     size_t *frag_event = calloc(nsamples ? nsamples : 1, sizeof *frag_event);
+    /* The cursor's maps are taken in the same pass but belong to a later
+     * member of the page's object: they are written aside, into memory. */
+    char *cursor_text = NULL;
+    size_t cursor_len = 0, ncursor = t->nev < CURSOR_MAPS ? t->nev : CURSOR_MAPS, next = 0;
+    FILE *cursor_file = r->cursor ? open_memstream(&cursor_text, &cursor_len) : NULL;
+    json_out cj;
+    if (cursor_file) {
+        json_begin(&cj, cursor_file, false);
+        json_array_open(&cj, NULL);
+    }
     sim_device dev;
     bfc_backend backend = {0};
-    bfc_pool *pool = slot_addr && frag && frag_event
+    bfc_pool *pool = slot_addr && frag && frag_event && (cursor_file || !r->cursor)
                          ? replay_pool_create(&dev, r->policy, r->pool_bytes, &backend)
                          : NULL;
-    size_t ncursor = t->nev < CURSOR_MAPS ? t->nev : CURSOR_MAPS;
     uint64_t seq = 0, failures = 0;
     size_t done = 0;
 
     /* Maps at the failure and the peak go in "maps" as the pass reaches
-     * them, and fragmentation samples are collected for after. The JSON is
-     * written as it goes, one array at a time, so the cursor's maps take a
-     * second pass over a fresh pool. */
+     * them; fragmentation samples are collected for after. */
     json_array_open(j, "maps");
     bool failure_shown = false;
     for (size_t i = 0; pool && i < t->nev; i++) {
@@ -214,6 +221,10 @@ bool report_replay_write(const report_replay *r, json_out *j)
             bfc_pool_visit(pool, visit_hole, &frag[done]);
             done++;
         }
+        if (cursor_file && next < ncursor && i + 1 >= (next + 1) * t->nev / ncursor) {
+            write_map(&cj, r, pool, "at the cursor", i, 0, seq);
+            next++;
+        }
     }
     if (pool && !failure_shown && t->first_failure_at == t->nev) /* the last line failed */
         write_map(j, r, pool, "at the job's first allocation failure", t->nev,
@@ -227,7 +238,7 @@ bool report_replay_write(const report_replay *r, json_out *j)
     json_object_open(j, "frag");
     json_array_open(j, "x");
     for (size_t k = 0; k < done; k++)
-        write_x(j, NULL, r, frag_event[k]);
+        report_write_x(j, NULL, t, r->by_time, frag_event[k]);
     json_array_close(j);
     json_array_open(j, "event");
     for (size_t k = 0; k < done; k++)
@@ -251,30 +262,15 @@ bool report_replay_write(const report_replay *r, json_out *j)
     json_array_close(j);
     json_object_close(j);
 
-    if (!r->cursor) {
-        free(frag_event);
-        free(frag);
-        free(slot_addr);
-        return ok;
+    if (cursor_file) {
+        json_array_close(&cj);
+        ok = fclose(cursor_file) == 0 && ok;
+        json_raw(j, "cursor_maps", cursor_text ? cursor_text : "[]");
+        free(cursor_text);
+    } else if (r->cursor) {
+        json_raw(j, "cursor_maps", "[]");
+        ok = false;
     }
-    /* The cursor's maps: a second pass, stopping at evenly spaced events. */
-    json_array_open(j, "cursor_maps");
-    if (slot_addr)
-        memset(slot_addr, 0, (t->nslots ? t->nslots : 1) * sizeof *slot_addr);
-    pool = slot_addr ? replay_pool_create(&dev, r->policy, r->pool_bytes, &backend) : NULL;
-    seq = 0;
-    size_t next = 0;
-    for (size_t i = 0; pool && i < t->nev && next < ncursor; i++) {
-        replay_event(pool, &t->ev[i], slot_addr, &seq);
-        if (i + 1 >= (next + 1) * t->nev / ncursor) {
-            write_map(j, r, pool, "at the cursor", i, 0, seq);
-            next++;
-        }
-    }
-    json_array_close(j);
-    ok = ok && pool != NULL;
-    if (pool)
-        bfc_pool_destroy(pool, true);
     free(frag_event);
     free(frag);
     free(slot_addr);

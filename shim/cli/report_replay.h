@@ -30,6 +30,10 @@ typedef struct report_replay {
     bool cursor;    /* also the time cursor's maps */
 } report_replay;
 
+/* An event's x on the page: seconds since the first event when by_time, else
+ * its index (key NULL inside arrays). */
+void report_write_x(json_out *j, const char *key, const trace *t, bool by_time, size_t event);
+
 /* Writes the members "maps", "frag", "replay_failures" and, with cursor,
  * "cursor_maps" into the open object of j. False when the engine could not
  * be set up (then the members are written empty). */

@@ -81,7 +81,7 @@ static size_t sample_at_or_after(const size_t *samples, size_t S, size_t e)
     return lo;
 }
 
-bool report_timeline_write(const trace *t, bool by_time, const char *frames, json_out *j)
+bool report_timeline_write(const trace *t, const char *frames, json_out *j)
 {
     size_t S = t->nev < TIMELINE_SAMPLES ? t->nev : TIMELINE_SAMPLES;
     band *all = calloc(t->allocs ? t->allocs : 1, sizeof *all);
@@ -122,14 +122,6 @@ bool report_timeline_write(const trace *t, bool by_time, const char *frames, jso
     read_frames(frames, all, nb);
 
     json_object_open(j, "timeline");
-    json_array_open(j, "x");
-    for (size_t k = 0; k < S; k++) {
-        if (by_time)
-            json_double(j, NULL, (double)(t->times[sample[k]] - t->first_us) / 1e6);
-        else
-            json_u64(j, NULL, sample[k]);
-    }
-    json_array_close(j);
     json_array_open(j, "event");
     for (size_t k = 0; k < S; k++)
         json_u64(j, NULL, sample[k]);

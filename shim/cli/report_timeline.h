@@ -17,14 +17,15 @@ enum {
     TIMELINE_SAMPLES = 2000 /* moments the page stacks them at */
 };
 
-/* Writes the member "timeline" into the open object of j: "x" and "event"
- * of each sample, "other" (live bytes outside the bands at each sample) and
- * "bands": [alloc event, free event (events: never freed), size, first
+/* Writes the member "timeline" into the open object of j: "event" of each
+ * sample (the page draws by event order: a trace's times are often coarser
+ * than its events), "other" (live bytes outside the bands at each sample)
+ * and "bands": [alloc event, free event (events: never freed), size, first
  * sample, end sample, where it was made (or null)] in allocation order.
- * by_time: x in seconds since the first event, else event indexes. frames:
+ * frames:
  * a frames file (scripts/snapshot2csv.py --frames: after a '#' line, one
  * line per allocation in trace order) or NULL. False when out of host
  * memory (then "timeline" is null). */
-bool report_timeline_write(const trace *t, bool by_time, const char *frames, json_out *j);
+bool report_timeline_write(const trace *t, const char *frames, json_out *j);
 
 #endif

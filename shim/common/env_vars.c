@@ -156,6 +156,13 @@ static size_t distance(const char *a, const char *b)
     return row[lb];
 }
 
+const char *env_var_hint(const char *name, char *buf, size_t len)
+{
+    const char *near = env_var_closest(name);
+    snprintf(buf, len, "%s%s%s", near ? "; did you mean " : "", near ? near : "", near ? "?" : "");
+    return buf;
+}
+
 const char *env_var_closest(const char *name)
 {
     const char *best = NULL;

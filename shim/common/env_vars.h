@@ -50,4 +50,8 @@ bool env_var_check(const env_var *v, const char *value, char *accepted, size_t l
 /* The known name nearest to `name` (edit distance at most 3), or NULL. */
 const char *env_var_closest(const char *name);
 
+/* "; did you mean NAME?" for the nearest known name, or "" when none is
+ * near: the tail of a message about an unknown name. Returns buf. */
+const char *env_var_hint(const char *name, char *buf, size_t len);
+
 #endif

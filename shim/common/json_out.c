@@ -120,6 +120,12 @@ void json_null(json_out *j, const char *key)
     fputs("null", j->f);
 }
 
+void json_raw(json_out *j, const char *key, const char *text)
+{
+    member(j, key);
+    fputs(text, j->f);
+}
+
 void json_end(json_out *j)
 {
     fputc('\n', j->f);

@@ -30,6 +30,8 @@ void json_double(json_out *j, const char *key, double v); /* NaN/inf -> null */
 void json_bool(json_out *j, const char *key, bool v);
 void json_string(json_out *j, const char *key, const char *v); /* NULL -> null */
 void json_null(json_out *j, const char *key);
+/* A value already written as JSON (by another json_out, say), as it is. */
+void json_raw(json_out *j, const char *key, const char *text);
 /* Ends the document with a newline. */
 void json_end(json_out *j);
 

@@ -41,18 +41,13 @@ static CUresult fail(CUresult r, const char *api, const char *fmt, ...)
     return r;
 }
 
-static bool explicit_stream(CUstream s)
-{
-    return s != NULL && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD;
-}
-
 /* The context a call on `device` (and `stream`) means: an explicit stream's
  * own; else the current context when it is the device's (or device < 0);
  * else the device's primary context, which must be active. */
 static CUresult context_for(const real_driver *R, int device, CUstream s, CUcontext *out,
                             const char *api)
 {
-    if (explicit_stream(s)) {
+    if (svc_explicit_stream(s)) {
         if (!R->StreamGetCtx || R->StreamGetCtx(s, out) != CUDA_SUCCESS || !*out)
             return fail(CUDA_ERROR_INVALID_HANDLE, api, "stream %p is not a valid stream",
                         (void *)s);

@@ -129,9 +129,9 @@ static void warn_unknown_names(void)
         name[n] = 0;
         if (env_var_find(name))
             continue;
-        const char *near = env_var_closest(name);
-        shim_log(LOG_WARN, "%s is not a bfcshim variable and does nothing%s%s%s", name,
-                 near ? "; did you mean " : "", near ? near : "", near ? "?" : "");
+        char hint[160];
+        shim_log(LOG_WARN, "%s is not a bfcshim variable and does nothing%s", name,
+                 env_var_hint(name, hint, sizeof hint));
     }
 }
 

@@ -99,13 +99,16 @@ static shim_pool *stream_pool(CUstream s)
     return pool_for_context(ctx, true);
 }
 
+bool svc_explicit_stream(CUstream s)
+{
+    return s != NULL && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD;
+}
+
 shim_pool *svc_async_pool(CUstream s, bool per_thread, shim_pool *(*current)(void))
 {
     if (svc_stream_capturing(s, per_thread))
         return NULL;
-    /* Stream 0 is the legacy or the per-thread stream: the current context's. */
-    bool explicit_stream = s != NULL && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD;
-    return explicit_stream ? stream_pool(s) : current();
+    return svc_explicit_stream(s) ? stream_pool(s) : current();
 }
 
 void svc_note_passthrough(void)

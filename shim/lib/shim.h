@@ -318,6 +318,9 @@ bool svc_is_default_pool(shim_pool *sp, CUmemoryPool pool);
  * current), created on first use; else current(), the door's pool of the
  * current context. */
 shim_pool *svc_async_pool(CUstream s, bool per_thread, shim_pool *(*current)(void));
+/* Is s a stream handle of the program's own, not 0 (the legacy or the
+ * per-thread stream) or their named constants? */
+bool svc_explicit_stream(CUstream s);
 /* Does the device still allocate stream-ordered memory from its default
  * pool? cuDeviceSetMemPool (both doors) tells us when it stops. */
 bool svc_default_pool_current(CUdevice dev);

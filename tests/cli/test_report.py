@@ -186,8 +186,8 @@ for line in open(path("job.csv")).read().splitlines()[1:]:
     elif action == "free":
         now -= sizes.pop(ptr)
     after.append(now)
-check(len(tl["x"]) == min(2000, d["events"]) and len(tl["bands"]) == min(300, d["allocs"]),
-      f"timeline: {len(tl['x'])} samples, {len(tl['bands'])} bands")
+check(len(tl["event"]) == min(2000, d["events"]) and len(tl["bands"]) == min(300, d["allocs"]),
+      f"timeline: {len(tl['event'])} samples, {len(tl['bands'])} bands")
 sums_ok = all(tl["other"][k] + sum(b[2] for b in tl["bands"] if b[0] <= ev < b[1]) == after[ev]
               for k, ev in enumerate(tl["event"]))
 check(sums_ok, "grey band + live bands = live bytes at every sample")
