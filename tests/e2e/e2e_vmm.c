@@ -12,6 +12,9 @@
  *                another context then gets it
  *   fault        a child touching an unmapped granule, or a mapped one
  *                without access, dies; with access it lives
+ *   lifetime     cuCtxDestroy leaves a VMM allocation; a primary context's
+ *                reset destroys the device's: its memory goes back, its
+ *                mapping faults, its handle is no longer valid
  *   unsupported  (FAKECUDA_VMM=0) no support reported, calls refused
  */
 #include <cuda.h>
@@ -28,6 +31,8 @@ static struct {
     CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
     CUresult (*CtxSetCurrent)(CUcontext);
     CUresult (*CtxCreate)(CUcontext *, CUctxCreateParams *, unsigned, CUdevice);
+    CUresult (*CtxDestroy)(CUcontext);
+    CUresult (*PrimaryCtxReset)(CUdevice);
     CUresult (*DeviceGetAttribute)(int *, CUdevice_attribute, CUdevice);
     CUresult (*MemGetInfo)(size_t *, size_t *);
     CUresult (*Granularity)(size_t *, const CUmemAllocationProp *,
@@ -75,6 +80,8 @@ static void start(void)
     LOAD(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
     LOAD(CtxSetCurrent, "cuCtxSetCurrent");
     LOAD(CtxCreate, "cuCtxCreate_v4");
+    LOAD(CtxDestroy, "cuCtxDestroy_v2");
+    LOAD(PrimaryCtxReset, "cuDevicePrimaryCtxReset_v2");
     LOAD(DeviceGetAttribute, "cuDeviceGetAttribute");
     LOAD(MemGetInfo, "cuMemGetInfo_v2");
     LOAD(Granularity, "cuMemGetAllocationGranularity");
@@ -259,6 +266,29 @@ static void fault(void)
     CHECK_EQ(D.AddressFree(base, 4 * gran), CUDA_SUCCESS);
 }
 
+static void lifetime(void)
+{
+    start();
+    uint64_t before = fake_stats().bytes_in_use[0];
+    CUdeviceptr base = 0;
+    CHECK_EQ(D.Reserve(&base, 4 * gran, 0, 0, 0), CUDA_SUCCESS);
+    /* Made while a created context is current, which then goes: the
+     * allocation is no context's, and stays. */
+    CUcontext created;
+    CHECK_EQ(D.CtxCreate(&created, NULL, 0, 0), CUDA_SUCCESS);
+    CUmemGenericAllocationHandle h = map_rw(base, 0, 2);
+    CHECK_EQ(D.CtxDestroy(created), CUDA_SUCCESS);
+    memset((void *)(uintptr_t)base, 9, 2 * gran);
+    CHECK_EQ(fake_stats().bytes_in_use[0], before + 2 * gran);
+    /* The primary context's reset takes the device's allocations. */
+    CHECK_EQ(D.PrimaryCtxReset(0), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().bytes_in_use[0], before);
+    CHECK(child_dies(touch, base));
+    CHECK_EQ(D.Unmap(base, 2 * gran), CUDA_ERROR_INVALID_VALUE); /* nothing mapped */
+    CHECK_EQ(D.Release(h), CUDA_ERROR_INVALID_VALUE);            /* gone */
+    CHECK_EQ(D.AddressFree(base, 4 * gran), CUDA_SUCCESS);       /* the range stayed */
+}
+
 static void unsupported(void)
 {
     start();
@@ -277,12 +307,13 @@ int main(int argc, char **argv)
         const char *name;
         void (*fn)(void);
     } scenarios[] = {{"map", map},     {"rules", rules},         {"release", release},
-                     {"fault", fault}, {"unsupported", unsupported}};
+                     {"fault", fault}, {"lifetime", lifetime},
+                     {"unsupported", unsupported}};
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
         if (strcmp(s, scenarios[i].name) == 0) {
             scenarios[i].fn();
             return e2e_done(s);
         }
-    fprintf(stderr, "usage: e2e_vmm map|rules|release|fault|unsupported\n");
+    fprintf(stderr, "usage: e2e_vmm map|rules|release|fault|lifetime|unsupported\n");
     return 2;
 }

@@ -769,8 +769,15 @@ static void kill_ctx(fctx *c, bool keep_stream_ordered)
 }
 
 /* Lock held: drops the allocations of a context, as CUDA does when it goes. */
+static void vmm_device_reset(int dev);
 static void destroy_ctx_memory(fctx *c, bool keep_stream_ordered)
 {
+    /* A primary context's reset "destroys and cleans up all resources
+     * associated with the current device in the current process"
+     * (cuDevicePrimaryCtxReset, cuda.h): its VMM allocations too, although
+     * cuCtxDestroy keeps them. */
+    if (c->primary && !keep_stream_ordered)
+        vmm_device_reset(c->dev);
     for (size_t i = 0; i < G.nallocs;) {
         if (G.allocs[i].ctx == c && !(keep_stream_ordered && G.allocs[i].stream_ordered)) {
             munmap((void *)(uintptr_t)G.allocs[i].base, G.allocs[i].size ? G.allocs[i].size : 1);
@@ -1546,12 +1553,17 @@ EXPORT CUresult cuGetExportTable(const void **table, const CUuuid *id)
  * cuMemUnmap's synchronisation (the fake unmaps at once, the harsher
  * reading: memory still used by queued work is gone). FAKECUDA_VMM=0
  * makes the devices report no support and the calls CUDA_ERROR_NOT_SUPPORTED.
- * VMM allocations belong to no context: cuCtxDestroy and resets leave them.
+ * Lifetime: cuCtxDestroy "will not destroy memory allocations by
+ * cuMemCreate()" (cuda.h); a primary context's reset, or its last release,
+ * "destroys and cleans up all resources associated with the current
+ * device": the fake takes the harsher reading and destroys that device's
+ * allocations, turning their mappings back into bare reservations (which
+ * stay: an address range belongs to no device). Where cuda.h leaves a
+ * misuse undefined (a handle used after release, freeing a reservation that
+ * is still mapped) the fake answers CUDA_ERROR_INVALID_VALUE: the real
+ * driver may do worse, and the tests must not depend on either.
  */
-#define VMM_MAGIC 0x564d4d48u
-
 typedef struct vmm_handle {
-    uint32_t magic;
     int dev, fd;
     uint64_t size;
     unsigned mappings;
@@ -1569,6 +1581,8 @@ static struct {
     uint64_t granularity;
     vmm_range *reserved, *mapped;
     size_t nreserved, capreserved, nmapped, capmapped;
+    vmm_handle **handles; /* live physical allocations: a handle is valid iff listed */
+    size_t nhandles, caphandles;
 } V;
 
 /* Lock held. */
@@ -1617,21 +1631,59 @@ static int vmm_prop_device(const CUmemAllocationProp *prop)
     return prop->location.id;
 }
 
+/* The live allocation a handle names, or NULL (it is never dereferenced
+ * unless listed: a released handle's memory is gone). */
 static vmm_handle *vmm_handle_of(CUmemGenericAllocationHandle handle)
 {
-    vmm_handle *h = (vmm_handle *)(uintptr_t)handle;
-    return h && h->magic == VMM_MAGIC ? h : NULL;
+    for (size_t i = 0; i < V.nhandles; i++)
+        if ((CUmemGenericAllocationHandle)(uintptr_t)V.handles[i] == handle)
+            return V.handles[i];
+    return NULL;
 }
 
-/* The physical memory goes back to the device once released and unmapped. */
-static void vmm_maybe_free(vmm_handle *h)
+/* The physical memory goes back to the device. */
+static void vmm_destroy(vmm_handle *h)
 {
-    if (!h->released || h->mappings)
-        return;
+    for (size_t i = 0; i < V.nhandles; i++)
+        if (V.handles[i] == h) {
+            V.handles[i] = V.handles[--V.nhandles];
+            break;
+        }
     close(h->fd);
     G.st.bytes_in_use[h->dev] -= h->size;
-    h->magic = 0;
     free(h);
+}
+
+/* Once released and unmapped everywhere. */
+static void vmm_maybe_free(vmm_handle *h)
+{
+    if (h->released && !h->mappings)
+        vmm_destroy(h);
+}
+
+/* Mapping m goes: its range becomes a bare reservation again. */
+static void vmm_unmap_at(size_t m)
+{
+    vmm_range *r = &V.mapped[m];
+    mmap((void *)(uintptr_t)r->base, r->size, PROT_NONE,
+         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    r->h->mappings--;
+    *r = V.mapped[--V.nmapped];
+}
+
+/* Lock held: the device's primary context was reset (see above). */
+static void vmm_device_reset(int dev)
+{
+    for (size_t m = 0; m < V.nmapped;)
+        if (V.mapped[m].h->dev == dev)
+            vmm_unmap_at(m);
+        else
+            m++;
+    for (size_t i = 0; i < V.nhandles;)
+        if (V.handles[i]->dev == dev)
+            vmm_destroy(V.handles[i]); /* takes it off the list */
+        else
+            i++;
 }
 
 /* The reservation holding [base, base + size), or NULL. */
@@ -1676,6 +1728,10 @@ EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignm
 {
     VMM_ENTER();
     (void)addr; /* a hint */
+    /* "size ... must be a multiple of the host page size and the alignment
+     * must be a power of two or zero for default alignment"; "flags -
+     * Currently unused, must be zero". The default alignment, which cuda.h
+     * leaves open, is the granularity here. */
     const size_t page = (size_t)sysconf(_SC_PAGESIZE);
     if (!ptr || size == 0 || size % page || flags || (alignment & (alignment - 1)))
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -1718,6 +1774,9 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                             const CUmemAllocationProp *prop, unsigned long long flags)
 {
     VMM_ENTER();
+    /* "The size of this allocation must be a multiple of the value given
+     * via cuMemGetAllocationGranularity"; flags "for future use, must be
+     * zero". */
     int dev = vmm_prop_device(prop);
     if (!handle || dev < 0 || size == 0 || !vmm_aligned(size) || flags)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -1728,13 +1787,22 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
     vmm_handle *h = calloc(1, sizeof *h);
     int fd = h ? memfd_create("fakecuda-vmm", MFD_CLOEXEC) : -1;
-    if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
+    if (V.nhandles == V.caphandles) {
+        size_t c = V.caphandles ? V.caphandles * 2 : 16;
+        vmm_handle **t = realloc(V.handles, c * sizeof *t);
+        if (t) {
+            V.handles = t;
+            V.caphandles = c;
+        }
+    }
+    if (fd < 0 || ftruncate(fd, (off_t)size) != 0 || V.nhandles == V.caphandles) {
         if (fd >= 0)
             close(fd);
         free(h);
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
     }
-    *h = (vmm_handle){VMM_MAGIC, dev, fd, size, 0, false};
+    *h = (vmm_handle){dev, fd, size, 0, false};
+    V.handles[V.nhandles++] = h;
     G.st.bytes_in_use[dev] += size;
     *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
     LEAVE(CUDA_SUCCESS);
@@ -1755,6 +1823,10 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                          CUmemGenericAllocationHandle handle, unsigned long long flags)
 {
     VMM_ENTER();
+    /* "ptr, size, and offset must be a multiple of the value given via
+     * cuMemGetAllocationGranularity"; offset "currently must be zero"; the
+     * range "must be an address reservation previously reserved with
+     * cuMemAddressReserve"; offset + size within the allocation. */
     vmm_handle *h = vmm_handle_of(handle);
     if (!h || h->released || size == 0 || offset != 0 || flags || !vmm_aligned(ptr) ||
         !vmm_aligned(size) || size > h->size || !vmm_reservation(ptr, size))
@@ -1782,12 +1854,8 @@ EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     for (size_t m = 0; m < V.nmapped;) {
         vmm_range *r = &V.mapped[m];
         if (r->base >= ptr && r->base < ptr + size) {
-            /* back to a bare reservation: inaccessible, no memory behind it */
-            mmap((void *)(uintptr_t)r->base, r->size, PROT_NONE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
             vmm_handle *h = r->h;
-            *r = V.mapped[--V.nmapped];
-            h->mappings--;
+            vmm_unmap_at(m); /* a bare reservation again: inaccessible */
             vmm_maybe_free(h);
         } else {
             m++;
