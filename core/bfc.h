@@ -108,6 +108,21 @@ typedef struct bfc_backend {
     void (*on_event)(void *event_ctx, bfc_event ev, bfc_addr addr, uint64_t size,
                      uint32_t lane);
     void *event_ctx;
+    /*
+     * Required with bfc_options.vmm, unused without. region_alloc and
+     * region_free then reserve and give back *address space* only (the shim:
+     * cuMemAddressReserve), and these two put physical memory behind part of
+     * it and take it away again (cuMemCreate + cuMemMap + cuMemSetAccess;
+     * cuMemUnmap). Both ranges are multiples of map_granularity, inside one
+     * region. map must leave any granule-aligned sub-range unmappable on its
+     * own later (the shim makes one physical allocation per granule); it
+     * returns 0 on success and anything else when the device has no memory
+     * (then nothing of the range may stay mapped). unmap is called only for
+     * granules that lie wholly inside free space: no allocation uses them
+     * and no fence on them is outstanding. Called with the pool locked.
+     */
+    int (*map)(void *ctx, bfc_addr addr, uint64_t size);
+    void (*unmap)(void *ctx, bfc_addr addr, uint64_t size);
 } bfc_backend;
 
 /*
@@ -190,6 +205,30 @@ typedef struct bfc_options {
      * memory: the byte trigger keeps large frees from waiting. */
     uint32_t fence_interval;
     uint64_t fence_bytes;
+    /*
+     * Virtual memory mode (backend.map/unmap required). A region is address
+     * space; physical memory is mapped behind it in map_granularity granules
+     * when an allocation first lands on them, so one reservation grows as the
+     * pool does and free space coalesces across growth steps. limit_bytes
+     * then bounds the *mapped* bytes (pool_bytes), not the address space.
+     * Granules lying wholly in free space are unmapped:
+     *   - when more than release_threshold bytes of mapped memory are free
+     *     (checked as frees merge: the merged block gives its granules back);
+     *   - on bfc_pool_trim;
+     *   - before an allocation fails for want of mapped memory (pressure).
+     * With preallocate, the first region maps limit_bytes at once.
+     */
+    bool vmm;
+    /* The unit of mapping (the driver's granularity): a power of two and a
+     * multiple of granularity. Default 2 MiB. */
+    uint64_t map_granularity;
+    /* Address space of each reservation; 0: twice limit_bytes, so that a
+     * fragmented address space still leaves room to place a block wherever
+     * memory can be mapped. Rounded up to map_granularity. */
+    uint64_t va_bytes;
+    /* Free mapped bytes the pool keeps before giving granules back as frees
+     * merge. Default UINT64_MAX: keep them until trim or pressure. */
+    uint64_t release_threshold;
 } bfc_options;
 
 /* Fills *o with the defaults above, limit_bytes left 0. */
@@ -231,6 +270,15 @@ typedef struct bfc_stats {
     uint64_t num_gc_runs;
     uint64_t num_fence_waits; /* blocking fence_done calls on the slow path */
     uint64_t num_retired;     /* pending chunks that became free */
+    /* Address space held in regions: pool_bytes without vmm. With vmm,
+     * pool_bytes counts mapped bytes and this the reservations. */
+    uint64_t va_bytes;
+    uint64_t num_map_calls;   /* backend.map calls (vmm) */
+    uint64_t num_unmap_calls; /* backend.unmap calls (vmm) */
+    uint64_t num_map_failures;
+    /* Bytes given back to the device so far: unmapped granules (vmm) and
+     * returned regions. */
+    uint64_t released_bytes_total;
     uint64_t host_metadata_bytes; /* host memory the engine holds for bookkeeping */
 } bfc_stats;
 
@@ -301,9 +349,10 @@ void bfc_pool_retire(bfc_pool *pool, uint32_t lane, uint64_t completed);
 bool bfc_pool_lane_oldest(bfc_pool *pool, uint32_t lane, uint64_t *token);
 
 /* Returns every region that holds no allocated or pending chunk to the
- * backend, after sealing open epochs and retiring the fences the backend
- * already reports done (it never waits for one); returns the number of bytes
- * released. */
+ * backend (with vmm: unmaps every granule that lies wholly in free space and
+ * keeps the address space), after sealing open epochs and retiring the
+ * fences the backend already reports done (it never waits for one); returns
+ * the number of bytes released. */
 uint64_t bfc_pool_trim(bfc_pool *pool);
 
 /* True when addr lies inside one of the pool's regions. */

@@ -16,6 +16,9 @@
  *             mark exactly the non-empty bins; trees are valid red-black trees
  *   lanes     FIFO links agree both ways; tokens never decrease
  *   store     every record is either handed out or on the free list
+ *   backing   (vmm) every region has a bitmap and every byte of an allocated
+ *             or pending chunk lies in a mapped granule; mapped granules add
+ *             up to pool_bytes, regions to va_bytes
  *   stats     every counter equals a recount
  */
 #include <inttypes.h>
@@ -46,7 +49,7 @@ __attribute__((format(printf, 2, 3))) static void fail(checker *k, const char *f
 
 typedef struct recount {
     uint64_t chunks, free_chunks, free_bytes, alloc_chunks, alloc_bytes,
-        requested, pending_chunks, pending_bytes, region_bytes;
+        requested, pending_chunks, pending_bytes, region_bytes, mapped_bytes;
 } recount;
 
 /* Is handle c reachable in the tree of its own size class? */
@@ -167,6 +170,13 @@ static void check_regions(const bfc_pool *p, recount *n, checker *k)
         n->region_bytes += rg->size;
         if (rg->size == 0)
             fail(k, "region %u is empty", r);
+        if (p->opt.vmm != (rg->backed != NULL))
+            fail(k, "region %u %s a mapping bitmap", r, rg->backed ? "has" : "lacks");
+        if (rg->backed) {
+            if (rg->base % p->opt.map_granularity || rg->size % p->opt.map_granularity)
+                fail(k, "region %u is not made of whole map granules", r);
+            n->mapped_bytes += backing_count(p, rg);
+        }
         if (r > 0 && p->regions[r - 1].base + p->regions[r - 1].size > rg->base)
             fail(k, "regions %u and %u overlap or are out of order", r - 1, r);
         uint32_t c = rg->first, prev = CHUNK_NIL;
@@ -184,6 +194,13 @@ static void check_regions(const bfc_pool *p, recount *n, checker *k)
                 fail(k, "region %u: chunk %u starts at 0x%" PRIx64 ", expected 0x%" PRIx64,
                      r, c, cc->addr, at);
             check_chunk(p, c, n, k);
+            if (rg->backed && cc->state != CHUNK_FREE && cc->addr == at &&
+                cc->addr + cc->size <= rg->base + rg->size &&
+                !backing_covers(p, rg, cc->addr, cc->addr + cc->size))
+                fail(k, "region %u: %s chunk %u at 0x%" PRIx64 " (%" PRIu64
+                     " bytes) is not wholly mapped",
+                     r, cc->state == CHUNK_PENDING ? "pending" : "allocated", c, cc->addr,
+                     cc->size);
             at = cc->addr + cc->size;
             prev = c;
             c = cc->next;
@@ -286,7 +303,8 @@ static void check_stats(const bfc_pool *p, const recount *n, checker *k)
     const bfc_stats *s = &p->st;
     expect(k, "bytes_in_use", s->bytes_in_use, n->alloc_bytes);
     expect(k, "bytes_requested", s->bytes_requested, n->requested);
-    expect(k, "pool_bytes", s->pool_bytes, n->region_bytes);
+    expect(k, "pool_bytes", s->pool_bytes, p->opt.vmm ? n->mapped_bytes : n->region_bytes);
+    expect(k, "va_bytes", s->va_bytes, n->region_bytes);
     expect(k, "pending_bytes", s->pending_bytes, n->pending_bytes);
     expect(k, "num_pending_chunks", s->num_pending_chunks, n->pending_chunks);
     expect(k, "live allocations (num_allocs - num_frees)", s->num_allocs - s->num_frees,

@@ -66,6 +66,8 @@ void bfc_options_init(bfc_options *o)
     o->garbage_collection = true;
     o->placement = BFC_PLACE_ALIGNED;
     o->align_bytes = BFC_DEFAULT_ALIGN_BYTES;
+    o->map_granularity = UINT64_C(2) << 20;
+    o->release_threshold = UINT64_MAX;
 }
 
 static bool is_pow2(uint64_t x) { return x && !(x & (x - 1)); }
@@ -80,7 +82,10 @@ bfc_pool *bfc_pool_create(const bfc_options *opt, const bfc_backend *backend)
         opt->limit_bytes > BFC_MAX_ALLOC_BYTES ||
         (opt->placement != BFC_PLACE_BY_AGE && opt->placement != BFC_PLACE_LOW &&
          opt->placement != BFC_PLACE_ALIGNED) ||
-        (opt->placement == BFC_PLACE_ALIGNED && !is_pow2(opt->align_bytes)))
+        (opt->placement == BFC_PLACE_ALIGNED && !is_pow2(opt->align_bytes)) ||
+        (opt->vmm && (!backend->map || !backend->unmap || !is_pow2(opt->map_granularity) ||
+                      opt->map_granularity < opt->granularity ||
+                      opt->va_bytes > BFC_MAX_ALLOC_BYTES)))
         return NULL;
     bfc_pool *p = calloc(1, sizeof *p);
     if (!p)
@@ -112,6 +117,8 @@ void bfc_pool_destroy(bfc_pool *p, bool release_regions)
         return;
     if (release_regions)
         region_release_all(p);
+    for (uint32_t i = 0; i < p->nregions; i++)
+        free(p->regions[i].backed);
     lanes_fini(p);
     free(p->regions);
     live_index_fini(&p->live);
@@ -211,7 +218,8 @@ static uint32_t find_fit_slow(bfc_pool *p, uint64_t rounded, uint32_t lane_id,
     while (lanes_wait_oldest(p))
         if ((c = find_fit(p, rounded, lane_id, align)) != CHUNK_NIL)
             return c;
-    if (p->opt.garbage_collection && p->nregions > 0) {
+    /* With vmm a new reservation never waits for memory: nothing to gain. */
+    if (p->opt.garbage_collection && p->nregions > 0 && !p->opt.vmm) {
         p->st.num_gc_runs++;
         if (region_release_empty(p) > 0 && region_extend(p, rounded))
             return find_fit(p, rounded, lane_id, align);
@@ -378,6 +386,38 @@ static uint32_t take_pending(bfc_pool *p, uint32_t c, uint64_t rounded)
     return taken;
 }
 
+/*
+ * vmm: maps what just-carved chunk c lacks. When the limit or the device
+ * says no, gives back the granules of free space (c itself is allocated,
+ * so its own stay) and waits for fences, whose blocks become free space to
+ * give back, until the mapping succeeds or nothing is left to try; then c
+ * returns to free space (merging back into what it was cut from) and the
+ * allocation fails. Pending chunks are always backed, so a block taken
+ * from its own lane never gets here with anything to map.
+ */
+static bool back_allocation(bfc_pool *p, uint32_t c)
+{
+    int r = region_find(p, C(p, c)->addr);
+    bfc_addr lo = C(p, c)->addr, hi = lo + C(p, c)->size;
+    if (backing_map(p, &p->regions[r], lo, hi))
+        return true;
+    /* Mapped bytes when the last attempt failed: try again only once some
+     * went back (here, or by the threshold as waits retire blocks). */
+    uint64_t failed_at = p->st.pool_bytes;
+    for (;;) {
+        backing_release_free(p);
+        if (p->st.pool_bytes < failed_at) {
+            if (backing_map(p, &p->regions[r], lo, hi))
+                return true;
+            failed_at = p->st.pool_bytes;
+        }
+        if (!lanes_wait_oldest(p))
+            break;
+    }
+    pool_make_free(p, c);
+    return false;
+}
+
 bfc_status bfc_pool_alloc(bfc_pool *p, uint64_t size, uint32_t lane_id,
                           bfc_addr *out)
 {
@@ -432,6 +472,13 @@ bfc_status bfc_pool_alloc(bfc_pool *p, uint64_t size, uint32_t lane_id,
     cc->state = CHUNK_ALLOCATED;
     cc->requested = size;
     cc->stamp = ++p->alloc_seq;
+    if (p->opt.vmm && !back_allocation(p, c)) {
+        p->st.num_ooms++;
+        s = BFC_ERR_OOM;
+        if (p->backend.on_event)
+            p->backend.on_event(p->backend.event_ctx, BFC_EVENT_ALLOC_FAILED, 0, size, lane_id);
+        goto out;
+    }
     live_index_insert(&p->live, &p->chunks, c);
 
     bfc_stats *st = &p->st;
@@ -489,9 +536,16 @@ void pool_make_free(bfc_pool *p, uint32_t c)
     if (prev_free) {
         bins_resize(bins, &p->chunks, v, C(p, v)->size + cc->size);
         unlink_next(p, v, c);
+        c = v;
     } else if (!next_free) {
         bins_insert(bins, &p->chunks, c);
     }
+    /* vmm: mapped memory beyond the threshold goes back as soon as a whole
+     * granule of it is free. The unsigned sum only overstates what is free
+     * (granules shared with live blocks), which merely asks sooner. */
+    if (p->opt.vmm && p->st.pool_bytes - p->st.bytes_in_use - p->st.pending_bytes >
+                          p->opt.release_threshold)
+        backing_after_free(p, c);
 }
 
 bfc_status bfc_pool_free(bfc_pool *p, bfc_addr addr)

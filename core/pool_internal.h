@@ -39,6 +39,7 @@ typedef struct region {
     bfc_addr base;
     uint64_t size;
     uint32_t first; /* handle of the chunk at base */
+    uint64_t *backed; /* vmm: one bit per map granule, set while mapped; else NULL */
 } region;
 
 typedef struct lane {
@@ -101,6 +102,25 @@ uint64_t region_release_empty(bfc_pool *p);
 void region_release_all(bfc_pool *p);
 /* The chunk containing addr inside region r (a walk of the region). */
 uint32_t region_chunk_containing(const bfc_pool *p, int r, bfc_addr addr);
+
+/* backing.c (vmm only) */
+bool backing_init(const bfc_pool *p, region *r);
+/* Is every granule touching [lo, hi) mapped? */
+bool backing_covers(const bfc_pool *p, const region *r, bfc_addr lo, bfc_addr hi);
+/* Mapped bytes of the region, by recount. */
+uint64_t backing_count(const bfc_pool *p, const region *r);
+/* Maps the granules touching [lo, hi) that are not mapped; false when the
+ * limit or the backend refuses. */
+bool backing_map(bfc_pool *p, region *r, bfc_addr lo, bfc_addr hi);
+/* Unmaps the mapped granules lying wholly inside [lo, hi); returns bytes. */
+uint64_t backing_release(bfc_pool *p, region *r, bfc_addr lo, bfc_addr hi);
+/* The same for every free chunk of the pool. */
+uint64_t backing_release_free(bfc_pool *p);
+/* Free chunk c just formed and more than release_threshold is free: give
+ * back its whole granules. */
+void backing_after_free(bfc_pool *p, uint32_t c);
+/* Unmaps everything the region has mapped and drops its bitmap. */
+void backing_release_region(bfc_pool *p, region *r);
 
 /* stats.c */
 void pool_stats_locked(const bfc_pool *p, bfc_stats *out);

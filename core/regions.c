@@ -68,10 +68,73 @@ static uint64_t first_request_bytes(const bfc_pool *p, uint64_t need, uint64_t a
     return want > avail ? avail : want;
 }
 
+/* Files a new region [base, base + size), one free chunk, in address order
+ * (room for both reserved by the caller). */
+static void region_insert(bfc_pool *p, bfc_addr base, uint64_t size, uint64_t *backed)
+{
+    uint32_t c = chunk_new(&p->chunks);
+    chunk *cc = C(p, c);
+    cc->addr = base;
+    cc->size = size;
+    cc->state = CHUNK_FREE;
+    bins_insert(&p->free_bins, &p->chunks, c);
+
+    uint32_t at = 0;
+    while (at < p->nregions && p->regions[at].base < base)
+        at++;
+    memmove(&p->regions[at + 1], &p->regions[at],
+            (p->nregions - at) * sizeof(region));
+    p->regions[at] = (region){.base = base, .size = size, .first = c, .backed = backed};
+    p->nregions++;
+    p->st.num_region_allocs++;
+    p->st.va_bytes += size;
+}
+
+/*
+ * vmm: a new reservation of address space, va_bytes (or what the request
+ * needs). It costs no device memory, so the limit does not apply here; it
+ * applies when granules are mapped. With preallocation, the first
+ * reservation maps the whole limit at once (or, when the device cannot give
+ * that much now, nothing: the pool then grows on demand).
+ */
+static bool region_reserve_va(bfc_pool *p, uint64_t rounded)
+{
+    const uint64_t g = p->opt.map_granularity;
+    if (rounded > p->opt.limit_bytes)
+        return false; /* could never be mapped */
+    uint64_t want = round_up(p->opt.va_bytes ? p->opt.va_bytes : 2 * p->opt.limit_bytes, g);
+    if (want < round_up(rounded, g))
+        want = round_up(rounded, g);
+    bfc_addr base = 0;
+    if (p->backend.region_alloc(p->backend.ctx, want, &base) != 0) {
+        p->st.num_region_alloc_failures++;
+        return false;
+    }
+    region r = {.base = base, .size = want};
+    if (base == 0 || base % g != 0 || overlaps_existing(p, base, want) || !backing_init(p, &r)) {
+        p->st.num_region_alloc_failures++;
+        p->backend.region_free(p->backend.ctx, base, want);
+        return false;
+    }
+    const bool first = p->nregions == 0;
+    region_insert(p, base, want, r.backed);
+    if (first && p->opt.preallocate) {
+        uint64_t whole = p->opt.limit_bytes / g * g;
+        if (whole > want)
+            whole = want;
+        if (whole)
+            backing_map(p, &p->regions[region_find(p, base)], base, base + whole);
+    }
+    return true;
+}
+
 /* Adds a region able to hold `rounded` bytes. False when the limit or the
  * backend says no, or host memory runs out (then nothing changed). */
 bool region_extend(bfc_pool *p, uint64_t rounded)
 {
+    if (p->opt.vmm)
+        return regions_reserve(p) && chunk_store_reserve(&p->chunks, 1) &&
+               region_reserve_va(p, rounded);
     uint64_t avail = p->opt.limit_bytes - p->st.pool_bytes;
     if (rounded > avail)
         return false;
@@ -98,22 +161,7 @@ bool region_extend(bfc_pool *p, uint64_t rounded)
         want = smaller > need ? smaller : need;
     }
 
-    uint32_t c = chunk_new(&p->chunks);
-    chunk *cc = C(p, c);
-    cc->addr = base;
-    cc->size = want;
-    cc->state = CHUNK_FREE;
-    bins_insert(&p->free_bins, &p->chunks, c);
-
-    uint32_t at = 0;
-    while (at < p->nregions && p->regions[at].base < base)
-        at++;
-    memmove(&p->regions[at + 1], &p->regions[at],
-            (p->nregions - at) * sizeof(region));
-    p->regions[at] = (region){.base = base, .size = want, .first = c};
-    p->nregions++;
-
-    p->st.num_region_allocs++;
+    region_insert(p, base, want, NULL);
     p->st.pool_bytes += want;
     if (p->st.pool_bytes > p->st.peak_pool_bytes)
         p->st.peak_pool_bytes = p->st.pool_bytes;
@@ -128,13 +176,24 @@ static void drop_region(bfc_pool *p, uint32_t i)
     memmove(&p->regions[i], &p->regions[i + 1],
             (p->nregions - i - 1) * sizeof(region));
     p->nregions--;
-    p->st.pool_bytes -= r.size;
+    if (r.backed) {
+        backing_release_region(p, &r); /* unmapped before the range goes */
+    } else {
+        p->st.pool_bytes -= r.size;
+        p->st.released_bytes_total += r.size;
+    }
+    p->st.va_bytes -= r.size;
     p->st.num_region_frees++;
     p->backend.region_free(p->backend.ctx, r.base, r.size);
 }
 
+/* Without vmm: regions holding one free chunk go back whole. With vmm the
+ * address space stays (it costs nothing and keeps the pool one growing
+ * region) and the granules of free space go back. */
 uint64_t region_release_empty(bfc_pool *p)
 {
+    if (p->opt.vmm)
+        return backing_release_free(p);
     uint64_t released = 0;
     for (uint32_t i = p->nregions; i-- > 0;) {
         const region *r = &p->regions[i];

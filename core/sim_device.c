@@ -1,6 +1,7 @@
 /* sim_device.c - simulated device address space (see sim_device.h). */
 #include "sim_device.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 void sim_device_init(sim_device *d, uint64_t capacity)
@@ -37,4 +38,120 @@ static void sim_free(void *ctx, bfc_addr base, uint64_t size)
 bfc_backend sim_device_backend(sim_device *d)
 {
     return (bfc_backend){.ctx = d, .region_alloc = sim_alloc, .region_free = sim_free};
+}
+
+/* ---- virtual memory mode ------------------------------------------------ */
+
+static int sim_reserve(void *ctx, uint64_t size, bfc_addr *base)
+{
+    sim_device *d = ctx;
+    d->calls++;
+    if (d->fail_call && d->calls == d->fail_call)
+        return 1;
+    *base = d->next;
+    d->next += (size + d->alignment - 1) / d->alignment * d->alignment + d->alignment;
+    return 0;
+}
+
+static void sim_unreserve(void *ctx, bfc_addr base, uint64_t size)
+{
+    sim_device *d = ctx;
+    d->frees++;
+    /* A reservation must be unmapped before it goes. */
+    if (d->track_maps)
+        for (size_t i = 0; i < d->nmaps; i++)
+            if (d->maps[i].base < base + size && base < d->maps[i].base + d->maps[i].size)
+                d->misuse++;
+}
+
+static bool track_add(sim_device *d, uint64_t base, uint64_t size)
+{
+    for (size_t i = 0; i < d->nmaps; i++)
+        if (d->maps[i].base < base + size && base < d->maps[i].base + d->maps[i].size) {
+            d->misuse++; /* mapped twice */
+            return false;
+        }
+    if (d->nmaps == d->capmaps) {
+        size_t cap = d->capmaps ? d->capmaps * 2 : 64;
+        struct sim_range *t = realloc(d->maps, cap * sizeof *t);
+        if (!t)
+            return false;
+        d->maps = t;
+        d->capmaps = cap;
+    }
+    d->maps[d->nmaps++] = (struct sim_range){base, size};
+    return true;
+}
+
+/* Takes [base, base + size) out of the mapped ranges, splitting where it
+ * cuts one; every byte of it must have been mapped. */
+static void track_remove(sim_device *d, uint64_t base, uint64_t size)
+{
+    uint64_t covered = 0;
+    for (size_t i = 0; i < d->nmaps;) {
+        struct sim_range m = d->maps[i];
+        uint64_t lo = m.base > base ? m.base : base;
+        uint64_t hi = m.base + m.size < base + size ? m.base + m.size : base + size;
+        if (lo >= hi) {
+            i++;
+            continue;
+        }
+        covered += hi - lo;
+        d->maps[i] = d->maps[--d->nmaps];
+        if (m.base < lo)
+            track_add(d, m.base, lo - m.base);
+        if (hi < m.base + m.size)
+            track_add(d, hi, m.base + m.size - hi);
+    }
+    if (covered != size)
+        d->misuse++; /* unmapped what was not mapped */
+}
+
+static int sim_map(void *ctx, bfc_addr addr, uint64_t size)
+{
+    sim_device *d = ctx;
+    d->map_calls++;
+    if ((d->fail_map && d->map_calls == d->fail_map) || size > d->capacity - d->held ||
+        (d->refuse_above && size > d->refuse_above))
+        return 1;
+    if (d->track_maps && !track_add(d, addr, size))
+        return 1;
+    d->held += size;
+    return 0;
+}
+
+static void sim_unmap(void *ctx, bfc_addr addr, uint64_t size)
+{
+    sim_device *d = ctx;
+    d->unmap_calls++;
+    if (d->track_maps)
+        track_remove(d, addr, size);
+    d->held -= size;
+}
+
+bfc_backend sim_device_vmm_backend(sim_device *d)
+{
+    return (bfc_backend){.ctx = d, .region_alloc = sim_reserve, .region_free = sim_unreserve,
+                         .map = sim_map, .unmap = sim_unmap};
+}
+
+bool sim_device_mapped(const sim_device *d, uint64_t addr, uint64_t size)
+{
+    /* Ranges never overlap, so the bytes they cover add up. */
+    uint64_t covered = 0;
+    for (size_t i = 0; i < d->nmaps; i++) {
+        const struct sim_range *m = &d->maps[i];
+        uint64_t lo = m->base > addr ? m->base : addr;
+        uint64_t hi = m->base + m->size < addr + size ? m->base + m->size : addr + size;
+        if (lo < hi)
+            covered += hi - lo;
+    }
+    return covered == size;
+}
+
+void sim_device_fini(sim_device *d)
+{
+    free(d->maps);
+    d->maps = NULL;
+    d->nmaps = d->capmaps = 0;
 }

@@ -18,6 +18,18 @@ typedef struct sim_device {
     uint64_t refuse_above; /* refuse any single request larger than this (0: none) */
     uint64_t fail_call;    /* refuse the Nth region_alloc call (1-based; 0: none) */
     uint64_t calls, frees; /* region_alloc / region_free calls so far */
+    /* vmm (sim_device_vmm_backend): regions are address space only; held
+     * counts mapped bytes. With track_maps set, every mapped range is kept
+     * and each call checked against them (maps only onto unmapped space,
+     * unmaps only what is mapped); `misuse` counts violations. */
+    uint64_t map_calls, unmap_calls;
+    uint64_t fail_map;        /* refuse the Nth map call (1-based; 0: none) */
+    bool track_maps;
+    uint64_t misuse;
+    struct sim_range {
+        uint64_t base, size;
+    } *maps;
+    size_t nmaps, capmaps;
 } sim_device;
 
 /* A device of `capacity` bytes whose addresses start high, like a GPU's. */
@@ -25,5 +37,15 @@ void sim_device_init(sim_device *d, uint64_t capacity);
 
 /* A backend over d (fence_done left NULL). */
 bfc_backend sim_device_backend(sim_device *d);
+
+/* A backend for bfc_options.vmm: region_alloc reserves address space (never
+ * refused for capacity), map/unmap take and give back d's capacity. */
+bfc_backend sim_device_vmm_backend(sim_device *d);
+
+/* track_maps: is all of [addr, addr + size) mapped? */
+bool sim_device_mapped(const sim_device *d, uint64_t addr, uint64_t size);
+
+/* Frees the map list (track_maps). */
+void sim_device_fini(sim_device *d);
 
 #endif

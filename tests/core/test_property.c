@@ -6,7 +6,8 @@
  *
  * Each seed also draws the pool's configuration (preallocation or growth,
  * granularity, split threshold, two-ended placement, garbage collection,
- * limit, a device that refuses some requests, a fence callback or none), so
+ * limit, a device that refuses some requests, a fence callback or none,
+ * virtual memory with its granule, address space and release threshold), so
  * a seed range covers the option space.
  *
  * What the model checks besides bfc_pool_check:
@@ -14,7 +15,10 @@
  *     allocation and no pending block it may not reuse;
  *   - it is the best fit: the smallest free (or own-lane pending) chunk that
  *     fits, lowest address on ties, carved from the end the policy says;
- *   - an OOM happens only when no chunk fits and the pool could not grow;
+ *   - an OOM happens only when no chunk fits and the pool could not grow
+ *     (vmm: only when too little of the limit is unmapped to map the block);
+ *   - vmm: every allocation is mapped on the device, which saw no mapping
+ *     twice, no unmapping of what was not mapped, and nothing left at the end;
  *   - bad frees (double, interior, foreign, stale) are refused with the right
  *     status and change no statistic;
  *   - deferred frees (lanes 3..5) are sealed by a later allocation (the
@@ -147,7 +151,25 @@ static void configure(void)
         f->dev.capacity = f->opt.limit_bytes * 3 / 4;
     f->dev.alignment = rng_below(rng, 2) ? 512 : 2 * MiB;
     R.with_fences = rng_below(rng, 2);
-    bfc_backend b = sim_device_backend(&f->dev);
+    /* A third of the seeds run over virtual memory: granules from 4 KiB to a
+     * quarter of the limit, address space from half the limit (so that
+     * reservations run out and more are made) to the default, and release
+     * thresholds from "at once" to "never". The device tracks its own
+     * mappings. */
+    f->opt.vmm = rng_below(rng, 3) == 0;
+    if (f->opt.vmm) {
+        const uint64_t grans[] = {4 * KiB, 64 * KiB, f->opt.limit_bytes / 4};
+        f->opt.map_granularity = grans[rng_below(rng, 3)];
+        if (f->opt.map_granularity < f->opt.granularity)
+            f->opt.map_granularity = f->opt.granularity;
+        const uint64_t vas[] = {0, f->opt.limit_bytes / 2, f->opt.limit_bytes * 3};
+        f->opt.va_bytes = vas[rng_below(rng, 3)];
+        const uint64_t thresholds[] = {UINT64_MAX, 0, f->opt.limit_bytes / 8};
+        f->opt.release_threshold = thresholds[rng_below(rng, 3)];
+        f->dev.track_maps = true;
+        f->dev.alignment = f->opt.map_granularity;
+    }
+    bfc_backend b = f->opt.vmm ? sim_device_vmm_backend(&f->dev) : sim_device_backend(&f->dev);
     if (R.with_fences)
         b.fence_done = fence_done;
     b.fence_seal = fence_seal;
@@ -359,15 +381,29 @@ static void op_alloc(void)
     }
     if (st == BFC_ERR_OOM) {
         R.ooms++;
-        if (s.best.found && stats_of(&R.f).num_retired == before.num_retired)
+        bfc_stats after = stats_of(&R.f);
+        if (R.f.opt.vmm) {
+            /* A fit in address space proves nothing: memory must be
+             * mapped. Free space was given back first, so what stays mapped
+             * is pinned by live and pending blocks, and the block could not
+             * be mapped: it needs at most its chunk (the request plus what
+             * the split rule leaves as slack) plus two partial granules. */
+            const bfc_options *o = &R.f.opt;
+            bool device_refuses = R.f.dev.capacity < o->limit_bytes || R.f.dev.refuse_above;
+            uint64_t slack = o->tsl_split ? rounded : o->min_split_bytes;
+            if (!device_refuses &&
+                o->limit_bytes - after.pool_bytes >= rounded + slack + 2 * o->map_granularity)
+                FAIL_AT("OOM for %" PRIu64 " bytes with %" PRIu64 " of the limit unmapped",
+                        rounded, o->limit_bytes - after.pool_bytes);
+        } else if (s.best.found && after.num_retired == before.num_retired) {
             FAIL_AT("OOM for %" PRIu64 " bytes though chunk %#llx of %" PRIu64 " fits",
                     rounded, (unsigned long long)s.best.chunk.addr, s.best.chunk.size);
+        }
         if (a != 0xdead00)
             FAIL_AT("failed alloc wrote its out-pointer");
-        bfc_stats after = stats_of(&R.f);
         if (after.num_ooms != before.num_ooms + 1)
             FAIL_AT("num_ooms did not count the failure");
-        if (after.largest_free_block_bytes >= rounded)
+        if (!R.f.opt.vmm && after.largest_free_block_bytes >= rounded)
             FAIL_AT("OOM while a free block of %" PRIu64 " >= %" PRIu64 " exists",
                     after.largest_free_block_bytes, rounded);
         pending_resync();
@@ -378,6 +414,13 @@ static void op_alloc(void)
         return;
     }
     R.allocs++;
+    if (R.f.opt.vmm) {
+        uint64_t mg = R.f.opt.map_granularity;
+        bfc_addr lo = a / mg * mg, hi = (a + rounded + mg - 1) / mg * mg;
+        if (!sim_device_mapped(&R.f.dev, lo, hi - lo))
+            FAIL_AT("allocation %#llx of %" PRIu64 " is not wholly mapped on the device",
+                    (unsigned long long)a, rounded);
+    }
     if (a % g != 0 || !bfc_pool_owns(R.f.pool, a) ||
         !bfc_pool_owns(R.f.pool, a + rounded - 1))
         FAIL_AT("allocation %#llx of %" PRIu64 " is misaligned or outside the pool",
@@ -594,6 +637,8 @@ static void check_model(void)
     if (s.pool_bytes > R.f.opt.limit_bytes || R.f.dev.held != s.pool_bytes)
         FAIL_AT("pool holds %" PRIu64 " (device says %" PRIu64 "), limit %" PRIu64,
                 s.pool_bytes, R.f.dev.held, R.f.opt.limit_bytes);
+    if (R.f.dev.misuse)
+        FAIL_AT("the device saw %" PRIu64 " bad map/unmap/unreserve call(s)", R.f.dev.misuse);
 }
 
 static void run_seed(uint64_t seed, uint64_t ops)
@@ -630,8 +675,10 @@ static void run_seed(uint64_t seed, uint64_t ops)
         check_model();
     }
     bfc_pool_destroy(R.f.pool, true);
-    if (R.f.dev.held != 0)
-        FAIL_AT("device still holds %" PRIu64 " bytes after destroy", R.f.dev.held);
+    if (R.f.dev.held != 0 || R.f.dev.nmaps != 0 || R.f.dev.misuse)
+        FAIL_AT("device still holds %" PRIu64 " bytes in %zu mappings after destroy (%" PRIu64
+                " bad calls)", R.f.dev.held, R.f.dev.nmaps, R.f.dev.misuse);
+    sim_device_fini(&R.f.dev);
 }
 
 int main(int argc, char **argv)

@@ -62,7 +62,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     bfc_options o;
     bfc_options_init(&o);
     unsigned cfg = take(&in);
-    o.limit_bytes = (uint64_t)(take(&in) % 32 + 1) << 16; /* 64 KiB .. 2 MiB */
+    unsigned lim = take(&in);
+    o.limit_bytes = (uint64_t)(lim % 32 + 1) << 16; /* 64 KiB .. 2 MiB */
+    /* Virtual memory: 4 KiB granules, given back at once or only under
+     * pressure and on trim. */
+    o.vmm = (lim & 32) != 0;
+    o.map_granularity = 4096;
+    o.release_threshold = lim & 64 ? 0 : UINT64_MAX;
     o.preallocate = cfg & 1;
     o.placement = cfg & 2 ? BFC_PLACE_LOW : BFC_PLACE_BY_AGE;
     o.tsl_split = (cfg & 4) != 0;
@@ -73,10 +79,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     o.min_split_bytes = (cfg & 32) ? 2048 : 256;
     sim_device dev;
     sim_device_init(&dev, o.limit_bytes);
-    dev.alignment = 512;
+    dev.alignment = o.vmm ? 4096 : 512;
     if (cfg & 64)
         dev.refuse_above = o.limit_bytes / 2;
-    bfc_backend b = sim_device_backend(&dev);
+    dev.track_maps = o.vmm;
+    bfc_backend b = o.vmm ? sim_device_vmm_backend(&dev) : sim_device_backend(&dev);
     done = 0;
     refuse_seals = false;
     if (cfg & 128) {
@@ -167,6 +174,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     bfc_pool_stats(pool, &st);
     must(st.bytes_in_use == 0 && st.pending_bytes == 0, "bytes left in use");
     bfc_pool_destroy(pool, true);
-    must(dev.held == 0, "regions leaked");
+    must(dev.held == 0 && dev.nmaps == 0, "regions or mappings leaked");
+    must(dev.misuse == 0, "bad map, unmap or unreserve call");
+    sim_device_fini(&dev);
     return 0;
 }

@@ -1,0 +1,163 @@
+/*
+ * backing.c - physical memory behind virtual regions (bfc_options.vmm).
+ *
+ * With vmm a region is address space, and each region keeps a bitmap with
+ * one bit per map granule, set while physical memory is mapped there. The
+ * rule the checker proves: every byte of an allocated or pending chunk lies
+ * in a backed granule. Free chunks may be backed, partly backed or not at
+ * all: best fit ignores backing (a hole is a hole, wherever its memory is),
+ * and an allocation maps the granules its block lacks.
+ *
+ * A granule goes back only when it lies wholly inside one free chunk. A free
+ * chunk's neighbours are never free, so a granule shared with an allocated
+ * or pending block is never taken, and free space is memory that no queued
+ * GPU work can touch (the shim's frees become free only after their fences),
+ * which matters because unmapping does not wait for the GPU.
+ *
+ * Runs of granules are mapped and unmapped with one backend call each, so
+ * growing over a large block costs one call however many granules it spans.
+ */
+#include <stdlib.h>
+
+#include "pool_internal.h"
+
+static inline uint64_t granule_of(const region *r, uint64_t gran, bfc_addr a)
+{
+    return (a - r->base) / gran;
+}
+
+static inline bool bit_get(const uint64_t *w, uint64_t i)
+{
+    return w[i >> 6] >> (i & 63) & 1;
+}
+
+/* The first index in [from, to) whose bit is `value`, or `to`. Skips whole
+ * words, so a long unbacked tail costs one load per 64 granules. */
+static uint64_t bit_find(const uint64_t *w, uint64_t from, uint64_t to, bool value)
+{
+    uint64_t i = from;
+    while (i < to) {
+        uint64_t word = value ? w[i >> 6] : ~w[i >> 6];
+        word &= ~UINT64_C(0) << (i & 63);
+        if (word) {
+            uint64_t at = (i & ~UINT64_C(63)) + bits_ctz64(word);
+            return at < to ? at : to;
+        }
+        i = (i | 63) + 1;
+    }
+    return to;
+}
+
+/* Sets bits [from, to) to `value`. */
+static void bit_fill(uint64_t *w, uint64_t from, uint64_t to, bool value)
+{
+    for (uint64_t i = from; i < to; i++) {
+        if (value)
+            w[i >> 6] |= UINT64_C(1) << (i & 63);
+        else
+            w[i >> 6] &= ~(UINT64_C(1) << (i & 63));
+    }
+}
+
+bool backing_init(const bfc_pool *p, region *r)
+{
+    uint64_t granules = r->size / p->opt.map_granularity;
+    r->backed = calloc((size_t)((granules + 63) / 64), sizeof *r->backed);
+    return r->backed != NULL;
+}
+
+bool backing_covers(const bfc_pool *p, const region *r, bfc_addr lo, bfc_addr hi)
+{
+    const uint64_t g = p->opt.map_granularity;
+    uint64_t first = granule_of(r, g, lo), end = granule_of(r, g, hi - 1) + 1;
+    return bit_find(r->backed, first, end, false) == end;
+}
+
+uint64_t backing_count(const bfc_pool *p, const region *r)
+{
+    uint64_t granules = r->size / p->opt.map_granularity, n = 0;
+    for (uint64_t i = 0; i < (granules + 63) / 64; i++)
+        n += (uint64_t)__builtin_popcountll(r->backed[i]);
+    return n * p->opt.map_granularity;
+}
+
+bool backing_map(bfc_pool *p, region *r, bfc_addr lo, bfc_addr hi)
+{
+    const uint64_t g = p->opt.map_granularity;
+    const uint64_t first = granule_of(r, g, lo), end = granule_of(r, g, hi - 1) + 1;
+    uint64_t missing = 0;
+    for (uint64_t i = bit_find(r->backed, first, end, false); i < end;) {
+        uint64_t j = bit_find(r->backed, i, end, true);
+        missing += (j - i) * g;
+        i = bit_find(r->backed, j, end, false);
+    }
+    if (missing == 0)
+        return true;
+    if (missing > p->opt.limit_bytes - p->st.pool_bytes)
+        return false;
+    for (uint64_t i = bit_find(r->backed, first, end, false); i < end;) {
+        uint64_t j = bit_find(r->backed, i, end, true);
+        p->st.num_map_calls++;
+        if (p->backend.map(p->backend.ctx, r->base + i * g, (j - i) * g) != 0) {
+            /* Runs mapped before this one stay: they are counted, and free
+             * space gives them back like any other granule. */
+            p->st.num_map_failures++;
+            return false;
+        }
+        bit_fill(r->backed, i, j, true);
+        p->st.pool_bytes += (j - i) * g;
+        i = bit_find(r->backed, j, end, false);
+    }
+    if (p->st.pool_bytes > p->st.peak_pool_bytes)
+        p->st.peak_pool_bytes = p->st.pool_bytes;
+    return true;
+}
+
+uint64_t backing_release(bfc_pool *p, region *r, bfc_addr lo, bfc_addr hi)
+{
+    const uint64_t g = p->opt.map_granularity;
+    /* Whole granules only: round the start up and the end down. */
+    const uint64_t first = (lo - r->base + g - 1) / g, end = (hi - r->base) / g;
+    uint64_t released = 0;
+    for (uint64_t i = first < end ? bit_find(r->backed, first, end, true) : end; i < end;) {
+        uint64_t j = bit_find(r->backed, i, end, false);
+        p->st.num_unmap_calls++;
+        p->backend.unmap(p->backend.ctx, r->base + i * g, (j - i) * g);
+        bit_fill(r->backed, i, j, false);
+        released += (j - i) * g;
+        i = bit_find(r->backed, j, end, true);
+    }
+    p->st.pool_bytes -= released;
+    p->st.released_bytes_total += released;
+    return released;
+}
+
+uint64_t backing_release_free(bfc_pool *p)
+{
+    uint64_t released = 0;
+    for (uint32_t ri = 0; ri < p->nregions; ri++) {
+        region *r = &p->regions[ri];
+        for (uint32_t c = r->first; c != CHUNK_NIL; c = C(p, c)->next) {
+            const chunk *cc = C(p, c);
+            if (cc->state == CHUNK_FREE && cc->size >= p->opt.map_granularity)
+                released += backing_release(p, r, cc->addr, cc->addr + cc->size);
+        }
+    }
+    return released;
+}
+
+void backing_after_free(bfc_pool *p, uint32_t c)
+{
+    const chunk *cc = C(p, c);
+    if (cc->size < p->opt.map_granularity)
+        return;
+    int r = region_find(p, cc->addr);
+    backing_release(p, &p->regions[r], cc->addr, cc->addr + cc->size);
+}
+
+void backing_release_region(bfc_pool *p, region *r)
+{
+    backing_release(p, r, r->base, r->base + r->size);
+    free(r->backed);
+    r->backed = NULL;
+}

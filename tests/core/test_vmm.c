@@ -1,0 +1,307 @@
+/* The engine over virtual memory (bfc_options.vmm), one rule per case:
+ * granules are mapped when blocks land on them, free space coalesces across
+ * growth steps, granules of free space go back (threshold, trim, pressure),
+ * never those of pending blocks, and a refused mapping leaves the pool as
+ * it was. The simulated device tracks its mappings independently of the
+ * engine's bitmap, so "mapped" is checked twice. */
+#include "pool_fixture.h"
+
+#define GRAN (2 * MiB)
+
+/* A vmm pool of `limit` mapped bytes over the simulated device, low-end
+ * placement (exact addresses), growth mode unless the caller says. */
+static void vmm_begin(fixture *f, uint64_t limit)
+{
+    fixture_begin(f, limit);
+    f->opt.vmm = true;
+    f->opt.preallocate = false;
+    f->opt.map_granularity = GRAN;
+    f->dev.track_maps = true;
+}
+
+static void vmm_start(fixture *f)
+{
+    bfc_backend b = sim_device_vmm_backend(&f->dev);
+    fixture_start_with(f, &b);
+}
+
+static void vmm_end(fixture *f)
+{
+    fixture_end(f); /* checks the pool, destroys it, device holds nothing */
+    CHECK_EQ(f->dev.misuse, 0);
+    CHECK_EQ(f->dev.nmaps, 0);
+    sim_device_fini(&f->dev);
+}
+
+/* Every granule the block touches is mapped on the device. */
+static void check_mapped(fixture *f, bfc_addr a, uint64_t size)
+{
+    bfc_addr lo = a / GRAN * GRAN, hi = (a + size + GRAN - 1) / GRAN * GRAN;
+    CHECK(sim_device_mapped(&f->dev, lo, hi - lo));
+}
+
+static void granules_are_mapped_as_blocks_land_on_them(void)
+{
+    fixture f;
+    vmm_begin(&f, 64 * MiB);
+    vmm_start(&f);
+    CHECK_EQ(stats_of(&f).pool_bytes, 0);
+    bfc_addr a = must_alloc(&f, 1000);
+    bfc_stats s = stats_of(&f);
+    CHECK_EQ(s.pool_bytes, GRAN);      /* one granule, not a region */
+    CHECK_EQ(s.va_bytes, 128 * MiB);   /* twice the limit of address space */
+    CHECK_EQ(s.num_map_calls, 1);
+    check_mapped(&f, a, 1000);
+    bfc_addr b = must_alloc(&f, 5 * MiB); /* spans granules 0..2: two more */
+    s = stats_of(&f);
+    CHECK_EQ(s.pool_bytes, 3 * GRAN);
+    CHECK_EQ(s.num_map_calls, 2); /* one call for the run of two */
+    check_mapped(&f, b, 5 * MiB);
+    must_alloc(&f, 512); /* fits in the mapped tail of granule 2 */
+    CHECK_EQ(stats_of(&f).num_map_calls, 2);
+    CHECK_EQ(f.dev.held, stats_of(&f).pool_bytes);
+    vmm_end(&f);
+}
+
+static void free_space_coalesces_across_growth_steps(void)
+{
+    fixture f;
+    vmm_begin(&f, 64 * MiB);
+    vmm_start(&f);
+    bfc_addr a = must_alloc(&f, 3 * MiB), b = must_alloc(&f, 7 * MiB);
+    CHECK_EQ(b, a + 3 * MiB); /* one region: the second step lands right after */
+    must_free(&f, a);
+    must_free(&f, b);
+    bfc_stats s = stats_of(&f);
+    CHECK_EQ(s.num_regions, 1);
+    CHECK_EQ(s.num_free_chunks, 1);
+    CHECK_EQ(s.largest_free_block_bytes, s.va_bytes);
+    /* The whole 10 MiB hole (and what lies past it) takes a 10 MiB block
+     * without mapping anything new. */
+    uint64_t calls = s.num_map_calls;
+    bfc_addr c = must_alloc(&f, 10 * MiB);
+    CHECK_EQ(c, a);
+    CHECK_EQ(stats_of(&f).num_map_calls, calls);
+    vmm_end(&f);
+}
+
+static void pressure_gives_back_free_granules_before_failing(void)
+{
+    /* Four 2 MiB blocks fill an 8 MiB limit; two non-adjacent ones go. A
+     * 4 MiB block fits no mapped hole, and the limit forbids mapping more:
+     * the holes' granules are unmapped and the block is mapped past them.
+     * Regions over real memory would fail here (checked below). */
+    for (int vmm = 1; vmm >= 0; vmm--) {
+        fixture f;
+        vmm_begin(&f, 8 * MiB);
+        f.opt.vmm = vmm;
+        f.opt.preallocate = !vmm;
+        if (vmm)
+            vmm_start(&f);
+        else
+            fixture_start(&f);
+        bfc_addr b[4];
+        for (int i = 0; i < 4; i++)
+            b[i] = must_alloc(&f, 2 * MiB);
+        must_free(&f, b[0]);
+        must_free(&f, b[2]);
+        bfc_addr big = 0;
+        bfc_status st = bfc_pool_alloc(f.pool, 4 * MiB, BFC_NO_LANE, &big);
+        CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+        bfc_stats s = stats_of(&f);
+        if (vmm) {
+            CHECK_EQ(st, BFC_OK);
+            CHECK_EQ(s.pool_bytes, 8 * MiB);
+            CHECK_EQ(s.released_bytes_total, 4 * MiB);
+            check_mapped(&f, big, 4 * MiB);
+            check_mapped(&f, b[1], 2 * MiB);
+            check_mapped(&f, b[3], 2 * MiB);
+            CHECK(!sim_device_mapped(&f.dev, b[0], GRAN));
+            vmm_end(&f);
+        } else {
+            CHECK_EQ(st, BFC_ERR_OOM);
+            fixture_end(&f);
+        }
+    }
+}
+
+static void threshold_releases_as_frees_merge(void)
+{
+    fixture f;
+    vmm_begin(&f, 64 * MiB);
+    f.opt.release_threshold = 3 * MiB;
+    vmm_start(&f);
+    bfc_addr a = must_alloc(&f, 2 * MiB), b = must_alloc(&f, 2 * MiB);
+    bfc_addr c = must_alloc(&f, 1 * MiB), d = must_alloc(&f, 1 * MiB);
+    CHECK_EQ(stats_of(&f).pool_bytes, 6 * MiB);
+    must_free(&f, a); /* 2 MiB free: under the threshold, stays mapped */
+    CHECK_EQ(stats_of(&f).pool_bytes, 6 * MiB);
+    must_free(&f, b); /* 4 MiB free: the merged hole's granules go */
+    bfc_stats s = stats_of(&f);
+    CHECK_EQ(s.pool_bytes, 2 * MiB);
+    CHECK_EQ(s.num_unmap_calls, 1);
+    /* c shares its granule with d: freeing c frees no whole granule. */
+    must_free(&f, c);
+    CHECK_EQ(stats_of(&f).pool_bytes, 2 * MiB);
+    check_mapped(&f, d, 1 * MiB);
+    must_free(&f, d); /* its granule is wholly free, but 2 MiB <= 3 MiB */
+    CHECK_EQ(stats_of(&f).pool_bytes, 2 * MiB);
+    CHECK_EQ(bfc_pool_trim(f.pool), 2 * MiB);    /* trim takes it regardless */
+    CHECK_EQ(stats_of(&f).pool_bytes, 0);
+    CHECK_EQ(stats_of(&f).va_bytes, 128 * MiB); /* the address space stays */
+    vmm_end(&f);
+}
+
+/* The simulated GPU: fences up to `gpu_done` have completed; a blocking
+ * wait completes the token waited for. */
+static uint64_t gpu_done;
+
+static bool fence_done(void *ctx, uint32_t lane, uint64_t token, bool wait)
+{
+    (void)ctx, (void)lane;
+    if (wait && token > gpu_done)
+        gpu_done = token;
+    return token <= gpu_done;
+}
+
+static void pending_blocks_are_never_unmapped(void)
+{
+    fixture f;
+    vmm_begin(&f, 8 * MiB);
+    f.opt.release_threshold = 0;
+    gpu_done = 0;
+    bfc_backend b = sim_device_vmm_backend(&f.dev);
+    b.fence_done = fence_done;
+    fixture_start_with(&f, &b);
+    uint32_t lane;
+    CHECK_EQ(bfc_pool_lane_open(f.pool, false, &lane), BFC_OK);
+    bfc_addr a = must_alloc(&f, 4 * MiB), keep = must_alloc(&f, 2 * MiB);
+    CHECK_EQ(bfc_pool_free_fenced(f.pool, a, lane, 1), BFC_OK);
+    CHECK_EQ(bfc_pool_trim(f.pool), 0); /* its fence is outstanding */
+    check_mapped(&f, a, 4 * MiB);
+    CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+    bfc_pool_retire(f.pool, lane, 1); /* threshold 0: the merged hole goes */
+    CHECK_EQ(stats_of(&f).pool_bytes, 2 * MiB);
+    check_mapped(&f, keep, 2 * MiB);
+    bfc_pool_lane_close(f.pool, lane);
+    vmm_end(&f);
+}
+
+static void pressure_waits_for_fences_then_unmaps(void)
+{
+    /* The limit is full and the only reclaimable memory is pending: the
+     * allocation waits for the fences, then unmaps the retired blocks. */
+    fixture f;
+    vmm_begin(&f, 6 * MiB);
+    gpu_done = 0;
+    bfc_backend b = sim_device_vmm_backend(&f.dev);
+    b.fence_done = fence_done;
+    fixture_start_with(&f, &b);
+    uint32_t lane;
+    CHECK_EQ(bfc_pool_lane_open(f.pool, false, &lane), BFC_OK);
+    bfc_addr a = must_alloc(&f, 2 * MiB);
+    must_alloc(&f, 2 * MiB);
+    bfc_addr c = must_alloc(&f, 2 * MiB);
+    CHECK_EQ(bfc_pool_free_fenced(f.pool, a, lane, 1), BFC_OK);
+    CHECK_EQ(bfc_pool_free_fenced(f.pool, c, lane, 2), BFC_OK);
+    bfc_addr big = must_alloc(&f, 4 * MiB); /* needs both retired and unmapped */
+    check_mapped(&f, big, 4 * MiB);
+    bfc_stats s = stats_of(&f);
+    CHECK_EQ(s.pool_bytes, 6 * MiB);
+    CHECK_EQ(s.num_retired, 2);
+    CHECK_EQ(s.released_bytes_total, 4 * MiB);
+    bfc_pool_lane_close(f.pool, lane);
+    vmm_end(&f);
+}
+
+static void refused_mapping_leaves_the_pool_as_it_was(void)
+{
+    fixture f;
+    vmm_begin(&f, 64 * MiB);
+    vmm_start(&f);
+    bfc_addr a = must_alloc(&f, 1 * MiB);
+    bfc_stats before = stats_of(&f);
+    f.dev.fail_map = f.dev.map_calls + 1; /* the device refuses the next map */
+    bfc_addr out = 0x1234;
+    CHECK_EQ(bfc_pool_alloc(f.pool, 8 * MiB, BFC_NO_LANE, &out), BFC_ERR_OOM);
+    CHECK_EQ(out, 0x1234);
+    CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+    bfc_stats after = stats_of(&f);
+    CHECK_EQ(after.num_chunks, before.num_chunks);
+    CHECK_EQ(after.pool_bytes, before.pool_bytes);
+    CHECK_EQ(after.bytes_in_use, before.bytes_in_use);
+    CHECK_EQ(after.num_ooms, 1);
+    CHECK_EQ(after.num_map_failures, 1);
+    bfc_addr b = must_alloc(&f, 8 * MiB); /* the device relents */
+    check_mapped(&f, b, 8 * MiB);
+    must_free(&f, a);
+    vmm_end(&f);
+}
+
+static void limit_bounds_mapped_bytes_not_address_space(void)
+{
+    fixture f;
+    vmm_begin(&f, 4 * MiB);
+    vmm_start(&f);
+    bfc_addr out;
+    CHECK_EQ(bfc_pool_alloc(f.pool, 5 * MiB, BFC_NO_LANE, &out), BFC_ERR_OOM);
+    bfc_addr a = must_alloc(&f, 3 * MiB);
+    CHECK_EQ(bfc_pool_alloc(f.pool, 2 * MiB, BFC_NO_LANE, &out), BFC_ERR_OOM);
+    must_alloc(&f, 1 * MiB); /* the rest of the mapped second granule */
+    CHECK_EQ(stats_of(&f).pool_bytes, 4 * MiB);
+    must_free(&f, a);
+    vmm_end(&f);
+}
+
+static void preallocation_maps_the_limit_at_once(void)
+{
+    fixture f;
+    vmm_begin(&f, 16 * MiB);
+    f.opt.preallocate = true;
+    vmm_start(&f);
+    CHECK_EQ(bfc_pool_reserve(f.pool), BFC_OK);
+    bfc_stats s = stats_of(&f);
+    CHECK_EQ(s.pool_bytes, 16 * MiB);
+    CHECK_EQ(s.num_map_calls, 1);
+    must_alloc(&f, 10 * MiB);
+    CHECK_EQ(stats_of(&f).num_map_calls, 1);
+    /* Trim gives back what is free even of a preallocated pool. */
+    CHECK_EQ(bfc_pool_trim(f.pool), 6 * MiB);
+    vmm_end(&f);
+}
+
+static void options_without_map_callbacks_are_refused(void)
+{
+    bfc_options o;
+    bfc_options_init(&o);
+    o.limit_bytes = 64 * MiB;
+    o.vmm = true;
+    sim_device d;
+    sim_device_init(&d, GiB);
+    bfc_backend plain = sim_device_backend(&d);
+    CHECK(bfc_pool_create(&o, &plain) == NULL);
+    bfc_backend vm = sim_device_vmm_backend(&d);
+    o.map_granularity = 3 * MiB;
+    CHECK(bfc_pool_create(&o, &vm) == NULL);
+    o.map_granularity = 128; /* below the chunk granularity */
+    CHECK(bfc_pool_create(&o, &vm) == NULL);
+    o.map_granularity = GRAN;
+    bfc_pool *p = bfc_pool_create(&o, &vm);
+    CHECK(p != NULL);
+    bfc_pool_destroy(p, true);
+}
+
+int main(void)
+{
+    RUN(granules_are_mapped_as_blocks_land_on_them);
+    RUN(free_space_coalesces_across_growth_steps);
+    RUN(pressure_gives_back_free_granules_before_failing);
+    RUN(threshold_releases_as_frees_merge);
+    RUN(pending_blocks_are_never_unmapped);
+    RUN(pressure_waits_for_fences_then_unmaps);
+    RUN(refused_mapping_leaves_the_pool_as_it_was);
+    RUN(limit_bounds_mapped_bytes_not_address_space);
+    RUN(preallocation_maps_the_limit_at_once);
+    RUN(options_without_map_callbacks_are_refused);
+    return harness_result();
+}
