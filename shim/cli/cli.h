@@ -3,6 +3,7 @@
 #define BFCSHIM_CLI_CLI_H
 
 #include <getopt.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -22,6 +23,15 @@ int cmd_report(int argc, char **argv);
 struct sim_device;
 bfc_pool *replay_pool_create(struct sim_device *dev, const bfc_options *policy,
                              uint64_t pool_bytes, bfc_backend *backend);
+
+/* The smallest multiple of `unit`, from the one below `peak` up to `cap`,
+ * for which serves(ctx, bytes) holds: up from the peak by a growing step,
+ * then bisected. Bisection assumes a larger size never serves less, which
+ * holds for best fit in practice though not in theory: the answer is the
+ * smallest size found that works. 0 when peak is 0 or cap does not serve
+ * (replay.c). */
+uint64_t cli_smallest_serving(uint64_t peak, uint64_t unit, uint64_t cap,
+                              bool (*serves)(void *ctx, uint64_t bytes), void *ctx);
 
 /* The smallest single region, to 1 MiB, that serves the trace (replay.c). */
 uint64_t replay_min_pool_bytes(const trace *t, const bfc_options *policy);

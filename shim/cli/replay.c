@@ -2,7 +2,7 @@
  * replay.c - `bfcshim replay`: allocation traces through the engine, no GPU.
  *
  *   bfcshim replay [--pool-size SIZE | --min-pool] [--json] [--repeat N]
- *                  [policy options] TRACE.csv...
+ *                  [--vmm] [policy options] TRACE.csv...
  *
  * For each trace it
  *   1. bisects, to the policy's granule (256 or 512 B: exact), the smallest
@@ -16,7 +16,8 @@
  *      pool size of --pool-size, or at min_pool_bytes, --repeat times, and
  *      reports the median nanoseconds per operation (allocate or free).
  * Allocations that fail at the timed pool size are counted (`failures`) and
- * their frees skipped.
+ * their frees skipped. --vmm adds the same trace over a pool on virtual
+ * memory (replay_vmm.c).
  */
 #include <getopt.h>
 #include <stdlib.h>
@@ -27,6 +28,7 @@
 #include "bfc.h"
 #include "cli.h"
 #include "json_out.h"
+#include "replay_vmm.h"
 #include "sim_device.h"
 #include "trace_csv.h"
 #include "trace_log.h"
@@ -42,6 +44,7 @@ typedef struct replay_opts {
     bool bisect;           /* false with --no-min-pool */
     uint64_t warmup;       /* events replayed before the clock starts */
     const char *record;    /* --record: write a trace while timing, as BFCSHIM_TRACE does */
+    bool vmm;              /* --vmm: also measure the pool over virtual memory */
     bfc_options policy; /* granularity, split and placement knobs */
     int name_width;     /* the table's first column: the longest trace name */
 } replay_opts;
@@ -144,40 +147,57 @@ static bool serves_all(const trace *t, const replay_opts *o, uint64_t pool_bytes
     return run_once(t, o, pool_bytes, slot_addr, &r, NULL) && r.failures == 0;
 }
 
-/* Smallest pool, to the granule, that serves the whole trace (a coarser
- * step, 1 MiB as before, was a 3% error on a 34 MiB trace). Bisection
- * assumes that a larger pool never serves less, which holds for best fit in
- * practice though not in theory: the answer is the smallest size found that
- * works. Returns 0 only for a trace without allocations. */
-static uint64_t min_pool(const trace *t, const replay_opts *o, bfc_addr *slot_addr)
+uint64_t cli_smallest_serving(uint64_t peak, uint64_t unit, uint64_t cap,
+                              bool (*serves)(void *ctx, uint64_t bytes), void *ctx)
 {
-    if (t->peak_live_bytes == 0)
+    if (peak == 0)
         return 0;
-    const uint64_t unit = o->policy.granularity;
-    uint64_t lo = (t->peak_live_bytes + unit - 1) / unit - 1; /* in granules: fails */
-    uint64_t hi = lo + 1;
-    /* Always enough: every byte ever allocated, rounded, twice over (TSL's
-     * split rule may hand out up to twice a request), plus the 128 MiB past
-     * which it always splits. */
-    uint64_t cap = (2 * (t->total_alloc_bytes + t->allocs * unit) +
-                    BFC_TSL_MAX_INTERNAL_FRAGMENTATION) / unit + 1;
+    uint64_t lo = (peak + unit - 1) / unit - 1; /* in units: fails */
+    uint64_t hi = lo + 1, step = 1;
+    cap = cap / unit > hi ? cap / unit : hi;
     /* Up from the peak by a growing step, then bisect the bracket. */
-    uint64_t step = 1;
-    while (!serves_all(t, o, hi * unit, slot_addr)) {
+    while (!serves(ctx, hi * unit)) {
+        if (hi == cap)
+            return 0;
         lo = hi;
         hi = hi + step > cap ? cap : hi + step;
         step *= 2;
-        if (lo == cap)
-            return 0; /* cannot happen: every byte ever allocated fits */
     }
     while (hi - lo > 1) {
         uint64_t mid = lo + (hi - lo) / 2;
-        if (serves_all(t, o, mid * unit, slot_addr))
+        if (serves(ctx, mid * unit))
             hi = mid;
         else
             lo = mid;
     }
     return hi * unit;
+}
+
+typedef struct serves_ctx {
+    const trace *t;
+    const replay_opts *o;
+    bfc_addr *slot_addr;
+} serves_ctx;
+
+static bool serves_all_at(void *ctx, uint64_t bytes)
+{
+    serves_ctx *c = ctx;
+    return serves_all(c->t, c->o, bytes, c->slot_addr);
+}
+
+/* Smallest pool, to the granule, that serves the whole trace (a coarser
+ * step, 1 MiB as before, was a 3% error on a 34 MiB trace). Returns 0 only
+ * for a trace without allocations. */
+static uint64_t min_pool(const trace *t, const replay_opts *o, bfc_addr *slot_addr)
+{
+    const uint64_t unit = o->policy.granularity;
+    /* Always enough: every byte ever allocated, rounded, twice over (TSL's
+     * split rule may hand out up to twice a request), plus the 128 MiB past
+     * which it always splits. */
+    uint64_t cap = 2 * (t->total_alloc_bytes + t->allocs * unit) +
+                   BFC_TSL_MAX_INTERNAL_FRAGMENTATION + unit;
+    serves_ctx c = {t, o, slot_addr};
+    return cli_smallest_serving(t->peak_live_bytes, unit, cap, serves_all_at, &c);
 }
 
 uint64_t replay_min_pool_bytes(const trace *t, const bfc_options *policy)
@@ -252,7 +272,68 @@ typedef struct trace_report {
      * ones' median and the median over pairs of recording / plain - 1. */
     double plain_ns_per_op, recording_cost;
     run_result timed;
+    replay_vmm_report vmm; /* --vmm */
 } trace_report;
+
+static void json_u64_array(json_out *j, const char *name, const uint64_t *v, size_t n)
+{
+    json_array_open(j, name);
+    for (size_t i = 0; i < n; i++)
+        json_u64(j, NULL, v[i]);
+    json_array_close(j);
+}
+
+static void print_vmm_json(json_out *j, const trace_report *r, const replay_opts *o)
+{
+    const replay_vmm_report *v = &r->vmm;
+    const double live = (double)r->t->peak_live_bytes;
+    json_object_open(j, "vmm");
+    json_u64(j, "map_granularity", o->policy.map_granularity);
+    if (o->policy.release_threshold == UINT64_MAX)
+        json_null(j, "release_threshold");
+    else
+        json_u64(j, "release_threshold", o->policy.release_threshold);
+    json_u64(j, "min_limit_bytes", v->min_limit_bytes);
+    json_double(j, "efficiency", v->min_limit_bytes ? live / (double)v->min_limit_bytes : 0.0);
+    json_u64(j, "min_limit_map_calls", v->tight_map_calls);
+    json_u64(j, "min_limit_unmap_calls", v->tight_unmap_calls);
+    json_u64(j, "peak_mapped_bytes", v->peak_mapped_bytes);
+    json_double(j, "peak_mapped_efficiency",
+                v->peak_mapped_bytes ? live / (double)v->peak_mapped_bytes : 0.0);
+    json_u64(j, "map_calls", v->map_calls);
+    json_u64(j, "unmap_calls", v->unmap_calls);
+    json_u64(j, "released_bytes", v->released_bytes);
+    json_u64(j, "failures", v->unlimited_failures);
+    json_u64(j, "regions_peak_bytes", v->regions_peak_bytes);
+    json_u64(j, "regions_min_limit_bytes", v->regions_min_limit_bytes);
+    json_double(j, "regions_efficiency",
+                v->regions_min_limit_bytes ? live / (double)v->regions_min_limit_bytes : 0.0);
+    json_u64(j, "regions", v->regions_count);
+    json_u64(j, "regions_failures", v->regions_failures);
+    json_u64_array(j, "curve_event", v->curve_event, v->curve_points);
+    json_u64_array(j, "curve_mapped", v->curve_mapped, v->curve_points);
+    json_u64_array(j, "curve_regions", v->curve_regions, v->curve_points);
+    json_u64_array(j, "curve_live", v->curve_live, v->curve_points);
+    json_object_close(j);
+}
+
+static void print_vmm_row(const trace_report *r)
+{
+    const replay_vmm_report *v = &r->vmm;
+    char a[32], b[32], c[32], d[32];
+    const double live = (double)r->t->peak_live_bytes;
+    printf("  vmm: min limit %s (%.4f), peak mapped %s (%.4f, %llu maps, %llu unmaps); "
+           "growth-mode regions: min limit %s (%.4f), peak %s in %llu regions\n",
+           format_size(v->min_limit_bytes, a, sizeof a),
+           v->min_limit_bytes ? live / (double)v->min_limit_bytes : 0.0,
+           format_size(v->peak_mapped_bytes, b, sizeof b),
+           v->peak_mapped_bytes ? live / (double)v->peak_mapped_bytes : 0.0,
+           (unsigned long long)v->map_calls, (unsigned long long)v->unmap_calls,
+           format_size(v->regions_min_limit_bytes, c, sizeof c),
+           v->regions_min_limit_bytes ? live / (double)v->regions_min_limit_bytes : 0.0,
+           format_size(v->regions_peak_bytes, d, sizeof d),
+           (unsigned long long)v->regions_count);
+}
 
 static void print_json(const trace_report *r, const replay_opts *o)
 {
@@ -298,6 +379,8 @@ static void print_json(const trace_report *r, const replay_opts *o)
     json_u64(&j, "align_bytes", o->policy.placement == BFC_PLACE_ALIGNED ? o->policy.align_bytes : 0);
     json_bool(&j, "tsl_split", o->policy.tsl_split);
     json_object_close(&j);
+    if (o->vmm)
+        print_vmm_json(&j, r, o);
     json_object_close(&j);
     json_end(&j);
 }
@@ -351,6 +434,12 @@ static int replay_one(const char *path, const replay_opts *o, bool first)
                                     : 0.0;
     if (o->dump_path && o->bisect)
         dump_at_failure(&t, o, r.min_pool_bytes, slot_addr);
+    if (o->vmm && !replay_vmm_measure(&t, &o->policy, &r.vmm)) {
+        fprintf(stderr, "bfcshim replay: %s: out of host memory\n", path);
+        free(slot_addr);
+        trace_free(&t);
+        return 1;
+    }
     r.timed_pool_bytes = o->pool_size ? o->pool_size : r.min_pool_bytes;
     if (r.timed_pool_bytes == 0)
         r.timed_pool_bytes = MIB;
@@ -412,6 +501,8 @@ static int replay_one(const char *path, const replay_opts *o, bool first)
             if (first)
                 print_header(o);
             print_row(&r, o);
+            if (o->vmm)
+                print_vmm_row(&r);
             if (o->record)
                 printf("  recording: %.1f ns/op plain, %+.1f%% (median of %d pairs)\n",
                        r.plain_ns_per_op, 100 * r.recording_cost, ok_runs);
@@ -465,7 +556,14 @@ static void replay_usage(FILE *f)
             "                      replays, one plain and one recording every event to F\n"
             "                      as BFCSHIM_TRACE would; ns_per_op is the recording\n"
             "                      one's, plain_ns_per_op and recording_cost (median of\n"
-            "                      recording / plain - 1 over the pairs) are added\n");
+            "                      recording / plain - 1 over the pairs) are added\n"
+            "  --vmm               also measure the pool over virtual memory: the smallest\n"
+            "                      limit on mapped bytes that serves the trace, the peak\n"
+            "                      mapped with room to spare, map/unmap calls, against\n"
+            "                      growth-mode regions (JSON adds curves over time)\n"
+            "  --map-granularity B the mapping granule, a power of two (2MiB)\n"
+            "  --release-threshold B  free mapped bytes kept before granules go back as\n"
+            "                      frees merge (default: never; 0: at once)\n");
 }
 
 int cmd_replay(int argc, char **argv)
@@ -473,7 +571,7 @@ int cmd_replay(int argc, char **argv)
     replay_opts o = {.repeats = 5, .bisect = true};
     bfc_options_init(&o.policy);
     enum { OPT_GRAN = 256, OPT_SPLIT, OPT_PLACE, OPT_ALIGN, OPT_TSL, OPT_DUMP, OPT_NO_MIN,
-           OPT_WARM, OPT_RECORD };
+           OPT_WARM, OPT_RECORD, OPT_VMM, OPT_MAP_GRAN, OPT_RELEASE };
     static const struct option longopts[] = {
         {"pool-size", required_argument, 0, 'p'}, {"min-pool", no_argument, 0, 'm'},
         {"json", no_argument, 0, 'j'},           {"repeat", required_argument, 0, 'r'},
@@ -486,6 +584,9 @@ int cmd_replay(int argc, char **argv)
         {"no-min-pool", no_argument, 0, OPT_NO_MIN},
         {"warmup-events", required_argument, 0, OPT_WARM},
         {"record", required_argument, 0, OPT_RECORD},
+        {"vmm", no_argument, 0, OPT_VMM},
+        {"map-granularity", required_argument, 0, OPT_MAP_GRAN},
+        {"release-threshold", required_argument, 0, OPT_RELEASE},
         {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
     int c;
     bool min_pool_flag = false;
@@ -530,6 +631,18 @@ int cmd_replay(int argc, char **argv)
         case OPT_DUMP: o.dump_path = optarg; break;
         case OPT_NO_MIN: o.bisect = false; break;
         case OPT_RECORD: o.record = optarg; break;
+        case OPT_VMM: o.vmm = true; break;
+        case OPT_MAP_GRAN:
+            if (!parse_size(optarg, &v) || v < 4096 || (v & (v - 1)) || v > (UINT64_C(1) << 30))
+                return cli_bad_value("replay", "--map-granularity", optarg,
+                                     "a power of two from 4KiB to 1GiB");
+            o.policy.map_granularity = v;
+            break;
+        case OPT_RELEASE:
+            if (!parse_size(optarg, &v))
+                return cli_bad_value("replay", "--release-threshold", optarg, "a size");
+            o.policy.release_threshold = v;
+            break;
         case OPT_WARM: {
             char *end;
             o.warmup = strtoull(optarg, &end, 10);

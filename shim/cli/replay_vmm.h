@@ -1,0 +1,37 @@
+/* replay_vmm.h - replay --vmm: the memory a trace needs from a pool over
+ * virtual memory, against growth-mode regions (replay_vmm.c). */
+#ifndef BFCSHIM_CLI_REPLAY_VMM_H
+#define BFCSHIM_CLI_REPLAY_VMM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "bfc.h"
+#include "trace_csv.h"
+
+#define VMM_CURVE_POINTS 64
+
+typedef struct replay_vmm_report {
+    /* Smallest limit on mapped bytes that serves the trace (0: none found),
+     * and the map/unmap calls a run at that limit makes. */
+    uint64_t min_limit_bytes;
+    uint64_t tight_map_calls, tight_unmap_calls;
+    /* One run with room to spare, at the policy's release threshold. */
+    uint64_t peak_mapped_bytes, map_calls, unmap_calls, released_bytes;
+    uint64_t unlimited_failures;
+    /* Growth-mode regions (no virtual memory), with room to spare. */
+    uint64_t regions_peak_bytes, regions_count, regions_failures;
+    uint64_t regions_min_limit_bytes;
+    /* Samples of the unlimited runs: after event curve_event[i] the virtual
+     * pool mapped curve_mapped[i], growth mode held curve_regions[i], and
+     * curve_live[i] bytes were requested and live; curve_points of them. */
+    size_t curve_points;
+    uint64_t curve_event[VMM_CURVE_POINTS], curve_mapped[VMM_CURVE_POINTS],
+        curve_regions[VMM_CURVE_POINTS], curve_live[VMM_CURVE_POINTS];
+} replay_vmm_report;
+
+/* Fills *out for trace t under `policy` (its placement, split rule,
+ * map_granularity and release_threshold). False when host memory ran out. */
+bool replay_vmm_measure(const trace *t, const bfc_options *policy, replay_vmm_report *out);
+
+#endif
