@@ -355,6 +355,14 @@ bool bfc_pool_lane_oldest(bfc_pool *pool, uint32_t lane, uint64_t *token);
  * the number of bytes released. */
 uint64_t bfc_pool_trim(bfc_pool *pool);
 
+/* vmm: the pool's context is going away and its memory must go with it
+ * (cuCtxDestroy does not free what cuMemCreate made). Unmaps every granule,
+ * live allocations included, and makes every later mapping fail; the
+ * address space stays reserved. Only for a pool that will never be used
+ * again, which other threads may still be leaving (so it is not destroyed).
+ * Returns the bytes unmapped; 0 without vmm. */
+uint64_t bfc_pool_abandon_memory(bfc_pool *pool);
+
 /* True when addr lies inside one of the pool's regions. */
 bool bfc_pool_owns(bfc_pool *pool, bfc_addr addr);
 

@@ -583,6 +583,21 @@ uint64_t bfc_pool_trim(bfc_pool *p)
     return released;
 }
 
+uint64_t bfc_pool_abandon_memory(bfc_pool *p)
+{
+    uint64_t released = 0;
+    bfc_lock_acquire(&p->lock);
+    if (p->opt.vmm) {
+        for (uint32_t i = 0; i < p->nregions; i++) {
+            region *r = &p->regions[i];
+            released += backing_release(p, r, r->base, r->base + r->size);
+        }
+        p->opt.limit_bytes = 0; /* nothing is mapped again */
+    }
+    bfc_lock_release(&p->lock);
+    return released;
+}
+
 bool bfc_pool_owns(bfc_pool *p, bfc_addr addr)
 {
     bfc_lock_acquire(&p->lock);

@@ -177,6 +177,8 @@ static void parse(void)
         .fence_bytes = UINT64_C(64) << 20,
         .driver_hooks = true,
         .log_level = LOG_WARN,
+        .vmm = VMM_AUTO,
+        .release_threshold = UINT64_MAX,
     };
     /* The log settings first, so that messages about the others go there. */
     cfg.log_file = get_path("BFCSHIM_LOG_FILE");
@@ -191,6 +193,10 @@ static void parse(void)
     get_size("BFCSHIM_MEM_LIMIT", &cfg.mem_limit);
     get_bool("BFCSHIM_PREALLOCATE", &cfg.preallocate);
     get_bool("BFCSHIM_GC", &cfg.garbage_collection);
+    int vmm = (int)cfg.vmm;
+    get_choice("BFCSHIM_VMM", &vmm);
+    cfg.vmm = (vmm_mode)vmm;
+    get_size("BFCSHIM_RELEASE_THRESHOLD", &cfg.release_threshold);
     int policy = cfg.free_policy;
     get_choice("BFCSHIM_FREE_POLICY", &policy);
     cfg.free_policy = (free_policy)policy;

@@ -3,7 +3,9 @@
  * not valid in another; for the runtime, the context is the device's primary
  * one), created on first use.
  *
- * Regions come from the real cuMemAlloc_v2 with the pool's context current.
+ * Regions come from the real cuMemAlloc_v2 with the pool's context current,
+ * or, over virtual memory (BFCSHIM_VMM, vmm.c), from cuMemAddressReserve with
+ * memory mapped behind them as blocks land.
  * The limit is BFCSHIM_MEM_LIMIT, else BFCSHIM_MEM_FRACTION of the device's
  * total memory; with BFCSHIM_PREALLOCATE the whole limit is taken when the
  * pool is created (the engine backs off by 10% steps if the device cannot
@@ -126,6 +128,39 @@ void pools_lock_for_fork(bool lock)
         pthread_mutex_unlock(&reg_lock);
 }
 
+/*
+ * BFCSHIM_VMM: the mapping granule when this pool goes over virtual memory,
+ * else 0. auto: in growth mode (a preallocated pool keeps its one cuMemAlloc
+ * region, which needs no mapping at all), on a device that supports it, in a
+ * process that sees one device: mappings are made accessible to their own
+ * device only, and peers' access is not granted yet. on: wherever the
+ * device supports it, saying so once when peers could not reach the memory.
+ */
+static uint64_t use_vmm(const real_driver *R, const shim_config *cfg, CUdevice dev)
+{
+    if (cfg->vmm == VMM_OFF || (cfg->vmm == VMM_AUTO && cfg->preallocate))
+        return 0;
+    uint64_t g = vmm_granularity(R, dev);
+    int devices = 1;
+    if (R->DeviceGetCount)
+        R->DeviceGetCount(&devices);
+    if (g && devices > 1) {
+        if (cfg->vmm == VMM_AUTO)
+            return 0;
+        static atomic_bool said;
+        shim_log_once(&said, LOG_WARN,
+                      "BFCSHIM_VMM=on with %d devices: pooled memory is mapped for its own "
+                      "device only, so peer-to-peer access to it faults; use BFCSHIM_VMM=off "
+                      "for programs that read one device's memory from another",
+                      devices);
+    }
+    if (!g && cfg->vmm == VMM_ON)
+        shim_log(LOG_WARN, "device %d: BFCSHIM_VMM=on, but the device or driver does not "
+                           "support virtual memory management: regions from cuMemAlloc",
+                 (int)dev);
+    return g;
+}
+
 /* ctx is current. */
 static shim_pool *create_pool(const real_driver *R, CUcontext ctx)
 {
@@ -167,6 +202,15 @@ static shim_pool *create_pool(const real_driver *R, CUcontext ctx)
                      .region_free = region_free,
                      .fence_done = fences_done,
                      .fence_seal = fences_seal};
+    sp->vmm_granule = use_vmm(R, cfg, dev);
+    if (sp->vmm_granule) {
+        o.vmm = true;
+        o.map_granularity = sp->vmm_granule;
+        o.release_threshold = cfg->release_threshold;
+        if (o.granularity > o.map_granularity)
+            o.map_granularity = o.granularity;
+        vmm_backend(&b);
+    }
     record_attach(sp, &b);
     if (sp->lane_stream && sp->fences)
         sp->bfc = bfc_pool_create(&o, &b);
@@ -181,11 +225,12 @@ static shim_pool *create_pool(const real_driver *R, CUcontext ctx)
     atomic_store(&sp->lane_stream[sp->legacy_lane], CU_STREAM_LEGACY);
 
     char lim[32], tot[32];
-    shim_log(LOG_INFO, "device %d: pool of %s (%s of %s), %s, free policy %s", (int)dev,
+    shim_log(LOG_INFO, "device %d: pool of %s (%s of %s), %s%s, free policy %s", (int)dev,
              format_size(limit, lim, sizeof lim),
              cfg->mem_limit ? "BFCSHIM_MEM_LIMIT" : "BFCSHIM_MEM_FRACTION",
              format_size(total, tot, sizeof tot),
              cfg->preallocate ? "preallocated" : "growing on demand",
+             sp->vmm_granule ? " over virtual memory" : "",
              cfg->free_policy == FREE_FENCED ? "fenced" : "immediate");
     if (cfg->preallocate && bfc_pool_reserve(sp->bfc) != BFC_OK)
         shim_log(LOG_WARN, "device %d: could not take the %s pool up front; regions will be "
@@ -265,6 +310,9 @@ static void forget_if(bool (*match)(const shim_pool *, const void *), const void
         shim_pool *sp = atomic_load(&registry[i]);
         if (sp && !atomic_load(&sp->dead) && match(sp, arg)) {
             atomic_store(&sp->dead, true);
+            /* cuCtxDestroy keeps what cuMemCreate made: give it back. */
+            if (sp->vmm_granule)
+                bfc_pool_abandon_memory(sp->bfc);
             shim_log(LOG_INFO, "device %d: context gone, its pool is forgotten", (int)sp->dev);
         }
     }

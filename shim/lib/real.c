@@ -86,6 +86,16 @@ static void load_driver(void)
     LOOK(EventRecord, "cuEventRecord");
     LOOK(EventQuery, "cuEventQuery");
     LOOK(EventSynchronize, "cuEventSynchronize");
+    LOOK(CtxSynchronize, "cuCtxSynchronize");
+    LOOK(MemAddressReserve, "cuMemAddressReserve");
+    LOOK(MemAddressFree, "cuMemAddressFree");
+    LOOK(MemCreate, "cuMemCreate");
+    LOOK(MemRelease, "cuMemRelease");
+    LOOK(MemMap, "cuMemMap");
+    LOOK(MemUnmap, "cuMemUnmap");
+    LOOK(MemSetAccess, "cuMemSetAccess");
+    LOOK(MemGetAllocationGranularity, "cuMemGetAllocationGranularity");
+    LOOK(DeviceGetCount, "cuDeviceGetCount");
 
     /* Everything the pools need must be there; the rest only widens what
      * can be passed through. */

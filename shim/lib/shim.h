@@ -54,6 +54,8 @@ cudaError_t cudaMallocFromPoolAsync_ptsz(void **ptr, size_t size, cudaMemPool_t 
 
 typedef enum shim_mode { MODE_BFC, MODE_PLATFORM } shim_mode;
 typedef enum free_policy { FREE_FENCED, FREE_IMMEDIATE } free_policy;
+/* BFCSHIM_VMM, in the order of its choices in env_vars.c. */
+typedef enum vmm_mode { VMM_AUTO, VMM_ON, VMM_OFF } vmm_mode;
 enum { LOG_ERROR, LOG_WARN, LOG_INFO, LOG_DEBUG };
 
 typedef struct shim_config {
@@ -75,6 +77,8 @@ typedef struct shim_config {
     const char *stats_file;      /* BFCSHIM_STATS_FILE; %p becomes the pid */
     bool stats_summary;          /* BFCSHIM_STATS */
     const char *oom_report_path; /* BFCSHIM_OOM_REPORT; %p becomes the pid */
+    vmm_mode vmm;                /* BFCSHIM_VMM */
+    uint64_t release_threshold;  /* BFCSHIM_RELEASE_THRESHOLD; UINT64_MAX: never */
 } shim_config;
 
 /* Copies pattern into out with every %p replaced by the pid; false if it
@@ -146,6 +150,20 @@ typedef struct real_driver {
     CUresult (*EventRecord)(CUevent, CUstream);
     CUresult (*EventQuery)(CUevent);
     CUresult (*EventSynchronize)(CUevent);
+    CUresult (*CtxSynchronize)(void);
+    /* virtual memory management (vmm.c); optional */
+    CUresult (*MemAddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+    CUresult (*MemAddressFree)(CUdeviceptr, size_t);
+    CUresult (*MemCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                          unsigned long long);
+    CUresult (*MemRelease)(CUmemGenericAllocationHandle);
+    CUresult (*MemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                       unsigned long long);
+    CUresult (*MemUnmap)(CUdeviceptr, size_t);
+    CUresult (*MemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+    CUresult (*MemGetAllocationGranularity)(size_t *, const CUmemAllocationProp *,
+                                            CUmemAllocationGranularity_flags);
+    CUresult (*DeviceGetCount)(int *);
 } real_driver;
 
 /* Loads libcuda.so.1 on first use; NULL if it cannot be found. */
@@ -210,7 +228,19 @@ typedef struct shim_pool {
     atomic_uint_fast64_t pitch_align;
     /* BFCSHIM_TRACE: this pool's channel, fed by the engine under its lock */
     struct trace_channel *trace;
+    /* BFCSHIM_VMM: the mapping granule when the pool is over virtual
+     * memory, else 0 */
+    uint64_t vmm_granule;
 } shim_pool;
+
+/* ---- the pool over virtual memory (vmm.c) ----------------------------------------- */
+
+/* The device's recommended mapping granule when it supports virtual memory
+ * management and the driver has every call the pool needs; else 0. */
+uint64_t vmm_granularity(const real_driver *R, CUdevice dev);
+/* Fills the backend's region and map callbacks (its ctx is a pool whose
+ * vmm_granule is set). */
+void vmm_backend(bfc_backend *b);
 
 /* The pool of a context, created on first use when `create`; NULL on failure
  * (then callers pass the call through). */

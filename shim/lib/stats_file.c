@@ -54,6 +54,13 @@ static void pool_json(json_out *j, shim_pool *sp, const bfc_stats *s)
     json_u64(j, "peak_bytes_reserved", st.peak_bytes_reserved);
     json_u64(j, "pool_bytes", st.pool_bytes);
     json_u64(j, "peak_pool_bytes", st.peak_pool_bytes);
+    /* Over virtual memory pool_bytes is what is mapped; reserved_bytes the
+     * address space behind it. */
+    json_bool(j, "vmm", sp->vmm_granule != 0);
+    json_u64(j, "reserved_bytes", st.va_bytes);
+    json_u64(j, "released_bytes_total", st.released_bytes_total);
+    json_u64(j, "num_map_calls", st.num_map_calls);
+    json_u64(j, "num_unmap_calls", st.num_unmap_calls);
     json_u64(j, "largest_free_block_bytes", st.largest_free_block_bytes);
     json_u64(j, "free_bytes", st.free_bytes);
     json_u64(j, "pending_bytes", st.pending_bytes);
@@ -213,6 +220,12 @@ static void pool_summary(void *arg, shim_pool *sp, const bfc_stats *st)
             format_size(st->bytes_limit, a, sizeof a), format_size(st->pool_bytes, b, sizeof b),
             format_size(st->peak_pool_bytes, c, sizeof c),
             (unsigned long long)st->num_region_allocs);
+    if (sp->vmm_granule)
+        fprintf(f, "    over virtual memory: %s of address space, %llu map and %llu unmap "
+                   "call(s), %s given back\n",
+                format_size(st->va_bytes, a, sizeof a), (unsigned long long)st->num_map_calls,
+                (unsigned long long)st->num_unmap_calls,
+                format_size(st->released_bytes_total, b, sizeof b));
     fprintf(f, "    in use %s, peak %s, largest allocation %s\n",
             format_size(st->bytes_in_use, a, sizeof a),
             format_size(st->peak_bytes_in_use, b, sizeof b),

@@ -270,6 +270,25 @@ static void preallocation_maps_the_limit_at_once(void)
     vmm_end(&f);
 }
 
+static void abandoned_pool_unmaps_everything_and_maps_nothing_more(void)
+{
+    /* For a pool whose context goes away: its live blocks' memory goes too. */
+    fixture f;
+    vmm_begin(&f, 64 * MiB);
+    vmm_start(&f);
+    must_alloc(&f, 5 * MiB);
+    must_alloc(&f, 1000);
+    CHECK_EQ(bfc_pool_abandon_memory(f.pool), 6 * MiB); /* granules 0-2 */
+    CHECK_EQ(f.dev.held, 0);
+    CHECK_EQ(f.dev.nmaps, 0);
+    bfc_addr out;
+    CHECK_EQ(bfc_pool_alloc(f.pool, 1 * MiB, BFC_NO_LANE, &out), BFC_ERR_OOM);
+    CHECK_EQ(f.dev.held, 0);
+    bfc_pool_destroy(f.pool, true);
+    CHECK_EQ(f.dev.misuse, 0);
+    sim_device_fini(&f.dev);
+}
+
 static void options_without_map_callbacks_are_refused(void)
 {
     bfc_options o;
@@ -302,6 +321,7 @@ int main(void)
     RUN(refused_mapping_leaves_the_pool_as_it_was);
     RUN(limit_bounds_mapped_bytes_not_address_space);
     RUN(preallocation_maps_the_limit_at_once);
+    RUN(abandoned_pool_unmaps_everything_and_maps_nothing_more);
     RUN(options_without_map_callbacks_are_refused);
     return harness_result();
 }

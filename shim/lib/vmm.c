@@ -1,0 +1,137 @@
+/*
+ * vmm.c - the engine's backend over CUDA's virtual memory management API
+ * (BFCSHIM_VMM): a pool region is an address range from cuMemAddressReserve,
+ * and the engine maps physical memory behind it granule by granule.
+ *
+ * One physical allocation (cuMemCreate) per granule: cuMemUnmap cannot cut a
+ * mapping in two, and the engine gives back any granule that lies wholly in
+ * free space. Each handle is released as soon as it is mapped; the memory
+ * stays until its mapping goes ("freed when all outstanding mappings to the
+ * memory are unmapped and when all outstanding references to the handle ...
+ * are also released", cuda.h on cuMemRelease), so the shim keeps no table of
+ * handles. Access is granted to the pool's own device (cuMemMap alone makes
+ * nothing accessible).
+ *
+ * cuMemUnmap does not wait for the GPU. The engine unmaps only free space,
+ * and under the default free policy a block becomes free only after its
+ * fences completed. Under BFCSHIM_FREE_POLICY=immediate a freed block is free
+ * at once, so every unmap first waits for the context's work.
+ *
+ * The callbacks run with the engine's lock held and the pool's context
+ * current (the doors make it current before they allocate).
+ */
+#include <string.h>
+
+#include "shim.h"
+
+static CUmemAllocationProp device_prop(CUdevice dev)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = (int)dev;
+    return prop;
+}
+
+uint64_t vmm_granularity(const real_driver *R, CUdevice dev)
+{
+    if (!R->MemAddressReserve || !R->MemAddressFree || !R->MemCreate || !R->MemRelease ||
+        !R->MemMap || !R->MemUnmap || !R->MemSetAccess || !R->MemGetAllocationGranularity ||
+        !R->DeviceGetAttribute)
+        return 0;
+    int supported = 0;
+    if (R->DeviceGetAttribute(&supported,
+                              CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                              dev) != CUDA_SUCCESS ||
+        !supported)
+        return 0;
+    CUmemAllocationProp prop = device_prop(dev);
+    size_t g = 0;
+    if (R->MemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) !=
+            CUDA_SUCCESS ||
+        g == 0 || (g & (g - 1)))
+        return 0;
+    return g;
+}
+
+static int va_reserve(void *ctx, uint64_t size, bfc_addr *base)
+{
+    shim_pool *sp = ctx;
+    CUdeviceptr p = 0;
+    CUresult r = real_driver_get()->MemAddressReserve(&p, (size_t)size, (size_t)sp->vmm_granule,
+                                                      0, 0);
+    if (r != CUDA_SUCCESS) {
+        shim_log(LOG_WARN, "device %d: cuMemAddressReserve of %llu bytes failed (%d)",
+                 (int)sp->dev, (unsigned long long)size, (int)r);
+        return 1;
+    }
+    *base = p;
+    return 0;
+}
+
+static void va_free(void *ctx, bfc_addr base, uint64_t size)
+{
+    (void)ctx;
+    real_driver_get()->MemAddressFree(base, (size_t)size);
+}
+
+/* Unmaps [addr, addr + size) one granule at a time, as mapped. */
+static void unmap_granules(const real_driver *R, uint64_t g, bfc_addr addr, uint64_t size)
+{
+    for (uint64_t off = 0; off < size; off += g)
+        R->MemUnmap(addr + off, (size_t)g);
+}
+
+static int map_range(void *ctx, bfc_addr addr, uint64_t size)
+{
+    shim_pool *sp = ctx;
+    const real_driver *R = real_driver_get();
+    const uint64_t g = sp->vmm_granule;
+    CUmemAllocationProp prop = device_prop(sp->dev);
+    CUresult r = CUDA_SUCCESS;
+    uint64_t done = 0;
+    for (; done < size; done += g) {
+        CUmemGenericAllocationHandle h = 0;
+        r = R->MemCreate(&h, (size_t)g, &prop, 0);
+        if (r != CUDA_SUCCESS)
+            break;
+        r = R->MemMap(addr + done, (size_t)g, 0, h, 0);
+        R->MemRelease(h); /* the mapping keeps the memory; its unmap frees it */
+        if (r != CUDA_SUCCESS)
+            break;
+    }
+    CUmemAccessDesc access;
+    memset(&access, 0, sizeof access);
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = (int)sp->dev;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    /* Per mapping, as they were made (cuda.h asks for whole mappings). */
+    for (uint64_t off = 0; r == CUDA_SUCCESS && off < size; off += g)
+        r = R->MemSetAccess(addr + off, (size_t)g, &access, 1);
+    if (r != CUDA_SUCCESS) {
+        /* All or nothing: the engine counts the range as unmapped. */
+        unmap_granules(R, g, addr, done);
+        shim_log(LOG_DEBUG, "device %d: mapping %llu bytes at 0x%llx failed (%d)", (int)sp->dev,
+                 (unsigned long long)size, (unsigned long long)addr, (int)r);
+        return 1;
+    }
+    return 0;
+}
+
+static void unmap_range(void *ctx, bfc_addr addr, uint64_t size)
+{
+    shim_pool *sp = ctx;
+    const real_driver *R = real_driver_get();
+    if (shim_config_get()->free_policy == FREE_IMMEDIATE && R->CtxSynchronize)
+        R->CtxSynchronize(); /* immediate frees: queued work may still use it */
+    unmap_granules(R, sp->vmm_granule, addr, size);
+}
+
+void vmm_backend(bfc_backend *b)
+{
+    b->region_alloc = va_reserve;
+    b->region_free = va_free;
+    b->map = map_range;
+    b->unmap = unmap_range;
+}

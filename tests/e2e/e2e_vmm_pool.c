@@ -1,0 +1,189 @@
+/*
+ * e2e_vmm_pool.c - the shim's pool over virtual memory (BFCSHIM_VMM), through
+ * the real dynamic linker and the fake driver, whose VMM calls enforce
+ * cuda.h's rules and whose memory faults where nothing is mapped. The program
+ * uses the driver API as XLA does (libcuda.so.1 opened with dlopen). One
+ * device (auto mode wants one), growth mode. Scenarios:
+ *
+ *   grow       blocks are served from one reservation with memory mapped as
+ *              they land; they are usable; bfcshim_trim() unmaps what is
+ *              free (the device gets it back, and the freed block faults)
+ *   release    two contexts, a device too small for both: the second cannot
+ *              have the memory the first freed until the first gives it
+ *              back (bfcshim_trim), then it can
+ *   threshold  (BFCSHIM_RELEASE_THRESHOLD=0) freed memory goes back to the
+ *              device as soon as its fence completes, without a trim
+ *   ctxdestroy cuCtxDestroy does not free cuMemCreate's memory: the shim
+ *              unmaps its pool's granules when the context goes
+ *   off        (BFCSHIM_VMM=off) regions come from cuMemAlloc as before
+ */
+#include <cuda.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "e2e.h"
+
+#define MiB ((size_t)1 << 20)
+
+static struct {
+    CUresult (*Init)(unsigned);
+    CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+    CUresult (*CtxSetCurrent)(CUcontext);
+    CUresult (*CtxCreate)(CUcontext *, CUctxCreateParams *, unsigned, CUdevice);
+    CUresult (*CtxDestroy)(CUcontext);
+    CUresult (*MemAlloc)(CUdeviceptr *, size_t);
+    CUresult (*MemFree)(CUdeviceptr);
+    uint64_t (*Trim)(void);
+} D;
+
+#define LOAD(field, name) *(void **)&D.field = e2e_dlsym(h, name)
+
+static CUcontext primary;
+
+static void start(void)
+{
+    void *h = e2e_open_libcuda();
+    LOAD(Init, "cuInit");
+    LOAD(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+    LOAD(CtxSetCurrent, "cuCtxSetCurrent");
+    LOAD(CtxCreate, "cuCtxCreate_v4");
+    LOAD(CtxDestroy, "cuCtxDestroy_v2");
+    LOAD(MemAlloc, "cuMemAlloc_v2");
+    LOAD(MemFree, "cuMemFree_v2");
+    /* The C interface of the preloaded shim (include/bfcshim.h). */
+    *(void **)&D.Trim = e2e_dlsym(RTLD_DEFAULT, "bfcshim_trim");
+    CHECK_EQ(D.Init(0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&primary, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+}
+
+static bool child_dies(CUdeviceptr at)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        *(volatile unsigned char *)(uintptr_t)at = 7;
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFSIGNALED(status);
+}
+
+static void fill_and_check(CUdeviceptr p, size_t n, unsigned char v)
+{
+    memset((void *)(uintptr_t)p, v, n);
+    const unsigned char *b = (const unsigned char *)(uintptr_t)p;
+    CHECK(b[0] == v && b[n / 2] == v && b[n - 1] == v);
+}
+
+static void grow(void)
+{
+    start();
+    const uint64_t before = fake_stats().bytes_in_use[0];
+    CUdeviceptr a = 0, b = 0, c = 0;
+    CHECK_EQ(D.MemAlloc(&a, 3 * MiB), CUDA_SUCCESS);
+    CHECK_EQ(D.MemAlloc(&b, 3 * MiB), CUDA_SUCCESS);
+    CHECK_EQ(D.MemAlloc(&c, 1000), CUDA_SUCCESS);
+    fakecuda_stats st = fake_stats();
+    CHECK_EQ(st.vmm_reserve_calls, 1); /* one range for the pool */
+    CHECK_EQ(st.mem_alloc_calls, 0);   /* no cuMemAlloc region */
+    uint64_t mapped = st.bytes_in_use[0] - before;
+    CHECK(mapped >= 6 * MiB && mapped <= 10 * MiB && mapped % (2 * MiB) == 0);
+    fill_and_check(a, 3 * MiB, 1);
+    fill_and_check(b, 3 * MiB, 2);
+    fill_and_check(c, 1000, 3);
+    CHECK_EQ(D.MemFree(a), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(b), CUDA_SUCCESS);
+    uint64_t released = D.Trim();
+    CHECK(released >= 4 * MiB);
+    CHECK_EQ(fake_stats().bytes_in_use[0], before + mapped - released);
+    CHECK(fake_stats().vmm_unmap_calls >= 2);
+    CHECK(child_dies(a + MiB)); /* given back: nothing is mapped there now */
+    fill_and_check(c, 1000, 4); /* the live block keeps its granule */
+    /* Memory comes back on demand. */
+    CUdeviceptr d = 0;
+    CHECK_EQ(D.MemAlloc(&d, 5 * MiB), CUDA_SUCCESS);
+    fill_and_check(d, 5 * MiB, 5);
+    CHECK_EQ(D.MemFree(d), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(c), CUDA_SUCCESS);
+}
+
+static void release(void)
+{
+    /* FAKECUDA_MEM=64MiB and BFCSHIM_MEM_FRACTION=1: each context's pool
+     * may map the whole device, and only one can at a time. */
+    start();
+    CUcontext other = NULL;
+    CHECK_EQ(D.CtxCreate(&other, NULL, 0, 0), CUDA_SUCCESS); /* now current */
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    CUdeviceptr a = 0;
+    CHECK_EQ(D.MemAlloc(&a, 40 * MiB), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(a), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(other), CUDA_SUCCESS);
+    CUdeviceptr b = 0;
+    CHECK_EQ(D.MemAlloc(&b, 40 * MiB), CUDA_ERROR_OUT_OF_MEMORY); /* the first holds it */
+    CHECK(D.Trim() >= 40 * MiB); /* every pool gives back what is free */
+    CHECK_EQ(D.MemAlloc(&b, 40 * MiB), CUDA_SUCCESS);
+    fill_and_check(b, 40 * MiB, 6);
+    CHECK_EQ(D.MemFree(b), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxDestroy(other), CUDA_SUCCESS);
+}
+
+static void threshold(void)
+{
+    start();
+    const uint64_t before = fake_stats().bytes_in_use[0];
+    CUdeviceptr a = 0, b = 0;
+    CHECK_EQ(D.MemAlloc(&a, 20 * MiB), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(a), CUDA_SUCCESS);
+    /* The free waits for its fence; the next allocation retires it, and
+     * the merged free space goes back at once. */
+    CHECK_EQ(D.MemAlloc(&b, 1000), CUDA_SUCCESS);
+    CHECK(fake_stats().bytes_in_use[0] - before <= 2 * MiB);
+    CHECK(child_dies(a + 10 * MiB));
+    CHECK_EQ(D.MemFree(b), CUDA_SUCCESS);
+}
+
+static void ctxdestroy(void)
+{
+    start();
+    const uint64_t before = fake_stats().bytes_in_use[0];
+    CUcontext other = NULL;
+    CHECK_EQ(D.CtxCreate(&other, NULL, 0, 0), CUDA_SUCCESS);
+    CUdeviceptr a = 0;
+    CHECK_EQ(D.MemAlloc(&a, 10 * MiB), CUDA_SUCCESS);
+    CHECK(fake_stats().bytes_in_use[0] >= before + 10 * MiB);
+    CHECK_EQ(D.CtxDestroy(other), CUDA_SUCCESS); /* a leaks with its context */
+    CHECK_EQ(fake_stats().bytes_in_use[0], before);
+}
+
+static void off(void)
+{
+    start();
+    CUdeviceptr a = 0;
+    CHECK_EQ(D.MemAlloc(&a, 3 * MiB), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().vmm_reserve_calls, 0);
+    CHECK(fake_stats().mem_alloc_calls >= 1);
+    CHECK_EQ(D.MemFree(a), CUDA_SUCCESS);
+}
+
+int main(int argc, char **argv)
+{
+    const char *s = argc > 1 ? argv[1] : "";
+    static const struct {
+        const char *name;
+        void (*fn)(void);
+    } scenarios[] = {{"grow", grow},
+                     {"release", release},
+                     {"threshold", threshold},
+                     {"ctxdestroy", ctxdestroy},
+                     {"off", off}};
+    for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
+        if (strcmp(s, scenarios[i].name) == 0) {
+            scenarios[i].fn();
+            return e2e_done(s);
+        }
+    fprintf(stderr, "usage: e2e_vmm_pool grow|release|threshold|ctxdestroy|off\n");
+    return 2;
+}
