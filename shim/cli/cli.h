@@ -33,6 +33,11 @@ bfc_pool *replay_pool_create(struct sim_device *dev, const bfc_options *policy,
 uint64_t cli_smallest_serving(uint64_t peak, uint64_t unit, uint64_t cap,
                               bool (*serves)(void *ctx, uint64_t bytes), void *ctx);
 
+/* Replays events [from, to) of t into pool (slot_addr: each slot's block);
+ * returns the allocations that failed (replay.c). */
+uint64_t replay_loop(bfc_pool *pool, const trace *t, size_t from, size_t to,
+                     bfc_addr *slot_addr);
+
 /* The smallest single region, to 1 MiB, that serves the trace (replay.c). */
 uint64_t replay_min_pool_bytes(const trace *t, const bfc_options *policy);
 /* TSL's BFC policy (replay --tsl, report --compare tsl): lowest-address

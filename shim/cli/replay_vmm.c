@@ -25,35 +25,27 @@
 #include "sim_device.h"
 
 /* One replay of the whole trace in `pool`; returns allocations that failed.
- * When `curve` is given, samples it at VMM_CURVE_POINTS evenly spaced
- * events. */
+ * When `curve_held` is given, samples the pool after every event of a short
+ * trace, else after 64 evenly spaced ones. */
 static uint64_t run_trace(bfc_pool *pool, const trace *t, bfc_addr *slot_addr,
                           uint64_t *curve_held, uint64_t *curve_live, uint64_t *curve_at)
 {
+    if (!curve_held)
+        return replay_loop(pool, t, 0, t->nev, slot_addr);
+    const size_t points = t->nev < VMM_CURVE_POINTS ? t->nev : VMM_CURVE_POINTS;
     uint64_t failures = 0;
-    size_t next_sample = 0;
-    for (size_t i = 0; i < t->nev; i++) {
-        const trace_event *e = &t->ev[i];
-        if (e->kind == TRACE_ALLOC) {
-            if (bfc_pool_alloc(pool, e->size, BFC_NO_LANE, &slot_addr[e->slot]) != BFC_OK) {
-                slot_addr[e->slot] = 0;
-                failures++;
-            }
-        } else {
-            bfc_pool_free(pool, slot_addr[e->slot]);
-        }
-        /* Every event of a short trace, else 64 evenly spaced ones. */
-        size_t points = t->nev < VMM_CURVE_POINTS ? t->nev : VMM_CURVE_POINTS;
-        if (curve_held && next_sample < points && i + 1 >= (t->nev * (next_sample + 1)) / points) {
-            bfc_stats s;
-            bfc_pool_stats(pool, &s);
-            curve_held[next_sample] = s.pool_bytes;
-            if (curve_live)
-                curve_live[next_sample] = s.bytes_requested;
-            if (curve_at)
-                curve_at[next_sample] = i + 1;
-            next_sample++;
-        }
+    size_t from = 0;
+    for (size_t k = 0; k < points; k++) {
+        size_t to = t->nev * (k + 1) / points;
+        failures += replay_loop(pool, t, from, to, slot_addr);
+        from = to;
+        bfc_stats s;
+        bfc_pool_stats(pool, &s);
+        curve_held[k] = s.pool_bytes;
+        if (curve_live)
+            curve_live[k] = s.bytes_requested;
+        if (curve_at)
+            curve_at[k] = to;
     }
     return failures;
 }
