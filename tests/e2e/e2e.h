@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "fake_cuda.h"
 
@@ -95,6 +97,22 @@ static inline void *e2e_dlsym(void *h, const char *name)
         exit(1);
     }
     return p;
+}
+
+/* Does a child process die writing one byte at `at`? (A fault kills it; under
+ * ASan its handler exits non-zero instead.) For memory the fake maps or
+ * protects as a GPU would. */
+static inline bool e2e_touch_dies(uintptr_t at)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        *(volatile unsigned char *)at = 7;
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0);
 }
 
 static inline fakecuda_stats fake_stats(void)

@@ -230,38 +230,23 @@ static void release(void)
 
 /* Runs fn in a child; returns whether it died (signal or failing exit:
  * under ASan a fault is reported and the child exits instead). */
-static bool child_dies(void (*fn)(CUdeviceptr), CUdeviceptr at)
-{
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        fn(at);
-        _exit(0);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0);
-}
-
-static void touch(CUdeviceptr at) { *(volatile unsigned char *)(uintptr_t)at = 7; }
-
 static void fault(void)
 {
     start();
     CUmemAllocationProp p = prop_on(0);
     CUdeviceptr base = 0;
     CHECK_EQ(D.Reserve(&base, 4 * gran, 0, 0, 0), CUDA_SUCCESS);
-    CHECK(child_dies(touch, base)); /* reserved, nothing mapped */
+    CHECK(e2e_touch_dies(base)); /* reserved, nothing mapped */
     CUmemGenericAllocationHandle h = 0;
     CHECK_EQ(D.Create(&h, gran, &p, 0), CUDA_SUCCESS);
     CHECK_EQ(D.Map(base, gran, 0, h, 0), CUDA_SUCCESS);
-    CHECK(child_dies(touch, base + 100)); /* mapped, no access yet */
+    CHECK(e2e_touch_dies(base + 100)); /* mapped, no access yet */
     CUmemAccessDesc rw = rw_on(0);
     CHECK_EQ(D.SetAccess(base, gran, &rw, 1), CUDA_SUCCESS);
-    CHECK(!child_dies(touch, base + 100)); /* accessible */
-    CHECK(child_dies(touch, base + gran));    /* the next granule is not mapped */
+    CHECK(!e2e_touch_dies(base + 100)); /* accessible */
+    CHECK(e2e_touch_dies(base + gran)); /* the next granule is not mapped */
     CHECK_EQ(D.Unmap(base, gran), CUDA_SUCCESS);
-    CHECK(child_dies(touch, base + 100)); /* unmapped again */
+    CHECK(e2e_touch_dies(base + 100)); /* unmapped again */
     CHECK_EQ(D.Release(h), CUDA_SUCCESS);
     CHECK_EQ(D.AddressFree(base, 4 * gran), CUDA_SUCCESS);
 }
@@ -283,7 +268,7 @@ static void lifetime(void)
     /* The primary context's reset takes the device's allocations. */
     CHECK_EQ(D.PrimaryCtxReset(0), CUDA_SUCCESS);
     CHECK_EQ(fake_stats().bytes_in_use[0], before);
-    CHECK(child_dies(touch, base));
+    CHECK(e2e_touch_dies(base));
     CHECK_EQ(D.Unmap(base, 2 * gran), CUDA_ERROR_INVALID_VALUE); /* nothing mapped */
     CHECK_EQ(D.Release(h), CUDA_ERROR_INVALID_VALUE);            /* gone */
     CHECK_EQ(D.AddressFree(base, 4 * gran), CUDA_SUCCESS);       /* the range stayed */

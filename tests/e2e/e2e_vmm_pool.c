@@ -18,8 +18,6 @@
  *   off        (BFCSHIM_VMM=off) regions come from cuMemAlloc as before
  */
 #include <cuda.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "e2e.h"
 
@@ -57,19 +55,6 @@ static void start(void)
     CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
 }
 
-static bool child_dies(CUdeviceptr at)
-{
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        *(volatile unsigned char *)(uintptr_t)at = 7;
-        _exit(0);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return WIFSIGNALED(status);
-}
-
 static void fill_and_check(CUdeviceptr p, size_t n, unsigned char v)
 {
     memset((void *)(uintptr_t)p, v, n);
@@ -99,7 +84,7 @@ static void grow(void)
     CHECK(released >= 4 * MiB);
     CHECK_EQ(fake_stats().bytes_in_use[0], before + mapped - released);
     CHECK(fake_stats().vmm_unmap_calls >= 2);
-    CHECK(child_dies(a + MiB)); /* given back: nothing is mapped there now */
+    CHECK(e2e_touch_dies(a + MiB)); /* given back: nothing is mapped there now */
     fill_and_check(c, 1000, 4); /* the live block keeps its granule */
     /* Memory comes back on demand. */
     CUdeviceptr d = 0;
@@ -141,7 +126,7 @@ static void threshold(void)
      * the merged free space goes back at once. */
     CHECK_EQ(D.MemAlloc(&b, 1000), CUDA_SUCCESS);
     CHECK(fake_stats().bytes_in_use[0] - before <= 2 * MiB);
-    CHECK(child_dies(a + 10 * MiB));
+    CHECK(e2e_touch_dies(a + 10 * MiB));
     CHECK_EQ(D.MemFree(b), CUDA_SUCCESS);
 }
 
