@@ -28,6 +28,11 @@
 #               the user's first program (static and shared cudart) included
 #   bench*      cudaMalloc/cudaFree and cudaMallocAsync/cudaFreeAsync pairs,
 #               512 B to 1 GiB, native and pooled
+#   vmm*        the pool over CUDA virtual memory: map + unmap cost
+#               (malloc_bench, release threshold 0), PyTorch GPT without its
+#               cache on it against native expandable_segments, and two
+#               processes where one gives memory back and the other gets it
+#               (the GPU suite's gpu_vmm_* tests run under `suite`)
 #   numba*      Numba's driver layer (numba-cuda: NVIDIA's cuda-bindings,
 #               every entry point through cuGetProcAddress), natively and
 #               through the shim
@@ -63,7 +68,7 @@ results=$out/results.jsonl
 start=$(date +%s)
 deadline=$((start + ${GPU_PROOF_DEADLINE:-560}))
 repeat=${GPU_PROOF_REPEAT:-1}
-first_run="env build suite bench numba plugins torch-gpt cupy jax three ddp"
+first_run="env build suite bench vmm numba plugins torch-gpt cupy jax three ddp"
 all_steps="$first_run torch-resnet maxbatch traces"
 steps=${GPU_PROOF_STEPS:-$first_run}
 [ "$steps" = full ] && steps=$all_steps
@@ -215,18 +220,48 @@ step_bench() {
         old=$(cd "$(dirname "$GPU_PROOF_OLD_LIB")" && pwd)/$(basename "$GPU_PROOF_OLD_LIB")
         run_arm bench pooled-old 120 no "LD_PRELOAD=$old" -- "$b" pooled-old
     fi
-    # one object per size and API: collected as RESULT lines
-    python3 - "$out/bench.log" >>"$results" <<'PY'
+    bench_results bench
+}
+
+# bench_results STEP: malloc_bench's JSON lines in STEP.log, one object per
+# size and API, collected as RESULT lines under the arm that printed them.
+bench_results() {
+    python3 - "$1" "$out/$1.log" >>"$results" <<'PY'
 import json, sys
-arm = None
-for line in open(sys.argv[1]):
-    if line.startswith("==== bench/"):
+step, arm = sys.argv[1], None
+for line in open(sys.argv[2]):
+    if line.startswith("==== " + step + "/"):
         arm = line.split("/")[1].split(":")[0]
     elif line.startswith("{"):
         r = json.loads(line)
-        r.update(step="bench", arm_label=arm, workload="malloc-bench")
+        r.update(step=step, arm_label=arm, workload="malloc-bench")
         print(json.dumps(r, sort_keys=True))
 PY
+}
+
+# The pool over CUDA virtual memory (issue 15): what one map + unmap step
+# costs on the driver (malloc_bench with release threshold 0: every free
+# unmaps, every allocation maps again), PyTorch without its cache on it
+# against PyTorch's own expandable segments, and two processes where one
+# gives memory back mid-run and the other then gets it.
+step_vmm() {
+    local v=(BFCSHIM_PREALLOCATE=false BFCSHIM_VMM=on) nc=PYTORCH_NO_CUDA_MEMORY_CACHING=1
+    local b=$build/tests/gpu/malloc_bench
+    run_arm vmm pooled-vmm 120 yes "${v[@]}" -- "$b" pooled-vmm
+    run_arm vmm pooled-vmm-release0 120 yes "${v[@]}" BFCSHIM_RELEASE_THRESHOLD=0 -- \
+        "$b" pooled-vmm-release0
+    bench_results vmm
+    local job=("$py" "$gpu/torch_train.py" --model gpt --steps 20 --warmup 5 --batch 8
+               "${gpt_size[@]}")
+    for _ in $(seq "$repeat"); do
+        run_arm vmm torch-gpt-A-native 200 no -- "${job[@]}" --arm A
+        run_arm vmm torch-gpt-E-native-expandable 200 no \
+            PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True -- "${job[@]}" --arm E
+        run_arm vmm torch-gpt-V-shim-nocache-vmm 200 yes "$nc" "${v[@]}" -- "${job[@]}" --arm V
+        run_arm vmm torch-gpt-C-shim-nocache 200 yes "$nc" -- "${job[@]}" --arm C
+    done
+    run_arm vmm release-two-processes 150 yes "${v[@]}" "$nc" "PYTHONPATH=$root/python" \
+        "BFCSHIM_LIBRARY=$lib" -- "$py" "$gpu/vmm_release.py" --arm vmm --device "$ddp_device"
 }
 
 step_numba() {
@@ -353,8 +388,8 @@ for s in $steps; do
         continue
     fi
     case $s in
-        env | build | suite | bench | numba | plugins | cupy | jax | three | ddp | maxbatch | \
-            traces)
+        env | build | suite | bench | vmm | numba | plugins | cupy | jax | three | ddp | \
+            maxbatch | traces)
             log "== $s"; "step_$s" ;;
         torch-gpt) log "== $s"; step_torch_gpt ;;
         torch-resnet) log "== $s"; step_torch_resnet ;;
