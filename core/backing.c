@@ -161,3 +161,20 @@ void backing_release_region(bfc_pool *p, region *r)
     free(r->backed);
     r->backed = NULL;
 }
+
+void bfc_pool_each_mapped(bfc_pool *p, void (*fn)(void *arg, bfc_addr addr, uint64_t size),
+                          void *arg)
+{
+    bfc_lock_acquire(&p->lock);
+    const uint64_t g = p->opt.map_granularity;
+    for (uint32_t ri = 0; p->opt.vmm && ri < p->nregions; ri++) {
+        const region *r = &p->regions[ri];
+        const uint64_t end = r->size / g;
+        for (uint64_t i = bit_find(r->backed, 0, end, true); i < end;) {
+            uint64_t j = bit_find(r->backed, i, end, false);
+            fn(arg, r->base + i * g, (j - i) * g);
+            i = bit_find(r->backed, j, end, true);
+        }
+    }
+    bfc_lock_release(&p->lock);
+}

@@ -363,6 +363,13 @@ uint64_t bfc_pool_trim(bfc_pool *pool);
  * Returns the bytes unmapped; 0 without vmm. */
 uint64_t bfc_pool_abandon_memory(bfc_pool *pool);
 
+/* vmm: calls fn for every run of mapped granules, in address order, with the
+ * pool locked, so that no mapping is made or removed meanwhile (the shim
+ * grants a peer device access to what is already mapped). fn must not call
+ * into the pool. Nothing without vmm. */
+void bfc_pool_each_mapped(bfc_pool *pool, void (*fn)(void *arg, bfc_addr addr, uint64_t size),
+                          void *arg);
+
 /* True when addr lies inside one of the pool's regions. */
 bool bfc_pool_owns(bfc_pool *pool, bfc_addr addr);
 

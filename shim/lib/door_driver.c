@@ -300,6 +300,16 @@ SHIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     return PASS(CtxDestroy, ctx);
 }
 
+/* Peer access reaches pooled memory through the real call for regions from
+ * cuMemAlloc; over virtual memory the pool must grant it mapping by mapping. */
+SHIM_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags)
+{
+    CUresult r = PASS(CtxEnablePeerAccess, peer, flags);
+    if (r == CUDA_SUCCESS)
+        vmm_peer_enabled(peer);
+    return r;
+}
+
 SHIM_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
     pools_primary_gone(dev);

@@ -49,11 +49,15 @@ typedef enum oom_cause {
     CAUSE_DEVICE_FULL, /* the pool may grow, but the device has no memory to give */
 } oom_cause;
 
-static oom_cause cause_of(const bfc_stats *st, uint64_t rounded)
+/* Over virtual memory free address space is not memory: what the pool
+ * holds unused is its mapped bytes not in use (pending blocks, granules
+ * shared with live ones), all else it had to map. */
+static oom_cause cause_of(const bfc_stats *st, uint64_t rounded, bool vmm)
 {
     if (st->bytes_limit - st->bytes_in_use < rounded)
         return CAUSE_LIMIT;
-    if (st->free_bytes + st->pending_bytes >= rounded)
+    uint64_t unused = vmm ? st->pool_bytes - st->bytes_in_use : st->free_bytes + st->pending_bytes;
+    if (unused >= rounded)
         return CAUSE_FRAGMENTED;
     return CAUSE_DEVICE_FULL;
 }
@@ -168,7 +172,7 @@ void oom_report(shim_pool *sp, size_t size, const char *api)
     bfc_options o;
     bfc_pool_options(sp->bfc, &o);
     uint64_t rounded = ((uint64_t)size + o.granularity - 1) / o.granularity * o.granularity;
-    oom_cause cause = cause_of(&st, rounded);
+    oom_cause cause = cause_of(&st, rounded, sp->vmm_granule != 0);
     char req[32], lim[32], use[32], big[32];
     shim_log(LOG_ERROR,
              "%s(%zu bytes = %s) on device %d: out of memory %s (limit %s, in use %s, "

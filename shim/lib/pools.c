@@ -131,10 +131,9 @@ void pools_lock_for_fork(bool lock)
 /*
  * BFCSHIM_VMM: the mapping granule when this pool goes over virtual memory,
  * else 0. auto: in growth mode (a preallocated pool keeps its one cuMemAlloc
- * region, which needs no mapping at all), on a device that supports it, in a
- * process that sees one device: mappings are made accessible to their own
- * device only, and peers' access is not granted yet. on: wherever the
- * device supports it, saying so once when peers could not reach the memory.
+ * region, which needs no mapping at all), on a device that supports it.
+ * on: wherever the device supports it. Peers that enable access get it to
+ * the mappings (vmm.c); devices beyond the 64th cannot, and are said once.
  */
 static uint64_t use_vmm(const real_driver *R, const shim_config *cfg, CUdevice dev)
 {
@@ -144,15 +143,15 @@ static uint64_t use_vmm(const real_driver *R, const shim_config *cfg, CUdevice d
     int devices = 1;
     if (R->DeviceGetCount)
         R->DeviceGetCount(&devices);
-    if (g && devices > 1) {
-        if (cfg->vmm == VMM_AUTO)
+    if (g && (devices > 64 || !R->CtxEnablePeerAccess)) {
+        if (cfg->vmm == VMM_AUTO && devices > 1)
             return 0;
         static atomic_bool said;
-        shim_log_once(&said, LOG_WARN,
-                      "BFCSHIM_VMM=on with %d devices: pooled memory is mapped for its own "
-                      "device only, so peer-to-peer access to it faults; use BFCSHIM_VMM=off "
-                      "for programs that read one device's memory from another",
-                      devices);
+        if (devices > 1)
+            shim_log_once(&said, LOG_WARN,
+                          "BFCSHIM_VMM=on with %d devices: some peers cannot be given access "
+                          "to pooled memory; use BFCSHIM_VMM=off for peer-to-peer programs",
+                          devices);
     }
     if (!g && cfg->vmm == VMM_ON)
         shim_log(LOG_WARN, "device %d: BFCSHIM_VMM=on, but the device or driver does not "

@@ -48,6 +48,7 @@ static hook hooks[] = {
     H(cuStreamEndCapture),
     H(cuStreamEndCapture_ptsz),
     H(cuCtxDestroy_v2),
+    H(cuCtxEnablePeerAccess),
     H(cuDeviceSetMemPool),
     H(cuDevicePrimaryCtxReset_v2),
     H(cuDevicePrimaryCtxRelease_v2),

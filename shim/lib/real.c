@@ -96,6 +96,7 @@ static void load_driver(void)
     LOOK(MemSetAccess, "cuMemSetAccess");
     LOOK(MemGetAllocationGranularity, "cuMemGetAllocationGranularity");
     LOOK(DeviceGetCount, "cuDeviceGetCount");
+    LOOK(CtxEnablePeerAccess, "cuCtxEnablePeerAccess");
 
     /* Everything the pools need must be there; the rest only widens what
      * can be passed through. */

@@ -164,6 +164,7 @@ typedef struct real_driver {
     CUresult (*MemGetAllocationGranularity)(size_t *, const CUmemAllocationProp *,
                                             CUmemAllocationGranularity_flags);
     CUresult (*DeviceGetCount)(int *);
+    CUresult (*CtxEnablePeerAccess)(CUcontext, unsigned);
 } real_driver;
 
 /* Loads libcuda.so.1 on first use; NULL if it cannot be found. */
@@ -231,6 +232,10 @@ typedef struct shim_pool {
     /* BFCSHIM_VMM: the mapping granule when the pool is over virtual
      * memory, else 0 */
     uint64_t vmm_granule;
+    /* over virtual memory: devices (bit i: device i < 64) that enabled peer
+     * access to this pool's context; its mappings are made accessible to
+     * them too (vmm.c) */
+    atomic_uint_fast64_t vmm_peers;
 } shim_pool;
 
 /* ---- the pool over virtual memory (vmm.c) ----------------------------------------- */
@@ -238,6 +243,10 @@ typedef struct shim_pool {
 /* The device's recommended mapping granule when it supports virtual memory
  * management and the driver has every call the pool needs; else 0. */
 uint64_t vmm_granularity(const real_driver *R, CUdevice dev);
+/* The current context's device was given peer access to `peer`'s memory
+ * (cuCtxEnablePeerAccess succeeded): a pool of `peer` over virtual memory
+ * makes its mappings, present and future, accessible to that device. */
+void vmm_peer_enabled(CUcontext peer);
 /* Fills the backend's region and map callbacks (its ctx is a pool whose
  * vmm_granule is set). */
 void vmm_backend(bfc_backend *b);

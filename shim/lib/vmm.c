@@ -10,7 +10,11 @@
  * memory are unmapped and when all outstanding references to the handle ...
  * are also released", cuda.h on cuMemRelease), so the shim keeps no table of
  * handles. Access is granted to the pool's own device (cuMemMap alone makes
- * nothing accessible).
+ * nothing accessible) and to every device that enabled peer access to the
+ * pool's context (cuCtxEnablePeerAccess, which the driver door intercepts;
+ * cudaDeviceEnablePeerAccess reaches it through cudart's lookup): already
+ * mapped granules at that moment, later ones as they are mapped. Access is
+ * not taken back on cuCtxDisablePeerAccess.
  *
  * cuMemUnmap does not wait for the GPU. The engine unmaps only free space,
  * and under the default free policy a block becomes free only after its
@@ -83,6 +87,64 @@ static void unmap_granules(const real_driver *R, uint64_t g, bfc_addr addr, uint
         R->MemUnmap(addr + off, (size_t)g);
 }
 
+/* The access list of the pool's mappings: its own device, read-write, and
+ * every device that enabled peer access to its context. Returns the
+ * number of entries. */
+static size_t access_list(shim_pool *sp, CUmemAccessDesc *desc, size_t cap)
+{
+    uint64_t peers = atomic_load(&sp->vmm_peers);
+    size_t n = 0;
+    for (int d = -1; d < 64 && n < cap; d++) {
+        if (d >= 0 && (d == (int)sp->dev || !(peers >> d & 1)))
+            continue;
+        memset(&desc[n], 0, sizeof desc[n]);
+        desc[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        desc[n].location.id = d < 0 ? (int)sp->dev : d;
+        desc[n].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        n++;
+    }
+    return n;
+}
+
+/* Makes [addr, addr + size) accessible per its access list, one mapping at
+ * a time as they were made (cuda.h asks for whole mappings). */
+static CUresult grant(shim_pool *sp, const real_driver *R, bfc_addr addr, uint64_t size)
+{
+    CUmemAccessDesc desc[65];
+    size_t n = access_list(sp, desc, sizeof desc / sizeof desc[0]);
+    CUresult r = CUDA_SUCCESS;
+    for (uint64_t off = 0; r == CUDA_SUCCESS && off < size; off += sp->vmm_granule)
+        r = R->MemSetAccess(addr + off, (size_t)sp->vmm_granule, desc, n);
+    return r;
+}
+
+static void grant_run(void *arg, bfc_addr addr, uint64_t size)
+{
+    shim_pool *sp = arg;
+    CUresult r = grant(sp, real_driver_get(), addr, size);
+    if (r != CUDA_SUCCESS)
+        shim_log(LOG_WARN, "device %d: giving peers access to 0x%llx (%llu bytes) failed (%d)",
+                 (int)sp->dev, (unsigned long long)addr, (unsigned long long)size, (int)r);
+}
+
+void vmm_peer_enabled(CUcontext peer)
+{
+    const real_driver *R = real_driver_get();
+    CUdevice me = 0;
+    shim_pool *sp = pool_for_context(peer, false);
+    if (!sp || !sp->vmm_granule || !R || R->CtxGetDevice(&me) != CUDA_SUCCESS || me < 0 ||
+        me >= 64)
+        return;
+    atomic_fetch_or(&sp->vmm_peers, UINT64_C(1) << me);
+    /* Under the pool's lock: no mapping is made meanwhile, and every later
+     * one reads the new list. The grants need the pool's context current. */
+    bool pushed = real_ctx_enter(R, sp->ctx);
+    bfc_pool_each_mapped(sp->bfc, grant_run, sp);
+    real_ctx_leave(R, pushed);
+    shim_log(LOG_INFO, "device %d: pooled memory made accessible to peer device %d", (int)sp->dev,
+             (int)me);
+}
+
 static int map_range(void *ctx, bfc_addr addr, uint64_t size)
 {
     shim_pool *sp = ctx;
@@ -101,14 +163,8 @@ static int map_range(void *ctx, bfc_addr addr, uint64_t size)
         if (r != CUDA_SUCCESS)
             break;
     }
-    CUmemAccessDesc access;
-    memset(&access, 0, sizeof access);
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = (int)sp->dev;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    /* Per mapping, as they were made (cuda.h asks for whole mappings). */
-    for (uint64_t off = 0; r == CUDA_SUCCESS && off < size; off += g)
-        r = R->MemSetAccess(addr + off, (size_t)g, &access, 1);
+    if (r == CUDA_SUCCESS)
+        r = grant(sp, R, addr, size);
     if (r != CUDA_SUCCESS) {
         /* All or nothing: the engine counts the range as unmapped. */
         unmap_granules(R, g, addr, done);

@@ -289,6 +289,32 @@ static void abandoned_pool_unmaps_everything_and_maps_nothing_more(void)
     sim_device_fini(&f.dev);
 }
 
+static void count_run(void *arg, bfc_addr addr, uint64_t size)
+{
+    uint64_t *acc = arg;
+    acc[0]++;
+    acc[1] += size;
+    acc[2] = addr;
+}
+
+static void each_mapped_visits_runs_of_granules(void)
+{
+    fixture f;
+    vmm_begin(&f, 64 * MiB);
+    vmm_start(&f);
+    bfc_addr a = must_alloc(&f, 4 * MiB);
+    bfc_addr b = must_alloc(&f, 4 * MiB);
+    must_alloc(&f, 2 * MiB);
+    must_free(&f, b);
+    CHECK_EQ(bfc_pool_trim(f.pool), 4 * MiB); /* b's granules: two runs remain */
+    uint64_t acc[3] = {0};
+    bfc_pool_each_mapped(f.pool, count_run, acc);
+    CHECK_EQ(acc[0], 2);
+    CHECK_EQ(acc[1], 6 * MiB);
+    CHECK_EQ(acc[2], a + 8 * MiB); /* the last run: the 2 MiB block */
+    vmm_end(&f);
+}
+
 static void options_without_map_callbacks_are_refused(void)
 {
     bfc_options o;
@@ -322,6 +348,7 @@ int main(void)
     RUN(limit_bounds_mapped_bytes_not_address_space);
     RUN(preallocation_maps_the_limit_at_once);
     RUN(abandoned_pool_unmaps_everything_and_maps_nothing_more);
+    RUN(each_mapped_visits_runs_of_granules);
     RUN(options_without_map_callbacks_are_refused);
     return harness_result();
 }

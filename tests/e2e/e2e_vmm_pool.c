@@ -2,8 +2,8 @@
  * e2e_vmm_pool.c - the shim's pool over virtual memory (BFCSHIM_VMM), through
  * the real dynamic linker and the fake driver, whose VMM calls enforce
  * cuda.h's rules and whose memory faults where nothing is mapped. The program
- * uses the driver API as XLA does (libcuda.so.1 opened with dlopen). One
- * device (auto mode wants one), growth mode. Scenarios:
+ * uses the driver API as XLA does (libcuda.so.1 opened with dlopen), in
+ * growth mode (auto leaves a preallocated pool on cuMemAlloc). Scenarios:
  *
  *   grow       blocks are served from one reservation with memory mapped as
  *              they land; they are usable; bfcshim_trim() unmaps what is
@@ -15,6 +15,9 @@
  *              device as soon as its fence completes, without a trim
  *   ctxdestroy cuCtxDestroy does not free cuMemCreate's memory: the shim
  *              unmaps its pool's granules when the context goes
+ *   peers      (two devices) cuCtxEnablePeerAccess from device 1 to device
+ *              0's context gives device 1 access to the pool's mappings,
+ *              those already made and those made later
  *   off        (BFCSHIM_VMM=off) regions come from cuMemAlloc as before
  */
 #include <cuda.h>
@@ -31,6 +34,7 @@ static struct {
     CUresult (*CtxDestroy)(CUcontext);
     CUresult (*MemAlloc)(CUdeviceptr *, size_t);
     CUresult (*MemFree)(CUdeviceptr);
+    CUresult (*EnablePeer)(CUcontext, unsigned);
     uint64_t (*Trim)(void);
 } D;
 
@@ -48,6 +52,7 @@ static void start(void)
     LOAD(CtxDestroy, "cuCtxDestroy_v2");
     LOAD(MemAlloc, "cuMemAlloc_v2");
     LOAD(MemFree, "cuMemFree_v2");
+    LOAD(EnablePeer, "cuCtxEnablePeerAccess");
     /* The C interface of the preloaded shim (include/bfcshim.h). */
     *(void **)&D.Trim = e2e_dlsym(RTLD_DEFAULT, "bfcshim_trim");
     CHECK_EQ(D.Init(0), CUDA_SUCCESS);
@@ -143,6 +148,28 @@ static void ctxdestroy(void)
     CHECK_EQ(fake_stats().bytes_in_use[0], before);
 }
 
+static void peers(void)
+{
+    start();
+    CUdeviceptr a = 0, b = 0;
+    CHECK_EQ(D.MemAlloc(&a, 3 * MiB), CUDA_SUCCESS); /* device 0's pool: two granules */
+    CHECK_EQ(fake_stats().vmm_reserve_calls, 1);
+    CHECK_EQ(fake_stats().vmm_peer_grants, 0);
+    CUcontext one = NULL;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&one, 1), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(one), CUDA_SUCCESS);
+    CHECK_EQ(D.EnablePeer(primary, 0), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().peer_enables, 1);
+    CHECK_EQ(fake_stats().vmm_peer_grants, 2); /* each mapped granule */
+    CHECK_EQ(D.EnablePeer(primary, 0), CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    CHECK_EQ(D.MemAlloc(&b, 4 * MiB), CUDA_SUCCESS); /* maps more: granted as made */
+    CHECK(fake_stats().vmm_peer_grants >= 4);
+    fill_and_check(b, 4 * MiB, 8);
+    CHECK_EQ(D.MemFree(a), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(b), CUDA_SUCCESS);
+}
+
 static void off(void)
 {
     start();
@@ -163,12 +190,13 @@ int main(int argc, char **argv)
                      {"release", release},
                      {"threshold", threshold},
                      {"ctxdestroy", ctxdestroy},
+                     {"peers", peers},
                      {"off", off}};
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
         if (strcmp(s, scenarios[i].name) == 0) {
             scenarios[i].fn();
             return e2e_done(s);
         }
-    fprintf(stderr, "usage: e2e_vmm_pool grow|release|threshold|ctxdestroy|off\n");
+    fprintf(stderr, "usage: e2e_vmm_pool grow|release|threshold|ctxdestroy|peers|off\n");
     return 2;
 }

@@ -52,6 +52,8 @@ typedef struct fakecuda_stats {
     uint64_t vmm_create_calls;     /* cuMemCreate (bytes_in_use counts what they hold) */
     uint64_t vmm_map_calls;        /* cuMemMap */
     uint64_t vmm_unmap_calls;      /* cuMemUnmap */
+    uint64_t vmm_peer_grants;      /* cuMemSetAccess entries giving a peer device access */
+    uint64_t peer_enables;         /* cuCtxEnablePeerAccess that succeeded */
 } fakecuda_stats;
 
 typedef void (*fakecuda_work)(void *arg);

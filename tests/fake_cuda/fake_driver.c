@@ -180,6 +180,9 @@ static struct {
     CUmemoryPool default_pool[MAX_DEVICES];
     CUmemoryPool current_pool[MAX_DEVICES]; /* cuDeviceSetMemPool's */
     unsigned npools_created;
+    /* cuCtxEnablePeerAccess: peer_on[d][p] when a context of device d may
+     * access memory of device p (the fake keeps it per device pair). */
+    bool peer_on[MAX_DEVICES][MAX_DEVICES];
 } G = {.lock = PTHREAD_MUTEX_INITIALIZER, .stuck_cond = PTHREAD_COND_INITIALIZER};
 
 static _Thread_local fctx *tls_ctx_stack[16];
@@ -915,6 +918,50 @@ EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
     *dev = c->dev;
     return CUDA_SUCCESS;
 }
+
+/* Peer access: any two distinct devices can reach each other. Enabling is
+ * per (current context's device, peer context's device) pair; cuda.h's
+ * errors: the same device is CUDA_ERROR_INVALID_DEVICE, enabling twice
+ * CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, disabling what is not enabled
+ * CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, flags "must be 0". Memory is one host
+ * address space here, so access itself is not enforced between devices
+ * (cuMemSetAccess's peer entries are counted, see below). */
+EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer)
+{
+    ENTER();
+    if (!can)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    if (dev < 0 || dev >= G.ndev || peer < 0 || peer >= G.ndev)
+        LEAVE(CUDA_ERROR_INVALID_DEVICE);
+    *can = dev != peer;
+    LEAVE(CUDA_SUCCESS);
+}
+
+static CUresult peer_switch(CUcontext peer, unsigned flags, bool on)
+{
+    ENTER();
+    fctx *c = current_ctx(), *p = (fctx *)peer;
+    if (!c)
+        LEAVE(CUDA_ERROR_INVALID_CONTEXT);
+    if (!p || p->magic != CTX_MAGIC || !p->alive || (on && flags))
+        LEAVE(on && flags ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_CONTEXT);
+    if (p->dev == c->dev)
+        LEAVE(CUDA_ERROR_INVALID_DEVICE);
+    bool *state = &G.peer_on[c->dev][p->dev];
+    if (*state == on)
+        LEAVE(on ? CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED : CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
+    *state = on;
+    if (on)
+        G.st.peer_enables++;
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags)
+{
+    return peer_switch(peer, flags, true);
+}
+
+EXPORT CUresult cuCtxDisablePeerAccess(CUcontext peer) { return peer_switch(peer, 0, false); }
 
 EXPORT CUresult cuCtxSynchronize(void)
 {
@@ -1880,8 +1927,12 @@ EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
         if (r->base < ptr || r->base >= ptr + size)
             continue;
         for (size_t k = 0; k < count; k++) {
-            if (desc[k].location.id != r->h->dev)
-                continue; /* a peer's access: one address space here */
+            if (desc[k].location.id != r->h->dev) {
+                /* A peer's access: one address space here, so only counted. */
+                if (desc[k].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE)
+                    G.st.vmm_peer_grants++;
+                continue;
+            }
             r->prot = desc[k].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
                       : desc[k].flags == CU_MEM_ACCESS_FLAGS_PROT_READ ? PROT_READ
                                                                        : PROT_NONE;
@@ -1952,6 +2003,9 @@ static const proc procs[] = {
     P("cuCtxPopCurrent", 4000, cuCtxPopCurrent_v2),
     P("cuCtxGetDevice", 2000, cuCtxGetDevice),
     P("cuCtxSynchronize", 2000, cuCtxSynchronize),
+    P("cuCtxEnablePeerAccess", 4000, cuCtxEnablePeerAccess),
+    P("cuCtxDisablePeerAccess", 4000, cuCtxDisablePeerAccess),
+    P("cuDeviceCanAccessPeer", 4000, cuDeviceCanAccessPeer),
     P("cuStreamCreate", 2000, cuStreamCreate),
     P("cuStreamCreateWithPriority", 5050, cuStreamCreateWithPriority),
     P("cuStreamDestroy", 4000, cuStreamDestroy_v2),
