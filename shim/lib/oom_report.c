@@ -174,14 +174,17 @@ void oom_report(shim_pool *sp, size_t size, const char *api)
     uint64_t rounded = ((uint64_t)size + o.granularity - 1) / o.granularity * o.granularity;
     oom_cause cause = cause_of(&st, rounded, sp->vmm_granule != 0);
     char req[32], lim[32], use[32], big[32];
+    /* Over virtual memory a free block is address space: what counts is
+     * what is mapped. */
+    const bool vmm = sp->vmm_granule != 0;
     shim_log(LOG_ERROR,
              "%s(%zu bytes = %s) on device %d: out of memory %s (limit %s, in use %s, "
-             "largest free block %s). %s",
+             "%s %s). %s",
              api, size, format_size(size, req, sizeof req), (int)sp->dev,
              cause == CAUSE_DEVICE_FULL ? "on the device" : "in the pool",
              format_size(st.bytes_limit, lim, sizeof lim),
-             format_size(st.bytes_in_use, use, sizeof use),
-             format_size(st.largest_free_block_bytes, big, sizeof big),
+             format_size(st.bytes_in_use, use, sizeof use), vmm ? "mapped" : "largest free block",
+             format_size(vmm ? st.pool_bytes : st.largest_free_block_bytes, big, sizeof big),
              cause == CAUSE_DEVICE_FULL
                  ? "Other processes or contexts hold the device's memory"
                  : "Raise BFCSHIM_MEM_FRACTION or BFCSHIM_MEM_LIMIT, or free memory and retry");
