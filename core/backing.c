@@ -26,11 +26,6 @@ static inline uint64_t granule_of(const region *r, uint64_t gran, bfc_addr a)
     return (a - r->base) / gran;
 }
 
-static inline bool bit_get(const uint64_t *w, uint64_t i)
-{
-    return w[i >> 6] >> (i & 63) & 1;
-}
-
 /* The first index in [from, to) whose bit is `value`, or `to`. Skips whole
  * words, so a long unbacked tail costs one load per 64 granules. */
 static uint64_t bit_find(const uint64_t *w, uint64_t from, uint64_t to, bool value)
