@@ -5,7 +5,11 @@
  * simulated address space (one byte per 256-byte unit) catches any byte
  * handed to two owners at once. Built for ThreadSanitizer too.
  *
- *   test_threads [--threads N] [--ops N] [--growth]
+ *   test_threads [--threads N] [--ops N] [--growth | --vmm]
+ *
+ * --vmm runs the pool over virtual memory with a 1 MiB release threshold, so
+ * that granules are mapped and unmapped under contention too (the checker
+ * thread proves every live byte mapped).
  */
 #include <getopt.h>
 #include <pthread.h>
@@ -166,10 +170,11 @@ int main(int argc, char **argv)
 {
     int nthreads = 4;
     uint64_t ops = 200000;
-    bool growth = false;
+    bool growth = false, vmm = false;
     static const struct option longopts[] = {{"threads", required_argument, 0, 't'},
                                              {"ops", required_argument, 0, 'n'},
                                              {"growth", no_argument, 0, 'g'},
+                                             {"vmm", no_argument, 0, 'v'},
                                              {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
@@ -177,12 +182,13 @@ int main(int argc, char **argv)
         case 't': nthreads = atoi(optarg); break;
         case 'n': ops = strtoull(optarg, NULL, 0); break;
         case 'g': growth = true; break;
+        case 'v': vmm = true; break;
         default: return 2;
         }
     }
     if (nthreads < 1 || nthreads > MAX_THREADS)
         return 2;
-    harness_case = growth ? "growth" : "preallocated";
+    harness_case = vmm ? "vmm" : growth ? "growth" : "preallocated";
 
     sim_device dev;
     sim_device_init(&dev, 64 * MiB);
@@ -194,7 +200,14 @@ int main(int argc, char **argv)
     opt.preallocate = !growth;
     opt.region_granularity = 256;
     opt.garbage_collection = false; /* keeps every region inside SPAN */
-    bfc_backend b = sim_device_backend(&dev);
+    if (vmm) {
+        opt.vmm = true;
+        opt.preallocate = false;
+        opt.map_granularity = 64 * KiB;
+        opt.release_threshold = 1 * MiB;
+        dev.alignment = opt.map_granularity;
+    }
+    bfc_backend b = vmm ? sim_device_vmm_backend(&dev) : sim_device_backend(&dev);
     b.fence_done = fence_done;
     pool = bfc_pool_create(&opt, &b);
     REQUIRE(pool);
@@ -236,6 +249,12 @@ int main(int argc, char **argv)
     printf("%d threads, %" PRIu64 " ops each: %" PRIu64 " allocations, %" PRIu64
            " OOMs, %s\n",
            nthreads, ops, allocs, ooms, harness_failures ? "FAILED" : "clean");
+    if (vmm) {
+        CHECK(s.num_unmap_calls > 0); /* the threshold did give granules back */
+        printf("  %" PRIu64 " map and %" PRIu64 " unmap calls\n", s.num_map_calls,
+               s.num_unmap_calls);
+    }
     bfc_pool_destroy(pool, true);
+    CHECK_EQ(dev.held, 0);
     return harness_result();
 }
