@@ -99,7 +99,9 @@ int bfcshim_write_stats(const char *path);
  * (blocks whose work has finished are recognised without waiting). Returns
  * the bytes released. With BFCSHIM_PREALLOCATE=true the pool's one region
  * goes back too when it is wholly idle, and is taken again at the next
- * allocation. */
+ * allocation. A pool over virtual memory (BFCSHIM_VMM) gives back every
+ * granule that lies wholly in free space, live blocks or not, and keeps its
+ * address range; memory is mapped again as allocations need it. */
 size_t bfcshim_trim(void);
 
 #ifdef __cplusplus

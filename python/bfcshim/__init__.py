@@ -73,8 +73,9 @@ def write_stats(path=None):
 
 def trim():
     """Gives idle pool memory back to the device: every region holding no
-    live block and no block still awaiting queued GPU work. Returns the
-    bytes released (0 in platform mode)."""
+    live block and no block still awaiting queued GPU work, and, in a pool
+    over virtual memory (BFCSHIM_VMM), every granule lying wholly in free
+    space. Returns the bytes released (0 in platform mode)."""
     return int(_library.load().bfcshim_trim())
 
 
