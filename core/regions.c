@@ -102,13 +102,18 @@ static bool region_reserve_va(bfc_pool *p, uint64_t rounded)
     const uint64_t g = p->opt.map_granularity;
     if (rounded > p->opt.limit_bytes)
         return false; /* could never be mapped */
+    const uint64_t need = round_up(rounded, g);
     uint64_t want = round_up(p->opt.va_bytes ? p->opt.va_bytes : 2 * p->opt.limit_bytes, g);
-    if (want < round_up(rounded, g))
-        want = round_up(rounded, g);
+    if (want < need)
+        want = need;
     bfc_addr base = 0;
-    if (p->backend.region_alloc(p->backend.ctx, want, &base) != 0) {
+    /* Address space is cheap but not unlimited: when the range is refused,
+     * halve it, down to what the request needs. */
+    while (p->backend.region_alloc(p->backend.ctx, want, &base) != 0) {
         p->st.num_region_alloc_failures++;
-        return false;
+        if (want == need)
+            return false;
+        want = want / 2 / g * g > need ? want / 2 / g * g : need;
     }
     region r = {.base = base, .size = want};
     if (base == 0 || base % g != 0 || overlaps_existing(p, base, want) || !backing_init(p, &r)) {

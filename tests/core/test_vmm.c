@@ -315,6 +315,20 @@ static void each_mapped_visits_runs_of_granules(void)
     vmm_end(&f);
 }
 
+static void refused_address_space_is_asked_again_smaller(void)
+{
+    fixture f;
+    vmm_begin(&f, 64 * MiB);
+    f.dev.fail_call = 1; /* the first reservation (128 MiB) is refused */
+    vmm_start(&f);
+    bfc_addr a = must_alloc(&f, 3 * MiB);
+    bfc_stats s = stats_of(&f);
+    CHECK_EQ(s.va_bytes, 64 * MiB); /* half, then accepted */
+    CHECK_EQ(s.num_region_alloc_failures, 1);
+    check_mapped(&f, a, 3 * MiB);
+    vmm_end(&f);
+}
+
 static void options_without_map_callbacks_are_refused(void)
 {
     bfc_options o;
@@ -349,6 +363,7 @@ int main(void)
     RUN(preallocation_maps_the_limit_at_once);
     RUN(abandoned_pool_unmaps_everything_and_maps_nothing_more);
     RUN(each_mapped_visits_runs_of_granules);
+    RUN(refused_address_space_is_asked_again_smaller);
     RUN(options_without_map_callbacks_are_refused);
     return harness_result();
 }
