@@ -91,12 +91,13 @@ def main():
         for r in bad:
             print("  not ok:", " ".join(r))
     for step, key in (("torch-gpt", "step_ms_median"), ("torch-resnet", "step_ms_median"),
-                      ("jax", "step_ms_median"), ("cupy", "iter_ms_median")):
+                      ("jax", "step_ms_median"), ("cupy", "iter_ms_median"),
+                      ("vmm", "step_ms_median")):
         t = timed_table(results, step, key)
         if t:
             print(f"\n== {step} (* = after warm-up)")
             print(t)
-    for step in ("numba", "plugins", "three", "ddp", "maxbatch"):
+    for step in ("numba", "plugins", "three", "ddp", "maxbatch", "vmm"):
         arms = by_arm(results, step)
         if not arms:
             continue
@@ -107,14 +108,19 @@ def main():
                                           "seconds", "params_agree", "max_batch", "tried",
                                           "numba_binding", "sum_digest", "loss_digest",
                                           "exact_digest", "step_ms_median",
-                                          "iter_ms_median") if k in r}
+                                          "iter_ms_median", "other_before_trim",
+                                          "other_after_trim", "trim_bytes", "trim_s",
+                                          "ok") if k in r}
                 if r.get("nvml_peak_bytes") is not None:
                     keep["nvml_peak"] = fmt_bytes(r["nvml_peak_bytes"])
                 shim = r.get("shim") or r.get("shim_rank0")
                 if shim:
                     keep["pool"] = {k: shim[k] for k in ("num_allocs", "peak_bytes_in_use",
                                                          "peak_pool_bytes",
-                                                         "passthrough_allocs")}
+                                                         "passthrough_allocs", "vmm",
+                                                         "num_map_calls", "num_unmap_calls",
+                                                         "released_bytes_total")
+                                    if k in shim}
                 print(f"  {arm}: {json.dumps(keep)}")
     bench = [r for r in results if r.get("workload") == "malloc-bench"]
     if bench:
