@@ -164,17 +164,25 @@ static bool fence_done(void *ctx, uint32_t lane, uint64_t token, bool wait)
     return token <= gpu_done;
 }
 
+/* Starts f's pool with the simulated GPU's fences (nothing completed yet)
+ * and returns a lane for fenced frees. */
+static uint32_t start_with_fences(fixture *f)
+{
+    gpu_done = 0;
+    bfc_backend b = sim_device_vmm_backend(&f->dev);
+    b.fence_done = fence_done;
+    fixture_start_with(f, &b);
+    uint32_t lane = 0;
+    CHECK_EQ(bfc_pool_lane_open(f->pool, false, &lane), BFC_OK);
+    return lane;
+}
+
 static void pending_blocks_are_never_unmapped(void)
 {
     fixture f;
     vmm_begin(&f, 8 * MiB);
     f.opt.release_threshold = 0;
-    gpu_done = 0;
-    bfc_backend b = sim_device_vmm_backend(&f.dev);
-    b.fence_done = fence_done;
-    fixture_start_with(&f, &b);
-    uint32_t lane;
-    CHECK_EQ(bfc_pool_lane_open(f.pool, false, &lane), BFC_OK);
+    uint32_t lane = start_with_fences(&f);
     bfc_addr a = must_alloc(&f, 4 * MiB), keep = must_alloc(&f, 2 * MiB);
     CHECK_EQ(bfc_pool_free_fenced(f.pool, a, lane, 1), BFC_OK);
     CHECK_EQ(bfc_pool_trim(f.pool), 0); /* its fence is outstanding */
@@ -193,12 +201,7 @@ static void pressure_waits_for_fences_then_unmaps(void)
      * allocation waits for the fences, then unmaps the retired blocks. */
     fixture f;
     vmm_begin(&f, 6 * MiB);
-    gpu_done = 0;
-    bfc_backend b = sim_device_vmm_backend(&f.dev);
-    b.fence_done = fence_done;
-    fixture_start_with(&f, &b);
-    uint32_t lane;
-    CHECK_EQ(bfc_pool_lane_open(f.pool, false, &lane), BFC_OK);
+    uint32_t lane = start_with_fences(&f);
     bfc_addr a = must_alloc(&f, 2 * MiB);
     must_alloc(&f, 2 * MiB);
     bfc_addr c = must_alloc(&f, 2 * MiB);
