@@ -23,7 +23,7 @@
 
 static inline uint64_t granule_of(const region *r, uint64_t gran, bfc_addr a)
 {
-    return (a - r->base) / gran;
+    return (a - r->base) >> bits_ctz64(gran); /* a power of two */
 }
 
 /* The first index in [from, to) whose bit is `value`, or `to`. Skips whole

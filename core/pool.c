@@ -397,9 +397,9 @@ static uint32_t take_pending(bfc_pool *p, uint32_t c, uint64_t rounded)
  */
 static bool back_allocation(bfc_pool *p, uint32_t c)
 {
-    int r = region_find(p, C(p, c)->addr);
+    int r = p->nregions == 1 ? 0 : region_find(p, C(p, c)->addr);
     bfc_addr lo = C(p, c)->addr, hi = lo + C(p, c)->size;
-    if (backing_map(p, &p->regions[r], lo, hi))
+    if (backing_fast_covers(p, &p->regions[r], lo, hi) || backing_map(p, &p->regions[r], lo, hi))
         return true;
     /* Mapped bytes when the last attempt failed: try again only once some
      * went back (here, or by the threshold as waits retire blocks). */

@@ -109,6 +109,18 @@ bool backing_init(const bfc_pool *p, region *r);
 bool backing_covers(const bfc_pool *p, const region *r, bfc_addr lo, bfc_addr hi);
 /* Mapped bytes of the region, by recount. */
 uint64_t backing_count(const bfc_pool *p, const region *r);
+/* The steady state's test, inline on the allocation path: is [lo, hi)
+ * within one bitmap word (64 granules) whose granules are all mapped? */
+static inline bool backing_fast_covers(const bfc_pool *p, const region *r, bfc_addr lo,
+                                       bfc_addr hi)
+{
+    const unsigned shift = bits_ctz64(p->opt.map_granularity);
+    const uint64_t first = (lo - r->base) >> shift, last = (hi - 1 - r->base) >> shift;
+    if ((first >> 6) != (last >> 6))
+        return false;
+    const uint64_t mask = (~UINT64_C(0) >> (63 - (last - first))) << (first & 63);
+    return (r->backed[first >> 6] & mask) == mask;
+}
 /* Maps the granules touching [lo, hi) that are not mapped; false when the
  * limit or the backend refuses. */
 bool backing_map(bfc_pool *p, region *r, bfc_addr lo, bfc_addr hi);

@@ -1,0 +1,129 @@
+/*
+ * bench_vmm - what the pool over virtual memory costs per operation once
+ * nothing is mapped or unmapped any more, against one preallocated region.
+ *
+ *   build/tests/bench_vmm [--repeat N] [--only region|vmm] TRACE.csv[.gz]...
+ *
+ * For each trace and each pool (region: preallocated, the default; vmm:
+ * growth over virtual memory, release threshold never), one replay of the
+ * whole trace warms the pool up (the vmm pool maps what the trace needs),
+ * then N more replays are timed, each ending by freeing what the trace left
+ * live. Prints the median nanoseconds per operation and the map/unmap calls
+ * made during the timed replays (0 expected for vmm: the steady state this
+ * measures).
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bfc.h"
+#include "sim_device.h"
+#include "trace_csv.h"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* One replay; frees what the trace leaves live. */
+static void replay(bfc_pool *pool, const trace *t, bfc_addr *slot)
+{
+    for (size_t i = 0; i < t->nev; i++) {
+        const trace_event *e = &t->ev[i];
+        if (e->kind == TRACE_ALLOC) {
+            if (bfc_pool_alloc(pool, e->size, BFC_NO_LANE, &slot[e->slot]) != BFC_OK)
+                slot[e->slot] = 0;
+        } else {
+            bfc_pool_free(pool, slot[e->slot]);
+            slot[e->slot] = 0;
+        }
+    }
+    for (size_t s = 0; s < t->nslots; s++) {
+        bfc_pool_free(pool, slot[s]);
+        slot[s] = 0;
+    }
+}
+
+static void measure(const trace *t, bool vmm, int repeats, bfc_addr *slot)
+{
+    sim_device dev;
+    const uint64_t limit = 4 * t->peak_live_bytes + (UINT64_C(1) << 30);
+    sim_device_init(&dev, limit);
+    bfc_options o;
+    bfc_options_init(&o);
+    o.limit_bytes = limit;
+    o.preallocate = !vmm;
+    o.vmm = vmm;
+    o.region_granularity = o.granularity;
+    dev.alignment = o.map_granularity;
+    bfc_backend b = vmm ? sim_device_vmm_backend(&dev) : sim_device_backend(&dev);
+    bfc_pool *pool = bfc_pool_create(&o, &b);
+    if (!pool) {
+        fprintf(stderr, "bench_vmm: no pool\n");
+        exit(1);
+    }
+    replay(pool, t, slot); /* warm-up */
+    bfc_stats before, after;
+    bfc_pool_stats(pool, &before);
+    double *ns = calloc((size_t)repeats, sizeof *ns);
+    for (int r = 0; r < repeats; r++) {
+        double t0 = now();
+        replay(pool, t, slot);
+        ns[r] = (now() - t0) * 1e9 / (double)t->nev;
+    }
+    bfc_pool_stats(pool, &after);
+    qsort(ns, (size_t)repeats, sizeof *ns, cmp);
+    const char *name = strrchr(t->name, '/') ? strrchr(t->name, '/') + 1 : t->name;
+    printf("%-50s %-6s %8.1f ns/op  %6llu maps %6llu unmaps in the timed replays\n", name,
+           vmm ? "vmm" : "region", ns[repeats / 2],
+           (unsigned long long)(after.num_map_calls - before.num_map_calls),
+           (unsigned long long)(after.num_unmap_calls - before.num_unmap_calls));
+    free(ns);
+    bfc_pool_destroy(pool, true);
+    sim_device_fini(&dev);
+}
+
+int main(int argc, char **argv)
+{
+    int repeats = 9;
+    bool region = true, vmm = true; /* --only: one of them (for callgrind) */
+    static const struct option longopts[] = {{"repeat", required_argument, 0, 'r'},
+                                             {"only", required_argument, 0, 'o'},
+                                             {0, 0, 0, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        if (c == 'o' && (strcmp(optarg, "region") == 0 || strcmp(optarg, "vmm") == 0)) {
+            region = strcmp(optarg, "region") == 0;
+            vmm = !region;
+        } else if (c != 'r' || (repeats = atoi(optarg)) < 1) {
+            fprintf(stderr, "usage: bench_vmm [--repeat N] [--only region|vmm] TRACE...\n");
+            return 2;
+        }
+    }
+    for (int i = optind; i < argc; i++) {
+        trace t;
+        if (!trace_load(&t, argv[i])) {
+            fprintf(stderr, "bench_vmm: %s\n", t.error);
+            trace_free(&t);
+            return 1;
+        }
+        bfc_addr *slot = calloc(t.nslots ? t.nslots : 1, sizeof *slot);
+        if (region)
+            measure(&t, false, repeats, slot);
+        if (vmm)
+            measure(&t, true, repeats, slot);
+        free(slot);
+        trace_free(&t);
+    }
+    return 0;
+}
