@@ -17,7 +17,9 @@
  *              unmaps its pool's granules when the context goes
  *   peers      (two devices) cuCtxEnablePeerAccess from device 1 to device
  *              0's context gives device 1 access to the pool's mappings,
- *              those already made and those made later
+ *              those already made and those made later; the fake's rules
+ *              for the call (per context pair, flags 0, not itself, not
+ *              another context of its own device)
  *   off        (BFCSHIM_VMM=off) regions come from cuMemAlloc as before
  */
 #include <cuda.h>
@@ -161,10 +163,22 @@ static void peers(void)
     CHECK_EQ(D.EnablePeer(primary, 0), CUDA_SUCCESS);
     CHECK_EQ(fake_stats().peer_enables, 1);
     CHECK_EQ(fake_stats().vmm_peer_grants, 2); /* each mapped granule */
+    const uint64_t grants = fake_stats().vmm_peer_grants;
     CHECK_EQ(D.EnablePeer(primary, 0), CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+    CHECK_EQ(D.EnablePeer(primary, 1), CUDA_ERROR_INVALID_VALUE); /* flags must be 0 */
+    /* cuda.h keeps the pairs per context: another context of device 1 may
+     * enable access to the same peer; a context is not its own peer. */
+    CUcontext two = NULL;
+    CHECK_EQ(D.CtxCreate(&two, NULL, 0, 1), CUDA_SUCCESS); /* now current */
+    CHECK_EQ(D.EnablePeer(primary, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.EnablePeer(two, 0), CUDA_ERROR_INVALID_CONTEXT);
+    CHECK_EQ(D.EnablePeer(one, 0), CUDA_ERROR_PEER_ACCESS_UNSUPPORTED); /* same device */
+    CHECK_EQ(D.CtxDestroy(two), CUDA_SUCCESS);
     CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    const uint64_t granted = fake_stats().vmm_peer_grants;
+    CHECK_EQ(granted, grants + 2); /* the second enable grants the two granules again */
     CHECK_EQ(D.MemAlloc(&b, 4 * MiB), CUDA_SUCCESS); /* maps more: granted as made */
-    CHECK(fake_stats().vmm_peer_grants >= 4);
+    CHECK(fake_stats().vmm_peer_grants >= granted + 2);
     fill_and_check(b, 4 * MiB, 8);
     CHECK_EQ(D.MemFree(a), CUDA_SUCCESS);
     CHECK_EQ(D.MemFree(b), CUDA_SUCCESS);

@@ -180,9 +180,13 @@ static struct {
     CUmemoryPool default_pool[MAX_DEVICES];
     CUmemoryPool current_pool[MAX_DEVICES]; /* cuDeviceSetMemPool's */
     unsigned npools_created;
-    /* cuCtxEnablePeerAccess: peer_on[d][p] when a context of device d may
-     * access memory of device p (the fake keeps it per device pair). */
-    bool peer_on[MAX_DEVICES][MAX_DEVICES];
+    /* cuCtxEnablePeerAccess: the (current context, peer context) pairs
+     * enabled, as cuda.h keeps them ("direct access of peerContext from the
+     * current context"); a context that goes takes its pairs with it. */
+    struct peer_pair {
+        const struct fctx *from, *to;
+    } peers[64];
+    size_t npeers;
 } G = {.lock = PTHREAD_MUTEX_INITIALIZER, .stuck_cond = PTHREAD_COND_INITIALIZER};
 
 static _Thread_local fctx *tls_ctx_stack[16];
@@ -753,6 +757,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
  * reference to it is released") "destroys and cleans up all resources
  * associated with the current device". */
 static void destroy_ctx_memory(fctx *c, bool keep_stream_ordered);
+static void peers_forget(const fctx *c);
 static void kill_ctx(fctx *c, bool keep_stream_ordered)
 {
     for (fstream *s = G.streams; s; s = s->next)
@@ -768,6 +773,7 @@ static void kill_ctx(fctx *c, bool keep_stream_ordered)
         if (e->ctx == c)
             e->dead = true;
     destroy_ctx_memory(c, keep_stream_ordered);
+    peers_forget(c);
     c->alive = false;
 }
 
@@ -919,11 +925,18 @@ EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
     return CUDA_SUCCESS;
 }
 
-/* Peer access: any two distinct devices can reach each other. Enabling is
- * per (current context's device, peer context's device) pair; cuda.h's
- * errors: the same device is CUDA_ERROR_INVALID_DEVICE, enabling twice
- * CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, disabling what is not enabled
- * CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, flags "must be 0". Memory is one host
+/* Peer access, from cuda.h: cuDeviceCanAccessPeer reports whether "contexts
+ * on dev are capable of directly accessing memory from contexts on
+ * peerDev" (here any two distinct devices; a device is not its own peer).
+ * cuCtxEnablePeerAccess returns CUDA_ERROR_INVALID_CONTEXT "if there is no
+ * current context, peerContext is not a valid context, or if the current
+ * context is peerContext", CUDA_ERROR_INVALID_VALUE "if Flags is not 0",
+ * CUDA_ERROR_PEER_ACCESS_UNSUPPORTED if cuDeviceCanAccessPeer says no (two
+ * contexts of one device), CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED "if
+ * direct access of peerContext from the current context has already been
+ * enabled", and CUDA_ERROR_TOO_MANY_PEERS when resources run out (here 64
+ * pairs). cuCtxDisablePeerAccess returns CUDA_ERROR_PEER_ACCESS_NOT_ENABLED
+ * "if direct peer access has not yet been enabled". Memory is one host
  * address space here, so access itself is not enforced between devices
  * (cuMemSetAccess's peer entries are counted, see below). */
 EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer)
@@ -937,22 +950,48 @@ EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer)
     LEAVE(CUDA_SUCCESS);
 }
 
+/* Lock held: the index of the pair (from, to), or npeers. */
+static size_t peer_find(const fctx *from, const fctx *to)
+{
+    size_t i = 0;
+    while (i < G.npeers && (G.peers[i].from != from || G.peers[i].to != to))
+        i++;
+    return i;
+}
+
+/* Lock held: context c goes, and every pair naming it. */
+static void peers_forget(const fctx *c)
+{
+    for (size_t i = 0; i < G.npeers;)
+        if (G.peers[i].from == c || G.peers[i].to == c)
+            G.peers[i] = G.peers[--G.npeers];
+        else
+            i++;
+}
+
 static CUresult peer_switch(CUcontext peer, unsigned flags, bool on)
 {
     ENTER();
     fctx *c = current_ctx(), *p = (fctx *)peer;
-    if (!c)
+    if (!c || !p || p->magic != CTX_MAGIC || !p->alive || (on && p == c))
         LEAVE(CUDA_ERROR_INVALID_CONTEXT);
-    if (!p || p->magic != CTX_MAGIC || !p->alive || (on && flags))
-        LEAVE(on && flags ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_CONTEXT);
+    if (on && flags)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    size_t i = peer_find(c, p);
+    if (!on) {
+        if (i == G.npeers)
+            LEAVE(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
+        G.peers[i] = G.peers[--G.npeers];
+        LEAVE(CUDA_SUCCESS);
+    }
     if (p->dev == c->dev)
-        LEAVE(CUDA_ERROR_INVALID_DEVICE);
-    bool *state = &G.peer_on[c->dev][p->dev];
-    if (*state == on)
-        LEAVE(on ? CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED : CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
-    *state = on;
-    if (on)
-        G.st.peer_enables++;
+        LEAVE(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
+    if (i < G.npeers)
+        LEAVE(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+    if (G.npeers == sizeof G.peers / sizeof G.peers[0])
+        LEAVE(CUDA_ERROR_TOO_MANY_PEERS);
+    G.peers[G.npeers++] = (struct peer_pair){c, p};
+    G.st.peer_enables++;
     LEAVE(CUDA_SUCCESS);
 }
 
