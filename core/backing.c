@@ -43,6 +43,19 @@ static uint64_t bit_find(const uint64_t *w, uint64_t from, uint64_t to, bool val
     return to;
 }
 
+/* The next run of `value` bits at or after *at, before `to`: true with the
+ * run in [*at, *run_end); false when there is none. Every walk over
+ * mapped or unmapped granules below goes run by run through this. */
+static bool next_run(const uint64_t *w, uint64_t *at, uint64_t to, bool value,
+                     uint64_t *run_end)
+{
+    *at = bit_find(w, *at, to, value);
+    if (*at >= to)
+        return false;
+    *run_end = bit_find(w, *at, to, !value);
+    return true;
+}
+
 /* Sets bits [from, to) to `value`. */
 static void bit_fill(uint64_t *w, uint64_t from, uint64_t to, bool value)
 {
@@ -64,8 +77,8 @@ bool backing_init(const bfc_pool *p, region *r)
 bool backing_covers(const bfc_pool *p, const region *r, bfc_addr lo, bfc_addr hi)
 {
     const uint64_t g = p->opt.map_granularity;
-    uint64_t first = granule_of(r, g, lo), end = granule_of(r, g, hi - 1) + 1;
-    return bit_find(r->backed, first, end, false) == end;
+    uint64_t first = granule_of(r, g, lo), end = granule_of(r, g, hi - 1) + 1, run_end;
+    return !next_run(r->backed, &first, end, false, &run_end);
 }
 
 uint64_t backing_count(const bfc_pool *p, const region *r)
@@ -80,18 +93,14 @@ bool backing_map(bfc_pool *p, region *r, bfc_addr lo, bfc_addr hi)
 {
     const uint64_t g = p->opt.map_granularity;
     const uint64_t first = granule_of(r, g, lo), end = granule_of(r, g, hi - 1) + 1;
-    uint64_t missing = 0;
-    for (uint64_t i = bit_find(r->backed, first, end, false); i < end;) {
-        uint64_t j = bit_find(r->backed, i, end, true);
+    uint64_t missing = 0, i, j;
+    for (i = first; next_run(r->backed, &i, end, false, &j); i = j)
         missing += (j - i) * g;
-        i = bit_find(r->backed, j, end, false);
-    }
     if (missing == 0)
         return true;
     if (missing > p->opt.limit_bytes - p->st.pool_bytes)
         return false;
-    for (uint64_t i = bit_find(r->backed, first, end, false); i < end;) {
-        uint64_t j = bit_find(r->backed, i, end, true);
+    for (i = first; next_run(r->backed, &i, end, false, &j); i = j) {
         p->st.num_map_calls++;
         if (p->backend.map(p->backend.ctx, r->base + i * g, (j - i) * g) != 0) {
             /* Runs mapped before this one stay: they are counted, and free
@@ -101,7 +110,6 @@ bool backing_map(bfc_pool *p, region *r, bfc_addr lo, bfc_addr hi)
         }
         bit_fill(r->backed, i, j, true);
         p->st.pool_bytes += (j - i) * g;
-        i = bit_find(r->backed, j, end, false);
     }
     if (p->st.pool_bytes > p->st.peak_pool_bytes)
         p->st.peak_pool_bytes = p->st.pool_bytes;
@@ -113,14 +121,12 @@ uint64_t backing_release(bfc_pool *p, region *r, bfc_addr lo, bfc_addr hi)
     const uint64_t g = p->opt.map_granularity;
     /* Whole granules only: round the start up and the end down. */
     const uint64_t first = (lo - r->base + g - 1) / g, end = (hi - r->base) / g;
-    uint64_t released = 0;
-    for (uint64_t i = first < end ? bit_find(r->backed, first, end, true) : end; i < end;) {
-        uint64_t j = bit_find(r->backed, i, end, false);
+    uint64_t released = 0, i, j;
+    for (i = first; next_run(r->backed, &i, end, true, &j); i = j) {
         p->st.num_unmap_calls++;
         p->backend.unmap(p->backend.ctx, r->base + i * g, (j - i) * g);
         bit_fill(r->backed, i, j, false);
         released += (j - i) * g;
-        i = bit_find(r->backed, j, end, true);
     }
     p->st.pool_bytes -= released;
     p->st.released_bytes_total += released;
@@ -164,12 +170,9 @@ void bfc_pool_each_mapped(bfc_pool *p, void (*fn)(void *arg, bfc_addr addr, uint
     const uint64_t g = p->opt.map_granularity;
     for (uint32_t ri = 0; p->opt.vmm && ri < p->nregions; ri++) {
         const region *r = &p->regions[ri];
-        const uint64_t end = r->size / g;
-        for (uint64_t i = bit_find(r->backed, 0, end, true); i < end;) {
-            uint64_t j = bit_find(r->backed, i, end, false);
+        uint64_t i, j;
+        for (i = 0; next_run(r->backed, &i, r->size / g, true, &j); i = j)
             fn(arg, r->base + i * g, (j - i) * g);
-            i = bit_find(r->backed, j, end, true);
-        }
     }
     bfc_lock_release(&p->lock);
 }

@@ -69,8 +69,8 @@ static uint64_t first_request_bytes(const bfc_pool *p, uint64_t need, uint64_t a
 }
 
 /* Files a new region [base, base + size), one free chunk, in address order
- * (room for both reserved by the caller). */
-static void region_insert(bfc_pool *p, bfc_addr base, uint64_t size, uint64_t *backed)
+ * (room for both reserved by the caller); returns it. */
+static region *region_insert(bfc_pool *p, bfc_addr base, uint64_t size, uint64_t *backed)
 {
     uint32_t c = chunk_new(&p->chunks);
     chunk *cc = C(p, c);
@@ -88,6 +88,7 @@ static void region_insert(bfc_pool *p, bfc_addr base, uint64_t size, uint64_t *b
     p->nregions++;
     p->st.num_region_allocs++;
     p->st.va_bytes += size;
+    return &p->regions[at];
 }
 
 /*
@@ -122,13 +123,13 @@ static bool region_reserve_va(bfc_pool *p, uint64_t rounded)
         return false;
     }
     const bool first = p->nregions == 0;
-    region_insert(p, base, want, r.backed);
+    region *in = region_insert(p, base, want, r.backed);
     if (first && p->opt.preallocate) {
         uint64_t whole = p->opt.limit_bytes / g * g;
         if (whole > want)
             whole = want;
         if (whole)
-            backing_map(p, &p->regions[region_find(p, base)], base, base + whole);
+            backing_map(p, in, base, base + whole);
     }
     return true;
 }
