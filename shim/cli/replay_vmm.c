@@ -18,11 +18,15 @@
  *               event of a shorter trace).
  * The single preallocated region is replay's own min_pool_bytes.
  */
-#include <stdlib.h>
-
 #include "cli.h"
 #include "replay_vmm.h"
 #include "sim_device.h"
+
+/* Points on the curves: every event of a short trace, else 64. */
+static size_t curve_points(const trace *t)
+{
+    return t->nev < VMM_CURVE_POINTS ? t->nev : VMM_CURVE_POINTS;
+}
 
 /* One replay of the whole trace in `pool`; returns allocations that failed.
  * When `curve_held` is given, samples the pool after every event of a short
@@ -32,7 +36,7 @@ static uint64_t run_trace(bfc_pool *pool, const trace *t, bfc_addr *slot_addr,
 {
     if (!curve_held)
         return replay_loop(pool, t, 0, t->nev, slot_addr);
-    const size_t points = t->nev < VMM_CURVE_POINTS ? t->nev : VMM_CURVE_POINTS;
+    const size_t points = curve_points(t);
     uint64_t failures = 0;
     size_t from = 0;
     for (size_t k = 0; k < points; k++) {
@@ -115,14 +119,12 @@ static uint64_t min_limit(const trace *t, pool_kind kind, const bfc_options *pol
     return cli_smallest_serving(t->peak_live_bytes, unit, cap, serves_at, &c);
 }
 
-bool replay_vmm_measure(const trace *t, const bfc_options *policy, replay_vmm_report *out)
+void replay_vmm_measure(const trace *t, const bfc_options *policy, bfc_addr *slot_addr,
+                        replay_vmm_report *out)
 {
     *out = (replay_vmm_report){0};
     if (t->peak_live_bytes == 0)
-        return true;
-    bfc_addr *slot_addr = calloc(t->nslots ? t->nslots : 1, sizeof *slot_addr);
-    if (!slot_addr)
-        return false;
+        return;
     const uint64_t gran = policy->map_granularity;
     /* Room to spare: four times the peak plus 1 GiB serves every real trace
      * (checked: a run that still fails is reported, not hidden). */
@@ -139,7 +141,7 @@ bool replay_vmm_measure(const trace *t, const bfc_options *policy, replay_vmm_re
     bfc_stats st;
     out->unlimited_failures = replay_in(t, KIND_VMM, policy, roomy, slot_addr, &st,
                                         out->curve_mapped, out->curve_live, out->curve_event);
-    out->curve_points = t->nev < VMM_CURVE_POINTS ? t->nev : VMM_CURVE_POINTS;
+    out->curve_points = curve_points(t);
     out->peak_mapped_bytes = st.peak_pool_bytes;
     out->map_calls = st.num_map_calls;
     out->unmap_calls = st.num_unmap_calls;
@@ -151,6 +153,4 @@ bool replay_vmm_measure(const trace *t, const bfc_options *policy, replay_vmm_re
     out->regions_count = st.num_region_allocs;
     out->regions_min_limit_bytes =
         min_limit(t, KIND_REGIONS, policy, UINT64_C(2) << 20, roomy, slot_addr);
-    free(slot_addr);
-    return true;
 }

@@ -31,7 +31,9 @@ typedef struct replay_vmm_report {
 } replay_vmm_report;
 
 /* Fills *out for trace t under `policy` (its placement, split rule,
- * map_granularity and release_threshold). False when host memory ran out. */
-bool replay_vmm_measure(const trace *t, const bfc_options *policy, replay_vmm_report *out);
+ * map_granularity and release_threshold); slot_addr holds one address per
+ * slot of the trace, as for replay's own runs. */
+void replay_vmm_measure(const trace *t, const bfc_options *policy, bfc_addr *slot_addr,
+                        replay_vmm_report *out);
 
 #endif

@@ -214,8 +214,8 @@ SHIM_EXPORT size_t bfcshim_trim(void)
         shim_pool *sp = pools_at(i);
         if (!sp || atomic_load(&sp->dead))
             continue;
-        /* Regions go back with cuMemFree and fences are recorded in the
-         * pool's context. */
+        /* Regions go back with cuMemFree, granules with cuMemUnmap, and
+         * fences are recorded in the pool's context. */
         bool pushed = real_ctx_enter(R, sp->ctx);
         released += bfc_pool_trim(sp->bfc);
         real_ctx_leave(R, pushed);

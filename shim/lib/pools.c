@@ -143,15 +143,14 @@ static uint64_t use_vmm(const real_driver *R, const shim_config *cfg, CUdevice d
     int devices = 1;
     if (R->DeviceGetCount)
         R->DeviceGetCount(&devices);
-    if (g && (devices > 64 || !R->CtxEnablePeerAccess)) {
-        if (cfg->vmm == VMM_AUTO && devices > 1)
+    if (g && devices > 64) { /* vmm_peers has a bit for 64 devices */
+        if (cfg->vmm == VMM_AUTO)
             return 0;
         static atomic_bool said;
-        if (devices > 1)
-            shim_log_once(&said, LOG_WARN,
-                          "BFCSHIM_VMM=on with %d devices: some peers cannot be given access "
-                          "to pooled memory; use BFCSHIM_VMM=off for peer-to-peer programs",
-                          devices);
+        shim_log_once(&said, LOG_WARN,
+                      "BFCSHIM_VMM=on with %d devices: some peers cannot be given access "
+                      "to pooled memory; use BFCSHIM_VMM=off for peer-to-peer programs",
+                      devices);
     }
     if (!g && cfg->vmm == VMM_ON)
         shim_log(LOG_WARN, "device %d: BFCSHIM_VMM=on, but the device or driver does not "

@@ -87,22 +87,29 @@ static void unmap_granules(const real_driver *R, uint64_t g, bfc_addr addr, uint
         R->MemUnmap(addr + off, (size_t)g);
 }
 
-/* The access list of the pool's mappings: its own device, read-write, and
- * every device that enabled peer access to its context. Returns the
- * number of entries. */
-static size_t access_list(shim_pool *sp, CUmemAccessDesc *desc, size_t cap)
+/* One read-write entry of an access list. */
+static CUmemAccessDesc read_write(int dev)
 {
-    uint64_t peers = atomic_load(&sp->vmm_peers);
+    CUmemAccessDesc d;
+    memset(&d, 0, sizeof d);
+    d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    d.location.id = dev;
+    d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return d;
+}
+
+/* The access list of the pool's mappings: its own device, and every device
+ * that enabled peer access to its context (at most 64 more). Returns the
+ * number of entries. */
+static size_t access_list(shim_pool *sp, CUmemAccessDesc desc[65])
+{
     size_t n = 0;
-    for (int d = -1; d < 64 && n < cap; d++) {
-        if (d >= 0 && (d == (int)sp->dev || !(peers >> d & 1)))
-            continue;
-        memset(&desc[n], 0, sizeof desc[n]);
-        desc[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        desc[n].location.id = d < 0 ? (int)sp->dev : d;
-        desc[n].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        n++;
-    }
+    desc[n++] = read_write((int)sp->dev);
+    uint64_t peers = atomic_load(&sp->vmm_peers);
+    if (sp->dev >= 0 && sp->dev < 64)
+        peers &= ~(UINT64_C(1) << sp->dev);
+    for (; peers; peers &= peers - 1)
+        desc[n++] = read_write(__builtin_ctzll(peers));
     return n;
 }
 
@@ -111,7 +118,7 @@ static size_t access_list(shim_pool *sp, CUmemAccessDesc *desc, size_t cap)
 static CUresult grant(shim_pool *sp, const real_driver *R, bfc_addr addr, uint64_t size)
 {
     CUmemAccessDesc desc[65];
-    size_t n = access_list(sp, desc, sizeof desc / sizeof desc[0]);
+    size_t n = access_list(sp, desc);
     CUresult r = CUDA_SUCCESS;
     for (uint64_t off = 0; r == CUDA_SUCCESS && off < size; off += sp->vmm_granule)
         r = R->MemSetAccess(addr + off, (size_t)sp->vmm_granule, desc, n);
