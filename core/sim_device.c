@@ -12,6 +12,16 @@ void sim_device_init(sim_device *d, uint64_t capacity)
     d->next = UINT64_C(0x7f0000000000);
 }
 
+/* The next range of `size` bytes from the bump pointer. */
+static bfc_addr bump(sim_device *d, uint64_t size)
+{
+    bfc_addr base = d->next;
+    /* Leave a gap after each region so that neighbours are never adjacent:
+     * the pool must not merge across regions. */
+    d->next += (size + d->alignment - 1) / d->alignment * d->alignment + d->alignment;
+    return base;
+}
+
 static int sim_alloc(void *ctx, uint64_t size, bfc_addr *base)
 {
     sim_device *d = ctx;
@@ -19,10 +29,7 @@ static int sim_alloc(void *ctx, uint64_t size, bfc_addr *base)
     if ((d->fail_call && d->calls == d->fail_call) ||
         (d->refuse_above && size > d->refuse_above) || size > d->capacity - d->held)
         return 1;
-    *base = d->next;
-    /* Leave a gap after each region so that neighbours are never adjacent:
-     * the pool must not merge across regions. */
-    d->next += (size + d->alignment - 1) / d->alignment * d->alignment + d->alignment;
+    *base = bump(d, size);
     d->held += size;
     return 0;
 }
@@ -48,9 +55,16 @@ static int sim_reserve(void *ctx, uint64_t size, bfc_addr *base)
     d->calls++;
     if (d->fail_call && d->calls == d->fail_call)
         return 1;
-    *base = d->next;
-    d->next += (size + d->alignment - 1) / d->alignment * d->alignment + d->alignment;
+    *base = bump(d, size);
     return 0;
+}
+
+/* Bytes that mapped range m and [base, base + size) have in common. */
+static uint64_t overlap(const struct sim_range *m, uint64_t base, uint64_t size)
+{
+    uint64_t lo = m->base > base ? m->base : base;
+    uint64_t hi = m->base + m->size < base + size ? m->base + m->size : base + size;
+    return lo < hi ? hi - lo : 0;
 }
 
 static void sim_unreserve(void *ctx, bfc_addr base, uint64_t size)
@@ -60,14 +74,14 @@ static void sim_unreserve(void *ctx, bfc_addr base, uint64_t size)
     /* A reservation must be unmapped before it goes. */
     if (d->track_maps)
         for (size_t i = 0; i < d->nmaps; i++)
-            if (d->maps[i].base < base + size && base < d->maps[i].base + d->maps[i].size)
+            if (overlap(&d->maps[i], base, size))
                 d->misuse++;
 }
 
 static bool track_add(sim_device *d, uint64_t base, uint64_t size)
 {
     for (size_t i = 0; i < d->nmaps; i++)
-        if (d->maps[i].base < base + size && base < d->maps[i].base + d->maps[i].size) {
+        if (overlap(&d->maps[i], base, size)) {
             d->misuse++; /* mapped twice */
             return false;
         }
@@ -90,13 +104,13 @@ static void track_remove(sim_device *d, uint64_t base, uint64_t size)
     uint64_t covered = 0;
     for (size_t i = 0; i < d->nmaps;) {
         struct sim_range m = d->maps[i];
-        uint64_t lo = m.base > base ? m.base : base;
-        uint64_t hi = m.base + m.size < base + size ? m.base + m.size : base + size;
-        if (lo >= hi) {
+        uint64_t common = overlap(&m, base, size);
+        if (!common) {
             i++;
             continue;
         }
-        covered += hi - lo;
+        covered += common;
+        uint64_t lo = m.base > base ? m.base : base, hi = lo + common;
         d->maps[i] = d->maps[--d->nmaps];
         if (m.base < lo)
             track_add(d, m.base, lo - m.base);
@@ -139,13 +153,8 @@ bool sim_device_mapped(const sim_device *d, uint64_t addr, uint64_t size)
 {
     /* Ranges never overlap, so the bytes they cover add up. */
     uint64_t covered = 0;
-    for (size_t i = 0; i < d->nmaps; i++) {
-        const struct sim_range *m = &d->maps[i];
-        uint64_t lo = m->base > addr ? m->base : addr;
-        uint64_t hi = m->base + m->size < addr + size ? m->base + m->size : addr + size;
-        if (lo < hi)
-            covered += hi - lo;
-    }
+    for (size_t i = 0; i < d->nmaps; i++)
+        covered += overlap(&d->maps[i], addr, size);
     return covered == size;
 }
 
