@@ -144,6 +144,16 @@ typedef struct bfc_backend {
  *                     goes unaligned into the best fit, so alignment never
  *                     turns a fit into an OOM. Measured on real traces in
  *                     docs/benchmarks.md (placement section).
+ *                     Over virtual memory (vmm), a block that is a whole
+ *                     number of map granules is placed on a granule
+ *                     boundary instead, so that it shares no granule with
+ *                     a neighbour: a free block then releases every granule
+ *                     it spanned, and a live one pins no partly used granule
+ *                     beside free space. An end of the chunk that lies on a
+ *                     boundary takes it (no gap left below or above it);
+ *                     else the boundary nearest BFC_PLACE_BY_AGE's end. Only
+ *                     the best fit is placed so: when it cannot hold the block
+ *                     on a boundary, the rule above applies to it.
  *   BFC_PLACE_BY_AGE  carve against the *older* neighbour, treating a region
  *                     edge as oldest and a pending block as youngest. A block
  *                     that has lived long is likely to live on; packing new

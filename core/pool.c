@@ -7,7 +7,8 @@
  * (retire completed fences, grow, wait for fences, garbage-collect empty
  * regions, grow again). Split the chunk when the remainder is worth keeping,
  * carving the allocation from the end that touches the older neighbour, at
- * an aligned address (see bfc_placement in bfc.h).
+ * an aligned address (see bfc_placement in bfc.h; over virtual memory a
+ * block of whole map granules goes on a granule boundary).
  *
  * Free: find the chunk by address, merge it with free neighbours at once, and
  * file the result in its bin. Everything that can fail (host memory for a new
@@ -158,9 +159,10 @@ static uint32_t best_fit(bfc_pool *p, uint64_t rounded, uint32_t lane_id)
     return c;
 }
 
-/* BFC_PLACE_ALIGNED: the alignment a block of `rounded` bytes is placed at,
- * or 0 for none. */
-static uint64_t natural_alignment(const bfc_options *o, uint64_t rounded)
+/* BFC_PLACE_ALIGNED without granule placement: the largest power of two
+ * dividing the rounded size, capped at align_bytes, for blocks of
+ * align_bytes or more; 0 for none. */
+static uint64_t plain_alignment(const bfc_options *o, uint64_t rounded)
 {
     if (o->placement != BFC_PLACE_ALIGNED || rounded < o->align_bytes)
         return 0;
@@ -168,6 +170,22 @@ static uint64_t natural_alignment(const bfc_options *o, uint64_t rounded)
     if (a > o->align_bytes)
         a = o->align_bytes;
     return a > o->granularity ? a : 0;
+}
+
+/* BFC_PLACE_ALIGNED over virtual memory: is a block of `rounded` bytes a
+ * whole number of map granules, to be placed on a granule boundary? */
+static inline bool whole_granules(const bfc_options *o, uint64_t rounded)
+{
+    return o->vmm && o->placement == BFC_PLACE_ALIGNED && (rounded & (o->map_granularity - 1)) == 0;
+}
+
+/* BFC_PLACE_ALIGNED: the alignment a block of `rounded` bytes is placed at,
+ * or 0 for none; a block of whole granules, the granule. */
+static uint64_t natural_alignment(const bfc_options *o, uint64_t rounded)
+{
+    if (whole_granules(o, rounded))
+        return o->map_granularity;
+    return plain_alignment(o, rounded);
 }
 
 /* Can FREE chunk c hold `rounded` bytes at a multiple of `align`? */
@@ -181,7 +199,8 @@ static bool holds_aligned(const chunk *c, uint64_t rounded, uint64_t align)
  * alignment to place it at (0: none). The best fit when it can hold the block
  * aligned; else the best fit for rounded + align - granule, which can (any
  * chunk that large can); else the best fit, unaligned. Pending chunks (own
- * lane) are taken unaligned.
+ * lane) are taken unaligned. A block of whole granules (over virtual memory)
+ * is aligned to the granule only where its best fit holds it so.
  */
 static uint32_t find_fit(bfc_pool *p, uint64_t rounded, uint32_t lane_id, uint64_t *align)
 {
@@ -191,10 +210,17 @@ static uint32_t find_fit(bfc_pool *p, uint64_t rounded, uint32_t lane_id, uint64
     if (c == CHUNK_NIL || a == 0 || C(p, c)->state != CHUNK_FREE)
         return c;
     if (!holds_aligned(C(p, c), rounded, a)) {
-        uint32_t d = best_fit(p, rounded + a - p->opt.granularity, lane_id);
-        if (d == CHUNK_NIL || C(p, d)->state != CHUNK_FREE)
-            return c;
-        c = d;
+        /* Granule placement never sends a block to another chunk (measured:
+         * a larger chunk taken for its boundary costs more than it saves):
+         * the plain rule places it. */
+        if (whole_granules(&p->opt, rounded))
+            a = plain_alignment(&p->opt, rounded);
+        if (a != 0 && !holds_aligned(C(p, c), rounded, a)) {
+            uint32_t d = best_fit(p, rounded + a - p->opt.granularity, lane_id);
+            if (d == CHUNK_NIL || C(p, d)->state != CHUNK_FREE)
+                return c;
+            c = d;
+        }
     }
     *align = a;
     return c;
@@ -324,8 +350,15 @@ static uint32_t take_free(bfc_pool *p, uint32_t c, uint64_t rounded, uint64_t al
          * one exists. At either end of c, the plain carve below puts the
          * block there; inside, take_free_at leaves a gap on each side. */
         const uint64_t end = cc->addr + cc->size;
-        const uint64_t at = high ? (end - rounded) & ~(align - 1)
-                                 : round_up_pow2(cc->addr, align);
+        uint64_t at = high ? (end - rounded) & ~(align - 1) : round_up_pow2(cc->addr, align);
+        if (whole_granules(&p->opt, rounded)) {
+            /* An end of c on a granule boundary takes the block, leaving
+             * no gap; when both are, the age rule's end. */
+            const uint64_t mask = p->opt.map_granularity - 1;
+            const bool low_on = (cc->addr & mask) == 0, high_on = (end & mask) == 0;
+            if (low_on || high_on)
+                at = (low_on == high_on ? high : high_on) ? end - rounded : cc->addr;
+        }
         if (at == cc->addr)
             high = false;
         else if (at + rounded == end)

@@ -326,7 +326,12 @@ static uint64_t draw_size(void)
     case 0: return 0;
     case 1: return limit + rng_below(rng, limit) + 1; /* never fits */
     case 2: return (uint64_t)1 << rng_below(rng, 20);   /* powers of two */
-    case 3:
+    case 3: /* over virtual memory, whole granules half the time */
+        if (R.f.opt.vmm && rng_below(rng, 2)) {
+            uint64_t mg = R.f.opt.map_granularity;
+            return (rng_below(rng, limit / 4 / mg) + 1) * mg;
+        }
+        /* fall through */
     case 4: return rng_below(rng, limit / 4) + 1;      /* large */
     case 5:
     case 6:
@@ -355,11 +360,18 @@ static void op_alloc(void)
     fit_search s = {.rounded = rounded, .lane = lane};
     if (size && size <= BFC_MAX_ALLOC_BYTES)
         bfc_pool_visit(R.f.pool, fit_visitor, &s);
-    /* Aligned placement: the best fit if it holds the block aligned, else
-     * the best fit for rounded + align - granule if that one is free, else
-     * the best fit unaligned. */
+    /* Aligned placement: over virtual memory, a block of whole map granules
+     * goes to the best fit on a granule boundary if it holds it there.
+     * Otherwise the best fit if it holds the block aligned, else the best
+     * fit for rounded + align - granule if that one is free, else the best
+     * fit unaligned. */
+    const uint64_t mg = R.f.opt.map_granularity;
+    const bool whole = R.f.opt.vmm && R.f.opt.placement == BFC_PLACE_ALIGNED && rounded % mg == 0;
     uint64_t align = natural_alignment(rounded);
-    if (s.best.found && align && s.best.chunk.kind == BFC_CHUNK_FREE &&
+    if (whole && s.best.found && s.best.chunk.kind == BFC_CHUNK_FREE &&
+        holds_aligned(&s.best.chunk, rounded, mg)) {
+        align = mg;
+    } else if (s.best.found && align && s.best.chunk.kind == BFC_CHUNK_FREE &&
         !holds_aligned(&s.best.chunk, rounded, align)) {
         fit_search wider = {.rounded = rounded + align - g, .lane = lane};
         bfc_pool_visit(R.f.pool, fit_visitor, &wider);
@@ -437,6 +449,14 @@ static void op_alloc(void)
         bool high = split && o->placement != BFC_PLACE_LOW &&
                     s.best.next_age < s.best.prev_age;
         bfc_addr lo = s.best.chunk.addr, hi = s.best.chunk.addr + size - rounded;
+        /* A whole-granule block takes an end of its chunk that lies on a
+         * granule boundary (the age rule's when both do). */
+        bool low_on = lo % mg == 0, high_on = (hi + rounded) % mg == 0;
+        if (split && align && whole && (low_on || high_on)) {
+            if (low_on != high_on)
+                high = high_on;
+            align = 0;
+        }
         if (split && align) {
             lo = (lo + align - 1) / align * align;
             hi = hi / align * align;

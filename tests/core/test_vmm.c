@@ -353,6 +353,66 @@ static void options_without_map_callbacks_are_refused(void)
     bfc_pool_destroy(p, true);
 }
 
+/* Aligned placement over virtual memory: a block of whole granules lands on
+ * granule boundaries, preferring an end of its chunk that is one. Layout
+ * (addresses from the region's base, age rule as in bfc.h): a 3 MiB block at
+ * 0, a 1 MiB block at the top; the free chunk between them starts and ends
+ * off a boundary and the age rule picks its low end. */
+static void whole_granule_blocks_land_on_granule_boundaries(void)
+{
+    fixture f;
+    vmm_begin(&f, 64 * MiB);
+    f.opt.placement = BFC_PLACE_ALIGNED;
+    f.opt.va_bytes = 64 * MiB;
+    vmm_start(&f);
+    bfc_addr a = must_alloc(&f, 3 * MiB);
+    CHECK_EQ(must_alloc(&f, 1 * MiB), a + 63 * MiB);
+    /* Neither end of [3, 63) MiB is a boundary: the one nearest the low end
+     * (64 KiB alignment alone would put it at 3 MiB, across three granules). */
+    bfc_addr q = must_alloc(&f, 4 * MiB);
+    CHECK_EQ(q, a + 4 * MiB);
+    /* [8, 63) MiB: its low end is a boundary, and takes the block although
+     * the age rule points high there too (the neighbour below is younger). */
+    must_free(&f, q);
+    bfc_addr r = must_alloc(&f, 1 * MiB); /* [3, 4) MiB, low: the 3 MiB block is older */
+    CHECK_EQ(r, a + 3 * MiB);
+    bfc_addr s = must_alloc(&f, 2 * MiB); /* chunk [4, 63): low end on a boundary */
+    CHECK_EQ(s, a + 4 * MiB);
+    /* Now [6, 63) MiB, the older neighbour (63 MiB) above: the age rule says
+     * high, 63 MiB is no boundary, 6 MiB is: low end, no gap. */
+    CHECK_EQ(must_alloc(&f, 6 * MiB), a + 6 * MiB);
+    vmm_end(&f);
+}
+
+/* Granule placement never sends a block away from its best fit: an exact
+ * 2 MiB hole off a boundary takes a 2 MiB block, although a larger free
+ * chunk could hold it on one (that costs more than it saves, measured in
+ * docs/benchmarks.md). */
+static void whole_granule_blocks_keep_their_best_fit(void)
+{
+    fixture f;
+    vmm_begin(&f, 64 * MiB);
+    f.opt.placement = BFC_PLACE_ALIGNED;
+    f.opt.va_bytes = 64 * MiB;
+    vmm_start(&f);
+    bfc_addr a = must_alloc(&f, 1 * MiB);            /* [0, 1) */
+    bfc_addr top = must_alloc(&f, 1 * MiB);          /* [63, 64) */
+    bfc_addr c = must_alloc(&f, 1 * MiB);            /* [1, 2) */
+    bfc_addr d = must_alloc(&f, 3 * MiB);            /* [60, 63) */
+    bfc_addr e = must_alloc(&f, 1 * MiB);            /* [2, 3) */
+    CHECK_EQ(top, a + 63 * MiB);
+    CHECK_EQ(c, a + 1 * MiB);
+    CHECK_EQ(d, a + 60 * MiB);
+    CHECK_EQ(e, a + 2 * MiB);
+    CHECK_EQ(must_alloc(&f, 57 * MiB), a + 3 * MiB); /* fills [3, 60) */
+    must_free(&f, c);
+    must_free(&f, e);   /* the hole [1, 3) MiB */
+    must_free(&f, d);
+    must_free(&f, top); /* [60, 64) MiB: would hold it at 60 MiB */
+    CHECK_EQ(must_alloc(&f, 2 * MiB), a + 1 * MiB);
+    vmm_end(&f);
+}
+
 int main(void)
 {
     RUN(granules_are_mapped_as_blocks_land_on_them);
@@ -368,5 +428,7 @@ int main(void)
     RUN(each_mapped_visits_runs_of_granules);
     RUN(refused_address_space_is_asked_again_smaller);
     RUN(options_without_map_callbacks_are_refused);
+    RUN(whole_granule_blocks_land_on_granule_boundaries);
+    RUN(whole_granule_blocks_keep_their_best_fit);
     return harness_result();
 }
