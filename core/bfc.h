@@ -153,9 +153,13 @@ typedef struct bfc_backend {
  *                     boundary takes it (no gap left below or above it);
  *                     else the boundary nearest BFC_PLACE_BY_AGE's end. Only
  *                     the best fit is placed so: when it cannot hold the block
- *                     on a boundary, the rule above applies to it.
+ *                     on a boundary, the rule above applies to it. An end
+ *                     that is a region edge does not count as one.
  *   BFC_PLACE_BY_AGE  carve against the *older* neighbour, treating a region
- *                     edge as oldest and a pending block as youngest. A block
+ *                     edge as oldest (over virtual memory, youngest: past it
+ *                     lies address space, and packing against live blocks
+ *                     keeps mapped memory one pile) and a pending block as
+ *                     youngest. A block
  *                     that has lived long is likely to live on; packing new
  *                     blocks against it leaves the free remainder beside the
  *                     neighbour that will die sooner, so the hole grows back.

@@ -266,11 +266,14 @@ static void link_after(bfc_pool *p, uint32_t c, uint32_t r)
 
 /* How long a neighbour of a free chunk is expected to stay: a region edge
  * never moves (0, oldest), an allocated block is as old as its sequence
- * number, a pending block is about to become free (youngest). */
+ * number, a pending block is about to become free (youngest). Over virtual
+ * memory an edge borders address space, not memory: counted youngest, so
+ * that blocks pack against live ones and mapped memory grows as one pile
+ * rather than two at opposite ends of the reservation. */
 static uint64_t neighbour_age(const bfc_pool *p, uint32_t n)
 {
     if (n == CHUNK_NIL)
-        return 0;
+        return p->opt.vmm ? UINT64_MAX : 0;
     const chunk *c = C(p, n);
     return c->state == CHUNK_ALLOCATED ? c->stamp : UINT64_MAX;
 }
@@ -352,10 +355,13 @@ static uint32_t take_free(bfc_pool *p, uint32_t c, uint64_t rounded, uint64_t al
         const uint64_t end = cc->addr + cc->size;
         uint64_t at = high ? (end - rounded) & ~(align - 1) : round_up_pow2(cc->addr, align);
         if (whole_granules(&p->opt, rounded)) {
-            /* An end of c on a granule boundary takes the block, leaving
-             * no gap; when both are, the age rule's end. */
+            /* An end of c on a granule boundary, against a block, takes
+             * the block, leaving no gap; when both are, the age rule's end.
+             * A region edge does not count: past it lies address space, and
+             * packing there would start a second pile of mapped memory. */
             const uint64_t mask = p->opt.map_granularity - 1;
-            const bool low_on = (cc->addr & mask) == 0, high_on = (end & mask) == 0;
+            const bool low_on = cc->prev != CHUNK_NIL && (cc->addr & mask) == 0;
+            const bool high_on = cc->next != CHUNK_NIL && (end & mask) == 0;
             if (low_on || high_on)
                 at = (low_on == high_on ? high : high_on) ? end - rounded : cc->addr;
         }

@@ -222,6 +222,7 @@ typedef struct fit {
     bool found;
     bfc_chunk_info chunk;
     uint64_t prev_age, next_age; /* of its neighbours, as the policy sees them */
+    bool prev_edge, next_edge;   /* is that neighbour a region edge? */
 } fit;
 
 typedef struct fit_search {
@@ -240,18 +241,26 @@ static bool model_lane_reusable(uint32_t lane)
     return false;
 }
 
-/* Region edge: oldest; allocated: its sequence; pending: youngest. */
+/* Region edge: oldest (over virtual memory youngest); allocated: its
+ * sequence; pending: youngest. */
 static uint64_t age_of(const bfc_chunk_info *c)
 {
     return c->kind == BFC_CHUNK_ALLOCATED ? c->seq : UINT64_MAX;
+}
+
+static uint64_t edge_age(void)
+{
+    return R.f.opt.vmm ? UINT64_MAX : 0;
 }
 
 static void fit_visitor(void *arg, const bfc_chunk_info *c)
 {
     fit_search *s = arg;
     bool same_region = s->have_last && s->last.region == c->region;
-    if (s->best_is_last) /* c follows the current best */
-        s->best.next_age = same_region ? age_of(c) : 0;
+    if (s->best_is_last) { /* c follows the current best */
+        s->best.next_age = same_region ? age_of(c) : edge_age();
+        s->best.next_edge = !same_region;
+    }
     s->best_is_last = false;
     bool usable = c->kind == BFC_CHUNK_FREE ||
                   (c->kind == BFC_CHUNK_PENDING && c->lane == s->lane &&
@@ -261,8 +270,10 @@ static void fit_visitor(void *arg, const bfc_chunk_info *c)
          (c->size == s->best.chunk.size && c->addr < s->best.chunk.addr))) {
         s->best.found = true;
         s->best.chunk = *c;
-        s->best.prev_age = same_region ? age_of(&s->last) : 0;
-        s->best.next_age = 0; /* a region edge unless a chunk follows */
+        s->best.prev_age = same_region ? age_of(&s->last) : edge_age();
+        s->best.prev_edge = !same_region;
+        s->best.next_age = edge_age(); /* a region edge unless a chunk follows */
+        s->best.next_edge = true;
         s->best_is_last = true;
     }
     s->last = *c;
@@ -450,8 +461,9 @@ static void op_alloc(void)
                     s.best.next_age < s.best.prev_age;
         bfc_addr lo = s.best.chunk.addr, hi = s.best.chunk.addr + size - rounded;
         /* A whole-granule block takes an end of its chunk that lies on a
-         * granule boundary (the age rule's when both do). */
-        bool low_on = lo % mg == 0, high_on = (hi + rounded) % mg == 0;
+         * granule boundary against a block (the age rule's when both do). */
+        bool low_on = !s.best.prev_edge && lo % mg == 0;
+        bool high_on = !s.best.next_edge && (hi + rounded) % mg == 0;
         if (split && align && whole && (low_on || high_on)) {
             if (low_on != high_on)
                 high = high_on;

@@ -354,10 +354,10 @@ static void options_without_map_callbacks_are_refused(void)
 }
 
 /* Aligned placement over virtual memory: a block of whole granules lands on
- * granule boundaries, preferring an end of its chunk that is one. Layout
- * (addresses from the region's base, age rule as in bfc.h): a 3 MiB block at
- * 0, a 1 MiB block at the top; the free chunk between them starts and ends
- * off a boundary and the age rule picks its low end. */
+ * granule boundaries, at an end of its chunk that is one and borders a
+ * block, else at the boundary nearest the age rule's end. Region edges count
+ * as the youngest neighbours (past them lies address space), so blocks pack
+ * upwards against the live ones. Addresses in MiB from the region's base. */
 static void whole_granule_blocks_land_on_granule_boundaries(void)
 {
     fixture f;
@@ -365,22 +365,18 @@ static void whole_granule_blocks_land_on_granule_boundaries(void)
     f.opt.placement = BFC_PLACE_ALIGNED;
     f.opt.va_bytes = 64 * MiB;
     vmm_start(&f);
-    bfc_addr a = must_alloc(&f, 3 * MiB);
-    CHECK_EQ(must_alloc(&f, 1 * MiB), a + 63 * MiB);
-    /* Neither end of [3, 63) MiB is a boundary: the one nearest the low end
-     * (64 KiB alignment alone would put it at 3 MiB, across three granules). */
+    bfc_addr a = must_alloc(&f, 3 * MiB);                  /* [0, 3) */
+    CHECK_EQ(must_alloc(&f, 3 * MiB / 2), a + 3 * MiB);    /* [3, 4.5): low, not the top */
+    /* [4.5, 64): the top edge lies on a boundary but borders address space;
+     * the boundary nearest the low end (the age rule's) takes it. */
     bfc_addr q = must_alloc(&f, 4 * MiB);
-    CHECK_EQ(q, a + 4 * MiB);
-    /* [8, 63) MiB: its low end is a boundary, and takes the block although
-     * the age rule points high there too (the neighbour below is younger). */
+    CHECK_EQ(q, a + 6 * MiB);
+    CHECK_EQ(must_alloc(&f, 7 * MiB / 4), a + 10 * MiB);   /* [10, 11.75): past the gap */
+    /* Freeing q leaves [4.5, 10) between the 1.5 MiB block (older: the age
+     * rule points low) and the one at 10 MiB, a boundary: the block goes
+     * against that one, leaving no gap. */
     must_free(&f, q);
-    bfc_addr r = must_alloc(&f, 1 * MiB); /* [3, 4) MiB, low: the 3 MiB block is older */
-    CHECK_EQ(r, a + 3 * MiB);
-    bfc_addr s = must_alloc(&f, 2 * MiB); /* chunk [4, 63): low end on a boundary */
-    CHECK_EQ(s, a + 4 * MiB);
-    /* Now [6, 63) MiB, the older neighbour (63 MiB) above: the age rule says
-     * high, 63 MiB is no boundary, 6 MiB is: low end, no gap. */
-    CHECK_EQ(must_alloc(&f, 6 * MiB), a + 6 * MiB);
+    CHECK_EQ(must_alloc(&f, 2 * MiB), a + 8 * MiB);
     vmm_end(&f);
 }
 
@@ -395,21 +391,32 @@ static void whole_granule_blocks_keep_their_best_fit(void)
     f.opt.placement = BFC_PLACE_ALIGNED;
     f.opt.va_bytes = 64 * MiB;
     vmm_start(&f);
-    bfc_addr a = must_alloc(&f, 1 * MiB);            /* [0, 1) */
-    bfc_addr top = must_alloc(&f, 1 * MiB);          /* [63, 64) */
-    bfc_addr c = must_alloc(&f, 1 * MiB);            /* [1, 2) */
-    bfc_addr d = must_alloc(&f, 3 * MiB);            /* [60, 63) */
-    bfc_addr e = must_alloc(&f, 1 * MiB);            /* [2, 3) */
-    CHECK_EQ(top, a + 63 * MiB);
-    CHECK_EQ(c, a + 1 * MiB);
-    CHECK_EQ(d, a + 60 * MiB);
-    CHECK_EQ(e, a + 2 * MiB);
-    CHECK_EQ(must_alloc(&f, 57 * MiB), a + 3 * MiB); /* fills [3, 60) */
-    must_free(&f, c);
-    must_free(&f, e);   /* the hole [1, 3) MiB */
-    must_free(&f, d);
-    must_free(&f, top); /* [60, 64) MiB: would hold it at 60 MiB */
+    bfc_addr a = must_alloc(&f, 1 * MiB);                  /* [0, 1) */
+    bfc_addr b = must_alloc(&f, 1 * MiB);                  /* [1, 2) */
+    bfc_addr c = must_alloc(&f, 1 * MiB);                  /* [2, 3) */
+    CHECK_EQ(must_alloc(&f, 3 * MiB), a + 3 * MiB);        /* [3, 6) */
+    CHECK_EQ(b, a + 1 * MiB);
+    CHECK_EQ(c, a + 2 * MiB);
+    must_free(&f, b);
+    must_free(&f, c); /* the hole [1, 3); [6, 64) would hold it at 6 MiB */
     CHECK_EQ(must_alloc(&f, 2 * MiB), a + 1 * MiB);
+    vmm_end(&f);
+}
+
+/* The region's base is a boundary but no block's: a chunk there holds a
+ * whole-granule block at the boundary nearest the age rule's end (high,
+ * against the block above), not against the edge. */
+static void region_edges_do_not_draw_whole_granule_blocks(void)
+{
+    fixture f;
+    vmm_begin(&f, 64 * MiB);
+    f.opt.placement = BFC_PLACE_ALIGNED;
+    f.opt.va_bytes = 64 * MiB;
+    vmm_start(&f);
+    bfc_addr a = must_alloc(&f, 5 * MiB);               /* [0, 5) */
+    CHECK_EQ(must_alloc(&f, 1 * MiB), a + 5 * MiB);    /* [5, 6) */
+    must_free(&f, a);
+    CHECK_EQ(must_alloc(&f, 2 * MiB), a + 2 * MiB);    /* [2, 4) */
     vmm_end(&f);
 }
 
@@ -430,5 +437,6 @@ int main(void)
     RUN(options_without_map_callbacks_are_refused);
     RUN(whole_granule_blocks_land_on_granule_boundaries);
     RUN(whole_granule_blocks_keep_their_best_fit);
+    RUN(region_edges_do_not_draw_whole_granule_blocks);
     return harness_result();
 }
