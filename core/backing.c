@@ -71,7 +71,18 @@ bool backing_init(const bfc_pool *p, region *r)
 {
     uint64_t granules = r->size / p->opt.map_granularity;
     r->backed = calloc((size_t)((granules + 63) / 64), sizeof *r->backed);
+    r->backed_to = r->base;
     return r->backed != NULL;
+}
+
+/* Keeps backed_to (every granule below it mapped) after granules [i, j)
+ * were mapped: a run that reaches the prefix extends it over every mapped
+ * granule that follows. */
+static void prefix_after_map(const bfc_pool *p, region *r, uint64_t i, uint64_t j)
+{
+    const uint64_t g = p->opt.map_granularity;
+    if (r->base + i * g <= r->backed_to)
+        r->backed_to = r->base + bit_find(r->backed, j, r->size / g, false) * g;
 }
 
 bool backing_covers(const bfc_pool *p, const region *r, bfc_addr lo, bfc_addr hi)
@@ -109,6 +120,7 @@ bool backing_map(bfc_pool *p, region *r, bfc_addr lo, bfc_addr hi)
             return false;
         }
         bit_fill(r->backed, i, j, true);
+        prefix_after_map(p, r, i, j);
         p->st.pool_bytes += (j - i) * g;
     }
     if (p->st.pool_bytes > p->st.peak_pool_bytes)
@@ -126,6 +138,8 @@ uint64_t backing_release(bfc_pool *p, region *r, bfc_addr lo, bfc_addr hi)
         p->st.num_unmap_calls++;
         p->backend.unmap(p->backend.ctx, r->base + i * g, (j - i) * g);
         bit_fill(r->backed, i, j, false);
+        if (r->base + i * g < r->backed_to)
+            r->backed_to = r->base + i * g;
         released += (j - i) * g;
     }
     p->st.pool_bytes -= released;

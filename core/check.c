@@ -176,6 +176,10 @@ static void check_regions(const bfc_pool *p, recount *n, checker *k)
             if (rg->base % p->opt.map_granularity || rg->size % p->opt.map_granularity)
                 fail(k, "region %u is not made of whole map granules", r);
             n->mapped_bytes += backing_count(p, rg);
+            if (rg->backed_to < rg->base || rg->backed_to > rg->base + rg->size ||
+                (rg->backed_to > rg->base && !backing_covers(p, rg, rg->base, rg->backed_to)))
+                fail(k, "region %u: mapped prefix to 0x%" PRIx64 " is not all mapped", r,
+                     rg->backed_to);
         }
         if (r > 0 && p->regions[r - 1].base + p->regions[r - 1].size > rg->base)
             fail(k, "regions %u and %u overlap or are out of order", r - 1, r);

@@ -40,6 +40,7 @@ typedef struct region {
     uint64_t size;
     uint32_t first; /* handle of the chunk at base */
     uint64_t *backed; /* vmm: one bit per map granule, set while mapped; else NULL */
+    bfc_addr backed_to; /* vmm: every granule in [base, backed_to) is mapped */
 } region;
 
 typedef struct lane {
@@ -109,11 +110,15 @@ bool backing_init(const bfc_pool *p, region *r);
 bool backing_covers(const bfc_pool *p, const region *r, bfc_addr lo, bfc_addr hi);
 /* Mapped bytes of the region, by recount. */
 uint64_t backing_count(const bfc_pool *p, const region *r);
-/* The steady state's test, inline on the allocation path: is [lo, hi)
- * within one bitmap word (64 granules) whose granules are all mapped? */
+/* The steady state's test, inline on the allocation path: does [lo, hi)
+ * end in the region's mapped prefix (mapped memory grows as one pile from
+ * the base, see neighbour_age in pool.c), or lie within one bitmap word (64
+ * granules) whose granules are all mapped? */
 static inline bool backing_fast_covers(const bfc_pool *p, const region *r, bfc_addr lo,
                                        bfc_addr hi)
 {
+    if (hi <= r->backed_to)
+        return true;
     const unsigned shift = bits_ctz64(p->opt.map_granularity);
     const uint64_t first = (lo - r->base) >> shift, last = (hi - 1 - r->base) >> shift;
     if ((first >> 6) != (last >> 6))

@@ -84,7 +84,8 @@ static region *region_insert(bfc_pool *p, bfc_addr base, uint64_t size, uint64_t
         at++;
     memmove(&p->regions[at + 1], &p->regions[at],
             (p->nregions - at) * sizeof(region));
-    p->regions[at] = (region){.base = base, .size = size, .first = c, .backed = backed};
+    p->regions[at] =
+        (region){.base = base, .size = size, .first = c, .backed = backed, .backed_to = base};
     p->nregions++;
     p->st.num_region_allocs++;
     p->st.va_bytes += size;
