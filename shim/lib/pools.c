@@ -156,6 +156,14 @@ static uint64_t use_vmm(const real_driver *R, const shim_config *cfg, CUdevice d
         shim_log(LOG_WARN, "device %d: BFCSHIM_VMM=on, but the device or driver does not "
                            "support virtual memory management: regions from cuMemAlloc",
                  (int)dev);
+    const char *step = "";
+    CUresult r = g ? vmm_probe(R, dev, g, &step) : CUDA_SUCCESS;
+    if (r != CUDA_SUCCESS) {
+        shim_log(LOG_WARN, "device %d: the driver reports virtual memory management, but %s "
+                           "failed (%d) on a trial granule: regions from cuMemAlloc",
+                 (int)dev, step, (int)r);
+        return 0;
+    }
     return g;
 }
 

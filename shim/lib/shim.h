@@ -243,6 +243,10 @@ typedef struct shim_pool {
 /* The device's recommended mapping granule when it supports virtual memory
  * management and the driver has every call the pool needs; else 0. */
 uint64_t vmm_granularity(const real_driver *R, CUdevice dev);
+/* Runs the pool's whole cycle once on one granule of `dev` (reserve, create,
+ * map, grant access, unmap, free; the device's context current): the result
+ * of the first call that fails, named in *step, or CUDA_SUCCESS. */
+CUresult vmm_probe(const real_driver *R, CUdevice dev, uint64_t granule, const char **step);
 /* The current context's device was given peer access to `peer`'s memory
  * (cuCtxEnablePeerAccess succeeded): a pool of `peer` over virtual memory
  * makes its mappings, present and future, accessible to that device. */

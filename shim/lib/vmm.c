@@ -59,6 +59,50 @@ uint64_t vmm_granularity(const real_driver *R, CUdevice dev)
     return g;
 }
 
+/* One read-write entry of an access list. */
+static CUmemAccessDesc read_write(int dev)
+{
+    CUmemAccessDesc d;
+    memset(&d, 0, sizeof d);
+    d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    d.location.id = dev;
+    d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return d;
+}
+
+/* A driver may report virtual memory management and still refuse one of
+ * its calls (cuMemSetAccess under WSL2, pytorch/pytorch#192330): the pool
+ * would then fail its first allocation. One granule taken through every
+ * call finds that out before the pool is made. */
+CUresult vmm_probe(const real_driver *R, CUdevice dev, uint64_t granule, const char **step)
+{
+    CUdeviceptr va = 0;
+    CUmemGenericAllocationHandle h = 0;
+    CUmemAllocationProp prop = device_prop(dev);
+    CUmemAccessDesc rw = read_write((int)dev);
+    CUresult r;
+    *step = "cuMemAddressReserve";
+    if ((r = R->MemAddressReserve(&va, (size_t)granule, (size_t)granule, 0, 0)) != CUDA_SUCCESS)
+        return r;
+    *step = "cuMemCreate";
+    if ((r = R->MemCreate(&h, (size_t)granule, &prop, 0)) == CUDA_SUCCESS) {
+        *step = "cuMemMap";
+        r = R->MemMap(va, (size_t)granule, 0, h, 0);
+        R->MemRelease(h);
+        if (r == CUDA_SUCCESS) {
+            *step = "cuMemSetAccess";
+            r = R->MemSetAccess(va, (size_t)granule, &rw, 1);
+            CUresult u = R->MemUnmap(va, (size_t)granule);
+            if (r == CUDA_SUCCESS && u != CUDA_SUCCESS) {
+                *step = "cuMemUnmap";
+                r = u;
+            }
+        }
+    }
+    R->MemAddressFree(va, (size_t)granule);
+    return r;
+}
+
 static int va_reserve(void *ctx, uint64_t size, bfc_addr *base)
 {
     shim_pool *sp = ctx;
@@ -85,17 +129,6 @@ static void unmap_granules(const real_driver *R, uint64_t g, bfc_addr addr, uint
 {
     for (uint64_t off = 0; off < size; off += g)
         R->MemUnmap(addr + off, (size_t)g);
-}
-
-/* One read-write entry of an access list. */
-static CUmemAccessDesc read_write(int dev)
-{
-    CUmemAccessDesc d;
-    memset(&d, 0, sizeof d);
-    d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    d.location.id = dev;
-    d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    return d;
 }
 
 /* The access list of the pool's mappings: its own device, and every device

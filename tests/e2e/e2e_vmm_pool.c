@@ -20,6 +20,10 @@
  *              those already made and those made later; the fake's rules
  *              for the call (per context pair, flags 0, not itself, not
  *              another context of its own device)
+ *   refused    (FAKECUDA_VMM_REFUSE=cuMemSetAccess) the device reports
+ *              virtual memory management but refuses a call, as some WSL2
+ *              drivers do: the shim's trial granule finds out, gives back
+ *              what it took, logs why, and the pool uses cuMemAlloc
  *   off        (BFCSHIM_VMM=off) regions come from cuMemAlloc as before
  */
 #include <cuda.h>
@@ -78,7 +82,7 @@ static void grow(void)
     CHECK_EQ(D.MemAlloc(&b, 3 * MiB), CUDA_SUCCESS);
     CHECK_EQ(D.MemAlloc(&c, 1000), CUDA_SUCCESS);
     fakecuda_stats st = fake_stats();
-    CHECK_EQ(st.vmm_reserve_calls, 1); /* one range for the pool */
+    CHECK_EQ(st.vmm_reserve_calls, 2); /* the trial granule's, then one for the pool */
     CHECK_EQ(st.mem_alloc_calls, 0);   /* no cuMemAlloc region */
     uint64_t mapped = st.bytes_in_use[0] - before;
     CHECK(mapped >= 6 * MiB && mapped <= 10 * MiB && mapped % (2 * MiB) == 0);
@@ -155,7 +159,7 @@ static void peers(void)
     start();
     CUdeviceptr a = 0, b = 0;
     CHECK_EQ(D.MemAlloc(&a, 3 * MiB), CUDA_SUCCESS); /* device 0's pool: two granules */
-    CHECK_EQ(fake_stats().vmm_reserve_calls, 1);
+    CHECK_EQ(fake_stats().vmm_reserve_calls, 2); /* the trial granule's, the pool's */
     CHECK_EQ(fake_stats().vmm_peer_grants, 0);
     CUcontext one = NULL;
     CHECK_EQ(D.DevicePrimaryCtxRetain(&one, 1), CUDA_SUCCESS);
@@ -184,6 +188,29 @@ static void peers(void)
     CHECK_EQ(D.MemFree(b), CUDA_SUCCESS);
 }
 
+static void refused(void)
+{
+    shim_log_reset();
+    start();
+    const uint64_t before = fake_stats().bytes_in_use[0];
+    CUdeviceptr a = 0;
+    CHECK_EQ(D.MemAlloc(&a, 3 * MiB), CUDA_SUCCESS);
+    fakecuda_stats st = fake_stats();
+    CHECK_EQ(st.vmm_reserve_calls, 1); /* the trial granule only */
+    CHECK_EQ(st.vmm_create_calls, 1);
+    CHECK(st.mem_alloc_calls >= 1);    /* the pool is on cuMemAlloc */
+    CHECK(st.bytes_in_use[0] >= before + 3 * MiB);
+    fill_and_check(a, 3 * MiB, 6);
+    char log[4096];
+    shim_log_lines(log, sizeof log);
+    if (!strstr(log, "cuMemSetAccess failed (999) on a trial granule")) {
+        fprintf(stderr, "expected the fallback in the log, got:\n%s", log);
+        e2e_failures++;
+    }
+    CHECK_EQ(D.MemFree(a), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().vmm_unmap_calls, 1); /* the trial granule went back */
+}
+
 static void off(void)
 {
     start();
@@ -205,12 +232,13 @@ int main(int argc, char **argv)
                      {"threshold", threshold},
                      {"ctxdestroy", ctxdestroy},
                      {"peers", peers},
+                     {"refused", refused},
                      {"off", off}};
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
         if (strcmp(s, scenarios[i].name) == 0) {
             scenarios[i].fn();
             return e2e_done(s);
         }
-    fprintf(stderr, "usage: e2e_vmm_pool grow|release|threshold|ctxdestroy|peers|off\n");
+    fprintf(stderr, "usage: e2e_vmm_pool grow|release|threshold|ctxdestroy|peers|refused|off\n");
     return 2;
 }

@@ -19,7 +19,10 @@
  * FAKECUDA_CTX_OVERHEAD (what each live context takes for itself, "0"),
  * FAKECUDA_PITCH_ALIGN (cuMemAllocPitch's row alignment, "128"),
  * FAKECUDA_VMM=0 (no virtual memory management), FAKECUDA_VMM_GRANULARITY
- * (its granularity, "2MiB"; FAKECUDA_FAIL_ALLOC counts cuMemCreate too).
+ * (its granularity, "2MiB"; FAKECUDA_FAIL_ALLOC counts cuMemCreate too),
+ * FAKECUDA_VMM_REFUSE=<name> (cuMemAddressReserve, cuMemCreate, cuMemMap or
+ * cuMemSetAccess fails with CUDA_ERROR_UNKNOWN while the device reports
+ * virtual memory management, as cuMemSetAccess does on some WSL2 drivers).
  */
 #ifndef BFCSHIM_TESTS_FAKE_CUDA_H
 #define BFCSHIM_TESTS_FAKE_CUDA_H

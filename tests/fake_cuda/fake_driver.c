@@ -71,7 +71,8 @@
  *             ("the memory pool current to the stream's device", cuda.h),
  *             cuMemAllocFromPoolAsync's from its pool's; a device's current
  *             pool must be its own.
- *   failures  FAKECUDA_FAIL_ALLOC / fail_alloc_after make one cuMemAlloc fail.
+ *   failures  FAKECUDA_FAIL_ALLOC / fail_alloc_after make one cuMemAlloc fail;
+ *             FAKECUDA_VMM_REFUSE makes one virtual memory call always fail.
  * Everything takes one global mutex; host callbacks run outside it.
  */
 #include <cuda.h>
@@ -1669,6 +1670,7 @@ static struct {
     size_t nreserved, capreserved, nmapped, capmapped;
     vmm_handle **handles; /* live physical allocations: a handle is valid iff listed */
     size_t nhandles, caphandles;
+    const char *refuse; /* FAKECUDA_VMM_REFUSE: the call that fails */
 } V;
 
 /* Lock held. */
@@ -1683,7 +1685,13 @@ static void vmm_configure(void)
     V.granularity = g ? parse_bytes(g) : UINT64_C(2) << 20;
     if (V.granularity < 4096 || (V.granularity & (V.granularity - 1)))
         V.granularity = UINT64_C(2) << 20;
+    V.refuse = getenv("FAKECUDA_VMM_REFUSE");
 }
+
+/* FAKECUDA_VMM_REFUSE=<cuMem... name>: that call fails with
+ * CUDA_ERROR_UNKNOWN although the device reports virtual memory management,
+ * as cuMemSetAccess does on some WSL2 drivers (pytorch/pytorch#192330). */
+#define VMM_REFUSED(name) (V.refuse && strcmp(V.refuse, name) == 0)
 
 #define VMM_ENTER()                                 \
     ENTER();                                        \
@@ -1813,6 +1821,8 @@ EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignm
                                     CUdeviceptr addr, unsigned long long flags)
 {
     VMM_ENTER();
+    if (VMM_REFUSED("cuMemAddressReserve"))
+        LEAVE(CUDA_ERROR_UNKNOWN);
     (void)addr; /* a hint */
     /* "size ... must be a multiple of the host page size and the alignment
      * must be a power of two or zero for default alignment"; "flags -
@@ -1860,6 +1870,8 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                             const CUmemAllocationProp *prop, unsigned long long flags)
 {
     VMM_ENTER();
+    if (VMM_REFUSED("cuMemCreate"))
+        LEAVE(CUDA_ERROR_UNKNOWN);
     /* "The size of this allocation must be a multiple of the value given
      * via cuMemGetAllocationGranularity"; flags "for future use, must be
      * zero". */
@@ -1909,6 +1921,8 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                          CUmemGenericAllocationHandle handle, unsigned long long flags)
 {
     VMM_ENTER();
+    if (VMM_REFUSED("cuMemMap"))
+        LEAVE(CUDA_ERROR_UNKNOWN);
     /* "ptr, size, and offset must be a multiple of the value given via
      * cuMemGetAllocationGranularity"; offset "currently must be zero"; the
      * range "must be an address reservation previously reserved with
@@ -1955,6 +1969,8 @@ EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
                                size_t count)
 {
     VMM_ENTER();
+    if (VMM_REFUSED("cuMemSetAccess"))
+        LEAVE(CUDA_ERROR_UNKNOWN);
     if (!desc || count == 0 || !vmm_whole_mappings(ptr, size))
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     for (size_t k = 0; k < count; k++)
