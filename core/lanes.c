@@ -92,6 +92,10 @@ void lanes_seal_all(bfc_pool *p)
     for (uint32_t id = 1; id < p->nlanes && p->open_epochs; id++)
         if (p->lanes[id].open)
             seal(p, id, &p->lanes[id]);
+    /* The fence interval counts from the last time everything was sealed,
+     * whoever sealed it (the interval, the slow path, a trim). */
+    p->allocs_since_fence = 0;
+    p->bytes_since_fence = 0;
 }
 
 bool bfc_pool_seal_lane(bfc_pool *p, uint32_t id)

@@ -232,11 +232,8 @@ static uint32_t find_fit_slow(bfc_pool *p, uint64_t rounded, uint32_t lane_id,
     uint32_t c;
     /* Epochs left open by the fence interval get their fences now: only a
      * sealed epoch can be waited for. */
-    if (p->open_epochs) {
+    if (p->open_epochs)
         lanes_seal_all(p);
-        p->allocs_since_fence = 0;
-        p->bytes_since_fence = 0;
-    }
     if (lanes_poll(p) && (c = find_fit(p, rounded, lane_id, align)) != CHUNK_NIL)
         return c;
     if (region_extend(p, rounded))

@@ -152,6 +152,7 @@ void lane_attach_after(bfc_pool *p, uint32_t c, uint32_t lane_id,
 bool lanes_poll(bfc_pool *p);
 void lanes_poll_oldest(bfc_pool *p);
 bool lanes_wait_oldest(bfc_pool *p);
+/* Seals every open epoch; the fence interval counts again from here. */
 void lanes_seal_all(bfc_pool *p);
 void lanes_fini(bfc_pool *p);
 uint64_t lanes_host_bytes(const bfc_pool *p);

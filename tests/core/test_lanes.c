@@ -348,6 +348,31 @@ static void the_fence_interval_batches_seals_and_the_slow_path_seals_at_once(voi
     fixture_end(&f);
 }
 
+/* A trim seals every open epoch, so the interval starts again there: with
+ * fence_interval 4, a free after the trim is sealed at the 4th allocation
+ * after it, not sooner because allocations before the trim were counted. */
+static void a_trim_starts_the_fence_interval_again(void)
+{
+    fixture f;
+    fixture_begin(&f, 1 * MiB);
+    f.opt.fence_interval = 4;
+    start_with_fences(&f);
+    uint32_t lane = open_lane(&f, false);
+    bfc_addr a = must_alloc(&f, 64 * KiB), b = must_alloc(&f, 64 * KiB);
+    CHECK_EQ(bfc_pool_free_deferred(f.pool, a, lane), BFC_OK);
+    for (int i = 0; i < 3; i++)
+        must_alloc(&f, 4 * KiB); /* counted: 3 of 4 */
+    bfc_pool_trim(f.pool);       /* seals epoch 1 */
+    CHECK_EQ(fence_state.seals, 1);
+    CHECK_EQ(bfc_pool_free_deferred(f.pool, b, lane), BFC_OK); /* epoch 2 */
+    for (int i = 0; i < 3; i++)
+        must_alloc(&f, 4 * KiB);
+    CHECK_EQ(fence_state.seals, 1); /* 3 allocations since the trim */
+    must_alloc(&f, 4 * KiB);
+    CHECK_EQ(fence_state.seals, 2);
+    fixture_end(&f);
+}
+
 /* fence_bytes 512 KiB with a long interval: small frees wait for the
  * interval, a free that brings the open bytes to 512 KiB is fenced at the
  * next allocation. */
@@ -458,6 +483,7 @@ int main(void)
     RUN(trim_retires_completed_frees_without_waiting);
     RUN(deferred_frees_share_an_epoch_sealed_at_the_next_allocation);
     RUN(the_fence_interval_batches_seals_and_the_slow_path_seals_at_once);
+    RUN(a_trim_starts_the_fence_interval_again);
     RUN(the_fence_bytes_trigger_fences_large_frees_at_once);
     RUN(a_refused_seal_keeps_the_epoch_open);
     RUN(closing_a_lane_seals_its_epoch);
