@@ -32,46 +32,44 @@
 
 enum { MAX_POINTS = 2000 };
 
-/* Copies a JSON file into the page's data verbatim (it is our own output);
- * null when absent or unreadable. */
-static bool embed_file(FILE *out, const char *path)
+/* Copies a JSON input into the page's data verbatim (it is our own
+ * output, checked when loaded), or null when there is none. */
+static void embed_text(FILE *out, const char *text, size_t n)
 {
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return false;
-    char buf[65536];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
-        for (size_t i = 0; i < n; i++) {
-            /* keep "</script>" out of the data block */
-            if (buf[i] == '<')
-                fputs("\\u003c", out);
-            else
-                fputc(buf[i], out);
-        }
-    fclose(f);
-    return true;
+    if (!text) {
+        fputs("null", out);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        /* keep "</script>" out of the data block */
+        if (text[i] == '<')
+            fputs("\\u003c", out);
+        else
+            fputc(text[i], out);
+    }
 }
 
-static uint64_t stats_limit(const char *path)
+/* The job's limit, from its statistics' "bytes_limit" (0: none). */
+static uint64_t stats_limit(const char *text)
 {
-    FILE *f = path ? fopen(path, "r") : NULL;
-    if (!f)
-        return 0;
-    char buf[1 << 16];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    const char *p = strstr(buf, "\"bytes_limit\": ");
+    const char *p = text ? strstr(text, "\"bytes_limit\": ") : NULL;
     return p ? strtoull(p + 15, NULL, 10) : 0;
 }
 
-/* The user's --stats or --ab file must be what it claims: well-formed JSON
- * (the page's script parses it) with the key its writer always puts there.
- * Returns false with a message on stderr when `quiet` is false. */
-static bool input_is(const char *path, const char *option, const char *key, const char *what,
-                     bool quiet)
+/* A --stats or --ab input, read once: validated here, then embedded in the
+ * page (and the limit taken from it) from the same bytes. */
+typedef struct input_text {
+    char *text; /* NUL-terminated; NULL when there is none */
+    size_t n;
+} input_text;
+
+/* Reads `path`, which must be what it claims: well-formed JSON (the page's
+ * script parses it) with the key its writer always puts there. Returns
+ * false, with a message on stderr unless `quiet`, and *in empty otherwise. */
+static bool load_input(const char *path, const char *option, const char *key, const char *what,
+                       bool quiet, input_text *in)
 {
+    *in = (input_text){0};
     FILE *f = fopen(path, "r");
     if (!f) {
         if (!quiet)
@@ -81,19 +79,20 @@ static bool input_is(const char *path, const char *option, const char *key, cons
     size_t cap = 1 << 16, n = 0;
     char *text = malloc(cap);
     size_t got;
-    while (text && (got = fread(text + n, 1, cap - n, f)) > 0)
-        if ((n += got) == cap && cap < (SIZE_MAX >> 1)) {
+    while (text && (got = fread(text + n, 1, cap - 1 - n, f)) > 0)
+        if ((n += got) == cap - 1 && cap < (SIZE_MAX >> 1)) {
             char *bigger = realloc(text, cap *= 2);
             if (!bigger)
                 free(text);
             text = bigger;
         }
     fclose(f);
+    if (text)
+        text[n] = 0;
     char why[128] = "", needle[64];
     snprintf(needle, sizeof needle, "\"%s\"", key);
     bool json = text && json_check(text, n, why, sizeof why);
     bool ok = json && memmem(text, n, needle, strlen(needle)) != NULL;
-    free(text);
     if (!ok && !quiet) {
         if (!json)
             fprintf(stderr, "bfcshim report: %s %s: not JSON (%s); expected %s\n", option, path,
@@ -102,7 +101,12 @@ static bool input_is(const char *path, const char *option, const char *key, cons
             fprintf(stderr, "bfcshim report: %s %s: not %s (it has no \"%s\")\n", option,
                     path, what, key);
     }
-    return ok;
+    if (!ok) {
+        free(text);
+        return false;
+    }
+    *in = (input_text){text, n};
+    return true;
 }
 
 #define STATS_WHAT "a bfcshim statistics file (BFCSHIM_STATS_FILE, bfcshim run --stats-file)"
@@ -129,6 +133,7 @@ static const char *sibling(const char *trace, const char *ending, char *buf, siz
 
 typedef struct report_opts {
     const char *trace, *output, *stats, *ab, *title, *frames;
+    input_text stats_text, ab_text; /* the two files, as loaded */
     uint64_t pool_size;
     const bfc_options *compare; /* --compare: another policy, or NULL */
     const char *compare_name;
@@ -206,7 +211,7 @@ static int write_report(const report_opts *o, trace *t)
      * replay, and free space in the smallest pool is not the job's. */
     const char *pool_source = "--pool-size", *pool_kind = "given";
     uint64_t pool_bytes = o->pool_size;
-    if (!pool_bytes && (pool_bytes = stats_limit(o->stats))) {
+    if (!pool_bytes && (pool_bytes = stats_limit(o->stats_text.text))) {
         pool_source = "bytes_limit of the job's statistics";
         pool_kind = "job";
     }
@@ -306,11 +311,9 @@ static int write_report(const report_opts *o, trace *t)
 
     json_end(&j); /* the object stays open: the embedded files follow */
     fputs(", \"stats\": ", out);
-    if (!o->stats || !embed_file(out, o->stats))
-        fputs("null", out);
+    embed_text(out, o->stats_text.text, o->stats_text.n);
     fputs(", \"ab\": ", out);
-    if (!o->ab || !embed_file(out, o->ab))
-        fputs("null", out);
+    embed_text(out, o->ab_text.text, o->ab_text.n);
     fputs("}", out);
     fputs(report_page_tail, out);
     bool ok = fclose(out) == 0;
@@ -388,16 +391,18 @@ int cmd_report(int argc, char **argv)
         return 2;
     }
     o.trace = argv[optind];
-    if (o.stats && !input_is(o.stats, "--stats", "pools", STATS_WHAT, false))
+    if (o.stats && !load_input(o.stats, "--stats", "pools", STATS_WHAT, false, &o.stats_text))
         return 2;
-    if (o.ab && !input_is(o.ab, "--ab", "arms", AB_WHAT, false))
+    if (o.ab && !load_input(o.ab, "--ab", "arms", AB_WHAT, false, &o.ab_text)) {
+        free(o.stats_text.text);
         return 2;
+    }
     /* What the job wrote next to its trace: its statistics (bfcshim run
      * --stats-file job.json) and where its allocations were made
      * (snapshot2csv --frames job.frames.txt). */
     char stats_next[4096], frames_next[4096];
     if (!o.stats && (o.stats = sibling(o.trace, ".json", stats_next, sizeof stats_next))) {
-        if (input_is(o.stats, "", "pools", STATS_WHAT, true))
+        if (load_input(o.stats, "", "pools", STATS_WHAT, true, &o.stats_text))
             fprintf(stderr, "bfcshim report: the job's statistics from %s, next to the trace\n",
                     o.stats);
         else
@@ -408,15 +413,18 @@ int cmd_report(int argc, char **argv)
         fprintf(stderr, "bfcshim report: where allocations were made, from %s\n", o.frames);
     if (o.frames && access(o.frames, R_OK) != 0) {
         fprintf(stderr, "bfcshim report: --frames %s: %s\n", o.frames, strerror(errno));
+        free(o.stats_text.text);
+        free(o.ab_text.text);
         return 2;
     }
     trace t;
-    if (!trace_load_with_times(&t, o.trace)) {
+    int status = 1;
+    if (trace_load_with_times(&t, o.trace))
+        status = write_report(&o, &t);
+    else
         fprintf(stderr, "bfcshim report: %s\n", t.error);
-        trace_free(&t);
-        return 1;
-    }
-    int status = write_report(&o, &t);
     trace_free(&t);
+    free(o.stats_text.text);
+    free(o.ab_text.text);
     return status;
 }
