@@ -353,6 +353,16 @@ static void options_without_map_callbacks_are_refused(void)
     bfc_pool_destroy(p, true);
 }
 
+/* The placement cases: a 64 MiB vmm pool with aligned placement (the
+ * default) in one 64 MiB reservation, so that its top edge is known. */
+static void vmm_aligned_start(fixture *f)
+{
+    vmm_begin(f, 64 * MiB);
+    f->opt.placement = BFC_PLACE_ALIGNED;
+    f->opt.va_bytes = 64 * MiB;
+    vmm_start(f);
+}
+
 /* Aligned placement over virtual memory: a block of whole granules lands on
  * granule boundaries, at an end of its chunk that is one and borders a
  * block, else at the boundary nearest the age rule's end. Region edges count
@@ -361,10 +371,7 @@ static void options_without_map_callbacks_are_refused(void)
 static void whole_granule_blocks_land_on_granule_boundaries(void)
 {
     fixture f;
-    vmm_begin(&f, 64 * MiB);
-    f.opt.placement = BFC_PLACE_ALIGNED;
-    f.opt.va_bytes = 64 * MiB;
-    vmm_start(&f);
+    vmm_aligned_start(&f);
     bfc_addr a = must_alloc(&f, 3 * MiB);                  /* [0, 3) */
     CHECK_EQ(must_alloc(&f, 3 * MiB / 2), a + 3 * MiB);    /* [3, 4.5): low, not the top */
     /* [4.5, 64): the top edge lies on a boundary but borders address space;
@@ -387,10 +394,7 @@ static void whole_granule_blocks_land_on_granule_boundaries(void)
 static void whole_granule_blocks_keep_their_best_fit(void)
 {
     fixture f;
-    vmm_begin(&f, 64 * MiB);
-    f.opt.placement = BFC_PLACE_ALIGNED;
-    f.opt.va_bytes = 64 * MiB;
-    vmm_start(&f);
+    vmm_aligned_start(&f);
     bfc_addr a = must_alloc(&f, 1 * MiB);                  /* [0, 1) */
     bfc_addr b = must_alloc(&f, 1 * MiB);                  /* [1, 2) */
     bfc_addr c = must_alloc(&f, 1 * MiB);                  /* [2, 3) */
@@ -409,10 +413,7 @@ static void whole_granule_blocks_keep_their_best_fit(void)
 static void region_edges_do_not_draw_whole_granule_blocks(void)
 {
     fixture f;
-    vmm_begin(&f, 64 * MiB);
-    f.opt.placement = BFC_PLACE_ALIGNED;
-    f.opt.va_bytes = 64 * MiB;
-    vmm_start(&f);
+    vmm_aligned_start(&f);
     bfc_addr a = must_alloc(&f, 5 * MiB);               /* [0, 5) */
     CHECK_EQ(must_alloc(&f, 1 * MiB), a + 5 * MiB);    /* [5, 6) */
     must_free(&f, a);
