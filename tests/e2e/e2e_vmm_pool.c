@@ -203,7 +203,7 @@ static void refused(void)
     fill_and_check(a, 3 * MiB, 6);
     char log[4096];
     shim_log_lines(log, sizeof log);
-    if (!strstr(log, "cuMemSetAccess failed (999) on a trial granule")) {
+    if (!strstr(log, "cuMemSetAccess failed (801) on a trial granule")) {
         fprintf(stderr, "expected the fallback in the log, got:\n%s", log);
         e2e_failures++;
     }

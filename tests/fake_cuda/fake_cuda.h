@@ -21,7 +21,7 @@
  * FAKECUDA_VMM=0 (no virtual memory management), FAKECUDA_VMM_GRANULARITY
  * (its granularity, "2MiB"; FAKECUDA_FAIL_ALLOC counts cuMemCreate too),
  * FAKECUDA_VMM_REFUSE=<name> (cuMemAddressReserve, cuMemCreate, cuMemMap or
- * cuMemSetAccess fails with CUDA_ERROR_UNKNOWN while the device reports
+ * cuMemSetAccess fails with CUDA_ERROR_NOT_SUPPORTED while the device reports
  * virtual memory management, as cuMemSetAccess does on some WSL2 drivers).
  */
 #ifndef BFCSHIM_TESTS_FAKE_CUDA_H

@@ -1688,9 +1688,12 @@ static void vmm_configure(void)
     V.refuse = getenv("FAKECUDA_VMM_REFUSE");
 }
 
-/* FAKECUDA_VMM_REFUSE=<cuMem... name>: that call fails with
- * CUDA_ERROR_UNKNOWN although the device reports virtual memory management,
- * as cuMemSetAccess does on some WSL2 drivers (pytorch/pytorch#192330). */
+/* FAKECUDA_VMM_REFUSE=<cuMem... name>: that call fails although the device
+ * reports virtual memory management, as cuMemSetAccess does on some WSL2
+ * drivers (pytorch/pytorch#192330, where it returned CUDA_ERROR_UNKNOWN).
+ * The fake returns CUDA_ERROR_NOT_SUPPORTED, which cuda.h lists among the
+ * returns of all four calls (cuMemAddressReserve, cuMemCreate, cuMemMap,
+ * cuMemSetAccess). */
 #define VMM_REFUSED(name) (V.refuse && strcmp(V.refuse, name) == 0)
 
 #define VMM_ENTER()                                 \
@@ -1822,7 +1825,7 @@ EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignm
 {
     VMM_ENTER();
     if (VMM_REFUSED("cuMemAddressReserve"))
-        LEAVE(CUDA_ERROR_UNKNOWN);
+        LEAVE(CUDA_ERROR_NOT_SUPPORTED);
     (void)addr; /* a hint */
     /* "size ... must be a multiple of the host page size and the alignment
      * must be a power of two or zero for default alignment"; "flags -
@@ -1871,7 +1874,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 {
     VMM_ENTER();
     if (VMM_REFUSED("cuMemCreate"))
-        LEAVE(CUDA_ERROR_UNKNOWN);
+        LEAVE(CUDA_ERROR_NOT_SUPPORTED);
     /* "The size of this allocation must be a multiple of the value given
      * via cuMemGetAllocationGranularity"; flags "for future use, must be
      * zero". */
@@ -1922,7 +1925,7 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 {
     VMM_ENTER();
     if (VMM_REFUSED("cuMemMap"))
-        LEAVE(CUDA_ERROR_UNKNOWN);
+        LEAVE(CUDA_ERROR_NOT_SUPPORTED);
     /* "ptr, size, and offset must be a multiple of the value given via
      * cuMemGetAllocationGranularity"; offset "currently must be zero"; the
      * range "must be an address reservation previously reserved with
@@ -1970,7 +1973,7 @@ EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
 {
     VMM_ENTER();
     if (VMM_REFUSED("cuMemSetAccess"))
-        LEAVE(CUDA_ERROR_UNKNOWN);
+        LEAVE(CUDA_ERROR_NOT_SUPPORTED);
     if (!desc || count == 0 || !vmm_whole_mappings(ptr, size))
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     for (size_t k = 0; k < count; k++)
