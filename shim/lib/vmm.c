@@ -70,6 +70,23 @@ static CUmemAccessDesc read_write(int dev)
     return d;
 }
 
+/* Puts one physical granule of `prop` behind [at, at + g): cuMemCreate,
+ * cuMemMap, and the handle released at once (the mapping keeps the memory;
+ * its unmap frees it). On failure *step names the call that failed. */
+static CUresult map_granule(const real_driver *R, CUdeviceptr at, uint64_t g,
+                            const CUmemAllocationProp *prop, const char **step)
+{
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r;
+    *step = "cuMemCreate";
+    if ((r = R->MemCreate(&h, (size_t)g, prop, 0)) != CUDA_SUCCESS)
+        return r;
+    *step = "cuMemMap";
+    r = R->MemMap(at, (size_t)g, 0, h, 0);
+    R->MemRelease(h);
+    return r;
+}
+
 /* A driver may report virtual memory management and still refuse one of
  * its calls (cuMemSetAccess under WSL2, pytorch/pytorch#192330): the pool
  * would then fail its first allocation. One granule taken through every
@@ -77,26 +94,19 @@ static CUmemAccessDesc read_write(int dev)
 CUresult vmm_probe(const real_driver *R, CUdevice dev, uint64_t granule, const char **step)
 {
     CUdeviceptr va = 0;
-    CUmemGenericAllocationHandle h = 0;
     CUmemAllocationProp prop = device_prop(dev);
     CUmemAccessDesc rw = read_write((int)dev);
     CUresult r;
     *step = "cuMemAddressReserve";
     if ((r = R->MemAddressReserve(&va, (size_t)granule, (size_t)granule, 0, 0)) != CUDA_SUCCESS)
         return r;
-    *step = "cuMemCreate";
-    if ((r = R->MemCreate(&h, (size_t)granule, &prop, 0)) == CUDA_SUCCESS) {
-        *step = "cuMemMap";
-        r = R->MemMap(va, (size_t)granule, 0, h, 0);
-        R->MemRelease(h);
-        if (r == CUDA_SUCCESS) {
-            *step = "cuMemSetAccess";
-            r = R->MemSetAccess(va, (size_t)granule, &rw, 1);
-            CUresult u = R->MemUnmap(va, (size_t)granule);
-            if (r == CUDA_SUCCESS && u != CUDA_SUCCESS) {
-                *step = "cuMemUnmap";
-                r = u;
-            }
+    if ((r = map_granule(R, va, granule, &prop, step)) == CUDA_SUCCESS) {
+        *step = "cuMemSetAccess";
+        r = R->MemSetAccess(va, (size_t)granule, &rw, 1);
+        CUresult u = R->MemUnmap(va, (size_t)granule);
+        if (r == CUDA_SUCCESS && u != CUDA_SUCCESS) {
+            *step = "cuMemUnmap";
+            r = u;
         }
     }
     R->MemAddressFree(va, (size_t)granule);
@@ -192,17 +202,11 @@ static int map_range(void *ctx, bfc_addr addr, uint64_t size)
     const uint64_t g = sp->vmm_granule;
     CUmemAllocationProp prop = device_prop(sp->dev);
     CUresult r = CUDA_SUCCESS;
+    const char *step;
     uint64_t done = 0;
-    for (; done < size; done += g) {
-        CUmemGenericAllocationHandle h = 0;
-        r = R->MemCreate(&h, (size_t)g, &prop, 0);
-        if (r != CUDA_SUCCESS)
+    for (; done < size; done += g)
+        if ((r = map_granule(R, addr + done, g, &prop, &step)) != CUDA_SUCCESS)
             break;
-        r = R->MemMap(addr + done, (size_t)g, 0, h, 0);
-        R->MemRelease(h); /* the mapping keeps the memory; its unmap frees it */
-        if (r != CUDA_SUCCESS)
-            break;
-    }
     if (r == CUDA_SUCCESS)
         r = grant(sp, R, addr, size);
     if (r != CUDA_SUCCESS) {
