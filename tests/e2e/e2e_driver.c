@@ -23,54 +23,12 @@
 #include <cuda.h>
 #include <dlfcn.h>
 
-#include "e2e.h"
+#include "e2e_cu.h"
 
 #define MiB (UINT64_C(1) << 20)
 #define LIMIT (768 * MiB)
 
-static struct {
-    CUresult (*Init)(unsigned);
-    CUresult (*DeviceGet)(CUdevice *, int);
-    CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
-    CUresult (*CtxSetCurrent)(CUcontext);
-    CUresult (*CtxCreate)(CUcontext *, CUctxCreateParams *, unsigned, CUdevice);
-    CUresult (*CtxDestroy)(CUcontext);
-    CUresult (*MemAlloc)(CUdeviceptr *, size_t);
-    CUresult (*MemFree)(CUdeviceptr);
-    CUresult (*MemGetInfo)(size_t *, size_t *);
-    CUresult (*MemGetAddressRange)(CUdeviceptr *, size_t *, CUdeviceptr);
-    CUresult (*MemAllocAsync)(CUdeviceptr *, size_t, CUstream);
-    CUresult (*MemFreeAsync)(CUdeviceptr, CUstream);
-    CUresult (*MemAllocFromPoolAsync)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
-    CUresult (*DeviceGetDefaultMemPool)(CUmemoryPool *, CUdevice);
-    CUresult (*DeviceSetMemPool)(CUdevice, CUmemoryPool);
-    CUresult (*StreamCreate)(CUstream *, unsigned);
-    CUresult (*StreamDestroy)(CUstream);
-} D;
 
-#define LOAD(field, name) *(void **)&D.field = e2e_dlsym(h, name)
-
-static void load(void)
-{
-    void *h = e2e_open_libcuda();
-    LOAD(Init, "cuInit");
-    LOAD(DeviceGet, "cuDeviceGet");
-    LOAD(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
-    LOAD(CtxSetCurrent, "cuCtxSetCurrent");
-    LOAD(CtxCreate, "cuCtxCreate_v4");
-    LOAD(CtxDestroy, "cuCtxDestroy_v2");
-    LOAD(MemAlloc, "cuMemAlloc_v2");
-    LOAD(MemFree, "cuMemFree_v2");
-    LOAD(MemGetInfo, "cuMemGetInfo_v2");
-    LOAD(MemGetAddressRange, "cuMemGetAddressRange_v2");
-    LOAD(MemAllocAsync, "cuMemAllocAsync");
-    LOAD(MemFreeAsync, "cuMemFreeAsync");
-    LOAD(MemAllocFromPoolAsync, "cuMemAllocFromPoolAsync");
-    LOAD(DeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool");
-    LOAD(DeviceSetMemPool, "cuDeviceSetMemPool");
-    LOAD(StreamCreate, "cuStreamCreate");
-    LOAD(StreamDestroy, "cuStreamDestroy_v2");
-}
 
 static void start(int device)
 {
@@ -364,7 +322,7 @@ int main(int argc, char **argv)
     }
     shim_log_reset();
     fakecuda();
-    load();
+    e2e_cu_load();
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
         if (strcmp(argv[1], scenarios[i].name) == 0) {
             scenarios[i].fn();

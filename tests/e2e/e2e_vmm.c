@@ -22,34 +22,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "e2e.h"
+#include "e2e_cu.h"
 
 #define MiB ((size_t)1 << 20)
 
-static struct {
-    CUresult (*Init)(unsigned);
-    CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
-    CUresult (*CtxSetCurrent)(CUcontext);
-    CUresult (*CtxCreate)(CUcontext *, CUctxCreateParams *, unsigned, CUdevice);
-    CUresult (*CtxDestroy)(CUcontext);
-    CUresult (*PrimaryCtxReset)(CUdevice);
-    CUresult (*DeviceGetAttribute)(int *, CUdevice_attribute, CUdevice);
-    CUresult (*MemGetInfo)(size_t *, size_t *);
-    CUresult (*Granularity)(size_t *, const CUmemAllocationProp *,
-                            CUmemAllocationGranularity_flags);
-    CUresult (*Reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
-    CUresult (*AddressFree)(CUdeviceptr, size_t);
-    CUresult (*Create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
-                       unsigned long long);
-    CUresult (*Release)(CUmemGenericAllocationHandle);
-    CUresult (*Map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
-                    unsigned long long);
-    CUresult (*Unmap)(CUdeviceptr, size_t);
-    CUresult (*SetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
-    CUresult (*GetAccess)(unsigned long long *, const CUmemLocation *, CUdeviceptr);
-} D;
-
-#define LOAD(field, name) *(void **)&D.field = e2e_dlsym(h, name)
 
 static size_t gran; /* the granularity */
 
@@ -75,31 +51,14 @@ static CUmemAccessDesc rw_on(int dev)
 
 static void start(void)
 {
-    void *h = e2e_open_libcuda();
-    LOAD(Init, "cuInit");
-    LOAD(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
-    LOAD(CtxSetCurrent, "cuCtxSetCurrent");
-    LOAD(CtxCreate, "cuCtxCreate_v4");
-    LOAD(CtxDestroy, "cuCtxDestroy_v2");
-    LOAD(PrimaryCtxReset, "cuDevicePrimaryCtxReset_v2");
-    LOAD(DeviceGetAttribute, "cuDeviceGetAttribute");
-    LOAD(MemGetInfo, "cuMemGetInfo_v2");
-    LOAD(Granularity, "cuMemGetAllocationGranularity");
-    LOAD(Reserve, "cuMemAddressReserve");
-    LOAD(AddressFree, "cuMemAddressFree");
-    LOAD(Create, "cuMemCreate");
-    LOAD(Release, "cuMemRelease");
-    LOAD(Map, "cuMemMap");
-    LOAD(Unmap, "cuMemUnmap");
-    LOAD(SetAccess, "cuMemSetAccess");
-    LOAD(GetAccess, "cuMemGetAccess");
+    e2e_cu_load();
     CUcontext c;
     CHECK_EQ(D.Init(0), CUDA_SUCCESS);
     CHECK_EQ(D.DevicePrimaryCtxRetain(&c, 0), CUDA_SUCCESS);
     CHECK_EQ(D.CtxSetCurrent(c), CUDA_SUCCESS);
     CUmemAllocationProp p = prop_on(0);
     gran = 0;
-    D.Granularity(&gran, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    D.MemGetAllocationGranularity(&gran, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
 }
 
 /* A mapped, accessible range of n granules on device 0 at base + at. */
@@ -108,9 +67,9 @@ static CUmemGenericAllocationHandle map_rw(CUdeviceptr base, size_t at, size_t n
     CUmemAllocationProp p = prop_on(0);
     CUmemAccessDesc a = rw_on(0);
     CUmemGenericAllocationHandle h = 0;
-    CHECK_EQ(D.Create(&h, n * gran, &p, 0), CUDA_SUCCESS);
-    CHECK_EQ(D.Map(base + at, n * gran, 0, h, 0), CUDA_SUCCESS);
-    CHECK_EQ(D.SetAccess(base + at, n * gran, &a, 1), CUDA_SUCCESS);
+    CHECK_EQ(D.MemCreate(&h, n * gran, &p, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.MemMap(base + at, n * gran, 0, h, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.MemSetAccess(base + at, n * gran, &a, 1), CUDA_SUCCESS);
     return h;
 }
 
@@ -123,7 +82,7 @@ static void map(void)
     CHECK_EQ(vmm, 1);
     CHECK_EQ(gran, 2 * MiB);
     CUdeviceptr base = 0;
-    CHECK_EQ(D.Reserve(&base, 8 * gran, 0, 0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.MemAddressReserve(&base, 8 * gran, 0, 0, 0), CUDA_SUCCESS);
     CHECK(base % gran == 0);
     uint64_t before = fake_stats().bytes_in_use[0];
     CUmemGenericAllocationHandle a = map_rw(base, 0, 2), b = map_rw(base, 4 * gran, 2);
@@ -134,25 +93,25 @@ static void map(void)
     CHECK(((unsigned char *)(uintptr_t)(base + 4 * gran))[0] == 0xa5);
     unsigned long long flags = 0;
     CUmemLocation loc = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
-    CHECK_EQ(D.GetAccess(&flags, &loc, base + gran), CUDA_SUCCESS);
+    CHECK_EQ(D.MemGetAccess(&flags, &loc, base + gran), CUDA_SUCCESS);
     CHECK_EQ(flags, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     /* Map, unmap and map again: a fresh mapping starts without access and
      * shows the same physical memory (what a pool regrowing would see). */
-    CHECK_EQ(D.Unmap(base, 2 * gran), CUDA_SUCCESS);
-    CHECK_EQ(D.Map(base + 2 * gran, 2 * gran, 0, a, 0), CUDA_SUCCESS);
-    CHECK_EQ(D.GetAccess(&flags, &loc, base + 2 * gran), CUDA_SUCCESS);
+    CHECK_EQ(D.MemUnmap(base, 2 * gran), CUDA_SUCCESS);
+    CHECK_EQ(D.MemMap(base + 2 * gran, 2 * gran, 0, a, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.MemGetAccess(&flags, &loc, base + 2 * gran), CUDA_SUCCESS);
     CHECK_EQ(flags, CU_MEM_ACCESS_FLAGS_PROT_NONE);
     CUmemAccessDesc rw = rw_on(0);
-    CHECK_EQ(D.SetAccess(base + 2 * gran, 2 * gran, &rw, 1), CUDA_SUCCESS);
+    CHECK_EQ(D.MemSetAccess(base + 2 * gran, 2 * gran, &rw, 1), CUDA_SUCCESS);
     CHECK(((unsigned char *)(uintptr_t)(base + 2 * gran))[gran] == 0x5a);
     /* Two adjacent mappings are one contiguous range for set-access and
      * unmap. */
-    CHECK_EQ(D.SetAccess(base + 2 * gran, 4 * gran, &rw, 1), CUDA_SUCCESS);
-    CHECK_EQ(D.Unmap(base + 2 * gran, 4 * gran), CUDA_SUCCESS);
-    CHECK_EQ(D.Release(a), CUDA_SUCCESS);
-    CHECK_EQ(D.Release(b), CUDA_SUCCESS);
+    CHECK_EQ(D.MemSetAccess(base + 2 * gran, 4 * gran, &rw, 1), CUDA_SUCCESS);
+    CHECK_EQ(D.MemUnmap(base + 2 * gran, 4 * gran), CUDA_SUCCESS);
+    CHECK_EQ(D.MemRelease(a), CUDA_SUCCESS);
+    CHECK_EQ(D.MemRelease(b), CUDA_SUCCESS);
     CHECK_EQ(fake_stats().bytes_in_use[0], before);
-    CHECK_EQ(D.AddressFree(base, 8 * gran), CUDA_SUCCESS);
+    CHECK_EQ(D.MemAddressFree(base, 8 * gran), CUDA_SUCCESS);
     CHECK_EQ(fake_stats().vmm_map_calls, 3);
 }
 
@@ -162,44 +121,47 @@ static void rules(void)
     CUmemAllocationProp p = prop_on(0), bad = prop_on(7);
     CUmemAccessDesc rw = rw_on(0);
     size_t g = 0;
-    CHECK_EQ(D.Granularity(&g, &bad, CU_MEM_ALLOC_GRANULARITY_MINIMUM), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(D.MemGetAllocationGranularity(&g, &bad, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+             CUDA_ERROR_INVALID_VALUE);
     CUdeviceptr base = 0, other = 0;
-    CHECK_EQ(D.Reserve(&base, 8 * gran, 0, 0, 1), CUDA_ERROR_INVALID_VALUE); /* flags */
-    CHECK_EQ(D.Reserve(&base, 8 * gran, 3 * gran, 0, 0), CUDA_ERROR_INVALID_VALUE); /* not 2^n */
-    CHECK_EQ(D.Reserve(&base, 8 * gran, 0, 0, 0), CUDA_SUCCESS);
-    CHECK_EQ(D.Reserve(&other, 2 * gran, 0, 0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.MemAddressReserve(&base, 8 * gran, 0, 0, 1), CUDA_ERROR_INVALID_VALUE); /* flags */
+    /* alignment not a power of two */
+    CHECK_EQ(D.MemAddressReserve(&base, 8 * gran, 3 * gran, 0, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(D.MemAddressReserve(&base, 8 * gran, 0, 0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.MemAddressReserve(&other, 2 * gran, 0, 0, 0), CUDA_SUCCESS);
     CUmemGenericAllocationHandle h = 0, h2 = 0;
-    CHECK_EQ(D.Create(&h, gran + 4096, &p, 0), CUDA_ERROR_INVALID_VALUE); /* not granular */
-    CHECK_EQ(D.Create(&h, 2 * gran, &bad, 0), CUDA_ERROR_INVALID_VALUE);
-    CHECK_EQ(D.Create(&h, (size_t)64 << 30, &p, 0), CUDA_ERROR_OUT_OF_MEMORY);
-    CHECK_EQ(D.Create(&h, 2 * gran, &p, 0), CUDA_SUCCESS);
-    CHECK_EQ(D.Map(base + 4096, gran, 0, h, 0), CUDA_ERROR_INVALID_VALUE);  /* misaligned */
-    CHECK_EQ(D.Map(base, 2 * gran, gran, h, 0), CUDA_ERROR_INVALID_VALUE);     /* offset != 0 */
-    CHECK_EQ(D.Map(base, 4 * gran, 0, h, 0), CUDA_ERROR_INVALID_VALUE);     /* past the handle */
-    CHECK_EQ(D.Map(base + 7 * gran, 2 * gran, 0, h, 0), CUDA_ERROR_INVALID_VALUE); /* past the range */
-    CHECK_EQ(D.Map(base, 2 * gran, 0, h, 1), CUDA_ERROR_INVALID_VALUE);     /* flags */
-    CHECK_EQ(D.Map(base, 2 * gran, 0, h, 0), CUDA_SUCCESS);
-    CHECK_EQ(D.Map(base + gran, gran, 0, h, 0), CUDA_ERROR_INVALID_VALUE);     /* already mapped */
-    CHECK_EQ(D.Unmap(base, gran), CUDA_ERROR_INVALID_VALUE);                /* a sub-range */
-    CHECK_EQ(D.SetAccess(base, 3 * gran, &rw, 1), CUDA_ERROR_INVALID_VALUE); /* not all mapped */
+    CHECK_EQ(D.MemCreate(&h, gran + 4096, &p, 0), CUDA_ERROR_INVALID_VALUE); /* not granular */
+    CHECK_EQ(D.MemCreate(&h, 2 * gran, &bad, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(D.MemCreate(&h, (size_t)64 << 30, &p, 0), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK_EQ(D.MemCreate(&h, 2 * gran, &p, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.MemMap(base + 4096, gran, 0, h, 0), CUDA_ERROR_INVALID_VALUE);  /* misaligned */
+    CHECK_EQ(D.MemMap(base, 2 * gran, gran, h, 0), CUDA_ERROR_INVALID_VALUE);  /* offset != 0 */
+    CHECK_EQ(D.MemMap(base, 4 * gran, 0, h, 0), CUDA_ERROR_INVALID_VALUE);     /* past the handle */
+    /* past the range */
+    CHECK_EQ(D.MemMap(base + 7 * gran, 2 * gran, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(D.MemMap(base, 2 * gran, 0, h, 1), CUDA_ERROR_INVALID_VALUE);     /* flags */
+    CHECK_EQ(D.MemMap(base, 2 * gran, 0, h, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.MemMap(base + gran, gran, 0, h, 0), CUDA_ERROR_INVALID_VALUE);  /* already mapped */
+    CHECK_EQ(D.MemUnmap(base, gran), CUDA_ERROR_INVALID_VALUE);                /* a sub-range */
+    CHECK_EQ(D.MemSetAccess(base, 3 * gran, &rw, 1), CUDA_ERROR_INVALID_VALUE); /* not all mapped */
     CUmemAccessDesc peer7 = rw_on(7);
-    CHECK_EQ(D.SetAccess(base, 2 * gran, &peer7, 1), CUDA_ERROR_INVALID_DEVICE);
-    CHECK_EQ(D.AddressFree(base, 8 * gran), CUDA_ERROR_INVALID_VALUE);      /* still mapped */
-    CHECK_EQ(D.AddressFree(base, 4 * gran), CUDA_ERROR_INVALID_VALUE);      /* not its size */
-    CHECK_EQ(D.Release(h), CUDA_SUCCESS);
-    CHECK_EQ(D.Release(h), CUDA_ERROR_INVALID_VALUE);                    /* twice */
-    CHECK_EQ(D.Map(other, 2 * gran, 0, h, 0), CUDA_ERROR_INVALID_VALUE);    /* released handle */
+    CHECK_EQ(D.MemSetAccess(base, 2 * gran, &peer7, 1), CUDA_ERROR_INVALID_DEVICE);
+    CHECK_EQ(D.MemAddressFree(base, 8 * gran), CUDA_ERROR_INVALID_VALUE);      /* still mapped */
+    CHECK_EQ(D.MemAddressFree(base, 4 * gran), CUDA_ERROR_INVALID_VALUE);      /* not its size */
+    CHECK_EQ(D.MemRelease(h), CUDA_SUCCESS);
+    CHECK_EQ(D.MemRelease(h), CUDA_ERROR_INVALID_VALUE);                    /* twice */
+    CHECK_EQ(D.MemMap(other, 2 * gran, 0, h, 0), CUDA_ERROR_INVALID_VALUE);    /* released handle */
     /* failure injection reaches cuMemCreate */
     fakecuda()->fail_alloc_after(1);
-    CHECK_EQ(D.Create(&h2, 2 * gran, &p, 0), CUDA_ERROR_OUT_OF_MEMORY);
-    CHECK_EQ(D.Create(&h2, 2 * gran, &p, 0), CUDA_SUCCESS);
-    CHECK_EQ(D.Release(h2), CUDA_SUCCESS);
+    CHECK_EQ(D.MemCreate(&h2, 2 * gran, &p, 0), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK_EQ(D.MemCreate(&h2, 2 * gran, &p, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.MemRelease(h2), CUDA_SUCCESS);
     /* The mapping made earlier is intact and usable after all of that. */
-    CHECK_EQ(D.SetAccess(base, 2 * gran, &rw, 1), CUDA_SUCCESS);
+    CHECK_EQ(D.MemSetAccess(base, 2 * gran, &rw, 1), CUDA_SUCCESS);
     memset((void *)(uintptr_t)base, 1, 2 * gran);
-    CHECK_EQ(D.Unmap(base, 2 * gran), CUDA_SUCCESS);
-    CHECK_EQ(D.AddressFree(base, 8 * gran), CUDA_SUCCESS);
-    CHECK_EQ(D.AddressFree(other, 2 * gran), CUDA_SUCCESS);
+    CHECK_EQ(D.MemUnmap(base, 2 * gran), CUDA_SUCCESS);
+    CHECK_EQ(D.MemAddressFree(base, 8 * gran), CUDA_SUCCESS);
+    CHECK_EQ(D.MemAddressFree(other, 2 * gran), CUDA_SUCCESS);
 }
 
 static void release(void)
@@ -210,22 +172,22 @@ static void release(void)
     CHECK_EQ(D.MemGetInfo(&free0, &total), CUDA_SUCCESS);
     size_t most = (free0 / gran) * gran; /* everything the device has */
     CUdeviceptr base = 0;
-    CHECK_EQ(D.Reserve(&base, most, 0, 0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.MemAddressReserve(&base, most, 0, 0, 0), CUDA_SUCCESS);
     CUmemGenericAllocationHandle h = map_rw(base, 0, most / gran), h2 = 0;
-    CHECK_EQ(D.Create(&h2, gran, &p, 0), CUDA_ERROR_OUT_OF_MEMORY); /* the device is full */
+    CHECK_EQ(D.MemCreate(&h2, gran, &p, 0), CUDA_ERROR_OUT_OF_MEMORY); /* the device is full */
     /* Released but still mapped: the memory stays (and stays usable). */
-    CHECK_EQ(D.Release(h), CUDA_SUCCESS);
+    CHECK_EQ(D.MemRelease(h), CUDA_SUCCESS);
     memset((void *)(uintptr_t)base, 3, gran);
-    CHECK_EQ(D.Create(&h2, gran, &p, 0), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK_EQ(D.MemCreate(&h2, gran, &p, 0), CUDA_ERROR_OUT_OF_MEMORY);
     /* Unmapped too: it goes back, and another context gets all of it. */
-    CHECK_EQ(D.Unmap(base, most), CUDA_SUCCESS);
+    CHECK_EQ(D.MemUnmap(base, most), CUDA_SUCCESS);
     CHECK_EQ(D.MemGetInfo(&free1, &total), CUDA_SUCCESS);
     CHECK_EQ(free1, free0);
     CUcontext other;
     CHECK_EQ(D.CtxCreate(&other, NULL, 0, 0), CUDA_SUCCESS);
-    CHECK_EQ(D.Create(&h2, most, &p, 0), CUDA_SUCCESS);
-    CHECK_EQ(D.Release(h2), CUDA_SUCCESS);
-    CHECK_EQ(D.AddressFree(base, most), CUDA_SUCCESS);
+    CHECK_EQ(D.MemCreate(&h2, most, &p, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.MemRelease(h2), CUDA_SUCCESS);
+    CHECK_EQ(D.MemAddressFree(base, most), CUDA_SUCCESS);
 }
 
 /* Runs fn in a child; returns whether it died (signal or failing exit:
@@ -235,20 +197,20 @@ static void fault(void)
     start();
     CUmemAllocationProp p = prop_on(0);
     CUdeviceptr base = 0;
-    CHECK_EQ(D.Reserve(&base, 4 * gran, 0, 0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.MemAddressReserve(&base, 4 * gran, 0, 0, 0), CUDA_SUCCESS);
     CHECK(e2e_touch_dies(base)); /* reserved, nothing mapped */
     CUmemGenericAllocationHandle h = 0;
-    CHECK_EQ(D.Create(&h, gran, &p, 0), CUDA_SUCCESS);
-    CHECK_EQ(D.Map(base, gran, 0, h, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.MemCreate(&h, gran, &p, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.MemMap(base, gran, 0, h, 0), CUDA_SUCCESS);
     CHECK(e2e_touch_dies(base + 100)); /* mapped, no access yet */
     CUmemAccessDesc rw = rw_on(0);
-    CHECK_EQ(D.SetAccess(base, gran, &rw, 1), CUDA_SUCCESS);
+    CHECK_EQ(D.MemSetAccess(base, gran, &rw, 1), CUDA_SUCCESS);
     CHECK(!e2e_touch_dies(base + 100)); /* accessible */
     CHECK(e2e_touch_dies(base + gran)); /* the next granule is not mapped */
-    CHECK_EQ(D.Unmap(base, gran), CUDA_SUCCESS);
+    CHECK_EQ(D.MemUnmap(base, gran), CUDA_SUCCESS);
     CHECK(e2e_touch_dies(base + 100)); /* unmapped again */
-    CHECK_EQ(D.Release(h), CUDA_SUCCESS);
-    CHECK_EQ(D.AddressFree(base, 4 * gran), CUDA_SUCCESS);
+    CHECK_EQ(D.MemRelease(h), CUDA_SUCCESS);
+    CHECK_EQ(D.MemAddressFree(base, 4 * gran), CUDA_SUCCESS);
 }
 
 static void lifetime(void)
@@ -256,7 +218,7 @@ static void lifetime(void)
     start();
     uint64_t before = fake_stats().bytes_in_use[0];
     CUdeviceptr base = 0;
-    CHECK_EQ(D.Reserve(&base, 4 * gran, 0, 0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.MemAddressReserve(&base, 4 * gran, 0, 0, 0), CUDA_SUCCESS);
     /* Made while a created context is current, which then goes: the
      * allocation is no context's, and stays. */
     CUcontext created;
@@ -266,12 +228,12 @@ static void lifetime(void)
     memset((void *)(uintptr_t)base, 9, 2 * gran);
     CHECK_EQ(fake_stats().bytes_in_use[0], before + 2 * gran);
     /* The primary context's reset takes the device's allocations. */
-    CHECK_EQ(D.PrimaryCtxReset(0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxReset(0), CUDA_SUCCESS);
     CHECK_EQ(fake_stats().bytes_in_use[0], before);
     CHECK(e2e_touch_dies(base));
-    CHECK_EQ(D.Unmap(base, 2 * gran), CUDA_ERROR_INVALID_VALUE); /* nothing mapped */
-    CHECK_EQ(D.Release(h), CUDA_ERROR_INVALID_VALUE);            /* gone */
-    CHECK_EQ(D.AddressFree(base, 4 * gran), CUDA_SUCCESS);       /* the range stayed */
+    CHECK_EQ(D.MemUnmap(base, 2 * gran), CUDA_ERROR_INVALID_VALUE); /* nothing mapped */
+    CHECK_EQ(D.MemRelease(h), CUDA_ERROR_INVALID_VALUE);            /* gone */
+    CHECK_EQ(D.MemAddressFree(base, 4 * gran), CUDA_SUCCESS);       /* the range stayed */
 }
 
 static void unsupported(void)
@@ -282,7 +244,7 @@ static void unsupported(void)
              CUDA_SUCCESS);
     CHECK_EQ(vmm, 0);
     CUdeviceptr base = 0;
-    CHECK_EQ(D.Reserve(&base, 4 * MiB, 0, 0, 0), CUDA_ERROR_NOT_SUPPORTED);
+    CHECK_EQ(D.MemAddressReserve(&base, 4 * MiB, 0, 0, 0), CUDA_ERROR_NOT_SUPPORTED);
 }
 
 int main(int argc, char **argv)

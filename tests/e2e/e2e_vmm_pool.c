@@ -28,39 +28,19 @@
  */
 #include <cuda.h>
 
-#include "e2e.h"
+#include "e2e_cu.h"
 
 #define MiB ((size_t)1 << 20)
 
-static struct {
-    CUresult (*Init)(unsigned);
-    CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
-    CUresult (*CtxSetCurrent)(CUcontext);
-    CUresult (*CtxCreate)(CUcontext *, CUctxCreateParams *, unsigned, CUdevice);
-    CUresult (*CtxDestroy)(CUcontext);
-    CUresult (*MemAlloc)(CUdeviceptr *, size_t);
-    CUresult (*MemFree)(CUdeviceptr);
-    CUresult (*EnablePeer)(CUcontext, unsigned);
-    uint64_t (*Trim)(void);
-} D;
-
-#define LOAD(field, name) *(void **)&D.field = e2e_dlsym(h, name)
+/* The C interface of the preloaded shim (include/bfcshim.h). */
+static uint64_t (*trim)(void);
 
 static CUcontext primary;
 
 static void start(void)
 {
-    void *h = e2e_open_libcuda();
-    LOAD(Init, "cuInit");
-    LOAD(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
-    LOAD(CtxSetCurrent, "cuCtxSetCurrent");
-    LOAD(CtxCreate, "cuCtxCreate_v4");
-    LOAD(CtxDestroy, "cuCtxDestroy_v2");
-    LOAD(MemAlloc, "cuMemAlloc_v2");
-    LOAD(MemFree, "cuMemFree_v2");
-    LOAD(EnablePeer, "cuCtxEnablePeerAccess");
-    /* The C interface of the preloaded shim (include/bfcshim.h). */
-    *(void **)&D.Trim = e2e_dlsym(RTLD_DEFAULT, "bfcshim_trim");
+    e2e_cu_load();
+    *(void **)&trim = e2e_dlsym(RTLD_DEFAULT, "bfcshim_trim");
     CHECK_EQ(D.Init(0), CUDA_SUCCESS);
     CHECK_EQ(D.DevicePrimaryCtxRetain(&primary, 0), CUDA_SUCCESS);
     CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
@@ -91,7 +71,7 @@ static void grow(void)
     fill_and_check(c, 1000, 3);
     CHECK_EQ(D.MemFree(a), CUDA_SUCCESS);
     CHECK_EQ(D.MemFree(b), CUDA_SUCCESS);
-    uint64_t released = D.Trim();
+    uint64_t released = trim();
     CHECK(released >= 4 * MiB);
     CHECK_EQ(fake_stats().bytes_in_use[0], before + mapped - released);
     CHECK(fake_stats().vmm_unmap_calls >= 2);
@@ -119,7 +99,7 @@ static void release(void)
     CHECK_EQ(D.CtxSetCurrent(other), CUDA_SUCCESS);
     CUdeviceptr b = 0;
     CHECK_EQ(D.MemAlloc(&b, 40 * MiB), CUDA_ERROR_OUT_OF_MEMORY); /* the first holds it */
-    CHECK(D.Trim() >= 40 * MiB); /* every pool gives back what is free */
+    CHECK(trim() >= 40 * MiB); /* every pool gives back what is free */
     CHECK_EQ(D.MemAlloc(&b, 40 * MiB), CUDA_SUCCESS);
     fill_and_check(b, 40 * MiB, 6);
     CHECK_EQ(D.MemFree(b), CUDA_SUCCESS);
@@ -164,19 +144,19 @@ static void peers(void)
     CUcontext one = NULL;
     CHECK_EQ(D.DevicePrimaryCtxRetain(&one, 1), CUDA_SUCCESS);
     CHECK_EQ(D.CtxSetCurrent(one), CUDA_SUCCESS);
-    CHECK_EQ(D.EnablePeer(primary, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxEnablePeerAccess(primary, 0), CUDA_SUCCESS);
     CHECK_EQ(fake_stats().peer_enables, 1);
     CHECK_EQ(fake_stats().vmm_peer_grants, 2); /* each mapped granule */
     const uint64_t grants = fake_stats().vmm_peer_grants;
-    CHECK_EQ(D.EnablePeer(primary, 0), CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
-    CHECK_EQ(D.EnablePeer(primary, 1), CUDA_ERROR_INVALID_VALUE); /* flags must be 0 */
+    CHECK_EQ(D.CtxEnablePeerAccess(primary, 0), CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+    CHECK_EQ(D.CtxEnablePeerAccess(primary, 1), CUDA_ERROR_INVALID_VALUE); /* flags must be 0 */
     /* cuda.h keeps the pairs per context: another context of device 1 may
      * enable access to the same peer; a context is not its own peer. */
     CUcontext two = NULL;
     CHECK_EQ(D.CtxCreate(&two, NULL, 0, 1), CUDA_SUCCESS); /* now current */
-    CHECK_EQ(D.EnablePeer(primary, 0), CUDA_SUCCESS);
-    CHECK_EQ(D.EnablePeer(two, 0), CUDA_ERROR_INVALID_CONTEXT);
-    CHECK_EQ(D.EnablePeer(one, 0), CUDA_ERROR_PEER_ACCESS_UNSUPPORTED); /* same device */
+    CHECK_EQ(D.CtxEnablePeerAccess(primary, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxEnablePeerAccess(two, 0), CUDA_ERROR_INVALID_CONTEXT);
+    CHECK_EQ(D.CtxEnablePeerAccess(one, 0), CUDA_ERROR_PEER_ACCESS_UNSUPPORTED); /* same device */
     CHECK_EQ(D.CtxDestroy(two), CUDA_SUCCESS);
     CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
     const uint64_t granted = fake_stats().vmm_peer_grants;

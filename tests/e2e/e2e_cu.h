@@ -1,0 +1,88 @@
+/*
+ * e2e_cu.h - the driver API as XLA, TensorFlow and Numba reach it, for the
+ * e2e programs that use it: libcuda.so.1 opened with dlopen and every entry
+ * point looked up on that handle, never linked (the shim interposes them).
+ * One table, D, with every entry point those programs call, named after the
+ * driver's function without its "cu" prefix and version suffix.
+ */
+#ifndef BFCSHIM_TESTS_E2E_CU_H
+#define BFCSHIM_TESTS_E2E_CU_H
+
+#include <cuda.h>
+
+#include "e2e.h"
+
+static struct {
+    CUresult (*Init)(unsigned);
+    CUresult (*DeviceGet)(CUdevice *, int);
+    CUresult (*DeviceGetAttribute)(int *, CUdevice_attribute, CUdevice);
+    CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+    CUresult (*DevicePrimaryCtxReset)(CUdevice);
+    CUresult (*CtxSetCurrent)(CUcontext);
+    CUresult (*CtxCreate)(CUcontext *, CUctxCreateParams *, unsigned, CUdevice);
+    CUresult (*CtxDestroy)(CUcontext);
+    CUresult (*CtxEnablePeerAccess)(CUcontext, unsigned);
+    CUresult (*MemAlloc)(CUdeviceptr *, size_t);
+    CUresult (*MemFree)(CUdeviceptr);
+    CUresult (*MemGetInfo)(size_t *, size_t *);
+    CUresult (*MemGetAddressRange)(CUdeviceptr *, size_t *, CUdeviceptr);
+    CUresult (*MemAllocAsync)(CUdeviceptr *, size_t, CUstream);
+    CUresult (*MemFreeAsync)(CUdeviceptr, CUstream);
+    CUresult (*MemAllocFromPoolAsync)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+    CUresult (*DeviceGetDefaultMemPool)(CUmemoryPool *, CUdevice);
+    CUresult (*DeviceSetMemPool)(CUdevice, CUmemoryPool);
+    CUresult (*StreamCreate)(CUstream *, unsigned);
+    CUresult (*StreamDestroy)(CUstream);
+    CUresult (*MemGetAllocationGranularity)(size_t *, const CUmemAllocationProp *,
+                                            CUmemAllocationGranularity_flags);
+    CUresult (*MemAddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr,
+                                  unsigned long long);
+    CUresult (*MemAddressFree)(CUdeviceptr, size_t);
+    CUresult (*MemCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                          unsigned long long);
+    CUresult (*MemRelease)(CUmemGenericAllocationHandle);
+    CUresult (*MemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                       unsigned long long);
+    CUresult (*MemUnmap)(CUdeviceptr, size_t);
+    CUresult (*MemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+    CUresult (*MemGetAccess)(unsigned long long *, const CUmemLocation *, CUdeviceptr);
+} D;
+
+/* Opens libcuda.so.1 and fills D (exit 1 when a symbol is missing). */
+static inline void e2e_cu_load(void)
+{
+    void *h = e2e_open_libcuda();
+#define E2E_CU(field, name) *(void **)&D.field = e2e_dlsym(h, name)
+    E2E_CU(Init, "cuInit");
+    E2E_CU(DeviceGet, "cuDeviceGet");
+    E2E_CU(DeviceGetAttribute, "cuDeviceGetAttribute");
+    E2E_CU(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+    E2E_CU(DevicePrimaryCtxReset, "cuDevicePrimaryCtxReset_v2");
+    E2E_CU(CtxSetCurrent, "cuCtxSetCurrent");
+    E2E_CU(CtxCreate, "cuCtxCreate_v4");
+    E2E_CU(CtxDestroy, "cuCtxDestroy_v2");
+    E2E_CU(CtxEnablePeerAccess, "cuCtxEnablePeerAccess");
+    E2E_CU(MemAlloc, "cuMemAlloc_v2");
+    E2E_CU(MemFree, "cuMemFree_v2");
+    E2E_CU(MemGetInfo, "cuMemGetInfo_v2");
+    E2E_CU(MemGetAddressRange, "cuMemGetAddressRange_v2");
+    E2E_CU(MemAllocAsync, "cuMemAllocAsync");
+    E2E_CU(MemFreeAsync, "cuMemFreeAsync");
+    E2E_CU(MemAllocFromPoolAsync, "cuMemAllocFromPoolAsync");
+    E2E_CU(DeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool");
+    E2E_CU(DeviceSetMemPool, "cuDeviceSetMemPool");
+    E2E_CU(StreamCreate, "cuStreamCreate");
+    E2E_CU(StreamDestroy, "cuStreamDestroy_v2");
+    E2E_CU(MemGetAllocationGranularity, "cuMemGetAllocationGranularity");
+    E2E_CU(MemAddressReserve, "cuMemAddressReserve");
+    E2E_CU(MemAddressFree, "cuMemAddressFree");
+    E2E_CU(MemCreate, "cuMemCreate");
+    E2E_CU(MemRelease, "cuMemRelease");
+    E2E_CU(MemMap, "cuMemMap");
+    E2E_CU(MemUnmap, "cuMemUnmap");
+    E2E_CU(MemSetAccess, "cuMemSetAccess");
+    E2E_CU(MemGetAccess, "cuMemGetAccess");
+#undef E2E_CU
+}
+
+#endif
