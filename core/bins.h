@@ -79,31 +79,51 @@ static inline void bins_unmark(bin_set *b, uint32_t bin)
         b->summary &= ~(UINT64_C(1) << (bin >> 6));
 }
 
-static inline void bins_insert(bin_set *b, chunk_store *s, uint32_t c)
+/*
+ * Most bins hold one chunk at a time (on the ~10^4-live-chunk benchmark, 76%
+ * of insertions go into an empty bin and 76% of removals empty one), so the
+ * one-node tree is built and taken apart here without the tree code: a black
+ * root with no children is a valid red-black tree.
+ */
+/* Files c under `bin`, its size's bin. */
+static inline void bins_insert_in(bin_set *b, chunk_store *s, uint32_t c, uint32_t bin)
 {
-    const chunk *cc = chunk_at(s, c);
-    uint32_t bin = bin_index(cc->size);
-    if (b->root[bin] == CHUNK_NIL)
+    chunk *cc = chunk_at(s, c);
+    if (b->root[bin] == CHUNK_NIL) {
         bins_mark(b, bin);
-    tree_insert(s, &b->root[bin], c);
-    uint32_t f = b->first[bin];
-    if (f == CHUNK_NIL || cc->size < chunk_at(s, f)->size ||
-        (cc->size == chunk_at(s, f)->size && cc->addr < chunk_at(s, f)->addr))
-        b->first[bin] = c;
+        cc->left = cc->right = cc->parent = CHUNK_NIL;
+        cc->red = 0;
+        b->root[bin] = b->first[bin] = c;
+    } else {
+        tree_insert(s, &b->root[bin], c);
+        uint32_t f = b->first[bin];
+        if (cc->size < chunk_at(s, f)->size ||
+            (cc->size == chunk_at(s, f)->size && cc->addr < chunk_at(s, f)->addr))
+            b->first[bin] = c;
+    }
     b->count++;
     b->bytes += cc->size;
+}
+
+static inline void bins_insert(bin_set *b, chunk_store *s, uint32_t c)
+{
+    bins_insert_in(b, s, c, bin_index(chunk_at(s, c)->size));
 }
 
 /* Removes c, which is filed under `bin` (its size's bin). */
 static inline void bins_remove_from(bin_set *b, chunk_store *s, uint32_t c, uint32_t bin)
 {
-    if (b->first[bin] == c)
-        b->first[bin] = tree_next(s, c);
-    tree_remove(s, &b->root[bin], c);
-    if (b->root[bin] == CHUNK_NIL)
+    chunk *cc = chunk_at(s, c);
+    if (b->root[bin] == c && cc->left == CHUNK_NIL && cc->right == CHUNK_NIL) {
+        b->root[bin] = b->first[bin] = CHUNK_NIL; /* the only chunk */
         bins_unmark(b, bin);
+    } else {
+        if (b->first[bin] == c)
+            b->first[bin] = tree_next(s, c);
+        tree_remove(s, &b->root[bin], c);
+    }
     b->count--;
-    b->bytes -= chunk_at(s, c)->size;
+    b->bytes -= cc->size;
 }
 
 static inline void bins_remove(bin_set *b, chunk_store *s, uint32_t c)
@@ -129,7 +149,8 @@ static inline void bins_resize_in(bin_set *b, chunk_store *s, uint32_t c, uint32
                                   uint64_t new_size)
 {
     chunk *cc = chunk_at(s, c);
-    bool keep = bin_index(new_size) == bin;
+    const uint32_t to = bin_index(new_size);
+    bool keep = to == bin;
     if (keep) {
         const chunk probe = {.addr = cc->addr, .size = new_size};
         if (new_size < cc->size) {
@@ -147,7 +168,7 @@ static inline void bins_resize_in(bin_set *b, chunk_store *s, uint32_t c, uint32
     }
     bins_remove_from(b, s, c, bin);
     cc->size = new_size;
-    bins_insert(b, s, c);
+    bins_insert_in(b, s, c, to);
 }
 
 static inline void bins_resize(bin_set *b, chunk_store *s, uint32_t c, uint64_t new_size)
@@ -160,8 +181,8 @@ static inline void bins_resize(bin_set *b, chunk_store *s, uint32_t c, uint64_t 
 static inline void bins_substitute(bin_set *b, chunk_store *s, uint32_t old, uint32_t by)
 {
     chunk *oc = chunk_at(s, old), *bc = chunk_at(s, by);
-    const uint32_t bin = bin_index(oc->size);
-    bool keep = bin_index(bc->size) == bin;
+    const uint32_t bin = bin_index(oc->size), to = bin_index(bc->size);
+    bool keep = to == bin;
     if (keep) {
         uint32_t pred = b->first[bin] == old ? CHUNK_NIL : tree_prev(s, old);
         uint32_t succ = tree_next(s, old);
@@ -170,7 +191,7 @@ static inline void bins_substitute(bin_set *b, chunk_store *s, uint32_t old, uin
     }
     if (!keep) {
         bins_remove_from(b, s, old, bin);
-        bins_insert(b, s, by);
+        bins_insert_in(b, s, by, to);
         return;
     }
     tree_replace(s, &b->root[bin], old, by);
