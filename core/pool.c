@@ -95,6 +95,9 @@ bfc_pool *bfc_pool_create(const bfc_options *opt, const bfc_backend *backend)
     if (p->opt.initial_region_bytes == 0)
         p->opt.initial_region_bytes = p->opt.region_granularity;
     p->backend = *backend;
+    const bool aligned = opt->placement == BFC_PLACE_ALIGNED;
+    p->align_from = aligned ? opt->align_bytes : UINT64_MAX;
+    p->granule_mask = aligned && opt->vmm ? opt->map_granularity - 1 : UINT64_MAX;
     p->next_region_bytes = p->opt.initial_region_bytes;
     p->st.bytes_limit = p->opt.limit_bytes;
     bins_init(&p->free_bins);
@@ -162,30 +165,30 @@ static uint32_t best_fit(bfc_pool *p, uint64_t rounded, uint32_t lane_id)
 /* BFC_PLACE_ALIGNED without granule placement: the largest power of two
  * dividing the rounded size, capped at align_bytes, for blocks of
  * align_bytes or more; 0 for none. */
-static uint64_t plain_alignment(const bfc_options *o, uint64_t rounded)
+static uint64_t plain_alignment(const bfc_pool *p, uint64_t rounded)
 {
-    if (o->placement != BFC_PLACE_ALIGNED || rounded < o->align_bytes)
+    if (rounded < p->align_from)
         return 0;
     uint64_t a = rounded & (~rounded + 1); /* lowest set bit */
-    if (a > o->align_bytes)
-        a = o->align_bytes;
-    return a > o->granularity ? a : 0;
+    if (a > p->align_from)
+        a = p->align_from;
+    return a > p->opt.granularity ? a : 0;
 }
 
 /* BFC_PLACE_ALIGNED over virtual memory: is a block of `rounded` bytes a
  * whole number of map granules, to be placed on a granule boundary? */
-static inline bool whole_granules(const bfc_options *o, uint64_t rounded)
+static inline bool whole_granules(const bfc_pool *p, uint64_t rounded)
 {
-    return o->vmm && o->placement == BFC_PLACE_ALIGNED && (rounded & (o->map_granularity - 1)) == 0;
+    return (rounded & p->granule_mask) == 0;
 }
 
 /* BFC_PLACE_ALIGNED: the alignment a block of `rounded` bytes is placed at,
  * or 0 for none; a block of whole granules, the granule. */
-static uint64_t natural_alignment(const bfc_options *o, uint64_t rounded)
+static uint64_t natural_alignment(const bfc_pool *p, uint64_t rounded)
 {
-    if (whole_granules(o, rounded))
-        return o->map_granularity;
-    return plain_alignment(o, rounded);
+    if (whole_granules(p, rounded))
+        return p->opt.map_granularity;
+    return plain_alignment(p, rounded);
 }
 
 /* Can FREE chunk c hold `rounded` bytes at a multiple of `align`? */
@@ -205,7 +208,7 @@ static bool holds_aligned(const chunk *c, uint64_t rounded, uint64_t align)
 static uint32_t find_fit(bfc_pool *p, uint64_t rounded, uint32_t lane_id, uint64_t *align)
 {
     uint32_t c = best_fit(p, rounded, lane_id);
-    uint64_t a = natural_alignment(&p->opt, rounded);
+    uint64_t a = natural_alignment(p, rounded);
     *align = 0;
     if (c == CHUNK_NIL || a == 0 || C(p, c)->state != CHUNK_FREE)
         return c;
@@ -213,8 +216,8 @@ static uint32_t find_fit(bfc_pool *p, uint64_t rounded, uint32_t lane_id, uint64
         /* Granule placement never sends a block to another chunk (measured:
          * a larger chunk taken for its boundary costs more than it saves):
          * the plain rule places it. */
-        if (whole_granules(&p->opt, rounded))
-            a = plain_alignment(&p->opt, rounded);
+        if (whole_granules(p, rounded))
+            a = plain_alignment(p, rounded);
         if (a != 0 && !holds_aligned(C(p, c), rounded, a)) {
             uint32_t d = best_fit(p, rounded + a - p->opt.granularity, lane_id);
             if (d == CHUNK_NIL || C(p, d)->state != CHUNK_FREE)
@@ -351,7 +354,7 @@ static uint32_t take_free(bfc_pool *p, uint32_t c, uint64_t rounded, uint64_t al
          * block there; inside, take_free_at leaves a gap on each side. */
         const uint64_t end = cc->addr + cc->size;
         uint64_t at = high ? (end - rounded) & ~(align - 1) : round_up_pow2(cc->addr, align);
-        if (whole_granules(&p->opt, rounded)) {
+        if (whole_granules(p, rounded)) {
             /* An end of c on a granule boundary, against a block, takes
              * the block, leaving no gap; when both are, the age rule's end.
              * A region edge does not count: past it lies address space, and

@@ -70,6 +70,13 @@ struct bfc_pool {
     uint32_t allocs_since_fence; /* allocations since open epochs were last sealed */
     uint64_t bytes_since_fence;  /* bytes freed into open epochs since then */
     uint64_t alloc_seq;
+    /* Placement rules, derived from opt once so that the hot path tests one
+     * field for each: blocks of align_from bytes or more are aligned
+     * (UINT64_MAX: never), and a block is whole map granules when its size
+     * has no bit of granule_mask set (UINT64_MAX: never; only over virtual
+     * memory under BFC_PLACE_ALIGNED). */
+    uint64_t align_from;
+    uint64_t granule_mask;
     /* Running counters; derived fields are filled in by bfc_pool_stats. */
     bfc_stats st;
 };
