@@ -39,8 +39,6 @@ typedef struct bin_set {
     uint64_t words[BIN_WORDS];   /* bit b: bin b non-empty */
     uint32_t root[BIN_COUNT];    /* tree of each bin */
     uint32_t first[BIN_COUNT];   /* smallest (size, addr) of each bin */
-    uint64_t count;              /* chunks in the set */
-    uint64_t bytes;              /* their total size */
 } bin_set;
 
 static inline unsigned bits_msb64(uint64_t x) { return 63u - (unsigned)__builtin_clzll(x); }
@@ -101,8 +99,6 @@ static inline void bins_insert_in(bin_set *b, chunk_store *s, uint32_t c, uint32
             (cc->size == chunk_at(s, f)->size && cc->addr < chunk_at(s, f)->addr))
             b->first[bin] = c;
     }
-    b->count++;
-    b->bytes += cc->size;
 }
 
 static inline void bins_insert(bin_set *b, chunk_store *s, uint32_t c)
@@ -122,8 +118,6 @@ static inline void bins_remove_from(bin_set *b, chunk_store *s, uint32_t c, uint
             b->first[bin] = tree_next(s, c);
         tree_remove(s, &b->root[bin], c);
     }
-    b->count--;
-    b->bytes -= cc->size;
 }
 
 static inline void bins_remove(bin_set *b, chunk_store *s, uint32_t c)
@@ -162,7 +156,6 @@ static inline void bins_resize_in(bin_set *b, chunk_store *s, uint32_t c, uint32
         }
     }
     if (keep) {
-        b->bytes += new_size - cc->size; /* wraps correctly for a shrink */
         cc->size = new_size;
         return;
     }
@@ -197,7 +190,6 @@ static inline void bins_substitute(bin_set *b, chunk_store *s, uint32_t old, uin
     tree_replace(s, &b->root[bin], old, by);
     if (b->first[bin] == old)
         b->first[bin] = by;
-    b->bytes += bc->size - oc->size;
 }
 
 static inline uint32_t bins_next_nonempty(const bin_set *b, uint32_t from)

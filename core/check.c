@@ -65,8 +65,11 @@ static bool in_bin(const bfc_pool *p, const bin_set *b, uint32_t c)
     return false;
 }
 
+/* Checks one set of bins; *counted and *counted_bytes receive what its trees
+ * hold, for the caller to compare with what should be there. */
 static void check_bin_set(const bfc_pool *p, const bin_set *b, const char *name,
-                          uint8_t state, uint32_t lane_id, checker *k)
+                          uint8_t state, uint32_t lane_id, uint64_t *counted,
+                          uint64_t *counted_bytes, checker *k)
 {
     uint64_t count = 0, bytes = 0, summary = 0;
     for (uint32_t bin = 0; bin < BIN_COUNT; bin++) {
@@ -108,9 +111,8 @@ static void check_bin_set(const bfc_pool *p, const bin_set *b, const char *name,
     if (summary != b->summary)
         fail(k, "%s: summary word %#" PRIx64 ", bitmap says %#" PRIx64, name,
              b->summary, summary);
-    if (count != b->count || bytes != b->bytes)
-        fail(k, "%s: holds %" PRIu64 " chunks / %" PRIu64 " bytes, counters say %" PRIu64
-             " / %" PRIu64, name, count, bytes, b->count, b->bytes);
+    *counted = count;
+    *counted_bytes = bytes;
 }
 
 static void check_chunk(const bfc_pool *p, uint32_t c, recount *n, checker *k)
@@ -256,10 +258,12 @@ static void check_lanes(const bfc_pool *p, checker *k)
         if (l->bins) {
             char name[32];
             snprintf(name, sizeof name, "lane %u bins", id);
-            check_bin_set(p, l->bins, name, CHUNK_PENDING, id, k);
-            if (l->bins->count != l->count)
-                fail(k, "lane %u: bins hold %" PRIu64 " chunks, FIFO %" PRIu64, id,
-                     l->bins->count, l->count);
+            uint64_t in_bins, bytes_in_bins;
+            check_bin_set(p, l->bins, name, CHUNK_PENDING, id, &in_bins, &bytes_in_bins, k);
+            if (in_bins != l->count || bytes_in_bins != l->bytes)
+                fail(k, "lane %u: bins hold %" PRIu64 " chunks / %" PRIu64
+                     " bytes, FIFO %" PRIu64 " / %" PRIu64,
+                     id, in_bins, bytes_in_bins, l->count, l->bytes);
         }
         if (!l->accepting && l->head == CHUNK_NIL && !l->open_token)
             fail(k, "lane %u is closed and empty but its slot was not recycled", id);
@@ -315,8 +319,8 @@ static void check_stats(const bfc_pool *p, const recount *n, checker *k)
            n->alloc_chunks);
     expect(k, "address map entries", p->live.count, n->alloc_chunks);
     expect(k, "records handed out", p->chunks.used, n->chunks);
-    expect(k, "free bin chunks", p->free_bins.count, n->free_chunks);
-    expect(k, "free bin bytes", p->free_bins.bytes, n->free_bytes);
+    expect(k, "free chunks (derived)", pool_free_chunks(p), n->free_chunks);
+    expect(k, "free bytes (derived)", pool_free_bytes(p), n->free_bytes);
     if (s->peak_bytes_in_use < s->bytes_in_use || s->peak_pool_bytes < s->pool_bytes ||
         s->peak_bytes_requested < s->bytes_requested)
         fail(k, "a peak is below its current value");
@@ -333,7 +337,12 @@ size_t bfc_pool_check(bfc_pool *p, FILE *err)
     recount n = {0};
     bfc_lock_acquire(&p->lock);
     check_regions(p, &n, &k);
-    check_bin_set(p, &p->free_bins, "free bins", CHUNK_FREE, 0, &k);
+    uint64_t in_bins, bytes_in_bins;
+    check_bin_set(p, &p->free_bins, "free bins", CHUNK_FREE, 0, &in_bins, &bytes_in_bins, &k);
+    if (in_bins != n.free_chunks || bytes_in_bins != n.free_bytes)
+        fail(&k, "free bins hold %" PRIu64 " chunks / %" PRIu64 " bytes, the regions %" PRIu64
+             " free chunks / %" PRIu64 " bytes", in_bins, bytes_in_bins, n.free_chunks,
+             n.free_bytes);
     check_lanes(p, &k);
     check_store(p, &k);
     check_stats(p, &n, &k);

@@ -86,6 +86,19 @@ static inline chunk *C(const bfc_pool *p, uint32_t i)
     return chunk_at(&p->chunks, i);
 }
 
+/* Free space is what the regions hold beyond live and pending chunks; the
+ * bins keep no counters of their own (they cost ~10 instructions an
+ * operation to maintain, for figures read once per stats call). */
+static inline uint64_t pool_free_bytes(const bfc_pool *p)
+{
+    return p->st.va_bytes - p->st.bytes_in_use - p->st.pending_bytes;
+}
+
+static inline uint64_t pool_free_chunks(const bfc_pool *p)
+{
+    return p->chunks.used - p->live.count - p->st.num_pending_chunks;
+}
+
 static inline uint64_t round_up(uint64_t x, uint64_t to)
 {
     return (x + to - 1) / to * to;

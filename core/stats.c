@@ -9,8 +9,8 @@ void pool_stats_locked(const bfc_pool *p, bfc_stats *out)
     *out = p->st;
     uint32_t largest = bins_largest(&p->free_bins, &p->chunks);
     out->largest_free_block_bytes = largest == CHUNK_NIL ? 0 : C(p, largest)->size;
-    out->free_bytes = p->free_bins.bytes;
-    out->num_free_chunks = p->free_bins.count;
+    out->free_bytes = pool_free_bytes(p);
+    out->num_free_chunks = pool_free_chunks(p);
     out->num_chunks = p->chunks.used;
     out->num_regions = p->nregions;
     out->bytes_reserved = out->pool_bytes;
