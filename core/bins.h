@@ -139,7 +139,7 @@ static inline int key_before(const chunk *a, const chunk *b)
  */
 
 /* c, in the set under `bin`, changes size to new_size at the same address. */
-static inline void bins_resize_in(bin_set *b, chunk_store *s, uint32_t c, uint32_t bin,
+static inline __attribute__((always_inline)) void bins_resize_in(bin_set *b, chunk_store *s, uint32_t c, uint32_t bin,
                                   uint64_t new_size)
 {
     chunk *cc = chunk_at(s, c);
@@ -171,7 +171,7 @@ static inline void bins_resize(bin_set *b, chunk_store *s, uint32_t c, uint64_t 
 
 /* `by` (not in any set, its key set) takes the place of `old` (in the set),
  * whose key is smaller (a merge) or larger (a split's remainder). */
-static inline void bins_substitute(bin_set *b, chunk_store *s, uint32_t old, uint32_t by)
+static inline __attribute__((always_inline)) void bins_substitute(bin_set *b, chunk_store *s, uint32_t old, uint32_t by)
 {
     chunk *oc = chunk_at(s, old), *bc = chunk_at(s, by);
     const uint32_t bin = bin_index(oc->size), to = bin_index(bc->size);
