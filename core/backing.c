@@ -12,7 +12,9 @@
  * chunk's neighbours are never free, so a granule shared with an allocated
  * or pending block is never taken, and free space is memory that no queued
  * GPU work can touch (the shim's frees become free only after their fences),
- * which matters because unmapping does not wait for the GPU.
+ * which matters because unmapping does not wait for the GPU. A backend that
+ * cannot promise that (the shim under its immediate free policy) is asked
+ * first, once per batch of releases the pool chooses (release_ready).
  *
  * Runs of granules are mapped and unmapped with one backend call each, so
  * growing over a large block costs one call however many granules it spans.
@@ -128,13 +130,24 @@ bool backing_map(bfc_pool *p, region *r, bfc_addr lo, bfc_addr hi)
     return true;
 }
 
-uint64_t backing_release(bfc_pool *p, region *r, bfc_addr lo, bfc_addr hi)
+/* May the pool give free space back now? Asked only when there is something
+ * to give, and once per batch. */
+static bool gate_open(bfc_pool *p, int *gate)
+{
+    if (*gate == 0)
+        *gate = !p->backend.release_ready || p->backend.release_ready(p->backend.ctx) ? 1 : -1;
+    return *gate > 0;
+}
+
+uint64_t backing_release(bfc_pool *p, region *r, bfc_addr lo, bfc_addr hi, int *gate)
 {
     const uint64_t g = p->opt.map_granularity;
     /* Whole granules only: round the start up and the end down. */
     const uint64_t first = (lo - r->base + g - 1) / g, end = (hi - r->base) / g;
     uint64_t released = 0, i, j;
     for (i = first; next_run(r->backed, &i, end, true, &j); i = j) {
+        if (gate && !gate_open(p, gate))
+            break;
         p->st.num_unmap_calls++;
         p->backend.unmap(p->backend.ctx, r->base + i * g, (j - i) * g);
         bit_fill(r->backed, i, j, false);
@@ -150,12 +163,15 @@ uint64_t backing_release(bfc_pool *p, region *r, bfc_addr lo, bfc_addr hi)
 uint64_t backing_release_free(bfc_pool *p)
 {
     uint64_t released = 0;
+    int gate = 0;
     for (uint32_t ri = 0; ri < p->nregions; ri++) {
         region *r = &p->regions[ri];
         for (uint32_t c = r->first; c != CHUNK_NIL; c = C(p, c)->next) {
             const chunk *cc = C(p, c);
             if (cc->state == CHUNK_FREE && cc->size >= p->opt.map_granularity)
-                released += backing_release(p, r, cc->addr, cc->addr + cc->size);
+                released += backing_release(p, r, cc->addr, cc->addr + cc->size, &gate);
+            if (gate < 0)
+                return released;
         }
     }
     return released;
@@ -166,13 +182,13 @@ void backing_after_free(bfc_pool *p, uint32_t c)
     const chunk *cc = C(p, c);
     if (cc->size < p->opt.map_granularity)
         return;
-    int r = region_find(p, cc->addr);
-    backing_release(p, &p->regions[r], cc->addr, cc->addr + cc->size);
+    int r = region_find(p, cc->addr), gate = 0;
+    backing_release(p, &p->regions[r], cc->addr, cc->addr + cc->size, &gate);
 }
 
 void backing_release_region(bfc_pool *p, region *r)
 {
-    backing_release(p, r, r->base, r->base + r->size);
+    backing_release(p, r, r->base, r->base + r->size, NULL);
     free(r->backed);
     r->backed = NULL;
 }

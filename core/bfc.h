@@ -123,6 +123,18 @@ typedef struct bfc_backend {
      */
     int (*map)(void *ctx, bfc_addr addr, uint64_t size);
     void (*unmap)(void *ctx, bfc_addr addr, uint64_t size);
+    /*
+     * Optional (vmm): asked once before the pool gives back granules of free
+     * space on its own initiative (past release_threshold, on
+     * bfc_pool_trim, under pressure before an allocation fails). false keeps
+     * them mapped for now; a later release asks again. For a backend whose
+     * free space may still be touched by queued work (the shim under
+     * BFCSHIM_FREE_POLICY=immediate) it waits for that work, and answers
+     * false when it cannot wait now (a stream capture is under way). Not
+     * asked when a region goes or bfc_pool_abandon_memory runs: those unmap
+     * regardless. NULL: always ready. Called with the pool locked.
+     */
+    bool (*release_ready)(void *ctx);
 } bfc_backend;
 
 /*

@@ -629,7 +629,7 @@ uint64_t bfc_pool_abandon_memory(bfc_pool *p)
     if (p->opt.vmm) {
         for (uint32_t i = 0; i < p->nregions; i++) {
             region *r = &p->regions[i];
-            released += backing_release(p, r, r->base, r->base + r->size);
+            released += backing_release(p, r, r->base, r->base + r->size, NULL);
         }
         p->opt.limit_bytes = 0; /* nothing is mapped again */
     }

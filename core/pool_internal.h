@@ -149,8 +149,11 @@ static inline bool backing_fast_covers(const bfc_pool *p, const region *r, bfc_a
 /* Maps the granules touching [lo, hi) that are not mapped; false when the
  * limit or the backend refuses. */
 bool backing_map(bfc_pool *p, region *r, bfc_addr lo, bfc_addr hi);
-/* Unmaps the mapped granules lying wholly inside [lo, hi); returns bytes. */
-uint64_t backing_release(bfc_pool *p, region *r, bfc_addr lo, bfc_addr hi);
+/* Unmaps the mapped granules lying wholly inside [lo, hi); returns bytes.
+ * gate: NULL to unmap regardless (a region going, memory abandoned); else a
+ * release the pool chose, which asks backend.release_ready first, once per
+ * batch: *gate starts at 0 and keeps the answer (1 yes, -1 no). */
+uint64_t backing_release(bfc_pool *p, region *r, bfc_addr lo, bfc_addr hi, int *gate);
 /* The same for every free chunk of the pool. */
 uint64_t backing_release_free(bfc_pool *p);
 /* Free chunk c just formed and more than release_threshold is free: give

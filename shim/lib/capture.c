@@ -28,6 +28,11 @@
 
 static atomic_int underway;
 
+bool capture_underway(void)
+{
+    return atomic_load_explicit(&underway, memory_order_relaxed) > 0;
+}
+
 relaxed_scope capture_relax(const real_driver *R)
 {
     relaxed_scope rs = {false, CU_STREAM_CAPTURE_MODE_GLOBAL};

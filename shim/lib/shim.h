@@ -303,6 +303,8 @@ typedef struct relaxed_scope {
     CUstreamCaptureMode old;
 } relaxed_scope;
 relaxed_scope capture_relax(const real_driver *R);
+/* Is any stream capture (begun through the shim's doors) under way? */
+bool capture_underway(void);
 void capture_restore(const real_driver *R, relaxed_scope rs);
 /* A stream stops taking events (it is destroyed, or begins capturing):
  * records its stand-in, and the legacy stream's when legacy_too. */

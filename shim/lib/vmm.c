@@ -19,7 +19,10 @@
  * cuMemUnmap does not wait for the GPU. The engine unmaps only free space,
  * and under the default free policy a block becomes free only after its
  * fences completed. Under BFCSHIM_FREE_POLICY=immediate a freed block is free
- * at once, so every unmap first waits for the context's work.
+ * at once, so before the engine gives free space back (release_ready) the
+ * context's work is waited for; while a stream capture is under way that
+ * wait (cuCtxSynchronize) is refused and would invalidate the capture, so
+ * the granules stay mapped until a later release finds no capture.
  *
  * The callbacks run with the engine's lock held and the pool's context
  * current (the doors make it current before they allocate).
@@ -222,10 +225,29 @@ static int map_range(void *ctx, bfc_addr addr, uint64_t size)
 static void unmap_range(void *ctx, bfc_addr addr, uint64_t size)
 {
     shim_pool *sp = ctx;
+    unmap_granules(real_driver_get(), sp->vmm_granule, addr, size);
+}
+
+/* Asked once before the engine gives free space back on its own. Under the
+ * fenced policy free space is idle by construction; under the immediate one
+ * queued work may still use it: wait for the context's work, unless a
+ * capture is under way (a capture begun on another thread between this test
+ * and the wait would still be invalidated: the window is one call wide). */
+static bool release_ready(void *ctx)
+{
+    shim_pool *sp = ctx;
+    if (shim_config_get()->free_policy != FREE_IMMEDIATE)
+        return true;
+    if (capture_underway()) {
+        shim_log(LOG_DEBUG,
+                 "device %d: free memory stays mapped: a stream capture is under way, and "
+                 "under BFCSHIM_FREE_POLICY=immediate it may only go back after a "
+                 "cuCtxSynchronize, which a capture forbids",
+                 (int)sp->dev);
+        return false;
+    }
     const real_driver *R = real_driver_get();
-    if (shim_config_get()->free_policy == FREE_IMMEDIATE && R->CtxSynchronize)
-        R->CtxSynchronize(); /* immediate frees: queued work may still use it */
-    unmap_granules(R, sp->vmm_granule, addr, size);
+    return R->CtxSynchronize && R->CtxSynchronize() == CUDA_SUCCESS;
 }
 
 void vmm_backend(bfc_backend *b)
@@ -234,4 +256,5 @@ void vmm_backend(bfc_backend *b)
     b->region_free = va_free;
     b->map = map_range;
     b->unmap = unmap_range;
+    b->release_ready = release_ready;
 }

@@ -152,6 +152,59 @@ static void threshold_releases_as_frees_merge(void)
     vmm_end(&f);
 }
 
+/* A backend that may not give memory back now (the shim under the immediate
+ * free policy while a stream capture is under way): `ready` answers, `asks`
+ * counts the questions. */
+static bool ready;
+static int asks;
+
+static bool release_ready(void *ctx)
+{
+    (void)ctx;
+    asks++;
+    return ready;
+}
+
+static void releases_wait_for_the_backend(void)
+{
+    fixture f;
+    vmm_begin(&f, 8 * MiB);
+    f.opt.release_threshold = 0;
+    bfc_backend b = sim_device_vmm_backend(&f.dev);
+    b.release_ready = release_ready;
+    fixture_start_with(&f, &b);
+    ready = false;
+    asks = 0;
+    bfc_addr a = must_alloc(&f, 4 * MiB), c = must_alloc(&f, 2 * MiB);
+    CHECK_EQ(asks, 0); /* nothing to give back: not asked */
+    must_free(&f, a); /* threshold 0: would go back at once */
+    CHECK_EQ(asks, 1);
+    CHECK_EQ(stats_of(&f).pool_bytes, 6 * MiB);
+    check_mapped(&f, a, 4 * MiB);
+    CHECK_EQ(bfc_pool_trim(f.pool), 0); /* nor on a trim */
+    CHECK_EQ(asks, 2);
+    /* Pressure: 6 MiB cannot be mapped beside the 6 mapped under an 8 MiB
+     * limit; the 4 MiB hole is no help and may not go back: the allocation
+     * fails and nothing changes (one question per attempt at giving back). */
+    bfc_addr big = 0;
+    CHECK_EQ(bfc_pool_alloc(f.pool, 6 * MiB, BFC_NO_LANE, &big), BFC_ERR_OOM);
+    CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+    CHECK_EQ(stats_of(&f).pool_bytes, 6 * MiB);
+    CHECK_EQ(f.dev.unmap_calls, 0);
+    /* Ready again: the next release gives the hole back, and then the block
+     * fits. */
+    ready = true;
+    CHECK_EQ(bfc_pool_trim(f.pool), 4 * MiB);
+    CHECK(!sim_device_mapped(&f.dev, a, GRAN));
+    big = must_alloc(&f, 6 * MiB);
+    check_mapped(&f, big, 6 * MiB);
+    must_free(&f, big);
+    must_free(&f, c);
+    /* A pool that goes unmaps regardless, ready or not. */
+    ready = false;
+    vmm_end(&f);
+}
+
 /* The simulated GPU: fences up to `gpu_done` have completed; a blocking
  * wait completes the token waited for. */
 static uint64_t gpu_done;
@@ -427,6 +480,7 @@ int main(void)
     RUN(free_space_coalesces_across_growth_steps);
     RUN(pressure_gives_back_free_granules_before_failing);
     RUN(threshold_releases_as_frees_merge);
+    RUN(releases_wait_for_the_backend);
     RUN(pending_blocks_are_never_unmapped);
     RUN(pressure_waits_for_fences_then_unmaps);
     RUN(refused_mapping_leaves_the_pool_as_it_was);

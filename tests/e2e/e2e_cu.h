@@ -33,6 +33,8 @@ static struct {
     CUresult (*DeviceSetMemPool)(CUdevice, CUmemoryPool);
     CUresult (*StreamCreate)(CUstream *, unsigned);
     CUresult (*StreamDestroy)(CUstream);
+    CUresult (*StreamBeginCapture)(CUstream, CUstreamCaptureMode);
+    CUresult (*StreamEndCapture)(CUstream, CUgraph *);
     CUresult (*MemGetAllocationGranularity)(size_t *, const CUmemAllocationProp *,
                                             CUmemAllocationGranularity_flags);
     CUresult (*MemAddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr,
@@ -73,6 +75,8 @@ static inline void e2e_cu_load(void)
     E2E_CU(DeviceSetMemPool, "cuDeviceSetMemPool");
     E2E_CU(StreamCreate, "cuStreamCreate");
     E2E_CU(StreamDestroy, "cuStreamDestroy_v2");
+    E2E_CU(StreamBeginCapture, "cuStreamBeginCapture_v2");
+    E2E_CU(StreamEndCapture, "cuStreamEndCapture");
     E2E_CU(MemGetAllocationGranularity, "cuMemGetAllocationGranularity");
     E2E_CU(MemAddressReserve, "cuMemAddressReserve");
     E2E_CU(MemAddressFree, "cuMemAddressFree");

@@ -20,6 +20,13 @@
  *              those already made and those made later; the fake's rules
  *              for the call (per context pair, flags 0, not itself, not
  *              another context of its own device)
+ *   capture    (BFCSHIM_FREE_POLICY=immediate, BFCSHIM_RELEASE_THRESHOLD=0)
+ *              a free during a relaxed-mode stream capture would give its
+ *              granules back, but under the immediate policy queued work
+ *              may still use them, and the wait for it (cuCtxSynchronize)
+ *              is refused while a stream of the context captures, and
+ *              invalidates the capture: the release waits until no capture
+ *              is under way, and the capture survives
  *   refused    (FAKECUDA_VMM_REFUSE=cuMemSetAccess) the device reports
  *              virtual memory management but refuses a call, as some WSL2
  *              drivers do: the shim's trial granule finds out, gives back
@@ -168,6 +175,27 @@ static void peers(void)
     CHECK_EQ(D.MemFree(b), CUDA_SUCCESS);
 }
 
+static void capture(void)
+{
+    start();
+    const uint64_t before = fake_stats().bytes_in_use[0];
+    CUstream s = NULL;
+    CHECK_EQ(D.StreamCreate(&s, 0), CUDA_SUCCESS);
+    CUdeviceptr a = 0;
+    CHECK_EQ(D.MemAlloc(&a, 20 * MiB), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(a), CUDA_SUCCESS); /* legal in relaxed mode */
+    CHECK(fake_stats().bytes_in_use[0] >= before + 20 * MiB); /* still mapped */
+    CHECK_EQ(trim(), 0);                                   /* not now either */
+    CUgraph g = NULL;
+    CHECK_EQ(D.StreamEndCapture(s, &g), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().capture_invalidations, 0);
+    CHECK(trim() >= 20 * MiB); /* no capture now: the context is synchronised, then unmapped */
+    CHECK(fake_stats().bytes_in_use[0] <= before + 2 * MiB);
+    CHECK(e2e_touch_dies(a + 10 * MiB));
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+}
+
 static void refused(void)
 {
     shim_log_reset();
@@ -212,6 +240,7 @@ int main(int argc, char **argv)
                      {"threshold", threshold},
                      {"ctxdestroy", ctxdestroy},
                      {"peers", peers},
+                     {"capture", capture},
                      {"refused", refused},
                      {"off", off}};
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
