@@ -42,49 +42,60 @@ static size_t violations(fixture *f)
     return v;
 }
 
-static void free_chunk_missing_from_the_bins(void)
+/* One kind of damage: `apply` breaks the pool, `undo` mends it exactly. Both
+ * get the pool, the live block below the free one (a) and the live block
+ * above it (c), and a word to keep what undo needs. */
+typedef struct damage {
+    const char *name;
+    void (*apply)(bfc_pool *p, bfc_addr a, bfc_addr c, uint32_t *kept);
+    void (*undo)(bfc_pool *p, bfc_addr a, bfc_addr c, uint32_t *kept);
+} damage;
+
+/* A free chunk dropped from its bin: a free that forgot to file it. */
+static void drop_from_bin(bfc_pool *p, bfc_addr a, bfc_addr c, uint32_t *kept)
 {
-    fixture f;
-    bfc_addr a, c;
-    build(&f, &a, &c);
-    bfc_pool *p = f.pool;
-    uint32_t hole = free_chunk_after(p, a);
-    bins_remove(&p->free_bins, &p->chunks, hole);
-    CHECK(violations(&f) > 0);
-    bins_insert(&p->free_bins, &p->chunks, hole); /* repaired, for a clean teardown */
-    CHECK_EQ(violations(&f), 0);
-    fixture_end(&f);
+    (void)c;
+    *kept = free_chunk_after(p, a);
+    bins_remove(&p->free_bins, &p->chunks, *kept);
 }
 
-static void live_chunk_filed_as_free(void)
+static void refile_in_bin(bfc_pool *p, bfc_addr a, bfc_addr c, uint32_t *kept)
 {
-    fixture f;
-    bfc_addr a, c;
-    build(&f, &a, &c);
-    bfc_pool *p = f.pool;
-    uint32_t live = live_index_find(&p->live, &p->chunks, c);
-    bins_insert(&p->free_bins, &p->chunks, live);
-    CHECK(violations(&f) > 0);
-    bins_remove(&p->free_bins, &p->chunks, live);
-    CHECK_EQ(violations(&f), 0);
-    fixture_end(&f);
+    (void)a, (void)c;
+    bins_insert(&p->free_bins, &p->chunks, *kept);
 }
 
-static void two_free_neighbours_left_unmerged(void)
+/* A live chunk filed as free: a double free that got past the live index. */
+static void file_live_as_free(bfc_pool *p, bfc_addr a, bfc_addr c, uint32_t *kept)
 {
-    fixture f;
-    bfc_addr a, c;
-    build(&f, &a, &c);
-    bfc_pool *p = f.pool;
-    /* Mark c free without merging it into the hole below it. */
-    uint32_t live = live_index_take(&p->live, &p->chunks, c);
+    (void)a;
+    *kept = live_index_find(&p->live, &p->chunks, c);
+    bins_insert(&p->free_bins, &p->chunks, *kept);
+}
+
+static void unfile_live(bfc_pool *p, bfc_addr a, bfc_addr c, uint32_t *kept)
+{
+    (void)a, (void)c;
+    bins_remove(&p->free_bins, &p->chunks, *kept);
+}
+
+/* c freed without merging into the free chunk below it, every counter
+ * updated as a free would: only the layout is wrong. */
+static void free_without_merging(bfc_pool *p, bfc_addr a, bfc_addr c, uint32_t *kept)
+{
+    (void)a;
+    uint32_t live = *kept = live_index_take(&p->live, &p->chunks, c);
     C(p, live)->state = CHUNK_FREE;
     p->st.bytes_in_use -= C(p, live)->size;
     p->st.bytes_requested -= C(p, live)->requested;
     p->st.num_frees++;
     bins_insert(&p->free_bins, &p->chunks, live);
-    CHECK(violations(&f) > 0);
-    /* Undone, then freed properly. */
+}
+
+static void allocate_again(bfc_pool *p, bfc_addr a, bfc_addr c, uint32_t *kept)
+{
+    (void)a, (void)c;
+    uint32_t live = *kept;
     bins_remove(&p->free_bins, &p->chunks, live);
     C(p, live)->state = CHUNK_ALLOCATED;
     p->st.bytes_in_use += C(p, live)->size;
@@ -92,47 +103,77 @@ static void two_free_neighbours_left_unmerged(void)
     p->st.num_frees--;
     REQUIRE(live_index_reserve(&p->live, &p->chunks, 1));
     live_index_insert(&p->live, &p->chunks, live);
-    CHECK_EQ(violations(&f), 0);
-    must_free(&f, c);
-    fixture_end(&f);
 }
 
-static void size_changed_behind_the_bins_back(void)
+/* A free chunk's size changed behind the bins' back: its bin, its
+ * neighbour's address and the totals disagree. */
+static void shrink_free(bfc_pool *p, bfc_addr a, bfc_addr c, uint32_t *kept)
 {
-    fixture f;
-    bfc_addr a, c;
-    build(&f, &a, &c);
-    bfc_pool *p = f.pool;
-    uint32_t hole = free_chunk_after(p, a);
-    C(p, hole)->size -= 256; /* its bin, its neighbour's address and the totals disagree */
-    CHECK(violations(&f) > 0);
-    C(p, hole)->size += 256;
-    CHECK_EQ(violations(&f), 0);
-    fixture_end(&f);
+    (void)c;
+    *kept = free_chunk_after(p, a);
+    C(p, *kept)->size -= 256;
 }
 
-static void counter_drift(void)
+static void unshrink_free(bfc_pool *p, bfc_addr a, bfc_addr c, uint32_t *kept)
 {
-    fixture f;
-    bfc_addr a, c;
-    build(&f, &a, &c);
-    bfc_pool *p = f.pool;
+    (void)a, (void)c;
+    C(p, *kept)->size += 256;
+}
+
+/* Counters that drifted from the structures. */
+static void drift_in_use(bfc_pool *p, bfc_addr a, bfc_addr c, uint32_t *kept)
+{
+    (void)a, (void)c, (void)kept;
     p->st.bytes_in_use += 256;
-    CHECK(violations(&f) > 0);
+}
+
+static void undrift_in_use(bfc_pool *p, bfc_addr a, bfc_addr c, uint32_t *kept)
+{
+    (void)a, (void)c, (void)kept;
     p->st.bytes_in_use -= 256;
+}
+
+static void drift_pending(bfc_pool *p, bfc_addr a, bfc_addr c, uint32_t *kept)
+{
+    (void)a, (void)c, (void)kept;
     p->st.num_pending_chunks++;
-    CHECK(violations(&f) > 0);
+}
+
+static void undrift_pending(bfc_pool *p, bfc_addr a, bfc_addr c, uint32_t *kept)
+{
+    (void)a, (void)c, (void)kept;
     p->st.num_pending_chunks--;
-    CHECK_EQ(violations(&f), 0);
-    fixture_end(&f);
+}
+
+static const damage damages[] = {
+    {"a free chunk missing from its bin", drop_from_bin, refile_in_bin},
+    {"a live chunk filed as free", file_live_as_free, unfile_live},
+    {"two free neighbours left unmerged", free_without_merging, allocate_again},
+    {"a size changed behind the bins' back", shrink_free, unshrink_free},
+    {"bytes_in_use drifted", drift_in_use, undrift_in_use},
+    {"num_pending_chunks drifted", drift_pending, undrift_pending},
+};
+
+static void every_damage_is_reported_and_its_repair_passes(void)
+{
+    for (size_t i = 0; i < sizeof damages / sizeof *damages; i++) {
+        fixture f;
+        bfc_addr a, c;
+        uint32_t kept = 0;
+        build(&f, &a, &c);
+        damages[i].apply(f.pool, a, c, &kept);
+        if (violations(&f) == 0)
+            fprintf(stderr, "not reported: %s\n", damages[i].name);
+        CHECK(violations(&f) > 0);
+        damages[i].undo(f.pool, a, c, &kept);
+        CHECK_EQ(violations(&f), 0);
+        must_free(&f, c);
+        fixture_end(&f);
+    }
 }
 
 int main(void)
 {
-    RUN(free_chunk_missing_from_the_bins);
-    RUN(live_chunk_filed_as_free);
-    RUN(two_free_neighbours_left_unmerged);
-    RUN(size_changed_behind_the_bins_back);
-    RUN(counter_drift);
+    RUN(every_damage_is_reported_and_its_repair_passes);
     return harness_result();
 }
