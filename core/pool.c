@@ -98,6 +98,7 @@ bfc_pool *bfc_pool_create(const bfc_options *opt, const bfc_backend *backend)
     const bool aligned = opt->placement == BFC_PLACE_ALIGNED;
     p->align_from = aligned ? opt->align_bytes : UINT64_MAX;
     p->granule_mask = aligned && opt->vmm ? opt->map_granularity - 1 : UINT64_MAX;
+    p->release_on_free = opt->vmm && opt->release_threshold != UINT64_MAX;
     p->next_region_bytes = p->opt.initial_region_bytes;
     p->st.bytes_limit = p->opt.limit_bytes;
     bins_init(&p->free_bins);
@@ -436,8 +437,12 @@ static uint32_t take_pending(bfc_pool *p, uint32_t c, uint64_t rounded)
  */
 static bool back_allocation(bfc_pool *p, uint32_t c)
 {
-    int r = p->nregions == 1 ? 0 : region_find(p, C(p, c)->addr);
     bfc_addr lo = C(p, c)->addr, hi = lo + C(p, c)->size;
+    /* The steady state: the block ends in the first region's mapped prefix
+     * (regions are sorted, so it lies in that region). */
+    if (hi <= p->regions[0].backed_to)
+        return true;
+    int r = p->nregions == 1 ? 0 : region_find(p, lo);
     if (backing_fast_covers(p, &p->regions[r], lo, hi) || backing_map(p, &p->regions[r], lo, hi))
         return true;
     /* Mapped bytes when the last attempt failed: try again only once some
@@ -582,8 +587,8 @@ void pool_make_free(bfc_pool *p, uint32_t c)
     /* vmm: mapped memory beyond the threshold goes back as soon as a whole
      * granule of it is free. The unsigned sum only overstates what is free
      * (granules shared with live blocks), which merely asks sooner. */
-    if (p->opt.vmm && p->st.pool_bytes - p->st.bytes_in_use - p->st.pending_bytes >
-                          p->opt.release_threshold)
+    if (p->release_on_free && p->st.pool_bytes - p->st.bytes_in_use - p->st.pending_bytes >
+                                  p->opt.release_threshold)
         backing_after_free(p, c);
 }
 

@@ -77,6 +77,9 @@ struct bfc_pool {
      * memory under BFC_PLACE_ALIGNED). */
     uint64_t align_from;
     uint64_t granule_mask;
+    /* vmm with a release threshold (not "never"): frees check free mapped
+     * bytes against it. */
+    bool release_on_free;
     /* Running counters; derived fields are filled in by bfc_pool_stats. */
     bfc_stats st;
 };
