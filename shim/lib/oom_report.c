@@ -172,11 +172,11 @@ void oom_report(shim_pool *sp, size_t size, const char *api)
     bfc_options o;
     bfc_pool_options(sp->bfc, &o);
     uint64_t rounded = ((uint64_t)size + o.granularity - 1) / o.granularity * o.granularity;
-    oom_cause cause = cause_of(&st, rounded, sp->vmm_granule != 0);
-    char req[32], lim[32], use[32], big[32];
     /* Over virtual memory a free block is address space: what counts is
      * what is mapped. */
     const bool vmm = sp->vmm_granule != 0;
+    oom_cause cause = cause_of(&st, rounded, vmm);
+    char req[32], lim[32], use[32], big[32];
     shim_log(LOG_ERROR,
              "%s(%zu bytes = %s) on device %d: out of memory %s (limit %s, in use %s, "
              "%s %s). %s",
