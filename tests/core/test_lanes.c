@@ -319,17 +319,28 @@ static void deferred_frees_share_an_epoch_sealed_at_the_next_allocation(void)
 /* fence_interval 4: the 4th allocation after a deferred free seals and
  * polls, the ones before leave the epoch open; an allocation that finds
  * nothing free seals at once (else it could not wait). */
+/* A 1 MiB pool with fence_interval 4 and a deferring lane: blocks a and b
+ * of `size` bytes, a freed deferred, then three allocations of 4 KiB (three
+ * of the four the interval counts). Returns the lane; *b is b. */
+static uint32_t three_allocations_after_a_deferred_free(fixture *f, uint64_t size, bfc_addr *b)
+{
+    fixture_begin(f, 1 * MiB);
+    f->opt.fence_interval = 4;
+    start_with_fences(f);
+    uint32_t lane = open_lane(f, false);
+    bfc_addr a = must_alloc(f, size);
+    *b = must_alloc(f, size);
+    CHECK_EQ(bfc_pool_free_deferred(f->pool, a, lane), BFC_OK);
+    for (int i = 0; i < 3; i++)
+        must_alloc(f, 4 * KiB);
+    return lane;
+}
+
 static void the_fence_interval_batches_seals_and_the_slow_path_seals_at_once(void)
 {
     fixture f;
-    fixture_begin(&f, 1 * MiB);
-    f.opt.fence_interval = 4;
-    start_with_fences(&f);
-    uint32_t lane = open_lane(&f, false);
-    bfc_addr a = must_alloc(&f, 256 * KiB), b = must_alloc(&f, 256 * KiB);
-    CHECK_EQ(bfc_pool_free_deferred(f.pool, a, lane), BFC_OK);
-    for (int i = 0; i < 3; i++)
-        must_alloc(&f, 4 * KiB);
+    bfc_addr b;
+    uint32_t lane = three_allocations_after_a_deferred_free(&f, 256 * KiB, &b);
     CHECK_EQ(fence_state.seals, 0);
     CHECK_EQ(fence_state.polls, 0);
     must_alloc(&f, 4 * KiB); /* the 4th: seals epoch 1 and polls it */
@@ -354,15 +365,9 @@ static void the_fence_interval_batches_seals_and_the_slow_path_seals_at_once(voi
 static void a_trim_starts_the_fence_interval_again(void)
 {
     fixture f;
-    fixture_begin(&f, 1 * MiB);
-    f.opt.fence_interval = 4;
-    start_with_fences(&f);
-    uint32_t lane = open_lane(&f, false);
-    bfc_addr a = must_alloc(&f, 64 * KiB), b = must_alloc(&f, 64 * KiB);
-    CHECK_EQ(bfc_pool_free_deferred(f.pool, a, lane), BFC_OK);
-    for (int i = 0; i < 3; i++)
-        must_alloc(&f, 4 * KiB); /* counted: 3 of 4 */
-    bfc_pool_trim(f.pool);       /* seals epoch 1 */
+    bfc_addr b;
+    uint32_t lane = three_allocations_after_a_deferred_free(&f, 64 * KiB, &b); /* 3 of 4 */
+    bfc_pool_trim(f.pool); /* seals epoch 1 */
     CHECK_EQ(fence_state.seals, 1);
     CHECK_EQ(bfc_pool_free_deferred(f.pool, b, lane), BFC_OK); /* epoch 2 */
     for (int i = 0; i < 3; i++)
