@@ -31,7 +31,8 @@
 #   vmm*        the pool over CUDA virtual memory: map + unmap cost
 #               (malloc_bench, release threshold 0), PyTorch GPT without its
 #               cache on it against native expandable_segments, and two
-#               processes where one gives memory back and the other gets it
+#               processes where one gives memory back and the other gets it;
+#               a preallocated pool over virtual memory against one region
 #               (the GPU suite's gpu_vmm_* tests run under `suite`)
 #   numba*      Numba's driver layer (numba-cuda: NVIDIA's cuda-bindings,
 #               every entry point through cuGetProcAddress), natively and
@@ -250,6 +251,9 @@ step_vmm() {
     run_arm vmm pooled-vmm 120 yes "${v[@]}" -- "$b" pooled-vmm
     run_arm vmm pooled-vmm-release0 120 yes "${v[@]}" BFCSHIM_RELEASE_THRESHOLD=0 -- \
         "$b" pooled-vmm-release0
+    # Preallocated over virtual memory (auto does not choose it today: this
+    # arm and CVP below are what would justify a change).
+    run_arm vmm pooled-vmm-prealloc 120 yes BFCSHIM_VMM=on -- "$b" pooled-vmm-prealloc
     bench_results vmm
     local job=("$py" "$gpu/torch_train.py" --model gpt --steps 20 --warmup 5 --batch 8
                "${gpt_size[@]}")
@@ -259,6 +263,8 @@ step_vmm() {
             PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True -- "${job[@]}" --arm E
         run_arm vmm torch-gpt-V-shim-nocache-vmm 200 yes "$nc" "${v[@]}" -- "${job[@]}" --arm V
         run_arm vmm torch-gpt-C-shim-nocache 200 yes "$nc" -- "${job[@]}" --arm C
+        run_arm vmm torch-gpt-CVP-shim-nocache-vmm-prealloc 200 yes "$nc" BFCSHIM_VMM=on -- \
+            "${job[@]}" --arm CVP
     done
     run_arm vmm release-two-processes 150 yes "${v[@]}" "$nc" "PYTHONPATH=$root/python" \
         "BFCSHIM_LIBRARY=$lib" -- "$py" "$gpu/vmm_release.py" --arm vmm --device "$ddp_device"

@@ -30,13 +30,34 @@
  *                    IPC handle of the pooled block must still be refused
  *   ptr-attr         cuPointerGetAttribute's range of a pooled block agrees
  *                    with cuMemGetAddressRange (the block, not the region)
+ *
+ * Another thread's capture (the fake's e2e_fences global-capture and
+ * ptsz-capture, on the real driver): while a second thread captures in
+ * global mode, this thread frees a block under late work and allocates;
+ * whatever the shim asks the driver on its behalf must leave the capture
+ * valid, and the late kernel must not write into a block handed out again.
+ *   global-capture   the capture is on a non-blocking stream of its own
+ *   ptds-capture     the capture is on the thread's per-thread default stream
+ *
+ * Facts the fake must follow, read off the real driver (printed, and checked
+ * only where the outcome is certain):
+ *   reset-running    cudaDeviceReset while a kernel still writes a pooled
+ *                    block: does the reset wait for it, does anything fault,
+ *                    and does the next context work (with a VMM pool, the
+ *                    shim gives the granules back around the real reset)
+ *   unmap-running    cuMemUnmap of a mapping a running kernel writes (no
+ *                    pool involved): does the unmap wait, does the kernel
+ *                    fault (the fake assumes it does not wait)
  */
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int failures;
 
@@ -439,6 +460,211 @@ static void ptr_attr(void)
     CUDA_OK(cudaFree(b));
 }
 
+/* ---- another thread's capture -------------------------------------------------- */
+
+typedef struct capturer {
+    bool per_thread;                /* capture on cudaStreamPerThread */
+    volatile int step;              /* 1: capturing, 2: please end, 3: ended */
+    cudaError_t begin, end, launch; /* what the capturing thread saw */
+} capturer;
+
+static void wait_step(volatile int *step, int want)
+{
+    while (__atomic_load_n(step, __ATOMIC_ACQUIRE) < want)
+        sched_yield();
+}
+
+static void *capture_thread(void *arg)
+{
+    capturer *c = (capturer *)arg;
+    cudaStream_t s = cudaStreamPerThread;
+    if (!c->per_thread)
+        CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    unsigned *w = NULL;
+    CUDA_OK(cudaMalloc((void **)&w, 4096)); /* before the capture */
+    c->begin = cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+    fill<<<1, 32, 0, s>>>(w, 1024, 3u, 0);
+    c->launch = cudaGetLastError();
+    __atomic_store_n(&c->step, 1, __ATOMIC_RELEASE);
+    wait_step(&c->step, 2);
+    cudaGraph_t g = NULL;
+    c->end = cudaStreamEndCapture(s, &g);
+    if (g)
+        CUDA_OK(cudaGraphDestroy(g));
+    __atomic_store_n(&c->step, 3, __ATOMIC_RELEASE);
+    CUDA_OK(cudaFree(w));
+    if (!c->per_thread)
+        CUDA_OK(cudaStreamDestroy(s));
+    return NULL;
+}
+
+static void other_thread_capture(bool per_thread)
+{
+    unsigned *p = NULL;
+    void *filler = fill_pool_but_hole(&p);
+    cudaStream_t s1 = NULL, s2 = NULL;
+    CUDA_OK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+    CUDA_OK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    void *small = NULL;
+    CUDA_OK(cudaMalloc(&small, 1 << 20));
+    CUDA_OK(cudaFree(small)); /* freed with no work pending */
+    cudaEvent_t late_done = NULL;
+    CUDA_OK(cudaEventCreateWithFlags(&late_done, cudaEventDisableTiming));
+    if (failures)
+        return;
+    late_fill<<<256, 256, 0, s1>>>(p, HOLE / 4, 0xdeadu, LATE_NS);
+    CUDA_OK(cudaEventRecord(late_done, s1));
+    CUDA_OK(cudaFree(p)); /* freed with work pending */
+
+    capturer c = {per_thread, 0, cudaSuccess, cudaSuccess, cudaSuccess};
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, capture_thread, &c) == 0);
+    wait_step(&c.step, 1);
+    /* While the other thread captures in global mode: pooled allocations
+     * and frees here, then the block whose work is still pending. */
+    int served = 0;
+    for (int i = 0; i < 4; i++) {
+        void *x = NULL;
+        if (cudaMalloc(&x, 1 << 19) == cudaSuccess) {
+            served++;
+            CUDA_OK(cudaFree(x));
+        }
+    }
+    unsigned *q = NULL;
+    cudaError_t e = cudaMalloc((void **)&q, HOLE);
+    __atomic_store_n(&c.step, 2, __ATOMIC_RELEASE);
+    wait_step(&c.step, 3);
+    pthread_join(t, NULL);
+    /* Asked after the capture (a query could count as unsafe during it): if
+     * the late kernel runs now, it ran when q was handed out. */
+    bool running = cudaEventQuery(late_done) == cudaErrorNotReady;
+    cudaGetLastError();
+    printf("  %d of 4 allocations served during the capture; the hole: %s; capture: "
+           "begin %s, launch %s, end %s\n",
+           served, cudaGetErrorName(e), cudaGetErrorName(c.begin), cudaGetErrorName(c.launch),
+           cudaGetErrorName(c.end));
+    CHECK(served == 4);
+    CHECK(c.begin == cudaSuccess && c.launch == cudaSuccess);
+    CHECK(c.end == cudaSuccess); /* not invalidated by this thread's calls */
+    if (e == cudaSuccess)
+        expect_intact(p, q, s2, running);
+    else
+        q = NULL;
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaEventDestroy(late_done));
+    if (q)
+        CUDA_OK(cudaFree(q));
+    CUDA_OK(cudaFree(filler));
+    CUDA_OK(cudaStreamDestroy(s1));
+    CUDA_OK(cudaStreamDestroy(s2));
+}
+
+static void global_capture(void) { other_thread_capture(false); }
+static void ptds_capture(void) { other_thread_capture(true); }
+
+/* ---- facts for the fake ------------------------------------------------------------ */
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void reset_running(void)
+{
+    unsigned *p = NULL;
+    cudaStream_t s = NULL;
+    CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CUDA_OK(cudaMalloc((void **)&p, HOLE));
+    if (failures)
+        return;
+    late_fill<<<256, 256, 0, s>>>(p, HOLE / 4, 0xdeadu, LATE_NS);
+    CUDA_OK(cudaGetLastError());
+    double t0 = now_ms();
+    cudaError_t r = cudaDeviceReset(); /* p, s and the kernel's context go */
+    double dt = now_ms() - t0;
+    cudaError_t after = cudaGetLastError();
+    printf("  cudaDeviceReset with a %.0f ms kernel running: %s after %.1f ms; last error "
+           "then %s\n",
+           LATE_NS / 1e6, cudaGetErrorName(r), dt, cudaGetErrorName(after));
+    CHECK(r == cudaSuccess);
+    /* The next context and its pool work. */
+    unsigned *q = NULL;
+    CUDA_OK(cudaMalloc((void **)&q, HOLE));
+    if (!q)
+        return;
+    fill<<<256, 256>>>(q, HOLE / 4, 0x5eedu, 0);
+    CUDA_OK(cudaDeviceSynchronize());
+    CHECK(count_bad(q, 0x5eedu) == 0);
+    CUDA_OK(cudaFree(q));
+}
+
+static void unmap_running(void)
+{
+    typedef CUresult (*reserve_fn)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+    typedef CUresult (*create_fn)(CUmemGenericAllocationHandle *, size_t,
+                                  const CUmemAllocationProp *, unsigned long long);
+    typedef CUresult (*map_fn)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                               unsigned long long);
+    typedef CUresult (*access_fn)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+    typedef CUresult (*unmap_fn)(CUdeviceptr, size_t);
+    typedef CUresult (*release_fn)(CUmemGenericAllocationHandle);
+    typedef CUresult (*free_fn)(CUdeviceptr, size_t);
+    reserve_fn reserve = (reserve_fn)driver_fn("cuMemAddressReserve");
+    create_fn create = (create_fn)driver_fn("cuMemCreate");
+    map_fn map = (map_fn)driver_fn("cuMemMap");
+    access_fn access = (access_fn)driver_fn("cuMemSetAccess");
+    unmap_fn unmap = (unmap_fn)driver_fn("cuMemUnmap");
+    release_fn release = (release_fn)driver_fn("cuMemRelease");
+    free_fn va_free = (free_fn)driver_fn("cuMemAddressFree");
+    CHECK(reserve && create && map && access && unmap && release && va_free);
+    if (failures)
+        return;
+    int dev = 0;
+    CUDA_OK(cudaGetDevice(&dev));
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    CUdeviceptr va = 0;
+    CUmemGenericAllocationHandle h = 0;
+    CHECK(reserve(&va, HOLE, 0, 0, 0) == CUDA_SUCCESS);
+    CHECK(create(&h, HOLE, &prop, 0) == CUDA_SUCCESS);
+    CHECK(map(va, HOLE, 0, h, 0) == CUDA_SUCCESS);
+    CUmemAccessDesc acc;
+    acc.location = prop.location;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CHECK(access(va, HOLE, &acc, 1) == CUDA_SUCCESS);
+    if (failures)
+        return;
+    cudaStream_t s = NULL;
+    CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaEvent_t done = NULL;
+    CUDA_OK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    late_fill<<<256, 256, 0, s>>>((unsigned *)va, HOLE / 4, 0xdeadu, LATE_NS);
+    CUDA_OK(cudaEventRecord(done, s));
+    double t0 = now_ms();
+    CUresult u = unmap(va, HOLE);
+    double dt = now_ms() - t0;
+    bool running = cudaEventQuery(done) == cudaErrorNotReady;
+    cudaGetLastError();
+    cudaError_t sync = cudaStreamSynchronize(s);
+    printf("  cuMemUnmap of a mapping a %.0f ms kernel writes: %d after %.1f ms (the kernel "
+           "then %s); the stream then: %s\n",
+           LATE_NS / 1e6, (int)u, dt, running ? "still running" : "done",
+           cudaGetErrorName(sync));
+    CHECK(u == CUDA_SUCCESS);
+    release(h);
+    va_free(va, HOLE);
+    /* A fault leaves the context unusable: nothing more is checked after it. */
+    if (sync == cudaSuccess) {
+        CUDA_OK(cudaEventDestroy(done));
+        CUDA_OK(cudaStreamDestroy(s));
+    }
+}
+
 static void meminfo_agree(void)
 {
     typedef CUresult (*info_fn)(size_t *, size_t *);
@@ -476,6 +702,10 @@ int main(int argc, char **argv)
         {"capture-pending", capture_pending},
         {"reset", reset},             {"first-malloc", first_malloc},
         {"ptr-attr", ptr_attr},
+        {"global-capture", global_capture},
+        {"ptds-capture", ptds_capture},
+        {"reset-running", reset_running},
+        {"unmap-running", unmap_running},
     };
     if (argc != 2) {
         fprintf(stderr, "usage: gpu_suite SCENARIO\n");
