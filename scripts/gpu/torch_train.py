@@ -144,11 +144,21 @@ def train_steps(model, opt, batch_fn, loss_fn, batch, steps, first_step, device)
     return losses, times
 
 
+def allocator_stat(read, default=None):
+    """One of PyTorch's allocator statistics, or `default` where the allocator
+    keeps none: a pluggable allocator (bfcshim.torch) answers RuntimeError
+    ("CUDAPluggableAllocator does not yet support getDeviceStats", torch 2.11)."""
+    try:
+        return read()
+    except RuntimeError:
+        return default
+
+
 def driver_allocs(device):
     """cudaMalloc calls PyTorch has made (each tensor when caching is off)."""
     if device.type != "cuda":
         return 0
-    return torch.cuda.memory_stats().get("num_device_alloc", 0)
+    return allocator_stat(lambda: torch.cuda.memory_stats().get("num_device_alloc", 0), 0)
 
 
 # ---- modes ---------------------------------------------------------------------------
@@ -180,8 +190,8 @@ def run_steps(args, device, nvml):
         res["shim_region_allocs_after_warmup"] = (
             shim_after["num_region_allocs"] - shim_before["num_region_allocs"])
     if device.type == "cuda":
-        res["torch_peak_allocated"] = torch.cuda.max_memory_allocated()
-        res["torch_peak_reserved"] = torch.cuda.max_memory_reserved()
+        res["torch_peak_allocated"] = allocator_stat(torch.cuda.max_memory_allocated)
+        res["torch_peak_reserved"] = allocator_stat(torch.cuda.max_memory_reserved)
     return res
 
 

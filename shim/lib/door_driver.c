@@ -297,7 +297,9 @@ SHIM_EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
 SHIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     pools_context_gone(ctx);
-    return PASS(CtxDestroy, ctx);
+    CUresult r = PASS(CtxDestroy, ctx);
+    pools_give_back_forgotten();
+    return r;
 }
 
 /* Peer access reaches pooled memory through the real call for regions from
@@ -313,7 +315,9 @@ SHIM_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags)
 SHIM_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
     pools_primary_gone(dev);
-    return PASS(DevicePrimaryCtxReset, dev);
+    CUresult r = PASS(DevicePrimaryCtxReset, dev);
+    pools_give_back_forgotten();
+    return r;
 }
 
 SHIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
@@ -329,6 +333,7 @@ SHIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
         R->DevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active) {
         pools_primary_gone(dev); /* the pool (the context is no longer active) */
         pools_context_gone(ctx); /* and the streams under its handle */
+        pools_give_back_forgotten();
     }
     return r;
 }

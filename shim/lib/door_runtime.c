@@ -78,22 +78,33 @@ static cudaError_t result_of(svc_status st)
     }
 }
 
-/* The pool of the runtime's current context, initialising the runtime first
- * if no context is current (what any runtime call would do). */
+/* Lets the runtime make its context current and live, as any runtime call
+ * would; returns that context, or NULL. */
+static CUcontext runtime_context_started(const real_driver *R)
+{
+    CUcontext cur = NULL;
+    shim_tls_bypass++;
+    cudaError_t e = real_free(NULL);
+    shim_tls_bypass--;
+    if (e != cudaSuccess || R->CtxGetCurrent(&cur) != CUDA_SUCCESS)
+        return NULL;
+    return cur;
+}
+
+/* The pool of the runtime's current context, starting the runtime first if
+ * no context is current, or if the current one cannot have a pool: after
+ * cudaDeviceReset the primary context stays current but inactive until the
+ * runtime's next call revives it, and a cudaMalloc may be that call. */
 static shim_pool *runtime_pool(void)
 {
     const real_driver *R = real_driver_get();
     CUcontext cur = NULL;
     if (!R || R->CtxGetCurrent(&cur) != CUDA_SUCCESS)
         return NULL;
-    if (!cur) {
-        shim_tls_bypass++;
-        cudaError_t e = real_free(NULL);
-        shim_tls_bypass--;
-        if (e != cudaSuccess || R->CtxGetCurrent(&cur) != CUDA_SUCCESS || !cur)
-            return NULL;
-    }
-    return pool_for_context(cur, true);
+    shim_pool *sp = cur ? pool_for_context(cur, true) : NULL;
+    if (!sp && (cur = runtime_context_started(R)) != NULL)
+        sp = pool_for_context(cur, true);
+    return sp;
 }
 
 static cudaError_t counted_alloc(cudaError_t e, void **p, size_t size)
@@ -359,5 +370,7 @@ SHIM_EXPORT cudaError_t cudaDeviceReset(void)
     int dev = 0;
     if (get_device && get_device(&dev) == cudaSuccess)
         pools_primary_gone((CUdevice)dev);
-    return f ? f() : NO_RUNTIME;
+    cudaError_t e = f ? f() : NO_RUNTIME;
+    pools_give_back_forgotten();
+    return e;
 }

@@ -176,6 +176,17 @@ static shim_pool *create_pool(const real_driver *R, CUcontext ctx)
     if (R->CtxGetDevice(&dev) != CUDA_SUCCESS || R->DeviceTotalMem(&total, dev) != CUDA_SUCCESS ||
         total == 0)
         return NULL;
+    /* A context can be current and dead: after cudaDeviceReset the primary
+     * context stays current, inactive, until the runtime's next call revives
+     * it; cuCtxGetDevice still answers, but nothing can be allocated in it
+     * (seen on an H100: a pool made then could not take a byte). */
+    size_t device_free = 0, device_total = 0;
+    CUresult usable = R->MemGetInfo(&device_free, &device_total);
+    if (usable != CUDA_SUCCESS) {
+        shim_log(LOG_DEBUG, "device %d: no pool for a context that cannot allocate (%d)",
+                 (int)dev, (int)usable);
+        return NULL;
+    }
     uint64_t limit = pools_limit_for(total);
 
     shim_pool *sp = calloc(1, sizeof *sp);
@@ -316,11 +327,19 @@ static void forget_if(bool (*match)(const shim_pool *, const void *), const void
         shim_pool *sp = atomic_load(&registry[i]);
         if (sp && !atomic_load(&sp->dead) && match(sp, arg)) {
             atomic_store(&sp->dead, true);
-            /* cuCtxDestroy keeps what cuMemCreate made: give it back. */
-            if (sp->vmm_granule)
-                bfc_pool_abandon_memory(sp->bfc);
             shim_log(LOG_INFO, "device %d: context gone, its pool is forgotten", (int)sp->dev);
         }
+    }
+}
+
+void pools_give_back_forgotten(void)
+{
+    size_t n = atomic_load(&npools);
+    for (size_t i = 0; i < n; i++) {
+        shim_pool *sp = atomic_load(&registry[i]);
+        if (sp && sp->vmm_granule && atomic_load(&sp->dead) &&
+            !atomic_exchange(&sp->given_back, true))
+            bfc_pool_abandon_memory(sp->bfc);
     }
 }
 

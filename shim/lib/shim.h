@@ -200,6 +200,7 @@ typedef struct shim_pool {
     CUdevice dev;
     bool primary;         /* ctx is the device's primary context */
     atomic_bool dead;     /* its context went away: no more use */
+    atomic_bool given_back; /* (over virtual memory) its granules went back */
     bfc_pool *bfc;
     uint64_t total_memory, limit;
     uint32_t plain_lane;  /* frees that wait for every stream (cudaFree) */
@@ -265,6 +266,11 @@ shim_pool *pool_owning(CUdeviceptr addr);
 void pools_context_gone(CUcontext ctx);
 /* The same for the device's primary context, if it is active. */
 void pools_primary_gone(CUdevice dev);
+/* After the real destroy or reset returned: the forgotten pools over virtual
+ * memory give their granules back (cuCtxDestroy keeps what cuMemCreate
+ * made). Not before: the driver finishes the context's queued work inside
+ * that call, and that work may still touch the granules. */
+void pools_give_back_forgotten(void);
 /* Number of live pools, and the i-th (for stats and fork handlers). */
 size_t pools_count(void);
 shim_pool *pools_at(size_t i);

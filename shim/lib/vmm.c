@@ -137,11 +137,22 @@ static void va_free(void *ctx, bfc_addr base, uint64_t size)
     real_driver_get()->MemAddressFree(base, (size_t)size);
 }
 
-/* Unmaps [addr, addr + size) one granule at a time, as mapped. */
+/* Unmaps [addr, addr + size) one granule at a time, as mapped. A refusal
+ * is said (once per call): the device does not get that memory back. */
 static void unmap_granules(const real_driver *R, uint64_t g, bfc_addr addr, uint64_t size)
 {
-    for (uint64_t off = 0; off < size; off += g)
-        R->MemUnmap(addr + off, (size_t)g);
+    CUresult first = CUDA_SUCCESS;
+    uint64_t kept = 0;
+    for (uint64_t off = 0; off < size; off += g) {
+        CUresult r = R->MemUnmap(addr + off, (size_t)g);
+        if (r != CUDA_SUCCESS) {
+            first = first == CUDA_SUCCESS ? r : first;
+            kept += g;
+        }
+    }
+    if (kept)
+        shim_log(LOG_WARN, "cuMemUnmap failed (%d): %llu bytes at 0x%llx stay mapped",
+                 (int)first, (unsigned long long)kept, (unsigned long long)addr);
 }
 
 /* The access list of the pool's mappings: its own device, and every device

@@ -15,6 +15,11 @@
  *              device as soon as its fence completes, without a trim
  *   ctxdestroy cuCtxDestroy does not free cuMemCreate's memory: the shim
  *              unmaps its pool's granules when the context goes
+ *   ctxdestroy-busy, reset-busy  the context goes (cuCtxDestroy; the
+ *              primary's cuDevicePrimaryCtxReset) with work still queued on
+ *              a pooled block: the driver finishes that work first, so the
+ *              shim may unmap only after the real call (before, the work
+ *              faulted: on an H100 the process's CUDA was lost)
  *   peers      (two devices) cuCtxEnablePeerAccess from device 1 to device
  *              0's context gives device 1 access to the pool's mappings,
  *              those already made and those made later; the fake's rules
@@ -141,6 +146,49 @@ static void ctxdestroy(void)
     CHECK_EQ(fake_stats().bytes_in_use[0], before);
 }
 
+/* Work queued on a pooled block: it writes the block when it runs, and
+ * records whether the block was still mapped then. */
+typedef struct late_write {
+    CUdeviceptr at;
+    size_t size;
+    bool ran, faulted;
+} late_write;
+
+static void write_late(void *arg)
+{
+    late_write *w = arg;
+    w->faulted = e2e_touch_dies(w->at) || e2e_touch_dies(w->at + w->size - 1);
+    if (!w->faulted)
+        memset((void *)(uintptr_t)w->at, 0x5a, w->size);
+    w->ran = true;
+}
+
+/* The pool's context (created, or the primary) goes while a stream of it
+ * still has work on a pooled block. */
+static void busy_teardown(bool created)
+{
+    start();
+    const uint64_t before = fake_stats().bytes_in_use[0];
+    CUcontext other = NULL;
+    if (created)
+        CHECK_EQ(D.CtxCreate(&other, NULL, 0, 0), CUDA_SUCCESS); /* now current */
+    CUstream s = NULL;
+    CHECK_EQ(D.StreamCreate(&s, 0), CUDA_SUCCESS);
+    late_write w = {.size = 10 * MiB};
+    CHECK_EQ(D.MemAlloc(&w.at, w.size), CUDA_SUCCESS);
+    CHECK_EQ(fakecuda()->launch(s, write_late, &w), 0);
+    if (created)
+        CHECK_EQ(D.CtxDestroy(other), CUDA_SUCCESS);
+    else
+        CHECK_EQ(D.DevicePrimaryCtxReset(0), CUDA_SUCCESS);
+    CHECK(w.ran);      /* the driver finished the work before the context went */
+    CHECK(!w.faulted); /* with the block still mapped */
+    CHECK_EQ(fake_stats().bytes_in_use[0], before); /* and then it went back */
+}
+
+static void ctxdestroy_busy(void) { busy_teardown(true); }
+static void reset_busy(void) { busy_teardown(false); }
+
 static void peers(void)
 {
     start();
@@ -239,6 +287,8 @@ int main(int argc, char **argv)
                      {"release", release},
                      {"threshold", threshold},
                      {"ctxdestroy", ctxdestroy},
+                     {"ctxdestroy-busy", ctxdestroy_busy},
+                     {"reset-busy", reset_busy},
                      {"peers", peers},
                      {"capture", capture},
                      {"refused", refused},
@@ -248,6 +298,6 @@ int main(int argc, char **argv)
             scenarios[i].fn();
             return e2e_done(s);
         }
-    fprintf(stderr, "usage: e2e_vmm_pool grow|release|threshold|ctxdestroy|peers|refused|off\n");
+    fprintf(stderr, "usage: e2e_vmm_pool grow|release|threshold|ctxdestroy|ctxdestroy-busy|reset-busy|peers|capture|refused|off\n");
     return 2;
 }

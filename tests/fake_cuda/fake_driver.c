@@ -27,9 +27,15 @@
  *             automatically once the device has completed all work",
  *             cuda.h); the handle is invalid from then on.
  *   lifetime  cuCtxDestroy, cuDevicePrimaryCtxReset and the last primary
- *             release destroy the context's streams, events and memory:
- *             queued work never runs, and a later use of such a handle
- *             ("undefined behavior", cuCtxDestroy in cuda.h) gets
+ *             release first finish the context's queued work (work that
+ *             never ends is dropped), as the real driver waits for it
+ *             (measured on an H100, driver 580: cudaDeviceReset with a
+ *             300 ms kernel running returned after 415 ms; GPU suite
+ *             reset-running, docs/results/gpu-a0d5924), so memory given back
+ *             before the call is still touched by that work; then they
+ *             destroy the context's streams, events and memory. A later
+ *             use of such a handle ("undefined behavior", cuCtxDestroy in
+ *             cuda.h) gets
  *             CUDA_ERROR_INVALID_HANDLE and is counted (stale_handle_uses:
  *             the real driver may crash instead; on an H100 a stale stream
  *             handle after cudaDeviceReset killed the process). cuCtxDestroy
@@ -761,6 +767,10 @@ static void destroy_ctx_memory(fctx *c, bool keep_stream_ordered);
 static void peers_forget(const fctx *c);
 static void kill_ctx(fctx *c, bool keep_stream_ordered)
 {
+    /* The device finishes what the context queued before it goes (see
+     * "lifetime" above); the callbacks run outside the lock, as always. */
+    complete_everything_and_unlock(c);
+    pthread_mutex_lock(&G.lock);
     for (fstream *s = G.streams; s; s = s->next)
         if (s->ctx == c) {
             s->dead = true;
@@ -1448,8 +1458,11 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
     fctx *c = current_ctx();
     if (!free_bytes || !total)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
-    if (!c)
-        LEAVE(CUDA_ERROR_INVALID_CONTEXT);
+    /* A dead context answers nothing (on an H100, a pool made in the reset
+     * primary context, still current, found no free memory). */
+    CUresult r = ctx_usable(c);
+    if (r != CUDA_SUCCESS)
+        LEAVE(r);
     *total = G.mem[c->dev];
     *free_bytes = device_free(c->dev);
     LEAVE(CUDA_SUCCESS);

@@ -20,6 +20,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,6 +69,7 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static cudaError_t init_error = cudaSuccess;
 static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
 static CUcontext primary[MAX_DEVICES];
+static CUcontext reset_primary[MAX_DEVICES]; /* current, inactive, until revived */
 static int ndevices;
 
 static _Thread_local int tls_device;
@@ -150,7 +152,10 @@ static cudaError_t enter(void)
         return tls_last_error = init_error;
     CUcontext cur = NULL;
     D.CtxGetCurrent(&cur);
-    if (cur)
+    pthread_mutex_lock(&ctx_lock);
+    bool revive = cur && cur == reset_primary[tls_device] && !primary[tls_device];
+    pthread_mutex_unlock(&ctx_lock);
+    if (cur && !revive)
         return cudaSuccess;
     pthread_mutex_lock(&ctx_lock);
     CUresult r = CUDA_SUCCESS;
@@ -216,10 +221,15 @@ EXPORT cudaError_t cudaDeviceReset(void)
 {
     ENTER();
     pthread_mutex_lock(&ctx_lock);
+    if (primary[tls_device])
+        reset_primary[tls_device] = primary[tls_device];
     primary[tls_device] = NULL;
     pthread_mutex_unlock(&ctx_lock);
     CUresult r = D.DevicePrimaryCtxReset(tls_device);
-    D.CtxSetCurrent(NULL);
+    /* The reset primary context stays current to the thread, inactive,
+     * until the next runtime call makes it live again: seen on an H100
+     * (driver 580), where a cudaMalloc first after the reset found it
+     * current and unusable (GPU suite reset-running, gpu-a0d5924). */
     return record(r);
 }
 

@@ -571,14 +571,40 @@ static double now_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+/* Device memory in use, all processes (nvidia-smi), in MiB; -1 if unknown. */
+static long used_mib(void)
+{
+    FILE *f = popen("nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0", "r");
+    long mib = -1;
+    if (f) {
+        if (fscanf(f, "%ld", &mib) != 1)
+            mib = -1;
+        pclose(f);
+    }
+    return mib;
+}
+
 static void reset_running(void)
 {
+    typedef CUresult (*cur_fn)(CUcontext *);
+    typedef CUresult (*state_fn)(CUdevice, unsigned *, int *);
+    typedef CUresult (*info_fn)(size_t *, size_t *);
+    cur_fn get_current = (cur_fn)driver_fn("cuCtxGetCurrent");
+    state_fn state = (state_fn)driver_fn("cuDevicePrimaryCtxGetState");
+    info_fn info = (info_fn)driver_fn("cuMemGetInfo_v2");
+    CHECK(get_current && state && info);
+    /* Over virtual memory (growth) the pool maps BIG for p; those granules
+     * must go back with the context. */
+    const bool vmm = getenv("BFCSHIM_VMM") && strcmp(getenv("BFCSHIM_VMM"), "on") == 0;
+    const size_t BIG = vmm ? (size_t)8 << 30 : HOLE;
     unsigned *p = NULL;
     cudaStream_t s = NULL;
     CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    CUDA_OK(cudaMalloc((void **)&p, HOLE));
+    CUDA_OK(cudaMalloc((void **)&p, BIG));
     if (failures)
         return;
+    CUDA_OK(cudaDeviceSynchronize());
+    long used_with_p = used_mib();
     late_fill<<<256, 256, 0, s>>>(p, HOLE / 4, 0xdeadu, LATE_NS);
     CUDA_OK(cudaGetLastError());
     double t0 = now_ms();
@@ -589,7 +615,18 @@ static void reset_running(void)
            "then %s\n",
            LATE_NS / 1e6, cudaGetErrorName(r), dt, cudaGetErrorName(after));
     CHECK(r == cudaSuccess);
-    /* The next context and its pool work. */
+    /* What the driver says before any runtime call revives the context. */
+    CUcontext cur = NULL;
+    unsigned flags = 0;
+    int active = -1;
+    size_t f = 0, t = 0;
+    CUresult cr = get_current ? get_current(&cur) : CUDA_ERROR_NOT_FOUND;
+    CUresult sr = state ? state(0, &flags, &active) : CUDA_ERROR_NOT_FOUND;
+    CUresult ir = info ? info(&f, &t) : CUDA_ERROR_NOT_FOUND;
+    printf("  after the reset: cuCtxGetCurrent %d (%s context), primary active %d (%d), "
+           "cuMemGetInfo %d\n",
+           (int)cr, cur ? "a" : "no", active, (int)sr, (int)ir);
+    /* The next context and its pool work; cudaMalloc is the first call. */
     unsigned *q = NULL;
     CUDA_OK(cudaMalloc((void **)&q, HOLE));
     if (!q)
@@ -597,6 +634,11 @@ static void reset_running(void)
     fill<<<256, 256>>>(q, HOLE / 4, 0x5eedu, 0);
     CUDA_OK(cudaDeviceSynchronize());
     CHECK(count_bad(q, 0x5eedu) == 0);
+    long used_after = used_mib();
+    printf("  device memory used: %ld MiB with p, %ld MiB after the reset and q\n", used_with_p,
+           used_after);
+    if (vmm && used_with_p >= 0 && used_after >= 0)
+        CHECK(used_after < used_with_p - 4096); /* p's 8 GiB went back */
     CUDA_OK(cudaFree(q));
 }
 
