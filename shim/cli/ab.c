@@ -8,7 +8,8 @@
  * platform mode, which passes every call through and counts the driver
  * allocations. Arm B gets the shim options given here (--fraction ...).
  * Each run's statistics come from the shim's stats file (BFCSHIM_STATS_FILE
- * in a private temporary directory); peak device memory also comes from NVML
+ * in a private temporary directory; with --stats-file, arm B's last run's
+ * file is also copied there); peak device memory also comes from NVML
  * when it is installed. A number is taken from the job's output with
  * --metric REGEX (the first parenthesised group of the last matching line).
  */
@@ -90,6 +91,18 @@ static char *slurp(const char *path)
     if (s)
         s[n] = 0;
     return s;
+}
+
+/* Copies the file at `from` to `to` (replacing it); false on failure. */
+static bool copy_file(const char *from, const char *to)
+{
+    char *text = slurp(from);
+    FILE *f = text ? fopen(to, "w") : NULL;
+    bool ok = f && fputs(text, f) >= 0;
+    if (f && fclose(f) != 0)
+        ok = false;
+    free(text);
+    return ok;
 }
 
 /* Sum of every number stored under "key" between from and to. The stats
@@ -226,6 +239,10 @@ static bool run_one(const ab_opts *o, const arm *a, const char *shim, const char
     if (watching)
         r->nvml_peak = nvml_watch_stop(&w);
     r->has_stats = a->shim && read_stats(stats_path, r);
+    const char *wanted = a->shim ? env_value(&a->env, "BFCSHIM_STATS_FILE") : NULL;
+    if (r->has_stats && wanted && !copy_file(stats_path, wanted))
+        fprintf(stderr, "bfcshim ab: --stats-file: cannot write %s: %s\n", wanted,
+                strerror(errno));
     return true;
 }
 

@@ -15,6 +15,15 @@
 #define BFCSHIM_LIBDIR "lib"
 #endif
 
+const char *env_value(const env_list *e, const char *name)
+{
+    size_t len = strlen(name);
+    for (size_t i = e->n; i-- > 0;)
+        if (strncmp(e->items[i], name, len) == 0 && e->items[i][len] == '=')
+            return e->items[i] + len + 1;
+    return NULL;
+}
+
 bool env_add(env_list *e, const char *name, const char *value)
 {
     size_t len = strlen(name) + strlen(value) + 2;

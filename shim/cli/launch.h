@@ -20,6 +20,8 @@ bool env_add(env_list *e, const char *name, const char *value);
 /* Adds "NAME=VALUE" given as one string; false if it has no '='. */
 bool env_add_assignment(env_list *e, const char *assignment);
 void env_free(env_list *e);
+/* The value the list gives NAME (the last assignment wins), or NULL. */
+const char *env_value(const env_list *e, const char *name);
 /* Applies the list to this process's environment (in a child, before exec). */
 void env_apply(const env_list *e);
 

@@ -61,6 +61,16 @@ arms = json.loads(p.stdout)["arms"] if p.returncode == 0 else []
 check(p.returncode == 0 and [[r["exit_status"] for r in a["runs"]] for a in arms] == [[0], [0]] and
       p.stderr.count("--fake-gpu:") == 1, f"ab --fake-gpu: both arms ran: {p.stderr}")
 
+# ab --stats-file: arm B's statistics land where asked (ab reads each run's
+# from a private file, which used to leave the user's path unwritten).
+ab_stats = os.path.join(work, "ab-stats.json")
+if os.path.exists(ab_stats):
+    os.unlink(ab_stats)
+p = sh("ab", "--repeat", "1", "--stats-file", ab_stats, "--", workload, "0", "2")
+check(p.returncode == 0 and os.path.exists(ab_stats) and
+      json.load(open(ab_stats))["pools"][0]["num_allocs"] == 40,
+      f"ab --stats-file wrote arm B's statistics: {p.stderr[-300:]}")
+
 # A --metric that never matches is a warning, not an empty row read as data.
 p = sh("ab", "--repeat", "1", "--metric", r"tokens/s ([0-9.]+)", "--", workload, "0", "1")
 check(p.returncode == 0 and "--metric 'tokens/s ([0-9.]+)' matched no line" in p.stderr,
