@@ -4,8 +4,9 @@
  * Allocation: round the size up to the granularity; take the best fit from
  * the free bins (and from the caller's lane, when it has one) that can hold
  * the block at its natural alignment; if nothing fits, go down the slow path
- * (retire completed fences, grow, wait for fences, garbage-collect empty
- * regions, grow again). Split the chunk when the remainder is worth keeping,
+ * (retire completed fences; wait for fences when pending frees could hold
+ * the request; grow; wait for the rest; garbage-collect empty regions, grow
+ * again). Split the chunk when the remainder is worth keeping,
  * carving the allocation from the end that touches the older neighbour, at
  * an aligned address (see bfc_placement in bfc.h; over virtual memory a
  * block of whole map granules goes on a granule boundary).
@@ -240,6 +241,15 @@ static uint32_t find_fit_slow(bfc_pool *p, uint64_t rounded, uint32_t lane_id,
         lanes_seal_all(p);
     if (lanes_poll(p) && (c = find_fit(p, rounded, lane_id, align)) != CHUNK_NIL)
         return c;
+    /* A new region is kept; a wait costs only time (the GPU goes on with the
+     * work queued after the fence). When pending frees hold enough bytes for
+     * this request, wait for them before growing: the CPU often runs a whole
+     * step ahead of the GPU, and growing past every pending free took a
+     * growing pool to 3.8x the live bytes on an H100 (PyTorch, no cache). */
+    if (p->st.pending_bytes >= rounded)
+        while (lanes_wait_oldest(p))
+            if ((c = find_fit(p, rounded, lane_id, align)) != CHUNK_NIL)
+                return c;
     if (region_extend(p, rounded))
         return find_fit(p, rounded, lane_id, align);
     while (lanes_wait_oldest(p))

@@ -253,6 +253,37 @@ static void garbage_collection_keeps_regions_with_pending_blocks(void)
     fixture_end(&f);
 }
 
+/* Growth is kept (a region stays until a trim or garbage collection);
+ * waiting for the GPU only costs time. A pool that grows on demand must
+ * wait for frees still pending when they hold enough bytes for the request,
+ * not take a new region for it: on an H100, PyTorch without its cache in a
+ * growing pool took 59.4 GiB in 9 regions for 15.6 GiB live, because the
+ * CPU runs a step ahead of the GPU and every fence was still pending. */
+static void growth_waits_for_pending_frees_before_a_new_region(void)
+{
+    fixture f;
+    fixture_begin(&f, 64 * MiB);
+    f.opt.preallocate = false;
+    f.opt.initial_region_bytes = 2 * MiB;
+    f.opt.region_granularity = 2 * MiB;
+    start_with_fences(&f);
+    uint32_t lane = open_lane(&f, false);
+    bfc_addr a = must_alloc(&f, 2 * MiB);
+    CHECK_EQ(bfc_pool_free_fenced(f.pool, a, lane, 1), BFC_OK);
+    CHECK_EQ(must_alloc(&f, 2 * MiB), a); /* after a wait, in the same region */
+    bfc_stats s = stats_of(&f);
+    CHECK_EQ(s.num_region_allocs, 1);
+    CHECK_EQ(s.num_fence_waits, 1);
+    /* When pending frees cannot hold the request, the pool grows at once. */
+    bfc_addr b = must_alloc(&f, 2 * MiB);
+    CHECK_EQ(bfc_pool_free_fenced(f.pool, b, lane, 2), BFC_OK);
+    must_alloc(&f, 4 * MiB);
+    s = stats_of(&f);
+    CHECK_EQ(s.num_region_allocs, 3);
+    CHECK_EQ(s.num_fence_waits, 1);
+    fixture_end(&f);
+}
+
 /* Trim is the user's "give memory back now": it seals open epochs and
  * retires what the fences already report done, but never waits for the GPU,
  * and a region with a block still pending stays. */
@@ -485,6 +516,7 @@ int main(void)
     RUN(waiting_picks_the_oldest_token_across_lanes);
     RUN(closed_lanes_drain_then_recycle);
     RUN(garbage_collection_keeps_regions_with_pending_blocks);
+    RUN(growth_waits_for_pending_frees_before_a_new_region);
     RUN(trim_retires_completed_frees_without_waiting);
     RUN(deferred_frees_share_an_epoch_sealed_at_the_next_allocation);
     RUN(the_fence_interval_batches_seals_and_the_slow_path_seals_at_once);
