@@ -33,6 +33,15 @@ static inline void fixture_begin(fixture *f, uint64_t limit)
     f->opt.placement = BFC_PLACE_LOW;
 }
 
+/* The same for a pool that grows on demand in 2 MiB regions, from one. */
+static inline void fixture_begin_growing(fixture *f, uint64_t limit)
+{
+    fixture_begin(f, limit);
+    f->opt.preallocate = false;
+    f->opt.initial_region_bytes = 2 * MiB;
+    f->opt.region_granularity = 2 * MiB;
+}
+
 static inline void fixture_start(fixture *f)
 {
     bfc_backend b = sim_device_backend(&f->dev);

@@ -232,10 +232,7 @@ static void closed_lanes_drain_then_recycle(void)
 static void garbage_collection_keeps_regions_with_pending_blocks(void)
 {
     fixture f;
-    fixture_begin(&f, 4 * MiB);
-    f.opt.preallocate = false;
-    f.opt.initial_region_bytes = 2 * MiB;
-    f.opt.region_granularity = 2 * MiB;
+    fixture_begin_growing(&f, 4 * MiB);
     fixture_start(&f);
     uint32_t lane = open_lane(&f, false);
     bfc_addr a = must_alloc(&f, 2 * MiB), b = 0;
@@ -262,10 +259,7 @@ static void garbage_collection_keeps_regions_with_pending_blocks(void)
 static void growth_waits_for_pending_frees_before_a_new_region(void)
 {
     fixture f;
-    fixture_begin(&f, 64 * MiB);
-    f.opt.preallocate = false;
-    f.opt.initial_region_bytes = 2 * MiB;
-    f.opt.region_granularity = 2 * MiB;
+    fixture_begin_growing(&f, 64 * MiB);
     start_with_fences(&f);
     uint32_t lane = open_lane(&f, false);
     bfc_addr a = must_alloc(&f, 2 * MiB);
@@ -290,10 +284,7 @@ static void growth_waits_for_pending_frees_before_a_new_region(void)
 static void trim_retires_completed_frees_without_waiting(void)
 {
     fixture f;
-    fixture_begin(&f, 4 * MiB);
-    f.opt.preallocate = false;
-    f.opt.initial_region_bytes = 2 * MiB;
-    f.opt.region_granularity = 2 * MiB;
+    fixture_begin_growing(&f, 4 * MiB);
     start_with_fences(&f);
     uint32_t lane = open_lane(&f, true);
     bfc_addr a = must_alloc(&f, 2 * MiB);

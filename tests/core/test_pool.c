@@ -94,10 +94,7 @@ static void preallocation_takes_the_limit_once(void)
 static void growth_mode_doubles_regions(void)
 {
     fixture f;
-    fixture_begin(&f, 1 * GiB);
-    f.opt.preallocate = false;
-    f.opt.initial_region_bytes = 2 * MiB;
-    f.opt.region_granularity = 2 * MiB;
+    fixture_begin_growing(&f, 1 * GiB);
     fixture_start(&f);
     /* Small requests: the first region is the initial size, the next one
      * twice that, even though the request would fit in less. */
@@ -269,10 +266,7 @@ static void garbage_collection_returns_empty_regions(void)
 {
     for (int gc = 0; gc <= 1; gc++) {
         fixture f;
-        fixture_begin(&f, 16 * MiB);
-        f.opt.preallocate = false;
-        f.opt.initial_region_bytes = 2 * MiB;
-        f.opt.region_granularity = 2 * MiB;
+        fixture_begin_growing(&f, 16 * MiB);
         f.opt.garbage_collection = gc;
         fixture_start(&f);
         bfc_addr a = must_alloc(&f, 2 * MiB), b = must_alloc(&f, 4 * MiB),
