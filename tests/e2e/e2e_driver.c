@@ -12,8 +12,9 @@
  *   hooks-off   BFCSHIM_DRIVER_HOOKS=0: the driver door stays closed
  *   platform-zero  platform mode counts a 0-byte allocation a driver answered
  *               with a pointer as 0 bytes in use, before and after its free
- *   fake-lifetime  (driver door closed: the fake itself) cuCtxDestroy keeps
- *               stream-ordered allocations and frees the rest; a destroyed
+ *   fake-lifetime  (driver door closed: the fake itself) cuCtxDestroy and a
+ *               primary reset keep stream-ordered allocations and free the
+ *               rest; a destroyed
  *               context still current to another thread is
  *               CUDA_ERROR_CONTEXT_IS_DESTROYED there (cuda.h's rules)
  *   fake-pools  (driver door closed) a device's current pool must be its own;
@@ -278,6 +279,16 @@ static void fake_lifetime(void)
     CHECK_EQ(pthread_join(t, NULL), 0);
     CHECK_EQ(u.result, CUDA_ERROR_CONTEXT_IS_DESTROYED);
     /* cuMemFree takes a stream-ordered allocation too, from any context. */
+    start(0);
+    CHECK_EQ(D.MemFree(ordered), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().bytes_in_use[0], 0);
+    /* A primary context's reset keeps them too ("cudaDeviceReset() will not
+     * destroy memory allocations by cudaMallocAsync()", cuda_runtime_api.h). */
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    plain = alloc_ok(MiB);
+    CHECK_EQ(D.MemAllocAsync(&ordered, 2 * MiB, s), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxReset(d0), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().bytes_in_use[0], 2 * MiB);
     start(0);
     CHECK_EQ(D.MemFree(ordered), CUDA_SUCCESS);
     CHECK_EQ(fake_stats().bytes_in_use[0], 0);

@@ -28,10 +28,13 @@
  *             cuda.h); the handle is invalid from then on.
  *   lifetime  cuCtxDestroy, cuDevicePrimaryCtxReset and the last primary
  *             release first finish the context's queued work (work that
- *             never ends is dropped), as the real driver waits for it
- *             (measured on an H100, driver 580: cudaDeviceReset with a
- *             300 ms kernel running returned after 415 ms; GPU suite
- *             reset-running, docs/results/gpu-a0d5924), so memory given back
+ *             never ends is dropped). The headers say only that the reset
+ *             happens "immediately" (cudaDeviceReset, cuda_runtime_api.h);
+ *             the real driver waits for the work (measured on an H100,
+ *             driver 580: cudaDeviceReset with a 300 ms kernel running
+ *             returned after 415 ms; GPU suite reset-running,
+ *             docs/results/gpu-a0d5924), and either way work already on the
+ *             GPU goes on touching its memory: so here memory given back
  *             before the call is still touched by that work; then they
  *             destroy the context's streams, events and memory. A later
  *             use of such a handle ("undefined behavior", cuCtxDestroy in
@@ -40,7 +43,9 @@
  *             the real driver may crash instead; on an H100 a stale stream
  *             handle after cudaDeviceReset killed the process). cuCtxDestroy
  *             keeps stream-ordered allocations ("not associated with any
- *             CUDA context"); a reset, or the last release, drops them too.
+ *             CUDA context"), and so does a reset or the last release
+ *             ("cudaDeviceReset() will not destroy memory allocations by
+ *             cudaMallocAsync()", cuda_runtime_api.h).
  *             A destroyed or inactive context still current to a thread
  *             gets CUDA_ERROR_CONTEXT_IS_DESTROYED there. A new context
  *             may get the old one's handle value (primary contexts always do;
@@ -753,19 +758,15 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     LEAVE(CUDA_SUCCESS);
 }
 
-/* Lock held: a context goes away with its streams (their queued work never
- * runs), its events and its memory. Using those streams and events after
- * "will result in undefined behavior" (cuCtxDestroy, cuda.h): the fake
- * answers CUDA_ERROR_INVALID_HANDLE and counts it (stale_handle_uses).
- * keep_stream_ordered: cuCtxDestroy "will not destroy memory allocations by
- * cuMemCreate(), cuMemAllocAsync() and cuMemAllocFromPoolAsync()" (they are
- * "not associated with any CUDA context"); a primary context's reset (also
- * its last release: "the context is automatically reset once the last
- * reference to it is released") "destroys and cleans up all resources
- * associated with the current device". */
-static void destroy_ctx_memory(fctx *c, bool keep_stream_ordered);
+/* Lock held (released and taken again while the queued work runs): a
+ * context goes away with its streams (their queued work finished first, see
+ * "lifetime" above), its events and its memory. Using those streams and
+ * events after "will result in undefined behavior" (cuCtxDestroy, cuda.h):
+ * the fake answers CUDA_ERROR_INVALID_HANDLE and counts it
+ * (stale_handle_uses). */
+static void destroy_ctx_memory(fctx *c);
 static void peers_forget(const fctx *c);
-static void kill_ctx(fctx *c, bool keep_stream_ordered)
+static void kill_ctx(fctx *c)
 {
     /* The device finishes what the context queued before it goes (see
      * "lifetime" above); the callbacks run outside the lock, as always. */
@@ -783,21 +784,25 @@ static void kill_ctx(fctx *c, bool keep_stream_ordered)
     for (fevent *e = G.events; e; e = e->next)
         if (e->ctx == c)
             e->dead = true;
-    destroy_ctx_memory(c, keep_stream_ordered);
+    destroy_ctx_memory(c);
     peers_forget(c);
     c->alive = false;
 }
 
-/* Lock held: drops the allocations of a context, as CUDA does when it goes. */
-static void destroy_ctx_memory(fctx *c, bool keep_stream_ordered)
+/* Lock held: drops the allocations of a context, as CUDA does when it goes.
+ * Stream-ordered and VMM allocations stay: cuCtxDestroy "will not destroy
+ * memory allocations by cuMemCreate(), cuMemAllocAsync() and
+ * cuMemAllocFromPoolAsync()" (they are "not associated with any CUDA
+ * context", cuda.h), and "cudaDeviceReset() will not destroy memory
+ * allocations by cudaMallocAsync()" (cuda_runtime_api.h). cuda.h's
+ * "destroys and cleans up all resources associated with the current device"
+ * (cuDevicePrimaryCtxReset) could be read to take cuMemCreate's too, but on
+ * an H100 (driver 580) the shim unmapped its granules after cudaDeviceReset
+ * without an error (gpu_vmm_reset-running at 91caa75). */
+static void destroy_ctx_memory(fctx *c)
 {
-    /* VMM allocations belong to no context and stay, through a primary
-     * context's reset too: cuda.h's "destroys and cleans up all resources
-     * associated with the current device" could be read otherwise, but on
-     * an H100 (driver 580) the shim unmapped its granules after
-     * cudaDeviceReset without an error (gpu_vmm_reset-running at 91caa75). */
     for (size_t i = 0; i < G.nallocs;) {
-        if (G.allocs[i].ctx == c && !(keep_stream_ordered && G.allocs[i].stream_ordered)) {
+        if (G.allocs[i].ctx == c && !G.allocs[i].stream_ordered) {
             munmap((void *)(uintptr_t)G.allocs[i].base, G.allocs[i].size ? G.allocs[i].size : 1);
             G.st.bytes_in_use[G.allocs[i].dev] -= G.allocs[i].size;
             G.allocs[i] = G.allocs[--G.nallocs];
@@ -813,7 +818,7 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     if (dev < 0 || dev >= G.ndev || G.primary[dev].refcount == 0)
         LEAVE(CUDA_ERROR_INVALID_CONTEXT);
     if (--G.primary[dev].refcount == 0)
-        kill_ctx(&G.primary[dev], false);
+        kill_ctx(&G.primary[dev]);
     LEAVE(CUDA_SUCCESS);
 }
 
@@ -822,7 +827,7 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     ENTER();
     if (dev < 0 || dev >= G.ndev)
         LEAVE(CUDA_ERROR_INVALID_DEVICE);
-    kill_ctx(&G.primary[dev], false);
+    kill_ctx(&G.primary[dev]);
     G.primary[dev].refcount = 0;
     LEAVE(CUDA_SUCCESS);
 }
@@ -871,7 +876,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     fctx *c = (fctx *)ctx;
     if (!c || c->magic != CTX_MAGIC || c->primary || !c->alive)
         LEAVE(CUDA_ERROR_INVALID_CONTEXT);
-    kill_ctx(c, true);
+    kill_ctx(c);
     for (int i = 0; i < tls_ctx_depth; i++)
         if (tls_ctx_stack[i] == c)
             tls_ctx_stack[i] = NULL;
@@ -1777,7 +1782,6 @@ static void vmm_unmap_at(size_t m)
     *r = V.mapped[--V.nmapped];
 }
 
-/* Lock held: the device's primary context was reset (see above). */
 /* The reservation holding [base, base + size), or NULL. */
 static vmm_range *vmm_reservation(uint64_t base, uint64_t size)
 {

@@ -20,7 +20,6 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
-#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,11 +152,11 @@ static cudaError_t enter(void)
     CUcontext cur = NULL;
     D.CtxGetCurrent(&cur);
     pthread_mutex_lock(&ctx_lock);
-    bool revive = cur && cur == reset_primary[tls_device] && !primary[tls_device];
-    pthread_mutex_unlock(&ctx_lock);
-    if (cur && !revive)
+    /* A context this runtime reset is current but dead: revive it. */
+    if (cur && !(cur == reset_primary[tls_device] && !primary[tls_device])) {
+        pthread_mutex_unlock(&ctx_lock);
         return cudaSuccess;
-    pthread_mutex_lock(&ctx_lock);
+    }
     CUresult r = CUDA_SUCCESS;
     if (!primary[tls_device])
         r = D.DevicePrimaryCtxRetain(&primary[tls_device], tls_device);
@@ -226,10 +225,11 @@ EXPORT cudaError_t cudaDeviceReset(void)
     primary[tls_device] = NULL;
     pthread_mutex_unlock(&ctx_lock);
     CUresult r = D.DevicePrimaryCtxReset(tls_device);
-    /* The reset primary context stays current to the thread, inactive,
-     * until the next runtime call makes it live again: seen on an H100
-     * (driver 580), where a cudaMalloc first after the reset found it
-     * current and unusable (GPU suite reset-running, gpu-a0d5924). */
+    /* "Any subsequent API call to this device will reinitialize the
+     * device" (cuda_runtime_api.h): until then the reset primary context
+     * stays current to the thread, inactive, as seen on an H100 (driver
+     * 580: cuCtxGetCurrent gave a context, cuMemGetInfo answered
+     * CONTEXT_IS_DESTROYED; GPU suite reset-running, gpu-91caa75). */
     return record(r);
 }
 
