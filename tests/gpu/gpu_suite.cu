@@ -436,10 +436,8 @@ static void first_malloc(void)
 
 static void ptr_attr(void)
 {
-    typedef CUresult (*attr_fn)(void *, CUpointer_attribute, CUdeviceptr);
-    typedef CUresult (*range_fn)(CUdeviceptr *, size_t *, CUdeviceptr);
-    attr_fn attr = (attr_fn)driver_fn("cuPointerGetAttribute");
-    range_fn range = (range_fn)driver_fn("cuMemGetAddressRange_v2");
+    auto attr = (decltype(&cuPointerGetAttribute))driver_fn("cuPointerGetAttribute");
+    auto range = (decltype(&cuMemGetAddressRange))driver_fn("cuMemGetAddressRange_v2");
     CHECK(attr && range);
     if (!attr || !range)
         return;
@@ -586,12 +584,9 @@ static long used_mib(void)
 
 static void reset_running(void)
 {
-    typedef CUresult (*cur_fn)(CUcontext *);
-    typedef CUresult (*state_fn)(CUdevice, unsigned *, int *);
-    typedef CUresult (*info_fn)(size_t *, size_t *);
-    cur_fn get_current = (cur_fn)driver_fn("cuCtxGetCurrent");
-    state_fn state = (state_fn)driver_fn("cuDevicePrimaryCtxGetState");
-    info_fn info = (info_fn)driver_fn("cuMemGetInfo_v2");
+    auto get_current = (decltype(&cuCtxGetCurrent))driver_fn("cuCtxGetCurrent");
+    auto state = (decltype(&cuDevicePrimaryCtxGetState))driver_fn("cuDevicePrimaryCtxGetState");
+    auto info = (decltype(&cuMemGetInfo))driver_fn("cuMemGetInfo_v2");
     CHECK(get_current && state && info);
     /* Over virtual memory (growth) the pool maps BIG for p; those granules
      * must go back with the context. */
@@ -644,22 +639,13 @@ static void reset_running(void)
 
 static void unmap_running(void)
 {
-    typedef CUresult (*reserve_fn)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
-    typedef CUresult (*create_fn)(CUmemGenericAllocationHandle *, size_t,
-                                  const CUmemAllocationProp *, unsigned long long);
-    typedef CUresult (*map_fn)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
-                               unsigned long long);
-    typedef CUresult (*access_fn)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
-    typedef CUresult (*unmap_fn)(CUdeviceptr, size_t);
-    typedef CUresult (*release_fn)(CUmemGenericAllocationHandle);
-    typedef CUresult (*free_fn)(CUdeviceptr, size_t);
-    reserve_fn reserve = (reserve_fn)driver_fn("cuMemAddressReserve");
-    create_fn create = (create_fn)driver_fn("cuMemCreate");
-    map_fn map = (map_fn)driver_fn("cuMemMap");
-    access_fn access = (access_fn)driver_fn("cuMemSetAccess");
-    unmap_fn unmap = (unmap_fn)driver_fn("cuMemUnmap");
-    release_fn release = (release_fn)driver_fn("cuMemRelease");
-    free_fn va_free = (free_fn)driver_fn("cuMemAddressFree");
+    auto reserve = (decltype(&cuMemAddressReserve))driver_fn("cuMemAddressReserve");
+    auto create = (decltype(&cuMemCreate))driver_fn("cuMemCreate");
+    auto map = (decltype(&cuMemMap))driver_fn("cuMemMap");
+    auto access = (decltype(&cuMemSetAccess))driver_fn("cuMemSetAccess");
+    auto unmap = (decltype(&cuMemUnmap))driver_fn("cuMemUnmap");
+    auto release = (decltype(&cuMemRelease))driver_fn("cuMemRelease");
+    auto va_free = (decltype(&cuMemAddressFree))driver_fn("cuMemAddressFree");
     CHECK(reserve && create && map && access && unmap && release && va_free);
     if (failures)
         return;
@@ -709,8 +695,7 @@ static void unmap_running(void)
 
 static void meminfo_agree(void)
 {
-    typedef CUresult (*info_fn)(size_t *, size_t *);
-    info_fn info = (info_fn)driver_fn("cuMemGetInfo_v2");
+    auto info = (decltype(&cuMemGetInfo))driver_fn("cuMemGetInfo_v2");
     CHECK(info != NULL);
     if (!info)
         return;
