@@ -42,6 +42,17 @@ static void sim_free(void *ctx, bfc_addr base, uint64_t size)
     d->held -= size;
 }
 
+bool sim_device_fence_done(void *ctx, uint32_t lane, uint64_t token, bool wait)
+{
+    sim_device *d = ctx;
+    (void)lane;
+    if (d->gpu_now > d->gpu_lag && d->gpu_now - d->gpu_lag > d->gpu_done)
+        d->gpu_done = d->gpu_now - d->gpu_lag;
+    if (wait && token > d->gpu_done)
+        d->gpu_done = token;
+    return token <= d->gpu_done;
+}
+
 bfc_backend sim_device_backend(sim_device *d)
 {
     return (bfc_backend){.ctx = d, .region_alloc = sim_alloc, .region_free = sim_free};

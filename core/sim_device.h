@@ -30,6 +30,12 @@ typedef struct sim_device {
         uint64_t base, size;
     } *maps;
     size_t nmaps, capmaps;
+    /* A GPU running behind the host (sim_device_fence_done). The owner
+     * advances `gpu_now`, the host's clock in its own ticks (replay: one per
+     * trace event), and gives fences that clock's value as tokens; a fence
+     * completes once the GPU, `gpu_lag` ticks behind, reaches it. A wait
+     * blocks the host until the GPU has run up to the token. */
+    uint64_t gpu_now, gpu_lag, gpu_done;
 } sim_device;
 
 /* A device of `capacity` bytes whose addresses start high, like a GPU's. */
@@ -41,6 +47,9 @@ bfc_backend sim_device_backend(sim_device *d);
 /* A backend for bfc_options.vmm: region_alloc reserves address space (never
  * refused for capacity), map/unmap take and give back d's capacity. */
 bfc_backend sim_device_vmm_backend(sim_device *d);
+
+/* bfc_backend.fence_done for the lagging GPU above (ctx: the device). */
+bool sim_device_fence_done(void *ctx, uint32_t lane, uint64_t token, bool wait);
 
 /* track_maps: is all of [addr, addr + size) mapped? */
 bool sim_device_mapped(const sim_device *d, uint64_t addr, uint64_t size);

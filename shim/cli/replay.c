@@ -45,6 +45,7 @@ typedef struct replay_opts {
     uint64_t warmup;       /* events replayed before the clock starts */
     const char *record;    /* --record: write a trace while timing, as BFCSHIM_TRACE does */
     bool vmm;              /* --vmm: also measure the pool over virtual memory */
+    uint64_t gpu_lag;      /* --gpu-lag: --vmm's frees fenced, GPU this many events behind */
     bfc_options policy; /* granularity, split and placement knobs */
     int name_width;     /* the table's first column: the longest trace name */
 } replay_opts;
@@ -294,6 +295,7 @@ static void print_vmm_json(json_out *j, const trace_report *r, const replay_opts
     const replay_vmm_report *v = &r->vmm;
     json_object_open(j, "vmm");
     json_u64(j, "map_granularity", o->policy.map_granularity);
+    json_u64(j, "gpu_lag_events", o->gpu_lag);
     if (o->policy.release_threshold == UINT64_MAX)
         json_null(j, "release_threshold");
     else
@@ -307,11 +309,13 @@ static void print_vmm_json(json_out *j, const trace_report *r, const replay_opts
     json_u64(j, "map_calls", v->map_calls);
     json_u64(j, "unmap_calls", v->unmap_calls);
     json_u64(j, "released_bytes", v->released_bytes);
+    json_u64(j, "fence_waits", v->fence_waits);
     json_u64(j, "failures", v->unlimited_failures);
     json_u64(j, "regions_peak_bytes", v->regions_peak_bytes);
     json_u64(j, "regions_min_limit_bytes", v->regions_min_limit_bytes);
     json_double(j, "regions_efficiency", efficiency_of(r->t, v->regions_min_limit_bytes));
     json_u64(j, "regions", v->regions_count);
+    json_u64(j, "regions_fence_waits", v->regions_fence_waits);
     json_u64(j, "regions_failures", v->regions_failures);
     json_u64_array(j, "curve_event", v->curve_event, v->curve_points);
     json_u64_array(j, "curve_mapped", v->curve_mapped, v->curve_points);
@@ -434,7 +438,7 @@ static int replay_one(const char *path, const replay_opts *o, bool first)
     if (o->dump_path && o->bisect)
         dump_at_failure(&t, o, r.min_pool_bytes, slot_addr);
     if (o->vmm)
-        replay_vmm_measure(&t, &o->policy, slot_addr, &r.vmm);
+        replay_vmm_measure(&t, &o->policy, o->gpu_lag, slot_addr, &r.vmm);
     r.timed_pool_bytes = o->pool_size ? o->pool_size : r.min_pool_bytes;
     if (r.timed_pool_bytes == 0)
         r.timed_pool_bytes = MIB;
@@ -558,7 +562,11 @@ static void replay_usage(FILE *f)
             "                      growth-mode regions (JSON adds curves over time)\n"
             "  --map-granularity B the mapping granule, a power of two (2MiB)\n"
             "  --release-threshold B  free mapped bytes kept before granules go back as\n"
-            "                      frees merge (default: never; 0: at once)\n");
+            "                      frees merge (default: never; 0: at once)\n"
+            "  --gpu-lag N         with --vmm: every free is fenced and the simulated GPU\n"
+            "                      runs N events behind (a framework queueing ahead of\n"
+            "                      the GPU); freed blocks return as it catches up or\n"
+            "                      when the pool waits (default 0: frees are immediate)\n");
 }
 
 int cmd_replay(int argc, char **argv)
@@ -566,7 +574,7 @@ int cmd_replay(int argc, char **argv)
     replay_opts o = {.repeats = 5, .bisect = true};
     bfc_options_init(&o.policy);
     enum { OPT_GRAN = 256, OPT_SPLIT, OPT_PLACE, OPT_ALIGN, OPT_TSL, OPT_DUMP, OPT_NO_MIN,
-           OPT_WARM, OPT_RECORD, OPT_VMM, OPT_MAP_GRAN, OPT_RELEASE };
+           OPT_WARM, OPT_RECORD, OPT_VMM, OPT_MAP_GRAN, OPT_RELEASE, OPT_GPU_LAG };
     static const struct option longopts[] = {
         {"pool-size", required_argument, 0, 'p'}, {"min-pool", no_argument, 0, 'm'},
         {"json", no_argument, 0, 'j'},           {"repeat", required_argument, 0, 'r'},
@@ -582,6 +590,7 @@ int cmd_replay(int argc, char **argv)
         {"vmm", no_argument, 0, OPT_VMM},
         {"map-granularity", required_argument, 0, OPT_MAP_GRAN},
         {"release-threshold", required_argument, 0, OPT_RELEASE},
+        {"gpu-lag", required_argument, 0, OPT_GPU_LAG},
         {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
     int c;
     bool min_pool_flag = false;
@@ -645,6 +654,13 @@ int cmd_replay(int argc, char **argv)
                 return cli_bad_value("replay", "--warmup-events", optarg, "an event count");
             break;
         }
+        case OPT_GPU_LAG: {
+            char *end;
+            o.gpu_lag = strtoull(optarg, &end, 10);
+            if (*end || !optarg[0] || optarg[0] == '-')
+                return cli_bad_value("replay", "--gpu-lag", optarg, "an event count");
+            break;
+        }
         case 'h': replay_usage(stdout); return 0;
         default: replay_usage(stderr); return 2;
         }
@@ -655,6 +671,10 @@ int cmd_replay(int argc, char **argv)
     }
     if (!o.bisect && (!o.pool_size || min_pool_flag)) {
         fprintf(stderr, "bfcshim replay: --no-min-pool needs --pool-size\n");
+        return 2;
+    }
+    if (o.gpu_lag && !o.vmm) {
+        fprintf(stderr, "bfcshim replay: --gpu-lag needs --vmm\n");
         return 2;
     }
     if (optind == argc) {

@@ -17,7 +17,16 @@
  *               (growth-mode regions) and live bytes at 64 moments (every
  *               event of a shorter trace).
  * The single preallocated region is replay's own min_pool_bytes.
+ *
+ * With --gpu-lag N every free is a fenced free (one lane, the event's index
+ * as its token) and the simulated GPU runs N events behind the host: a freed
+ * block returns only once the GPU has passed its free, or when the pool waits
+ * for it. This is how a framework that queues work ahead of the GPU frees
+ * (PyTorch without its cache frees as soon as the host is done with a
+ * tensor), and what decides whether a growing pool waits or grows.
  */
+#include <string.h>
+
 #include "cli.h"
 #include "replay_vmm.h"
 #include "sim_device.h"
@@ -28,20 +37,57 @@ static size_t curve_points(const trace *t)
     return t->nev < VMM_CURVE_POINTS ? t->nev : VMM_CURVE_POINTS;
 }
 
-/* One replay of the whole trace in `pool`; returns allocations that failed.
- * When `curve_held` is given, samples the pool after every event of a short
+/* A pool over the simulated device, and with a lagging GPU the lane its
+ * fenced frees go to. */
+typedef struct sim_pool {
+    sim_device dev;
+    bfc_pool *pool;
+    uint32_t lane; /* BFC_NO_LANE: frees are immediate */
+} sim_pool;
+
+/* Events [from, to) with fenced frees on a GPU running dev->gpu_lag events
+ * behind; returns allocations that failed. */
+static uint64_t replay_lagging(sim_pool *sp, const trace *t, size_t from, size_t to,
+                               bfc_addr *slot_addr)
+{
+    uint64_t failures = 0;
+    for (size_t i = from; i < to; i++) {
+        const trace_event *e = &t->ev[i];
+        sp->dev.gpu_now = i + 1;
+        if (e->kind == TRACE_ALLOC) {
+            if (bfc_pool_alloc(sp->pool, e->size, BFC_NO_LANE, &slot_addr[e->slot]) != BFC_OK) {
+                slot_addr[e->slot] = 0;
+                failures++;
+            }
+        } else if (slot_addr[e->slot]) {
+            bfc_pool_free_fenced(sp->pool, slot_addr[e->slot], sp->lane, i + 1);
+        }
+    }
+    return failures;
+}
+
+static uint64_t run_events(sim_pool *sp, const trace *t, size_t from, size_t to,
+                           bfc_addr *slot_addr)
+{
+    return sp->lane == BFC_NO_LANE ? replay_loop(sp->pool, t, from, to, slot_addr)
+                                   : replay_lagging(sp, t, from, to, slot_addr);
+}
+
+/* One replay of the whole trace; returns allocations that failed. When
+ * `curve_held` is given, samples the pool after every event of a short
  * trace, else after 64 evenly spaced ones. */
-static uint64_t run_trace(bfc_pool *pool, const trace *t, bfc_addr *slot_addr,
+static uint64_t run_trace(sim_pool *sp, const trace *t, bfc_addr *slot_addr,
                           uint64_t *curve_held, uint64_t *curve_live, uint64_t *curve_at)
 {
+    bfc_pool *pool = sp->pool;
     if (!curve_held)
-        return replay_loop(pool, t, 0, t->nev, slot_addr);
+        return run_events(sp, t, 0, t->nev, slot_addr);
     const size_t points = curve_points(t);
     uint64_t failures = 0;
     size_t from = 0;
     for (size_t k = 0; k < points; k++) {
         size_t to = t->nev * (k + 1) / points;
-        failures += replay_loop(pool, t, from, to, slot_addr);
+        failures += run_events(sp, t, from, to, slot_addr);
         from = to;
         bfc_stats s;
         bfc_pool_stats(pool, &s);
@@ -56,11 +102,12 @@ static uint64_t run_trace(bfc_pool *pool, const trace *t, bfc_addr *slot_addr,
 
 typedef enum pool_kind { KIND_VMM, KIND_REGIONS } pool_kind;
 
-/* A fresh pool of `kind` with limit `limit` over `dev`; NULL if it cannot
- * be made. */
-static bfc_pool *make_pool(sim_device *dev, pool_kind kind, const bfc_options *policy,
-                           uint64_t limit)
+/* A fresh pool of `kind` with limit `limit` over sp->dev, its GPU `gpu_lag`
+ * events behind (0: frees are immediate); false if it cannot be made. */
+static bool make_pool(sim_pool *sp, pool_kind kind, const bfc_options *policy, uint64_t limit,
+                      uint64_t gpu_lag)
 {
+    sim_device *dev = &sp->dev;
     sim_device_init(dev, limit);
     bfc_options o = *policy;
     o.limit_bytes = limit;
@@ -76,23 +123,37 @@ static bfc_pool *make_pool(sim_device *dev, pool_kind kind, const bfc_options *p
         o.garbage_collection = true;
         b = sim_device_backend(dev);
     }
-    return bfc_pool_create(&o, &b);
+    sp->lane = BFC_NO_LANE;
+    if (gpu_lag) {
+        dev->gpu_lag = gpu_lag;
+        b.fence_done = sim_device_fence_done;
+    }
+    sp->pool = bfc_pool_create(&o, &b);
+    if (sp->pool && gpu_lag && bfc_pool_lane_open(sp->pool, false, &sp->lane) != BFC_OK) {
+        bfc_pool_destroy(sp->pool, true);
+        sp->pool = NULL;
+    }
+    if (!sp->pool)
+        sim_device_fini(dev);
+    return sp->pool != NULL;
 }
 
 /* Replays the trace in a fresh pool; fills *st and returns the failures
  * (UINT64_MAX when no pool could be made). */
 static uint64_t replay_in(const trace *t, pool_kind kind, const bfc_options *policy,
-                          uint64_t limit, bfc_addr *slot_addr, bfc_stats *st,
+                          uint64_t gpu_lag, uint64_t limit, bfc_addr *slot_addr, bfc_stats *st,
                           uint64_t *curve_held, uint64_t *curve_live, uint64_t *curve_at)
 {
-    sim_device dev;
-    bfc_pool *pool = make_pool(&dev, kind, policy, limit);
-    if (!pool)
+    sim_pool sp;
+    if (!make_pool(&sp, kind, policy, limit, gpu_lag))
         return UINT64_MAX;
-    uint64_t failures = run_trace(pool, t, slot_addr, curve_held, curve_live, curve_at);
-    bfc_pool_stats(pool, st);
-    bfc_pool_destroy(pool, true);
-    sim_device_fini(&dev);
+    memset(slot_addr, 0, (t->nslots ? t->nslots : 1) * sizeof *slot_addr);
+    uint64_t failures = run_trace(&sp, t, slot_addr, curve_held, curve_live, curve_at);
+    bfc_pool_stats(sp.pool, st);
+    if (sp.lane != BFC_NO_LANE)
+        bfc_pool_lane_close(sp.pool, sp.lane);
+    bfc_pool_destroy(sp.pool, true);
+    sim_device_fini(&sp.dev);
     return failures;
 }
 
@@ -100,6 +161,7 @@ typedef struct serves_ctx {
     const trace *t;
     pool_kind kind;
     const bfc_options *policy;
+    uint64_t gpu_lag;
     bfc_addr *slot_addr;
 } serves_ctx;
 
@@ -107,20 +169,21 @@ static bool serves_at(void *ctx, uint64_t limit)
 {
     serves_ctx *c = ctx;
     bfc_stats st;
-    return replay_in(c->t, c->kind, c->policy, limit, c->slot_addr, &st, NULL, NULL, NULL) == 0;
+    return replay_in(c->t, c->kind, c->policy, c->gpu_lag, limit, c->slot_addr, &st, NULL, NULL,
+                     NULL) == 0;
 }
 
 /* The smallest limit, in multiples of `unit`, at which a pool of `kind`
  * serves the whole trace; 0 when even `cap` does not. */
 static uint64_t min_limit(const trace *t, pool_kind kind, const bfc_options *policy,
-                          uint64_t unit, uint64_t cap, bfc_addr *slot_addr)
+                          uint64_t gpu_lag, uint64_t unit, uint64_t cap, bfc_addr *slot_addr)
 {
-    serves_ctx c = {t, kind, policy, slot_addr};
+    serves_ctx c = {t, kind, policy, gpu_lag, slot_addr};
     return cli_smallest_serving(t->peak_live_bytes, unit, cap, serves_at, &c);
 }
 
-void replay_vmm_measure(const trace *t, const bfc_options *policy, bfc_addr *slot_addr,
-                        replay_vmm_report *out)
+void replay_vmm_measure(const trace *t, const bfc_options *policy, uint64_t gpu_lag,
+                        bfc_addr *slot_addr, replay_vmm_report *out)
 {
     *out = (replay_vmm_report){0};
     if (t->peak_live_bytes == 0)
@@ -130,27 +193,30 @@ void replay_vmm_measure(const trace *t, const bfc_options *policy, bfc_addr *slo
      * (checked: a run that still fails is reported, not hidden). */
     const uint64_t roomy = 4 * t->peak_live_bytes + (UINT64_C(1) << 30);
 
-    out->min_limit_bytes = min_limit(t, KIND_VMM, policy, gran, roomy, slot_addr);
+    out->min_limit_bytes = min_limit(t, KIND_VMM, policy, gpu_lag, gran, roomy, slot_addr);
     if (out->min_limit_bytes) {
         bfc_stats st;
-        replay_in(t, KIND_VMM, policy, out->min_limit_bytes, slot_addr, &st, NULL, NULL, NULL);
+        replay_in(t, KIND_VMM, policy, gpu_lag, out->min_limit_bytes, slot_addr, &st, NULL, NULL,
+                  NULL);
         out->tight_map_calls = st.num_map_calls;
         out->tight_unmap_calls = st.num_unmap_calls;
     }
 
     bfc_stats st;
-    out->unlimited_failures = replay_in(t, KIND_VMM, policy, roomy, slot_addr, &st,
+    out->unlimited_failures = replay_in(t, KIND_VMM, policy, gpu_lag, roomy, slot_addr, &st,
                                         out->curve_mapped, out->curve_live, out->curve_event);
     out->curve_points = curve_points(t);
     out->peak_mapped_bytes = st.peak_pool_bytes;
     out->map_calls = st.num_map_calls;
     out->unmap_calls = st.num_unmap_calls;
     out->released_bytes = st.released_bytes_total;
+    out->fence_waits = st.num_fence_waits;
 
-    out->regions_failures = replay_in(t, KIND_REGIONS, policy, roomy, slot_addr, &st,
+    out->regions_failures = replay_in(t, KIND_REGIONS, policy, gpu_lag, roomy, slot_addr, &st,
                                       out->curve_regions, NULL, NULL);
     out->regions_peak_bytes = st.peak_pool_bytes;
     out->regions_count = st.num_region_allocs;
+    out->regions_fence_waits = st.num_fence_waits;
     out->regions_min_limit_bytes =
-        min_limit(t, KIND_REGIONS, policy, UINT64_C(2) << 20, roomy, slot_addr);
+        min_limit(t, KIND_REGIONS, policy, gpu_lag, UINT64_C(2) << 20, roomy, slot_addr);
 }

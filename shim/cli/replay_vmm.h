@@ -18,6 +18,7 @@ typedef struct replay_vmm_report {
     uint64_t tight_map_calls, tight_unmap_calls;
     /* One run with room to spare, at the policy's release threshold. */
     uint64_t peak_mapped_bytes, map_calls, unmap_calls, released_bytes;
+    uint64_t fence_waits, regions_fence_waits; /* --gpu-lag: the host blocked */
     uint64_t unlimited_failures;
     /* Growth-mode regions (no virtual memory), with room to spare. */
     uint64_t regions_peak_bytes, regions_count, regions_failures;
@@ -31,9 +32,10 @@ typedef struct replay_vmm_report {
 } replay_vmm_report;
 
 /* Fills *out for trace t under `policy` (its placement, split rule,
- * map_granularity and release_threshold); slot_addr holds one address per
- * slot of the trace, as for replay's own runs. */
-void replay_vmm_measure(const trace *t, const bfc_options *policy, bfc_addr *slot_addr,
-                        replay_vmm_report *out);
+ * map_granularity and release_threshold), frees fenced on a simulated GPU
+ * `gpu_lag` events behind the host (0: frees are immediate); slot_addr
+ * holds one address per slot of the trace, as for replay's own runs. */
+void replay_vmm_measure(const trace *t, const bfc_options *policy, uint64_t gpu_lag,
+                        bfc_addr *slot_addr, replay_vmm_report *out);
 
 #endif

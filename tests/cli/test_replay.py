@@ -283,6 +283,35 @@ def test_vmm(d):
         check(p.returncode == 2 and bad[0] in p.stderr, f"replay {bad} refused: {p.stderr}")
 
 
+def test_gpu_lag(d):
+    # A block is freed and another of its size comes, three times. With
+    # immediate frees one granule serves all. With the GPU ten events behind,
+    # every free is still pending when the next block comes: both pools wait
+    # for it rather than map (or grow) more, so the peak stays one granule.
+    rows = []
+    for i in range(3):
+        rows += [row("allocate", hex(0x1000000 * (i + 1)), 2 * MiB),
+                 row("free", hex(0x1000000 * (i + 1)), 2 * MiB)]
+    t = write_trace(d, "lag.csv", rows)
+    (r,), _ = replay_json("--vmm", "--gpu-lag", "10", t)
+    v = r.get("vmm", {})
+    check(v.get("gpu_lag_events") == 10, f"gpu_lag_events: {v.get('gpu_lag_events')}")
+    check(v.get("peak_mapped_bytes") == 2 * MiB and v.get("fence_waits") == 2,
+          f"lagging vmm pool: {v.get('peak_mapped_bytes')} mapped, {v.get('fence_waits')} waits")
+    check(v.get("regions_peak_bytes") == 2 * MiB and v.get("regions_fence_waits") == 2,
+          f"lagging regions: {v.get('regions_peak_bytes')} held, "
+          f"{v.get('regions_fence_waits')} waits")
+    (r,), _ = replay_json("--vmm", t)
+    v = r.get("vmm", {})
+    check(v.get("gpu_lag_events") == 0 and v.get("fence_waits") == 0,
+          f"no lag, no waits: {v}")
+    for bad, needle in [(["--gpu-lag", "10"], "needs --vmm"),
+                        (["--vmm", "--gpu-lag", "-1"], "--gpu-lag '-1'"),
+                        (["--vmm", "--gpu-lag", "soon"], "--gpu-lag 'soon'")]:
+        p = run("replay", *bad, t, ok=False)
+        check(p.returncode == 2 and needle in p.stderr, f"replay {bad} refused: {p.stderr}")
+
+
 def test_bundled_traces(d):
     """The shipped traces. Synthetic ones: the efficiency bar
     (>= 0.97) holds on them, and the generator still writes them byte for
@@ -333,7 +362,7 @@ def test_bundled_traces(d):
 with tempfile.TemporaryDirectory() as d:
     for test in [test_min_pool_and_placement, test_json_contract, test_unmatched_and_failed_lines,
                  test_malformed_lines_name_their_line, test_gzip_and_crlf, test_bad_options,
-                 test_dump_at_failure, test_tracegen, test_record, test_vmm,
+                 test_dump_at_failure, test_tracegen, test_record, test_vmm, test_gpu_lag,
                  test_bundled_traces]:
         before = failures
         test(d)

@@ -19,6 +19,8 @@
  *     (vmm: only when too little of the limit is unmapped to map the block);
  *   - vmm: every allocation is mapped on the device, which saw no mapping
  *     twice, no unmapping of what was not mapped, and nothing left at the end;
+ *     it mapped more only when pending frees could not hold it (or an epoch
+ *     stayed unsealed, so they could not be waited for);
  *   - bad frees (double, interior, foreign, stale) are refused with the right
  *     status and change no statistic;
  *   - deferred frees (lanes 3..5) are sealed by a later allocation (the
@@ -68,6 +70,7 @@ typedef struct run {
     model m;
     uint64_t fence_done_upto, epoch_done_upto;
     bool with_fences;
+    unsigned closed_open_epochs; /* entries of closed_open_epoch set */
     uint64_t ooms, allocs, frees, bad_frees, retires;
 } run;
 
@@ -87,6 +90,8 @@ static int model_lane_index(uint32_t lane)
  * the model's: each kind has its own simulated GPU progress. A lane closed
  * by the model may still drain, so its kind is looked up in `deferred_ids`. */
 static bool deferred_ids[65536];
+/* A closed lane's epoch whose seal was refused: its token, by lane id. */
+static uint64_t closed_open_epoch[65536];
 
 static bool fence_done(void *ctx, uint32_t lane, uint64_t token, bool wait)
 {
@@ -105,6 +110,10 @@ static bool fence_seal(void *ctx, uint32_t lane, uint64_t token)
     int i = model_lane_index(lane);
     if (i >= 0 && R.m.open_epoch[i] == token)
         R.m.open_epoch[i] = 0;
+    if (i < 0 && closed_open_epoch[lane] == token) {
+        closed_open_epoch[lane] = 0;
+        R.closed_open_epochs--;
+    }
     return true;
 }
 
@@ -443,6 +452,16 @@ static void op_alloc(void)
         if (!sim_device_mapped(&R.f.dev, lo, hi - lo))
             FAIL_AT("allocation %#llx of %" PRIu64 " is not wholly mapped on the device",
                     (unsigned long long)a, rounded);
+        /* Mapping more is the last resort: with every epoch sealed, the
+         * pool waited for pending frees while they could hold the block. */
+        bool all_sealed = R.with_fences && !R.closed_open_epochs;
+        for (int i = 0; i < MAX_LANES; i++)
+            all_sealed = all_sealed && !m->open_epoch[i];
+        bfc_stats now = stats_of(&R.f);
+        if (all_sealed && now.pool_bytes > before.pool_bytes && now.pending_bytes >= rounded)
+            FAIL_AT("mapped %" PRIu64 " more bytes for %" PRIu64 " with %" PRIu64
+                    " bytes still pending",
+                    now.pool_bytes - before.pool_bytes, rounded, now.pending_bytes);
     }
     if (a % g != 0 || !bfc_pool_owns(R.f.pool, a) ||
         !bfc_pool_owns(R.f.pool, a + rounded - 1))
@@ -610,6 +629,10 @@ static void op_lanes(void)
     int i = (int)rng_below(&R.rng, MAX_LANES);
     if (m->lanes[i]) {
         bfc_pool_lane_close(R.f.pool, m->lanes[i]); /* seals an open epoch */
+        if (m->open_epoch[i]) { /* the seal was refused: a later one seals it */
+            closed_open_epoch[m->lanes[i]] = m->open_epoch[i];
+            R.closed_open_epochs++;
+        }
         m->lanes[i] = 0; /* its pending ranges stay until retired */
         m->open_epoch[i] = 0;
     } else {
@@ -677,6 +700,7 @@ static void run_seed(uint64_t seed, uint64_t ops)
 {
     memset(&R, 0, sizeof R);
     memset(deferred_ids, 0, sizeof deferred_ids);
+    memset(closed_open_epoch, 0, sizeof closed_open_epoch);
     R.seed = seed;
     R.rng = seed * 0x2545F4914F6CDD1Dull + 1;
     configure();
