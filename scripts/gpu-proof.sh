@@ -262,6 +262,10 @@ step_vmm() {
         run_arm vmm torch-gpt-E-native-expandable 200 no \
             PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True -- "${job[@]}" --arm E
         run_arm vmm torch-gpt-V-shim-nocache-vmm 200 yes "$nc" "${v[@]}" -- "${job[@]}" --arm V
+        # Threshold 0: replayed with a lagging GPU it maps only the live
+        # bytes, at the price of a wait at most allocations: its step time.
+        run_arm vmm torch-gpt-V0-shim-nocache-vmm-release0 200 yes "$nc" "${v[@]}" \
+            BFCSHIM_RELEASE_THRESHOLD=0 -- "${job[@]}" --arm V0
         run_arm vmm torch-gpt-C-shim-nocache 200 yes "$nc" -- "${job[@]}" --arm C
         run_arm vmm torch-gpt-CVP-shim-nocache-vmm-prealloc 200 yes "$nc" BFCSHIM_VMM=on -- \
             "${job[@]}" --arm CVP
