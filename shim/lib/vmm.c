@@ -137,9 +137,11 @@ static void va_free(void *ctx, bfc_addr base, uint64_t size)
     real_driver_get()->MemAddressFree(base, (size_t)size);
 }
 
-/* Unmaps [addr, addr + size) one granule at a time, as mapped. A refusal
- * is said (once per call): the device does not get that memory back. */
-static void unmap_granules(const real_driver *R, uint64_t g, bfc_addr addr, uint64_t size)
+/* Unmaps [addr, addr + size) of device `dev` one granule at a time, as
+ * mapped. A refusal is said (once per call, naming the device, as every
+ * other message here does): the device does not get that memory back. */
+static void unmap_granules(const real_driver *R, CUdevice dev, uint64_t g, bfc_addr addr,
+                           uint64_t size)
 {
     CUresult first = CUDA_SUCCESS;
     uint64_t kept = 0;
@@ -151,8 +153,8 @@ static void unmap_granules(const real_driver *R, uint64_t g, bfc_addr addr, uint
         }
     }
     if (kept)
-        shim_log(LOG_WARN, "cuMemUnmap failed (%d): %llu bytes at 0x%llx stay mapped",
-                 (int)first, (unsigned long long)kept, (unsigned long long)addr);
+        shim_log(LOG_WARN, "device %d: cuMemUnmap failed (%d): %llu bytes at 0x%llx stay mapped",
+                 (int)dev, (int)first, (unsigned long long)kept, (unsigned long long)addr);
 }
 
 /* The access list of the pool's mappings: its own device, and every device
@@ -225,7 +227,7 @@ static int map_range(void *ctx, bfc_addr addr, uint64_t size)
         r = grant(sp, R, addr, size);
     if (r != CUDA_SUCCESS) {
         /* All or nothing: the engine counts the range as unmapped. */
-        unmap_granules(R, g, addr, done);
+        unmap_granules(R, sp->dev, g, addr, done);
         shim_log(LOG_DEBUG, "device %d: mapping %llu bytes at 0x%llx failed (%d)", (int)sp->dev,
                  (unsigned long long)size, (unsigned long long)addr, (int)r);
         return 1;
@@ -236,7 +238,7 @@ static int map_range(void *ctx, bfc_addr addr, uint64_t size)
 static void unmap_range(void *ctx, bfc_addr addr, uint64_t size)
 {
     shim_pool *sp = ctx;
-    unmap_granules(real_driver_get(), sp->vmm_granule, addr, size);
+    unmap_granules(real_driver_get(), sp->dev, sp->vmm_granule, addr, size);
 }
 
 /* Asked once before the engine gives free space back on its own. Under the
