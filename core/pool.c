@@ -500,12 +500,16 @@ static uint32_t carve_again(bfc_pool *p, uint32_t c, uint64_t rounded, uint64_t 
 static uint32_t refit_before_mapping(bfc_pool *p, uint32_t c, uint64_t rounded, uint64_t size,
                                      uint32_t lane_id)
 {
-    if (p->open_epochs)
-        lanes_seal_all(p);
     bool polled = false;
-    while (!block_mapped(p, c) && p->st.pending_bytes >= rounded) {
-        bool retired = !polled && lanes_poll(p);
-        polled = true;
+    while (p->st.pending_bytes >= rounded && !block_mapped(p, c)) {
+        bool retired = false;
+        if (!polled) {
+            /* Only a sealed epoch has a fence to wait for. */
+            if (p->open_epochs)
+                lanes_seal_all(p);
+            retired = lanes_poll(p);
+            polled = true;
+        }
         if (!retired && !lanes_wait_oldest(p))
             break;
         c = carve_again(p, c, rounded, size, lane_id);
@@ -596,7 +600,7 @@ bfc_status bfc_pool_alloc(bfc_pool *p, uint64_t size, uint32_t lane_id,
         goto out;
     }
     c = carve(p, c, rounded, align, size);
-    if (p->opt.vmm && p->st.pending_bytes >= rounded && !block_mapped(p, c))
+    if (p->opt.vmm)
         c = refit_before_mapping(p, c, rounded, size, lane_id);
     chunk *cc = C(p, c);
     if (p->opt.vmm && !back_allocation(p, c)) {

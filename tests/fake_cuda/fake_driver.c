@@ -1461,8 +1461,10 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
     fctx *c = current_ctx();
     if (!free_bytes || !total)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
-    /* A dead context answers nothing (on an H100, a pool made in the reset
-     * primary context, still current, found no free memory). */
+    /* A dead context answers nothing: "attempting to access ctx from those
+     * threads will result in the error CUDA_ERROR_CONTEXT_IS_DESTROYED"
+     * (cuCtxDestroy, cuda.h); on an H100 the reset primary context, still
+     * current, answered cuMemGetInfo so (gpu-91caa75). */
     CUresult r = ctx_usable(c);
     if (r != CUDA_SUCCESS)
         LEAVE(r);
