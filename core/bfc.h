@@ -306,6 +306,11 @@ typedef struct bfc_stats {
      * returned regions. */
     uint64_t released_bytes_total;
     uint64_t host_metadata_bytes; /* host memory the engine holds for bookkeeping */
+    /* With a plan (bfc_pool_set_plan): allocations placed where it said, and
+     * allocations it had a place for that was not free (placed by the
+     * rule instead). */
+    uint64_t num_planned;
+    uint64_t num_plan_misses;
 } bfc_stats;
 
 /* Creates a pool. Takes no memory from the backend until the first
@@ -327,6 +332,24 @@ bfc_status bfc_pool_reserve(bfc_pool *pool);
  */
 bfc_status bfc_pool_alloc(bfc_pool *pool, uint64_t size, uint32_t lane,
                           bfc_addr *out);
+
+/*
+ * A placement plan: for each allocation of a recorded run, in order, its
+ * rounded size and the offset from the pool's region base where an offline
+ * packing put it (`bfcshim plan`). Installed, the n-th allocation of each
+ * size goes to the n-th planned place of that size when that range is
+ * wholly free, else where the placement rule puts it; the plan applies
+ * while the pool has one region. Sizes and offsets must be multiples of the
+ * granularity (else BFC_ERR_INVALID, and the pool keeps its plan). The
+ * entries are copied; n = 0 removes the plan. Occurrence counts start from
+ * zero at each call.
+ */
+typedef struct bfc_plan_entry {
+    uint64_t size;
+    uint64_t offset;
+} bfc_plan_entry;
+
+bfc_status bfc_pool_set_plan(bfc_pool *pool, const bfc_plan_entry *entries, size_t n);
 
 /* Frees the allocation that starts at addr; the memory is reusable at once.
  * addr 0 is a no-op that succeeds. Bad pointers change nothing. */

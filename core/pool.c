@@ -126,6 +126,7 @@ void bfc_pool_destroy(bfc_pool *p, bool release_regions)
     for (uint32_t i = 0; i < p->nregions; i++)
         free(p->regions[i].backed);
     lanes_fini(p);
+    plan_destroy(p->plan);
     free(p->regions);
     live_index_fini(&p->live);
     chunk_store_fini(&p->chunks);
@@ -317,8 +318,8 @@ static bool carve_high(const bfc_pool *p, const chunk *c)
 }
 
 /*
- * Takes `rounded` bytes at address `at`, strictly inside FREE chunk c (at >
- * c's start and at + rounded < its end): c keeps the gap below `at`, the
+ * Takes `rounded` bytes at address `at` inside FREE chunk c (at > c's start,
+ * at + rounded <= its end): c keeps the gap below `at`, the
  * allocation is a new record, and what lies above it becomes
  * a free chunk of its own when it is worth splitting off (else the
  * allocation keeps it as slack, as an unsplit chunk would). Uses up to two
@@ -351,24 +352,64 @@ static uint32_t take_free_at(bfc_pool *p, uint32_t c, uint64_t rounded, uint64_t
     return a;
 }
 
+/* FREE chunk c whole, its remainder too small to keep. */
+static inline __attribute__((always_inline)) uint32_t take_free_whole(bfc_pool *p, uint32_t c)
+{
+    live_index_prefetch(&p->live, C(p, c)->addr);
+    bins_remove(&p->free_bins, &p->chunks, c);
+    return c;
+}
+
+/* The two ends of a split of FREE chunk c, worth splitting, for `rounded`
+ * bytes. A free chunk's neighbours are never free, so the remainder needs no
+ * merging, and its key is smaller than c's: it usually takes c's place in
+ * the tree as it stands (bins_resize, bins_substitute). Each uses one
+ * record, reserved by the caller. */
+static inline __attribute__((always_inline)) uint32_t take_free_high(bfc_pool *p, uint32_t c,
+                                                                    uint64_t rounded)
+{
+    chunk *cc = C(p, c);
+    const uint64_t rest = cc->size - rounded;
+    const uint32_t r = chunk_new(&p->chunks);
+    chunk *rc = C(p, r);
+    live_index_prefetch(&p->live, cc->addr + rest);
+    /* c keeps the low remainder (same address, smaller size); r is the
+     * allocation. */
+    bins_resize_in(&p->free_bins, &p->chunks, c, bin_index(cc->size), rest);
+    rc->addr = cc->addr + rest;
+    rc->size = rounded;
+    link_after(p, c, r);
+    return r;
+}
+
+static inline __attribute__((always_inline)) uint32_t take_free_low(bfc_pool *p, uint32_t c,
+                                                                   uint64_t rounded)
+{
+    chunk *cc = C(p, c);
+    const uint32_t r = chunk_new(&p->chunks);
+    chunk *rc = C(p, r);
+    live_index_prefetch(&p->live, cc->addr);
+    /* c is the allocation, r the high remainder. */
+    rc->addr = cc->addr + rounded;
+    rc->size = cc->size - rounded;
+    rc->state = CHUNK_FREE;
+    bins_substitute(&p->free_bins, &p->chunks, c, r);
+    cc->size = rounded;
+    link_after(p, c, r);
+    return c;
+}
+
 /*
  * Takes FREE chunk c for an allocation of `rounded` bytes and returns the
- * handle of the allocated piece; a remainder stays in the free bins. A free
- * chunk's neighbours are never free, so the remainder needs no merging, and
- * its key is smaller than c's: it usually takes c's place in the tree as it
- * stands (bins_resize, bins_substitute).
+ * handle of the allocated piece; a remainder stays in the free bins, at
+ * the end the placement rule chooses.
  */
 static inline __attribute__((always_inline)) uint32_t take_free(bfc_pool *p, uint32_t c,
                                                                uint64_t rounded, uint64_t align)
 {
-    bin_set *bins = &p->free_bins;
     chunk *cc = C(p, c);
-    if (!worth_splitting(&p->opt, cc->size, rounded)) {
-        live_index_prefetch(&p->live, cc->addr);
-        bins_remove(bins, &p->chunks, c);
-        return c;
-    }
-    const uint64_t rest = cc->size - rounded;
+    if (!worth_splitting(&p->opt, cc->size, rounded))
+        return take_free_whole(p, c);
     bool high = carve_high(p, cc); /* before r becomes a neighbour */
     if (align) {
         /* The aligned address nearest the chosen end; find_fit made sure
@@ -394,26 +435,7 @@ static inline __attribute__((always_inline)) uint32_t take_free(bfc_pool *p, uin
         else
             return take_free_at(p, c, rounded, at);
     }
-    const uint32_t r = chunk_new(&p->chunks); /* reserved by the caller */
-    chunk *rc = C(p, r);
-    live_index_prefetch(&p->live, high ? cc->addr + rest : cc->addr);
-    if (high) {
-        /* c keeps the low remainder (same address, smaller size); r is the
-         * allocation. */
-        bins_resize_in(bins, &p->chunks, c, bin_index(cc->size), rest);
-        rc->addr = cc->addr + rest;
-        rc->size = rounded;
-        link_after(p, c, r);
-        return r;
-    }
-    /* c is the allocation, r the high remainder. */
-    rc->addr = cc->addr + rounded;
-    rc->size = rest;
-    rc->state = CHUNK_FREE;
-    bins_substitute(bins, &p->chunks, c, r);
-    cc->size = rounded;
-    link_after(p, c, r);
-    return c;
+    return high ? take_free_high(p, c, rounded) : take_free_low(p, c, rounded);
 }
 
 /* Takes PENDING chunk c (reused by its own lane); a remainder stays pending
@@ -459,6 +481,16 @@ static bool block_mapped(const bfc_pool *p, uint32_t c)
     return backing_fast_covers(p, r, lo, hi) || backing_covers(p, r, lo, hi);
 }
 
+static inline __attribute__((always_inline)) uint32_t mark_allocated(bfc_pool *p, uint32_t c,
+                                                                    uint64_t size)
+{
+    chunk *cc = C(p, c);
+    cc->state = CHUNK_ALLOCATED;
+    cc->requested = size;
+    cc->stamp = ++p->alloc_seq;
+    return c;
+}
+
 /* Carves an allocation of `size` (`rounded`) bytes from fit c, free or
  * pending, and returns it, allocated and stamped. It and take_free are
  * forced inline: with a second caller (carve_again) the compiler made
@@ -469,11 +501,35 @@ static inline __attribute__((always_inline)) uint32_t carve(bfc_pool *p, uint32_
 {
     c = C(p, c)->state == CHUNK_PENDING ? take_pending(p, c, rounded)
                                         : take_free(p, c, rounded, align);
-    chunk *cc = C(p, c);
-    cc->state = CHUNK_ALLOCATED;
-    cc->requested = size;
-    cc->stamp = ++p->alloc_seq;
-    return c;
+    return mark_allocated(p, c, size);
+}
+
+/*
+ * The plan's place for this allocation, carved, or CHUNK_NIL when the plan
+ * has none for it or the place is not wholly free (plan.c), or the pool
+ * has more than its one region. Every call that consults the plan moves
+ * the size's occurrence count on, so a run that strays for one allocation
+ * finds its place again at the next.
+ */
+static uint32_t carve_planned(bfc_pool *p, uint64_t rounded, uint64_t size)
+{
+    uint64_t offset;
+    bfc_addr at;
+    if (p->nregions != 1 || !plan_next(p->plan, rounded, &offset))
+        return CHUNK_NIL;
+    uint32_t c = plan_free_chunk_at(p, p->plan, offset, rounded, &at);
+    if (c == CHUNK_NIL) {
+        p->st.num_plan_misses++;
+        return CHUNK_NIL;
+    }
+    const chunk *cc = C(p, c);
+    if (at > cc->addr)
+        c = take_free_at(p, c, rounded, at);
+    else if (worth_splitting(&p->opt, cc->size, rounded))
+        c = take_free_low(p, c, rounded);
+    else
+        c = take_free_whole(p, c);
+    return mark_allocated(p, c, size);
 }
 
 /* Gives the just-carved allocation c back to free space and carves the
@@ -588,32 +644,48 @@ bfc_status bfc_pool_alloc(bfc_pool *p, uint64_t size, uint32_t lane_id,
         s = BFC_ERR_HOST_MEMORY;
         goto out;
     }
-    uint64_t align;
-    uint32_t c = find_fit(p, rounded, lane_id, &align);
-    if (c == CHUNK_NIL)
-        c = find_fit_slow(p, rounded, lane_id, &align);
-    if (c == CHUNK_NIL) {
-        p->st.num_ooms++;
-        s = BFC_ERR_OOM;
-        if (p->backend.on_event)
-            p->backend.on_event(p->backend.event_ctx, BFC_EVENT_ALLOC_FAILED, 0, size, lane_id);
-        goto out;
+    uint32_t c = CHUNK_NIL;
+    if (__builtin_expect(p->plan != NULL, 0) &&
+        (c = carve_planned(p, rounded, size)) != CHUNK_NIL && p->opt.vmm &&
+        !back_allocation(p, c)) {
+        /* The planned place could not be mapped; the rule may find mapped
+         * memory. */
+        p->st.num_plan_misses++;
+        c = CHUNK_NIL;
     }
-    c = carve(p, c, rounded, align, size);
-    if (p->opt.vmm)
-        c = refit_before_mapping(p, c, rounded, size, lane_id);
+    const bool planned = c != CHUNK_NIL;
+    if (!planned) {
+        uint64_t align;
+        c = find_fit(p, rounded, lane_id, &align);
+        if (c == CHUNK_NIL)
+            c = find_fit_slow(p, rounded, lane_id, &align);
+        if (c == CHUNK_NIL) {
+            p->st.num_ooms++;
+            s = BFC_ERR_OOM;
+            if (p->backend.on_event)
+                p->backend.on_event(p->backend.event_ctx, BFC_EVENT_ALLOC_FAILED, 0, size,
+                                    lane_id);
+            goto out;
+        }
+        c = carve(p, c, rounded, align, size);
+        if (p->opt.vmm) {
+            c = refit_before_mapping(p, c, rounded, size, lane_id);
+            if (!back_allocation(p, c)) {
+                p->st.num_ooms++;
+                s = BFC_ERR_OOM;
+                if (p->backend.on_event)
+                    p->backend.on_event(p->backend.event_ctx, BFC_EVENT_ALLOC_FAILED, 0, size,
+                                        lane_id);
+                goto out;
+            }
+        }
+    }
     chunk *cc = C(p, c);
-    if (p->opt.vmm && !back_allocation(p, c)) {
-        p->st.num_ooms++;
-        s = BFC_ERR_OOM;
-        if (p->backend.on_event)
-            p->backend.on_event(p->backend.event_ctx, BFC_EVENT_ALLOC_FAILED, 0, size, lane_id);
-        goto out;
-    }
     live_index_insert(&p->live, &p->chunks, c);
 
     bfc_stats *st = &p->st;
     st->num_allocs++;
+    st->num_planned += planned;
     st->bytes_in_use += cc->size;
     st->bytes_requested += size;
     if (st->bytes_in_use > st->peak_bytes_in_use)

@@ -35,6 +35,8 @@
 
 #define LANE_MAX 65535u /* chunk.lane is 16 bits */
 
+typedef struct pool_plan pool_plan; /* plan.c */
+
 typedef struct region {
     bfc_addr base;
     uint64_t size;
@@ -80,6 +82,7 @@ struct bfc_pool {
     /* vmm with a release threshold (not "never"): frees check free mapped
      * bytes against it. */
     bool release_on_free;
+    pool_plan *plan; /* bfc_pool_set_plan; NULL: none */
     /* Running counters; derived fields are filled in by bfc_pool_stats. */
     bfc_stats st;
 };
@@ -170,6 +173,19 @@ void pool_stats_locked(const bfc_pool *p, bfc_stats *out);
 
 /* pool.c */
 void pool_make_free(bfc_pool *p, uint32_t c);
+
+/* plan.c */
+bfc_status plan_create(const bfc_pool *p, const bfc_plan_entry *e, size_t n, pool_plan **out);
+void plan_destroy(pool_plan *pl);
+uint64_t plan_host_bytes(const pool_plan *pl);
+/* The offset planned for the next allocation of `rounded` bytes; false when
+ * the plan has none left for that size. */
+bool plan_next(pool_plan *pl, uint64_t rounded, uint64_t *offset);
+/* The FREE chunk holding [base + offset, + rounded) of the pool's one
+ * region (the caller checks there is one), with *at = base + offset;
+ * CHUNK_NIL when that range is not wholly free. */
+uint32_t plan_free_chunk_at(const bfc_pool *p, pool_plan *pl, uint64_t offset,
+                            uint64_t rounded, bfc_addr *at);
 
 /* lanes.c */
 void lane_detach(bfc_pool *p, uint32_t c);

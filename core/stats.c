@@ -24,7 +24,7 @@ void pool_stats_locked(const bfc_pool *p, bfc_stats *out)
     out->host_metadata_bytes = sizeof *p + chunk_store_host_bytes(&p->chunks) +
                                live_index_host_bytes(&p->live) +
                                (uint64_t)p->regions_cap * sizeof(region) +
-                               lanes_host_bytes(p);
+                               lanes_host_bytes(p) + plan_host_bytes(p->plan);
 }
 
 void bfc_pool_stats(bfc_pool *p, bfc_stats *out)

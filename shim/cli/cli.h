@@ -14,6 +14,7 @@ int cmd_run(int argc, char **argv);
 int cmd_ab(int argc, char **argv);
 int cmd_replay(int argc, char **argv);
 int cmd_report(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
 
 /* A pool of exactly `pool_bytes` in one preallocated region of a fresh
  * simulated device, with the policy's placement and split rules, as replay

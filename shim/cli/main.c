@@ -38,6 +38,7 @@ static const struct {
     {"replay", cmd_replay, "replay allocation traces through the engine (no GPU)"},
     {"report", cmd_report, "turn a trace (and stats, and ab results) into an HTML page"},
     {"tracegen", cmd_tracegen, "write a synthetic training-step allocation trace"},
+    {"plan", cmd_plan, "pack a trace offline: the bound, and a placement plan"},
 };
 
 static void usage(FILE *f)

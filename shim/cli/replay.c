@@ -17,7 +17,8 @@
  *      reports the median nanoseconds per operation (allocate or free).
  * Allocations that fail at the timed pool size are counted (`failures`) and
  * their frees skipped. --vmm adds the same trace over a pool on virtual
- * memory (replay_vmm.c).
+ * memory (replay_vmm.c). --plan gives every pool a placement plan
+ * (`bfcshim plan`), as BFCSHIM_PLAN gives the shim's.
  */
 #include <getopt.h>
 #include <stdlib.h>
@@ -28,6 +29,7 @@
 #include "bfc.h"
 #include "cli.h"
 #include "json_out.h"
+#include "plan_file.h"
 #include "replay_vmm.h"
 #include "sim_device.h"
 #include "trace_csv.h"
@@ -46,6 +48,8 @@ typedef struct replay_opts {
     const char *record;    /* --record: write a trace while timing, as BFCSHIM_TRACE does */
     bool vmm;              /* --vmm: also measure the pool over virtual memory */
     uint64_t gpu_lag;      /* --gpu-lag: --vmm's frees fenced, GPU this many events behind */
+    const char *plan_path; /* --plan: every pool gets this placement plan */
+    plan_file plan;
     bfc_options policy; /* granularity, split and placement knobs */
     int name_width;     /* the table's first column: the longest trace name */
 } replay_opts;
@@ -120,6 +124,19 @@ bfc_pool *replay_pool_create(sim_device *dev, const bfc_options *policy, uint64_
     return pool;
 }
 
+/* replay_pool_create, with the --plan's plan installed. */
+static bfc_pool *pool_for(const replay_opts *o, sim_device *dev, uint64_t pool_bytes,
+                          bfc_backend *backend)
+{
+    bfc_pool *pool = replay_pool_create(dev, &o->policy, pool_bytes, backend);
+    if (pool && o->plan_path &&
+        bfc_pool_set_plan(pool, o->plan.entries, o->plan.n) != BFC_OK) {
+        bfc_pool_destroy(pool, true);
+        pool = NULL;
+    }
+    return pool;
+}
+
 /* One replay in a fresh pool of exactly `pool_bytes`, preallocated; with
  * `rec` (not NULL), every event of the run is recorded. */
 static bool run_once(const trace *t, const replay_opts *o, uint64_t pool_bytes,
@@ -127,7 +144,7 @@ static bool run_once(const trace *t, const replay_opts *o, uint64_t pool_bytes,
 {
     sim_device dev;
     bfc_backend backend = {.on_event = rec ? record_event : NULL, .event_ctx = rec};
-    bfc_pool *pool = replay_pool_create(&dev, &o->policy, pool_bytes, &backend);
+    bfc_pool *pool = pool_for(o, &dev, pool_bytes, &backend);
     if (!pool)
         return false;
     size_t warm = o->warmup < t->nev ? (size_t)o->warmup : t->nev;
@@ -227,7 +244,7 @@ static void dump_at_failure(const trace *t, const replay_opts *o, uint64_t min_b
     }
     sim_device dev;
     bfc_backend backend = {0};
-    bfc_pool *pool = replay_pool_create(&dev, &o->policy, below, &backend);
+    bfc_pool *pool = pool_for(o, &dev, below, &backend);
     if (!pool)
         goto out;
     for (size_t i = 0; i < t->nev; i++) {
@@ -385,6 +402,15 @@ static void print_json(const trace_report *r, const replay_opts *o)
     json_object_close(&j);
     if (o->vmm)
         print_vmm_json(&j, r, o);
+    if (o->plan_path) {
+        json_object_open(&j, "plan");
+        json_string(&j, "file", o->plan_path);
+        json_u64(&j, "entries", o->plan.n);
+        json_u64(&j, "pool_bytes", o->plan.pool_bytes);
+        json_u64(&j, "planned", r->timed.stats.num_planned);
+        json_u64(&j, "misses", r->timed.stats.num_plan_misses);
+        json_object_close(&j);
+    }
     json_object_close(&j);
     json_end(&j);
 }
@@ -505,6 +531,11 @@ static int replay_one(const char *path, const replay_opts *o, bool first)
             if (o->record)
                 printf("  recording: %.1f ns/op plain, %+.1f%% (median of %d pairs)\n",
                        r.plain_ns_per_op, 100 * r.recording_cost, ok_runs);
+            if (o->plan_path)
+                printf("  plan: %llu of %llu allocations where it said, %llu places not free\n",
+                       (unsigned long long)r.timed.stats.num_planned,
+                       (unsigned long long)t.allocs,
+                       (unsigned long long)r.timed.stats.num_plan_misses);
         }
         if (t.unmatched_frees || t.leaked_reuses)
             fprintf(stderr,
@@ -527,7 +558,7 @@ static void replay_usage(FILE *f)
             "usage: bfcshim replay [--pool-size SIZE | --min-pool] [--json] [--repeat N]\n"
             "                      [--granularity BYTES] [--min-split BYTES]\n"
             "                      [--placement aligned|age|low] [--align BYTES] [--tsl]\n"
-            "                      TRACE.csv[.gz]...\n"
+            "                      [--plan PLAN] TRACE.csv[.gz]...\n"
             "\n"
             "Replays RMM-format allocation traces through the BFC engine with no GPU.\n"
             "  --min-pool          time the replay at the smallest pool that serves the\n"
@@ -549,6 +580,8 @@ static void replay_usage(FILE *f)
             "  --align B           aligned placement's cap and threshold, a power of two\n"
             "                      (64KiB)\n"
             "  --tsl               TSL's policy: low placement, split only at 2x or 128 MiB\n"
+            "  --plan PLAN         place as the plan says (bfcshim plan -o PLAN), as\n"
+            "                      BFCSHIM_PLAN does; JSON adds how many went there\n"
             "  --dump-at-failure F append to F (- for stderr) the pool's memory map at the\n"
             "                      first failure in a pool one granule below the minimum\n"
             "  --record F          measure what recording costs: each repeat is a pair of\n"
@@ -574,7 +607,7 @@ int cmd_replay(int argc, char **argv)
     replay_opts o = {.repeats = 5, .bisect = true};
     bfc_options_init(&o.policy);
     enum { OPT_GRAN = 256, OPT_SPLIT, OPT_PLACE, OPT_ALIGN, OPT_TSL, OPT_DUMP, OPT_NO_MIN,
-           OPT_WARM, OPT_RECORD, OPT_VMM, OPT_MAP_GRAN, OPT_RELEASE, OPT_GPU_LAG };
+           OPT_WARM, OPT_RECORD, OPT_VMM, OPT_MAP_GRAN, OPT_RELEASE, OPT_GPU_LAG, OPT_PLAN };
     static const struct option longopts[] = {
         {"pool-size", required_argument, 0, 'p'}, {"min-pool", no_argument, 0, 'm'},
         {"json", no_argument, 0, 'j'},           {"repeat", required_argument, 0, 'r'},
@@ -591,6 +624,7 @@ int cmd_replay(int argc, char **argv)
         {"map-granularity", required_argument, 0, OPT_MAP_GRAN},
         {"release-threshold", required_argument, 0, OPT_RELEASE},
         {"gpu-lag", required_argument, 0, OPT_GPU_LAG},
+        {"plan", required_argument, 0, OPT_PLAN},
         {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
     int c;
     bool min_pool_flag = false;
@@ -636,6 +670,7 @@ int cmd_replay(int argc, char **argv)
         case OPT_NO_MIN: o.bisect = false; break;
         case OPT_RECORD: o.record = optarg; break;
         case OPT_VMM: o.vmm = true; break;
+        case OPT_PLAN: o.plan_path = optarg; break;
         case OPT_MAP_GRAN:
             if (!parse_size(optarg, &v) || v < 4096 || (v & (v - 1)) || v > (UINT64_C(1) << 30))
                 return cli_bad_value("replay", "--map-granularity", optarg,
@@ -677,9 +712,28 @@ int cmd_replay(int argc, char **argv)
         fprintf(stderr, "bfcshim replay: --gpu-lag needs --vmm\n");
         return 2;
     }
+    if (o.plan_path && o.vmm) {
+        fprintf(stderr, "bfcshim replay: --plan applies to the one-region replay, not --vmm\n");
+        return 2;
+    }
     if (optind == argc) {
         replay_usage(stderr);
         return 2;
+    }
+    if (o.plan_path) {
+        char err[512];
+        if (!plan_file_read(o.plan_path, &o.plan, err, sizeof err)) {
+            fprintf(stderr, "bfcshim replay: --plan %s\n", err);
+            return 2;
+        }
+        if (o.plan.granularity != o.policy.granularity) {
+            fprintf(stderr, "bfcshim replay: --plan %s was packed at a granularity of %llu, "
+                            "the replay's is %llu\n", o.plan_path,
+                    (unsigned long long)o.plan.granularity,
+                    (unsigned long long)o.policy.granularity);
+            plan_file_free(&o.plan);
+            return 2;
+        }
     }
     if (o.pool_size)
         o.pool_size = (o.pool_size + o.policy.granularity - 1) / o.policy.granularity *
@@ -693,5 +747,6 @@ int cmd_replay(int argc, char **argv)
     int status = 0;
     for (int i = optind; i < argc; i++)
         status |= replay_one(argv[i], &o, i == optind);
+    plan_file_free(&o.plan);
     return status;
 }

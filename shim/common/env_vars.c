@@ -35,6 +35,7 @@ const env_var env_vars[] = {
      "how much the shim says"},
     {"BFCSHIM_LOG_FILE", VAR_PATH, 0, 0, {0}, "the shim's messages"},
     {"BFCSHIM_TRACE", VAR_PATH, 0, 0, {0}, "the allocation trace (RMM CSV)"},
+    {"BFCSHIM_PLAN", VAR_PATH, 0, 0, {0}, "the placement plan (bfcshim plan)"},
     {"BFCSHIM_STATS_FILE", VAR_PATH, 0, 0, {0}, "the statistics at exit (JSON)"},
     {"BFCSHIM_STATS", VAR_BOOL, 0, 0, {0}, "a summary on stderr at exit"},
     {"BFCSHIM_OOM_REPORT", VAR_PATH, 0, 0, {0}, "out-of-memory reports"},

@@ -211,6 +211,7 @@ static void parse(void)
     get_size("BFCSHIM_FENCE_BYTES", &cfg.fence_bytes);
     get_bool("BFCSHIM_DRIVER_HOOKS", &cfg.driver_hooks);
     cfg.trace_path = get_path("BFCSHIM_TRACE");
+    cfg.plan_path = get_path("BFCSHIM_PLAN");
     cfg.stats_file = get_path("BFCSHIM_STATS_FILE");
     cfg.oom_report_path = get_path("BFCSHIM_OOM_REPORT");
     get_bool("BFCSHIM_STATS", &cfg.stats_summary);

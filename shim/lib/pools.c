@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "plan_file.h"
 #include "shim.h"
 #include "units.h"
 
@@ -167,6 +168,39 @@ static uint64_t use_vmm(const real_driver *R, const shim_config *cfg, CUdevice d
     return g;
 }
 
+/*
+ * BFCSHIM_PLAN: places from an offline packing of an earlier run (bfcshim
+ * plan). A plan that cannot be read or does not fit this pool is said in
+ * one line and left out: the pool runs on by its placement rule.
+ */
+static void install_plan(shim_pool *sp, const char *path, uint64_t granularity)
+{
+    char err[512];
+    plan_file plan;
+    if (!plan_file_read(path, &plan, err, sizeof err)) {
+        shim_log(LOG_WARN, "device %d: BFCSHIM_PLAN not used: %s", (int)sp->dev, err);
+        return;
+    }
+    char need[32], have[32];
+    if (plan.granularity != granularity)
+        shim_log(LOG_WARN, "device %d: BFCSHIM_PLAN %s not used: packed at a granularity of "
+                           "%llu, the pool's (BFCSHIM_ALIGNMENT) is %llu",
+                 (int)sp->dev, path, (unsigned long long)plan.granularity,
+                 (unsigned long long)granularity);
+    else if (bfc_pool_set_plan(sp->bfc, plan.entries, plan.n) != BFC_OK)
+        shim_log(LOG_WARN, "device %d: BFCSHIM_PLAN %s not used: an entry is not a multiple "
+                           "of the granularity, or out of host memory",
+                 (int)sp->dev, path);
+    else
+        shim_log(plan.pool_bytes > sp->limit ? LOG_WARN : LOG_INFO,
+                 "device %d: placement plan %s: %zu allocations, packed into %s (pool %s)%s",
+                 (int)sp->dev, path, plan.n, format_size(plan.pool_bytes, need, sizeof need),
+                 format_size(sp->limit, have, sizeof have),
+                 plan.pool_bytes > sp->limit ? "; places past the pool's end go by the rule"
+                                             : "");
+    plan_file_free(&plan);
+}
+
 /* ctx is current. */
 static shim_pool *create_pool(const real_driver *R, CUcontext ctx)
 {
@@ -253,6 +287,8 @@ static shim_pool *create_pool(const real_driver *R, CUcontext ctx)
         shim_log(LOG_WARN, "device %d: could not take the %s pool up front; regions will be "
                            "taken as allocations need them",
                  (int)dev, lim);
+    if (cfg->plan_path)
+        install_plan(sp, cfg->plan_path, o.granularity);
     return sp;
 }
 

@@ -74,6 +74,7 @@ typedef struct shim_config {
     int log_level;
     const char *log_file;
     const char *trace_path;      /* BFCSHIM_TRACE; %p becomes the pid */
+    const char *plan_path;       /* BFCSHIM_PLAN: a placement plan (bfcshim plan) */
     const char *stats_file;      /* BFCSHIM_STATS_FILE; %p becomes the pid */
     bool stats_summary;          /* BFCSHIM_STATS */
     const char *oom_report_path; /* BFCSHIM_OOM_REPORT; %p becomes the pid */

@@ -72,6 +72,8 @@ static void pool_json(json_out *j, shim_pool *sp, const bfc_stats *s)
     json_u64(j, "num_region_frees", st.num_region_frees);
     json_u64(j, "num_gc_runs", st.num_gc_runs);
     json_u64(j, "num_fence_waits", st.num_fence_waits);
+    json_u64(j, "num_planned", st.num_planned);
+    json_u64(j, "num_plan_misses", st.num_plan_misses);
     json_u64(j, "host_metadata_bytes", st.host_metadata_bytes);
     json_u64(j, "total_memory", sp->total_memory);
     json_u64(j, "passthrough_allocs", atomic_load(&sp->passthrough_allocs));

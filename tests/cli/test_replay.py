@@ -312,6 +312,44 @@ def test_gpu_lag(d):
         check(p.returncode == 2 and needle in p.stderr, f"replay {bad} refused: {p.stderr}")
 
 
+def test_plan(d):
+    # The trace of test_min_pool_and_placement: low placement needs 4 MiB,
+    # the offline packing 3 MiB. A plan of it brings low placement to 3 MiB,
+    # every allocation where the plan said.
+    t = write_trace(d, "abc-plan.csv", [
+        row("allocate", "0x1000000", MiB), row("allocate", "0x2000000", MiB),
+        row("free", "0x1000000", MiB), row("allocate", "0x3000000", 2 * MiB)])
+    plan = os.path.join(d, "abc.plan")
+    p = run("plan", "--json", "-o", plan, t)
+    check(p.returncode == 0, f"plan exits 0: {p.stderr}")
+    r = json.loads(p.stdout)
+    check(r["offline_pool_bytes"] == 3 * MiB and r["allocations"] == 3,
+          f"plan figures {r}")
+    lines = open(plan).read().splitlines()
+    check(lines[:4] == ["bfcshim-plan 1", "granularity 256", f"pool_bytes {3 * MiB}",
+                        "entries 3"], f"plan header {lines[:4]}")
+    (r,), _ = replay_json("--placement", "low", "--plan", plan, t)
+    check(r["min_pool_bytes"] == 3 * MiB, f"low with the plan: {r['min_pool_bytes']}")
+    check(r["plan"]["planned"] == 3 and r["plan"]["misses"] == 0, f"plan counts {r['plan']}")
+    # Bad plans are refused with a reason, before any replay.
+    bad = os.path.join(d, "bad.plan")
+    for text, why in [("not a plan\n", "not a bfcshim plan"),
+                      ("bfcshim-plan 1\ngranularity 256\npool_bytes 1\nentries 2\n256 0\n",
+                       "announced"),
+                      ("bfcshim-plan 1\ngranularity 256\npool_bytes 1\nentries 1\n256 x\n",
+                       ":5: expected 'size offset'")]:
+        with open(bad, "w") as f:
+            f.write(text)
+        p = run("replay", "--plan", bad, t, ok=False)
+        check(p.returncode == 2 and why in p.stderr, f"bad plan ({why}): {p.returncode} {p.stderr}")
+    p = run("replay", "--granularity", "512", "--plan", plan, t, ok=False)
+    check(p.returncode == 2 and "granularity" in p.stderr, f"granularity mismatch: {p.stderr}")
+    p = run("replay", "--vmm", "--plan", plan, t, ok=False)
+    check(p.returncode == 2, "--plan with --vmm is refused")
+    p = run("plan", os.path.join(d, "missing.csv"), ok=False)
+    check(p.returncode == 1, "plan of a missing trace fails")
+
+
 def test_bundled_traces(d):
     """The shipped traces. Synthetic ones: the efficiency bar
     (>= 0.97) holds on them, and the generator still writes them byte for
@@ -363,7 +401,7 @@ with tempfile.TemporaryDirectory() as d:
     for test in [test_min_pool_and_placement, test_json_contract, test_unmatched_and_failed_lines,
                  test_malformed_lines_name_their_line, test_gzip_and_crlf, test_bad_options,
                  test_dump_at_failure, test_tracegen, test_record, test_vmm, test_gpu_lag,
-                 test_bundled_traces]:
+                 test_plan, test_bundled_traces]:
         before = failures
         test(d)
         print(f"{test.__name__}: {'ok' if failures == before else 'FAILED'}")

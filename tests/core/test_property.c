@@ -21,6 +21,10 @@
  *     twice, no unmapping of what was not mapped, and nothing left at the end;
  *     it mapped more only when pending frees could not hold it (or an epoch
  *     stayed unsealed, so they could not be waited for);
+ *   - with a plan (a third of the seeds: random sizes and places), the n-th
+ *     allocation of a size goes to that size's n-th planned place exactly
+ *     when the place is wholly free and the pool has one region, and is
+ *     placed by the rule above otherwise;
  *   - bad frees (double, interior, foreign, stale) are refused with the right
  *     status and change no statistic;
  *   - deferred frees (lanes 3..5) are sealed by a later allocation (the
@@ -37,6 +41,7 @@
 #define MAX_LIVE 400
 #define MAX_PENDING 4096
 #define MAX_LANES 6
+#define MAX_PLAN 96
 
 typedef struct live_block {
     bfc_addr addr;
@@ -64,6 +69,12 @@ typedef struct model {
     size_t nfreed;
 } model;
 
+/* An entry of the seed's placement plan, if it has one. */
+typedef struct plan_slot {
+    uint64_t size, offset;
+    bool used; /* the pool consulted it */
+} plan_slot;
+
 typedef struct run {
     uint64_t seed, step, rng;
     fixture f;
@@ -72,6 +83,9 @@ typedef struct run {
     bool with_fences;
     unsigned closed_open_epochs; /* entries of closed_open_epoch set */
     uint64_t ooms, allocs, frees, bad_frees, retires;
+    plan_slot plan[MAX_PLAN];
+    size_t nplan;
+    uint64_t planned, plan_misses; /* allocations at / not at their planned place */
 } run;
 
 static run R;
@@ -132,6 +146,59 @@ static bool overlaps(bfc_addr a, uint64_t n, bfc_addr b, uint64_t m)
 
 /* ---- configuration ---------------------------------------------------- */
 
+static uint64_t draw_size(void);
+
+/* A random plan: sizes the allocations will draw, places anywhere in the
+ * limit (many overlap, so misses are exercised as much as hits). Installing
+ * one again restarts the pool's occurrence counts, as the model's. */
+static void install_plan(void)
+{
+    const uint64_t g = R.f.opt.granularity, limit = R.f.opt.limit_bytes;
+    bfc_plan_entry e[MAX_PLAN];
+    R.nplan = 16 + rng_below(&R.rng, MAX_PLAN - 16);
+    for (size_t i = 0; i < R.nplan; i++) {
+        uint64_t size;
+        do
+            size = (draw_size() + g - 1) / g * g;
+        while (size == 0 || size > limit);
+        uint64_t offset = rng_below(&R.rng, (limit - size) / g + 1) * g;
+        R.plan[i] = (plan_slot){size, offset, false};
+        e[i] = (bfc_plan_entry){size, offset};
+    }
+    if (bfc_pool_set_plan(R.f.pool, e, R.nplan) != BFC_OK)
+        FAIL_AT("a valid plan of %zu entries was refused", R.nplan);
+}
+
+/* The plan entry the pool consults next for `rounded`, or -1. */
+static int plan_next_for(uint64_t rounded)
+{
+    for (size_t i = 0; i < R.nplan; i++)
+        if (!R.plan[i].used && R.plan[i].size == rounded)
+            return (int)i;
+    return -1;
+}
+
+typedef struct place_search {
+    bfc_addr base; /* region 0's */
+    bool have_base;
+    uint64_t offset, rounded;
+    bool free; /* [base + offset, + rounded) lies in one FREE chunk */
+} place_search;
+
+static void place_visitor(void *arg, const bfc_chunk_info *c)
+{
+    place_search *ps = arg;
+    if (c->region != 0)
+        return;
+    if (!ps->have_base) { /* chunks come in address order */
+        ps->base = c->addr;
+        ps->have_base = true;
+    }
+    bfc_addr lo = ps->base + ps->offset;
+    if (c->kind == BFC_CHUNK_FREE && lo >= c->addr && lo + ps->rounded <= c->addr + c->size)
+        ps->free = true;
+}
+
 static void configure(void)
 {
     uint64_t *rng = &R.rng;
@@ -183,6 +250,8 @@ static void configure(void)
         b.fence_done = fence_done;
     b.fence_seal = fence_seal;
     fixture_start_with(f, &b);
+    if (rng_below(rng, 3) == 0)
+        install_plan();
 }
 
 /* ---- model maintenance ------------------------------------------------- */
@@ -403,9 +472,37 @@ static void op_alloc(void)
     if (s.best.found && s.best.chunk.kind != BFC_CHUNK_FREE)
         align = 0;
     bfc_stats before = stats_of(&R.f);
+    /* The plan's place for it, and whether that place is wholly free now. */
+    const int k = size && size <= BFC_MAX_ALLOC_BYTES ? plan_next_for(rounded) : -1;
+    place_search ps = {.offset = k >= 0 ? R.plan[k].offset : 0, .rounded = rounded};
+    if (k >= 0)
+        bfc_pool_visit(R.f.pool, place_visitor, &ps);
 
     bfc_addr a = 0xdead00;
     bfc_status st = bfc_pool_alloc(R.f.pool, size, lane, &a);
+    bfc_stats after_call = stats_of(&R.f);
+    const bool consulted = k >= 0 && before.num_regions == 1 && st != BFC_ERR_BAD_LANE;
+    const bool planned = after_call.num_planned != before.num_planned;
+    if (consulted) {
+        R.plan[k].used = true;
+        *(planned ? &R.planned : &R.plan_misses) += 1;
+    }
+    /* A place free before stays free (retiring only frees more), though
+     * over virtual memory it may not be mappable (a miss); one that was not
+     * free may have been freed by a retirement at the allocation's start. */
+    const bool retired_early = after_call.num_retired != before.num_retired;
+    if (planned && !consulted)
+        FAIL_AT("alloc %" PRIu64 " was placed by a plan that had no place for it", rounded);
+    else if (planned && a != ps.base + ps.offset)
+        FAIL_AT("planned alloc %" PRIu64 " got %#llx, the plan says %#llx", rounded,
+                (unsigned long long)a, (unsigned long long)(ps.base + ps.offset));
+    else if (consulted && ps.free && !planned &&
+             !(R.f.opt.vmm && after_call.num_plan_misses != before.num_plan_misses))
+        FAIL_AT("alloc %" PRIu64 " ignored its planned place %#llx, which was free", rounded,
+                (unsigned long long)(ps.base + ps.offset));
+    else if (planned && !ps.free && !retired_early)
+        FAIL_AT("alloc %" PRIu64 " took planned place %#llx, which was not free", rounded,
+                (unsigned long long)(ps.base + ps.offset));
     if (size == 0) {
         if (st != BFC_OK || a != 0)
             FAIL_AT("alloc(0) gave %s, %#llx", bfc_status_name(st), (unsigned long long)a);
@@ -458,7 +555,8 @@ static void op_alloc(void)
         for (int i = 0; i < MAX_LANES; i++)
             all_sealed = all_sealed && !m->open_epoch[i];
         bfc_stats now = stats_of(&R.f);
-        if (all_sealed && now.pool_bytes > before.pool_bytes && now.pending_bytes >= rounded)
+        if (all_sealed && !planned && now.pool_bytes > before.pool_bytes &&
+            now.pending_bytes >= rounded)
             FAIL_AT("mapped %" PRIu64 " more bytes for %" PRIu64 " with %" PRIu64
                     " bytes still pending",
                     now.pool_bytes - before.pool_bytes, rounded, now.pending_bytes);
@@ -470,7 +568,7 @@ static void op_alloc(void)
     /* Best fit: when a fit existed before, the block must come from it,
      * unless the allocation first retired blocks whose fences completed. */
     bool retired = stats_of(&R.f).num_retired != before.num_retired;
-    if (s.best.found && !retired) {
+    if (s.best.found && !retired && !planned) {
         const bfc_options *o = &R.f.opt;
         uint64_t size = s.best.chunk.size, rest = size - rounded;
         bool split = o->tsl_split
@@ -724,9 +822,12 @@ static void run_seed(uint64_t seed, uint64_t ops)
             pending_resync();
         }
         else {
-            /* Now and then free everything: back to one chunk per region. */
+            /* Now and then free everything: back to one chunk per region;
+             * a seed with a plan starts it again. */
             while (R.m.nlive)
                 op_free(false);
+            if (R.nplan)
+                install_plan();
         }
         check_model();
     }
@@ -760,12 +861,14 @@ int main(int argc, char **argv)
         default: return 2;
         }
     }
-    uint64_t total = 0, ooms = 0, bad = 0;
+    uint64_t total = 0, ooms = 0, bad = 0, planned = 0, plan_misses = 0;
     for (uint64_t seed = first; seed <= last && !harness_failures; seed++) {
         run_seed(seed, ops);
         total += R.step;
         ooms += R.ooms;
         bad += R.bad_frees;
+        planned += R.planned;
+        plan_misses += R.plan_misses;
         if (!quiet)
             printf("seed %" PRIu64 ": %" PRIu64 " ops (%" PRIu64 " allocs, %" PRIu64
                    " frees, %" PRIu64 " OOMs, %" PRIu64 " bad frees) %s\n",
@@ -773,7 +876,9 @@ int main(int argc, char **argv)
                    harness_failures ? "FAILED" : "clean");
     }
     printf("property: %" PRIu64 " operations over seeds %" PRIu64 "-%" PRIu64
-           ", %" PRIu64 " OOMs, %" PRIu64 " refused bad frees, %s\n",
-           total, first, last, ooms, bad, harness_failures ? "FAILED" : "all clean");
+           ", %" PRIu64 " OOMs, %" PRIu64 " refused bad frees, %" PRIu64
+           " planned placements (%" PRIu64 " places not free), %s\n",
+           total, first, last, ooms, bad, planned, plan_misses,
+           harness_failures ? "FAILED" : "all clean");
     return harness_result();
 }

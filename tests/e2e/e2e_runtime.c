@@ -16,6 +16,8 @@
  *   garbage-env malformed variables: one line each, defaults, the program runs
  *   stats-now   statistics on demand: bfcshim_write_stats and the request file
  *   reset       cudaDeviceReset: the pool goes with the context, a new one follows
+ *   plan        BFCSHIM_PLAN: allocations go where tests/data/e2e.plan says
+ *   plan-bad    a plan that cannot be read: one line, and the rule places
  *   exit-busy   the program exits while another thread holds the pool, waiting
  *               for a fence that never completes: exit must not hang (the
  *               stats and trace writers give a busy pool up)
@@ -537,6 +539,34 @@ static void stats_now(void)
     CHECK_EQ(cudaFree(p), cudaSuccess);
 }
 
+/* The plan puts the first 1 MiB at 8 MiB, the second at 0, 2 MiB at 4 MiB:
+ * the pool's log says it took the plan, and the blocks lie where it said,
+ * measured from the second (the region's base). A fourth allocation of a
+ * size the plan has no place left for is placed by the rule. */
+static void plan(void)
+{
+    char log[4096];
+    char *a = alloc_ok(MiB), *base = alloc_ok(MiB), *c = alloc_ok(2 * MiB);
+    CHECK(a == base + 8 * MiB);
+    CHECK(c == base + 4 * MiB);
+    CHECK(shim_log_lines(log, sizeof log) == 0 || strstr(log, "placement plan") != NULL);
+    char *d = alloc_ok(MiB);
+    CHECK(d != a && d != base && (d + MiB <= c || d >= c + 2 * MiB));
+    memset(a, 1, MiB); /* the fake's device memory is host memory */
+    memset(d, 2, MiB);
+    CHECK(a[0] == 1 && a[MiB - 1] == 1 && d[0] == 2 && d[MiB - 1] == 2);
+    char *all[] = {a, base, c, d};
+    for (int i = 0; i < 4; i++)
+        CHECK_EQ(cudaFree(all[i]), cudaSuccess);
+}
+
+static void plan_bad(void)
+{
+    char *a = alloc_ok(MiB);
+    CHECK_ONE_LOG_LINE("BFCSHIM_PLAN not used");
+    CHECK_EQ(cudaFree(a), cudaSuccess);
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -545,6 +575,7 @@ int main(int argc, char **argv)
         {"capture", capture},     {"threads", threads},         {"multidevice", multidevice},
         {"fork", forks},          {"platform", platform},       {"garbage-env", garbage_env},
         {"stats-now", stats_now}, {"reset", reset},           {"exit-busy", exit_busy},
+        {"plan", plan},           {"plan-bad", plan_bad},
     };
     return e2e_main("e2e_runtime", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }

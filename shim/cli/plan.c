@@ -1,0 +1,133 @@
+/*
+ * plan.c - `bfcshim plan`: the offline packing of a recorded trace, as a
+ * bound and as a placement plan for the next run.
+ *
+ *   bfcshim plan [--granularity B] [-o PLAN] [--json] TRACE.csv[.gz]
+ *
+ * Online placement decides where each block goes knowing only the past; a
+ * packing that knows every lifetime (offline_pack.c) shows how small a pool
+ * could be, and, written as a plan (plan_file.h), tells a later run of the
+ * same job where each allocation goes: BFCSHIM_PLAN=PLAN for the shim,
+ * `bfcshim replay --plan PLAN` to measure it first.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "json_out.h"
+#include "offline_pack.h"
+#include "plan_file.h"
+#include "units.h"
+
+static void plan_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: bfcshim plan [--granularity BYTES] [-o PLAN] [--json] TRACE.csv[.gz]\n"
+            "\n"
+            "Packs the trace's allocations offline (every lifetime known in advance) and\n"
+            "reports the pool that packing needs: the bound online placement is measured\n"
+            "against. With -o, writes it as a placement plan for a later run of the same\n"
+            "job: BFCSHIM_PLAN=PLAN (preallocated pool), or bfcshim replay --plan PLAN.\n"
+            "  -o, --output PLAN   write the plan there (- for standard output)\n"
+            "  --granularity B     size rounding, as the pool's (256)\n"
+            "  --json              print the figures as one JSON object\n");
+}
+
+int cmd_plan(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"output", required_argument, 0, 'o'},
+        {"granularity", required_argument, 0, 'g'},
+        {"json", no_argument, 0, 'j'},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    const char *out_path = NULL;
+    uint64_t granularity = 256;
+    bool json = false;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "o:h", longopts, NULL)) != -1) {
+        uint64_t v;
+        switch (c) {
+        case 'o': out_path = optarg; break;
+        case 'g':
+            if (!parse_size(optarg, &v) || v < 256 || (v & (v - 1)) || v > (1u << 20))
+                return cli_bad_value("plan", "--granularity", optarg,
+                                     "a power of two from 256 to 1MiB");
+            granularity = v;
+            break;
+        case 'j': json = true; break;
+        case 'h': plan_usage(stdout); return 0;
+        default: plan_usage(stderr); return 2;
+        }
+    }
+    if (optind != argc - 1) {
+        plan_usage(stderr);
+        return 2;
+    }
+    const char *path = argv[optind];
+    trace t;
+    if (!trace_load(&t, path)) {
+        fprintf(stderr, "bfcshim plan: %s\n", t.error);
+        trace_free(&t);
+        return 1;
+    }
+    int status = 1;
+    uint64_t *offsets = calloc(t.nslots ? t.nslots : 1, sizeof *offsets);
+    plan_file plan = {.granularity = granularity};
+    if (offsets && t.nslots)
+        plan.entries = calloc(t.nslots, sizeof *plan.entries);
+    uint64_t pool = offsets && plan.entries ? offline_pack(&t, granularity, offsets) : 0;
+    if (t.nslots == 0) {
+        fprintf(stderr, "bfcshim plan: %s: no allocations to plan\n", path);
+        goto out;
+    }
+    if (pool == 0) {
+        fprintf(stderr, "bfcshim plan: %s: out of host memory\n", path);
+        goto out;
+    }
+    /* Entries in allocation order: slot i is the i-th allocation. */
+    for (size_t i = 0; i < t.nev; i++)
+        if (t.ev[i].kind == TRACE_ALLOC) {
+            uint64_t size = (t.ev[i].size + granularity - 1) / granularity * granularity;
+            plan.entries[t.ev[i].slot] = (bfc_plan_entry){size, offsets[t.ev[i].slot]};
+        }
+    plan.n = t.nslots;
+    plan.pool_bytes = pool;
+    if (out_path && !plan_file_write(out_path, &plan)) {
+        fprintf(stderr, "bfcshim plan: %s: %s\n", out_path, strerror(errno));
+        goto out;
+    }
+    const double eff = (double)t.peak_live_bytes / (double)pool;
+    if (json) {
+        json_out j;
+        json_begin(&j, out_path && !strcmp(out_path, "-") ? stderr : stdout, false);
+        json_object_open(&j, NULL);
+        json_string(&j, "trace", path);
+        json_u64(&j, "allocations", t.nslots);
+        json_u64(&j, "peak_live_bytes", t.peak_live_bytes);
+        json_u64(&j, "offline_pool_bytes", pool);
+        json_double(&j, "offline_efficiency", eff);
+        json_u64(&j, "granularity", granularity);
+        if (out_path)
+            json_string(&j, "plan", out_path);
+        else
+            json_null(&j, "plan");
+        json_object_close(&j);
+        json_end(&j);
+    } else {
+        char a[32], b[32];
+        fprintf(out_path && !strcmp(out_path, "-") ? stderr : stdout,
+                "%s: %zu allocations, peak live %s; packed offline into %s (efficiency %.4f)%s%s\n",
+                path, (size_t)t.nslots, format_size(t.peak_live_bytes, a, sizeof a),
+                format_size(pool, b, sizeof b), eff, out_path ? "; plan written to " : "",
+                out_path ? out_path : "");
+    }
+    status = 0;
+out:
+    plan_file_free(&plan);
+    free(offsets);
+    trace_free(&t);
+    return status;
+}

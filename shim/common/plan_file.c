@@ -1,0 +1,120 @@
+/* plan_file.c - reading and writing placement plans (plan_file.h). */
+#include "plan_file.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PLAN_MAGIC "bfcshim-plan 1"
+
+void plan_file_free(plan_file *plan)
+{
+    free(plan->entries);
+    memset(plan, 0, sizeof *plan);
+}
+
+/* "name value" with value a decimal number. */
+static bool header_line(const char *line, const char *name, uint64_t *value)
+{
+    size_t n = strlen(name);
+    if (strncmp(line, name, n) != 0 || line[n] != ' ')
+        return false;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(line + n + 1, &end, 10);
+    if (errno || end == line + n + 1 || (*end && *end != '\n'))
+        return false;
+    *value = v;
+    return true;
+}
+
+bool plan_file_read(const char *path, plan_file *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return false;
+    }
+    char line[256];
+    unsigned long lineno = 0;
+    uint64_t entries = 0;
+    bool ok = false;
+    /* The header: magic, then granularity, pool_bytes and entries. */
+    const char *want[] = {"granularity", "pool_bytes", "entries"};
+    uint64_t *into[] = {&out->granularity, &out->pool_bytes, &entries};
+    int have = -1; /* -1: the magic line is next */
+    while (fgets(line, sizeof line, f)) {
+        lineno++;
+        if (line[0] == '#' || line[0] == '\n')
+            continue;
+        if (have == -1) {
+            if (strncmp(line, PLAN_MAGIC, strlen(PLAN_MAGIC)) != 0) {
+                snprintf(err, errlen, "%s:%lu: not a bfcshim plan (want '%s')", path, lineno,
+                         PLAN_MAGIC);
+                goto out;
+            }
+            have = 0;
+            continue;
+        }
+        if (have < 3) {
+            if (!header_line(line, want[have], into[have])) {
+                snprintf(err, errlen, "%s:%lu: expected '%s N'", path, lineno, want[have]);
+                goto out;
+            }
+            if (++have == 3) {
+                if (entries > SIZE_MAX / sizeof *out->entries ||
+                    !(out->entries = malloc((entries ? entries : 1) * sizeof *out->entries))) {
+                    snprintf(err, errlen, "%s: %" PRIu64 " entries: out of host memory", path,
+                             entries);
+                    goto out;
+                }
+            }
+            continue;
+        }
+        unsigned long long size, offset;
+        char extra;
+        if (sscanf(line, "%llu %llu %c", &size, &offset, &extra) != 2) {
+            snprintf(err, errlen, "%s:%lu: expected 'size offset'", path, lineno);
+            goto out;
+        }
+        if (out->n == entries) {
+            snprintf(err, errlen, "%s:%lu: more entries than the %" PRIu64 " announced", path,
+                     lineno, entries);
+            goto out;
+        }
+        out->entries[out->n++] = (bfc_plan_entry){size, offset};
+    }
+    if (have < 3)
+        snprintf(err, errlen, "%s: the header ends early (no '%s' line)", path,
+                 have < 0 ? PLAN_MAGIC : want[have]);
+    else if (out->n != entries)
+        snprintf(err, errlen, "%s: %zu entries, the header announced %" PRIu64
+                 " (a truncated file?)", path, out->n, entries);
+    else
+        ok = true;
+out:
+    fclose(f);
+    if (!ok)
+        plan_file_free(out);
+    return ok;
+}
+
+bool plan_file_write(const char *path, const plan_file *plan)
+{
+    FILE *f = strcmp(path, "-") == 0 ? stdout : fopen(path, "w");
+    if (!f)
+        return false;
+    fprintf(f, PLAN_MAGIC "\ngranularity %" PRIu64 "\npool_bytes %" PRIu64 "\nentries %zu\n",
+            plan->granularity, plan->pool_bytes, plan->n);
+    for (size_t i = 0; i < plan->n; i++)
+        fprintf(f, "%" PRIu64 " %" PRIu64 "\n", plan->entries[i].size, plan->entries[i].offset);
+    bool ok = !ferror(f);
+    if (f == stdout)
+        ok = fflush(f) == 0 && ok;
+    else
+        ok = fclose(f) == 0 && ok;
+    return ok;
+}
