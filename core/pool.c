@@ -659,25 +659,13 @@ bfc_status bfc_pool_alloc(bfc_pool *p, uint64_t size, uint32_t lane_id,
         c = find_fit(p, rounded, lane_id, &align);
         if (c == CHUNK_NIL)
             c = find_fit_slow(p, rounded, lane_id, &align);
-        if (c == CHUNK_NIL) {
-            p->st.num_ooms++;
-            s = BFC_ERR_OOM;
-            if (p->backend.on_event)
-                p->backend.on_event(p->backend.event_ctx, BFC_EVENT_ALLOC_FAILED, 0, size,
-                                    lane_id);
-            goto out;
-        }
+        if (c == CHUNK_NIL)
+            goto oom;
         c = carve(p, c, rounded, align, size);
         if (p->opt.vmm) {
             c = refit_before_mapping(p, c, rounded, size, lane_id);
-            if (!back_allocation(p, c)) {
-                p->st.num_ooms++;
-                s = BFC_ERR_OOM;
-                if (p->backend.on_event)
-                    p->backend.on_event(p->backend.event_ctx, BFC_EVENT_ALLOC_FAILED, 0, size,
-                                        lane_id);
-                goto out;
-            }
+            if (!back_allocation(p, c))
+                goto oom;
         }
     }
     chunk *cc = C(p, c);
@@ -697,6 +685,12 @@ bfc_status bfc_pool_alloc(bfc_pool *p, uint64_t size, uint32_t lane_id,
     *out = cc->addr;
     if (p->backend.on_event)
         p->backend.on_event(p->backend.event_ctx, BFC_EVENT_ALLOC, cc->addr, size, lane_id);
+    goto out;
+oom:
+    p->st.num_ooms++;
+    s = BFC_ERR_OOM;
+    if (p->backend.on_event)
+        p->backend.on_event(p->backend.event_ctx, BFC_EVENT_ALLOC_FAILED, 0, size, lane_id);
 out:
     bfc_lock_release(&p->lock);
     return s;
