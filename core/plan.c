@@ -30,7 +30,6 @@
  * growing one that has not grown): offsets name places in that region.
  */
 #include <stdlib.h>
-#include <string.h>
 
 #include "pool_internal.h"
 

@@ -1,54 +1,37 @@
 /* offline_pack.c - the offline packing of a trace (offline_pack.h). */
 #include "offline_pack.h"
 
-#include <limits.h>
 #include <stdbool.h>
 #include <stdlib.h>
-#include <string.h>
 
 typedef struct block {
     uint64_t size, offset;
     size_t born, dies; /* event indices; dies = SIZE_MAX if never freed */
     uint32_t slot;
+    /* The order of one pass: `first` blocks lead, then the larger key. */
+    bool first;
+    double key;
 } block;
 
-static size_t lifetime(const block *b) { return b->dies - b->born; }
+enum order { BY_SIZE, BY_LIFETIME, BY_AREA, ORDERS };
 
-typedef int (*block_order)(const void *, const void *);
-
-/* In the first pass over the orders, blocks still live at the trace's end
- * come first: they pack together at the bottom, so that a run going on
- * past the plan finds its free space in one piece above them. */
-static bool survivors_first;
-
-/* The larger key first; ties by birth, so every order is deterministic. */
-static int by_key(double ka, double kb, const block *a, const block *b)
+static double key_of(const block *b, enum order o)
 {
-    const bool ea = a->dies == SIZE_MAX, eb = b->dies == SIZE_MAX;
-    if (survivors_first && ea != eb)
-        return ea ? -1 : 1;
-    if (ka != kb)
-        return ka < kb ? 1 : -1;
+    const double lifetime = (double)(b->dies - b->born);
+    return o == BY_SIZE ? (double)b->size : o == BY_LIFETIME ? lifetime
+                                                             : (double)b->size * lifetime;
+}
+
+/* `first` blocks, then the larger key; ties by birth, so every order is
+ * deterministic. */
+static int by_rank(const void *pa, const void *pb)
+{
+    const block *a = pa, *b = pb;
+    if (a->first != b->first)
+        return a->first ? -1 : 1;
+    if (a->key != b->key)
+        return a->key < b->key ? 1 : -1;
     return a->born < b->born ? -1 : a->born > b->born;
-}
-
-static int by_size(const void *pa, const void *pb)
-{
-    const block *a = pa, *b = pb;
-    return by_key((double)a->size, (double)b->size, a, b);
-}
-
-static int by_lifetime(const void *pa, const void *pb)
-{
-    const block *a = pa, *b = pb;
-    return by_key((double)lifetime(a), (double)lifetime(b), a, b);
-}
-
-static int by_area(const void *pa, const void *pb)
-{
-    const block *a = pa, *b = pb;
-    return by_key((double)a->size * (double)lifetime(a), (double)b->size * (double)lifetime(b),
-                  a, b);
 }
 
 static int by_offset(const void *pa, const void *pb)
@@ -79,7 +62,7 @@ static uint64_t pack(block *blocks, size_t n, block **scratch)
     return top;
 }
 
-uint64_t offline_pack(const trace *t, uint64_t granularity, uint64_t *offsets)
+uint64_t offline_pack(const trace *t, uint64_t granularity, bfc_plan_entry *out)
 {
     const size_t n = t->nslots;
     if (n == 0)
@@ -101,18 +84,23 @@ uint64_t offline_pack(const trace *t, uint64_t granularity, uint64_t *offsets)
             b->dies = i;
         }
     }
-    static const block_order orders[] = {by_size, by_lifetime, by_area};
-    const size_t norders = sizeof orders / sizeof orders[0];
-    /* Survivors first, then not; a later packing replaces an earlier one
-     * only when it is strictly smaller. */
-    for (size_t k = 0; k < 2 * norders; k++) {
-        survivors_first = k < norders;
-        qsort(blocks, n, sizeof *blocks, orders[k % norders]);
+    /* Each order twice: first with the blocks still live at the trace's end
+     * leading, so that they pack together at the bottom and a run going on
+     * past the plan finds its free space in one piece above them; then
+     * without. A later packing replaces an earlier one only when it is
+     * strictly smaller. */
+    for (int pass = 0; pass < 2 * ORDERS; pass++) {
+        const bool survivors_first = pass < ORDERS;
+        for (size_t i = 0; i < n; i++) {
+            blocks[i].first = survivors_first && blocks[i].dies == SIZE_MAX;
+            blocks[i].key = key_of(&blocks[i], (enum order)(pass % ORDERS));
+        }
+        qsort(blocks, n, sizeof *blocks, by_rank);
         uint64_t pool = pack(blocks, n, scratch);
         if (best == 0 || pool < best) {
             best = pool;
             for (size_t i = 0; i < n; i++)
-                offsets[blocks[i].slot] = blocks[i].offset;
+                out[blocks[i].slot] = (bfc_plan_entry){blocks[i].size, blocks[i].offset};
         }
     }
 out:

@@ -8,7 +8,9 @@
  * lowest offset where they overlap no rectangle already placed that is live
  * at the same time. Finding the optimum is NP-hard (dynamic storage
  * allocation); greedy orders come close, so three are tried (largest first,
- * longest-lived first, largest area first) and the smallest pool is kept.
+ * longest-lived first, largest area first), each once with the blocks still
+ * live at the trace's end leading and once without, and the smallest pool
+ * is kept.
  * O(n^2 log n) for n allocations: seconds at 10^4.
  */
 #ifndef BFCSHIM_CLI_OFFLINE_PACK_H
@@ -16,11 +18,13 @@
 
 #include <stdint.h>
 
+#include "bfc.h"
 #include "trace_csv.h"
 
-/* Packs t's allocations; offsets[i] receives the offset of the i-th
- * allocation (t->nslots entries). Returns the pool size the packing needs,
- * or 0 when host memory runs out (or the trace allocates nothing). */
-uint64_t offline_pack(const trace *t, uint64_t granularity, uint64_t *offsets);
+/* Packs t's allocations; out[i] receives the i-th allocation's rounded size
+ * and offset (t->nslots entries: a plan in recorded order). Returns the pool
+ * size the packing needs, or 0 when host memory runs out (or the trace
+ * allocates nothing). */
+uint64_t offline_pack(const trace *t, uint64_t granularity, bfc_plan_entry *out);
 
 #endif

@@ -74,35 +74,28 @@ int cmd_plan(int argc, char **argv)
         return 1;
     }
     int status = 1;
-    uint64_t *offsets = calloc(t.nslots ? t.nslots : 1, sizeof *offsets);
-    plan_file plan = {.granularity = granularity};
-    if (offsets && t.nslots)
-        plan.entries = calloc(t.nslots, sizeof *plan.entries);
-    uint64_t pool = offsets && plan.entries ? offline_pack(&t, granularity, offsets) : 0;
+    plan_file plan = {.granularity = granularity, .n = t.nslots};
     if (t.nslots == 0) {
         fprintf(stderr, "bfcshim plan: %s: no allocations to plan\n", path);
         goto out;
     }
-    if (pool == 0) {
+    plan.entries = calloc(t.nslots, sizeof *plan.entries);
+    plan.pool_bytes = plan.entries ? offline_pack(&t, granularity, plan.entries) : 0;
+    if (plan.pool_bytes == 0) {
         fprintf(stderr, "bfcshim plan: %s: out of host memory\n", path);
         goto out;
     }
-    /* Entries in allocation order: slot i is the i-th allocation. */
-    for (size_t i = 0; i < t.nev; i++)
-        if (t.ev[i].kind == TRACE_ALLOC) {
-            uint64_t size = (t.ev[i].size + granularity - 1) / granularity * granularity;
-            plan.entries[t.ev[i].slot] = (bfc_plan_entry){size, offsets[t.ev[i].slot]};
-        }
-    plan.n = t.nslots;
-    plan.pool_bytes = pool;
     if (out_path && !plan_file_write(out_path, &plan)) {
         fprintf(stderr, "bfcshim plan: %s: %s\n", out_path, strerror(errno));
         goto out;
     }
+    const uint64_t pool = plan.pool_bytes;
     const double eff = (double)t.peak_live_bytes / (double)pool;
+    /* The figures go to stderr when the plan itself goes to stdout. */
+    FILE *report = out_path && !strcmp(out_path, "-") ? stderr : stdout;
     if (json) {
         json_out j;
-        json_begin(&j, out_path && !strcmp(out_path, "-") ? stderr : stdout, false);
+        json_begin(&j, report, false);
         json_object_open(&j, NULL);
         json_string(&j, "trace", path);
         json_u64(&j, "allocations", t.nslots);
@@ -118,7 +111,7 @@ int cmd_plan(int argc, char **argv)
         json_end(&j);
     } else {
         char a[32], b[32];
-        fprintf(out_path && !strcmp(out_path, "-") ? stderr : stdout,
+        fprintf(report,
                 "%s: %zu allocations, peak live %s; packed offline into %s (efficiency %.4f)%s%s\n",
                 path, (size_t)t.nslots, format_size(t.peak_live_bytes, a, sizeof a),
                 format_size(pool, b, sizeof b), eff, out_path ? "; plan written to " : "",
@@ -127,7 +120,6 @@ int cmd_plan(int argc, char **argv)
     status = 0;
 out:
     plan_file_free(&plan);
-    free(offsets);
     trace_free(&t);
     return status;
 }

@@ -5,7 +5,7 @@
  *   zcat trace.csv.gz | build/tests/offline_bound
  *
  * Reads an RMM-format trace on stdin and packs it as `bfcshim plan` does
- * (shim/cli/offline_pack.c: three greedy orders, sizes rounded to 256
+ * (shim/cli/offline_pack.c: greedy orders, sizes rounded to 256
  * bytes). The result is an achievable pool, so peak / pool is a lower bound
  * on what an offline planner reaches; peak itself is the absolute limit.
  */
@@ -28,8 +28,8 @@ int main(void)
             return 2;
         }
     trace_finish(&t);
-    uint64_t *offsets = calloc(t.nslots ? t.nslots : 1, sizeof *offsets);
-    uint64_t pool = offsets ? offline_pack(&t, 256, offsets) : 0;
+    bfc_plan_entry *placed = calloc(t.nslots ? t.nslots : 1, sizeof *placed);
+    uint64_t pool = placed ? offline_pack(&t, 256, placed) : 0;
     if (t.nslots && !pool) {
         fprintf(stderr, "offline_bound: out of host memory\n");
         return 2;
@@ -37,7 +37,7 @@ int main(void)
     printf("{\"allocations\": %" PRIu32 ", \"peak_live_bytes\": %" PRIu64
            ", \"offline_pool_bytes\": %" PRIu64 ", \"offline_efficiency\": %.4f}\n",
            t.nslots, t.peak_live_bytes, pool, pool ? (double)t.peak_live_bytes / (double)pool : 1.0);
-    free(offsets);
+    free(placed);
     trace_free(&t);
     return 0;
 }
