@@ -306,11 +306,14 @@ typedef struct bfc_stats {
      * returned regions. */
     uint64_t released_bytes_total;
     uint64_t host_metadata_bytes; /* host memory the engine holds for bookkeeping */
-    /* With a plan (bfc_pool_set_plan): allocations placed where it said, and
-     * allocations it had a place for that was not free (placed by the
-     * rule instead). */
+    /* With a plan (bfc_pool_set_plan): allocations placed where it said;
+     * allocations it had a place for that was not free; allocations it did
+     * not place that went to the spare space above its extent; and 1 once
+     * the run strayed so far that the plan was abandoned. */
     uint64_t num_planned;
     uint64_t num_plan_misses;
+    uint64_t num_plan_spare;
+    uint64_t plan_abandoned;
 } bfc_stats;
 
 /* Creates a pool. Takes no memory from the backend until the first
@@ -336,13 +339,16 @@ bfc_status bfc_pool_alloc(bfc_pool *pool, uint64_t size, uint32_t lane,
 /*
  * A placement plan: for each allocation of a recorded run, in order, its
  * rounded size and the offset from the pool's region base where an offline
- * packing put it (`bfcshim plan`). Installed, the n-th allocation of each
- * size goes to the n-th planned place of that size when that range is
- * wholly free, else where the placement rule puts it; the plan applies
- * while the pool has one region. Sizes and offsets must be multiples of the
- * granularity (else BFC_ERR_INVALID, and the pool keeps its plan). The
- * entries are copied; n = 0 removes the plan. Occurrence counts start from
- * zero at each call.
+ * packing put it (`bfcshim plan`). Installed, each allocation takes the
+ * first unused entry of its size within 64 entries of where the run is in
+ * the plan, and goes to that place when the range is wholly free. What the
+ * plan does not place goes above the highest planned byte when it fits
+ * there, else where the placement rule puts it; a run that strays far
+ * from the plan abandons it (plan.c says how). The plan applies while the
+ * pool has one region. Sizes and offsets must be multiples of the
+ * granularity and n < 2^32 (else BFC_ERR_INVALID, and the pool keeps its
+ * plan). The entries are copied; n = 0 removes the plan. Each call starts
+ * the run at the plan's first entry.
  */
 typedef struct bfc_plan_entry {
     uint64_t size;

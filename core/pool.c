@@ -504,24 +504,9 @@ static inline __attribute__((always_inline)) uint32_t carve(bfc_pool *p, uint32_
     return mark_allocated(p, c, size);
 }
 
-/*
- * The plan's place for this allocation, carved, or CHUNK_NIL when the plan
- * has none for it or the place is not wholly free (plan.c), or the pool
- * has more than its one region. Every call that consults the plan moves
- * the size's occurrence count on, so a run that strays for one allocation
- * finds its place again at the next.
- */
-static uint32_t carve_planned(bfc_pool *p, uint64_t rounded, uint64_t size)
+/* Takes `rounded` bytes at `at` inside FREE chunk c, for a plan. */
+static uint32_t carve_at(bfc_pool *p, uint32_t c, uint64_t rounded, bfc_addr at, uint64_t size)
 {
-    uint64_t offset;
-    bfc_addr at;
-    if (p->nregions != 1 || !plan_next(p->plan, rounded, &offset))
-        return CHUNK_NIL;
-    uint32_t c = plan_free_chunk_at(p, p->plan, offset, rounded, &at);
-    if (c == CHUNK_NIL) {
-        p->st.num_plan_misses++;
-        return CHUNK_NIL;
-    }
     const chunk *cc = C(p, c);
     if (at > cc->addr)
         c = take_free_at(p, c, rounded, at);
@@ -530,6 +515,41 @@ static uint32_t carve_planned(bfc_pool *p, uint64_t rounded, uint64_t size)
     else
         c = take_free_whole(p, c);
     return mark_allocated(p, c, size);
+}
+
+/*
+ * The plan's place for this allocation, carved, or CHUNK_NIL when the plan
+ * has no entry for it near its cursor or the place is not wholly free
+ * (plan.c). The caller makes sure the pool has its one region.
+ */
+static uint32_t carve_planned(bfc_pool *p, uint64_t rounded, uint64_t size)
+{
+    uint64_t offset;
+    bfc_addr at;
+    if (!plan_next(p->plan, rounded, &offset))
+        return CHUNK_NIL;
+    uint32_t c = plan_free_chunk_at(p, p->plan, offset, rounded, &at);
+    if (c == CHUNK_NIL) {
+        p->st.num_plan_misses++;
+        return CHUNK_NIL;
+    }
+    return carve_at(p, c, rounded, at, size);
+}
+
+/* An allocation the plan did not place, carved in the spare space above the
+ * plan's extent, out of the planned layout's way; CHUNK_NIL when nothing
+ * there holds it. Not over vmm: the spare space is unmapped there, and the
+ * rule's preference for mapped memory matters more. */
+static uint32_t carve_spare(bfc_pool *p, uint64_t rounded, uint64_t size)
+{
+    bfc_addr at;
+    if (p->opt.vmm)
+        return CHUNK_NIL;
+    uint32_t c = plan_spare_chunk(p, p->plan, rounded, &at);
+    if (c == CHUNK_NIL)
+        return CHUNK_NIL;
+    p->st.num_plan_spare++;
+    return carve_at(p, c, rounded, at, size);
 }
 
 /* Gives the just-carved allocation c back to free space and carves the
@@ -607,6 +627,33 @@ static bool back_allocation(bfc_pool *p, uint32_t c)
     return false;
 }
 
+/*
+ * The allocation placed as the plan says: at its planned place
+ * (num_planned), else in the spare space above the plan; CHUNK_NIL leaves it to the rule.
+ * A plan applies while the pool has one region: its offsets name places
+ * there. Each allocation that consults it records whether it went to its
+ * planned place (the stray score, plan.c). Out of line: without a plan the
+ * allocation path pays one predicted branch.
+ */
+static __attribute__((noinline)) uint32_t place_by_plan(bfc_pool *p, uint64_t rounded,
+                                                        uint64_t size)
+{
+    if (p->nregions != 1)
+        return CHUNK_NIL;
+    uint32_t c = carve_planned(p, rounded, size);
+    if (c != CHUNK_NIL && p->opt.vmm && !back_allocation(p, c)) {
+        /* The planned place could not be mapped; the rule may find mapped
+         * memory. */
+        p->st.num_plan_misses++;
+        c = CHUNK_NIL;
+    }
+    plan_record(p->plan, c != CHUNK_NIL);
+    if (c == CHUNK_NIL)
+        return carve_spare(p, rounded, size);
+    p->st.num_planned++;
+    return c;
+}
+
 bfc_status bfc_pool_alloc(bfc_pool *p, uint64_t size, uint32_t lane_id,
                           bfc_addr *out)
 {
@@ -645,16 +692,9 @@ bfc_status bfc_pool_alloc(bfc_pool *p, uint64_t size, uint32_t lane_id,
         goto out;
     }
     uint32_t c = CHUNK_NIL;
-    if (__builtin_expect(p->plan != NULL, 0) &&
-        (c = carve_planned(p, rounded, size)) != CHUNK_NIL && p->opt.vmm &&
-        !back_allocation(p, c)) {
-        /* The planned place could not be mapped; the rule may find mapped
-         * memory. */
-        p->st.num_plan_misses++;
-        c = CHUNK_NIL;
-    }
-    const bool planned = c != CHUNK_NIL;
-    if (!planned) {
+    if (__builtin_expect(p->plan != NULL, 0))
+        c = place_by_plan(p, rounded, size);
+    if (c == CHUNK_NIL) {
         uint64_t align;
         c = find_fit(p, rounded, lane_id, &align);
         if (c == CHUNK_NIL)
@@ -673,7 +713,6 @@ bfc_status bfc_pool_alloc(bfc_pool *p, uint64_t size, uint32_t lane_id,
 
     bfc_stats *st = &p->st;
     st->num_allocs++;
-    st->num_planned += planned;
     st->bytes_in_use += cc->size;
     st->bytes_requested += size;
     if (st->bytes_in_use > st->peak_bytes_in_use)

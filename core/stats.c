@@ -25,6 +25,7 @@ void pool_stats_locked(const bfc_pool *p, bfc_stats *out)
                                live_index_host_bytes(&p->live) +
                                (uint64_t)p->regions_cap * sizeof(region) +
                                lanes_host_bytes(p) + plan_host_bytes(p->plan);
+    out->plan_abandoned = plan_abandoned(p->plan);
 }
 
 void bfc_pool_stats(bfc_pool *p, bfc_stats *out)

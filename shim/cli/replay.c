@@ -409,6 +409,8 @@ static void print_json(const trace_report *r, const replay_opts *o)
         json_u64(&j, "pool_bytes", o->plan.pool_bytes);
         json_u64(&j, "planned", r->timed.stats.num_planned);
         json_u64(&j, "misses", r->timed.stats.num_plan_misses);
+        json_u64(&j, "spare", r->timed.stats.num_plan_spare);
+        json_bool(&j, "abandoned", r->timed.stats.plan_abandoned != 0);
         json_object_close(&j);
     }
     json_object_close(&j);
@@ -532,10 +534,13 @@ static int replay_one(const char *path, const replay_opts *o, bool first)
                 printf("  recording: %.1f ns/op plain, %+.1f%% (median of %d pairs)\n",
                        r.plain_ns_per_op, 100 * r.recording_cost, ok_runs);
             if (o->plan_path)
-                printf("  plan: %llu of %llu allocations where it said, %llu places not free\n",
+                printf("  plan: %llu of %llu allocations where it said, %llu places not free, "
+                       "%llu above it%s\n",
                        (unsigned long long)r.timed.stats.num_planned,
                        (unsigned long long)t.allocs,
-                       (unsigned long long)r.timed.stats.num_plan_misses);
+                       (unsigned long long)r.timed.stats.num_plan_misses,
+                       (unsigned long long)r.timed.stats.num_plan_spare,
+                       r.timed.stats.plan_abandoned ? "; abandoned: the run strayed" : "");
         }
         if (t.unmatched_frees || t.leaked_reuses)
             fprintf(stderr,

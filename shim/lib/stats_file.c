@@ -74,6 +74,8 @@ static void pool_json(json_out *j, shim_pool *sp, const bfc_stats *s)
     json_u64(j, "num_fence_waits", st.num_fence_waits);
     json_u64(j, "num_planned", st.num_planned);
     json_u64(j, "num_plan_misses", st.num_plan_misses);
+    json_u64(j, "num_plan_spare", st.num_plan_spare);
+    json_u64(j, "plan_abandoned", st.plan_abandoned);
     json_u64(j, "host_metadata_bytes", st.host_metadata_bytes);
     json_u64(j, "total_memory", sp->total_memory);
     json_u64(j, "passthrough_allocs", atomic_load(&sp->passthrough_allocs));

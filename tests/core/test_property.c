@@ -21,10 +21,13 @@
  *     twice, no unmapping of what was not mapped, and nothing left at the end;
  *     it mapped more only when pending frees could not hold it (or an epoch
  *     stayed unsealed, so they could not be waited for);
- *   - with a plan (a third of the seeds: random sizes and places), the n-th
- *     allocation of a size goes to that size's n-th planned place exactly
- *     when the place is wholly free and the pool has one region, and is
- *     placed by the rule above otherwise;
+ *   - with a plan (a third of the seeds: random sizes and places), an
+ *     allocation goes to the place of the first unused entry of its size
+ *     within 64 entries of the model's cursor exactly when that place is
+ *     wholly free and the pool has one region; else, unless the model's
+ *     stray score has abandoned the plan, to the high end of the smallest
+ *     free chunk above the plan's extent that holds it (not over vmm); else
+ *     where the rule above puts it;
  *   - bad frees (double, interior, foreign, stale) are refused with the right
  *     status and change no statistic;
  *   - deferred frees (lanes 3..5) are sealed by a later allocation (the
@@ -72,8 +75,14 @@ typedef struct model {
 /* An entry of the seed's placement plan, if it has one. */
 typedef struct plan_slot {
     uint64_t size, offset;
-    bool used; /* the pool consulted it */
+    bool gone; /* taken, or given up as left behind */
 } plan_slot;
+
+/* The plan's matching rules (core/plan.c), restated. */
+#define PLAN_WINDOW 64
+#define PLAN_STRAY_COST 8
+#define PLAN_STRAY_LIMIT 64
+#define PLAN_SPARE_WALK 256
 
 typedef struct run {
     uint64_t seed, step, rng;
@@ -85,7 +94,10 @@ typedef struct run {
     uint64_t ooms, allocs, frees, bad_frees, retires;
     plan_slot plan[MAX_PLAN];
     size_t nplan;
+    uint64_t plan_pos, plan_stray, plan_extent; /* the cursor, stray score, extent */
+    bool plan_abandoned;
     uint64_t planned, plan_misses; /* allocations at / not at their planned place */
+    uint64_t plan_spare;           /* allocations placed above the extent */
 } run;
 
 static run R;
@@ -149,33 +161,101 @@ static bool overlaps(bfc_addr a, uint64_t n, bfc_addr b, uint64_t m)
 static uint64_t draw_size(void);
 
 /* A random plan: sizes the allocations will draw, places anywhere in the
- * limit (many overlap, so misses are exercised as much as hits). Installing
- * one again restarts the pool's occurrence counts, as the model's. */
+ * limit or in its lower half (leaving spare space above); many overlap, so
+ * misses are exercised as much as hits. Installing one again restarts the
+ * pool's cursor and score, as the model's. */
 static void install_plan(void)
 {
     const uint64_t g = R.f.opt.granularity, limit = R.f.opt.limit_bytes;
+    const uint64_t span = rng_below(&R.rng, 2) ? limit : limit / 2;
     bfc_plan_entry e[MAX_PLAN];
     R.nplan = 16 + rng_below(&R.rng, MAX_PLAN - 16);
+    R.plan_pos = R.plan_stray = R.plan_extent = 0;
+    R.plan_abandoned = false;
     for (size_t i = 0; i < R.nplan; i++) {
         uint64_t size;
         do
             size = (draw_size() + g - 1) / g * g;
-        while (size == 0 || size > limit);
-        uint64_t offset = rng_below(&R.rng, (limit - size) / g + 1) * g;
+        while (size == 0 || size > span);
+        uint64_t offset = rng_below(&R.rng, (span - size) / g + 1) * g;
         R.plan[i] = (plan_slot){size, offset, false};
         e[i] = (bfc_plan_entry){size, offset};
+        if (offset + size > R.plan_extent)
+            R.plan_extent = offset + size;
     }
     if (bfc_pool_set_plan(R.f.pool, e, R.nplan) != BFC_OK)
         FAIL_AT("a valid plan of %zu entries was refused", R.nplan);
 }
 
-/* The plan entry the pool consults next for `rounded`, or -1. */
-static int plan_next_for(uint64_t rounded)
+static bool plan_active(void)
 {
-    for (size_t i = 0; i < R.nplan; i++)
-        if (!R.plan[i].used && R.plan[i].size == rounded)
-            return (int)i;
+    return R.nplan && !R.plan_abandoned && R.plan_pos < R.nplan;
+}
+
+/* The entry an allocation of `rounded` takes, or -1; with `commit`, takes
+ * it and gives up the entries of the size left behind the cursor. */
+static int plan_entry_for(uint64_t rounded, bool commit)
+{
+    if (R.plan_abandoned)
+        return -1;
+    for (size_t i = 0; i < R.nplan; i++) {
+        plan_slot *e = &R.plan[i];
+        if (e->gone || e->size != rounded)
+            continue;
+        if (i + PLAN_WINDOW < R.plan_pos) {
+            e->gone = commit;
+            continue;
+        }
+        if (i >= R.plan_pos + PLAN_WINDOW)
+            return -1;
+        if (commit) {
+            e->gone = true;
+            R.plan_pos = i + 1;
+        }
+        return (int)i;
+    }
     return -1;
+}
+
+static void plan_record(bool placed)
+{
+    if (placed)
+        R.plan_stray -= R.plan_stray > 0;
+    else if (plan_active() && (R.plan_stray += PLAN_STRAY_COST) > PLAN_STRAY_LIMIT)
+        R.plan_abandoned = true;
+}
+
+/* The spare search: from the chunk holding base + extent, at most
+ * PLAN_SPARE_WALK chunks up, the smallest FREE one whose part above that
+ * address holds the block (the first such on ties). */
+typedef struct spare_search {
+    bfc_addr base, lo;
+    bool have_base;
+    uint64_t rounded;
+    unsigned walked;
+    bool found;
+    bfc_chunk_info best;
+} spare_search;
+
+static void spare_visitor(void *arg, const bfc_chunk_info *c)
+{
+    spare_search *ss = arg;
+    if (c->region != 0)
+        return;
+    if (!ss->have_base) {
+        ss->base = c->addr;
+        ss->lo = c->addr + R.plan_extent;
+        ss->have_base = true;
+    }
+    const bfc_addr end = c->addr + c->size;
+    if (end <= ss->lo || ss->walked >= PLAN_SPARE_WALK)
+        return;
+    ss->walked++;
+    if (c->kind == BFC_CHUNK_FREE && end - (c->addr > ss->lo ? c->addr : ss->lo) >= ss->rounded &&
+        (!ss->found || c->size < ss->best.size)) {
+        ss->best = *c;
+        ss->found = true;
+    }
 }
 
 typedef struct place_search {
@@ -472,25 +552,40 @@ static void op_alloc(void)
     if (s.best.found && s.best.chunk.kind != BFC_CHUNK_FREE)
         align = 0;
     bfc_stats before = stats_of(&R.f);
-    /* The plan's place for it, and whether that place is wholly free now. */
-    const int k = size && size <= BFC_MAX_ALLOC_BYTES ? plan_next_for(rounded) : -1;
+    /* The plan's place for it, whether that place is wholly free now, and
+     * the spare space's chunk for it. */
+    const bool valid = size && size <= BFC_MAX_ALLOC_BYTES;
+    const int k = valid ? plan_entry_for(rounded, false) : -1;
     place_search ps = {.offset = k >= 0 ? R.plan[k].offset : 0, .rounded = rounded};
     if (k >= 0)
         bfc_pool_visit(R.f.pool, place_visitor, &ps);
+    spare_search ss = {.rounded = rounded};
+    if (valid && R.nplan)
+        bfc_pool_visit(R.f.pool, spare_visitor, &ss);
 
     bfc_addr a = 0xdead00;
     bfc_status st = bfc_pool_alloc(R.f.pool, size, lane, &a);
     bfc_stats after_call = stats_of(&R.f);
-    const bool consulted = k >= 0 && before.num_regions == 1 && st != BFC_ERR_BAD_LANE;
+    const bool consults = valid && R.nplan && before.num_regions == 1 && st != BFC_ERR_BAD_LANE;
+    const bool consulted = consults && k >= 0;
     const bool planned = after_call.num_planned != before.num_planned;
-    if (consulted) {
-        R.plan[k].used = true;
-        *(planned ? &R.planned : &R.plan_misses) += 1;
+    const bool spared = after_call.num_plan_spare != before.num_plan_spare;
+    if (consults) {
+        if (plan_entry_for(rounded, true) != k)
+            FAIL_AT("the model's plan entry changed while peeking");
+        plan_record(planned);
     }
+    if (consulted)
+        *(planned ? &R.planned : &R.plan_misses) += 1;
+    R.plan_spare += spared;
+    if (after_call.plan_abandoned != R.plan_abandoned)
+        FAIL_AT("the pool says the plan is %sabandoned, the model %s",
+                after_call.plan_abandoned ? "" : "not ", R.plan_abandoned ? "does" : "does not");
     /* A place free before stays free (retiring only frees more), though
      * over virtual memory it may not be mappable (a miss); one that was not
      * free may have been freed by a retirement at the allocation's start. */
     const bool retired_early = after_call.num_retired != before.num_retired;
+    const bool want_spare = consults && !planned && !R.f.opt.vmm && plan_active() && ss.found;
     if (planned && !consulted)
         FAIL_AT("alloc %" PRIu64 " was placed by a plan that had no place for it", rounded);
     else if (planned && a != ps.base + ps.offset)
@@ -503,6 +598,16 @@ static void op_alloc(void)
     else if (planned && !ps.free && !retired_early)
         FAIL_AT("alloc %" PRIu64 " took planned place %#llx, which was not free", rounded,
                 (unsigned long long)(ps.base + ps.offset));
+    else if (spared && (planned || !consults || R.f.opt.vmm))
+        FAIL_AT("alloc %" PRIu64 " went to the spare space without straying from a plan",
+                rounded);
+    else if (!retired_early && spared != want_spare)
+        FAIL_AT("alloc %" PRIu64 " %s the spare space above the plan's extent %#llx", rounded,
+                spared ? "took" : "did not take", (unsigned long long)ss.lo);
+    else if (!retired_early && spared && a != ss.best.addr + ss.best.size - rounded)
+        FAIL_AT("spare alloc %" PRIu64 " got %#llx, the top of chunk %#llx+%" PRIu64
+                " is %#llx", rounded, (unsigned long long)a, (unsigned long long)ss.best.addr,
+                ss.best.size, (unsigned long long)(ss.best.addr + ss.best.size - rounded));
     if (size == 0) {
         if (st != BFC_OK || a != 0)
             FAIL_AT("alloc(0) gave %s, %#llx", bfc_status_name(st), (unsigned long long)a);
@@ -568,7 +673,7 @@ static void op_alloc(void)
     /* Best fit: when a fit existed before, the block must come from it,
      * unless the allocation first retired blocks whose fences completed. */
     bool retired = stats_of(&R.f).num_retired != before.num_retired;
-    if (s.best.found && !retired && !planned) {
+    if (s.best.found && !retired && !planned && !spared) {
         const bfc_options *o = &R.f.opt;
         uint64_t size = s.best.chunk.size, rest = size - rounded;
         bool split = o->tsl_split
@@ -861,7 +966,7 @@ int main(int argc, char **argv)
         default: return 2;
         }
     }
-    uint64_t total = 0, ooms = 0, bad = 0, planned = 0, plan_misses = 0;
+    uint64_t total = 0, ooms = 0, bad = 0, planned = 0, plan_misses = 0, spare = 0, abandoned = 0;
     for (uint64_t seed = first; seed <= last && !harness_failures; seed++) {
         run_seed(seed, ops);
         total += R.step;
@@ -869,6 +974,8 @@ int main(int argc, char **argv)
         bad += R.bad_frees;
         planned += R.planned;
         plan_misses += R.plan_misses;
+        spare += R.plan_spare;
+        abandoned += R.plan_abandoned;
         if (!quiet)
             printf("seed %" PRIu64 ": %" PRIu64 " ops (%" PRIu64 " allocs, %" PRIu64
                    " frees, %" PRIu64 " OOMs, %" PRIu64 " bad frees) %s\n",
@@ -877,8 +984,9 @@ int main(int argc, char **argv)
     }
     printf("property: %" PRIu64 " operations over seeds %" PRIu64 "-%" PRIu64
            ", %" PRIu64 " OOMs, %" PRIu64 " refused bad frees, %" PRIu64
-           " planned placements (%" PRIu64 " places not free), %s\n",
-           total, first, last, ooms, bad, planned, plan_misses,
+           " planned placements (%" PRIu64 " places not free, %" PRIu64
+           " strays placed above the plan, %" PRIu64 " plans abandoned), %s\n",
+           total, first, last, ooms, bad, planned, plan_misses, spare, abandoned,
            harness_failures ? "FAILED" : "all clean");
     return harness_result();
 }
