@@ -51,6 +51,12 @@
 #               BFCSHIM_MEM_FRACTION=0.4
 #   torch-resnet  ResNet-50 training, arms A-D
 #   maxbatch    largest GPT batch under an equal 16 GiB cap, arms A, C, D
+#   plan        a placement plan across processes: the GPT job without
+#               PyTorch's cache recorded (BFCSHIM_TRACE), packed by `bfcshim
+#               plan`, run again with BFCSHIM_PLAN (stats: planned, misses,
+#               spare, abandoned; its own trace, to see how the second run
+#               differs), and both with and without the plan under a cap 1%
+#               above the plan's packing
 #   traces      tensor-level traces: BFCSHIM_TRACE of arm C (GPT, ResNet),
 #               JAX platform and CuPy under the shim; PyTorch's own
 #               memory-history snapshot of arm A
@@ -70,7 +76,7 @@ start=$(date +%s)
 deadline=$((start + ${GPU_PROOF_DEADLINE:-560}))
 repeat=${GPU_PROOF_REPEAT:-1}
 first_run="env build suite bench vmm numba plugins torch-gpt cupy jax three ddp"
-all_steps="$first_run torch-resnet maxbatch traces"
+all_steps="$first_run torch-resnet maxbatch plan traces"
 steps=${GPU_PROOF_STEPS:-$first_run}
 [ "$steps" = full ] && steps=$all_steps
 
@@ -368,6 +374,58 @@ step_maxbatch() {
     run_arm maxbatch D-native-nocache 300 no "$nc" -- "${job[@]}" --arm D
 }
 
+step_plan() {
+    local t=$out/plan nc=PYTORCH_NO_CUDA_MEMORY_CACHING=1
+    mkdir -p "$t"
+    local job=("$py" "$gpu/torch_train.py" --model gpt --steps 6 --warmup 1 --batch 8
+               "${gpt_size[@]}")
+    run_arm plan C-record 200 yes "$nc" "BFCSHIM_TRACE=$t/run1.csv" -- "${job[@]}" --arm C
+    if ! "$build/bfcshim" plan --json -o "$t/gpt.plan" "$t/run1.csv" >"$t/plan.json" \
+        2>>"$out/plan.log"; then
+        log "plan: bfcshim plan failed (no trace recorded?)"; tail -3 "$out/plan.log"
+        printf 'plan\tpack\t1\t0\n' >>"$out/steps.tsv"
+        return 1
+    fi
+    cat "$t/plan.json"
+    local bytes
+    bytes=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["offline_pool_bytes"])' \
+        "$t/plan.json")
+    run_arm plan CP-planned 200 yes "$nc" "BFCSHIM_PLAN=$t/gpt.plan" \
+        "BFCSHIM_TRACE=$t/run2.csv" "BFCSHIM_STATS_FILE=$t/stats-CP.json" -- "${job[@]}" --arm CP
+    # A cap 1% above the packing: within it with the plan, maybe not without.
+    local cap=$((bytes + bytes / 100))
+    run_arm plan CP-planned-cap 200 yes "$nc" "BFCSHIM_PLAN=$t/gpt.plan" BFCSHIM_MEM_LIMIT=$cap \
+        "BFCSHIM_STATS_FILE=$t/stats-CP-cap.json" -- "${job[@]}" --arm CP-cap
+    run_arm plan C-cap 200 yes "$nc" BFCSHIM_MEM_LIMIT=$cap \
+        "BFCSHIM_STATS_FILE=$t/stats-C-cap.json" -- "${job[@]}" --arm C-cap
+    # How the second run differs from the first, and the plan replayed on it.
+    python3 - "$t/run1.csv" "$t/run2.csv" <<'PY' 2>&1 | tee "$t/runs-differ.txt"
+import difflib, sys
+def sizes(path):
+    try:
+        rows = [l.split(",") for l in open(path).read().splitlines()[1:]]
+    except OSError:
+        return None
+    return [-(-int(r[4]) // 256) * 256 for r in rows if len(r) > 4 and r[2] == "allocate"]
+a, b = sizes(sys.argv[1]), sizes(sys.argv[2])
+if a is None or b is None:
+    sys.exit("a trace is missing")
+ops = [o for o in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes() if o[0] != "equal"]
+print(f"run 1: {len(a)} allocations, run 2: {len(b)}; {len(ops)} differences")
+for op, i1, i2, j1, j2 in ops[:40]:
+    print(op, i1, i2, j1, j2, a[i1:i2][:4], b[j1:j2][:4])
+PY
+    for f in stats-CP stats-CP-cap stats-C-cap; do
+        [ -f "$t/$f.json" ] && python3 -c 'import json,sys
+for d in (lambda j: j if isinstance(j, list) else j.get("pools", [j]))(json.load(open(sys.argv[1]))):
+    print(sys.argv[2], {k: d.get(k) for k in ("num_planned", "num_plan_misses", "num_plan_spare",
+          "plan_abandoned", "peak_bytes_in_use", "pool_bytes", "num_ooms")})' "$t/$f.json" "$f"
+    done
+    [ -f "$t/run2.csv" ] && "$build/bfcshim" replay --json --repeat 1 --plan "$t/gpt.plan" \
+        "$t/run2.csv" >"$t/replay-run2.json" 2>&1 && cat "$t/replay-run2.json"
+    gzip -f "$t"/*.csv 2>/dev/null
+}
+
 step_traces() {
     local t=$out/traces
     mkdir -p "$t"
@@ -399,7 +457,7 @@ for s in $steps; do
     fi
     case $s in
         env | build | suite | bench | vmm | numba | plugins | cupy | jax | three | ddp | \
-            maxbatch | traces)
+            maxbatch | plan | traces)
             log "== $s"; "step_$s" ;;
         torch-gpt) log "== $s"; step_torch_gpt ;;
         torch-resnet) log "== $s"; step_torch_resnet ;;
