@@ -240,6 +240,26 @@ static void pool_summary(void *arg, shim_pool *sp, const bfc_stats *st)
             (unsigned long long)st->num_ooms,
             format_size(st->largest_free_block_bytes, a, sizeof a), st->fragmentation,
             (unsigned long long)st->num_fence_waits);
+    if (st->num_planned || st->num_plan_misses || st->num_plan_spare || st->plan_abandoned)
+        fprintf(f, "    plan: %llu allocations where it said, %llu places not free, %llu above "
+                   "it%s\n",
+                (unsigned long long)st->num_planned, (unsigned long long)st->num_plan_misses,
+                (unsigned long long)st->num_plan_spare,
+                st->plan_abandoned ? "; abandoned: the run strayed from the recorded one" : "");
+}
+
+/* A plan the run strayed from is worth a warning whatever the log level
+ * asks: the user gets the rule's placement, not the plan's, and a plan made
+ * from this run (or the job as recorded) would serve it. */
+static void plan_verdict(void *arg, shim_pool *sp, const bfc_stats *st)
+{
+    (void)arg;
+    if (st && st->plan_abandoned)
+        shim_log(LOG_WARN,
+                 "device %d: BFCSHIM_PLAN was abandoned: this run strayed from the recorded "
+                 "one (%llu allocations placed as planned before); record this run "
+                 "(BFCSHIM_TRACE) and make a new plan",
+                 (int)sp->dev, (unsigned long long)st->num_planned);
 }
 
 void stats_write_summary(int fd)
@@ -264,6 +284,8 @@ void stats_at_exit(void)
 {
     const shim_config *cfg = shim_config_get();
     exiting = true;
+    if (cfg->plan_path)
+        each_pool(plan_verdict, NULL);
     if (cfg->stats_file)
         stats_write_file(cfg->stats_file);
     if (cfg->stats_summary)

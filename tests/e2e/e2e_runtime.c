@@ -18,6 +18,8 @@
  *   reset       cudaDeviceReset: the pool goes with the context, a new one follows
  *   plan        BFCSHIM_PLAN: allocations go where tests/data/e2e.plan says
  *   plan-bad    a plan that cannot be read: one line, and the rule places
+ *   plan-stray  a run that matches nothing in the plan: the first eight
+ *               strays go above the plan, the ninth abandons it
  *   exit-busy   the program exits while another thread holds the pool, waiting
  *               for a fence that never completes: exit must not hang (the
  *               stats and trace writers give a busy pool up)
@@ -567,6 +569,26 @@ static void plan_bad(void)
     CHECK_EQ(cudaFree(a), cudaSuccess);
 }
 
+/* tests/data/e2e.plan has 1 and 2 MiB blocks only; 256 KiB blocks find no
+ * entry. The stray score reaches 64 at the eighth (each placed above the
+ * plan's 10 MiB extent) and passes it at the ninth, which abandons the plan;
+ * from then on the rule places everything, even a size the plan has.
+ * test_reporting checks the summary and the warning at exit. */
+static void plan_stray(void)
+{
+    char *p[11];
+    for (int i = 0; i < 10; i++)
+        p[i] = alloc_ok(256 * 1024);
+    p[10] = alloc_ok(MiB);
+    char text[8192];
+    e2e_stats_now(text, sizeof text);
+    CHECK(strstr(text, "\"num_plan_spare\": 8,") != NULL);
+    CHECK(strstr(text, "\"plan_abandoned\": 1,") != NULL);
+    CHECK(strstr(text, "\"num_planned\": 0,") != NULL);
+    for (int i = 0; i < 11; i++)
+        CHECK_EQ(cudaFree(p[i]), cudaSuccess);
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -575,7 +597,7 @@ int main(int argc, char **argv)
         {"capture", capture},     {"threads", threads},         {"multidevice", multidevice},
         {"fork", forks},          {"platform", platform},       {"garbage-env", garbage_env},
         {"stats-now", stats_now}, {"reset", reset},           {"exit-busy", exit_busy},
-        {"plan", plan},           {"plan-bad", plan_bad},
+        {"plan", plan},           {"plan-bad", plan_bad},       {"plan-stray", plan_stray},
     };
     return e2e_main("e2e_runtime", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }

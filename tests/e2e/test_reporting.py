@@ -79,6 +79,15 @@ p = run("basic", BFCSHIM_STATS="1")
 check("device 0: limit 768 MiB" in p.stderr and "103 allocations, 103 frees" in p.stderr,
       f"summary: {p.stderr}")
 
+# 3b. a plan the run strayed from: a line in the summary, a warning at exit.
+here = os.path.dirname(os.path.abspath(__file__))
+p = run("plan-stray", BFCSHIM_STATS="1", BFCSHIM_PLAN=os.path.join(here, "..", "data", "e2e.plan"),
+        STATS_NOW=os.path.join(work, "plan-stray.json"))
+check("plan: 0 allocations where it said, 0 places not free, 8 above it; abandoned" in p.stderr,
+      f"plan in the summary: {p.stderr}")
+log = open(os.path.join(work, "plan-stray.log")).read()
+check("BFCSHIM_PLAN was abandoned" in log, f"warning at exit: {log}")
+
 # 4. on demand (the program asks, and the request file).
 run("stats-now", BFCSHIM_STATS_FILE=os.path.join(work, "req.json"),
     STATS_NOW=os.path.join(work, "now.json"))
