@@ -629,11 +629,11 @@ static bool back_allocation(bfc_pool *p, uint32_t c)
 
 /*
  * The allocation placed as the plan says: at its planned place
- * (num_planned), else in the spare space above the plan; CHUNK_NIL leaves it to the rule.
- * A plan applies while the pool has one region: its offsets name places
- * there. Each allocation that consults it records whether it went to its
- * planned place (the stray score, plan.c). Out of line: without a plan the
- * allocation path pays one predicted branch.
+ * (num_planned), else in the spare space above the plan; CHUNK_NIL leaves
+ * it to the rule. A plan applies while the pool has one region: its
+ * offsets name places there. Each allocation that consults it records
+ * whether it went to its planned place (the stray score, plan.c). Out of
+ * line: without a plan the allocation path pays one predicted branch.
  */
 static __attribute__((noinline)) uint32_t place_by_plan(bfc_pool *p, uint64_t rounded,
                                                         uint64_t size)

@@ -533,14 +533,11 @@ static int replay_one(const char *path, const replay_opts *o, bool first)
             if (o->record)
                 printf("  recording: %.1f ns/op plain, %+.1f%% (median of %d pairs)\n",
                        r.plain_ns_per_op, 100 * r.recording_cost, ok_runs);
-            if (o->plan_path)
-                printf("  plan: %llu of %llu allocations where it said, %llu places not free, "
-                       "%llu above it%s\n",
-                       (unsigned long long)r.timed.stats.num_planned,
-                       (unsigned long long)t.allocs,
-                       (unsigned long long)r.timed.stats.num_plan_misses,
-                       (unsigned long long)r.timed.stats.num_plan_spare,
-                       r.timed.stats.plan_abandoned ? "; abandoned: the run strayed" : "");
+            if (o->plan_path) {
+                char plan[160];
+                plan_counts_text(&r.timed.stats, plan, sizeof plan);
+                printf("  plan (of %llu allocations): %s\n", (unsigned long long)t.allocs, plan);
+            }
         }
         if (t.unmatched_frees || t.leaked_reuses)
             fprintf(stderr,

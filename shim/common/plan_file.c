@@ -118,3 +118,11 @@ bool plan_file_write(const char *path, const plan_file *plan)
         ok = fclose(f) == 0 && ok;
     return ok;
 }
+
+void plan_counts_text(const bfc_stats *st, char *buf, size_t len)
+{
+    snprintf(buf, len, "%" PRIu64 " allocations where it said, %" PRIu64 " places not free, %" PRIu64
+                       " above it%s",
+             st->num_planned, st->num_plan_misses, st->num_plan_spare,
+             st->plan_abandoned ? "; abandoned: the run strayed from the recorded one" : "");
+}

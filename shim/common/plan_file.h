@@ -11,6 +11,9 @@
  * Sizes are rounded to the granularity; offsets count from the pool's
  * region base; pool_bytes is the region the packing needs. Lines starting
  * with '#' are comments.
+ *
+ * Also the one line that says how a run followed its plan, so that the
+ * shim's summary and `bfcshim replay` say it in the same words.
  */
 #ifndef BFCSHIM_COMMON_PLAN_FILE_H
 #define BFCSHIM_COMMON_PLAN_FILE_H
@@ -33,5 +36,10 @@ bool plan_file_read(const char *path, plan_file *out, char *err, size_t errlen);
 /* Writes one; false with errno set. */
 bool plan_file_write(const char *path, const plan_file *plan);
 void plan_file_free(plan_file *plan);
+
+/* How a pool followed its plan, from its statistics: "N allocations where it
+ * said, K places not free, S above it", and "; abandoned: ..." when it was.
+ * Writes at most len bytes, terminated. */
+void plan_counts_text(const bfc_stats *st, char *buf, size_t len);
 
 #endif

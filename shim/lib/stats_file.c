@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "json_out.h"
+#include "plan_file.h"
 #include "shim.h"
 #include "units.h"
 
@@ -240,17 +241,16 @@ static void pool_summary(void *arg, shim_pool *sp, const bfc_stats *st)
             (unsigned long long)st->num_ooms,
             format_size(st->largest_free_block_bytes, a, sizeof a), st->fragmentation,
             (unsigned long long)st->num_fence_waits);
-    if (st->num_planned || st->num_plan_misses || st->num_plan_spare || st->plan_abandoned)
-        fprintf(f, "    plan: %llu allocations where it said, %llu places not free, %llu above "
-                   "it%s\n",
-                (unsigned long long)st->num_planned, (unsigned long long)st->num_plan_misses,
-                (unsigned long long)st->num_plan_spare,
-                st->plan_abandoned ? "; abandoned: the run strayed from the recorded one" : "");
+    if (st->num_planned || st->num_plan_misses || st->num_plan_spare || st->plan_abandoned) {
+        char plan[160];
+        plan_counts_text(st, plan, sizeof plan);
+        fprintf(f, "    plan: %s\n", plan);
+    }
 }
 
-/* A plan the run strayed from is worth a warning whatever the log level
- * asks: the user gets the rule's placement, not the plan's, and a plan made
- * from this run (or the job as recorded) would serve it. */
+/* A plan the run strayed from is worth a warning, not only a line in the
+ * summary: the user gets the rule's placement, not the plan's, and a plan
+ * made from this run (or the job as recorded) would serve it. */
 static void plan_verdict(void *arg, shim_pool *sp, const bfc_stats *st)
 {
     (void)arg;
