@@ -463,6 +463,8 @@ static uint32_t take_pending(bfc_pool *p, uint32_t c, uint64_t rounded)
     if (!worth_splitting(&p->opt, cc->size, rounded))
         return c;
     const uint64_t rest = cc->size - rounded;
+    /* Carved as by age: the edge rule for small blocks is aligned
+     * placement's, and pending reuse is never aligned. */
     const bool high = carve_high(p, cc, edge_age(p, UINT64_MAX));
     const uint32_t r = chunk_new(&p->chunks);
     chunk *rc = C(p, r);

@@ -11,22 +11,16 @@ cross-validated figure is the mean (and worst) of those held-out scores: what
 a setting tuned on some jobs does on a job it has never seen.
 """
 import argparse
-import json
 import os
-import subprocess
 import sys
+
+from placement_scores import efficiency, leave_one_out
 
 CANDIDATES = [("age", ["--placement", "age"])] + [
     ("aligned/%dK" % (a >> 10) if a >= 1024 else "aligned/%d" % a,
      ["--placement", "aligned", "--align", str(a)])
     for a in (1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 21)
 ]
-
-
-def efficiency(bfcshim, args, trace):
-    out = subprocess.run([bfcshim, "replay", "--min-pool", "--json", "--repeat", "1"]
-                         + args + [trace], check=True, capture_output=True, text=True)
-    return json.loads(out.stdout)["efficiency"]
 
 
 def main():
@@ -44,12 +38,9 @@ def main():
         print("%-14s %8.4f %8.4f" % (name, sum(v) / len(v), min(v)))
     print("\nleave one out:")
     held = []
-    for t in a.traces:
-        rest = [x for x in a.traces if x != t]
-        best = max((name for name, _ in CANDIDATES),
-                   key=lambda n: (sum(eff[n][x] for x in rest), min(eff[n][x] for x in rest)))
-        held.append(eff[best][t])
-        print("  %-50s chose %-12s held-out %.4f" % (os.path.basename(t), best, eff[best][t]))
+    for t, best, score in leave_one_out(eff):
+        held.append(score)
+        print("  %-50s chose %-12s held-out %.4f" % (os.path.basename(t), best, score))
     print("cross-validated: mean %.4f, worst %.4f over %d traces"
           % (sum(held) / len(held), min(held), len(held)))
 

@@ -21,12 +21,13 @@ then leave one trace out: the candidate with the best mean on the others,
 scored on the held-out trace.
 """
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+
+from placement_scores import efficiency, leave_one_out
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KINDS = [("swap", "0.02"), ("drop", "0.01"), ("insert", "0.01")]
@@ -59,15 +60,6 @@ def make_copies(traces, out_dir, seeds):
     return copies
 
 
-def efficiency(candidate, trace):
-    binary, args = candidate
-    r = subprocess.run([binary, "replay", "--min-pool", "--json", "--repeat", "1"] + args
-                       + [trace], capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.exit("placement-ensemble: %s on %s: %s" % (binary, trace, r.stderr.strip()))
-    return json.loads(r.stdout)["efficiency"]
-
-
 def main():
     argv = sys.argv[1:]
     if "--" not in argv:
@@ -93,7 +85,7 @@ def main():
     jobs = [(n, t, p) for n in cands for t in copies for p in copies[t]]
     runs = {}
     with ThreadPoolExecutor(os.cpu_count() or 1) as ex:
-        for (n, t, _), e in zip(jobs, ex.map(lambda j: efficiency(cands[j[0]], j[2]), jobs)):
+        for (n, t, _), e in zip(jobs, ex.map(lambda j: efficiency(*cands[j[0]], j[2]), jobs)):
             runs.setdefault(n, {}).setdefault(t, []).append(e)
     mean = {n: {t: statistics.mean(v) for t, v in runs[n].items()} for n in cands}
 
@@ -112,12 +104,9 @@ def main():
     if len(names) > 1:
         print("\nleave one trace out:")
         held = []
-        for t in sorted(copies):
-            rest = [x for x in copies if x != t]
-            best = max(names, key=lambda n: (sum(mean[n][x] for x in rest),
-                                             min(mean[n][x] for x in rest)))
-            held.append(mean[best][t])
-            print("  %-42s chose %-14s held-out %.4f" % (t[:42], best, mean[best][t]))
+        for t, best, score in sorted(leave_one_out(mean)):
+            held.append(score)
+            print("  %-42s chose %-14s held-out %.4f" % (t[:42], best, score))
         print("cross-validated: mean %.4f, worst %.4f over %d traces"
               % (statistics.mean(held), min(held), len(held)))
 

@@ -1,0 +1,30 @@
+"""What placement-cv.py and placement-ensemble.py share: one trace's
+efficiency under `bfcshim replay --min-pool`, and the leave-one-out choice
+of a placement setting."""
+import json
+import subprocess
+import sys
+
+
+def efficiency(bfcshim, args, trace):
+    """peak live / smallest pool of `trace` replayed by `bfcshim` with `args`."""
+    r = subprocess.run([bfcshim, "replay", "--min-pool", "--json", "--repeat", "1"] + args
+                       + [trace], capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit("%s replay %s: %s" % (bfcshim, trace, r.stderr.strip()))
+    return json.loads(r.stdout)["efficiency"]
+
+
+def leave_one_out(scores):
+    """scores: {setting: {trace: efficiency}}. For each trace in turn, the
+    setting with the best mean on the others (ties: the better worst), and
+    what it scores on the held-out trace: [(trace, setting, score)]."""
+    names = list(scores)
+    traces = list(scores[names[0]])
+    out = []
+    for t in traces:
+        rest = [x for x in traces if x != t]
+        best = max(names, key=lambda n: (sum(scores[n][x] for x in rest),
+                                         min(scores[n][x] for x in rest)))
+        out.append((t, best, scores[best][t]))
+    return out
