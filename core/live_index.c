@@ -34,7 +34,7 @@ void live_index_fini(live_index *x)
 bool live_index_grow(live_index *x, const chunk_store *s, uint64_t n)
 {
     unsigned bits = 64u - x->shift;
-    while ((x->count + n) * 2 > ((uint64_t)1 << bits))
+    while ((x->count + n) * LIVE_INDEX_MAX_LOAD > ((uint64_t)1 << bits))
         bits++;
     live_index old = *x;
     if (!alloc_slots(x, bits))
