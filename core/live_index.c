@@ -1,8 +1,6 @@
 /* live_index.c - live chunks by address (see live_index.h). */
 #include "live_index.h"
 
-#include "linear_probe.h"
-
 #include <stdlib.h>
 
 #define LIVE_INDEX_MIN_BITS 10u
@@ -54,26 +52,4 @@ uint32_t live_index_find(const live_index *x, const chunk_store *s, uint64_t add
         if (c == CHUNK_NIL || chunk_at(s, c)->addr == addr)
             return c;
     }
-}
-
-uint32_t live_index_take(live_index *x, const chunk_store *s, uint64_t addr)
-{
-    uint64_t i = live_index_home(x, addr);
-    uint32_t c;
-    while ((c = x->slots[i]) != CHUNK_NIL && chunk_at(s, c)->addr != addr)
-        i = (i + 1) & x->mask;
-    if (c == CHUNK_NIL)
-        return CHUNK_NIL;
-    /* Backward-shift deletion (linear_probe.h). */
-    uint64_t hole = i;
-    for (uint64_t j = (i + 1) & x->mask; x->slots[j]; j = (j + 1) & x->mask) {
-        uint64_t home = live_index_home(x, chunk_at(s, x->slots[j])->addr);
-        if (probe_may_fill_hole(hole, j, home)) {
-            x->slots[hole] = x->slots[j];
-            hole = j;
-        }
-    }
-    x->slots[hole] = CHUNK_NIL;
-    x->count--;
-    return c;
 }

@@ -764,8 +764,9 @@ static void unlink_next(bfc_pool *p, uint32_t c, uint32_t r)
 /* Turns a detached chunk (just freed or just retired) into a free one,
  * merging it with free neighbours; the lower record survives a merge. The
  * merged chunk's key only grows, so it usually keeps the tree position of
- * the neighbour it absorbed (bins_resize, bins_substitute). */
-void pool_make_free(bfc_pool *p, uint32_t c)
+ * the neighbour it absorbed (bins_resize, bins_substitute). Forced inline
+ * into bfc_pool_free, the hot caller; pool_make_free serves the others. */
+static inline __attribute__((always_inline)) void make_free(bfc_pool *p, uint32_t c)
 {
     bin_set *bins = &p->free_bins;
     chunk *cc = C(p, c);
@@ -800,6 +801,11 @@ void pool_make_free(bfc_pool *p, uint32_t c)
         backing_after_free(p, c);
 }
 
+void pool_make_free(bfc_pool *p, uint32_t c)
+{
+    make_free(p, c);
+}
+
 bfc_status bfc_pool_free(bfc_pool *p, bfc_addr addr)
 {
     if (addr == 0)
@@ -814,7 +820,7 @@ bfc_status bfc_pool_free(bfc_pool *p, bfc_addr addr)
         p->st.num_frees++;
         p->st.bytes_in_use -= cc->size;
         p->st.bytes_requested -= cc->requested;
-        pool_make_free(p, c);
+        make_free(p, c);
         if (p->backend.on_event)
             p->backend.on_event(p->backend.event_ctx, BFC_EVENT_FREE, addr, 0, BFC_NO_LANE);
     }
