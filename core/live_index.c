@@ -44,12 +44,3 @@ bool live_index_grow(live_index *x, const chunk_store *s, uint64_t n)
     free(old.slots);
     return true;
 }
-
-uint32_t live_index_find(const live_index *x, const chunk_store *s, uint64_t addr)
-{
-    for (uint64_t i = live_index_home(x, addr);; i = (i + 1) & x->mask) {
-        uint32_t c = x->slots[i];
-        if (c == CHUNK_NIL || chunk_at(s, c)->addr == addr)
-            return c;
-    }
-}

@@ -11,8 +11,9 @@
  * branch misprediction and a read of another chunk record, and every
  * allocation and free probes once. At a load of 1/8 to 1/4 instead of 1/4 to
  * 1/2, replay on the ~10^4-live-chunk benchmark took 7% less time (10% fewer
- * mispredicted branches under callgrind), for 8 more bytes per live
- * allocation (docs/benchmarks.md, "Replay speed").
+ * mispredicted branches under callgrind), for 8 to 16 more bytes per live
+ * allocation (measured: 74.5 -> 85.0 bytes per chunk; docs/benchmarks.md,
+ * "Replay speed").
  *
  * Slots hold only handles. A lookup compares the address in the record a slot
  * names; the free path needs that record next anyway, so the comparison costs
@@ -78,16 +79,30 @@ static inline void live_index_insert(live_index *x, const chunk_store *s, uint32
     x->count++;
 }
 
-/* The chunk whose record holds addr, or CHUNK_NIL. */
-uint32_t live_index_find(const live_index *x, const chunk_store *s, uint64_t addr);
-/* Removes and returns the chunk at addr, or CHUNK_NIL. Inline: every free
- * calls it, and the call cost 2% of replay's instructions. */
-static inline uint32_t live_index_take(live_index *x, const chunk_store *s, uint64_t addr)
+/* The slot where addr's probe stops: the one naming the chunk whose record
+ * holds addr, else the empty slot that ends the run. */
+static inline uint64_t live_index_slot_of(const live_index *x, const chunk_store *s,
+                                          uint64_t addr)
 {
     uint64_t i = live_index_home(x, addr);
     uint32_t c;
     while ((c = x->slots[i]) != CHUNK_NIL && chunk_at(s, c)->addr != addr)
         i = (i + 1) & x->mask;
+    return i;
+}
+
+/* The chunk whose record holds addr, or CHUNK_NIL. */
+static inline uint32_t live_index_find(const live_index *x, const chunk_store *s, uint64_t addr)
+{
+    return x->slots[live_index_slot_of(x, s, addr)];
+}
+
+/* Removes and returns the chunk at addr, or CHUNK_NIL. Inline: every free
+ * calls it, and the call cost 2% of replay's instructions. */
+static inline uint32_t live_index_take(live_index *x, const chunk_store *s, uint64_t addr)
+{
+    const uint64_t i = live_index_slot_of(x, s, addr);
+    const uint32_t c = x->slots[i];
     if (c == CHUNK_NIL)
         return CHUNK_NIL;
     /* Backward-shift deletion (linear_probe.h). */
