@@ -11,7 +11,10 @@
  * Records live in one array that doubles when it fills. An access is one
  * indexed load (a two-level slab table cost five instructions per access,
  * a sixth of all the engine's work). Growth does not copy: glibc's realloc
- * moves a large block by remapping its pages. Fresh records are handed out
+ * moves a large block by remapping its pages. The array starts on a cache
+ * line, so that a record is one line: malloc only promises 16 bytes, and
+ * glibc's large blocks start 16 bytes past a page, which put every record
+ * across two lines. Fresh records are handed out
  * from a high-water mark instead of being threaded onto the free list, so
  * the array's untouched tail costs no memory. All growth happens in
  * chunk_store_reserve, which operations call before they take any record
@@ -50,6 +53,7 @@ _Static_assert(sizeof(chunk) == 64, "a chunk record should fill one cache line")
 
 typedef struct chunk_store {
     chunk *base;        /* record i is base[i]; record 0 is the sentinel */
+    void *raw;          /* what malloc returned: base rounded down by < 64 bytes */
     uint32_t cap;       /* records the array holds */
     uint32_t high;      /* records ever handed out, sentinel included */
     uint32_t free_head; /* released records, linked through qnext */
