@@ -176,21 +176,13 @@ void lane_attach_after(bfc_pool *p, uint32_t c, uint32_t id, uint64_t token,
 static bfc_status free_into(bfc_pool *p, bfc_addr addr, uint32_t id, lane *l,
                             uint64_t token)
 {
-    bfc_status s = BFC_OK;
-    {
-        uint32_t c = live_index_take(&p->live, &p->chunks, addr);
-        if (c == CHUNK_NIL) {
-            s = region_find(p, addr) < 0 ? BFC_ERR_NOT_OWNED : BFC_ERR_NOT_ALLOCATED;
-        } else {
-            chunk *cc = C(p, c);
-            p->st.num_frees++;
-            p->st.bytes_in_use -= cc->size;
-            p->st.bytes_requested -= cc->requested;
-            lane_attach_after(p, c, id, token, l->tail);
-            l->last_token = token;
-            if (p->backend.on_event)
-                p->backend.on_event(p->backend.event_ctx, BFC_EVENT_FREE, addr, 0, id);
-        }
+    uint32_t c;
+    const bfc_status s = pool_take_live(p, addr, &c);
+    if (s == BFC_OK) {
+        lane_attach_after(p, c, id, token, l->tail);
+        l->last_token = token;
+        if (p->backend.on_event)
+            p->backend.on_event(p->backend.event_ctx, BFC_EVENT_FREE, addr, 0, id);
     }
     return s;
 }

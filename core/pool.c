@@ -810,16 +810,10 @@ bfc_status bfc_pool_free(bfc_pool *p, bfc_addr addr)
 {
     if (addr == 0)
         return BFC_OK;
-    bfc_status s = BFC_OK;
     bfc_lock_acquire(&p->lock);
-    uint32_t c = live_index_take(&p->live, &p->chunks, addr);
-    if (c == CHUNK_NIL) {
-        s = region_find(p, addr) < 0 ? BFC_ERR_NOT_OWNED : BFC_ERR_NOT_ALLOCATED;
-    } else {
-        chunk *cc = C(p, c);
-        p->st.num_frees++;
-        p->st.bytes_in_use -= cc->size;
-        p->st.bytes_requested -= cc->requested;
+    uint32_t c;
+    const bfc_status s = pool_take_live(p, addr, &c);
+    if (s == BFC_OK) {
         make_free(p, c);
         if (p->backend.on_event)
             p->backend.on_event(p->backend.event_ctx, BFC_EVENT_FREE, addr, 0, BFC_NO_LANE);
