@@ -20,6 +20,11 @@
  *   fake-pools  (driver door closed) a device's current pool must be its own;
  *               cuMemAllocFromPoolAsync allocates on the pool's device, not
  *               the stream's
+ *   before-init  allocation calls made before cuInit get the driver's
+ *               CUDA_ERROR_NOT_INITIALIZED, through the shim as from the
+ *               driver itself (fake-before-init: the same with the driver
+ *               door closed), and nothing is allocated; after cuInit all
+ *               works
  */
 #include <cuda.h>
 #include <dlfcn.h>
@@ -316,6 +321,24 @@ static void fake_pools(void)
     CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
 }
 
+static void before_init(void)
+{
+    CUdeviceptr p = 0;
+    size_t free_b = 0, total_b = 0;
+    CUstream legacy = NULL;
+    CHECK_EQ(D.MemAlloc(&p, MiB), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK_EQ(p, 0);
+    CHECK_EQ(D.MemFree((CUdeviceptr)0x10000), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK_EQ(D.MemGetInfo(&free_b, &total_b), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK_EQ(D.MemAllocAsync(&p, MiB, legacy), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK_EQ(D.MemFreeAsync((CUdeviceptr)0x10000, legacy), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK_EQ(fake_stats().bytes_in_use[0], 0);
+    start(0);
+    CHECK_EQ(D.MemAlloc(&p, MiB), CUDA_SUCCESS);
+    CHECK(p != 0);
+    CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -325,7 +348,8 @@ int main(int argc, char **argv)
         {"basic", basic}, {"badinput", badinput}, {"contexts", contexts},
         {"async", async}, {"hooks-off", hooks_off}, {"platform-zero", platform_zero},
         {"context-churn", context_churn}, {"fake-lifetime", fake_lifetime},
-        {"fake-pools", fake_pools},
+        {"fake-pools", fake_pools}, {"before-init", before_init},
+        {"fake-before-init", before_init},
     };
     if (argc != 2) {
         fprintf(stderr, "usage: e2e_driver SCENARIO\n");

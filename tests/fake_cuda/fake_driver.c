@@ -4,6 +4,9 @@
  * fake_cuda.h for what it models and how tests steer it.
  *
  * Model
+ *   init      every call but cuInit, cuDriverGetVersion, cuGetProcAddress
+ *             and the error strings answers CUDA_ERROR_NOT_INITIALIZED
+ *             until cuInit(0) succeeds, as cuda.h lists for each call.
  *   devices   FAKECUDA_DEVICES of them, each with a memory size; "device
  *             memory" is host memory from mmap (MAP_NORESERVE), so large
  *             pools cost nothing until touched and tests can read patterns.
@@ -91,6 +94,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -170,6 +174,7 @@ typedef struct allocation {
 static struct {
     pthread_mutex_t lock;
     bool configured;
+    atomic_bool initialised; /* cuInit(0) has succeeded */
     int ndev;
     uint64_t mem[MAX_DEVICES];
     fctx primary[MAX_DEVICES];
@@ -311,6 +316,19 @@ static void configure(void)
         pthread_mutex_unlock(&G.lock); \
         return (r);                    \
     } while (0)
+
+/* Every driver call but cuInit, cuDriverGetVersion, cuGetProcAddress and the
+ * error strings is CUDA_ERROR_NOT_INITIALIZED before cuInit(0) succeeds
+ * (cuda.h lists it for each): a shim that calls the driver on its own,
+ * before the program has initialised it, must see what a real driver says. */
+#define NEED_INIT()                                   \
+    do {                                              \
+        if (!atomic_load(&G.initialised))             \
+            return CUDA_ERROR_NOT_INITIALIZED;        \
+    } while (0)
+#define ENTER_API() \
+    NEED_INIT();    \
+    ENTER()
 
 /* Lock held: the calling thread's per-thread default stream in context c,
  * made on first use and listed with all streams (it is a blocking stream:
@@ -617,7 +635,10 @@ static CUresult do_free(CUdeviceptr dptr)
 EXPORT CUresult cuInit(unsigned int flags)
 {
     ENTER();
-    LEAVE(flags ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS);
+    if (flags)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    atomic_store(&G.initialised, true);
+    LEAVE(CUDA_SUCCESS);
 }
 
 EXPORT CUresult cuDriverGetVersion(int *v)
@@ -630,7 +651,7 @@ EXPORT CUresult cuDriverGetVersion(int *v)
 
 EXPORT CUresult cuDeviceGetCount(int *count)
 {
-    ENTER();
+    ENTER_API();
     if (!count)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     *count = G.ndev;
@@ -639,7 +660,7 @@ EXPORT CUresult cuDeviceGetCount(int *count)
 
 EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal)
 {
-    ENTER();
+    ENTER_API();
     if (!dev || ordinal < 0 || ordinal >= G.ndev)
         LEAVE(CUDA_ERROR_INVALID_DEVICE);
     *dev = ordinal;
@@ -648,6 +669,7 @@ EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal)
 
 EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 {
+    NEED_INIT();
     if (!name || len <= 0)
         return CUDA_ERROR_INVALID_VALUE;
     snprintf(name, (size_t)len, "Fake CUDA device %d", dev);
@@ -657,7 +679,7 @@ EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 /* A stable UUID per device (Numba names devices by it). */
 EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
 {
-    ENTER();
+    ENTER_API();
     if (!uuid || dev < 0 || dev >= G.ndev)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     memset(uuid, 0, sizeof *uuid);
@@ -668,7 +690,7 @@ EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
 
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
-    ENTER();
+    ENTER_API();
     if (!bytes || dev < 0 || dev >= G.ndev)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     *bytes = G.mem[dev];
@@ -677,6 +699,7 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 
 EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
 {
+    NEED_INIT();
     (void)dev;
     if (!pi)
         return CUDA_ERROR_INVALID_VALUE;
@@ -696,7 +719,7 @@ EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevic
 
 EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
 {
-    ENTER();
+    ENTER_API();
     if (!pool || dev < 0 || dev >= G.ndev)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     *pool = G.default_pool[dev];
@@ -720,7 +743,7 @@ static int pool_device(CUmemoryPool pool)
 
 EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 {
-    ENTER();
+    ENTER_API();
     if (!pool || !props || props->location.id < 0 || props->location.id >= G.ndev)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     *pool = (CUmemoryPool)(uintptr_t)(POOL_CREATED + ++G.npools_created * 16u +
@@ -730,7 +753,7 @@ EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 
 EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
 {
-    ENTER();
+    ENTER_API();
     /* "The memory pool must be local to the specified device." */
     if (dev < 0 || dev >= G.ndev || pool_device(pool) != dev)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -740,7 +763,7 @@ EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
 
 EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 {
-    ENTER();
+    ENTER_API();
     if (!pool || dev < 0 || dev >= G.ndev)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     *pool = G.current_pool[dev];
@@ -749,7 +772,7 @@ EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
-    ENTER();
+    ENTER_API();
     if (!pctx || dev < 0 || dev >= G.ndev)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     G.primary[dev].refcount++;
@@ -814,7 +837,7 @@ static void destroy_ctx_memory(fctx *c)
 
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
-    ENTER();
+    ENTER_API();
     if (dev < 0 || dev >= G.ndev || G.primary[dev].refcount == 0)
         LEAVE(CUDA_ERROR_INVALID_CONTEXT);
     if (--G.primary[dev].refcount == 0)
@@ -824,7 +847,7 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 
 EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
-    ENTER();
+    ENTER_API();
     if (dev < 0 || dev >= G.ndev)
         LEAVE(CUDA_ERROR_INVALID_DEVICE);
     kill_ctx(&G.primary[dev]);
@@ -834,7 +857,7 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 
 EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
 {
-    ENTER();
+    ENTER_API();
     if (dev < 0 || dev >= G.ndev || !flags || !active)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     *flags = 0;
@@ -848,7 +871,7 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsig
                                CUdevice dev)
 {
     (void)flags, (void)params;
-    ENTER();
+    ENTER_API();
     if (!pctx || dev < 0 || dev >= G.ndev)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     /* A destroyed context's slot (and so its handle value) is reused, as
@@ -872,7 +895,7 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsig
 
 EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
-    ENTER();
+    ENTER_API();
     fctx *c = (fctx *)ctx;
     if (!c || c->magic != CTX_MAGIC || c->primary || !c->alive)
         LEAVE(CUDA_ERROR_INVALID_CONTEXT);
@@ -887,6 +910,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 
 EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
 {
+    NEED_INIT();
     if (!pctx)
         return CUDA_ERROR_INVALID_VALUE;
     *pctx = (CUcontext)current_ctx();
@@ -895,6 +919,7 @@ EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
 
 EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
 {
+    NEED_INIT();
     fctx *c = (fctx *)ctx;
     if (c && c->magic != CTX_MAGIC)
         return CUDA_ERROR_INVALID_CONTEXT;
@@ -911,6 +936,7 @@ EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
 
 EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
+    NEED_INIT();
     fctx *c = (fctx *)ctx;
     if (!c || c->magic != CTX_MAGIC || tls_ctx_depth == 16)
         return CUDA_ERROR_INVALID_CONTEXT;
@@ -920,6 +946,7 @@ EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 
 EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 {
+    NEED_INIT();
     if (!tls_ctx_depth)
         return CUDA_ERROR_INVALID_CONTEXT;
     fctx *c = tls_ctx_stack[--tls_ctx_depth];
@@ -930,6 +957,7 @@ EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 
 EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
 {
+    NEED_INIT();
     fctx *c = current_ctx();
     if (!dev)
         return CUDA_ERROR_INVALID_VALUE;
@@ -955,7 +983,7 @@ EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
  * (cuMemSetAccess's peer entries are counted, see below). */
 EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer)
 {
-    ENTER();
+    ENTER_API();
     if (!can)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     if (dev < 0 || dev >= G.ndev || peer < 0 || peer >= G.ndev)
@@ -985,7 +1013,7 @@ static void peers_forget(const fctx *c)
 
 static CUresult peer_switch(CUcontext peer, unsigned flags, bool on)
 {
-    ENTER();
+    ENTER_API();
     fctx *c = current_ctx(), *p = (fctx *)peer;
     if (!c || !p || p->magic != CTX_MAGIC || !p->alive || (on && p == c))
         LEAVE(CUDA_ERROR_INVALID_CONTEXT);
@@ -1018,7 +1046,7 @@ EXPORT CUresult cuCtxDisablePeerAccess(CUcontext peer) { return peer_switch(peer
 
 EXPORT CUresult cuCtxSynchronize(void)
 {
-    ENTER();
+    ENTER_API();
     fctx *c = current_ctx();
     if (!c)
         LEAVE(CUDA_ERROR_INVALID_CONTEXT);
@@ -1048,7 +1076,7 @@ EXPORT CUresult cuCtxSynchronize(void)
 
 static CUresult create_stream(CUstream *ph, unsigned flags)
 {
-    ENTER();
+    ENTER_API();
     fctx *c = current_ctx();
     if (!ph)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -1075,7 +1103,7 @@ EXPORT CUresult cuStreamCreateWithPriority(CUstream *ph, unsigned int flags, int
 
 EXPORT CUresult cuStreamDestroy_v2(CUstream h)
 {
-    ENTER();
+    ENTER_API();
     fstream *s = stream_of(h);
     if (!s || s->legacy || s->per_thread)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
@@ -1088,7 +1116,7 @@ EXPORT CUresult cuStreamDestroy_v2(CUstream h)
 
 EXPORT CUresult cuStreamGetFlags(CUstream h, unsigned int *flags)
 {
-    ENTER();
+    ENTER_API();
     fstream *s = stream_of(h);
     if (!s || !flags)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
@@ -1098,7 +1126,7 @@ EXPORT CUresult cuStreamGetFlags(CUstream h, unsigned int *flags)
 
 EXPORT CUresult cuStreamGetCtx(CUstream h, CUcontext *pctx)
 {
-    ENTER();
+    ENTER_API();
     fstream *s = stream_of(h);
     if (!s || !pctx)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
@@ -1108,7 +1136,7 @@ EXPORT CUresult cuStreamGetCtx(CUstream h, CUcontext *pctx)
 
 static CUresult stream_sync(CUstream h)
 {
-    ENTER();
+    ENTER_API();
     fstream *s = stream_of(h);
     if (!s)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
@@ -1130,7 +1158,7 @@ EXPORT CUresult cuStreamSynchronize_ptsz(CUstream h)
 
 EXPORT CUresult cuStreamQuery(CUstream h)
 {
-    ENTER();
+    ENTER_API();
     fstream *s = stream_of(h);
     if (!s)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
@@ -1142,7 +1170,7 @@ EXPORT CUresult cuStreamQuery(CUstream h)
 
 static CUresult is_capturing(CUstream h, CUstreamCaptureStatus *status)
 {
-    ENTER();
+    ENTER_API();
     fstream *s = stream_of(h);
     if (!s || !status)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -1168,7 +1196,7 @@ EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream h, CUstreamCaptureStatus *st)
 
 static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode)
 {
-    ENTER();
+    ENTER_API();
     fstream *s = stream_of(h);
     if (!s || s->legacy) /* the legacy stream cannot be captured */
         LEAVE(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
@@ -1192,7 +1220,7 @@ EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream h, CUstreamCaptureMode mod
 
 static CUresult end_capture(CUstream h, CUgraph *graph)
 {
-    ENTER();
+    ENTER_API();
     fstream *s = stream_of(h);
     if (!s || !s->capturing)
         LEAVE(CUDA_ERROR_ILLEGAL_STATE);
@@ -1214,6 +1242,7 @@ EXPORT CUresult cuStreamEndCapture_ptsz(CUstream h, CUgraph *g)
 
 EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
 {
+    NEED_INIT();
     if (!mode || *mode > CU_STREAM_CAPTURE_MODE_RELAXED)
         return CUDA_ERROR_INVALID_VALUE;
     CUstreamCaptureMode old = tls_capture_mode;
@@ -1225,7 +1254,7 @@ EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
 EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent ev, unsigned int flags)
 {
     (void)flags, (void)ev;
-    ENTER();
+    ENTER_API();
     fstream *s = stream_of(h);
     if (!s)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
@@ -1235,7 +1264,7 @@ EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent ev, unsigned int flags)
 EXPORT CUresult cuEventCreate(CUevent *ph, unsigned int flags)
 {
     (void)flags;
-    ENTER();
+    ENTER_API();
     fctx *c = current_ctx();
     if (!ph)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -1253,7 +1282,7 @@ EXPORT CUresult cuEventCreate(CUevent *ph, unsigned int flags)
 
 EXPORT CUresult cuEventDestroy_v2(CUevent h)
 {
-    ENTER();
+    ENTER_API();
     fevent *e = event_of(h);
     if (!e)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
@@ -1265,7 +1294,7 @@ EXPORT CUresult cuEventDestroy_v2(CUevent h)
 
 static CUresult event_record(CUevent h, CUstream sh)
 {
-    ENTER();
+    ENTER_API();
     fevent *e = event_of(h);
     fstream *s = stream_of(sh);
     if (!e || !s)
@@ -1310,7 +1339,7 @@ static bool event_done(const fevent *e)
 
 EXPORT CUresult cuEventQuery(CUevent h)
 {
-    ENTER();
+    ENTER_API();
     fevent *e = event_of(h);
     if (!e)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
@@ -1325,7 +1354,7 @@ EXPORT CUresult cuEventQuery(CUevent h)
 
 EXPORT CUresult cuEventSynchronize(CUevent h)
 {
-    ENTER();
+    ENTER_API();
     fevent *e = event_of(h);
     if (!e)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
@@ -1350,7 +1379,7 @@ EXPORT CUresult cuEventSynchronize(CUevent h)
 
 EXPORT CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void *data)
 {
-    ENTER();
+    ENTER_API();
     fstream *s = stream_of(h);
     if (!s || !fn)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -1366,7 +1395,7 @@ EXPORT CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void *data)
 
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
 {
-    ENTER();
+    ENTER_API();
     G.st.mem_alloc_calls++;
     CUresult r = unsafe_call();
     if (r != CUDA_SUCCESS)
@@ -1376,7 +1405,7 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
 
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
-    ENTER();
+    ENTER_API();
     G.st.mem_free_calls++;
     CUresult r = unsafe_call();
     if (r != CUDA_SUCCESS)
@@ -1390,7 +1419,7 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t widt
 {
     if (!dptr || !pitch || width == 0 || height == 0 || (elem != 4 && elem != 8 && elem != 16))
         return CUDA_ERROR_INVALID_VALUE;
-    ENTER();
+    ENTER_API();
     size_t p = (width + G.pitch_align - 1) & ~(size_t)(G.pitch_align - 1);
     G.st.mem_alloc_calls++;
     CUresult r = unsafe_call();
@@ -1404,7 +1433,7 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t widt
 /* pool: NULL for cuMemAllocAsync. */
 static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream h)
 {
-    ENTER();
+    ENTER_API();
     fstream *s = stream_of(h);
     if (!s)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
@@ -1425,7 +1454,7 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, C
 
 static CUresult free_async(CUdeviceptr dptr, CUstream h)
 {
-    ENTER();
+    ENTER_API();
     fstream *s = stream_of(h);
     if (!s)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
@@ -1457,7 +1486,7 @@ EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *d, size_t n, CUmemoryP
 
 EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 {
-    ENTER();
+    ENTER_API();
     fctx *c = current_ctx();
     if (!free_bytes || !total)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -1475,7 +1504,7 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 
 EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr dptr)
 {
-    ENTER();
+    ENTER_API();
     allocation *a = find_alloc(dptr, true);
     if (!a)
         LEAVE(CUDA_ERROR_NOT_FOUND);
@@ -1510,7 +1539,7 @@ static CUresult pointer_attribute(const allocation *a, CUdeviceptr ptr, CUpointe
 
 EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr ptr)
 {
-    ENTER();
+    ENTER_API();
     allocation *a = find_alloc(ptr, true);
     /* "If ptr is not a valid CUDA pointer then CUDA_ERROR_INVALID_VALUE" */
     if (!data || !a)
@@ -1521,7 +1550,7 @@ EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUde
 EXPORT CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attrs, void **data,
                                        CUdeviceptr ptr)
 {
-    ENTER();
+    ENTER_API();
     if (!attrs || !data)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     allocation *a = find_alloc(ptr, true);
@@ -1533,7 +1562,7 @@ EXPORT CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attr
 
 EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr dptr)
 {
-    ENTER();
+    ENTER_API();
     allocation *a = find_alloc(dptr, true);
     if (!h || !a)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -1546,6 +1575,7 @@ EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr dptr)
 
 static CUresult copy(void *dst, const void *src, size_t n)
 {
+    NEED_INIT();
     memmove(dst, src, n);
     return CUDA_SUCCESS;
 }
@@ -1579,7 +1609,7 @@ static void run_copy(void *arg)
 
 static CUresult copy_async(void *dst, const void *src, size_t n, CUstream h)
 {
-    ENTER();
+    ENTER_API();
     fstream *s = stream_of(h);
     if (!s)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
@@ -1610,6 +1640,7 @@ EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUs
 
 EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n)
 {
+    NEED_INIT();
     memset((void *)(uintptr_t)d, v, n);
     return CUDA_SUCCESS;
 }
