@@ -24,7 +24,8 @@
  *               CUDA_ERROR_NOT_INITIALIZED, through the shim as from the
  *               driver itself (fake-before-init: the same with the driver
  *               door closed), and nothing is allocated; after cuInit all
- *               works
+ *               works, and a device ordinal that names no device is
+ *               CUDA_ERROR_INVALID_DEVICE
  */
 #include <cuda.h>
 #include <dlfcn.h>
@@ -333,10 +334,19 @@ static void before_init(void)
     CHECK_EQ(D.MemAllocAsync(&p, MiB, legacy), CUDA_ERROR_NOT_INITIALIZED);
     CHECK_EQ(D.MemFreeAsync((CUdeviceptr)0x10000, legacy), CUDA_ERROR_NOT_INITIALIZED);
     CHECK_EQ(fake_stats().bytes_in_use[0], 0);
+    int v = -1;
+    CHECK_EQ(D.DeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT, 0),
+             CUDA_ERROR_NOT_INITIALIZED);
     start(0);
     CHECK_EQ(D.MemAlloc(&p, MiB), CUDA_SUCCESS);
     CHECK(p != 0);
     CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+    /* A device ordinal that names no device, an attribute that is none. */
+    CHECK_EQ(D.DeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT, 99),
+             CUDA_ERROR_INVALID_DEVICE);
+    CHECK_EQ(D.DeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MAX, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(D.DeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT, 0),
+             CUDA_SUCCESS);
 }
 
 int main(int argc, char **argv)

@@ -10,6 +10,9 @@
  *   devices   FAKECUDA_DEVICES of them, each with a memory size; "device
  *             memory" is host memory from mmap (MAP_NORESERVE), so large
  *             pools cost nothing until touched and tests can read patterns.
+ *             An ordinal that names no device is CUDA_ERROR_INVALID_DEVICE
+ *             for the device queries, an unknown attribute
+ *             CUDA_ERROR_INVALID_VALUE.
  *   contexts  a primary context per device (retain/release/reset) and
  *             created ones; a per-thread current context.
  *   streams   each keeps a queue of work (host callbacks, event records)
@@ -672,6 +675,8 @@ EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
     NEED_INIT();
     if (!name || len <= 0)
         return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= G.ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
     snprintf(name, (size_t)len, "Fake CUDA device %d", dev);
     return CUDA_SUCCESS;
 }
@@ -680,8 +685,10 @@ EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
 {
     ENTER_API();
-    if (!uuid || dev < 0 || dev >= G.ndev)
+    if (!uuid)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
+    if (dev < 0 || dev >= G.ndev)
+        LEAVE(CUDA_ERROR_INVALID_DEVICE);
     memset(uuid, 0, sizeof *uuid);
     memcpy(uuid->bytes, "fakecudadevice", 14);
     uuid->bytes[15] = (char)dev;
@@ -691,8 +698,10 @@ EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
     ENTER_API();
-    if (!bytes || dev < 0 || dev >= G.ndev)
+    if (!bytes)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
+    if (dev < 0 || dev >= G.ndev)
+        LEAVE(CUDA_ERROR_INVALID_DEVICE);
     *bytes = G.mem[dev];
     LEAVE(CUDA_SUCCESS);
 }
@@ -700,9 +709,11 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
 {
     NEED_INIT();
-    (void)dev;
-    if (!pi)
+    if (!pi || (int)attrib <= 0 || attrib >= CU_DEVICE_ATTRIBUTE_MAX)
         return CUDA_ERROR_INVALID_VALUE;
+    /* G.ndev is read without the lock: cuInit set it before the flag. */
+    if (dev < 0 || dev >= G.ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
     switch (attrib) {
     case CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT: *pi = 32; break;
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: *pi = 1; break;
