@@ -345,6 +345,13 @@ static void before_init(void)
     CHECK_EQ(D.DeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT, 99),
              CUDA_ERROR_INVALID_DEVICE);
     CHECK_EQ(D.DeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MAX, 0), CUDA_ERROR_INVALID_VALUE);
+    CUcontext ctx = NULL;
+    CUmemoryPool pool = NULL;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&ctx, 99), CUDA_ERROR_INVALID_DEVICE);
+    CHECK_EQ(D.DeviceGetDefaultMemPool(&pool, 99), CUDA_ERROR_INVALID_DEVICE);
+    /* cuDeviceSetMemPool lists only CUDA_ERROR_INVALID_VALUE (cuda.h). */
+    CHECK_EQ(D.DeviceGetDefaultMemPool(&pool, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.DeviceSetMemPool(99, pool), CUDA_ERROR_INVALID_VALUE);
     CHECK_EQ(D.DeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT, 0),
              CUDA_SUCCESS);
 }

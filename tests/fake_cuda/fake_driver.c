@@ -11,8 +11,8 @@
  *             memory" is host memory from mmap (MAP_NORESERVE), so large
  *             pools cost nothing until touched and tests can read patterns.
  *             An ordinal that names no device is CUDA_ERROR_INVALID_DEVICE
- *             for the device queries, an unknown attribute
- *             CUDA_ERROR_INVALID_VALUE.
+ *             wherever cuda.h lists that code for the call (is_device), an
+ *             unknown attribute CUDA_ERROR_INVALID_VALUE.
  *   contexts  a primary context per device (retain/release/reset) and
  *             created ones; a per-thread current context.
  *   streams   each keeps a queue of work (host callbacks, event records)
@@ -332,6 +332,17 @@ static void configure(void)
 #define ENTER_API() \
     NEED_INIT();    \
     ENTER()
+
+/* Does ordinal d name a device? Calls whose cuda.h return list has
+ * CUDA_ERROR_INVALID_DEVICE answer that when it does not ("the device
+ * ordinal supplied by the user does not correspond to a valid CUDA
+ * device"); those that list only CUDA_ERROR_INVALID_VALUE (cuDeviceGetMemPool,
+ * cuDeviceSetMemPool, cuMemPoolCreate) answer that. G.ndev may be read
+ * without the lock once cuInit has returned: it is set before the flag. */
+static bool is_device(int d)
+{
+    return d >= 0 && d < G.ndev;
+}
 
 /* Lock held: the calling thread's per-thread default stream in context c,
  * made on first use and listed with all streams (it is a blocking stream:
@@ -664,7 +675,7 @@ EXPORT CUresult cuDeviceGetCount(int *count)
 EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal)
 {
     ENTER_API();
-    if (!dev || ordinal < 0 || ordinal >= G.ndev)
+    if (!dev || !is_device(ordinal))
         LEAVE(CUDA_ERROR_INVALID_DEVICE);
     *dev = ordinal;
     LEAVE(CUDA_SUCCESS);
@@ -675,7 +686,7 @@ EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
     NEED_INIT();
     if (!name || len <= 0)
         return CUDA_ERROR_INVALID_VALUE;
-    if (dev < 0 || dev >= G.ndev)
+    if (!is_device(dev))
         return CUDA_ERROR_INVALID_DEVICE;
     snprintf(name, (size_t)len, "Fake CUDA device %d", dev);
     return CUDA_SUCCESS;
@@ -687,7 +698,7 @@ EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
     ENTER_API();
     if (!uuid)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
-    if (dev < 0 || dev >= G.ndev)
+    if (!is_device(dev))
         LEAVE(CUDA_ERROR_INVALID_DEVICE);
     memset(uuid, 0, sizeof *uuid);
     memcpy(uuid->bytes, "fakecudadevice", 14);
@@ -700,7 +711,7 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     ENTER_API();
     if (!bytes)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
-    if (dev < 0 || dev >= G.ndev)
+    if (!is_device(dev))
         LEAVE(CUDA_ERROR_INVALID_DEVICE);
     *bytes = G.mem[dev];
     LEAVE(CUDA_SUCCESS);
@@ -711,8 +722,7 @@ EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevic
     NEED_INIT();
     if (!pi || (int)attrib <= 0 || attrib >= CU_DEVICE_ATTRIBUTE_MAX)
         return CUDA_ERROR_INVALID_VALUE;
-    /* G.ndev is read without the lock: cuInit set it before the flag. */
-    if (dev < 0 || dev >= G.ndev)
+    if (!is_device(dev))
         return CUDA_ERROR_INVALID_DEVICE;
     switch (attrib) {
     case CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT: *pi = 32; break;
@@ -731,8 +741,10 @@ EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevic
 EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
 {
     ENTER_API();
-    if (!pool || dev < 0 || dev >= G.ndev)
+    if (!pool)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
+    if (!is_device(dev))
+        LEAVE(CUDA_ERROR_INVALID_DEVICE);
     *pool = G.default_pool[dev];
     LEAVE(CUDA_SUCCESS);
 }
@@ -755,7 +767,7 @@ static int pool_device(CUmemoryPool pool)
 EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 {
     ENTER_API();
-    if (!pool || !props || props->location.id < 0 || props->location.id >= G.ndev)
+    if (!pool || !props || !is_device(props->location.id))
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     *pool = (CUmemoryPool)(uintptr_t)(POOL_CREATED + ++G.npools_created * 16u +
                                       (unsigned)props->location.id);
@@ -766,7 +778,7 @@ EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
 {
     ENTER_API();
     /* "The memory pool must be local to the specified device." */
-    if (dev < 0 || dev >= G.ndev || pool_device(pool) != dev)
+    if (!is_device(dev) || pool_device(pool) != dev)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     G.current_pool[dev] = pool;
     LEAVE(CUDA_SUCCESS);
@@ -775,7 +787,7 @@ EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
 EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 {
     ENTER_API();
-    if (!pool || dev < 0 || dev >= G.ndev)
+    if (!pool || !is_device(dev))
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     *pool = G.current_pool[dev];
     LEAVE(CUDA_SUCCESS);
@@ -784,8 +796,10 @@ EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     ENTER_API();
-    if (!pctx || dev < 0 || dev >= G.ndev)
+    if (!pctx)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
+    if (!is_device(dev))
+        LEAVE(CUDA_ERROR_INVALID_DEVICE);
     G.primary[dev].refcount++;
     G.primary[dev].alive = true;
     *pctx = (CUcontext)&G.primary[dev];
@@ -849,7 +863,9 @@ static void destroy_ctx_memory(fctx *c)
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
     ENTER_API();
-    if (dev < 0 || dev >= G.ndev || G.primary[dev].refcount == 0)
+    if (!is_device(dev))
+        LEAVE(CUDA_ERROR_INVALID_DEVICE);
+    if (G.primary[dev].refcount == 0)
         LEAVE(CUDA_ERROR_INVALID_CONTEXT);
     if (--G.primary[dev].refcount == 0)
         kill_ctx(&G.primary[dev]);
@@ -859,7 +875,7 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
     ENTER_API();
-    if (dev < 0 || dev >= G.ndev)
+    if (!is_device(dev))
         LEAVE(CUDA_ERROR_INVALID_DEVICE);
     kill_ctx(&G.primary[dev]);
     G.primary[dev].refcount = 0;
@@ -869,8 +885,10 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
 {
     ENTER_API();
-    if (dev < 0 || dev >= G.ndev || !flags || !active)
+    if (!flags || !active)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
+    if (!is_device(dev))
+        LEAVE(CUDA_ERROR_INVALID_DEVICE);
     *flags = 0;
     *active = G.primary[dev].alive;
     LEAVE(CUDA_SUCCESS);
@@ -883,8 +901,10 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsig
 {
     (void)flags, (void)params;
     ENTER_API();
-    if (!pctx || dev < 0 || dev >= G.ndev)
+    if (!pctx)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
+    if (!is_device(dev))
+        LEAVE(CUDA_ERROR_INVALID_DEVICE);
     /* A destroyed context's slot (and so its handle value) is reused, as
      * the real driver may. */
     fctx *c = NULL;
@@ -997,7 +1017,7 @@ EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer)
     ENTER_API();
     if (!can)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
-    if (dev < 0 || dev >= G.ndev || peer < 0 || peer >= G.ndev)
+    if (!is_device(dev) || !is_device(peer))
         LEAVE(CUDA_ERROR_INVALID_DEVICE);
     *can = dev != peer;
     LEAVE(CUDA_SUCCESS);
@@ -1428,9 +1448,10 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
                                    unsigned int elem)
 {
+    NEED_INIT();
     if (!dptr || !pitch || width == 0 || height == 0 || (elem != 4 && elem != 8 && elem != 16))
         return CUDA_ERROR_INVALID_VALUE;
-    ENTER_API();
+    ENTER();
     size_t p = (width + G.pitch_align - 1) & ~(size_t)(G.pitch_align - 1);
     G.st.mem_alloc_calls++;
     CUresult r = unsafe_call();
@@ -1780,8 +1801,7 @@ static bool vmm_push(vmm_range **a, size_t *n, size_t *cap, vmm_range r)
 static int vmm_prop_device(const CUmemAllocationProp *prop)
 {
     if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
-        prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop->location.id < 0 ||
-        prop->location.id >= G.ndev)
+        prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || !is_device(prop->location.id))
         return -1;
     return prop->location.id;
 }
@@ -2020,8 +2040,7 @@ EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
     if (!desc || count == 0 || !vmm_whole_mappings(ptr, size))
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     for (size_t k = 0; k < count; k++)
-        if (desc[k].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[k].location.id < 0 ||
-            desc[k].location.id >= G.ndev)
+        if (desc[k].location.type != CU_MEM_LOCATION_TYPE_DEVICE || !is_device(desc[k].location.id))
             LEAVE(CUDA_ERROR_INVALID_DEVICE);
     for (size_t m = 0; m < V.nmapped; m++) {
         vmm_range *r = &V.mapped[m];
