@@ -128,23 +128,6 @@ static inline int chunk_less(const chunk *a, const chunk *b)
 
 /* regions.c */
 int region_find(const bfc_pool *p, bfc_addr addr); /* index or -1 */
-
-/* The first step of every free, plain or into a lane: takes the live chunk
- * at addr out of the live index and its bytes out of the counters. Returns
- * BFC_OK with the chunk in *c, or why addr is not a live allocation. Inline:
- * it is on the free path. */
-static inline bfc_status pool_take_live(bfc_pool *p, bfc_addr addr, uint32_t *c)
-{
-    *c = live_index_take(&p->live, &p->chunks, addr);
-    if (*c == CHUNK_NIL)
-        return region_find(p, addr) < 0 ? BFC_ERR_NOT_OWNED : BFC_ERR_NOT_ALLOCATED;
-    const chunk *cc = C(p, *c);
-    p->st.num_frees++;
-    p->st.bytes_in_use -= cc->size;
-    p->st.bytes_requested -= cc->requested;
-    return BFC_OK;
-}
-
 bool region_extend(bfc_pool *p, uint64_t rounded);
 uint64_t region_release_empty(bfc_pool *p);
 void region_release_all(bfc_pool *p);
@@ -194,6 +177,22 @@ void pool_stats_locked(const bfc_pool *p, bfc_stats *out);
 
 /* pool.c */
 void pool_make_free(bfc_pool *p, uint32_t c);
+
+/* The first step of every free, plain or into a lane: takes the live chunk
+ * at addr out of the live index and its bytes out of the counters. Returns
+ * BFC_OK with the chunk in *c, or why addr is not a live allocation. Inline:
+ * it is on the free path. */
+static inline bfc_status pool_take_live(bfc_pool *p, bfc_addr addr, uint32_t *c)
+{
+    *c = live_index_take(&p->live, &p->chunks, addr);
+    if (*c == CHUNK_NIL)
+        return region_find(p, addr) < 0 ? BFC_ERR_NOT_OWNED : BFC_ERR_NOT_ALLOCATED;
+    const chunk *cc = C(p, *c);
+    p->st.num_frees++;
+    p->st.bytes_in_use -= cc->size;
+    p->st.bytes_requested -= cc->requested;
+    return BFC_OK;
+}
 
 /* plan.c */
 bfc_status plan_create(const bfc_pool *p, const bfc_plan_entry *e, size_t n, pool_plan **out);
