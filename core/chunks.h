@@ -53,7 +53,7 @@ _Static_assert(sizeof(chunk) == 64, "a chunk record should fill one cache line")
 
 typedef struct chunk_store {
     chunk *base;        /* record i is base[i]; record 0 is the sentinel */
-    void *raw;          /* what malloc returned: base rounded down by < 64 bytes */
+    void *raw;          /* what malloc returned; base is its first line boundary */
     uint32_t cap;       /* records the array holds */
     uint32_t high;      /* records ever handed out, sentinel included */
     uint32_t free_head; /* released records, linked through qnext */
