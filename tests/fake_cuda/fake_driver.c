@@ -321,9 +321,11 @@ static void configure(void)
     } while (0)
 
 /* Every driver call but cuInit, cuDriverGetVersion, cuGetProcAddress and the
- * error strings is CUDA_ERROR_NOT_INITIALIZED before cuInit(0) succeeds
- * (cuda.h lists it for each): a shim that calls the driver on its own,
- * before the program has initialised it, must see what a real driver says. */
+ * error strings is CUDA_ERROR_NOT_INITIALIZED before cuInit(0) succeeds:
+ * cuda.h lists that code in the return list of every other call, and not in
+ * those four (which work before cuInit: cudart finds cuInit itself through
+ * cuGetProcAddress). A shim that calls the driver on its own, before the
+ * program has initialised it, must see what a real driver says. */
 #define NEED_INIT()                                   \
     do {                                              \
         if (!atomic_load(&G.initialised))             \
@@ -720,6 +722,8 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
 {
     NEED_INIT();
+    /* No attribute is 0 or CU_DEVICE_ATTRIBUTE_MAX or beyond: an invalid
+     * argument, CUDA_ERROR_INVALID_VALUE in cuda.h's list for the call. */
     if (!pi || (int)attrib <= 0 || attrib >= CU_DEVICE_ATTRIBUTE_MAX)
         return CUDA_ERROR_INVALID_VALUE;
     if (!is_device(dev))
