@@ -69,6 +69,10 @@ void capture_stand_in(CUstream s, bool legacy_too)
     if (s == CU_STREAM_PER_THREAD || s == NULL || s == CU_STREAM_LEGACY ||
         !R->StreamGetCtx || R->StreamGetCtx(s, &ctx) != CUDA_SUCCESS)
         R->CtxGetCurrent(&ctx);
+    /* A green context's stream needs none (green.c), and making its context
+     * current here would make it current to two threads. */
+    if (ctx && green_canonical(ctx) != ctx)
+        return;
     /* No pool in the stream's context: nothing has been freed there. */
     shim_pool *sp = ctx ? pool_for_context(ctx, false) : NULL;
     if (!sp)
@@ -101,20 +105,23 @@ static void before_begin(CUstream s)
         capture_stand_in(s, blocking_stream(R, s));
 }
 
-static CUresult began(CUresult r)
+static CUresult began(CUresult r, CUstream s)
 {
-    if (r == CUDA_SUCCESS)
+    if (r == CUDA_SUCCESS) {
         atomic_fetch_add_explicit(&underway, 1, memory_order_relaxed);
+        green_capture_changed(s, +1);
+    }
     return r;
 }
 
 /* A capture ends when EndCapture succeeds or reports it invalidated or
  * unjoined; other answers (not capturing, wrong thread) leave it on. */
-static void ended(int r)
+static void ended(int r, CUstream s)
 {
     if (r != CUDA_SUCCESS && r != CUDA_ERROR_STREAM_CAPTURE_INVALIDATED &&
         r != CUDA_ERROR_STREAM_CAPTURE_UNJOINED)
         return;
+    green_capture_changed(s, -1);
     int n = atomic_load_explicit(&underway, memory_order_relaxed);
     while (n > 0 && !atomic_compare_exchange_weak(&underway, &n, n - 1))
         ;
@@ -128,7 +135,7 @@ static CUresult begin(int z, CUstream s, CUstreamCaptureMode mode)
     if (!f)
         return CUDA_ERROR_NOT_INITIALIZED;
     before_begin(named(s, z));
-    return began(f(s, mode));
+    return began(f(s, mode), named(s, z));
 }
 
 static CUresult begin_to_graph(int z, CUstream s, CUgraph g, const CUgraphNode *deps,
@@ -139,7 +146,7 @@ static CUresult begin_to_graph(int z, CUstream s, CUgraph g, const CUgraphNode *
     if (!f)
         return CUDA_ERROR_NOT_INITIALIZED;
     before_begin(named(s, z));
-    return began(f(s, g, deps, edges, n, mode));
+    return began(f(s, g, deps, edges, n, mode), named(s, z));
 }
 
 static CUresult end(int z, CUstream s, CUgraph *g)
@@ -148,7 +155,7 @@ static CUresult end(int z, CUstream s, CUgraph *g)
     if (!f)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = f(s, g);
-    ended(r);
+    ended(r, named(s, z));
     return r;
 }
 
@@ -201,16 +208,16 @@ static cudaError_t rt_begin(rt_begin_fn f, cudaStream_t s, enum cudaStreamCaptur
     if (!runtime_does_it())
         return f(s, mode);
     before_begin(named((CUstream)s, z));
-    return (cudaError_t)began((CUresult)f(s, mode));
+    return (cudaError_t)began((CUresult)f(s, mode), named((CUstream)s, z));
 }
 
-static cudaError_t rt_end(rt_end_fn f, cudaStream_t s, cudaGraph_t *g)
+static cudaError_t rt_end(rt_end_fn f, cudaStream_t s, cudaGraph_t *g, int z)
 {
     if (!f)
         return cudaErrorInsufficientDriver;
     cudaError_t e = f(s, g);
     if (runtime_does_it())
-        ended((int)e);
+        ended((int)e, named((CUstream)s, z));
     return e;
 }
 
@@ -230,11 +237,11 @@ SHIM_EXPORT cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t s,
 SHIM_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g)
 {
     REAL_RT(rt_end_fn, f, "cudaStreamEndCapture");
-    return rt_end(f, s, g);
+    return rt_end(f, s, g, 0);
 }
 
 SHIM_EXPORT cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t s, cudaGraph_t *g)
 {
     REAL_RT(rt_end_fn, f, "cudaStreamEndCapture_ptsz");
-    return rt_end(f, s, g);
+    return rt_end(f, s, g, 1);
 }

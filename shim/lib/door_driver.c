@@ -320,13 +320,10 @@ SHIM_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     return r;
 }
 
-SHIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+/* After a call that released dev's primary context `ctx` (learnt while it
+ * was still alive): if that was the last reference, the context is gone. */
+static void after_primary_release(const real_driver *R, CUdevice dev, CUcontext ctx, CUresult r)
 {
-    /* The last release destroys the primary context: learn its handle while
-     * it is still alive, in case this is the last. */
-    const real_driver *R = real_driver_get();
-    CUcontext ctx = real_active_primary(R, dev);
-    CUresult r = PASS(DevicePrimaryCtxRelease, dev);
     unsigned flags = 0;
     int active = 0;
     if (r == CUDA_SUCCESS && ctx &&
@@ -335,5 +332,48 @@ SHIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
         pools_context_gone(ctx); /* and the streams under its handle */
         pools_give_back_forgotten();
     }
+}
+
+SHIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    /* The last release destroys the primary context: learn its handle while
+     * it is still alive, in case this is the last. */
+    const real_driver *R = real_driver_get();
+    CUcontext ctx = real_active_primary(R, dev);
+    CUresult r = PASS(DevicePrimaryCtxRelease, dev);
+    after_primary_release(R, dev, ctx, r);
+    return r;
+}
+
+/* Green contexts (green.c): they share the primary context's pool, and a
+ * plain free's fence must cover their streams, which the primary context's
+ * legacy stream does not wait for. */
+SHIM_EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *g, CUdevResourceDesc desc, CUdevice dev,
+                                      unsigned flags)
+{
+    CUresult r = PASS(GreenCtxCreate, g, desc, dev, flags);
+    if (r == CUDA_SUCCESS && g)
+        green_created(*g, dev);
+    return r;
+}
+
+SHIM_EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx g)
+{
+    /* It releases the primary context it retained: maybe the last. */
+    const real_driver *R = real_driver_get();
+    int dev = green_destroying(g);
+    CUcontext ctx = dev >= 0 ? real_active_primary(R, dev) : NULL;
+    CUresult r = PASS(GreenCtxDestroy, g);
+    if (dev >= 0)
+        after_primary_release(R, dev, ctx, r);
+    return r;
+}
+
+SHIM_EXPORT CUresult cuGreenCtxStreamCreate(CUstream *s, CUgreenCtx g, unsigned flags,
+                                            int priority)
+{
+    CUresult r = PASS(GreenCtxStreamCreate, s, g, flags, priority);
+    if (r == CUDA_SUCCESS && s)
+        streams_add(*s);
     return r;
 }

@@ -9,7 +9,10 @@
  *                    block) one event on the legacy stream, which waits for
  *                    every blocking stream and every per-thread stream, plus
  *                    one on each known non-blocking stream, plus every
- *                    stand-in event that has not completed (below).
+ *                    stand-in event that has not completed (below), plus,
+ *                    in a primary context's pool, one cuGreenCtxRecordEvent
+ *                    per live green context of the device (green.c);
+ *   a green stream's lane  that green context's event (green.c).
  * No device-wide synchronisation, and nothing that would break a capture
  * under way in another thread: a capturing stream gets no event (its work
  * has not run and will run only as a graph), and the legacy stream is left
@@ -171,15 +174,13 @@ static bool queue_push(shim_pool *sp, uint32_t lane, fence *f)
     return true;
 }
 
-void fences_stand_in(shim_pool *sp, CUstream s)
+/* Keeps stand-in event e (recorded) until it completes and no fence refers
+ * to it. */
+static void keep_stand_in(shim_pool *sp, const real_driver *R, CUevent e)
 {
-    const real_driver *R = real_driver_get();
-    CUevent e = NULL;
-    if (!R || R->EventCreate(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
-        return;
     stand_in *si = calloc(1, sizeof *si);
-    if (!si || R->EventRecord(e, s) != CUDA_SUCCESS) {
-        free(si);
+    if (!si) {
+        R->EventSynchronize(e); /* correctness first: wait for it now */
         R->EventDestroy(e);
         return;
     }
@@ -205,6 +206,34 @@ void fences_stand_in(shim_pool *sp, CUstream s)
     }
     sp->stand_ins[sp->nstand_ins++] = si;
     pthread_mutex_unlock(&sp->stand_in_lock);
+}
+
+void fences_stand_in(shim_pool *sp, CUstream s)
+{
+    const real_driver *R = real_driver_get();
+    CUevent e = NULL;
+    if (!R || R->EventCreate(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+        return;
+    if (R->EventRecord(e, s) != CUDA_SUCCESS) {
+        R->EventDestroy(e);
+        return;
+    }
+    keep_stand_in(sp, R, e);
+}
+
+bool fences_stand_in_green(shim_pool *sp, CUgreenCtx g)
+{
+    const real_driver *R = real_driver_get();
+    CUevent e = NULL;
+    if (!R || !R->GreenCtxRecordEvent ||
+        R->EventCreate(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+        return false;
+    if (R->GreenCtxRecordEvent(g, e) != CUDA_SUCCESS) {
+        R->EventDestroy(e);
+        return false;
+    }
+    keep_stand_in(sp, R, e);
+    return true;
 }
 
 /* Writes into out (room for n + 1) the streams a seal of `lane` records
@@ -272,26 +301,38 @@ bool fences_seal(void *ctx, uint32_t lane, uint64_t token)
     int found = fence_streams(sp, R, lane, known, nknown, streams);
     if (known != few)
         free(known);
-    if (found < 0) {
+    /* Green contexts' work (green.c): for the plain lane, one event per
+     * green context of the device; for a lane whose stream is a green
+     * context's, that context's event stands for the stream's, on which an
+     * event of this context cannot be recorded. */
+    CUgreenCtx *greens = NULL;
+    int ngreen = found < 0 ? 0 : green_fence_targets(R, sp, plain,
+                                                    atomic_load_explicit(&sp->lane_stream[lane],
+                                                                         memory_order_acquire),
+                                                    &greens);
+    if (found < 0 || ngreen < 0) {
         if (streams != few_out)
             free(streams);
         return false;
     }
-    uint32_t n = (uint32_t)found;
+    if (!plain && ngreen > 0)
+        found = 0;
+    uint32_t n = (uint32_t)found, ng = (uint32_t)ngreen;
     /* The plain lane also waits for every stand-in still pending. */
     if (plain)
         pthread_mutex_lock(&sp->stand_in_lock);
     size_t nsi = plain ? stand_ins_pending(sp, R) : 0;
-    fence *f = malloc(sizeof *f + n * sizeof(CUevent) + nsi * sizeof(stand_in *));
+    fence *f = malloc(sizeof *f + (n + ng) * sizeof(CUevent) + nsi * sizeof(stand_in *));
     bool ok = f != NULL;
     if (ok) {
-        f->nevents = n;
+        f->nevents = n + ng;
         f->nstandins = 0;
     }
     uint32_t made = 0;
-    for (; ok && made < n; made++) {
+    for (; ok && made < n + ng; made++) {
         CUevent e = take_event(sp, R);
-        if (!e || R->EventRecord(e, streams[made]) != CUDA_SUCCESS) {
+        if (!e || (made < n ? R->EventRecord(e, streams[made])
+                            : R->GreenCtxRecordEvent(greens[made - n], e)) != CUDA_SUCCESS) {
             if (e)
                 give_event(sp, R, e);
             ok = false;
@@ -301,6 +342,7 @@ bool fences_seal(void *ctx, uint32_t lane, uint64_t token)
     }
     if (streams != few_out)
         free(streams);
+    free(greens);
     if (ok) {
         stand_in **si = fence_stand_ins(f);
         for (size_t i = 0; i < sp->nstand_ins && f->nstandins < nsi; i++)

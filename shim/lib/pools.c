@@ -294,6 +294,7 @@ static shim_pool *create_pool(const real_driver *R, CUcontext ctx)
 
 shim_pool *pool_for_context(CUcontext ctx, bool create)
 {
+    ctx = green_canonical(ctx); /* a green context allocates its primary's memory */
     size_t n = atomic_load(&npools);
     for (size_t i = 0; i < n; i++) {
         shim_pool *sp = atomic_load(&registry[i]);
@@ -465,6 +466,10 @@ uint32_t pool_lane_for_alloc(shim_pool *sp, CUstream s, bool per_thread)
      * pending blocks are not reusable by handle. */
     if (per_thread_stream(s, per_thread))
         return BFC_NO_LANE;
+    /* With a green context current the legacy stream is its default
+     * stream, not the one the pool's legacy lane stands for. */
+    if ((s == NULL || s == CU_STREAM_LEGACY) && green_is_current())
+        return BFC_NO_LANE;
     if (s == NULL || s == CU_STREAM_LEGACY)
         return sp->legacy_lane;
     uint32_t lane = stream_lane(sp, s);
@@ -477,6 +482,10 @@ uint32_t pool_lane_for_free(shim_pool *sp, CUstream s, bool per_thread)
      * legacy stream's fence covers the per-thread ones. */
     if (per_thread_stream(s, per_thread))
         return sp->plain_lane;
+    /* A green context's default stream: its frees wait for every stream,
+     * the green contexts' included (the plain lane's fence). */
+    if ((s == NULL || s == CU_STREAM_LEGACY) && green_is_current())
+        return sp->plain_lane;
     if (s == NULL || s == CU_STREAM_LEGACY)
         return sp->legacy_lane;
     uint32_t lane = stream_lane(sp, s);
@@ -485,7 +494,8 @@ uint32_t pool_lane_for_free(shim_pool *sp, CUstream s, bool per_thread)
 
 void pools_stream_destroyed(CUstream s)
 {
-    capture_stand_in(s, false);
+    if (!green_stream_destroyed(s))
+        capture_stand_in(s, false);
     const real_driver *R = real_driver_get();
     size_t n = atomic_load(&npools);
     for (size_t i = 0; R && i < n; i++) {

@@ -97,6 +97,12 @@ static void load_driver(void)
     LOOK(MemGetAllocationGranularity, "cuMemGetAllocationGranularity");
     LOOK(DeviceGetCount, "cuDeviceGetCount");
     LOOK(CtxEnablePeerAccess, "cuCtxEnablePeerAccess");
+    LOOK(StreamSynchronize, "cuStreamSynchronize");
+    LOOK(GreenCtxCreate, "cuGreenCtxCreate");
+    LOOK(GreenCtxDestroy, "cuGreenCtxDestroy");
+    LOOK(GreenCtxStreamCreate, "cuGreenCtxStreamCreate");
+    LOOK(GreenCtxRecordEvent, "cuGreenCtxRecordEvent");
+    LOOK(CtxFromGreenCtx, "cuCtxFromGreenCtx");
 
     /* Everything the pools need must be there; the rest only widens what
      * can be passed through. */

@@ -166,6 +166,13 @@ typedef struct real_driver {
                                             CUmemAllocationGranularity_flags);
     CUresult (*DeviceGetCount)(int *);
     CUresult (*CtxEnablePeerAccess)(CUcontext, unsigned);
+    CUresult (*StreamSynchronize)(CUstream);
+    /* green contexts (green.c); optional */
+    CUresult (*GreenCtxCreate)(CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned);
+    CUresult (*GreenCtxDestroy)(CUgreenCtx);
+    CUresult (*GreenCtxStreamCreate)(CUstream *, CUgreenCtx, unsigned, int);
+    CUresult (*GreenCtxRecordEvent)(CUgreenCtx, CUevent);
+    CUresult (*CtxFromGreenCtx)(CUcontext *, CUgreenCtx);
 } real_driver;
 
 /* Loads libcuda.so.1 on first use; NULL if it cannot be found. */
@@ -300,6 +307,10 @@ bool fences_done(void *ctx, uint32_t lane, uint64_t token, bool wait);
 /* Records a stand-in event on s (of sp's context, which is current): every
  * plain-free fence waits for it until it completes. */
 void fences_stand_in(shim_pool *sp, CUstream s);
+/* The same for all the work of green context g (an event of sp's context,
+ * which is current, recorded with cuGreenCtxRecordEvent); false if it could
+ * not be recorded. */
+bool fences_stand_in_green(shim_pool *sp, CUgreenCtx g);
 
 /* ---- graph capture (capture.c) ----------------------------------------------- */
 
@@ -316,6 +327,29 @@ void capture_restore(const real_driver *R, relaxed_scope rs);
 /* A stream stops taking events (it is destroyed, or begins capturing):
  * records its stand-in, and the legacy stream's when legacy_too. */
 void capture_stand_in(CUstream s, bool legacy_too);
+
+/* Green contexts (green.c): they share their primary context's memory. */
+void green_created(CUgreenCtx g, CUdevice dev);
+/* Before the real destroy: a stand-in for its work; its streams forgotten.
+ * Returns its device, or -1 if it was not known. */
+int green_destroying(CUgreenCtx g);
+/* Before a stream is destroyed: true if it is a green context's, whose
+ * stand-in is then recorded (capture_stand_in's cannot be). */
+bool green_stream_destroyed(CUstream s);
+/* A capture began (+1) or ended (-1) on stream s. */
+void green_capture_changed(CUstream s, int by);
+/* The context whose pool serves ctx: a green context's converted context
+ * maps to its primary context; any other context to itself. */
+CUcontext green_canonical(CUcontext ctx);
+/* Is the calling thread's current context a green context's? */
+bool green_is_current(void);
+/* The green contexts a seal must record cuGreenCtxRecordEvent on: for the
+ * plain lane (plain) every live one on sp's device when sp is the primary
+ * context's pool; for a stream lane, the green context of its stream `own`.
+ * Returns how many (*out: malloc'd, the caller frees), or -1 when one of
+ * them has a capture under way (no fence can be made now). */
+int green_fence_targets(const real_driver *R, const shim_pool *sp, bool plain, CUstream own,
+                        CUgreenCtx **out);
 
 /* Streams we have seen created and not destroyed (streams.c). */
 void streams_add(CUstream s);

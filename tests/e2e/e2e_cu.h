@@ -89,4 +89,25 @@ static inline void e2e_cu_load(void)
 #undef E2E_CU
 }
 
+/* cuMemAlloc_v2 that must succeed (else the program stops, failed). */
+static inline CUdeviceptr alloc_ok(size_t n)
+{
+    CUdeviceptr p = 0;
+    CUresult r = D.MemAlloc(&p, n);
+    if (r != CUDA_SUCCESS || !p) {
+        fprintf(stderr, "cuMemAlloc_v2(%zu) failed: %d\n", n, (int)r);
+        e2e_failures++;
+        exit(e2e_done(e2e_program));
+    }
+    return p;
+}
+
+/* What cuMemGetInfo_v2 says is free. */
+static inline size_t free_memory(void)
+{
+    size_t f = 0, t = 0;
+    CHECK_EQ(D.MemGetInfo(&f, &t), CUDA_SUCCESS);
+    return f;
+}
+
 #endif

@@ -47,25 +47,6 @@ static void start(int device)
     CHECK_EQ(D.CtxSetCurrent(ctx), CUDA_SUCCESS);
 }
 
-static CUdeviceptr alloc_ok(size_t n)
-{
-    CUdeviceptr p = 0;
-    CUresult r = D.MemAlloc(&p, n);
-    if (r != CUDA_SUCCESS || !p) {
-        fprintf(stderr, "cuMemAlloc_v2(%zu) failed: %d\n", n, (int)r);
-        e2e_failures++;
-        exit(e2e_done("e2e_driver"));
-    }
-    return p;
-}
-
-static size_t free_memory(void)
-{
-    size_t f = 0, t = 0;
-    CHECK_EQ(D.MemGetInfo(&f, &t), CUDA_SUCCESS);
-    return f;
-}
-
 static void basic(void)
 {
     start(0);
@@ -372,6 +353,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: e2e_driver SCENARIO\n");
         return 2;
     }
+    e2e_program = "e2e_driver";
     shim_log_reset();
     fakecuda();
     e2e_cu_load();

@@ -56,6 +56,10 @@
  *             gets CUDA_ERROR_CONTEXT_IS_DESTROYED there. A new context
  *             may get the old one's handle value (primary contexts always do;
  *             created ones reuse destroyed slots).
+ *   green     green contexts: a converted context of their own, with its
+ *             own default stream, sharing the primary context's memory;
+ *             non-blocking streams; cuGreenCtxRecordEvent (see "green
+ *             contexts" below for what cuda.h says and the fake does).
  *   vmm       cuMemAddressReserve/Create/Map/SetAccess/Unmap/Release on
  *             host memory: PROT_NONE reservations, memfd physical memory
  *             counted against the device, access enforced by page
@@ -146,7 +150,25 @@ typedef struct fctx {
     bool primary, alive;
     int refcount;
     fstream legacy;
+    struct fgreen *green; /* a green context's converted context: that green context */
 } fctx;
+
+/* A green context (cuGreenCtxCreate). Its converted context (cuCtxFromGreenCtx)
+ * is a context of its own handle, with its own legacy stream (the green
+ * context's default stream), sharing the primary context's memory. */
+typedef struct fgreen {
+    uint32_t magic;
+    int dev;
+    unsigned sm_count;
+    fctx ctx;
+    struct fgreen *next; /* all green contexts (never freed: handles stay comparable) */
+} fgreen;
+
+/* A resource descriptor (cuDevResourceGenerateDesc): its SM count. */
+struct CUdevResourceDesc_st {
+    uint32_t magic;
+    unsigned sm_count;
+};
 
 typedef struct dep {
     fstream *s;
@@ -173,6 +195,9 @@ typedef struct allocation {
 #define STREAM_MAGIC 0x5743414du
 #define CTX_MAGIC 0x43545843u
 #define EVENT_MAGIC 0x45564e54u
+#define GREEN_MAGIC 0x4752454eu
+#define DESC_MAGIC 0x44455343u
+#define SM_COUNT 132 /* an H100 SXM's */
 
 static struct {
     pthread_mutex_t lock;
@@ -183,6 +208,7 @@ static struct {
     fctx primary[MAX_DEVICES];
     fstream *streams;
     fevent *events;
+    fgreen *greens;
     fctx *created[64]; /* contexts from cuCtxCreate (destroyed slots reused) */
     size_t ncreated;
     uint64_t other_used[MAX_DEVICES]; /* FAKECUDA_OTHER_USED */
@@ -554,6 +580,9 @@ static void complete_everything_and_unlock(fctx *only)
     for (size_t i = 0; i < G.ncreated; i++)
         if (!only || only == G.created[i])
             gather(&G.created[i]->legacy, UINT64_MAX, &all, &nall);
+    for (fgreen *g = G.greens; g; g = g->next)
+        if (!only || only == &g->ctx)
+            gather(&g->ctx.legacy, UINT64_MAX, &all, &nall);
     for (fstream *s = G.streams; s; s = s->next)
         if ((!only || s->ctx == only) && !s->dead)
             gather(s, UINT64_MAX, &all, &nall);
@@ -616,6 +645,11 @@ static CUresult do_alloc(fctx *c, int dev, CUdeviceptr *dptr, size_t size, const
         return usable;
     if (dev < 0)
         dev = c->dev;
+    /* A green context shares its primary context's memory ("a normal
+     * primary context but with the resources of the specified green
+     * context", cuCtxFromGreenCtx): what it allocates is the primary's. */
+    if (c->green)
+        c = &G.primary[c->dev];
     if (!graph && G.fail_alloc_countdown && --G.fail_alloc_countdown == 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     if (size > device_free(dev))
@@ -898,6 +932,14 @@ EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, in
     LEAVE(CUDA_SUCCESS);
 }
 
+/* Makes *c a new live context on dev (of green context g, or NULL), with
+ * its legacy stream. */
+static void live_ctx(fctx *c, int dev, fgreen *g)
+{
+    *c = (fctx){.magic = CTX_MAGIC, .dev = dev, .alive = true, .refcount = 1, .green = g};
+    c->legacy = (fstream){.magic = STREAM_MAGIC, .ctx = c, .legacy = true};
+}
+
 /* cuCtxCreate in CUDA 13 headers is cuCtxCreate_v4 (with creation
  * parameters, ignored here). */
 EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags,
@@ -920,8 +962,7 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsig
         if (G.ncreated < 64)
             G.created[G.ncreated++] = c;
     }
-    *c = (fctx){.magic = CTX_MAGIC, .dev = dev, .alive = true, .refcount = 1};
-    c->legacy = (fstream){.magic = STREAM_MAGIC, .ctx = c, .legacy = true};
+    live_ctx(c, dev, NULL);
     if (tls_ctx_depth < 16)
         tls_ctx_stack[tls_ctx_depth++] = c;
     *pctx = (CUcontext)c;
@@ -932,7 +973,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     ENTER_API();
     fctx *c = (fctx *)ctx;
-    if (!c || c->magic != CTX_MAGIC || c->primary || !c->alive)
+    if (!c || c->magic != CTX_MAGIC || c->primary || c->green || !c->alive)
         LEAVE(CUDA_ERROR_INVALID_CONTEXT);
     kill_ctx(c);
     for (int i = 0; i < tls_ctx_depth; i++)
@@ -1109,6 +1150,15 @@ EXPORT CUresult cuCtxSynchronize(void)
 
 /* ---- streams and events ------------------------------------------------------ */
 
+/* Lock held: a new stream of context c, listed with all streams. */
+static CUstream new_stream(fctx *c, unsigned flags)
+{
+    fstream *s = calloc(1, sizeof *s);
+    *s = (fstream){.magic = STREAM_MAGIC, .ctx = c, .flags = flags, .next = G.streams};
+    G.streams = s;
+    return (CUstream)s;
+}
+
 static CUresult create_stream(CUstream *ph, unsigned flags)
 {
     ENTER_API();
@@ -1118,10 +1168,7 @@ static CUresult create_stream(CUstream *ph, unsigned flags)
     CUresult usable = ctx_usable(c);
     if (usable != CUDA_SUCCESS)
         LEAVE(usable);
-    fstream *s = calloc(1, sizeof *s);
-    *s = (fstream){.magic = STREAM_MAGIC, .ctx = c, .flags = flags, .next = G.streams};
-    G.streams = s;
-    *ph = (CUstream)s;
+    *ph = new_stream(c, flags);
     LEAVE(CUDA_SUCCESS);
 }
 
@@ -1423,6 +1470,211 @@ EXPORT CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void *data)
         LEAVE(r);
     submit(s, (fakecuda_work)fn, data);
     maybe_autocomplete_and_unlock(s);
+    return CUDA_SUCCESS;
+}
+
+/* ---- green contexts ----------------------------------------------------------- */
+
+/*
+ * What cuda.h says, and the fake does:
+ * - cuDeviceGetDevResource gives the device's SM resource (SM_COUNT SMs);
+ *   cuDevResourceGenerateDesc makes a descriptor of SM resources.
+ * - cuGreenCtxCreate requires CU_GREEN_CTX_DEFAULT_STREAM and "will retain
+ *   the primary context on device dev, which will is released when the
+ *   green context is destroyed"; it does not make the green context current.
+ * - cuCtxFromGreenCtx gives its converted context: a context of its own
+ *   handle, whose legacy stream is the green context's default stream, and
+ *   which shares the primary context's memory (do_alloc).
+ * - cuGreenCtxStreamCreate requires CU_STREAM_NON_BLOCKING and "ignores the
+ *   context that is current"; cuStreamGetCtx of such a stream is the
+ *   converted context, cuStreamGetCtx_v2 the primary one and the green one.
+ * - cuEventRecord needs the event and the stream "from the same context": an
+ *   event made in the primary context is refused on a green context's
+ *   stream (the harsher of the two readings). cuGreenCtxRecordEvent takes an
+ *   event of "the same primary context" (the primary or a green context of
+ *   the device) and captures "all the activities of the green context": its
+ *   default stream's and its live streams' work. A destroyed stream's queued
+ *   work is left out (cuda.h does not say it is an activity of the green
+ *   context any more: the harsher reading). While a stream of it captures
+ *   it answers CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates those
+ *   captures.
+ * - cuGreenCtxDestroy: its streams are not destroyed, but "any subsequent API
+ *   calls involving these streams (including cuStreamDestroy) will return
+ *   CUDA_ERROR_CONTEXT_IS_DESTROYED". cuda.h does not say that the call waits
+ *   for the green context's work: here it does not (the harsher reading),
+ *   and that work completes later, as a destroyed stream's does.
+ */
+
+/* Lock held: the green context a handle names, or NULL. */
+static fgreen *green_of(CUgreenCtx h)
+{
+    fgreen *g = (fgreen *)h;
+    return g && g->magic == GREEN_MAGIC ? g : NULL;
+}
+
+EXPORT CUresult cuDeviceGetDevResource(CUdevice dev, CUdevResource *res, CUdevResourceType type)
+{
+    NEED_INIT();
+    if (!res || type != CU_DEV_RESOURCE_TYPE_SM)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!is_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    memset(res, 0, sizeof *res);
+    res->type = CU_DEV_RESOURCE_TYPE_SM;
+    res->sm.smCount = SM_COUNT;
+    res->sm.minSmPartitionSize = 2;
+    res->sm.smCoscheduledAlignment = 2;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevResourceGenerateDesc(CUdevResourceDesc *desc, CUdevResource *res,
+                                          unsigned int n)
+{
+    NEED_INIT();
+    if (!desc || !res || n == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned sms = 0;
+    for (unsigned i = 0; i < n; i++) {
+        if (res[i].type != CU_DEV_RESOURCE_TYPE_SM || res[i].sm.smCount == 0)
+            return CUDA_ERROR_INVALID_RESOURCE_TYPE;
+        sms += res[i].sm.smCount;
+    }
+    struct CUdevResourceDesc_st *d = calloc(1, sizeof *d);
+    if (!d)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *d = (struct CUdevResourceDesc_st){DESC_MAGIC, sms};
+    *desc = d;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *ph, CUdevResourceDesc desc, CUdevice dev,
+                                 unsigned int flags)
+{
+    ENTER_API();
+    if (!ph || !desc || desc->magic != DESC_MAGIC || !(flags & CU_GREEN_CTX_DEFAULT_STREAM) ||
+        desc->sm_count > SM_COUNT)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    if (!is_device(dev))
+        LEAVE(CUDA_ERROR_INVALID_DEVICE);
+    fgreen *g = calloc(1, sizeof *g);
+    if (!g)
+        LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+    G.primary[dev].refcount++;
+    G.primary[dev].alive = true;
+    *g = (fgreen){.magic = GREEN_MAGIC, .dev = dev, .sm_count = desc->sm_count, .next = G.greens};
+    live_ctx(&g->ctx, dev, g);
+    G.greens = g;
+    *ph = (CUgreenCtx)g;
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx h)
+{
+    ENTER_API();
+    fgreen *g = green_of(h);
+    if (!g)
+        LEAVE(CUDA_ERROR_INVALID_CONTEXT);
+    if (!g->ctx.alive)
+        LEAVE(CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    /* Handles die; queued work goes on (see above). */
+    g->ctx.alive = false;
+    for (fstream *s = G.streams; s; s = s->next)
+        if (s->ctx == &g->ctx) {
+            s->destroyed = true;
+            s->capturing = false;
+        }
+    if (G.primary[g->dev].refcount > 0 && --G.primary[g->dev].refcount == 0)
+        kill_ctx(&G.primary[g->dev]);
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuCtxFromGreenCtx(CUcontext *pctx, CUgreenCtx h)
+{
+    ENTER_API();
+    if (!pctx)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    fgreen *g = green_of(h);
+    if (!g || !g->ctx.alive)
+        LEAVE(CUDA_ERROR_INVALID_CONTEXT);
+    *pctx = (CUcontext)&g->ctx;
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuGreenCtxStreamCreate(CUstream *ph, CUgreenCtx h, unsigned int flags,
+                                       int priority)
+{
+    (void)priority;
+    ENTER_API();
+    if (!ph || !(flags & CU_STREAM_NON_BLOCKING))
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    fgreen *g = green_of(h);
+    if (!g || !g->ctx.alive)
+        LEAVE(CUDA_ERROR_INVALID_CONTEXT);
+    *ph = new_stream(&g->ctx, flags);
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuStreamGetGreenCtx(CUstream h, CUgreenCtx *pg)
+{
+    ENTER_API();
+    fstream *s = stream_of(h);
+    if (!s || !pg)
+        LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    *pg = (CUgreenCtx)s->ctx->green;
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuStreamGetCtx_v2(CUstream h, CUcontext *pctx, CUgreenCtx *pg)
+{
+    ENTER_API();
+    fstream *s = stream_of(h);
+    if (!s || !pctx || !pg)
+        LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    fctx *c = s->ctx;
+    *pctx = (CUcontext)(c->green ? &G.primary[c->dev] : c);
+    *pg = (CUgreenCtx)c->green;
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuGreenCtxRecordEvent(CUgreenCtx h, CUevent ev)
+{
+    ENTER_API();
+    fgreen *g = green_of(h);
+    if (!g || !g->ctx.alive)
+        LEAVE(CUDA_ERROR_INVALID_CONTEXT);
+    fevent *e = event_of(ev);
+    /* "hEvent and hCtx must be from the same primary context" */
+    if (!e || e->ctx->dev != g->dev || !(e->ctx->primary || e->ctx->green))
+        LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    CUresult r = CUDA_SUCCESS;
+    for (fstream *o = G.streams; o; o = o->next)
+        if (o->ctx == &g->ctx && live_capture(o)) {
+            if (!o->invalidated)
+                G.st.capture_invalidations++;
+            o->invalidated = true;
+            r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        }
+    if (r != CUDA_SUCCESS)
+        LEAVE(r);
+    G.st.event_records++;
+    e->recorded = true;
+    e->captured = false;
+    e->ndeps = 0;
+    e->deps[e->ndeps++] = (dep){&g->ctx.legacy, g->ctx.legacy.submitted};
+    /* Every live stream of the green context (see above). */
+    for (fstream *o = G.streams; o; o = o->next)
+        if (o->ctx == &g->ctx && !o->dead && !o->destroyed) {
+            if (e->ndeps == MAX_DEPS) {
+                fprintf(stderr, "fake libcuda: more than %d streams in one green context\n",
+                        MAX_DEPS);
+                abort();
+            }
+            e->deps[e->ndeps++] = (dep){o, o->submitted};
+        }
+    if (G.autocomplete)
+        complete_everything_and_unlock(&g->ctx);
+    else
+        pthread_mutex_unlock(&G.lock);
     return CUDA_SUCCESS;
 }
 
@@ -2134,7 +2386,16 @@ static const proc procs[] = {
     P("cuStreamCreateWithPriority", 5050, cuStreamCreateWithPriority),
     P("cuStreamDestroy", 4000, cuStreamDestroy_v2),
     P("cuStreamGetFlags", 5050, cuStreamGetFlags),
+    P("cuStreamGetCtx", 12050, cuStreamGetCtx_v2),
     P("cuStreamGetCtx", 9020, cuStreamGetCtx),
+    P("cuStreamGetGreenCtx", 12040, cuStreamGetGreenCtx),
+    P("cuDeviceGetDevResource", 12040, cuDeviceGetDevResource),
+    P("cuDevResourceGenerateDesc", 12040, cuDevResourceGenerateDesc),
+    P("cuGreenCtxCreate", 12040, cuGreenCtxCreate),
+    P("cuGreenCtxDestroy", 12040, cuGreenCtxDestroy),
+    P("cuCtxFromGreenCtx", 12040, cuCtxFromGreenCtx),
+    P("cuGreenCtxStreamCreate", 12050, cuGreenCtxStreamCreate),
+    P("cuGreenCtxRecordEvent", 12040, cuGreenCtxRecordEvent),
     P("cuStreamQuery", 2000, cuStreamQuery),
     P("cuStreamWaitEvent", 3020, cuStreamWaitEvent),
     P("cuStreamSynchronize", 2000, cuStreamSynchronize),

@@ -1,0 +1,390 @@
+/*
+ * e2e_green.c - green contexts (cuGreenCtxCreate) through the driver door.
+ * A green context shares its primary context's memory, so its kernels use
+ * the primary context's blocks, yet its streams are non-blocking and belong
+ * to another context: the primary context's legacy stream does not wait for
+ * them. A plain cuMemFree must still never hand its block to a new
+ * allocation while work a green context queued before the free may use it.
+ * Each fencing scenario fills the pool around one 1 MiB hole, so the next
+ * 1 MiB allocation can only land in the block just freed, and queues work
+ * that uses the block before freeing it. Scenarios:
+ *
+ *   shared-pool     allocations made while the green context is current come
+ *                   from the primary context's pool (no second pool, which
+ *                   would take the whole limit again)
+ *   green-stream    work on a stream of cuGreenCtxStreamCreate
+ *   green-default   work on the green context's default stream (the legacy
+ *                   stream while it is current); freed plainly, and freed
+ *                   with cuMemFreeAsync on that default stream
+ *   green-capture   another stream of the green context captures when the
+ *                   allocation comes: no fence may break that capture, and
+ *                   none may pretend to cover the work
+ *   green-destroy   the stream, then the green context, are destroyed
+ *                   between the free and the allocation (no stale handle)
+ *   green-async     cuMemFreeAsync on a green context's stream, the block
+ *                   wanted by a stream of the primary context: it must come
+ *                   back once the work is done (an event of the primary
+ *                   context cannot be recorded on the green stream)
+ *   fake-green      (driver door closed: the fake itself) what cuda.h says
+ *                   of green contexts, streams and events
+ */
+#include <cuda.h>
+#include <dlfcn.h>
+
+#include "e2e_cu.h"
+
+#define MiB (UINT64_C(1) << 20)
+
+static struct {
+    CUresult (*DeviceGetDevResource)(CUdevice, CUdevResource *, CUdevResourceType);
+    CUresult (*DevResourceGenerateDesc)(CUdevResourceDesc *, CUdevResource *, unsigned);
+    CUresult (*GreenCtxCreate)(CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned);
+    CUresult (*GreenCtxDestroy)(CUgreenCtx);
+    CUresult (*CtxFromGreenCtx)(CUcontext *, CUgreenCtx);
+    CUresult (*GreenCtxStreamCreate)(CUstream *, CUgreenCtx, unsigned, int);
+    CUresult (*GreenCtxRecordEvent)(CUgreenCtx, CUevent);
+    CUresult (*StreamGetCtx)(CUstream, CUcontext *);
+    CUresult (*StreamGetCtx_v2)(CUstream, CUcontext *, CUgreenCtx *);
+    CUresult (*StreamGetGreenCtx)(CUstream, CUgreenCtx *);
+    CUresult (*EventCreate)(CUevent *, unsigned);
+    CUresult (*EventRecord)(CUevent, CUstream);
+    CUresult (*EventQuery)(CUevent);
+} GR;
+
+static void load_green(void)
+{
+    void *h = e2e_open_libcuda();
+#define E2E_GR(field, name) *(void **)&GR.field = e2e_dlsym(h, name)
+    E2E_GR(DeviceGetDevResource, "cuDeviceGetDevResource");
+    E2E_GR(DevResourceGenerateDesc, "cuDevResourceGenerateDesc");
+    E2E_GR(GreenCtxCreate, "cuGreenCtxCreate");
+    E2E_GR(GreenCtxDestroy, "cuGreenCtxDestroy");
+    E2E_GR(CtxFromGreenCtx, "cuCtxFromGreenCtx");
+    E2E_GR(GreenCtxStreamCreate, "cuGreenCtxStreamCreate");
+    E2E_GR(GreenCtxRecordEvent, "cuGreenCtxRecordEvent");
+    E2E_GR(StreamGetCtx, "cuStreamGetCtx");
+    E2E_GR(StreamGetCtx_v2, "cuStreamGetCtx_v2");
+    E2E_GR(StreamGetGreenCtx, "cuStreamGetGreenCtx");
+    E2E_GR(EventCreate, "cuEventCreate");
+    E2E_GR(EventRecord, "cuEventRecord");
+    E2E_GR(EventQuery, "cuEventQuery");
+#undef E2E_GR
+}
+
+static CUdevice dev0;
+static CUcontext primary;
+
+static void start(void)
+{
+    CHECK_EQ(D.Init(0), CUDA_SUCCESS);
+    CHECK_EQ(D.DeviceGet(&dev0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&primary, dev0), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+}
+
+/* A green context with all of device 0's SMs, and its converted context. */
+static CUgreenCtx make_green(CUcontext *converted)
+{
+    CUdevResource sms;
+    CUdevResourceDesc desc = NULL;
+    CUgreenCtx g = NULL;
+    CHECK_EQ(GR.DeviceGetDevResource(dev0, &sms, CU_DEV_RESOURCE_TYPE_SM), CUDA_SUCCESS);
+    CHECK_EQ(GR.DevResourceGenerateDesc(&desc, &sms, 1), CUDA_SUCCESS);
+    CHECK_EQ(GR.GreenCtxCreate(&g, desc, dev0, CU_GREEN_CTX_DEFAULT_STREAM), CUDA_SUCCESS);
+    if (converted)
+        CHECK_EQ(GR.CtxFromGreenCtx(converted, g), CUDA_SUCCESS);
+    return g;
+}
+
+static CUstream green_stream(CUgreenCtx g)
+{
+    CUstream s = NULL;
+    CHECK_EQ(GR.GreenCtxStreamCreate(&s, g, CU_STREAM_NON_BLOCKING, 0), CUDA_SUCCESS);
+    return s;
+}
+
+/* The 1 MiB block *hole, and a filler that leaves less than 1 MiB anywhere
+ * else in the pool. */
+static CUdeviceptr fill_but_hole(CUdeviceptr *hole)
+{
+    *hole = alloc_ok(MiB);
+    return alloc_ok(free_memory() - MiB / 2);
+}
+
+/* The work the tests queue: it writes the block, as a kernel would, and
+ * says when it has run. */
+static bool work_ran;
+static void write_pattern(void *arg)
+{
+    memset((void *)(uintptr_t)arg, 0x5a, MiB);
+    work_ran = true;
+}
+
+static void queue_work(CUstream s, CUdeviceptr p)
+{
+    work_ran = false;
+    CHECK_EQ(fakecuda()->launch(s, write_pattern, (void *)(uintptr_t)p), 0);
+}
+
+/* q was allocated after the hole was freed under the queued work: if it is
+ * the hole, that work must have run first. */
+static void expect_safe(CUdeviceptr hole, CUdeviceptr q)
+{
+    if (q == hole && !work_ran) {
+        fprintf(stderr, "the freed block was handed out while work queued before its free "
+                        "had not run\n");
+        e2e_failures++;
+    }
+    CHECK_EQ(fake_stats().stale_handle_uses, 0);
+}
+
+/* The hole, freed under the queued work, is wanted again; then the work is
+ * let run and everything given back. */
+static void take_hole_again(CUdeviceptr hole, CUdeviceptr filler)
+{
+    CUdeviceptr q = alloc_ok(MiB);
+    expect_safe(hole, q);
+    fakecuda()->complete_all();
+    CHECK_EQ(D.MemFree(q), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(filler), CUDA_SUCCESS);
+}
+
+static void shared_pool(void)
+{
+    start();
+    CUdeviceptr p = alloc_ok(MiB); /* makes the primary context's pool */
+    fakecuda_stats s0 = fake_stats();
+    CUcontext converted = NULL;
+    CUgreenCtx g = make_green(&converted);
+    CHECK(converted != NULL && converted != primary);
+    CHECK_EQ(D.CtxSetCurrent(converted), CUDA_SUCCESS);
+    CUdeviceptr q = alloc_ok(MiB);
+    fakecuda_stats s1 = fake_stats();
+    /* Served by the pool already there: no new region, nothing more taken
+     * from the device. */
+    CHECK_EQ(s1.mem_alloc_calls, s0.mem_alloc_calls);
+    CHECK_EQ(s1.bytes_in_use[0], s0.bytes_in_use[0]);
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    CHECK_EQ(D.MemGetAddressRange(&base, &size, q), CUDA_SUCCESS);
+    CHECK_EQ(base, q);
+    CHECK_EQ(D.MemFree(q), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+    CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
+}
+
+static void on_green_stream(void)
+{
+    start();
+    CUgreenCtx g = make_green(NULL);
+    CUstream s = green_stream(g);
+    CUdeviceptr p, filler = fill_but_hole(&p);
+    queue_work(s, p);
+    CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+    take_hole_again(p, filler);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+    CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().capture_invalidations, 0);
+}
+
+/* Work on the green context's default stream; freed plainly from the
+ * primary context, or stream-ordered on that default stream. */
+static void on_green_default(bool async)
+{
+    start();
+    CUcontext converted = NULL;
+    CUgreenCtx g = make_green(&converted);
+    CUdeviceptr p, filler = fill_but_hole(&p);
+    CHECK_EQ(D.CtxSetCurrent(converted), CUDA_SUCCESS);
+    queue_work(NULL, p); /* the legacy stream: the green context's default stream */
+    if (async)
+        CHECK_EQ(D.MemFreeAsync(p, NULL), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    if (!async)
+        CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+    take_hole_again(p, filler);
+    CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
+}
+
+static void green_default(void)
+{
+    on_green_default(false);
+    on_green_default(true);
+}
+
+static void green_capture(void)
+{
+    start();
+    CUgreenCtx g = make_green(NULL);
+    CUstream s = green_stream(g), c = green_stream(g);
+    CUdeviceptr p, filler = fill_but_hole(&p);
+    queue_work(s, p);
+    CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamBeginCapture(c, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    /* Nothing fits but the freed block, and no fence covering the green
+     * context can be made while it captures: out of memory is the honest
+     * answer, the freed block with its work pending the wrong one. */
+    CUdeviceptr q = 0;
+    CUresult r = D.MemAlloc(&q, MiB);
+    CHECK(r == CUDA_SUCCESS || r == CUDA_ERROR_OUT_OF_MEMORY);
+    if (r == CUDA_SUCCESS) {
+        expect_safe(p, q);
+        CHECK_EQ(D.MemFree(q), CUDA_SUCCESS);
+    }
+    CHECK_EQ(fake_stats().capture_invalidations, 0);
+    CUgraph graph;
+    CHECK_EQ(D.StreamEndCapture(c, &graph), CUDA_SUCCESS);
+    /* Once the capture is over, the fence is made and the block comes back
+     * (after its work, which the allocation waits for if it must). */
+    q = alloc_ok(MiB);
+    expect_safe(p, q);
+    CHECK_EQ(q, p);
+    fakecuda()->complete_all();
+    CHECK_EQ(D.MemFree(q), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(filler), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(c), CUDA_SUCCESS);
+    CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
+}
+
+/* The stream, or the stream and then the whole green context, destroyed
+ * between the free and the next allocation. */
+static void destroyed(bool context_too)
+{
+    start();
+    CUgreenCtx g = make_green(NULL);
+    CUstream s = green_stream(g);
+    CUdeviceptr p, filler = fill_but_hole(&p);
+    queue_work(s, p);
+    CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS); /* returns; the work goes on */
+    if (context_too)
+        CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
+    take_hole_again(p, filler);
+    if (!context_too)
+        CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
+}
+
+static void green_destroy(void)
+{
+    destroyed(false);
+    destroyed(true);
+}
+
+static void green_async(void)
+{
+    start();
+    CUgreenCtx g = make_green(NULL);
+    CUstream s = green_stream(g), t = NULL;
+    CHECK_EQ(D.StreamCreate(&t, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUdeviceptr p = 0;
+    CHECK_EQ(D.MemAllocAsync(&p, MiB, s), CUDA_SUCCESS);
+    CUdeviceptr filler = alloc_ok(free_memory() - MiB / 2);
+    queue_work(s, p);
+    CHECK_EQ(D.MemFreeAsync(p, s), CUDA_SUCCESS);
+    /* Another stream wants the block: it may have it once the green
+     * stream's work is done (the allocation may wait for it), never before. */
+    CUdeviceptr q = 0;
+    CHECK_EQ(D.MemAllocAsync(&q, MiB, t), CUDA_SUCCESS);
+    expect_safe(p, q);
+    CHECK_EQ(q, p);
+    fakecuda()->complete_all();
+    CHECK_EQ(D.MemFreeAsync(q, t), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(filler), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(t), CUDA_SUCCESS);
+    CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().capture_invalidations, 0);
+}
+
+/* The fake driver's green contexts, against cuda.h (driver door closed). */
+static void fake_green(void)
+{
+    start();
+    CUdevResource sms;
+    CUdevResourceDesc desc = NULL;
+    CUgreenCtx g = NULL;
+    CHECK_EQ(GR.DeviceGetDevResource(dev0, &sms, CU_DEV_RESOURCE_TYPE_SM), CUDA_SUCCESS);
+    CHECK(sms.sm.smCount > 0);
+    CHECK_EQ(GR.DevResourceGenerateDesc(&desc, &sms, 1), CUDA_SUCCESS);
+    /* "CU_GREEN_CTX_DEFAULT_STREAM is required" */
+    CHECK_EQ(GR.GreenCtxCreate(&g, desc, dev0, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(GR.GreenCtxCreate(&g, desc, 99, CU_GREEN_CTX_DEFAULT_STREAM),
+             CUDA_ERROR_INVALID_DEVICE);
+    CHECK_EQ(GR.GreenCtxCreate(&g, desc, dev0, CU_GREEN_CTX_DEFAULT_STREAM), CUDA_SUCCESS);
+    CUcontext converted = NULL, cur = NULL;
+    CHECK_EQ(GR.CtxFromGreenCtx(&converted, g), CUDA_SUCCESS);
+    CHECK(converted != primary);
+    /* "The API does not set the green context current" */
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    /* "CU_STREAM_NON_BLOCKING must be specified" */
+    CUstream s = NULL;
+    CHECK_EQ(GR.GreenCtxStreamCreate(&s, g, 0, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(GR.GreenCtxStreamCreate(&s, g, CU_STREAM_NON_BLOCKING, 0), CUDA_SUCCESS);
+    CUgreenCtx got = NULL;
+    CHECK_EQ(GR.StreamGetCtx(s, &cur), CUDA_SUCCESS);
+    CHECK(cur == converted);
+    CHECK_EQ(GR.StreamGetCtx_v2(s, &cur, &got), CUDA_SUCCESS);
+    CHECK(cur == primary && got == g);
+    CHECK_EQ(GR.StreamGetGreenCtx(s, &got), CUDA_SUCCESS);
+    CHECK(got == g);
+    /* Memory made with the green context current is the primary's. */
+    CHECK_EQ(D.CtxSetCurrent(converted), CUDA_SUCCESS);
+    CUdeviceptr p = 0;
+    CHECK_EQ(D.MemAlloc(&p, MiB), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    /* An event of the primary context cannot be recorded on the green
+     * stream; cuGreenCtxRecordEvent takes it and covers the stream's work
+     * and the default stream's. */
+    CUevent e = NULL;
+    CHECK_EQ(GR.EventCreate(&e, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    CHECK_EQ(GR.EventRecord(e, s), CUDA_ERROR_INVALID_HANDLE);
+    queue_work(s, p);
+    CHECK_EQ(GR.GreenCtxRecordEvent(g, e), CUDA_SUCCESS);
+    CHECK_EQ(GR.EventQuery(e), CUDA_ERROR_NOT_READY);
+    fakecuda()->complete(s);
+    CHECK_EQ(GR.EventQuery(e), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(converted), CUDA_SUCCESS);
+    queue_work(NULL, p);
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    CHECK_EQ(GR.GreenCtxRecordEvent(g, e), CUDA_SUCCESS);
+    CHECK_EQ(GR.EventQuery(e), CUDA_ERROR_NOT_READY);
+    fakecuda()->complete_all();
+    CHECK_EQ(GR.EventQuery(e), CUDA_SUCCESS);
+    /* While a stream of the green context captures: refused, and the
+     * capture is invalidated. */
+    fakecuda_stats s0 = fake_stats();
+    CHECK_EQ(D.StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(GR.GreenCtxRecordEvent(g, e), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    CHECK_EQ(fake_stats().capture_invalidations, s0.capture_invalidations + 1);
+    CUgraph graph;
+    CHECK_EQ(D.StreamEndCapture(s, &graph), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    /* A destroyed stream's queued work is no longer the green context's
+     * (the harsher reading): only a stand-in recorded before covers it. */
+    queue_work(s, p);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+    CHECK_EQ(GR.GreenCtxRecordEvent(g, e), CUDA_SUCCESS);
+    CHECK_EQ(GR.EventQuery(e), CUDA_SUCCESS);
+    CHECK_EQ(fakecuda()->pending(s), 1);
+    fakecuda()->complete_all();
+    /* Destroyed: its memory stays (it is the primary's), handles die. */
+    CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
+    CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    CHECK_EQ(GR.GreenCtxRecordEvent(g, e), CUDA_ERROR_INVALID_CONTEXT);
+    CHECK(fakecuda()->is_device_pointer(p));
+    CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+}
+
+int main(int argc, char **argv)
+{
+    static const e2e_scenario scenarios[] = {
+        {"shared-pool", shared_pool},     {"green-stream", on_green_stream},
+        {"green-default", green_default}, {"green-capture", green_capture},
+        {"green-destroy", green_destroy}, {"green-async", green_async},
+        {"fake-green", fake_green},
+    };
+    e2e_cu_load();
+    load_green();
+    return e2e_main("e2e_green", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
+}
