@@ -39,6 +39,19 @@
  *   global-capture   the capture is on a non-blocking stream of its own
  *   ptds-capture     the capture is on the thread's per-thread default stream
  *
+ * Green contexts (driver API): the late kernel runs on a stream of a green
+ * context (cuGreenCtxStreamCreate) with the device's primary context current
+ * for the runtime, and is freed with cudaFree:
+ *   green-stream     the late kernel's block must not be handed out while it
+ *                    runs. Printed beside it, what the fake assumes: whether
+ *                    cuEventRecord takes an event of the primary context on
+ *                    the green stream (the fake refuses it), what
+ *                    cuStreamGetCtx answers for it, whether an allocation
+ *                    made with the green context current comes from the
+ *                    same pool (no second pool), and whether a
+ *                    cuGreenCtxRecordEvent made after a stream is destroyed
+ *                    still waits for that stream's kernel (the fake says no)
+ *
  * Facts the fake must follow, read off the real driver (printed, and checked
  * only where the outcome is certain):
  *   reset-running    cudaDeviceReset while a kernel still writes a pooled
@@ -715,6 +728,108 @@ static void meminfo_agree(void)
     CUDA_OK(cudaFree(p));
 }
 
+/* ---- green contexts ------------------------------------------------------------ */
+
+static void green_stream(void)
+{
+    auto get_res = (decltype(&cuDeviceGetDevResource))driver_fn("cuDeviceGetDevResource");
+    auto gen_desc = (decltype(&cuDevResourceGenerateDesc))driver_fn("cuDevResourceGenerateDesc");
+    auto create = (decltype(&cuGreenCtxCreate))driver_fn("cuGreenCtxCreate");
+    auto destroy = (decltype(&cuGreenCtxDestroy))driver_fn("cuGreenCtxDestroy");
+    auto convert = (decltype(&cuCtxFromGreenCtx))driver_fn("cuCtxFromGreenCtx");
+    auto stream_create = (decltype(&cuGreenCtxStreamCreate))driver_fn("cuGreenCtxStreamCreate");
+    auto record_green = (decltype(&cuGreenCtxRecordEvent))driver_fn("cuGreenCtxRecordEvent");
+    auto event_create = (decltype(&cuEventCreate))driver_fn("cuEventCreate");
+    auto event_record = (decltype(&cuEventRecord))driver_fn("cuEventRecord");
+    auto event_query = (decltype(&cuEventQuery))driver_fn("cuEventQuery");
+    auto event_destroy = (decltype(&cuEventDestroy))driver_fn("cuEventDestroy_v2");
+    auto stream_ctx = (decltype(&cuStreamGetCtx))driver_fn("cuStreamGetCtx");
+    auto stream_destroy = (decltype(&cuStreamDestroy))driver_fn("cuStreamDestroy_v2");
+    auto get_current = (decltype(&cuCtxGetCurrent))driver_fn("cuCtxGetCurrent");
+    auto set_current = (decltype(&cuCtxSetCurrent))driver_fn("cuCtxSetCurrent");
+    auto mem_alloc = (decltype(&cuMemAlloc))driver_fn("cuMemAlloc_v2");
+    auto mem_free = (decltype(&cuMemFree))driver_fn("cuMemFree_v2");
+    CHECK(get_res && gen_desc && create && destroy && convert && stream_create && record_green &&
+          event_create && event_record && event_query && event_destroy && stream_ctx &&
+          stream_destroy && get_current && set_current && mem_alloc && mem_free);
+    if (failures)
+        return;
+    CUDA_OK(cudaFree(0)); /* the primary context, current */
+    CUcontext primary = NULL, converted = NULL, of_stream = NULL;
+    CHECK(get_current(&primary) == CUDA_SUCCESS && primary);
+    CUdevResource sms;
+    CUdevResourceDesc desc = NULL;
+    CUgreenCtx g = NULL;
+    CUresult r = get_res(0, &sms, CU_DEV_RESOURCE_TYPE_SM);
+    if (r == CUDA_SUCCESS)
+        r = gen_desc(&desc, &sms, 1);
+    if (r == CUDA_SUCCESS)
+        r = create(&g, desc, 0, CU_GREEN_CTX_DEFAULT_STREAM);
+    printf("  green context of %u SMs: %d\n", sms.sm.smCount, (int)r);
+    CHECK(r == CUDA_SUCCESS);
+    CUstream gs = NULL, gs2 = NULL;
+    CHECK(convert(&converted, g) == CUDA_SUCCESS);
+    CHECK(stream_create(&gs, g, CU_STREAM_NON_BLOCKING, 0) == CUDA_SUCCESS);
+    CHECK(stream_create(&gs2, g, CU_STREAM_NON_BLOCKING, 0) == CUDA_SUCCESS);
+    if (failures)
+        return;
+    CHECK(stream_ctx(gs, &of_stream) == CUDA_SUCCESS);
+    printf("  cuStreamGetCtx of a green stream: %s\n",
+           of_stream == converted ? "the converted context"
+           : of_stream == primary ? "the primary context" : "another context");
+    CUevent e = NULL;
+    CHECK(event_create(&e, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS);
+    printf("  cuEventRecord of a primary-context event on the green stream: %d (the fake: %d)\n",
+           (int)event_record(e, gs), (int)CUDA_ERROR_INVALID_HANDLE);
+    /* An allocation with the green context current: from the same pool? */
+    size_t f0 = 0, f1 = 0, t = 0;
+    CUDA_OK(cudaMemGetInfo(&f0, &t));
+    CHECK(set_current(converted) == CUDA_SUCCESS);
+    CUdeviceptr d = 0;
+    CHECK(mem_alloc(&d, 1 << 20) == CUDA_SUCCESS);
+    CHECK(set_current(primary) == CUDA_SUCCESS);
+    CUDA_OK(cudaMemGetInfo(&f1, &t));
+    printf("  1 MiB allocated with the green context current: obtainable memory %.0f -> %.0f "
+           "MiB\n", f0 / 1048576.0, f1 / 1048576.0);
+    CHECK(f0 - f1 < ((size_t)64 << 20)); /* not a second pool's limit */
+    CHECK(mem_free(d) == CUDA_SUCCESS);
+
+    /* The late kernel on the green stream; cudaFree; the hole wanted again. */
+    unsigned *p = NULL, *q = NULL;
+    void *filler = fill_pool_but_hole(&p);
+    cudaStream_t s2 = NULL;
+    CUDA_OK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    late_fill<<<256, 256, 0, (cudaStream_t)gs>>>(p, HOLE / 4, 0xdeadu, LATE_NS);
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaFree(p));
+    CUDA_OK(cudaMalloc((void **)&q, HOLE));
+    CUevent late_done = NULL;
+    CHECK(event_create(&late_done, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS);
+    CHECK(record_green(g, late_done) == CUDA_SUCCESS);
+    bool running = event_query(late_done) == CUDA_ERROR_NOT_READY;
+    if (q)
+        expect_intact(p, q, s2, running);
+    CUDA_OK(cudaFree(q));
+    CUDA_OK(cudaFree(filler));
+
+    /* Does the green context's event still cover a destroyed stream? */
+    CUDA_OK(cudaMalloc((void **)&p, HOLE));
+    late_fill<<<256, 256, 0, (cudaStream_t)gs2>>>(p, HOLE / 4, 0xdeadu, LATE_NS);
+    CUDA_OK(cudaGetLastError());
+    CHECK(stream_destroy(gs2) == CUDA_SUCCESS);
+    CHECK(record_green(g, e) == CUDA_SUCCESS);
+    printf("  cuGreenCtxRecordEvent after the stream running a %.0f ms kernel was destroyed: "
+           "%s (the fake: not covered)\n", LATE_NS / 1e6,
+           event_query(e) == CUDA_ERROR_NOT_READY ? "covered" : "not covered");
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaFree(p));
+    CHECK(event_destroy(e) == CUDA_SUCCESS);
+    CHECK(event_destroy(late_done) == CUDA_SUCCESS);
+    CHECK(stream_destroy(gs) == CUDA_SUCCESS);
+    CUDA_OK(cudaStreamDestroy(s2));
+    CHECK(destroy(g) == CUDA_SUCCESS);
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -733,6 +848,7 @@ int main(int argc, char **argv)
         {"ptds-capture", ptds_capture},
         {"reset-running", reset_running},
         {"unmap-running", unmap_running},
+        {"green-stream", green_stream},
     };
     if (argc != 2) {
         fprintf(stderr, "usage: gpu_suite SCENARIO\n");
