@@ -71,7 +71,7 @@ void capture_stand_in(CUstream s, bool legacy_too)
         R->CtxGetCurrent(&ctx);
     /* A green context's stream needs none (green.c), and making its context
      * current here would make it current to two threads. */
-    if (ctx && green_canonical(ctx) != ctx)
+    if (green_converted(ctx))
         return;
     /* No pool in the stream's context: nothing has been freed there. */
     shim_pool *sp = ctx ? pool_for_context(ctx, false) : NULL;

@@ -208,33 +208,31 @@ static void keep_stand_in(shim_pool *sp, const real_driver *R, CUevent e)
     pthread_mutex_unlock(&sp->stand_in_lock);
 }
 
-void fences_stand_in(shim_pool *sp, CUstream s)
+/* Records e on green context g's whole work when g is set, else on s. */
+static CUresult record(const real_driver *R, CUevent e, CUstream s, CUgreenCtx g)
 {
-    const real_driver *R = real_driver_get();
-    CUevent e = NULL;
-    if (!R || R->EventCreate(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
-        return;
-    if (R->EventRecord(e, s) != CUDA_SUCCESS) {
-        R->EventDestroy(e);
-        return;
-    }
-    keep_stand_in(sp, R, e);
+    return g ? R->GreenCtxRecordEvent(g, e) : R->EventRecord(e, s);
 }
 
-bool fences_stand_in_green(shim_pool *sp, CUgreenCtx g)
+/* A stand-in on stream s, or on green context g's whole work. */
+static bool stand_in_on(shim_pool *sp, CUstream s, CUgreenCtx g)
 {
     const real_driver *R = real_driver_get();
     CUevent e = NULL;
-    if (!R || !R->GreenCtxRecordEvent ||
+    if (!R || (g && !R->GreenCtxRecordEvent) ||
         R->EventCreate(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
         return false;
-    if (R->GreenCtxRecordEvent(g, e) != CUDA_SUCCESS) {
+    if (record(R, e, s, g) != CUDA_SUCCESS) {
         R->EventDestroy(e);
         return false;
     }
     keep_stand_in(sp, R, e);
     return true;
 }
+
+void fences_stand_in(shim_pool *sp, CUstream s) { stand_in_on(sp, s, NULL); }
+
+bool fences_stand_in_green(shim_pool *sp, CUgreenCtx g) { return stand_in_on(sp, NULL, g); }
 
 /* Writes into out (room for n + 1) the streams a seal of `lane` records
  * on, given the context's n known streams (gathered for the plain lane
@@ -331,8 +329,8 @@ bool fences_seal(void *ctx, uint32_t lane, uint64_t token)
     uint32_t made = 0;
     for (; ok && made < n + ng; made++) {
         CUevent e = take_event(sp, R);
-        if (!e || (made < n ? R->EventRecord(e, streams[made])
-                            : R->GreenCtxRecordEvent(greens[made - n], e)) != CUDA_SUCCESS) {
+        if (!e || record(R, e, made < n ? streams[made] : NULL,
+                         made < n ? NULL : greens[made - n]) != CUDA_SUCCESS) {
             if (e)
                 give_event(sp, R, e);
             ok = false;

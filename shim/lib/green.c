@@ -99,7 +99,10 @@ static green *by_converted(CUcontext c)
 }
 
 /* The converted context stream s belongs to (for the special handles, the
- * calling thread's current context), or NULL. */
+ * calling thread's current context), or NULL. Unlike capture_stand_in, no
+ * guess from the current context when the driver cannot say: a capture
+ * counted against the wrong green context would stop its fences, or let
+ * another's be made while it captures. */
 static CUcontext context_of(const real_driver *R, CUstream s)
 {
     CUcontext c = NULL;
@@ -195,13 +198,18 @@ CUcontext green_canonical(CUcontext ctx)
     return out;
 }
 
+bool green_converted(CUcontext ctx)
+{
+    return green_canonical(ctx) != ctx;
+}
+
 bool green_is_current(void)
 {
     const real_driver *R = real_driver_get();
     CUcontext cur = NULL;
     if (none() || !R || R->CtxGetCurrent(&cur) != CUDA_SUCCESS)
         return false;
-    return green_canonical(cur) != cur;
+    return green_converted(cur);
 }
 
 int green_fence_targets(const real_driver *R, const shim_pool *sp, bool plain, CUstream own,

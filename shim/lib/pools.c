@@ -468,10 +468,8 @@ uint32_t pool_lane_for_alloc(shim_pool *sp, CUstream s, bool per_thread)
         return BFC_NO_LANE;
     /* With a green context current the legacy stream is its default
      * stream, not the one the pool's legacy lane stands for. */
-    if ((s == NULL || s == CU_STREAM_LEGACY) && green_is_current())
-        return BFC_NO_LANE;
     if (s == NULL || s == CU_STREAM_LEGACY)
-        return sp->legacy_lane;
+        return green_is_current() ? BFC_NO_LANE : sp->legacy_lane;
     uint32_t lane = stream_lane(sp, s);
     return lane == sp->plain_lane ? BFC_NO_LANE : lane;
 }
@@ -484,10 +482,8 @@ uint32_t pool_lane_for_free(shim_pool *sp, CUstream s, bool per_thread)
         return sp->plain_lane;
     /* A green context's default stream: its frees wait for every stream,
      * the green contexts' included (the plain lane's fence). */
-    if ((s == NULL || s == CU_STREAM_LEGACY) && green_is_current())
-        return sp->plain_lane;
     if (s == NULL || s == CU_STREAM_LEGACY)
-        return sp->legacy_lane;
+        return green_is_current() ? sp->plain_lane : sp->legacy_lane;
     uint32_t lane = stream_lane(sp, s);
     return lane == BFC_NO_LANE ? sp->plain_lane : lane;
 }

@@ -341,6 +341,8 @@ void green_capture_changed(CUstream s, int by);
 /* The context whose pool serves ctx: a green context's converted context
  * maps to its primary context; any other context to itself. */
 CUcontext green_canonical(CUcontext ctx);
+/* Is ctx a green context's converted context? */
+bool green_converted(CUcontext ctx);
 /* Is the calling thread's current context a green context's? */
 bool green_is_current(void);
 /* The green contexts a seal must record cuGreenCtxRecordEvent on: for the

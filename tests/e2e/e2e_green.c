@@ -174,7 +174,12 @@ static void shared_pool(void)
     CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
 }
 
-static void on_green_stream(void)
+/* What happens between the free and the next allocation: nothing, the
+ * green stream is destroyed, or the stream and then the green context. */
+typedef enum twist { NO_TWIST, STREAM_GONE, CONTEXT_GONE } twist;
+
+/* Work on a green stream writes the hole, which is freed plainly. */
+static void on_green_stream_with(twist t)
 {
     start();
     CUgreenCtx g = make_green(NULL);
@@ -182,11 +187,19 @@ static void on_green_stream(void)
     CUdeviceptr p, filler = fill_but_hole(&p);
     queue_work(s, p);
     CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+    if (t != NO_TWIST)
+        CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS); /* returns; the work goes on */
+    if (t == CONTEXT_GONE)
+        CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
     take_hole_again(p, filler);
-    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
-    CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
+    if (t == NO_TWIST)
+        CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+    if (t != CONTEXT_GONE)
+        CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
     CHECK_EQ(fake_stats().capture_invalidations, 0);
 }
+
+static void on_green_stream(void) { on_green_stream_with(NO_TWIST); }
 
 /* Work on the green context's default stream; freed plainly from the
  * primary context, or stream-ordered on that default stream. */
@@ -248,28 +261,10 @@ static void green_capture(void)
     CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
 }
 
-/* The stream, or the stream and then the whole green context, destroyed
- * between the free and the next allocation. */
-static void destroyed(bool context_too)
-{
-    start();
-    CUgreenCtx g = make_green(NULL);
-    CUstream s = green_stream(g);
-    CUdeviceptr p, filler = fill_but_hole(&p);
-    queue_work(s, p);
-    CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
-    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS); /* returns; the work goes on */
-    if (context_too)
-        CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
-    take_hole_again(p, filler);
-    if (!context_too)
-        CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
-}
-
 static void green_destroy(void)
 {
-    destroyed(false);
-    destroyed(true);
+    on_green_stream_with(STREAM_GONE);
+    on_green_stream_with(CONTEXT_GONE);
 }
 
 static void green_async(void)
