@@ -302,6 +302,13 @@ static void fake_green(void)
     CUgreenCtx g = NULL;
     CHECK_EQ(GR.DeviceGetDevResource(dev0, &sms, CU_DEV_RESOURCE_TYPE_SM), CUDA_SUCCESS);
     CHECK(sms.sm.smCount > 0);
+    CHECK(sms.sm.smCoscheduledAlignment && sms.sm.smCount % sms.sm.smCoscheduledAlignment == 0);
+    CUdevResource other;
+    CHECK_EQ(GR.DeviceGetDevResource(dev0, &other, CU_DEV_RESOURCE_TYPE_INVALID),
+             CUDA_ERROR_INVALID_RESOURCE_TYPE);
+    /* Two SM resources that are not one split's outputs */
+    CUdevResource two[2] = {sms, sms};
+    CHECK_EQ(GR.DevResourceGenerateDesc(&desc, two, 2), CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION);
     CHECK_EQ(GR.DevResourceGenerateDesc(&desc, &sms, 1), CUDA_SUCCESS);
     /* "CU_GREEN_CTX_DEFAULT_STREAM is required" */
     CHECK_EQ(GR.GreenCtxCreate(&g, desc, dev0, 0), CUDA_ERROR_INVALID_VALUE);

@@ -973,6 +973,9 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     ENTER_API();
     fctx *c = (fctx *)ctx;
+    /* A green context's converted context is "a normal primary context"
+     * (cuCtxFromGreenCtx), refused here as the primary ones are; it goes with
+     * cuGreenCtxDestroy. */
     if (!c || c->magic != CTX_MAGIC || c->primary || c->green || !c->alive)
         LEAVE(CUDA_ERROR_INVALID_CONTEXT);
     kill_ctx(c);
@@ -1512,11 +1515,18 @@ static fgreen *green_of(CUgreenCtx h)
     return g && g->magic == GREEN_MAGIC ? g : NULL;
 }
 
+/* Only SM resources are modelled; another type is
+ * CUDA_ERROR_INVALID_RESOURCE_TYPE, in cuda.h's list for the call. The
+ * partition size and alignment are not a device's measured values (the GPU
+ * suite's green-stream prints an H100's): they keep cuda.h's rule that
+ * "smCount is a multiple of" smCoscheduledAlignment. */
 EXPORT CUresult cuDeviceGetDevResource(CUdevice dev, CUdevResource *res, CUdevResourceType type)
 {
     NEED_INIT();
-    if (!res || type != CU_DEV_RESOURCE_TYPE_SM)
+    if (!res)
         return CUDA_ERROR_INVALID_VALUE;
+    if (type != CU_DEV_RESOURCE_TYPE_SM)
+        return CUDA_ERROR_INVALID_RESOURCE_TYPE;
     if (!is_device(dev))
         return CUDA_ERROR_INVALID_DEVICE;
     memset(res, 0, sizeof *res);
@@ -1527,22 +1537,26 @@ EXPORT CUresult cuDeviceGetDevResource(CUdevice dev, CUdevResource *res, CUdevRe
     return CUDA_SUCCESS;
 }
 
+/* Several SM resources "must be outputs ... from the same split API
+ * instance, otherwise CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION is returned"
+ * (cuda.h): the fake has no split (cuDevSmResourceSplitByCount), so a
+ * descriptor holds one resource. */
 EXPORT CUresult cuDevResourceGenerateDesc(CUdevResourceDesc *desc, CUdevResource *res,
                                           unsigned int n)
 {
     NEED_INIT();
     if (!desc || !res || n == 0)
         return CUDA_ERROR_INVALID_VALUE;
-    unsigned sms = 0;
-    for (unsigned i = 0; i < n; i++) {
-        if (res[i].type != CU_DEV_RESOURCE_TYPE_SM || res[i].sm.smCount == 0)
-            return CUDA_ERROR_INVALID_RESOURCE_TYPE;
-        sms += res[i].sm.smCount;
-    }
+    if (res[0].type != CU_DEV_RESOURCE_TYPE_SM)
+        return CUDA_ERROR_INVALID_RESOURCE_TYPE;
+    if (res[0].sm.smCount == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (n > 1)
+        return CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION;
     struct CUdevResourceDesc_st *d = calloc(1, sizeof *d);
     if (!d)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    *d = (struct CUdevResourceDesc_st){DESC_MAGIC, sms};
+    *d = (struct CUdevResourceDesc_st){DESC_MAGIC, res[0].sm.smCount};
     *desc = d;
     return CUDA_SUCCESS;
 }

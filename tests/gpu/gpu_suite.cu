@@ -765,7 +765,8 @@ static void green_stream(void)
         r = gen_desc(&desc, &sms, 1);
     if (r == CUDA_SUCCESS)
         r = create(&g, desc, 0, CU_GREEN_CTX_DEFAULT_STREAM);
-    printf("  green context of %u SMs: %d\n", sms.sm.smCount, (int)r);
+    printf("  green context of %u SMs (minimum partition %u, co-scheduled alignment %u): %d\n",
+           sms.sm.smCount, sms.sm.minSmPartitionSize, sms.sm.smCoscheduledAlignment, (int)r);
     CHECK(r == CUDA_SUCCESS);
     CUstream gs = NULL, gs2 = NULL;
     CHECK(convert(&converted, g) == CUDA_SUCCESS);
