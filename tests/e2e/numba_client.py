@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """numba_client.py - Numba's CUDA driver layer as a client nobody here wrote:
-devices, device arrays on several streams, host <-> device round trips,
+devices and what they report, device arrays on several streams, host <-> device round trips,
 device-to-device copies, frees, memory info. Prints one JSON line; exits 0
 when every round trip came back intact. Kernels are left out: the fake
 driver runs no device code."""
@@ -33,12 +33,18 @@ def round_trips(count, streams, max_n, seed):
 
 def main():
     devices = [d.id for d in cuda.gpus]
+    dev = cuda.get_current_device()
+    # What Numba reads of a device to size and check launches.
+    device = {"cc": list(dev.compute_capability), "sms": dev.MULTIPROCESSOR_COUNT,
+              "warp": dev.WARP_SIZE, "max_threads": dev.MAX_THREADS_PER_BLOCK,
+              "uva": dev.UNIFIED_ADDRESSING,
+              "pci_buses": sorted({d.PCI_BUS_ID for d in cuda.gpus})}
     streams = [cuda.stream() for _ in range(3)]
     free0, total = cuda.current_context().get_memory_info()
     rounds, bad = round_trips(40, streams, 300000, 1)
     cuda.current_context().deallocations.clear()
     free1, _ = cuda.current_context().get_memory_info()
-    print(json.dumps({"devices": devices, "rounds": rounds, "bad": bad, "total": total,
+    print(json.dumps({"devices": devices, "device": device, "rounds": rounds, "bad": bad, "total": total,
                       "free_before": free0, "free_after": free1}), flush=True)
     return 1 if bad else 0
 

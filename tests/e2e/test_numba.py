@@ -33,6 +33,12 @@ def run(**env):
 
 alone = run()
 check(alone.get("devices") == [0, 1], f"two fake devices seen: {alone.get('devices')}")
+# The fake reports a compute capability 9.0 device as an H100 does (before,
+# 0 for every attribute but a few), each device on its own PCI bus.
+dev = alone.get("device", {})
+check(dev.get("cc") == [9, 0] and dev.get("sms") == 132 and dev.get("warp") == 32 and
+      dev.get("max_threads") == 1024 and dev.get("uva") == 1, f"the device as Numba reads it: {dev}")
+check(len(dev.get("pci_buses", [])) == 2, f"one PCI bus per device: {dev.get('pci_buses')}")
 check(alone.get("rounds") == 40 and alone.get("bad") == 0, f"round trips alone: {alone}")
 
 stats = os.path.join(work, "stats.json")

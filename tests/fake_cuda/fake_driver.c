@@ -753,6 +753,65 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     LEAVE(CUDA_SUCCESS);
 }
 
+/*
+ * What cuDeviceGetAttribute answers: a device of compute capability 9.0 as
+ * an H100 SXM5 reports it, so that clients which read the device (Numba's
+ * occupancy and launch checks, a framework's feature tests) take the paths
+ * they take on the GPUs this project targets, not the paths of a device that
+ * answers 0 to everything. Two kinds of value:
+ *   - the architecture's limits, from the CUDA C++ Programming Guide's table
+ *     of compute capability 9.0 (threads, block and grid dimensions, shared
+ *     memory and registers per block and per multiprocessor);
+ *   - the product's, from the H100 SXM5 (132 multiprocessors, a 50 MiB L2,
+ *     a 5120-bit memory bus); cuDeviceGetName still says "Fake CUDA device".
+ * What the fake does not model answers 0 as "not supported": shareable
+ * handles for virtual memory and for mempool IPC, GPUDirect RDMA, timeouts.
+ * Each device has its own PCI bus id (one per device on real machines, and
+ * tools order devices by it). tests/gpu/gpu_suite.cu `attributes` prints the
+ * real device's answers for every attribute in this table.
+ */
+static const struct {
+    CUdevice_attribute attrib;
+    int value;
+} h100_attributes[] = {
+    {CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, 1024},
+    {CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X, 1024},
+    {CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y, 1024},
+    {CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z, 64},
+    {CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X, 2147483647},
+    {CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y, 65535},
+    {CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z, 65535},
+    {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, 48 << 10},
+    {CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY, 64 << 10},
+    {CU_DEVICE_ATTRIBUTE_WARP_SIZE, 32},
+    {CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK, 65536},
+    {CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 132},
+    {CU_DEVICE_ATTRIBUTE_INTEGRATED, 0},
+    {CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, 1},
+    {CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, CU_COMPUTEMODE_DEFAULT},
+    {CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT, 32},
+    {CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS, 1},
+    {CU_DEVICE_ATTRIBUTE_ECC_ENABLED, 1},
+    {CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH, 5120},
+    {CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, 50 << 20},
+    {CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, 2048},
+    {CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 1},
+    {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 9},
+    {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0},
+    {CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED, 1},
+    {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, 228 << 10},
+    {CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR, 65536},
+    {CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, 1},
+    {CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, 1},
+    {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, 227 << 10},
+    {CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR, 32},
+    {CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 1},
+    {CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, 0},
+    {CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES, 0},
+    {CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, 0},
+    {CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT, 0},
+};
+
 EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
 {
     NEED_INIT();
@@ -762,16 +821,16 @@ EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevic
         return CUDA_ERROR_INVALID_VALUE;
     if (!is_device(dev))
         return CUDA_ERROR_INVALID_DEVICE;
-    switch (attrib) {
-    case CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT: *pi = 32; break;
-    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: *pi = 1; break;
-    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: {
+    *pi = 0;
+    if (attrib == CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) {
         const char *on = getenv("FAKECUDA_VMM");
         *pi = !on || strcmp(on, "0") != 0;
-        break;
-    }
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = 9; break;
-    default: *pi = 0;
+    } else if (attrib == CU_DEVICE_ATTRIBUTE_PCI_BUS_ID) {
+        *pi = 0x10 * (dev + 1);
+    } else {
+        for (size_t i = 0; i < sizeof h100_attributes / sizeof h100_attributes[0]; i++)
+            if (h100_attributes[i].attrib == attrib)
+                *pi = h100_attributes[i].value;
     }
     return CUDA_SUCCESS;
 }

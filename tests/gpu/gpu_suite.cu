@@ -61,6 +61,8 @@
  *   unmap-running    cuMemUnmap of a mapping a running kernel writes (no
  *                    pool involved): does the unmap wait, does the kernel
  *                    fault (the fake assumes it does not wait)
+ *   attributes       every cuDeviceGetAttribute answer of device 0, to set
+ *                    beside the fake's table (fake_driver.c, h100_attributes)
  */
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -831,6 +833,28 @@ static void green_stream(void)
     CHECK(destroy(g) == CUDA_SUCCESS);
 }
 
+/* Every attribute cuda.h names, as the real device answers it: the fake
+ * answers as an H100 SXM5 of compute capability 9.0. */
+static void attributes(void)
+{
+    auto get = (decltype(&cuDeviceGetAttribute))driver_fn("cuDeviceGetAttribute");
+    CUDA_OK(cudaFree(0)); /* the runtime has initialised the driver */
+    const CUdevice dev = 0;
+    int refused = 0;
+    for (int a = 1; a < CU_DEVICE_ATTRIBUTE_MAX; a++) {
+        int v = 0;
+        CUresult r = get(&v, (CUdevice_attribute)a, dev);
+        if (r == CUDA_SUCCESS)
+            printf("  attribute %3d: %d\n", a, v);
+        else
+            refused++;
+    }
+    printf("  (%d attribute numbers refused)\n", refused);
+    int warp = 0;
+    CHECK(get(&warp, CU_DEVICE_ATTRIBUTE_WARP_SIZE, dev) == CUDA_SUCCESS);
+    CHECK(warp == 32);
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -850,6 +874,7 @@ int main(int argc, char **argv)
         {"reset-running", reset_running},
         {"unmap-running", unmap_running},
         {"green-stream", green_stream},
+        {"attributes", attributes},
     };
     if (argc != 2) {
         fprintf(stderr, "usage: gpu_suite SCENARIO\n");
