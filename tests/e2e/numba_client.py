@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """numba_client.py - Numba's CUDA driver layer as a client nobody here wrote:
-devices and what they report, device arrays on several streams, host <-> device round trips,
-device-to-device copies, frees, memory info. Prints one JSON line; exits 0
-when every round trip came back intact. Kernels are left out: the fake
-driver runs no device code."""
+devices and what they report, device arrays on several streams, host <->
+device round trips, device-to-device copies, frees, memory info. Prints one
+JSON line; exits 0 when every round trip came back intact. Kernels are left
+out: the fake driver runs no device code."""
 import json
 import sys
 
@@ -44,8 +44,8 @@ def main():
     rounds, bad = round_trips(40, streams, 300000, 1)
     cuda.current_context().deallocations.clear()
     free1, _ = cuda.current_context().get_memory_info()
-    print(json.dumps({"devices": devices, "device": device, "rounds": rounds, "bad": bad, "total": total,
-                      "free_before": free0, "free_after": free1}), flush=True)
+    print(json.dumps({"devices": devices, "device": device, "rounds": rounds, "bad": bad,
+                      "total": total, "free_before": free0, "free_after": free1}), flush=True)
     return 1 if bad else 0
 
 

@@ -764,9 +764,16 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
  *     memory and registers per block and per multiprocessor);
  *   - the product's, from the H100 SXM5 (132 multiprocessors, a 50 MiB L2,
  *     a 5120-bit memory bus); cuDeviceGetName still says "Fake CUDA device".
- * What the fake does not model answers 0 as "not supported": shareable
- * handles for virtual memory and for mempool IPC, GPUDirect RDMA, timeouts.
- * Each device has its own PCI bus id (one per device on real machines, and
+ * What the fake does not model answers 0 as "not supported", in cuda.h's
+ * words for each attribute, so that a client takes the path it takes on a
+ * device without the feature instead of calling an entry point the fake
+ * lacks: mapped host memory (CAN_MAP_HOST_MEMORY, "can map host memory into
+ * CUDA address space": no cuMemHostAlloc or cuMemHostRegister here), managed
+ * memory (MANAGED_MEMORY, "can allocate managed memory": no
+ * cuMemAllocManaged), stream priorities (STREAM_PRIORITIES_SUPPORTED: no
+ * cuCtxGetStreamPriorityRange, and cuStreamCreateWithPriority's priority is
+ * ignored, as a device whose range is [0, 0] clamps it), shareable handles
+ * for virtual memory and mempool IPC, and GPUDirect RDMA. Each device has its own PCI bus id (one per device on real machines, and
  * tools order devices by it). tests/gpu/gpu_suite.cu `attributes` prints the
  * real device's answers for every attribute in this table.
  */
@@ -787,7 +794,7 @@ static const struct {
     {CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK, 65536},
     {CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 132},
     {CU_DEVICE_ATTRIBUTE_INTEGRATED, 0},
-    {CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, 1},
+    {CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, 0},
     {CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, CU_COMPUTEMODE_DEFAULT},
     {CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT, 32},
     {CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS, 1},
@@ -798,11 +805,11 @@ static const struct {
     {CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 1},
     {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 9},
     {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0},
-    {CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED, 1},
+    {CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED, 0},
     {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, 228 << 10},
     {CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR, 65536},
-    {CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, 1},
-    {CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, 1},
+    {CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, 0},
+    {CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, 0},
     {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, 227 << 10},
     {CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR, 32},
     {CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 1},
