@@ -327,9 +327,15 @@ step_jax() {
 # A native, B the shim under PyTorch's cache, C the shim instead of the
 # cache, C16 the same with BFCSHIM_FENCE_INTERVAL=16, C-imm with the
 # immediate free policy (no fences: a bound on what fencing costs, not a
-# safe setting for PyTorch's multi-stream frees), D native without the cache.
+# safe setting for PyTorch's multi-stream frees), C-async the shim under
+# PyTorch's cudaMallocAsync backend (stream-ordered frees: a block is
+# reused at once on its own stream, as PyTorch's cache does, where C's plain
+# frees wait for their fence; it tells whether C's ResNet gap is reuse
+# order), A-async the same backend natively (CUDA's own pool), D native
+# without the cache.
 torch_arms() {
     local step=$1 model=$2 nc="PYTORCH_NO_CUDA_MEMORY_CACHING=1"
+    local async="PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync"
     shift 2
     local job=("$py" "$gpu/torch_train.py" --model "$model" "$@")
     for _ in $(seq "$repeat"); do
@@ -340,13 +346,19 @@ torch_arms() {
             "${job[@]}" --arm C16
         run_arm "$step" C-imm-shim-nocache-immediate 200 yes "$nc" \
             BFCSHIM_FREE_POLICY=immediate -- "${job[@]}" --arm C-imm
+        run_arm "$step" C-async-shim-mallocasync 200 yes "$async" -- "${job[@]}" --arm C-async
+        run_arm "$step" A-async-native-mallocasync 200 no "$async" -- "${job[@]}" --arm A-async
         run_arm "$step" D-native-nocache 150 no "$nc" -- "${job[@]}" --arm D
     done
 }
 
 step_torch_gpt() { torch_arms torch-gpt gpt --steps 20 --warmup 5 --batch 8 "${gpt_size[@]}"; }
 step_torch_resnet() {
-    torch_arms torch-resnet resnet --steps 20 --warmup 5 --batch 64 "${resnet_size[@]}"
+    # --profile-steps: GPU busy time per step beside the step time, to tell
+    # slower kernels from a GPU waiting on the host (C's gap, 1.15x at
+    # 91caa75, while C16 with 16x fewer fences was 1.12x).
+    torch_arms torch-resnet resnet --steps 20 --warmup 5 --batch 64 --profile-steps 3 \
+        "${resnet_size[@]}"
 }
 
 step_three() {

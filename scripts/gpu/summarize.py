@@ -59,6 +59,7 @@ def timed_table(results, step, key):
         rows.append([
             arm, len(runs), ",".join(str(r.get("exit")) for r in runs), fmt(t, ".2f"),
             fmt(t / base, ".3f") if t and base else "-",
+            fmt(med(r.get("gpu_busy_ms_per_step") for r in runs), ".2f"),
             fmt_bytes(med(r.get("nvml_peak_bytes") for r in runs)),
             fmt_bytes(med(r.get("torch_peak_allocated") for r in runs)),
             fmt_bytes(med(r.get("torch_peak_reserved") for r in runs)),
@@ -69,7 +70,7 @@ def timed_table(results, step, key):
             "-" if not shim else shim.get("passthrough_allocs"),
             " ".join(digests),
         ])
-    return table(rows, ["arm", "runs", "exit", key, "vs first", "nvml peak", "peak alloc",
+    return table(rows, ["arm", "runs", "exit", key, "vs first", "gpu busy", "nvml peak", "peak alloc",
                         "peak resv", "dev allocs*", "regions*", "pool allocs", "fence waits",
                         "passthru", "digest"])
 

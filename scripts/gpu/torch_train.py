@@ -186,6 +186,11 @@ def run_steps(args, device, nvml):
         "shim_before": shim_before,
         "shim_after": shim_after,
     }
+    if args.profile_steps and device.type == "cuda":
+        try:
+            res.update(kernel_profile(model, opt, batch_fn, loss_fn, args, device))
+        except Exception as e:  # a profiler that cannot start must not lose the run
+            res["profile_error"] = f"{type(e).__name__}: {e}"
     if shim_before and shim_after:
         res["shim_region_allocs_after_warmup"] = (
             shim_after["num_region_allocs"] - shim_before["num_region_allocs"])
@@ -193,6 +198,36 @@ def run_steps(args, device, nvml):
         res["torch_peak_allocated"] = allocator_stat(torch.cuda.max_memory_allocated)
         res["torch_peak_reserved"] = allocator_stat(torch.cuda.max_memory_reserved)
     return res
+
+
+def kernel_profile(model, opt, batch_fn, loss_fn, args, device):
+    """GPU time inside kernels and copies per step, from the profiler (CUPTI),
+    over `--profile-steps` more steps: set beside the step time, it tells an
+    arm whose kernels run slower (where its memory lies: caches, TLBs) from
+    one whose GPU waits between kernels (time on the host: the allocator's
+    calls, synchronisation)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    n = args.profile_steps
+    first = args.warmup + args.steps
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        train_steps(model, opt, batch_fn, loss_fn, args.batch, n, first, device)
+    kernels = []
+    for e in prof.key_averages():
+        # self_device_time_total since torch 2.4; self_cuda_time_total before
+        us = getattr(e, "self_device_time_total", None)
+        if us is None:
+            us = getattr(e, "self_cuda_time_total", 0)
+        if us > 0:
+            kernels.append((us, e.count, e.key))
+    kernels.sort(reverse=True)
+    total_us = sum(k[0] for k in kernels)
+    return {
+        "profile_steps": n,
+        "gpu_busy_ms_per_step": total_us / 1e3 / n,
+        "top_kernels": [{"name": name[:80], "ms_per_step": us / 1e3 / n, "calls": c}
+                        for us, c, name in kernels[:8]],
+    }
 
 
 def is_oom(e):
@@ -293,6 +328,9 @@ def main():
     ap.add_argument("--max-batch", metavar="LO:HI", help="find the largest batch that fits")
     ap.add_argument("--cap", help="device memory for --max-batch, e.g. 16GiB")
     ap.add_argument("--snapshot", help="record PyTorch's memory history into this pickle")
+    ap.add_argument("--profile-steps", type=int, default=0, metavar="N",
+                    help="after the timed steps, N more under the profiler: GPU busy time "
+                         "per step and the top kernels")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--plugin", action="store_true",
                     help="bfcshim.torch.install(): the pool as PyTorch's pluggable allocator")
