@@ -191,6 +191,12 @@ typedef enum bfc_placement {
 /* Default cap (and threshold) of BFC_PLACE_ALIGNED's natural alignment,
  * chosen by cross-validation over the real traces (docs/benchmarks.md). */
 #define BFC_DEFAULT_ALIGN_BYTES (UINT64_C(64) << 10)
+/* The shim's defaults for deferred frees (bfc_options.fence_interval and
+ * fence_bytes), which `bfcshim replay --fence-lag` models too, and the
+ * largest interval it accepts. */
+#define BFC_DEFAULT_FENCE_INTERVAL 1u
+#define BFC_DEFAULT_FENCE_BYTES (UINT64_C(64) << 20)
+#define BFC_MAX_FENCE_INTERVAL 4096u
 
 /* "aligned", "age", "low"; and back (false for an unknown name). */
 const char *bfc_placement_name(bfc_placement p);

@@ -53,6 +53,32 @@ bool sim_device_fence_done(void *ctx, uint32_t lane, uint64_t token, bool wait)
     return token <= d->gpu_done;
 }
 
+bool sim_device_fence_seal(void *ctx, uint32_t lane, uint64_t token)
+{
+    sim_device *d = ctx;
+    (void)lane;
+    if (token >= d->seal_cap) {
+        size_t cap = d->seal_cap ? d->seal_cap : 1024;
+        while (cap <= token)
+            cap *= 2;
+        uint64_t *t = realloc(d->seal_tick, cap * sizeof *t);
+        if (!t)
+            return false;
+        d->seal_tick = t;
+        d->seal_cap = cap;
+    }
+    d->seal_tick[token] = d->gpu_now;
+    d->seals++;
+    return true;
+}
+
+bool sim_device_sealed_done(void *ctx, uint32_t lane, uint64_t token, bool wait)
+{
+    const sim_device *d = ctx;
+    /* The engine asks only of tokens it sealed. */
+    return token < d->seal_cap && sim_device_fence_done(ctx, lane, d->seal_tick[token], wait);
+}
+
 bfc_backend sim_device_backend(sim_device *d)
 {
     return (bfc_backend){.ctx = d, .region_alloc = sim_alloc, .region_free = sim_free};
@@ -174,4 +200,7 @@ void sim_device_fini(sim_device *d)
     free(d->maps);
     d->maps = NULL;
     d->nmaps = d->capmaps = 0;
+    free(d->seal_tick);
+    d->seal_tick = NULL;
+    d->seal_cap = 0;
 }

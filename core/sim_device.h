@@ -36,6 +36,14 @@ typedef struct sim_device {
      * completes once the GPU, `gpu_lag` ticks behind, reaches it. A wait
      * blocks the host until the GPU has run up to the token. */
     uint64_t gpu_now, gpu_lag, gpu_done;
+    /* Deferred frees (bfc_pool_free_deferred, as the shim's plain frees):
+     * the engine's tokens are its own counter, so a seal keeps the host's
+     * clock for its token (seal_tick[token]), and that tick is what the GPU
+     * must reach. `seals` counts them: in the shim each is a CUDA event
+     * recorded per stream, the cost the fence interval trades for memory. */
+    uint64_t *seal_tick;
+    size_t seal_cap;
+    uint64_t seals;
 } sim_device;
 
 /* A device of `capacity` bytes whose addresses start high, like a GPU's. */
@@ -51,10 +59,16 @@ bfc_backend sim_device_vmm_backend(sim_device *d);
 /* bfc_backend.fence_done for the lagging GPU above (ctx: the device). */
 bool sim_device_fence_done(void *ctx, uint32_t lane, uint64_t token, bool wait);
 
+/* bfc_backend.fence_seal and fence_done for deferred frees on the lagging
+ * GPU above: a seal takes the host's clock (gpu_now) as its fence; false
+ * only when host memory runs out (the blocks then wait, as in the shim). */
+bool sim_device_fence_seal(void *ctx, uint32_t lane, uint64_t token);
+bool sim_device_sealed_done(void *ctx, uint32_t lane, uint64_t token, bool wait);
+
 /* track_maps: is all of [addr, addr + size) mapped? */
 bool sim_device_mapped(const sim_device *d, uint64_t addr, uint64_t size);
 
-/* Frees the map list (track_maps). */
+/* Frees the map list (track_maps) and the seal ticks. */
 void sim_device_fini(sim_device *d);
 
 #endif

@@ -48,6 +48,10 @@ typedef struct replay_opts {
     const char *record;    /* --record: write a trace while timing, as BFCSHIM_TRACE does */
     bool vmm;              /* --vmm: also measure the pool over virtual memory */
     uint64_t gpu_lag;      /* --gpu-lag: --vmm's frees fenced, GPU this many events behind */
+    /* --fence-lag: the one-region pool's frees deferred as the shim's plain
+     * frees are (sealed by policy.fence_interval and fence_bytes), the GPU
+     * this many events behind; 0: frees are immediate */
+    uint64_t fence_lag;
     const char *plan_path; /* --plan: every pool gets this placement plan */
     plan_file plan;
     bfc_options policy; /* granularity, split and placement knobs */
@@ -57,6 +61,7 @@ typedef struct replay_opts {
 typedef struct run_result {
     uint64_t failures;
     uint64_t ops;
+    uint64_t seals; /* --fence-lag: fences made (timed events only) */
     double seconds;
     bfc_stats stats;
 } run_result;
@@ -83,6 +88,28 @@ __attribute__((noinline)) uint64_t replay_loop(bfc_pool *pool, const trace *t, s
             }
         } else {
             bfc_pool_free(pool, slot_addr[e->slot]);
+        }
+    }
+    return failures;
+}
+
+/* --fence-lag: events [from, to) with every free deferred into `lane`, on a
+ * GPU running dev->gpu_lag events behind. replay_loop's twin, kept apart so
+ * that the loop replay times and callgrind counts stays as it is. */
+static uint64_t replay_deferred(bfc_pool *pool, sim_device *dev, uint32_t lane, const trace *t,
+                                size_t from, size_t to, bfc_addr *slot_addr)
+{
+    uint64_t failures = 0;
+    for (size_t i = from; i < to; i++) {
+        const trace_event *e = &t->ev[i];
+        dev->gpu_now = i + 1;
+        if (e->kind == TRACE_ALLOC) {
+            if (bfc_pool_alloc(pool, e->size, BFC_NO_LANE, &slot_addr[e->slot]) != BFC_OK) {
+                slot_addr[e->slot] = 0;
+                failures++;
+            }
+        } else if (slot_addr[e->slot]) {
+            bfc_pool_free_deferred(pool, slot_addr[e->slot], lane);
         }
     }
     return failures;
@@ -144,17 +171,40 @@ static bool run_once(const trace *t, const replay_opts *o, uint64_t pool_bytes,
 {
     sim_device dev;
     bfc_backend backend = {.on_event = rec ? record_event : NULL, .event_ctx = rec};
+    if (o->fence_lag) {
+        backend.fence_seal = sim_device_fence_seal;
+        backend.fence_done = sim_device_sealed_done;
+    }
     bfc_pool *pool = pool_for(o, &dev, pool_bytes, &backend);
-    if (!pool)
+    uint32_t lane = BFC_NO_LANE;
+    if (pool && o->fence_lag && bfc_pool_lane_open(pool, false, &lane) != BFC_OK) {
+        bfc_pool_destroy(pool, true);
+        pool = NULL;
+    }
+    if (!pool) {
+        sim_device_fini(&dev);
         return false;
+    }
+    dev.gpu_lag = o->fence_lag;
     size_t warm = o->warmup < t->nev ? (size_t)o->warmup : t->nev;
-    r->failures = replay_loop(pool, t, 0, warm, slot_addr);
-    double t0 = now_seconds();
-    r->failures += replay_loop(pool, t, warm, t->nev, slot_addr);
-    r->seconds = now_seconds() - t0;
+    if (o->fence_lag) {
+        r->failures = replay_deferred(pool, &dev, lane, t, 0, warm, slot_addr);
+        const uint64_t seals0 = dev.seals;
+        double t0 = now_seconds();
+        r->failures += replay_deferred(pool, &dev, lane, t, warm, t->nev, slot_addr);
+        r->seconds = now_seconds() - t0;
+        r->seals = dev.seals - seals0;
+    } else {
+        r->failures = replay_loop(pool, t, 0, warm, slot_addr);
+        double t0 = now_seconds();
+        r->failures += replay_loop(pool, t, warm, t->nev, slot_addr);
+        r->seconds = now_seconds() - t0;
+        r->seals = 0;
+    }
     r->ops = t->nev - warm;
     bfc_pool_stats(pool, &r->stats);
     bfc_pool_destroy(pool, true);
+    sim_device_fini(&dev);
     return true;
 }
 
@@ -402,6 +452,16 @@ static void print_json(const trace_report *r, const replay_opts *o)
     json_object_close(&j);
     if (o->vmm)
         print_vmm_json(&j, r, o);
+    if (o->fence_lag) {
+        json_object_open(&j, "fences");
+        json_u64(&j, "gpu_lag_events", o->fence_lag);
+        json_u64(&j, "interval", o->policy.fence_interval);
+        json_u64(&j, "bytes", o->policy.fence_bytes);
+        json_u64(&j, "seals", r->timed.seals);
+        json_u64(&j, "allocs", r->timed.stats.num_allocs);
+        json_u64(&j, "fence_waits", r->timed.stats.num_fence_waits);
+        json_object_close(&j);
+    }
     if (o->plan_path) {
         json_object_open(&j, "plan");
         json_string(&j, "file", o->plan_path);
@@ -530,6 +590,14 @@ static int replay_one(const char *path, const replay_opts *o, bool first)
             print_row(&r, o);
             if (o->vmm)
                 print_vmm_row(&r);
+            if (o->fence_lag)
+                printf("  fences (lag %llu events, every %u allocations or %llu bytes): %llu "
+                       "for %llu allocations, %llu waits\n",
+                       (unsigned long long)o->fence_lag, o->policy.fence_interval,
+                       (unsigned long long)o->policy.fence_bytes,
+                       (unsigned long long)r.timed.seals,
+                       (unsigned long long)r.timed.stats.num_allocs,
+                       (unsigned long long)r.timed.stats.num_fence_waits);
             if (o->record)
                 printf("  recording: %.1f ns/op plain, %+.1f%% (median of %d pairs)\n",
                        r.plain_ns_per_op, 100 * r.recording_cost, ok_runs);
@@ -601,15 +669,27 @@ static void replay_usage(FILE *f)
             "  --gpu-lag N         with --vmm: every free is fenced and the simulated GPU\n"
             "                      runs N events behind (a framework queueing ahead of\n"
             "                      the GPU); freed blocks return as it catches up or\n"
-            "                      when the pool waits (default 0: frees are immediate)\n");
+            "                      when the pool waits (default 0: frees are immediate)\n"
+            "  --fence-lag N       the one-region pool's frees are deferred as the shim's\n"
+            "                      plain frees are: fenced at later allocations, reused\n"
+            "                      once the simulated GPU, N events behind, passes the\n"
+            "                      fence or the pool waits for it; adds the fences made\n"
+            "                      (CUDA events in the shim) and the waits\n"
+            "  --fence-interval K  with --fence-lag: fence once every K allocations, as\n"
+            "                      BFCSHIM_FENCE_INTERVAL (1)\n"
+            "  --fence-bytes B     with --fence-lag: fence sooner once B bytes were freed,\n"
+            "                      as BFCSHIM_FENCE_BYTES (64MiB; 0: never)\n");
 }
 
 int cmd_replay(int argc, char **argv)
 {
     replay_opts o = {.repeats = 5, .bisect = true};
     bfc_options_init(&o.policy);
+    o.policy.fence_interval = BFC_DEFAULT_FENCE_INTERVAL;
+    o.policy.fence_bytes = BFC_DEFAULT_FENCE_BYTES;
     enum { OPT_GRAN = 256, OPT_SPLIT, OPT_PLACE, OPT_ALIGN, OPT_TSL, OPT_DUMP, OPT_NO_MIN,
-           OPT_WARM, OPT_RECORD, OPT_VMM, OPT_MAP_GRAN, OPT_RELEASE, OPT_GPU_LAG, OPT_PLAN };
+           OPT_WARM, OPT_RECORD, OPT_VMM, OPT_MAP_GRAN, OPT_RELEASE, OPT_GPU_LAG, OPT_PLAN,
+           OPT_FENCE_LAG, OPT_FENCE_INTERVAL, OPT_FENCE_BYTES };
     static const struct option longopts[] = {
         {"pool-size", required_argument, 0, 'p'}, {"min-pool", no_argument, 0, 'm'},
         {"json", no_argument, 0, 'j'},           {"repeat", required_argument, 0, 'r'},
@@ -627,9 +707,12 @@ int cmd_replay(int argc, char **argv)
         {"release-threshold", required_argument, 0, OPT_RELEASE},
         {"gpu-lag", required_argument, 0, OPT_GPU_LAG},
         {"plan", required_argument, 0, OPT_PLAN},
+        {"fence-lag", required_argument, 0, OPT_FENCE_LAG},
+        {"fence-interval", required_argument, 0, OPT_FENCE_INTERVAL},
+        {"fence-bytes", required_argument, 0, OPT_FENCE_BYTES},
         {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
     int c;
-    bool min_pool_flag = false;
+    bool min_pool_flag = false, fence_knob = false;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         uint64_t v = 0;
@@ -698,6 +781,28 @@ int cmd_replay(int argc, char **argv)
                 return cli_bad_value("replay", "--gpu-lag", optarg, "an event count");
             break;
         }
+        case OPT_FENCE_LAG: {
+            char *end;
+            o.fence_lag = strtoull(optarg, &end, 10);
+            if (*end || !optarg[0] || optarg[0] == '-' || o.fence_lag == 0)
+                return cli_bad_value("replay", "--fence-lag", optarg, "an event count above 0");
+            break;
+        }
+        case OPT_FENCE_INTERVAL: {
+            char *end;
+            unsigned long long k = strtoull(optarg, &end, 10);
+            if (*end || !optarg[0] || optarg[0] == '-' || k < 1 || k > BFC_MAX_FENCE_INTERVAL)
+                return cli_bad_value("replay", "--fence-interval", optarg, "1 to 4096");
+            o.policy.fence_interval = (uint32_t)k;
+            fence_knob = true;
+            break;
+        }
+        case OPT_FENCE_BYTES:
+            if (!parse_size(optarg, &v))
+                return cli_bad_value("replay", "--fence-bytes", optarg, "a size");
+            o.policy.fence_bytes = v;
+            fence_knob = true;
+            break;
         case 'h': replay_usage(stdout); return 0;
         default: replay_usage(stderr); return 2;
         }
@@ -712,6 +817,15 @@ int cmd_replay(int argc, char **argv)
     }
     if (o.gpu_lag && !o.vmm) {
         fprintf(stderr, "bfcshim replay: --gpu-lag needs --vmm\n");
+        return 2;
+    }
+    if (fence_knob && !o.fence_lag) {
+        fprintf(stderr, "bfcshim replay: --fence-interval and --fence-bytes need --fence-lag\n");
+        return 2;
+    }
+    if (o.fence_lag && (o.vmm || o.dump_path)) {
+        fprintf(stderr, "bfcshim replay: --fence-lag applies to the one-region replay, "
+                        "without --vmm or --dump-at-failure\n");
         return 2;
     }
     if (o.plan_path && o.vmm) {

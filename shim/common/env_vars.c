@@ -6,6 +6,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "bfc.h"
 #include "env_vars.h"
 #include "units.h"
 
@@ -28,7 +29,7 @@ const env_var env_vars[] = {
     {"BFCSHIM_PLACEMENT", VAR_CHOICE, 0, 0, {"age", "low", "aligned"},
      "the place of an allocation in a free block"},
     {"BFCSHIM_INITIAL_REGION", VAR_SIZE, 0, 0, {0}, "the first region when not preallocating"},
-    {"BFCSHIM_FENCE_INTERVAL", VAR_WHOLE, 1, 4096, {0}, "the allocations between fences"},
+    {"BFCSHIM_FENCE_INTERVAL", VAR_WHOLE, 1, BFC_MAX_FENCE_INTERVAL, {0}, "the allocations between fences"},
     {"BFCSHIM_FENCE_BYTES", VAR_SIZE_OR_0, 0, 0, {0}, "the freed bytes that fence sooner"},
     {"BFCSHIM_DRIVER_HOOKS", VAR_BOOL, 0, 0, {0}, "serving the driver API too"},
     {"BFCSHIM_LOG_LEVEL", VAR_CHOICE, 0, 0, {"error", "warn", "info", "debug"},

@@ -312,6 +312,44 @@ def test_gpu_lag(d):
         check(p.returncode == 2 and needle in p.stderr, f"replay {bad} refused: {p.stderr}")
 
 
+def test_fence_lag(d):
+    # The trace of test_gpu_lag, its frees deferred as the shim's plain
+    # frees are. In a pool of one block each allocation after a free must
+    # fence it and wait: two fences, two waits, and one block still serves.
+    # In a roomy pool the interval decides: every allocation after a free
+    # fences (interval 1), or none does within four allocations (interval 4,
+    # no byte trigger), or the byte trigger fences each 2 MiB free anyway.
+    rows = []
+    for i in range(3):
+        rows += [row("allocate", hex(0x1000000 * (i + 1)), 2 * MiB),
+                 row("free", hex(0x1000000 * (i + 1)), 2 * MiB)]
+    t = write_trace(d, "fence-lag.csv", rows)
+    (r,), _ = replay_json("--fence-lag", "10", t)
+    f = r.get("fences", {})
+    check(r["min_pool_bytes"] == 2 * MiB, f"one block serves: {r['min_pool_bytes']}")
+    check(f.get("gpu_lag_events") == 10 and f.get("interval") == 1 and f.get("bytes") == 64 * MiB,
+          f"the shim's defaults: {f}")
+    check(f.get("seals") == 2 and f.get("fence_waits") == 2 and f.get("allocs") == 3,
+          f"tight pool: {f}")
+    for extra, seals in [([], 2), (["--fence-interval", "4", "--fence-bytes", "0"], 0),
+                         (["--fence-interval", "4", "--fence-bytes", "1MiB"], 2)]:
+        (r,), _ = replay_json("--fence-lag", "10", "--pool-size", "64MiB", *extra, t)
+        f = r.get("fences", {})
+        check(f.get("seals") == seals and f.get("fence_waits") == 0,
+              f"roomy pool {extra}: {seals} fences, no wait: {f}")
+    (r,), _ = replay_json(t)
+    check("fences" not in r, "no fences without --fence-lag")
+    for bad, needle in [(["--fence-interval", "16"], "need --fence-lag"),
+                        (["--fence-bytes", "0"], "need --fence-lag"),
+                        (["--fence-lag", "0"], "--fence-lag '0'"),
+                        (["--fence-lag", "10", "--fence-interval", "0"], "--fence-interval '0'"),
+                        (["--fence-lag", "10", "--fence-interval", "5000"], "1 to 4096"),
+                        (["--fence-lag", "10", "--fence-bytes", "lots"], "--fence-bytes 'lots'"),
+                        (["--fence-lag", "10", "--vmm"], "without --vmm")]:
+        p = run("replay", *bad, t, ok=False)
+        check(p.returncode == 2 and needle in p.stderr, f"replay {bad} refused: {p.stderr}")
+
+
 def test_plan(d):
     # The trace of test_min_pool_and_placement: low placement needs 4 MiB,
     # the offline packing 3 MiB. A plan of it brings low placement to 3 MiB,
@@ -427,6 +465,7 @@ with tempfile.TemporaryDirectory() as d:
     for test in [test_min_pool_and_placement, test_json_contract, test_unmatched_and_failed_lines,
                  test_malformed_lines_name_their_line, test_gzip_and_crlf, test_bad_options,
                  test_dump_at_failure, test_tracegen, test_record, test_vmm, test_gpu_lag,
+                 test_fence_lag,
                  test_plan, test_plan_of_another_run, test_bundled_traces]:
         before = failures
         test(d)
