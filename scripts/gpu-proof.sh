@@ -325,7 +325,8 @@ step_jax() {
 
 # torch_arms STEP MODEL [ARGS...]: the PyTorch job's arms, interleaved:
 # A native, B the shim under PyTorch's cache, C the shim instead of the
-# cache, C16 the same with BFCSHIM_FENCE_INTERVAL=16, C-imm with the
+# cache, C16 the same with BFCSHIM_FENCE_INTERVAL=16 (C16b0 also without the
+# byte trigger, BFCSHIM_FENCE_BYTES=0), C-imm with the
 # immediate free policy (no fences: a bound on what fencing costs, not a
 # safe setting for PyTorch's multi-stream frees), C-async the shim under
 # PyTorch's cudaMallocAsync backend (stream-ordered frees: a block is
@@ -344,6 +345,11 @@ torch_arms() {
         run_arm "$step" C-shim-nocache 200 yes "$nc" -- "${job[@]}" --arm C
         run_arm "$step" C16-shim-nocache-interval16 200 yes "$nc" BFCSHIM_FENCE_INTERVAL=16 -- \
             "${job[@]}" --arm C16
+        # C16 without the byte trigger: on the H100's traces the 64 MiB
+        # trigger leaves 0.15-0.20 fences per allocation at interval 16
+        # against 0.05 without it (docs/benchmarks.md, replay --fence-lag).
+        run_arm "$step" C16b0-shim-nocache-interval16-nobytes 200 yes "$nc" \
+            BFCSHIM_FENCE_INTERVAL=16 BFCSHIM_FENCE_BYTES=0 -- "${job[@]}" --arm C16b0
         run_arm "$step" C-imm-shim-nocache-immediate 200 yes "$nc" \
             BFCSHIM_FREE_POLICY=immediate -- "${job[@]}" --arm C-imm
         run_arm "$step" C-async-shim-mallocasync 200 yes "$async" -- "${job[@]}" --arm C-async
@@ -383,6 +389,8 @@ step_maxbatch() {
     run_arm maxbatch C-shim-nocache 200 yes "$nc" BFCSHIM_MEM_LIMIT=$cap -- "${job[@]}" --arm C
     run_arm maxbatch C16-shim-nocache-interval16 200 yes "$nc" BFCSHIM_MEM_LIMIT=$cap \
         BFCSHIM_FENCE_INTERVAL=16 -- "${job[@]}" --arm C16
+    run_arm maxbatch C16b0-shim-nocache-interval16-nobytes 200 yes "$nc" BFCSHIM_MEM_LIMIT=$cap \
+        BFCSHIM_FENCE_INTERVAL=16 BFCSHIM_FENCE_BYTES=0 -- "${job[@]}" --arm C16b0
     run_arm maxbatch D-native-nocache 300 no "$nc" -- "${job[@]}" --arm D
 }
 
