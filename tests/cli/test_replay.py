@@ -283,16 +283,21 @@ def test_vmm(d):
         check(p.returncode == 2 and bad[0] in p.stderr, f"replay {bad} refused: {p.stderr}")
 
 
+def block_after_block(n):
+    """n blocks of 2 MiB, each freed before the next comes."""
+    rows = []
+    for i in range(n):
+        rows += [row("allocate", hex(0x1000000 * (i + 1)), 2 * MiB),
+                 row("free", hex(0x1000000 * (i + 1)), 2 * MiB)]
+    return rows
+
+
 def test_gpu_lag(d):
     # A block is freed and another of its size comes, three times. With
     # immediate frees one granule serves all. With the GPU ten events behind,
     # every free is still pending when the next block comes: both pools wait
     # for it rather than map (or grow) more, so the peak stays one granule.
-    rows = []
-    for i in range(3):
-        rows += [row("allocate", hex(0x1000000 * (i + 1)), 2 * MiB),
-                 row("free", hex(0x1000000 * (i + 1)), 2 * MiB)]
-    t = write_trace(d, "lag.csv", rows)
+    t = write_trace(d, "lag.csv", block_after_block(3))
     (r,), _ = replay_json("--vmm", "--gpu-lag", "10", t)
     v = r.get("vmm", {})
     check(v.get("gpu_lag_events") == 10, f"gpu_lag_events: {v.get('gpu_lag_events')}")
@@ -319,11 +324,7 @@ def test_fence_lag(d):
     # In a roomy pool the interval decides: every allocation after a free
     # fences (interval 1), or none does within four allocations (interval 4,
     # no byte trigger), or the byte trigger fences each 2 MiB free anyway.
-    rows = []
-    for i in range(3):
-        rows += [row("allocate", hex(0x1000000 * (i + 1)), 2 * MiB),
-                 row("free", hex(0x1000000 * (i + 1)), 2 * MiB)]
-    t = write_trace(d, "fence-lag.csv", rows)
+    t = write_trace(d, "fence-lag.csv", block_after_block(3))
     (r,), _ = replay_json("--fence-lag", "10", t)
     f = r.get("fences", {})
     check(r["min_pool_bytes"] == 2 * MiB, f"one block serves: {r['min_pool_bytes']}")
