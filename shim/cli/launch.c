@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "array_room.h"
 #include "cli.h"
 #include "env_vars.h"
 #include "launch.h"
@@ -31,16 +32,12 @@ bool env_add(env_list *e, const char *name, const char *value)
     if (!s)
         return false;
     snprintf(s, len, "%s=%s", name, value);
-    if (e->n == e->cap) {
-        size_t cap = e->cap ? e->cap * 2 : 8;
-        char **t = realloc(e->items, cap * sizeof *t);
-        if (!t) {
-            free(s);
-            return false;
-        }
-        e->items = t;
-        e->cap = cap;
+    char **t = array_room(e->items, e->n, &e->cap, sizeof *t, 8);
+    if (!t) {
+        free(s);
+        return false;
     }
+    e->items = t;
     e->items[e->n++] = s;
     return true;
 }

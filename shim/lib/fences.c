@@ -46,6 +46,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "array_room.h"
 #include "shim.h"
 
 /* A stand-in event, shared by the fences that include it. */
@@ -140,16 +141,12 @@ static CUevent take_event(shim_pool *sp, const real_driver *R)
 
 static void give_event(shim_pool *sp, const real_driver *R, CUevent e)
 {
-    if (sp->nspare == sp->capspare) {
-        size_t cap = sp->capspare ? sp->capspare * 2 : 16;
-        CUevent *t = realloc(sp->spare_events, cap * sizeof *t);
-        if (!t) {
-            R->EventDestroy(e);
-            return;
-        }
-        sp->spare_events = t;
-        sp->capspare = cap;
+    CUevent *t = array_room(sp->spare_events, sp->nspare, &sp->capspare, sizeof *t, 16);
+    if (!t) {
+        R->EventDestroy(e);
+        return;
     }
+    sp->spare_events = t;
     sp->spare_events[sp->nspare++] = e;
 }
 
@@ -189,21 +186,17 @@ static void keep_stand_in(shim_pool *sp, const real_driver *R, CUevent e)
     /* Programs without plain frees never seal the plain lane: sweep here
      * too, so completed stand-ins do not pile up. */
     stand_ins_pending(sp, R);
-    if (sp->nstand_ins == sp->capstand_ins) {
-        size_t cap = sp->capstand_ins ? sp->capstand_ins * 2 : 8;
-        stand_in **t = realloc(sp->stand_ins, cap * sizeof *t);
-        if (!t) {
-            pthread_mutex_unlock(&sp->stand_in_lock);
-            /* Without room to remember it, wait for it now: correctness
-             * first (this only happens when host memory runs out). */
-            R->EventSynchronize(e);
-            R->EventDestroy(e);
-            free(si);
-            return;
-        }
-        sp->stand_ins = t;
-        sp->capstand_ins = cap;
+    stand_in **t = array_room(sp->stand_ins, sp->nstand_ins, &sp->capstand_ins, sizeof *t, 8);
+    if (!t) {
+        pthread_mutex_unlock(&sp->stand_in_lock);
+        /* Without room to remember it, wait for it now: correctness
+         * first (this only happens when host memory runs out). */
+        R->EventSynchronize(e);
+        R->EventDestroy(e);
+        free(si);
+        return;
     }
+    sp->stand_ins = t;
     sp->stand_ins[sp->nstand_ins++] = si;
     pthread_mutex_unlock(&sp->stand_in_lock);
 }

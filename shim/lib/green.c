@@ -42,6 +42,7 @@
  */
 #include <stdlib.h>
 
+#include "array_room.h"
 #include "shim.h"
 
 typedef struct green {
@@ -72,18 +73,14 @@ void green_created(CUgreenCtx g, CUdevice dev)
         return;
     }
     pthread_mutex_lock(&lock);
-    if (nall == capall) {
-        size_t cap = capall ? capall * 2 : 8;
-        green *t = realloc(all, cap * sizeof *t);
-        if (!t) {
-            pthread_mutex_unlock(&lock);
-            shim_log(LOG_WARN, "out of host memory tracking green contexts: cudaFree may "
-                               "reuse memory before their streams are done with it");
-            return;
-        }
-        all = t;
-        capall = cap;
+    green *t = array_room(all, nall, &capall, sizeof *all, 8);
+    if (!t) {
+        pthread_mutex_unlock(&lock);
+        shim_log(LOG_WARN, "out of host memory tracking green contexts: cudaFree may "
+                           "reuse memory before their streams are done with it");
+        return;
     }
+    all = t;
     all[nall++] = (green){g, converted, primary, dev, 0};
     atomic_store(&live, nall);
     pthread_mutex_unlock(&lock);

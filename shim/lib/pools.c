@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "array_room.h"
 #include "plan_file.h"
 #include "shim.h"
 #include "units.h"
@@ -435,13 +436,10 @@ static uint32_t stream_lane(shim_pool *sp, CUstream s)
     for (size_t i = 0; i < sp->nlanes; i++)
         if (sp->lanes[i].stream == s)
             existing = sp->lanes[i].lane;
-    if (existing == BFC_NO_LANE && sp->nlanes == sp->caplanes) {
-        size_t cap = sp->caplanes ? sp->caplanes * 2 : 16;
-        struct lane_entry *t = realloc(sp->lanes, cap * sizeof *t);
-        if (t) {
+    if (existing == BFC_NO_LANE) {
+        struct lane_entry *t = array_room(sp->lanes, sp->nlanes, &sp->caplanes, sizeof *t, 16);
+        if (t)
             sp->lanes = t;
-            sp->caplanes = cap;
-        }
     }
     if (existing == BFC_NO_LANE && sp->nlanes < sp->caplanes)
         sp->lanes[sp->nlanes++] = (struct lane_entry){s, lane};

@@ -17,6 +17,7 @@
  */
 #include <stdlib.h>
 
+#include "array_room.h"
 #include "shim.h"
 
 typedef struct entry {
@@ -50,18 +51,14 @@ void streams_add(CUstream s)
             pthread_mutex_unlock(&lock);
             return;
         }
-    if (nall == capall) {
-        size_t cap = capall ? capall * 2 : 32;
-        entry *t = realloc(all, cap * sizeof *t);
-        if (!t) {
-            pthread_mutex_unlock(&lock);
-            shim_log(LOG_WARN, "out of host memory tracking streams: cudaFree may reuse "
-                               "memory before a non-blocking stream is done with it");
-            return;
-        }
-        all = t;
-        capall = cap;
+    entry *t = array_room(all, nall, &capall, sizeof *all, 32);
+    if (!t) {
+        pthread_mutex_unlock(&lock);
+        shim_log(LOG_WARN, "out of host memory tracking streams: cudaFree may reuse "
+                           "memory before a non-blocking stream is done with it");
+        return;
     }
+    all = t;
     all[nall++] = (entry){s, ctx, (flags & CU_STREAM_NON_BLOCKING) != 0};
     pthread_mutex_unlock(&lock);
 }

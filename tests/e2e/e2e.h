@@ -50,6 +50,15 @@ static inline int e2e_done(const char *name)
     return e2e_failures ? 1 : 0;
 }
 
+/* Ends the program, failed: `call` could not allocate the n bytes a
+ * scenario needs (code: what it returned), so nothing after it can run. */
+static inline _Noreturn void e2e_alloc_failed(const char *call, size_t n, int code)
+{
+    fprintf(stderr, "%s(%zu) failed: %d\n", call, n, code);
+    e2e_failures++;
+    exit(e2e_done(e2e_program));
+}
+
 /* How far a test's second thread has come: one thread sets the phase it
  * reached, the other waits for it (CHECK is not thread-safe, so the
  * thread leaves its results for the main thread to check). */

@@ -94,11 +94,8 @@ static inline CUdeviceptr alloc_ok(size_t n)
 {
     CUdeviceptr p = 0;
     CUresult r = D.MemAlloc(&p, n);
-    if (r != CUDA_SUCCESS || !p) {
-        fprintf(stderr, "cuMemAlloc_v2(%zu) failed: %d\n", n, (int)r);
-        e2e_failures++;
-        exit(e2e_done(e2e_program));
-    }
+    if (r != CUDA_SUCCESS || !p)
+        e2e_alloc_failed("cuMemAlloc_v2", n, (int)r);
     return p;
 }
 

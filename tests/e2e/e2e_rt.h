@@ -14,11 +14,8 @@ static inline char *alloc_ok(size_t n)
 {
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, n);
-    if (e != cudaSuccess || !p) {
-        fprintf(stderr, "cudaMalloc(%zu) failed: %d\n", n, (int)e);
-        e2e_failures++;
-        exit(e2e_done(e2e_program));
-    }
+    if (e != cudaSuccess || !p)
+        e2e_alloc_failed("cudaMalloc", n, (int)e);
     return p;
 }
 
