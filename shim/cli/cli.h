@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "bfc.h"
+#include "sim_device.h"
 #include "trace_csv.h"
 
 int cmd_run(int argc, char **argv);
@@ -38,6 +39,19 @@ uint64_t cli_smallest_serving(uint64_t peak, uint64_t unit, uint64_t cap,
  * returns the allocations that failed (replay.c). */
 uint64_t replay_loop(bfc_pool *pool, const trace *t, size_t from, size_t to,
                      bfc_addr *slot_addr);
+
+/* How the frees of replay_lagging reach the pool: each its own fence
+ * (bfc_pool_free_fenced, the event's index as token), or deferred into the
+ * lane and fenced as the pool seals (bfc_pool_free_deferred, as the shim's
+ * plain frees). */
+typedef enum lagging_frees { FREES_FENCED, FREES_DEFERRED } lagging_frees;
+
+/* replay_loop on a GPU running dev->gpu_lag events behind, the frees going
+ * to `lane` as `how` says; the simulated device's clock is the event index
+ * (replay.c). replay_loop's twin, kept apart so that the loop replay times
+ * and callgrind counts stays as it is. */
+uint64_t replay_lagging(bfc_pool *pool, sim_device *dev, uint32_t lane, lagging_frees how,
+                        const trace *t, size_t from, size_t to, bfc_addr *slot_addr);
 
 /* The smallest single region, to 1 MiB, that serves the trace (replay.c). */
 uint64_t replay_min_pool_bytes(const trace *t, const bfc_options *policy);

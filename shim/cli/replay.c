@@ -93,11 +93,8 @@ __attribute__((noinline)) uint64_t replay_loop(bfc_pool *pool, const trace *t, s
     return failures;
 }
 
-/* --fence-lag: events [from, to) with every free deferred into `lane`, on a
- * GPU running dev->gpu_lag events behind. replay_loop's twin, kept apart so
- * that the loop replay times and callgrind counts stays as it is. */
-static uint64_t replay_deferred(bfc_pool *pool, sim_device *dev, uint32_t lane, const trace *t,
-                                size_t from, size_t to, bfc_addr *slot_addr)
+uint64_t replay_lagging(bfc_pool *pool, sim_device *dev, uint32_t lane, lagging_frees how,
+                        const trace *t, size_t from, size_t to, bfc_addr *slot_addr)
 {
     uint64_t failures = 0;
     for (size_t i = from; i < to; i++) {
@@ -108,11 +105,23 @@ static uint64_t replay_deferred(bfc_pool *pool, sim_device *dev, uint32_t lane, 
                 slot_addr[e->slot] = 0;
                 failures++;
             }
-        } else if (slot_addr[e->slot]) {
+        } else if (slot_addr[e->slot] && how == FREES_DEFERRED) {
             bfc_pool_free_deferred(pool, slot_addr[e->slot], lane);
+        } else if (slot_addr[e->slot]) {
+            bfc_pool_free_fenced(pool, slot_addr[e->slot], lane, i + 1);
         }
     }
     return failures;
+}
+
+/* Events [from, to) of a run_once pool: replay_loop, or with --fence-lag
+ * (a lane) replay_lagging's deferred frees. */
+static uint64_t run_events(bfc_pool *pool, sim_device *dev, uint32_t lane, const trace *t,
+                           size_t from, size_t to, bfc_addr *slot_addr)
+{
+    return lane == BFC_NO_LANE
+               ? replay_loop(pool, t, from, to, slot_addr)
+               : replay_lagging(pool, dev, lane, FREES_DEFERRED, t, from, to, slot_addr);
 }
 
 /* --record: the engine tells this hook of every event under its lock, and
@@ -187,20 +196,12 @@ static bool run_once(const trace *t, const replay_opts *o, uint64_t pool_bytes,
     }
     dev.gpu_lag = o->fence_lag;
     size_t warm = o->warmup < t->nev ? (size_t)o->warmup : t->nev;
-    if (o->fence_lag) {
-        r->failures = replay_deferred(pool, &dev, lane, t, 0, warm, slot_addr);
-        const uint64_t seals0 = dev.seals;
-        double t0 = now_seconds();
-        r->failures += replay_deferred(pool, &dev, lane, t, warm, t->nev, slot_addr);
-        r->seconds = now_seconds() - t0;
-        r->seals = dev.seals - seals0;
-    } else {
-        r->failures = replay_loop(pool, t, 0, warm, slot_addr);
-        double t0 = now_seconds();
-        r->failures += replay_loop(pool, t, warm, t->nev, slot_addr);
-        r->seconds = now_seconds() - t0;
-        r->seals = 0;
-    }
+    r->failures = run_events(pool, &dev, lane, t, 0, warm, slot_addr);
+    const uint64_t seals0 = dev.seals; /* stays 0 without --fence-lag */
+    double t0 = now_seconds();
+    r->failures += run_events(pool, &dev, lane, t, warm, t->nev, slot_addr);
+    r->seconds = now_seconds() - t0;
+    r->seals = dev.seals - seals0;
     r->ops = t->nev - warm;
     bfc_pool_stats(pool, &r->stats);
     bfc_pool_destroy(pool, true);

@@ -43,33 +43,12 @@ typedef struct sim_pool {
     uint32_t lane; /* BFC_NO_LANE: frees are immediate */
 } sim_pool;
 
-/* Events [from, to) with fenced frees on a GPU running dev->gpu_lag events
- * behind; returns allocations that failed. replay_loop's twin, kept apart
- * so that the loop replay times and callgrind counts stays as it is. */
-static uint64_t replay_lagging(sim_pool *sp, const trace *t, size_t from, size_t to,
-                               bfc_addr *slot_addr)
-{
-    uint64_t failures = 0;
-    for (size_t i = from; i < to; i++) {
-        const trace_event *e = &t->ev[i];
-        sp->dev.gpu_now = i + 1;
-        if (e->kind == TRACE_ALLOC) {
-            if (bfc_pool_alloc(sp->pool, e->size, BFC_NO_LANE, &slot_addr[e->slot]) != BFC_OK) {
-                slot_addr[e->slot] = 0;
-                failures++;
-            }
-        } else if (slot_addr[e->slot]) {
-            bfc_pool_free_fenced(sp->pool, slot_addr[e->slot], sp->lane, i + 1);
-        }
-    }
-    return failures;
-}
-
 static uint64_t run_events(sim_pool *sp, const trace *t, size_t from, size_t to,
                            bfc_addr *slot_addr)
 {
     return sp->lane == BFC_NO_LANE ? replay_loop(sp->pool, t, from, to, slot_addr)
-                                   : replay_lagging(sp, t, from, to, slot_addr);
+                                   : replay_lagging(sp->pool, &sp->dev, sp->lane, FREES_FENCED,
+                                                    t, from, to, slot_addr);
 }
 
 /* One replay of the whole trace; returns allocations that failed. When
