@@ -372,6 +372,21 @@ static bool is_device(int d)
     return d >= 0 && d < G.ndev;
 }
 
+/* Lock held: a new stream of context c (a created one with `flags`, or a
+ * per-thread default stream), listed with all streams; NULL when host memory
+ * runs out (CUDA_ERROR_OUT_OF_MEMORY, in the return lists of cuStreamCreate,
+ * cuStreamCreateWithPriority and cuGreenCtxStreamCreate). */
+static fstream *new_stream(fctx *c, unsigned flags, bool per_thread)
+{
+    fstream *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    *s = (fstream){.magic = STREAM_MAGIC, .ctx = c, .flags = flags, .per_thread = per_thread,
+                   .next = G.streams};
+    G.streams = s;
+    return s;
+}
+
 /* Lock held: the calling thread's per-thread default stream in context c,
  * made on first use and listed with all streams (it is a blocking stream:
  * the legacy stream waits for it and it for the legacy stream). */
@@ -382,9 +397,9 @@ static fstream *per_thread_stream(fctx *c)
     for (int i = 0; i < tls_nptds; i++)
         if (tls_ptds[i].ctx == c && !tls_ptds[i].s->dead)
             return tls_ptds[i].s;
-    fstream *s = calloc(1, sizeof *s);
-    *s = (fstream){.magic = STREAM_MAGIC, .ctx = c, .per_thread = true, .next = G.streams};
-    G.streams = s;
+    fstream *s = new_stream(c, 0, true);
+    if (!s)
+        return NULL; /* no host memory: the handle is refused */
     int slot = tls_nptds < (int)(sizeof tls_ptds / sizeof tls_ptds[0]) ? tls_nptds++ : 0;
     tls_ptds[slot].ctx = c;
     tls_ptds[slot].s = s;
@@ -773,9 +788,10 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
  * cuMemAllocManaged), stream priorities (STREAM_PRIORITIES_SUPPORTED: no
  * cuCtxGetStreamPriorityRange, and cuStreamCreateWithPriority's priority is
  * ignored, as a device whose range is [0, 0] clamps it), shareable handles
- * for virtual memory and mempool IPC, and GPUDirect RDMA. Each device has its own PCI bus id (one per device on real machines, and
- * tools order devices by it). tests/gpu/gpu_suite.cu `attributes` prints the
- * real device's answers for every attribute in this table.
+ * for virtual memory and mempool IPC, and GPUDirect RDMA. Each device has
+ * its own PCI bus id (one per device on real machines, and tools order
+ * devices by it). tests/gpu/gpu_suite.cu `attributes` prints the real
+ * device's answers for every attribute in this table.
  */
 static const struct {
     CUdevice_attribute attrib;
@@ -1219,15 +1235,6 @@ EXPORT CUresult cuCtxSynchronize(void)
 
 /* ---- streams and events ------------------------------------------------------ */
 
-/* Lock held: a new stream of context c, listed with all streams. */
-static CUstream new_stream(fctx *c, unsigned flags)
-{
-    fstream *s = calloc(1, sizeof *s);
-    *s = (fstream){.magic = STREAM_MAGIC, .ctx = c, .flags = flags, .next = G.streams};
-    G.streams = s;
-    return (CUstream)s;
-}
-
 static CUresult create_stream(CUstream *ph, unsigned flags)
 {
     ENTER_API();
@@ -1237,7 +1244,10 @@ static CUresult create_stream(CUstream *ph, unsigned flags)
     CUresult usable = ctx_usable(c);
     if (usable != CUDA_SUCCESS)
         LEAVE(usable);
-    *ph = new_stream(c, flags);
+    fstream *s = new_stream(c, flags, false);
+    if (!s)
+        LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+    *ph = (CUstream)s;
     LEAVE(CUDA_SUCCESS);
 }
 
@@ -1690,7 +1700,10 @@ EXPORT CUresult cuGreenCtxStreamCreate(CUstream *ph, CUgreenCtx h, unsigned int 
     fgreen *g = green_of(h);
     if (!g || !g->ctx.alive)
         LEAVE(CUDA_ERROR_INVALID_CONTEXT);
-    *ph = new_stream(&g->ctx, flags);
+    fstream *s = new_stream(&g->ctx, flags, false);
+    if (!s)
+        LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+    *ph = (CUstream)s;
     LEAVE(CUDA_SUCCESS);
 }
 
