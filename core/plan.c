@@ -53,7 +53,10 @@
  *              where the walk to the chunk holding an address starts.
  *              Hints go stale as chunks split and merge; a stale one costs
  *              only a longer walk, a recycled record is recognised by its
- *              state, and every lookup refreshes its page's hint.
+ *              state, and every lookup refreshes its page's hint. The
+ *              table is sized for one region: a growing pool may give its
+ *              region back and take another, and the table is then built
+ *              again for the new one.
  *
  * A plan applies while the pool has one region (a preallocated pool, or a
  * growing one that has not grown): offsets name places in that region.
@@ -95,6 +98,8 @@ struct pool_plan {
     uint32_t *hint;
     uint64_t npages;
     unsigned page_shift;
+    bfc_addr hint_base; /* the region the hints cover */
+    uint64_t hint_size;
 };
 
 static int by_size_then_order(const void *a, const void *b)
@@ -166,18 +171,28 @@ bfc_status plan_create(const bfc_pool *p, const bfc_plan_entry *e, size_t n, poo
 }
 
 /* The hint table covers the region the plan applies to; built on first use,
- * once the pool has its region. At most 2^16 pages: 256 KiB of hints. */
+ * once the pool has its region, and again if that region was replaced. At
+ * most 2^16 pages: 256 KiB of hints. */
 static bool plan_pages(pool_plan *pl, const region *r)
 {
-    if (pl->hint)
+    if (pl->hint && pl->hint_base == r->base && pl->hint_size == r->size)
         return true;
+    free(pl->hint);
+    pl->hint = NULL;
+    pl->npages = 0;
     unsigned shift = 21;
     while ((r->size >> shift) >= (UINT64_C(1) << 16))
         shift++;
     pl->page_shift = shift;
     pl->npages = (r->size >> shift) + 1;
     pl->hint = calloc(pl->npages, sizeof *pl->hint);
-    return pl->hint != NULL;
+    if (!pl->hint) {
+        pl->npages = 0;
+        return false;
+    }
+    pl->hint_base = r->base;
+    pl->hint_size = r->size;
+    return true;
 }
 
 /* Following the plan: not abandoned, and the cursor not past its end. */

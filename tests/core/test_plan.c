@@ -176,6 +176,35 @@ static void a_second_region_sets_the_plan_aside(void)
     fixture_end(&f);
 }
 
+/* The page hints cover the region the plan applies to: when that region
+ * goes (trimmed) and a larger one takes its place, they must cover the new
+ * one. (They were sized for the first region seen: a planned place beyond
+ * its pages read and wrote past the hint table, which ASan reported.) */
+static void hints_follow_a_region_that_was_replaced(void)
+{
+    fixture f;
+    fixture_begin_growing(&f, 64 * MiB);
+    fixture_start(&f);
+    bfc_addr first = region_base(&f); /* a first region, 2 MiB */
+    const bfc_plan_entry plan[] = {{1 * MiB, 1 * MiB}, {1 * MiB, 40 * MiB}};
+    CHECK_EQ(bfc_pool_set_plan(f.pool, plan, 2), BFC_OK);
+    bfc_addr a = must_alloc(&f, 1 * MiB); /* planned there: 2 pages of hints */
+    CHECK_EQ(a, first + 1 * MiB);
+    must_free(&f, a);
+    CHECK_EQ(bfc_pool_trim(f.pool), 2 * MiB);
+    bfc_addr big = must_alloc(&f, 48 * MiB); /* a new first region, 48 MiB */
+    must_free(&f, big);
+    bfc_stats st = stats_of(&f);
+    CHECK_EQ(st.num_regions, 1);
+    bfc_addr b = must_alloc(&f, 1 * MiB); /* planned at 40 MiB: page 20 */
+    CHECK_EQ(b, big + 40 * MiB);
+    st = stats_of(&f);
+    CHECK_EQ(st.num_planned, 2);
+    must_free(&f, b);
+    CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+    fixture_end(&f);
+}
+
 /*
  * The run is matched to the plan by its position in it, not by counting
  * each size's allocations: an allocation the recording lacked, whose size
@@ -327,6 +356,7 @@ int main(void)
     RUN(every_kind_of_carve_keeps_the_pool_whole);
     RUN(bad_plans_are_refused_and_change_nothing);
     RUN(a_second_region_sets_the_plan_aside);
+    RUN(hints_follow_a_region_that_was_replaced);
     RUN(the_cursor_follows_a_run_that_adds_or_drops_allocations);
     RUN(nearby_allocations_may_come_in_another_order);
     RUN(a_plan_of_another_job_is_abandoned);
