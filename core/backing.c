@@ -119,14 +119,14 @@ bool backing_map(bfc_pool *p, region *r, bfc_addr lo, bfc_addr hi)
             /* Runs mapped before this one stay: they are counted, and free
              * space gives them back like any other granule. */
             p->st.num_map_failures++;
+            pool_note_pool_bytes(p);
             return false;
         }
         bit_fill(r->backed, i, j, true);
         prefix_after_map(p, r, i, j);
         p->st.pool_bytes += (j - i) * g;
     }
-    if (p->st.pool_bytes > p->st.peak_pool_bytes)
-        p->st.peak_pool_bytes = p->st.pool_bytes;
+    pool_note_pool_bytes(p);
     return true;
 }
 

@@ -290,6 +290,11 @@ typedef struct bfc_stats {
     uint64_t peak_bytes_reserved; /* = peak_pool_bytes */
     uint64_t pool_bytes;
     uint64_t peak_pool_bytes;
+    /* The same high-water marks since the last bfc_pool_reset_highs (since
+     * creation until then): an owner that lets its users reset a peak
+     * resets these, and the lifetime peaks above stay what they say. */
+    uint64_t high_bytes_in_use;
+    uint64_t high_pool_bytes;
     uint64_t largest_free_block_bytes;
     uint64_t free_bytes;    /* in free chunks */
     uint64_t pending_bytes; /* in pending chunks (freed, fence not done) */
@@ -443,6 +448,10 @@ bool bfc_pool_owns(bfc_pool *pool, bfc_addr addr);
 void bfc_pool_describe(bfc_pool *pool, bfc_addr addr, char *buf, size_t len);
 
 void bfc_pool_stats(bfc_pool *pool, bfc_stats *out);
+/* Restarts high_bytes_in_use (BFC_HIGH_IN_USE) and/or high_pool_bytes
+ * (BFC_HIGH_POOL) at their current values. */
+enum { BFC_HIGH_IN_USE = 1, BFC_HIGH_POOL = 2 };
+void bfc_pool_reset_highs(bfc_pool *pool, unsigned which);
 /* The same, or false when another thread holds the pool for max_ms more. */
 bool bfc_pool_stats_within(bfc_pool *pool, bfc_stats *out, unsigned max_ms);
 void bfc_pool_options(bfc_pool *pool, bfc_options *out);

@@ -324,6 +324,9 @@ static void check_stats(const bfc_pool *p, const recount *n, checker *k)
     if (s->peak_bytes_in_use < s->bytes_in_use || s->peak_pool_bytes < s->pool_bytes ||
         s->peak_bytes_requested < s->bytes_requested)
         fail(k, "a peak is below its current value");
+    if (s->high_bytes_in_use < s->bytes_in_use || s->high_pool_bytes < s->pool_bytes ||
+        s->high_bytes_in_use > s->peak_bytes_in_use || s->high_pool_bytes > s->peak_pool_bytes)
+        fail(k, "a high-water mark is below its current value or above its peak");
     if (s->pool_bytes > p->opt.limit_bytes)
         fail(k, "pool holds %" PRIu64 " bytes, above its limit %" PRIu64, s->pool_bytes,
              p->opt.limit_bytes);

@@ -731,8 +731,12 @@ bfc_status bfc_pool_alloc(bfc_pool *p, uint64_t size, uint32_t lane_id,
     st->num_allocs++;
     st->bytes_in_use += cc->size;
     st->bytes_requested += size;
-    if (st->bytes_in_use > st->peak_bytes_in_use)
-        st->peak_bytes_in_use = st->bytes_in_use;
+    /* peak >= high, so one comparison in the common case. */
+    if (st->bytes_in_use > st->high_bytes_in_use) {
+        st->high_bytes_in_use = st->bytes_in_use;
+        if (st->bytes_in_use > st->peak_bytes_in_use)
+            st->peak_bytes_in_use = st->bytes_in_use;
+    }
     if (st->bytes_requested > st->peak_bytes_requested)
         st->peak_bytes_requested = st->bytes_requested;
     if (size > st->largest_alloc_size)

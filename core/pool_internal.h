@@ -109,6 +109,16 @@ static inline uint64_t pool_free_chunks(const bfc_pool *p)
     return p->chunks.used - p->live.count - p->st.num_pending_chunks;
 }
 
+/* After pool_bytes grew: raise its high-water marks (peak >= high). */
+static inline void pool_note_pool_bytes(bfc_pool *p)
+{
+    if (p->st.pool_bytes > p->st.high_pool_bytes) {
+        p->st.high_pool_bytes = p->st.pool_bytes;
+        if (p->st.pool_bytes > p->st.peak_pool_bytes)
+            p->st.peak_pool_bytes = p->st.pool_bytes;
+    }
+}
+
 static inline uint64_t round_up(uint64_t x, uint64_t to)
 {
     return (x + to - 1) / to * to;

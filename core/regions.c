@@ -170,8 +170,7 @@ bool region_extend(bfc_pool *p, uint64_t rounded)
 
     region_insert(p, base, want, NULL);
     p->st.pool_bytes += want;
-    if (p->st.pool_bytes > p->st.peak_pool_bytes)
-        p->st.peak_pool_bytes = p->st.pool_bytes;
+    pool_note_pool_bytes(p);
     uint64_t grown = (want > p->next_region_bytes ? want : p->next_region_bytes);
     p->next_region_bytes = grown > UINT64_MAX / 2 ? grown : grown * 2;
     return true;

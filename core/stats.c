@@ -35,6 +35,16 @@ void bfc_pool_stats(bfc_pool *p, bfc_stats *out)
     bfc_lock_release(&p->lock);
 }
 
+void bfc_pool_reset_highs(bfc_pool *p, unsigned which)
+{
+    bfc_lock_acquire(&p->lock);
+    if (which & BFC_HIGH_IN_USE)
+        p->st.high_bytes_in_use = p->st.bytes_in_use;
+    if (which & BFC_HIGH_POOL)
+        p->st.high_pool_bytes = p->st.pool_bytes;
+    bfc_lock_release(&p->lock);
+}
+
 bool bfc_pool_stats_within(bfc_pool *p, bfc_stats *out, unsigned max_ms)
 {
     if (!bfc_lock_acquire_within(&p->lock, max_ms))

@@ -393,6 +393,21 @@ static void stats_track_peaks_and_largest(void)
     CHECK_EQ(s.largest_free_block_bytes, 8 * MiB - 3 * MiB - 256);
     CHECK(s.fragmentation > 0.2 && s.fragmentation < 0.35);
     CHECK(s.host_metadata_bytes > 0);
+    /* High-water marks follow the peaks until reset, then restart at the
+     * current values; the lifetime peaks stay. */
+    CHECK_EQ(s.high_bytes_in_use, s.peak_bytes_in_use);
+    CHECK_EQ(s.high_pool_bytes, s.peak_pool_bytes);
+    bfc_pool_reset_highs(f.pool, BFC_HIGH_IN_USE);
+    s = stats_of(&f);
+    CHECK_EQ(s.high_bytes_in_use, 1 * MiB + 256);
+    CHECK_EQ(s.peak_bytes_in_use, 3 * MiB + 256);
+    CHECK_EQ(s.high_pool_bytes, 8 * MiB);
+    bfc_addr d = must_alloc(&f, 512 * KiB);
+    must_free(&f, d);
+    s = stats_of(&f);
+    CHECK_EQ(s.high_bytes_in_use, 1 * MiB + 512 * KiB + 256);
+    CHECK_EQ(s.peak_bytes_in_use, 3 * MiB + 256);
+    CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
     (void)b, (void)c;
     fixture_end(&f);
 }

@@ -935,6 +935,9 @@ static void run_seed(uint64_t seed, uint64_t ops)
         else if (r < 999) {
             bfc_pool_trim(R.f.pool); /* seals epochs and retires what is done */
             pending_resync();
+            /* and restart some high-water marks (the checker holds them
+             * between current and peak) */
+            bfc_pool_reset_highs(R.f.pool, (unsigned)rng_below(&R.rng, 4));
         }
         else {
             /* Now and then free everything: back to one chunk per region;
