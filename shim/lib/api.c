@@ -214,11 +214,7 @@ SHIM_EXPORT size_t bfcshim_trim(void)
         shim_pool *sp = pools_at(i);
         if (!sp || atomic_load(&sp->dead))
             continue;
-        /* Regions go back with cuMemFree, granules with cuMemUnmap, and
-         * fences are recorded in the pool's context. */
-        bool pushed = real_ctx_enter(R, sp->ctx);
-        released += bfc_pool_trim(sp->bfc);
-        real_ctx_leave(R, pushed);
+        released += pools_trim(sp);
     }
     char b[32];
     shim_log(LOG_INFO, "bfcshim_trim: %s given back to the device",

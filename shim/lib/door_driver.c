@@ -294,6 +294,33 @@ SHIM_EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
     return r;
 }
 
+/* The default pool's figures include the shim's pools, which serve it. */
+SHIM_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
+                                           void *value)
+{
+    CUresult r = PASS(MemPoolGetAttribute, pool, attr, value);
+    if (r == CUDA_SUCCESS && shim_driver_door())
+        svc_pool_get_attribute(pool, attr, value);
+    return r;
+}
+
+SHIM_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
+                                           void *value)
+{
+    CUresult r = PASS(MemPoolSetAttribute, pool, attr, value);
+    if (r == CUDA_SUCCESS && shim_driver_door())
+        svc_pool_set_attribute(pool, attr, value);
+    return r;
+}
+
+SHIM_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
+{
+    CUresult r = PASS(MemPoolTrimTo, pool, keep);
+    if (r == CUDA_SUCCESS && shim_driver_door())
+        svc_pool_trim(pool, keep);
+    return r;
+}
+
 SHIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     pools_context_gone(ctx);

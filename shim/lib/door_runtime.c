@@ -352,6 +352,42 @@ SHIM_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t s)
 }
 
 typedef cudaError_t (*set_pool_fn)(int, cudaMemPool_t);
+typedef cudaError_t (*pool_attr_fn)(cudaMemPool_t, enum cudaMemPoolAttr, void *);
+typedef cudaError_t (*pool_trim_fn)(cudaMemPool_t, size_t);
+
+/* The default pool's figures include the shim's pools (service.c). With the
+ * driver door hooked, cudart's own driver call already adjusted them. */
+SHIM_EXPORT cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr,
+                                                void *value)
+{
+    REAL_RT(pool_attr_fn, f, "cudaMemPoolGetAttribute");
+    svc_pool_query_begin();
+    cudaError_t e = f ? f(pool, attr, value) : NO_RUNTIME;
+    if (e == cudaSuccess && shim_active() && !svc_pool_query_done())
+        svc_pool_get_attribute((CUmemoryPool)pool, (CUmemPool_attribute)attr, value);
+    return e;
+}
+
+SHIM_EXPORT cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr,
+                                                void *value)
+{
+    REAL_RT(pool_attr_fn, f, "cudaMemPoolSetAttribute");
+    svc_pool_query_begin();
+    cudaError_t e = f ? f(pool, attr, value) : NO_RUNTIME;
+    if (e == cudaSuccess && shim_active() && !svc_pool_query_done())
+        svc_pool_set_attribute((CUmemoryPool)pool, (CUmemPool_attribute)attr, value);
+    return e;
+}
+
+SHIM_EXPORT cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t keep)
+{
+    REAL_RT(pool_trim_fn, f, "cudaMemPoolTrimTo");
+    svc_pool_query_begin();
+    cudaError_t e = f ? f(pool, keep) : NO_RUNTIME;
+    if (e == cudaSuccess && shim_active() && !svc_pool_query_done())
+        svc_pool_trim((CUmemoryPool)pool, keep);
+    return e;
+}
 
 SHIM_EXPORT cudaError_t cudaDeviceSetMemPool(int dev, cudaMemPool_t pool)
 {

@@ -515,3 +515,14 @@ void pools_stream_destroyed(CUstream s)
     }
     streams_remove(s);
 }
+
+uint64_t pools_trim(shim_pool *sp)
+{
+    /* Regions go back with cuMemFree, granules with cuMemUnmap, and fences
+     * are recorded in the pool's context. */
+    const real_driver *R = real_driver_get();
+    bool pushed = real_ctx_enter(R, sp->ctx);
+    uint64_t released = bfc_pool_trim(sp->bfc);
+    real_ctx_leave(R, pushed);
+    return released;
+}

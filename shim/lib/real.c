@@ -50,6 +50,9 @@ static void load_driver(void)
     LOOK(DeviceGetAttribute, "cuDeviceGetAttribute");
     LOOK(DeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool");
     LOOK(DeviceSetMemPool, "cuDeviceSetMemPool");
+    LOOK(MemPoolGetAttribute, "cuMemPoolGetAttribute");
+    LOOK(MemPoolSetAttribute, "cuMemPoolSetAttribute");
+    LOOK(MemPoolTrimTo, "cuMemPoolTrimTo");
     LOOK(DevicePrimaryCtxGetState, "cuDevicePrimaryCtxGetState");
     LOOK(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
     LOOK(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2");

@@ -289,6 +289,101 @@ void svc_adjust_meminfo(size_t *free_bytes, size_t total)
     *free_bytes = (size_t)can_get;
 }
 
+/* ---- the default pool's figures -------------------------------------------------- */
+
+/*
+ * The shim serves a device's default memory pool (cuMemAllocAsync while it
+ * is current, cuMemAllocFromPoolAsync naming it) from its own pools, so a
+ * program reading that pool's figures (PyTorch's cudaMallocAsync backend
+ * reports memory_allocated and memory_reserved from them, CuPy's
+ * MemoryAsyncPool its used and total bytes) must see the shim's memory
+ * there, or it sees nothing. The shim's pools of the device add:
+ *   - reserved: their pool_bytes (the region, which serves plain cudaMalloc
+ *     too: one pool behind both);
+ *   - used: their bytes in use, plain allocations included, so that
+ *     reserved - used is what the pool has free;
+ *   - the *_HIGH marks: their high-water marks, which the program's reset
+ *     (setting the attribute to 0) restarts without touching the lifetime
+ *     peaks of the shim's own statistics.
+ * The driver's own figures for the pool (what it passed through) stay in
+ * the sum. A trim gives back what the shim's pools hold idle (bfc_pool_trim:
+ * regions, over virtual memory granules), which may be more than the bytes
+ * to keep; a preallocated region is never given back in part.
+ */
+static _Thread_local bool pool_query_done;
+
+void svc_pool_query_begin(void) { pool_query_done = false; }
+bool svc_pool_query_done(void) { return pool_query_done; }
+
+/* The i-th live shim pool serving `pool` from index *i on, or NULL. */
+static shim_pool *next_serving(CUmemoryPool pool, size_t *i)
+{
+    for (; *i < pools_count(); (*i)++) {
+        shim_pool *sp = pools_at(*i);
+        if (sp && !atomic_load(&sp->dead) && svc_is_default_pool(sp, pool)) {
+            (*i)++;
+            return sp;
+        }
+    }
+    return NULL;
+}
+
+bool svc_pool_get_attribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    pool_query_done = true;
+    if (!value || !pool)
+        return false;
+    uint64_t add = 0;
+    bool served = false;
+    shim_pool *sp;
+    for (size_t i = 0; (sp = next_serving(pool, &i));) {
+        bfc_stats st;
+        bfc_pool_stats(sp->bfc, &st);
+        served = true;
+        switch (attr) {
+        case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: add += st.pool_bytes; break;
+        case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: add += st.high_pool_bytes; break;
+        case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: add += st.bytes_in_use; break;
+        case CU_MEMPOOL_ATTR_USED_MEM_HIGH: add += st.high_bytes_in_use; break;
+        default: break; /* reuse flags, release threshold: the driver's */
+        }
+    }
+    *(cuuint64_t *)value += add;
+    return served;
+}
+
+bool svc_pool_set_attribute(CUmemoryPool pool, CUmemPool_attribute attr, const void *value)
+{
+    pool_query_done = true;
+    /* The driver accepted it, so a high-water mark was set to 0: restarted. */
+    unsigned which = attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH ? BFC_HIGH_POOL
+                     : attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH   ? BFC_HIGH_IN_USE
+                                                               : 0;
+    bool served = false;
+    shim_pool *sp;
+    for (size_t i = 0; value && pool && (sp = next_serving(pool, &i));) {
+        served = true;
+        if (which)
+            bfc_pool_reset_highs(sp->bfc, which);
+    }
+    return served;
+}
+
+bool svc_pool_trim(CUmemoryPool pool, size_t keep)
+{
+    pool_query_done = true;
+    bool served = false;
+    shim_pool *sp;
+    for (size_t i = 0; pool && (sp = next_serving(pool, &i));) {
+        served = true;
+        bfc_stats st;
+        bfc_pool_stats(sp->bfc, &st);
+        if (st.pool_bytes > keep)
+            pools_trim(sp);
+    }
+    return served;
+}
+
 uint64_t svc_buffer_id(const shim_pool *sp, uint64_t seq)
 {
     return UINT64_C(1) << 63 | (uint64_t)(sp->serial & 0x7fff) << 48 |

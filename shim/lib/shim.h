@@ -119,6 +119,9 @@ typedef struct real_driver {
     CUresult (*DeviceGetAttribute)(int *, CUdevice_attribute, CUdevice);
     CUresult (*DeviceGetDefaultMemPool)(CUmemoryPool *, CUdevice);
     CUresult (*DeviceSetMemPool)(CUdevice, CUmemoryPool);
+    CUresult (*MemPoolGetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
+    CUresult (*MemPoolSetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
+    CUresult (*MemPoolTrimTo)(CUmemoryPool, size_t);
     CUresult (*DevicePrimaryCtxGetState)(CUdevice, unsigned *, int *);
     CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
     CUresult (*DevicePrimaryCtxRelease)(CUdevice);
@@ -282,6 +285,9 @@ void pools_give_back_forgotten(void);
 /* Number of live pools, and the i-th (for stats and fork handlers). */
 size_t pools_count(void);
 shim_pool *pools_at(size_t i);
+/* Gives back what the pool holds idle (bfc_pool_trim) in its context:
+ * bytes released. */
+uint64_t pools_trim(shim_pool *sp);
 /* The row alignment of the driver's cuMemAllocPitch on the pool's device
  * (its context current). */
 uint64_t pools_pitch_align(shim_pool *sp);
@@ -425,6 +431,18 @@ svc_status svc_free(CUdeviceptr ptr, free_kind kind, CUstream stream, bool per_t
 void svc_adjust_meminfo(size_t *free_bytes, size_t total);
 void svc_meminfo_begin(void);
 bool svc_meminfo_adjusted(void);
+/* A device's default memory pool, as the program sees it, is the pools the
+ * shim serves it from (service.c, "the default pool's figures"): after the
+ * real call succeeded on `pool`, these add the shim's figures to an
+ * attribute read, restart the shim's high-water marks with the driver's,
+ * and trim the shim's pools with the driver's. Each returns whether `pool`
+ * is a default pool the shim serves (the runtime door uses the svc_pool_*
+ * flag as for meminfo: adjust once per query). */
+bool svc_pool_get_attribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value);
+bool svc_pool_set_attribute(CUmemoryPool pool, CUmemPool_attribute attr, const void *value);
+bool svc_pool_trim(CUmemoryPool pool, size_t keep);
+void svc_pool_query_begin(void);
+bool svc_pool_query_done(void);
 /* The process-wide unique buffer id of a pooled block (CUDA's
  * CU_POINTER_ATTRIBUTE_BUFFER_ID promise): the top bit set, then the pool's
  * serial number and the block's allocation sequence number. */

@@ -31,6 +31,11 @@ static struct {
     CUresult (*MemAllocFromPoolAsync)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
     CUresult (*DeviceGetDefaultMemPool)(CUmemoryPool *, CUdevice);
     CUresult (*DeviceSetMemPool)(CUdevice, CUmemoryPool);
+    CUresult (*MemPoolCreate)(CUmemoryPool *, const CUmemPoolProps *);
+    CUresult (*MemPoolGetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
+    CUresult (*MemPoolSetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
+    CUresult (*MemPoolTrimTo)(CUmemoryPool, size_t);
+    CUresult (*StreamSynchronize)(CUstream);
     CUresult (*StreamCreate)(CUstream *, unsigned);
     CUresult (*StreamDestroy)(CUstream);
     CUresult (*StreamBeginCapture)(CUstream, CUstreamCaptureMode);
@@ -86,6 +91,11 @@ static inline void e2e_cu_load(void)
     E2E_CU(MemUnmap, "cuMemUnmap");
     E2E_CU(MemSetAccess, "cuMemSetAccess");
     E2E_CU(MemGetAccess, "cuMemGetAccess");
+    E2E_CU(MemPoolCreate, "cuMemPoolCreate");
+    E2E_CU(MemPoolGetAttribute, "cuMemPoolGetAttribute");
+    E2E_CU(MemPoolSetAttribute, "cuMemPoolSetAttribute");
+    E2E_CU(MemPoolTrimTo, "cuMemPoolTrimTo");
+    E2E_CU(StreamSynchronize, "cuStreamSynchronize");
 #undef E2E_CU
 }
 

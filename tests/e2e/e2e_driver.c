@@ -20,6 +20,12 @@
  *   fake-pools  (driver door closed) a device's current pool must be its own;
  *               cuMemAllocFromPoolAsync allocates on the pool's device, not
  *               the stream's
+ *   pool-stats  the default pool's attributes count the shim's pool (used:
+ *               its bytes in use, reserved: its region, resettable high
+ *               marks), a created pool's do not; trim; bad values refused
+ *   fake-pool-stats  (driver door closed) the fake's pools keep freed memory
+ *               until a synchronisation above the release threshold, and
+ *               cuMemGetInfo counts it as taken; trim, high marks
  *   before-init  allocation calls made before cuInit get the driver's
  *               CUDA_ERROR_NOT_INITIALIZED, through the shim as from the
  *               driver itself (fake-before-init: the same with the driver
@@ -303,6 +309,143 @@ static void fake_pools(void)
     CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
 }
 
+static cuuint64_t pool_attr(CUmemoryPool pool, CUmemPool_attribute attr)
+{
+    cuuint64_t v = 12345;
+    CHECK_EQ(D.MemPoolGetAttribute(pool, attr, &v), CUDA_SUCCESS);
+    return v;
+}
+
+#define USED(p) pool_attr(p, CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+#define USED_HIGH(p) pool_attr(p, CU_MEMPOOL_ATTR_USED_MEM_HIGH)
+#define RESERVED(p) pool_attr(p, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
+#define RESERVED_HIGH(p) pool_attr(p, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)
+
+static void pool_stats(void)
+{
+    start(0);
+    CUmemoryPool dflt = NULL, mine = NULL;
+    CHECK_EQ(D.DeviceGetDefaultMemPool(&dflt, 0), CUDA_SUCCESS);
+    CUstream s;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUdeviceptr a = 0, b = 0;
+    CHECK_EQ(D.MemAllocAsync(&a, 3 * MiB, s), CUDA_SUCCESS);
+    b = alloc_ok(MiB); /* plain: the same pool serves it */
+    /* The pool is the whole region the fake handed the shim. */
+    CHECK_EQ(RESERVED(dflt), fake_stats().bytes_in_use[0]);
+    CHECK(RESERVED(dflt) >= 4 * MiB);
+    CHECK_EQ(RESERVED_HIGH(dflt), RESERVED(dflt));
+    CHECK_EQ(USED(dflt), 4 * MiB);
+    CHECK_EQ(USED_HIGH(dflt), 4 * MiB);
+    CHECK_EQ(D.MemFreeAsync(a, s), CUDA_SUCCESS);
+    CHECK_EQ(USED(dflt), MiB);
+    CHECK_EQ(USED_HIGH(dflt), 4 * MiB);
+    /* 0 restarts a high mark at the current value; anything else, and the
+     * current figures, are refused and change nothing. */
+    cuuint64_t zero = 0, five = 5;
+    CHECK_EQ(D.MemPoolSetAttribute(dflt, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &five),
+             CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(D.MemPoolSetAttribute(dflt, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &zero),
+             CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(USED_HIGH(dflt), 4 * MiB);
+    CHECK_EQ(D.MemPoolSetAttribute(dflt, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &zero), CUDA_SUCCESS);
+    CHECK_EQ(USED_HIGH(dflt), MiB);
+    CHECK_EQ(D.MemPoolSetAttribute(dflt, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &zero),
+             CUDA_SUCCESS);
+    CHECK_EQ(RESERVED_HIGH(dflt), RESERVED(dflt));
+    /* The shim's own statistics keep the lifetime peak. */
+    size_t (*stats_json)(char *, size_t) =
+        (size_t(*)(char *, size_t))dlsym(RTLD_DEFAULT, "bfcshim_stats_json");
+    static char json[1 << 16];
+    CHECK(stats_json != NULL);
+    if (stats_json) {
+        stats_json(json, sizeof json);
+        const char *k = strstr(json, "\"peak_bytes_in_use\"");
+        CHECK(k != NULL);
+        if (k)
+            CHECK_EQ(strtoull(strchr(k, ':') + 1, NULL, 10), 4 * MiB);
+    }
+    /* A trim gives back nothing a preallocated region can keep. */
+    uint64_t before = RESERVED(dflt);
+    CHECK_EQ(D.MemPoolTrimTo(dflt, 0), CUDA_SUCCESS);
+    CHECK_EQ(RESERVED(dflt), before);
+    /* A pool of the program's own is the driver's alone. */
+    CUmemPoolProps props = {.allocType = CU_MEM_ALLOCATION_TYPE_PINNED,
+                            .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+    CHECK_EQ(D.MemPoolCreate(&mine, &props), CUDA_SUCCESS);
+    CUdeviceptr c = 0;
+    CHECK_EQ(D.MemAllocFromPoolAsync(&c, 2 * MiB, mine, s), CUDA_SUCCESS);
+    CHECK_EQ(USED(mine), 2 * MiB);
+    CHECK_EQ(USED(dflt), MiB);
+    CHECK_EQ(D.MemFreeAsync(c, s), CUDA_SUCCESS);
+    /* Bad handles and pointers: the driver's answer. */
+    cuuint64_t v = 0;
+    CHECK_EQ(D.MemPoolGetAttribute(dflt, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, NULL),
+             CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(D.MemPoolGetAttribute((CUmemoryPool)(uintptr_t)0x1234,
+                                   CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &v),
+             CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(D.MemFree(b), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+}
+
+/* The fake's pools, as cuda.h describes them (no shim in the way). */
+static void fake_pool_stats(void)
+{
+    start(0);
+    CUmemoryPool dflt = NULL;
+    CHECK_EQ(D.DeviceGetDefaultMemPool(&dflt, 0), CUDA_SUCCESS);
+    CUstream s;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    size_t free0 = 0, free1 = 0, total = 0;
+    CHECK_EQ(D.MemGetInfo(&free0, &total), CUDA_SUCCESS);
+    CUdeviceptr a = 0, b = alloc_ok(MiB); /* plain memory is no pool's */
+    CHECK_EQ(D.MemAllocAsync(&a, 3 * MiB, s), CUDA_SUCCESS);
+    CHECK_EQ(USED(dflt), 3 * MiB);
+    CHECK_EQ(RESERVED(dflt), 3 * MiB);
+    CHECK_EQ(D.MemFreeAsync(a, s), CUDA_SUCCESS);
+    /* Freed, kept until the next synchronisation: still taken on the device. */
+    CHECK_EQ(USED(dflt), 0);
+    CHECK_EQ(RESERVED(dflt), 3 * MiB);
+    CHECK_EQ(D.MemGetInfo(&free1, &total), CUDA_SUCCESS);
+    CHECK_EQ(free0 - free1, 4 * MiB);
+    CHECK_EQ(D.MemAllocAsync(&a, 2 * MiB, s), CUDA_SUCCESS); /* served by what it kept */
+    CHECK_EQ(RESERVED(dflt), 3 * MiB);
+    CHECK_EQ(D.MemFreeAsync(a, s), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
+    CHECK_EQ(RESERVED(dflt), 0);
+    CHECK_EQ(RESERVED_HIGH(dflt), 3 * MiB);
+    CHECK_EQ(USED_HIGH(dflt), 3 * MiB);
+    /* Above a release threshold it keeps memory past synchronisations,
+     * until a trim. */
+    cuuint64_t threshold = 8 * MiB, zero = 0, one = 1;
+    CHECK_EQ(D.MemPoolSetAttribute(dflt, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold),
+             CUDA_SUCCESS);
+    CHECK_EQ(pool_attr(dflt, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD), 8 * MiB);
+    CHECK_EQ(D.MemAllocAsync(&a, 2 * MiB, s), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFreeAsync(a, s), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
+    CHECK_EQ(RESERVED(dflt), 2 * MiB);
+    CHECK_EQ(D.MemPoolTrimTo(dflt, MiB), CUDA_SUCCESS);
+    CHECK_EQ(RESERVED(dflt), MiB);
+    CHECK_EQ(D.MemPoolTrimTo(dflt, 0), CUDA_SUCCESS);
+    CHECK_EQ(RESERVED(dflt), 0);
+    /* High marks: only 0 restarts them; the current figures are read-only. */
+    CHECK_EQ(D.MemPoolSetAttribute(dflt, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &one),
+             CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(D.MemPoolSetAttribute(dflt, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &zero),
+             CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(D.MemPoolSetAttribute(dflt, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &zero),
+             CUDA_SUCCESS);
+    CHECK_EQ(RESERVED_HIGH(dflt), 0);
+    int reuse = -1;
+    CHECK_EQ(D.MemPoolGetAttribute(dflt, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &reuse),
+             CUDA_SUCCESS);
+    CHECK_EQ(reuse, 1);
+    CHECK_EQ(D.MemFree(b), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+}
+
 static void before_init(void)
 {
     CUdeviceptr p = 0;
@@ -347,6 +490,7 @@ int main(int argc, char **argv)
         {"async", async}, {"hooks-off", hooks_off}, {"platform-zero", platform_zero},
         {"context-churn", context_churn}, {"fake-lifetime", fake_lifetime},
         {"fake-pools", fake_pools}, {"before-init", before_init},
+        {"pool-stats", pool_stats}, {"fake-pool-stats", fake_pool_stats},
         {"fake-before-init", before_init},
     };
     if (argc != 2) {

@@ -20,6 +20,9 @@
  *   plan-bad    a plan that cannot be read: one line, and the rule places
  *   plan-stray  a run that matches nothing in the plan: the first eight
  *               strays go above the plan, the ninth abandons it
+ *   pool-stats  the default pool's used, reserved and high marks count the
+ *               shim's pool once, whichever door adjusts them (pool-stats-
+ *               hooks-off: the runtime door, the driver door closed)
  *   exit-busy   the program exits while another thread holds the pool, waiting
  *               for a fence that never completes: exit must not hang (the
  *               stats and trace writers give a busy pool up)
@@ -39,6 +42,39 @@
 #define LIMIT (768 * MiB)
 
 /* ---- scenarios ----------------------------------------------------------------- */
+
+static uint64_t pool_attr(cudaMemPool_t pool, enum cudaMemPoolAttr attr)
+{
+    uint64_t v = 12345; /* the attributes are cuuint64_t, 64 bits */
+    CHECK_EQ(cudaMemPoolGetAttribute(pool, attr, &v), cudaSuccess);
+    return v;
+}
+
+/* PyTorch's cudaMallocAsync backend reads memory_allocated, its peak and
+ * memory_reserved from these attributes and resets the peaks with 0. */
+static void pool_stats(void)
+{
+    CHECK_EQ(cudaFree(NULL), cudaSuccess);
+    cudaMemPool_t pool;
+    CHECK_EQ(cudaDeviceGetDefaultMemPool(&pool, 0), cudaSuccess);
+    cudaStream_t s;
+    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    void *a = NULL, *b = NULL;
+    CHECK_EQ(cudaMallocAsync(&a, 5 * MiB, s), cudaSuccess);
+    CHECK_EQ(cudaMallocAsync(&b, 2 * MiB, s), cudaSuccess);
+    CHECK_EQ(pool_attr(pool, cudaMemPoolAttrUsedMemCurrent), 7 * MiB);
+    CHECK_EQ(pool_attr(pool, cudaMemPoolAttrReservedMemCurrent), LIMIT);
+    CHECK_EQ(cudaFreeAsync(a, s), cudaSuccess);
+    CHECK_EQ(pool_attr(pool, cudaMemPoolAttrUsedMemCurrent), 2 * MiB);
+    CHECK_EQ(pool_attr(pool, cudaMemPoolAttrUsedMemHigh), 7 * MiB);
+    uint64_t zero = 0;
+    CHECK_EQ(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero), cudaSuccess);
+    CHECK_EQ(pool_attr(pool, cudaMemPoolAttrUsedMemHigh), 2 * MiB);
+    CHECK_EQ(cudaMemPoolTrimTo(pool, 0), cudaSuccess);
+    CHECK_EQ(pool_attr(pool, cudaMemPoolAttrReservedMemHigh), LIMIT);
+    CHECK_EQ(cudaFreeAsync(b, s), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
+}
 
 static void basic(void)
 {
@@ -598,6 +634,7 @@ int main(int argc, char **argv)
         {"fork", forks},          {"platform", platform},       {"garbage-env", garbage_env},
         {"stats-now", stats_now}, {"reset", reset},           {"exit-busy", exit_busy},
         {"plan", plan},           {"plan-bad", plan_bad},       {"plan-stray", plan_stray},
+        {"pool-stats", pool_stats}, {"pool-stats-hooks-off", pool_stats},
     };
     return e2e_main("e2e_runtime", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }

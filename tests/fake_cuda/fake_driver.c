@@ -118,6 +118,7 @@
  * device, created ones POOL_CREATED + 16 * n + device. */
 #define POOL_DEFAULT 0xF00D0000u
 #define POOL_CREATED 0xBEEF0000u
+#define MAX_CREATED_POOLS 64
 
 /* ---- objects -------------------------------------------------------------- */
 
@@ -189,6 +190,7 @@ typedef struct allocation {
     int dev;
     fctx *ctx;
     bool stream_ordered; /* cuMemAllocAsync's: outlives cuCtxDestroy */
+    CUmemoryPool pool;   /* the memory pool it came from (NULL: none, or a graph's) */
     uint64_t buffer_id; /* "a process-wide unique ID" (CU_POINTER_ATTRIBUTE_BUFFER_ID) */
 } allocation;
 
@@ -226,6 +228,13 @@ static struct {
     CUmemoryPool default_pool[MAX_DEVICES];
     CUmemoryPool current_pool[MAX_DEVICES]; /* cuDeviceSetMemPool's */
     unsigned npools_created;
+    /* What each pool holds (pool_state): default pools first, by device,
+     * then created ones in order. */
+    struct fpool {
+        uint64_t used, used_high, reserved, reserved_high, release_threshold;
+        int reuse[3]; /* CU_MEMPOOL_ATTR_REUSE_*, 1 by default */
+        int dev;      /* -1: no such pool yet */
+    } pools[MAX_DEVICES + MAX_CREATED_POOLS];
     /* cuCtxEnablePeerAccess: the (current context, peer context) pairs
      * enabled, as cuda.h keeps them ("direct access of peerContext from the
      * current context"); a context that goes takes its pairs with it. */
@@ -296,6 +305,8 @@ static void configure(void)
     G.ndev = n ? atoi(n) : 2;
     if (G.ndev < 0 || G.ndev > MAX_DEVICES)
         G.ndev = 2;
+    for (size_t i = 0; i < MAX_DEVICES + MAX_CREATED_POOLS; i++)
+        G.pools[i] = (struct fpool){.reuse = {1, 1, 1}, .dev = i < (size_t)G.ndev ? (int)i : -1};
     const char *m = getenv("FAKECUDA_MEM");
     uint64_t last = 1ull << 30;
     for (int d = 0; d < G.ndev; d++) {
@@ -641,16 +652,23 @@ static uint64_t unavailable(int dev)
 }
 
 /* Lock held: bytes still free on a device. */
+static uint64_t pools_cached(int dev);
+
 static uint64_t device_free(int dev)
 {
-    uint64_t used = G.st.bytes_in_use[dev] + unavailable(dev);
+    uint64_t used = G.st.bytes_in_use[dev] + unavailable(dev) + pools_cached(dev);
     return used < G.mem[dev] ? G.mem[dev] - used : 0;
 }
 
 /* Lock held: an allocation in context c (the current one, or for a
  * stream-ordered one, the stream's: then `on` is that stream), on device
  * dev (-1: c's; a memory pool's device may be another). */
-static CUresult do_alloc(fctx *c, int dev, CUdeviceptr *dptr, size_t size, const fstream *on)
+static void pool_took(CUmemoryPool pool, uint64_t size);
+static void pool_gave(CUmemoryPool pool, uint64_t size);
+static uint64_t pool_kept(CUmemoryPool pool);
+
+static CUresult do_alloc(fctx *c, int dev, CUdeviceptr *dptr, size_t size, const fstream *on,
+                         CUmemoryPool pool)
 {
     bool graph = on && on->capturing;
     if (!dptr || (size == 0 && !G.zero_alloc))
@@ -667,7 +685,13 @@ static CUresult do_alloc(fctx *c, int dev, CUdeviceptr *dptr, size_t size, const
         c = &G.primary[c->dev];
     if (!graph && G.fail_alloc_countdown && --G.fail_alloc_countdown == 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    if (size > device_free(dev))
+    /* "During stream capture, this function results in the creation of an
+     * allocation node. In this case, the allocation is owned by the graph
+     * instead of the memory pool" (cuMemAllocAsync). */
+    if (graph)
+        pool = NULL;
+    /* What the pool keeps serves it first. */
+    if (size > device_free(dev) + pool_kept(pool))
         return CUDA_ERROR_OUT_OF_MEMORY;
     void *p = mmap(NULL, size ? size : 1, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -678,8 +702,9 @@ static CUresult do_alloc(fctx *c, int dev, CUdeviceptr *dptr, size_t size, const
         G.allocs = realloc(G.allocs, G.capallocs * sizeof *G.allocs);
     }
     G.allocs[G.nallocs++] =
-        (allocation){(uint64_t)(uintptr_t)p, size, dev, c, on != NULL, ++G.next_buffer_id};
+        (allocation){(uint64_t)(uintptr_t)p, size, dev, c, on != NULL, pool, ++G.next_buffer_id};
     G.st.bytes_in_use[dev] += size;
+    pool_took(pool, size);
     *dptr = (CUdeviceptr)(uintptr_t)p;
     return CUDA_SUCCESS;
 }
@@ -691,6 +716,7 @@ static CUresult do_free(CUdeviceptr dptr)
         return CUDA_ERROR_INVALID_VALUE;
     munmap((void *)(uintptr_t)a->base, a->size ? a->size : 1);
     G.st.bytes_in_use[a->dev] -= a->size;
+    pool_gave(a->pool, a->size);
     *a = G.allocs[--G.nallocs];
     return CUDA_SUCCESS;
 }
@@ -869,7 +895,7 @@ EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
     LEAVE(CUDA_SUCCESS);
 }
 
-/* Memory pools are handles only: what a pool allocates comes from its
+/* Memory pool handles: what a pool allocates comes from its
  * device like any other allocation (POOL_DEFAULT, POOL_CREATED). */
 
 /* Lock held: the device of a pool handle, or -1 if the fake never made it. */
@@ -889,6 +915,10 @@ EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
     ENTER_API();
     if (!pool || !props || !is_device(props->location.id))
         LEAVE(CUDA_ERROR_INVALID_VALUE);
+    if (G.npools_created == MAX_CREATED_POOLS)
+        LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+    G.pools[MAX_DEVICES + G.npools_created] =
+        (struct fpool){.reuse = {1, 1, 1}, .dev = props->location.id};
     *pool = (CUmemoryPool)(uintptr_t)(POOL_CREATED + ++G.npools_created * 16u +
                                       (unsigned)props->location.id);
     LEAVE(CUDA_SUCCESS);
@@ -910,6 +940,162 @@ EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
     if (!pool || !is_device(dev))
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     *pool = G.current_pool[dev];
+    LEAVE(CUDA_SUCCESS);
+}
+
+/* ---- what memory pools hold ------------------------------------------------ */
+
+/*
+ * A pool's reserved memory is what it holds from the device: its live
+ * allocations' bytes plus what they freed and it kept. cuda.h: it keeps
+ * freed memory "until the next synchronization" when it holds more than the
+ * release threshold (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, 0 by default: "the
+ * allocator will try to release memory back to the OS on the next call to
+ * stream, event or context synchronize"), and cuMemPoolTrimTo gives it back
+ * down to minBytesToKeep. Memory a pool keeps is not free on the device
+ * (cuMemGetInfo), and serves the pool's next allocations. Exact bytes: the
+ * real pool reserves in larger pieces (the GPU suite's `pool-attributes`
+ * prints what it does).
+ */
+
+/* Lock held: the state of a pool handle the fake made, or NULL. */
+static struct fpool *pool_state(CUmemoryPool pool)
+{
+    uintptr_t v = (uintptr_t)pool;
+    int dev = pool ? pool_device(pool) : -1;
+    if (dev < 0)
+        return NULL;
+    if (v >= POOL_DEFAULT && v < POOL_DEFAULT + (unsigned)G.ndev)
+        return &G.pools[dev];
+    return &G.pools[MAX_DEVICES + (v - POOL_CREATED) / 16u - 1];
+}
+
+static void pool_took(CUmemoryPool pool, uint64_t size)
+{
+    struct fpool *f = pool_state(pool);
+    if (!f)
+        return;
+    f->used += size;
+    if (f->used > f->used_high)
+        f->used_high = f->used;
+    if (f->used > f->reserved)
+        f->reserved = f->used;
+    if (f->reserved > f->reserved_high)
+        f->reserved_high = f->reserved;
+}
+
+static void pool_gave(CUmemoryPool pool, uint64_t size)
+{
+    struct fpool *f = pool_state(pool);
+    if (f)
+        f->used -= size;
+}
+
+/* Lock held: bytes one pool keeps without using them (0 for NULL). */
+static uint64_t pool_kept(CUmemoryPool pool)
+{
+    const struct fpool *f = pool_state(pool);
+    return f ? f->reserved - f->used : 0;
+}
+
+/* Lock held: bytes the pools of dev keep without using them. */
+static uint64_t pools_cached(int dev)
+{
+    uint64_t n = 0;
+    for (size_t i = 0; i < MAX_DEVICES + MAX_CREATED_POOLS; i++)
+        if (G.pools[i].dev == dev)
+            n += G.pools[i].reserved - G.pools[i].used;
+    return n;
+}
+
+/* Lock held: a pool keeps at most what it uses and `keep` more. */
+static void pool_trim(struct fpool *f, uint64_t keep)
+{
+    if (f->reserved > keep)
+        f->reserved = keep > f->used ? keep : f->used;
+}
+
+/* Lock held: at a synchronisation, each pool gives back what it keeps above
+ * its release threshold. */
+static void pools_release_at_sync(void)
+{
+    for (size_t i = 0; i < MAX_DEVICES + MAX_CREATED_POOLS; i++)
+        pool_trim(&G.pools[i], G.pools[i].release_threshold);
+}
+
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
+{
+    ENTER_API();
+    struct fpool *f = pool_state(pool);
+    if (!f)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    pool_trim(f, keep);
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    ENTER_API();
+    struct fpool *f = pool_state(pool);
+    if (!f || !value)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+        *(int *)value = f->reuse[attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES];
+        break;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+        *(cuuint64_t *)value = f->release_threshold;
+        break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+        *(cuuint64_t *)value = f->reserved;
+        break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+        *(cuuint64_t *)value = f->reserved_high;
+        break;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+        *(cuuint64_t *)value = f->used;
+        break;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+        *(cuuint64_t *)value = f->used_high;
+        break;
+    default:
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    }
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    ENTER_API();
+    struct fpool *f = pool_state(pool);
+    if (!f || !value)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+        f->reuse[attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES] = *(int *)value != 0;
+        break;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+        f->release_threshold = *(cuuint64_t *)value;
+        break;
+    /* The high-water marks: "It is illegal to set this to a non-zero value";
+     * 0 restarts them at the current value. */
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+        if (*(cuuint64_t *)value != 0)
+            LEAVE(CUDA_ERROR_INVALID_VALUE);
+        f->reserved_high = f->reserved;
+        break;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+        if (*(cuuint64_t *)value != 0)
+            LEAVE(CUDA_ERROR_INVALID_VALUE);
+        f->used_high = f->used;
+        break;
+    default: /* the current figures are read-only */
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    }
     LEAVE(CUDA_SUCCESS);
 }
 
@@ -1212,6 +1398,7 @@ EXPORT CUresult cuCtxSynchronize(void)
     if (!c)
         LEAVE(CUDA_ERROR_INVALID_CONTEXT);
     G.st.ctx_synchronize_calls++;
+    pools_release_at_sync();
     /* Synchronising a context while one of its streams captures is
      * refused and invalidates those captures, whatever the modes. cuda.h
      * does not say so for cuCtxSynchronize; it does for the other
@@ -1307,6 +1494,7 @@ static CUresult stream_sync(CUstream h)
     if (r != CUDA_SUCCESS)
         LEAVE(r);
     G.st.stream_synchronize_calls++;
+    pools_release_at_sync();
     complete_and_unlock(s);
     return CUDA_SUCCESS;
 }
@@ -1525,6 +1713,7 @@ EXPORT CUresult cuEventSynchronize(CUevent h)
     if (r != CUDA_SUCCESS)
         LEAVE(r);
     G.st.event_synchronize_calls++;
+    pools_release_at_sync();
     /* The host waits: the GPU catches up to everything the event needs,
      * and behind work that never ends, the host waits for good. */
     work_item *all = NULL;
@@ -1780,7 +1969,7 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
     CUresult r = unsafe_call();
     if (r != CUDA_SUCCESS)
         LEAVE(r);
-    LEAVE(do_alloc(current_ctx(), -1, dptr, size, NULL));
+    LEAVE(do_alloc(current_ctx(), -1, dptr, size, NULL, NULL));
 }
 
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
@@ -1805,7 +1994,7 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t widt
     G.st.mem_alloc_calls++;
     CUresult r = unsafe_call();
     if (r == CUDA_SUCCESS)
-        r = do_alloc(current_ctx(), -1, dptr, p * height, NULL);
+        r = do_alloc(current_ctx(), -1, dptr, p * height, NULL, NULL);
     if (r == CUDA_SUCCESS)
         *pitch = p;
     LEAVE(r);
@@ -1830,7 +2019,8 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, C
     G.st.mem_alloc_async_calls++;
     if (s->capturing)
         G.st.graph_allocs++;
-    LEAVE(do_alloc(s->ctx, dev, dptr, size, s));
+    CUmemoryPool from = pool ? pool : G.current_pool[s->ctx->dev];
+    LEAVE(do_alloc(s->ctx, dev, dptr, size, s, from));
 }
 
 static CUresult free_async(CUdeviceptr dptr, CUstream h)
@@ -2460,6 +2650,9 @@ static const proc procs[] = {
     P("cuDeviceSetMemPool", 11020, cuDeviceSetMemPool),
     P("cuDeviceGetMemPool", 11020, cuDeviceGetMemPool),
     P("cuMemPoolCreate", 11020, cuMemPoolCreate),
+    P("cuMemPoolGetAttribute", 11020, cuMemPoolGetAttribute),
+    P("cuMemPoolSetAttribute", 11020, cuMemPoolSetAttribute),
+    P("cuMemPoolTrimTo", 11020, cuMemPoolTrimTo),
     P("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
     P("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
     P("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2),

@@ -38,6 +38,9 @@ static struct {
     CUresult (*DevicePrimaryCtxReset)(CUdevice);
     CUresult (*DeviceGetDefaultMemPool)(CUmemoryPool *, CUdevice);
     CUresult (*DeviceSetMemPool)(CUdevice, CUmemoryPool);
+    CUresult (*MemPoolGetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
+    CUresult (*MemPoolSetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
+    CUresult (*MemPoolTrimTo)(CUmemoryPool, size_t);
     CUresult (*CtxGetCurrent)(CUcontext *);
     CUresult (*CtxSetCurrent)(CUcontext);
     CUresult (*CtxSynchronize)(void);
@@ -103,6 +106,9 @@ static void initialise(void)
     R(DevicePrimaryCtxReset, "cuDevicePrimaryCtxReset");
     R(DeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool");
     R(DeviceSetMemPool, "cuDeviceSetMemPool");
+    R(MemPoolGetAttribute, "cuMemPoolGetAttribute");
+    R(MemPoolSetAttribute, "cuMemPoolSetAttribute");
+    R(MemPoolTrimTo, "cuMemPoolTrimTo");
     R(CtxGetCurrent, "cuCtxGetCurrent");
     R(CtxSetCurrent, "cuCtxSetCurrent");
     R(CtxSynchronize, "cuCtxSynchronize");
@@ -372,6 +378,27 @@ EXPORT cudaError_t cudaDeviceSetMemPool(int dev, cudaMemPool_t pool)
 {
     ENTER();
     return record(D.DeviceSetMemPool(dev, (CUmemoryPool)pool));
+}
+
+/* cudaMemPoolAttr's values are CUmemPool_attribute's. */
+EXPORT cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr,
+                                           void *value)
+{
+    ENTER();
+    return record(D.MemPoolGetAttribute((CUmemoryPool)pool, (CUmemPool_attribute)attr, value));
+}
+
+EXPORT cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr,
+                                           void *value)
+{
+    ENTER();
+    return record(D.MemPoolSetAttribute((CUmemoryPool)pool, (CUmemPool_attribute)attr, value));
+}
+
+EXPORT cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t keep)
+{
+    ENTER();
+    return record(D.MemPoolTrimTo((CUmemoryPool)pool, keep));
 }
 
 EXPORT cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)

@@ -63,6 +63,10 @@
  *                    fault (the fake assumes it does not wait)
  *   attributes       every cuDeviceGetAttribute answer of device 0, to set
  *                    beside the fake's table (fake_driver.c, h100_attributes)
+ *   pool-attributes  the default pool's figures under the shim (its pool
+ *                    counted); a created pool's, from the real driver: used
+ *                    and reserved after a free, before and after a sync
+ *                    (fake_driver.c, "what memory pools hold")
  */
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -835,6 +839,52 @@ static void green_stream(void)
 
 /* Every attribute cuda.h names, as the real device answers it: the fake
  * answers as an H100 SXM5 of compute capability 9.0. */
+/* The default pool's figures under the shim count its pool (what PyTorch's
+ * cudaMallocAsync backend reports as allocated and reserved); a pool of the
+ * program's own passes through, and prints what the real driver does with
+ * freed memory before and after a synchronisation, and its reservation
+ * granule, to check the fake's model (fake_driver.c, "what memory pools
+ * hold") against. */
+static void pool_attributes(void)
+{
+    CUDA_OK(cudaFree(0));
+    cudaMemPool_t dflt, mine;
+    CUDA_OK(cudaDeviceGetDefaultMemPool(&dflt, 0));
+    cudaStream_t s;
+    CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    auto attr = [](cudaMemPool_t p, cudaMemPoolAttr a) {
+        uint64_t v = 0;
+        CUDA_OK(cudaMemPoolGetAttribute(p, a, &v));
+        return (unsigned long long)v;
+    };
+    void *a = nullptr;
+    CUDA_OK(cudaMallocAsync(&a, 3 << 20, s));
+    CHECK(attr(dflt, cudaMemPoolAttrUsedMemCurrent) >= (3u << 20));
+    CHECK(attr(dflt, cudaMemPoolAttrReservedMemCurrent) >= (3u << 20));
+    CUDA_OK(cudaFreeAsync(a, s));
+    uint64_t zero = 0;
+    CUDA_OK(cudaMemPoolSetAttribute(dflt, cudaMemPoolAttrUsedMemHigh, &zero));
+    printf("  default pool: used %llu, high after reset %llu, reserved %llu\n",
+           attr(dflt, cudaMemPoolAttrUsedMemCurrent), attr(dflt, cudaMemPoolAttrUsedMemHigh),
+           attr(dflt, cudaMemPoolAttrReservedMemCurrent));
+    cudaMemPoolProps props = {};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = 0;
+    CUDA_OK(cudaMemPoolCreate(&mine, &props));
+    CUDA_OK(cudaMallocFromPoolAsync(&a, 3 << 20, mine, s));
+    printf("  own pool, 3 MiB live: used %llu reserved %llu\n",
+           attr(mine, cudaMemPoolAttrUsedMemCurrent), attr(mine, cudaMemPoolAttrReservedMemCurrent));
+    CUDA_OK(cudaFreeAsync(a, s));
+    printf("  freed, before a sync: used %llu reserved %llu\n",
+           attr(mine, cudaMemPoolAttrUsedMemCurrent), attr(mine, cudaMemPoolAttrReservedMemCurrent));
+    CUDA_OK(cudaStreamSynchronize(s));
+    printf("  after the sync: used %llu reserved %llu\n",
+           attr(mine, cudaMemPoolAttrUsedMemCurrent), attr(mine, cudaMemPoolAttrReservedMemCurrent));
+    CUDA_OK(cudaMemPoolDestroy(mine));
+    CUDA_OK(cudaStreamDestroy(s));
+}
+
 static void attributes(void)
 {
     auto get = (decltype(&cuDeviceGetAttribute))driver_fn("cuDeviceGetAttribute");
@@ -875,6 +925,7 @@ int main(int argc, char **argv)
         {"unmap-running", unmap_running},
         {"green-stream", green_stream},
         {"attributes", attributes},
+        {"pool-attributes", pool_attributes},
     };
     if (argc != 2) {
         fprintf(stderr, "usage: gpu_suite SCENARIO\n");
