@@ -1033,69 +1033,63 @@ EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
     LEAVE(CUDA_SUCCESS);
 }
 
+/* Lock held: the pool's reuse flag or 64-bit figure an attribute names
+ * (NULL: not that kind). */
+static int *pool_reuse_flag(struct fpool *f, CUmemPool_attribute attr)
+{
+    return attr >= CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES &&
+                   attr <= CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES
+               ? &f->reuse[attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES]
+               : NULL;
+}
+
+static uint64_t *pool_figure(struct fpool *f, CUmemPool_attribute attr)
+{
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: return &f->release_threshold;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: return &f->reserved;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: return &f->reserved_high;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: return &f->used;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: return &f->used_high;
+    default: return NULL;
+    }
+}
+
 EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
     ENTER_API();
     struct fpool *f = pool_state(pool);
-    if (!f || !value)
+    int *flag = f ? pool_reuse_flag(f, attr) : NULL;
+    uint64_t *figure = f ? pool_figure(f, attr) : NULL;
+    if (!value || (!flag && !figure))
         LEAVE(CUDA_ERROR_INVALID_VALUE);
-    switch (attr) {
-    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
-        *(int *)value = f->reuse[attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES];
-        break;
-    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
-        *(cuuint64_t *)value = f->release_threshold;
-        break;
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
-        *(cuuint64_t *)value = f->reserved;
-        break;
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
-        *(cuuint64_t *)value = f->reserved_high;
-        break;
-    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
-        *(cuuint64_t *)value = f->used;
-        break;
-    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
-        *(cuuint64_t *)value = f->used_high;
-        break;
-    default:
-        LEAVE(CUDA_ERROR_INVALID_VALUE);
-    }
+    if (flag)
+        *(int *)value = *flag;
+    else
+        *(cuuint64_t *)value = *figure;
     LEAVE(CUDA_SUCCESS);
 }
 
+/* The current figures are read-only; the high-water marks take only 0 ("It
+ * is illegal to set this to a non-zero value"), which restarts them at the
+ * current value. */
 EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
     ENTER_API();
     struct fpool *f = pool_state(pool);
-    if (!f || !value)
+    int *flag = f ? pool_reuse_flag(f, attr) : NULL;
+    if (!value || !f)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
-    switch (attr) {
-    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
-        f->reuse[attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES] = *(int *)value != 0;
-        break;
-    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+    if (flag)
+        *flag = *(int *)value != 0;
+    else if (attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
         f->release_threshold = *(cuuint64_t *)value;
-        break;
-    /* The high-water marks: "It is illegal to set this to a non-zero value";
-     * 0 restarts them at the current value. */
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
-        if (*(cuuint64_t *)value != 0)
-            LEAVE(CUDA_ERROR_INVALID_VALUE);
+    else if (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH && *(cuuint64_t *)value == 0)
         f->reserved_high = f->reserved;
-        break;
-    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
-        if (*(cuuint64_t *)value != 0)
-            LEAVE(CUDA_ERROR_INVALID_VALUE);
+    else if (attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH && *(cuuint64_t *)value == 0)
         f->used_high = f->used;
-        break;
-    default: /* the current figures are read-only */
+    else
         LEAVE(CUDA_ERROR_INVALID_VALUE);
-    }
     LEAVE(CUDA_SUCCESS);
 }
 
