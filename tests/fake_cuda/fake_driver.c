@@ -946,14 +946,23 @@ EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 /* ---- what memory pools hold ------------------------------------------------ */
 
 /*
- * A pool's reserved memory is what it holds from the device: its live
- * allocations' bytes plus what they freed and it kept. cuda.h: it keeps
- * freed memory "until the next synchronization" when it holds more than the
- * release threshold (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, 0 by default: "the
- * allocator will try to release memory back to the OS on the next call to
- * stream, event or context synchronize"), and cuMemPoolTrimTo gives it back
- * down to minBytesToKeep. Memory a pool keeps is not free on the device
- * (cuMemGetInfo), and serves the pool's next allocations. Exact bytes: the
+ * A pool's reserved memory is "backing memory currently allocated for the
+ * mempool" (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, cuda.h): its live
+ * allocations' bytes plus what they freed and it kept. It keeps freed memory
+ * up to its release threshold: "When more than the release threshold bytes
+ * of memory are held by the memory pool, the allocator will try to release
+ * memory back to the OS on the next call to stream, event or context
+ * synchronize. (default 0)" (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD). A trim
+ * gives back down to minBytesToKeep and never below: "If the pool has less
+ * than minBytesToKeep reserved, the TrimTo operation is a no-op. Otherwise
+ * the pool will be guaranteed to have at least minBytesToKeep bytes
+ * reserved", and "The allocator cannot release OS allocations that back
+ * outstanding asynchronous allocations" (cuMemPoolTrimTo). Freed memory
+ * whose free the host has not yet observed "can count as outstanding"
+ * there; the fake releases it (its frees take effect at once). Backing
+ * memory is the device's, so what a pool keeps is not free to cuMemGetInfo,
+ * and serves the pool's next allocations. Exact bytes: "The OS allocations
+ * may happen at different granularity from the user allocations", and the
  * real pool reserves in larger pieces (the GPU suite's `pool-attributes`
  * prints what it does).
  */
@@ -1070,8 +1079,10 @@ EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute att
     LEAVE(CUDA_SUCCESS);
 }
 
-/* The current figures are read-only; the high-water marks take only 0 ("It
- * is illegal to set this to a non-zero value"), which restarts them at the
+/* The current figures are read-only (cuMemPoolSetAttribute lists only the
+ * flags, the threshold and the high marks); the high-water marks take only
+ * 0 ("It is illegal to set this attribute to a non-zero value", cuda.h;
+ * "High watermark can only be reset to zero"), which restarts them at the
  * current value. */
 EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
