@@ -309,7 +309,7 @@ SHIM_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribut
 {
     CUresult r = PASS(MemPoolSetAttribute, pool, attr, value);
     if (r == CUDA_SUCCESS && shim_driver_door())
-        svc_pool_set_attribute(pool, attr, value);
+        svc_pool_set_attribute(pool, attr);
     return r;
 }
 

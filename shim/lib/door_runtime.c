@@ -375,7 +375,7 @@ SHIM_EXPORT cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, enum cudaMem
     svc_pool_query_begin();
     cudaError_t e = f ? f(pool, attr, value) : NO_RUNTIME;
     if (e == cudaSuccess && shim_active() && !svc_pool_query_done())
-        svc_pool_set_attribute((CUmemoryPool)pool, (CUmemPool_attribute)attr, value);
+        svc_pool_set_attribute((CUmemoryPool)pool, (CUmemPool_attribute)attr);
     return e;
 }
 

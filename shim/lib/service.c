@@ -306,9 +306,13 @@ void svc_adjust_meminfo(size_t *free_bytes, size_t total)
  *     (setting the attribute to 0) restarts without touching the lifetime
  *     peaks of the shim's own statistics.
  * The driver's own figures for the pool (what it passed through) stay in
- * the sum. A trim gives back what the shim's pools hold idle (bfc_pool_trim:
- * regions, over virtual memory granules), which may be more than the bytes
- * to keep; a preallocated region is never given back in part.
+ * the sum. A trim to 0 also gives back what the shim's pools hold idle
+ * (bfc_pool_trim: regions, over virtual memory granules; a preallocated
+ * region is never given back in part). A trim to more than 0 leaves them
+ * be: cuda.h guarantees the pool "at least minBytesToKeep bytes reserved
+ * after the operation", and the engine can give back only all it holds
+ * idle, not an amount; holding on is within "or there is no more memory
+ * that the allocator can safely release".
  */
 static _Thread_local bool pool_query_done;
 
@@ -328,60 +332,45 @@ static shim_pool *next_serving(CUmemoryPool pool, size_t *i)
     return NULL;
 }
 
-bool svc_pool_get_attribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+void svc_pool_get_attribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
     pool_query_done = true;
-    if (!value || !pool)
-        return false;
+    /* The reuse flags and the release threshold are the driver's alone. */
+    if (!value || !pool ||
+        (attr != CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT && attr != CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH &&
+         attr != CU_MEMPOOL_ATTR_USED_MEM_CURRENT && attr != CU_MEMPOOL_ATTR_USED_MEM_HIGH))
+        return;
     uint64_t add = 0;
-    bool served = false;
     shim_pool *sp;
     for (size_t i = 0; (sp = next_serving(pool, &i));) {
         bfc_stats st;
         bfc_pool_stats(sp->bfc, &st);
-        served = true;
-        switch (attr) {
-        case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: add += st.pool_bytes; break;
-        case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: add += st.high_pool_bytes; break;
-        case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: add += st.bytes_in_use; break;
-        case CU_MEMPOOL_ATTR_USED_MEM_HIGH: add += st.high_bytes_in_use; break;
-        default: break; /* reuse flags, release threshold: the driver's */
-        }
+        add += attr == CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT ? st.pool_bytes
+               : attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH  ? st.high_pool_bytes
+               : attr == CU_MEMPOOL_ATTR_USED_MEM_CURRENT   ? st.bytes_in_use
+                                                            : st.high_bytes_in_use;
     }
     *(cuuint64_t *)value += add;
-    return served;
 }
 
-bool svc_pool_set_attribute(CUmemoryPool pool, CUmemPool_attribute attr, const void *value)
+void svc_pool_set_attribute(CUmemoryPool pool, CUmemPool_attribute attr)
 {
     pool_query_done = true;
     /* The driver accepted it, so a high-water mark was set to 0: restarted. */
     unsigned which = attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH ? BFC_HIGH_POOL
                      : attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH   ? BFC_HIGH_IN_USE
                                                                : 0;
-    bool served = false;
     shim_pool *sp;
-    for (size_t i = 0; value && pool && (sp = next_serving(pool, &i));) {
-        served = true;
-        if (which)
-            bfc_pool_reset_highs(sp->bfc, which);
-    }
-    return served;
+    for (size_t i = 0; which && pool && (sp = next_serving(pool, &i));)
+        bfc_pool_reset_highs(sp->bfc, which);
 }
 
-bool svc_pool_trim(CUmemoryPool pool, size_t keep)
+void svc_pool_trim(CUmemoryPool pool, size_t keep)
 {
     pool_query_done = true;
-    bool served = false;
     shim_pool *sp;
-    for (size_t i = 0; pool && (sp = next_serving(pool, &i));) {
-        served = true;
-        bfc_stats st;
-        bfc_pool_stats(sp->bfc, &st);
-        if (st.pool_bytes > keep)
-            pools_trim(sp);
-    }
-    return served;
+    for (size_t i = 0; keep == 0 && pool && (sp = next_serving(pool, &i));)
+        pools_trim(sp);
 }
 
 uint64_t svc_buffer_id(const shim_pool *sp, uint64_t seq)

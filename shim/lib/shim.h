@@ -435,12 +435,13 @@ bool svc_meminfo_adjusted(void);
  * shim serves it from (service.c, "the default pool's figures"): after the
  * real call succeeded on `pool`, these add the shim's figures to an
  * attribute read, restart the shim's high-water marks with the driver's,
- * and trim the shim's pools with the driver's. Each returns whether `pool`
- * is a default pool the shim serves (the runtime door uses the svc_pool_*
- * flag as for meminfo: adjust once per query). */
-bool svc_pool_get_attribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value);
-bool svc_pool_set_attribute(CUmemoryPool pool, CUmemPool_attribute attr, const void *value);
-bool svc_pool_trim(CUmemoryPool pool, size_t keep);
+ * and trim the shim's pools with the driver's; for any other pool they do
+ * nothing. A query that passes through both doors is adjusted once, as for
+ * meminfo: the runtime door calls svc_pool_query_begin, then the real
+ * runtime, and adjusts only if !svc_pool_query_done(). */
+void svc_pool_get_attribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value);
+void svc_pool_set_attribute(CUmemoryPool pool, CUmemPool_attribute attr);
+void svc_pool_trim(CUmemoryPool pool, size_t keep);
 void svc_pool_query_begin(void);
 bool svc_pool_query_done(void);
 /* The process-wide unique buffer id of a pooled block (CUDA's

@@ -23,6 +23,10 @@
  *   pool-stats  the default pool's attributes count the shim's pool (used:
  *               its bytes in use, reserved: its region, resettable high
  *               marks), a created pool's do not; trim; bad values refused
+ *   pool-trim   (growth mode) cuMemPoolTrimTo on the default pool keeps at
+ *               least the bytes asked ("guaranteed to have at least
+ *               minBytesToKeep bytes reserved", cuda.h); to 0 it gives the
+ *               shim's idle regions back
  *   fake-pool-stats  (driver door closed) the fake's pools keep freed memory
  *               until a synchronisation above the release threshold, and
  *               cuMemGetInfo counts it as taken; trim, high marks
@@ -389,6 +393,29 @@ static void pool_stats(void)
     CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
 }
 
+static void pool_trim(void)
+{
+    start(0);
+    CUmemoryPool dflt = NULL;
+    CHECK_EQ(D.DeviceGetDefaultMemPool(&dflt, 0), CUDA_SUCCESS);
+    CUstream s;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUdeviceptr small = alloc_ok(MiB), big = 0;
+    CHECK_EQ(D.MemAllocAsync(&big, 64 * MiB, s), CUDA_SUCCESS); /* a region of its own */
+    CHECK_EQ(D.MemFreeAsync(big, s), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
+    const uint64_t held = RESERVED(dflt);
+    CHECK(held >= 65 * MiB);
+    CHECK_EQ(D.MemPoolTrimTo(dflt, MiB), CUDA_SUCCESS);
+    CHECK(RESERVED(dflt) >= MiB);
+    CHECK_EQ(RESERVED(dflt), held); /* the shim gives back all or nothing */
+    CHECK_EQ(D.MemPoolTrimTo(dflt, 0), CUDA_SUCCESS);
+    CHECK(RESERVED(dflt) < held - 32 * MiB);
+    CHECK_EQ(USED(dflt), MiB);
+    CHECK_EQ(D.MemFree(small), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+}
+
 /* The fake's pools, as cuda.h describes them (no shim in the way). */
 static void fake_pool_stats(void)
 {
@@ -491,6 +518,7 @@ int main(int argc, char **argv)
         {"context-churn", context_churn}, {"fake-lifetime", fake_lifetime},
         {"fake-pools", fake_pools}, {"before-init", before_init},
         {"pool-stats", pool_stats}, {"fake-pool-stats", fake_pool_stats},
+        {"pool-trim", pool_trim},
         {"fake-before-init", before_init},
     };
     if (argc != 2) {
