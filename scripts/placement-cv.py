@@ -14,13 +14,7 @@ import argparse
 import os
 import sys
 
-from placement_scores import efficiency, leave_one_out
-
-CANDIDATES = [("age", ["--placement", "age"])] + [
-    ("aligned/%dK" % (a >> 10) if a >= 1024 else "aligned/%d" % a,
-     ["--placement", "aligned", "--align", str(a)])
-    for a in (1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 21)
-]
+from placement_scores import CANDIDATES, efficiency, leave_one_out
 
 
 def main():

@@ -5,6 +5,13 @@ import json
 import subprocess
 import sys
 
+# The settings cross-validation chooses among: age placement, and aligned
+# placement at each cap from 4 KiB to 2 MiB (64 KiB is the default).
+CANDIDATES = [("age", ["--placement", "age"])] + [
+    ("aligned/%dK" % (a >> 10), ["--placement", "aligned", "--align", str(a)])
+    for a in (1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 21)
+]
+
 
 def efficiency(bfcshim, args, trace):
     """peak live / smallest pool of `trace` replayed by `bfcshim` with `args`."""
