@@ -113,7 +113,6 @@
 
 #define EXPORT __attribute__((visibility("default")))
 #define MAX_DEVICES 8
-#define MAX_DEPS 64
 /* Memory pool handles encode their device: default pools are POOL_DEFAULT +
  * device, created ones POOL_CREATED + 16 * n + device. */
 #define POOL_DEFAULT 0xF00D0000u
@@ -180,8 +179,8 @@ typedef struct fevent {
     uint32_t magic;
     fctx *ctx;
     bool recorded, captured, dead;
-    int ndeps;
-    dep deps[MAX_DEPS];
+    size_t ndeps, capdeps;
+    dep *deps; /* the stream positions it completes with (event_add_dep) */
     struct fevent *next; /* all events (never freed while the context lives) */
 } fevent;
 
@@ -1646,6 +1645,24 @@ EXPORT CUresult cuEventDestroy_v2(CUevent h)
     LEAVE(CUDA_SUCCESS);
 }
 
+/* Lock held: e completes once s has completed its first `seq` operations.
+ * Grows without a limit: an event on the legacy stream waits for every
+ * blocking stream, and a program may have any number (a fixed table that
+ * dropped the rest would let the event complete before work it must wait
+ * for, and the shim's fences with it). */
+static void event_add_dep(fevent *e, fstream *s, uint64_t seq)
+{
+    if (e->ndeps == e->capdeps) {
+        e->capdeps = e->capdeps ? 2 * e->capdeps : 8;
+        e->deps = realloc(e->deps, e->capdeps * sizeof *e->deps);
+        if (!e->deps) {
+            fprintf(stderr, "fake libcuda: out of memory for an event's dependencies\n");
+            abort();
+        }
+    }
+    e->deps[e->ndeps++] = (dep){s, seq};
+}
+
 static CUresult event_record(CUevent h, CUstream sh)
 {
     ENTER_API();
@@ -1666,12 +1683,14 @@ static CUresult event_record(CUevent h, CUstream sh)
     e->ndeps = 0;
     /* Complete once the work submitted before it is: an event on an idle
      * stream is complete at once, as on an idle GPU. */
-    e->deps[e->ndeps++] = (dep){s, s->submitted};
-    /* An event on the legacy stream also waits for every blocking stream. */
+    event_add_dep(e, s, s->submitted);
+    /* An event on the legacy stream also waits for every blocking stream
+     * (destroyed ones too: their queued work goes on); those with nothing
+     * queued are already done. */
     if (s->legacy)
-        for (fstream *o = G.streams; o && e->ndeps < MAX_DEPS; o = o->next)
-            if (o->ctx == s->ctx && blocking(o) && !o->dead)
-                e->deps[e->ndeps++] = (dep){o, o->submitted};
+        for (fstream *o = G.streams; o; o = o->next)
+            if (o->ctx == s->ctx && blocking(o) && !o->dead && o->completed < o->submitted)
+                event_add_dep(e, o, o->submitted);
     maybe_autocomplete_and_unlock(s);
     return CUDA_SUCCESS;
 }
@@ -1685,7 +1704,7 @@ EXPORT CUresult cuEventRecord_ptsz(CUevent h, CUstream s)
 /* Lock held. */
 static bool event_done(const fevent *e)
 {
-    for (int i = 0; i < e->ndeps; i++)
+    for (size_t i = 0; i < e->ndeps; i++)
         if (e->deps[i].s->completed < e->deps[i].seq)
             return false;
     return true;
@@ -1723,7 +1742,7 @@ EXPORT CUresult cuEventSynchronize(CUevent h)
      * and behind work that never ends, the host waits for good. */
     work_item *all = NULL;
     size_t nall = 0;
-    for (int i = 0; i < e->ndeps; i++)
+    for (size_t i = 0; i < e->ndeps; i++)
         gather(e->deps[i].s, e->deps[i].seq, &all, &nall);
     while (!event_done(e))
         pthread_cond_wait(&G.stuck_cond, &G.lock);
@@ -1947,17 +1966,11 @@ EXPORT CUresult cuGreenCtxRecordEvent(CUgreenCtx h, CUevent ev)
     e->recorded = true;
     e->captured = false;
     e->ndeps = 0;
-    e->deps[e->ndeps++] = (dep){&g->ctx.legacy, g->ctx.legacy.submitted};
+    event_add_dep(e, &g->ctx.legacy, g->ctx.legacy.submitted);
     /* Every live stream of the green context (see above). */
     for (fstream *o = G.streams; o; o = o->next)
-        if (o->ctx == &g->ctx && !o->dead && !o->destroyed) {
-            if (e->ndeps == MAX_DEPS) {
-                fprintf(stderr, "fake libcuda: more than %d streams in one green context\n",
-                        MAX_DEPS);
-                abort();
-            }
-            e->deps[e->ndeps++] = (dep){o, o->submitted};
-        }
+        if (o->ctx == &g->ctx && !o->dead && !o->destroyed)
+            event_add_dep(e, o, o->submitted);
     if (G.autocomplete)
         complete_everything_and_unlock(&g->ctx);
     else

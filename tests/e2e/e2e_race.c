@@ -1,0 +1,267 @@
+/*
+ * e2e_race.c - a randomised race detector for reuse of freed memory.
+ *
+ * The defect that matters most in a GPU allocator is handing memory to a new
+ * allocation while GPU work queued before the free may still use it. Here a
+ * legal CUDA program does random allocations (cudaMalloc, cudaMallocAsync),
+ * "kernels" (fake driver work items) on each block's home stream, frees
+ * (cudaFree, cudaFreeAsync on the home stream), stream completions,
+ * synchronisations and stream replacements, in random order, with the device
+ * small enough that memory is reused all the time. Every kernel checks that
+ * its block still holds the block's own tag, then writes it again; the first
+ * kernel of a block writes the tag. A kernel that finds another block's tag
+ * ran after the memory had been given to someone else while it was queued:
+ * a race. The program is legal CUDA: each block is used on one stream only,
+ * a stream-ordered free goes on that stream, a block whose stream is
+ * destroyed is only ever freed plainly afterwards, and a block from
+ * cudaMallocAsync is freed plainly only once its work is done (cuMemFree
+ * does not synchronise for those).
+ *
+ * Tags are written and checked once per 256 bytes: every block starts on a
+ * 512-byte boundary and is a multiple of it, so a block that overlaps
+ * another covers at least one of its sampled words.
+ *
+ *   e2e_race SEED_FIRST-SEED_LAST OPS [expect-races]    (E2E_RACE_TRACE=1: log calls)
+ *
+ * Exits 0 when no kernel saw a race; with `expect-races` (run with
+ * BFCSHIM_FREE_POLICY=immediate, which reuses plain frees at once) exits 0
+ * only when one did: the detector itself can fail.
+ */
+#include <stdarg.h>
+
+#include "e2e_rt.h"
+
+#define NSLOTS 5      /* stream slots: legacy, per-thread default, three created */
+#define MAXLIVE 48
+#define STRIDE 32     /* words between sampled words: 256 bytes */
+
+typedef struct block {
+    uint64_t *mem;
+    size_t bytes;
+    uint64_t tag;
+    int home;         /* stream slot */
+    bool async;       /* from cudaMallocAsync */
+    bool orphan;      /* its stream was destroyed: only a plain free remains */
+} block;
+
+typedef struct kernel {
+    uint64_t *mem;
+    size_t bytes;
+    uint64_t tag;
+    bool first;
+} kernel;
+
+static cudaStream_t slot[NSLOTS];
+static cudaStream_t destroyed[4096]; /* destroyed streams whose work may still be queued */
+static size_t ndestroyed;
+static block live[MAXLIVE];
+static size_t nlive;
+static uint64_t next_tag, races, kernels_run;
+static unsigned seed_now, op_now;
+
+/* E2E_RACE_TRACE=1 logs every allocation, free and stream replacement, to
+ * follow a race back to the calls that made it. */
+static void trace(const char *fmt, ...)
+{
+    static int on = -1;
+    if (on < 0)
+        on = getenv("E2E_RACE_TRACE") != NULL;
+    if (!on)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "seed %u op %u: ", seed_now, op_now);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+static uint64_t rng_state;
+static uint64_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+static size_t pick(size_t n) { return (size_t)(rnd() % n); }
+
+/* Runs when the fake GPU reaches the work item, in the thread that completed
+ * its stream (this program has one thread). */
+static void run_kernel(void *arg)
+{
+    kernel *k = arg;
+    size_t words = k->bytes / sizeof(uint64_t);
+    for (size_t i = 0; i < words; i += STRIDE) {
+        if (!k->first && k->mem[i] != k->tag) {
+            if (races < 5)
+                fprintf(stderr,
+                        "race: seed %u, by op %u: kernel of block %p (%zu bytes, tag %llu) found "
+                        "tag %llu at offset %zu: the memory was reused while it was queued\n",
+                        seed_now, op_now, (void *)k->mem, k->bytes, (unsigned long long)k->tag,
+                        (unsigned long long)k->mem[i], i * sizeof(uint64_t));
+            races++;
+            break;
+        }
+    }
+    for (size_t i = 0; i < words; i += STRIDE)
+        k->mem[i] = k->tag;
+    kernels_run++;
+    free(k);
+}
+
+static void launch(const block *b, bool first)
+{
+    kernel *k = malloc(sizeof *k);
+    *k = (kernel){.mem = b->mem, .bytes = b->bytes, .tag = b->tag, .first = first};
+    CHECK_EQ(fakecuda()->launch(slot[b->home], run_kernel, k), 0);
+}
+
+static size_t random_size(void)
+{
+    static const size_t sizes[] = {512, 4096, 65536, 1u << 20, 3u << 20};
+    size_t n = sizes[pick(sizeof sizes / sizeof *sizes)];
+    return n + (pick(4) ? 0 : 512 * pick(8)); /* some odd multiples of the granule */
+}
+
+static void new_block(bool async)
+{
+    if (nlive == MAXLIVE)
+        return;
+    int home = (int)pick(NSLOTS);
+    size_t n = random_size();
+    void *p = NULL;
+    cudaError_t e = async ? cudaMallocAsync(&p, n, slot[home]) : cudaMalloc(&p, n);
+    if (e == cudaErrorMemoryAllocation)
+        return; /* a full device: allowed */
+    CHECK_EQ(e, cudaSuccess);
+    if (e != cudaSuccess)
+        return;
+    block *b = &live[nlive++];
+    *b = (block){.mem = p, .bytes = n, .tag = ++next_tag, .home = home, .async = async};
+    trace("alloc tag %llu at %p, %zu bytes, %s, stream slot %d (%p)", (unsigned long long)b->tag,
+          (void *)b->mem, n, async ? "cudaMallocAsync" : "cudaMalloc", home, (void *)slot[home]);
+    launch(b, true);
+}
+
+static void free_block(size_t i, bool async)
+{
+    block *b = &live[i];
+    trace("free tag %llu at %p, %s%s, stream slot %d (%p)", (unsigned long long)b->tag,
+          (void *)b->mem, async && !b->orphan ? "cudaFreeAsync" : "cudaFree",
+          b->orphan ? " (orphan)" : "", b->home, (void *)slot[b->home]);
+    if (async && !b->orphan) {
+        CHECK_EQ(cudaFreeAsync(b->mem, slot[b->home]), cudaSuccess);
+    } else {
+        /* cuda.h, cuMemFree: no implicit synchronisation for a pointer from
+         * cuMemAllocAsync; "callers must ensure that all accesses to these
+         * pointer have completed". Other pointers may be freed with work
+         * queued (the real free synchronises; the shim fences). */
+        if (b->async)
+            CHECK_EQ(b->orphan ? cudaDeviceSynchronize() : cudaStreamSynchronize(slot[b->home]),
+                     cudaSuccess);
+        CHECK_EQ(cudaFree(b->mem), cudaSuccess);
+    }
+    live[i] = live[--nlive];
+}
+
+/* Destroys a created stream with its work still queued (CUDA lets that work
+ * finish) and puts a new one in its slot; its blocks become orphans. */
+static void replace_stream(void)
+{
+    int s = 2 + (int)pick(NSLOTS - 2);
+    CHECK_EQ(cudaStreamDestroy(slot[s]), cudaSuccess);
+    if (ndestroyed < sizeof destroyed / sizeof *destroyed)
+        destroyed[ndestroyed++] = slot[s];
+    for (size_t i = 0; i < nlive; i++)
+        if (live[i].home == s)
+            live[i].orphan = true;
+    CHECK_EQ(cudaStreamCreateWithFlags(&slot[s], pick(2) ? cudaStreamNonBlocking : 0),
+             cudaSuccess);
+    trace("stream slot %d destroyed, now %p", s, (void *)slot[s]);
+}
+
+static void one_op(void)
+{
+    unsigned r = (unsigned)pick(100);
+    if (r < 22)
+        new_block(false);
+    else if (r < 36)
+        new_block(true);
+    else if (r < 60) {
+        if (nlive) {
+            block *b = &live[pick(nlive)];
+            if (!b->orphan)
+                launch(b, false);
+        }
+    } else if (r < 74) {
+        if (nlive)
+            free_block(pick(nlive), false);
+    } else if (r < 86) {
+        if (nlive)
+            free_block(pick(nlive), true);
+    } else if (r < 95) {
+        fakecuda()->complete(slot[pick(NSLOTS)]);
+    } else if (r < 97) {
+        if (ndestroyed)
+            fakecuda()->complete(destroyed[pick(ndestroyed)]);
+    } else if (r < 99) {
+        replace_stream();
+    } else {
+        if (pick(2))
+            CHECK_EQ(cudaStreamSynchronize(slot[pick(NSLOTS)]), cudaSuccess);
+        else
+            CHECK_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    }
+}
+
+static void run_seed(unsigned seed, unsigned ops)
+{
+    seed_now = seed;
+    rng_state = 0x9e3779b97f4a7c15ull * (seed + 1);
+    slot[0] = NULL;                 /* the legacy default stream */
+    slot[1] = cudaStreamPerThread;  /* this thread's default stream */
+    for (int s = 2; s < NSLOTS; s++)
+        CHECK_EQ(cudaStreamCreateWithFlags(&slot[s], s == 2 ? 0 : cudaStreamNonBlocking),
+                 cudaSuccess);
+    for (op_now = 0; op_now < ops; op_now++)
+        one_op();
+    fakecuda()->complete_all();
+    for (size_t i = 0; i < ndestroyed; i++)
+        fakecuda()->complete(destroyed[i]);
+    ndestroyed = 0;
+    while (nlive)
+        free_block(nlive - 1, false);
+    for (int s = 2; s < NSLOTS; s++)
+        CHECK_EQ(cudaStreamDestroy(slot[s]), cudaSuccess);
+    fakecuda()->complete_all();
+}
+
+int main(int argc, char **argv)
+{
+    unsigned first = 1, last = 4, ops = 2000;
+    if (argc > 1 && sscanf(argv[1], "%u-%u", &first, &last) != 2) {
+        fprintf(stderr, "usage: e2e_race FIRST-LAST OPS [expect-races]\n");
+        return 2;
+    }
+    if (argc > 2)
+        ops = (unsigned)atoi(argv[2]);
+    bool expect_races = argc > 3 && strcmp(argv[3], "expect-races") == 0;
+    e2e_program = "e2e_race";
+    for (unsigned s = first; s <= last; s++)
+        run_seed(s, ops);
+    fakecuda_stats st;
+    fakecuda()->stats(&st);
+    CHECK_EQ(st.stale_handle_uses, 0);
+    printf("e2e_race: seeds %u-%u, %u operations each: %llu kernels, %llu races\n", first, last,
+           ops, (unsigned long long)kernels_run, (unsigned long long)races);
+    if (expect_races) {
+        if (!races) {
+            fprintf(stderr, "e2e_race: expected the detector to see races and it saw none\n");
+            e2e_failures++;
+        }
+    } else {
+        CHECK_EQ(races, 0);
+    }
+    return e2e_done("e2e_race");
+}
