@@ -9,7 +9,9 @@
  * synchronisations and stream replacements, in random order, with the device
  * small enough that memory is reused all the time. Every kernel checks that
  * its block still holds the block's own tag, then writes it again; the first
- * kernel of a block writes the tag. A kernel that finds another block's tag
+ * kernel of a block writes the tag. Both doors are used at random: the runtime
+ * (cudaMalloc, ...) and the driver looked up with dlsym, as XLA and Numba
+ * reach it (cuMemAlloc_v2, ...). A kernel that finds another block's tag
  * ran after the memory had been given to someone else while it was queued:
  * a race. The program is legal CUDA: each block is used on one stream only,
  * a stream-ordered free goes on that stream, a block whose stream is
@@ -27,6 +29,8 @@
  * BFCSHIM_FREE_POLICY=immediate, which reuses plain frees at once) exits 0
  * only when one did: the detector itself can fail.
  */
+#include <cuda.h>
+#include <dlfcn.h>
 #include <stdarg.h>
 
 #include "e2e_rt.h"
@@ -40,7 +44,7 @@ typedef struct block {
     size_t bytes;
     uint64_t tag;
     int home;         /* stream slot */
-    bool async;       /* from cudaMallocAsync */
+    bool async;       /* from cudaMallocAsync or cuMemAllocAsync */
     bool orphan;      /* its stream was destroyed: only a plain free remains */
 } block;
 
@@ -50,6 +54,31 @@ typedef struct kernel {
     uint64_t tag;
     bool first;
 } kernel;
+
+/* The driver's allocation calls, looked up as XLA and Numba do. */
+static struct {
+    CUresult (*Alloc)(CUdeviceptr *, size_t);
+    CUresult (*Free)(CUdeviceptr);
+    CUresult (*AllocAsync)(CUdeviceptr *, size_t, CUstream);
+    CUresult (*FreeAsync)(CUdeviceptr, CUstream);
+} cu;
+
+static void load_driver(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!h) {
+        fprintf(stderr, "e2e_race: no libcuda.so.1: %s\n", dlerror());
+        exit(1);
+    }
+    *(void **)&cu.Alloc = dlsym(h, "cuMemAlloc_v2");
+    *(void **)&cu.Free = dlsym(h, "cuMemFree_v2");
+    *(void **)&cu.AllocAsync = dlsym(h, "cuMemAllocAsync");
+    *(void **)&cu.FreeAsync = dlsym(h, "cuMemFreeAsync");
+    if (!cu.Alloc || !cu.Free || !cu.AllocAsync || !cu.FreeAsync) {
+        fprintf(stderr, "e2e_race: libcuda.so.1 lacks an allocation call\n");
+        exit(1);
+    }
+}
 
 static cudaStream_t slot[NSLOTS];
 static cudaStream_t destroyed[4096]; /* destroyed streams whose work may still be queued */
@@ -131,27 +160,48 @@ static void new_block(bool async)
     int home = (int)pick(NSLOTS);
     size_t n = random_size();
     void *p = NULL;
-    cudaError_t e = async ? cudaMallocAsync(&p, n, slot[home]) : cudaMalloc(&p, n);
-    if (e == cudaErrorMemoryAllocation)
-        return; /* a full device: allowed */
-    CHECK_EQ(e, cudaSuccess);
-    if (e != cudaSuccess)
-        return;
+    const bool driver = pick(2);
+    if (driver) {
+        CUdeviceptr d = 0;
+        CUresult r = async ? cu.AllocAsync(&d, n, (CUstream)slot[home]) : cu.Alloc(&d, n);
+        if (r == CUDA_ERROR_OUT_OF_MEMORY)
+            return; /* a full device: allowed */
+        CHECK_EQ(r, CUDA_SUCCESS);
+        if (r != CUDA_SUCCESS)
+            return;
+        p = (void *)(uintptr_t)d;
+    } else {
+        cudaError_t e = async ? cudaMallocAsync(&p, n, slot[home]) : cudaMalloc(&p, n);
+        if (e == cudaErrorMemoryAllocation)
+            return;
+        CHECK_EQ(e, cudaSuccess);
+        if (e != cudaSuccess)
+            return;
+    }
     block *b = &live[nlive++];
     *b = (block){.mem = p, .bytes = n, .tag = ++next_tag, .home = home, .async = async};
     trace("alloc tag %llu at %p, %zu bytes, %s, stream slot %d (%p)", (unsigned long long)b->tag,
-          (void *)b->mem, n, async ? "cudaMallocAsync" : "cudaMalloc", home, (void *)slot[home]);
+          (void *)b->mem, n,
+          driver ? (async ? "cuMemAllocAsync" : "cuMemAlloc") : (async ? "cudaMallocAsync" : "cudaMalloc"),
+          home, (void *)slot[home]);
     launch(b, true);
 }
 
 static void free_block(size_t i, bool async)
 {
     block *b = &live[i];
+    const bool driver = pick(2);
+    const CUdeviceptr d = (CUdeviceptr)(uintptr_t)b->mem;
+    async = async && !b->orphan;
     trace("free tag %llu at %p, %s%s, stream slot %d (%p)", (unsigned long long)b->tag,
-          (void *)b->mem, async && !b->orphan ? "cudaFreeAsync" : "cudaFree",
+          (void *)b->mem,
+          driver ? (async ? "cuMemFreeAsync" : "cuMemFree") : (async ? "cudaFreeAsync" : "cudaFree"),
           b->orphan ? " (orphan)" : "", b->home, (void *)slot[b->home]);
-    if (async && !b->orphan) {
-        CHECK_EQ(cudaFreeAsync(b->mem, slot[b->home]), cudaSuccess);
+    if (async) {
+        if (driver)
+            CHECK_EQ(cu.FreeAsync(d, (CUstream)slot[b->home]), CUDA_SUCCESS);
+        else
+            CHECK_EQ(cudaFreeAsync(b->mem, slot[b->home]), cudaSuccess);
     } else {
         /* cuda.h, cuMemFree: no implicit synchronisation for a pointer from
          * cuMemAllocAsync; "callers must ensure that all accesses to these
@@ -160,7 +210,10 @@ static void free_block(size_t i, bool async)
         if (b->async)
             CHECK_EQ(b->orphan ? cudaDeviceSynchronize() : cudaStreamSynchronize(slot[b->home]),
                      cudaSuccess);
-        CHECK_EQ(cudaFree(b->mem), cudaSuccess);
+        if (driver)
+            CHECK_EQ(cu.Free(d), CUDA_SUCCESS);
+        else
+            CHECK_EQ(cudaFree(b->mem), cudaSuccess);
     }
     live[i] = live[--nlive];
 }
@@ -248,6 +301,8 @@ int main(int argc, char **argv)
         ops = (unsigned)atoi(argv[2]);
     bool expect_races = argc > 3 && strcmp(argv[3], "expect-races") == 0;
     e2e_program = "e2e_race";
+    CHECK_EQ(cudaFree(NULL), cudaSuccess); /* the runtime makes the primary context current */
+    load_driver();
     for (unsigned s = first; s <= last; s++)
         run_seed(s, ops);
     fakecuda_stats st;
