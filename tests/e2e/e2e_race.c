@@ -13,8 +13,9 @@
  * (cudaMalloc, ...) and the driver looked up with dlsym, as XLA and Numba
  * reach it (cuMemAlloc_v2, ...). A kernel that finds another block's tag
  * ran after the memory had been given to someone else while it was queued:
- * a race. The program is legal CUDA: each block is used on one stream only,
- * a stream-ordered free goes on that stream, a block whose stream is
+ * a race. The program is legal CUDA: each block is used on one stream at a
+ * time, handed to another only behind an event the new one waits for
+ * (cudaStreamWaitEvent), a stream-ordered free goes on its stream, a block whose stream is
  * destroyed is only ever freed plainly afterwards, and a block from
  * cudaMallocAsync is freed plainly only once its work is done (cuMemFree
  * does not synchronise for those).
@@ -218,6 +219,26 @@ static void free_block(size_t i, bool async)
     live[i] = live[--nlive];
 }
 
+/* Moves a block to another stream, as a program hands a tensor over: an
+ * event recorded on its stream, the new stream waiting for it (and the event
+ * destroyed at once: the wait keeps what it captured). Its later kernels and
+ * a stream-ordered free go on the new stream; a block reused there at once
+ * after that free is safe only if the wait orders the old stream's work
+ * first. */
+static void hand_over(block *b)
+{
+    int to = (int)pick(NSLOTS);
+    if (b->orphan || to == b->home)
+        return;
+    cudaEvent_t ev;
+    CHECK_EQ(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
+    CHECK_EQ(cudaEventRecord(ev, slot[b->home]), cudaSuccess);
+    CHECK_EQ(cudaStreamWaitEvent(slot[to], ev, 0), cudaSuccess);
+    CHECK_EQ(cudaEventDestroy(ev), cudaSuccess);
+    trace("tag %llu handed from stream slot %d to %d", (unsigned long long)b->tag, b->home, to);
+    b->home = to;
+}
+
 /* Destroys a created stream with its work still queued (CUDA lets that work
  * finish) and puts a new one in its slot; its blocks become orphans. */
 static void replace_stream(void)
@@ -241,12 +262,15 @@ static void one_op(void)
         new_block(false);
     else if (r < 36)
         new_block(true);
-    else if (r < 60) {
+    else if (r < 55) {
         if (nlive) {
             block *b = &live[pick(nlive)];
             if (!b->orphan)
                 launch(b, false);
         }
+    } else if (r < 60) {
+        if (nlive)
+            hand_over(&live[pick(nlive)]);
     } else if (r < 74) {
         if (nlive)
             free_block(pick(nlive), false);

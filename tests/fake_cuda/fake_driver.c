@@ -126,6 +126,10 @@ typedef struct work_item {
     fakecuda_work fn;
     void *arg;
     bool stuck; /* never completes: a kernel that does not end */
+    /* cuStreamWaitEvent: nothing behind this item runs before the event's
+     * stream positions have completed (a copy of its dependencies). */
+    struct dep *waits;
+    size_t nwaits;
 } work_item;
 
 typedef struct fstream {
@@ -523,44 +527,69 @@ static CUresult unsafe_call(void)
     return r;
 }
 
+/* Lock held: appends item w (its seq set by the caller) to s's queue. */
+static void enqueue(fstream *s, work_item w)
+{
+    if (s->nqueue == s->capqueue) {
+        s->capqueue = s->capqueue ? s->capqueue * 2 : 16;
+        s->queue = realloc(s->queue, s->capqueue * sizeof *s->queue);
+    }
+    s->queue[s->nqueue++] = w;
+}
+
 /* Lock held: appends work and returns its sequence number. */
 static uint64_t submit(fstream *s, fakecuda_work fn, void *arg)
 {
     uint64_t seq = ++s->submitted;
-    if (fn) {
-        if (s->nqueue == s->capqueue) {
-            s->capqueue = s->capqueue ? s->capqueue * 2 : 16;
-            s->queue = realloc(s->queue, s->capqueue * sizeof *s->queue);
-        }
-        s->queue[s->nqueue++] = (work_item){.seq = seq, .fn = fn, .arg = arg};
-    }
+    if (fn)
+        enqueue(s, (work_item){.seq = seq, .fn = fn, .arg = arg});
     return seq;
 }
 
-/* Completes s up to `upto`; returns the callbacks to run (outside the lock). */
-static size_t complete_locked(fstream *s, uint64_t upto, work_item **out)
+/* Lock held: appends callback w to *all. */
+static void append_work(work_item **all, size_t *nall, const work_item *w)
+{
+    *all = realloc(*all, (*nall + 1) * sizeof **all);
+    (*all)[(*nall)++] = *w;
+}
+
+/* Lock held: completes s up to `upto` and appends its callbacks to *all, in
+ * the order the GPU would run them. Nothing on a stream completes past work
+ * that never ends, nor past a wait (cuStreamWaitEvent) whose event cannot
+ * complete: the streams a wait depends on are completed first, their
+ * callbacks ahead of the work behind the wait. Items leave the queue one at
+ * a time, so that a dependency reaching back into s finds it already
+ * completed as far as it needs. */
+static void gather(fstream *s, uint64_t upto, work_item **all, size_t *nall)
 {
     if (upto > s->submitted)
         upto = s->submitted;
-    /* Nothing on a stream completes past work that never ends. */
-    for (size_t i = 0; i < s->nqueue && s->queue[i].seq <= upto; i++)
-        if (s->queue[i].stuck) {
-            upto = s->queue[i].seq - 1;
+    while (s->completed < upto) {
+        if (s->nqueue == 0 || s->queue[0].seq > upto) {
+            s->completed = upto;
             break;
         }
-    if (upto <= s->completed)
-        return 0;
-    s->completed = upto;
-    size_t n = 0;
-    while (n < s->nqueue && s->queue[n].seq <= upto)
-        n++;
-    if (n) {
-        *out = malloc(n * sizeof **out);
-        memcpy(*out, s->queue, n * sizeof **out);
-        memmove(s->queue, s->queue + n, (s->nqueue - n) * sizeof *s->queue);
-        s->nqueue -= n;
+        work_item w = s->queue[0];
+        if (w.seq - 1 > s->completed)
+            s->completed = w.seq - 1;
+        if (w.stuck)
+            break;
+        if (w.nwaits) {
+            bool done = true;
+            for (size_t i = 0; i < w.nwaits; i++) {
+                gather(w.waits[i].s, w.waits[i].seq, all, nall);
+                done = done && w.waits[i].s->completed >= w.waits[i].seq;
+            }
+            if (!done)
+                break;
+            free(w.waits);
+        } else if (w.fn) {
+            append_work(all, nall, &w);
+        }
+        memmove(s->queue, s->queue + 1, (s->nqueue - 1) * sizeof *s->queue);
+        s->nqueue--;
+        s->completed = w.seq;
     }
-    return n;
 }
 
 static void run_work(work_item *w, size_t n)
@@ -575,22 +604,11 @@ static void run_work(work_item *w, size_t n)
 static void complete_and_unlock(fstream *s)
 {
     work_item *w = NULL;
-    size_t n = s ? complete_locked(s, s->submitted, &w) : 0;
+    size_t n = 0;
+    if (s)
+        gather(s, s->submitted, &w, &n);
     pthread_mutex_unlock(&G.lock);
     run_work(w, n);
-}
-
-/* Lock held: completes s up to `upto` and appends its callbacks to *all. */
-static void gather(fstream *s, uint64_t upto, work_item **all, size_t *nall)
-{
-    work_item *w = NULL;
-    size_t n = complete_locked(s, upto, &w);
-    if (!n)
-        return;
-    *all = realloc(*all, (*nall + n) * sizeof **all);
-    memcpy(*all + *nall, w, n * sizeof *w);
-    *nall += n;
-    free(w);
 }
 
 /* Lock held on entry, released on return: completes every stream (of one
@@ -1604,14 +1622,33 @@ EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
     return CUDA_SUCCESS;
 }
 
+static bool event_done(const fevent *e);
+
+/* "Makes all future work submitted to hStream wait for all work captured in
+ * hEvent" (cuda.h): the work the event's last record covers, on whatever
+ * streams, completes before anything submitted to hStream after this call.
+ * An event never recorded, or one whose work is done, adds nothing; on a
+ * capturing stream the wait is the graph's, not the stream's. */
 EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent ev, unsigned int flags)
 {
-    (void)flags, (void)ev;
+    (void)flags;
     ENTER_API();
     fstream *s = stream_of(h);
-    if (!s)
+    fevent *e = event_of(ev);
+    if (!s || !e)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
-    LEAVE(legacy_use(s));
+    CUresult r = legacy_use(s);
+    if (r != CUDA_SUCCESS)
+        LEAVE(r);
+    uint64_t seq = submit(s, NULL, NULL);
+    if (e->recorded && !e->captured && !s->capturing && !event_done(e)) {
+        work_item w = {.seq = seq, .waits = malloc(e->ndeps * sizeof(dep))};
+        for (size_t i = 0; i < e->ndeps; i++)
+            if (e->deps[i].s->completed < e->deps[i].seq)
+                w.waits[w.nwaits++] = e->deps[i];
+        enqueue(s, w);
+    }
+    LEAVE(CUDA_SUCCESS);
 }
 
 EXPORT CUresult cuEventCreate(CUevent *ph, unsigned int flags)
@@ -2814,13 +2851,7 @@ static int ctl_launch_stuck(void *stream)
     fstream *s = stream_of((CUstream)stream);
     if (!s || legacy_use(s) != CUDA_SUCCESS)
         LEAVE(-1);
-    submit(s, NULL, NULL);
-    /* (submit queues only work with a callback: queue this one by hand) */
-    if (s->nqueue == s->capqueue) {
-        s->capqueue = s->capqueue ? s->capqueue * 2 : 16;
-        s->queue = realloc(s->queue, s->capqueue * sizeof *s->queue);
-    }
-    s->queue[s->nqueue++] = (work_item){.seq = s->submitted, .stuck = true};
+    enqueue(s, (work_item){.seq = submit(s, NULL, NULL), .stuck = true});
     LEAVE(0);
 }
 

@@ -62,6 +62,7 @@ static struct {
     CUresult (*EventDestroy)(CUevent);
     CUresult (*EventRecord[2])(CUevent, CUstream);
     CUresult (*EventQuery)(CUevent);
+    CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned int);
     CUresult (*EventSynchronize)(CUevent);
     CUresult (*LaunchHostFunc)(CUstream, CUhostFn, void *);
     CUresult (*IpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
@@ -130,6 +131,7 @@ static void initialise(void)
     R(EventDestroy, "cuEventDestroy");
     RZ(EventRecord, "cuEventRecord");
     R(EventQuery, "cuEventQuery");
+    R(StreamWaitEvent, "cuStreamWaitEvent");
     R(EventSynchronize, "cuEventSynchronize");
     R(LaunchHostFunc, "cuLaunchHostFunc");
     R(IpcGetMemHandle, "cuIpcGetMemHandle");
@@ -494,6 +496,12 @@ EXPORT cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
     ENTER();
     return record(D.EventRecord[0]((CUevent)e, S(s)));
+}
+
+EXPORT cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags)
+{
+    ENTER();
+    return record(D.StreamWaitEvent(S(s), (CUevent)e, flags));
 }
 
 EXPORT cudaError_t cudaEventQuery(cudaEvent_t e)
