@@ -130,6 +130,7 @@ typedef struct work_item {
      * stream positions have completed (a copy of its dependencies). */
     struct dep *waits;
     size_t nwaits;
+    struct fstream *stream; /* set when gathered */
 } work_item;
 
 typedef struct fstream {
@@ -139,7 +140,11 @@ typedef struct fstream {
     bool legacy, per_thread;
     bool destroyed; /* cuStreamDestroy'd: handle invalid, queued work goes on */
     bool dead;      /* its context went away: handle invalid, work never runs */
-    uint64_t submitted, completed;
+    /* Operations submitted; completed (taken off the queue, callbacks
+     * gathered to run); the last callback gathered and the last one that has
+     * run: work is done once completed and its callbacks have run
+     * (stream_done_to). */
+    uint64_t submitted, completed, last_callback, callbacks_run;
     work_item *queue;
     size_t nqueue, capqueue;
     CUstreamCaptureMode capture_mode;
@@ -228,6 +233,10 @@ static struct {
     bool zero_alloc; /* cuMemAlloc(0) succeeds (CUDA's refuses; nothing may depend on it) */
     fakecuda_stats st;
     pthread_cond_t stuck_cond; /* a host waiting on stuck work sleeps here */
+    /* Batches of callbacks gathered and run (unlock_and_run): they run in
+     * the order they were gathered. */
+    uint64_t batches_gathered, batches_run;
+    pthread_cond_t batch_cond;
     CUmemoryPool default_pool[MAX_DEVICES];
     CUmemoryPool current_pool[MAX_DEVICES]; /* cuDeviceSetMemPool's */
     unsigned npools_created;
@@ -245,7 +254,9 @@ static struct {
         const struct fctx *from, *to;
     } peers[64];
     size_t npeers;
-} G = {.lock = PTHREAD_MUTEX_INITIALIZER, .stuck_cond = PTHREAD_COND_INITIALIZER};
+} G = {.lock = PTHREAD_MUTEX_INITIALIZER,
+       .stuck_cond = PTHREAD_COND_INITIALIZER,
+       .batch_cond = PTHREAD_COND_INITIALIZER};
 
 static _Thread_local fctx *tls_ctx_stack[16];
 static _Thread_local int tls_ctx_depth;
@@ -354,10 +365,13 @@ static void configure(void)
 #define ENTER()                        \
     pthread_mutex_lock(&G.lock);       \
     configure()
+/* The answer is computed before the lock goes: it may read shared state
+ * (LEAVE(event_done(e) ? ...)). */
 #define LEAVE(r)                       \
     do {                               \
+        __typeof__(r) leave_ = (r);    \
         pthread_mutex_unlock(&G.lock); \
-        return (r);                    \
+        return leave_;                 \
     } while (0)
 
 /* Every driver call but cuInit, cuDriverGetVersion, cuGetProcAddress and the
@@ -546,6 +560,19 @@ static uint64_t submit(fstream *s, fakecuda_work fn, void *arg)
     return seq;
 }
 
+/* Lock held: has s done its first `seq` operations, their callbacks run?
+ * (Callbacks run in the order they were gathered, so none at or below `seq`
+ * is left once the last one gathered, or one at `seq` or above, has run; a
+ * callback above `seq` still running keeps the answer "no" a little longer,
+ * never "yes" too soon.) */
+static bool stream_done_to(const fstream *s, uint64_t seq)
+{
+    if (s->completed < seq)
+        return false;
+    uint64_t need = seq < s->last_callback ? seq : s->last_callback;
+    return s->callbacks_run >= need;
+}
+
 /* Lock held: appends callback w to *all. */
 static void append_work(work_item **all, size_t *nall, const work_item *w)
 {
@@ -584,6 +611,8 @@ static void gather(fstream *s, uint64_t upto, work_item **all, size_t *nall)
                 break;
             free(w.waits);
         } else if (w.fn) {
+            w.stream = s;
+            s->last_callback = w.seq;
             append_work(all, nall, &w);
         }
         memmove(s->queue, s->queue + 1, (s->nqueue - 1) * sizeof *s->queue);
@@ -592,10 +621,51 @@ static void gather(fstream *s, uint64_t upto, work_item **all, size_t *nall)
     }
 }
 
-static void run_work(work_item *w, size_t n)
+/* Lock held: the callbacks of w have run. */
+static void callbacks_ran(const work_item *w, size_t n)
 {
     for (size_t i = 0; i < n; i++)
+        if (w[i].stream->callbacks_run < w[i].seq)
+            w[i].stream->callbacks_run = w[i].seq;
+    pthread_cond_broadcast(&G.stuck_cond);
+}
+
+/* Lock held on entry, released on return: runs callbacks w (gathered under
+ * the lock) outside it, after every batch gathered before them has run.
+ * Threads complete streams concurrently; without the turns, a thread could
+ * run a stream's later work while another still runs its earlier work (a
+ * stream runs in order on a GPU), or return from a synchronisation while
+ * the work it waits for runs in another thread. An empty batch waits its
+ * turn too, for that reason. Until a callback has run, its work does not
+ * count as done (stream_done_to), as a kernel is not done while it runs. A
+ * callback must not call CUDA (as host functions must not); if it does,
+ * its batch runs at once rather than wait for its own turn to end. */
+static _Thread_local bool in_callbacks;
+static void unlock_and_run(work_item *w, size_t n)
+{
+    if (in_callbacks) {
+        pthread_mutex_unlock(&G.lock);
+        for (size_t i = 0; i < n; i++)
+            w[i].fn(w[i].arg);
+        pthread_mutex_lock(&G.lock);
+        callbacks_ran(w, n);
+        pthread_mutex_unlock(&G.lock);
+        free(w);
+        return;
+    }
+    uint64_t turn = G.batches_gathered++;
+    while (G.batches_run != turn)
+        pthread_cond_wait(&G.batch_cond, &G.lock);
+    pthread_mutex_unlock(&G.lock);
+    in_callbacks = true;
+    for (size_t i = 0; i < n; i++)
         w[i].fn(w[i].arg);
+    in_callbacks = false;
+    pthread_mutex_lock(&G.lock);
+    callbacks_ran(w, n);
+    G.batches_run++;
+    pthread_cond_broadcast(&G.batch_cond);
+    pthread_mutex_unlock(&G.lock);
     free(w);
 }
 
@@ -607,8 +677,7 @@ static void complete_and_unlock(fstream *s)
     size_t n = 0;
     if (s)
         gather(s, s->submitted, &w, &n);
-    pthread_mutex_unlock(&G.lock);
-    run_work(w, n);
+    unlock_and_run(w, n);
 }
 
 /* Lock held on entry, released on return: completes every stream (of one
@@ -629,8 +698,7 @@ static void complete_everything_and_unlock(fctx *only)
     for (fstream *s = G.streams; s; s = s->next)
         if ((!only || s->ctx == only) && !s->dead)
             gather(s, UINT64_MAX, &all, &nall);
-    pthread_mutex_unlock(&G.lock);
-    run_work(all, nall);
+    unlock_and_run(all, nall);
 }
 
 /* Lock held: completes s if the fake runs with FAKECUDA_AUTOCOMPLETE. */
@@ -1536,7 +1604,7 @@ EXPORT CUresult cuStreamQuery(CUstream h)
     CUresult r = unsafe_call();
     if (r != CUDA_SUCCESS)
         LEAVE(r);
-    LEAVE(s->completed == s->submitted ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY);
+    LEAVE(stream_done_to(s, s->submitted) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY);
 }
 
 static CUresult is_capturing(CUstream h, CUstreamCaptureStatus *status)
@@ -1726,7 +1794,7 @@ static CUresult event_record(CUevent h, CUstream sh)
      * queued are already done. */
     if (s->legacy)
         for (fstream *o = G.streams; o; o = o->next)
-            if (o->ctx == s->ctx && blocking(o) && !o->dead && o->completed < o->submitted)
+            if (o->ctx == s->ctx && blocking(o) && !o->dead && !stream_done_to(o, o->submitted))
                 event_add_dep(e, o, o->submitted);
     maybe_autocomplete_and_unlock(s);
     return CUDA_SUCCESS;
@@ -1742,7 +1810,7 @@ EXPORT CUresult cuEventRecord_ptsz(CUevent h, CUstream s)
 static bool event_done(const fevent *e)
 {
     for (size_t i = 0; i < e->ndeps; i++)
-        if (e->deps[i].s->completed < e->deps[i].seq)
+        if (!stream_done_to(e->deps[i].s, e->deps[i].seq))
             return false;
     return true;
 }
@@ -1781,10 +1849,11 @@ EXPORT CUresult cuEventSynchronize(CUevent h)
     size_t nall = 0;
     for (size_t i = 0; i < e->ndeps; i++)
         gather(e->deps[i].s, e->deps[i].seq, &all, &nall);
+    unlock_and_run(all, nall);
+    pthread_mutex_lock(&G.lock);
     while (!event_done(e))
         pthread_cond_wait(&G.stuck_cond, &G.lock);
     pthread_mutex_unlock(&G.lock);
-    run_work(all, nall);
     return CUDA_SUCCESS;
 }
 
