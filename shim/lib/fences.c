@@ -274,6 +274,10 @@ bool fences_seal(void *ctx, uint32_t lane, uint64_t token)
     bool plain = lane == sp->plain_lane;
     known_stream few[FEW_STREAMS], *known = few;
     CUstream few_out[FEW_STREAMS + 1], *streams = few_out;
+    /* The registry's handles stay valid until the events are recorded:
+     * another thread's stream destroy waits (streams.c). */
+    if (plain)
+        streams_use_begin();
     size_t nknown = plain ? streams_of_context(sp->ctx, few, FEW_STREAMS) : 0;
     if (nknown > FEW_STREAMS) {
         known = malloc(nknown * sizeof *known);
@@ -281,6 +285,7 @@ bool fences_seal(void *ctx, uint32_t lane, uint64_t token)
         if (!known || !streams) {
             free(known);
             free(streams);
+            streams_use_end();
             return false;
         }
         /* (a stream made since the count is not copied, nor fenced: it has
@@ -302,6 +307,8 @@ bool fences_seal(void *ctx, uint32_t lane, uint64_t token)
                                                                          memory_order_acquire),
                                                     &greens);
     if (found < 0 || ngreen < 0) {
+        if (plain)
+            streams_use_end();
         if (streams != few_out)
             free(streams);
         return false;
@@ -331,12 +338,17 @@ bool fences_seal(void *ctx, uint32_t lane, uint64_t token)
         }
         f->ev[made] = e;
     }
+    if (plain)
+        streams_use_end();
     if (streams != few_out)
         free(streams);
     free(greens);
     if (ok) {
         stand_in **si = fence_stand_ins(f);
-        for (size_t i = 0; i < sp->nstand_ins && f->nstandins < nsi; i++)
+        /* The stand-in list is read under stand_in_lock, which only the
+         * plain lane takes; for other lanes nsi is 0 and the list is not
+         * touched (another thread may be adding to it). */
+        for (size_t i = 0; f->nstandins < nsi && i < sp->nstand_ins; i++)
             if (!sp->stand_ins[i]->done) {
                 sp->stand_ins[i]->refs++;
                 si[f->nstandins++] = sp->stand_ins[i];

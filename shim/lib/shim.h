@@ -361,6 +361,8 @@ int green_fence_targets(const real_driver *R, const shim_pool *sp, bool plain, C
 
 /* Streams we have seen created and not destroyed (streams.c). */
 void streams_add(CUstream s);
+/* Before the stream is destroyed: gone from the registry, and no copy taken
+ * under streams_use_begin is still in use when this returns. */
 void streams_remove(CUstream s);
 /* The context went away: its streams are dead handles now. */
 void streams_forget_context(CUcontext ctx);
@@ -368,8 +370,12 @@ typedef struct known_stream {
     CUstream stream;
     bool non_blocking;
 } known_stream;
-/* Copies up to n streams of context ctx into out; returns how many exist. */
+/* Copies up to n streams of context ctx into out; returns how many exist.
+ * The handles may be passed to the driver only between streams_use_begin
+ * and streams_use_end around the copy. */
 size_t streams_of_context(CUcontext ctx, known_stream *out, size_t n);
+void streams_use_begin(void);
+void streams_use_end(void);
 void streams_lock(void);
 void streams_unlock(void);
 

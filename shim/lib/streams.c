@@ -14,6 +14,13 @@
  * on a dead stream handle (seen on an H100 after cudaDeviceReset). A new
  * context may even get the old one's handle value, so the entries go the
  * moment the context does (streams_forget_context).
+ *
+ * A copy of the registry (streams_of_context) is used outside its lock: a
+ * plain free's fence records an event on each stream. Another thread may
+ * destroy one of those streams meanwhile, and an event recorded on a
+ * destroyed stream is a call on a dead handle. So copies are used under a
+ * read lock (streams_use_begin/end), and a stream leaving the registry waits
+ * for the users of copies that may hold it before the real destroy goes on.
  */
 #include <stdlib.h>
 
@@ -27,11 +34,31 @@ typedef struct entry {
 } entry;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_rwlock_t use_lock = PTHREAD_RWLOCK_INITIALIZER;
 static entry *all;
 static size_t nall, capall;
 
-void streams_lock(void) { pthread_mutex_lock(&lock); }
-void streams_unlock(void) { pthread_mutex_unlock(&lock); }
+void streams_lock(void)
+{
+    pthread_rwlock_wrlock(&use_lock);
+    pthread_mutex_lock(&lock);
+}
+
+void streams_unlock(void)
+{
+    pthread_mutex_unlock(&lock);
+    pthread_rwlock_unlock(&use_lock);
+}
+
+void streams_use_begin(void) { pthread_rwlock_rdlock(&use_lock); }
+void streams_use_end(void) { pthread_rwlock_unlock(&use_lock); }
+
+/* Waits until no copy taken before now is in use. */
+static void wait_for_users(void)
+{
+    pthread_rwlock_wrlock(&use_lock);
+    pthread_rwlock_unlock(&use_lock);
+}
 
 void streams_add(CUstream s)
 {
@@ -72,6 +99,7 @@ void streams_forget_context(CUcontext ctx)
         else
             i++;
     pthread_mutex_unlock(&lock);
+    wait_for_users();
 }
 
 void streams_remove(CUstream s)
@@ -83,6 +111,7 @@ void streams_remove(CUstream s)
             break;
         }
     pthread_mutex_unlock(&lock);
+    wait_for_users();
 }
 
 size_t streams_of_context(CUcontext ctx, known_stream *out, size_t n)

@@ -24,15 +24,19 @@
  * 512-byte boundary and is a multiple of it, so a block that overlaps
  * another covers at least one of its sampled words.
  *
- *   e2e_race SEED_FIRST-SEED_LAST OPS [expect-races]    (E2E_RACE_TRACE=1: log calls)
+ *   e2e_race SEED_FIRST-SEED_LAST OPS [threads=N] [expect-races]
+ *   (E2E_RACE_TRACE=1: log the calls)
  *
- * Exits 0 when no kernel saw a race; with `expect-races` (run with
+ * With threads=N, N threads run such programs at once on one pool, each with
+ * its own streams (and its own per-thread default stream) and seeds; the
+ * legacy stream is shared. Exits 0 when no kernel saw a race; with `expect-races` (run with
  * BFCSHIM_FREE_POLICY=immediate, which reuses plain frees at once) exits 0
  * only when one did: the detector itself can fail.
  */
 #include <cuda.h>
 #include <dlfcn.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 
 #include "e2e_rt.h"
 
@@ -54,7 +58,20 @@ typedef struct kernel {
     size_t bytes;
     uint64_t tag;
     bool first;
+    unsigned seed, op; /* where it was launched, for the report */
 } kernel;
+
+/* Calls that did not answer as CUDA must (any thread). */
+static atomic_int failed_calls;
+#define EXPECT(call, want)                                                                \
+    do {                                                                                 \
+        long long got_ = (long long)(call), want_ = (long long)(want);                   \
+        if (got_ != want_) {                                                             \
+            fprintf(stderr, "%s:%d: %s == %lld, expected %lld\n", __FILE__, __LINE__,    \
+                    #call, got_, want_);                                                 \
+            atomic_fetch_add(&failed_calls, 1);                                          \
+        }                                                                                \
+    } while (0)
 
 /* The driver's allocation calls, looked up as XLA and Numba do. */
 static struct {
@@ -81,22 +98,21 @@ static void load_driver(void)
     }
 }
 
-static cudaStream_t slot[NSLOTS];
-static cudaStream_t destroyed[4096]; /* destroyed streams whose work may still be queued */
-static size_t ndestroyed;
-static block live[MAXLIVE];
-static size_t nlive;
-static uint64_t next_tag, races, kernels_run;
-static unsigned seed_now, op_now;
+/* One program per thread. */
+static _Thread_local cudaStream_t slot[NSLOTS];
+static _Thread_local cudaStream_t destroyed[1024]; /* destroyed, work maybe still queued */
+static _Thread_local size_t ndestroyed;
+static _Thread_local block live[MAXLIVE];
+static _Thread_local size_t nlive;
+static _Thread_local unsigned seed_now, op_now;
+static _Atomic uint64_t next_tag, races, kernels_run;
+static bool tracing; /* E2E_RACE_TRACE, read once in main */
 
 /* E2E_RACE_TRACE=1 logs every allocation, free and stream replacement, to
  * follow a race back to the calls that made it. */
 static void trace(const char *fmt, ...)
 {
-    static int on = -1;
-    if (on < 0)
-        on = getenv("E2E_RACE_TRACE") != NULL;
-    if (!on)
+    if (!tracing)
         return;
     va_list ap;
     va_start(ap, fmt);
@@ -106,7 +122,7 @@ static void trace(const char *fmt, ...)
     va_end(ap);
 }
 
-static uint64_t rng_state;
+static _Thread_local uint64_t rng_state;
 static uint64_t rnd(void)
 {
     rng_state ^= rng_state << 13;
@@ -116,35 +132,36 @@ static uint64_t rnd(void)
 }
 static size_t pick(size_t n) { return (size_t)(rnd() % n); }
 
-/* Runs when the fake GPU reaches the work item, in the thread that completed
- * its stream (this program has one thread). */
+/* Runs when the fake GPU reaches the work item, in whichever thread
+ * completed its stream. */
 static void run_kernel(void *arg)
 {
     kernel *k = arg;
     size_t words = k->bytes / sizeof(uint64_t);
     for (size_t i = 0; i < words; i += STRIDE) {
         if (!k->first && k->mem[i] != k->tag) {
-            if (races < 5)
+            if (atomic_fetch_add(&races, 1) < 5)
                 fprintf(stderr,
-                        "race: seed %u, by op %u: kernel of block %p (%zu bytes, tag %llu) found "
-                        "tag %llu at offset %zu: the memory was reused while it was queued\n",
-                        seed_now, op_now, (void *)k->mem, k->bytes, (unsigned long long)k->tag,
+                        "race: seed %u, op %u launched a kernel of block %p (%zu bytes, tag %llu) "
+                        "that found tag %llu at offset %zu: the memory was reused while it was "
+                        "queued\n",
+                        k->seed, k->op, (void *)k->mem, k->bytes, (unsigned long long)k->tag,
                         (unsigned long long)k->mem[i], i * sizeof(uint64_t));
-            races++;
             break;
         }
     }
     for (size_t i = 0; i < words; i += STRIDE)
         k->mem[i] = k->tag;
-    kernels_run++;
+    atomic_fetch_add(&kernels_run, 1);
     free(k);
 }
 
 static void launch(const block *b, bool first)
 {
     kernel *k = malloc(sizeof *k);
-    *k = (kernel){.mem = b->mem, .bytes = b->bytes, .tag = b->tag, .first = first};
-    CHECK_EQ(fakecuda()->launch(slot[b->home], run_kernel, k), 0);
+    *k = (kernel){.mem = b->mem, .bytes = b->bytes, .tag = b->tag, .first = first,
+                  .seed = seed_now, .op = op_now};
+    EXPECT(fakecuda()->launch(slot[b->home], run_kernel, k), 0);
 }
 
 static size_t random_size(void)
@@ -167,7 +184,7 @@ static void new_block(bool async)
         CUresult r = async ? cu.AllocAsync(&d, n, (CUstream)slot[home]) : cu.Alloc(&d, n);
         if (r == CUDA_ERROR_OUT_OF_MEMORY)
             return; /* a full device: allowed */
-        CHECK_EQ(r, CUDA_SUCCESS);
+        EXPECT(r, CUDA_SUCCESS);
         if (r != CUDA_SUCCESS)
             return;
         p = (void *)(uintptr_t)d;
@@ -175,12 +192,12 @@ static void new_block(bool async)
         cudaError_t e = async ? cudaMallocAsync(&p, n, slot[home]) : cudaMalloc(&p, n);
         if (e == cudaErrorMemoryAllocation)
             return;
-        CHECK_EQ(e, cudaSuccess);
+        EXPECT(e, cudaSuccess);
         if (e != cudaSuccess)
             return;
     }
     block *b = &live[nlive++];
-    *b = (block){.mem = p, .bytes = n, .tag = ++next_tag, .home = home, .async = async};
+    *b = (block){.mem = p, .bytes = n, .tag = atomic_fetch_add(&next_tag, 1) + 1, .home = home, .async = async};
     trace("alloc tag %llu at %p, %zu bytes, %s, stream slot %d (%p)", (unsigned long long)b->tag,
           (void *)b->mem, n,
           driver ? (async ? "cuMemAllocAsync" : "cuMemAlloc") : (async ? "cudaMallocAsync" : "cudaMalloc"),
@@ -200,21 +217,21 @@ static void free_block(size_t i, bool async)
           b->orphan ? " (orphan)" : "", b->home, (void *)slot[b->home]);
     if (async) {
         if (driver)
-            CHECK_EQ(cu.FreeAsync(d, (CUstream)slot[b->home]), CUDA_SUCCESS);
+            EXPECT(cu.FreeAsync(d, (CUstream)slot[b->home]), CUDA_SUCCESS);
         else
-            CHECK_EQ(cudaFreeAsync(b->mem, slot[b->home]), cudaSuccess);
+            EXPECT(cudaFreeAsync(b->mem, slot[b->home]), cudaSuccess);
     } else {
         /* cuda.h, cuMemFree: no implicit synchronisation for a pointer from
          * cuMemAllocAsync; "callers must ensure that all accesses to these
          * pointer have completed". Other pointers may be freed with work
          * queued (the real free synchronises; the shim fences). */
         if (b->async)
-            CHECK_EQ(b->orphan ? cudaDeviceSynchronize() : cudaStreamSynchronize(slot[b->home]),
+            EXPECT(b->orphan ? cudaDeviceSynchronize() : cudaStreamSynchronize(slot[b->home]),
                      cudaSuccess);
         if (driver)
-            CHECK_EQ(cu.Free(d), CUDA_SUCCESS);
+            EXPECT(cu.Free(d), CUDA_SUCCESS);
         else
-            CHECK_EQ(cudaFree(b->mem), cudaSuccess);
+            EXPECT(cudaFree(b->mem), cudaSuccess);
     }
     live[i] = live[--nlive];
 }
@@ -231,10 +248,10 @@ static void hand_over(block *b)
     if (b->orphan || to == b->home)
         return;
     cudaEvent_t ev;
-    CHECK_EQ(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
-    CHECK_EQ(cudaEventRecord(ev, slot[b->home]), cudaSuccess);
-    CHECK_EQ(cudaStreamWaitEvent(slot[to], ev, 0), cudaSuccess);
-    CHECK_EQ(cudaEventDestroy(ev), cudaSuccess);
+    EXPECT(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
+    EXPECT(cudaEventRecord(ev, slot[b->home]), cudaSuccess);
+    EXPECT(cudaStreamWaitEvent(slot[to], ev, 0), cudaSuccess);
+    EXPECT(cudaEventDestroy(ev), cudaSuccess);
     trace("tag %llu handed from stream slot %d to %d", (unsigned long long)b->tag, b->home, to);
     b->home = to;
 }
@@ -244,13 +261,13 @@ static void hand_over(block *b)
 static void replace_stream(void)
 {
     int s = 2 + (int)pick(NSLOTS - 2);
-    CHECK_EQ(cudaStreamDestroy(slot[s]), cudaSuccess);
+    EXPECT(cudaStreamDestroy(slot[s]), cudaSuccess);
     if (ndestroyed < sizeof destroyed / sizeof *destroyed)
         destroyed[ndestroyed++] = slot[s];
     for (size_t i = 0; i < nlive; i++)
         if (live[i].home == s)
             live[i].orphan = true;
-    CHECK_EQ(cudaStreamCreateWithFlags(&slot[s], pick(2) ? cudaStreamNonBlocking : 0),
+    EXPECT(cudaStreamCreateWithFlags(&slot[s], pick(2) ? cudaStreamNonBlocking : 0),
              cudaSuccess);
     trace("stream slot %d destroyed, now %p", s, (void *)slot[s]);
 }
@@ -286,9 +303,9 @@ static void one_op(void)
         replace_stream();
     } else {
         if (pick(2))
-            CHECK_EQ(cudaStreamSynchronize(slot[pick(NSLOTS)]), cudaSuccess);
+            EXPECT(cudaStreamSynchronize(slot[pick(NSLOTS)]), cudaSuccess);
         else
-            CHECK_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            EXPECT(cudaDeviceSynchronize(), cudaSuccess);
     }
 }
 
@@ -299,7 +316,7 @@ static void run_seed(unsigned seed, unsigned ops)
     slot[0] = NULL;                 /* the legacy default stream */
     slot[1] = cudaStreamPerThread;  /* this thread's default stream */
     for (int s = 2; s < NSLOTS; s++)
-        CHECK_EQ(cudaStreamCreateWithFlags(&slot[s], s == 2 ? 0 : cudaStreamNonBlocking),
+        EXPECT(cudaStreamCreateWithFlags(&slot[s], s == 2 ? 0 : cudaStreamNonBlocking),
                  cudaSuccess);
     for (op_now = 0; op_now < ops; op_now++)
         one_op();
@@ -310,37 +327,70 @@ static void run_seed(unsigned seed, unsigned ops)
     while (nlive)
         free_block(nlive - 1, false);
     for (int s = 2; s < NSLOTS; s++)
-        CHECK_EQ(cudaStreamDestroy(slot[s]), cudaSuccess);
+        EXPECT(cudaStreamDestroy(slot[s]), cudaSuccess);
     fakecuda()->complete_all();
+}
+
+typedef struct job {
+    unsigned first, last, ops, offset;
+} job;
+
+/* A thread's programs: seeds first..last, numbered from `offset` so that
+ * threads differ. */
+static void *run_job(void *arg)
+{
+    const job *j = arg;
+    EXPECT(cudaFree(NULL), cudaSuccess); /* the runtime makes the primary context current */
+    for (unsigned s = j->first; s <= j->last; s++)
+        run_seed(j->offset + s, j->ops);
+    return NULL;
 }
 
 int main(int argc, char **argv)
 {
-    unsigned first = 1, last = 4, ops = 2000;
+    unsigned first = 1, last = 4, ops = 2000, threads = 1;
+    bool expect_races = false;
     if (argc > 1 && sscanf(argv[1], "%u-%u", &first, &last) != 2) {
-        fprintf(stderr, "usage: e2e_race FIRST-LAST OPS [expect-races]\n");
+        fprintf(stderr, "usage: e2e_race FIRST-LAST OPS [threads=N] [expect-races]\n");
         return 2;
     }
     if (argc > 2)
         ops = (unsigned)atoi(argv[2]);
-    bool expect_races = argc > 3 && strcmp(argv[3], "expect-races") == 0;
+    for (int a = 3; a < argc; a++)
+        if (strcmp(argv[a], "expect-races") == 0)
+            expect_races = true;
+        else if (sscanf(argv[a], "threads=%u", &threads) != 1 || threads < 1 || threads > 16) {
+            fprintf(stderr, "e2e_race: bad argument %s\n", argv[a]);
+            return 2;
+        }
     e2e_program = "e2e_race";
-    CHECK_EQ(cudaFree(NULL), cudaSuccess); /* the runtime makes the primary context current */
+    tracing = getenv("E2E_RACE_TRACE") != NULL;
+    EXPECT(cudaFree(NULL), cudaSuccess);
     load_driver();
-    for (unsigned s = first; s <= last; s++)
-        run_seed(s, ops);
+    pthread_t tid[16];
+    job jobs[16];
+    for (unsigned t = 0; t < threads; t++) {
+        jobs[t] = (job){first, last, ops, 1000 * t};
+        if (t > 0)
+            EXPECT(pthread_create(&tid[t], NULL, run_job, &jobs[t]), 0);
+    }
+    run_job(&jobs[0]);
+    for (unsigned t = 1; t < threads; t++)
+        EXPECT(pthread_join(tid[t], NULL), 0);
     fakecuda_stats st;
     fakecuda()->stats(&st);
     CHECK_EQ(st.stale_handle_uses, 0);
-    printf("e2e_race: seeds %u-%u, %u operations each: %llu kernels, %llu races\n", first, last,
-           ops, (unsigned long long)kernels_run, (unsigned long long)races);
+    e2e_failures += atomic_load(&failed_calls);
+    printf("e2e_race: seeds %u-%u, %u operations each, %u thread(s): %llu kernels, %llu races\n",
+           first, last, ops, threads, (unsigned long long)atomic_load(&kernels_run),
+           (unsigned long long)atomic_load(&races));
     if (expect_races) {
-        if (!races) {
+        if (!atomic_load(&races)) {
             fprintf(stderr, "e2e_race: expected the detector to see races and it saw none\n");
             e2e_failures++;
         }
     } else {
-        CHECK_EQ(races, 0);
+        CHECK_EQ(atomic_load(&races), 0);
     }
     return e2e_done("e2e_race");
 }
