@@ -52,6 +52,16 @@
  *                    cuGreenCtxRecordEvent made after a stream is destroyed
  *                    still waits for that stream's kernel (the fake says no)
  *
+ * Random programs (tests/e2e/e2e_race.c on the real driver):
+ *   race         plain and stream-ordered allocations and frees, both doors,
+ *                on the legacy, per-thread and created streams; blocks handed
+ *                between streams behind events; streams destroyed with work
+ *                queued. Every kernel first waits a random while (so queues
+ *                build up), then checks that its block still holds the
+ *                block's tag (one word per 256 bytes) and writes it again:
+ *                a kernel that finds another block's tag ran after the
+ *                memory was handed out while it was queued.
+ *
  * Facts the fake must follow, read off the real driver (printed, and checked
  * only where the outcome is certain):
  *   reset-running    cudaDeviceReset while a kernel still writes a pooled
@@ -905,6 +915,175 @@ static void attributes(void)
     CHECK(warp == 32);
 }
 
+/* race: waits `ns` of GPU time, then checks (unless first) and writes the
+ * block's tag in one word per 256 bytes. */
+__global__ void tag_block(unsigned long long *p, size_t words, unsigned long long tag, int first,
+                          unsigned long long ns, unsigned long long *bad)
+{
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    while (t - t0 < ns);
+    for (size_t i = (blockIdx.x * blockDim.x + threadIdx.x) * 32; i < words;
+         i += (size_t)gridDim.x * blockDim.x * 32) {
+        if (!first && p[i] != tag)
+            atomicAdd(bad, 1ull);
+        p[i] = tag;
+    }
+}
+
+enum { RACE_SLOTS = 5, RACE_LIVE = 48, RACE_OPS = 4000 };
+
+struct race_block {
+    unsigned long long *p;
+    size_t bytes;
+    unsigned long long tag;
+    int home;
+    bool async, orphan;
+};
+
+static struct {
+    cudaStream_t slot[RACE_SLOTS];
+    race_block live[RACE_LIVE];
+    int nlive;
+    unsigned long long next_tag, kernels, *bad;
+    unsigned rng;
+    CUresult (*cu_alloc)(CUdeviceptr *, size_t);
+    CUresult (*cu_free)(CUdeviceptr);
+} R;
+
+static unsigned race_pick(unsigned n)
+{
+    R.rng = R.rng * 1103515245u + 12345u;
+    return (R.rng >> 8) % n;
+}
+
+static void race_kernel(const race_block *b, bool first)
+{
+    unsigned long long ns = race_pick(4) ? 0 : 1000ull * race_pick(300); /* up to 0.3 ms */
+    tag_block<<<8, 128, 0, R.slot[b->home]>>>(b->p, b->bytes / 8, b->tag, first, ns, R.bad);
+    R.kernels++;
+}
+
+static void race_alloc(void)
+{
+    if (R.nlive == RACE_LIVE)
+        return;
+    static const size_t sizes[] = {4096, 65536, 1 << 20, 4 << 20};
+    size_t n = sizes[race_pick(4)] + 512 * race_pick(4);
+    int home = (int)race_pick(RACE_SLOTS);
+    bool async = race_pick(3) == 0, driver = !async && race_pick(2);
+    void *p = NULL;
+    if (driver) {
+        CUdeviceptr d = 0;
+        CUresult r = R.cu_alloc(&d, n);
+        if (r == CUDA_ERROR_OUT_OF_MEMORY)
+            return;
+        CHECK(r == CUDA_SUCCESS);
+        p = (void *)(uintptr_t)d;
+    } else {
+        cudaError_t e = async ? cudaMallocAsync(&p, n, R.slot[home]) : cudaMalloc(&p, n);
+        if (e == cudaErrorMemoryAllocation) {
+            (void)cudaGetLastError();
+            return;
+        }
+        CHECK(e == cudaSuccess);
+    }
+    if (!p)
+        return;
+    race_block *b = &R.live[R.nlive++];
+    *b = {(unsigned long long *)p, n, ++R.next_tag, home, async, false};
+    race_kernel(b, true);
+}
+
+static void race_free(int i, bool ordered)
+{
+    race_block *b = &R.live[i];
+    if (ordered && !b->orphan) {
+        CUDA_OK(cudaFreeAsync(b->p, R.slot[b->home]));
+    } else {
+        /* cuMemFree does not synchronise for stream-ordered allocations:
+         * their work must be done first (cuda.h). */
+        if (b->async)
+            CUDA_OK(b->orphan ? cudaDeviceSynchronize() : cudaStreamSynchronize(R.slot[b->home]));
+        if (race_pick(2))
+            CHECK(R.cu_free((CUdeviceptr)(uintptr_t)b->p) == CUDA_SUCCESS);
+        else
+            CUDA_OK(cudaFree(b->p));
+    }
+    R.live[i] = R.live[--R.nlive];
+}
+
+static void race(void)
+{
+    R.rng = 20261124u;
+    *(void **)&R.cu_alloc = driver_fn("cuMemAlloc_v2");
+    *(void **)&R.cu_free = driver_fn("cuMemFree_v2");
+    CHECK(R.cu_alloc && R.cu_free);
+    CUDA_OK(cudaMalloc(&R.bad, sizeof *R.bad));
+    CUDA_OK(cudaMemset(R.bad, 0, sizeof *R.bad));
+    R.slot[0] = 0;                    /* the legacy stream */
+    R.slot[1] = cudaStreamPerThread;
+    for (int k = 2; k < RACE_SLOTS; k++)
+        CUDA_OK(cudaStreamCreateWithFlags(&R.slot[k], k == 2 ? cudaStreamDefault
+                                                             : cudaStreamNonBlocking));
+    CUDA_OK(cudaDeviceSynchronize());
+    if (failures)
+        return;
+    unsigned long long handed = 0, replaced = 0;
+    for (int op = 0; op < RACE_OPS; op++) {
+        unsigned r = race_pick(100);
+        if (r < 35) {
+            race_alloc();
+        } else if (r < 60) {
+            if (R.nlive && !R.live[r % R.nlive].orphan)
+                race_kernel(&R.live[r % R.nlive], false);
+        } else if (r < 65) {
+            race_block *b = R.nlive ? &R.live[race_pick(R.nlive)] : NULL;
+            int to = (int)race_pick(RACE_SLOTS);
+            if (b && !b->orphan && to != b->home) {
+                cudaEvent_t ev;
+                CUDA_OK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+                CUDA_OK(cudaEventRecord(ev, R.slot[b->home]));
+                CUDA_OK(cudaStreamWaitEvent(R.slot[to], ev, 0));
+                CUDA_OK(cudaEventDestroy(ev));
+                b->home = to;
+                handed++;
+            }
+        } else if (r < 96) {
+            if (R.nlive)
+                race_free((int)race_pick(R.nlive), r >= 82);
+        } else if (r < 98) {
+            int k = 2 + (int)race_pick(RACE_SLOTS - 2);
+            CUDA_OK(cudaStreamDestroy(R.slot[k])); /* its queued kernels go on */
+            for (int i = 0; i < R.nlive; i++)
+                if (R.live[i].home == k)
+                    R.live[i].orphan = true;
+            CUDA_OK(cudaStreamCreateWithFlags(&R.slot[k], race_pick(2) ? cudaStreamNonBlocking
+                                                                       : cudaStreamDefault));
+            replaced++;
+        } else if (r < 99) {
+            CUDA_OK(cudaStreamSynchronize(R.slot[race_pick(RACE_SLOTS)]));
+        }
+        if (failures)
+            break;
+    }
+    CUDA_OK(cudaDeviceSynchronize());
+    while (R.nlive)
+        race_free(R.nlive - 1, false);
+    CUDA_OK(cudaDeviceSynchronize());
+    unsigned long long bad = 0;
+    CUDA_OK(cudaMemcpy(&bad, R.bad, sizeof bad, cudaMemcpyDeviceToHost));
+    printf("race: %d operations, %llu allocations, %llu kernels, %llu hand-overs, %llu streams "
+           "replaced: %llu words found with another block's tag\n",
+           (int)RACE_OPS, R.next_tag, R.kernels, handed, replaced, bad);
+    CHECK(bad == 0);
+    CUDA_OK(cudaFree(R.bad));
+    for (int k = 2; k < RACE_SLOTS; k++)
+        CUDA_OK(cudaStreamDestroy(R.slot[k]));
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -926,6 +1105,7 @@ int main(int argc, char **argv)
         {"green-stream", green_stream},
         {"attributes", attributes},
         {"pool-attributes", pool_attributes},
+        {"race", race},
     };
     if (argc != 2) {
         fprintf(stderr, "usage: gpu_suite SCENARIO\n");
