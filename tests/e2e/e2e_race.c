@@ -25,6 +25,9 @@
  * another covers at least one of its sampled words.
  *
  *   e2e_race SEED_FIRST-SEED_LAST OPS [threads=N] [expect-races]
+ *   e2e_race SCENARIO      (meson's tests: seeds 1-6, 3000 operations; with
+ *                          threads=3 when SCENARIO starts with "threads",
+ *                          expect-races when it is "immediate")
  *   (E2E_RACE_TRACE=1: log the calls)
  *
  * With threads=N, N threads run such programs at once on one pool, each with
@@ -348,14 +351,18 @@ static void *run_job(void *arg)
 
 int main(int argc, char **argv)
 {
-    unsigned first = 1, last = 4, ops = 2000, threads = 1;
+    unsigned first = 1, last = 6, ops = 3000, threads = 1;
     bool expect_races = false;
-    if (argc > 1 && sscanf(argv[1], "%u-%u", &first, &last) != 2) {
-        fprintf(stderr, "usage: e2e_race FIRST-LAST OPS [threads=N] [expect-races]\n");
+    if (argc < 2) {
+        fprintf(stderr, "usage: e2e_race FIRST-LAST OPS [threads=N] [expect-races] | SCENARIO\n");
         return 2;
     }
-    if (argc > 2)
+    if (sscanf(argv[1], "%u-%u", &first, &last) != 2) {
+        threads = strncmp(argv[1], "threads", 7) == 0 ? 3 : 1;
+        expect_races = strcmp(argv[1], "immediate") == 0;
+    } else if (argc > 2) {
         ops = (unsigned)atoi(argv[2]);
+    }
     for (int a = 3; a < argc; a++)
         if (strcmp(argv[a], "expect-races") == 0)
             expect_races = true;
