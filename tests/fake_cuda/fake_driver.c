@@ -404,8 +404,26 @@ static bool is_device(int d)
  * per-thread default stream), listed with all streams; NULL when host memory
  * runs out (CUDA_ERROR_OUT_OF_MEMORY, in the return lists of cuStreamCreate,
  * cuStreamCreateWithPriority and cuGreenCtxStreamCreate). */
+static bool stream_done_to(const fstream *s, uint64_t seq);
+
+/* Lock held: destroyed streams whose work is all done leave the list of
+ * streams. Their records stay (a stale handle is still recognised and
+ * counted), but joins on the legacy stream and completions walk the list,
+ * and a long program creates and destroys thousands of streams. */
+static void prune_streams(void)
+{
+    for (fstream **pp = &G.streams; *pp;) {
+        fstream *o = *pp;
+        if (o->destroyed && o->nqueue == 0 && stream_done_to(o, o->submitted))
+            *pp = o->next;
+        else
+            pp = &o->next;
+    }
+}
+
 static fstream *new_stream(fctx *c, unsigned flags, bool per_thread)
 {
+    prune_streams();
     fstream *s = calloc(1, sizeof *s);
     if (!s)
         return NULL;
