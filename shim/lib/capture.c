@@ -134,8 +134,11 @@ static CUresult begin(int z, CUstream s, CUstreamCaptureMode mode)
     CUresult (*f)(CUstream, CUstreamCaptureMode) = REAL(StreamBeginCapture[z]);
     if (!f)
         return CUDA_ERROR_NOT_INITIALIZED;
+    streams_change_begin();
     before_begin(named(s, z));
-    return began(f(s, mode), named(s, z));
+    CUresult r = began(f(s, mode), named(s, z));
+    streams_change_end();
+    return r;
 }
 
 static CUresult begin_to_graph(int z, CUstream s, CUgraph g, const CUgraphNode *deps,
@@ -145,8 +148,11 @@ static CUresult begin_to_graph(int z, CUstream s, CUgraph g, const CUgraphNode *
                   CUstreamCaptureMode) = REAL(StreamBeginCaptureToGraph[z]);
     if (!f)
         return CUDA_ERROR_NOT_INITIALIZED;
+    streams_change_begin();
     before_begin(named(s, z));
-    return began(f(s, g, deps, edges, n, mode), named(s, z));
+    CUresult r = began(f(s, g, deps, edges, n, mode), named(s, z));
+    streams_change_end();
+    return r;
 }
 
 static CUresult end(int z, CUstream s, CUgraph *g)
@@ -207,8 +213,11 @@ static cudaError_t rt_begin(rt_begin_fn f, cudaStream_t s, enum cudaStreamCaptur
         return cudaErrorInsufficientDriver;
     if (!runtime_does_it())
         return f(s, mode);
+    streams_change_begin();
     before_begin(named((CUstream)s, z));
-    return (cudaError_t)began((CUresult)f(s, mode), named((CUstream)s, z));
+    cudaError_t e = (cudaError_t)began((CUresult)f(s, mode), named((CUstream)s, z));
+    streams_change_end();
+    return e;
 }
 
 static cudaError_t rt_end(rt_end_fn f, cudaStream_t s, cudaGraph_t *g, int z)

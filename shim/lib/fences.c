@@ -274,10 +274,13 @@ bool fences_seal(void *ctx, uint32_t lane, uint64_t token)
     bool plain = lane == sp->plain_lane;
     known_stream few[FEW_STREAMS], *known = few;
     CUstream few_out[FEW_STREAMS + 1], *streams = few_out;
-    /* The registry's handles stay valid until the events are recorded:
-     * another thread's stream destroy waits (streams.c). */
-    if (plain)
-        streams_use_begin();
+    /* From the questions about the streams (which exist, which capture) to
+     * the events recorded on them, no stream goes away and none begins a
+     * capture: another thread's destroy or begin waits (streams.c). An
+     * event recorded on a stream that began capturing after the question
+     * would be a captured event that never completes, and its blocks would
+     * stay pending for good. */
+    streams_use_begin();
     size_t nknown = plain ? streams_of_context(sp->ctx, few, FEW_STREAMS) : 0;
     if (nknown > FEW_STREAMS) {
         known = malloc(nknown * sizeof *known);
@@ -307,8 +310,7 @@ bool fences_seal(void *ctx, uint32_t lane, uint64_t token)
                                                                          memory_order_acquire),
                                                     &greens);
     if (found < 0 || ngreen < 0) {
-        if (plain)
-            streams_use_end();
+        streams_use_end();
         if (streams != few_out)
             free(streams);
         return false;
@@ -338,8 +340,7 @@ bool fences_seal(void *ctx, uint32_t lane, uint64_t token)
         }
         f->ev[made] = e;
     }
-    if (plain)
-        streams_use_end();
+    streams_use_end();
     if (streams != few_out)
         free(streams);
     free(greens);

@@ -376,6 +376,10 @@ typedef struct known_stream {
 size_t streams_of_context(CUcontext ctx, known_stream *out, size_t n);
 void streams_use_begin(void);
 void streams_use_end(void);
+/* Around a change no seal may straddle (a capture beginning): waits for the
+ * seals in flight and holds off new ones. */
+void streams_change_begin(void);
+void streams_change_end(void);
 void streams_lock(void);
 void streams_unlock(void);
 

@@ -21,6 +21,8 @@
  * destroyed stream is a call on a dead handle. So copies are used under a
  * read lock (streams_use_begin/end), and a stream leaving the registry waits
  * for the users of copies that may hold it before the real destroy goes on.
+ * The same lock keeps a capture from beginning between a seal's question
+ * "does this stream capture?" and its event on the stream (capture.c).
  */
 #include <stdlib.h>
 
@@ -52,6 +54,8 @@ void streams_unlock(void)
 
 void streams_use_begin(void) { pthread_rwlock_rdlock(&use_lock); }
 void streams_use_end(void) { pthread_rwlock_unlock(&use_lock); }
+void streams_change_begin(void) { pthread_rwlock_wrlock(&use_lock); }
+void streams_change_end(void) { pthread_rwlock_unlock(&use_lock); }
 
 /* Waits until no copy taken before now is in use. */
 static void wait_for_users(void)

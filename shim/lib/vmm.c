@@ -244,23 +244,28 @@ static void unmap_range(void *ctx, bfc_addr addr, uint64_t size)
 /* Asked once before the engine gives free space back on its own. Under the
  * fenced policy free space is idle by construction; under the immediate one
  * queued work may still use it: wait for the context's work, unless a
- * capture is under way (a capture begun on another thread between this test
- * and the wait would still be invalidated: the window is one call wide). */
+ * capture is under way. From the test to the end of the wait no capture can
+ * begin (streams_use_begin: a begin waits), so the wait never invalidates
+ * one. */
 static bool release_ready(void *ctx)
 {
     shim_pool *sp = ctx;
     if (shim_config_get()->free_policy != FREE_IMMEDIATE)
         return true;
+    streams_use_begin();
+    bool ready = false;
     if (capture_underway()) {
         shim_log(LOG_DEBUG,
                  "device %d: free memory stays mapped: a stream capture is under way, and "
                  "under BFCSHIM_FREE_POLICY=immediate it may only go back after a "
                  "cuCtxSynchronize, which a capture forbids",
                  (int)sp->dev);
-        return false;
+    } else {
+        const real_driver *R = real_driver_get();
+        ready = R->CtxSynchronize && R->CtxSynchronize() == CUDA_SUCCESS;
     }
-    const real_driver *R = real_driver_get();
-    return R->CtxSynchronize && R->CtxSynchronize() == CUDA_SUCCESS;
+    streams_use_end();
+    return ready;
 }
 
 void vmm_backend(bfc_backend *b)

@@ -2,23 +2,33 @@
  * e2e_race.c - a randomised race detector for reuse of freed memory.
  *
  * The defect that matters most in a GPU allocator is handing memory to a new
- * allocation while GPU work queued before the free may still use it. Here a
- * legal CUDA program does random allocations (cudaMalloc, cudaMallocAsync),
- * "kernels" (fake driver work items) on each block's home stream, frees
- * (cudaFree, cudaFreeAsync on the home stream), stream completions,
- * synchronisations and stream replacements, in random order, with the device
- * small enough that memory is reused all the time. Every kernel checks that
- * its block still holds the block's own tag, then writes it again; the first
- * kernel of a block writes the tag. Both doors are used at random: the runtime
- * (cudaMalloc, ...) and the driver looked up with dlsym, as XLA and Numba
- * reach it (cuMemAlloc_v2, ...). A kernel that finds another block's tag
- * ran after the memory had been given to someone else while it was queued:
- * a race. The program is legal CUDA: each block is used on one stream at a
- * time, handed to another only behind an event the new one waits for
- * (cudaStreamWaitEvent), a stream-ordered free goes on its stream, a block whose stream is
- * destroyed is only ever freed plainly afterwards, and a block from
- * cudaMallocAsync is freed plainly only once its work is done (cuMemFree
- * does not synchronise for those).
+ * allocation while GPU work queued before the free may still use it. Here
+ * legal CUDA programs do, in random order and on a device small enough that
+ * memory is reused all the time:
+ *   - allocations through both doors: the runtime (cudaMalloc,
+ *     cudaMallocAsync) and the driver looked up with dlsym, as XLA and Numba
+ *     reach it (cuMemAlloc_v2, cuMemAllocAsync);
+ *   - "kernels" (fake driver work items) on each block's home stream: the
+ *     legacy stream, the per-thread default stream or a created one;
+ *   - frees, plain or stream-ordered on the home stream;
+ *   - hand-overs of a block to another stream behind an event
+ *     (cudaStreamWaitEvent);
+ *   - streams destroyed with work queued, and replaced;
+ *   - captures (relaxed mode) begun and ended on non-blocking streams with
+ *     work queued, other streams allocating and freeing meanwhile;
+ *   - completions of streams in any order, and synchronisations.
+ * Every kernel checks that its block still holds the block's own tag, then
+ * writes it again; the first kernel of a block writes the tag. A kernel that
+ * finds another block's tag ran after the memory had been given to someone
+ * else while it was queued: a race. Every capture must end valid.
+ *
+ * The programs keep CUDA's rules: a block is used on one stream at a time; a
+ * stream-ordered free goes on its stream; a block whose stream is destroyed
+ * is only freed plainly afterwards; a block from cuMemAllocAsync is freed
+ * plainly only once its work is done (cuMemFree does not synchronise for
+ * those); nothing is allocated into, freed into, used on or synchronised
+ * with a capturing stream, and nothing synchronises the device during a
+ * capture.
  *
  * Tags are written and checked once per 256 bytes: every block starts on a
  * 512-byte boundary and is a multiple of it, so a block that overlaps
@@ -103,6 +113,24 @@ static void load_driver(void)
 
 /* One program per thread. */
 static _Thread_local cudaStream_t slot[NSLOTS];
+static _Thread_local bool slot_non_blocking[NSLOTS];
+/* The slot whose stream is capturing (relaxed mode), or -1. Only a
+ * non-blocking stream captures: a blocking one would forbid the legacy
+ * stream to every thread, which other threads' programs do not know. */
+static _Thread_local int capturing = -1;
+/* A program may not synchronise the device while any thread captures (the
+ * fake, reading cuda.h harshly, invalidates the capture, as
+ * cuCtxRecordEvent's text says it does): captures hold this gate shared,
+ * device synchronisations exclusively; writers first, so that captures
+ * coming and going cannot starve a synchronisation. */
+static pthread_rwlock_t capture_gate;
+
+static void device_synchronize(void)
+{
+    pthread_rwlock_wrlock(&capture_gate);
+    EXPECT(cudaDeviceSynchronize(), cudaSuccess);
+    pthread_rwlock_unlock(&capture_gate);
+}
 static _Thread_local cudaStream_t destroyed[1024]; /* destroyed, work maybe still queued */
 static _Thread_local size_t ndestroyed;
 static _Thread_local block live[MAXLIVE];
@@ -179,6 +207,8 @@ static void new_block(bool async)
     if (nlive == MAXLIVE)
         return;
     int home = (int)pick(NSLOTS);
+    if (home == capturing) /* an allocation there would be the graph's */
+        home = 0;
     size_t n = random_size();
     void *p = NULL;
     const bool driver = pick(2);
@@ -211,6 +241,15 @@ static void new_block(bool async)
 static void free_block(size_t i, bool async)
 {
     block *b = &live[i];
+    /* While its stream captures, a block is not freed stream-ordered there
+     * (a free node takes only graph allocations), and one from
+     * cuMemAllocAsync is not freed plainly (its stream cannot be
+     * synchronised); an orphan from cuMemAllocAsync waits for the device,
+     * which no capture allows. */
+    if (capturing >= 0 && b->async && (b->home == capturing || b->orphan))
+        return;
+    if (b->home == capturing)
+        async = false;
     const bool driver = pick(2);
     const CUdeviceptr d = (CUdeviceptr)(uintptr_t)b->mem;
     async = async && !b->orphan;
@@ -228,9 +267,10 @@ static void free_block(size_t i, bool async)
          * cuMemAllocAsync; "callers must ensure that all accesses to these
          * pointer have completed". Other pointers may be freed with work
          * queued (the real free synchronises; the shim fences). */
-        if (b->async)
-            EXPECT(b->orphan ? cudaDeviceSynchronize() : cudaStreamSynchronize(slot[b->home]),
-                     cudaSuccess);
+        if (b->async && b->orphan)
+            device_synchronize();
+        else if (b->async)
+            EXPECT(cudaStreamSynchronize(slot[b->home]), cudaSuccess);
         if (driver)
             EXPECT(cu.Free(d), CUDA_SUCCESS);
         else
@@ -248,7 +288,7 @@ static void free_block(size_t i, bool async)
 static void hand_over(block *b)
 {
     int to = (int)pick(NSLOTS);
-    if (b->orphan || to == b->home)
+    if (b->orphan || to == b->home || to == capturing || b->home == capturing)
         return;
     cudaEvent_t ev;
     EXPECT(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
@@ -264,15 +304,42 @@ static void hand_over(block *b)
 static void replace_stream(void)
 {
     int s = 2 + (int)pick(NSLOTS - 2);
+    if (s == capturing)
+        return;
     EXPECT(cudaStreamDestroy(slot[s]), cudaSuccess);
     if (ndestroyed < sizeof destroyed / sizeof *destroyed)
         destroyed[ndestroyed++] = slot[s];
     for (size_t i = 0; i < nlive; i++)
         if (live[i].home == s)
             live[i].orphan = true;
-    EXPECT(cudaStreamCreateWithFlags(&slot[s], pick(2) ? cudaStreamNonBlocking : 0),
-             cudaSuccess);
+    slot_non_blocking[s] = pick(2);
+    EXPECT(cudaStreamCreateWithFlags(&slot[s], slot_non_blocking[s] ? cudaStreamNonBlocking : 0),
+           cudaSuccess);
     trace("stream slot %d destroyed, now %p", s, (void *)slot[s]);
+}
+
+/* Begins a capture (relaxed mode) on a non-blocking created stream, or ends
+ * the one under way. Work queued there before the capture still runs while
+ * no event can be recorded on the stream; blocks freed meanwhile elsewhere
+ * must still wait for it. The capture must come out valid: nothing the
+ * shim does on the program's behalf may invalidate it. */
+static void toggle_capture(void)
+{
+    if (capturing >= 0) {
+        cudaGraph_t g;
+        EXPECT(cudaStreamEndCapture(slot[capturing], &g), cudaSuccess);
+        pthread_rwlock_unlock(&capture_gate);
+        trace("capture on stream slot %d ended", capturing);
+        capturing = -1;
+        return;
+    }
+    int s = 2 + (int)pick(NSLOTS - 2);
+    if (!slot_non_blocking[s])
+        return;
+    pthread_rwlock_rdlock(&capture_gate);
+    EXPECT(cudaStreamBeginCapture(slot[s], cudaStreamCaptureModeRelaxed), cudaSuccess);
+    capturing = s;
+    trace("capture on stream slot %d begun", s);
 }
 
 static void one_op(void)
@@ -285,7 +352,7 @@ static void one_op(void)
     else if (r < 55) {
         if (nlive) {
             block *b = &live[pick(nlive)];
-            if (!b->orphan)
+            if (!b->orphan && b->home != capturing)
                 launch(b, false);
         }
     } else if (r < 60) {
@@ -297,18 +364,20 @@ static void one_op(void)
     } else if (r < 86) {
         if (nlive)
             free_block(pick(nlive), true);
-    } else if (r < 95) {
+    } else if (r < 93) {
         fakecuda()->complete(slot[pick(NSLOTS)]);
+    } else if (r < 95) {
+        toggle_capture();
     } else if (r < 97) {
         if (ndestroyed)
             fakecuda()->complete(destroyed[pick(ndestroyed)]);
     } else if (r < 99) {
         replace_stream();
-    } else {
+    } else if (capturing < 0) { /* no synchronisation during a capture */
         if (pick(2))
             EXPECT(cudaStreamSynchronize(slot[pick(NSLOTS)]), cudaSuccess);
         else
-            EXPECT(cudaDeviceSynchronize(), cudaSuccess);
+            device_synchronize();
     }
 }
 
@@ -318,11 +387,15 @@ static void run_seed(unsigned seed, unsigned ops)
     rng_state = 0x9e3779b97f4a7c15ull * (seed + 1);
     slot[0] = NULL;                 /* the legacy default stream */
     slot[1] = cudaStreamPerThread;  /* this thread's default stream */
-    for (int s = 2; s < NSLOTS; s++)
-        EXPECT(cudaStreamCreateWithFlags(&slot[s], s == 2 ? 0 : cudaStreamNonBlocking),
-                 cudaSuccess);
+    for (int s = 2; s < NSLOTS; s++) {
+        slot_non_blocking[s] = s != 2;
+        EXPECT(cudaStreamCreateWithFlags(&slot[s], slot_non_blocking[s] ? cudaStreamNonBlocking : 0),
+               cudaSuccess);
+    }
     for (op_now = 0; op_now < ops; op_now++)
         one_op();
+    if (capturing >= 0)
+        toggle_capture();
     fakecuda()->complete_all();
     for (size_t i = 0; i < ndestroyed; i++)
         fakecuda()->complete(destroyed[i]);
@@ -372,6 +445,10 @@ int main(int argc, char **argv)
         }
     e2e_program = "e2e_race";
     tracing = getenv("E2E_RACE_TRACE") != NULL;
+    pthread_rwlockattr_t gate_kind;
+    pthread_rwlockattr_init(&gate_kind);
+    pthread_rwlockattr_setkind_np(&gate_kind, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&capture_gate, &gate_kind);
     EXPECT(cudaFree(NULL), cudaSuccess);
     load_driver();
     pthread_t tid[16];
@@ -384,9 +461,17 @@ int main(int argc, char **argv)
     run_job(&jobs[0]);
     for (unsigned t = 1; t < threads; t++)
         EXPECT(pthread_join(tid[t], NULL), 0);
+    /* Nothing is live and every stream is done: the whole pool must come
+     * back. A fence that can never complete (an event recorded on a stream
+     * that had begun capturing: a captured event) keeps its blocks pending
+     * for good, and this allocation fails. */
+    void *whole = NULL;
+    EXPECT(cudaMalloc(&whole, 24u << 20), cudaSuccess);
+    EXPECT(cudaFree(whole), cudaSuccess);
     fakecuda_stats st;
     fakecuda()->stats(&st);
     CHECK_EQ(st.stale_handle_uses, 0);
+    CHECK_EQ(st.capture_invalidations, 0);
     e2e_failures += atomic_load(&failed_calls);
     printf("e2e_race: seeds %u-%u, %u operations each, %u thread(s): %llu kernels, %llu races\n",
            first, last, ops, threads, (unsigned long long)atomic_load(&kernels_run),
