@@ -98,8 +98,13 @@ static bool blocking_stream(const real_driver *R, CUstream s)
            !(flags & CU_STREAM_NON_BLOCKING);
 }
 
+/* Every capture begins between before_begin and began, the streams' change
+ * lock held (streams.c): no seal may ask whether s captures before the
+ * begin and record its event on s after it (the event would be a captured
+ * one, which never completes). */
 static void before_begin(CUstream s)
 {
+    streams_change_begin();
     const real_driver *R = real_driver_get();
     if (R)
         capture_stand_in(s, blocking_stream(R, s));
@@ -107,6 +112,7 @@ static void before_begin(CUstream s)
 
 static CUresult began(CUresult r, CUstream s)
 {
+    streams_change_end();
     if (r == CUDA_SUCCESS) {
         atomic_fetch_add_explicit(&underway, 1, memory_order_relaxed);
         green_capture_changed(s, +1);
@@ -134,11 +140,8 @@ static CUresult begin(int z, CUstream s, CUstreamCaptureMode mode)
     CUresult (*f)(CUstream, CUstreamCaptureMode) = REAL(StreamBeginCapture[z]);
     if (!f)
         return CUDA_ERROR_NOT_INITIALIZED;
-    streams_change_begin();
     before_begin(named(s, z));
-    CUresult r = began(f(s, mode), named(s, z));
-    streams_change_end();
-    return r;
+    return began(f(s, mode), named(s, z));
 }
 
 static CUresult begin_to_graph(int z, CUstream s, CUgraph g, const CUgraphNode *deps,
@@ -148,11 +151,8 @@ static CUresult begin_to_graph(int z, CUstream s, CUgraph g, const CUgraphNode *
                   CUstreamCaptureMode) = REAL(StreamBeginCaptureToGraph[z]);
     if (!f)
         return CUDA_ERROR_NOT_INITIALIZED;
-    streams_change_begin();
     before_begin(named(s, z));
-    CUresult r = began(f(s, g, deps, edges, n, mode), named(s, z));
-    streams_change_end();
-    return r;
+    return began(f(s, g, deps, edges, n, mode), named(s, z));
 }
 
 static CUresult end(int z, CUstream s, CUgraph *g)
@@ -213,11 +213,8 @@ static cudaError_t rt_begin(rt_begin_fn f, cudaStream_t s, enum cudaStreamCaptur
         return cudaErrorInsufficientDriver;
     if (!runtime_does_it())
         return f(s, mode);
-    streams_change_begin();
     before_begin(named((CUstream)s, z));
-    cudaError_t e = (cudaError_t)began((CUresult)f(s, mode), named((CUstream)s, z));
-    streams_change_end();
-    return e;
+    return (cudaError_t)began((CUresult)f(s, mode), named((CUstream)s, z));
 }
 
 static cudaError_t rt_end(rt_end_fn f, cudaStream_t s, cudaGraph_t *g, int z)

@@ -60,8 +60,8 @@ void streams_change_end(void) { pthread_rwlock_unlock(&use_lock); }
 /* Waits until no copy taken before now is in use. */
 static void wait_for_users(void)
 {
-    pthread_rwlock_wrlock(&use_lock);
-    pthread_rwlock_unlock(&use_lock);
+    streams_change_begin();
+    streams_change_end();
 }
 
 void streams_add(CUstream s)
