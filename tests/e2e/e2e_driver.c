@@ -325,13 +325,21 @@ static cuuint64_t pool_attr(CUmemoryPool pool, CUmemPool_attribute attr)
 #define RESERVED(p) pool_attr(p, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
 #define RESERVED_HIGH(p) pool_attr(p, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)
 
-static void pool_stats(void)
+/* Device 0's context current, its default memory pool, and a non-blocking
+ * stream to allocate from it on (the pool scenarios' start). */
+static CUmemoryPool default_pool_and_stream(CUstream *s)
 {
     start(0);
-    CUmemoryPool dflt = NULL, mine = NULL;
+    CUmemoryPool dflt = NULL;
     CHECK_EQ(D.DeviceGetDefaultMemPool(&dflt, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    return dflt;
+}
+
+static void pool_stats(void)
+{
     CUstream s;
-    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUmemoryPool dflt = default_pool_and_stream(&s), mine = NULL;
     CUdeviceptr a = 0, b = 0;
     CHECK_EQ(D.MemAllocAsync(&a, 3 * MiB, s), CUDA_SUCCESS);
     b = alloc_ok(MiB); /* plain: the same pool serves it */
@@ -395,11 +403,8 @@ static void pool_stats(void)
 
 static void pool_trim(void)
 {
-    start(0);
-    CUmemoryPool dflt = NULL;
-    CHECK_EQ(D.DeviceGetDefaultMemPool(&dflt, 0), CUDA_SUCCESS);
     CUstream s;
-    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUmemoryPool dflt = default_pool_and_stream(&s);
     CUdeviceptr small = alloc_ok(MiB), big = 0;
     CHECK_EQ(D.MemAllocAsync(&big, 64 * MiB, s), CUDA_SUCCESS); /* a region of its own */
     CHECK_EQ(D.MemFreeAsync(big, s), CUDA_SUCCESS);
@@ -419,11 +424,8 @@ static void pool_trim(void)
 /* The fake's pools, as cuda.h describes them (no shim in the way). */
 static void fake_pool_stats(void)
 {
-    start(0);
-    CUmemoryPool dflt = NULL;
-    CHECK_EQ(D.DeviceGetDefaultMemPool(&dflt, 0), CUDA_SUCCESS);
     CUstream s;
-    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUmemoryPool dflt = default_pool_and_stream(&s);
     size_t free0 = 0, free1 = 0, total = 0;
     CHECK_EQ(D.MemGetInfo(&free0, &total), CUDA_SUCCESS);
     CUdeviceptr a = 0, b = alloc_ok(MiB); /* plain memory is no pool's */
