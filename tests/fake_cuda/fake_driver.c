@@ -651,13 +651,18 @@ static void callbacks_ran(const work_item *w, size_t n)
 /* Lock held on entry, released on return: runs callbacks w (gathered under
  * the lock) outside it, after every batch gathered before them has run.
  * Threads complete streams concurrently; without the turns, a thread could
- * run a stream's later work while another still runs its earlier work (a
- * stream runs in order on a GPU), or return from a synchronisation while
- * the work it waits for runs in another thread. An empty batch waits its
- * turn too, for that reason. Until a callback has run, its work does not
- * count as done (stream_done_to), as a kernel is not done while it runs. A
- * callback must not call CUDA (as host functions must not); if it does,
- * its batch runs at once rather than wait for its own turn to end. */
+ * run a stream's later work while another still runs its earlier work, or
+ * return from a synchronisation while the work it waits for runs in another
+ * thread. cuda.h, cuLaunchHostFunc: a host function "will be called after
+ * currently enqueued work and will block work added after it", and "host
+ * functions without a mandated order (such as in independent streams)
+ * execute in undefined order and may be serialized": the turns serialise
+ * them, in an order that keeps each stream's. An empty batch waits its turn
+ * too. Until a callback has run, its work does not count as done
+ * (stream_done_to): cuEventQuery answers CUDA_SUCCESS only "if all captured
+ * work has been completed". "The host function must not make any CUDA API
+ * calls" (cuLaunchHostFunc); if a test's does, its batch runs at once
+ * rather than wait for its own turn to end. */
 static _Thread_local bool in_callbacks;
 static void unlock_and_run(work_item *w, size_t n)
 {
