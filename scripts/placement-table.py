@@ -23,17 +23,11 @@ import os
 import subprocess
 import sys
 
-from placement_scores import CANDIDATES, efficiency, leave_one_out
+from placement_scores import CANDIDATES, efficiency, leave_one_out, replay
 
 POLICIES = [("default", []), ("age", ["--placement", "age"]),
             ("low", ["--placement", "low"]), ("TSL", ["--tsl"])]
 GIB = 1 << 30
-
-
-def peak_bytes(bfcshim, trace):
-    r = subprocess.run([bfcshim, "replay", "--json", "--repeat", "1", "--pool-size", "1TiB",
-                        "--no-min-pool", trace], capture_output=True, text=True, check=True)
-    return json.loads(r.stdout)["peak_live_bytes"]
 
 
 def offline_bound(bfcshim, trace):
@@ -58,10 +52,11 @@ def table(bfcshim, traces, offline, real):
     print("|" + "---|" * len(head))
     rows = {}
     for t in traces:
-        eff = {p: efficiency(bfcshim, args, t) for p, args in POLICIES}
+        runs = {p: replay(bfcshim, args, t) for p, args in POLICIES}
+        eff = {p: r["efficiency"] for p, r in runs.items()}
         if offline:
             eff["offline"] = offline_bound(bfcshim, t)
-        peak = peak_bytes(bfcshim, t)
+        peak = runs["default"]["peak_live_bytes"]
         cells = [name(t), size(peak)] + ["%.4f" % eff[c] for c in cols]
         if real:
             bar = 0.99 if peak >= GIB else 0.97

@@ -1,6 +1,6 @@
-"""What placement-cv.py and placement-ensemble.py share: one trace's
-efficiency under `bfcshim replay --min-pool`, and the leave-one-out choice
-of a placement setting."""
+"""What placement-cv.py, placement-ensemble.py and placement-table.py share:
+one trace's replay under `bfcshim replay --min-pool` (its JSON, or only its
+efficiency), and the leave-one-out choice of a placement setting."""
 import json
 import subprocess
 import sys
@@ -13,13 +13,18 @@ CANDIDATES = [("age", ["--placement", "age"])] + [
 ]
 
 
-def efficiency(bfcshim, args, trace):
-    """peak live / smallest pool of `trace` replayed by `bfcshim` with `args`."""
+def replay(bfcshim, args, trace):
+    """`bfcshim replay --min-pool --json` of `trace` with `args`: its JSON."""
     r = subprocess.run([bfcshim, "replay", "--min-pool", "--json", "--repeat", "1"] + args
                        + [trace], capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit("%s replay %s: %s" % (bfcshim, trace, r.stderr.strip()))
-    return json.loads(r.stdout)["efficiency"]
+    return json.loads(r.stdout)
+
+
+def efficiency(bfcshim, args, trace):
+    """peak live / smallest pool of `trace` replayed by `bfcshim` with `args`."""
+    return replay(bfcshim, args, trace)["efficiency"]
 
 
 def leave_one_out(scores):
