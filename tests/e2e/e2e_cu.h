@@ -36,6 +36,7 @@ static struct {
     CUresult (*MemPoolSetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
     CUresult (*MemPoolTrimTo)(CUmemoryPool, size_t);
     CUresult (*StreamSynchronize)(CUstream);
+    CUresult (*StreamQuery)(CUstream);
     CUresult (*StreamCreate)(CUstream *, unsigned);
     CUresult (*StreamDestroy)(CUstream);
     CUresult (*StreamBeginCapture)(CUstream, CUstreamCaptureMode);
@@ -96,6 +97,7 @@ static inline void e2e_cu_load(void)
     E2E_CU(MemPoolSetAttribute, "cuMemPoolSetAttribute");
     E2E_CU(MemPoolTrimTo, "cuMemPoolTrimTo");
     E2E_CU(StreamSynchronize, "cuStreamSynchronize");
+    E2E_CU(StreamQuery, "cuStreamQuery");
 #undef E2E_CU
 }
 

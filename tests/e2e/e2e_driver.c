@@ -17,6 +17,10 @@
  *               rest; a destroyed
  *               context still current to another thread is
  *               CUDA_ERROR_CONTEXT_IS_DESTROYED there (cuda.h's rules)
+ *   fake-per-thread-streams  (driver door closed) a thread's per-thread
+ *               default stream of a context stays the same stream while the
+ *               context lives, through many resets of two devices' primary
+ *               contexts (each reset leaves a dead one behind)
  *   fake-pools  (driver door closed) a device's current pool must be its own;
  *               cuMemAllocFromPoolAsync allocates on the pool's device, not
  *               the stream's
@@ -291,6 +295,28 @@ static void fake_lifetime(void)
     CHECK_EQ(fake_stats().bytes_in_use[0], 0);
 }
 
+static void nothing(void *arg) { (void)arg; }
+
+static void fake_per_thread_streams(void)
+{
+    for (int round = 0; round < 40; round++) {
+        for (int d = 0; d < 2; d++) {
+            start(d);
+            CHECK_EQ(fakecuda()->launch(CU_STREAM_PER_THREAD, nothing, NULL), 0);
+        }
+        /* Each device's per-thread stream still holds this round's work: the
+         * handle must name the stream it was queued on, not a new one. */
+        for (int d = 0; d < 2; d++) {
+            start(d);
+            CHECK_EQ(D.StreamQuery(CU_STREAM_PER_THREAD), CUDA_ERROR_NOT_READY);
+        }
+        fakecuda()->complete_all();
+        CUdevice dev;
+        CHECK_EQ(D.DeviceGet(&dev, round % 2), CUDA_SUCCESS);
+        CHECK_EQ(D.DevicePrimaryCtxReset(dev), CUDA_SUCCESS);
+    }
+}
+
 static void fake_pools(void)
 {
     start(0);
@@ -519,6 +545,7 @@ int main(int argc, char **argv)
         {"async", async}, {"hooks-off", hooks_off}, {"platform-zero", platform_zero},
         {"context-churn", context_churn}, {"fake-lifetime", fake_lifetime},
         {"fake-pools", fake_pools}, {"before-init", before_init},
+        {"fake-per-thread-streams", fake_per_thread_streams},
         {"pool-stats", pool_stats}, {"fake-pool-stats", fake_pool_stats},
         {"pool-trim", pool_trim},
         {"fake-before-init", before_init},

@@ -440,13 +440,25 @@ static fstream *per_thread_stream(fctx *c)
 {
     if (!c)
         return NULL;
-    for (int i = 0; i < tls_nptds; i++)
-        if (tls_ptds[i].ctx == c && !tls_ptds[i].s->dead)
+    int reuse = -1; /* an entry whose stream died with its context */
+    for (int i = 0; i < tls_nptds; i++) {
+        if (tls_ptds[i].s->dead)
+            reuse = i;
+        else if (tls_ptds[i].ctx == c)
             return tls_ptds[i].s;
+    }
+    /* Only dead entries are replaced: overwriting a live one would give its
+     * context a second per-thread stream on the next use, and work queued
+     * on the first would no longer order anything after it. */
+    if (reuse < 0 && tls_nptds == (int)(sizeof tls_ptds / sizeof tls_ptds[0])) {
+        fprintf(stderr, "fake libcuda: one thread uses per-thread default streams of more than "
+                        "%d live contexts\n", tls_nptds);
+        abort();
+    }
     fstream *s = new_stream(c, 0, true);
     if (!s)
         return NULL; /* no host memory: the handle is refused */
-    int slot = tls_nptds < (int)(sizeof tls_ptds / sizeof tls_ptds[0]) ? tls_nptds++ : 0;
+    int slot = reuse >= 0 ? reuse : tls_nptds++;
     tls_ptds[slot].ctx = c;
     tls_ptds[slot].s = s;
     return s;
