@@ -14,9 +14,15 @@
  *   - hand-overs of a block to another stream behind an event
  *     (cudaStreamWaitEvent);
  *   - streams destroyed with work queued, and replaced;
+ *   - device resets with work queued and blocks live (one thread only);
  *   - captures (relaxed mode) begun and ended on non-blocking streams with
  *     work queued, other streams allocating and freeing meanwhile;
- *   - completions of streams in any order, and synchronisations.
+ *   - completions of streams in any order, and synchronisations;
+ *   - with devices=N, blocks on N devices, each used on its own device's
+ *     streams, with any device current where CUDA allows it: plain frees
+ *     and stream-ordered calls on created streams name their device
+ *     themselves (a block freed with another device current must still be
+ *     fenced by its own device's streams).
  * Every kernel checks that its block still holds the block's own tag, then
  * writes it again; the first kernel of a block writes the tag. A kernel that
  * finds another block's tag ran after the memory had been given to someone
@@ -34,9 +40,10 @@
  * 512-byte boundary and is a multiple of it, so a block that overlaps
  * another covers at least one of its sampled words.
  *
- *   e2e_race SEED_FIRST-SEED_LAST OPS [threads=N] [expect-races]
- *   e2e_race SCENARIO      (meson's tests: seeds 1-6, 3000 operations; with
- *                          threads=3 when SCENARIO starts with "threads",
+ *   e2e_race SEED_FIRST-SEED_LAST OPS [threads=N] [devices=N] [expect-races]
+ *   e2e_race SCENARIO      (meson's tests: seeds 1-20, 3000 operations; with
+ *                          threads=3 when SCENARIO names "threads",
+ *                          devices=2 when it names "devices",
  *                          expect-races when it is "immediate")
  *   (E2E_RACE_TRACE=1: log the calls)
  *
@@ -53,7 +60,8 @@
 
 #include "e2e_rt.h"
 
-#define NSLOTS 5      /* stream slots: legacy, per-thread default, three created */
+#define NSLOTS 5      /* stream slots per device: legacy, per-thread default, three created */
+#define MAXDEV 4
 #define MAXLIVE 48
 #define STRIDE 32     /* words between sampled words: 256 bytes */
 
@@ -61,7 +69,8 @@ typedef struct block {
     uint64_t *mem;
     size_t bytes;
     uint64_t tag;
-    int home;         /* stream slot */
+    int dev;          /* the device it lives on (and its streams) */
+    int home;         /* stream slot on that device */
     bool async;       /* from cudaMallocAsync or cuMemAllocAsync */
     bool orphan;      /* its stream was destroyed: only a plain free remains */
 } block;
@@ -111,13 +120,21 @@ static void load_driver(void)
     }
 }
 
-/* One program per thread. */
-static _Thread_local cudaStream_t slot[NSLOTS];
-static _Thread_local bool slot_non_blocking[NSLOTS];
-/* The slot whose stream is capturing (relaxed mode), or -1. Only a
- * non-blocking stream captures: a blocking one would forbid the legacy
- * stream to every thread, which other threads' programs do not know. */
-static _Thread_local int capturing = -1;
+/* One program per thread, over `ndev` devices, each with its stream slots.
+ * Slots 0 and 1 (the legacy and the per-thread default stream) are named by
+ * handles that mean "of the current device", so a program makes the block's
+ * device current before it uses them; created streams are used with any
+ * device current, as CUDA allows (stream-ordered calls act on the stream's
+ * device), and plain frees happen with whichever device is current. */
+static int ndev = 1;
+static _Thread_local cudaStream_t slot[MAXDEV][NSLOTS];
+static _Thread_local bool slot_non_blocking[MAXDEV][NSLOTS];
+static _Thread_local int current_dev;
+/* The slot whose stream is capturing (relaxed mode), or -1, and its device.
+ * Only a non-blocking stream captures: a blocking one would forbid the
+ * legacy stream to every thread, which other threads' programs do not
+ * know. */
+static _Thread_local int capturing = -1, capturing_dev;
 /* A program may not synchronise the device while any thread captures (the
  * fake, reading cuda.h harshly, invalidates the capture, as
  * cuCtxRecordEvent's text says it does): captures hold this gate shared,
@@ -131,8 +148,29 @@ static void device_synchronize(void)
     EXPECT(cudaDeviceSynchronize(), cudaSuccess);
     pthread_rwlock_unlock(&capture_gate);
 }
-static _Thread_local cudaStream_t destroyed[1024]; /* destroyed, work maybe still queued */
+
+static void use_device(int d)
+{
+    if (d != current_dev) {
+        EXPECT(cudaSetDevice(d), cudaSuccess);
+        current_dev = d;
+    }
+}
+
+/* Makes d current when slot s's handle means "the current device's". */
+static cudaStream_t stream_at(int d, int s)
+{
+    if (s < 2)
+        use_device(d);
+    return slot[d][s];
+}
+
+static bool is_capturing(int d, int s) { return capturing == s && capturing_dev == d; }
+/* Streams destroyed with work maybe still queued, and their devices. */
+static _Thread_local cudaStream_t destroyed[1024];
+static _Thread_local int destroyed_dev[1024];
 static _Thread_local size_t ndestroyed;
+static bool single_thread; /* device resets only then: they kill every thread's handles */
 static _Thread_local block live[MAXLIVE];
 static _Thread_local size_t nlive;
 static _Thread_local unsigned seed_now, op_now;
@@ -192,7 +230,7 @@ static void launch(const block *b, bool first)
     kernel *k = malloc(sizeof *k);
     *k = (kernel){.mem = b->mem, .bytes = b->bytes, .tag = b->tag, .first = first,
                   .seed = seed_now, .op = op_now};
-    EXPECT(fakecuda()->launch(slot[b->home], run_kernel, k), 0);
+    EXPECT(fakecuda()->launch(stream_at(b->dev, b->home), run_kernel, k), 0);
 }
 
 static size_t random_size(void)
@@ -206,15 +244,21 @@ static void new_block(bool async)
 {
     if (nlive == MAXLIVE)
         return;
+    const int dev = (int)pick((size_t)ndev);
     int home = (int)pick(NSLOTS);
-    if (home == capturing) /* an allocation there would be the graph's */
+    if (is_capturing(dev, home)) /* an allocation there would be the graph's */
         home = 0;
     size_t n = random_size();
     void *p = NULL;
     const bool driver = pick(2);
+    /* A plain allocation comes from the current device; a stream-ordered
+     * one from its stream's, whichever device is current. */
+    if (!async)
+        use_device(dev);
+    cudaStream_t st = stream_at(dev, home);
     if (driver) {
         CUdeviceptr d = 0;
-        CUresult r = async ? cu.AllocAsync(&d, n, (CUstream)slot[home]) : cu.Alloc(&d, n);
+        CUresult r = async ? cu.AllocAsync(&d, n, (CUstream)st) : cu.Alloc(&d, n);
         if (r == CUDA_ERROR_OUT_OF_MEMORY)
             return; /* a full device: allowed */
         EXPECT(r, CUDA_SUCCESS);
@@ -222,7 +266,7 @@ static void new_block(bool async)
             return;
         p = (void *)(uintptr_t)d;
     } else {
-        cudaError_t e = async ? cudaMallocAsync(&p, n, slot[home]) : cudaMalloc(&p, n);
+        cudaError_t e = async ? cudaMallocAsync(&p, n, st) : cudaMalloc(&p, n);
         if (e == cudaErrorMemoryAllocation)
             return;
         EXPECT(e, cudaSuccess);
@@ -230,47 +274,53 @@ static void new_block(bool async)
             return;
     }
     block *b = &live[nlive++];
-    *b = (block){.mem = p, .bytes = n, .tag = atomic_fetch_add(&next_tag, 1) + 1, .home = home, .async = async};
-    trace("alloc tag %llu at %p, %zu bytes, %s, stream slot %d (%p)", (unsigned long long)b->tag,
-          (void *)b->mem, n,
+    *b = (block){.mem = p, .bytes = n, .tag = atomic_fetch_add(&next_tag, 1) + 1, .dev = dev,
+                 .home = home, .async = async};
+    trace("alloc tag %llu at %p, %zu bytes, %s, device %d (current %d), stream slot %d (%p)",
+          (unsigned long long)b->tag, (void *)b->mem, n,
           driver ? (async ? "cuMemAllocAsync" : "cuMemAlloc") : (async ? "cudaMallocAsync" : "cudaMalloc"),
-          home, (void *)slot[home]);
+          dev, current_dev, home, (void *)st);
     launch(b, true);
 }
 
 static void free_block(size_t i, bool async)
 {
     block *b = &live[i];
+    const bool home_captures = is_capturing(b->dev, b->home);
     /* While its stream captures, a block is not freed stream-ordered there
      * (a free node takes only graph allocations), and one from
      * cuMemAllocAsync is not freed plainly (its stream cannot be
      * synchronised); an orphan from cuMemAllocAsync waits for the device,
      * which no capture allows. */
-    if (capturing >= 0 && b->async && (b->home == capturing || b->orphan))
+    if (capturing >= 0 && b->async && (home_captures || b->orphan))
         return;
-    if (b->home == capturing)
+    if (home_captures)
         async = false;
     const bool driver = pick(2);
     const CUdeviceptr d = (CUdeviceptr)(uintptr_t)b->mem;
     async = async && !b->orphan;
-    trace("free tag %llu at %p, %s%s, stream slot %d (%p)", (unsigned long long)b->tag,
-          (void *)b->mem,
+    trace("free tag %llu at %p, %s%s, device %d (current %d), stream slot %d (%p)",
+          (unsigned long long)b->tag, (void *)b->mem,
           driver ? (async ? "cuMemFreeAsync" : "cuMemFree") : (async ? "cudaFreeAsync" : "cudaFree"),
-          b->orphan ? " (orphan)" : "", b->home, (void *)slot[b->home]);
+          b->orphan ? " (orphan)" : "", b->dev, current_dev, b->home, (void *)slot[b->dev][b->home]);
     if (async) {
+        cudaStream_t st = stream_at(b->dev, b->home);
         if (driver)
-            EXPECT(cu.FreeAsync(d, (CUstream)slot[b->home]), CUDA_SUCCESS);
+            EXPECT(cu.FreeAsync(d, (CUstream)st), CUDA_SUCCESS);
         else
-            EXPECT(cudaFreeAsync(b->mem, slot[b->home]), cudaSuccess);
+            EXPECT(cudaFreeAsync(b->mem, st), cudaSuccess);
     } else {
         /* cuda.h, cuMemFree: no implicit synchronisation for a pointer from
          * cuMemAllocAsync; "callers must ensure that all accesses to these
          * pointer have completed". Other pointers may be freed with work
-         * queued (the real free synchronises; the shim fences). */
-        if (b->async && b->orphan)
+         * queued (the real free synchronises; the shim fences), and with
+         * another device current (unified addressing names the block). */
+        if (b->async && b->orphan) {
+            use_device(b->dev);
             device_synchronize();
-        else if (b->async)
-            EXPECT(cudaStreamSynchronize(slot[b->home]), cudaSuccess);
+        } else if (b->async) {
+            EXPECT(cudaStreamSynchronize(stream_at(b->dev, b->home)), cudaSuccess);
+        }
         if (driver)
             EXPECT(cu.Free(d), CUDA_SUCCESS);
         else
@@ -279,43 +329,93 @@ static void free_block(size_t i, bool async)
     live[i] = live[--nlive];
 }
 
-/* Moves a block to another stream, as a program hands a tensor over: an
- * event recorded on its stream, the new stream waiting for it (and the event
- * destroyed at once: the wait keeps what it captured). Its later kernels and
- * a stream-ordered free go on the new stream; a block reused there at once
- * after that free is safe only if the wait orders the old stream's work
- * first. */
+/* Moves a block to another stream of its device, as a program hands a
+ * tensor over: an event recorded on its stream (an event of the device's
+ * context: that device current when it is made), the new stream waiting for
+ * it (and the event destroyed at once: the wait keeps what it captured). Its
+ * later kernels and a stream-ordered free go on the new stream; a block
+ * reused there at once after that free is safe only if the wait orders the
+ * old stream's work first. */
 static void hand_over(block *b)
 {
     int to = (int)pick(NSLOTS);
-    if (b->orphan || to == b->home || to == capturing || b->home == capturing)
+    if (b->orphan || to == b->home || is_capturing(b->dev, to) || is_capturing(b->dev, b->home))
         return;
+    use_device(b->dev);
     cudaEvent_t ev;
     EXPECT(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
-    EXPECT(cudaEventRecord(ev, slot[b->home]), cudaSuccess);
-    EXPECT(cudaStreamWaitEvent(slot[to], ev, 0), cudaSuccess);
+    EXPECT(cudaEventRecord(ev, slot[b->dev][b->home]), cudaSuccess);
+    EXPECT(cudaStreamWaitEvent(slot[b->dev][to], ev, 0), cudaSuccess);
     EXPECT(cudaEventDestroy(ev), cudaSuccess);
-    trace("tag %llu handed from stream slot %d to %d", (unsigned long long)b->tag, b->home, to);
+    trace("tag %llu handed from stream slot %d to %d on device %d", (unsigned long long)b->tag,
+          b->home, to, b->dev);
     b->home = to;
 }
 
 /* Destroys a created stream with its work still queued (CUDA lets that work
- * finish) and puts a new one in its slot; its blocks become orphans. */
+ * finish), whichever device is current, and puts a new one of the same
+ * device in its slot; its blocks become orphans. */
 static void replace_stream(void)
 {
-    int s = 2 + (int)pick(NSLOTS - 2);
-    if (s == capturing)
+    int d = (int)pick((size_t)ndev), s = 2 + (int)pick(NSLOTS - 2);
+    if (is_capturing(d, s))
         return;
-    EXPECT(cudaStreamDestroy(slot[s]), cudaSuccess);
-    if (ndestroyed < sizeof destroyed / sizeof *destroyed)
-        destroyed[ndestroyed++] = slot[s];
+    EXPECT(cudaStreamDestroy(slot[d][s]), cudaSuccess);
+    if (ndestroyed < sizeof destroyed / sizeof *destroyed) {
+        destroyed_dev[ndestroyed] = d;
+        destroyed[ndestroyed++] = slot[d][s];
+    }
     for (size_t i = 0; i < nlive; i++)
-        if (live[i].home == s)
+        if (live[i].dev == d && live[i].home == s)
             live[i].orphan = true;
-    slot_non_blocking[s] = pick(2);
-    EXPECT(cudaStreamCreateWithFlags(&slot[s], slot_non_blocking[s] ? cudaStreamNonBlocking : 0),
+    slot_non_blocking[d][s] = pick(2);
+    use_device(d); /* a stream belongs to the device current when it is made */
+    EXPECT(cudaStreamCreateWithFlags(&slot[d][s], slot_non_blocking[d][s] ? cudaStreamNonBlocking : 0),
            cudaSuccess);
-    trace("stream slot %d destroyed, now %p", s, (void *)slot[s]);
+    trace("stream slot %d of device %d destroyed, now %p", s, d, (void *)slot[d][s]);
+}
+
+static void create_streams(int d)
+{
+    use_device(d);
+    slot[d][0] = NULL;                /* the legacy default stream */
+    slot[d][1] = cudaStreamPerThread; /* this thread's default stream */
+    for (int s = 2; s < NSLOTS; s++) {
+        slot_non_blocking[d][s] = s != 2;
+        EXPECT(cudaStreamCreateWithFlags(&slot[d][s], slot_non_blocking[d][s] ? cudaStreamNonBlocking : 0),
+               cudaSuccess);
+    }
+}
+
+/* cudaDeviceReset with work queued on the device's streams (destroyed ones
+ * too) and blocks live: the driver finishes the work, then the context, its
+ * streams and its memory go. The program forgets the device's blocks and
+ * streams and starts over on it; the shim must not touch a dead handle
+ * (stale_handle_uses) and must serve the device from a fresh pool. (CUDA
+ * would keep cudaMallocAsync's blocks past a reset; the shim's pool goes
+ * with its context, docs/limitations.md, so the program forgets those as
+ * well.) */
+static void reset_device(int d)
+{
+    if (!single_thread || capturing >= 0)
+        return;
+    use_device(d);
+    EXPECT(cudaDeviceReset(), cudaSuccess);
+    for (size_t i = 0; i < nlive;)
+        if (live[i].dev == d)
+            live[i] = live[--nlive];
+        else
+            i++;
+    for (size_t i = 0; i < ndestroyed;)
+        if (destroyed_dev[i] == d) {
+            destroyed[i] = destroyed[--ndestroyed];
+            destroyed_dev[i] = destroyed_dev[ndestroyed];
+        } else {
+            i++;
+        }
+    EXPECT(cudaSetDevice(d), cudaSuccess); /* "any subsequent API call ... will reinitialize" */
+    create_streams(d);
+    trace("device %d reset", d);
 }
 
 /* Begins a capture (relaxed mode) on a non-blocking created stream, or ends
@@ -327,19 +427,20 @@ static void toggle_capture(void)
 {
     if (capturing >= 0) {
         cudaGraph_t g;
-        EXPECT(cudaStreamEndCapture(slot[capturing], &g), cudaSuccess);
+        EXPECT(cudaStreamEndCapture(slot[capturing_dev][capturing], &g), cudaSuccess);
         pthread_rwlock_unlock(&capture_gate);
-        trace("capture on stream slot %d ended", capturing);
+        trace("capture on stream slot %d of device %d ended", capturing, capturing_dev);
         capturing = -1;
         return;
     }
-    int s = 2 + (int)pick(NSLOTS - 2);
-    if (!slot_non_blocking[s])
+    int d = (int)pick((size_t)ndev), s = 2 + (int)pick(NSLOTS - 2);
+    if (!slot_non_blocking[d][s])
         return;
     pthread_rwlock_rdlock(&capture_gate);
-    EXPECT(cudaStreamBeginCapture(slot[s], cudaStreamCaptureModeRelaxed), cudaSuccess);
+    EXPECT(cudaStreamBeginCapture(slot[d][s], cudaStreamCaptureModeRelaxed), cudaSuccess);
     capturing = s;
-    trace("capture on stream slot %d begun", s);
+    capturing_dev = d;
+    trace("capture on stream slot %d of device %d begun", s, d);
 }
 
 static void one_op(void)
@@ -352,7 +453,7 @@ static void one_op(void)
     else if (r < 55) {
         if (nlive) {
             block *b = &live[pick(nlive)];
-            if (!b->orphan && b->home != capturing)
+            if (!b->orphan && !is_capturing(b->dev, b->home))
                 launch(b, false);
         }
     } else if (r < 60) {
@@ -365,19 +466,28 @@ static void one_op(void)
         if (nlive)
             free_block(pick(nlive), true);
     } else if (r < 93) {
-        fakecuda()->complete(slot[pick(NSLOTS)]);
+        int d = (int)pick((size_t)ndev);
+        fakecuda()->complete(stream_at(d, (int)pick(NSLOTS)));
     } else if (r < 95) {
         toggle_capture();
     } else if (r < 97) {
         if (ndestroyed)
             fakecuda()->complete(destroyed[pick(ndestroyed)]);
-    } else if (r < 99) {
+    } else if (r < 98) {
         replace_stream();
-    } else if (capturing < 0) { /* no synchronisation during a capture */
-        if (pick(2))
-            EXPECT(cudaStreamSynchronize(slot[pick(NSLOTS)]), cudaSuccess);
+    } else if (r < 99) {
+        if (pick(8))
+            use_device((int)pick((size_t)ndev)); /* a program moving on to another device */
         else
+            reset_device((int)pick((size_t)ndev));
+    } else if (capturing < 0) { /* no synchronisation during a capture */
+        int d = (int)pick((size_t)ndev);
+        if (pick(2)) {
+            EXPECT(cudaStreamSynchronize(stream_at(d, (int)pick(NSLOTS))), cudaSuccess);
+        } else {
+            use_device(d);
             device_synchronize();
+        }
     }
 }
 
@@ -385,13 +495,8 @@ static void run_seed(unsigned seed, unsigned ops)
 {
     seed_now = seed;
     rng_state = 0x9e3779b97f4a7c15ull * (seed + 1);
-    slot[0] = NULL;                 /* the legacy default stream */
-    slot[1] = cudaStreamPerThread;  /* this thread's default stream */
-    for (int s = 2; s < NSLOTS; s++) {
-        slot_non_blocking[s] = s != 2;
-        EXPECT(cudaStreamCreateWithFlags(&slot[s], slot_non_blocking[s] ? cudaStreamNonBlocking : 0),
-               cudaSuccess);
-    }
+    for (int d = 0; d < ndev; d++)
+        create_streams(d);
     for (op_now = 0; op_now < ops; op_now++)
         one_op();
     if (capturing >= 0)
@@ -402,8 +507,9 @@ static void run_seed(unsigned seed, unsigned ops)
     ndestroyed = 0;
     while (nlive)
         free_block(nlive - 1, false);
-    for (int s = 2; s < NSLOTS; s++)
-        EXPECT(cudaStreamDestroy(slot[s]), cudaSuccess);
+    for (int d = 0; d < ndev; d++)
+        for (int s = 2; s < NSLOTS; s++)
+            EXPECT(cudaStreamDestroy(slot[d][s]), cudaSuccess);
     fakecuda()->complete_all();
 }
 
@@ -424,14 +530,15 @@ static void *run_job(void *arg)
 
 int main(int argc, char **argv)
 {
-    unsigned first = 1, last = 6, ops = 3000, threads = 1;
+    unsigned first = 1, last = 20, ops = 3000, threads = 1, devices = 1;
     bool expect_races = false;
     if (argc < 2) {
-        fprintf(stderr, "usage: e2e_race FIRST-LAST OPS [threads=N] [expect-races] | SCENARIO\n");
+        fprintf(stderr, "usage: e2e_race FIRST-LAST OPS [threads=N] [devices=N] [expect-races] | SCENARIO\n");
         return 2;
     }
     if (sscanf(argv[1], "%u-%u", &first, &last) != 2) {
-        threads = strncmp(argv[1], "threads", 7) == 0 ? 3 : 1;
+        threads = strstr(argv[1], "threads") ? 3 : 1;
+        devices = strstr(argv[1], "devices") ? 2 : 1;
         expect_races = strcmp(argv[1], "immediate") == 0;
     } else if (argc > 2) {
         ops = (unsigned)atoi(argv[2]);
@@ -439,7 +546,12 @@ int main(int argc, char **argv)
     for (int a = 3; a < argc; a++)
         if (strcmp(argv[a], "expect-races") == 0)
             expect_races = true;
-        else if (sscanf(argv[a], "threads=%u", &threads) != 1 || threads < 1 || threads > 16) {
+        else if (sscanf(argv[a], "devices=%u", &devices) == 1) {
+            if (devices < 1 || devices > MAXDEV) {
+                fprintf(stderr, "e2e_race: devices=%u: 1 to %d\n", devices, MAXDEV);
+                return 2;
+            }
+        } else if (sscanf(argv[a], "threads=%u", &threads) != 1 || threads < 1 || threads > 16) {
             fprintf(stderr, "e2e_race: bad argument %s\n", argv[a]);
             return 2;
         }
@@ -450,6 +562,15 @@ int main(int argc, char **argv)
     pthread_rwlockattr_setkind_np(&gate_kind, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
     pthread_rwlock_init(&capture_gate, &gate_kind);
     EXPECT(cudaFree(NULL), cudaSuccess);
+    int count = 0;
+    EXPECT(cudaGetDeviceCount(&count), cudaSuccess);
+    if (count < (int)devices) {
+        fprintf(stderr, "e2e_race: devices=%u, and the driver has %d (FAKECUDA_DEVICES)\n", devices,
+                count);
+        return 2;
+    }
+    ndev = (int)devices;
+    single_thread = threads == 1;
     load_driver();
     pthread_t tid[16];
     job jobs[16];
@@ -465,16 +586,20 @@ int main(int argc, char **argv)
      * back. A fence that can never complete (an event recorded on a stream
      * that had begun capturing: a captured event) keeps its blocks pending
      * for good, and this allocation fails. */
-    void *whole = NULL;
-    EXPECT(cudaMalloc(&whole, 24u << 20), cudaSuccess);
-    EXPECT(cudaFree(whole), cudaSuccess);
+    for (int d = 0; d < ndev; d++) {
+        void *whole = NULL;
+        use_device(d);
+        EXPECT(cudaMalloc(&whole, 24u << 20), cudaSuccess);
+        EXPECT(cudaFree(whole), cudaSuccess);
+    }
     fakecuda_stats st;
     fakecuda()->stats(&st);
     CHECK_EQ(st.stale_handle_uses, 0);
     CHECK_EQ(st.capture_invalidations, 0);
     e2e_failures += atomic_load(&failed_calls);
-    printf("e2e_race: seeds %u-%u, %u operations each, %u thread(s): %llu kernels, %llu races\n",
-           first, last, ops, threads, (unsigned long long)atomic_load(&kernels_run),
+    printf("e2e_race: seeds %u-%u, %u operations each, %u thread(s), %d device(s): %llu kernels, "
+           "%llu races\n",
+           first, last, ops, threads, ndev, (unsigned long long)atomic_load(&kernels_run),
            (unsigned long long)atomic_load(&races));
     if (expect_races) {
         if (!atomic_load(&races)) {
