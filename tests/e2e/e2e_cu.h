@@ -37,6 +37,10 @@ static struct {
     CUresult (*MemPoolTrimTo)(CUmemoryPool, size_t);
     CUresult (*StreamSynchronize)(CUstream);
     CUresult (*StreamQuery)(CUstream);
+    CUresult (*EventCreate)(CUevent *, unsigned);
+    CUresult (*EventRecord)(CUevent, CUstream);
+    CUresult (*EventQuery)(CUevent);
+    CUresult (*EventDestroy)(CUevent);
     CUresult (*StreamCreate)(CUstream *, unsigned);
     CUresult (*StreamDestroy)(CUstream);
     CUresult (*StreamBeginCapture)(CUstream, CUstreamCaptureMode);
@@ -98,6 +102,10 @@ static inline void e2e_cu_load(void)
     E2E_CU(MemPoolTrimTo, "cuMemPoolTrimTo");
     E2E_CU(StreamSynchronize, "cuStreamSynchronize");
     E2E_CU(StreamQuery, "cuStreamQuery");
+    E2E_CU(EventCreate, "cuEventCreate");
+    E2E_CU(EventRecord, "cuEventRecord");
+    E2E_CU(EventQuery, "cuEventQuery");
+    E2E_CU(EventDestroy, "cuEventDestroy_v2");
 #undef E2E_CU
 }
 

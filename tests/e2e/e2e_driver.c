@@ -21,6 +21,13 @@
  *               default stream of a context stays the same stream while the
  *               context lives, through many resets of two devices' primary
  *               contexts (each reset leaves a dead one behind)
+ *   fake-legacy-sync  (driver door closed) the legacy stream's implicit
+ *               synchronisation: work on a blocking stream (a created one,
+ *               the per-thread default stream) runs after the legacy
+ *               stream's work queued before it, and legacy work after
+ *               theirs; an event on a blocking stream waits for earlier
+ *               legacy work; a legacy kernel that never ends holds blocking
+ *               streams back, not non-blocking ones
  *   fake-pools  (driver door closed) a device's current pool must be its own;
  *               cuMemAllocFromPoolAsync allocates on the pool's device, not
  *               the stream's
@@ -317,6 +324,63 @@ static void fake_per_thread_streams(void)
     }
 }
 
+/* Host work that notes the order in which it ran. */
+static char ran[16];
+static int nran;
+static void note(void *arg) { ran[nran++] = *(const char *)arg; }
+
+static void fake_legacy_sync(void)
+{
+    start(0);
+    CUstream b, nb;
+    CHECK_EQ(D.StreamCreate(&b, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&nb, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    /* A blocking stream's work waits for the legacy work before it. */
+    CHECK_EQ(fakecuda()->launch(CU_STREAM_LEGACY, note, "L"), 0);
+    CHECK_EQ(fakecuda()->launch(b, note, "b"), 0);
+    CHECK_EQ(fakecuda()->launch(nb, note, "n"), 0);
+    fakecuda()->complete(b);
+    CHECK_EQ(nran, 2);
+    CHECK_EQ(memcmp(ran, "Lb", 2), 0);
+    CHECK_EQ(D.StreamQuery(CU_STREAM_LEGACY), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamQuery(nb), CUDA_ERROR_NOT_READY); /* not joined */
+    fakecuda()->complete(nb);
+    /* Legacy work waits for the blocking streams' work before it, the
+     * per-thread default stream's included. */
+    nran = 0;
+    CHECK_EQ(fakecuda()->launch(b, note, "b"), 0);
+    CHECK_EQ(fakecuda()->launch(CU_STREAM_PER_THREAD, note, "p"), 0);
+    CHECK_EQ(fakecuda()->launch(CU_STREAM_LEGACY, note, "L"), 0);
+    fakecuda()->complete(CU_STREAM_LEGACY);
+    CHECK_EQ(nran, 3);
+    CHECK_EQ(ran[2], 'L');
+    /* An event on an idle blocking stream still waits for legacy work. */
+    CUevent e;
+    CHECK_EQ(D.EventCreate(&e, 0), CUDA_SUCCESS);
+    CHECK_EQ(fakecuda()->launch(CU_STREAM_LEGACY, note, "L"), 0);
+    CHECK_EQ(D.EventRecord(e, b), CUDA_SUCCESS);
+    CHECK_EQ(D.EventQuery(e), CUDA_ERROR_NOT_READY);
+    fakecuda()->complete(CU_STREAM_LEGACY);
+    CHECK_EQ(D.EventQuery(e), CUDA_SUCCESS);
+    CHECK_EQ(D.EventDestroy(e), CUDA_SUCCESS);
+    /* A legacy kernel that never ends holds the blocking streams back. */
+    nran = 0;
+    CHECK_EQ(fakecuda()->launch_stuck(CU_STREAM_LEGACY), 0);
+    CHECK_EQ(fakecuda()->launch(b, note, "b"), 0);
+    CHECK_EQ(fakecuda()->launch(nb, note, "n"), 0);
+    fakecuda()->complete(b);
+    fakecuda()->complete(nb);
+    CHECK_EQ(nran, 1);
+    CHECK_EQ(ran[0], 'n');
+    CHECK_EQ(D.StreamQuery(b), CUDA_ERROR_NOT_READY);
+    fakecuda_stats st = fake_stats();
+    CHECK_EQ(st.implicit_joins, 3); /* b after L, L after b and p, b after the stuck L */
+    /* The reset drops the work that never ends. */
+    CUdevice d0;
+    CHECK_EQ(D.DeviceGet(&d0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxReset(d0), CUDA_SUCCESS);
+}
+
 static void fake_pools(void)
 {
     start(0);
@@ -546,6 +610,7 @@ int main(int argc, char **argv)
         {"context-churn", context_churn}, {"fake-lifetime", fake_lifetime},
         {"fake-pools", fake_pools}, {"before-init", before_init},
         {"fake-per-thread-streams", fake_per_thread_streams},
+        {"fake-legacy-sync", fake_legacy_sync},
         {"pool-stats", pool_stats}, {"fake-pool-stats", fake_pool_stats},
         {"pool-trim", pool_trim},
         {"fake-before-init", before_init},

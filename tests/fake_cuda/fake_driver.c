@@ -18,16 +18,17 @@
  *   streams   each keeps a queue of work (host callbacks, event records)
  *             that completes only when a test calls complete(), or when a
  *             synchronise call forces it, as a host waiting on a GPU would.
- *             The legacy stream (0 or CU_STREAM_LEGACY) is per context; an
- *             event recorded on it also waits for every blocking stream,
- *             the per-thread default streams of every thread included ("the
- *             legacy stream first waits on all blocking streams"; the
- *             per-thread default stream is a blocking one: "Stream
- *             synchronization behavior", docs.nvidia.com/cuda/
- *             cuda-driver-api/stream-sync-behavior.html). The converse
- *             (blocking streams then wait for the legacy stream) is not
- *             modelled: an event there may complete sooner than on a GPU,
- *             which makes reuse look less safe, never more.
+ *             The legacy stream (0 or CU_STREAM_LEGACY) is per context and
+ *             synchronises implicitly with its blocking streams, the
+ *             per-thread default streams of every thread included ("the
+ *             legacy stream first waits on all blocking streams, the
+ *             operation is queued in the legacy stream, and then all
+ *             blocking streams wait on the legacy stream"; the per-thread
+ *             default stream is a blocking one: "Stream synchronization
+ *             behavior", docs.nvidia.com/cuda/cuda-driver-api/
+ *             stream-sync-behavior.html): each operation of either kind
+ *             first waits for the other kind's work queued before it
+ *             (implicit_join), and an event records those positions too.
  *             cuStreamDestroy returns at once and the stream's queued work
  *             goes on until it completes ("resources ... released
  *             automatically once the device has completed all work",
@@ -581,9 +582,63 @@ static void enqueue(fstream *s, work_item w)
     s->queue[s->nqueue++] = w;
 }
 
+/* Lock held: has stream o work queued that a new operation of the legacy
+ * stream in its context must wait for? Blocking streams do, destroyed ones
+ * too (their queued work goes on), captured work does not run. */
+static bool legacy_must_wait_for(const fstream *o, const fctx *c)
+{
+    return o->ctx == c && blocking(o) && !o->dead && !live_capture(o) &&
+           !stream_done_to(o, o->submitted);
+}
+
+/* Lock held: the legacy stream's implicit synchronisation, before a new
+ * operation of s: "the legacy stream first waits on all blocking streams,
+ * the operation is queued in the legacy stream, and then all blocking
+ * streams wait on the legacy stream" (stream-sync-behavior, docs.nvidia.com/
+ * cuda/cuda-driver-api/stream-sync-behavior.html). So an operation of a
+ * blocking stream runs after the legacy stream's work queued before it, and
+ * one of the legacy stream after every blocking stream's. Each is a wait
+ * item, as cuStreamWaitEvent makes. Captured operations do not run, so they
+ * wait for nothing. */
+static void implicit_join(fstream *s)
+{
+    if (live_capture(s))
+        return;
+    dep *waits = NULL;
+    size_t n = 0, cap = 0;
+    if (s->legacy) {
+        for (fstream *o = G.streams; o; o = o->next) {
+            if (!legacy_must_wait_for(o, s->ctx))
+                continue;
+            if (n == cap) {
+                cap = cap ? 2 * cap : 8;
+                waits = realloc(waits, cap * sizeof *waits);
+            }
+            waits[n++] = (dep){o, o->submitted};
+        }
+    } else if (blocking(s)) {
+        fstream *l = &s->ctx->legacy;
+        if (!stream_done_to(l, l->submitted)) {
+            waits = malloc(sizeof *waits);
+            waits[n++] = (dep){l, l->submitted};
+        }
+    }
+    if (n == 0) {
+        free(waits);
+        return;
+    }
+    if (!waits) {
+        fprintf(stderr, "fake libcuda: out of memory for the legacy stream's waits\n");
+        abort();
+    }
+    G.st.implicit_joins++;
+    enqueue(s, (work_item){.seq = ++s->submitted, .waits = waits, .nwaits = n});
+}
+
 /* Lock held: appends work and returns its sequence number. */
 static uint64_t submit(fstream *s, fakecuda_work fn, void *arg)
 {
+    implicit_join(s);
     uint64_t seq = ++s->submitted;
     if (fn)
         enqueue(s, (work_item){.seq = seq, .fn = fn, .arg = arg});
@@ -1822,14 +1877,21 @@ static CUresult event_record(CUevent h, CUstream sh)
     e->captured = s->capturing;
     e->ndeps = 0;
     /* Complete once the work submitted before it is: an event on an idle
-     * stream is complete at once, as on an idle GPU. */
+     * stream is complete at once, as on an idle GPU. On a blocking stream
+     * the record is an operation like any other, behind the legacy
+     * stream's work (implicit_join). */
+    if (!s->legacy && blocking(s) && !live_capture(s)) {
+        fstream *l = &s->ctx->legacy;
+        if (!stream_done_to(l, l->submitted))
+            event_add_dep(e, l, l->submitted);
+    }
     event_add_dep(e, s, s->submitted);
     /* An event on the legacy stream also waits for every blocking stream
      * (destroyed ones too: their queued work goes on); those with nothing
      * queued are already done. */
     if (s->legacy)
         for (fstream *o = G.streams; o; o = o->next)
-            if (o->ctx == s->ctx && blocking(o) && !o->dead && !stream_done_to(o, o->submitted))
+            if (legacy_must_wait_for(o, s->ctx))
                 event_add_dep(e, o, o->submitted);
     maybe_autocomplete_and_unlock(s);
     return CUDA_SUCCESS;
