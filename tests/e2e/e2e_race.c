@@ -12,7 +12,8 @@
  *     legacy stream, the per-thread default stream or a created one;
  *   - frees, plain or stream-ordered on the home stream;
  *   - hand-overs of a block to another stream behind an event
- *     (cudaStreamWaitEvent);
+ *     (cudaStreamWaitEvent), or, between the legacy stream and a blocking
+ *     one, behind nothing but the legacy stream's implicit synchronisation;
  *   - streams destroyed with work queued, and replaced;
  *   - device resets with work queued and blocks live (one thread only);
  *   - captures (relaxed mode) begun and ended on non-blocking streams with
@@ -336,11 +337,23 @@ static void free_block(size_t i, bool async)
  * later kernels and a stream-ordered free go on the new stream; a block
  * reused there at once after that free is safe only if the wait orders the
  * old stream's work first. */
+static bool blocking_slot(int d, int s) { return s == 1 || (s >= 2 && !slot_non_blocking[d][s]); }
+
 static void hand_over(block *b)
 {
     int to = (int)pick(NSLOTS);
     if (b->orphan || to == b->home || is_capturing(b->dev, to) || is_capturing(b->dev, b->home))
         return;
+    /* Between the legacy stream and a blocking one no event is needed: each
+     * operation of one waits for the other's work queued before it. */
+    const bool implicit = (b->home == 0 && blocking_slot(b->dev, to)) ||
+                          (to == 0 && blocking_slot(b->dev, b->home));
+    if (implicit && pick(2)) {
+        trace("tag %llu handed from stream slot %d to %d on device %d, implicitly",
+              (unsigned long long)b->tag, b->home, to, b->dev);
+        b->home = to;
+        return;
+    }
     use_device(b->dev);
     cudaEvent_t ev;
     EXPECT(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
