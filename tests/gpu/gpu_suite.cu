@@ -55,7 +55,9 @@
  * Random programs (tests/e2e/e2e_race.c on the real driver):
  *   race         plain and stream-ordered allocations and frees, both doors,
  *                on the legacy, per-thread and created streams; blocks handed
- *                between streams behind events; streams destroyed with work
+ *                between streams behind events (or, between the legacy stream
+ *                and a blocking one, behind its implicit synchronisation
+ *                alone); streams destroyed with work
  *                queued. Every kernel first waits a random while (so queues
  *                build up), then checks that its block still holds the
  *                block's tag (one word per 256 bytes) and writes it again:
@@ -945,6 +947,7 @@ struct race_block {
 
 static struct {
     cudaStream_t slot[RACE_SLOTS];
+    bool non_blocking[RACE_SLOTS];
     race_block live[RACE_LIVE];
     int nlive;
     unsigned long long next_tag, kernels, *bad;
@@ -1025,13 +1028,15 @@ static void race(void)
     CUDA_OK(cudaMemset(R.bad, 0, sizeof *R.bad));
     R.slot[0] = 0;                    /* the legacy stream */
     R.slot[1] = cudaStreamPerThread;
-    for (int k = 2; k < RACE_SLOTS; k++)
-        CUDA_OK(cudaStreamCreateWithFlags(&R.slot[k], k == 2 ? cudaStreamDefault
-                                                             : cudaStreamNonBlocking));
+    for (int k = 2; k < RACE_SLOTS; k++) {
+        R.non_blocking[k] = k != 2;
+        CUDA_OK(cudaStreamCreateWithFlags(&R.slot[k], R.non_blocking[k] ? cudaStreamNonBlocking
+                                                                        : cudaStreamDefault));
+    }
     CUDA_OK(cudaDeviceSynchronize());
     if (failures)
         return;
-    unsigned long long handed = 0, replaced = 0;
+    unsigned long long handed = 0, implicit = 0, replaced = 0;
     for (int op = 0; op < RACE_OPS; op++) {
         unsigned r = race_pick(100);
         if (r < 35) {
@@ -1042,7 +1047,15 @@ static void race(void)
         } else if (r < 65) {
             race_block *b = R.nlive ? &R.live[race_pick(R.nlive)] : NULL;
             int to = (int)race_pick(RACE_SLOTS);
-            if (b && !b->orphan && to != b->home) {
+            /* Between the legacy stream and a blocking one, half the time
+             * with no event: the legacy stream's implicit synchronisation
+             * orders them. */
+            if (b && !b->orphan && to != b->home &&
+                ((b->home == 0 && !R.non_blocking[to]) || (to == 0 && !R.non_blocking[b->home])) &&
+                race_pick(2)) {
+                b->home = to;
+                implicit++;
+            } else if (b && !b->orphan && to != b->home) {
                 cudaEvent_t ev;
                 CUDA_OK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
                 CUDA_OK(cudaEventRecord(ev, R.slot[b->home]));
@@ -1060,8 +1073,9 @@ static void race(void)
             for (int i = 0; i < R.nlive; i++)
                 if (R.live[i].home == k)
                     R.live[i].orphan = true;
-            CUDA_OK(cudaStreamCreateWithFlags(&R.slot[k], race_pick(2) ? cudaStreamNonBlocking
-                                                                       : cudaStreamDefault));
+            R.non_blocking[k] = race_pick(2);
+            CUDA_OK(cudaStreamCreateWithFlags(&R.slot[k], R.non_blocking[k] ? cudaStreamNonBlocking
+                                                                            : cudaStreamDefault));
             replaced++;
         } else if (r < 99) {
             CUDA_OK(cudaStreamSynchronize(R.slot[race_pick(RACE_SLOTS)]));
@@ -1075,9 +1089,9 @@ static void race(void)
     CUDA_OK(cudaDeviceSynchronize());
     unsigned long long bad = 0;
     CUDA_OK(cudaMemcpy(&bad, R.bad, sizeof bad, cudaMemcpyDeviceToHost));
-    printf("race: %d operations, %llu allocations, %llu kernels, %llu hand-overs, %llu streams "
-           "replaced: %llu words found with another block's tag\n",
-           (int)RACE_OPS, R.next_tag, R.kernels, handed, replaced, bad);
+    printf("race: %d operations, %llu allocations, %llu kernels, %llu hand-overs behind an event "
+           "and %llu implicit, %llu streams replaced: %llu words found with another block's tag\n",
+           (int)RACE_OPS, R.next_tag, R.kernels, handed, implicit, replaced, bad);
     CHECK(bad == 0);
     CUDA_OK(cudaFree(R.bad));
     for (int k = 2; k < RACE_SLOTS; k++)
