@@ -23,7 +23,9 @@
  *     streams, with any device current where CUDA allows it: plain frees
  *     and stream-ordered calls on created streams name their device
  *     themselves (a block freed with another device current must still be
- *     fenced by its own device's streams).
+ *     fenced by its own device's streams); with contexts=N, N contexts
+ *     created on device 0 join them as places of their own, each with its
+ *     own pool, destroyed and made again now and then (one thread).
  * Every kernel checks that its block still holds the block's own tag, then
  * writes it again; the first kernel of a block writes the tag. A kernel that
  * finds another block's tag ran after the memory had been given to someone
@@ -41,10 +43,11 @@
  * 512-byte boundary and is a multiple of it, so a block that overlaps
  * another covers at least one of its sampled words.
  *
- *   e2e_race SEED_FIRST-SEED_LAST OPS [threads=N] [devices=N] [expect-races]
+ *   e2e_race SEED_FIRST-SEED_LAST OPS [threads=N] [devices=N] [contexts=N] [expect-races]
  *   e2e_race SCENARIO      (meson's tests: seeds 1-20, 3000 operations; with
  *                          threads=3 when SCENARIO names "threads",
- *                          devices=2 when it names "devices",
+ *                          devices=2 when it names "devices", contexts=1
+ *                          when it names "contexts",
  *                          expect-races when it is "immediate")
  *   (E2E_RACE_TRACE=1: log the calls)
  *
@@ -63,6 +66,8 @@
 
 #define NSLOTS 5      /* stream slots per device: legacy, per-thread default, three created */
 #define MAXDEV 4
+#define MAXCTX 2
+#define MAXPLACES (MAXDEV + MAXCTX)
 #define MAXLIVE 48
 #define STRIDE 32     /* words between sampled words: 256 bytes */
 
@@ -70,7 +75,7 @@ typedef struct block {
     uint64_t *mem;
     size_t bytes;
     uint64_t tag;
-    int dev;          /* the device it lives on (and its streams) */
+    int place;        /* the context it lives in (and its streams): see use_place */
     int home;         /* stream slot on that device */
     bool async;       /* from cudaMallocAsync or cuMemAllocAsync */
     bool orphan;      /* its stream was destroyed: only a plain free remains */
@@ -102,6 +107,9 @@ static struct {
     CUresult (*Free)(CUdeviceptr);
     CUresult (*AllocAsync)(CUdeviceptr *, size_t, CUstream);
     CUresult (*FreeAsync)(CUdeviceptr, CUstream);
+    CUresult (*CtxCreate)(CUcontext *, CUctxCreateParams *, unsigned, CUdevice);
+    CUresult (*CtxDestroy)(CUcontext);
+    CUresult (*CtxSetCurrent)(CUcontext);
 } cu;
 
 static void load_driver(void)
@@ -115,7 +123,11 @@ static void load_driver(void)
     *(void **)&cu.Free = dlsym(h, "cuMemFree_v2");
     *(void **)&cu.AllocAsync = dlsym(h, "cuMemAllocAsync");
     *(void **)&cu.FreeAsync = dlsym(h, "cuMemFreeAsync");
-    if (!cu.Alloc || !cu.Free || !cu.AllocAsync || !cu.FreeAsync) {
+    *(void **)&cu.CtxCreate = dlsym(h, "cuCtxCreate_v4");
+    *(void **)&cu.CtxDestroy = dlsym(h, "cuCtxDestroy_v2");
+    *(void **)&cu.CtxSetCurrent = dlsym(h, "cuCtxSetCurrent");
+    if (!cu.Alloc || !cu.Free || !cu.AllocAsync || !cu.FreeAsync || !cu.CtxCreate ||
+        !cu.CtxDestroy || !cu.CtxSetCurrent) {
         fprintf(stderr, "e2e_race: libcuda.so.1 lacks an allocation call\n");
         exit(1);
     }
@@ -128,14 +140,20 @@ static void load_driver(void)
  * device current, as CUDA allows (stream-ordered calls act on the stream's
  * device), and plain frees happen with whichever device is current. */
 static int ndev = 1;
-static _Thread_local cudaStream_t slot[MAXDEV][NSLOTS];
-static _Thread_local bool slot_non_blocking[MAXDEV][NSLOTS];
-static _Thread_local int current_dev;
+/* Places 0 to ndev-1 are the devices' primary contexts (made current with
+ * cudaSetDevice); the next nctx are contexts created on device 0
+ * (cuCtxCreate, made current with cuCtxSetCurrent), each with a pool of its
+ * own on the device the primary context's pool also uses. */
+static int nctx, nplaces = 1;
+static CUcontext created_ctx[MAXPLACES];
+static _Thread_local cudaStream_t slot[MAXPLACES][NSLOTS];
+static _Thread_local bool slot_non_blocking[MAXPLACES][NSLOTS];
+static _Thread_local int current_place;
 /* The slot whose stream is capturing (relaxed mode), or -1, and its device.
  * Only a non-blocking stream captures: a blocking one would forbid the
  * legacy stream to every thread, which other threads' programs do not
  * know. */
-static _Thread_local int capturing = -1, capturing_dev;
+static _Thread_local int capturing = -1, capturing_place;
 /* A program may not synchronise the device while any thread captures (the
  * fake, reading cuda.h harshly, invalidates the capture, as
  * cuCtxRecordEvent's text says it does): captures hold this gate shared,
@@ -150,26 +168,29 @@ static void device_synchronize(void)
     pthread_rwlock_unlock(&capture_gate);
 }
 
-static void use_device(int d)
+static void use_place(int d)
 {
-    if (d != current_dev) {
-        EXPECT(cudaSetDevice(d), cudaSuccess);
-        current_dev = d;
+    if (d != current_place) {
+        if (d < ndev)
+            EXPECT(cudaSetDevice(d), cudaSuccess);
+        else
+            EXPECT(cu.CtxSetCurrent(created_ctx[d]), CUDA_SUCCESS);
+        current_place = d;
     }
 }
 
-/* Makes d current when slot s's handle means "the current device's". */
+/* Makes d current when slot s's handle means "the current context's". */
 static cudaStream_t stream_at(int d, int s)
 {
     if (s < 2)
-        use_device(d);
+        use_place(d);
     return slot[d][s];
 }
 
-static bool is_capturing(int d, int s) { return capturing == s && capturing_dev == d; }
+static bool is_capturing(int d, int s) { return capturing == s && capturing_place == d; }
 /* Streams destroyed with work maybe still queued, and their devices. */
 static _Thread_local cudaStream_t destroyed[1024];
-static _Thread_local int destroyed_dev[1024];
+static _Thread_local int destroyed_place[1024];
 static _Thread_local size_t ndestroyed;
 static bool single_thread; /* device resets only then: they kill every thread's handles */
 static _Thread_local block live[MAXLIVE];
@@ -231,7 +252,7 @@ static void launch(const block *b, bool first)
     kernel *k = malloc(sizeof *k);
     *k = (kernel){.mem = b->mem, .bytes = b->bytes, .tag = b->tag, .first = first,
                   .seed = seed_now, .op = op_now};
-    EXPECT(fakecuda()->launch(stream_at(b->dev, b->home), run_kernel, k), 0);
+    EXPECT(fakecuda()->launch(stream_at(b->place, b->home), run_kernel, k), 0);
 }
 
 static size_t random_size(void)
@@ -245,9 +266,9 @@ static void new_block(bool async)
 {
     if (nlive == MAXLIVE)
         return;
-    const int dev = (int)pick((size_t)ndev);
+    const int place = (int)pick((size_t)nplaces);
     int home = (int)pick(NSLOTS);
-    if (is_capturing(dev, home)) /* an allocation there would be the graph's */
+    if (is_capturing(place, home)) /* an allocation there would be the graph's */
         home = 0;
     size_t n = random_size();
     void *p = NULL;
@@ -255,8 +276,8 @@ static void new_block(bool async)
     /* A plain allocation comes from the current device; a stream-ordered
      * one from its stream's, whichever device is current. */
     if (!async)
-        use_device(dev);
-    cudaStream_t st = stream_at(dev, home);
+        use_place(place);
+    cudaStream_t st = stream_at(place, home);
     if (driver) {
         CUdeviceptr d = 0;
         CUresult r = async ? cu.AllocAsync(&d, n, (CUstream)st) : cu.Alloc(&d, n);
@@ -275,19 +296,19 @@ static void new_block(bool async)
             return;
     }
     block *b = &live[nlive++];
-    *b = (block){.mem = p, .bytes = n, .tag = atomic_fetch_add(&next_tag, 1) + 1, .dev = dev,
+    *b = (block){.mem = p, .bytes = n, .tag = atomic_fetch_add(&next_tag, 1) + 1, .place = place,
                  .home = home, .async = async};
-    trace("alloc tag %llu at %p, %zu bytes, %s, device %d (current %d), stream slot %d (%p)",
+    trace("alloc tag %llu at %p, %zu bytes, %s, place %d (current %d), stream slot %d (%p)",
           (unsigned long long)b->tag, (void *)b->mem, n,
           driver ? (async ? "cuMemAllocAsync" : "cuMemAlloc") : (async ? "cudaMallocAsync" : "cudaMalloc"),
-          dev, current_dev, home, (void *)st);
+          place, current_place, home, (void *)st);
     launch(b, true);
 }
 
 static void free_block(size_t i, bool async)
 {
     block *b = &live[i];
-    const bool home_captures = is_capturing(b->dev, b->home);
+    const bool home_captures = is_capturing(b->place, b->home);
     /* While its stream captures, a block is not freed stream-ordered there
      * (a free node takes only graph allocations), and one from
      * cuMemAllocAsync is not freed plainly (its stream cannot be
@@ -300,12 +321,12 @@ static void free_block(size_t i, bool async)
     const bool driver = pick(2);
     const CUdeviceptr d = (CUdeviceptr)(uintptr_t)b->mem;
     async = async && !b->orphan;
-    trace("free tag %llu at %p, %s%s, device %d (current %d), stream slot %d (%p)",
+    trace("free tag %llu at %p, %s%s, place %d (current %d), stream slot %d (%p)",
           (unsigned long long)b->tag, (void *)b->mem,
           driver ? (async ? "cuMemFreeAsync" : "cuMemFree") : (async ? "cudaFreeAsync" : "cudaFree"),
-          b->orphan ? " (orphan)" : "", b->dev, current_dev, b->home, (void *)slot[b->dev][b->home]);
+          b->orphan ? " (orphan)" : "", b->place, current_place, b->home, (void *)slot[b->place][b->home]);
     if (async) {
-        cudaStream_t st = stream_at(b->dev, b->home);
+        cudaStream_t st = stream_at(b->place, b->home);
         if (driver)
             EXPECT(cu.FreeAsync(d, (CUstream)st), CUDA_SUCCESS);
         else
@@ -317,10 +338,10 @@ static void free_block(size_t i, bool async)
          * queued (the real free synchronises; the shim fences), and with
          * another device current (unified addressing names the block). */
         if (b->async && b->orphan) {
-            use_device(b->dev);
+            use_place(b->place);
             device_synchronize();
         } else if (b->async) {
-            EXPECT(cudaStreamSynchronize(stream_at(b->dev, b->home)), cudaSuccess);
+            EXPECT(cudaStreamSynchronize(stream_at(b->place, b->home)), cudaSuccess);
         }
         if (driver)
             EXPECT(cu.Free(d), CUDA_SUCCESS);
@@ -342,26 +363,26 @@ static bool blocking_slot(int d, int s) { return s == 1 || (s >= 2 && !slot_non_
 static void hand_over(block *b)
 {
     int to = (int)pick(NSLOTS);
-    if (b->orphan || to == b->home || is_capturing(b->dev, to) || is_capturing(b->dev, b->home))
+    if (b->orphan || to == b->home || is_capturing(b->place, to) || is_capturing(b->place, b->home))
         return;
     /* Between the legacy stream and a blocking one no event is needed: each
      * operation of one waits for the other's work queued before it. */
-    const bool implicit = (b->home == 0 && blocking_slot(b->dev, to)) ||
-                          (to == 0 && blocking_slot(b->dev, b->home));
+    const bool implicit = (b->home == 0 && blocking_slot(b->place, to)) ||
+                          (to == 0 && blocking_slot(b->place, b->home));
     if (implicit && pick(2)) {
-        trace("tag %llu handed from stream slot %d to %d on device %d, implicitly",
-              (unsigned long long)b->tag, b->home, to, b->dev);
+        trace("tag %llu handed from stream slot %d to %d in place %d, implicitly",
+              (unsigned long long)b->tag, b->home, to, b->place);
         b->home = to;
         return;
     }
-    use_device(b->dev);
+    use_place(b->place);
     cudaEvent_t ev;
     EXPECT(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
-    EXPECT(cudaEventRecord(ev, slot[b->dev][b->home]), cudaSuccess);
-    EXPECT(cudaStreamWaitEvent(slot[b->dev][to], ev, 0), cudaSuccess);
+    EXPECT(cudaEventRecord(ev, slot[b->place][b->home]), cudaSuccess);
+    EXPECT(cudaStreamWaitEvent(slot[b->place][to], ev, 0), cudaSuccess);
     EXPECT(cudaEventDestroy(ev), cudaSuccess);
-    trace("tag %llu handed from stream slot %d to %d on device %d", (unsigned long long)b->tag,
-          b->home, to, b->dev);
+    trace("tag %llu handed from stream slot %d to %d in place %d", (unsigned long long)b->tag,
+          b->home, to, b->place);
     b->home = to;
 }
 
@@ -370,27 +391,27 @@ static void hand_over(block *b)
  * device in its slot; its blocks become orphans. */
 static void replace_stream(void)
 {
-    int d = (int)pick((size_t)ndev), s = 2 + (int)pick(NSLOTS - 2);
+    int d = (int)pick((size_t)nplaces), s = 2 + (int)pick(NSLOTS - 2);
     if (is_capturing(d, s))
         return;
     EXPECT(cudaStreamDestroy(slot[d][s]), cudaSuccess);
     if (ndestroyed < sizeof destroyed / sizeof *destroyed) {
-        destroyed_dev[ndestroyed] = d;
+        destroyed_place[ndestroyed] = d;
         destroyed[ndestroyed++] = slot[d][s];
     }
     for (size_t i = 0; i < nlive; i++)
-        if (live[i].dev == d && live[i].home == s)
+        if (live[i].place == d && live[i].home == s)
             live[i].orphan = true;
     slot_non_blocking[d][s] = pick(2);
-    use_device(d); /* a stream belongs to the device current when it is made */
+    use_place(d); /* a stream belongs to the device current when it is made */
     EXPECT(cudaStreamCreateWithFlags(&slot[d][s], slot_non_blocking[d][s] ? cudaStreamNonBlocking : 0),
            cudaSuccess);
-    trace("stream slot %d of device %d destroyed, now %p", s, d, (void *)slot[d][s]);
+    trace("stream slot %d of place %d destroyed, now %p", s, d, (void *)slot[d][s]);
 }
 
 static void create_streams(int d)
 {
-    use_device(d);
+    use_place(d);
     slot[d][0] = NULL;                /* the legacy default stream */
     slot[d][1] = cudaStreamPerThread; /* this thread's default stream */
     for (int s = 2; s < NSLOTS; s++) {
@@ -400,35 +421,42 @@ static void create_streams(int d)
     }
 }
 
-/* cudaDeviceReset with work queued on the device's streams (destroyed ones
- * too) and blocks live: the driver finishes the work, then the context, its
- * streams and its memory go. The program forgets the device's blocks and
- * streams and starts over on it; the shim must not touch a dead handle
- * (stale_handle_uses) and must serve the device from a fresh pool. (CUDA
- * would keep cudaMallocAsync's blocks past a reset; the shim's pool goes
- * with its context, docs/limitations.md, so the program forgets those as
- * well.) */
-static void reset_device(int d)
+/* A context that goes away with work queued on its streams (destroyed ones
+ * too) and blocks live: cudaDeviceReset of a device's primary context, or
+ * cuCtxDestroy of a created one, replaced by a new one. The driver finishes
+ * the work, then the context, its streams and its memory go. The program
+ * forgets the place's blocks and streams and starts over there; the shim
+ * must not touch a dead handle (stale_handle_uses) and must serve the place
+ * from a fresh pool, the other places' pools untouched. (CUDA would keep
+ * stream-ordered blocks; the shim's pool goes with its context,
+ * docs/limitations.md, so the program forgets those as well.) */
+static void reset_place(int d)
 {
     if (!single_thread || capturing >= 0)
         return;
-    use_device(d);
-    EXPECT(cudaDeviceReset(), cudaSuccess);
+    use_place(d);
+    if (d < ndev) {
+        EXPECT(cudaDeviceReset(), cudaSuccess);
+    } else {
+        EXPECT(cu.CtxDestroy(created_ctx[d]), CUDA_SUCCESS);
+        EXPECT(cu.CtxCreate(&created_ctx[d], NULL, 0, 0), CUDA_SUCCESS); /* current now */
+    }
     for (size_t i = 0; i < nlive;)
-        if (live[i].dev == d)
+        if (live[i].place == d)
             live[i] = live[--nlive];
         else
             i++;
     for (size_t i = 0; i < ndestroyed;)
-        if (destroyed_dev[i] == d) {
+        if (destroyed_place[i] == d) {
             destroyed[i] = destroyed[--ndestroyed];
-            destroyed_dev[i] = destroyed_dev[ndestroyed];
+            destroyed_place[i] = destroyed_place[ndestroyed];
         } else {
             i++;
         }
-    EXPECT(cudaSetDevice(d), cudaSuccess); /* "any subsequent API call ... will reinitialize" */
+    if (d < ndev)
+        EXPECT(cudaSetDevice(d), cudaSuccess); /* "any subsequent API call ... will reinitialize" */
     create_streams(d);
-    trace("device %d reset", d);
+    trace("place %d reset", d);
 }
 
 /* Begins a capture (relaxed mode) on a non-blocking created stream, or ends
@@ -440,20 +468,20 @@ static void toggle_capture(void)
 {
     if (capturing >= 0) {
         cudaGraph_t g;
-        EXPECT(cudaStreamEndCapture(slot[capturing_dev][capturing], &g), cudaSuccess);
+        EXPECT(cudaStreamEndCapture(slot[capturing_place][capturing], &g), cudaSuccess);
         pthread_rwlock_unlock(&capture_gate);
-        trace("capture on stream slot %d of device %d ended", capturing, capturing_dev);
+        trace("capture on stream slot %d of place %d ended", capturing, capturing_place);
         capturing = -1;
         return;
     }
-    int d = (int)pick((size_t)ndev), s = 2 + (int)pick(NSLOTS - 2);
+    int d = (int)pick((size_t)nplaces), s = 2 + (int)pick(NSLOTS - 2);
     if (!slot_non_blocking[d][s])
         return;
     pthread_rwlock_rdlock(&capture_gate);
     EXPECT(cudaStreamBeginCapture(slot[d][s], cudaStreamCaptureModeRelaxed), cudaSuccess);
     capturing = s;
-    capturing_dev = d;
-    trace("capture on stream slot %d of device %d begun", s, d);
+    capturing_place = d;
+    trace("capture on stream slot %d of place %d begun", s, d);
 }
 
 static void one_op(void)
@@ -466,7 +494,7 @@ static void one_op(void)
     else if (r < 55) {
         if (nlive) {
             block *b = &live[pick(nlive)];
-            if (!b->orphan && !is_capturing(b->dev, b->home))
+            if (!b->orphan && !is_capturing(b->place, b->home))
                 launch(b, false);
         }
     } else if (r < 60) {
@@ -479,7 +507,7 @@ static void one_op(void)
         if (nlive)
             free_block(pick(nlive), true);
     } else if (r < 93) {
-        int d = (int)pick((size_t)ndev);
+        int d = (int)pick((size_t)nplaces);
         fakecuda()->complete(stream_at(d, (int)pick(NSLOTS)));
     } else if (r < 95) {
         toggle_capture();
@@ -490,15 +518,15 @@ static void one_op(void)
         replace_stream();
     } else if (r < 99) {
         if (pick(8))
-            use_device((int)pick((size_t)ndev)); /* a program moving on to another device */
+            use_place((int)pick((size_t)nplaces)); /* a program moving on to another device */
         else
-            reset_device((int)pick((size_t)ndev));
+            reset_place((int)pick((size_t)nplaces));
     } else if (capturing < 0) { /* no synchronisation during a capture */
-        int d = (int)pick((size_t)ndev);
+        int d = (int)pick((size_t)nplaces);
         if (pick(2)) {
             EXPECT(cudaStreamSynchronize(stream_at(d, (int)pick(NSLOTS))), cudaSuccess);
         } else {
-            use_device(d);
+            use_place(d);
             device_synchronize();
         }
     }
@@ -508,7 +536,7 @@ static void run_seed(unsigned seed, unsigned ops)
 {
     seed_now = seed;
     rng_state = 0x9e3779b97f4a7c15ull * (seed + 1);
-    for (int d = 0; d < ndev; d++)
+    for (int d = 0; d < nplaces; d++)
         create_streams(d);
     for (op_now = 0; op_now < ops; op_now++)
         one_op();
@@ -520,7 +548,7 @@ static void run_seed(unsigned seed, unsigned ops)
     ndestroyed = 0;
     while (nlive)
         free_block(nlive - 1, false);
-    for (int d = 0; d < ndev; d++)
+    for (int d = 0; d < nplaces; d++)
         for (int s = 2; s < NSLOTS; s++)
             EXPECT(cudaStreamDestroy(slot[d][s]), cudaSuccess);
     fakecuda()->complete_all();
@@ -543,15 +571,16 @@ static void *run_job(void *arg)
 
 int main(int argc, char **argv)
 {
-    unsigned first = 1, last = 20, ops = 3000, threads = 1, devices = 1;
+    unsigned first = 1, last = 20, ops = 3000, threads = 1, devices = 1, contexts = 0;
     bool expect_races = false;
     if (argc < 2) {
-        fprintf(stderr, "usage: e2e_race FIRST-LAST OPS [threads=N] [devices=N] [expect-races] | SCENARIO\n");
+        fprintf(stderr, "usage: e2e_race FIRST-LAST OPS [threads=N] [devices=N] [contexts=N] [expect-races] | SCENARIO\n");
         return 2;
     }
     if (sscanf(argv[1], "%u-%u", &first, &last) != 2) {
         threads = strstr(argv[1], "threads") ? 3 : 1;
         devices = strstr(argv[1], "devices") ? 2 : 1;
+        contexts = strstr(argv[1], "contexts") ? 1 : 0;
         expect_races = strcmp(argv[1], "immediate") == 0;
     } else if (argc > 2) {
         ops = (unsigned)atoi(argv[2]);
@@ -562,6 +591,11 @@ int main(int argc, char **argv)
         else if (sscanf(argv[a], "devices=%u", &devices) == 1) {
             if (devices < 1 || devices > MAXDEV) {
                 fprintf(stderr, "e2e_race: devices=%u: 1 to %d\n", devices, MAXDEV);
+                return 2;
+            }
+        } else if (sscanf(argv[a], "contexts=%u", &contexts) == 1) {
+            if (contexts > MAXCTX) {
+                fprintf(stderr, "e2e_race: contexts=%u: 0 to %d\n", contexts, MAXCTX);
                 return 2;
             }
         } else if (sscanf(argv[a], "threads=%u", &threads) != 1 || threads < 1 || threads > 16) {
@@ -583,8 +617,13 @@ int main(int argc, char **argv)
         return 2;
     }
     ndev = (int)devices;
+    nctx = (int)contexts;
+    nplaces = ndev + nctx;
     single_thread = threads == 1;
     load_driver();
+    for (int c = 0; c < nctx; c++) /* shared by the threads, each making it current */
+        EXPECT(cu.CtxCreate(&created_ctx[ndev + c], NULL, 0, 0), CUDA_SUCCESS);
+    EXPECT(cudaSetDevice(0), cudaSuccess); /* cuCtxCreate made the new one current */
     pthread_t tid[16];
     job jobs[16];
     for (unsigned t = 0; t < threads; t++) {
@@ -598,10 +637,14 @@ int main(int argc, char **argv)
     /* Nothing is live and every stream is done: the whole pool must come
      * back. A fence that can never complete (an event recorded on a stream
      * that had begun capturing: a captured event) keeps its blocks pending
-     * for good, and this allocation fails. */
+     * for good, and this allocation fails. The created contexts go first, so
+     * that their pools' memory is the devices' again. */
+    for (int c = 0; c < nctx; c++)
+        EXPECT(cu.CtxDestroy(created_ctx[ndev + c]), CUDA_SUCCESS);
+    current_place = -1;
     for (int d = 0; d < ndev; d++) {
         void *whole = NULL;
-        use_device(d);
+        use_place(d);
         EXPECT(cudaMalloc(&whole, 24u << 20), cudaSuccess);
         EXPECT(cudaFree(whole), cudaSuccess);
     }
@@ -610,9 +653,9 @@ int main(int argc, char **argv)
     CHECK_EQ(st.stale_handle_uses, 0);
     CHECK_EQ(st.capture_invalidations, 0);
     e2e_failures += atomic_load(&failed_calls);
-    printf("e2e_race: seeds %u-%u, %u operations each, %u thread(s), %d device(s): %llu kernels, "
-           "%llu races\n",
-           first, last, ops, threads, ndev, (unsigned long long)atomic_load(&kernels_run),
+    printf("e2e_race: seeds %u-%u, %u operations each, %u thread(s), %d device(s), %d created "
+           "context(s): %llu kernels, %llu races\n",
+           first, last, ops, threads, ndev, nctx, (unsigned long long)atomic_load(&kernels_run),
            (unsigned long long)atomic_load(&races));
     if (expect_races) {
         if (!atomic_load(&races)) {
