@@ -591,46 +591,54 @@ static bool legacy_must_wait_for(const fstream *o, const fctx *c)
            !stream_done_to(o, o->submitted);
 }
 
-/* Lock held: the legacy stream's implicit synchronisation, before a new
- * operation of s: "the legacy stream first waits on all blocking streams,
- * the operation is queued in the legacy stream, and then all blocking
- * streams wait on the legacy stream" (stream-sync-behavior, docs.nvidia.com/
- * cuda/cuda-driver-api/stream-sync-behavior.html). So an operation of a
- * blocking stream runs after the legacy stream's work queued before it, and
- * one of the legacy stream after every blocking stream's. Each is a wait
- * item, as cuStreamWaitEvent makes. Captured operations do not run, so they
- * wait for nothing. */
-static void implicit_join(fstream *s)
+/* Lock held: appends (o, seq) to the growing array *deps of *n. */
+static void push_dep(dep **deps, size_t *n, fstream *o, uint64_t seq)
 {
-    if (live_capture(s))
-        return;
-    dep *waits = NULL;
-    size_t n = 0, cap = 0;
-    if (s->legacy) {
-        for (fstream *o = G.streams; o; o = o->next) {
-            if (!legacy_must_wait_for(o, s->ctx))
-                continue;
-            if (n == cap) {
-                cap = cap ? 2 * cap : 8;
-                waits = realloc(waits, cap * sizeof *waits);
-            }
-            waits[n++] = (dep){o, o->submitted};
+    if ((*n & (*n - 1)) == 0) { /* 0, 1, 2, 4, ...: full, double it */
+        *deps = realloc(*deps, (*n ? 2 * *n : 1) * sizeof **deps);
+        if (!*deps) {
+            fprintf(stderr, "fake libcuda: out of memory for the legacy stream's waits\n");
+            abort();
         }
+    }
+    (*deps)[(*n)++] = (dep){o, seq};
+}
+
+/* Lock held: the legacy stream's implicit synchronisation: "the legacy
+ * stream first waits on all blocking streams, the operation is queued in the
+ * legacy stream, and then all blocking streams wait on the legacy stream"
+ * (stream-sync-behavior, docs.nvidia.com/cuda/cuda-driver-api/
+ * stream-sync-behavior.html). So a new operation of a blocking stream runs
+ * after the legacy stream's work queued before it, and one of the legacy
+ * stream after every blocking stream's. Returns those stream positions (a
+ * malloc'd array, NULL when there are none), their number in *n. Captured
+ * operations do not run, so they wait for nothing. */
+static dep *implicit_deps(const fstream *s, size_t *n)
+{
+    dep *deps = NULL;
+    *n = 0;
+    if (live_capture(s))
+        return NULL;
+    if (s->legacy) {
+        for (fstream *o = G.streams; o; o = o->next)
+            if (legacy_must_wait_for(o, s->ctx))
+                push_dep(&deps, n, o, o->submitted);
     } else if (blocking(s)) {
         fstream *l = &s->ctx->legacy;
-        if (!stream_done_to(l, l->submitted)) {
-            waits = malloc(sizeof *waits);
-            waits[n++] = (dep){l, l->submitted};
-        }
+        if (!stream_done_to(l, l->submitted))
+            push_dep(&deps, n, l, l->submitted);
     }
-    if (n == 0) {
-        free(waits);
+    return deps;
+}
+
+/* Lock held: before a new operation of s, a wait item (as cuStreamWaitEvent
+ * makes) for the positions implicit_deps names. */
+static void implicit_join(fstream *s)
+{
+    size_t n;
+    dep *waits = implicit_deps(s, &n);
+    if (n == 0)
         return;
-    }
-    if (!waits) {
-        fprintf(stderr, "fake libcuda: out of memory for the legacy stream's waits\n");
-        abort();
-    }
     G.st.implicit_joins++;
     enqueue(s, (work_item){.seq = ++s->submitted, .waits = waits, .nwaits = n});
 }
@@ -1877,22 +1885,18 @@ static CUresult event_record(CUevent h, CUstream sh)
     e->captured = s->capturing;
     e->ndeps = 0;
     /* Complete once the work submitted before it is: an event on an idle
-     * stream is complete at once, as on an idle GPU. On a blocking stream
-     * the record is an operation like any other, behind the legacy
-     * stream's work (implicit_join). */
-    if (!s->legacy && blocking(s) && !live_capture(s)) {
-        fstream *l = &s->ctx->legacy;
-        if (!stream_done_to(l, l->submitted))
-            event_add_dep(e, l, l->submitted);
-    }
+     * stream is complete at once, as on an idle GPU. The record is an
+     * operation like any other: on the legacy stream it also waits for
+     * every blocking stream (destroyed ones too: their queued work goes on),
+     * on a blocking one for the legacy stream (implicit_deps). Those are
+     * the event's own dependencies, not a wait item, so that it completes
+     * only once their callbacks have run too (stream_done_to). */
     event_add_dep(e, s, s->submitted);
-    /* An event on the legacy stream also waits for every blocking stream
-     * (destroyed ones too: their queued work goes on); those with nothing
-     * queued are already done. */
-    if (s->legacy)
-        for (fstream *o = G.streams; o; o = o->next)
-            if (legacy_must_wait_for(o, s->ctx))
-                event_add_dep(e, o, o->submitted);
+    size_t n;
+    dep *implicit = implicit_deps(s, &n);
+    for (size_t i = 0; i < n; i++)
+        event_add_dep(e, implicit[i].s, implicit[i].seq);
+    free(implicit);
     maybe_autocomplete_and_unlock(s);
     return CUDA_SUCCESS;
 }
