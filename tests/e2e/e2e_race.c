@@ -15,7 +15,8 @@
  *     (cudaStreamWaitEvent), or, between the legacy stream and a blocking
  *     one, behind nothing but the legacy stream's implicit synchronisation;
  *   - streams destroyed with work queued, and replaced;
- *   - device resets with work queued and blocks live (one thread only);
+ *   - device resets, and created contexts destroyed, with work queued and
+ *     blocks live (one thread only);
  *   - captures (relaxed mode) begun and ended on non-blocking streams with
  *     work queued, other streams allocating and freeing meanwhile;
  *   - completions of streams in any order, and synchronisations;
@@ -133,12 +134,12 @@ static void load_driver(void)
     }
 }
 
-/* One program per thread, over `ndev` devices, each with its stream slots.
+/* One program per thread, over `nplaces` places, each with its stream slots.
  * Slots 0 and 1 (the legacy and the per-thread default stream) are named by
- * handles that mean "of the current device", so a program makes the block's
- * device current before it uses them; created streams are used with any
- * device current, as CUDA allows (stream-ordered calls act on the stream's
- * device), and plain frees happen with whichever device is current. */
+ * handles that mean "of the current context", so a program makes the
+ * block's place current before it uses them; created streams are used with
+ * any place current, as CUDA allows (stream-ordered calls act on the
+ * stream's context), and plain frees happen with whichever is current. */
 static int ndev = 1;
 /* Places 0 to ndev-1 are the devices' primary contexts (made current with
  * cudaSetDevice); the next nctx are contexts created on device 0
@@ -149,7 +150,7 @@ static CUcontext created_ctx[MAXPLACES];
 static _Thread_local cudaStream_t slot[MAXPLACES][NSLOTS];
 static _Thread_local bool slot_non_blocking[MAXPLACES][NSLOTS];
 static _Thread_local int current_place;
-/* The slot whose stream is capturing (relaxed mode), or -1, and its device.
+/* The slot whose stream is capturing (relaxed mode), or -1, and its place.
  * Only a non-blocking stream captures: a blocking one would forbid the
  * legacy stream to every thread, which other threads' programs do not
  * know. */
@@ -188,11 +189,14 @@ static cudaStream_t stream_at(int d, int s)
 }
 
 static bool is_capturing(int d, int s) { return capturing == s && capturing_place == d; }
-/* Streams destroyed with work maybe still queued, and their devices. */
-static _Thread_local cudaStream_t destroyed[1024];
-static _Thread_local int destroyed_place[1024];
+/* Streams destroyed with work maybe still queued, and their places. */
+typedef struct destroyed_stream {
+    cudaStream_t stream;
+    int place;
+} destroyed_stream;
+static _Thread_local destroyed_stream destroyed[1024];
 static _Thread_local size_t ndestroyed;
-static bool single_thread; /* device resets only then: they kill every thread's handles */
+static bool single_thread; /* contexts go away only then: they kill every thread's handles */
 static _Thread_local block live[MAXLIVE];
 static _Thread_local size_t nlive;
 static _Thread_local unsigned seed_now, op_now;
@@ -386,39 +390,39 @@ static void hand_over(block *b)
     b->home = to;
 }
 
+/* Puts a new created stream of place d in slot s. */
+static void make_stream(int d, int s, bool non_blocking)
+{
+    use_place(d); /* a stream belongs to the context current when it is made */
+    slot_non_blocking[d][s] = non_blocking;
+    EXPECT(cudaStreamCreateWithFlags(&slot[d][s], non_blocking ? cudaStreamNonBlocking : 0),
+           cudaSuccess);
+}
+
 /* Destroys a created stream with its work still queued (CUDA lets that work
- * finish), whichever device is current, and puts a new one of the same
- * device in its slot; its blocks become orphans. */
+ * finish), whichever place is current, and puts a new one of the same place
+ * in its slot; its blocks become orphans. */
 static void replace_stream(void)
 {
     int d = (int)pick((size_t)nplaces), s = 2 + (int)pick(NSLOTS - 2);
     if (is_capturing(d, s))
         return;
     EXPECT(cudaStreamDestroy(slot[d][s]), cudaSuccess);
-    if (ndestroyed < sizeof destroyed / sizeof *destroyed) {
-        destroyed_place[ndestroyed] = d;
-        destroyed[ndestroyed++] = slot[d][s];
-    }
+    if (ndestroyed < sizeof destroyed / sizeof *destroyed)
+        destroyed[ndestroyed++] = (destroyed_stream){slot[d][s], d};
     for (size_t i = 0; i < nlive; i++)
         if (live[i].place == d && live[i].home == s)
             live[i].orphan = true;
-    slot_non_blocking[d][s] = pick(2);
-    use_place(d); /* a stream belongs to the device current when it is made */
-    EXPECT(cudaStreamCreateWithFlags(&slot[d][s], slot_non_blocking[d][s] ? cudaStreamNonBlocking : 0),
-           cudaSuccess);
+    make_stream(d, s, pick(2));
     trace("stream slot %d of place %d destroyed, now %p", s, d, (void *)slot[d][s]);
 }
 
 static void create_streams(int d)
 {
-    use_place(d);
     slot[d][0] = NULL;                /* the legacy default stream */
     slot[d][1] = cudaStreamPerThread; /* this thread's default stream */
-    for (int s = 2; s < NSLOTS; s++) {
-        slot_non_blocking[d][s] = s != 2;
-        EXPECT(cudaStreamCreateWithFlags(&slot[d][s], slot_non_blocking[d][s] ? cudaStreamNonBlocking : 0),
-               cudaSuccess);
-    }
+    for (int s = 2; s < NSLOTS; s++)
+        make_stream(d, s, s != 2);
 }
 
 /* A context that goes away with work queued on its streams (destroyed ones
@@ -447,12 +451,10 @@ static void reset_place(int d)
         else
             i++;
     for (size_t i = 0; i < ndestroyed;)
-        if (destroyed_place[i] == d) {
+        if (destroyed[i].place == d)
             destroyed[i] = destroyed[--ndestroyed];
-            destroyed_place[i] = destroyed_place[ndestroyed];
-        } else {
+        else
             i++;
-        }
     if (d < ndev)
         EXPECT(cudaSetDevice(d), cudaSuccess); /* "any subsequent API call ... will reinitialize" */
     create_streams(d);
@@ -513,7 +515,7 @@ static void one_op(void)
         toggle_capture();
     } else if (r < 97) {
         if (ndestroyed)
-            fakecuda()->complete(destroyed[pick(ndestroyed)]);
+            fakecuda()->complete(destroyed[pick(ndestroyed)].stream);
     } else if (r < 98) {
         replace_stream();
     } else if (r < 99) {
@@ -544,7 +546,7 @@ static void run_seed(unsigned seed, unsigned ops)
         toggle_capture();
     fakecuda()->complete_all();
     for (size_t i = 0; i < ndestroyed; i++)
-        fakecuda()->complete(destroyed[i]);
+        fakecuda()->complete(destroyed[i].stream);
     ndestroyed = 0;
     while (nlive)
         free_block(nlive - 1, false);
