@@ -1047,22 +1047,23 @@ static void race(void)
         } else if (r < 65) {
             race_block *b = R.nlive ? &R.live[race_pick(R.nlive)] : NULL;
             int to = (int)race_pick(RACE_SLOTS);
-            /* Between the legacy stream and a blocking one, half the time
-             * with no event: the legacy stream's implicit synchronisation
-             * orders them. */
-            if (b && !b->orphan && to != b->home &&
-                ((b->home == 0 && !R.non_blocking[to]) || (to == 0 && !R.non_blocking[b->home])) &&
-                race_pick(2)) {
+            if (b && !b->orphan && to != b->home) {
+                /* Between the legacy stream and a blocking one, half the
+                 * time with no event: the legacy stream's implicit
+                 * synchronisation orders them. */
+                bool legacy_and_blocking = (b->home == 0 && !R.non_blocking[to]) ||
+                                           (to == 0 && !R.non_blocking[b->home]);
+                if (legacy_and_blocking && race_pick(2)) {
+                    implicit++;
+                } else {
+                    cudaEvent_t ev;
+                    CUDA_OK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+                    CUDA_OK(cudaEventRecord(ev, R.slot[b->home]));
+                    CUDA_OK(cudaStreamWaitEvent(R.slot[to], ev, 0));
+                    CUDA_OK(cudaEventDestroy(ev));
+                    handed++;
+                }
                 b->home = to;
-                implicit++;
-            } else if (b && !b->orphan && to != b->home) {
-                cudaEvent_t ev;
-                CUDA_OK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-                CUDA_OK(cudaEventRecord(ev, R.slot[b->home]));
-                CUDA_OK(cudaStreamWaitEvent(R.slot[to], ev, 0));
-                CUDA_OK(cudaEventDestroy(ev));
-                b->home = to;
-                handed++;
             }
         } else if (r < 96) {
             if (R.nlive)
