@@ -436,7 +436,11 @@ static fstream *new_stream(fctx *c, unsigned flags, bool per_thread)
 
 /* Lock held: the calling thread's per-thread default stream in context c,
  * made on first use and listed with all streams (it is a blocking stream:
- * the legacy stream waits for it and it for the legacy stream). */
+ * the legacy stream waits for it and it for the legacy stream). cuda.h's
+ * CU_STREAM_PER_THREAD is "an implicit stream with per-thread
+ * synchronization behavior": one stream per thread and context, the same
+ * one at every use while the context lives, so work queued on it orders
+ * what comes after. */
 static fstream *per_thread_stream(fctx *c)
 {
     if (!c)
