@@ -616,7 +616,9 @@ static void push_dep(dep **deps, size_t *n, fstream *o, uint64_t seq)
  * after the legacy stream's work queued before it, and one of the legacy
  * stream after every blocking stream's. Returns those stream positions (a
  * malloc'd array, NULL when there are none), their number in *n. Captured
- * operations do not run, so they wait for nothing. */
+ * operations wait for nothing: "all operations pushed into the stream will
+ * not be executed, but will instead be captured into a graph"
+ * (cuStreamBeginCapture, cuda.h). */
 static dep *implicit_deps(const fstream *s, size_t *n)
 {
     dep *deps = NULL;
