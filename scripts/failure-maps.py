@@ -4,7 +4,7 @@
   scripts/failure-maps.py OUTDIR [TRACE...]
 
 For each trace (by default the eight below the bar at 174f2b0), replays it
-at one granule below its smallest pool under the default placement
+at one pool unit (64 KiB) below its smallest pool under the default placement
 (`bfcshim replay --min-pool --dump-at-failure`), keeps the map in
 OUTDIR/<trace>.txt, and prints one table row: where in the run it fails,
 what it asked for, how much was free and in how many pieces, and the

@@ -5,9 +5,9 @@
  *                  [--vmm] [policy options] TRACE.csv...
  *
  * For each trace it
- *   1. bisects, to the policy's granule (256 or 512 B: exact), the smallest
- *      single preallocated region that serves every allocation of the trace
- *      (min_pool_bytes). The lower bound is the trace's peak of live bytes,
+ *   1. finds the smallest single preallocated region, a multiple of the
+ *      pool unit (64 KiB: see min_pool), that serves every allocation of the
+ *      trace, and above which the next 2 MiB of sizes do too (min_pool_bytes). The lower bound is the trace's peak of live bytes,
  *      which no allocator can beat, so efficiency = peak_live_bytes /
  *      min_pool_bytes is 1.0 at best (fragmentation_gmlake, 1 - peak live /
  *      peak reserved as GMLake publishes it, is 1 - efficiency here, the pool
@@ -37,6 +37,7 @@
 #include "units.h"
 
 #define MIB (UINT64_C(1) << 20)
+#define REPLAY_DEFAULT_POOL_UNIT (UINT64_C(64) << 10)
 
 typedef struct replay_opts {
     uint64_t pool_size; /* 0: time at min_pool_bytes */
@@ -52,6 +53,7 @@ typedef struct replay_opts {
      * frees are (sealed by policy.fence_interval and fence_bytes), the GPU
      * this many events behind; 0: frees are immediate */
     uint64_t fence_lag;
+    uint64_t pool_unit;    /* --pool-unit: min_pool_bytes is a multiple of it */
     const char *plan_path; /* --plan: every pool gets this placement plan */
     plan_file plan;
     bfc_options policy; /* granularity, split and placement knobs */
@@ -254,19 +256,43 @@ static bool serves_all_at(void *ctx, uint64_t bytes)
     return serves_all(c->t, c->o, bytes, c->slot_addr);
 }
 
-/* Smallest pool, to the granule, that serves the whole trace (a coarser
- * step, 1 MiB as before, was a 3% error on a 34 MiB trace). Returns 0 only
- * for a trace without allocations. */
+/*
+ * Smallest pool, a multiple of the pool unit (64 KiB unless --pool-unit
+ * says otherwise), that serves the whole trace, and above which the next
+ * 2 MiB of sizes serve it too. Returns 0 only for a trace without
+ * allocations.
+ *
+ * Why a unit coarser than the granule: the shim's regions are multiples of
+ * 2 MiB, so their top edge lies on aligned placement's 64 KiB grid. A pool
+ * of any other size has a nook under its top edge that only small blocks
+ * fit in, and where they land then changes every later hole: the search
+ * at 256-byte steps found pools the shim never makes, a few of which the
+ * default rule served by luck while larger ones failed (docs/benchmarks.md,
+ * "Sizes the shim makes"). Why the check above: success is not monotone in
+ * the size (one block placed elsewhere moves every later hole), and a
+ * figure under which a larger pool still fails would promise too much.
+ */
+#define ROBUST_WINDOW (UINT64_C(2) << 20)
+
 static uint64_t min_pool(const trace *t, const replay_opts *o, bfc_addr *slot_addr)
 {
-    const uint64_t unit = o->policy.granularity;
+    const uint64_t unit = o->pool_unit ? o->pool_unit : REPLAY_DEFAULT_POOL_UNIT;
     /* Always enough: every byte ever allocated, rounded, twice over (TSL's
      * split rule may hand out up to twice a request), plus the 128 MiB past
      * which it always splits. */
     uint64_t cap = 2 * (t->total_alloc_bytes + t->allocs * unit) +
                    BFC_TSL_MAX_INTERNAL_FRAGMENTATION + unit;
     serves_ctx c = {t, o, slot_addr};
-    return cli_smallest_serving(t->peak_live_bytes, unit, cap, serves_all_at, &c);
+    uint64_t bytes = cli_smallest_serving(t->peak_live_bytes, unit, cap, serves_all_at, &c);
+    for (;;) {
+        uint64_t highest_failing = 0;
+        for (uint64_t above = unit; bytes && above <= ROBUST_WINDOW; above += unit)
+            if (!serves_all_at(&c, bytes + above))
+                highest_failing = bytes + above;
+        if (!highest_failing)
+            return bytes;
+        bytes = cli_smallest_serving(highest_failing + 1, unit, cap, serves_all_at, &c);
+    }
 }
 
 uint64_t replay_min_pool_bytes(const trace *t, const bfc_options *policy)
@@ -288,9 +314,10 @@ static void dump_at_failure(const trace *t, const replay_opts *o, uint64_t min_b
         perror(o->dump_path);
         return;
     }
-    const uint64_t below = min_bytes - o->policy.granularity;
-    if (min_bytes <= o->policy.granularity) {
-        fprintf(f, "%s: the minimum pool is one granule: nothing to show\n", t->name);
+    const uint64_t unit = o->pool_unit ? o->pool_unit : REPLAY_DEFAULT_POOL_UNIT;
+    const uint64_t below = min_bytes - unit;
+    if (min_bytes <= unit) {
+        fprintf(f, "%s: the minimum pool is one pool unit: nothing to show\n", t->name);
         goto out;
     }
     sim_device dev;
@@ -444,6 +471,7 @@ static void print_json(const trace_report *r, const replay_opts *o)
     json_u64(&j, "repeats", (uint64_t)o->repeats);
     json_u64(&j, "warmup_events", o->warmup);
     json_u64(&j, "timed_events", r->timed.ops);
+    json_u64(&j, "pool_unit", o->pool_unit ? o->pool_unit : REPLAY_DEFAULT_POOL_UNIT);
     json_object_open(&j, "policy");
     json_u64(&j, "granularity", o->policy.granularity);
     json_u64(&j, "min_split_bytes", o->policy.min_split_bytes);
@@ -641,6 +669,10 @@ static void replay_usage(FILE *f)
             "  --repeat N          timed replays per trace; the median is reported (5)\n"
             "  --warmup-events N   replay the first N events of each run before starting\n"
             "                      the clock (steady-state figures; default 0)\n"
+            "  --pool-unit B       min_pool_bytes is a multiple of B, and every pool up\n"
+            "                      to 2 MiB larger serves the trace too (64KiB: the\n"
+            "                      shim's regions are multiples of 2 MiB; 256 for the\n"
+            "                      finest search)\n"
             "  --granularity B     size rounding, a power of two >= 256 (256)\n"
             "  --min-split B       split a free chunk only if B bytes or more remain (256)\n"
             "  --placement P       aligned (default): as age, and blocks of 64 KiB or more\n"
@@ -654,7 +686,7 @@ static void replay_usage(FILE *f)
             "  --plan PLAN         place as the plan says (bfcshim plan -o PLAN), as\n"
             "                      BFCSHIM_PLAN does; JSON adds how many went there\n"
             "  --dump-at-failure F append to F (- for stderr) the pool's memory map at the\n"
-            "                      first failure in a pool one granule below the minimum\n"
+            "                      first failure in a pool one unit below the minimum\n"
             "  --record F          measure what recording costs: each repeat is a pair of\n"
             "                      replays, one plain and one recording every event to F\n"
             "                      as BFCSHIM_TRACE would; ns_per_op is the recording\n"
@@ -690,7 +722,7 @@ int cmd_replay(int argc, char **argv)
     o.policy.fence_bytes = BFC_DEFAULT_FENCE_BYTES;
     enum { OPT_GRAN = 256, OPT_SPLIT, OPT_PLACE, OPT_ALIGN, OPT_TSL, OPT_DUMP, OPT_NO_MIN,
            OPT_WARM, OPT_RECORD, OPT_VMM, OPT_MAP_GRAN, OPT_RELEASE, OPT_GPU_LAG, OPT_PLAN,
-           OPT_FENCE_LAG, OPT_FENCE_INTERVAL, OPT_FENCE_BYTES };
+           OPT_FENCE_LAG, OPT_FENCE_INTERVAL, OPT_FENCE_BYTES, OPT_POOL_UNIT };
     static const struct option longopts[] = {
         {"pool-size", required_argument, 0, 'p'}, {"min-pool", no_argument, 0, 'm'},
         {"json", no_argument, 0, 'j'},           {"repeat", required_argument, 0, 'r'},
@@ -711,6 +743,7 @@ int cmd_replay(int argc, char **argv)
         {"fence-lag", required_argument, 0, OPT_FENCE_LAG},
         {"fence-interval", required_argument, 0, OPT_FENCE_INTERVAL},
         {"fence-bytes", required_argument, 0, OPT_FENCE_BYTES},
+        {"pool-unit", required_argument, 0, OPT_POOL_UNIT},
         {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
     int c;
     bool min_pool_flag = false, fence_knob = false;
@@ -804,9 +837,19 @@ int cmd_replay(int argc, char **argv)
             o.policy.fence_bytes = v;
             fence_knob = true;
             break;
+        case OPT_POOL_UNIT:
+            if (!parse_size(optarg, &v) || v < 256 || (v & (v - 1)) || v > (UINT64_C(1) << 30))
+                return cli_bad_value("replay", "--pool-unit", optarg,
+                                     "a power of two from 256 to 1GiB");
+            o.pool_unit = v;
+            break;
         case 'h': replay_usage(stdout); return 0;
         default: replay_usage(stderr); return 2;
         }
+    }
+    if (o.pool_unit && o.pool_unit < o.policy.granularity) {
+        fprintf(stderr, "bfcshim replay: --pool-unit must be at least the granularity\n");
+        return 2;
     }
     if (min_pool_flag && o.pool_size) {
         fprintf(stderr, "bfcshim replay: --pool-size and --min-pool exclude each other\n");

@@ -85,6 +85,28 @@ def test_min_pool_and_placement(d):
     check(r["pool_bytes"] == 2 * MiB, f"pool_bytes {r['pool_bytes']}")
 
 
+def serves(trace, pool_bytes, *args):
+    (r,), _ = replay_json("--pool-size", str(pool_bytes), "--no-min-pool", *args, trace)
+    return r["failures"] == 0
+
+
+def test_min_pool_above(d):
+    """min_pool_bytes promises that larger pools serve the trace too. Success
+    is not monotone in the pool's size (a block placed elsewhere moves every
+    later hole): on this recorded trace, bisection alone at 4 KiB steps
+    stopped under sizes that fail."""
+    if not BUNDLED:
+        return
+    t = os.path.join(BUNDLED, "h100-cupy-mix-nopool.csv.gz")
+    unit = 4096
+    (r,), _ = replay_json("--pool-unit", str(unit), t)
+    m = r["min_pool_bytes"]
+    check(m % unit == 0, f"min_pool_bytes {m} is a multiple of the unit")
+    check(not serves(t, m - unit), f"one unit below min_pool_bytes ({m - unit}) fails")
+    failing = [m + k * unit for k in range(1, 2 * MiB // unit + 1) if not serves(t, m + k * unit)]
+    check(not failing, f"every pool up to 2 MiB above {m} serves: {failing[:4]} fail")
+
+
 def test_json_contract(d):
     t = write_trace(d, "one.csv", [row("allocate", "0x7f0000000000", 1000)])
     (r,), _ = replay_json(t)
@@ -93,8 +115,11 @@ def test_json_contract(d):
                       ("efficiency", float), ("ns_per_op", (int, float)),
                       ("failures", int)]:
         check(key in r and isinstance(r[key], kind), f"JSON field {key} ({r.get(key)!r})")
-    # Bisected to the granule (256 B by default), not to 1 MiB: exact even
-    # for small traces.
+    # A multiple of the pool unit (64 KiB by default: the sizes the shim's
+    # regions come in), not of 1 MiB; --pool-unit 256 searches to the granule.
+    check(r["min_pool_bytes"] == 65536 and r.get("pool_unit") == 65536,
+          f"a 1000-byte trace needs one 64 KiB unit: {r['min_pool_bytes']}, {r.get('pool_unit')}")
+    (r,), _ = replay_json("--pool-unit", "256", t)
     check(r["min_pool_bytes"] == 1024, f"a 1000-byte trace needs 1024 bytes: {r['min_pool_bytes']}")
     check(abs(r["fragmentation_gmlake"] - (1 - r["efficiency"])) < 1e-5,
           f"fragmentation_gmlake {r.get('fragmentation_gmlake')}")
@@ -463,7 +488,7 @@ def test_bundled_traces(d):
 
 
 with tempfile.TemporaryDirectory() as d:
-    for test in [test_min_pool_and_placement, test_json_contract, test_unmatched_and_failed_lines,
+    for test in [test_min_pool_and_placement, test_min_pool_above, test_json_contract, test_unmatched_and_failed_lines,
                  test_malformed_lines_name_their_line, test_gzip_and_crlf, test_bad_options,
                  test_dump_at_failure, test_tracegen, test_record, test_vmm, test_gpu_lag,
                  test_fence_lag,
