@@ -105,6 +105,13 @@ def test_min_pool_above(d):
     check(not serves(t, m - unit), f"one unit below min_pool_bytes ({m - unit}) fails")
     failing = [m + k * unit for k in range(1, 2 * MiB // unit + 1) if not serves(t, m + k * unit)]
     check(not failing, f"every pool up to 2 MiB above {m} serves: {failing[:4]} fail")
+    # Farther up, bands of failure are megabytes wide: on the ResNet
+    # recording, pools 9 to 14 MiB above the bisected size failed.
+    t = os.path.join(BUNDLED, "h100-torch-resnet50-b64-nocache.csv.gz")
+    (r,), _ = replay_json(t)
+    m = r["min_pool_bytes"]
+    failing = [m + k * MiB for k in range(1, m // 128 // MiB + 1) if not serves(t, m + k * MiB)]
+    check(not failing, f"every MiB up to 1/128 above {m} serves: {failing[:4]} fail")
 
 
 def test_json_contract(d):
