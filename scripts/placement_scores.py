@@ -6,10 +6,14 @@ import subprocess
 import sys
 
 # The settings cross-validation chooses among: age placement, and aligned
-# placement at each cap from 4 KiB to 2 MiB (64 KiB is the default).
+# placement at each cap from 4 KiB to 2 MiB (64 KiB is the default). A cap
+# above 64 KiB is measured in pools that are multiples of the cap, as the
+# shim's are (multiples of 2 MiB): in other pools its grid is off the region's
+# top edge (replay's --pool-unit).
 CANDIDATES = [("age", ["--placement", "age"])] + [
-    ("aligned/%dK" % (a >> 10), ["--placement", "aligned", "--align", str(a)])
-    for a in (1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 21)
+    ("aligned/%dK" % (a >> 10), ["--placement", "aligned", "--align", str(a)]
+     + (["--pool-unit", str(a)] if a > 1 << 16 else []))
+    for a in (1 << 12, 1 << 14, 1 << 15, 1 << 16, 1 << 18, 1 << 20, 1 << 21)
 ]
 
 
