@@ -7,7 +7,8 @@
  * For each trace it
  *   1. finds the smallest single preallocated region, a multiple of the
  *      pool unit (64 KiB: see min_pool), that serves every allocation of the
- *      trace, and above which the larger sizes checked do too (min_pool_bytes). The lower bound is the trace's peak of live bytes,
+ *      trace, and above which the larger sizes checked do too
+ *      (min_pool_bytes). The lower bound is the trace's peak of live bytes,
  *      which no allocator can beat, so efficiency = peak_live_bytes /
  *      min_pool_bytes is 1.0 at best (fragmentation_gmlake, 1 - peak live /
  *      peak reserved as GMLake publishes it, is 1 - efficiency here, the pool
@@ -59,6 +60,12 @@ typedef struct replay_opts {
     bfc_options policy; /* granularity, split and placement knobs */
     int name_width;     /* the table's first column: the longest trace name */
 } replay_opts;
+
+/* --pool-unit, or the default. */
+static uint64_t pool_unit(const replay_opts *o)
+{
+    return o->pool_unit ? o->pool_unit : REPLAY_DEFAULT_POOL_UNIT;
+}
 
 typedef struct run_result {
     uint64_t failures;
@@ -300,7 +307,7 @@ static uint64_t highest_failing_above(serves_ctx *c, uint64_t bytes, uint64_t un
 
 static uint64_t min_pool(const trace *t, const replay_opts *o, bfc_addr *slot_addr)
 {
-    const uint64_t unit = o->pool_unit ? o->pool_unit : REPLAY_DEFAULT_POOL_UNIT;
+    const uint64_t unit = pool_unit(o);
     /* Always enough: every byte ever allocated, rounded, twice over (TSL's
      * split rule may hand out up to twice a request), plus the 128 MiB past
      * which it always splits. */
@@ -333,7 +340,7 @@ static void dump_at_failure(const trace *t, const replay_opts *o, uint64_t min_b
         perror(o->dump_path);
         return;
     }
-    const uint64_t unit = o->pool_unit ? o->pool_unit : REPLAY_DEFAULT_POOL_UNIT;
+    const uint64_t unit = pool_unit(o);
     const uint64_t below = min_bytes - unit;
     if (min_bytes <= unit) {
         fprintf(f, "%s: the minimum pool is one pool unit: nothing to show\n", t->name);
@@ -490,7 +497,7 @@ static void print_json(const trace_report *r, const replay_opts *o)
     json_u64(&j, "repeats", (uint64_t)o->repeats);
     json_u64(&j, "warmup_events", o->warmup);
     json_u64(&j, "timed_events", r->timed.ops);
-    json_u64(&j, "pool_unit", o->pool_unit ? o->pool_unit : REPLAY_DEFAULT_POOL_UNIT);
+    json_u64(&j, "pool_unit", pool_unit(o));
     json_object_open(&j, "policy");
     json_u64(&j, "granularity", o->policy.granularity);
     json_u64(&j, "min_split_bytes", o->policy.min_split_bytes);
