@@ -52,7 +52,7 @@ int cmd_plan(int argc, char **argv)
         switch (c) {
         case 'o': out_path = optarg; break;
         case 'g':
-            if (!parse_size(optarg, &v) || v < 256 || (v & (v - 1)) || v > (1u << 20))
+            if (!parse_power_of_two_in(optarg, 256, UINT64_C(1) << 20, &v))
                 return cli_bad_value("plan", "--granularity", optarg,
                                      "a power of two from 256 to 1MiB");
             granularity = v;

@@ -790,7 +790,7 @@ int cmd_replay(int argc, char **argv)
                 return cli_bad_value("replay", "--repeat", optarg, "1 to 1000");
             break;
         case OPT_GRAN:
-            if (!parse_size(optarg, &v) || v < 256 || (v & (v - 1)) || v > (1u << 20))
+            if (!parse_power_of_two_in(optarg, 256, UINT64_C(1) << 20, &v))
                 return cli_bad_value("replay", "--granularity", optarg,
                                      "a power of two from 256 to 1MiB");
             o.policy.granularity = v;
@@ -805,7 +805,7 @@ int cmd_replay(int argc, char **argv)
                 return cli_bad_value("replay", "--placement", optarg, "aligned, age or low");
             break;
         case OPT_ALIGN:
-            if (!parse_size(optarg, &v) || v < 256 || (v & (v - 1)) || v > (UINT64_C(1) << 30))
+            if (!parse_power_of_two_in(optarg, 256, UINT64_C(1) << 30, &v))
                 return cli_bad_value("replay", "--align", optarg,
                                      "a power of two from 256 to 1GiB");
             o.policy.align_bytes = v;
@@ -817,7 +817,7 @@ int cmd_replay(int argc, char **argv)
         case OPT_VMM: o.vmm = true; break;
         case OPT_PLAN: o.plan_path = optarg; break;
         case OPT_MAP_GRAN:
-            if (!parse_size(optarg, &v) || v < 4096 || (v & (v - 1)) || v > (UINT64_C(1) << 30))
+            if (!parse_power_of_two_in(optarg, 4096, UINT64_C(1) << 30, &v))
                 return cli_bad_value("replay", "--map-granularity", optarg,
                                      "a power of two from 4KiB to 1GiB");
             o.policy.map_granularity = v;
@@ -864,7 +864,7 @@ int cmd_replay(int argc, char **argv)
             fence_knob = true;
             break;
         case OPT_POOL_UNIT:
-            if (!parse_size(optarg, &v) || v < 256 || (v & (v - 1)) || v > (UINT64_C(1) << 30))
+            if (!parse_power_of_two_in(optarg, 256, UINT64_C(1) << 30, &v))
                 return cli_bad_value("replay", "--pool-unit", optarg,
                                      "a power of two from 256 to 1GiB");
             o.pool_unit = v;

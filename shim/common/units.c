@@ -55,6 +55,15 @@ bool parse_size(const char *text, uint64_t *out)
     return true;
 }
 
+bool parse_power_of_two_in(const char *text, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    uint64_t v;
+    if (!parse_size(text, &v) || v < lo || v > hi || (v & (v - 1)))
+        return false;
+    *out = v;
+    return true;
+}
+
 bool parse_double_in(const char *text, double lo, double hi, double *out)
 {
     if (!text || !*text)

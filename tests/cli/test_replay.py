@@ -106,7 +106,7 @@ def test_min_pool_above(d):
     failing = [m + k * unit for k in range(1, 2 * MiB // unit + 1) if not serves(t, m + k * unit)]
     check(not failing, f"every pool up to 2 MiB above {m} serves: {failing[:4]} fail")
     # Farther up, bands of failure are megabytes wide: on the ResNet
-    # recording, pools 9 to 14 MiB above the bisected size failed.
+    # recording, pools 7 to 14 MiB above the bisected size failed.
     t = os.path.join(BUNDLED, "h100-torch-resnet50-b64-nocache.csv.gz")
     (r,), _ = replay_json(t)
     m = r["min_pool_bytes"]
@@ -189,6 +189,8 @@ def test_bad_options(d):
     for args, needle in [(["--pool-size", "lots"], "--pool-size 'lots'"),
                          (["--repeat", "0"], "--repeat '0'"),
                          (["--granularity", "300"], "--granularity '300'"),
+                         (["--pool-unit", "96KiB"], "--pool-unit '96KiB'"),
+                         (["--granularity", "4096", "--pool-unit", "1024"], "at least the granularity"),
                          (["--placement", "middle"], "--placement 'middle'"),
                          (["--pool-size", "1GiB", "--min-pool"], "exclude"),
                          (["--no-min-pool"], "needs --pool-size")]:
@@ -495,8 +497,8 @@ def test_bundled_traces(d):
 
 
 with tempfile.TemporaryDirectory() as d:
-    for test in [test_min_pool_and_placement, test_min_pool_above, test_json_contract, test_unmatched_and_failed_lines,
-                 test_malformed_lines_name_their_line, test_gzip_and_crlf, test_bad_options,
+    for test in [test_min_pool_and_placement, test_min_pool_above, test_json_contract,
+                 test_unmatched_and_failed_lines, test_malformed_lines_name_their_line, test_gzip_and_crlf, test_bad_options,
                  test_dump_at_failure, test_tracegen, test_record, test_vmm, test_gpu_lag,
                  test_fence_lag,
                  test_plan, test_plan_of_another_run, test_bundled_traces]:
