@@ -154,11 +154,8 @@ typedef struct bfc_backend {
  *                     aligned; otherwise the best fit for size + alignment -
  *                     granule (which always can); failing both, the block
  *                     goes unaligned into the best fit, so alignment never
- *                     turns a fit into an OOM. Smaller blocks count a
- *                     region edge as their youngest neighbour: the edges
- *                     are where large blocks pile up, and a small block at
- *                     an edge would move the pile off its grid. Measured on
- *                     real traces in docs/benchmarks.md (placement section).
+ *                     turns a fit into an OOM. Measured on real traces in
+ *                     docs/benchmarks.md (placement section).
  *                     Over virtual memory (vmm), a block that is a whole
  *                     number of map granules is placed on a granule
  *                     boundary instead, so that it shares no granule with

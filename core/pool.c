@@ -99,7 +99,6 @@ bfc_pool *bfc_pool_create(const bfc_options *opt, const bfc_backend *backend)
     const bool aligned = opt->placement == BFC_PLACE_ALIGNED;
     p->align_from = aligned ? opt->align_bytes : UINT64_MAX;
     p->granule_mask = aligned && opt->vmm ? opt->map_granularity - 1 : UINT64_MAX;
-    p->edge_young_below = aligned ? opt->align_bytes : 0;
     p->release_on_free = opt->vmm && opt->release_threshold != UINT64_MAX;
     p->next_region_bytes = p->opt.initial_region_bytes;
     p->st.bytes_limit = p->opt.limit_bytes;
@@ -287,30 +286,26 @@ static void link_after(bfc_pool *p, uint32_t c, uint32_t r)
     cc->next = r;
 }
 
-/* How long a neighbour of a free chunk is expected to stay: a region edge
- * as old as `edge` (edge_age), an allocated block as old as its sequence
- * number, a pending block is about to become free (youngest). */
-static uint64_t neighbour_age(const bfc_pool *p, uint32_t n, uint64_t edge)
+/* The age of a region edge. An edge never moves: oldest. But over virtual
+ * memory an edge borders address space, not memory: youngest, so that
+ * blocks pack against live ones and mapped memory grows as one pile rather
+ * than two at opposite ends of the reservation. (Aligned placement's small
+ * blocks counted an edge as youngest too until it was measured in pools of
+ * the sizes the shim makes, where that lost: docs/benchmarks.md.) */
+static inline uint64_t edge_age(const bfc_pool *p)
 {
-    if (n == CHUNK_NIL)
-        return edge;
-    const chunk *c = C(p, n);
-    return c->state == CHUNK_ALLOCATED ? c->stamp : UINT64_MAX;
+    return p->opt.vmm ? UINT64_MAX : 0;
 }
 
-/* The age of a region edge, for a block of `rounded` bytes. An edge never
- * moves: oldest. But over virtual memory an edge borders address space, not
- * memory: youngest, so that blocks pack against live ones and mapped memory
- * grows as one pile rather than two at opposite ends of the reservation.
- * And for a block below edge_young_below (aligned placement's small blocks)
- * youngest too: the edges are where large blocks pile up, each aligned; a
- * small block against an edge moves the whole pile beside it off its
- * sizes' grid by one alignment unit, and the holes the pile leaves are then
- * one unit short of the blocks that come for them (docs/benchmarks.md,
- * "Where the default fails"). */
-static inline uint64_t edge_age(const bfc_pool *p, uint64_t rounded)
+/* How long a neighbour of a free chunk is expected to stay: a region edge
+ * as old as edge_age says, an allocated block as old as its sequence
+ * number, a pending block is about to become free (youngest). */
+static uint64_t neighbour_age(const bfc_pool *p, uint32_t n)
 {
-    return p->opt.vmm || rounded < p->edge_young_below ? UINT64_MAX : 0;
+    if (n == CHUNK_NIL)
+        return edge_age(p);
+    const chunk *c = C(p, n);
+    return c->state == CHUNK_ALLOCATED ? c->stamp : UINT64_MAX;
 }
 
 /* Is the remainder of splitting `size` for `rounded` worth keeping? */
@@ -323,12 +318,11 @@ static bool worth_splitting(const bfc_options *o, uint64_t size, uint64_t rounde
                                                          : o->granularity);
 }
 
-/* Should the allocation go at the high end of chunk c, a region edge
- * counting as `edge` (edge_age)? */
-static bool carve_high(const bfc_pool *p, const chunk *c, uint64_t edge)
+/* Should the allocation go at the high end of chunk c? */
+static bool carve_high(const bfc_pool *p, const chunk *c)
 {
     return p->opt.placement != BFC_PLACE_LOW &&
-           neighbour_age(p, c->next, edge) < neighbour_age(p, c->prev, edge);
+           neighbour_age(p, c->next) < neighbour_age(p, c->prev);
 }
 
 /*
@@ -424,7 +418,7 @@ static inline __attribute__((always_inline)) uint32_t take_free(bfc_pool *p, uin
     chunk *cc = C(p, c);
     if (!worth_splitting(&p->opt, cc->size, rounded))
         return take_free_whole(p, c);
-    bool high = carve_high(p, cc, edge_age(p, rounded)); /* before r becomes a neighbour */
+    bool high = carve_high(p, cc); /* before r becomes a neighbour */
     if (align) {
         /* The aligned address nearest the chosen end; find_fit made sure
          * one exists. At either end of c, the plain carve below puts the
@@ -463,9 +457,8 @@ static uint32_t take_pending(bfc_pool *p, uint32_t c, uint64_t rounded)
     if (!worth_splitting(&p->opt, cc->size, rounded))
         return c;
     const uint64_t rest = cc->size - rounded;
-    /* Carved as by age: the edge rule for small blocks is aligned
-     * placement's, and pending reuse is never aligned. */
-    const bool high = carve_high(p, cc, edge_age(p, UINT64_MAX));
+    /* Carved as by age: pending reuse is never aligned. */
+    const bool high = carve_high(p, cc);
     const uint32_t r = chunk_new(&p->chunks);
     chunk *rc = C(p, r);
     uint32_t taken = c, left = r;

@@ -79,10 +79,6 @@ struct bfc_pool {
      * memory under BFC_PLACE_ALIGNED). */
     uint64_t align_from;
     uint64_t granule_mask;
-    /* Blocks below this many bytes count a region edge as their youngest
-     * neighbour (edge_age in pool.c): BFC_PLACE_ALIGNED's small blocks; 0
-     * for none. */
-    uint64_t edge_young_below;
     /* vmm with a release threshold (not "never"): frees check free mapped
      * bytes against it. */
     bool release_on_free;

@@ -16,8 +16,7 @@
  *   - it is the best fit: the smallest free (or own-lane pending) chunk that
  *     fits, lowest address on ties, carved from the end the policy says
  *     (against the older neighbour; a region edge oldest, except over
- *     virtual memory and, under aligned placement, for a block below the
- *     alignment threshold taking a free chunk);
+ *     virtual memory);
  *   - an OOM happens only when no chunk fits and the pool could not grow
  *     (vmm: only when too little of the limit is unmapped to map the block);
  *   - vmm: every allocation is mapped on the device, which saw no mapping
@@ -682,15 +681,8 @@ static void op_alloc(void)
         bool split = o->tsl_split
                          ? size >= 2 * rounded || rest >= BFC_TSL_MAX_INTERNAL_FRAGMENTATION
                          : rest >= (o->min_split_bytes > g ? o->min_split_bytes : g);
-        /* Aligned placement's small blocks count a region edge as their
-         * youngest neighbour when they take a free chunk. */
-        uint64_t next_age = s.best.next_age, prev_age = s.best.prev_age;
-        if (o->placement == BFC_PLACE_ALIGNED && rounded < o->align_bytes &&
-            s.best.chunk.kind == BFC_CHUNK_FREE) {
-            next_age = s.best.next_edge ? UINT64_MAX : next_age;
-            prev_age = s.best.prev_edge ? UINT64_MAX : prev_age;
-        }
-        bool high = split && o->placement != BFC_PLACE_LOW && next_age < prev_age;
+        bool high = split && o->placement != BFC_PLACE_LOW &&
+                    s.best.next_age < s.best.prev_age;
         bfc_addr lo = s.best.chunk.addr, hi = s.best.chunk.addr + size - rounded;
         /* A whole-granule block takes an end of its chunk that lies on a
          * granule boundary against a block (the age rule's when both do). */
