@@ -339,6 +339,16 @@ SHIM_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags)
     return r;
 }
 
+/* ... and taken back mapping by mapping, where cuMemAlloc's regions lose it
+ * in the real call. */
+SHIM_EXPORT CUresult cuCtxDisablePeerAccess(CUcontext peer)
+{
+    CUresult r = PASS(CtxDisablePeerAccess, peer);
+    if (r == CUDA_SUCCESS)
+        vmm_peer_disabled(peer);
+    return r;
+}
+
 SHIM_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
     pools_primary_gone(dev);

@@ -234,6 +234,7 @@ static shim_pool *create_pool(const real_driver *R, CUcontext ctx)
     sp->primary = is_primary(R, ctx, dev);
     pthread_mutex_init(&sp->lanes_lock, NULL);
     pthread_mutex_init(&sp->stand_in_lock, NULL);
+    pthread_mutex_init(&sp->peers_lock, NULL);
     sp->lane_stream = calloc(LANE_SLOTS, sizeof *sp->lane_stream);
     sp->fences = calloc(LANE_SLOTS, sizeof *sp->fences);
 

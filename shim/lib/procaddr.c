@@ -52,6 +52,7 @@ static hook hooks[] = {
     H(cuGreenCtxDestroy),
     H(cuGreenCtxStreamCreate),
     H(cuCtxEnablePeerAccess),
+    H(cuCtxDisablePeerAccess),
     H(cuDeviceSetMemPool),
     H(cuMemPoolGetAttribute),
     H(cuMemPoolSetAttribute),

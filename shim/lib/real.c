@@ -100,6 +100,7 @@ static void load_driver(void)
     LOOK(MemGetAllocationGranularity, "cuMemGetAllocationGranularity");
     LOOK(DeviceGetCount, "cuDeviceGetCount");
     LOOK(CtxEnablePeerAccess, "cuCtxEnablePeerAccess");
+    LOOK(CtxDisablePeerAccess, "cuCtxDisablePeerAccess");
     LOOK(StreamSynchronize, "cuStreamSynchronize");
     LOOK(GreenCtxCreate, "cuGreenCtxCreate");
     LOOK(GreenCtxDestroy, "cuGreenCtxDestroy");

@@ -169,6 +169,7 @@ typedef struct real_driver {
                                             CUmemAllocationGranularity_flags);
     CUresult (*DeviceGetCount)(int *);
     CUresult (*CtxEnablePeerAccess)(CUcontext, unsigned);
+    CUresult (*CtxDisablePeerAccess)(CUcontext);
     CUresult (*StreamSynchronize)(CUstream);
     /* green contexts (green.c); optional */
     CUresult (*GreenCtxCreate)(CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned);
@@ -246,8 +247,12 @@ typedef struct shim_pool {
     uint64_t vmm_granule;
     /* over virtual memory: devices (bit i: device i < 64) that enabled peer
      * access to this pool's context; its mappings are made accessible to
-     * them too (vmm.c) */
+     * them too (vmm.c). Read by the map callbacks under the engine's lock;
+     * changed, with the count of contexts of each device that enabled it,
+     * under peers_lock (taken before the engine's lock, never inside it). */
     atomic_uint_fast64_t vmm_peers;
+    pthread_mutex_t peers_lock;
+    uint32_t vmm_peer_contexts[64];
 } shim_pool;
 
 /* ---- the pool over virtual memory (vmm.c) ----------------------------------------- */
@@ -263,6 +268,10 @@ CUresult vmm_probe(const real_driver *R, CUdevice dev, uint64_t granule, const c
  * (cuCtxEnablePeerAccess succeeded): a pool of `peer` over virtual memory
  * makes its mappings, present and future, accessible to that device. */
 void vmm_peer_enabled(CUcontext peer);
+/* The current context gave that access up (cuCtxDisablePeerAccess
+ * succeeded): once no context of its device holds it, the pool's mappings
+ * are made inaccessible to that device again, as cudaMalloc's memory is. */
+void vmm_peer_disabled(CUcontext peer);
 /* Fills the backend's region and map callbacks (its ctx is a pool whose
  * vmm_granule is set). */
 void vmm_backend(bfc_backend *b);

@@ -13,8 +13,11 @@
  * nothing accessible) and to every device that enabled peer access to the
  * pool's context (cuCtxEnablePeerAccess, which the driver door intercepts;
  * cudaDeviceEnablePeerAccess reaches it through cudart's lookup): already
- * mapped granules at that moment, later ones as they are mapped. Access is
- * not taken back on cuCtxDisablePeerAccess.
+ * mapped granules at that moment, later ones as they are mapped. When the
+ * last context of that device disables its access (cuCtxDisablePeerAccess),
+ * the device loses it on every granule again, as it would on cudaMalloc's
+ * memory: a program that forgets to enable access faults with the pool as
+ * without it.
  *
  * cuMemUnmap does not wait for the GPU. The engine unmaps only free space,
  * and under the default free policy a block becomes free only after its
@@ -193,22 +196,80 @@ static void grant_run(void *arg, bfc_addr addr, uint64_t size)
                  (int)sp->dev, (unsigned long long)addr, (unsigned long long)size, (int)r);
 }
 
+/* Withdraws device `arg->dev`'s access from one mapped range, mapping by
+ * mapping. */
+struct revoke_arg {
+    shim_pool *sp;
+    int dev;
+};
+
+static void revoke_run(void *arg, bfc_addr addr, uint64_t size)
+{
+    const struct revoke_arg *a = arg;
+    const real_driver *R = real_driver_get();
+    CUmemAccessDesc none = read_write(a->dev);
+    none.flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    CUresult r = CUDA_SUCCESS;
+    for (uint64_t off = 0; r == CUDA_SUCCESS && off < size; off += a->sp->vmm_granule)
+        r = R->MemSetAccess(addr + off, (size_t)a->sp->vmm_granule, &none, 1);
+    if (r != CUDA_SUCCESS)
+        shim_log(LOG_WARN, "device %d: taking peer device %d's access to 0x%llx (%llu bytes) failed (%d)",
+                 (int)a->sp->dev, a->dev, (unsigned long long)addr, (unsigned long long)size, (int)r);
+}
+
+/* The pool over virtual memory of `peer`, and the current context's device
+ * (< 64); NULL when there is none or the device cannot be named. */
+static shim_pool *peer_pool(const real_driver *R, CUcontext peer, CUdevice *me)
+{
+    shim_pool *sp = pool_for_context(peer, false);
+    if (!sp || !sp->vmm_granule || !R || R->CtxGetDevice(me) != CUDA_SUCCESS || *me < 0 ||
+        *me >= 64)
+        return NULL;
+    return sp;
+}
+
 void vmm_peer_enabled(CUcontext peer)
 {
     const real_driver *R = real_driver_get();
     CUdevice me = 0;
-    shim_pool *sp = pool_for_context(peer, false);
-    if (!sp || !sp->vmm_granule || !R || R->CtxGetDevice(&me) != CUDA_SUCCESS || me < 0 ||
-        me >= 64)
+    shim_pool *sp = peer_pool(R, peer, &me);
+    if (!sp)
         return;
+    pthread_mutex_lock(&sp->peers_lock);
+    sp->vmm_peer_contexts[me]++;
     atomic_fetch_or(&sp->vmm_peers, UINT64_C(1) << me);
-    /* Under the pool's lock: no mapping is made meanwhile, and every later
+    /* Under the engine's lock: no mapping is made meanwhile, and every later
      * one reads the new list. The grants need the pool's context current. */
     bool pushed = real_ctx_enter(R, sp->ctx);
     bfc_pool_each_mapped(sp->bfc, grant_run, sp);
     real_ctx_leave(R, pushed);
+    pthread_mutex_unlock(&sp->peers_lock);
     shim_log(LOG_INFO, "device %d: pooled memory made accessible to peer device %d", (int)sp->dev,
              (int)me);
+}
+
+void vmm_peer_disabled(CUcontext peer)
+{
+    const real_driver *R = real_driver_get();
+    CUdevice me = 0;
+    shim_pool *sp = peer_pool(R, peer, &me);
+    if (!sp)
+        return;
+    pthread_mutex_lock(&sp->peers_lock);
+    /* cuda.h keeps access per pair of contexts; the pool grants it per
+     * device, so another context of the same device may still hold it. */
+    bool last = sp->vmm_peer_contexts[me] > 0 && --sp->vmm_peer_contexts[me] == 0;
+    if (last) {
+        atomic_fetch_and(&sp->vmm_peers, ~(UINT64_C(1) << me));
+        struct revoke_arg a = {sp, (int)me};
+        bool pushed = real_ctx_enter(R, sp->ctx);
+        bfc_pool_each_mapped(sp->bfc, revoke_run, &a);
+        real_ctx_leave(R, pushed);
+    }
+    pthread_mutex_unlock(&sp->peers_lock);
+    if (last)
+        shim_log(LOG_INFO, "device %d: peer device %d no longer has access to pooled memory",
+                 (int)sp->dev, (int)me);
 }
 
 static int map_range(void *ctx, bfc_addr addr, uint64_t size)

@@ -22,6 +22,7 @@ static struct {
     CUresult (*CtxCreate)(CUcontext *, CUctxCreateParams *, unsigned, CUdevice);
     CUresult (*CtxDestroy)(CUcontext);
     CUresult (*CtxEnablePeerAccess)(CUcontext, unsigned);
+    CUresult (*CtxDisablePeerAccess)(CUcontext);
     CUresult (*MemAlloc)(CUdeviceptr *, size_t);
     CUresult (*MemFree)(CUdeviceptr);
     CUresult (*MemGetInfo)(size_t *, size_t *);
@@ -74,6 +75,7 @@ static inline void e2e_cu_load(void)
     E2E_CU(CtxCreate, "cuCtxCreate_v4");
     E2E_CU(CtxDestroy, "cuCtxDestroy_v2");
     E2E_CU(CtxEnablePeerAccess, "cuCtxEnablePeerAccess");
+    E2E_CU(CtxDisablePeerAccess, "cuCtxDisablePeerAccess");
     E2E_CU(MemAlloc, "cuMemAlloc_v2");
     E2E_CU(MemFree, "cuMemFree_v2");
     E2E_CU(MemGetInfo, "cuMemGetInfo_v2");

@@ -24,7 +24,9 @@
  *              0's context gives device 1 access to the pool's mappings,
  *              those already made and those made later; the fake's rules
  *              for the call (per context pair, flags 0, not itself, not
- *              another context of its own device)
+ *              another context of its own device); when the last context
+ *              of device 1 disables it, every granule, and those mapped
+ *              later, are closed to device 1 again
  *   capture    (BFCSHIM_FREE_POLICY=immediate, BFCSHIM_RELEASE_THRESHOLD=0)
  *              a free during a relaxed-mode stream capture would give its
  *              granules back, but under the immediate policy queued work
@@ -189,6 +191,15 @@ static void busy_teardown(bool created)
 static void ctxdestroy_busy(void) { busy_teardown(true); }
 static void reset_busy(void) { busy_teardown(false); }
 
+/* What device `dev` may do with the mapping at ptr (cuMemGetAccess). */
+static unsigned long long access_of(int dev, CUdeviceptr ptr)
+{
+    CUmemLocation loc = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev};
+    unsigned long long flags = 99;
+    CHECK_EQ(D.MemGetAccess(&flags, &loc, ptr), CUDA_SUCCESS);
+    return flags;
+}
+
 static void peers(void)
 {
     start();
@@ -199,9 +210,11 @@ static void peers(void)
     CUcontext one = NULL;
     CHECK_EQ(D.DevicePrimaryCtxRetain(&one, 1), CUDA_SUCCESS);
     CHECK_EQ(D.CtxSetCurrent(one), CUDA_SUCCESS);
+    CHECK_EQ(access_of(1, a), CU_MEM_ACCESS_FLAGS_PROT_NONE);
     CHECK_EQ(D.CtxEnablePeerAccess(primary, 0), CUDA_SUCCESS);
     CHECK_EQ(fake_stats().peer_enables, 1);
     CHECK_EQ(fake_stats().vmm_peer_grants, 2); /* each mapped granule */
+    CHECK_EQ(access_of(1, a), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     const uint64_t grants = fake_stats().vmm_peer_grants;
     CHECK_EQ(D.CtxEnablePeerAccess(primary, 0), CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
     CHECK_EQ(D.CtxEnablePeerAccess(primary, 1), CUDA_ERROR_INVALID_VALUE); /* flags must be 0 */
@@ -212,15 +225,36 @@ static void peers(void)
     CHECK_EQ(D.CtxEnablePeerAccess(primary, 0), CUDA_SUCCESS);
     CHECK_EQ(D.CtxEnablePeerAccess(two, 0), CUDA_ERROR_INVALID_CONTEXT);
     CHECK_EQ(D.CtxEnablePeerAccess(one, 0), CUDA_ERROR_PEER_ACCESS_UNSUPPORTED); /* same device */
+    /* `two` gives its access up; device 1 keeps it while `one` holds it. */
+    CHECK_EQ(D.CtxDisablePeerAccess(primary), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxDisablePeerAccess(primary), CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
+    CHECK_EQ(access_of(1, a), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     CHECK_EQ(D.CtxDestroy(two), CUDA_SUCCESS);
     CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
     const uint64_t granted = fake_stats().vmm_peer_grants;
     CHECK_EQ(granted, grants + 2); /* the second enable grants the two granules again */
     CHECK_EQ(D.MemAlloc(&b, 4 * MiB), CUDA_SUCCESS); /* maps more: granted as made */
     CHECK(fake_stats().vmm_peer_grants >= granted + 2);
+    CHECK_EQ(access_of(1, b), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     fill_and_check(b, 4 * MiB, 8);
+    /* The last context of device 1 gives its access up: every granule, and
+     * the granules mapped later, are closed to device 1 again, as
+     * cudaMalloc's memory would be. Device 0 keeps its own. */
+    CHECK_EQ(D.CtxSetCurrent(one), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxDisablePeerAccess(primary), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    CHECK_EQ(access_of(1, a), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    CHECK_EQ(access_of(1, b), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    CHECK_EQ(access_of(0, b), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    const uint64_t before_c = fake_stats().vmm_peer_grants;
+    CUdeviceptr c = 0;
+    CHECK_EQ(D.MemAlloc(&c, 8 * MiB), CUDA_SUCCESS); /* maps more */
+    CHECK_EQ(access_of(1, c), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    CHECK_EQ(fake_stats().vmm_peer_grants, before_c);
+    fill_and_check(b, 4 * MiB, 9);
     CHECK_EQ(D.MemFree(a), CUDA_SUCCESS);
     CHECK_EQ(D.MemFree(b), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(c), CUDA_SUCCESS);
 }
 
 static void capture(void)

@@ -2487,7 +2487,10 @@ EXPORT CUresult cuGetExportTable(const void **table, const CUuuid *id)
  * cuMemUnmap and cuMemSetAccess take whole mappings ("cannot unmap a
  * sub-range"; "a fully mapped address range"), flags must be zero. Not
  * modelled: shareable handles, multicast, host-NUMA locations, peers'
- * access (one address space: the owner's protection applies), and
+ * access beyond bookkeeping (one address space: the owner's protection
+ * applies; what each peer device was granted is kept per mapping and
+ * answered by cuMemGetAccess, so tests can see access granted and taken
+ * back), and
  * cuMemUnmap's synchronisation (the fake unmaps at once, the harsher
  * reading: memory still used by queued work is gone). FAKECUDA_VMM=0
  * makes the devices report no support and the calls CUDA_ERROR_NOT_SUPPORTED.
@@ -2510,6 +2513,7 @@ typedef struct vmm_range {
     uint64_t base, size;
     vmm_handle *h; /* mappings */
     int prot;      /* mappings: the owner's access */
+    uint64_t peer_read, peer_write; /* mappings: other devices' access (bit i: device i) */
 } vmm_range;
 
 static struct {
@@ -2677,7 +2681,7 @@ EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignm
         munmap(p, (size_t)(base - p));
     munmap(base + size, (size_t)(p + size + align - (base + size)));
     if (!vmm_push(&V.reserved, &V.nreserved, &V.capreserved,
-                  (vmm_range){(uint64_t)(uintptr_t)base, size, NULL, PROT_NONE})) {
+                  (vmm_range){(uint64_t)(uintptr_t)base, size, NULL, PROT_NONE, 0, 0})) {
         munmap(base, size);
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
     }
@@ -2773,7 +2777,7 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     void *p = mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, h->fd, 0);
     if (p == MAP_FAILED)
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
-    if (!vmm_push(&V.mapped, &V.nmapped, &V.capmapped, (vmm_range){ptr, size, h, PROT_NONE})) {
+    if (!vmm_push(&V.mapped, &V.nmapped, &V.capmapped, (vmm_range){ptr, size, h, PROT_NONE, 0, 0})) {
         mmap(p, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
     }
@@ -2818,8 +2822,15 @@ EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
             continue;
         for (size_t k = 0; k < count; k++) {
             if (desc[k].location.id != r->h->dev) {
-                /* A peer's access: one address space here, so only counted. */
-                if (desc[k].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE)
+                /* A peer's access: one address space here, so only kept
+                 * for cuMemGetAccess and counted. */
+                const uint64_t bit = UINT64_C(1) << desc[k].location.id;
+                const unsigned long long f = desc[k].flags;
+                r->peer_read = f & CU_MEM_ACCESS_FLAGS_PROT_READ ? r->peer_read | bit
+                                                                 : r->peer_read & ~bit;
+                r->peer_write = f == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? r->peer_write | bit
+                                                                        : r->peer_write & ~bit;
+                if (f != CU_MEM_ACCESS_FLAGS_PROT_NONE)
                     G.st.vmm_peer_grants++;
                 continue;
             }
@@ -2838,13 +2849,23 @@ EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocation *l
     VMM_ENTER();
     if (!flags || !location || location->type != CU_MEM_LOCATION_TYPE_DEVICE)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
+    if (!is_device(location->id))
+        LEAVE(CUDA_ERROR_INVALID_DEVICE);
     for (size_t m = 0; m < V.nmapped; m++) {
         vmm_range *r = &V.mapped[m];
         if (ptr >= r->base && ptr < r->base + r->size) {
-            *flags = location->id != r->h->dev ? CU_MEM_ACCESS_FLAGS_PROT_NONE
-                     : r->prot == (PROT_READ | PROT_WRITE) ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-                     : r->prot == PROT_READ ? CU_MEM_ACCESS_FLAGS_PROT_READ
-                                            : CU_MEM_ACCESS_FLAGS_PROT_NONE;
+            bool rd, wr;
+            if (location->id != r->h->dev) {
+                const uint64_t bit = UINT64_C(1) << location->id;
+                rd = (r->peer_read & bit) != 0;
+                wr = (r->peer_write & bit) != 0;
+            } else {
+                rd = (r->prot & PROT_READ) != 0;
+                wr = (r->prot & PROT_WRITE) != 0;
+            }
+            *flags = wr ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+                     : rd ? CU_MEM_ACCESS_FLAGS_PROT_READ
+                          : CU_MEM_ACCESS_FLAGS_PROT_NONE;
             LEAVE(CUDA_SUCCESS);
         }
     }
