@@ -335,7 +335,7 @@ SHIM_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags)
 {
     CUresult r = PASS(CtxEnablePeerAccess, peer, flags);
     if (r == CUDA_SUCCESS)
-        vmm_peer_enabled(peer);
+        vmm_peer_access(peer, true);
     return r;
 }
 
@@ -345,7 +345,7 @@ SHIM_EXPORT CUresult cuCtxDisablePeerAccess(CUcontext peer)
 {
     CUresult r = PASS(CtxDisablePeerAccess, peer);
     if (r == CUDA_SUCCESS)
-        vmm_peer_disabled(peer);
+        vmm_peer_access(peer, false);
     return r;
 }
 

@@ -265,13 +265,12 @@ uint64_t vmm_granularity(const real_driver *R, CUdevice dev);
  * of the first call that fails, named in *step, or CUDA_SUCCESS. */
 CUresult vmm_probe(const real_driver *R, CUdevice dev, uint64_t granule, const char **step);
 /* The current context's device was given peer access to `peer`'s memory
- * (cuCtxEnablePeerAccess succeeded): a pool of `peer` over virtual memory
- * makes its mappings, present and future, accessible to that device. */
-void vmm_peer_enabled(CUcontext peer);
-/* The current context gave that access up (cuCtxDisablePeerAccess
- * succeeded): once no context of its device holds it, the pool's mappings
- * are made inaccessible to that device again, as cudaMalloc's memory is. */
-void vmm_peer_disabled(CUcontext peer);
+ * (cuCtxEnablePeerAccess succeeded, `enabled`) or gave it up
+ * (cuCtxDisablePeerAccess succeeded): a pool of `peer` over virtual memory
+ * makes its mappings, present and future, accessible to that device, and
+ * closes them to it again once no context of the device holds the access,
+ * as cudaMalloc's memory would. */
+void vmm_peer_access(CUcontext peer, bool enabled);
 /* Fills the backend's region and map callbacks (its ctx is a pool whose
  * vmm_granule is set). */
 void vmm_backend(bfc_backend *b);

@@ -228,47 +228,45 @@ static shim_pool *peer_pool(const real_driver *R, CUcontext peer, CUdevice *me)
     return sp;
 }
 
-void vmm_peer_enabled(CUcontext peer)
+/* Runs fn on every mapped range of the pool, under the engine's lock (no
+ * mapping is made meanwhile, and every later one reads the access list as it
+ * is now) and with the pool's context current, which cuMemSetAccess needs. */
+static void each_mapped_range(const real_driver *R, shim_pool *sp,
+                              void (*fn)(void *, bfc_addr, uint64_t), void *arg)
 {
-    const real_driver *R = real_driver_get();
-    CUdevice me = 0;
-    shim_pool *sp = peer_pool(R, peer, &me);
-    if (!sp)
-        return;
-    pthread_mutex_lock(&sp->peers_lock);
-    sp->vmm_peer_contexts[me]++;
-    atomic_fetch_or(&sp->vmm_peers, UINT64_C(1) << me);
-    /* Under the engine's lock: no mapping is made meanwhile, and every later
-     * one reads the new list. The grants need the pool's context current. */
     bool pushed = real_ctx_enter(R, sp->ctx);
-    bfc_pool_each_mapped(sp->bfc, grant_run, sp);
+    bfc_pool_each_mapped(sp->bfc, fn, arg);
     real_ctx_leave(R, pushed);
-    pthread_mutex_unlock(&sp->peers_lock);
-    shim_log(LOG_INFO, "device %d: pooled memory made accessible to peer device %d", (int)sp->dev,
-             (int)me);
 }
 
-void vmm_peer_disabled(CUcontext peer)
+void vmm_peer_access(CUcontext peer, bool enabled)
 {
     const real_driver *R = real_driver_get();
     CUdevice me = 0;
     shim_pool *sp = peer_pool(R, peer, &me);
     if (!sp)
         return;
+    const uint64_t bit = UINT64_C(1) << me;
+    bool changed = true;
     pthread_mutex_lock(&sp->peers_lock);
-    /* cuda.h keeps access per pair of contexts; the pool grants it per
-     * device, so another context of the same device may still hold it. */
-    bool last = sp->vmm_peer_contexts[me] > 0 && --sp->vmm_peer_contexts[me] == 0;
-    if (last) {
-        atomic_fetch_and(&sp->vmm_peers, ~(UINT64_C(1) << me));
+    if (enabled) {
+        /* Granted again on every enable: harmless, and the list is sure. */
+        sp->vmm_peer_contexts[me]++;
+        atomic_fetch_or(&sp->vmm_peers, bit);
+        each_mapped_range(R, sp, grant_run, sp);
+    } else if (sp->vmm_peer_contexts[me] > 0 && --sp->vmm_peer_contexts[me] == 0) {
+        /* cuda.h keeps access per pair of contexts, the pool per device:
+         * only the device's last context to disable it takes it away. */
+        atomic_fetch_and(&sp->vmm_peers, ~bit);
         struct revoke_arg a = {sp, (int)me};
-        bool pushed = real_ctx_enter(R, sp->ctx);
-        bfc_pool_each_mapped(sp->bfc, revoke_run, &a);
-        real_ctx_leave(R, pushed);
+        each_mapped_range(R, sp, revoke_run, &a);
+    } else {
+        changed = false; /* another context of the device still holds it */
     }
     pthread_mutex_unlock(&sp->peers_lock);
-    if (last)
-        shim_log(LOG_INFO, "device %d: peer device %d no longer has access to pooled memory",
+    if (changed)
+        shim_log(LOG_INFO, enabled ? "device %d: pooled memory made accessible to peer device %d"
+                                   : "device %d: peer device %d no longer has access to pooled memory",
                  (int)sp->dev, (int)me);
 }
 
