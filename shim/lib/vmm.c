@@ -175,16 +175,23 @@ static size_t access_list(shim_pool *sp, CUmemAccessDesc desc[65])
     return n;
 }
 
-/* Makes [addr, addr + size) accessible per its access list, one mapping at
- * a time as they were made (cuda.h asks for whole mappings). */
-static CUresult grant(shim_pool *sp, const real_driver *R, bfc_addr addr, uint64_t size)
+/* Sets the n entries of desc on [addr, addr + size), one mapping at a time
+ * as they were made (cuda.h asks for whole mappings). */
+static CUresult set_access(const shim_pool *sp, const real_driver *R, bfc_addr addr,
+                           uint64_t size, const CUmemAccessDesc *desc, size_t n)
 {
-    CUmemAccessDesc desc[65];
-    size_t n = access_list(sp, desc);
     CUresult r = CUDA_SUCCESS;
     for (uint64_t off = 0; r == CUDA_SUCCESS && off < size; off += sp->vmm_granule)
         r = R->MemSetAccess(addr + off, (size_t)sp->vmm_granule, desc, n);
     return r;
+}
+
+/* Makes [addr, addr + size) accessible per the pool's access list. */
+static CUresult grant(shim_pool *sp, const real_driver *R, bfc_addr addr, uint64_t size)
+{
+    CUmemAccessDesc desc[65];
+    size_t n = access_list(sp, desc);
+    return set_access(sp, R, addr, size, desc, n);
 }
 
 static void grant_run(void *arg, bfc_addr addr, uint64_t size)
@@ -196,22 +203,18 @@ static void grant_run(void *arg, bfc_addr addr, uint64_t size)
                  (int)sp->dev, (unsigned long long)addr, (unsigned long long)size, (int)r);
 }
 
-/* Withdraws device `arg->dev`'s access from one mapped range, mapping by
- * mapping. */
 struct revoke_arg {
     shim_pool *sp;
     int dev;
 };
 
+/* Withdraws device `arg->dev`'s access from one mapped range. */
 static void revoke_run(void *arg, bfc_addr addr, uint64_t size)
 {
     const struct revoke_arg *a = arg;
-    const real_driver *R = real_driver_get();
     CUmemAccessDesc none = read_write(a->dev);
     none.flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
-    CUresult r = CUDA_SUCCESS;
-    for (uint64_t off = 0; r == CUDA_SUCCESS && off < size; off += a->sp->vmm_granule)
-        r = R->MemSetAccess(addr + off, (size_t)a->sp->vmm_granule, &none, 1);
+    CUresult r = set_access(a->sp, real_driver_get(), addr, size, &none, 1);
     if (r != CUDA_SUCCESS)
         shim_log(LOG_WARN, "device %d: taking peer device %d's access to 0x%llx (%llu bytes) failed (%d)",
                  (int)a->sp->dev, a->dev, (unsigned long long)addr, (unsigned long long)size, (int)r);
