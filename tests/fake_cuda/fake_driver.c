@@ -2823,7 +2823,11 @@ EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
         for (size_t k = 0; k < count; k++) {
             if (desc[k].location.id != r->h->dev) {
                 /* A peer's access: one address space here, so only kept
-                 * for cuMemGetAccess and counted. */
+                 * for cuMemGetAccess and counted. cuMemSetAccess "set[s]
+                 * the access flags for each location specified in desc",
+                 * so a later entry replaces an earlier grant, and
+                 * CU_MEM_ACCESS_FLAGS_PROT_NONE "make[s] the address range
+                 * not accessible": it takes the access back (cuda.h). */
                 const uint64_t bit = UINT64_C(1) << desc[k].location.id;
                 const unsigned long long f = desc[k].flags;
                 r->peer_read = f & CU_MEM_ACCESS_FLAGS_PROT_READ ? r->peer_read | bit
@@ -2849,11 +2853,15 @@ EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocation *l
     VMM_ENTER();
     if (!flags || !location || location->type != CU_MEM_LOCATION_TYPE_DEVICE)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
+    /* cuda.h lists CUDA_ERROR_INVALID_DEVICE for cuMemGetAccess: a location
+     * that names no device. */
     if (!is_device(location->id))
         LEAVE(CUDA_ERROR_INVALID_DEVICE);
     for (size_t m = 0; m < V.nmapped; m++) {
         vmm_range *r = &V.mapped[m];
         if (ptr >= r->base && ptr < r->base + r->size) {
+            /* "the access flags set for the given location": the owner's
+             * from its protection, a peer's from what was granted to it. */
             bool rd, wr;
             if (location->id != r->h->dev) {
                 const uint64_t bit = UINT64_C(1) << location->id;
