@@ -330,8 +330,8 @@ uint64_t replay_min_pool_bytes(const trace *t, const bfc_options *policy)
     return bytes;
 }
 
-/* Replays in a pool one granule below the minimum and writes the memory map
- * at the first allocation that fails: where the fragmentation is. */
+/* Replays in a pool one pool unit below the minimum and writes the memory
+ * map at the first allocation that fails: where the fragmentation is. */
 static void dump_at_failure(const trace *t, const replay_opts *o, uint64_t min_bytes,
                             bfc_addr *slot_addr)
 {

@@ -1018,6 +1018,15 @@ static void race_free(int i, bool ordered)
     R.live[i] = R.live[--R.nlive];
 }
 
+/* Makes stream slot k anew, blocking (synchronising with the legacy
+ * stream) or not. */
+static void race_make_stream(int k, bool non_blocking)
+{
+    R.non_blocking[k] = non_blocking;
+    CUDA_OK(cudaStreamCreateWithFlags(&R.slot[k], non_blocking ? cudaStreamNonBlocking
+                                                               : cudaStreamDefault));
+}
+
 static void race(void)
 {
     R.rng = 20261124u;
@@ -1028,11 +1037,8 @@ static void race(void)
     CUDA_OK(cudaMemset(R.bad, 0, sizeof *R.bad));
     R.slot[0] = 0;                    /* the legacy stream */
     R.slot[1] = cudaStreamPerThread;
-    for (int k = 2; k < RACE_SLOTS; k++) {
-        R.non_blocking[k] = k != 2;
-        CUDA_OK(cudaStreamCreateWithFlags(&R.slot[k], R.non_blocking[k] ? cudaStreamNonBlocking
-                                                                        : cudaStreamDefault));
-    }
+    for (int k = 2; k < RACE_SLOTS; k++)
+        race_make_stream(k, k != 2);
     CUDA_OK(cudaDeviceSynchronize());
     if (failures)
         return;
@@ -1074,9 +1080,7 @@ static void race(void)
             for (int i = 0; i < R.nlive; i++)
                 if (R.live[i].home == k)
                     R.live[i].orphan = true;
-            R.non_blocking[k] = race_pick(2);
-            CUDA_OK(cudaStreamCreateWithFlags(&R.slot[k], R.non_blocking[k] ? cudaStreamNonBlocking
-                                                                            : cudaStreamDefault));
+            race_make_stream(k, race_pick(2));
             replaced++;
         } else if (r < 99) {
             CUDA_OK(cudaStreamSynchronize(R.slot[race_pick(RACE_SLOTS)]));
