@@ -326,6 +326,8 @@ SHIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     pools_context_gone(ctx);
     CUresult r = PASS(CtxDestroy, ctx);
     pools_give_back_forgotten();
+    if (r == CUDA_SUCCESS)
+        vmm_context_gone(ctx); /* the peer access it enabled went with it */
     return r;
 }
 
@@ -351,9 +353,12 @@ SHIM_EXPORT CUresult cuCtxDisablePeerAccess(CUcontext peer)
 
 SHIM_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
+    CUcontext ctx = real_active_primary(real_driver_get(), dev);
     pools_primary_gone(dev);
     CUresult r = PASS(DevicePrimaryCtxReset, dev);
     pools_give_back_forgotten();
+    if (r == CUDA_SUCCESS)
+        vmm_context_gone(ctx);
     return r;
 }
 
@@ -368,6 +373,7 @@ static void after_primary_release(const real_driver *R, CUdevice dev, CUcontext 
         pools_primary_gone(dev); /* the pool (the context is no longer active) */
         pools_context_gone(ctx); /* and the streams under its handle */
         pools_give_back_forgotten();
+        vmm_context_gone(ctx);
     }
 }
 

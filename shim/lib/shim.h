@@ -207,6 +207,10 @@ void *real_runtime(_Atomic(void *) *slot, const char *name);
 
 typedef struct fence_queue fence_queue;
 
+/* Contexts a pool over virtual memory remembers as having enabled peer
+ * access to it (each pair of contexts enables it at most once). */
+#define VMM_MAX_ENABLERS 64
+
 typedef struct shim_pool {
     CUcontext ctx;
     CUdevice dev;
@@ -248,11 +252,18 @@ typedef struct shim_pool {
     /* over virtual memory: devices (bit i: device i < 64) that enabled peer
      * access to this pool's context; its mappings are made accessible to
      * them too (vmm.c). Read by the map callbacks under the engine's lock;
-     * changed, with the count of contexts of each device that enabled it,
-     * under peers_lock (taken before the engine's lock, never inside it). */
+     * changed, with the contexts that enabled it, under peers_lock (taken
+     * before the engine's lock, never inside it). */
     atomic_uint_fast64_t vmm_peers;
     pthread_mutex_t peers_lock;
-    uint32_t vmm_peer_contexts[64];
+    struct vmm_enabler {
+        CUcontext ctx;
+        int dev;
+    } vmm_enablers[VMM_MAX_ENABLERS];
+    size_t vmm_nenablers;
+    /* devices that enabled access from more contexts than vmm_enablers
+     * holds: they keep it for the pool's life */
+    uint64_t vmm_peers_kept;
 } shim_pool;
 
 /* ---- the pool over virtual memory (vmm.c) ----------------------------------------- */
@@ -271,6 +282,11 @@ CUresult vmm_probe(const real_driver *R, CUdevice dev, uint64_t granule, const c
  * closes them to it again once no context of the device holds the access,
  * as cudaMalloc's memory would. */
 void vmm_peer_access(CUcontext peer, bool enabled);
+/* Context `ctx` is gone (destroyed, or a primary context reset or released
+ * for the last time): the peer access it enabled went with it, so each pool
+ * over virtual memory drops it, and closes its mappings to a device none of
+ * whose contexts holds the access any more. */
+void vmm_context_gone(CUcontext ctx);
 /* Fills the backend's region and map callbacks (its ctx is a pool whose
  * vmm_granule is set). */
 void vmm_backend(bfc_backend *b);

@@ -242,35 +242,97 @@ static void each_mapped_range(const real_driver *R, shim_pool *sp,
     real_ctx_leave(R, pushed);
 }
 
+/* peers_lock held: withdraws device dev's access unless one of its
+ * contexts still holds it (cuda.h keeps access per pair of contexts, the
+ * pool per device) or it is kept for good. Returns whether it withdrew. */
+static bool revoke_if_unheld(const real_driver *R, shim_pool *sp, int dev)
+{
+    const uint64_t bit = UINT64_C(1) << dev;
+    for (size_t i = 0; i < sp->vmm_nenablers; i++)
+        if (sp->vmm_enablers[i].dev == dev)
+            return false;
+    if (!(atomic_load(&sp->vmm_peers) & bit) || (sp->vmm_peers_kept & bit))
+        return false;
+    atomic_fetch_and(&sp->vmm_peers, ~bit);
+    struct revoke_arg a = {sp, dev};
+    each_mapped_range(R, sp, revoke_run, &a);
+    return true;
+}
+
+/* peers_lock held: forgets the pair (ctx, dev); whether it was known. */
+static bool enabler_remove(shim_pool *sp, CUcontext ctx, int dev)
+{
+    for (size_t i = 0; i < sp->vmm_nenablers; i++)
+        if (sp->vmm_enablers[i].ctx == ctx && sp->vmm_enablers[i].dev == dev) {
+            sp->vmm_enablers[i] = sp->vmm_enablers[--sp->vmm_nenablers];
+            return true;
+        }
+    return false;
+}
+
+static void log_access(const shim_pool *sp, int dev, bool given)
+{
+    shim_log(LOG_INFO, given ? "device %d: pooled memory made accessible to peer device %d"
+                             : "device %d: peer device %d no longer has access to pooled memory",
+             (int)sp->dev, dev);
+}
+
 void vmm_peer_access(CUcontext peer, bool enabled)
 {
     const real_driver *R = real_driver_get();
     CUdevice me = 0;
+    CUcontext cur = NULL;
     shim_pool *sp = peer_pool(R, peer, &me);
-    if (!sp)
+    if (!sp || R->CtxGetCurrent(&cur) != CUDA_SUCCESS)
         return;
     const uint64_t bit = UINT64_C(1) << me;
     bool changed = true;
     pthread_mutex_lock(&sp->peers_lock);
     if (enabled) {
+        if (sp->vmm_nenablers < VMM_MAX_ENABLERS) {
+            sp->vmm_enablers[sp->vmm_nenablers++] = (struct vmm_enabler){cur, (int)me};
+        } else if (!(sp->vmm_peers_kept & bit)) {
+            sp->vmm_peers_kept |= bit;
+            shim_log(LOG_WARN, "device %d: more than %d contexts enabled peer access to pooled "
+                               "memory; device %d keeps its access while the pool lives",
+                     (int)sp->dev, VMM_MAX_ENABLERS, (int)me);
+        }
         /* Granted again on every enable: harmless, and the list is sure. */
-        sp->vmm_peer_contexts[me]++;
         atomic_fetch_or(&sp->vmm_peers, bit);
         each_mapped_range(R, sp, grant_run, sp);
-    } else if (sp->vmm_peer_contexts[me] > 0 && --sp->vmm_peer_contexts[me] == 0) {
-        /* cuda.h keeps access per pair of contexts, the pool per device:
-         * only the device's last context to disable it takes it away. */
-        atomic_fetch_and(&sp->vmm_peers, ~bit);
-        struct revoke_arg a = {sp, (int)me};
-        each_mapped_range(R, sp, revoke_run, &a);
     } else {
-        changed = false; /* another context of the device still holds it */
+        changed = enabler_remove(sp, cur, (int)me) && revoke_if_unheld(R, sp, (int)me);
     }
     pthread_mutex_unlock(&sp->peers_lock);
     if (changed)
-        shim_log(LOG_INFO, enabled ? "device %d: pooled memory made accessible to peer device %d"
-                                   : "device %d: peer device %d no longer has access to pooled memory",
-                 (int)sp->dev, (int)me);
+        log_access(sp, (int)me, enabled);
+}
+
+void vmm_context_gone(CUcontext ctx)
+{
+    const real_driver *R = real_driver_get();
+    if (!R || !ctx)
+        return;
+    for (size_t i = 0, n = pools_count(); i < n; i++) {
+        shim_pool *sp = pools_at(i);
+        if (!sp || !sp->vmm_granule || atomic_load(&sp->dead))
+            continue;
+        uint64_t withdrawn = 0;
+        pthread_mutex_lock(&sp->peers_lock);
+        for (size_t k = 0; k < sp->vmm_nenablers;) {
+            const int dev = sp->vmm_enablers[k].dev;
+            if (sp->vmm_enablers[k].ctx != ctx) {
+                k++;
+                continue;
+            }
+            sp->vmm_enablers[k] = sp->vmm_enablers[--sp->vmm_nenablers];
+            if (revoke_if_unheld(R, sp, dev))
+                withdrawn |= UINT64_C(1) << dev;
+        }
+        pthread_mutex_unlock(&sp->peers_lock);
+        for (; withdrawn; withdrawn &= withdrawn - 1)
+            log_access(sp, __builtin_ctzll(withdrawn), false);
+    }
 }
 
 static int map_range(void *ctx, bfc_addr addr, uint64_t size)

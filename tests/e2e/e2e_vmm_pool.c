@@ -27,6 +27,10 @@
  *              another context of its own device); when the last context
  *              of device 1 disables it, every granule, and those mapped
  *              later, are closed to device 1 again
+ *   peers-gone (two devices) a context of device 1 that enabled peer access
+ *              is destroyed (cuCtxDestroy, cuDevicePrimaryCtxReset) without
+ *              disabling it: its pairs go with it, so device 1 loses the
+ *              access once no other context of it holds it
  *   capture    (BFCSHIM_FREE_POLICY=immediate, BFCSHIM_RELEASE_THRESHOLD=0)
  *              a free during a relaxed-mode stream capture would give its
  *              granules back, but under the immediate policy queued work
@@ -257,6 +261,55 @@ static void peers(void)
     CHECK_EQ(D.MemFree(c), CUDA_SUCCESS);
 }
 
+/* A context that enabled peer access goes without disabling it: cuda.h's
+ * pairs of contexts go with it (cuCtxDestroy, or the primary context's
+ * reset), so its device loses the access it gave, unless another of its
+ * contexts still holds it. */
+static void peers_gone(void)
+{
+    start();
+    CUdeviceptr a = 0, b = 0;
+    CHECK_EQ(D.MemAlloc(&a, 3 * MiB), CUDA_SUCCESS);
+    /* A created context of device 1 enables access and is destroyed. */
+    CUcontext made = NULL;
+    CHECK_EQ(D.CtxCreate(&made, NULL, 0, 1), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxEnablePeerAccess(primary, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    CHECK_EQ(access_of(1, a), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CHECK_EQ(D.CtxDestroy(made), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    CHECK_EQ(access_of(1, a), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    CHECK_EQ(D.MemAlloc(&b, 4 * MiB), CUDA_SUCCESS); /* maps more: not for device 1 */
+    CHECK_EQ(access_of(1, b), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    /* Two contexts of device 1 enable it; the created one goes, the primary
+     * keeps the device's access until its reset. */
+    CUcontext one = NULL;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&one, 1), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(one), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxEnablePeerAccess(primary, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxCreate(&made, NULL, 0, 1), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxEnablePeerAccess(primary, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxDestroy(made), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    CHECK_EQ(access_of(1, a), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CHECK_EQ(access_of(1, b), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CHECK_EQ(D.DevicePrimaryCtxReset(1), CUDA_SUCCESS);
+    CHECK_EQ(access_of(1, a), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    CHECK_EQ(access_of(1, b), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    CHECK_EQ(access_of(0, b), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    fill_and_check(b, 4 * MiB, 10);
+    /* A new context of device 1 may enable it again. */
+    CHECK_EQ(D.CtxCreate(&made, NULL, 0, 1), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxEnablePeerAccess(primary, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    CHECK_EQ(access_of(1, b), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CHECK_EQ(D.CtxDestroy(made), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    CHECK_EQ(access_of(1, b), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    CHECK_EQ(D.MemFree(a), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(b), CUDA_SUCCESS);
+}
+
 static void capture(void)
 {
     start();
@@ -324,6 +377,7 @@ int main(int argc, char **argv)
                      {"ctxdestroy-busy", ctxdestroy_busy},
                      {"reset-busy", reset_busy},
                      {"peers", peers},
+                     {"peers-gone", peers_gone},
                      {"capture", capture},
                      {"refused", refused},
                      {"off", off}};
@@ -332,6 +386,6 @@ int main(int argc, char **argv)
             scenarios[i].fn();
             return e2e_done(s);
         }
-    fprintf(stderr, "usage: e2e_vmm_pool grow|release|threshold|ctxdestroy|ctxdestroy-busy|reset-busy|peers|capture|refused|off\n");
+    fprintf(stderr, "usage: e2e_vmm_pool grow|release|threshold|ctxdestroy|ctxdestroy-busy|reset-busy|peers|peers-gone|capture|refused|off\n");
     return 2;
 }
