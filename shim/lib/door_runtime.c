@@ -37,6 +37,8 @@ typedef cudaError_t (*stream_create_prio_fn)(cudaStream_t *, unsigned, int);
 typedef cudaError_t (*stream_destroy_fn)(cudaStream_t);
 typedef cudaError_t (*device_reset_fn)(void);
 typedef cudaError_t (*get_device_fn)(int *);
+typedef cudaError_t (*peer_enable_fn)(int, unsigned);
+typedef cudaError_t (*peer_disable_fn)(int);
 
 /* No runtime behind us (a static cudart, or none): nothing to call. */
 #define NO_RUNTIME cudaErrorInsufficientDriver
@@ -404,9 +406,43 @@ SHIM_EXPORT cudaError_t cudaDeviceReset(void)
     REAL_RT(device_reset_fn, f, "cudaDeviceReset");
     REAL_RT(get_device_fn, get_device, "cudaGetDevice");
     int dev = 0;
-    if (get_device && get_device(&dev) == cudaSuccess)
+    CUcontext ctx = NULL;
+    if (get_device && get_device(&dev) == cudaSuccess) {
+        ctx = real_active_primary(real_driver_get(), (CUdevice)dev);
         pools_primary_gone((CUdevice)dev);
+    }
     cudaError_t e = f ? f() : NO_RUNTIME;
     pools_give_back_forgotten();
+    if (e == cudaSuccess)
+        vmm_context_gone(ctx); /* "either device is reset" ends its peer access */
+    return e;
+}
+
+/* Peer access over virtual memory: a pool grants it mapping by mapping
+ * (vmm.c). With the driver door hooked, cudart's own cuCtxEnablePeerAccess
+ * reaches the door, which tells the pool; with it closed only this door
+ * sees the call, and tells the pool of the peer device's primary context,
+ * whose memory the current device may now reach. */
+static void peer_access_seen(int peer, bool enabled)
+{
+    if (!shim_driver_hooked())
+        vmm_peer_access(real_active_primary(real_driver_get(), (CUdevice)peer), enabled);
+}
+
+SHIM_EXPORT cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned flags)
+{
+    REAL_RT(peer_enable_fn, f, "cudaDeviceEnablePeerAccess");
+    cudaError_t e = f ? f(peer, flags) : NO_RUNTIME;
+    if (e == cudaSuccess)
+        peer_access_seen(peer, true);
+    return e;
+}
+
+SHIM_EXPORT cudaError_t cudaDeviceDisablePeerAccess(int peer)
+{
+    REAL_RT(peer_disable_fn, f, "cudaDeviceDisablePeerAccess");
+    cudaError_t e = f ? f(peer) : NO_RUNTIME;
+    if (e == cudaSuccess)
+        peer_access_seen(peer, false);
     return e;
 }

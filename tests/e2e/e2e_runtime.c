@@ -23,12 +23,16 @@
  *   pool-stats  the default pool's used, reserved and high marks count the
  *               shim's pool once, whichever door adjusts them (pool-stats-
  *               hooks-off: the runtime door, the driver door closed)
+ *   peers       peer access through the runtime reaches the pool over virtual
+ *               memory, and goes on disable and reset (peers-hooks-off:
+ *               the runtime door, the driver door closed)
  *   exit-busy   the program exits while another thread holds the pool, waiting
  *               for a fence that never completes: exit must not hang (the
  *               stats and trace writers give a busy pool up)
  *
  * The fake device has 1 GiB (FAKECUDA_MEM), so the default pool is 768 MiB.
  */
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <pthread.h>
@@ -625,6 +629,62 @@ static void plan_stray(void)
         CHECK_EQ(cudaFree(p[i]), cudaSuccess);
 }
 
+/* cuMemGetAccess, from the driver the program's runtime opened: the flags
+ * device `dev` has on the mapping holding p. */
+static unsigned long long access_of(int dev, const void *p)
+{
+    typedef CUresult (*get_access_fn)(unsigned long long *, const CUmemLocation *, CUdeviceptr);
+    static get_access_fn get_access;
+    if (!get_access)
+        get_access = (get_access_fn)e2e_dlsym(e2e_open_libcuda(), "cuMemGetAccess");
+    CUmemLocation loc = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev};
+    unsigned long long flags = 99;
+    CHECK_EQ(get_access(&flags, &loc, (CUdeviceptr)(uintptr_t)p), CUDA_SUCCESS);
+    return flags;
+}
+
+/* Peer access through the runtime, the pool over virtual memory: device 1
+ * enabling access to device 0 reaches device 0's granules whichever door
+ * learns of it (peers: cudart's cuCtxEnablePeerAccess through the driver
+ * door; peers-hooks-off: the runtime door, the driver door closed), and
+ * loses it on disable and on its reset ("either device is reset"). Failed
+ * before the runtime door intercepted the calls: with the driver door
+ * closed, device 1 never had access to pooled memory. */
+static void peers(void)
+{
+    CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+    char *a = alloc_ok(3 * MiB);
+    CHECK_EQ(access_of(1, a), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    CHECK_EQ(cudaSetDevice(1), cudaSuccess);
+    CHECK_EQ(cudaDeviceEnablePeerAccess(1, 0), cudaErrorInvalidDevice); /* itself */
+    CHECK_EQ(cudaDeviceEnablePeerAccess(0, 1), cudaErrorInvalidValue);
+    CHECK_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+    CHECK_EQ(cudaDeviceEnablePeerAccess(0, 0), cudaSuccess);
+    CHECK_EQ(cudaDeviceEnablePeerAccess(0, 0), cudaErrorPeerAccessAlreadyEnabled);
+    CHECK_EQ(cudaGetLastError(), cudaErrorPeerAccessAlreadyEnabled);
+    CHECK_EQ(access_of(1, a), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+    char *b = alloc_ok(8 * MiB); /* maps more: device 1 may reach it too */
+    CHECK_EQ(access_of(1, b), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CHECK_EQ(cudaSetDevice(1), cudaSuccess);
+    CHECK_EQ(cudaDeviceDisablePeerAccess(0), cudaSuccess);
+    CHECK_EQ(cudaDeviceDisablePeerAccess(0), cudaErrorPeerAccessNotEnabled);
+    CHECK_EQ(access_of(1, a), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    CHECK_EQ(access_of(1, b), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    CHECK_EQ(access_of(0, b), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    /* Enabled again, then device 1 is reset: the access goes with it. */
+    CHECK_EQ(cudaDeviceEnablePeerAccess(0, 0), cudaSuccess);
+    CHECK_EQ(access_of(1, b), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CHECK_EQ(cudaDeviceReset(), cudaSuccess);
+    CHECK_EQ(access_of(1, a), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    CHECK_EQ(access_of(1, b), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+    fill(b, 8 * MiB, 3);
+    CHECK(holds(b, 8 * MiB, 3));
+    CHECK_EQ(cudaFree(a), cudaSuccess);
+    CHECK_EQ(cudaFree(b), cudaSuccess);
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -635,6 +695,7 @@ int main(int argc, char **argv)
         {"stats-now", stats_now}, {"reset", reset},           {"exit-busy", exit_busy},
         {"plan", plan},           {"plan-bad", plan_bad},       {"plan-stray", plan_stray},
         {"pool-stats", pool_stats}, {"pool-stats-hooks-off", pool_stats},
+        {"peers", peers},         {"peers-hooks-off", peers},
     };
     return e2e_main("e2e_runtime", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }

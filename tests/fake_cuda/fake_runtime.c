@@ -20,6 +20,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +67,8 @@ static struct {
     CUresult (*EventSynchronize)(CUevent);
     CUresult (*LaunchHostFunc)(CUstream, CUhostFn, void *);
     CUresult (*IpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
+    CUresult (*CtxEnablePeerAccess)(CUcontext, unsigned);
+    CUresult (*CtxDisablePeerAccess)(CUcontext);
 } D;
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -135,6 +138,8 @@ static void initialise(void)
     R(EventSynchronize, "cuEventSynchronize");
     R(LaunchHostFunc, "cuLaunchHostFunc");
     R(IpcGetMemHandle, "cuIpcGetMemHandle");
+    R(CtxEnablePeerAccess, "cuCtxEnablePeerAccess");
+    R(CtxDisablePeerAccess, "cuCtxDisablePeerAccess");
     if (!D.Init || D.Init(0) != CUDA_SUCCESS || D.DeviceGetCount(&ndevices) != CUDA_SUCCESS)
         init_error = cudaErrorInitializationError;
 }
@@ -240,6 +245,41 @@ EXPORT cudaError_t cudaDeviceReset(void)
      * CONTEXT_IS_DESTROYED; GPU suite reset-running, gpu-91caa75). */
     return record(r);
 }
+
+/* Peer access between the devices' primary contexts (cuda_runtime_api.h):
+ * cudaDeviceEnablePeerAccess makes "all allocations from peerDevice ...
+ * accessible by the current device" until cudaDeviceDisablePeerAccess "or
+ * either device is reset"; cudaErrorInvalidDevice "if cudaDeviceCanAccessPeer
+ * indicates that the current device cannot directly access memory from
+ * peerDevice" (here: itself, or no such device), cudaErrorInvalidValue "if
+ * flags is not 0", cudaErrorPeerAccessAlreadyEnabled and
+ * cudaErrorPeerAccessNotEnabled as the driver's pairs say. The primary
+ * contexts' pair is the driver's (cuCtxEnablePeerAccess), which also drops
+ * it when either context is reset. */
+static cudaError_t peer_switch(int peer, unsigned flags, bool on)
+{
+    ENTER();
+    if (peer < 0 || peer >= ndevices || peer == tls_device)
+        return tls_last_error = cudaErrorInvalidDevice;
+    if (on && flags != 0)
+        return tls_last_error = cudaErrorInvalidValue;
+    pthread_mutex_lock(&ctx_lock);
+    CUresult r = CUDA_SUCCESS;
+    if (!primary[peer])
+        r = D.DevicePrimaryCtxRetain(&primary[peer], peer);
+    CUcontext c = primary[peer];
+    pthread_mutex_unlock(&ctx_lock);
+    if (r == CUDA_SUCCESS)
+        r = on ? D.CtxEnablePeerAccess(c, 0) : D.CtxDisablePeerAccess(c);
+    return record(r);
+}
+
+EXPORT cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned flags)
+{
+    return peer_switch(peer, flags, true);
+}
+
+EXPORT cudaError_t cudaDeviceDisablePeerAccess(int peer) { return peer_switch(peer, 0, false); }
 
 EXPORT cudaError_t cudaGetLastError(void)
 {
