@@ -265,19 +265,33 @@ static void peers(void)
  * pairs of contexts go with it (cuCtxDestroy, or the primary context's
  * reset), so its device loses the access it gave, unless another of its
  * contexts still holds it. */
+/* A new context of device 1 that enables access to device 0's primary
+ * context; the primary is current again on return. */
+static CUcontext enabling_context(void)
+{
+    CUcontext made = NULL;
+    CHECK_EQ(D.CtxCreate(&made, NULL, 0, 1), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxEnablePeerAccess(primary, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    return made;
+}
+
+/* Destroys `made` without disabling, and makes the primary current again. */
+static void destroy_context(CUcontext made)
+{
+    CHECK_EQ(D.CtxDestroy(made), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+}
+
 static void peers_gone(void)
 {
     start();
     CUdeviceptr a = 0, b = 0;
     CHECK_EQ(D.MemAlloc(&a, 3 * MiB), CUDA_SUCCESS);
     /* A created context of device 1 enables access and is destroyed. */
-    CUcontext made = NULL;
-    CHECK_EQ(D.CtxCreate(&made, NULL, 0, 1), CUDA_SUCCESS);
-    CHECK_EQ(D.CtxEnablePeerAccess(primary, 0), CUDA_SUCCESS);
-    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    CUcontext made = enabling_context();
     CHECK_EQ(access_of(1, a), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
-    CHECK_EQ(D.CtxDestroy(made), CUDA_SUCCESS);
-    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    destroy_context(made);
     CHECK_EQ(access_of(1, a), CU_MEM_ACCESS_FLAGS_PROT_NONE);
     CHECK_EQ(D.MemAlloc(&b, 4 * MiB), CUDA_SUCCESS); /* maps more: not for device 1 */
     CHECK_EQ(access_of(1, b), CU_MEM_ACCESS_FLAGS_PROT_NONE);
@@ -287,10 +301,7 @@ static void peers_gone(void)
     CHECK_EQ(D.DevicePrimaryCtxRetain(&one, 1), CUDA_SUCCESS);
     CHECK_EQ(D.CtxSetCurrent(one), CUDA_SUCCESS);
     CHECK_EQ(D.CtxEnablePeerAccess(primary, 0), CUDA_SUCCESS);
-    CHECK_EQ(D.CtxCreate(&made, NULL, 0, 1), CUDA_SUCCESS);
-    CHECK_EQ(D.CtxEnablePeerAccess(primary, 0), CUDA_SUCCESS);
-    CHECK_EQ(D.CtxDestroy(made), CUDA_SUCCESS);
-    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    destroy_context(enabling_context());
     CHECK_EQ(access_of(1, a), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     CHECK_EQ(access_of(1, b), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     CHECK_EQ(D.DevicePrimaryCtxReset(1), CUDA_SUCCESS);
@@ -299,12 +310,9 @@ static void peers_gone(void)
     CHECK_EQ(access_of(0, b), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     fill_and_check(b, 4 * MiB, 10);
     /* A new context of device 1 may enable it again. */
-    CHECK_EQ(D.CtxCreate(&made, NULL, 0, 1), CUDA_SUCCESS);
-    CHECK_EQ(D.CtxEnablePeerAccess(primary, 0), CUDA_SUCCESS);
-    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    made = enabling_context();
     CHECK_EQ(access_of(1, b), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
-    CHECK_EQ(D.CtxDestroy(made), CUDA_SUCCESS);
-    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    destroy_context(made);
     CHECK_EQ(access_of(1, b), CU_MEM_ACCESS_FLAGS_PROT_NONE);
     CHECK_EQ(D.MemFree(a), CUDA_SUCCESS);
     CHECK_EQ(D.MemFree(b), CUDA_SUCCESS);

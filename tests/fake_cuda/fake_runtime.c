@@ -200,18 +200,27 @@ EXPORT cudaError_t cudaGetDeviceCount(int *count)
     return cudaSuccess;
 }
 
+/* Device dev's primary context in *c, retained by the runtime on first
+ * use. */
+static CUresult runtime_primary(int dev, CUcontext *c)
+{
+    pthread_mutex_lock(&ctx_lock);
+    CUresult r = CUDA_SUCCESS;
+    if (!primary[dev])
+        r = D.DevicePrimaryCtxRetain(&primary[dev], dev);
+    *c = primary[dev];
+    pthread_mutex_unlock(&ctx_lock);
+    return r;
+}
+
 EXPORT cudaError_t cudaSetDevice(int dev)
 {
     pthread_once(&once, initialise);
     if (dev < 0 || dev >= ndevices)
         return tls_last_error = cudaErrorInvalidDevice;
     tls_device = dev;
-    pthread_mutex_lock(&ctx_lock);
-    CUresult r = CUDA_SUCCESS;
-    if (!primary[dev])
-        r = D.DevicePrimaryCtxRetain(&primary[dev], dev);
-    CUcontext c = primary[dev];
-    pthread_mutex_unlock(&ctx_lock);
+    CUcontext c = NULL;
+    CUresult r = runtime_primary(dev, &c);
     return record(r != CUDA_SUCCESS ? r : D.CtxSetCurrent(c));
 }
 
@@ -263,12 +272,8 @@ static cudaError_t peer_switch(int peer, unsigned flags, bool on)
         return tls_last_error = cudaErrorInvalidDevice;
     if (on && flags != 0)
         return tls_last_error = cudaErrorInvalidValue;
-    pthread_mutex_lock(&ctx_lock);
-    CUresult r = CUDA_SUCCESS;
-    if (!primary[peer])
-        r = D.DevicePrimaryCtxRetain(&primary[peer], peer);
-    CUcontext c = primary[peer];
-    pthread_mutex_unlock(&ctx_lock);
+    CUcontext c = NULL;
+    CUresult r = runtime_primary(peer, &c);
     if (r == CUDA_SUCCESS)
         r = on ? D.CtxEnablePeerAccess(c, 0) : D.CtxDisablePeerAccess(c);
     return record(r);
