@@ -286,23 +286,27 @@ static bool serves_all_at(void *ctx, uint64_t bytes)
  * Checked: every unit of the next 2 MiB, then 64 sizes spread evenly up to
  * bytes/128 above (bands of failure on the real traces were 1 to 8 MiB wide,
  * up to 26 MiB above the bisected size of a 6 GiB trace). A check, not a
- * proof: the bands of one trace lie where they lie. */
+ * proof: the bands of one trace lie where they lie. From the largest size
+ * down, so the first failure is the answer and each size is replayed once. */
 static uint64_t highest_failing_above(serves_ctx *c, uint64_t bytes, uint64_t unit)
 {
-    uint64_t failing = 0;
-    for (uint64_t above = unit; above <= NEAR_WINDOW; above += unit)
-        if (!serves_all_at(c, bytes + above))
-            failing = bytes + above;
     const uint64_t far = bytes / 128;
+    uint64_t checked = 0;
     if (far > NEAR_WINDOW) {
-        for (int i = 1; i <= FAR_PROBES; i++) {
+        for (int i = FAR_PROBES; i >= 1; i--) {
             uint64_t above = NEAR_WINDOW + (far - NEAR_WINDOW) / FAR_PROBES * (uint64_t)i;
             above = above / unit * unit;
-            if (above > NEAR_WINDOW && bytes + above > failing && !serves_all_at(c, bytes + above))
-                failing = bytes + above;
+            if (above <= NEAR_WINDOW || above == checked)
+                continue;
+            checked = above;
+            if (!serves_all_at(c, bytes + above))
+                return bytes + above;
         }
     }
-    return failing;
+    for (uint64_t above = NEAR_WINDOW / unit * unit; above >= unit; above -= unit)
+        if (!serves_all_at(c, bytes + above))
+            return bytes + above;
+    return 0;
 }
 
 static uint64_t min_pool(const trace *t, const replay_opts *o, bfc_addr *slot_addr)
