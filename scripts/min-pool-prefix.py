@@ -12,10 +12,10 @@ decided after their first step. A measuring tool for issue 12.
 """
 import argparse
 import gzip
-import json
 import os
-import subprocess
 import tempfile
+
+from placement_scores import replay
 
 POLICIES = [("default", []), ("age", ["--placement", "age"]), ("low", ["--placement", "low"])]
 
@@ -23,12 +23,6 @@ POLICIES = [("default", []), ("age", ["--placement", "age"]), ("low", ["--placem
 def read_lines(path):
     with (gzip.open if path.endswith(".gz") else open)(path, "rt") as f:
         return f.readlines()
-
-
-def replay(bfcshim, args, path):
-    out = subprocess.run([bfcshim, "replay", "--json", "--repeat", "1"] + args + [path],
-                         capture_output=True, text=True, check=True).stdout
-    return json.loads(out)
 
 
 def main():

@@ -13,16 +13,10 @@ that served at all, with how many sizes above the figure failed. Success is
 not monotone in the size; this shows how far from it a policy is.
 """
 import argparse
-import json
 import os
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
-
-def replay(bfcshim, args, trace):
-    r = subprocess.run([bfcshim, "replay", "--json", "--repeat", "1"] + args + [trace],
-                       capture_output=True, text=True, check=True)
-    return json.loads(r.stdout)
+from placement_scores import replay
 
 
 def scan(a, trace):
@@ -30,7 +24,7 @@ def scan(a, trace):
     m, peak = d["min_pool_bytes"], d["peak_live_bytes"]
     sizes = list(range(m - a.below, m + a.above + 1, a.step))
     ok = [replay(a.bfcshim, a.replay_args + ["--no-min-pool", "--pool-size", str(x)],
-                 trace)["failures"] == 0 for x in sizes]
+                 trace, min_pool=False)["failures"] == 0 for x in sizes]
     robust = None
     for x, v in zip(reversed(sizes), reversed(ok)):
         if not v:

@@ -1,6 +1,6 @@
-"""What placement-cv.py, placement-ensemble.py and placement-table.py share:
-one trace's replay under `bfcshim replay --min-pool` (its JSON, or only its
-efficiency), and the leave-one-out choice of a placement setting."""
+"""What the placement and smallest-pool scripts share: one trace's replay
+under `bfcshim replay` (its JSON, or only its efficiency), and the
+leave-one-out choice of a placement setting."""
 import json
 import subprocess
 import sys
@@ -17,9 +17,11 @@ CANDIDATES = [("age", ["--placement", "age"])] + [
 ]
 
 
-def replay(bfcshim, args, trace):
-    """`bfcshim replay --min-pool --json` of `trace` with `args`: its JSON."""
-    r = subprocess.run([bfcshim, "replay", "--min-pool", "--json", "--repeat", "1"] + args
+def replay(bfcshim, args, trace, min_pool=True):
+    """`bfcshim replay --min-pool --json` of `trace` with `args`: its JSON
+    (without --min-pool when `min_pool` is false: args give the pool)."""
+    search = ["--min-pool"] if min_pool else []
+    r = subprocess.run([bfcshim, "replay"] + search + ["--json", "--repeat", "1"] + args
                        + [trace], capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit("%s replay %s: %s" % (bfcshim, trace, r.stderr.strip()))
