@@ -259,11 +259,14 @@ static bool revoke_if_unheld(const real_driver *R, shim_pool *sp, int dev)
     return true;
 }
 
-/* peers_lock held: forgets the pair (ctx, dev); whether it was known. */
-static bool enabler_remove(shim_pool *sp, CUcontext ctx, int dev)
+/* peers_lock held: forgets context ctx's pair (a context has one device,
+ * and enables access to a peer once); whether it was known, and its device
+ * in *dev. */
+static bool enabler_remove(shim_pool *sp, CUcontext ctx, int *dev)
 {
     for (size_t i = 0; i < sp->vmm_nenablers; i++)
-        if (sp->vmm_enablers[i].ctx == ctx && sp->vmm_enablers[i].dev == dev) {
+        if (sp->vmm_enablers[i].ctx == ctx) {
+            *dev = sp->vmm_enablers[i].dev;
             sp->vmm_enablers[i] = sp->vmm_enablers[--sp->vmm_nenablers];
             return true;
         }
@@ -301,7 +304,8 @@ void vmm_peer_access(CUcontext peer, bool enabled)
         atomic_fetch_or(&sp->vmm_peers, bit);
         each_mapped_range(R, sp, grant_run, sp);
     } else {
-        changed = enabler_remove(sp, cur, (int)me) && revoke_if_unheld(R, sp, (int)me);
+        int dev = (int)me;
+        changed = enabler_remove(sp, cur, &dev) && revoke_if_unheld(R, sp, dev);
     }
     pthread_mutex_unlock(&sp->peers_lock);
     if (changed)
@@ -317,21 +321,14 @@ void vmm_context_gone(CUcontext ctx)
         shim_pool *sp = pools_at(i);
         if (!sp || !sp->vmm_granule || atomic_load(&sp->dead))
             continue;
-        uint64_t withdrawn = 0;
+        int dev = 0;
+        bool withdrawn = false;
         pthread_mutex_lock(&sp->peers_lock);
-        for (size_t k = 0; k < sp->vmm_nenablers;) {
-            const int dev = sp->vmm_enablers[k].dev;
-            if (sp->vmm_enablers[k].ctx != ctx) {
-                k++;
-                continue;
-            }
-            sp->vmm_enablers[k] = sp->vmm_enablers[--sp->vmm_nenablers];
-            if (revoke_if_unheld(R, sp, dev))
-                withdrawn |= UINT64_C(1) << dev;
-        }
+        while (enabler_remove(sp, ctx, &dev))
+            withdrawn |= revoke_if_unheld(R, sp, dev);
         pthread_mutex_unlock(&sp->peers_lock);
-        for (; withdrawn; withdrawn &= withdrawn - 1)
-            log_access(sp, __builtin_ctzll(withdrawn), false);
+        if (withdrawn)
+            log_access(sp, dev, false);
     }
 }
 
