@@ -96,13 +96,18 @@ static CUcontext runtime_context_started(const real_driver *R)
 /* The pool of the runtime's current context, starting the runtime first if
  * no context is current, or if the current one cannot have a pool: after
  * cudaDeviceReset the primary context stays current but inactive until the
- * runtime's next call revives it, and a cudaMalloc may be that call. */
+ * runtime's next call revives it, and a cudaMalloc may be that call. Before
+ * the runtime's first call the driver is not even initialised, and
+ * cuCtxGetCurrent answers CUDA_ERROR_NOT_INITIALIZED: that too means "no
+ * context yet", not "no pool" (a program whose first call is cudaMalloc). */
 static shim_pool *runtime_pool(void)
 {
     const real_driver *R = real_driver_get();
     CUcontext cur = NULL;
-    if (!R || R->CtxGetCurrent(&cur) != CUDA_SUCCESS)
+    if (!R)
         return NULL;
+    if (R->CtxGetCurrent(&cur) != CUDA_SUCCESS)
+        cur = NULL;
     shim_pool *sp = cur ? pool_for_context(cur, true) : NULL;
     if (!sp && (cur = runtime_context_started(R)) != NULL)
         sp = pool_for_context(cur, true);

@@ -41,6 +41,14 @@ static const char *e2e_program = "e2e";
         }                                                                        \
     } while (0)
 
+/* Is the shim's driver door closed (BFCSHIM_DRIVER_HOOKS=0)? Then only the
+ * runtime door sees the program. */
+static inline bool e2e_driver_door_closed(void)
+{
+    const char *v = getenv("BFCSHIM_DRIVER_HOOKS");
+    return v && strcmp(v, "0") == 0;
+}
+
 static inline int e2e_done(const char *name)
 {
     if (e2e_failures)
