@@ -197,6 +197,9 @@ SHIM_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) { return en
 /* ---- runtime door ----------------------------------------------------------------- */
 
 typedef cudaError_t (*rt_begin_fn)(cudaStream_t, enum cudaStreamCaptureMode);
+typedef cudaError_t (*rt_begin_to_graph_fn)(cudaStream_t, cudaGraph_t, const cudaGraphNode_t *,
+                                            const cudaGraphEdgeData *, size_t,
+                                            enum cudaStreamCaptureMode);
 typedef cudaError_t (*rt_end_fn)(cudaStream_t, cudaGraph_t *);
 
 /* With the driver door hooked, cudart's own driver calls (above) do the
@@ -215,6 +218,19 @@ static cudaError_t rt_begin(rt_begin_fn f, cudaStream_t s, enum cudaStreamCaptur
         return f(s, mode);
     before_begin(named((CUstream)s, z));
     return (cudaError_t)began((CUresult)f(s, mode), named((CUstream)s, z));
+}
+
+static cudaError_t rt_begin_to_graph(rt_begin_to_graph_fn f, cudaStream_t s, cudaGraph_t g,
+                                     const cudaGraphNode_t *deps,
+                                     const cudaGraphEdgeData *edges, size_t n,
+                                     enum cudaStreamCaptureMode mode, int z)
+{
+    if (!f)
+        return cudaErrorInsufficientDriver;
+    if (!runtime_does_it())
+        return f(s, g, deps, edges, n, mode);
+    before_begin(named((CUstream)s, z));
+    return (cudaError_t)began((CUresult)f(s, g, deps, edges, n, mode), named((CUstream)s, z));
 }
 
 static cudaError_t rt_end(rt_end_fn f, cudaStream_t s, cudaGraph_t *g, int z)
@@ -238,6 +254,25 @@ SHIM_EXPORT cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t s,
 {
     REAL_RT(rt_begin_fn, f, "cudaStreamBeginCapture_ptsz");
     return rt_begin(f, s, mode, 1);
+}
+
+SHIM_EXPORT cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t s, cudaGraph_t g,
+                                                      const cudaGraphNode_t *deps,
+                                                      const cudaGraphEdgeData *edges, size_t n,
+                                                      enum cudaStreamCaptureMode mode)
+{
+    REAL_RT(rt_begin_to_graph_fn, f, "cudaStreamBeginCaptureToGraph");
+    return rt_begin_to_graph(f, s, g, deps, edges, n, mode, 0);
+}
+
+SHIM_EXPORT cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t s, cudaGraph_t g,
+                                                           const cudaGraphNode_t *deps,
+                                                           const cudaGraphEdgeData *edges,
+                                                           size_t n,
+                                                           enum cudaStreamCaptureMode mode)
+{
+    REAL_RT(rt_begin_to_graph_fn, f, "cudaStreamBeginCaptureToGraph_ptsz");
+    return rt_begin_to_graph(f, s, g, deps, edges, n, mode, 1);
 }
 
 SHIM_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g)

@@ -12,6 +12,8 @@
  *   destroy-after    ... after the free, before the next allocation
  *   capture-begin    the stream begins a capture between the free and the
  *                    next allocation
+ *   capture-to-graph the same with cudaStreamBeginCaptureToGraph, into a
+ *                    graph the program made (CUDA 12.3's other way in)
  *   legacy-capture   work on the legacy stream, then a blocking stream begins
  *                    capturing (the legacy stream becomes unusable)
  *   ptsz-capture     another thread captures on its per-thread default stream:
@@ -30,6 +32,11 @@
  *   custom-pool      after cudaDeviceSetMemPool(dev, pool of the program's),
  *                    cudaMallocAsync on that device is the program's pool's;
  *                    cudaMallocFromPoolAsync naming the default pool is ours
+ *
+ * Each also runs with BFCSHIM_DRIVER_HOOKS=0 (test names ending -hooks-off),
+ * where only the runtime door sees the program: there the capturing threads
+ * of ptsz-capture and global-capture use the runtime's calls, since the
+ * driver's own are the program's business once the driver door is closed.
  */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -86,7 +93,9 @@ static void destroyed_stream(bool before_free)
 static void stream_destroy(void) { destroyed_stream(true); }
 static void destroy_after(void) { destroyed_stream(false); }
 
-static void capture_begin(void)
+/* into_graph: cudaStreamBeginCaptureToGraph into a graph of the program's,
+ * which cudaStreamEndCapture then returns. */
+static void captured_after_free(bool into_graph)
 {
     char *p, *filler = fill_but_hole(&p);
     cudaStream_t s;
@@ -94,17 +103,31 @@ static void capture_begin(void)
     CHECK_EQ(fakecuda()->launch(s, write_pattern, p), 0);
     CHECK_EQ(cudaFree(p), cudaSuccess);
     fakecuda_stats s0 = fake_stats();
-    CHECK_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    cudaGraph_t mine = NULL, g = NULL;
+    if (into_graph) {
+        CHECK_EQ(cudaGraphCreate(&mine, 0), cudaSuccess);
+        CHECK_EQ(cudaStreamBeginCaptureToGraph(s, mine, NULL, NULL, 0,
+                                               cudaStreamCaptureModeRelaxed),
+                 cudaSuccess);
+    } else {
+        CHECK_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    }
     char *q = alloc_ok(MiB); /* allowed in relaxed mode */
     expect_safe(p, q, s);
-    cudaGraph_t g;
     CHECK_EQ(cudaStreamEndCapture(s, &g), cudaSuccess);
+    CHECK(g != NULL);
+    if (into_graph)
+        CHECK(g == mine);
+    CHECK_EQ(cudaGraphDestroy(g), cudaSuccess);
     CHECK_EQ(fake_stats().capture_invalidations, s0.capture_invalidations);
     fakecuda()->complete_all();
     CHECK_EQ(cudaFree(q), cudaSuccess);
     CHECK_EQ(cudaFree(filler), cudaSuccess);
     CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
+
+static void capture_begin(void) { captured_after_free(false); }
+static void capture_to_graph(void) { captured_after_free(true); }
 
 static void legacy_capture(void)
 {
@@ -142,12 +165,20 @@ static void *capture_thread(void *arg)
     capturer *c = arg;
     typedef CUresult (*begin_fn)(CUstream, CUstreamCaptureMode);
     typedef CUresult (*end_fn)(CUstream, CUgraph *);
-    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    void *h = e2e_driver_door_closed() ? RTLD_DEFAULT : dlopen("libcuda.so.1", RTLD_NOW);
     CUstream s = NULL;
-    begin_fn begin = (begin_fn)dlsym(h, c->per_thread ? "cuStreamBeginCapture_v2_ptsz"
-                                                      : "cuStreamBeginCapture_v2");
-    end_fn end = (end_fn)dlsym(h, c->per_thread ? "cuStreamEndCapture_ptsz"
-                                                : "cuStreamEndCapture");
+    /* The runtime's calls have the driver's shape, and its capture error
+     * codes the driver's numbers. */
+    begin_fn begin = (begin_fn)dlsym(h, e2e_driver_door_closed()
+                                            ? (c->per_thread ? "cudaStreamBeginCapture_ptsz"
+                                                             : "cudaStreamBeginCapture")
+                                        : c->per_thread ? "cuStreamBeginCapture_v2_ptsz"
+                                                        : "cuStreamBeginCapture_v2");
+    end_fn end = (end_fn)dlsym(h, e2e_driver_door_closed()
+                                      ? (c->per_thread ? "cudaStreamEndCapture_ptsz"
+                                                       : "cudaStreamEndCapture")
+                                  : c->per_thread ? "cuStreamEndCapture_ptsz"
+                                                  : "cuStreamEndCapture");
     c->setup_result = cudaFree(NULL); /* this thread's context */
     if (!c->per_thread && c->setup_result == cudaSuccess)
         c->setup_result = cudaStreamCreateWithFlags((cudaStream_t *)&s, cudaStreamNonBlocking);
@@ -353,7 +384,8 @@ int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
         {"stream-destroy", stream_destroy}, {"destroy-after", destroy_after},
-        {"capture-begin", capture_begin},   {"legacy-capture", legacy_capture},
+        {"capture-begin", capture_begin},   {"capture-to-graph", capture_to_graph},
+        {"legacy-capture", legacy_capture},
         {"ptsz-capture", ptsz_capture},     {"global-capture", global_capture},
         {"reset-streams", reset_streams},   {"ctx-reuse", ctx_reuse},
         {"stream-device", stream_device},   {"custom-pool", custom_pool},

@@ -65,7 +65,11 @@
  *             host memory: PROT_NONE reservations, memfd physical memory
  *             counted against the device, access enforced by page
  *             protection (see "virtual memory management" below).
- *   capture   cuStreamBeginCapture marks a stream with its mode and thread.
+ *   capture   cuStreamBeginCapture marks a stream with its mode and thread;
+ *             cuStreamBeginCaptureToGraph does the same into a graph made by
+ *             cuGraphCreate, which cuStreamEndCapture then returns (graphs
+ *             are handles without nodes; an invalidated capture returns
+ *             NULL, as cuda.h says).
  *             Legacy-stream work while a blocking stream captures
  *             invalidates that capture; cuStreamIsCapturing(CU_STREAM_LEGACY)
  *             then answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT. cuda.h
@@ -151,6 +155,7 @@ typedef struct fstream {
     CUstreamCaptureMode capture_mode;
     bool capturing, invalidated;
     unsigned capture_thread;
+    struct fgraph *capture_graph; /* cuStreamBeginCaptureToGraph's, else NULL */
     struct fstream *next; /* all streams of the process (never freed) */
 } fstream;
 
@@ -173,6 +178,14 @@ typedef struct fgreen {
     fctx ctx;
     struct fgreen *next; /* all green contexts (never freed: handles stay comparable) */
 } fgreen;
+
+/* A graph: cuGraphCreate's, or one cuStreamEndCapture made. No nodes (the
+ * fake runs no graphs); the handle is checked and its destruction seen. */
+typedef struct fgraph {
+    uint32_t magic;
+    bool destroyed;
+    struct fgraph *next; /* all graphs (never freed: stale handles stay readable) */
+} fgraph;
 
 /* A resource descriptor (cuDevResourceGenerateDesc): its SM count. */
 struct CUdevResourceDesc_st {
@@ -208,6 +221,7 @@ typedef struct allocation {
 #define EVENT_MAGIC 0x45564e54u
 #define GREEN_MAGIC 0x4752454eu
 #define DESC_MAGIC 0x44455343u
+#define GRAPH_MAGIC 0x47525048u
 #define SM_COUNT 132 /* an H100 SXM's */
 
 static struct {
@@ -220,6 +234,7 @@ static struct {
     fstream *streams;
     fevent *events;
     fgreen *greens;
+    fgraph *graphs;
     fctx *created[64]; /* contexts from cuCtxCreate (destroyed slots reused) */
     size_t ncreated;
     uint64_t other_used[MAX_DEVICES]; /* FAKECUDA_OTHER_USED */
@@ -1737,10 +1752,59 @@ EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream h, CUstreamCaptureStatus *st)
     return is_capturing(h ? h : CU_STREAM_PER_THREAD, st);
 }
 
-static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode)
+/* Lock held: a new graph. */
+static fgraph *graph_new(void)
+{
+    fgraph *g = calloc(1, sizeof *g);
+    if (!g)
+        return NULL;
+    *g = (fgraph){.magic = GRAPH_MAGIC, .next = G.graphs};
+    G.graphs = g;
+    return g;
+}
+
+/* Lock held: the live graph a handle names, or NULL (stale handles
+ * counted). */
+static fgraph *graph_of(CUgraph h)
+{
+    fgraph *g = (fgraph *)h;
+    if (!g || g->magic != GRAPH_MAGIC)
+        return NULL;
+    if (g->destroyed) {
+        G.st.stale_handle_uses++;
+        return NULL;
+    }
+    return g;
+}
+
+EXPORT CUresult cuGraphCreate(CUgraph *out, unsigned int flags)
 {
     ENTER_API();
+    if (!out || flags != 0) /* "flags - Graph creation flags, must be 0" */
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    fgraph *g = graph_new();
+    if (!g)
+        LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+    *out = (CUgraph)g;
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuGraphDestroy(CUgraph h)
+{
+    ENTER_API();
+    fgraph *g = graph_of(h);
+    if (!g)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    g->destroyed = true;
+    LEAVE(CUDA_SUCCESS);
+}
+
+/* Both begins; into_graph is cuStreamBeginCaptureToGraph's graph, or NULL. */
+static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode, fgraph *into_graph)
+{
     fstream *s = stream_of(h);
+    if (mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
     if (!s || s->legacy) /* the legacy stream cannot be captured */
         LEAVE(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     if (s->capturing)
@@ -1749,16 +1813,51 @@ static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode)
     s->invalidated = false;
     s->capture_mode = mode;
     s->capture_thread = this_thread();
+    s->capture_graph = into_graph;
     LEAVE(CUDA_SUCCESS);
+}
+
+static CUresult begin_plain(CUstream h, CUstreamCaptureMode mode)
+{
+    ENTER_API();
+    return begin_capture(h, mode, NULL);
 }
 
 EXPORT CUresult cuStreamBeginCapture_v2(CUstream h, CUstreamCaptureMode mode)
 {
-    return begin_capture(h, mode);
+    return begin_plain(h, mode);
 }
 EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream h, CUstreamCaptureMode mode)
 {
-    return begin_capture(h ? h : CU_STREAM_PER_THREAD, mode);
+    return begin_plain(h ? h : CU_STREAM_PER_THREAD, mode);
+}
+
+/* "dependencies - ... Can be NULL if numDependencies is 0"; the fake's
+ * graphs have no nodes, so any named dependency is one it cannot check and
+ * is taken as given. */
+static CUresult begin_to_graph(CUstream h, CUgraph hg, const CUgraphNode *deps, size_t ndeps,
+                               CUstreamCaptureMode mode)
+{
+    ENTER_API();
+    fgraph *g = graph_of(hg);
+    if (!g || (ndeps && !deps))
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    return begin_capture(h, mode, g);
+}
+
+EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream h, CUgraph g, const CUgraphNode *deps,
+                                            const CUgraphEdgeData *edges, size_t n,
+                                            CUstreamCaptureMode mode)
+{
+    (void)edges;
+    return begin_to_graph(h, g, deps, n, mode);
+}
+EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream h, CUgraph g, const CUgraphNode *deps,
+                                                 const CUgraphEdgeData *edges, size_t n,
+                                                 CUstreamCaptureMode mode)
+{
+    (void)edges;
+    return begin_to_graph(h ? h : CU_STREAM_PER_THREAD, g, deps, n, mode);
 }
 
 static CUresult end_capture(CUstream h, CUgraph *graph)
@@ -1772,8 +1871,12 @@ static CUresult end_capture(CUstream h, CUgraph *graph)
     if (s->capture_mode != CU_STREAM_CAPTURE_MODE_RELAXED && s->capture_thread != this_thread())
         LEAVE(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
     s->capturing = false;
+    /* "If capture was invalidated ... then a NULL graph will be returned";
+     * a capture into an existing graph returns that graph. */
+    fgraph *g = s->invalidated ? NULL : s->capture_graph ? s->capture_graph : graph_new();
+    s->capture_graph = NULL;
     if (graph)
-        *graph = (CUgraph)(uintptr_t)0x6a0;
+        *graph = (CUgraph)g;
     LEAVE(s->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS);
 }
 
@@ -2950,7 +3053,11 @@ static const proc procs[] = {
     PZ("cuStreamIsCapturing", 10000, cuStreamIsCapturing_ptsz),
     P("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2),
     PZ("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2_ptsz),
+    P("cuStreamBeginCaptureToGraph", 12030, cuStreamBeginCaptureToGraph),
+    PZ("cuStreamBeginCaptureToGraph", 12030, cuStreamBeginCaptureToGraph_ptsz),
     P("cuStreamEndCapture", 10000, cuStreamEndCapture),
+    P("cuGraphCreate", 10000, cuGraphCreate),
+    P("cuGraphDestroy", 10000, cuGraphDestroy),
     PZ("cuStreamEndCapture", 10000, cuStreamEndCapture_ptsz),
     P("cuEventCreate", 2000, cuEventCreate),
     P("cuEventDestroy", 4000, cuEventDestroy_v2),

@@ -58,6 +58,11 @@ static struct {
     CUresult (*StreamSynchronize[2])(CUstream);
     CUresult (*StreamIsCapturing[2])(CUstream, CUstreamCaptureStatus *);
     CUresult (*StreamBeginCapture[2])(CUstream, CUstreamCaptureMode);
+    CUresult (*StreamBeginCaptureToGraph[2])(CUstream, CUgraph, const CUgraphNode *,
+                                             const CUgraphEdgeData *, size_t,
+                                             CUstreamCaptureMode);
+    CUresult (*GraphCreate)(CUgraph *, unsigned);
+    CUresult (*GraphDestroy)(CUgraph);
     CUresult (*StreamEndCapture[2])(CUstream, CUgraph *);
     CUresult (*EventCreate)(CUevent *, unsigned);
     CUresult (*EventDestroy)(CUevent);
@@ -129,7 +134,10 @@ static void initialise(void)
     RZ(StreamSynchronize, "cuStreamSynchronize");
     RZ(StreamIsCapturing, "cuStreamIsCapturing");
     RZ(StreamBeginCapture, "cuStreamBeginCapture");
+    RZ(StreamBeginCaptureToGraph, "cuStreamBeginCaptureToGraph");
     RZ(StreamEndCapture, "cuStreamEndCapture");
+    R(GraphCreate, "cuGraphCreate");
+    R(GraphDestroy, "cuGraphDestroy");
     R(EventCreate, "cuEventCreate");
     R(EventDestroy, "cuEventDestroy");
     RZ(EventRecord, "cuEventRecord");
@@ -513,10 +521,64 @@ EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCapture
     return record(D.StreamBeginCapture[0](S(s), (CUstreamCaptureMode)mode));
 }
 
+EXPORT cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t s, enum cudaStreamCaptureMode mode)
+{
+    ENTER();
+    return record(D.StreamBeginCapture[1](S(s), (CUstreamCaptureMode)mode));
+}
+
+/* cudaGraphEdgeData and CUgraphEdgeData have one layout (cuda.h: "This
+ * structure is identical to cudaGraphEdgeData"). */
+static cudaError_t begin_to_graph(int z, cudaStream_t s, cudaGraph_t g,
+                                  const cudaGraphNode_t *deps, const cudaGraphEdgeData *edges,
+                                  size_t n, enum cudaStreamCaptureMode mode)
+{
+    ENTER();
+    if (!D.StreamBeginCaptureToGraph[z])
+        return record(CUDA_ERROR_NOT_SUPPORTED);
+    return record(D.StreamBeginCaptureToGraph[z](S(s), (CUgraph)g, (const CUgraphNode *)deps,
+                                                  (const CUgraphEdgeData *)edges, n,
+                                                  (CUstreamCaptureMode)mode));
+}
+
+EXPORT cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t s, cudaGraph_t g,
+                                                 const cudaGraphNode_t *deps,
+                                                 const cudaGraphEdgeData *edges, size_t n,
+                                                 enum cudaStreamCaptureMode mode)
+{
+    return begin_to_graph(0, s, g, deps, edges, n, mode);
+}
+
+EXPORT cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t s, cudaGraph_t g,
+                                                      const cudaGraphNode_t *deps,
+                                                      const cudaGraphEdgeData *edges, size_t n,
+                                                      enum cudaStreamCaptureMode mode)
+{
+    return begin_to_graph(1, s, g, deps, edges, n, mode);
+}
+
 EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g)
 {
     ENTER();
     return record(D.StreamEndCapture[0](S(s), (CUgraph *)g));
+}
+
+EXPORT cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t s, cudaGraph_t *g)
+{
+    ENTER();
+    return record(D.StreamEndCapture[1](S(s), (CUgraph *)g));
+}
+
+EXPORT cudaError_t cudaGraphCreate(cudaGraph_t *g, unsigned int flags)
+{
+    ENTER();
+    return record(D.GraphCreate((CUgraph *)g, flags));
+}
+
+EXPORT cudaError_t cudaGraphDestroy(cudaGraph_t g)
+{
+    ENTER();
+    return record(D.GraphDestroy((CUgraph)g));
 }
 
 EXPORT cudaError_t cudaEventCreate(cudaEvent_t *e)
