@@ -127,11 +127,16 @@ SHIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CU
     return CUDA_SUCCESS;
 }
 
-/* What a pointer attribute is for a pooled pointer: the real driver would
- * describe the whole region. Attributes about the block (its range, its
- * buffer id) come from the pool; the rest (memory type, context, device)
- * are the region's, which are the block's too. `live` is false for a
- * pointer into the region outside any live block: no valid CUDA pointer. */
+/* What a pointer attribute is for a pooled pointer, where the pool knows
+ * better than the driver, which sees only the region (a cuMemAlloc region,
+ * or granules mapped over virtual memory): the block's range and buffer id;
+ * the pool's context and device, as for the cudaMalloc memory the block
+ * stands for (over virtual memory the driver may name no context); and no
+ * legacy IPC (cuIpcGetMemHandle of a pooled block is refused, so a library
+ * that asks first, as UCX does, takes another way instead of failing). The
+ * rest (memory type, mapping, access) is the region's, asked of the driver.
+ * `live` is false for a pointer into the region outside any live block: no
+ * valid CUDA pointer. */
 static bool pooled_attribute(const shim_pool *sp, const bfc_live_info *b, bool live,
                              CUpointer_attribute attr, void *data)
 {
@@ -144,6 +149,15 @@ static bool pooled_attribute(const shim_pool *sp, const bfc_live_info *b, bool l
         return true;
     case CU_POINTER_ATTRIBUTE_BUFFER_ID:
         *(unsigned long long *)data = live ? svc_buffer_id(sp, b->seq) : 0;
+        return true;
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+        *(CUcontext *)data = live ? sp->ctx : NULL;
+        return true;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+        *(int *)data = live ? (int)sp->dev : -1;
+        return true;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+        *(int *)data = 0;
         return true;
     default:
         return false;
@@ -164,19 +178,28 @@ SHIM_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr,
     return PASS(PointerGetAttribute, data, attr, p);
 }
 
+/* The pool answers its attributes; the driver is asked only for the others
+ * (compacted into arrays of their own), so an attribute the driver would
+ * refuse for the region, but the pool can answer, does not fail the call. */
+enum { ATTRS_MAX = 64 };
+
 SHIM_EXPORT CUresult cuPointerGetAttributes(unsigned n, CUpointer_attribute *attrs, void **data,
                                             CUdeviceptr p)
 {
-    CUresult r = PASS(PointerGetAttributes, n, attrs, data, p);
     shim_pool *sp;
-    if (r != CUDA_SUCCESS || !attrs || !data || !shim_driver_door() || !(sp = pool_owning(p)))
-        return r;
+    if (!attrs || !data || n > ATTRS_MAX || !shim_driver_door() || !(sp = pool_owning(p)))
+        return PASS(PointerGetAttributes, n, attrs, data, p);
     bfc_live_info b = {0};
     bool live = bfc_pool_block(sp->bfc, p, &b) == BFC_OK;
+    CUpointer_attribute rest[ATTRS_MAX];
+    void *rest_data[ATTRS_MAX];
+    unsigned nrest = 0;
     for (unsigned i = 0; i < n; i++)
-        if (data[i])
-            pooled_attribute(sp, &b, live, attrs[i], data[i]);
-    return r;
+        if (!data[i] || !pooled_attribute(sp, &b, live, attrs[i], data[i])) {
+            rest[nrest] = attrs[i];
+            rest_data[nrest++] = data[i];
+        }
+    return nrest ? PASS(PointerGetAttributes, nrest, rest, rest_data, p) : CUDA_SUCCESS;
 }
 
 SHIM_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr p)

@@ -12,7 +12,9 @@
  *                  memory: what the device can still add plus the pool's
  *                  unused bytes, counted once
  *   ptr-attr       cuPointerGetAttribute(s) describe the block, not the pool's
- *                  region, with a buffer id no other allocation ever had
+ *                  region, with a buffer id no other allocation ever had, the
+ *                  pool's context and no legacy IPC (ptr-attr-vmm: the pool
+ *                  over virtual memory, where the driver sees granules)
  *   device-full    out of memory because the device itself is full (other
  *                  processes hold it): the report says so and suggests no
  *                  larger BFCSHIM_MEM_FRACTION
@@ -98,24 +100,48 @@ static void ptr_attr(void)
     CHECK_EQ(start, (CUdeviceptr)(uintptr_t)b);
     CHECK_EQ(size, 5 * MiB + 100);
     CHECK_EQ(attr(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, inside), CUDA_SUCCESS);
-    CHECK_EQ(ordinal, 0); /* the rest comes from the real region */
+    CHECK_EQ(ordinal, 0);
+    /* The block's context is the pool's, as for cudaMalloc memory (over
+     * virtual memory the driver names none), and no legacy IPC: the shim
+     * refuses cuIpcGetMemHandle of a pooled block. */
+    CUcontext ctx = NULL, cur = NULL;
+    typedef CUresult (*cur_fn)(CUcontext *);
+    CHECK_EQ(((cur_fn)driver("cuCtxGetCurrent"))(&cur), CUDA_SUCCESS);
+    CHECK_EQ(attr(&ctx, CU_POINTER_ATTRIBUTE_CONTEXT, inside), CUDA_SUCCESS);
+    CHECK(ctx == cur && cur != NULL);
+    int ipc_capable = -1;
+    CHECK_EQ(attr(&ipc_capable, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, inside),
+             CUDA_SUCCESS);
+    CHECK_EQ(ipc_capable, 0);
+    unsigned type = 0; /* the rest comes from the driver's answer for the region */
+    CHECK_EQ(attr(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, inside), CUDA_SUCCESS);
+    CHECK_EQ(type, CU_MEMORYTYPE_DEVICE);
     CHECK_EQ(attr(&id_a, CU_POINTER_ATTRIBUTE_BUFFER_ID, (CUdeviceptr)(uintptr_t)a),
              CUDA_SUCCESS);
     CHECK_EQ(attr(&id_b, CU_POINTER_ATTRIBUTE_BUFFER_ID, inside), CUDA_SUCCESS);
     CHECK(id_a != id_b);
 
-    /* The several-attribute form agrees. */
-    CUpointer_attribute which[3] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-                                    CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-                                    CU_POINTER_ATTRIBUTE_BUFFER_ID};
+    /* The several-attribute form agrees, the pool's answers and the
+     * driver's mixed (a NULL entry is skipped). */
+    CUpointer_attribute which[7] = {
+        CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        CU_POINTER_ATTRIBUTE_RANGE_SIZE,       CU_POINTER_ATTRIBUTE_BUFFER_ID,
+        CU_POINTER_ATTRIBUTE_CONTEXT,          CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+        CU_POINTER_ATTRIBUTE_MAPPED};
     CUdeviceptr s2 = 0;
     size_t z2 = 0;
     unsigned long long i2 = 0;
-    void *out[3] = {&s2, &z2, &i2};
-    CHECK_EQ(attrs(3, which, out, inside), CUDA_SUCCESS);
+    unsigned t2 = 0;
+    CUcontext c2 = NULL;
+    int ipc2 = -1;
+    void *out[7] = {&s2, &t2, &z2, &i2, &c2, &ipc2, NULL};
+    CHECK_EQ(attrs(7, which, out, inside), CUDA_SUCCESS);
     CHECK_EQ(s2, start);
+    CHECK_EQ(t2, CU_MEMORYTYPE_DEVICE);
     CHECK_EQ(z2, size);
     CHECK_EQ(i2, id_b);
+    CHECK(c2 == cur);
+    CHECK_EQ(ipc2, 0);
 
     /* A freed block is no valid pointer any more, and the next allocation at
      * the same place gets a new id ("subsequent allocations do not reuse
@@ -161,6 +187,7 @@ int main(int argc, char **argv)
         {"first-malloc-hooks-off", first_malloc},
         {"meminfo-once", meminfo_once},
         {"ptr-attr", ptr_attr},
+        {"ptr-attr-vmm", ptr_attr},
         {"device-full", device_full},
     };
     return e2e_main("e2e_queries", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);

@@ -2435,6 +2435,7 @@ static CUresult pointer_attribute(const allocation *a, CUdeviceptr ptr, CUpointe
         break;
     case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(int *)data = 0; break;
     case CU_POINTER_ATTRIBUTE_MAPPED: *(int *)data = a != NULL; break;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: *(int *)data = a != NULL; break;
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = a ? a->base : 0; break;
     case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = a ? a->size : 0; break;
     default: return CUDA_ERROR_NOT_SUPPORTED;
@@ -2442,10 +2443,15 @@ static CUresult pointer_attribute(const allocation *a, CUdeviceptr ptr, CUpointe
     return CUDA_SUCCESS;
 }
 
+static bool vmm_reserved(CUdeviceptr ptr);
+static CUresult vmm_pointer_attribute(CUdeviceptr ptr, CUpointer_attribute attr, void *data);
+
 EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr ptr)
 {
     ENTER_API();
     allocation *a = find_alloc(ptr, true);
+    if (data && !a && vmm_reserved(ptr))
+        LEAVE(vmm_pointer_attribute(ptr, attr, data));
     /* "If ptr is not a valid CUDA pointer then CUDA_ERROR_INVALID_VALUE" */
     if (!data || !a)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -2459,8 +2465,10 @@ EXPORT CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attr
     if (!attrs || !data)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     allocation *a = find_alloc(ptr, true);
+    bool vmm = !a && vmm_reserved(ptr);
     for (unsigned i = 0; i < n; i++)
-        if (data[i] && pointer_attribute(a, ptr, attrs[i], data[i]) != CUDA_SUCCESS)
+        if (data[i] && (vmm ? vmm_pointer_attribute(ptr, attrs[i], data[i])
+                            : pointer_attribute(a, ptr, attrs[i], data[i])) != CUDA_SUCCESS)
             LEAVE(CUDA_ERROR_INVALID_VALUE);
     LEAVE(CUDA_SUCCESS);
 }
@@ -2731,6 +2739,51 @@ static vmm_range *vmm_reservation(uint64_t base, uint64_t size)
             base + size > base)
             return &V.reserved[i];
     return NULL;
+}
+
+/* Lock held: is ptr inside a reservation? */
+static bool vmm_reserved(CUdeviceptr ptr)
+{
+    return vmm_reservation(ptr, 1) != NULL;
+}
+
+/* Lock held: a pointer attribute of an address inside a reservation. cuda.h
+ * describes MAPPED for exactly this ("1 if this pointer is in a valid
+ * address range that is mapped to a backing allocation"); the range is the
+ * reservation's (DALI's tests of the real driver expect that, mapped or
+ * not); the memory is the backing allocation's device's, and belongs to no
+ * context (NULL, as for stream-ordered allocations), which the GPU suite's
+ * vmm-ptr-attr prints to check. An unmapped address has no device pointer
+ * or device; attributes the fake does not model are not supported. */
+static CUresult vmm_pointer_attribute(CUdeviceptr ptr, CUpointer_attribute attr, void *data)
+{
+    const vmm_range *r = vmm_reservation(ptr, 1), *m = NULL;
+    for (size_t i = 0; i < V.nmapped && !m; i++)
+        if (ptr - V.mapped[i].base < V.mapped[i].size)
+            m = &V.mapped[i];
+    switch (attr) {
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *(unsigned *)data = m ? CU_MEMORYTYPE_DEVICE : 0; break;
+    case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = NULL; break;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(int *)data = 0; break;
+    case CU_POINTER_ATTRIBUTE_MAPPED: *(int *)data = m != NULL; break;
+    /* "suitable for cudaIpcGetMemHandle": memory from cuMemCreate is shared
+     * through its own handles, never the legacy ones */
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: *(int *)data = 0; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = r->base; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = r->size; break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+        if (!m)
+            return CUDA_ERROR_INVALID_VALUE;
+        *(CUdeviceptr *)data = ptr;
+        break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+        if (!m)
+            return CUDA_ERROR_INVALID_VALUE;
+        *(int *)data = m->h->dev;
+        break;
+    default: return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    return CUDA_SUCCESS;
 }
 
 /* Do whole mappings tile [base, base + size) exactly, without gaps? */

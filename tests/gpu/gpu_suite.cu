@@ -29,7 +29,12 @@
  *   first-malloc     cudaMalloc is the program's first runtime call; then an
  *                    IPC handle of the pooled block must still be refused
  *   ptr-attr         cuPointerGetAttribute's range of a pooled block agrees
- *                    with cuMemGetAddressRange (the block, not the region)
+ *                    with cuMemGetAddressRange (the block, not the region);
+ *                    its context is the current one and it is not legacy-IPC
+ *                    capable (the shim refuses the handle)
+ *   vmm-ptr-attr     what the driver answers for a mapped and a reserved
+ *                    address of the virtual memory API, printed (the fake
+ *                    answers as it reads cuda.h; this checks it)
  *
  * Another thread's capture (the fake's e2e_fences global-capture and
  * ptsz-capture, on the real driver): while a second thread captures in
@@ -485,8 +490,89 @@ static void ptr_attr(void)
     CHECK(base == (CUdeviceptr)(uintptr_t)b);
     CHECK(start == base);
     CHECK(rsize == size);
+    /* The pool's context (as for cudaMalloc memory) and no legacy IPC. */
+    auto current = (decltype(&cuCtxGetCurrent))driver_fn("cuCtxGetCurrent");
+    CUcontext ctx = NULL, cur = NULL;
+    int ipc = -1;
+    CHECK(current && current(&cur) == CUDA_SUCCESS);
+    CHECK(attr(&ctx, CU_POINTER_ATTRIBUTE_CONTEXT, inside) == CUDA_SUCCESS);
+    CHECK(attr(&ipc, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, inside) == CUDA_SUCCESS);
+    printf("  context %p (current %p), legacy IPC capable %d\n", (void *)ctx, (void *)cur, ipc);
+    CHECK(ctx == cur);
+    CHECK(ipc == 0);
     CUDA_OK(cudaFree(a));
     CUDA_OK(cudaFree(b));
+}
+
+/* What the real driver says about addresses of the virtual memory API, one
+ * mapped and one only reserved (no pool involved: the shim passes these
+ * through). The fake driver answers as printed here (fake_driver.c,
+ * vmm_pointer_attribute); only what cuda.h promises is checked. */
+static void vmm_ptr_attr(void)
+{
+    auto reserve = (decltype(&cuMemAddressReserve))driver_fn("cuMemAddressReserve");
+    auto create = (decltype(&cuMemCreate))driver_fn("cuMemCreate");
+    auto map = (decltype(&cuMemMap))driver_fn("cuMemMap");
+    auto access = (decltype(&cuMemSetAccess))driver_fn("cuMemSetAccess");
+    auto unmap = (decltype(&cuMemUnmap))driver_fn("cuMemUnmap");
+    auto release = (decltype(&cuMemRelease))driver_fn("cuMemRelease");
+    auto va_free = (decltype(&cuMemAddressFree))driver_fn("cuMemAddressFree");
+    auto gran = (decltype(&cuMemGetAllocationGranularity))driver_fn(
+        "cuMemGetAllocationGranularity");
+    auto attr = (decltype(&cuPointerGetAttribute))driver_fn("cuPointerGetAttribute");
+    CHECK(reserve && create && map && access && unmap && release && va_free && gran && attr);
+    if (failures)
+        return;
+    CUDA_OK(cudaFree(NULL));
+    int dev = 0;
+    CUDA_OK(cudaGetDevice(&dev));
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    size_t g = 0;
+    CHECK(gran(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS);
+    CUdeviceptr va = 0;
+    CUmemGenericAllocationHandle h = 0;
+    CHECK(reserve(&va, 2 * g, 0, 0, 0) == CUDA_SUCCESS);
+    CHECK(create(&h, g, &prop, 0) == CUDA_SUCCESS);
+    CHECK(map(va, g, 0, h, 0) == CUDA_SUCCESS);
+    CUmemAccessDesc acc;
+    acc.location = prop.location;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CHECK(access(va, g, &acc, 1) == CUDA_SUCCESS);
+    if (failures)
+        return;
+    for (int k = 0; k < 2; k++) {
+        CUdeviceptr at = va + (k ? g + 4096 : 4096);
+        CUcontext ctx = (CUcontext)1;
+        unsigned type = 99;
+        int ordinal = -7, mapped = -7, ipc = -7;
+        CUdeviceptr start = 1;
+        size_t size = 1;
+        CUresult rc = attr(&ctx, CU_POINTER_ATTRIBUTE_CONTEXT, at);
+        CUresult rt = attr(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, at);
+        CUresult ro = attr(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, at);
+        CUresult rm = attr(&mapped, CU_POINTER_ATTRIBUTE_MAPPED, at);
+        CUresult ri = attr(&ipc, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, at);
+        CUresult rs = attr(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, at);
+        CUresult rz = attr(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, at);
+        printf("  %s address (reservation 0x%llx + %zu, granule %zu): context %d/%p, "
+               "memory type %d/%u, ordinal %d/%d, mapped %d/%d, legacy IPC %d/%d, "
+               "range %d/0x%llx + %d/%zu\n",
+               k ? "reserved, unmapped" : "mapped", (unsigned long long)va, 2 * g, g, (int)rc,
+               (void *)ctx, (int)rt, type, (int)ro, ordinal, (int)rm, mapped, (int)ri, ipc,
+               (int)rs, (unsigned long long)start, (int)rz, size);
+        if (k == 0) { /* "mapped to a backing allocation" (cuda.h, MAPPED) */
+            CHECK(rm == CUDA_SUCCESS && mapped == 1);
+            CHECK(rt == CUDA_SUCCESS && type == CU_MEMORYTYPE_DEVICE);
+            CHECK(ro == CUDA_SUCCESS && ordinal == dev);
+        }
+    }
+    CHECK(unmap(va, g) == CUDA_SUCCESS);
+    CHECK(release(h) == CUDA_SUCCESS);
+    CHECK(va_free(va, 2 * g) == CUDA_SUCCESS);
 }
 
 /* ---- another thread's capture -------------------------------------------------- */
@@ -1116,7 +1202,7 @@ int main(int argc, char **argv)
         {"stream-destroy", stream_destroy},
         {"capture-pending", capture_pending},
         {"reset", reset},             {"first-malloc", first_malloc},
-        {"ptr-attr", ptr_attr},
+        {"ptr-attr", ptr_attr},       {"vmm-ptr-attr", vmm_ptr_attr},
         {"global-capture", global_capture},
         {"ptds-capture", ptds_capture},
         {"reset-running", reset_running},
