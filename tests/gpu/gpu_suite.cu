@@ -504,26 +504,38 @@ static void ptr_attr(void)
     CUDA_OK(cudaFree(b));
 }
 
-/* What the real driver says about addresses of the virtual memory API, one
- * mapped and one only reserved (no pool involved: the shim passes these
- * through). The fake driver answers as printed here (fake_driver.c,
- * vmm_pointer_attribute); only what cuda.h promises is checked. */
-static void vmm_ptr_attr(void)
+/* The virtual memory API, looked up as programs do. */
+typedef struct vmm_api {
+    decltype(&cuMemAddressReserve) reserve;
+    decltype(&cuMemCreate) create;
+    decltype(&cuMemMap) map;
+    decltype(&cuMemSetAccess) access;
+    decltype(&cuMemUnmap) unmap;
+    decltype(&cuMemRelease) release;
+    decltype(&cuMemAddressFree) va_free;
+    decltype(&cuMemGetAllocationGranularity) granularity;
+} vmm_api;
+
+static bool vmm_api_load(vmm_api *v)
 {
-    auto reserve = (decltype(&cuMemAddressReserve))driver_fn("cuMemAddressReserve");
-    auto create = (decltype(&cuMemCreate))driver_fn("cuMemCreate");
-    auto map = (decltype(&cuMemMap))driver_fn("cuMemMap");
-    auto access = (decltype(&cuMemSetAccess))driver_fn("cuMemSetAccess");
-    auto unmap = (decltype(&cuMemUnmap))driver_fn("cuMemUnmap");
-    auto release = (decltype(&cuMemRelease))driver_fn("cuMemRelease");
-    auto va_free = (decltype(&cuMemAddressFree))driver_fn("cuMemAddressFree");
-    auto gran = (decltype(&cuMemGetAllocationGranularity))driver_fn(
+    v->reserve = (decltype(&cuMemAddressReserve))driver_fn("cuMemAddressReserve");
+    v->create = (decltype(&cuMemCreate))driver_fn("cuMemCreate");
+    v->map = (decltype(&cuMemMap))driver_fn("cuMemMap");
+    v->access = (decltype(&cuMemSetAccess))driver_fn("cuMemSetAccess");
+    v->unmap = (decltype(&cuMemUnmap))driver_fn("cuMemUnmap");
+    v->release = (decltype(&cuMemRelease))driver_fn("cuMemRelease");
+    v->va_free = (decltype(&cuMemAddressFree))driver_fn("cuMemAddressFree");
+    v->granularity = (decltype(&cuMemGetAllocationGranularity))driver_fn(
         "cuMemGetAllocationGranularity");
-    auto attr = (decltype(&cuPointerGetAttribute))driver_fn("cuPointerGetAttribute");
-    CHECK(reserve && create && map && access && unmap && release && va_free && gran && attr);
-    if (failures)
-        return;
-    CUDA_OK(cudaFree(NULL));
+    bool ok = v->reserve && v->create && v->map && v->access && v->unmap && v->release &&
+              v->va_free && v->granularity;
+    CHECK(ok);
+    return ok;
+}
+
+/* Device memory of the current device, as cuMemCreate takes it. */
+static CUmemAllocationProp device_memory_prop(void)
+{
     int dev = 0;
     CUDA_OK(cudaGetDevice(&dev));
     CUmemAllocationProp prop;
@@ -531,18 +543,45 @@ static void vmm_ptr_attr(void)
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = dev;
-    size_t g = 0;
-    CHECK(gran(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS);
-    CUdeviceptr va = 0;
-    CUmemGenericAllocationHandle h = 0;
-    CHECK(reserve(&va, 2 * g, 0, 0, 0) == CUDA_SUCCESS);
-    CHECK(create(&h, g, &prop, 0) == CUDA_SUCCESS);
-    CHECK(map(va, g, 0, h, 0) == CUDA_SUCCESS);
+    return prop;
+}
+
+/* Reserves `reserved` bytes and maps the first `mapped` of them, read-write
+ * for the current device; false (counted) if any step failed. */
+static bool vmm_mapped(const vmm_api *v, size_t reserved, size_t mapped, CUdeviceptr *va,
+                       CUmemGenericAllocationHandle *h)
+{
+    int before = failures;
+    CUmemAllocationProp prop = device_memory_prop();
+    CHECK(v->reserve(va, reserved, 0, 0, 0) == CUDA_SUCCESS);
+    CHECK(v->create(h, mapped, &prop, 0) == CUDA_SUCCESS);
+    CHECK(v->map(*va, mapped, 0, *h, 0) == CUDA_SUCCESS);
     CUmemAccessDesc acc;
     acc.location = prop.location;
     acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    CHECK(access(va, g, &acc, 1) == CUDA_SUCCESS);
-    if (failures)
+    CHECK(v->access(*va, mapped, &acc, 1) == CUDA_SUCCESS);
+    return failures == before;
+}
+
+/* What the real driver says about addresses of the virtual memory API, one
+ * mapped and one only reserved (no pool involved: the shim passes these
+ * through). The fake driver answers as printed here (fake_driver.c,
+ * vmm_pointer_attribute); only what cuda.h promises is checked. */
+static void vmm_ptr_attr(void)
+{
+    auto attr = (decltype(&cuPointerGetAttribute))driver_fn("cuPointerGetAttribute");
+    CHECK(attr != NULL);
+    vmm_api v;
+    if (!vmm_api_load(&v) || !attr)
+        return;
+    int dev = 0;
+    CUDA_OK(cudaGetDevice(&dev));
+    CUmemAllocationProp prop = device_memory_prop();
+    size_t g = 0;
+    CHECK(v.granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS);
+    CUdeviceptr va = 0;
+    CUmemGenericAllocationHandle h = 0;
+    if (!vmm_mapped(&v, 2 * g, g, &va, &h))
         return;
     for (int k = 0; k < 2; k++) {
         CUdeviceptr at = va + (k ? g + 4096 : 4096);
@@ -570,9 +609,9 @@ static void vmm_ptr_attr(void)
             CHECK(ro == CUDA_SUCCESS && ordinal == dev);
         }
     }
-    CHECK(unmap(va, g) == CUDA_SUCCESS);
-    CHECK(release(h) == CUDA_SUCCESS);
-    CHECK(va_free(va, 2 * g) == CUDA_SUCCESS);
+    CHECK(v.unmap(va, g) == CUDA_SUCCESS);
+    CHECK(v.release(h) == CUDA_SUCCESS);
+    CHECK(v.va_free(va, 2 * g) == CUDA_SUCCESS);
 }
 
 /* ---- another thread's capture -------------------------------------------------- */
@@ -756,33 +795,10 @@ static void reset_running(void)
 
 static void unmap_running(void)
 {
-    auto reserve = (decltype(&cuMemAddressReserve))driver_fn("cuMemAddressReserve");
-    auto create = (decltype(&cuMemCreate))driver_fn("cuMemCreate");
-    auto map = (decltype(&cuMemMap))driver_fn("cuMemMap");
-    auto access = (decltype(&cuMemSetAccess))driver_fn("cuMemSetAccess");
-    auto unmap = (decltype(&cuMemUnmap))driver_fn("cuMemUnmap");
-    auto release = (decltype(&cuMemRelease))driver_fn("cuMemRelease");
-    auto va_free = (decltype(&cuMemAddressFree))driver_fn("cuMemAddressFree");
-    CHECK(reserve && create && map && access && unmap && release && va_free);
-    if (failures)
-        return;
-    int dev = 0;
-    CUDA_OK(cudaGetDevice(&dev));
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = dev;
+    vmm_api v;
     CUdeviceptr va = 0;
     CUmemGenericAllocationHandle h = 0;
-    CHECK(reserve(&va, HOLE, 0, 0, 0) == CUDA_SUCCESS);
-    CHECK(create(&h, HOLE, &prop, 0) == CUDA_SUCCESS);
-    CHECK(map(va, HOLE, 0, h, 0) == CUDA_SUCCESS);
-    CUmemAccessDesc acc;
-    acc.location = prop.location;
-    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    CHECK(access(va, HOLE, &acc, 1) == CUDA_SUCCESS);
-    if (failures)
+    if (!vmm_api_load(&v) || !vmm_mapped(&v, HOLE, HOLE, &va, &h))
         return;
     cudaStream_t s = NULL;
     CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -791,7 +807,7 @@ static void unmap_running(void)
     late_fill<<<256, 256, 0, s>>>((unsigned *)va, HOLE / 4, 0xdeadu, LATE_NS);
     CUDA_OK(cudaEventRecord(done, s));
     double t0 = now_ms();
-    CUresult u = unmap(va, HOLE);
+    CUresult u = v.unmap(va, HOLE);
     double dt = now_ms() - t0;
     bool running = cudaEventQuery(done) == cudaErrorNotReady;
     cudaGetLastError();
@@ -801,8 +817,8 @@ static void unmap_running(void)
            LATE_NS / 1e6, (int)u, dt, running ? "still running" : "done",
            cudaGetErrorName(sync));
     CHECK(u == CUDA_SUCCESS);
-    release(h);
-    va_free(va, HOLE);
+    v.release(h);
+    v.va_free(va, HOLE);
     /* A fault leaves the context unusable: nothing more is checked after it. */
     if (sync == cudaSuccess) {
         CUDA_OK(cudaEventDestroy(done));
