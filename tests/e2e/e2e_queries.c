@@ -184,7 +184,6 @@ int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
         {"first-malloc", first_malloc},
-        {"first-malloc-hooks-off", first_malloc},
         {"meminfo-once", meminfo_once},
         {"ptr-attr", ptr_attr},
         {"ptr-attr-vmm", ptr_attr},

@@ -694,8 +694,7 @@ int main(int argc, char **argv)
         {"fork", forks},          {"platform", platform},       {"garbage-env", garbage_env},
         {"stats-now", stats_now}, {"reset", reset},           {"exit-busy", exit_busy},
         {"plan", plan},           {"plan-bad", plan_bad},       {"plan-stray", plan_stray},
-        {"pool-stats", pool_stats}, {"pool-stats-hooks-off", pool_stats},
-        {"peers", peers},         {"peers-hooks-off", peers},
+        {"pool-stats", pool_stats}, {"peers", peers},
     };
     return e2e_main("e2e_runtime", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }
