@@ -179,27 +179,36 @@ SHIM_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr,
 }
 
 /* The pool answers its attributes; the driver is asked only for the others
- * (compacted into arrays of their own), so an attribute the driver would
- * refuse for the region, but the pool can answer, does not fail the call. */
-enum { ATTRS_MAX = 64 };
+ * (compacted into arrays of their own, ATTRS_MAX at a time), so an
+ * attribute the driver would refuse for the region, but the pool can
+ * answer, does not fail the call. */
+enum { ATTRS_MAX = 32 };
 
 SHIM_EXPORT CUresult cuPointerGetAttributes(unsigned n, CUpointer_attribute *attrs, void **data,
                                             CUdeviceptr p)
 {
     shim_pool *sp;
-    if (!attrs || !data || n > ATTRS_MAX || !shim_driver_door() || !(sp = pool_owning(p)))
+    if (!attrs || !data || !shim_driver_door() || !(sp = pool_owning(p)))
         return PASS(PointerGetAttributes, n, attrs, data, p);
     bfc_live_info b = {0};
     bool live = bfc_pool_block(sp->bfc, p, &b) == BFC_OK;
     CUpointer_attribute rest[ATTRS_MAX];
     void *rest_data[ATTRS_MAX];
     unsigned nrest = 0;
-    for (unsigned i = 0; i < n; i++)
-        if (!data[i] || !pooled_attribute(sp, &b, live, attrs[i], data[i])) {
-            rest[nrest] = attrs[i];
-            rest_data[nrest++] = data[i];
+    CUresult r = CUDA_SUCCESS;
+    for (unsigned i = 0; i < n && r == CUDA_SUCCESS; i++) {
+        if (data[i] && pooled_attribute(sp, &b, live, attrs[i], data[i]))
+            continue;
+        rest[nrest] = attrs[i];
+        rest_data[nrest++] = data[i];
+        if (nrest == ATTRS_MAX) {
+            r = PASS(PointerGetAttributes, nrest, rest, rest_data, p);
+            nrest = 0;
         }
-    return nrest ? PASS(PointerGetAttributes, nrest, rest, rest_data, p) : CUDA_SUCCESS;
+    }
+    if (r == CUDA_SUCCESS && nrest)
+        r = PASS(PointerGetAttributes, nrest, rest, rest_data, p);
+    return r;
 }
 
 SHIM_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr p)

@@ -142,6 +142,24 @@ static void ptr_attr(void)
     CHECK_EQ(i2, id_b);
     CHECK(c2 == cur);
     CHECK_EQ(ipc2, 0);
+    /* Longer lists than the shim compacts at once (32; before, more than 64
+     * went to the driver whole, which answered for the region), ending with an
+     * attribute the pool answers: every entry answered as above. */
+    enum { LONG = 71 };
+    CUpointer_attribute many[LONG];
+    void *many_out[LONG];
+    CUdeviceptr starts[LONG];
+    unsigned types[LONG];
+    for (int i = 0; i < LONG; i++) {
+        bool pooled = i % 2 == 0;
+        many[i] = pooled ? CU_POINTER_ATTRIBUTE_RANGE_START_ADDR : CU_POINTER_ATTRIBUTE_MEMORY_TYPE;
+        starts[i] = 0;
+        types[i] = 0;
+        many_out[i] = pooled ? (void *)&starts[i] : (void *)&types[i];
+    }
+    CHECK_EQ(attrs(LONG, many, many_out, inside), CUDA_SUCCESS);
+    for (int i = 0; i < LONG; i++)
+        CHECK_EQ(i % 2 == 0 ? starts[i] : types[i], i % 2 == 0 ? start : CU_MEMORYTYPE_DEVICE);
 
     /* A freed block is no valid pointer any more, and the next allocation at
      * the same place gets a new id ("subsequent allocations do not reuse
