@@ -1789,6 +1789,7 @@ EXPORT CUresult cuGraphCreate(CUgraph *out, unsigned int flags)
     LEAVE(CUDA_SUCCESS);
 }
 
+/* cuda.h lists CUDA_ERROR_INVALID_VALUE for a graph it cannot destroy. */
 EXPORT CUresult cuGraphDestroy(CUgraph h)
 {
     ENTER_API();
@@ -1799,7 +1800,9 @@ EXPORT CUresult cuGraphDestroy(CUgraph h)
     LEAVE(CUDA_SUCCESS);
 }
 
-/* Both begins; into_graph is cuStreamBeginCaptureToGraph's graph, or NULL. */
+/* Lock held (LEAVE releases it): both begins; into_graph is
+ * cuStreamBeginCaptureToGraph's graph, or NULL. A mode outside the enum is
+ * refused (both calls list CUDA_ERROR_INVALID_VALUE). */
 static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode, fgraph *into_graph)
 {
     fstream *s = stream_of(h);
@@ -2435,6 +2438,9 @@ static CUresult pointer_attribute(const allocation *a, CUdeviceptr ptr, CUpointe
         break;
     case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(int *)data = 0; break;
     case CU_POINTER_ATTRIBUTE_MAPPED: *(int *)data = a != NULL; break;
+    /* "1 if this pointer maps to an allocation that is suitable for
+     * cudaIpcGetMemHandle" (cuda.h); cuIpcGetMemHandle takes "an existing
+     * device memory allocation created with cuMemAlloc" */
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: *(int *)data = a != NULL; break;
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = a ? a->base : 0; break;
     case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = a ? a->size : 0; break;
@@ -2747,14 +2753,17 @@ static bool vmm_reserved(CUdeviceptr ptr)
     return vmm_reservation(ptr, 1) != NULL;
 }
 
-/* Lock held: a pointer attribute of an address inside a reservation. cuda.h
- * describes MAPPED for exactly this ("1 if this pointer is in a valid
- * address range that is mapped to a backing allocation"); the range is the
- * reservation's (DALI's tests of the real driver expect that, mapped or
- * not); the memory is the backing allocation's device's, and belongs to no
- * context (NULL, as for stream-ordered allocations), which the GPU suite's
- * vmm-ptr-attr prints to check. An unmapped address has no device pointer
- * or device; attributes the fake does not model are not supported. */
+/* Lock held: a pointer attribute of an address inside a reservation, as
+ * cuPointerGetAttribute's text in cuda.h reads: MAPPED "indicates if this
+ * pointer is in a valid address range that is mapped to a backing
+ * allocation"; RANGE_START_ADDR and RANGE_SIZE are "not necessarily the
+ * address [size] of the mapped region, but ... of the mappable address range
+ * ptr references (e.g. from cuMemAddressReserve)"; DEVICE_ORDINAL is the
+ * device "against which the memory was allocated" (the backing allocation's
+ * location). Not stated there, and printed by the GPU suite's vmm-ptr-attr
+ * to check: no context (NULL, as for stream-ordered allocations), and no
+ * device pointer or device for an unmapped address. Attributes the fake
+ * does not model are not supported. */
 static CUresult vmm_pointer_attribute(CUdeviceptr ptr, CUpointer_attribute attr, void *data)
 {
     const vmm_range *r = vmm_reservation(ptr, 1), *m = NULL;
@@ -3109,9 +3118,9 @@ static const proc procs[] = {
     P("cuStreamBeginCaptureToGraph", 12030, cuStreamBeginCaptureToGraph),
     PZ("cuStreamBeginCaptureToGraph", 12030, cuStreamBeginCaptureToGraph_ptsz),
     P("cuStreamEndCapture", 10000, cuStreamEndCapture),
+    PZ("cuStreamEndCapture", 10000, cuStreamEndCapture_ptsz),
     P("cuGraphCreate", 10000, cuGraphCreate),
     P("cuGraphDestroy", 10000, cuGraphDestroy),
-    PZ("cuStreamEndCapture", 10000, cuStreamEndCapture_ptsz),
     P("cuEventCreate", 2000, cuEventCreate),
     P("cuEventDestroy", 4000, cuEventDestroy_v2),
     P("cuEventRecord", 2000, cuEventRecord),

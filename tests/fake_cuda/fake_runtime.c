@@ -527,15 +527,15 @@ EXPORT cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t s, enum cudaStreamCa
     return record(D.StreamBeginCapture[1](S(s), (CUstreamCaptureMode)mode));
 }
 
-/* cudaGraphEdgeData and CUgraphEdgeData have one layout (cuda.h: "This
- * structure is identical to cudaGraphEdgeData"). */
+/* cudaGraphEdgeData (driver_types.h) and CUgraphEdgeData (cuda.h) declare
+ * the same fields in the same order: from_port, to_port, type, reserved[5]. */
+_Static_assert(sizeof(cudaGraphEdgeData) == sizeof(CUgraphEdgeData),
+               "cudaGraphEdgeData and CUgraphEdgeData differ");
 static cudaError_t begin_to_graph(int z, cudaStream_t s, cudaGraph_t g,
                                   const cudaGraphNode_t *deps, const cudaGraphEdgeData *edges,
                                   size_t n, enum cudaStreamCaptureMode mode)
 {
     ENTER();
-    if (!D.StreamBeginCaptureToGraph[z])
-        return record(CUDA_ERROR_NOT_SUPPORTED);
     return record(D.StreamBeginCaptureToGraph[z](S(s), (CUgraph)g, (const CUgraphNode *)deps,
                                                   (const CUgraphEdgeData *)edges, n,
                                                   (CUstreamCaptureMode)mode));
