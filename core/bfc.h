@@ -488,6 +488,9 @@ typedef struct bfc_chunk_info {
 } bfc_chunk_info;
 typedef void (*bfc_chunk_visitor)(void *arg, const bfc_chunk_info *chunk);
 void bfc_pool_visit(bfc_pool *pool, bfc_chunk_visitor fn, void *arg);
+/* The same, for a caller holding the pool's lock (bfc_pool_lock): one that
+ * must see the chunks and act on what it saw with no allocation between. */
+void bfc_pool_visit_locked(bfc_pool *pool, bfc_chunk_visitor fn, void *arg);
 
 /* Memory-map dump for OOM reports and debugging. */
 enum {
@@ -506,7 +509,8 @@ void bfc_pool_dump(bfc_pool *pool, FILE *out, unsigned what);
  */
 size_t bfc_pool_check(bfc_pool *pool, FILE *err);
 
-/* For fork handlers: hold / release the pool's lock. */
+/* Hold / release the pool's lock: for fork handlers, and around
+ * bfc_pool_visit_locked. */
 void bfc_pool_lock(bfc_pool *pool);
 void bfc_pool_unlock(bfc_pool *pool);
 /* The same, giving up when another thread holds the lock for max_ms more

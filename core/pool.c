@@ -972,6 +972,12 @@ size_t bfc_pool_largest_live(bfc_pool *p, bfc_live_info *out, size_t n)
 void bfc_pool_visit(bfc_pool *p, bfc_chunk_visitor fn, void *arg)
 {
     bfc_lock_acquire(&p->lock);
+    bfc_pool_visit_locked(p, fn, arg);
+    bfc_lock_release(&p->lock);
+}
+
+void bfc_pool_visit_locked(bfc_pool *p, bfc_chunk_visitor fn, void *arg)
+{
     for (uint32_t r = 0; r < p->nregions; r++) {
         for (uint32_t c = p->regions[r].first; c != CHUNK_NIL; c = C(p, c)->next) {
             const chunk *cc = C(p, c);
@@ -989,5 +995,4 @@ void bfc_pool_visit(bfc_pool *p, bfc_chunk_visitor fn, void *arg)
             fn(arg, &info);
         }
     }
-    bfc_lock_release(&p->lock);
 }

@@ -90,6 +90,7 @@ typedef struct trace_channel {
     buffer *cur;
     uint64_t last_thread, last_stream, last_tick; /* no thread is ~0: the first event marks it */
     uint32_t id;
+    bool closed; /* under the log's m: free for trace_log_channel_open */
 } channel;
 
 struct trace_log {
@@ -419,13 +420,18 @@ void trace_log_event(trace_log *t, rec_action action, uint64_t ptr, uint64_t siz
 
 trace_channel *trace_log_channel_open(trace_log *t)
 {
-    trace_channel *c = calloc(1, sizeof *c);
-    if (!c)
-        return NULL;
     pthread_mutex_lock(&t->m);
-    if (t->nchannels == MAX_CHANNELS || !t->nspare) {
+    for (size_t i = 0; i < t->nchannels; i++) {
+        channel *old = t->channels[i];
+        if (old->closed) { /* its markers still match what its decoder holds */
+            old->closed = false;
+            pthread_mutex_unlock(&t->m);
+            return old;
+        }
+    }
+    trace_channel *c = t->nchannels < MAX_CHANNELS && t->nspare ? calloc(1, sizeof *c) : NULL;
+    if (!c) {
         pthread_mutex_unlock(&t->m);
-        free(c);
         return NULL;
     }
     c->log = t;
@@ -447,6 +453,14 @@ void trace_channel_flush(trace_channel *c)
 {
     if (c->next != c->cur->r)
         hand_over(c);
+}
+
+void trace_channel_close(trace_channel *c)
+{
+    trace_channel_flush(c);
+    pthread_mutex_lock(&c->log->m);
+    c->closed = true;
+    pthread_mutex_unlock(&c->log->m);
 }
 
 void trace_log_flush(trace_log *t)

@@ -43,8 +43,8 @@ void trace_log_close(trace_log *t);
  * A channel records without the log's lock, for a producer that already
  * serialises its own events (the engine calls its on_event hook under its
  * pool's lock): no second atomic instruction per event, and the events keep
- * exactly the producer's order. Up to 8 channels per log; NULL when no more
- * can be had. Flushing a channel (handing its partial buffer to the writer)
+ * exactly the producer's order. Up to 8 channels open at once per log; NULL
+ * when no more can be had. Flushing a channel (handing its partial buffer to the writer)
  * must also happen under the producer's serialisation, before
  * trace_log_flush. Channels are freed with the log.
  */
@@ -53,5 +53,10 @@ trace_channel *trace_log_channel_open(trace_log *t);
 void trace_channel_event(trace_channel *c, rec_action action, uint64_t ptr, uint64_t size,
                          uint64_t stream);
 void trace_channel_flush(trace_channel *c);
+/* The producer is done (a pool that died with its context): its events go
+ * to the writer and the channel may be opened again for another producer,
+ * so a program that makes and destroys contexts one after another is
+ * recorded whole. Under the producer's serialisation, as its events were. */
+void trace_channel_close(trace_channel *c);
 
 #endif

@@ -366,6 +366,7 @@ static void forget_if(bool (*match)(const shim_pool *, const void *), const void
         shim_pool *sp = atomic_load(&registry[i]);
         if (sp && !atomic_load(&sp->dead) && match(sp, arg)) {
             atomic_store(&sp->dead, true);
+            record_detach(sp);
             shim_log(LOG_INFO, "device %d: context gone, its pool is forgotten", (int)sp->dev);
         }
     }

@@ -81,10 +81,13 @@ void record_free(uint64_t ptr, CUstream stream)
 static void pool_event(void *ctx, bfc_event ev, bfc_addr addr, uint64_t size, uint32_t lane)
 {
     shim_pool *sp = ctx;
+    trace_channel *c = atomic_load_explicit(&sp->trace, memory_order_relaxed);
+    if (!c) /* the pool died with its context (record_detach) */
+        return;
     CUstream stream = lane != BFC_NO_LANE && lane != sp->plain_lane
                           ? atomic_load_explicit(&sp->lane_stream[lane], memory_order_relaxed)
                           : NULL;
-    trace_channel_event(sp->trace, (rec_action)ev, addr, size, (uint64_t)(uintptr_t)stream);
+    trace_channel_event(c, (rec_action)ev, addr, size, (uint64_t)(uintptr_t)stream);
 }
 
 bool record_attach(shim_pool *sp, bfc_backend *b)
@@ -92,16 +95,44 @@ bool record_attach(shim_pool *sp, bfc_backend *b)
     trace_log *t = log_for_event();
     if (!t)
         return false;
-    sp->trace = trace_log_channel_open(t);
-    if (!sp->trace) {
+    trace_channel *c = trace_log_channel_open(t);
+    if (!c) {
         static atomic_bool said;
-        shim_log_once(&said, LOG_WARN, "BFCSHIM_TRACE: more than 8 pools; the others are not "
-                                       "recorded");
+        shim_log_once(&said, LOG_WARN, "BFCSHIM_TRACE: more than 8 pools alive at once; the "
+                                       "others are not recorded");
         return false;
     }
+    atomic_store(&sp->trace, c);
     b->on_event = pool_event;
     b->event_ctx = sp;
     return true;
+}
+
+static void free_if_live(void *arg, const bfc_chunk_info *chunk)
+{
+    if (chunk->kind == BFC_CHUNK_ALLOCATED)
+        trace_channel_event(arg, REC_FREE, chunk->addr, 0, 0);
+}
+
+/*
+ * A pool whose context is gone: the blocks still live in it went with the
+ * context, so the trace frees them here (without that, a replay would keep
+ * them to its end and meet their addresses again when a later pool's
+ * region reuses them). Its events go to the writer now and its channel to
+ * the next pool: a dead pool's slot in the registry is taken by the next
+ * one, and its partial buffer would never be flushed.
+ */
+void record_detach(shim_pool *sp)
+{
+    if (!atomic_load(&sp->trace))
+        return;
+    bfc_pool_lock(sp->bfc);
+    trace_channel *c = atomic_exchange(&sp->trace, NULL);
+    if (c) {
+        bfc_pool_visit_locked(sp->bfc, free_if_live, c);
+        trace_channel_close(c);
+    }
+    bfc_pool_unlock(sp->bfc);
 }
 
 static void flush(bool at_exit)
@@ -113,7 +144,7 @@ static void flush(bool at_exit)
      * keeps its last partial buffer rather than hang exit(). */
     for (size_t i = 0; i < pools_count(); i++) {
         shim_pool *sp = pools_at(i);
-        if (!sp || !sp->trace)
+        if (!sp || !atomic_load(&sp->trace))
             continue;
         if (!at_exit)
             bfc_pool_lock(sp->bfc);
@@ -122,7 +153,9 @@ static void flush(bool at_exit)
                                "events are not in the trace", (int)sp->dev);
             continue;
         }
-        trace_channel_flush(sp->trace);
+        trace_channel *c = atomic_load(&sp->trace); /* detached meanwhile: already flushed */
+        if (c)
+            trace_channel_flush(c);
         bfc_pool_unlock(sp->bfc);
     }
     trace_log_flush(atomic_load(&active));

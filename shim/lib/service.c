@@ -152,7 +152,7 @@ svc_status svc_alloc(shim_pool *sp, size_t size, uint32_t lane, CUstream stream,
         return svc_alloc(sp, size, BFC_NO_LANE, stream, out, api);
     /* The engine records its own events (out of memory among them) when the
      * pool is traced; the failures it refuses up front are recorded here. */
-    if (st != BFC_ERR_OOM || !sp->trace)
+    if (st != BFC_ERR_OOM || !atomic_load(&sp->trace))
         record_alloc_failure(size, stream);
     switch (st) {
     case BFC_ERR_OOM:

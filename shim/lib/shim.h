@@ -249,8 +249,9 @@ typedef struct shim_pool {
     /* the driver's cuMemAllocPitch row alignment on this device, learned at
      * the first pitched allocation (0 until then; pools_pitch_align) */
     atomic_uint_fast64_t pitch_align;
-    /* BFCSHIM_TRACE: this pool's channel, fed by the engine under its lock */
-    struct trace_channel *trace;
+    /* BFCSHIM_TRACE: this pool's channel, fed by the engine under its lock;
+     * NULL when not traced or once the pool died (record_detach) */
+    _Atomic(struct trace_channel *) trace;
     /* BFCSHIM_VMM: the mapping granule when the pool is over virtual
      * memory, else 0 */
     uint64_t vmm_granule;
@@ -528,6 +529,9 @@ enum { EXIT_WAIT_MS = 100 };
  * here when a trace is wanted (false: not traced); pass-through calls and
  * failures outside the engine through these. */
 bool record_attach(shim_pool *sp, bfc_backend *b);
+/* The pool's context is gone: its live blocks are freed in the trace and
+ * its channel is handed to the next pool. */
+void record_detach(shim_pool *sp);
 void record_alloc(uint64_t ptr, uint64_t size, CUstream stream);
 void record_alloc_failure(uint64_t size, CUstream stream);
 void record_free(uint64_t ptr, CUstream stream);

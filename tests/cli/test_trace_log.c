@@ -3,7 +3,8 @@
  * CSV, in each producer's order, with the right thread, stream and a time
  * that never runs backwards, across many more buffers than the recorder
  * owns (so producers outrun the writer and wait), odd pointers, changing
- * streams, threads sharing the locked channel, and a flush in the middle.
+ * streams, threads sharing the locked channel, and a flush in the middle;
+ * and channels closed by one producer and opened again by the next.
  *
  * Each event names its producer and its place in that producer's sequence:
  * pointer = producer << 40 | seq << 4 (| 1 for an odd pointer), size = seq.
@@ -161,8 +162,55 @@ static void producers_keep_order_across_buffers_and_flushes(void)
     rmdir(dir);
 }
 
+/* A producer that is done closes its channel, and the next producer gets
+ * it: more producers one after another than channels at once, each
+ * recorded with its own stream. */
+static void closed_channels_open_again(void)
+{
+    char dir[] = "/tmp/test_trace_log.XXXXXX";
+    REQUIRE(mkdtemp(dir));
+    char path[128];
+    snprintf(path, sizeof path, "%s/trace.csv", dir);
+    trace_log *log = trace_log_open(path);
+    REQUIRE(log);
+    enum { OPEN_AT_ONCE = 8, ROUNDS = 20 };
+    trace_channel *ch[OPEN_AT_ONCE];
+    for (int i = 0; i < OPEN_AT_ONCE; i++)
+        REQUIRE((ch[i] = trace_log_channel_open(log)));
+    CHECK(trace_log_channel_open(log) == NULL);
+    for (uint64_t r = 0; r < ROUNDS; r++) {
+        trace_channel *c = ch[r % OPEN_AT_ONCE];
+        trace_channel_event(c, REC_ALLOCATE, (r + 1) << 20, r, r % 3 * 0x100);
+        trace_channel_close(c);
+        trace_channel *again = trace_log_channel_open(log);
+        CHECK(again == c);
+        ch[r % OPEN_AT_ONCE] = again;
+    }
+    trace_log_close(log);
+    FILE *f = fopen(path, "r");
+    REQUIRE(f);
+    char line[256];
+    REQUIRE(fgets(line, sizeof line, f));
+    uint64_t n = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long thread, ptr, size, stream;
+        char time[32];
+        CHECK(sscanf(line, "%llu,%31[0-9:],allocate,%llx,%llu,%llu", &thread, time, &ptr, &size,
+                     &stream) == 5);
+        CHECK_EQ(ptr, (n + 1) << 20);
+        CHECK_EQ(size, n);
+        CHECK_EQ(stream, n % 3 * 0x100);
+        n++;
+    }
+    CHECK_EQ(n, ROUNDS);
+    fclose(f);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void)
 {
     RUN(producers_keep_order_across_buffers_and_flushes);
+    RUN(closed_channels_open_again);
     return harness_result();
 }

@@ -4,7 +4,7 @@ the stats file at exit (JSON, contract field names, right counts), the trace
 (RMM CSV that `bfcshim replay` accepts, with the right events), the OOM
 report file, the summary on stderr, and per-process traces across fork.
 
-usage: test_reporting.py BFCSHIM E2E_RUNTIME LIBBFCSHIM FAKE_CUDA_DIR WORKDIR
+usage: test_reporting.py BFCSHIM E2E_RUNTIME LIBBFCSHIM FAKE_CUDA_DIR E2E_DRIVER WORKDIR
 """
 import json
 import os
@@ -15,12 +15,12 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import testcheck  # noqa: E402
 
-bfcshim, program, lib, fake_dir, work = sys.argv[1:6]
+bfcshim, program, lib, fake_dir, driver_program, work = sys.argv[1:7]
 testcheck.fresh_dir(work)
 check = testcheck.Checks()
 
 
-def run(scenario, **env):
+def run(scenario, program=program, **env):
     e = testcheck.fake_cuda_env(fake_dir, LD_PRELOAD=lib,
                                 BFCSHIM_LOG_FILE=os.path.join(work, scenario + ".log"), **env)
     p = subprocess.run([program, scenario], env=e, capture_output=True, text=True)
@@ -137,5 +137,29 @@ files = sorted(f for f in os.listdir(work) if f.startswith("fork-") and f.endswi
 check(len(files) == 2, f"per-process traces: {files}")
 for f in files:
     replay(os.path.join(work, f))
+
+# 8. pools that die with their context: cudaDeviceReset with a block still
+#    live, then a fresh pool. The old pool's events are in the trace, and its
+#    live block is freed where the reset took it, so the replay matches
+#    every free and the peak is one block, not two.
+reset_trace = os.path.join(work, "reset.csv")
+run("reset", BFCSHIM_TRACE=reset_trace)
+rows = [l.split(",") for l in open(reset_trace).read().splitlines()[1:]]
+check([r[2] for r in rows] == ["allocate", "free", "allocate", "free"],
+      f"reset trace: {[r[2] for r in rows]}")
+check(len(rows) == 4 and rows[0][3] == rows[1][3], "the reset frees the old pool's block")
+r = replay(reset_trace)
+check(r.get("allocs") == 2 and r.get("unmatched_frees") == 0 and
+      r.get("peak_live_bytes") == 1 << 20, f"reset trace replayed: {r}")
+
+# 8b. seventy contexts made and destroyed one after another (more than the
+#     trace's eight channels): every pool's events are recorded.
+churn_trace = os.path.join(work, "churn.csv")
+run("context-churn", program=driver_program, FAKECUDA_DEVICES="2", BFCSHIM_TRACE=churn_trace)
+actions = [l.split(",")[2] for l in open(churn_trace).read().splitlines()[1:]]
+check(actions.count("allocate") == 140 and actions.count("free") == 140,
+      f"churn trace: {actions.count('allocate')} allocations, {actions.count('free')} frees")
+r = replay(churn_trace)
+check(r.get("allocs") == 140 and r.get("unmatched_frees") == 0, f"churn trace replayed: {r}")
 
 check.finish()
