@@ -47,8 +47,9 @@ def active():
 def stats():
     """The statistics of the process's pools as a dict, with the keys of the
     BFCSHIM_STATS_FILE document: ``allocator``, ``pools`` (one dict per
-    context: ``device``, ``bytes_in_use``, ``peak_bytes_in_use``,
-    ``pool_bytes``, ``largest_free_block_bytes``, ``fragmentation``, ...),
+    context: ``device``, ``alive`` (False once the context went),
+    ``bytes_in_use``, ``peak_bytes_in_use``, ``pool_bytes``,
+    ``largest_free_block_bytes``, ``fragmentation``, ...),
     ``platform``, ``passthrough_allocs``, ..."""
     lib = _library.load()
     for _ in range(4):  # the document may grow between the two calls

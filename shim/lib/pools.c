@@ -21,7 +21,8 @@
  * registry slot goes to the next new pool, so a program that makes and
  * destroys contexts again and again keeps its pools (the dead pool's
  * bookkeeping stays: a few KiB resident, its lane tables being untouched
- * zero pages).
+ * zero pages), and the dead pool joins the retired list the statistics
+ * report.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +45,37 @@ size_t pools_count(void) { return atomic_load(&npools); }
 shim_pool *pools_at(size_t i)
 {
     return i < MAX_POOLS ? atomic_load(&registry[i]) : NULL;
+}
+
+/* Dead pools whose registry slot a later pool took, oldest first: the
+ * statistics still report them (a program that calls cudaDeviceReset
+ * between jobs wants every job's figures), which costs nothing since a
+ * dead pool is never freed. The first RETIRED_LISTED are kept; the others
+ * are only counted, so that a program making and destroying contexts in a
+ * loop does not grow its statistics without end. */
+#define RETIRED_LISTED 64
+static _Atomic(shim_pool *) retired[RETIRED_LISTED];
+static atomic_size_t nretired, retired_unlisted;
+
+size_t pools_retired_count(void) { return atomic_load(&nretired); }
+
+shim_pool *pools_retired_at(size_t i)
+{
+    return i < RETIRED_LISTED ? atomic_load(&retired[i]) : NULL;
+}
+
+size_t pools_retired_unlisted(void) { return atomic_load(&retired_unlisted); }
+
+/* Under reg_lock. */
+static void retire(shim_pool *sp)
+{
+    size_t n = atomic_load(&nretired);
+    if (n == RETIRED_LISTED) {
+        atomic_fetch_add(&retired_unlisted, 1);
+        return;
+    }
+    atomic_store(&retired[n], sp);
+    atomic_store(&nretired, n + 1);
 }
 
 static int region_alloc(void *ctx, uint64_t size, bfc_addr *base)
@@ -332,6 +364,8 @@ shim_pool *pool_for_context(CUcontext ctx, bool create)
         real_ctx_leave(R, pushed);
         if (found) {
             found->serial = next_serial++;
+            if (slot < n)
+                retire(atomic_load(&registry[slot]));
             atomic_store(&registry[slot], found);
             if (slot == n)
                 atomic_store(&npools, n + 1);

@@ -315,6 +315,11 @@ void pools_give_back_forgotten(void);
 /* Number of live pools, and the i-th (for stats and fork handlers). */
 size_t pools_count(void);
 shim_pool *pools_at(size_t i);
+/* Dead pools whose registry slot a later pool took (the statistics report
+ * them), oldest first, and how many more there were than the list keeps. */
+size_t pools_retired_count(void);
+shim_pool *pools_retired_at(size_t i);
+size_t pools_retired_unlisted(void);
 /* Gives back what the pool holds idle (bfc_pool_trim) in its context:
  * bytes released. */
 uint64_t pools_trim(shim_pool *sp);

@@ -85,21 +85,33 @@ static void pool_json(json_out *j, shim_pool *sp, const bfc_stats *s)
 
 static bool exiting;
 
-/* Calls fn for every pool with its statistics (NULL: the pool was busy). */
+static void one_pool(shim_pool *sp, void (*fn)(void *arg, shim_pool *sp, const bfc_stats *st),
+                     void *arg)
+{
+    bfc_stats st;
+    if (!exiting)
+        bfc_pool_stats(sp->bfc, &st);
+    else if (!bfc_pool_stats_within(sp->bfc, &st, EXIT_WAIT_MS)) {
+        fn(arg, sp, NULL);
+        return;
+    }
+    fn(arg, sp, &st);
+}
+
+/* Calls fn for every pool with its statistics (NULL: the pool was busy):
+ * the dead pools that gave their place up first, oldest first, then the
+ * registry's. */
 static void each_pool(void (*fn)(void *arg, shim_pool *sp, const bfc_stats *st), void *arg)
 {
+    for (size_t i = 0; i < pools_retired_count(); i++) {
+        shim_pool *sp = pools_retired_at(i);
+        if (sp)
+            one_pool(sp, fn, arg);
+    }
     for (size_t i = 0; i < pools_count(); i++) {
         shim_pool *sp = pools_at(i);
-        if (!sp)
-            continue;
-        bfc_stats st;
-        if (!exiting)
-            bfc_pool_stats(sp->bfc, &st);
-        else if (!bfc_pool_stats_within(sp->bfc, &st, EXIT_WAIT_MS)) {
-            fn(arg, sp, NULL);
-            continue;
-        }
-        fn(arg, sp, &st);
+        if (sp)
+            one_pool(sp, fn, arg);
     }
 }
 
@@ -132,6 +144,7 @@ static void write_json(FILE *f)
     json_array_open(&j, "pools");
     each_pool(pool_json_counted, &w);
     json_array_close(&j);
+    json_u64(&j, "dead_pools_not_listed", pools_retired_unlisted());
     platform_counts pc;
     platform_get_counts(&pc);
     json_object_open(&j, "platform");
@@ -270,6 +283,9 @@ void stats_write_summary(int fd)
     fprintf(f, "bfcshim[%d]: allocator %s\n", (int)getpid(),
             shim_config_get()->mode == MODE_BFC ? "bfc" : "platform");
     each_pool(pool_summary, f);
+    if (pools_retired_unlisted())
+        fprintf(f, "  and %zu more pool(s) whose context went, not listed\n",
+                pools_retired_unlisted());
     platform_counts pc;
     platform_get_counts(&pc);
     char a[32];

@@ -141,9 +141,11 @@ for f in files:
 # 8. pools that die with their context: cudaDeviceReset with a block still
 #    live, then a fresh pool. The old pool's events are in the trace, and its
 #    live block is freed where the reset took it, so the replay matches
-#    every free and the peak is one block, not two.
+#    every free and the peak is one block, not two; the statistics list both
+#    pools.
 reset_trace = os.path.join(work, "reset.csv")
-run("reset", BFCSHIM_TRACE=reset_trace)
+reset_stats = os.path.join(work, "reset.json")
+run("reset", BFCSHIM_TRACE=reset_trace, BFCSHIM_STATS_FILE=reset_stats)
 rows = [l.split(",") for l in open(reset_trace).read().splitlines()[1:]]
 check([r[2] for r in rows] == ["allocate", "free", "allocate", "free"],
       f"reset trace: {[r[2] for r in rows]}")
@@ -151,15 +153,32 @@ check(len(rows) == 4 and rows[0][3] == rows[1][3], "the reset frees the old pool
 r = replay(reset_trace)
 check(r.get("allocs") == 2 and r.get("unmatched_frees") == 0 and
       r.get("peak_live_bytes") == 1 << 20, f"reset trace replayed: {r}")
+# The statistics keep the pool the reset took, though the next pool took
+# its place: each served one allocation, and each made one region.
+doc = json.load(open(reset_stats))
+check([(p["alive"], p["num_allocs"]) for p in doc["pools"]] == [(False, 1), (True, 1)],
+      f"reset stats: {[(p['alive'], p['num_allocs']) for p in doc['pools']]}")
+check(doc["driver_alloc_calls"] == 2 and doc.get("dead_pools_not_listed") == 0,
+      f"reset stats: {doc['driver_alloc_calls']} driver calls, "
+      f"{doc.get('dead_pools_not_listed')} not listed")
 
 # 8b. seventy contexts made and destroyed one after another (more than the
 #     trace's eight channels): every pool's events are recorded.
 churn_trace = os.path.join(work, "churn.csv")
-run("context-churn", program=driver_program, FAKECUDA_DEVICES="2", BFCSHIM_TRACE=churn_trace)
+churn_stats = os.path.join(work, "churn.json")
+run("context-churn", program=driver_program, FAKECUDA_DEVICES="2", BFCSHIM_TRACE=churn_trace,
+    BFCSHIM_STATS_FILE=churn_stats)
 actions = [l.split(",")[2] for l in open(churn_trace).read().splitlines()[1:]]
 check(actions.count("allocate") == 140 and actions.count("free") == 140,
       f"churn trace: {actions.count('allocate')} allocations, {actions.count('free')} frees")
 r = replay(churn_trace)
 check(r.get("allocs") == 140 and r.get("unmatched_frees") == 0, f"churn trace replayed: {r}")
+# Seventy dead pools: the first 64 that gave their place up and the last
+# one are listed, the other five counted.
+doc = json.load(open(churn_stats))
+check(len(doc["pools"]) == 65 and doc.get("dead_pools_not_listed") == 5 and
+      not any(p["alive"] for p in doc["pools"]) and
+      all(p["num_allocs"] == 2 for p in doc["pools"]),
+      f"churn stats: {len(doc['pools'])} pools listed, {doc.get('dead_pools_not_listed')} not")
 
 check.finish()
