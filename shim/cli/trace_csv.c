@@ -152,10 +152,19 @@ static bool push(trace *t, uint32_t kind, uint32_t slot, uint64_t size)
     return true;
 }
 
+/* The map's value for a zero-size allocation's pointer: nothing to place,
+ * but its free is matched (a driver may answer cuMemAlloc(0) with a
+ * pointer, and platform mode records what the driver gave). */
+#define ZERO_SIZE_SLOT UINT32_MAX
+
 static bool on_alloc(trace *t, uint64_t ptr, uint64_t size)
 {
     if (size == 0) {
         t->zero_size_allocs++;
+        if (ptr && ptr_map_reserve(&t->ptr_to_slot, 1)) {
+            ptr_map_take(&t->ptr_to_slot, ptr);
+            ptr_map_put(&t->ptr_to_slot, ptr, ZERO_SIZE_SLOT);
+        }
         return true;
     }
     if (ptr == 0)
@@ -165,7 +174,8 @@ static bool on_alloc(trace *t, uint64_t ptr, uint64_t size)
         return malformed(t, "more than 2^32 events");
     /* A still-live pointer: the trace lost the earlier block's free, so that
      * block stays live to the end and the pointer now names the new one. */
-    if (ptr_map_take(&t->ptr_to_slot, ptr))
+    uint64_t was = ptr_map_take(&t->ptr_to_slot, ptr);
+    if (was && was != ZERO_SIZE_SLOT)
         t->leaked_reuses++;
     if (!ptr_map_reserve(&t->ptr_to_slot, 1))
         return malformed(t, "out of host memory");
@@ -186,6 +196,8 @@ static bool on_free(trace *t, uint64_t ptr)
         t->unmatched_frees++;
         return true;
     }
+    if (e1 == ZERO_SIZE_SLOT)
+        return true;
     const trace_event *a = &t->ev[e1 - 1];
     t->frees++;
     t->live_bytes -= a->size;

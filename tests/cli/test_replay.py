@@ -142,7 +142,8 @@ def test_unmatched_and_failed_lines(d):
         row("allocate failure", "(nil)", 1 << 40),
         row("allocate", "0x100000", 8192),                 # lost free: leak
         row("free", "0x100000", 8192),
-        row("allocate", "0x200000", 0)])                   # zero size
+        row("allocate", "0x200000", 0),                    # zero size (platform mode
+        row("free", "0x200000", 0)])                       # records what a driver gave)
     (r,), p = replay_json(t)
     check(r["unmatched_frees"] == 1, f"unmatched_frees {r['unmatched_frees']}")
     check(r["trace_failed_allocs"] == 1, f"trace_failed_allocs {r['trace_failed_allocs']}")
