@@ -102,14 +102,21 @@ static uint64_t read_csv(const char *path, seen *s, uint64_t main_tid, const uin
     return lines;
 }
 
-static void producers_keep_order_across_buffers_and_flushes(void)
+/* A log writing DIR/trace.csv, DIR a fresh temporary folder named from
+ * the template dir. */
+static trace_log *open_in_temp_dir(char *dir, char *path, size_t len)
 {
-    char dir[] = "/tmp/test_trace_log.XXXXXX";
     REQUIRE(mkdtemp(dir));
-    char path[128];
-    snprintf(path, sizeof path, "%s/trace.csv", dir);
+    snprintf(path, len, "%s/trace.csv", dir);
     trace_log *log = trace_log_open(path);
     REQUIRE(log);
+    return log;
+}
+
+static void producers_keep_order_across_buffers_and_flushes(void)
+{
+    char dir[] = "/tmp/test_trace_log.XXXXXX", path[128];
+    trace_log *log = open_in_temp_dir(dir, path, sizeof path);
     trace_channel *ch[CHANNELS];
     for (int i = 0; i < CHANNELS; i++)
         REQUIRE((ch[i] = trace_log_channel_open(log)));
@@ -167,12 +174,8 @@ static void producers_keep_order_across_buffers_and_flushes(void)
  * recorded with its own stream. */
 static void closed_channels_open_again(void)
 {
-    char dir[] = "/tmp/test_trace_log.XXXXXX";
-    REQUIRE(mkdtemp(dir));
-    char path[128];
-    snprintf(path, sizeof path, "%s/trace.csv", dir);
-    trace_log *log = trace_log_open(path);
-    REQUIRE(log);
+    char dir[] = "/tmp/test_trace_log.XXXXXX", path[128];
+    trace_log *log = open_in_temp_dir(dir, path, sizeof path);
     enum { OPEN_AT_ONCE = 8, ROUNDS = 20 };
     trace_channel *ch[OPEN_AT_ONCE];
     for (int i = 0; i < OPEN_AT_ONCE; i++)
