@@ -346,11 +346,15 @@ shim_pool *pool_for_context(CUcontext ctx, bool create)
         if (sp && sp->ctx == ctx && !atomic_load(&sp->dead))
             found = sp;
     }
-    /* A new pool takes the first dead pool's slot, else a new one. */
+    /* A new pool takes the first dead pool's slot, else a new one. Not the
+     * slot of a pool over virtual memory whose granules are still to be
+     * given back: the thread destroying its context gives them back after
+     * the real call, and finds the pool in the registry (taken from it in
+     * between, the pool kept its granules for good). */
     size_t slot = n;
     for (size_t i = 0; i < n && slot == n && !found; i++) {
         shim_pool *sp = atomic_load(&registry[i]);
-        if (sp && atomic_load(&sp->dead))
+        if (sp && atomic_load(&sp->dead) && (!sp->vmm_granule || atomic_load(&sp->given_back)))
             slot = i;
     }
     if (!found && slot == MAX_POOLS) {

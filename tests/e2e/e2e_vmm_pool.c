@@ -15,6 +15,9 @@
  *              device as soon as its fence completes, without a trim
  *   ctxdestroy cuCtxDestroy does not free cuMemCreate's memory: the shim
  *              unmaps its pool's granules when the context goes
+ *   ctxdestroy-threads  the same in four threads at once: every dead
+ *              pool's granules are given back, even one whose registry slot
+ *              another thread's new pool took before the real call returned
  *   ctxdestroy-busy, reset-busy  the context goes (cuCtxDestroy; the
  *              primary's cuDevicePrimaryCtxReset) with work still queued on
  *              a pooled block: the driver finishes that work first, so the
@@ -149,6 +152,49 @@ static void ctxdestroy(void)
     CHECK_EQ(D.MemAlloc(&a, 10 * MiB), CUDA_SUCCESS);
     CHECK(fake_stats().bytes_in_use[0] >= before + 10 * MiB);
     CHECK_EQ(D.CtxDestroy(other), CUDA_SUCCESS); /* a leaks with its context */
+    CHECK_EQ(fake_stats().bytes_in_use[0], before);
+}
+
+static void short_kernel(void *arg)
+{
+    (void)arg;
+    nanosleep(&(struct timespec){.tv_nsec = 200 * 1000}, NULL);
+}
+
+/* One thread's share of ctxdestroy-threads: contexts made, used and
+ * destroyed one after another, each with a short kernel still queued (the
+ * driver finishes it inside cuCtxDestroy, so other threads go on meanwhile). */
+static void *context_churn(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < 100; i++) {
+        CUcontext c = NULL;
+        CUstream s = NULL;
+        CUdeviceptr a = 0;
+        if (D.CtxCreate(&c, NULL, 0, 0) != CUDA_SUCCESS || D.MemAlloc(&a, 3 * MiB) !=
+                                                               CUDA_SUCCESS ||
+            D.StreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS ||
+            fakecuda()->launch(s, short_kernel, NULL) != 0 || D.CtxDestroy(c) != CUDA_SUCCESS)
+            return (void *)1;
+    }
+    return NULL;
+}
+
+/* The same from four threads at once: a pool can die (in one thread's
+ * cuCtxDestroy) and lose its registry slot to another thread's new pool
+ * before its granules are given back after the real call. */
+static void ctxdestroy_threads(void)
+{
+    start();
+    const uint64_t before = fake_stats().bytes_in_use[0];
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++)
+        CHECK_EQ(pthread_create(&t[i], NULL, context_churn, NULL), 0);
+    for (int i = 0; i < 4; i++) {
+        void *failed = NULL;
+        pthread_join(t[i], &failed);
+        CHECK(failed == NULL);
+    }
     CHECK_EQ(fake_stats().bytes_in_use[0], before);
 }
 
@@ -382,6 +428,7 @@ int main(int argc, char **argv)
                      {"release", release},
                      {"threshold", threshold},
                      {"ctxdestroy", ctxdestroy},
+                     {"ctxdestroy-threads", ctxdestroy_threads},
                      {"ctxdestroy-busy", ctxdestroy_busy},
                      {"reset-busy", reset_busy},
                      {"peers", peers},
@@ -394,6 +441,6 @@ int main(int argc, char **argv)
             scenarios[i].fn();
             return e2e_done(s);
         }
-    fprintf(stderr, "usage: e2e_vmm_pool grow|release|threshold|ctxdestroy|ctxdestroy-busy|reset-busy|peers|peers-gone|capture|refused|off\n");
+    fprintf(stderr, "usage: e2e_vmm_pool grow|release|threshold|ctxdestroy|ctxdestroy-threads|ctxdestroy-busy|reset-busy|peers|peers-gone|capture|refused|off\n");
     return 2;
 }
