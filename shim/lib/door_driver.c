@@ -385,12 +385,24 @@ SHIM_EXPORT CUresult cuCtxDisablePeerAccess(CUcontext peer)
 
 SHIM_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
+    primary_lock();
     CUcontext ctx = real_active_primary(real_driver_get(), dev);
     pools_primary_gone(dev);
     CUresult r = PASS(DevicePrimaryCtxReset, dev);
     pools_give_back_forgotten();
     if (r == CUDA_SUCCESS)
         vmm_context_gone(ctx);
+    primary_unlock();
+    return r;
+}
+
+/* Only to take the primary contexts' lock (real.c): a retain must not slip
+ * in between another thread's release and its look at what remains. */
+SHIM_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
+{
+    primary_lock();
+    CUresult r = PASS(DevicePrimaryCtxRetain, ctx, dev);
+    primary_unlock();
     return r;
 }
 
@@ -414,9 +426,11 @@ SHIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     /* The last release destroys the primary context: learn its handle while
      * it is still alive, in case this is the last. */
     const real_driver *R = real_driver_get();
+    primary_lock();
     CUcontext ctx = real_active_primary(R, dev);
     CUresult r = PASS(DevicePrimaryCtxRelease, dev);
     after_primary_release(R, dev, ctx, r);
+    primary_unlock();
     return r;
 }
 
@@ -426,7 +440,9 @@ SHIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 SHIM_EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *g, CUdevResourceDesc desc, CUdevice dev,
                                       unsigned flags)
 {
+    primary_lock(); /* it retains the primary context */
     CUresult r = PASS(GreenCtxCreate, g, desc, dev, flags);
+    primary_unlock();
     if (r == CUDA_SUCCESS && g)
         green_created(*g, dev);
     return r;
@@ -437,10 +453,12 @@ SHIM_EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx g)
     /* It releases the primary context it retained: maybe the last. */
     const real_driver *R = real_driver_get();
     int dev = green_destroying(g);
+    primary_lock();
     CUcontext ctx = dev >= 0 ? real_active_primary(R, dev) : NULL;
     CUresult r = PASS(GreenCtxDestroy, g);
     if (dev >= 0)
         after_primary_release(R, dev, ctx, r);
+    primary_unlock();
     return r;
 }
 

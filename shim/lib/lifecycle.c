@@ -34,6 +34,7 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static void before_fork(void)
 {
     pools_lock_for_fork(true);
+    primary_lock();
     streams_lock();
     platform_lock_for_fork(true);
 }
@@ -42,6 +43,7 @@ static void after_fork_parent(void)
 {
     platform_lock_for_fork(false);
     streams_unlock();
+    primary_unlock();
     pools_lock_for_fork(false);
 }
 
@@ -49,6 +51,7 @@ static void after_fork_child(void)
 {
     platform_lock_for_fork(false);
     streams_unlock();
+    primary_unlock();
     pools_lock_for_fork(false);
     record_after_fork_child();
     if (pools_count() > 0)

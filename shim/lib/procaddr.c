@@ -57,6 +57,7 @@ static hook hooks[] = {
     H(cuMemPoolGetAttribute),
     H(cuMemPoolSetAttribute),
     H(cuMemPoolTrimTo),
+    H(cuDevicePrimaryCtxRetain),
     H(cuDevicePrimaryCtxReset_v2),
     H(cuDevicePrimaryCtxRelease_v2),
     H(cuGetProcAddress),

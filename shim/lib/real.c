@@ -13,6 +13,7 @@
  * reach us through the driver door.
  */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "shim.h"
@@ -151,17 +152,49 @@ void real_ctx_leave(const real_driver *R, bool pushed)
         R->CtxPopCurrent(&popped);
 }
 
+/*
+ * Primary contexts are retained, released and reset one call at a time, the
+ * program's calls and the shim's own alike. A release learns whether it was
+ * the last (the context then went, and its pool must go) by asking the
+ * driver after the call. A retain by another thread in between would make
+ * a new context under the same handle: the answer would be "active", and
+ * the old pool, whose regions went with the old context, would serve the
+ * new one (e2e_driver primary-churn). The shim's own retain and release
+ * below could likewise be a last release that nobody sees. Reentrant (the
+ * hooks that hold it call real_active_primary) by a depth count of the
+ * thread's own rather than a recursive mutex, which a forked child could
+ * not unlock: its copy of the forking thread has another thread id.
+ */
+static pthread_mutex_t primary_mutex = PTHREAD_MUTEX_INITIALIZER;
+static _Thread_local unsigned primary_depth __attribute__((tls_model("initial-exec")));
+
+void primary_lock(void)
+{
+    if (primary_depth++ == 0)
+        pthread_mutex_lock(&primary_mutex);
+}
+
+void primary_unlock(void)
+{
+    if (--primary_depth == 0)
+        pthread_mutex_unlock(&primary_mutex);
+}
+
 CUcontext real_active_primary(const real_driver *R, CUdevice dev)
 {
     unsigned flags = 0;
     int active = 0;
     CUcontext ctx = NULL;
     if (!R || !R->DevicePrimaryCtxGetState || !R->DevicePrimaryCtxRetain ||
-        !R->DevicePrimaryCtxRelease ||
-        R->DevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS || !active ||
-        R->DevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS)
+        !R->DevicePrimaryCtxRelease)
         return NULL;
-    R->DevicePrimaryCtxRelease(dev);
+    primary_lock();
+    if (R->DevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && active &&
+        R->DevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS)
+        R->DevicePrimaryCtxRelease(dev);
+    else
+        ctx = NULL;
+    primary_unlock();
     return ctx;
 }
 

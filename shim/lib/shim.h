@@ -196,6 +196,10 @@ void real_ctx_leave(const real_driver *R, bool pushed);
 /* The handle of dev's primary context while it is active, else NULL:
  * retaining it to learn the handle would create it when it is not. */
 CUcontext real_active_primary(const real_driver *R, CUdevice dev);
+/* Held around every retain, release and reset of a primary context (real.c
+ * says why); taken after the pool registry's lock, before a pool's. */
+void primary_lock(void);
+void primary_unlock(void);
 
 /* The real dlsym (the override in dlsym_hook.c forwards to it). */
 void *real_dlsym(void *handle, const char *symbol);

@@ -18,6 +18,7 @@ static struct {
     CUresult (*DeviceGetAttribute)(int *, CUdevice_attribute, CUdevice);
     CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
     CUresult (*DevicePrimaryCtxReset)(CUdevice);
+    CUresult (*DevicePrimaryCtxRelease)(CUdevice);
     CUresult (*CtxSetCurrent)(CUcontext);
     CUresult (*CtxCreate)(CUcontext *, CUctxCreateParams *, unsigned, CUdevice);
     CUresult (*CtxDestroy)(CUcontext);
@@ -71,6 +72,7 @@ static inline void e2e_cu_load(void)
     E2E_CU(DeviceGetAttribute, "cuDeviceGetAttribute");
     E2E_CU(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
     E2E_CU(DevicePrimaryCtxReset, "cuDevicePrimaryCtxReset_v2");
+    E2E_CU(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2");
     E2E_CU(CtxSetCurrent, "cuCtxSetCurrent");
     E2E_CU(CtxCreate, "cuCtxCreate_v4");
     E2E_CU(CtxDestroy, "cuCtxDestroy_v2");

@@ -10,6 +10,11 @@
  *               every one gets a pool (dead pools give their place up)
  *   async       cuMemAllocAsync / cuMemFreeAsync with stream-ordered reuse
  *   hooks-off   BFCSHIM_DRIVER_HOOKS=0: the driver door stays closed
+ *   primary-release  the primary context's last cuDevicePrimaryCtxRelease
+ *               destroys it and its pool; a retain after it gets a new pool
+ *   primary-churn  four threads retain the primary context, allocate, free
+ *               and release it, again and again: every block lies in a
+ *               region the driver still has
  *   platform-zero  platform mode counts a 0-byte allocation a driver answered
  *               with a pointer as 0 bytes in use, before and after its free
  *   fake-lifetime  (driver door closed: the fake itself) cuCtxDestroy and a
@@ -182,6 +187,67 @@ static void context_churn(void)
         CHECK_EQ(D.CtxDestroy(c), CUDA_SUCCESS);
     }
     CHECK_EQ(shim_log_lines(NULL, 0), 0);
+}
+
+/* The primary context's last release destroys it; the next retain makes
+ * a new one, under the same handle. */
+static void primary_release(void)
+{
+    CHECK_EQ(D.Init(0), CUDA_SUCCESS);
+    CUcontext ctx = NULL, again = NULL;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(ctx), CUDA_SUCCESS);
+    CUdeviceptr a = alloc_ok(MiB);
+    fill((void *)(uintptr_t)a, MiB, 1);
+    CHECK_EQ(fake_stats().bytes_in_use[0], LIMIT);
+    CHECK_EQ(D.DevicePrimaryCtxRelease(0), CUDA_SUCCESS); /* the region went with it */
+    CHECK_EQ(fake_stats().bytes_in_use[0], 0);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&again, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(again), CUDA_SUCCESS);
+    CUdeviceptr b = alloc_ok(MiB); /* from a new pool, in a new region */
+    CHECK_EQ(fake_stats().bytes_in_use[0], LIMIT);
+    fill((void *)(uintptr_t)b, MiB, 2);
+    CHECK(holds((void *)(uintptr_t)b, MiB, 2));
+    CHECK_EQ(D.MemFree(b), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().bytes_in_use[0], 0);
+    CHECK_EQ(shim_log_lines(NULL, 0), 0);
+}
+
+/* Threads that each retain the primary context, use a block and release
+ * the context: whenever the last release destroys it, the next retain
+ * makes a new one under the same handle, and its blocks must come from a
+ * region of the new context. */
+static void *primary_user(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < 300; i++) {
+        CUcontext ctx = NULL;
+        CUdeviceptr p = 0;
+        if (D.DevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS ||
+            D.CtxSetCurrent(ctx) != CUDA_SUCCESS || D.MemAlloc(&p, MiB) != CUDA_SUCCESS)
+            return (void *)1;
+        if (!fakecuda()->is_device_pointer(p))
+            return (void *)2; /* a block of a region the driver no longer has */
+        if (D.MemFree(p) != CUDA_SUCCESS || D.CtxSetCurrent(NULL) != CUDA_SUCCESS ||
+            D.DevicePrimaryCtxRelease(0) != CUDA_SUCCESS)
+            return (void *)3;
+    }
+    return NULL;
+}
+
+static void primary_churn(void)
+{
+    CHECK_EQ(D.Init(0), CUDA_SUCCESS);
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++)
+        CHECK_EQ(pthread_create(&t[i], NULL, primary_user, NULL), 0);
+    for (int i = 0; i < 4; i++) {
+        void *why = NULL;
+        pthread_join(t[i], &why);
+        CHECK_EQ((uintptr_t)why, 0);
+    }
+    CHECK_EQ(fake_stats().bytes_in_use[0], 0);
 }
 
 static void async(void)
@@ -608,6 +674,7 @@ int main(int argc, char **argv)
         {"basic", basic}, {"badinput", badinput}, {"contexts", contexts},
         {"async", async}, {"hooks-off", hooks_off}, {"platform-zero", platform_zero},
         {"context-churn", context_churn}, {"fake-lifetime", fake_lifetime},
+        {"primary-release", primary_release}, {"primary-churn", primary_churn},
         {"fake-pools", fake_pools}, {"before-init", before_init},
         {"fake-per-thread-streams", fake_per_thread_streams},
         {"fake-legacy-sync", fake_legacy_sync},
