@@ -355,11 +355,24 @@ SHIM_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 
 SHIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
-    pools_context_gone(ctx);
+    /* A created context's pool is forgotten before the call, so that no new
+     * context under the same handle can meet it. A primary context is
+     * refused (CUDA_ERROR_INVALID_CONTEXT: its life is the primary calls')
+     * and lives on with its pool; should a driver destroy it after all, its
+     * pool goes after the call, the retains held off meanwhile. */
+    bool primary = pools_context_is_primary(ctx);
+    if (primary)
+        primary_lock();
+    else
+        pools_context_gone(ctx);
     CUresult r = PASS(CtxDestroy, ctx);
+    if (primary && r == CUDA_SUCCESS)
+        pools_context_gone(ctx);
     pools_give_back_forgotten();
     if (r == CUDA_SUCCESS)
         vmm_context_gone(ctx); /* the peer access it enabled went with it */
+    if (primary)
+        primary_unlock();
     return r;
 }
 

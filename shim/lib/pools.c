@@ -431,6 +431,16 @@ static bool primary_of(const shim_pool *sp, const void *arg)
     return sp->primary && sp->dev == *(const CUdevice *)arg;
 }
 
+bool pools_context_is_primary(CUcontext ctx)
+{
+    for (size_t i = 0, n = atomic_load(&npools); i < n; i++) {
+        shim_pool *sp = atomic_load(&registry[i]);
+        if (sp && !atomic_load(&sp->dead) && sp->ctx == ctx)
+            return sp->primary;
+    }
+    return false;
+}
+
 void pools_context_gone(CUcontext ctx)
 {
     forget_if(same_ctx, &ctx);

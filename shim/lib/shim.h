@@ -309,6 +309,8 @@ shim_pool *pool_owning(CUdeviceptr addr);
 /* A context is about to go away (destroy, reset, last primary release):
  * forget its pool (its memory goes with it) and its streams. */
 void pools_context_gone(CUcontext ctx);
+/* Is ctx the primary context of a live pool? */
+bool pools_context_is_primary(CUcontext ctx);
 /* The same for the device's primary context, if it is active. */
 void pools_primary_gone(CUdevice dev);
 /* After the real destroy or reset returned: the forgotten pools over virtual

@@ -12,6 +12,8 @@
  *   hooks-off   BFCSHIM_DRIVER_HOOKS=0: the driver door stays closed
  *   primary-release  the primary context's last cuDevicePrimaryCtxRelease
  *               destroys it and its pool; a retain after it gets a new pool
+ *   destroy-primary  cuCtxDestroy on the primary context is refused, and
+ *               the pool and its blocks stay
  *   primary-churn  four threads retain the primary context, allocate, free
  *               and release it, again and again: every block lies in a
  *               region the driver still has
@@ -211,6 +213,26 @@ static void primary_release(void)
     CHECK_EQ(D.MemFree(b), CUDA_SUCCESS);
     CHECK_EQ(D.DevicePrimaryCtxRelease(0), CUDA_SUCCESS);
     CHECK_EQ(fake_stats().bytes_in_use[0], 0);
+    CHECK_EQ(shim_log_lines(NULL, 0), 0);
+}
+
+/* cuCtxDestroy refuses a primary context (the fake, as CUDA_ERROR_INVALID_
+ * CONTEXT): the context lives on, and so must its pool and its blocks. */
+static void destroy_primary(void)
+{
+    start(0);
+    CUcontext primary = NULL;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&primary, 0), CUDA_SUCCESS);
+    CUdeviceptr a = alloc_ok(MiB);
+    fill((void *)(uintptr_t)a, MiB, 7);
+    fakecuda_stats s0 = fake_stats();
+    CHECK_EQ(D.CtxDestroy(primary), CUDA_ERROR_INVALID_CONTEXT);
+    CHECK(holds((void *)(uintptr_t)a, MiB, 7));
+    CUdeviceptr b = alloc_ok(MiB); /* the same pool: no second region */
+    CHECK_EQ(fake_stats().mem_alloc_calls, s0.mem_alloc_calls);
+    CHECK_EQ(fake_stats().bytes_in_use[0], LIMIT);
+    CHECK_EQ(D.MemFree(a), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(b), CUDA_SUCCESS);
     CHECK_EQ(shim_log_lines(NULL, 0), 0);
 }
 
@@ -675,6 +697,7 @@ int main(int argc, char **argv)
         {"async", async}, {"hooks-off", hooks_off}, {"platform-zero", platform_zero},
         {"context-churn", context_churn}, {"fake-lifetime", fake_lifetime},
         {"primary-release", primary_release}, {"primary-churn", primary_churn},
+        {"destroy-primary", destroy_primary},
         {"fake-pools", fake_pools}, {"before-init", before_init},
         {"fake-per-thread-streams", fake_per_thread_streams},
         {"fake-legacy-sync", fake_legacy_sync},
