@@ -32,6 +32,8 @@
  *                    with cuMemGetAddressRange (the block, not the region);
  *                    its context is the current one and it is not legacy-IPC
  *                    capable (the shim refuses the handle)
+ *   destroy-primary  cuCtxDestroy on the primary context: the driver's answer
+ *                    printed; refused, the pool and its blocks stay
  *   vmm-ptr-attr     what the driver answers for a mapped and a reserved
  *                    address of the virtual memory API, printed (the fake
  *                    answers as it reads cuda.h; this checks it)
@@ -468,6 +470,44 @@ static void first_malloc(void)
     CHECK(e == cudaErrorNotSupported);
     cudaGetLastError();
     CUDA_OK(cudaFree(p));
+}
+
+/* cuCtxDestroy on the primary context: what the driver answers (the fake
+ * refuses it with CUDA_ERROR_INVALID_CONTEXT), and the pool must stay with
+ * the context as long as the context lives: a block made before still holds
+ * its pattern, and one made after comes from the same pool. */
+static void destroy_primary(void)
+{
+    auto retain = (decltype(&cuDevicePrimaryCtxRetain))driver_fn("cuDevicePrimaryCtxRetain");
+    auto release = (decltype(&cuDevicePrimaryCtxRelease))driver_fn("cuDevicePrimaryCtxRelease_v2");
+    auto destroy = (decltype(&cuCtxDestroy))driver_fn("cuCtxDestroy_v2");
+    auto stats = (size_t (*)(char *, size_t))dlsym(RTLD_DEFAULT, "bfcshim_stats_json");
+    CHECK(retain && release && destroy && stats);
+    if (!retain || !release || !destroy || !stats)
+        return;
+    unsigned *p = NULL, *q = NULL;
+    CUDA_OK(cudaMalloc((void **)&p, 1 << 20));
+    fill<<<64, 256>>>(p, (1 << 20) / 4, 9u, 0);
+    CUDA_OK(cudaDeviceSynchronize());
+    CUcontext primary = NULL;
+    CHECK(retain(&primary, 0) == CUDA_SUCCESS);
+    CUresult r = destroy(primary);
+    printf("  cuCtxDestroy of the primary context: %d (the fake: %d)\n", (int)r,
+           (int)CUDA_ERROR_INVALID_CONTEXT);
+    if (r != CUDA_SUCCESS) {
+        CHECK(count_bad_n(p, (1 << 20) / 4, 9u) == 0);
+        CUDA_OK(cudaMalloc((void **)&q, 1 << 20));
+        static char doc[1 << 16];
+        stats(doc, sizeof doc);
+        int alive = 0;
+        for (const char *at = doc; (at = strstr(at, "\"alive\": true")); at++)
+            alive++;
+        printf("  pools alive after it: %d\n", alive);
+        CHECK(alive == 1);
+        CUDA_OK(cudaFree(q));
+        CUDA_OK(cudaFree(p));
+        CHECK(release(0) == CUDA_SUCCESS);
+    }
 }
 
 static void ptr_attr(void)
@@ -1219,6 +1259,7 @@ int main(int argc, char **argv)
         {"capture-pending", capture_pending},
         {"reset", reset},             {"first-malloc", first_malloc},
         {"ptr-attr", ptr_attr},       {"vmm-ptr-attr", vmm_ptr_attr},
+        {"destroy-primary", destroy_primary},
         {"global-capture", global_capture},
         {"ptds-capture", ptds_capture},
         {"reset-running", reset_running},
