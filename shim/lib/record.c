@@ -25,6 +25,9 @@
 
 enum { UNOPENED, OPEN, OFF };
 
+/* How long a context's destruction waits for its pool to record its end. */
+enum { DETACH_WAIT_MS = 5000 };
+
 static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
 static atomic_int state;
 static _Atomic(trace_log *) active;
@@ -126,7 +129,14 @@ void record_detach(shim_pool *sp)
 {
     if (!atomic_load(&sp->trace))
         return;
-    bfc_pool_lock(sp->bfc);
+    /* Another thread may hold the pool while it waits for the GPU, which
+     * can take a while, or for ever (a kernel that never ends): the context
+     * must still be allowed to go. Given up, the pool keeps its channel. */
+    if (!bfc_pool_lock_within(sp->bfc, DETACH_WAIT_MS)) {
+        shim_log(LOG_WARN, "BFCSHIM_TRACE: device %d's pool was busy when its context went; "
+                           "its last events are not in the trace", (int)sp->dev);
+        return;
+    }
     trace_channel *c = atomic_exchange(&sp->trace, NULL);
     if (c) {
         bfc_pool_visit_locked(sp->bfc, free_if_live, c);

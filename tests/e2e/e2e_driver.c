@@ -12,6 +12,10 @@
  *   hooks-off   BFCSHIM_DRIVER_HOOKS=0: the driver door stays closed
  *   primary-release  the primary context's last cuDevicePrimaryCtxRelease
  *               destroys it and its pool; a retain after it gets a new pool
+ *   destroy-busy  (BFCSHIM_TRACE) a created context is destroyed while a
+ *               thread waits inside its pool, behind a kernel that never
+ *               ends: the destroy returns (the trace gives that pool's last
+ *               events up, with one warning)
  *   destroy-primary  cuCtxDestroy on the primary context is refused, and
  *               the pool and its blocks stay
  *   primary-churn  four threads retain the primary context, allocate, free
@@ -57,6 +61,7 @@
  */
 #include <cuda.h>
 #include <dlfcn.h>
+#include <stdatomic.h>
 
 #include "e2e_cu.h"
 
@@ -234,6 +239,48 @@ static void destroy_primary(void)
     CHECK_EQ(D.MemFree(a), CUDA_SUCCESS);
     CHECK_EQ(D.MemFree(b), CUDA_SUCCESS);
     CHECK_EQ(shim_log_lines(NULL, 0), 0);
+}
+
+/* destroy-busy: a thread of a created context leaves one hole, frees it
+ * behind a kernel that never ends and asks for it again: it waits inside
+ * the pool, holding it, for good. */
+static CUcontext busy_ctx;
+static atomic_int busy_waiting;
+
+static void *busy_allocator(void *arg)
+{
+    (void)arg;
+    CUstream s;
+    CUdeviceptr p = 0, filler = 0, q = 0;
+    if (D.CtxSetCurrent(busy_ctx) != CUDA_SUCCESS ||
+        D.StreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS ||
+        D.MemAlloc(&p, MiB) != CUDA_SUCCESS || D.MemAlloc(&filler, LIMIT - MiB - MiB / 2) !=
+                                                   CUDA_SUCCESS)
+        return NULL;
+    fakecuda()->launch_stuck(s);
+    D.MemFree(p);
+    atomic_store(&busy_waiting, 1);
+    D.MemAlloc(&q, MiB); /* waits for the kernel */
+    return NULL;
+}
+
+/* The context is destroyed meanwhile, with BFCSHIM_TRACE set: recording the
+ * pool's end must not wait for the held pool for good. */
+static void destroy_busy(void)
+{
+    CHECK_EQ(D.Init(0), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxCreate(&busy_ctx, NULL, 0, 0), CUDA_SUCCESS);
+    pthread_t t;
+    CHECK_EQ(pthread_create(&t, NULL, busy_allocator, NULL), 0);
+    for (int i = 0; i < 500 && !(atomic_load(&busy_waiting) &&
+                                 fake_stats().event_synchronize_calls > 0); i++)
+        usleep(10000);
+    CHECK(atomic_load(&busy_waiting) && fake_stats().event_synchronize_calls > 0);
+    usleep(50000);
+    alarm(30); /* a hang fails the test here */
+    CHECK_EQ(D.CtxDestroy(busy_ctx), CUDA_SUCCESS);
+    CHECK_ONE_LOG_LINE("was busy when its context went");
+    pthread_join(t, NULL); /* the destroy dropped the kernel; the wait ends */
 }
 
 /* Threads that each retain the primary context, use a block and release
@@ -697,7 +744,7 @@ int main(int argc, char **argv)
         {"async", async}, {"hooks-off", hooks_off}, {"platform-zero", platform_zero},
         {"context-churn", context_churn}, {"fake-lifetime", fake_lifetime},
         {"primary-release", primary_release}, {"primary-churn", primary_churn},
-        {"destroy-primary", destroy_primary},
+        {"destroy-primary", destroy_primary}, {"destroy-busy", destroy_busy},
         {"fake-pools", fake_pools}, {"before-init", before_init},
         {"fake-per-thread-streams", fake_per_thread_streams},
         {"fake-legacy-sync", fake_legacy_sync},
