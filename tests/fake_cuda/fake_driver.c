@@ -1350,6 +1350,10 @@ static void kill_ctx(fctx *c)
     destroy_ctx_memory(c);
     peers_forget(c);
     c->alive = false;
+    /* A host thread waiting behind the work just dropped (a kernel that
+     * never ends) returns now; woken only by the callbacks above, it could
+     * look before the drop and wait for good. */
+    pthread_cond_broadcast(&G.stuck_cond);
 }
 
 /* Lock held: drops the allocations of a context, as CUDA does when it goes.
