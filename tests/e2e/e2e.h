@@ -93,6 +93,27 @@ static inline void e2e_phase_wait(e2e_phase *p, int phase)
     pthread_mutex_unlock(&p->lock);
 }
 
+/* Runs fn in n threads at once (n <= 16) and counts, as a failed check,
+ * each that returned non-NULL (CHECK is not thread-safe: a thread says what
+ * went wrong by its result). */
+static inline void e2e_run_threads(int n, void *(*fn)(void *))
+{
+    pthread_t t[16];
+    int started = 0;
+    for (; started < n && started < 16; started++)
+        if (pthread_create(&t[started], NULL, fn, NULL) != 0)
+            break;
+    CHECK_EQ(started, n);
+    for (int i = 0; i < started; i++) {
+        void *why = NULL;
+        pthread_join(t[i], &why);
+        if (why) {
+            fprintf(stderr, "thread %d of %d failed (%p)\n", i, n, why);
+            e2e_failures++;
+        }
+    }
+}
+
 /* libcuda.so.1 opened the way XLA and Numba open it (dlopen, never linked),
  * or exit 1. */
 static inline void *e2e_open_libcuda(void)

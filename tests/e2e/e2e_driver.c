@@ -308,14 +308,7 @@ static void *primary_user(void *arg)
 static void primary_churn(void)
 {
     CHECK_EQ(D.Init(0), CUDA_SUCCESS);
-    pthread_t t[4];
-    for (int i = 0; i < 4; i++)
-        CHECK_EQ(pthread_create(&t[i], NULL, primary_user, NULL), 0);
-    for (int i = 0; i < 4; i++) {
-        void *why = NULL;
-        pthread_join(t[i], &why);
-        CHECK_EQ((uintptr_t)why, 0);
-    }
+    e2e_run_threads(4, primary_user);
     CHECK_EQ(fake_stats().bytes_in_use[0], 0);
 }
 

@@ -187,14 +187,7 @@ static void ctxdestroy_threads(void)
 {
     start();
     const uint64_t before = fake_stats().bytes_in_use[0];
-    pthread_t t[4];
-    for (int i = 0; i < 4; i++)
-        CHECK_EQ(pthread_create(&t[i], NULL, context_churn, NULL), 0);
-    for (int i = 0; i < 4; i++) {
-        void *failed = NULL;
-        pthread_join(t[i], &failed);
-        CHECK(failed == NULL);
-    }
+    e2e_run_threads(4, context_churn);
     CHECK_EQ(fake_stats().bytes_in_use[0], before);
 }
 
