@@ -34,7 +34,6 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static void before_fork(void)
 {
     pools_lock_for_fork(true);
-    primary_lock();
     streams_lock();
     platform_lock_for_fork(true);
 }
@@ -43,7 +42,6 @@ static void after_fork_parent(void)
 {
     platform_lock_for_fork(false);
     streams_unlock();
-    primary_unlock();
     pools_lock_for_fork(false);
 }
 
@@ -51,8 +49,8 @@ static void after_fork_child(void)
 {
     platform_lock_for_fork(false);
     streams_unlock();
-    primary_unlock();
     pools_lock_for_fork(false);
+    primary_lock_after_fork_child();
     record_after_fork_child();
     if (pools_count() > 0)
         atomic_store(&shim_forked_child, true);

@@ -234,8 +234,8 @@ static void install_plan(shim_pool *sp, const char *path, uint64_t granularity)
     plan_file_free(&plan);
 }
 
-/* ctx is current. */
-static shim_pool *create_pool(const real_driver *R, CUcontext ctx)
+/* ctx is current; `primary`: it is its device's primary context. */
+static shim_pool *create_pool(const real_driver *R, CUcontext ctx, bool primary)
 {
     const shim_config *cfg = shim_config_get();
     CUdevice dev = 0;
@@ -263,7 +263,7 @@ static shim_pool *create_pool(const real_driver *R, CUcontext ctx)
     sp->dev = dev;
     sp->total_memory = total;
     sp->limit = limit;
-    sp->primary = is_primary(R, ctx, dev);
+    sp->primary = primary;
     pthread_mutex_init(&sp->lanes_lock, NULL);
     pthread_mutex_init(&sp->stand_in_lock, NULL);
     pthread_mutex_init(&sp->peers_lock, NULL);
@@ -338,6 +338,15 @@ shim_pool *pool_for_context(CUcontext ctx, bool create)
     const real_driver *R = real_driver_get();
     if (!create || !R || !ctx)
         return NULL;
+    /* Whether ctx is primary is learnt before the registry's lock: learning
+     * it takes the primary contexts' lock (real.c), which a hook holds
+     * while the driver runs queued work, and work that forks takes the
+     * registry's lock in the fork handler: after the primary lock there,
+     * so never before it here. */
+    bool pushed = real_ctx_enter(R, ctx);
+    CUdevice dev = 0;
+    bool primary = R->CtxGetDevice(&dev) == CUDA_SUCCESS && is_primary(R, ctx, dev);
+    real_ctx_leave(R, pushed);
     pthread_mutex_lock(&reg_lock);
     shim_pool *found = NULL;
     n = atomic_load(&npools);
@@ -363,8 +372,8 @@ shim_pool *pool_for_context(CUcontext ctx, bool create)
                                        "in the others pass through unpooled", MAX_POOLS);
     } else if (!found) {
         /* The pool's context must be current while it is set up. */
-        bool pushed = real_ctx_enter(R, ctx);
-        found = create_pool(R, ctx);
+        pushed = real_ctx_enter(R, ctx);
+        found = create_pool(R, ctx, primary);
         real_ctx_leave(R, pushed);
         if (found) {
             found->serial = next_serial++;

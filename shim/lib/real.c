@@ -162,8 +162,10 @@ void real_ctx_leave(const real_driver *R, bool pushed)
  * new one (e2e_driver primary-churn). The shim's own retain and release
  * below could likewise be a last release that nobody sees. Reentrant (the
  * hooks that hold it call real_active_primary) by a depth count of the
- * thread's own rather than a recursive mutex, which a forked child could
- * not unlock: its copy of the forking thread has another thread id.
+ * thread's own. Not taken around fork: the call it guards runs queued work,
+ * and work that forks (a host function, or the fake's inline callbacks)
+ * would take the registry's lock after it, where pool creation takes them
+ * the other way. A forked child gets a fresh one instead.
  */
 static pthread_mutex_t primary_mutex = PTHREAD_MUTEX_INITIALIZER;
 static _Thread_local unsigned primary_depth __attribute__((tls_model("initial-exec")));
@@ -178,6 +180,15 @@ void primary_unlock(void)
 {
     if (--primary_depth == 0)
         pthread_mutex_unlock(&primary_mutex);
+}
+
+void primary_lock_after_fork_child(void)
+{
+    /* Another thread of the parent may have held it: it has no copy here.
+     * Forked inside a hook that holds it, this thread will release it. */
+    pthread_mutex_init(&primary_mutex, NULL);
+    if (primary_depth)
+        pthread_mutex_lock(&primary_mutex);
 }
 
 CUcontext real_active_primary(const real_driver *R, CUdevice dev)

@@ -197,9 +197,11 @@ void real_ctx_leave(const real_driver *R, bool pushed);
  * retaining it to learn the handle would create it when it is not. */
 CUcontext real_active_primary(const real_driver *R, CUdevice dev);
 /* Held around every retain, release and reset of a primary context (real.c
- * says why); taken after the pool registry's lock, before a pool's. */
+ * says why); never taken with the pool registry's lock held, taken before a
+ * pool's; not held across fork (a forked child gets a fresh one). */
 void primary_lock(void);
 void primary_unlock(void);
+void primary_lock_after_fork_child(void);
 
 /* The real dlsym (the override in dlsym_hook.c forwards to it). */
 void *real_dlsym(void *handle, const char *symbol);
