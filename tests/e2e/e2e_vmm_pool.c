@@ -18,6 +18,8 @@
  *   ctxdestroy-threads  the same in four threads at once: every dead
  *              pool's granules are given back, even one whose registry slot
  *              another thread's new pool took before the real call returned
+ *              (traced, so that dying pools hand their trace channels to new
+ *              ones across threads: for TSan)
  *   ctxdestroy-busy, reset-busy  the context goes (cuCtxDestroy; the
  *              primary's cuDevicePrimaryCtxReset) with work still queued on
  *              a pooled block: the driver finishes that work first, so the
