@@ -234,14 +234,13 @@ static void install_plan(shim_pool *sp, const char *path, uint64_t granularity)
     plan_file_free(&plan);
 }
 
-/* ctx is current; `primary`: it is its device's primary context. */
-static shim_pool *create_pool(const real_driver *R, CUcontext ctx, bool primary)
+/* ctx, a context of dev, is current; `primary`: it is dev's primary
+ * context. */
+static shim_pool *create_pool(const real_driver *R, CUcontext ctx, CUdevice dev, bool primary)
 {
     const shim_config *cfg = shim_config_get();
-    CUdevice dev = 0;
     size_t total = 0;
-    if (R->CtxGetDevice(&dev) != CUDA_SUCCESS || R->DeviceTotalMem(&total, dev) != CUDA_SUCCESS ||
-        total == 0)
+    if (R->DeviceTotalMem(&total, dev) != CUDA_SUCCESS || total == 0)
         return NULL;
     /* A context can be current and dead: after cudaDeviceReset the primary
      * context stays current, inactive, until the runtime's next call revives
@@ -326,35 +325,41 @@ static shim_pool *create_pool(const real_driver *R, CUcontext ctx, bool primary)
     return sp;
 }
 
-shim_pool *pool_for_context(CUcontext ctx, bool create)
+/* The live pool of ctx, or NULL; no lock (the registry's entries are
+ * atomic, and a pool is never freed). */
+static shim_pool *live_pool_of(CUcontext ctx)
 {
-    ctx = green_canonical(ctx); /* a green context allocates its primary's memory */
-    size_t n = atomic_load(&npools);
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0, n = atomic_load(&npools); i < n; i++) {
         shim_pool *sp = atomic_load(&registry[i]);
         if (sp && sp->ctx == ctx && !atomic_load(&sp->dead))
             return sp;
     }
+    return NULL;
+}
+
+shim_pool *pool_for_context(CUcontext ctx, bool create)
+{
+    ctx = green_canonical(ctx); /* a green context allocates its primary's memory */
+    shim_pool *found = live_pool_of(ctx);
     const real_driver *R = real_driver_get();
-    if (!create || !R || !ctx)
-        return NULL;
-    /* Whether ctx is primary is learnt before the registry's lock: learning
-     * it takes the primary contexts' lock (real.c), which a hook holds
-     * while the driver runs queued work, and work that forks takes the
-     * registry's lock in the fork handler: after the primary lock there,
-     * so never before it here. */
+    if (found || !create || !R || !ctx)
+        return found;
+    /* The pool's context must be current while it is set up. Whether it is
+     * primary is learnt before the registry's lock: learning it takes the
+     * primary contexts' lock (real.c), which a hook holds while the driver
+     * runs queued work, and work that forks takes the registry's lock in
+     * the fork handler: after the primary lock there, so never before it
+     * here. */
     bool pushed = real_ctx_enter(R, ctx);
     CUdevice dev = 0;
-    bool primary = R->CtxGetDevice(&dev) == CUDA_SUCCESS && is_primary(R, ctx, dev);
-    real_ctx_leave(R, pushed);
-    pthread_mutex_lock(&reg_lock);
-    shim_pool *found = NULL;
-    n = atomic_load(&npools);
-    for (size_t i = 0; i < n && !found; i++) {
-        shim_pool *sp = atomic_load(&registry[i]);
-        if (sp && sp->ctx == ctx && !atomic_load(&sp->dead))
-            found = sp;
+    if (R->CtxGetDevice(&dev) != CUDA_SUCCESS) {
+        real_ctx_leave(R, pushed);
+        return NULL;
     }
+    bool primary = is_primary(R, ctx, dev);
+    pthread_mutex_lock(&reg_lock);
+    found = live_pool_of(ctx);
+    size_t n = atomic_load(&npools);
     /* A new pool takes the first dead pool's slot, else a new one. Not the
      * slot of a pool over virtual memory whose granules are still to be
      * given back: the thread destroying its context gives them back after
@@ -371,10 +376,7 @@ shim_pool *pool_for_context(CUcontext ctx, bool create)
         shim_log_once(&said, LOG_WARN, "more than %d CUDA contexts alive at once: allocations "
                                        "in the others pass through unpooled", MAX_POOLS);
     } else if (!found) {
-        /* The pool's context must be current while it is set up. */
-        pushed = real_ctx_enter(R, ctx);
-        found = create_pool(R, ctx, primary);
-        real_ctx_leave(R, pushed);
+        found = create_pool(R, ctx, dev, primary);
         if (found) {
             found->serial = next_serial++;
             if (slot < n)
@@ -385,6 +387,7 @@ shim_pool *pool_for_context(CUcontext ctx, bool create)
         }
     }
     pthread_mutex_unlock(&reg_lock);
+    real_ctx_leave(R, pushed);
     return found;
 }
 
@@ -442,12 +445,8 @@ static bool primary_of(const shim_pool *sp, const void *arg)
 
 bool pools_context_is_primary(CUcontext ctx)
 {
-    for (size_t i = 0, n = atomic_load(&npools); i < n; i++) {
-        shim_pool *sp = atomic_load(&registry[i]);
-        if (sp && !atomic_load(&sp->dead) && sp->ctx == ctx)
-            return sp->primary;
-    }
-    return false;
+    shim_pool *sp = live_pool_of(ctx);
+    return sp && sp->primary;
 }
 
 void pools_context_gone(CUcontext ctx)
