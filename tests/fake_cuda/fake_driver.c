@@ -1352,7 +1352,14 @@ static void kill_ctx(fctx *c)
     c->alive = false;
     /* A host thread waiting behind the work just dropped (a kernel that
      * never ends) returns now; woken only by the callbacks above, it could
-     * look before the drop and wait for good. */
+     * look before the drop and wait for good. cuda.h does not say what a
+     * wait already under way answers when its context is destroyed ("It is
+     * the responsibility of the calling function to ensure that no API call
+     * issues using ctx while cuCtxDestroy() is executing"). The real
+     * destroy waits for the context's queued work ("lifetime" above), so
+     * there such a wait ends with that work; what it does with work that
+     * never ends is not measured (a GPU check is owed): the fake drops it
+     * and ends the wait. */
     pthread_cond_broadcast(&G.stuck_cond);
 }
 
