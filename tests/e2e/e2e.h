@@ -9,6 +9,7 @@
 #define BFCSHIM_TESTS_E2E_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -158,6 +159,21 @@ static inline fakecuda_stats fake_stats(void)
     fakecuda_stats st;
     fakecuda()->stats(&st);
     return st;
+}
+
+/* Until another thread, having said `ready`, waits inside a pool for the
+ * GPU (the fake has seen an event synchronisation): up to 5 s, then a
+ * little longer so that the wait is surely under way. */
+static inline void e2e_wait_inside_pool(atomic_int *ready)
+{
+    for (int i = 0; i < 500; i++) {
+        if (atomic_load(ready) && fake_stats().event_synchronize_calls > 0)
+            break;
+        usleep(10000);
+    }
+    CHECK(atomic_load(ready));
+    CHECK(fake_stats().event_synchronize_calls > 0);
+    usleep(50000);
 }
 
 static long e2e_log_offset;

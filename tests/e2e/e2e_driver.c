@@ -61,7 +61,6 @@
  */
 #include <cuda.h>
 #include <dlfcn.h>
-#include <stdatomic.h>
 
 #include "e2e_cu.h"
 
@@ -272,11 +271,7 @@ static void destroy_busy(void)
     CHECK_EQ(D.CtxCreate(&busy_ctx, NULL, 0, 0), CUDA_SUCCESS);
     pthread_t t;
     CHECK_EQ(pthread_create(&t, NULL, busy_allocator, NULL), 0);
-    for (int i = 0; i < 500 && !(atomic_load(&busy_waiting) &&
-                                 fake_stats().event_synchronize_calls > 0); i++)
-        usleep(10000);
-    CHECK(atomic_load(&busy_waiting) && fake_stats().event_synchronize_calls > 0);
-    usleep(50000);
+    e2e_wait_inside_pool(&busy_waiting);
     alarm(30); /* a hang fails the test here */
     CHECK_EQ(D.CtxDestroy(busy_ctx), CUDA_SUCCESS);
     CHECK_ONE_LOG_LINE("was busy when its context went");

@@ -542,15 +542,7 @@ static void exit_busy(void)
 {
     pthread_t t;
     pthread_create(&t, NULL, stuck_allocator, NULL);
-    /* Until the thread waits inside the pool. */
-    for (int i = 0; i < 500; i++) {
-        if (atomic_load(&stuck_thread_ready) && fake_stats().event_synchronize_calls > 0)
-            break;
-        usleep(10000);
-    }
-    CHECK(atomic_load(&stuck_thread_ready));
-    CHECK(fake_stats().event_synchronize_calls > 0);
-    usleep(50000);
+    e2e_wait_inside_pool(&stuck_thread_ready);
     alarm(20); /* a hang at exit fails the test here, not at meson's timeout */
     /* main returns: exit() runs the shim's writers with the pool held. */
 }
