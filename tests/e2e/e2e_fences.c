@@ -165,20 +165,18 @@ static void *capture_thread(void *arg)
     capturer *c = arg;
     typedef CUresult (*begin_fn)(CUstream, CUstreamCaptureMode);
     typedef CUresult (*end_fn)(CUstream, CUgraph *);
-    void *h = e2e_driver_door_closed() ? RTLD_DEFAULT : dlopen("libcuda.so.1", RTLD_NOW);
+    /* [runtime][per thread]. The runtime's calls have the driver's shape,
+     * and its capture error codes the driver's numbers. */
+    static const char *const begins[2][2] = {
+        {"cuStreamBeginCapture_v2", "cuStreamBeginCapture_v2_ptsz"},
+        {"cudaStreamBeginCapture", "cudaStreamBeginCapture_ptsz"}};
+    static const char *const ends[2][2] = {{"cuStreamEndCapture", "cuStreamEndCapture_ptsz"},
+                                           {"cudaStreamEndCapture", "cudaStreamEndCapture_ptsz"}};
+    const bool runtime = e2e_driver_door_closed();
+    void *h = runtime ? RTLD_DEFAULT : dlopen("libcuda.so.1", RTLD_NOW);
     CUstream s = NULL;
-    /* The runtime's calls have the driver's shape, and its capture error
-     * codes the driver's numbers. */
-    begin_fn begin = (begin_fn)dlsym(h, e2e_driver_door_closed()
-                                            ? (c->per_thread ? "cudaStreamBeginCapture_ptsz"
-                                                             : "cudaStreamBeginCapture")
-                                        : c->per_thread ? "cuStreamBeginCapture_v2_ptsz"
-                                                        : "cuStreamBeginCapture_v2");
-    end_fn end = (end_fn)dlsym(h, e2e_driver_door_closed()
-                                      ? (c->per_thread ? "cudaStreamEndCapture_ptsz"
-                                                       : "cudaStreamEndCapture")
-                                  : c->per_thread ? "cuStreamEndCapture_ptsz"
-                                                  : "cuStreamEndCapture");
+    begin_fn begin = (begin_fn)dlsym(h, begins[runtime][c->per_thread]);
+    end_fn end = (end_fn)dlsym(h, ends[runtime][c->per_thread]);
     c->setup_result = cudaFree(NULL); /* this thread's context */
     if (!c->per_thread && c->setup_result == cudaSuccess)
         c->setup_result = cudaStreamCreateWithFlags((cudaStream_t *)&s, cudaStreamNonBlocking);

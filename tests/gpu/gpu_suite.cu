@@ -614,9 +614,8 @@ static void vmm_ptr_attr(void)
     vmm_api v;
     if (!vmm_api_load(&v) || !attr)
         return;
-    int dev = 0;
-    CUDA_OK(cudaGetDevice(&dev));
     CUmemAllocationProp prop = device_memory_prop();
+    const int dev = prop.location.id;
     size_t g = 0;
     CHECK(v.granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS);
     CUdeviceptr va = 0;
