@@ -429,6 +429,13 @@ static void print_vmm_json(json_out *j, const trace_report *r, const replay_opts
     json_double(j, "efficiency", efficiency_of(r->t, v->min_limit_bytes));
     json_u64(j, "min_limit_map_calls", v->tight_map_calls);
     json_u64(j, "min_limit_unmap_calls", v->tight_unmap_calls);
+    json_u64(j, "prealloc_min_limit_bytes", v->prealloc_min_limit_bytes);
+    json_double(j, "prealloc_efficiency", efficiency_of(r->t, v->prealloc_min_limit_bytes));
+    json_u64_array(j, "prealloc_limit", v->prealloc_limit, 2);
+    json_u64_array(j, "prealloc_failures", v->prealloc_failures, 2);
+    json_u64_array(j, "prealloc_map_calls", v->prealloc_map_calls, 2);
+    json_u64_array(j, "prealloc_unmap_calls", v->prealloc_unmap_calls, 2);
+    json_u64_array(j, "prealloc_unmapped_bytes", v->prealloc_unmapped_bytes, 2);
     json_u64(j, "peak_mapped_bytes", v->peak_mapped_bytes);
     json_double(j, "peak_mapped_efficiency", efficiency_of(r->t, v->peak_mapped_bytes));
     json_u64(j, "map_calls", v->map_calls);
@@ -462,6 +469,12 @@ static void print_vmm_row(const trace_report *r)
            efficiency_of(r->t, v->regions_min_limit_bytes),
            format_size(v->regions_peak_bytes, d, sizeof d),
            (unsigned long long)v->regions_count);
+    printf("  vmm preallocated: min limit %s (%.4f), unmapped to map elsewhere %s there, "
+           "%s with 1%% more\n",
+           format_size(v->prealloc_min_limit_bytes, a, sizeof a),
+           efficiency_of(r->t, v->prealloc_min_limit_bytes),
+           format_size(v->prealloc_unmapped_bytes[0], b, sizeof b),
+           format_size(v->prealloc_unmapped_bytes[1], c, sizeof c));
 }
 
 static void print_json(const trace_report *r, const replay_opts *o)

@@ -78,7 +78,10 @@ static uint64_t run_trace(sim_pool *sp, const trace *t, bfc_addr *slot_addr,
     return failures;
 }
 
-typedef enum pool_kind { KIND_VMM, KIND_REGIONS } pool_kind;
+/* KIND_VMM grows its mapping; KIND_VMM_PREALLOCATED maps the whole limit
+ * at creation (BFCSHIM_PREALLOCATE over virtual memory) and remaps free
+ * granules under pressure. */
+typedef enum pool_kind { KIND_VMM, KIND_VMM_PREALLOCATED, KIND_REGIONS } pool_kind;
 
 /* A fresh pool of `kind` with limit `limit` over sp->dev, its GPU `gpu_lag`
  * events behind (0: frees are immediate); false if it cannot be made. */
@@ -89,9 +92,9 @@ static bool make_pool(sim_pool *sp, pool_kind kind, const bfc_options *policy, u
     sim_device_init(dev, limit);
     bfc_options o = *policy;
     o.limit_bytes = limit;
-    o.preallocate = false;
+    o.preallocate = kind == KIND_VMM_PREALLOCATED;
     bfc_backend b;
-    if (kind == KIND_VMM) {
+    if (kind != KIND_REGIONS) {
         o.vmm = true;
         dev->alignment = o.map_granularity;
         b = sim_device_vmm_backend(dev);
@@ -177,6 +180,25 @@ void replay_vmm_measure(const trace *t, const bfc_options *policy, uint64_t gpu_
                   NULL);
         out->tight_map_calls = st.num_map_calls;
         out->tight_unmap_calls = st.num_unmap_calls;
+    }
+
+    out->prealloc_min_limit_bytes =
+        min_limit(t, KIND_VMM_PREALLOCATED, policy, gpu_lag, gran, roomy, slot_addr);
+    if (out->prealloc_min_limit_bytes) {
+        bfc_stats st;
+        /* At the smallest limit, and with 1% to spare (whole granules): how
+         * much remapping a job near its limit pays. */
+        uint64_t at[2] = {out->prealloc_min_limit_bytes,
+                          (out->prealloc_min_limit_bytes + out->prealloc_min_limit_bytes / 100 +
+                           gran - 1) / gran * gran};
+        for (int k = 0; k < 2; k++) {
+            out->prealloc_failures[k] = replay_in(t, KIND_VMM_PREALLOCATED, policy, gpu_lag, at[k],
+                                                  slot_addr, &st, NULL, NULL, NULL);
+            out->prealloc_limit[k] = at[k];
+            out->prealloc_map_calls[k] = st.num_map_calls;
+            out->prealloc_unmap_calls[k] = st.num_unmap_calls;
+            out->prealloc_unmapped_bytes[k] = st.released_bytes_total;
+        }
     }
 
     bfc_stats st;
