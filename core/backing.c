@@ -58,6 +58,24 @@ static bool next_run(const uint64_t *w, uint64_t *at, uint64_t to, bool value,
     return true;
 }
 
+/* The last index in [from, to) whose bit is `value`, or `to` when there is
+ * none. Skips whole words, as bit_find does. */
+static uint64_t bit_find_last(const uint64_t *w, uint64_t from, uint64_t to, bool value)
+{
+    uint64_t i = to;
+    while (i > from) {
+        uint64_t last = i - 1;
+        uint64_t word = value ? w[last >> 6] : ~w[last >> 6];
+        word &= ~UINT64_C(0) >> (63 - (last & 63)); /* bits 0..last%64 */
+        if (word) {
+            uint64_t at = (last & ~UINT64_C(63)) + 63 - (uint64_t)__builtin_clzll(word);
+            return at >= from ? at : to;
+        }
+        i = last & ~UINT64_C(63);
+    }
+    return to;
+}
+
 /* Sets bits [from, to) to `value`. */
 static void bit_fill(uint64_t *w, uint64_t from, uint64_t to, bool value)
 {
@@ -174,6 +192,82 @@ uint64_t backing_release_free(bfc_pool *p)
                 return released;
         }
     }
+    return released;
+}
+
+uint64_t backing_missing(const bfc_pool *p, const region *r, bfc_addr lo, bfc_addr hi)
+{
+    const uint64_t g = p->opt.map_granularity;
+    uint64_t i = granule_of(r, g, lo), end = granule_of(r, g, hi - 1) + 1, j, missing = 0;
+    for (; next_run(r->backed, &i, end, false, &j); i = j)
+        missing += (j - i) * g;
+    return missing;
+}
+
+/* Gives back at most `want` bytes (whole granules, rounded up) of the mapped
+ * granules of free chunk c, from its top down; returns the bytes. */
+static uint64_t release_top_of(bfc_pool *p, uint32_t c, uint64_t want, int *gate)
+{
+    const uint64_t g = p->opt.map_granularity;
+    const chunk *cc = C(p, c);
+    region *r = &p->regions[region_find(p, cc->addr)];
+    const uint64_t first = (cc->addr - r->base + g - 1) / g, end = (cc->addr + cc->size - r->base) / g;
+    /* Walk down over mapped granules until enough lie above `from`. */
+    uint64_t from = end, found = 0;
+    while (found < want) {
+        uint64_t at = bit_find_last(r->backed, first, from, true);
+        if (at == from)
+            break;
+        from = at;
+        found += g;
+    }
+    if (from == end)
+        return 0;
+    return backing_release(p, r, r->base + from * g, r->base + end * g, gate);
+}
+
+/* A free chunk that may give granules back, as the order needs it. */
+typedef struct release_candidate {
+    uint64_t size, addr;
+    uint32_t c;
+} release_candidate;
+
+static int larger_chunk_first(const void *a, const void *b)
+{
+    const release_candidate *x = a, *y = b;
+    if (x->size != y->size)
+        return x->size > y->size ? -1 : 1;
+    return x->addr > y->addr ? -1 : x->addr < y->addr; /* then the higher */
+}
+
+uint64_t backing_release_some(bfc_pool *p, uint64_t want)
+{
+    size_t n = 0, cap = 64;
+    release_candidate *order = malloc(cap * sizeof *order);
+    if (!order)
+        return backing_release_free(p);
+    for (uint32_t ri = 0; ri < p->nregions; ri++)
+        for (uint32_t c = p->regions[ri].first; c != CHUNK_NIL; c = C(p, c)->next) {
+            const chunk *cc = C(p, c);
+            if (cc->state != CHUNK_FREE || cc->size < p->opt.map_granularity)
+                continue;
+            if (n == cap) {
+                release_candidate *more = realloc(order, 2 * cap * sizeof *order);
+                if (!more) {
+                    free(order);
+                    return backing_release_free(p);
+                }
+                order = more;
+                cap *= 2;
+            }
+            order[n++] = (release_candidate){cc->size, cc->addr, c};
+        }
+    qsort(order, n, sizeof *order, larger_chunk_first);
+    uint64_t released = 0;
+    int gate = 0;
+    for (size_t k = 0; k < n && released < want && gate >= 0; k++)
+        released += release_top_of(p, order[k].c, want - released, &gate);
+    free(order);
     return released;
 }
 

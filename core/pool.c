@@ -619,8 +619,17 @@ static bool back_allocation(bfc_pool *p, uint32_t c)
     int r = p->nregions == 1 ? 0 : region_find(p, lo);
     if (backing_map(p, &p->regions[r], lo, hi))
         return true;
+    /* Over the limit by `over`: give back that much, from the free chunks
+     * least likely to be needed again, rather than all free space, which
+     * every later block landing there would have to map again. */
+    uint64_t missing = backing_missing(p, &p->regions[r], lo, hi);
+    uint64_t room = p->opt.limit_bytes - p->st.pool_bytes;
+    if (missing > room && backing_release_some(p, missing - room) >= missing - room &&
+        backing_map(p, &p->regions[r], lo, hi))
+        return true;
     /* Mapped bytes when the last attempt failed: try again only once some
-     * went back (here, or by the threshold as waits retire blocks). */
+     * went back (here, or by the threshold as waits retire blocks). The
+     * device may have refused, whatever the limit: everything free goes. */
     uint64_t failed_at = p->st.pool_bytes;
     for (;;) {
         backing_release_free(p);

@@ -172,6 +172,14 @@ bool backing_map(bfc_pool *p, region *r, bfc_addr lo, bfc_addr hi);
 uint64_t backing_release(bfc_pool *p, region *r, bfc_addr lo, bfc_addr hi, int *gate);
 /* The same for every free chunk of the pool. */
 uint64_t backing_release_free(bfc_pool *p);
+/* Under pressure: gives back `want` bytes (rounded up to granules) or as
+ * many as there are, from the largest free chunks first, each from its top.
+ * Best fit fills the smallest hole that holds a block, so the largest
+ * free chunks are the last to be carved again: their granules are the ones
+ * least likely to be mapped again soon. Returns the bytes. */
+uint64_t backing_release_some(bfc_pool *p, uint64_t want);
+/* Bytes of the granules under [lo, hi) that are not mapped. */
+uint64_t backing_missing(const bfc_pool *p, const region *r, bfc_addr lo, bfc_addr hi);
 /* Free chunk c just formed and more than release_threshold is free: give
  * back its whole granules. */
 void backing_after_free(bfc_pool *p, uint32_t c);

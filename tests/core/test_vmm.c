@@ -125,6 +125,40 @@ static void pressure_gives_back_free_granules_before_failing(void)
     }
 }
 
+static void pressure_gives_back_only_the_shortfall_from_the_largest_holes(void)
+{
+    /* A preallocated 18 MiB pool: blocks of 2, 6, 2, 6 and 2 MiB fill it,
+     * and the two 6 MiB ones go (two holes of three granules). An 8 MiB
+     * block fits neither, lands past the mapped memory and lacks four
+     * granules: four go back, not six. The three of the higher hole (equal
+     * sizes: the higher first), then the top one of the lower, whose two
+     * lower granules stay for the next block that fits there. */
+    fixture f;
+    vmm_begin(&f, 18 * MiB);
+    f.opt.preallocate = true;
+    vmm_start(&f);
+    bfc_addr b[5];
+    const uint64_t sizes[5] = {2 * MiB, 6 * MiB, 2 * MiB, 6 * MiB, 2 * MiB};
+    for (int i = 0; i < 5; i++)
+        b[i] = must_alloc(&f, sizes[i]);
+    must_free(&f, b[1]);
+    must_free(&f, b[3]);
+    bfc_addr big = must_alloc(&f, 8 * MiB);
+    CHECK_EQ(big, b[4] + 2 * MiB);
+    bfc_stats s = stats_of(&f);
+    CHECK_EQ(s.pool_bytes, 18 * MiB);
+    CHECK_EQ(s.released_bytes_total, 8 * MiB);
+    CHECK(!sim_device_mapped(&f.dev, b[3], 6 * MiB)); /* no granule of it */
+    for (int g = 0; g < 3; g++)
+        CHECK_EQ(sim_device_mapped(&f.dev, b[1] + (uint64_t)g * GRAN, GRAN), g < 2);
+    check_mapped(&f, big, 8 * MiB);
+    /* The next 4 MiB block takes the lower hole's mapped granules. */
+    uint64_t maps = s.num_map_calls;
+    CHECK_EQ(must_alloc(&f, 4 * MiB), b[1]);
+    CHECK_EQ(stats_of(&f).num_map_calls, maps);
+    vmm_end(&f);
+}
+
 static void threshold_releases_as_frees_merge(void)
 {
     fixture f;
@@ -516,6 +550,7 @@ int main(void)
     RUN(granules_are_mapped_as_blocks_land_on_them);
     RUN(free_space_coalesces_across_growth_steps);
     RUN(pressure_gives_back_free_granules_before_failing);
+    RUN(pressure_gives_back_only_the_shortfall_from_the_largest_holes);
     RUN(threshold_releases_as_frees_merge);
     RUN(releases_wait_for_the_backend);
     RUN(pending_blocks_are_never_unmapped);
