@@ -628,9 +628,13 @@ static bool back_allocation(bfc_pool *p, uint32_t c)
         backing_map(p, &p->regions[r], lo, hi))
         return true;
     /* Mapped bytes when the last attempt failed: try again only once some
-     * went back (here, or by the threshold as waits retire blocks). The
-     * device may have refused, whatever the limit: everything free goes. */
+     * went back (here, or by the threshold as retirements free blocks). The
+     * device may have refused, whatever the limit: everything free goes.
+     * Then what the GPU has finished retires without waiting (a poll, as
+     * before growing), and only then does the pool wait, oldest fence
+     * first. */
     uint64_t failed_at = p->st.pool_bytes;
+    bool polled = false;
     for (;;) {
         backing_release_free(p);
         if (p->st.pool_bytes < failed_at) {
@@ -638,7 +642,14 @@ static bool back_allocation(bfc_pool *p, uint32_t c)
                 return true;
             failed_at = p->st.pool_bytes;
         }
-        if (!lanes_wait_oldest(p))
+        bool retired = false;
+        if (!polled) {
+            if (p->open_epochs)
+                lanes_seal_all(p);
+            retired = lanes_poll(p);
+            polled = true;
+        }
+        if (!retired && !lanes_wait_oldest(p))
             break;
     }
     pool_make_free(p, c);

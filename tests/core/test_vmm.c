@@ -304,6 +304,31 @@ static void pressure_waits_for_fences_then_unmaps(void)
     vmm_end(&f);
 }
 
+static void pressure_retires_finished_fences_without_waiting(void)
+{
+    /* As above, but the GPU has passed both fences: a poll retires them,
+     * and the allocation waits for nothing (before, pressure waited for the
+     * oldest fence without asking first, a cuEventSynchronize per fence in
+     * the shim). */
+    fixture f;
+    vmm_begin(&f, 6 * MiB);
+    uint32_t lane = start_with_fences(&f);
+    bfc_addr a = must_alloc(&f, 2 * MiB);
+    must_alloc(&f, 2 * MiB);
+    bfc_addr c = must_alloc(&f, 2 * MiB);
+    CHECK_EQ(bfc_pool_free_fenced(f.pool, a, lane, 1), BFC_OK);
+    CHECK_EQ(bfc_pool_free_fenced(f.pool, c, lane, 2), BFC_OK);
+    gpu_done = 2;
+    bfc_addr big = must_alloc(&f, 4 * MiB);
+    check_mapped(&f, big, 4 * MiB);
+    bfc_stats s = stats_of(&f);
+    CHECK_EQ(s.num_retired, 2);
+    CHECK_EQ(s.num_fence_waits, 0);
+    CHECK_EQ(s.pool_bytes, 6 * MiB);
+    bfc_pool_lane_close(f.pool, lane);
+    vmm_end(&f);
+}
+
 /* Below the limit a fit almost never lacks, so mapping is where the pool
  * grows: before it maps, it retires what the GPU has finished and waits for
  * pending frees that could hold the block (on an H100, mapping past them
@@ -555,6 +580,7 @@ int main(void)
     RUN(releases_wait_for_the_backend);
     RUN(pending_blocks_are_never_unmapped);
     RUN(pressure_waits_for_fences_then_unmaps);
+    RUN(pressure_retires_finished_fences_without_waiting);
     RUN(mapping_waits_for_pending_frees_first);
     RUN(refused_mapping_leaves_the_pool_as_it_was);
     RUN(limit_bounds_mapped_bytes_not_address_space);
