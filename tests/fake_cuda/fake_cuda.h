@@ -75,7 +75,8 @@ typedef struct fakecuda_api {
     void (*stats)(fakecuda_stats *out);
     /* The Nth cuMemAlloc_v2 from now fails (0: none). */
     void (*fail_alloc_after)(uint64_t n);
-    /* Is this address inside a live real allocation? */
+    /* Is this address inside a live real allocation (cuMemAlloc) or a
+     * mapping (cuMemMap)? */
     int (*is_device_pointer)(uint64_t addr);
     /* Queue work that never completes (a kernel that does not end): the
      * stream completes nothing past it, and cuEventSynchronize on an event

@@ -3276,7 +3276,10 @@ static void ctl_fail_alloc_after(uint64_t n)
 static int ctl_is_device_pointer(uint64_t addr)
 {
     ENTER();
-    LEAVE(find_alloc(addr, true) != NULL);
+    bool device = find_alloc(addr, true) != NULL;
+    for (size_t i = 0; i < V.nmapped && !device; i++)
+        device = addr - V.mapped[i].base < V.mapped[i].size; /* cuMemMap'd */
+    LEAVE(device);
 }
 
 EXPORT const fakecuda_api *fakecuda_api_table(void);
