@@ -51,6 +51,15 @@
 #               BFCSHIM_MEM_FRACTION=0.4
 #   torch-resnet  ResNet-50 training, arms A-D
 #   maxbatch    largest GPT batch under an equal 16 GiB cap, arms A, C, D
+#   pressure    the pool preallocated over virtual memory near its limit,
+#               the case for making it the default (docs/benchmarks.md,
+#               "Pressure gives back the shortfall"): the GPT job at a limit
+#               between what one region needs and what it needs over virtual
+#               memory (replayed: 15.84 and 15.63 GiB), one region (expected
+#               to run out) against preallocated over virtual memory
+#               (expected to run, remapping: its step time and map calls in
+#               the stats), both with room to spare, and the largest batch
+#               under 16 GiB preallocated over virtual memory (arm C: 7)
 #   plan        a placement plan across processes: the GPT job without
 #               PyTorch's cache recorded (BFCSHIM_TRACE), packed by `bfcshim
 #               plan`, run again with BFCSHIM_PLAN (stats: planned, misses,
@@ -76,7 +85,7 @@ start=$(date +%s)
 deadline=$((start + ${GPU_PROOF_DEADLINE:-560}))
 repeat=${GPU_PROOF_REPEAT:-1}
 first_run="env build suite bench vmm numba plugins torch-gpt cupy jax three ddp"
-all_steps="$first_run torch-resnet maxbatch plan traces"
+all_steps="$first_run torch-resnet maxbatch pressure plan traces"
 steps=${GPU_PROOF_STEPS:-$first_run}
 [ "$steps" = full ] && steps=$all_steps
 
@@ -394,6 +403,26 @@ step_maxbatch() {
     run_arm maxbatch D-native-nocache 300 no "$nc" -- "${job[@]}" --arm D
 }
 
+step_pressure() {
+    local nc=PYTORCH_NO_CUDA_MEMORY_CACHING=1 tight=15.75GiB roomy=24GiB
+    local job=("$py" "$gpu/torch_train.py" --model gpt --steps 20 --warmup 5 --batch 8
+               "${gpt_size[@]}")
+    for _ in $(seq "$repeat"); do
+        run_arm pressure C-tight-one-region 200 yes "$nc" BFCSHIM_VMM=off \
+            BFCSHIM_MEM_LIMIT=$tight -- "${job[@]}" --arm C-tight
+        run_arm pressure CVP-tight-vmm-prealloc 200 yes "$nc" BFCSHIM_VMM=on \
+            BFCSHIM_MEM_LIMIT=$tight -- "${job[@]}" --arm CVP-tight
+        run_arm pressure C-roomy-one-region 200 yes "$nc" BFCSHIM_VMM=off \
+            BFCSHIM_MEM_LIMIT=$roomy -- "${job[@]}" --arm C-roomy
+        run_arm pressure CVP-roomy-vmm-prealloc 200 yes "$nc" BFCSHIM_VMM=on \
+            BFCSHIM_MEM_LIMIT=$roomy -- "${job[@]}" --arm CVP-roomy
+    done
+    local cap=16GiB
+    run_arm pressure maxbatch-CVP-vmm-prealloc 200 yes "$nc" BFCSHIM_VMM=on \
+        BFCSHIM_MEM_LIMIT=$cap -- "$py" "$gpu/torch_train.py" --model gpt "${gpt_size[@]}" \
+        --max-batch 1:64 --cap "$cap" --arm CVP
+}
+
 step_plan() {
     local t=$out/plan nc=PYTORCH_NO_CUDA_MEMORY_CACHING=1
     mkdir -p "$t"
@@ -477,7 +506,7 @@ for s in $steps; do
     fi
     case $s in
         env | build | suite | bench | vmm | numba | plugins | cupy | jax | three | ddp | \
-            maxbatch | plan | traces)
+            maxbatch | pressure | plan | traces)
             log "== $s"; "step_$s" ;;
         torch-gpt) log "== $s"; step_torch_gpt ;;
         torch-resnet) log "== $s"; step_torch_resnet ;;
