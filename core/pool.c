@@ -573,6 +573,25 @@ static uint32_t carve_again(bfc_pool *p, uint32_t c, uint64_t rounded, uint64_t 
 }
 
 /*
+ * One step of making pending frees free before mapping more: the first step
+ * (*polled false) retires what the GPU has finished without waiting, sealing
+ * open epochs first (only a sealed epoch has a fence to wait for); a step
+ * that retires nothing that way waits for the oldest fence. false: nothing
+ * was retired and nothing is left to wait for.
+ */
+static bool retire_or_wait(bfc_pool *p, bool *polled)
+{
+    if (!*polled) {
+        *polled = true;
+        if (p->open_epochs)
+            lanes_seal_all(p);
+        if (lanes_poll(p))
+            return true;
+    }
+    return lanes_wait_oldest(p);
+}
+
+/*
  * vmm: allocation c landed on unmapped granules. Over one growing
  * reservation a fit almost never lacks, so nothing else stops the pool from
  * mapping past every pending free while the CPU runs ahead of the GPU
@@ -587,15 +606,7 @@ static uint32_t refit_before_mapping(bfc_pool *p, uint32_t c, uint64_t rounded, 
 {
     bool polled = false;
     while (p->st.pending_bytes >= rounded && !block_mapped(p, c)) {
-        bool retired = false;
-        if (!polled) {
-            /* Only a sealed epoch has a fence to wait for. */
-            if (p->open_epochs)
-                lanes_seal_all(p);
-            retired = lanes_poll(p);
-            polled = true;
-        }
-        if (!retired && !lanes_wait_oldest(p))
+        if (!retire_or_wait(p, &polled))
             break;
         c = carve_again(p, c, rounded, size, lane_id);
     }
@@ -642,14 +653,7 @@ static bool back_allocation(bfc_pool *p, uint32_t c)
                 return true;
             failed_at = p->st.pool_bytes;
         }
-        bool retired = false;
-        if (!polled) {
-            if (p->open_epochs)
-                lanes_seal_all(p);
-            retired = lanes_poll(p);
-            polled = true;
-        }
-        if (!retired && !lanes_wait_oldest(p))
+        if (!retire_or_wait(p, &polled))
             break;
     }
     pool_make_free(p, c);
