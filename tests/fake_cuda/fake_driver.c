@@ -2758,6 +2758,15 @@ static vmm_range *vmm_reservation(uint64_t base, uint64_t size)
     return NULL;
 }
 
+/* Lock held: the mapping holding ptr (cuMemMap), or NULL. */
+static vmm_range *vmm_mapping_at(CUdeviceptr ptr)
+{
+    for (size_t i = 0; i < V.nmapped; i++)
+        if (ptr - V.mapped[i].base < V.mapped[i].size)
+            return &V.mapped[i];
+    return NULL;
+}
+
 /* Lock held: is ptr inside a reservation? */
 static bool vmm_reserved(CUdeviceptr ptr)
 {
@@ -2777,10 +2786,7 @@ static bool vmm_reserved(CUdeviceptr ptr)
  * does not model are not supported. */
 static CUresult vmm_pointer_attribute(CUdeviceptr ptr, CUpointer_attribute attr, void *data)
 {
-    const vmm_range *r = vmm_reservation(ptr, 1), *m = NULL;
-    for (size_t i = 0; i < V.nmapped && !m; i++)
-        if (ptr - V.mapped[i].base < V.mapped[i].size)
-            m = &V.mapped[i];
+    const vmm_range *r = vmm_reservation(ptr, 1), *m = vmm_mapping_at(ptr);
     switch (attr) {
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *(unsigned *)data = m ? CU_MEMORYTYPE_DEVICE : 0; break;
     case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = NULL; break;
@@ -3033,27 +3039,24 @@ EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocation *l
      * that names no device. */
     if (!is_device(location->id))
         LEAVE(CUDA_ERROR_INVALID_DEVICE);
-    for (size_t m = 0; m < V.nmapped; m++) {
-        vmm_range *r = &V.mapped[m];
-        if (ptr >= r->base && ptr < r->base + r->size) {
-            /* "the access flags set for the given location": the owner's
-             * from its protection, a peer's from what was granted to it. */
-            bool rd, wr;
-            if (location->id != r->h->dev) {
-                const uint64_t bit = UINT64_C(1) << location->id;
-                rd = (r->peer_read & bit) != 0;
-                wr = (r->peer_write & bit) != 0;
-            } else {
-                rd = (r->prot & PROT_READ) != 0;
-                wr = (r->prot & PROT_WRITE) != 0;
-            }
-            *flags = wr ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-                     : rd ? CU_MEM_ACCESS_FLAGS_PROT_READ
-                          : CU_MEM_ACCESS_FLAGS_PROT_NONE;
-            LEAVE(CUDA_SUCCESS);
-        }
+    const vmm_range *r = vmm_mapping_at(ptr);
+    if (!r)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    /* "the access flags set for the given location": the owner's from its
+     * protection, a peer's from what was granted to it. */
+    bool rd, wr;
+    if (location->id != r->h->dev) {
+        const uint64_t bit = UINT64_C(1) << location->id;
+        rd = (r->peer_read & bit) != 0;
+        wr = (r->peer_write & bit) != 0;
+    } else {
+        rd = (r->prot & PROT_READ) != 0;
+        wr = (r->prot & PROT_WRITE) != 0;
     }
-    LEAVE(CUDA_ERROR_INVALID_VALUE);
+    *flags = wr ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+             : rd ? CU_MEM_ACCESS_FLAGS_PROT_READ
+                  : CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    LEAVE(CUDA_SUCCESS);
 }
 
 /* ---- cuGetProcAddress --------------------------------------------------------- */
@@ -3276,10 +3279,7 @@ static void ctl_fail_alloc_after(uint64_t n)
 static int ctl_is_device_pointer(uint64_t addr)
 {
     ENTER();
-    bool device = find_alloc(addr, true) != NULL;
-    for (size_t i = 0; i < V.nmapped && !device; i++)
-        device = addr - V.mapped[i].base < V.mapped[i].size; /* cuMemMap'd */
-    LEAVE(device);
+    LEAVE(find_alloc(addr, true) != NULL || vmm_mapping_at(addr) != NULL);
 }
 
 EXPORT const fakecuda_api *fakecuda_api_table(void);
