@@ -120,13 +120,21 @@ uint64_t backing_count(const bfc_pool *p, const region *r)
     return n * p->opt.map_granularity;
 }
 
+uint64_t backing_missing(const bfc_pool *p, const region *r, bfc_addr lo, bfc_addr hi)
+{
+    const uint64_t g = p->opt.map_granularity;
+    uint64_t i = granule_of(r, g, lo), end = granule_of(r, g, hi - 1) + 1, j, missing = 0;
+    for (; next_run(r->backed, &i, end, false, &j); i = j)
+        missing += (j - i) * g;
+    return missing;
+}
+
 bool backing_map(bfc_pool *p, region *r, bfc_addr lo, bfc_addr hi)
 {
     const uint64_t g = p->opt.map_granularity;
     const uint64_t first = granule_of(r, g, lo), end = granule_of(r, g, hi - 1) + 1;
-    uint64_t missing = 0, i, j;
-    for (i = first; next_run(r->backed, &i, end, false, &j); i = j)
-        missing += (j - i) * g;
+    const uint64_t missing = backing_missing(p, r, lo, hi);
+    uint64_t i, j;
     if (missing == 0)
         return true;
     if (missing > p->opt.limit_bytes - p->st.pool_bytes)
@@ -195,22 +203,13 @@ uint64_t backing_release_free(bfc_pool *p)
     return released;
 }
 
-uint64_t backing_missing(const bfc_pool *p, const region *r, bfc_addr lo, bfc_addr hi)
-{
-    const uint64_t g = p->opt.map_granularity;
-    uint64_t i = granule_of(r, g, lo), end = granule_of(r, g, hi - 1) + 1, j, missing = 0;
-    for (; next_run(r->backed, &i, end, false, &j); i = j)
-        missing += (j - i) * g;
-    return missing;
-}
-
 /* Gives back at most `want` bytes (whole granules, rounded up) of the mapped
- * granules of free chunk c, from its top down; returns the bytes. */
-static uint64_t release_top_of(bfc_pool *p, uint32_t c, uint64_t want, int *gate)
+ * granules of free chunk c of region r, from its top down; returns the
+ * bytes. */
+static uint64_t release_top_of(bfc_pool *p, region *r, uint32_t c, uint64_t want, int *gate)
 {
     const uint64_t g = p->opt.map_granularity;
     const chunk *cc = C(p, c);
-    region *r = &p->regions[region_find(p, cc->addr)];
     const uint64_t first = (cc->addr - r->base + g - 1) / g, end = (cc->addr + cc->size - r->base) / g;
     /* Walk down over mapped granules until enough lie above `from`. */
     uint64_t from = end, found = 0;
@@ -229,7 +228,7 @@ static uint64_t release_top_of(bfc_pool *p, uint32_t c, uint64_t want, int *gate
 /* A free chunk that may give granules back, as the order needs it. */
 typedef struct release_candidate {
     uint64_t size, addr;
-    uint32_t c;
+    uint32_t c, region;
 } release_candidate;
 
 static int larger_chunk_first(const void *a, const void *b)
@@ -260,13 +259,14 @@ uint64_t backing_release_some(bfc_pool *p, uint64_t want)
                 order = more;
                 cap *= 2;
             }
-            order[n++] = (release_candidate){cc->size, cc->addr, c};
+            order[n++] = (release_candidate){cc->size, cc->addr, c, ri};
         }
     qsort(order, n, sizeof *order, larger_chunk_first);
     uint64_t released = 0;
     int gate = 0;
     for (size_t k = 0; k < n && released < want && gate >= 0; k++)
-        released += release_top_of(p, order[k].c, want - released, &gate);
+        released += release_top_of(p, &p->regions[order[k].region], order[k].c, want - released,
+                                   &gate);
     free(order);
     return released;
 }
