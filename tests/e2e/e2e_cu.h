@@ -55,6 +55,7 @@ static struct {
     CUresult (*MemCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
                           unsigned long long);
     CUresult (*MemRelease)(CUmemGenericAllocationHandle);
+    CUresult (*MemRetainAllocationHandle)(CUmemGenericAllocationHandle *, void *);
     CUresult (*MemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
                        unsigned long long);
     CUresult (*MemUnmap)(CUdeviceptr, size_t);
@@ -96,6 +97,7 @@ static inline void e2e_cu_load(void)
     E2E_CU(MemAddressFree, "cuMemAddressFree");
     E2E_CU(MemCreate, "cuMemCreate");
     E2E_CU(MemRelease, "cuMemRelease");
+    E2E_CU(MemRetainAllocationHandle, "cuMemRetainAllocationHandle");
     E2E_CU(MemMap, "cuMemMap");
     E2E_CU(MemUnmap, "cuMemUnmap");
     E2E_CU(MemSetAccess, "cuMemSetAccess");

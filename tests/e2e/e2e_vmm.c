@@ -10,6 +10,11 @@
  *                the documented code and nothing changed
  *   release      physical memory goes back when released *and* unmapped;
  *                another context then gets it
+ *   retain       cuMemRetainAllocationHandle, from any address of a
+ *                mapping, gives the handle that mapped it and one more
+ *                reference: the memory outlives its unmap until that
+ *                reference is released too, and maps again elsewhere with
+ *                its contents; an unmapped address is refused
  *   fault        a child touching an unmapped granule, or a mapped one
  *                without access, dies; with access it lives
  *   lifetime     cuCtxDestroy leaves a VMM allocation, and so does a primary
@@ -190,6 +195,57 @@ static void release(void)
     CHECK_EQ(D.MemAddressFree(base, most), CUDA_SUCCESS);
 }
 
+static void retain(void)
+{
+    start();
+    CUmemAllocationProp p = prop_on(0);
+    CUmemAccessDesc rw = rw_on(0);
+    size_t free0 = 0, free1 = 0, total = 0;
+    CUdeviceptr base = 0;
+    CHECK_EQ(D.MemAddressReserve(&base, 8 * gran, 0, 0, 0), CUDA_SUCCESS);
+    CUmemGenericAllocationHandle h = 0, kept = 0, again = 0, h2 = 0;
+    CHECK_EQ(D.MemCreate(&h, gran, &p, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.MemMap(base, gran, 0, h, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.MemRelease(h), CUDA_SUCCESS); /* the mapping alone holds it now */
+    CHECK_EQ(D.MemSetAccess(base, gran, &rw, 1), CUDA_SUCCESS);
+    memset((void *)(uintptr_t)base, 0x7e, gran);
+    /* Not mapped: refused. */
+    CHECK_EQ(D.MemRetainAllocationHandle(&kept, (void *)(uintptr_t)(base + gran)),
+             CUDA_ERROR_INVALID_VALUE);
+    /* Any address of the mapping names the same handle. */
+    CHECK_EQ(D.MemRetainAllocationHandle(&kept, (void *)(uintptr_t)(base + gran - 1)),
+             CUDA_SUCCESS);
+    CHECK_EQ(kept, h);
+    CHECK_EQ(D.MemRetainAllocationHandle(&again, (void *)(uintptr_t)base), CUDA_SUCCESS);
+    CHECK_EQ(again, h);
+    CHECK_EQ(D.MemRelease(again), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().vmm_retain_calls, 2);
+    /* Unmapped, the retained reference keeps the memory. */
+    CHECK_EQ(D.MemGetInfo(&free0, &total), CUDA_SUCCESS);
+    CHECK_EQ(D.MemUnmap(base, gran), CUDA_SUCCESS);
+    CHECK_EQ(D.MemGetInfo(&free1, &total), CUDA_SUCCESS);
+    CHECK_EQ(free1, free0);
+    /* It maps elsewhere, contents and all, and needs access again. */
+    CHECK_EQ(D.MemMap(base + 5 * gran, gran, 0, kept, 0), CUDA_SUCCESS);
+    CHECK(e2e_touch_dies(base + 5 * gran));
+    CHECK_EQ(D.MemSetAccess(base + 5 * gran, gran, &rw, 1), CUDA_SUCCESS);
+    CHECK(((unsigned char *)(uintptr_t)(base + 5 * gran))[gran / 2] == 0x7e);
+    /* One release per reference: the last one leaves the mapping holding
+     * it, and a further release is refused. */
+    CHECK_EQ(D.MemRelease(kept), CUDA_SUCCESS);
+    CHECK_EQ(D.MemRelease(kept), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(D.MemMap(base, gran, 0, kept, 0), CUDA_ERROR_INVALID_VALUE); /* no reference left */
+    CHECK_EQ(D.MemGetInfo(&free1, &total), CUDA_SUCCESS);
+    CHECK_EQ(free1, free0);
+    /* Unmapped with no reference: it goes back to the device. */
+    CHECK_EQ(D.MemUnmap(base + 5 * gran, gran), CUDA_SUCCESS);
+    CHECK_EQ(D.MemGetInfo(&free1, &total), CUDA_SUCCESS);
+    CHECK_EQ(free1, free0 + gran);
+    CHECK_EQ(D.MemRetainAllocationHandle(&h2, (void *)(uintptr_t)(base + 5 * gran)),
+             CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(D.MemAddressFree(base, 8 * gran), CUDA_SUCCESS);
+}
+
 /* Runs fn in a child; returns whether it died (signal or failing exit:
  * under ASan a fault is reported and the child exits instead). */
 static void fault(void)
@@ -255,7 +311,7 @@ int main(int argc, char **argv)
         const char *name;
         void (*fn)(void);
     } scenarios[] = {{"map", map},     {"rules", rules},         {"release", release},
-                     {"fault", fault}, {"lifetime", lifetime},
+                     {"retain", retain}, {"fault", fault}, {"lifetime", lifetime},
                      {"unsupported", unsupported}};
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
         if (strcmp(s, scenarios[i].name) == 0) {

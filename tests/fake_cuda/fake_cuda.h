@@ -55,6 +55,7 @@ typedef struct fakecuda_stats {
     uint64_t vmm_create_calls;     /* cuMemCreate (bytes_in_use counts what they hold) */
     uint64_t vmm_map_calls;        /* cuMemMap */
     uint64_t vmm_unmap_calls;      /* cuMemUnmap */
+    uint64_t vmm_retain_calls;     /* cuMemRetainAllocationHandle that succeeded */
     uint64_t vmm_peer_grants;      /* cuMemSetAccess entries giving a peer device access */
     uint64_t peer_enables;         /* cuCtxEnablePeerAccess that succeeded */
     uint64_t implicit_joins;       /* operations made to wait by the legacy stream's rules */

@@ -2601,10 +2601,11 @@ EXPORT CUresult cuGetExportTable(const void **table, const CUuuid *id)
 
 /*
  * cuMemAddressReserve / cuMemCreate / cuMemMap / cuMemSetAccess / cuMemUnmap /
- * cuMemRelease / cuMemAddressFree on host memory. A reservation is an
- * anonymous PROT_NONE mapping; a physical allocation is a memory file
- * (memfd) counted against the device's memory from cuMemCreate until it is
- * both released and unmapped everywhere; cuMemMap maps the file over the
+ * cuMemRetainAllocationHandle / cuMemRelease / cuMemAddressFree on host
+ * memory. A reservation is an anonymous PROT_NONE mapping; a physical
+ * allocation is a memory file (memfd) counted against the device's memory
+ * from cuMemCreate until every reference to its handle is released and it
+ * is unmapped everywhere; cuMemMap maps the file over the
  * reservation with MAP_FIXED, still PROT_NONE ("calling cuMemMap does not
  * make the address accessible"), and cuMemSetAccess gives the owning
  * device's protection: touching a granule that is unmapped, or mapped
@@ -2625,16 +2626,19 @@ EXPORT CUresult cuGetExportTable(const void **table, const CUuuid *id)
  * Lifetime: cuCtxDestroy "will not destroy memory allocations by
  * cuMemCreate()" (cuda.h), and neither does a primary context's reset or
  * last release (read off an H100: mappings made before cudaDeviceReset
- * could be unmapped after it). Where cuda.h leaves a
- * misuse undefined (a handle used after release, freeing a reservation that
- * is still mapped) the fake answers CUDA_ERROR_INVALID_VALUE: the real
- * driver may do worse, and the tests must not depend on either.
+ * could be unmapped after it). Where cuda.h leaves a misuse undefined (a
+ * handle used after its last release, freeing a reservation that is still
+ * mapped) the fake answers CUDA_ERROR_INVALID_VALUE: the real driver may do
+ * worse, and the tests must not depend on either.
  */
+/* A physical allocation. refs counts the references to its handle:
+ * cuMemCreate's, and one per cuMemRetainAllocationHandle ("must be released
+ * with corresponding number of calls to cuMemRelease"); the memory lasts
+ * while a reference or a mapping does. */
 typedef struct vmm_handle {
     int dev, fd;
     uint64_t size;
-    unsigned mappings;
-    bool released;
+    unsigned mappings, refs;
 } vmm_handle;
 
 typedef struct vmm_range {
@@ -2731,10 +2735,10 @@ static void vmm_destroy(vmm_handle *h)
     free(h);
 }
 
-/* Once released and unmapped everywhere. */
+/* Once every reference is released and every mapping unmapped. */
 static void vmm_maybe_free(vmm_handle *h)
 {
-    if (h->released && !h->mappings)
+    if (!h->refs && !h->mappings)
         vmm_destroy(h);
 }
 
@@ -2921,7 +2925,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
         free(h);
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
     }
-    *h = (vmm_handle){dev, fd, size, 0, false};
+    *h = (vmm_handle){dev, fd, size, 0, 1};
     V.handles[V.nhandles++] = h;
     G.st.bytes_in_use[dev] += size;
     *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
@@ -2932,10 +2936,29 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     VMM_ENTER();
     vmm_handle *h = vmm_handle_of(handle);
-    if (!h || h->released)
+    if (!h || !h->refs)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
-    h->released = true;
+    h->refs--;
     vmm_maybe_free(h); /* else when its last mapping goes */
+    LEAVE(CUDA_SUCCESS);
+}
+
+/* "Given an address addr, returns the allocation handle of the backing
+ * memory allocation ... the same handle value used to map the memory. If the
+ * address requested is not mapped, the function will fail. The returned
+ * handle must be released with corresponding number of calls to
+ * cuMemRelease"; addr "can be any address in a range previously mapped by
+ * cuMemMap". It is how a program keeps memory it is about to unmap: the
+ * reference outlives the mapping. */
+EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    VMM_ENTER();
+    vmm_range *m = vmm_mapping_at((CUdeviceptr)(uintptr_t)addr);
+    if (!handle || !m)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    m->h->refs++;
+    G.st.vmm_retain_calls++;
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)m->h;
     LEAVE(CUDA_SUCCESS);
 }
 
@@ -2950,7 +2973,7 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
      * range "must be an address reservation previously reserved with
      * cuMemAddressReserve"; offset + size within the allocation. */
     vmm_handle *h = vmm_handle_of(handle);
-    if (!h || h->released || size == 0 || offset != 0 || flags || !vmm_aligned(ptr) ||
+    if (!h || !h->refs || size == 0 || offset != 0 || flags || !vmm_aligned(ptr) ||
         !vmm_aligned(size) || size > h->size || !vmm_reservation(ptr, size))
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     for (size_t m = 0; m < V.nmapped; m++)
@@ -3172,6 +3195,7 @@ static const proc procs[] = {
     P("cuMemAddressFree", 10020, cuMemAddressFree),
     P("cuMemCreate", 10020, cuMemCreate),
     P("cuMemRelease", 10020, cuMemRelease),
+    P("cuMemRetainAllocationHandle", 11000, cuMemRetainAllocationHandle),
     P("cuMemMap", 10020, cuMemMap),
     P("cuMemUnmap", 10020, cuMemUnmap),
     P("cuMemSetAccess", 10020, cuMemSetAccess),
