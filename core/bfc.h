@@ -135,6 +135,22 @@ typedef struct bfc_backend {
      * regardless. NULL: always ready. Called with the pool locked.
      */
     bool (*release_ready)(void *ctx);
+    /*
+     * Optional (vmm): keep(ctx, true) before the pool unmaps free space
+     * only to map as much again elsewhere in the same call (an allocation
+     * under pressure), keep(ctx, false) after. In between, unmap may keep
+     * the physical memory it takes away, map should use kept memory before
+     * it asks the device for more, and keep(ctx, false) gives back whatever
+     * is still kept. The memory then moves instead of leaving the process
+     * and being taken again: nothing else on the device (another process,
+     * the driver's own allocations) can take it in between, and a move
+     * costs no new physical allocation. Kept memory lives only inside that
+     * one call; pool_bytes does not count it (the device holds at most
+     * limit_bytes all the same: the pool maps no more than it unmapped plus
+     * the room under the limit, and map uses kept memory first). NULL: every
+     * unmap gives the memory back. Called with the pool locked.
+     */
+    void (*keep)(void *ctx, bool on);
 } bfc_backend;
 
 /*
@@ -314,7 +330,8 @@ typedef struct bfc_stats {
     uint64_t num_unmap_calls; /* backend.unmap calls (vmm) */
     uint64_t num_map_failures;
     /* Bytes given back to the device so far: unmapped granules (vmm) and
-     * returned regions. */
+     * returned regions. Under pressure a backend with keep may move
+     * unmapped granules under the new block instead; they count here too. */
     uint64_t released_bytes_total;
     uint64_t host_metadata_bytes; /* host memory the engine holds for bookkeeping */
     /* With a plan (bfc_pool_set_plan): allocations placed where it said;

@@ -614,10 +614,42 @@ static uint32_t refit_before_mapping(bfc_pool *p, uint32_t c, uint64_t rounded, 
 }
 
 /*
- * vmm: maps what just-carved chunk c lacks. When the limit or the device
- * says no, gives back the granules of free space (c itself is allocated,
- * so its own stay) and waits for fences, whose blocks become free space to
- * give back, until the mapping succeeds or nothing is left to try; then c
+ * vmm, pressure: [lo, hi) of region r could not be mapped. When the limit
+ * forbids it, gives back that shortfall of free space, from the free chunks
+ * least likely to be needed again, rather than all of it, which every later
+ * block landing there would have to map again. When that is not enough, or
+ * the device refused whatever the limit, everything free goes; then what
+ * the GPU has finished retires without waiting (a poll, as before growing),
+ * and only then does the pool wait, oldest fence first, until the mapping
+ * succeeds or nothing is left to try. The caller brackets this with the
+ * backend's keep, so what is unmapped here moves rather than leaves.
+ */
+static bool map_under_pressure(bfc_pool *p, region *r, bfc_addr lo, bfc_addr hi)
+{
+    uint64_t missing = backing_missing(p, r, lo, hi);
+    uint64_t room = p->opt.limit_bytes - p->st.pool_bytes;
+    if (missing > room && backing_release_some(p, missing - room) >= missing - room &&
+        backing_map(p, r, lo, hi))
+        return true;
+    /* Mapped bytes when the last attempt failed: try again only once some
+     * went back (here, or by the threshold as retirements free blocks). */
+    uint64_t failed_at = p->st.pool_bytes;
+    bool polled = false;
+    for (;;) {
+        backing_release_free(p);
+        if (p->st.pool_bytes < failed_at) {
+            if (backing_map(p, r, lo, hi))
+                return true;
+            failed_at = p->st.pool_bytes;
+        }
+        if (!retire_or_wait(p, &polled))
+            return false;
+    }
+}
+
+/*
+ * vmm: maps what just-carved chunk c lacks, under pressure if it must (c
+ * itself is allocated, so its own granules stay); when nothing works c
  * returns to free space (merging back into what it was cut from) and the
  * allocation fails. Pending chunks are always backed, so a block taken
  * from its own lane never gets here with anything to map.
@@ -627,37 +659,17 @@ static bool back_allocation(bfc_pool *p, uint32_t c)
     if (block_mapped(p, c))
         return true;
     bfc_addr lo = C(p, c)->addr, hi = lo + C(p, c)->size;
-    int r = p->nregions == 1 ? 0 : region_find(p, lo);
-    if (backing_map(p, &p->regions[r], lo, hi))
+    region *r = &p->regions[p->nregions == 1 ? 0 : region_find(p, lo)];
+    if (backing_map(p, r, lo, hi))
         return true;
-    /* Over the limit by `over`: give back that much, from the free chunks
-     * least likely to be needed again, rather than all free space, which
-     * every later block landing there would have to map again. */
-    uint64_t missing = backing_missing(p, &p->regions[r], lo, hi);
-    uint64_t room = p->opt.limit_bytes - p->st.pool_bytes;
-    if (missing > room && backing_release_some(p, missing - room) >= missing - room &&
-        backing_map(p, &p->regions[r], lo, hi))
-        return true;
-    /* Mapped bytes when the last attempt failed: try again only once some
-     * went back (here, or by the threshold as retirements free blocks). The
-     * device may have refused, whatever the limit: everything free goes.
-     * Then what the GPU has finished retires without waiting (a poll, as
-     * before growing), and only then does the pool wait, oldest fence
-     * first. */
-    uint64_t failed_at = p->st.pool_bytes;
-    bool polled = false;
-    for (;;) {
-        backing_release_free(p);
-        if (p->st.pool_bytes < failed_at) {
-            if (backing_map(p, &p->regions[r], lo, hi))
-                return true;
-            failed_at = p->st.pool_bytes;
-        }
-        if (!retire_or_wait(p, &polled))
-            break;
-    }
-    pool_make_free(p, c);
-    return false;
+    if (p->backend.keep)
+        p->backend.keep(p->backend.ctx, true);
+    bool mapped = map_under_pressure(p, r, lo, hi);
+    if (p->backend.keep)
+        p->backend.keep(p->backend.ctx, false);
+    if (!mapped)
+        pool_make_free(p, c);
+    return mapped;
 }
 
 /*

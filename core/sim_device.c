@@ -158,16 +158,22 @@ static void track_remove(sim_device *d, uint64_t base, uint64_t size)
         d->misuse++; /* unmapped what was not mapped */
 }
 
+/* Physical memory behind a map: kept memory first (while keeping), then
+ * the device's. */
 static int sim_map(void *ctx, bfc_addr addr, uint64_t size)
 {
     sim_device *d = ctx;
     d->map_calls++;
-    if ((d->fail_map && d->map_calls == d->fail_map) || size > d->capacity - d->held ||
+    const uint64_t moved = size < d->kept ? size : d->kept, fresh = size - moved;
+    if ((d->fail_map && d->map_calls == d->fail_map) || fresh > d->capacity - d->held ||
         (d->refuse_above && size > d->refuse_above))
         return 1;
     if (d->track_maps && !track_add(d, addr, size))
         return 1;
-    d->held += size;
+    d->kept -= moved;
+    d->moved_bytes += moved;
+    d->created_bytes += fresh;
+    d->held += fresh;
     return 0;
 }
 
@@ -177,13 +183,29 @@ static void sim_unmap(void *ctx, bfc_addr addr, uint64_t size)
     d->unmap_calls++;
     if (d->track_maps)
         track_remove(d, addr, size);
-    d->held -= size;
+    if (d->keeping)
+        d->kept += size; /* still held */
+    else
+        d->held -= size;
+}
+
+static void sim_keep(void *ctx, bool on)
+{
+    sim_device *d = ctx;
+    if (d->keeping == on)
+        d->misuse++; /* brackets must pair */
+    d->keeping = on;
+    d->keep_calls++;
+    if (!on) {
+        d->held -= d->kept;
+        d->kept = 0;
+    }
 }
 
 bfc_backend sim_device_vmm_backend(sim_device *d)
 {
     return (bfc_backend){.ctx = d, .region_alloc = sim_reserve, .region_free = sim_unreserve,
-                         .map = sim_map, .unmap = sim_unmap};
+                         .map = sim_map, .unmap = sim_unmap, .keep = sim_keep};
 }
 
 bool sim_device_mapped(const sim_device *d, uint64_t addr, uint64_t size)

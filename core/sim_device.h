@@ -23,6 +23,12 @@ typedef struct sim_device {
      * and each call checked against them (maps only onto unmapped space,
      * unmaps only what is mapped); `misuse` counts violations. */
     uint64_t map_calls, unmap_calls;
+    /* bfc_backend.keep: between keep(true) and keep(false) unmapped memory
+     * stays held (kept) and maps use it first. created_bytes counts what
+     * maps took from the device, moved_bytes what they took from kept
+     * memory; keep_calls counts both brackets. */
+    bool keeping;
+    uint64_t kept, created_bytes, moved_bytes, keep_calls;
     uint64_t fail_map;        /* refuse the Nth map call (1-based; 0: none) */
     bool track_maps;
     uint64_t misuse;
@@ -53,7 +59,8 @@ void sim_device_init(sim_device *d, uint64_t capacity);
 bfc_backend sim_device_backend(sim_device *d);
 
 /* A backend for bfc_options.vmm: region_alloc reserves address space (never
- * refused for capacity), map/unmap take and give back d's capacity. */
+ * refused for capacity), map/unmap take and give back d's capacity, and
+ * keep holds what is unmapped for the maps that follow (see above). */
 bfc_backend sim_device_vmm_backend(sim_device *d);
 
 /* bfc_backend.fence_done for the lagging GPU above (ctx: the device). */

@@ -436,6 +436,7 @@ static void print_vmm_json(json_out *j, const trace_report *r, const replay_opts
     json_u64_array(j, "prealloc_map_calls", v->prealloc_map_calls, 2);
     json_u64_array(j, "prealloc_unmap_calls", v->prealloc_unmap_calls, 2);
     json_u64_array(j, "prealloc_unmapped_bytes", v->prealloc_unmapped_bytes, 2);
+    json_u64_array(j, "prealloc_created_bytes", v->prealloc_created_bytes, 2);
     json_u64(j, "peak_mapped_bytes", v->peak_mapped_bytes);
     json_double(j, "peak_mapped_efficiency", efficiency_of(r->t, v->peak_mapped_bytes));
     json_u64(j, "map_calls", v->map_calls);
@@ -459,7 +460,7 @@ static void print_vmm_json(json_out *j, const trace_report *r, const replay_opts
 static void print_vmm_row(const trace_report *r)
 {
     const replay_vmm_report *v = &r->vmm;
-    char a[32], b[32], c[32], d[32];
+    char a[32], b[32], c[32], d[32], e[32];
     printf("  vmm: min limit %s (%.4f), peak mapped %s (%.4f, %llu maps, %llu unmaps); "
            "growth-mode regions: min limit %s (%.4f), peak %s in %llu regions\n",
            format_size(v->min_limit_bytes, a, sizeof a), efficiency_of(r->t, v->min_limit_bytes),
@@ -470,11 +471,13 @@ static void print_vmm_row(const trace_report *r)
            format_size(v->regions_peak_bytes, d, sizeof d),
            (unsigned long long)v->regions_count);
     printf("  vmm preallocated: min limit %s (%.4f), unmapped to map elsewhere %s there, "
-           "%s with 1%% more\n",
+           "%s with 1%% more; made after the start %s, %s\n",
            format_size(v->prealloc_min_limit_bytes, a, sizeof a),
            efficiency_of(r->t, v->prealloc_min_limit_bytes),
            format_size(v->prealloc_unmapped_bytes[0], b, sizeof b),
-           format_size(v->prealloc_unmapped_bytes[1], c, sizeof c));
+           format_size(v->prealloc_unmapped_bytes[1], c, sizeof c),
+           format_size(v->prealloc_created_bytes[0], d, sizeof d),
+           format_size(v->prealloc_created_bytes[1], e, sizeof e));
 }
 
 static void print_json(const trace_report *r, const replay_opts *o)

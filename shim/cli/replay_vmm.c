@@ -119,17 +119,21 @@ static bool make_pool(sim_pool *sp, pool_kind kind, const bfc_options *policy, u
     return sp->pool != NULL;
 }
 
-/* Replays the trace in a fresh pool; fills *st and returns the failures
+/* Replays the trace in a fresh pool; fills *st (and *created, when given,
+ * with the physical memory the device made for it) and returns the failures
  * (UINT64_MAX when no pool could be made). */
 static uint64_t replay_in(const trace *t, pool_kind kind, const bfc_options *policy,
                           uint64_t gpu_lag, uint64_t limit, bfc_addr *slot_addr, bfc_stats *st,
-                          uint64_t *curve_held, uint64_t *curve_live, uint64_t *curve_at)
+                          uint64_t *created, uint64_t *curve_held, uint64_t *curve_live,
+                          uint64_t *curve_at)
 {
     sim_pool sp;
     if (!make_pool(&sp, kind, policy, limit, gpu_lag))
         return UINT64_MAX;
     uint64_t failures = run_trace(&sp, t, slot_addr, curve_held, curve_live, curve_at);
     bfc_pool_stats(sp.pool, st);
+    if (created)
+        *created = sp.dev.created_bytes;
     if (sp.lane != BFC_NO_LANE)
         bfc_pool_lane_close(sp.pool, sp.lane);
     bfc_pool_destroy(sp.pool, true);
@@ -150,7 +154,7 @@ static bool serves_at(void *ctx, uint64_t limit)
     serves_ctx *c = ctx;
     bfc_stats st;
     return replay_in(c->t, c->kind, c->policy, c->gpu_lag, limit, c->slot_addr, &st, NULL, NULL,
-                     NULL) == 0;
+                     NULL, NULL) == 0;
 }
 
 /* The smallest limit, in multiples of `unit`, at which a pool of `kind`
@@ -177,7 +181,7 @@ void replay_vmm_measure(const trace *t, const bfc_options *policy, uint64_t gpu_
     if (out->min_limit_bytes) {
         bfc_stats st;
         replay_in(t, KIND_VMM, policy, gpu_lag, out->min_limit_bytes, slot_addr, &st, NULL, NULL,
-                  NULL);
+                  NULL, NULL);
         out->tight_map_calls = st.num_map_calls;
         out->tight_unmap_calls = st.num_unmap_calls;
     }
@@ -192,8 +196,11 @@ void replay_vmm_measure(const trace *t, const bfc_options *policy, uint64_t gpu_
                           (out->prealloc_min_limit_bytes + out->prealloc_min_limit_bytes / 100 +
                            gran - 1) / gran * gran};
         for (int k = 0; k < 2; k++) {
+            uint64_t created = 0;
             out->prealloc_failures[k] = replay_in(t, KIND_VMM_PREALLOCATED, policy, gpu_lag, at[k],
-                                                  slot_addr, &st, NULL, NULL, NULL);
+                                                  slot_addr, &st, &created, NULL, NULL, NULL);
+            /* The limit is whole granules: all of it was made at start. */
+            out->prealloc_created_bytes[k] = created > at[k] ? created - at[k] : 0;
             out->prealloc_limit[k] = at[k];
             out->prealloc_map_calls[k] = st.num_map_calls;
             out->prealloc_unmap_calls[k] = st.num_unmap_calls;
@@ -202,7 +209,7 @@ void replay_vmm_measure(const trace *t, const bfc_options *policy, uint64_t gpu_
     }
 
     bfc_stats st;
-    out->unlimited_failures = replay_in(t, KIND_VMM, policy, gpu_lag, roomy, slot_addr, &st,
+    out->unlimited_failures = replay_in(t, KIND_VMM, policy, gpu_lag, roomy, slot_addr, &st, NULL,
                                         out->curve_mapped, out->curve_live, out->curve_event);
     out->curve_points = curve_points(t);
     out->peak_mapped_bytes = st.peak_pool_bytes;
@@ -211,7 +218,7 @@ void replay_vmm_measure(const trace *t, const bfc_options *policy, uint64_t gpu_
     out->released_bytes = st.released_bytes_total;
     out->fence_waits = st.num_fence_waits;
 
-    out->regions_failures = replay_in(t, KIND_REGIONS, policy, gpu_lag, roomy, slot_addr, &st,
+    out->regions_failures = replay_in(t, KIND_REGIONS, policy, gpu_lag, roomy, slot_addr, &st, NULL,
                                       out->curve_regions, NULL, NULL);
     out->regions_peak_bytes = st.peak_pool_bytes;
     out->regions_count = st.num_region_allocs;

@@ -18,11 +18,13 @@ typedef struct replay_vmm_report {
     uint64_t tight_map_calls, tight_unmap_calls;
     /* The pool preallocated over virtual memory (the whole limit mapped at
      * creation): its smallest limit, and at that limit [0] and 1% above it
-     * [1] the map/unmap calls and the bytes unmapped to be mapped elsewhere
-     * (0 failures expected at both). */
+     * [1] the map/unmap calls, the bytes unmapped to be mapped elsewhere
+     * (0 failures expected at both), and the physical memory the device
+     * made after the start (what moved under pressure was kept, not made
+     * again: bfc_backend.keep). */
     uint64_t prealloc_min_limit_bytes;
     uint64_t prealloc_limit[2], prealloc_failures[2], prealloc_map_calls[2],
-        prealloc_unmap_calls[2], prealloc_unmapped_bytes[2];
+        prealloc_unmap_calls[2], prealloc_unmapped_bytes[2], prealloc_created_bytes[2];
     /* One run with room to spare, at the policy's release threshold. */
     uint64_t peak_mapped_bytes, map_calls, unmap_calls, released_bytes;
     uint64_t fence_waits, regions_fence_waits; /* --gpu-lag: the host blocked */

@@ -95,6 +95,7 @@ static void load_driver(void)
     LOOK(MemAddressFree, "cuMemAddressFree");
     LOOK(MemCreate, "cuMemCreate");
     LOOK(MemRelease, "cuMemRelease");
+    LOOK(MemRetainAllocationHandle, "cuMemRetainAllocationHandle");
     LOOK(MemMap, "cuMemMap");
     LOOK(MemUnmap, "cuMemUnmap");
     LOOK(MemSetAccess, "cuMemSetAccess");

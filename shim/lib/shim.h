@@ -166,6 +166,7 @@ typedef struct real_driver {
     CUresult (*MemCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
                           unsigned long long);
     CUresult (*MemRelease)(CUmemGenericAllocationHandle);
+    CUresult (*MemRetainAllocationHandle)(CUmemGenericAllocationHandle *, void *); /* optional */
     CUresult (*MemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
                        unsigned long long);
     CUresult (*MemUnmap)(CUdeviceptr, size_t);
@@ -276,6 +277,15 @@ typedef struct shim_pool {
     /* devices that enabled access from more contexts than vmm_enablers
      * holds: they keep it for the pool's life */
     uint64_t vmm_peers_kept;
+    /* over virtual memory, while the engine moves memory under pressure
+     * (bfc_backend.keep): the handles of the granules unmapped meanwhile,
+     * which the next maps use before cuMemCreate. Touched only in engine
+     * callbacks, under the engine's lock; empty between its calls. */
+    bool vmm_keeping;
+    CUmemGenericAllocationHandle *vmm_kept;
+    size_t vmm_nkept, vmm_capkept;
+    /* bytes mapped again from kept handles, all told */
+    atomic_uint_fast64_t vmm_moved_bytes;
 } shim_pool;
 
 /* ---- the pool over virtual memory (vmm.c) ----------------------------------------- */

@@ -60,6 +60,8 @@ static void pool_json(json_out *j, shim_pool *sp, const bfc_stats *s)
     json_bool(j, "vmm", sp->vmm_granule != 0);
     json_u64(j, "reserved_bytes", st.va_bytes);
     json_u64(j, "released_bytes_total", st.released_bytes_total);
+    /* of those, what moved under a new block instead of leaving (vmm.c) */
+    json_u64(j, "moved_bytes_total", atomic_load(&sp->vmm_moved_bytes));
     json_u64(j, "num_map_calls", st.num_map_calls);
     json_u64(j, "num_unmap_calls", st.num_unmap_calls);
     json_u64(j, "largest_free_block_bytes", st.largest_free_block_bytes);
@@ -240,10 +242,11 @@ static void pool_summary(void *arg, shim_pool *sp, const bfc_stats *st)
             (unsigned long long)st->num_region_allocs);
     if (sp->vmm_granule)
         fprintf(f, "    over virtual memory: %s of address space, %llu map and %llu unmap "
-                   "call(s), %s given back\n",
+                   "call(s), %s unmapped (%s of it moved under new blocks)\n",
                 format_size(st->va_bytes, a, sizeof a), (unsigned long long)st->num_map_calls,
                 (unsigned long long)st->num_unmap_calls,
-                format_size(st->released_bytes_total, b, sizeof b));
+                format_size(st->released_bytes_total, b, sizeof b),
+                format_size(atomic_load(&sp->vmm_moved_bytes), c, sizeof c));
     fprintf(f, "    in use %s, peak %s, largest allocation %s\n",
             format_size(st->bytes_in_use, a, sizeof a),
             format_size(st->peak_bytes_in_use, b, sizeof b),

@@ -9,7 +9,13 @@
  * stays until its mapping goes ("freed when all outstanding mappings to the
  * memory are unmapped and when all outstanding references to the handle ...
  * are also released", cuda.h on cuMemRelease), so the shim keeps no table of
- * handles. Access is granted to the pool's own device (cuMemMap alone makes
+ * handles. Under pressure the engine unmaps free granules only to map as
+ * many where a block landed (bfc_backend.keep): then each granule's handle
+ * is retained before its unmap (cuMemRetainAllocationHandle) and the maps
+ * that follow use those handles before cuMemCreate, so the memory moves
+ * without going back to the driver, where another process or the driver
+ * itself could take it, and a move creates nothing; what is left when the
+ * engine's call ends is released. Access is granted to the pool's own device (cuMemMap alone makes
  * nothing accessible) and to every device that enabled peer access to the
  * pool's context (cuCtxEnablePeerAccess, which the driver door intercepts;
  * cudaDeviceEnablePeerAccess reaches it through cudart's lookup): already
@@ -140,24 +146,49 @@ static void va_free(void *ctx, bfc_addr base, uint64_t size)
     real_driver_get()->MemAddressFree(base, (size_t)size);
 }
 
-/* Unmaps [addr, addr + size) of device `dev` one granule at a time, as
- * mapped. A refusal is said (once per call, naming the device, as every
- * other message here does): the device does not get that memory back. */
-static void unmap_granules(const real_driver *R, CUdevice dev, uint64_t g, bfc_addr addr,
-                           uint64_t size)
+/* Keeps a retained handle for the maps that follow; false when host memory
+ * runs out (the caller releases it: the memory goes back). */
+static bool push_kept(shim_pool *sp, CUmemGenericAllocationHandle h)
 {
+    if (sp->vmm_nkept == sp->vmm_capkept) {
+        size_t cap = sp->vmm_capkept ? 2 * sp->vmm_capkept : 64;
+        CUmemGenericAllocationHandle *more = realloc(sp->vmm_kept, cap * sizeof *more);
+        if (!more)
+            return false;
+        sp->vmm_kept = more;
+        sp->vmm_capkept = cap;
+    }
+    sp->vmm_kept[sp->vmm_nkept++] = h;
+    return true;
+}
+
+/* Unmaps [addr, addr + size) of pool sp one granule at a time, as mapped;
+ * while the engine moves memory, keeps each granule's physical memory
+ * (its handle retained first) for the maps that follow. A refusal is said
+ * (once per call, naming the device, as every other message here does):
+ * the device does not get that memory back. */
+static void unmap_granules(shim_pool *sp, const real_driver *R, bfc_addr addr, uint64_t size)
+{
+    const uint64_t g = sp->vmm_granule;
+    const bool keeping = sp->vmm_keeping && R->MemRetainAllocationHandle;
     CUresult first = CUDA_SUCCESS;
-    uint64_t kept = 0;
+    uint64_t stuck = 0;
     for (uint64_t off = 0; off < size; off += g) {
+        CUmemGenericAllocationHandle h = 0;
+        bool retained = keeping &&
+                        R->MemRetainAllocationHandle(&h, (void *)(uintptr_t)(addr + off)) ==
+                            CUDA_SUCCESS;
         CUresult r = R->MemUnmap(addr + off, (size_t)g);
         if (r != CUDA_SUCCESS) {
             first = first == CUDA_SUCCESS ? r : first;
-            kept += g;
+            stuck += g;
         }
+        if (retained && (r != CUDA_SUCCESS || !push_kept(sp, h)))
+            R->MemRelease(h);
     }
-    if (kept)
+    if (stuck)
         shim_log(LOG_WARN, "device %d: cuMemUnmap failed (%d): %llu bytes at 0x%llx stay mapped",
-                 (int)dev, (int)first, (unsigned long long)kept, (unsigned long long)addr);
+                 (int)sp->dev, (int)first, (unsigned long long)stuck, (unsigned long long)addr);
 }
 
 /* The access list of the pool's mappings: its own device, and every device
@@ -332,6 +363,22 @@ void vmm_context_gone(CUcontext ctx)
     }
 }
 
+/* Puts physical memory behind one granule at `at`: a kept granule's
+ * (moved) when the engine is moving memory and one is left, else a new one. */
+static CUresult map_one(shim_pool *sp, const real_driver *R, CUdeviceptr at,
+                        const CUmemAllocationProp *prop, const char **step)
+{
+    if (!sp->vmm_nkept)
+        return map_granule(R, at, sp->vmm_granule, prop, step);
+    CUmemGenericAllocationHandle h = sp->vmm_kept[--sp->vmm_nkept];
+    *step = "cuMemMap";
+    CUresult r = R->MemMap(at, (size_t)sp->vmm_granule, 0, h, 0);
+    R->MemRelease(h); /* the mapping holds it now; on failure it goes */
+    if (r == CUDA_SUCCESS)
+        atomic_fetch_add(&sp->vmm_moved_bytes, sp->vmm_granule);
+    return r;
+}
+
 static int map_range(void *ctx, bfc_addr addr, uint64_t size)
 {
     shim_pool *sp = ctx;
@@ -342,15 +389,18 @@ static int map_range(void *ctx, bfc_addr addr, uint64_t size)
     const char *step;
     uint64_t done = 0;
     for (; done < size; done += g)
-        if ((r = map_granule(R, addr + done, g, &prop, &step)) != CUDA_SUCCESS)
+        if ((r = map_one(sp, R, addr + done, &prop, &step)) != CUDA_SUCCESS)
             break;
-    if (r == CUDA_SUCCESS)
+    if (r == CUDA_SUCCESS) {
+        step = "cuMemSetAccess";
         r = grant(sp, R, addr, size);
+    }
     if (r != CUDA_SUCCESS) {
-        /* All or nothing: the engine counts the range as unmapped. */
-        unmap_granules(R, sp->dev, g, addr, done);
-        shim_log(LOG_DEBUG, "device %d: mapping %llu bytes at 0x%llx failed (%d)", (int)sp->dev,
-                 (unsigned long long)size, (unsigned long long)addr, (int)r);
+        /* All or nothing: the engine counts the range as unmapped (what was
+         * mapped goes back to the kept granules while memory moves). */
+        unmap_granules(sp, R, addr, done);
+        shim_log(LOG_DEBUG, "device %d: mapping %llu bytes at 0x%llx failed at %s (%d)",
+                 (int)sp->dev, (unsigned long long)size, (unsigned long long)addr, step, (int)r);
         return 1;
     }
     return 0;
@@ -358,8 +408,24 @@ static int map_range(void *ctx, bfc_addr addr, uint64_t size)
 
 static void unmap_range(void *ctx, bfc_addr addr, uint64_t size)
 {
+    unmap_granules(ctx, real_driver_get(), addr, size);
+}
+
+/* The engine moves memory between keep(true) and keep(false): unmapped
+ * granules are kept for the maps that follow, and what is left at the end
+ * goes back to the device. */
+static void keep(void *ctx, bool on)
+{
     shim_pool *sp = ctx;
-    unmap_granules(real_driver_get(), sp->dev, sp->vmm_granule, addr, size);
+    sp->vmm_keeping = on;
+    if (on)
+        return;
+    const real_driver *R = real_driver_get();
+    for (size_t i = 0; i < sp->vmm_nkept; i++)
+        R->MemRelease(sp->vmm_kept[i]);
+    free(sp->vmm_kept);
+    sp->vmm_kept = NULL;
+    sp->vmm_nkept = sp->vmm_capkept = 0;
 }
 
 /* Asked once before the engine gives free space back on its own. Under the
@@ -396,4 +462,5 @@ void vmm_backend(bfc_backend *b)
     b->map = map_range;
     b->unmap = unmap_range;
     b->release_ready = release_ready;
+    b->keep = keep;
 }

@@ -20,7 +20,8 @@
  *   - an OOM happens only when no chunk fits and the pool could not grow
  *     (vmm: only when too little of the limit is unmapped to map the block);
  *   - vmm: every allocation is mapped on the device, which saw no mapping
- *     twice, no unmapping of what was not mapped, and nothing left at the end;
+ *     twice, no unmapping of what was not mapped, no keep left on (or kept
+ *     memory left over) after a call, and nothing left at the end;
  *     it mapped more only when pending frees could not hold it (or an epoch
  *     stayed unsealed, so they could not be waited for);
  *   - with a plan (a third of the seeds: random sizes and places), an
@@ -899,6 +900,8 @@ static void check_model(void)
                 s.pool_bytes, R.f.dev.held, R.f.opt.limit_bytes);
     if (R.f.dev.misuse)
         FAIL_AT("the device saw %" PRIu64 " bad map/unmap/unreserve call(s)", R.f.dev.misuse);
+    if (R.f.dev.keeping || R.f.dev.kept)
+        FAIL_AT("the device still keeps %" PRIu64 " unmapped bytes after the call", R.f.dev.kept);
 }
 
 static void run_seed(uint64_t seed, uint64_t ops)

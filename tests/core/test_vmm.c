@@ -1,6 +1,7 @@
 /* The engine over virtual memory (bfc_options.vmm), one rule per case:
  * granules are mapped when blocks land on them, free space coalesces across
- * growth steps, granules of free space go back (threshold, trim, pressure),
+ * growth steps, granules of free space go back (threshold, trim, pressure;
+ * under pressure they move, kept by the backend, rather than go back),
  * never those of pending blocks, and a refused mapping leaves the pool as
  * it was. The simulated device tracks its mappings independently of the
  * engine's bitmap, so "mapped" is checked twice. */
@@ -156,6 +157,59 @@ static void pressure_gives_back_only_the_shortfall_from_the_largest_holes(void)
     uint64_t maps = s.num_map_calls;
     CHECK_EQ(must_alloc(&f, 4 * MiB), b[1]);
     CHECK_EQ(stats_of(&f).num_map_calls, maps);
+    vmm_end(&f);
+}
+
+static void pressure_moves_memory_instead_of_giving_it_back(void)
+{
+    /* The shortfall case above, on a device with nothing to spare: the
+     * four granules unmapped for the 8 MiB block are kept (the backend's
+     * keep brackets the call) and mapped again under it. The device never
+     * got them back, so nothing else could have taken them in between, and
+     * it made no new memory after the pool's first 18 MiB. */
+    fixture f;
+    vmm_begin(&f, 18 * MiB);
+    f.opt.preallocate = true;
+    f.dev.capacity = 18 * MiB;
+    vmm_start(&f);
+    bfc_addr b[5];
+    const uint64_t sizes[5] = {2 * MiB, 6 * MiB, 2 * MiB, 6 * MiB, 2 * MiB};
+    for (int i = 0; i < 5; i++)
+        b[i] = must_alloc(&f, sizes[i]);
+    must_free(&f, b[1]);
+    must_free(&f, b[3]);
+    check_mapped(&f, must_alloc(&f, 8 * MiB), 8 * MiB);
+    CHECK_EQ(f.dev.keep_calls, 2);
+    CHECK_EQ(f.dev.moved_bytes, 8 * MiB);
+    CHECK_EQ(f.dev.created_bytes, 18 * MiB);
+    CHECK(!f.dev.keeping);
+    CHECK_EQ(f.dev.kept, 0);
+    CHECK_EQ(f.dev.held, 18 * MiB);
+    vmm_end(&f);
+}
+
+static void kept_memory_left_over_goes_back_when_the_call_ends(void)
+{
+    /* The device, not the limit, says no: a 12 MiB device full of six
+     * 2 MiB blocks, three of which go. A 4 MiB block fits no hole; all
+     * free space is unmapped (kept), 4 MiB of it moves under the block, and
+     * the other 2 MiB go back to the device when the allocation returns. */
+    fixture f;
+    vmm_begin(&f, 64 * MiB);
+    f.dev.capacity = 12 * MiB;
+    vmm_start(&f);
+    bfc_addr b[6];
+    for (int i = 0; i < 6; i++)
+        b[i] = must_alloc(&f, 2 * MiB);
+    for (int i = 0; i < 6; i += 2)
+        must_free(&f, b[i]);
+    CHECK_EQ(f.dev.held, 12 * MiB);
+    check_mapped(&f, must_alloc(&f, 4 * MiB), 4 * MiB);
+    CHECK_EQ(f.dev.created_bytes, 12 * MiB);
+    CHECK_EQ(f.dev.moved_bytes, 4 * MiB);
+    CHECK_EQ(f.dev.kept, 0);
+    CHECK_EQ(f.dev.held, 10 * MiB);
+    CHECK_EQ(stats_of(&f).pool_bytes, 10 * MiB);
     vmm_end(&f);
 }
 
@@ -560,6 +614,8 @@ int main(void)
     RUN(free_space_coalesces_across_growth_steps);
     RUN(pressure_gives_back_free_granules_before_failing);
     RUN(pressure_gives_back_only_the_shortfall_from_the_largest_holes);
+    RUN(pressure_moves_memory_instead_of_giving_it_back);
+    RUN(kept_memory_left_over_goes_back_when_the_call_ends);
     RUN(threshold_releases_as_frees_merge);
     RUN(releases_wait_for_the_backend);
     RUN(pending_blocks_are_never_unmapped);

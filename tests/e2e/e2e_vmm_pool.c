@@ -48,6 +48,14 @@
  *              drivers do: the shim's trial granule finds out, gives back
  *              what it took, logs why, and the pool uses cuMemAlloc
  *   off        (BFCSHIM_VMM=off) regions come from cuMemAlloc as before
+ *   moves      (BFCSHIM_VMM=on, preallocated, 32 MiB) under pressure the
+ *              pool unmaps free granules to map them under a block that
+ *              landed past its mapped memory: the physical memory moves
+ *              (each granule's handle retained before its unmap, and mapped
+ *              again) instead of going back to the driver, so nothing is
+ *              created after the start and the device's free memory never
+ *              rises; the moved block and the blocks around it keep their
+ *              contents; the stats say what moved
  */
 #include <cuda.h>
 
@@ -413,6 +421,58 @@ static void off(void)
     CHECK_EQ(D.MemFree(a), CUDA_SUCCESS);
 }
 
+/* A number field of the shim's stats JSON (the first pool's), or -1. */
+static long long stats_field(const char *name)
+{
+    static char json[1 << 16];
+    size_t (*stats_json)(char *, size_t);
+    *(void **)&stats_json = e2e_dlsym(RTLD_DEFAULT, "bfcshim_stats_json");
+    stats_json(json, sizeof json);
+    char key[64];
+    snprintf(key, sizeof key, "\"%s\":", name);
+    const char *at = strstr(json, key);
+    return at ? strtoll(at + strlen(key), NULL, 10) : -1;
+}
+
+static void moves(void)
+{
+    /* FAKECUDA_MEM=64MiB, BFCSHIM_MEM_FRACTION=0.5: 32 MiB mapped at once. */
+    start();
+    CUdeviceptr b[8];
+    for (int i = 0; i < 8; i++) {
+        CHECK_EQ(D.MemAlloc(&b[i], 4 * MiB), CUDA_SUCCESS);
+        fill_and_check(b[i], 4 * MiB, (unsigned char)(10 + i));
+    }
+    const fakecuda_stats full = fake_stats();
+    CHECK_EQ(full.vmm_create_calls, 1 + 16); /* the trial granule, then the limit */
+    for (int i = 0; i < 8; i += 2)
+        CHECK_EQ(D.MemFree(b[i]), CUDA_SUCCESS);
+    /* Four 4 MiB holes; an 8 MiB block fits none, lands past the mapped
+     * 32 MiB and takes four of their granules. */
+    CUdeviceptr big = 0;
+    CHECK_EQ(D.MemAlloc(&big, 8 * MiB), CUDA_SUCCESS);
+    fill_and_check(big, 8 * MiB, 99);
+    const fakecuda_stats after = fake_stats();
+    CHECK_EQ(after.vmm_create_calls, full.vmm_create_calls); /* nothing new was made */
+    CHECK_EQ(after.vmm_retain_calls, 4);
+    CHECK_EQ(after.vmm_unmap_calls - full.vmm_unmap_calls, 4);
+    CHECK_EQ(after.bytes_in_use[0], full.bytes_in_use[0]);
+    for (int i = 1; i < 8; i += 2) {
+        const unsigned char *p = (const unsigned char *)(uintptr_t)b[i];
+        CHECK(p[0] == 10 + i && p[4 * MiB - 1] == 10 + i);
+    }
+    /* Two of the holes are address space now (the higher ones: equal
+     * sizes, the higher first). */
+    CHECK(e2e_touch_dies(b[6] + MiB));
+    CHECK(e2e_touch_dies(b[4] + MiB));
+    CHECK_EQ(stats_field("moved_bytes_total"), (long long)(8 * MiB));
+    CHECK_EQ(stats_field("released_bytes_total"), (long long)(8 * MiB));
+    CHECK_EQ(stats_field("pool_bytes"), (long long)(32 * MiB));
+    CHECK_EQ(D.MemFree(big), CUDA_SUCCESS);
+    for (int i = 1; i < 8; i += 2)
+        CHECK_EQ(D.MemFree(b[i]), CUDA_SUCCESS);
+}
+
 int main(int argc, char **argv)
 {
     const char *s = argc > 1 ? argv[1] : "";
@@ -430,7 +490,8 @@ int main(int argc, char **argv)
                      {"peers-gone", peers_gone},
                      {"capture", capture},
                      {"refused", refused},
-                     {"off", off}};
+                     {"off", off},
+                     {"moves", moves}};
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
         if (strcmp(s, scenarios[i].name) == 0) {
             scenarios[i].fn();
