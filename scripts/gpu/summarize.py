@@ -120,7 +120,8 @@ def main():
                                                          "peak_pool_bytes",
                                                          "passthrough_allocs", "vmm",
                                                          "num_map_calls", "num_unmap_calls",
-                                                         "released_bytes_total")
+                                                         "released_bytes_total",
+                                                         "moved_bytes_total")
                                     if k in shim}
                 print(f"  {arm}: {json.dumps(keep)}")
     bench = [r for r in results if r.get("workload") == "malloc-bench"]

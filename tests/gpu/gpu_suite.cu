@@ -37,6 +37,17 @@
  *   vmm-ptr-attr     what the driver answers for a mapped and a reserved
  *                    address of the virtual memory API, printed (the fake
  *                    answers as it reads cuda.h; this checks it)
+ *   vmm-retain       cuMemRetainAllocationHandle as the fake models it
+ *                    (e2e_vmm retain): the handle that mapped an address;
+ *                    unmapped, its memory stays and maps elsewhere with its
+ *                    contents. Printed: microseconds per granule to move
+ *                    memory that way against unmapping it and making new
+ *                    (what the pool did under pressure before it kept them)
+ *   pressure         (BFCSHIM_VMM=on, preallocated, a 64 MiB limit) a full
+ *                    pool with holes; a block that fits none moves free
+ *                    granules under it: the moved block and the blocks
+ *                    around it keep what kernels wrote, and the stats say
+ *                    what moved (e2e_vmm_pool moves on the real driver)
  *
  * Another thread's capture (the fake's e2e_fences global-capture and
  * ptsz-capture, on the real driver): while a second thread captures in
@@ -653,6 +664,139 @@ static void vmm_ptr_attr(void)
     CHECK(v.va_free(va, 2 * g) == CUDA_SUCCESS);
 }
 
+static double now_ms(void);
+
+/* cuMemRetainAllocationHandle on the real driver (no pool involved), as the
+ * fake models it from cuda.h and as the pool moves memory under pressure. */
+static void vmm_retain(void)
+{
+    auto retain = (decltype(&cuMemRetainAllocationHandle))driver_fn("cuMemRetainAllocationHandle");
+    vmm_api v;
+    CHECK(retain != NULL);
+    if (!vmm_api_load(&v) || !retain)
+        return;
+    CUmemAllocationProp prop = device_memory_prop();
+    size_t g = 0;
+    CHECK(v.granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) == CUDA_SUCCESS);
+    enum { N = 64 };
+    CUdeviceptr a = 0, b = 0;
+    CHECK(v.reserve(&a, N * g, 0, 0, 0) == CUDA_SUCCESS);
+    CHECK(v.reserve(&b, N * g, 0, 0, 0) == CUDA_SUCCESS);
+    CUmemAccessDesc acc;
+    acc.location = prop.location;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    for (int i = 0; i < N; i++) {
+        CUmemGenericAllocationHandle h = 0;
+        CHECK(v.create(&h, g, &prop, 0) == CUDA_SUCCESS);
+        CHECK(v.map(a + i * g, g, 0, h, 0) == CUDA_SUCCESS);
+        CHECK(v.release(h) == CUDA_SUCCESS); /* as the shim does: the mapping holds it */
+        CHECK(v.access(a + i * g, g, &acc, 1) == CUDA_SUCCESS);
+    }
+    fill<<<256, 256>>>((unsigned *)a, N * g / 4, 0x3c3cu, 0);
+    CUDA_OK(cudaDeviceSynchronize());
+    if (failures)
+        return;
+    /* Any address of a mapping names the handle that mapped it. */
+    CUmemGenericAllocationHandle h1 = 0, h2 = 0;
+    CHECK(retain(&h1, (void *)(uintptr_t)(a + 5 * g)) == CUDA_SUCCESS);
+    CHECK(retain(&h2, (void *)(uintptr_t)(a + 6 * g - 1)) == CUDA_SUCCESS);
+    printf("  retained from the start and the last byte of one granule: %s handle\n",
+           h1 == h2 ? "the same" : "different");
+    CHECK(h1 == h2);
+    CHECK(v.release(h1) == CUDA_SUCCESS && v.release(h2) == CUDA_SUCCESS);
+    CUmemGenericAllocationHandle none = 0;
+    CUresult unmapped = retain(&none, (void *)(uintptr_t)(b + g));
+    printf("  retain of a reserved, unmapped address: %d (the fake: %d)\n", (int)unmapped,
+           (int)CUDA_ERROR_INVALID_VALUE);
+    CHECK(unmapped != CUDA_SUCCESS);
+    /* Move every granule from a to b: retain, unmap, map, access, release. */
+    size_t free0 = 0, free1 = 0, total = 0;
+    CUDA_OK(cudaMemGetInfo(&free0, &total));
+    double t0 = now_ms();
+    for (int i = 0; i < N; i++) {
+        CUmemGenericAllocationHandle h = 0;
+        CHECK(retain(&h, (void *)(uintptr_t)(a + i * g)) == CUDA_SUCCESS);
+        CHECK(v.unmap(a + i * g, g) == CUDA_SUCCESS);
+        CHECK(v.map(b + i * g, g, 0, h, 0) == CUDA_SUCCESS);
+        CHECK(v.access(b + i * g, g, &acc, 1) == CUDA_SUCCESS);
+        CHECK(v.release(h) == CUDA_SUCCESS);
+    }
+    double moved_us = (now_ms() - t0) * 1e3 / N;
+    CUDA_OK(cudaMemGetInfo(&free1, &total));
+    printf("  free memory before and after moving %d granules: %zu, %zu bytes\n", N, free0,
+           free1);
+    CHECK(count_bad_n((unsigned *)b, N * g / 4, 0x3c3cu) == 0); /* the same memory */
+    /* Back from b to a the old way: unmap (the memory goes), create, map,
+     * access, release. */
+    t0 = now_ms();
+    for (int i = 0; i < N; i++) {
+        CUmemGenericAllocationHandle h = 0;
+        CHECK(v.unmap(b + i * g, g) == CUDA_SUCCESS);
+        CHECK(v.create(&h, g, &prop, 0) == CUDA_SUCCESS);
+        CHECK(v.map(a + i * g, g, 0, h, 0) == CUDA_SUCCESS);
+        CHECK(v.access(a + i * g, g, &acc, 1) == CUDA_SUCCESS);
+        CHECK(v.release(h) == CUDA_SUCCESS);
+    }
+    double made_us = (now_ms() - t0) * 1e3 / N;
+    printf("  per %zu-byte granule: moved (retain, unmap, map, access, release) %.1f us; "
+           "given back and made again (unmap, create, map, access, release) %.1f us\n",
+           g, moved_us, made_us);
+    for (int i = 0; i < N; i++)
+        CHECK(v.unmap(a + i * g, g) == CUDA_SUCCESS);
+    CHECK(v.va_free(a, N * g) == CUDA_SUCCESS);
+    CHECK(v.va_free(b, N * g) == CUDA_SUCCESS);
+}
+
+/* A number field of the shim's stats JSON (the first pool's), or -1. */
+static long long shim_stat(const char *name)
+{
+    auto stats = (size_t (*)(char *, size_t))dlsym(RTLD_DEFAULT, "bfcshim_stats_json");
+    static char doc[1 << 16];
+    if (!stats || !stats(doc, sizeof doc))
+        return -1;
+    char key[64];
+    snprintf(key, sizeof key, "\"%s\":", name);
+    const char *at = strstr(doc, key);
+    return at ? strtoll(at + strlen(key), NULL, 10) : -1;
+}
+
+/* Under a preallocated pool over virtual memory with a 64 MiB limit. */
+static void pressure(void)
+{
+    enum { MAXB = 64 };
+    const size_t B = (size_t)4 << 20;
+    unsigned *blk[MAXB] = {0};
+    int n = 0;
+    while (n < MAXB && cudaMalloc((void **)&blk[n], B) == cudaSuccess) {
+        fill<<<64, 256>>>(blk[n], B / 4, 0x100u + n, 0);
+        n++;
+    }
+    cudaGetLastError(); /* the allocation that found the pool full */
+    printf("  %d blocks of 4 MiB fill the pool\n", n);
+    CHECK(n >= 8);
+    CUDA_OK(cudaDeviceSynchronize());
+    for (int i = 0; i < n; i += 2)
+        CUDA_OK(cudaFree(blk[i]));
+    long long moved0 = shim_stat("moved_bytes_total");
+    unsigned *big = NULL;
+    const size_t BIG = 4 * B; /* fits no 4 MiB hole */
+    CUDA_OK(cudaMalloc((void **)&big, BIG));
+    if (!big)
+        return;
+    fill<<<256, 256>>>(big, BIG / 4, 0xb16u, 0);
+    CUDA_OK(cudaDeviceSynchronize());
+    CHECK(count_bad_n(big, BIG / 4, 0xb16u) == 0);
+    for (int i = 1; i < n; i += 2)
+        CHECK(count_bad_n(blk[i], B / 4, 0x100u + i) == 0);
+    long long moved = shim_stat("moved_bytes_total") - moved0;
+    printf("  moved under the new block: %lld bytes (map calls %lld, unmap calls %lld)\n", moved,
+           shim_stat("num_map_calls"), shim_stat("num_unmap_calls"));
+    CHECK(moved >= (long long)BIG);
+    CUDA_OK(cudaFree(big));
+    for (int i = 1; i < n; i += 2)
+        CUDA_OK(cudaFree(blk[i]));
+}
+
 /* ---- another thread's capture -------------------------------------------------- */
 
 typedef struct capturer {
@@ -1258,6 +1402,7 @@ int main(int argc, char **argv)
         {"capture-pending", capture_pending},
         {"reset", reset},             {"first-malloc", first_malloc},
         {"ptr-attr", ptr_attr},       {"vmm-ptr-attr", vmm_ptr_attr},
+        {"vmm-retain", vmm_retain},   {"pressure", pressure},
         {"destroy-primary", destroy_primary},
         {"global-capture", global_capture},
         {"ptds-capture", ptds_capture},
