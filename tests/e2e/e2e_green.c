@@ -20,7 +20,13 @@
  *                   allocation comes: no fence may break that capture, and
  *                   none may pretend to cover the work
  *   green-destroy   the stream, then the green context, are destroyed
- *                   between the free and the allocation (no stale handle)
+ *                   between the free and the allocation (no stale handle);
+ *                   and the stream after a cuCtxDestroy of the converted
+ *                   context, which is refused (green-capture and
+ *                   green-async run once more after that refusal too: the
+ *                   shim has forgotten the streams registered under the
+ *                   converted context by then, and must fence them all
+ *                   the same, since a green context's events cover them)
  *   green-async     cuMemFreeAsync on a green context's stream, the block
  *                   wanted by a stream of the primary context: it must come
  *                   back once the work is done (an event of the primary
@@ -176,14 +182,21 @@ static void shared_pool(void)
 
 /* What happens between the free and the next allocation: nothing, the
  * green stream is destroyed, or the stream and then the green context. */
-typedef enum twist { NO_TWIST, STREAM_GONE, CONTEXT_GONE } twist;
+typedef enum twist { NO_TWIST, STREAM_GONE, CONTEXT_GONE, REFUSED_THEN_STREAM_GONE } twist;
 
 /* Work on a green stream writes the hole, which is freed plainly. */
 static void on_green_stream_with(twist t)
 {
     start();
-    CUgreenCtx g = make_green(NULL);
+    CUcontext converted = NULL;
+    CUgreenCtx g = make_green(&converted);
     CUstream s = green_stream(g);
+    if (t == REFUSED_THEN_STREAM_GONE) {
+        /* The converted context is "a normal primary context": cuCtxDestroy
+         * is refused, and the context and its streams live on. */
+        CHECK_EQ(D.CtxDestroy(converted), CUDA_ERROR_INVALID_CONTEXT);
+        t = STREAM_GONE;
+    }
     CUdeviceptr p, filler = fill_but_hole(&p);
     queue_work(s, p);
     CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
@@ -226,11 +239,14 @@ static void green_default(void)
     on_green_default(true);
 }
 
-static void green_capture(void)
+static void green_capture_with(bool refused_destroy)
 {
     start();
-    CUgreenCtx g = make_green(NULL);
+    CUcontext converted = NULL;
+    CUgreenCtx g = make_green(&converted);
     CUstream s = green_stream(g), c = green_stream(g);
+    if (refused_destroy) /* the context and its streams live on */
+        CHECK_EQ(D.CtxDestroy(converted), CUDA_ERROR_INVALID_CONTEXT);
     CUdeviceptr p, filler = fill_but_hole(&p);
     queue_work(s, p);
     CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
@@ -261,17 +277,27 @@ static void green_capture(void)
     CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
 }
 
+static void green_capture(void)
+{
+    green_capture_with(false);
+    green_capture_with(true);
+}
+
 static void green_destroy(void)
 {
     on_green_stream_with(STREAM_GONE);
     on_green_stream_with(CONTEXT_GONE);
+    on_green_stream_with(REFUSED_THEN_STREAM_GONE);
 }
 
-static void green_async(void)
+static void green_async_with(bool refused_destroy)
 {
     start();
-    CUgreenCtx g = make_green(NULL);
+    CUcontext converted = NULL;
+    CUgreenCtx g = make_green(&converted);
     CUstream s = green_stream(g), t = NULL;
+    if (refused_destroy) /* the context and its streams live on */
+        CHECK_EQ(D.CtxDestroy(converted), CUDA_ERROR_INVALID_CONTEXT);
     CHECK_EQ(D.StreamCreate(&t, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
     CUdeviceptr p = 0;
     CHECK_EQ(D.MemAllocAsync(&p, MiB, s), CUDA_SUCCESS);
@@ -291,6 +317,12 @@ static void green_async(void)
     CHECK_EQ(D.StreamDestroy(t), CUDA_SUCCESS);
     CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
     CHECK_EQ(fake_stats().capture_invalidations, 0);
+}
+
+static void green_async(void)
+{
+    green_async_with(false);
+    green_async_with(true);
 }
 
 /* The fake driver's green contexts, against cuda.h (driver door closed). */
