@@ -126,6 +126,22 @@ static void pressure_gives_back_free_granules_before_failing(void)
     }
 }
 
+/* A preallocated 18 MiB pool over a device of `capacity` bytes, filled by
+ * blocks b[0..4] of 2, 6, 2, 6 and 2 MiB, the two 6 MiB ones freed: two
+ * holes of three granules each. */
+static void two_holes_of_three_granules(fixture *f, uint64_t capacity, bfc_addr b[5])
+{
+    vmm_begin(f, 18 * MiB);
+    f->opt.preallocate = true;
+    f->dev.capacity = capacity;
+    vmm_start(f);
+    const uint64_t sizes[5] = {2 * MiB, 6 * MiB, 2 * MiB, 6 * MiB, 2 * MiB};
+    for (int i = 0; i < 5; i++)
+        b[i] = must_alloc(f, sizes[i]);
+    must_free(f, b[1]);
+    must_free(f, b[3]);
+}
+
 static void pressure_gives_back_only_the_shortfall_from_the_largest_holes(void)
 {
     /* A preallocated 18 MiB pool: blocks of 2, 6, 2, 6 and 2 MiB fill it,
@@ -135,15 +151,8 @@ static void pressure_gives_back_only_the_shortfall_from_the_largest_holes(void)
      * sizes: the higher first), then the top one of the lower, whose two
      * lower granules stay for the next block that fits there. */
     fixture f;
-    vmm_begin(&f, 18 * MiB);
-    f.opt.preallocate = true;
-    vmm_start(&f);
     bfc_addr b[5];
-    const uint64_t sizes[5] = {2 * MiB, 6 * MiB, 2 * MiB, 6 * MiB, 2 * MiB};
-    for (int i = 0; i < 5; i++)
-        b[i] = must_alloc(&f, sizes[i]);
-    must_free(&f, b[1]);
-    must_free(&f, b[3]);
+    two_holes_of_three_granules(&f, UINT64_C(1) << 46, b);
     bfc_addr big = must_alloc(&f, 8 * MiB);
     CHECK_EQ(big, b[4] + 2 * MiB);
     bfc_stats s = stats_of(&f);
@@ -168,16 +177,8 @@ static void pressure_moves_memory_instead_of_giving_it_back(void)
      * got them back, so nothing else could have taken them in between, and
      * it made no new memory after the pool's first 18 MiB. */
     fixture f;
-    vmm_begin(&f, 18 * MiB);
-    f.opt.preallocate = true;
-    f.dev.capacity = 18 * MiB;
-    vmm_start(&f);
     bfc_addr b[5];
-    const uint64_t sizes[5] = {2 * MiB, 6 * MiB, 2 * MiB, 6 * MiB, 2 * MiB};
-    for (int i = 0; i < 5; i++)
-        b[i] = must_alloc(&f, sizes[i]);
-    must_free(&f, b[1]);
-    must_free(&f, b[3]);
+    two_holes_of_three_granules(&f, 18 * MiB, b);
     check_mapped(&f, must_alloc(&f, 8 * MiB), 8 * MiB);
     CHECK_EQ(f.dev.keep_calls, 2);
     CHECK_EQ(f.dev.moved_bytes, 8 * MiB);
