@@ -15,7 +15,9 @@
  * that follow use those handles before cuMemCreate, so the memory moves
  * without going back to the driver, where another process or the driver
  * itself could take it, and a move creates nothing; what is left when the
- * engine's call ends is released. Access is granted to the pool's own device (cuMemMap alone makes
+ * engine's call ends is released.
+ *
+ * Access is granted to the pool's own device (cuMemMap alone makes
  * nothing accessible) and to every device that enabled peer access to the
  * pool's context (cuCtxEnablePeerAccess, which the driver door intercepts;
  * cudaDeviceEnablePeerAccess reaches it through cudart's lookup): already
@@ -38,6 +40,7 @@
  */
 #include <string.h>
 
+#include "array_room.h"
 #include "shim.h"
 
 static CUmemAllocationProp device_prop(CUdevice dev)
@@ -150,14 +153,11 @@ static void va_free(void *ctx, bfc_addr base, uint64_t size)
  * runs out (the caller releases it: the memory goes back). */
 static bool push_kept(shim_pool *sp, CUmemGenericAllocationHandle h)
 {
-    if (sp->vmm_nkept == sp->vmm_capkept) {
-        size_t cap = sp->vmm_capkept ? 2 * sp->vmm_capkept : 64;
-        CUmemGenericAllocationHandle *more = realloc(sp->vmm_kept, cap * sizeof *more);
-        if (!more)
-            return false;
-        sp->vmm_kept = more;
-        sp->vmm_capkept = cap;
-    }
+    CUmemGenericAllocationHandle *t =
+        array_room(sp->vmm_kept, sp->vmm_nkept, &sp->vmm_capkept, sizeof *t, 64);
+    if (!t)
+        return false;
+    sp->vmm_kept = t;
     sp->vmm_kept[sp->vmm_nkept++] = h;
     return true;
 }
