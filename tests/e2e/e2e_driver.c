@@ -579,17 +579,7 @@ static void pool_stats(void)
              CUDA_SUCCESS);
     CHECK_EQ(RESERVED_HIGH(dflt), RESERVED(dflt));
     /* The shim's own statistics keep the lifetime peak. */
-    size_t (*stats_json)(char *, size_t) =
-        (size_t(*)(char *, size_t))dlsym(RTLD_DEFAULT, "bfcshim_stats_json");
-    static char json[1 << 16];
-    CHECK(stats_json != NULL);
-    if (stats_json) {
-        stats_json(json, sizeof json);
-        const char *k = strstr(json, "\"peak_bytes_in_use\"");
-        CHECK(k != NULL);
-        if (k)
-            CHECK_EQ(strtoull(strchr(k, ':') + 1, NULL, 10), 4 * MiB);
-    }
+    CHECK_EQ(e2e_stat_number("peak_bytes_in_use"), (long long)(4 * MiB));
     /* A trim gives back nothing a preallocated region can keep. */
     uint64_t before = RESERVED(dflt);
     CHECK_EQ(D.MemPoolTrimTo(dflt, 0), CUDA_SUCCESS);

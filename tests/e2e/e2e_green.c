@@ -109,6 +109,16 @@ static CUstream green_stream(CUgreenCtx g)
     return s;
 }
 
+/* cuCtxDestroy of g's converted context, "a normal primary context"
+ * (cuCtxFromGreenCtx): refused, and the context and the streams made in it
+ * live on. */
+static void destroy_refused(CUgreenCtx g)
+{
+    CUcontext converted = NULL;
+    CHECK_EQ(GR.CtxFromGreenCtx(&converted, g), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxDestroy(converted), CUDA_ERROR_INVALID_CONTEXT);
+}
+
 /* The 1 MiB block *hole, and a filler that leaves less than 1 MiB anywhere
  * else in the pool. */
 static CUdeviceptr fill_but_hole(CUdeviceptr *hole)
@@ -188,13 +198,10 @@ typedef enum twist { NO_TWIST, STREAM_GONE, CONTEXT_GONE, REFUSED_THEN_STREAM_GO
 static void on_green_stream_with(twist t)
 {
     start();
-    CUcontext converted = NULL;
-    CUgreenCtx g = make_green(&converted);
+    CUgreenCtx g = make_green(NULL);
     CUstream s = green_stream(g);
     if (t == REFUSED_THEN_STREAM_GONE) {
-        /* The converted context is "a normal primary context": cuCtxDestroy
-         * is refused, and the context and its streams live on. */
-        CHECK_EQ(D.CtxDestroy(converted), CUDA_ERROR_INVALID_CONTEXT);
+        destroy_refused(g);
         t = STREAM_GONE;
     }
     CUdeviceptr p, filler = fill_but_hole(&p);
@@ -242,11 +249,10 @@ static void green_default(void)
 static void green_capture_with(bool refused_destroy)
 {
     start();
-    CUcontext converted = NULL;
-    CUgreenCtx g = make_green(&converted);
+    CUgreenCtx g = make_green(NULL);
     CUstream s = green_stream(g), c = green_stream(g);
-    if (refused_destroy) /* the context and its streams live on */
-        CHECK_EQ(D.CtxDestroy(converted), CUDA_ERROR_INVALID_CONTEXT);
+    if (refused_destroy)
+        destroy_refused(g);
     CUdeviceptr p, filler = fill_but_hole(&p);
     queue_work(s, p);
     CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
@@ -293,11 +299,10 @@ static void green_destroy(void)
 static void green_async_with(bool refused_destroy)
 {
     start();
-    CUcontext converted = NULL;
-    CUgreenCtx g = make_green(&converted);
+    CUgreenCtx g = make_green(NULL);
     CUstream s = green_stream(g), t = NULL;
-    if (refused_destroy) /* the context and its streams live on */
-        CHECK_EQ(D.CtxDestroy(converted), CUDA_ERROR_INVALID_CONTEXT);
+    if (refused_destroy)
+        destroy_refused(g);
     CHECK_EQ(D.StreamCreate(&t, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
     CUdeviceptr p = 0;
     CHECK_EQ(D.MemAllocAsync(&p, MiB, s), CUDA_SUCCESS);

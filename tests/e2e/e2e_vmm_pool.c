@@ -421,19 +421,6 @@ static void off(void)
     CHECK_EQ(D.MemFree(a), CUDA_SUCCESS);
 }
 
-/* A number field of the shim's stats JSON (the first pool's), or -1. */
-static long long stats_field(const char *name)
-{
-    static char json[1 << 16];
-    size_t (*stats_json)(char *, size_t);
-    *(void **)&stats_json = e2e_dlsym(RTLD_DEFAULT, "bfcshim_stats_json");
-    stats_json(json, sizeof json);
-    char key[64];
-    snprintf(key, sizeof key, "\"%s\":", name);
-    const char *at = strstr(json, key);
-    return at ? strtoll(at + strlen(key), NULL, 10) : -1;
-}
-
 static void moves(void)
 {
     /* FAKECUDA_MEM=64MiB, BFCSHIM_MEM_FRACTION=0.5: 32 MiB mapped at once. */
@@ -465,9 +452,9 @@ static void moves(void)
      * sizes, the higher first). */
     CHECK(e2e_touch_dies(b[6] + MiB));
     CHECK(e2e_touch_dies(b[4] + MiB));
-    CHECK_EQ(stats_field("moved_bytes_total"), (long long)(8 * MiB));
-    CHECK_EQ(stats_field("released_bytes_total"), (long long)(8 * MiB));
-    CHECK_EQ(stats_field("pool_bytes"), (long long)(32 * MiB));
+    CHECK_EQ(e2e_stat_number("moved_bytes_total"), (long long)(8 * MiB));
+    CHECK_EQ(e2e_stat_number("released_bytes_total"), (long long)(8 * MiB));
+    CHECK_EQ(e2e_stat_number("pool_bytes"), (long long)(32 * MiB));
     CHECK_EQ(D.MemFree(big), CUDA_SUCCESS);
     for (int i = 1; i < 8; i += 2)
         CHECK_EQ(D.MemFree(b[i]), CUDA_SUCCESS);
