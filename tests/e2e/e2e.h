@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "fake_cuda.h"
+#include "../shim_stats.h"
 
 static int e2e_failures;
 /* The program's name, for messages (set by e2e_main). */
@@ -271,21 +272,6 @@ static inline void e2e_stats_now(char *text, size_t cap)
         text[fread(text, 1, cap - 1, f)] = 0;
         fclose(f);
     }
-}
-
-/* A number field of the shim's stats JSON (bfcshim_stats_json), the first
- * pool's; -1 when the shim or the field is missing. */
-static inline long long e2e_stat_number(const char *name)
-{
-    static char json[1 << 16];
-    size_t (*stats_json)(char *, size_t) =
-        (size_t (*)(char *, size_t))dlsym(RTLD_DEFAULT, "bfcshim_stats_json");
-    if (!stats_json || !stats_json(json, sizeof json))
-        return -1;
-    char key[64];
-    snprintf(key, sizeof key, "\"%s\":", name);
-    const char *at = strstr(json, key);
-    return at ? strtoll(at + strlen(key), NULL, 10) : -1;
 }
 
 static inline void fill(void *p, size_t n, unsigned char v) { memset(p, v, n); }

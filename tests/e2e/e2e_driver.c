@@ -579,7 +579,7 @@ static void pool_stats(void)
              CUDA_SUCCESS);
     CHECK_EQ(RESERVED_HIGH(dflt), RESERVED(dflt));
     /* The shim's own statistics keep the lifetime peak. */
-    CHECK_EQ(e2e_stat_number("peak_bytes_in_use"), (long long)(4 * MiB));
+    CHECK_EQ(shim_stat_number("peak_bytes_in_use"), (long long)(4 * MiB));
     /* A trim gives back nothing a preallocated region can keep. */
     uint64_t before = RESERVED(dflt);
     CHECK_EQ(D.MemPoolTrimTo(dflt, 0), CUDA_SUCCESS);

@@ -452,9 +452,9 @@ static void moves(void)
      * sizes, the higher first). */
     CHECK(e2e_touch_dies(b[6] + MiB));
     CHECK(e2e_touch_dies(b[4] + MiB));
-    CHECK_EQ(e2e_stat_number("moved_bytes_total"), (long long)(8 * MiB));
-    CHECK_EQ(e2e_stat_number("released_bytes_total"), (long long)(8 * MiB));
-    CHECK_EQ(e2e_stat_number("pool_bytes"), (long long)(32 * MiB));
+    CHECK_EQ(shim_stat_number("moved_bytes_total"), (long long)(8 * MiB));
+    CHECK_EQ(shim_stat_number("released_bytes_total"), (long long)(8 * MiB));
+    CHECK_EQ(shim_stat_number("pool_bytes"), (long long)(32 * MiB));
     CHECK_EQ(D.MemFree(big), CUDA_SUCCESS);
     for (int i = 1; i < 8; i += 2)
         CHECK_EQ(D.MemFree(b[i]), CUDA_SUCCESS);

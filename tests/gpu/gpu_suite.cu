@@ -108,6 +108,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "../shim_stats.h"
+
 static int failures;
 
 #define CHECK(cond)                                                              \
@@ -747,19 +749,6 @@ static void vmm_retain(void)
     CHECK(v.va_free(b, N * g) == CUDA_SUCCESS);
 }
 
-/* A number field of the shim's stats JSON (the first pool's), or -1. */
-static long long shim_stat(const char *name)
-{
-    auto stats = (size_t (*)(char *, size_t))dlsym(RTLD_DEFAULT, "bfcshim_stats_json");
-    static char doc[1 << 16];
-    if (!stats || !stats(doc, sizeof doc))
-        return -1;
-    char key[64];
-    snprintf(key, sizeof key, "\"%s\":", name);
-    const char *at = strstr(doc, key);
-    return at ? strtoll(at + strlen(key), NULL, 10) : -1;
-}
-
 /* Under a preallocated pool over virtual memory with a 64 MiB limit. */
 static void pressure(void)
 {
@@ -777,7 +766,7 @@ static void pressure(void)
     CUDA_OK(cudaDeviceSynchronize());
     for (int i = 0; i < n; i += 2)
         CUDA_OK(cudaFree(blk[i]));
-    long long moved0 = shim_stat("moved_bytes_total");
+    long long moved0 = shim_stat_number("moved_bytes_total");
     unsigned *big = NULL;
     const size_t BIG = 4 * B; /* fits no 4 MiB hole */
     CUDA_OK(cudaMalloc((void **)&big, BIG));
@@ -788,9 +777,9 @@ static void pressure(void)
     CHECK(count_bad_n(big, BIG / 4, 0xb16u) == 0);
     for (int i = 1; i < n; i += 2)
         CHECK(count_bad_n(blk[i], B / 4, 0x100u + i) == 0);
-    long long moved = shim_stat("moved_bytes_total") - moved0;
+    long long moved = shim_stat_number("moved_bytes_total") - moved0;
     printf("  moved under the new block: %lld bytes (map calls %lld, unmap calls %lld)\n", moved,
-           shim_stat("num_map_calls"), shim_stat("num_unmap_calls"));
+           shim_stat_number("num_map_calls"), shim_stat_number("num_unmap_calls"));
     CHECK(moved >= (long long)BIG);
     CUDA_OK(cudaFree(big));
     for (int i = 1; i < n; i += 2)
