@@ -43,6 +43,7 @@ static struct {
     CUresult (*EventRecord)(CUevent, CUstream);
     CUresult (*EventQuery)(CUevent);
     CUresult (*EventDestroy)(CUevent);
+    CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned);
     CUresult (*StreamCreate)(CUstream *, unsigned);
     CUresult (*StreamDestroy)(CUstream);
     CUresult (*StreamBeginCapture)(CUstream, CUstreamCaptureMode);
@@ -112,6 +113,7 @@ static inline void e2e_cu_load(void)
     E2E_CU(EventRecord, "cuEventRecord");
     E2E_CU(EventQuery, "cuEventQuery");
     E2E_CU(EventDestroy, "cuEventDestroy_v2");
+    E2E_CU(StreamWaitEvent, "cuStreamWaitEvent");
 #undef E2E_CU
 }
 

@@ -32,6 +32,11 @@
  *               default stream of a context stays the same stream while the
  *               context lives, through many resets of two devices' primary
  *               contexts (each reset leaves a dead one behind)
+ *   fake-waits-in-flight  (driver door closed) a stream whose work waits
+ *               for another stream's (cuStreamWaitEvent, or the legacy
+ *               stream's implicit synchronisation) is not done, nor are its
+ *               events, while that other work still runs in a second
+ *               thread's completion
  *   fake-legacy-sync  (driver door closed) the legacy stream's implicit
  *               synchronisation: work on a blocking stream (a created one,
  *               the per-thread default stream) runs after the legacy
@@ -504,6 +509,72 @@ static void fake_legacy_sync(void)
     CHECK_EQ(D.DevicePrimaryCtxReset(d0), CUDA_SUCCESS);
 }
 
+/* Host work that holds its stream's completion until the main thread lets
+ * it go. */
+static e2e_phase in_flight = E2E_PHASE_INIT;
+static void held_work(void *arg)
+{
+    (void)arg;
+    e2e_phase_set(&in_flight, 1);
+    e2e_phase_wait(&in_flight, 2);
+}
+
+static void *complete_stream(void *s)
+{
+    start(0); /* the legacy stream's handle names the current context's */
+    fakecuda()->complete(s);
+    return NULL;
+}
+
+/* Stream `later` waits for work on `first`: with an event, or (first the
+ * legacy stream, later a blocking one) by the legacy stream's implicit
+ * synchronisation. A second thread completes `later`, which runs first's
+ * work, held, in that thread; meanwhile `later` and an event on it must not
+ * look done, even though `later` has no work of its own left to run. A
+ * waiting stream's event said "done" here while the work it waits for was
+ * still running elsewhere, and the shim reused memory that work then wrote
+ * (e2e_race threads, about once in 500 runs). */
+static void wait_in_flight(CUstream first, CUstream later, bool by_event)
+{
+    in_flight.phase = 0;
+    CHECK_EQ(fakecuda()->launch(later, nothing, NULL), 0);
+    fakecuda()->complete(later); /* its own work has all run */
+    CHECK_EQ(fakecuda()->launch(first, held_work, NULL), 0);
+    /* The operation of `later` that waits: for an event on `first`, or for
+     * an event already complete, the wait joining `first` implicitly. */
+    CUevent on_first = NULL, on_later = NULL;
+    CHECK_EQ(D.EventCreate(&on_first, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.EventRecord(on_first, by_event ? first : later), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamWaitEvent(later, on_first, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.EventCreate(&on_later, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.EventRecord(on_later, later), CUDA_SUCCESS);
+    pthread_t t;
+    CHECK_EQ(pthread_create(&t, NULL, complete_stream, later), 0);
+    e2e_phase_wait(&in_flight, 1); /* first's work runs in that thread */
+    CHECK_EQ(D.EventQuery(on_later), CUDA_ERROR_NOT_READY);
+    CHECK_EQ(D.StreamQuery(later), CUDA_ERROR_NOT_READY);
+    CHECK_EQ(D.StreamQuery(first), CUDA_ERROR_NOT_READY);
+    e2e_phase_set(&in_flight, 2);
+    CHECK_EQ(pthread_join(t, NULL), 0);
+    CHECK_EQ(D.EventQuery(on_later), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamQuery(later), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamQuery(first), CUDA_SUCCESS);
+    CHECK_EQ(D.EventDestroy(on_first), CUDA_SUCCESS);
+    CHECK_EQ(D.EventDestroy(on_later), CUDA_SUCCESS);
+}
+
+static void fake_waits_in_flight(void)
+{
+    start(0);
+    CUstream a, b, blocking;
+    CHECK_EQ(D.StreamCreate(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&blocking, 0), CUDA_SUCCESS);
+    wait_in_flight(a, b, true);
+    wait_in_flight(CU_STREAM_LEGACY, blocking, false);
+    wait_in_flight(blocking, CU_STREAM_LEGACY, false);
+}
+
 static void fake_pools(void)
 {
     start(0);
@@ -726,6 +797,7 @@ int main(int argc, char **argv)
         {"fake-pools", fake_pools}, {"before-init", before_init},
         {"fake-per-thread-streams", fake_per_thread_streams},
         {"fake-legacy-sync", fake_legacy_sync},
+        {"fake-waits-in-flight", fake_waits_in_flight},
         {"pool-stats", pool_stats}, {"fake-pool-stats", fake_pool_stats},
         {"pool-trim", pool_trim},
         {"fake-before-init", before_init},

@@ -135,7 +135,6 @@ typedef struct work_item {
      * stream positions have completed (a copy of its dependencies). */
     struct dep *waits;
     size_t nwaits;
-    struct fstream *stream; /* set when gathered */
 } work_item;
 
 typedef struct fstream {
@@ -146,10 +145,11 @@ typedef struct fstream {
     bool destroyed; /* cuStreamDestroy'd: handle invalid, queued work goes on */
     bool dead;      /* its context went away: handle invalid, work never runs */
     /* Operations submitted; completed (taken off the queue, callbacks
-     * gathered to run); the last callback gathered and the last one that has
-     * run: work is done once completed and its callbacks have run
+     * gathered to run), and the batch that last moved `completed` on;
+     * settled: done for sure, every callback it needed, this stream's and
+     * the ones its waits gathered from other streams, has run
      * (stream_done_to). */
-    uint64_t submitted, completed, last_callback, callbacks_run;
+    uint64_t submitted, completed, completed_batch, settled;
     work_item *queue;
     size_t nqueue, capqueue;
     CUstreamCaptureMode capture_mode;
@@ -674,17 +674,37 @@ static uint64_t submit(fstream *s, fakecuda_work fn, void *arg)
     return seq;
 }
 
-/* Lock held: has s done its first `seq` operations, their callbacks run?
- * (Callbacks run in the order they were gathered, so none at or below `seq`
- * is left once the last one gathered, or one at `seq` or above, has run; a
- * callback above `seq` still running keeps the answer "no" a little longer,
- * never "yes" too soon.) */
+/* Lock held: has s done its first `seq` operations, with every callback
+ * they needed run? Not only its own: a wait on s (cuStreamWaitEvent, the
+ * legacy stream's joins) gathers other streams' callbacks into the same
+ * batch, and until those have run, s's later operations have not either.
+ * Batches run in the order they were gathered, so once the batch that last
+ * moved `completed` on has run, so has every callback up to `completed`.
+ * (A later gather whose batch has not run yet keeps the answer "no" a
+ * little longer, never "yes" too soon.) */
 static bool stream_done_to(const fstream *s, uint64_t seq)
 {
-    if (s->completed < seq)
-        return false;
-    uint64_t need = seq < s->last_callback ? seq : s->last_callback;
-    return s->callbacks_run >= need;
+    if (seq <= s->settled)
+        return true;
+    return s->completed >= seq && G.batches_run > s->completed_batch;
+}
+
+/* Lock held: the batch that callbacks gathered now will run in: the next
+ * turn (unlock_and_run), or inside a callback, the batch running now, which
+ * a nested batch is part of. */
+static _Thread_local bool in_callbacks;
+static uint64_t batch_being_gathered(void)
+{
+    return in_callbacks ? G.batches_run : G.batches_gathered;
+}
+
+/* Lock held: s is about to complete further, in the batch being gathered.
+ * What its last batch completed is settled once that batch has run. */
+static void completing(fstream *s)
+{
+    if (G.batches_run > s->completed_batch)
+        s->settled = s->completed;
+    s->completed_batch = batch_being_gathered();
 }
 
 /* Lock held: appends callback w to *all. */
@@ -705,6 +725,8 @@ static void gather(fstream *s, uint64_t upto, work_item **all, size_t *nall)
 {
     if (upto > s->submitted)
         upto = s->submitted;
+    if (s->completed < upto)
+        completing(s);
     while (s->completed < upto) {
         if (s->nqueue == 0 || s->queue[0].seq > upto) {
             s->completed = upto;
@@ -725,8 +747,6 @@ static void gather(fstream *s, uint64_t upto, work_item **all, size_t *nall)
                 break;
             free(w.waits);
         } else if (w.fn) {
-            w.stream = s;
-            s->last_callback = w.seq;
             append_work(all, nall, &w);
         }
         memmove(s->queue, s->queue + 1, (s->nqueue - 1) * sizeof *s->queue);
@@ -735,14 +755,9 @@ static void gather(fstream *s, uint64_t upto, work_item **all, size_t *nall)
     }
 }
 
-/* Lock held: the callbacks of w have run. */
-static void callbacks_ran(const work_item *w, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (w[i].stream->callbacks_run < w[i].seq)
-            w[i].stream->callbacks_run = w[i].seq;
-    pthread_cond_broadcast(&G.stuck_cond);
-}
+/* Lock held: a batch of callbacks has run: a host waiting for work to be
+ * done looks again. */
+static void callbacks_ran(void) { pthread_cond_broadcast(&G.stuck_cond); }
 
 /* Lock held on entry, released on return: runs callbacks w (gathered under
  * the lock) outside it, after every batch gathered before them has run.
@@ -758,8 +773,9 @@ static void callbacks_ran(const work_item *w, size_t n)
  * (stream_done_to): cuEventQuery answers CUDA_SUCCESS only "if all captured
  * work has been completed". "The host function must not make any CUDA API
  * calls" (cuLaunchHostFunc); if a test's does, its batch runs at once
- * rather than wait for its own turn to end. */
-static _Thread_local bool in_callbacks;
+ * rather than wait for its own turn to end, as part of the batch running
+ * (batch_being_gathered): what it completes counts as done once that batch
+ * has run. */
 static void unlock_and_run(work_item *w, size_t n)
 {
     if (in_callbacks) {
@@ -767,7 +783,7 @@ static void unlock_and_run(work_item *w, size_t n)
         for (size_t i = 0; i < n; i++)
             w[i].fn(w[i].arg);
         pthread_mutex_lock(&G.lock);
-        callbacks_ran(w, n);
+        callbacks_ran();
         pthread_mutex_unlock(&G.lock);
         free(w);
         return;
@@ -781,8 +797,8 @@ static void unlock_and_run(work_item *w, size_t n)
         w[i].fn(w[i].arg);
     in_callbacks = false;
     pthread_mutex_lock(&G.lock);
-    callbacks_ran(w, n);
     G.batches_run++;
+    callbacks_ran();
     pthread_cond_broadcast(&G.batch_cond);
     pthread_mutex_unlock(&G.lock);
     free(w);
@@ -1340,10 +1356,10 @@ static void kill_ctx(fctx *c)
             s->dead = true;
             s->capturing = false;
             s->nqueue = 0;
-            s->completed = s->submitted;
+            s->completed = s->settled = s->submitted;
         }
     c->legacy.nqueue = 0;
-    c->legacy.completed = c->legacy.submitted;
+    c->legacy.completed = c->legacy.settled = c->legacy.submitted;
     for (fevent *e = G.events; e; e = e->next)
         if (e->ctx == c)
             e->dead = true;
