@@ -182,7 +182,11 @@ typedef struct bfc_backend {
  *                     else the boundary nearest BFC_PLACE_BY_AGE's end. Only
  *                     the best fit is placed so: when it cannot hold the block
  *                     on a boundary, the rule above applies to it. An end
- *                     that is a region edge does not count as one.
+ *                     that is a region edge does not count as one. Any
+ *                     other block goes to the end of its chunk where it pins
+ *                     fewer granules no block pins yet (a neighbour whose
+ *                     edge lies inside a granule pins it already), and to
+ *                     BFC_PLACE_BY_AGE's end when both pin as many.
  *   BFC_PLACE_BY_AGE  carve against the *older* neighbour, treating a region
  *                     edge as oldest (over virtual memory, youngest: past it
  *                     lies address space, and packing against live blocks

@@ -407,6 +407,42 @@ static inline __attribute__((always_inline)) uint32_t take_free_low(bfc_pool *p,
     return c;
 }
 
+/* BFC_PLACE_ALIGNED over virtual memory: how many granules a block at
+ * [lo, hi) inside FREE chunk c would pin that no block pins yet. The
+ * neighbours of a free chunk are blocks (or a region edge), and a neighbour
+ * that ends or starts inside a granule already pins it; every other granule
+ * under the block could have gone back to the driver. */
+static uint64_t granules_pinned_anew(const bfc_pool *p, const chunk *c, uint64_t lo, uint64_t hi)
+{
+    const uint64_t mask = p->granule_mask, end = c->addr + c->size;
+    const uint64_t first = lo & ~mask, last = (hi - 1) & ~mask; /* granules under the block */
+    uint64_t n = ((last - first) >> bits_ctz64(mask + 1)) + 1;
+    const bool low_pinned = c->prev != CHUNK_NIL && (c->addr & mask) != 0;
+    const bool high_pinned = c->next != CHUNK_NIL && (end & mask) != 0;
+    const uint64_t low_granule = c->addr & ~mask, high_granule = (end - 1) & ~mask;
+    if (low_pinned && first == low_granule)
+        n--;
+    if (high_pinned && last == high_granule && !(low_pinned && high_granule == low_granule))
+        n--;
+    return n;
+}
+
+/* BFC_PLACE_ALIGNED over virtual memory, a block of `rounded` bytes that is
+ * not whole granules (those go on boundaries: take_free) in FREE chunk c:
+ * 1 to put it at c's high end, 0 at its low end, when that end pins fewer
+ * new granules; -1 when both pin as many (the age rule chooses). Small
+ * blocks then gather in granules that blocks already hold, instead of
+ * pinning a granule of their own at the other end of a hole. */
+static int end_pinning_fewer(const bfc_pool *p, const chunk *c, uint64_t rounded)
+{
+    if (whole_granules(p, rounded))
+        return -1;
+    const uint64_t end = c->addr + c->size;
+    const uint64_t low = granules_pinned_anew(p, c, c->addr, c->addr + rounded);
+    const uint64_t high = granules_pinned_anew(p, c, end - rounded, end);
+    return low == high ? -1 : high < low;
+}
+
 /*
  * Takes FREE chunk c for an allocation of `rounded` bytes and returns the
  * handle of the allocated piece; a remainder stays in the free bins, at
@@ -419,6 +455,11 @@ static inline __attribute__((always_inline)) uint32_t take_free(bfc_pool *p, uin
     if (!worth_splitting(&p->opt, cc->size, rounded))
         return take_free_whole(p, c);
     bool high = carve_high(p, cc); /* before r becomes a neighbour */
+    if (p->granule_mask != UINT64_MAX) { /* over virtual memory only */
+        const int fewer = end_pinning_fewer(p, cc, rounded);
+        if (fewer >= 0)
+            high = fewer;
+    }
     if (align) {
         /* The aligned address nearest the chosen end; find_fit made sure
          * one exists. At either end of c, the plain carve below puts the

@@ -386,6 +386,22 @@ typedef struct fit {
     bool prev_edge, next_edge;   /* is that neighbour a region edge? */
 } fit;
 
+/* Over virtual memory: the map granules under a block of `rounded` bytes
+ * at `at` in fit f's chunk that no block beside the chunk covers already
+ * (a neighbour that is a block, not a region edge, covers the granule its
+ * edge shares with the chunk when that edge is not on a boundary). */
+static uint64_t granules_not_held(const fit *f, bfc_addr at, uint64_t rounded, uint64_t mg)
+{
+    const bfc_addr start = f->chunk.addr, end = f->chunk.addr + f->chunk.size;
+    const bool low_held = !f->prev_edge && start % mg != 0;
+    const bool high_held = !f->next_edge && end % mg != 0;
+    uint64_t n = 0;
+    for (bfc_addr gr = at / mg; gr <= (at + rounded - 1) / mg; gr++)
+        if (!(low_held && gr == start / mg) && !(high_held && gr == (end - 1) / mg))
+            n++;
+    return n;
+}
+
 typedef struct fit_search {
     uint64_t rounded;
     uint32_t lane;
@@ -685,6 +701,16 @@ static void op_alloc(void)
         bool high = split && o->placement != BFC_PLACE_LOW &&
                     s.best.next_age < s.best.prev_age;
         bfc_addr lo = s.best.chunk.addr, hi = s.best.chunk.addr + size - rounded;
+        /* Over virtual memory any other block takes the end where it needs
+         * fewer granules that no neighbouring block already covers (the
+         * age rule's end when both need as many). */
+        if (split && R.f.opt.vmm && R.f.opt.placement == BFC_PLACE_ALIGNED && !whole &&
+            s.best.chunk.kind == BFC_CHUNK_FREE) {
+            uint64_t at_low = granules_not_held(&s.best, lo, rounded, mg);
+            uint64_t at_high = granules_not_held(&s.best, hi, rounded, mg);
+            if (at_low != at_high)
+                high = at_high < at_low;
+        }
         /* A whole-granule block takes an end of its chunk that lies on a
          * granule boundary against a block (the age rule's when both do). */
         bool low_on = !s.best.prev_edge && lo % mg == 0;
