@@ -519,11 +519,27 @@ static void held_work(void *arg)
     e2e_phase_wait(&in_flight, 2);
 }
 
+/* A second thread: completes stream s with device 0's primary context
+ * current (the legacy stream's handle names the current context's). CHECK
+ * is the main thread's: a context it could not make current is its result,
+ * after it has let the main thread go on. */
 static void *complete_stream(void *s)
 {
-    start(0); /* the legacy stream's handle names the current context's */
-    fakecuda()->complete(s);
-    return NULL;
+    CUdevice dev;
+    CUcontext ctx;
+    if (D.DeviceGet(&dev, 0) != CUDA_SUCCESS || D.DevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS) {
+        e2e_phase_set(&in_flight, 1);
+        return "no primary context";
+    }
+    void *why = NULL;
+    if (D.CtxSetCurrent(ctx) == CUDA_SUCCESS) {
+        fakecuda()->complete(s);
+    } else {
+        why = "its context could not be made current";
+        e2e_phase_set(&in_flight, 1);
+    }
+    D.DevicePrimaryCtxRelease(dev);
+    return why;
 }
 
 /* Stream `later` waits for work on `first`: with an event, or (first the
@@ -555,7 +571,9 @@ static void wait_in_flight(CUstream first, CUstream later, bool by_event)
     CHECK_EQ(D.StreamQuery(later), CUDA_ERROR_NOT_READY);
     CHECK_EQ(D.StreamQuery(first), CUDA_ERROR_NOT_READY);
     e2e_phase_set(&in_flight, 2);
-    CHECK_EQ(pthread_join(t, NULL), 0);
+    void *why = NULL;
+    CHECK_EQ(pthread_join(t, &why), 0);
+    CHECK(why == NULL);
     CHECK_EQ(D.EventQuery(on_later), CUDA_SUCCESS);
     CHECK_EQ(D.StreamQuery(later), CUDA_SUCCESS);
     CHECK_EQ(D.StreamQuery(first), CUDA_SUCCESS);

@@ -677,7 +677,10 @@ static uint64_t submit(fstream *s, fakecuda_work fn, void *arg)
 /* Lock held: has s done its first `seq` operations, with every callback
  * they needed run? Not only its own: a wait on s (cuStreamWaitEvent, the
  * legacy stream's joins) gathers other streams' callbacks into the same
- * batch, and until those have run, s's later operations have not either.
+ * batch, and until those have run, s's later operations have not either
+ * (cuStreamWaitEvent "makes all future work submitted to hStream wait for
+ * all work captured in hEvent", and cuStreamQuery answers CUDA_SUCCESS only
+ * "if all operations in the stream ... have completed", cuda.h).
  * Batches run in the order they were gathered, so once the batch that last
  * moved `completed` on has run, so has every callback up to `completed`.
  * (A later gather whose batch has not run yet keeps the answer "no" a
