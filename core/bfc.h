@@ -333,6 +333,9 @@ typedef struct bfc_stats {
     uint64_t num_map_calls;   /* backend.map calls (vmm) */
     uint64_t num_unmap_calls; /* backend.unmap calls (vmm) */
     uint64_t num_map_failures;
+    /* Allocations that landed on unmapped granules with the limit reached,
+     * moved to memory already mapped instead of remapping (vmm). */
+    uint64_t num_mapped_refits;
     /* Bytes given back to the device so far: unmapped granules (vmm) and
      * returned regions. Under pressure a backend with keep may move
      * unmapped granules under the new block instead; they count here too. */

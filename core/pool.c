@@ -654,6 +654,67 @@ static uint32_t refit_before_mapping(bfc_pool *p, uint32_t c, uint64_t rounded, 
     return c;
 }
 
+/* vmm: FREE chunk x holds `rounded` bytes wholly on mapped granules: at
+ * *at (its low end, else its high end, each at alignment `align`). */
+static bool holds_on_mapped(const bfc_pool *p, const region *r, const chunk *x, uint64_t rounded,
+                            uint64_t align, bfc_addr *at)
+{
+    const uint64_t end = x->addr + x->size;
+    uint64_t lo = align ? round_up_pow2(x->addr, align) : x->addr;
+    if (lo + rounded <= end && backing_covers(p, r, lo, lo + rounded)) {
+        *at = lo;
+        return true;
+    }
+    uint64_t hi = end - rounded;
+    if (align)
+        hi &= ~(align - 1);
+    if (hi >= x->addr && hi != lo && backing_covers(p, r, hi, hi + rounded)) {
+        *at = hi;
+        return true;
+    }
+    return false;
+}
+
+/*
+ * vmm, near the limit: allocation c landed on unmapped granules that the
+ * limit forbids mapping, so free granules elsewhere would be unmapped to
+ * make room (a remap, tens of microseconds a granule on a
+ * GPU). When some other free chunk holds the block on memory already mapped,
+ * the block goes there instead: the smallest such chunk, at its low end if
+ * that is mapped, else its high end (num_mapped_refits). Else c is carved
+ * again where it was, and the remap is paid. Out of line: the allocation
+ * path pays nothing for it until memory runs short.
+ */
+static __attribute__((noinline)) uint32_t refit_on_mapped(bfc_pool *p, uint32_t c,
+                                                           uint64_t rounded, uint64_t size,
+                                                           uint32_t lane_id)
+{
+    pool_make_free(p, c);
+    uint64_t align = natural_alignment(p, rounded);
+    uint32_t best = CHUNK_NIL;
+    bfc_addr best_at = 0;
+    for (uint32_t ri = 0; ri < p->nregions; ri++)
+        for (uint32_t x = p->regions[ri].first; x != CHUNK_NIL; x = C(p, x)->next) {
+            const chunk *xc = C(p, x);
+            bfc_addr at;
+            if (xc->state != CHUNK_FREE || xc->size < rounded ||
+                (best != CHUNK_NIL && xc->size >= C(p, best)->size))
+                continue;
+            if (holds_on_mapped(p, &p->regions[ri], xc, rounded, align, &at) ||
+                (align && holds_on_mapped(p, &p->regions[ri], xc, rounded, 0, &at))) {
+                best = x;
+                best_at = at;
+            }
+        }
+    if (best != CHUNK_NIL) {
+        p->st.num_mapped_refits++;
+        return carve_at(p, best, rounded, best_at, size);
+    }
+    uint64_t a;
+    c = find_fit(p, rounded, lane_id, &a);
+    return carve(p, c, rounded, a, size);
+}
+
 /*
  * vmm, pressure: [lo, hi) of region r could not be mapped. When the limit
  * forbids it, gives back that shortfall of free space, from the free chunks
@@ -689,20 +750,35 @@ static bool map_under_pressure(bfc_pool *p, region *r, bfc_addr lo, bfc_addr hi)
 }
 
 /*
- * vmm: maps what just-carved chunk c lacks, under pressure if it must (c
- * itself is allocated, so its own granules stay); when nothing works c
- * returns to free space (merging back into what it was cut from) and the
- * allocation fails. Pending chunks are always backed, so a block taken
- * from its own lane never gets here with anything to map.
+ * vmm: maps what just-carved chunk *cp lacks (the caller found it not wholly
+ * mapped: block_mapped; out of line, so the steady state pays only that
+ * test). When that cannot be done as it
+ * is and the block may move (not a plan's place), it first moves to mapped
+ * memory if any holds it (refit_on_mapped, which updates *cp); then it maps
+ * under pressure (the chunk itself is allocated, so its own granules stay).
+ * When nothing works the chunk returns to free space (merging back into what
+ * it was cut from) and the allocation fails. Pending chunks are always
+ * backed, so a block taken from its own lane never gets here with anything
+ * to map.
  */
-static bool back_allocation(bfc_pool *p, uint32_t c)
+static __attribute__((noinline)) bool back_allocation(bfc_pool *p, uint32_t *cp, bool may_move,
+                                                      uint64_t rounded, uint64_t size,
+                                                      uint32_t lane_id)
 {
-    if (block_mapped(p, c))
-        return true;
+    uint32_t c = *cp;
     bfc_addr lo = C(p, c)->addr, hi = lo + C(p, c)->size;
     region *r = &p->regions[p->nregions == 1 ? 0 : region_find(p, lo)];
     if (backing_map(p, r, lo, hi))
         return true;
+    /* Only when the limit forbade the mapping (a device that refused keeps
+     * what it mapped, and missing bytes still fit under the limit). */
+    if (may_move && backing_missing(p, r, lo, hi) > p->opt.limit_bytes - p->st.pool_bytes) {
+        *cp = c = refit_on_mapped(p, c, rounded, size, lane_id);
+        if (block_mapped(p, c))
+            return true;
+        lo = C(p, c)->addr;
+        hi = lo + C(p, c)->size;
+    }
     if (p->backend.keep)
         p->backend.keep(p->backend.ctx, true);
     bool mapped = map_under_pressure(p, r, lo, hi);
@@ -727,7 +803,8 @@ static __attribute__((noinline)) uint32_t place_by_plan(bfc_pool *p, uint64_t ro
     if (p->nregions != 1)
         return CHUNK_NIL;
     uint32_t c = carve_planned(p, rounded, size);
-    if (c != CHUNK_NIL && p->opt.vmm && !back_allocation(p, c)) {
+    if (c != CHUNK_NIL && p->opt.vmm && !block_mapped(p, c) &&
+        !back_allocation(p, &c, false, rounded, size, BFC_NO_LANE)) {
         /* The planned place could not be mapped; the rule may find mapped
          * memory. */
         p->st.num_plan_misses++;
@@ -790,7 +867,7 @@ bfc_status bfc_pool_alloc(bfc_pool *p, uint64_t size, uint32_t lane_id,
         c = carve(p, c, rounded, align, size);
         if (p->opt.vmm) {
             c = refit_before_mapping(p, c, rounded, size, lane_id);
-            if (!back_allocation(p, c))
+            if (!block_mapped(p, c) && !back_allocation(p, &c, true, rounded, size, lane_id))
                 goto oom;
         }
     }

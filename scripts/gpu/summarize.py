@@ -120,6 +120,7 @@ def main():
                                                          "peak_pool_bytes",
                                                          "passthrough_allocs", "vmm",
                                                          "num_map_calls", "num_unmap_calls",
+                                                         "num_mapped_refits",
                                                          "released_bytes_total",
                                                          "moved_bytes_total")
                                     if k in shim}

@@ -431,12 +431,13 @@ static void print_vmm_json(json_out *j, const trace_report *r, const replay_opts
     json_u64(j, "min_limit_unmap_calls", v->tight_unmap_calls);
     json_u64(j, "prealloc_min_limit_bytes", v->prealloc_min_limit_bytes);
     json_double(j, "prealloc_efficiency", efficiency_of(r->t, v->prealloc_min_limit_bytes));
-    json_u64_array(j, "prealloc_limit", v->prealloc_limit, 2);
-    json_u64_array(j, "prealloc_failures", v->prealloc_failures, 2);
-    json_u64_array(j, "prealloc_map_calls", v->prealloc_map_calls, 2);
-    json_u64_array(j, "prealloc_unmap_calls", v->prealloc_unmap_calls, 2);
-    json_u64_array(j, "prealloc_unmapped_bytes", v->prealloc_unmapped_bytes, 2);
-    json_u64_array(j, "prealloc_created_bytes", v->prealloc_created_bytes, 2);
+    json_u64_array(j, "prealloc_limit", v->prealloc_limit, 3);
+    json_u64_array(j, "prealloc_failures", v->prealloc_failures, 3);
+    json_u64_array(j, "prealloc_map_calls", v->prealloc_map_calls, 3);
+    json_u64_array(j, "prealloc_unmap_calls", v->prealloc_unmap_calls, 3);
+    json_u64_array(j, "prealloc_unmapped_bytes", v->prealloc_unmapped_bytes, 3);
+    json_u64_array(j, "prealloc_created_bytes", v->prealloc_created_bytes, 3);
+    json_u64_array(j, "prealloc_mapped_refits", v->prealloc_mapped_refits, 3);
     json_u64(j, "peak_mapped_bytes", v->peak_mapped_bytes);
     json_double(j, "peak_mapped_efficiency", efficiency_of(r->t, v->peak_mapped_bytes));
     json_u64(j, "map_calls", v->map_calls);
@@ -601,7 +602,7 @@ static int replay_one(const char *path, const replay_opts *o, bool first)
     if (o->dump_path && o->bisect)
         dump_at_failure(&t, o, r.min_pool_bytes, slot_addr);
     if (o->vmm)
-        replay_vmm_measure(&t, &o->policy, o->gpu_lag, slot_addr, &r.vmm);
+        replay_vmm_measure(&t, &o->policy, o->gpu_lag, r.min_pool_bytes, slot_addr, &r.vmm);
     r.timed_pool_bytes = o->pool_size ? o->pool_size : r.min_pool_bytes;
     if (r.timed_pool_bytes == 0)
         r.timed_pool_bytes = MIB;

@@ -167,7 +167,7 @@ static uint64_t min_limit(const trace *t, pool_kind kind, const bfc_options *pol
 }
 
 void replay_vmm_measure(const trace *t, const bfc_options *policy, uint64_t gpu_lag,
-                        bfc_addr *slot_addr, replay_vmm_report *out)
+                        uint64_t one_region_bytes, bfc_addr *slot_addr, replay_vmm_report *out)
 {
     *out = (replay_vmm_report){0};
     if (t->peak_live_bytes == 0)
@@ -190,12 +190,16 @@ void replay_vmm_measure(const trace *t, const bfc_options *policy, uint64_t gpu_
         min_limit(t, KIND_VMM_PREALLOCATED, policy, gpu_lag, gran, roomy, slot_addr);
     if (out->prealloc_min_limit_bytes) {
         bfc_stats st;
-        /* At the smallest limit, and with 1% to spare (whole granules): how
-         * much remapping a job near its limit pays. */
-        uint64_t at[2] = {out->prealloc_min_limit_bytes,
+        /* At the smallest limit, with 1% to spare, and where one region
+         * just serves the trace (whole granules): how much remapping a job
+         * near its limit pays, and what it pays at a limit that the pool on
+         * one region meets with no remapping at all. */
+        const uint64_t one = (one_region_bytes + gran - 1) / gran * gran;
+        uint64_t at[3] = {out->prealloc_min_limit_bytes,
                           (out->prealloc_min_limit_bytes + out->prealloc_min_limit_bytes / 100 +
-                           gran - 1) / gran * gran};
-        for (int k = 0; k < 2; k++) {
+                           gran - 1) / gran * gran,
+                          one >= out->prealloc_min_limit_bytes ? one : 0};
+        for (int k = 0; k < 3 && at[k]; k++) {
             uint64_t created = 0;
             out->prealloc_failures[k] = replay_in(t, KIND_VMM_PREALLOCATED, policy, gpu_lag, at[k],
                                                   slot_addr, &st, &created, NULL, NULL, NULL);
@@ -205,6 +209,7 @@ void replay_vmm_measure(const trace *t, const bfc_options *policy, uint64_t gpu_
             out->prealloc_map_calls[k] = st.num_map_calls;
             out->prealloc_unmap_calls[k] = st.num_unmap_calls;
             out->prealloc_unmapped_bytes[k] = st.released_bytes_total;
+            out->prealloc_mapped_refits[k] = st.num_mapped_refits;
         }
     }
 

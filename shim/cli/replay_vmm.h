@@ -17,14 +17,18 @@ typedef struct replay_vmm_report {
     uint64_t min_limit_bytes;
     uint64_t tight_map_calls, tight_unmap_calls;
     /* The pool preallocated over virtual memory (the whole limit mapped at
-     * creation): its smallest limit, and at that limit [0] and 1% above it
-     * [1] the map/unmap calls, the bytes unmapped to be mapped elsewhere
-     * (0 failures expected at both), and the physical memory the device
-     * made after the start (what moved under pressure was kept, not made
-     * again: bfc_backend.keep). */
+     * creation): its smallest limit, and at that limit [0], 1% above it
+     * [1] and at one region's smallest pool [2] (where the default on one
+     * cuMemAlloc region serves the trace with no mapping at all; 0 when
+     * below [0]) the map/unmap calls, the bytes unmapped to be mapped
+     * elsewhere, the allocations moved to mapped memory instead
+     * (num_mapped_refits), failures (0 expected), and the physical memory
+     * the device made after the start (what moved under pressure was kept,
+     * not made again: bfc_backend.keep). */
     uint64_t prealloc_min_limit_bytes;
-    uint64_t prealloc_limit[2], prealloc_failures[2], prealloc_map_calls[2],
-        prealloc_unmap_calls[2], prealloc_unmapped_bytes[2], prealloc_created_bytes[2];
+    uint64_t prealloc_limit[3], prealloc_failures[3], prealloc_map_calls[3],
+        prealloc_unmap_calls[3], prealloc_unmapped_bytes[3], prealloc_created_bytes[3],
+        prealloc_mapped_refits[3];
     /* One run with room to spare, at the policy's release threshold. */
     uint64_t peak_mapped_bytes, map_calls, unmap_calls, released_bytes;
     uint64_t fence_waits, regions_fence_waits; /* --gpu-lag: the host blocked */
@@ -43,8 +47,9 @@ typedef struct replay_vmm_report {
 /* Fills *out for trace t under `policy` (its placement, split rule,
  * map_granularity and release_threshold), frees fenced on a simulated GPU
  * `gpu_lag` events behind the host (0: frees are immediate); slot_addr
- * holds one address per slot of the trace, as for replay's own runs. */
+ * holds one address per slot of the trace, as for replay's own runs;
+ * one_region_bytes is replay's smallest single region (0: not measured). */
 void replay_vmm_measure(const trace *t, const bfc_options *policy, uint64_t gpu_lag,
-                        bfc_addr *slot_addr, replay_vmm_report *out);
+                        uint64_t one_region_bytes, bfc_addr *slot_addr, replay_vmm_report *out);
 
 #endif

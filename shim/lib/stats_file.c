@@ -64,6 +64,7 @@ static void pool_json(json_out *j, shim_pool *sp, const bfc_stats *s)
     json_u64(j, "moved_bytes_total", atomic_load(&sp->vmm_moved_bytes));
     json_u64(j, "num_map_calls", st.num_map_calls);
     json_u64(j, "num_unmap_calls", st.num_unmap_calls);
+    json_u64(j, "num_mapped_refits", st.num_mapped_refits);
     json_u64(j, "largest_free_block_bytes", st.largest_free_block_bytes);
     json_u64(j, "free_bytes", st.free_bytes);
     json_u64(j, "pending_bytes", st.pending_bytes);

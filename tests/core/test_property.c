@@ -24,6 +24,9 @@
  *     memory left over) after a call, and nothing left at the end;
  *     it mapped more only when pending frees could not hold it (or an epoch
  *     stayed unsealed, so they could not be waited for);
+ *     when mapping the block where best fit puts it would pass the limit,
+ *     it goes instead to the smallest free chunk holding it wholly on mapped
+ *     granules (its low end, else its high end) if there is one;
  *   - with a plan (a third of the seeds: random sizes and places), an
  *     allocation goes to the place of the first unused entry of its size
  *     within 64 entries of the model's cursor exactly when that place is
@@ -402,6 +405,67 @@ static uint64_t granules_not_held(const fit *f, bfc_addr at, uint64_t rounded, u
     return n;
 }
 
+/* Over virtual memory: is [at, at + size) wholly mapped on the device, and
+ * how many bytes of its granules are not? */
+static bool mapped_on_device(bfc_addr at, uint64_t size)
+{
+    const uint64_t mg = R.f.opt.map_granularity;
+    const bfc_addr lo = at / mg * mg, hi = (at + size + mg - 1) / mg * mg;
+    return sim_device_mapped(&R.f.dev, lo, hi - lo);
+}
+
+static uint64_t unmapped_on_device(bfc_addr at, uint64_t size)
+{
+    const uint64_t mg = R.f.opt.map_granularity;
+    uint64_t n = 0;
+    for (bfc_addr gr = at / mg * mg; gr < at + size; gr += mg)
+        n += sim_device_mapped(&R.f.dev, gr, mg) ? 0 : mg;
+    return n;
+}
+
+/* Over virtual memory, near the limit: the smallest free chunk (lowest
+ * address on ties) that holds `rounded` bytes wholly on mapped memory, at
+ * its low end, else its high end, each at `align` and then unaligned; where
+ * a block goes rather than have granules remapped under it. */
+typedef struct mapped_search {
+    uint64_t rounded, align;
+    bool found;
+    uint64_t size;
+    bfc_addr at;
+} mapped_search;
+
+static bool mapped_end(const bfc_chunk_info *c, uint64_t rounded, uint64_t align, bfc_addr *at)
+{
+    const bfc_addr end = c->addr + c->size;
+    bfc_addr lo = align ? (c->addr + align - 1) / align * align : c->addr;
+    if (lo + rounded <= end && mapped_on_device(lo, rounded)) {
+        *at = lo;
+        return true;
+    }
+    bfc_addr hi = end - rounded;
+    if (align)
+        hi = hi / align * align;
+    if (hi >= c->addr && hi != lo && mapped_on_device(hi, rounded)) {
+        *at = hi;
+        return true;
+    }
+    return false;
+}
+
+static void mapped_visitor(void *arg, const bfc_chunk_info *c)
+{
+    mapped_search *s = arg;
+    bfc_addr at;
+    if (c->kind != BFC_CHUNK_FREE || c->size < s->rounded || (s->found && c->size >= s->size))
+        return;
+    if (mapped_end(c, s->rounded, s->align, &at) ||
+        (s->align && mapped_end(c, s->rounded, 0, &at))) {
+        s->found = true;
+        s->size = c->size;
+        s->at = at;
+    }
+}
+
 typedef struct fit_search {
     uint64_t rounded;
     uint32_t lane;
@@ -536,6 +600,46 @@ static uint32_t draw_lane(void)
     return id;
 }
 
+/* Where the best fit s->best puts a block of `rounded` bytes: its end by
+ * the policy's rule, at `align` (0: none); `whole`: a block of whole map
+ * granules over virtual memory. */
+static bfc_addr best_fit_place(const fit_search *s, uint64_t rounded, uint64_t align, bool whole)
+{
+    const uint64_t g = R.f.opt.granularity, mg = R.f.opt.map_granularity;
+    const bfc_options *o = &R.f.opt;
+    uint64_t size = s->best.chunk.size, rest = size - rounded;
+    bool split = o->tsl_split
+                     ? size >= 2 * rounded || rest >= BFC_TSL_MAX_INTERNAL_FRAGMENTATION
+                     : rest >= (o->min_split_bytes > g ? o->min_split_bytes : g);
+    bool high = split && o->placement != BFC_PLACE_LOW &&
+                s->best.next_age < s->best.prev_age;
+    bfc_addr lo = s->best.chunk.addr, hi = s->best.chunk.addr + size - rounded;
+    /* Over virtual memory any other block takes the end where it needs
+     * fewer granules that no neighbouring block already covers (the
+     * age rule's end when both need as many). */
+    if (split && R.f.opt.vmm && R.f.opt.placement == BFC_PLACE_ALIGNED && !whole &&
+        s->best.chunk.kind == BFC_CHUNK_FREE) {
+        uint64_t at_low = granules_not_held(&s->best, lo, rounded, mg);
+        uint64_t at_high = granules_not_held(&s->best, hi, rounded, mg);
+        if (at_low != at_high)
+            high = at_high < at_low;
+    }
+    /* A whole-granule block takes an end of its chunk that lies on a
+     * granule boundary against a block (the age rule's when both do). */
+    bool low_on = !s->best.prev_edge && lo % mg == 0;
+    bool high_on = !s->best.next_edge && (hi + rounded) % mg == 0;
+    if (split && align && whole && (low_on || high_on)) {
+        if (low_on != high_on)
+            high = high_on;
+        align = 0;
+    }
+    if (split && align) {
+        lo = (lo + align - 1) / align * align;
+        hi = hi / align * align;
+    }
+    return high ? hi : lo;
+}
+
 static void op_alloc(void)
 {
     model *m = &R.m;
@@ -582,6 +686,20 @@ static void op_alloc(void)
     if (valid && R.nplan)
         bfc_pool_visit(R.f.pool, spare_visitor, &ss);
 
+    /* Where the best fit puts the block and, over virtual memory, whether
+     * mapping it there would pass the limit (seen before the call maps or
+     * unmaps anything). Then, rather than have granules remapped, it goes
+     * to memory already mapped when a free chunk holds it so. An unsplit
+     * chunk's slack may need a granule more than the block, so a move the
+     * block alone does not explain must still go where the search says. */
+    const bfc_addr best_place = s.best.found ? best_fit_place(&s, rounded, align, whole) : 0;
+    bool owed = false;
+    mapped_search ms = {.rounded = rounded, .align = whole ? mg : natural_alignment(rounded)};
+    if (R.f.opt.vmm && s.best.found && s.best.chunk.kind == BFC_CHUNK_FREE) {
+        owed = !mapped_on_device(best_place, rounded) &&
+               unmapped_on_device(best_place, rounded) > R.f.opt.limit_bytes - before.pool_bytes;
+        bfc_pool_visit(R.f.pool, mapped_visitor, &ms);
+    }
     bfc_addr a = 0xdead00;
     bfc_status st = bfc_pool_alloc(R.f.pool, size, lane, &a);
     bfc_stats after_call = stats_of(&R.f);
@@ -604,6 +722,7 @@ static void op_alloc(void)
      * over virtual memory it may not be mappable (a miss); one that was not
      * free may have been freed by a retirement at the allocation's start. */
     const bool retired_early = after_call.num_retired != before.num_retired;
+    const bool refit = after_call.num_mapped_refits != before.num_mapped_refits;
     const bool want_spare = consults && !planned && !R.f.opt.vmm && plan_active() && ss.found;
     if (planned && !consulted)
         FAIL_AT("alloc %" PRIu64 " was placed by a plan that had no place for it", rounded);
@@ -693,38 +812,21 @@ static void op_alloc(void)
      * unless the allocation first retired blocks whose fences completed. */
     bool retired = stats_of(&R.f).num_retired != before.num_retired;
     if (s.best.found && !retired && !planned && !spared) {
-        const bfc_options *o = &R.f.opt;
-        uint64_t size = s.best.chunk.size, rest = size - rounded;
-        bool split = o->tsl_split
-                         ? size >= 2 * rounded || rest >= BFC_TSL_MAX_INTERNAL_FRAGMENTATION
-                         : rest >= (o->min_split_bytes > g ? o->min_split_bytes : g);
-        bool high = split && o->placement != BFC_PLACE_LOW &&
-                    s.best.next_age < s.best.prev_age;
-        bfc_addr lo = s.best.chunk.addr, hi = s.best.chunk.addr + size - rounded;
-        /* Over virtual memory any other block takes the end where it needs
-         * fewer granules that no neighbouring block already covers (the
-         * age rule's end when both need as many). */
-        if (split && R.f.opt.vmm && R.f.opt.placement == BFC_PLACE_ALIGNED && !whole &&
-            s.best.chunk.kind == BFC_CHUNK_FREE) {
-            uint64_t at_low = granules_not_held(&s.best, lo, rounded, mg);
-            uint64_t at_high = granules_not_held(&s.best, hi, rounded, mg);
-            if (at_low != at_high)
-                high = at_high < at_low;
+        bfc_addr expect = best_place;
+        /* Over virtual memory, when mapping the block there would pass the
+         * limit, it goes to memory already mapped if a free chunk holds it
+         * so. Slack of an unsplit chunk may need a granule more than the
+         * block, so a move the block alone does not explain must still go
+         * where the search says. */
+        if (R.f.opt.vmm && s.best.chunk.kind == BFC_CHUNK_FREE) {
+            if ((owed && ms.found) != refit && !(refit && ms.found))
+                FAIL_AT("alloc %" PRIu64 " %s to mapped memory (%s a mapped fit)", rounded,
+                        refit ? "moved" : "did not move", ms.found ? "with" : "without");
+            if (refit && ms.found)
+                expect = ms.at;
+        } else if (refit) {
+            FAIL_AT("alloc %" PRIu64 " moved to mapped memory from a pending chunk", rounded);
         }
-        /* A whole-granule block takes an end of its chunk that lies on a
-         * granule boundary against a block (the age rule's when both do). */
-        bool low_on = !s.best.prev_edge && lo % mg == 0;
-        bool high_on = !s.best.next_edge && (hi + rounded) % mg == 0;
-        if (split && align && whole && (low_on || high_on)) {
-            if (low_on != high_on)
-                high = high_on;
-            align = 0;
-        }
-        if (split && align) {
-            lo = (lo + align - 1) / align * align;
-            hi = hi / align * align;
-        }
-        bfc_addr expect = high ? hi : lo;
         if (a != expect)
             FAIL_AT("alloc %" PRIu64 " got %#llx, best fit says %#llx (chunk %#llx+%" PRIu64
                     ")", rounded, (unsigned long long)a, (unsigned long long)expect,

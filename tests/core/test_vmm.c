@@ -169,6 +169,40 @@ static void pressure_gives_back_only_the_shortfall_from_the_largest_holes(void)
     vmm_end(&f);
 }
 
+static void pressure_sends_a_block_to_mapped_memory_before_remapping(void)
+{
+    /* A growing pool at its 16 MiB limit holds a 4 MiB hole whose granules
+     * a trim unmapped and a 6 MiB hole still mapped. A 4 MiB block fits the
+     * first exactly (best fit), but mapping it would pass the limit: rather
+     * than unmap two granules of the second hole to map them under the
+     * first (a remap, tens of microseconds a granule on a GPU), the block
+     * goes to the mapped hole, and nothing is mapped or unmapped. */
+    fixture f;
+    vmm_begin(&f, 16 * MiB);
+    vmm_start(&f);
+    bfc_addr a = must_alloc(&f, 2 * MiB), b = must_alloc(&f, 4 * MiB);
+    must_alloc(&f, 2 * MiB);
+    bfc_addr d = must_alloc(&f, 6 * MiB);
+    must_free(&f, b);
+    CHECK_EQ(bfc_pool_trim(f.pool), 4 * MiB); /* b's granules go */
+    bfc_addr x = must_alloc(&f, 6 * MiB); /* fits no hole: maps up to the limit */
+    CHECK_EQ(x, d + 6 * MiB);
+    must_free(&f, d);
+    bfc_stats s = stats_of(&f);
+    CHECK_EQ(s.pool_bytes, 16 * MiB);
+    bfc_addr r = must_alloc(&f, 4 * MiB);
+    bfc_stats t = stats_of(&f);
+    CHECK_EQ(r, d); /* the mapped hole, at its low end */
+    CHECK(r != a + 2 * MiB);
+    CHECK_EQ(t.num_mapped_refits, s.num_mapped_refits + 1);
+    CHECK_EQ(t.num_unmap_calls, s.num_unmap_calls);
+    CHECK_EQ(t.num_map_calls, s.num_map_calls);
+    CHECK_EQ(t.pool_bytes, 16 * MiB);
+    check_mapped(&f, r, 4 * MiB);
+    CHECK(!sim_device_mapped(&f.dev, b, GRAN));
+    vmm_end(&f);
+}
+
 static void pressure_moves_memory_instead_of_giving_it_back(void)
 {
     /* The shortfall case above, on a device with nothing to spare: the
@@ -615,6 +649,7 @@ int main(void)
     RUN(free_space_coalesces_across_growth_steps);
     RUN(pressure_gives_back_free_granules_before_failing);
     RUN(pressure_gives_back_only_the_shortfall_from_the_largest_holes);
+    RUN(pressure_sends_a_block_to_mapped_memory_before_remapping);
     RUN(pressure_moves_memory_instead_of_giving_it_back);
     RUN(kept_memory_left_over_goes_back_when_the_call_ends);
     RUN(threshold_releases_as_frees_merge);
