@@ -678,12 +678,13 @@ static bool holds_on_mapped(const bfc_pool *p, const region *r, const chunk *x, 
 /*
  * vmm, near the limit: allocation c landed on unmapped granules that the
  * limit forbids mapping, so free granules elsewhere would be unmapped to
- * make room (a remap, tens of microseconds a granule on a
- * GPU). When some other free chunk holds the block on memory already mapped,
- * the block goes there instead: the smallest such chunk, at its low end if
- * that is mapped, else its high end (num_mapped_refits). Else c is carved
- * again where it was, and the remap is paid. Out of line: the allocation
- * path pays nothing for it until memory runs short.
+ * make room (a remap, tens of microseconds a granule on a GPU). When some
+ * other free chunk holds the block on memory already mapped, the block goes
+ * there instead: the smallest such chunk, at its low end if that is mapped,
+ * else its high end (num_mapped_refits). Else c is carved again where it
+ * was, and the remap is paid. One walk over the chunks, paid only where a
+ * remap would cost far more; out of line, so the allocation path pays
+ * nothing for it until memory runs short.
  */
 static __attribute__((noinline)) uint32_t refit_on_mapped(bfc_pool *p, uint32_t c,
                                                            uint64_t rounded, uint64_t size,
@@ -750,16 +751,15 @@ static bool map_under_pressure(bfc_pool *p, region *r, bfc_addr lo, bfc_addr hi)
 }
 
 /*
- * vmm: maps what just-carved chunk *cp lacks (the caller found it not wholly
- * mapped: block_mapped; out of line, so the steady state pays only that
- * test). When that cannot be done as it
- * is and the block may move (not a plan's place), it first moves to mapped
- * memory if any holds it (refit_on_mapped, which updates *cp); then it maps
- * under pressure (the chunk itself is allocated, so its own granules stay).
- * When nothing works the chunk returns to free space (merging back into what
- * it was cut from) and the allocation fails. Pending chunks are always
- * backed, so a block taken from its own lane never gets here with anything
- * to map.
+ * vmm: maps what just-carved chunk *cp lacks. The caller found it not wholly
+ * mapped (block_mapped); out of line, so the steady state pays only that
+ * test. When the limit forbids the mapping and the block may move (it is
+ * not a plan's place), it first moves to mapped memory if any holds it
+ * (refit_on_mapped, which updates *cp); then it maps under pressure (the
+ * chunk itself is allocated, so its own granules stay). When nothing works
+ * the chunk returns to free space (merging back into what it was cut from)
+ * and the allocation fails. Pending chunks are always backed, so a block
+ * taken from its own lane never gets here with anything to map.
  */
 static __attribute__((noinline)) bool back_allocation(bfc_pool *p, uint32_t *cp, bool may_move,
                                                       uint64_t rounded, uint64_t size,
@@ -776,8 +776,11 @@ static __attribute__((noinline)) bool back_allocation(bfc_pool *p, uint32_t *cp,
         *cp = c = refit_on_mapped(p, c, rounded, size, lane_id);
         if (block_mapped(p, c))
             return true;
+        /* Moved, but an unsplit remainder reaches an unmapped granule: map
+         * that, in the region the block now lies in. */
         lo = C(p, c)->addr;
         hi = lo + C(p, c)->size;
+        r = &p->regions[p->nregions == 1 ? 0 : region_find(p, lo)];
     }
     if (p->backend.keep)
         p->backend.keep(p->backend.ctx, true);
