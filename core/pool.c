@@ -519,6 +519,13 @@ static uint32_t take_pending(bfc_pool *p, uint32_t c, uint64_t rounded)
     return taken;
 }
 
+/* The region holding `addr`, which a chunk's address always is: with one
+ * region (every preallocated pool) no search. */
+static inline region *region_of(const bfc_pool *p, bfc_addr addr)
+{
+    return &p->regions[p->nregions == 1 ? 0 : region_find(p, addr)];
+}
+
 /* vmm: does every granule under chunk c have memory behind it? */
 static bool block_mapped(const bfc_pool *p, uint32_t c)
 {
@@ -527,7 +534,7 @@ static bool block_mapped(const bfc_pool *p, uint32_t c)
      * (regions are sorted, so it lies in that region). */
     if (hi <= p->regions[0].backed_to)
         return true;
-    const region *r = &p->regions[p->nregions == 1 ? 0 : region_find(p, lo)];
+    const region *r = region_of(p, lo);
     return backing_fast_covers(p, r, lo, hi) || backing_covers(p, r, lo, hi);
 }
 
@@ -767,7 +774,7 @@ static __attribute__((noinline)) bool back_allocation(bfc_pool *p, uint32_t *cp,
 {
     uint32_t c = *cp;
     bfc_addr lo = C(p, c)->addr, hi = lo + C(p, c)->size;
-    region *r = &p->regions[p->nregions == 1 ? 0 : region_find(p, lo)];
+    region *r = region_of(p, lo);
     if (backing_map(p, r, lo, hi))
         return true;
     /* Only when the limit forbade the mapping (a device that refused keeps
@@ -780,7 +787,7 @@ static __attribute__((noinline)) bool back_allocation(bfc_pool *p, uint32_t *cp,
          * that, in the region the block now lies in. */
         lo = C(p, c)->addr;
         hi = lo + C(p, c)->size;
-        r = &p->regions[p->nregions == 1 ? 0 : region_find(p, lo)];
+        r = region_of(p, lo);
     }
     if (p->backend.keep)
         p->backend.keep(p->backend.ctx, true);

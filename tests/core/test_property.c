@@ -696,8 +696,7 @@ static void op_alloc(void)
     bool owed = false;
     mapped_search ms = {.rounded = rounded, .align = whole ? mg : natural_alignment(rounded)};
     if (R.f.opt.vmm && s.best.found && s.best.chunk.kind == BFC_CHUNK_FREE) {
-        owed = !mapped_on_device(best_place, rounded) &&
-               unmapped_on_device(best_place, rounded) > R.f.opt.limit_bytes - before.pool_bytes;
+        owed = unmapped_on_device(best_place, rounded) > R.f.opt.limit_bytes - before.pool_bytes;
         bfc_pool_visit(R.f.pool, mapped_visitor, &ms);
     }
     bfc_addr a = 0xdead00;
@@ -813,13 +812,10 @@ static void op_alloc(void)
     bool retired = stats_of(&R.f).num_retired != before.num_retired;
     if (s.best.found && !retired && !planned && !spared) {
         bfc_addr expect = best_place;
-        /* Over virtual memory, when mapping the block there would pass the
-         * limit, it goes to memory already mapped if a free chunk holds it
-         * so. Slack of an unsplit chunk may need a granule more than the
-         * block, so a move the block alone does not explain must still go
-         * where the search says. */
+        /* A move to mapped memory (owed, ms: above) goes where the search
+         * says, and only where it found a place. */
         if (R.f.opt.vmm && s.best.chunk.kind == BFC_CHUNK_FREE) {
-            if ((owed && ms.found) != refit && !(refit && ms.found))
+            if (refit ? !ms.found : owed && ms.found)
                 FAIL_AT("alloc %" PRIu64 " %s to mapped memory (%s a mapped fit)", rounded,
                         refit ? "moved" : "did not move", ms.found ? "with" : "without");
             if (refit && ms.found)
