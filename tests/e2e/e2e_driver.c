@@ -591,6 +591,9 @@ static void fake_waits_in_flight(void)
     wait_in_flight(a, b, true);
     wait_in_flight(CU_STREAM_LEGACY, blocking, false);
     wait_in_flight(blocking, CU_STREAM_LEGACY, false);
+    CHECK_EQ(D.StreamDestroy(a), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(b), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(blocking), CUDA_SUCCESS);
 }
 
 static void fake_pools(void)
