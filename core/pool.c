@@ -784,10 +784,13 @@ static __attribute__((noinline)) bool back_allocation(bfc_pool *p, uint32_t *cp,
         if (block_mapped(p, c))
             return true;
         /* Moved, but an unsplit remainder reaches an unmapped granule: map
-         * that, in the region the block now lies in. */
+         * that, in the region the block now lies in, under the limit if it
+         * fits there (the pressure path below assumes it does not). */
         lo = C(p, c)->addr;
         hi = lo + C(p, c)->size;
         r = region_of(p, lo);
+        if (backing_map(p, r, lo, hi))
+            return true;
     }
     if (p->backend.keep)
         p->backend.keep(p->backend.ctx, true);

@@ -203,6 +203,41 @@ static void pressure_sends_a_block_to_mapped_memory_before_remapping(void)
     vmm_end(&f);
 }
 
+static void a_block_moved_across_reservations_maps_its_remainder_where_it_went(void)
+{
+    /* Two 8 MiB reservations under a 12 MiB limit, TSL's split rule (a
+     * chunk under twice the block is taken whole). Free space: in the first
+     * reservation a 6 MiB hole whose low 4 MiB are mapped and whose top
+     * granule went back; in the second, 4 MiB never mapped. A 4 MiB block
+     * best-fits the second and cannot map there (2 MiB of room), so it moves
+     * to the first reservation's hole, takes it whole, and the 2 MiB
+     * remainder is mapped *there*, in the region the block went to, not the
+     * one it left. */
+    fixture f;
+    vmm_begin(&f, 12 * MiB);
+    f.opt.va_bytes = 8 * MiB;
+    f.opt.tsl_split = true;
+    vmm_start(&f);
+    bfc_addr p1 = must_alloc(&f, 4 * MiB), p2 = must_alloc(&f, 2 * MiB);
+    must_alloc(&f, 2 * MiB); /* the first reservation is full */
+    must_free(&f, p2);
+    CHECK_EQ(bfc_pool_trim(f.pool), 2 * MiB);
+    bfc_addr q1 = must_alloc(&f, 4 * MiB); /* no hole holds it: a second reservation */
+    must_free(&f, p1); /* merges with p2's unmapped granule */
+    bfc_stats s = stats_of(&f);
+    CHECK_EQ(s.num_regions, 2);
+    CHECK_EQ(s.pool_bytes, 10 * MiB);
+    bfc_addr x = must_alloc(&f, 4 * MiB);
+    bfc_stats t = stats_of(&f);
+    CHECK_EQ(x, p1);
+    CHECK_EQ(t.num_mapped_refits, s.num_mapped_refits + 1);
+    CHECK_EQ(t.num_unmap_calls, s.num_unmap_calls); /* nothing remapped */
+    CHECK_EQ(t.pool_bytes, 12 * MiB);
+    check_mapped(&f, x, 6 * MiB); /* the block and the remainder it took */
+    CHECK(!sim_device_mapped(&f.dev, q1 + 4 * MiB, GRAN));
+    vmm_end(&f);
+}
+
 static void pressure_moves_memory_instead_of_giving_it_back(void)
 {
     /* The shortfall case above, on a device with nothing to spare: the
@@ -650,6 +685,7 @@ int main(void)
     RUN(pressure_gives_back_free_granules_before_failing);
     RUN(pressure_gives_back_only_the_shortfall_from_the_largest_holes);
     RUN(pressure_sends_a_block_to_mapped_memory_before_remapping);
+    RUN(a_block_moved_across_reservations_maps_its_remainder_where_it_went);
     RUN(pressure_moves_memory_instead_of_giving_it_back);
     RUN(kept_memory_left_over_goes_back_when_the_call_ends);
     RUN(threshold_releases_as_frees_merge);
