@@ -191,21 +191,24 @@ void replay_vmm_measure(const trace *t, const bfc_options *policy, uint64_t gpu_
     if (out->prealloc_min_limit_bytes) {
         bfc_stats st;
         /* At the smallest limit, with 1% to spare, and where one region
-         * just serves the trace (whole granules): how much remapping a job
-         * near its limit pays, and what it pays at a limit that the pool on
-         * one region meets with no remapping at all. */
-        const uint64_t one = (one_region_bytes + gran - 1) / gran * gran;
-        uint64_t at[3] = {out->prealloc_min_limit_bytes,
-                          (out->prealloc_min_limit_bytes + out->prealloc_min_limit_bytes / 100 +
-                           gran - 1) / gran * gran,
-                          one >= out->prealloc_min_limit_bytes ? one : 0};
-        for (int k = 0; k < 3 && at[k]; k++) {
+         * just serves the trace (whole granules) and 2% and 5% above that:
+         * how much remapping a job near its limit pays, and what it pays
+         * at limits that the pool on one region meets with no remapping
+         * at all. */
+        const uint64_t min = out->prealloc_min_limit_bytes;
+        const uint64_t above[PREALLOC_POINTS] = {min, min + min / 100, one_region_bytes,
+                                                 one_region_bytes + one_region_bytes / 50,
+                                                 one_region_bytes + one_region_bytes / 20};
+        for (int k = 0; k < PREALLOC_POINTS; k++) {
+            const uint64_t at = (above[k] + gran - 1) / gran * gran;
+            if (at < min)
+                continue; /* one region not measured, or below the smallest limit */
             uint64_t created = 0;
-            out->prealloc_failures[k] = replay_in(t, KIND_VMM_PREALLOCATED, policy, gpu_lag, at[k],
+            out->prealloc_failures[k] = replay_in(t, KIND_VMM_PREALLOCATED, policy, gpu_lag, at,
                                                   slot_addr, &st, &created, NULL, NULL, NULL);
             /* The limit is whole granules: all of it was made at start. */
-            out->prealloc_created_bytes[k] = created > at[k] ? created - at[k] : 0;
-            out->prealloc_limit[k] = at[k];
+            out->prealloc_created_bytes[k] = created > at ? created - at : 0;
+            out->prealloc_limit[k] = at;
             out->prealloc_map_calls[k] = st.num_map_calls;
             out->prealloc_unmap_calls[k] = st.num_unmap_calls;
             out->prealloc_unmapped_bytes[k] = st.released_bytes_total;

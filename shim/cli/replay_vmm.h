@@ -10,6 +10,7 @@
 #include "trace_csv.h"
 
 #define VMM_CURVE_POINTS 64
+#define PREALLOC_POINTS 5 /* limits the preallocated pool is replayed at */
 
 typedef struct replay_vmm_report {
     /* Smallest limit on mapped bytes that serves the trace (0: none found),
@@ -18,17 +19,19 @@ typedef struct replay_vmm_report {
     uint64_t tight_map_calls, tight_unmap_calls;
     /* The pool preallocated over virtual memory (the whole limit mapped at
      * creation): its smallest limit, and at that limit [0], 1% above it
-     * [1] and at one region's smallest pool [2] (where the default on one
-     * cuMemAlloc region serves the trace with no mapping at all; 0 when
-     * below [0]) the map/unmap calls, the bytes unmapped to be mapped
-     * elsewhere, the allocations moved to mapped memory instead
-     * (num_mapped_refits), failures (0 expected), and the physical memory
-     * the device made after the start (what moved under pressure was kept,
-     * not made again: bfc_backend.keep). */
+     * [1], at one region's smallest pool [2] (where the default on one
+     * cuMemAlloc region serves the trace with no mapping at all) and 2% and
+     * 5% above that [3], [4] (how far above one region's limit remapping
+     * goes on), each 0 when below [0]: the map/unmap calls, the bytes
+     * unmapped to be mapped elsewhere, the allocations moved to mapped
+     * memory instead (num_mapped_refits), failures (0 expected), and the
+     * physical memory the device made after the start (what moved under
+     * pressure was kept, not made again: bfc_backend.keep). */
     uint64_t prealloc_min_limit_bytes;
-    uint64_t prealloc_limit[3], prealloc_failures[3], prealloc_map_calls[3],
-        prealloc_unmap_calls[3], prealloc_unmapped_bytes[3], prealloc_created_bytes[3],
-        prealloc_mapped_refits[3];
+    uint64_t prealloc_limit[PREALLOC_POINTS], prealloc_failures[PREALLOC_POINTS],
+        prealloc_map_calls[PREALLOC_POINTS], prealloc_unmap_calls[PREALLOC_POINTS],
+        prealloc_unmapped_bytes[PREALLOC_POINTS], prealloc_created_bytes[PREALLOC_POINTS],
+        prealloc_mapped_refits[PREALLOC_POINTS];
     /* One run with room to spare, at the policy's release threshold. */
     uint64_t peak_mapped_bytes, map_calls, unmap_calls, released_bytes;
     uint64_t fence_waits, regions_fence_waits; /* --gpu-lag: the host blocked */

@@ -302,6 +302,20 @@ def test_vmm(d):
     for key in ["curve_event", "curve_mapped", "curve_regions", "curve_live"]:
         check(len(v.get(key, [])) == 7, f"{key} has a point per event of a short trace")
     check(max(v.get("curve_mapped", [0])) <= v.get("peak_mapped_bytes", 0), "curve under peak")
+    # The preallocated pool at five limits: its smallest, 1% above, one
+    # region's smallest pool and 2% and 5% above that, in whole granules.
+    gran = 2 * MiB
+    up = lambda b: -(-b // gran) * gran
+    one = r["min_pool_bytes"]
+    want = [8 * MiB, up(8 * MiB + 8 * MiB // 100), up(one), up(one + one // 50), up(one + one // 20)]
+    check(v.get("prealloc_limit") == want, f"preallocated limits {v.get('prealloc_limit')}, want {want}")
+    for key in ["prealloc_failures", "prealloc_map_calls", "prealloc_unmap_calls",
+                "prealloc_unmapped_bytes", "prealloc_created_bytes", "prealloc_mapped_refits"]:
+        check(len(v.get(key, [])) == 5, f"{key} has five points")
+    check(v.get("prealloc_failures") == [0] * 5, f"every limit serves: {v.get('prealloc_failures')}")
+    check(v.get("prealloc_unmapped_bytes", [0])[0] >= 2 * MiB and
+          v.get("prealloc_unmapped_bytes", [1] * 5)[4] == 0,
+          f"remaps at the smallest limit, none 5% above one region's: {v.get('prealloc_unmapped_bytes')}")
     # Threshold 0: frees give granules back at once, so the roomy run's peak
     # is the tight limit.
     (r,), _ = replay_json("--vmm", "--placement", "low", "--release-threshold", "0", t)
