@@ -781,11 +781,11 @@ static __attribute__((noinline)) bool back_allocation(bfc_pool *p, uint32_t *cp,
      * what it mapped, and missing bytes still fit under the limit). */
     if (may_move && backing_missing(p, r, lo, hi) > p->opt.limit_bytes - p->st.pool_bytes) {
         *cp = c = refit_on_mapped(p, c, rounded, size, lane_id);
-        if (block_mapped(p, c))
-            return true;
-        /* Moved, but an unsplit remainder reaches an unmapped granule: map
-         * that, in the region the block now lies in, under the limit if it
-         * fits there (the pressure path below assumes it does not). */
+        /* Wherever the block lies now: moved, it is mapped, unless an
+         * unsplit remainder it took reaches an unmapped granule; that is
+         * mapped in the region the block moved to, under the limit if it
+         * fits (the pressure path below assumes it does not). Not moved,
+         * the limit still forbids and this maps nothing. */
         lo = C(p, c)->addr;
         hi = lo + C(p, c)->size;
         r = region_of(p, lo);
