@@ -58,7 +58,11 @@
 #               memory (replayed: 15.84 and 15.63 GiB), one region (expected
 #               to run out) against preallocated over virtual memory
 #               (expected to run, remapping: its step time and map calls in
-#               the stats), both with room to spare, and the largest batch
+#               the stats), both at 16 GiB, where one region runs and the
+#               pool over virtual memory remaps in every step (replayed:
+#               docs/benchmarks.md, "Once the job has settled"; its step
+#               time against one region's is what making it the default
+#               costs), both with room to spare, and the largest batch
 #               under 16 GiB preallocated over virtual memory (arm C: 7)
 #   plan        a placement plan across processes: the GPT job without
 #               PyTorch's cache recorded (BFCSHIM_TRACE), packed by `bfcshim
@@ -404,7 +408,7 @@ step_maxbatch() {
 }
 
 step_pressure() {
-    local nc=PYTORCH_NO_CUDA_MEMORY_CACHING=1 tight=15.75GiB roomy=24GiB
+    local nc=PYTORCH_NO_CUDA_MEMORY_CACHING=1 tight=15.75GiB band=16GiB roomy=24GiB
     local job=("$py" "$gpu/torch_train.py" --model gpt --steps 20 --warmup 5 --batch 8
                "${gpt_size[@]}")
     for _ in $(seq "$repeat"); do
@@ -412,6 +416,10 @@ step_pressure() {
             BFCSHIM_MEM_LIMIT=$tight -- "${job[@]}" --arm C-tight
         run_arm pressure CVP-tight-vmm-prealloc 200 yes "$nc" BFCSHIM_VMM=on \
             BFCSHIM_MEM_LIMIT=$tight -- "${job[@]}" --arm CVP-tight
+        run_arm pressure C-band-one-region 200 yes "$nc" BFCSHIM_VMM=off \
+            BFCSHIM_MEM_LIMIT=$band -- "${job[@]}" --arm C-band
+        run_arm pressure CVP-band-vmm-prealloc 200 yes "$nc" BFCSHIM_VMM=on \
+            BFCSHIM_MEM_LIMIT=$band -- "${job[@]}" --arm CVP-band
         run_arm pressure C-roomy-one-region 200 yes "$nc" BFCSHIM_VMM=off \
             BFCSHIM_MEM_LIMIT=$roomy -- "${job[@]}" --arm C-roomy
         run_arm pressure CVP-roomy-vmm-prealloc 200 yes "$nc" BFCSHIM_VMM=on \
