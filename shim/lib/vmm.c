@@ -18,7 +18,8 @@
  * engine's call ends is released.
  *
  * Access is granted to the pool's own device (cuMemMap alone makes
- * nothing accessible) and to every device that enabled peer access to the
+ * nothing accessible), one cuMemSetAccess over each run of granules mapped
+ * together, and to every device that enabled peer access to the
  * pool's context (cuCtxEnablePeerAccess, which the driver door intercepts;
  * cudaDeviceEnablePeerAccess reaches it through cudart's lookup): already
  * mapped granules at that moment, later ones as they are mapped. When the
@@ -206,15 +207,16 @@ static size_t access_list(shim_pool *sp, CUmemAccessDesc desc[65])
     return n;
 }
 
-/* Sets the n entries of desc on [addr, addr + size), one mapping at a time
- * as they were made (cuda.h asks for whole mappings). */
-static CUresult set_access(const shim_pool *sp, const real_driver *R, bfc_addr addr,
-                           uint64_t size, const CUmemAccessDesc *desc, size_t n)
+/* Sets the n entries of desc on [addr, addr + size), a run of whole
+ * granules, each its own mapping, in one call: cuda.h asks for "a fully
+ * mapped address range containing all allocations", which a run of whole
+ * mappings is (PyTorch's expandable segments set access so across their
+ * handles). One call a run, not one a granule: a move under pressure maps
+ * hundreds of granules a step. */
+static CUresult set_access(const real_driver *R, bfc_addr addr, uint64_t size,
+                           const CUmemAccessDesc *desc, size_t n)
 {
-    CUresult r = CUDA_SUCCESS;
-    for (uint64_t off = 0; r == CUDA_SUCCESS && off < size; off += sp->vmm_granule)
-        r = R->MemSetAccess(addr + off, (size_t)sp->vmm_granule, desc, n);
-    return r;
+    return R->MemSetAccess(addr, (size_t)size, desc, n);
 }
 
 /* Makes [addr, addr + size) accessible per the pool's access list. */
@@ -222,7 +224,7 @@ static CUresult grant(shim_pool *sp, const real_driver *R, bfc_addr addr, uint64
 {
     CUmemAccessDesc desc[65];
     size_t n = access_list(sp, desc);
-    return set_access(sp, R, addr, size, desc, n);
+    return set_access(R, addr, size, desc, n);
 }
 
 static void grant_run(void *arg, bfc_addr addr, uint64_t size)
@@ -245,7 +247,7 @@ static void revoke_run(void *arg, bfc_addr addr, uint64_t size)
     const struct revoke_arg *a = arg;
     CUmemAccessDesc none = read_write(a->dev);
     none.flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
-    CUresult r = set_access(a->sp, real_driver_get(), addr, size, &none, 1);
+    CUresult r = set_access(real_driver_get(), addr, size, &none, 1);
     if (r != CUDA_SUCCESS)
         shim_log(LOG_WARN, "device %d: taking peer device %d's access to 0x%llx (%llu bytes) failed (%d)",
                  (int)a->sp->dev, a->dev, (unsigned long long)addr, (unsigned long long)size, (int)r);

@@ -8,6 +8,10 @@
  *   grow       blocks are served from one reservation with memory mapped as
  *              they land; they are usable; bfcshim_trim() unmaps what is
  *              free (the device gets it back, and the freed block faults)
+ *   access     a block of 8 fresh granules is mapped granule by granule
+ *              (cuMemUnmap cannot cut a mapping) but made accessible in one
+ *              cuMemSetAccess over the run, as cuda.h allows (a fully mapped
+ *              range of whole allocations); it is usable
  *   release    two contexts, a device too small for both: the second cannot
  *              have the memory the first freed until the first gives it
  *              back (bfcshim_trim), then it can
@@ -114,6 +118,21 @@ static void grow(void)
     fill_and_check(d, 5 * MiB, 5);
     CHECK_EQ(D.MemFree(d), CUDA_SUCCESS);
     CHECK_EQ(D.MemFree(c), CUDA_SUCCESS);
+}
+
+static void access_run(void)
+{
+    start();
+    CUdeviceptr small = 0, big = 0;
+    CHECK_EQ(D.MemAlloc(&small, 1000), CUDA_SUCCESS); /* the pool, its trial granule */
+    const fakecuda_stats before = fake_stats();
+    CHECK_EQ(D.MemAlloc(&big, 16 * MiB), CUDA_SUCCESS);
+    const fakecuda_stats after = fake_stats();
+    CHECK_EQ(after.vmm_map_calls - before.vmm_map_calls, 8);
+    CHECK_EQ(after.vmm_access_calls - before.vmm_access_calls, 1);
+    fill_and_check(big, 16 * MiB, 7);
+    CHECK_EQ(D.MemFree(big), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(small), CUDA_SUCCESS);
 }
 
 static void release(void)
@@ -467,6 +486,7 @@ int main(int argc, char **argv)
         const char *name;
         void (*fn)(void);
     } scenarios[] = {{"grow", grow},
+                     {"access", access_run},
                      {"release", release},
                      {"threshold", threshold},
                      {"ctxdestroy", ctxdestroy},

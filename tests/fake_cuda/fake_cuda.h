@@ -57,6 +57,7 @@ typedef struct fakecuda_stats {
     uint64_t vmm_unmap_calls;      /* cuMemUnmap */
     uint64_t vmm_retain_calls;     /* cuMemRetainAllocationHandle that succeeded */
     uint64_t vmm_peer_grants;      /* cuMemSetAccess entries giving a peer device access */
+    uint64_t vmm_access_calls;     /* cuMemSetAccess calls that succeeded */
     uint64_t peer_enables;         /* cuCtxEnablePeerAccess that succeeded */
     uint64_t implicit_joins;       /* operations made to wait by the legacy stream's rules */
 } fakecuda_stats;

@@ -3068,6 +3068,7 @@ EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
             mprotect((void *)(uintptr_t)r->base, r->size, r->prot);
         }
     }
+    G.st.vmm_access_calls++;
     LEAVE(CUDA_SUCCESS);
 }
 
