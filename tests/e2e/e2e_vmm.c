@@ -3,7 +3,10 @@
  * rules cuda.h states, before any pool is built on it. Scenarios:
  *
  *   map          reserve, create, map, set access, use; the device's memory
- *                counts what cuMemCreate holds; granularity from the query
+ *                counts what cuMemCreate holds; granularity from the query;
+ *                cuMemGetAddressRange answers with the one mapping holding
+ *                the address (adjacent ones apart), and NOT_FOUND where
+ *                nothing is mapped
  *   rules        misaligned, non-zero offset, overlapping, partial unmap,
  *                partial set-access, free of a mapped reservation, double
  *                release, too large, failure injection: each refused with
@@ -96,6 +99,15 @@ static void map(void)
     memset((void *)(uintptr_t)(base + 4 * gran), 0xa5, 2 * gran);
     CHECK(((unsigned char *)(uintptr_t)base)[2 * gran - 1] == 0x5a);
     CHECK(((unsigned char *)(uintptr_t)(base + 4 * gran))[0] == 0xa5);
+    /* cuMemGetAddressRange names the one mapping holding the address, not
+     * the reservation; an address only reserved is in no allocation. */
+    CUdeviceptr rb = 0;
+    size_t rs = 0;
+    CHECK_EQ(D.MemGetAddressRange(&rb, &rs, base + gran + 100), CUDA_SUCCESS);
+    CHECK(rb == base && rs == 2 * gran);
+    CHECK_EQ(D.MemGetAddressRange(&rb, &rs, base + 5 * gran), CUDA_SUCCESS);
+    CHECK(rb == base + 4 * gran && rs == 2 * gran);
+    CHECK_EQ(D.MemGetAddressRange(&rb, &rs, base + 3 * gran), CUDA_ERROR_NOT_FOUND);
     unsigned long long flags = 0;
     CUmemLocation loc = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
     CHECK_EQ(D.MemGetAccess(&flags, &loc, base + gran), CUDA_SUCCESS);
@@ -110,7 +122,9 @@ static void map(void)
     CHECK_EQ(D.MemSetAccess(base + 2 * gran, 2 * gran, &rw, 1), CUDA_SUCCESS);
     CHECK(((unsigned char *)(uintptr_t)(base + 2 * gran))[gran] == 0x5a);
     /* Two adjacent mappings are one contiguous range for set-access and
-     * unmap. */
+     * unmap, and still two allocations for cuMemGetAddressRange. */
+    CHECK_EQ(D.MemGetAddressRange(&rb, &rs, base + 4 * gran - 1), CUDA_SUCCESS);
+    CHECK(rb == base + 2 * gran && rs == 2 * gran);
     CHECK_EQ(D.MemSetAccess(base + 2 * gran, 4 * gran, &rw, 1), CUDA_SUCCESS);
     CHECK_EQ(D.MemUnmap(base + 2 * gran, 4 * gran), CUDA_SUCCESS);
     CHECK_EQ(D.MemRelease(a), CUDA_SUCCESS);

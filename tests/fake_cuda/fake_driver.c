@@ -2440,16 +2440,30 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
     LEAVE(CUDA_SUCCESS);
 }
 
+static bool vmm_mapping_range(CUdeviceptr ptr, CUdeviceptr *base, size_t *size);
+
+/* The allocation that holds dptr, or over the virtual memory API the one
+ * mapping (cuMemMap) that does: not the reservation, and not neighbouring
+ * mappings of the same reservation (libfabric relies on this: "only returns
+ * the size of the individual segment containing the pointer";
+ * tests/gpu vmm-ptr-attr checks it on a GPU). A reserved, unmapped address
+ * holds no allocation. */
 EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr dptr)
 {
     ENTER_API();
+    CUdeviceptr b = 0;
+    size_t n = 0;
     allocation *a = find_alloc(dptr, true);
-    if (!a)
+    if (a) {
+        b = a->base;
+        n = a->size;
+    } else if (!vmm_mapping_range(dptr, &b, &n)) {
         LEAVE(CUDA_ERROR_NOT_FOUND);
+    }
     if (base)
-        *base = a->base;
+        *base = b;
     if (size)
-        *size = a->size;
+        *size = n;
     LEAVE(CUDA_SUCCESS);
 }
 
@@ -2788,6 +2802,17 @@ static vmm_range *vmm_mapping_at(CUdeviceptr ptr)
         if (ptr - V.mapped[i].base < V.mapped[i].size)
             return &V.mapped[i];
     return NULL;
+}
+
+/* Lock held: the range of the mapping holding ptr; false if none does. */
+static bool vmm_mapping_range(CUdeviceptr ptr, CUdeviceptr *base, size_t *size)
+{
+    const vmm_range *m = vmm_mapping_at(ptr);
+    if (m) {
+        *base = m->base;
+        *size = m->size;
+    }
+    return m != NULL;
 }
 
 /* Lock held: is ptr inside a reservation? */

@@ -36,7 +36,8 @@
  *                    printed; refused, the pool and its blocks stay
  *   vmm-ptr-attr     what the driver answers for a mapped and a reserved
  *                    address of the virtual memory API, printed (the fake
- *                    answers as it reads cuda.h; this checks it)
+ *                    answers as it reads cuda.h; this checks it), and
+ *                    cuMemGetAddressRange's range: the mapping's
  *   vmm-retain       cuMemRetainAllocationHandle as the fake models it
  *                    (e2e_vmm retain): the handle that mapped an address;
  *                    unmapped, its memory stays and maps elsewhere with its
@@ -661,6 +662,24 @@ static void vmm_ptr_attr(void)
             CHECK(rt == CUDA_SUCCESS && type == CU_MEMORYTYPE_DEVICE);
             CHECK(ro == CUDA_SUCCESS && ordinal == dev);
         }
+    }
+    /* cuMemGetAddressRange: the mapping that holds the address (libfabric
+     * relies on that: "only returns the size of the individual segment
+     * containing the pointer"); the fake answers so, and NOT_FOUND for an
+     * address only reserved. */
+    auto range = (decltype(&cuMemGetAddressRange))driver_fn("cuMemGetAddressRange_v2");
+    CHECK(range != NULL);
+    for (int k = 0; range && k < 2; k++) {
+        CUdeviceptr base = 1;
+        size_t size = 1;
+        CUresult r = range(&base, &size, va + (k ? g + 4096 : 4096));
+        printf("  cuMemGetAddressRange of the %s address: %d, 0x%llx + %zu (the fake: %d)\n",
+               k ? "reserved, unmapped" : "mapped", (int)r, (unsigned long long)base, size,
+               k ? (int)CUDA_ERROR_NOT_FOUND : 0);
+        if (k == 0)
+            CHECK(r == CUDA_SUCCESS && base == va && size == g);
+        else
+            CHECK(r != CUDA_SUCCESS);
     }
     CHECK(v.unmap(va, g) == CUDA_SUCCESS);
     CHECK(v.release(h) == CUDA_SUCCESS);
