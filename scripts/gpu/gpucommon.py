@@ -103,7 +103,9 @@ def shim_totals(doc):
     if not doc:
         return None
     keys = ("num_allocs", "num_frees", "num_ooms", "peak_bytes_in_use", "bytes_in_use",
-            "peak_pool_bytes", "num_region_allocs", "num_fence_waits", "passthrough_allocs")
+            "peak_pool_bytes", "num_region_allocs", "num_fence_waits", "passthrough_allocs",
+            "num_map_calls", "num_unmap_calls", "num_mapped_refits", "released_bytes_total",
+            "moved_bytes_total")
     out = {k: sum(p.get(k, 0) for p in doc.get("pools", [])) for k in keys}
     out["pools"] = len(doc.get("pools", []))
     out["allocator"] = doc.get("allocator")

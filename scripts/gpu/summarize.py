@@ -65,13 +65,15 @@ def timed_table(results, step, key):
             fmt_bytes(med(r.get("torch_peak_reserved") for r in runs)),
             fmt(med(r.get("torch_device_allocs_after_warmup") for r in runs), ".0f"),
             fmt(med(r.get("shim_region_allocs_after_warmup") for r in runs), ".0f"),
+            fmt_bytes(med(r.get("shim_moved_bytes_after_warmup") for r in runs)),
             "-" if not shim else shim.get("num_allocs"),
             "-" if not shim else shim.get("num_fence_waits"),
             "-" if not shim else shim.get("passthrough_allocs"),
             " ".join(digests),
         ])
     return table(rows, ["arm", "runs", "exit", key, "vs first", "gpu busy", "nvml peak", "peak alloc",
-                        "peak resv", "dev allocs*", "regions*", "pool allocs", "fence waits",
+                        "peak resv", "dev allocs*", "regions*", "moved*", "pool allocs",
+                        "fence waits",
                         "passthru", "digest"])
 
 
@@ -93,12 +95,13 @@ def main():
             print("  not ok:", " ".join(r))
     for step, key in (("torch-gpt", "step_ms_median"), ("torch-resnet", "step_ms_median"),
                       ("jax", "step_ms_median"), ("cupy", "iter_ms_median"),
-                      ("vmm", "step_ms_median")):
+                      ("vmm", "step_ms_median"), ("pressure", "step_ms_median"),
+                      ("plan", "step_ms_median")):
         t = timed_table(results, step, key)
         if t:
             print(f"\n== {step} (* = after warm-up)")
             print(t)
-    for step in ("numba", "plugins", "three", "ddp", "maxbatch", "vmm"):
+    for step in ("numba", "plugins", "three", "ddp", "maxbatch", "vmm", "pressure"):
         arms = by_arm(results, step)
         if not arms:
             continue

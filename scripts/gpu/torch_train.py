@@ -194,6 +194,10 @@ def run_steps(args, device, nvml):
     if shim_before and shim_after:
         res["shim_region_allocs_after_warmup"] = (
             shim_after["num_region_allocs"] - shim_before["num_region_allocs"])
+        # Over virtual memory near the limit: memory moved under new blocks
+        # in the timed steps, the cost the pressure step weighs.
+        res["shim_moved_bytes_after_warmup"] = (
+            shim_after["moved_bytes_total"] - shim_before["moved_bytes_total"])
     if device.type == "cuda":
         res["torch_peak_allocated"] = allocator_stat(torch.cuda.max_memory_allocated)
         res["torch_peak_reserved"] = allocator_stat(torch.cuda.max_memory_reserved)
