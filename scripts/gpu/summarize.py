@@ -77,6 +77,24 @@ def timed_table(results, step, key):
                         "passthru", "digest"])
 
 
+def pressure_verdict(results):
+    """The pressure step's band arms side by side: what a step costs
+    preallocated over virtual memory where one region also runs, and the
+    memory it moved per step (docs/benchmarks.md, "Once the job has
+    settled"); None without both arms' step times."""
+    arms = by_arm(results, "pressure")
+    one = med(r.get("step_ms_median") for r in arms.get("C-band-one-region", []))
+    vmm_runs = arms.get("CVP-band-vmm-prealloc", [])
+    vmm = med(r.get("step_ms_median") for r in vmm_runs)
+    if not one or not vmm:
+        return None
+    moved = med(r.get("shim_moved_bytes_after_warmup") for r in vmm_runs)
+    steps = med(r.get("steps") for r in vmm_runs)
+    per_step = f", {fmt_bytes(moved / steps)} moved a step" if moved is not None and steps else ""
+    return (f"  at 16 GiB a step takes {one:.1f} ms in one region and {vmm:.1f} ms preallocated "
+            f"over virtual memory ({100 * (vmm / one - 1):+.1f}%{per_step})")
+
+
 def main():
     out = sys.argv[1]
     results = []
@@ -101,6 +119,9 @@ def main():
         if t:
             print(f"\n== {step} (* = after warm-up)")
             print(t)
+    verdict = pressure_verdict(results)
+    if verdict:
+        print(f"\n== pressure: the default's decision\n{verdict}")
     for step in ("numba", "plugins", "three", "ddp", "maxbatch", "vmm", "pressure"):
         arms = by_arm(results, step)
         if not arms:
