@@ -159,6 +159,7 @@ static void flush(bool at_exit)
         if (!at_exit)
             bfc_pool_lock(sp->bfc);
         else if (!bfc_pool_lock_within(sp->bfc, EXIT_WAIT_MS)) {
+            atomic_store(&sp->held_at_exit, true);
             shim_log(LOG_WARN, "BFCSHIM_TRACE: device %d's pool was busy at exit; its last "
                                "events are not in the trace", (int)sp->dev);
             continue;

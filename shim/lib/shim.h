@@ -251,6 +251,9 @@ typedef struct shim_pool {
     size_t nstand_ins, capstand_ins;
     /* passthrough counters */
     atomic_uint_fast64_t passthrough_allocs;
+    /* found held by another thread at exit (record.c, stats_file.c): the
+     * writers after the first skip it rather than wait for it again */
+    atomic_bool held_at_exit;
     /* the pool's number, never reused (a dead pool's registry slot is) */
     uint32_t serial;
     /* the driver's cuMemAllocPitch row alignment on this device, learned at

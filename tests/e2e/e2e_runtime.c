@@ -38,6 +38,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "e2e_rt.h"
@@ -538,6 +539,30 @@ static void *stuck_allocator(void *arg)
     return NULL;
 }
 
+static double exit_started; /* exit-busy: when main returned */
+
+static double monotonic_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The executable's destructors run after every atexit handler, the shim's
+ * writers included: with $EXIT_SPAN set, exit-busy writes there how long
+ * those writers took. */
+__attribute__((destructor)) static void exit_span(void)
+{
+    const char *path = getenv("EXIT_SPAN");
+    if (!path || exit_started == 0)
+        return;
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fprintf(f, "%.3f\n", monotonic_s() - exit_started);
+        fclose(f);
+    }
+}
+
 static void exit_busy(void)
 {
     pthread_t t;
@@ -545,6 +570,7 @@ static void exit_busy(void)
     e2e_wait_inside_pool(&stuck_thread_ready);
     alarm(20); /* a hang at exit fails the test here, not at meson's timeout */
     /* main returns: exit() runs the shim's writers with the pool held. */
+    exit_started = monotonic_s();
 }
 
 /* BFCSHIM_STATS_FILE is set by the runner; $STATS_NOW names another path. */
