@@ -194,7 +194,7 @@ static uint64_t use_vmm(const real_driver *R, const shim_config *cfg, CUdevice d
     CUresult r = g ? vmm_probe(R, dev, g, &step) : CUDA_SUCCESS;
     if (r != CUDA_SUCCESS) {
         shim_log(LOG_WARN, "device %d: the driver reports virtual memory management, but %s "
-                           "failed (%d) on a trial granule: regions from cuMemAlloc",
+                           "failed (%d) on two trial granules: regions from cuMemAlloc",
                  (int)dev, step, (int)r);
         return 0;
     }

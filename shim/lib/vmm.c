@@ -105,27 +105,35 @@ static CUresult map_granule(const real_driver *R, CUdeviceptr at, uint64_t g,
 
 /* A driver may report virtual memory management and still refuse one of
  * its calls (cuMemSetAccess under WSL2, pytorch/pytorch#192330): the pool
- * would then fail its first allocation. One granule taken through every
- * call finds that out before the pool is made. */
+ * would then fail its first allocation. Two granules taken through every
+ * call the pool makes, as it makes them (each its own mapping, access set
+ * once over both: set_access), find that out before the pool is made. */
 CUresult vmm_probe(const real_driver *R, CUdevice dev, uint64_t granule, const char **step)
 {
     CUdeviceptr va = 0;
     CUmemAllocationProp prop = device_prop(dev);
     CUmemAccessDesc rw = read_write((int)dev);
+    const size_t g = (size_t)granule;
     CUresult r;
     *step = "cuMemAddressReserve";
-    if ((r = R->MemAddressReserve(&va, (size_t)granule, (size_t)granule, 0, 0)) != CUDA_SUCCESS)
+    if ((r = R->MemAddressReserve(&va, 2 * g, g, 0, 0)) != CUDA_SUCCESS)
         return r;
-    if ((r = map_granule(R, va, granule, &prop, step)) == CUDA_SUCCESS) {
+    int mapped = 0;
+    while (mapped < 2 && (r = map_granule(R, va + (CUdeviceptr)mapped * g, granule, &prop,
+                                          step)) == CUDA_SUCCESS)
+        mapped++;
+    if (r == CUDA_SUCCESS) {
         *step = "cuMemSetAccess";
-        r = R->MemSetAccess(va, (size_t)granule, &rw, 1);
-        CUresult u = R->MemUnmap(va, (size_t)granule);
+        r = R->MemSetAccess(va, 2 * g, &rw, 1);
+    }
+    for (int i = 0; i < mapped; i++) {
+        CUresult u = R->MemUnmap(va + (CUdeviceptr)i * g, g);
         if (r == CUDA_SUCCESS && u != CUDA_SUCCESS) {
             *step = "cuMemUnmap";
             r = u;
         }
     }
-    R->MemAddressFree(va, (size_t)granule);
+    R->MemAddressFree(va, 2 * g);
     return r;
 }
 

@@ -49,8 +49,12 @@
  *              is under way, and the capture survives
  *   refused    (FAKECUDA_VMM_REFUSE=cuMemSetAccess) the device reports
  *              virtual memory management but refuses a call, as some WSL2
- *              drivers do: the shim's trial granule finds out, gives back
- *              what it took, logs why, and the pool uses cuMemAlloc
+ *              drivers do: the shim's trial granules find out, the shim
+ *              gives back what it took, logs why, and the pool uses cuMemAlloc
+ *   refused-multi  (FAKECUDA_VMM_REFUSE=cuMemSetAccess:multi) a driver that
+ *              sets access over one mapping per call only: the pool sets it
+ *              over runs of granules, so its trial (two granules, access set
+ *              once over both) finds out, and the pool uses cuMemAlloc
  *   off        (BFCSHIM_VMM=off) regions come from cuMemAlloc as before
  *   moves      (BFCSHIM_VMM=on, preallocated, 32 MiB) under pressure the
  *              pool unmaps free granules to map them under a block that
@@ -97,7 +101,7 @@ static void grow(void)
     CHECK_EQ(D.MemAlloc(&b, 3 * MiB), CUDA_SUCCESS);
     CHECK_EQ(D.MemAlloc(&c, 1000), CUDA_SUCCESS);
     fakecuda_stats st = fake_stats();
-    CHECK_EQ(st.vmm_reserve_calls, 2); /* the trial granule's, then one for the pool */
+    CHECK_EQ(st.vmm_reserve_calls, 2); /* the trial granules', then one for the pool */
     CHECK_EQ(st.mem_alloc_calls, 0);   /* no cuMemAlloc region */
     uint64_t mapped = st.bytes_in_use[0] - before;
     CHECK(mapped >= 6 * MiB && mapped <= 10 * MiB && mapped % (2 * MiB) == 0);
@@ -124,7 +128,7 @@ static void access_run(void)
 {
     start();
     CUdeviceptr small = 0, big = 0;
-    CHECK_EQ(D.MemAlloc(&small, 1000), CUDA_SUCCESS); /* the pool, its trial granule */
+    CHECK_EQ(D.MemAlloc(&small, 1000), CUDA_SUCCESS); /* the pool, its trial granules */
     const fakecuda_stats before = fake_stats();
     CHECK_EQ(D.MemAlloc(&big, 16 * MiB), CUDA_SUCCESS);
     const fakecuda_stats after = fake_stats();
@@ -277,7 +281,7 @@ static void peers(void)
     start();
     CUdeviceptr a = 0, b = 0;
     CHECK_EQ(D.MemAlloc(&a, 3 * MiB), CUDA_SUCCESS); /* device 0's pool: two granules */
-    CHECK_EQ(fake_stats().vmm_reserve_calls, 2); /* the trial granule's, the pool's */
+    CHECK_EQ(fake_stats().vmm_reserve_calls, 2); /* the trial granules', the pool's */
     CHECK_EQ(fake_stats().vmm_peer_grants, 0);
     CUcontext one = NULL;
     CHECK_EQ(D.DevicePrimaryCtxRetain(&one, 1), CUDA_SUCCESS);
@@ -407,7 +411,10 @@ static void capture(void)
     CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
 }
 
-static void refused(void)
+/* The pool's trial finds a call the driver refuses (FAKECUDA_VMM_REFUSE)
+ * and the pool goes on cuMemAlloc, saying why; `call (code)` is what the
+ * log must name. */
+static void refused_with(const char *call_and_code)
 {
     shim_log_reset();
     start();
@@ -415,20 +422,27 @@ static void refused(void)
     CUdeviceptr a = 0;
     CHECK_EQ(D.MemAlloc(&a, 3 * MiB), CUDA_SUCCESS);
     fakecuda_stats st = fake_stats();
-    CHECK_EQ(st.vmm_reserve_calls, 1); /* the trial granule only */
-    CHECK_EQ(st.vmm_create_calls, 1);
+    CHECK_EQ(st.vmm_reserve_calls, 1); /* the trial granules only */
+    CHECK_EQ(st.vmm_create_calls, 2);
     CHECK(st.mem_alloc_calls >= 1);    /* the pool is on cuMemAlloc */
     CHECK(st.bytes_in_use[0] >= before + 3 * MiB);
     fill_and_check(a, 3 * MiB, 6);
-    char log[4096];
+    char log[4096], want[128];
     shim_log_lines(log, sizeof log);
-    if (!strstr(log, "cuMemSetAccess failed (801) on a trial granule")) {
-        fprintf(stderr, "expected the fallback in the log, got:\n%s", log);
+    snprintf(want, sizeof want, "%s on two trial granules", call_and_code);
+    if (!strstr(log, want)) {
+        fprintf(stderr, "expected the fallback (%s) in the log, got:\n%s", want, log);
         e2e_failures++;
     }
     CHECK_EQ(D.MemFree(a), CUDA_SUCCESS);
-    CHECK_EQ(fake_stats().vmm_unmap_calls, 1); /* the trial granule went back */
+    CHECK_EQ(fake_stats().vmm_unmap_calls, 2); /* the trial granules went back */
 }
+
+static void refused(void) { refused_with("cuMemSetAccess failed (801)"); }
+
+/* A driver that sets access over one mapping at a time only: the pool sets
+ * it over runs of granules, each its own mapping, so the trial does too. */
+static void refused_multi(void) { refused_with("cuMemSetAccess failed (1)"); }
 
 static void off(void)
 {
@@ -450,7 +464,7 @@ static void moves(void)
         fill_and_check(b[i], 4 * MiB, (unsigned char)(10 + i));
     }
     const fakecuda_stats full = fake_stats();
-    CHECK_EQ(full.vmm_create_calls, 1 + 16); /* the trial granule, then the limit */
+    CHECK_EQ(full.vmm_create_calls, 2 + 16); /* the trial granules, then the limit */
     for (int i = 0; i < 8; i += 2)
         CHECK_EQ(D.MemFree(b[i]), CUDA_SUCCESS);
     /* Four 4 MiB holes; an 8 MiB block fits none, lands past the mapped
@@ -497,6 +511,7 @@ int main(int argc, char **argv)
                      {"peers-gone", peers_gone},
                      {"capture", capture},
                      {"refused", refused},
+                     {"refused-multi", refused_multi},
                      {"off", off},
                      {"moves", moves}};
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)

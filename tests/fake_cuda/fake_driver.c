@@ -98,7 +98,8 @@
  *             cuMemAllocFromPoolAsync's from its pool's; a device's current
  *             pool must be its own.
  *   failures  FAKECUDA_FAIL_ALLOC / fail_alloc_after make one cuMemAlloc fail;
- *             FAKECUDA_VMM_REFUSE makes one virtual memory call always fail.
+ *             FAKECUDA_VMM_REFUSE makes one virtual memory call always fail
+ *             (or, =cuMemSetAccess:multi, set access over one mapping only).
  * Everything takes one global mutex; host callbacks run outside it.
  */
 #include <cuda.h>
@@ -2711,7 +2712,11 @@ static void vmm_configure(void)
  * drivers (pytorch/pytorch#192330, where it returned CUDA_ERROR_UNKNOWN).
  * The fake returns CUDA_ERROR_NOT_SUPPORTED, which cuda.h lists among the
  * returns of all four calls (cuMemAddressReserve, cuMemCreate, cuMemMap,
- * cuMemSetAccess). */
+ * cuMemSetAccess). =cuMemSetAccess:multi refuses only a range over more than
+ * one mapping (CUDA_ERROR_INVALID_VALUE), as a driver reading "a fully mapped
+ * address range" as one mapping would: cuda.h allows several ("containing all
+ * allocations"), and PyTorch relies on it, but a pool that sets access so
+ * must find out before it is made if a driver does not. */
 #define VMM_REFUSED(name) (V.refuse && strcmp(V.refuse, name) == 0)
 
 #define VMM_ENTER()                                 \
@@ -3062,6 +3067,13 @@ EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
         LEAVE(CUDA_ERROR_NOT_SUPPORTED);
     if (!desc || count == 0 || !vmm_whole_mappings(ptr, size))
         LEAVE(CUDA_ERROR_INVALID_VALUE);
+    if (VMM_REFUSED("cuMemSetAccess:multi")) {
+        size_t covered = 0;
+        for (size_t m = 0; m < V.nmapped; m++)
+            covered += V.mapped[m].base >= ptr && V.mapped[m].base < ptr + size;
+        if (covered > 1)
+            LEAVE(CUDA_ERROR_INVALID_VALUE);
+    }
     for (size_t k = 0; k < count; k++)
         if (desc[k].location.type != CU_MEM_LOCATION_TYPE_DEVICE || !is_device(desc[k].location.id))
             LEAVE(CUDA_ERROR_INVALID_DEVICE);
