@@ -2443,12 +2443,16 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 
 static bool vmm_mapping_range(CUdeviceptr ptr, CUdeviceptr *base, size_t *size);
 
-/* The allocation that holds dptr, or over the virtual memory API the one
- * mapping (cuMemMap) that does: not the reservation, and not neighbouring
- * mappings of the same reservation (libfabric relies on this: "only returns
- * the size of the individual segment containing the pointer";
- * tests/gpu vmm-ptr-attr checks it on a GPU). A reserved, unmapped address
- * holds no allocation. */
+/* cuda.h: "Returns the base address in *pbase and size in *psize of the
+ * allocation by cuMemAlloc() or cuMemAllocPitch() that contains the input
+ * pointer dptr", and lists CUDA_ERROR_NOT_FOUND among the returns. It says
+ * nothing of memory mapped with cuMemMap; the fake answers there as the
+ * driver is reported to (libfabric's hmem_cuda relies on it: "only returns
+ * the size of the individual segment containing the pointer"): the one
+ * mapping that holds dptr, not the reservation and not neighbouring mappings
+ * of it; tests/gpu vmm-ptr-attr checks that on a GPU. A reserved, unmapped
+ * address holds no allocation: NOT_FOUND. The shim answers for its own
+ * blocks itself, so this only reaches a program's own mappings. */
 EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr dptr)
 {
     ENTER_API();
