@@ -268,7 +268,8 @@ typedef struct bfc_options {
      *     (checked as frees merge: the merged block gives its granules back);
      *   - on bfc_pool_trim;
      *   - before an allocation fails for want of mapped memory (pressure).
-     * With preallocate, the first region maps limit_bytes at once.
+     * With preallocate, the first region maps limit_bytes at once; how that
+     * region is laid out is prealloc_spread's choice.
      */
     bool vmm;
     /* The unit of mapping (the driver's granularity): a power of two and a
@@ -281,6 +282,22 @@ typedef struct bfc_options {
     /* Free mapped bytes the pool keeps before giving granules back as frees
      * merge. Default UINT64_MAX: keep them until trim or pressure. */
     uint64_t release_threshold;
+    /*
+     * vmm with preallocate. false (default), overflow: the first
+     * reservation is the limit itself, mapped whole, and blocks are placed
+     * in it by the rules of one region (no granule placement, a region edge
+     * oldest), so the pool serves exactly what one preallocated region
+     * would and moves no memory while that is enough. Only when no free
+     * chunk holds a block is more address space reserved (va_bytes); the
+     * block lands there and free granules of the first region move behind
+     * it (pressure), and the rules of virtual memory apply from then on.
+     * true, spread: the first reservation is va_bytes and the rules of
+     * virtual memory apply from the start; replayed, the real traces then
+     * need less memory still, but a job near its limit remaps granules in
+     * every step even where one region would have served it
+     * (docs/benchmarks.md).
+     */
+    bool prealloc_spread;
 } bfc_options;
 
 /* Fills *o with the defaults above, limit_bytes left 0. */

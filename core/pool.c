@@ -98,7 +98,9 @@ bfc_pool *bfc_pool_create(const bfc_options *opt, const bfc_backend *backend)
     p->backend = *backend;
     const bool aligned = opt->placement == BFC_PLACE_ALIGNED;
     p->align_from = aligned ? opt->align_bytes : UINT64_MAX;
-    p->granule_mask = aligned && opt->vmm ? opt->map_granularity - 1 : UINT64_MAX;
+    p->as_one_region = opt->vmm && opt->preallocate && !opt->prealloc_spread;
+    p->granule_mask = aligned && opt->vmm && !p->as_one_region ? opt->map_granularity - 1
+                                                                : UINT64_MAX;
     p->release_on_free = opt->vmm && opt->release_threshold != UINT64_MAX;
     p->next_region_bytes = p->opt.initial_region_bytes;
     p->st.bytes_limit = p->opt.limit_bytes;
@@ -289,12 +291,14 @@ static void link_after(bfc_pool *p, uint32_t c, uint32_t r)
 /* The age of a region edge. An edge never moves: oldest. But over virtual
  * memory an edge borders address space, not memory: youngest, so that
  * blocks pack against live ones and mapped memory grows as one pile rather
- * than two at opposite ends of the reservation. (Aligned placement's small
+ * than two at opposite ends of the reservation. A preallocated pool laid
+ * out as one region (as_one_region) has memory behind every edge: oldest.
+ * (Aligned placement's small
  * blocks counted an edge as youngest too until it was measured in pools of
  * the sizes the shim makes, where that lost: docs/benchmarks.md.) */
 static inline uint64_t edge_age(const bfc_pool *p)
 {
-    return p->opt.vmm ? UINT64_MAX : 0;
+    return p->opt.vmm && !p->as_one_region ? UINT64_MAX : 0;
 }
 
 /* How long a neighbour of a free chunk is expected to stay: a region edge
@@ -593,20 +597,29 @@ static uint32_t carve_planned(bfc_pool *p, uint64_t rounded, uint64_t size)
     return carve_at(p, c, rounded, at, size);
 }
 
+static bool back_allocation(bfc_pool *p, uint32_t *cp, bool may_move, uint64_t rounded,
+                            uint64_t size, uint32_t lane_id);
+
 /* An allocation the plan did not place, carved in the spare space above the
  * plan's extent, out of the planned layout's way; CHUNK_NIL when nothing
- * there holds it. Not over vmm: the spare space is unmapped there, and the
- * rule's preference for mapped memory matters more. */
+ * there holds it. Over vmm only while the pool is laid out as one region,
+ * whose spare space is mapped (else mapped here, as a planned place is);
+ * otherwise the spare space is unmapped address space, and the rule's
+ * preference for mapped memory matters more. */
 static uint32_t carve_spare(bfc_pool *p, uint64_t rounded, uint64_t size)
 {
     bfc_addr at;
-    if (p->opt.vmm)
+    if (p->opt.vmm && !p->as_one_region)
         return CHUNK_NIL;
     uint32_t c = plan_spare_chunk(p, p->plan, rounded, &at);
     if (c == CHUNK_NIL)
         return CHUNK_NIL;
+    c = carve_at(p, c, rounded, at, size);
+    if (p->opt.vmm && !block_mapped(p, c) &&
+        !back_allocation(p, &c, false, rounded, size, BFC_NO_LANE))
+        return CHUNK_NIL;
     p->st.num_plan_spare++;
-    return carve_at(p, c, rounded, at, size);
+    return c;
 }
 
 /* Gives the just-carved allocation c back to free space and carves the

@@ -79,6 +79,10 @@ struct bfc_pool {
      * memory under BFC_PLACE_ALIGNED). */
     uint64_t align_from;
     uint64_t granule_mask;
+    /* vmm, preallocated, not spread (bfc_options.prealloc_spread): true
+     * until the first overflow reservation; meanwhile the pool places as
+     * one region does (granule_mask UINT64_MAX, a region edge oldest). */
+    bool as_one_region;
     /* vmm with a release threshold (not "never"): frees check free mapped
      * bytes against it. */
     bool release_on_free;

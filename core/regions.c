@@ -97,7 +97,10 @@ static region *region_insert(bfc_pool *p, bfc_addr base, uint64_t size, uint64_t
  * needs). It costs no device memory, so the limit does not apply here; it
  * applies when granules are mapped. With preallocation, the first
  * reservation maps the whole limit at once (or, when the device cannot give
- * that much now, nothing: the pool then grows on demand).
+ * that much now, nothing: the pool then grows on demand); laid out as one
+ * region (as_one_region), it is the limit itself, and the next reservation
+ * is the first overflow, from which on placement follows the rules of
+ * virtual memory.
  */
 static bool region_reserve_va(bfc_pool *p, uint64_t rounded)
 {
@@ -106,6 +109,9 @@ static bool region_reserve_va(bfc_pool *p, uint64_t rounded)
         return false; /* could never be mapped */
     const uint64_t need = round_up(rounded, g);
     uint64_t want = round_up(p->opt.va_bytes ? p->opt.va_bytes : 2 * p->opt.limit_bytes, g);
+    const bool first = p->nregions == 0;
+    if (first && p->as_one_region && p->opt.limit_bytes >= g)
+        want = p->opt.limit_bytes / g * g;
     if (want < need)
         want = need;
     bfc_addr base = 0;
@@ -123,8 +129,12 @@ static bool region_reserve_va(bfc_pool *p, uint64_t rounded)
         p->backend.region_free(p->backend.ctx, base, want);
         return false;
     }
-    const bool first = p->nregions == 0;
     region *in = region_insert(p, base, want, r.backed);
+    if (!first && p->as_one_region) {
+        p->as_one_region = false;
+        if (p->opt.placement == BFC_PLACE_ALIGNED)
+            p->granule_mask = p->opt.map_granularity - 1;
+    }
     if (first && p->opt.preallocate) {
         uint64_t whole = p->opt.limit_bytes / g * g;
         if (whole > want)

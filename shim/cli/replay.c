@@ -743,6 +743,10 @@ static void replay_usage(FILE *f)
             "                      limit on mapped bytes that serves the trace, the peak\n"
             "                      mapped with room to spare, map/unmap calls, against\n"
             "                      growth-mode regions (JSON adds curves over time)\n"
+            "  --prealloc-spread   with --vmm: lay the preallocated pool out over twice\n"
+            "                      its limit of address space from the start, with the\n"
+            "                      rules of virtual memory (default: one region of the\n"
+            "                      limit, more address space only when nothing fits)\n"
             "  --map-granularity B the mapping granule, a power of two (2MiB)\n"
             "  --release-threshold B  free mapped bytes kept before granules go back as\n"
             "                      frees merge (default: never; 0: at once)\n"
@@ -769,7 +773,7 @@ int cmd_replay(int argc, char **argv)
     o.policy.fence_bytes = BFC_DEFAULT_FENCE_BYTES;
     enum { OPT_GRAN = 256, OPT_SPLIT, OPT_PLACE, OPT_ALIGN, OPT_TSL, OPT_DUMP, OPT_NO_MIN,
            OPT_WARM, OPT_RECORD, OPT_VMM, OPT_MAP_GRAN, OPT_RELEASE, OPT_GPU_LAG, OPT_PLAN,
-           OPT_FENCE_LAG, OPT_FENCE_INTERVAL, OPT_FENCE_BYTES, OPT_POOL_UNIT };
+           OPT_FENCE_LAG, OPT_FENCE_INTERVAL, OPT_FENCE_BYTES, OPT_POOL_UNIT, OPT_SPREAD };
     static const struct option longopts[] = {
         {"pool-size", required_argument, 0, 'p'}, {"min-pool", no_argument, 0, 'm'},
         {"json", no_argument, 0, 'j'},           {"repeat", required_argument, 0, 'r'},
@@ -783,6 +787,7 @@ int cmd_replay(int argc, char **argv)
         {"warmup-events", required_argument, 0, OPT_WARM},
         {"record", required_argument, 0, OPT_RECORD},
         {"vmm", no_argument, 0, OPT_VMM},
+        {"prealloc-spread", no_argument, 0, OPT_SPREAD},
         {"map-granularity", required_argument, 0, OPT_MAP_GRAN},
         {"release-threshold", required_argument, 0, OPT_RELEASE},
         {"gpu-lag", required_argument, 0, OPT_GPU_LAG},
@@ -836,6 +841,7 @@ int cmd_replay(int argc, char **argv)
         case OPT_NO_MIN: o.bisect = false; break;
         case OPT_RECORD: o.record = optarg; break;
         case OPT_VMM: o.vmm = true; break;
+        case OPT_SPREAD: o.policy.prealloc_spread = true; break;
         case OPT_PLAN: o.plan_path = optarg; break;
         case OPT_MAP_GRAN:
             if (!parse_power_of_two_in(optarg, 4096, UINT64_C(1) << 30, &v))

@@ -96,6 +96,8 @@ typedef struct run {
     model m;
     uint64_t fence_done_upto, epoch_done_upto;
     bool with_fences;
+    /* The rules of virtual memory apply to this allocation (vmm_rules). */
+    bool vmm_rules;
     unsigned closed_open_epochs; /* entries of closed_open_epoch set */
     uint64_t ooms, allocs, frees, bad_frees, retires;
     plan_slot plan[MAX_PLAN];
@@ -326,6 +328,7 @@ static void configure(void)
             f->opt.map_granularity = f->opt.granularity;
         const uint64_t vas[] = {0, f->opt.limit_bytes / 2, f->opt.limit_bytes * 3};
         f->opt.va_bytes = vas[rng_below(rng, 3)];
+        f->opt.prealloc_spread = rng_below(rng, 2);
         const uint64_t thresholds[] = {UINT64_MAX, 0, f->opt.limit_bytes / 8};
         f->opt.release_threshold = thresholds[rng_below(rng, 3)];
         f->dev.track_maps = true;
@@ -491,7 +494,19 @@ static uint64_t age_of(const bfc_chunk_info *c)
 
 static uint64_t edge_age(void)
 {
-    return R.f.opt.vmm ? UINT64_MAX : 0;
+    return R.vmm_rules ? UINT64_MAX : 0;
+}
+
+/* Over virtual memory, granule placement and a youngest region edge apply,
+ * except in a preallocated pool laid out as one region (not
+ * prealloc_spread) until its first overflow reservation, its second
+ * region. */
+static bool vmm_rules(void)
+{
+    const bfc_options *o = &R.f.opt;
+    if (!o->vmm)
+        return false;
+    return !o->preallocate || o->prealloc_spread || stats_of(&R.f).num_region_allocs >= 2;
 }
 
 static void fit_visitor(void *arg, const bfc_chunk_info *c)
@@ -617,7 +632,7 @@ static bfc_addr best_fit_place(const fit_search *s, uint64_t rounded, uint64_t a
     /* Over virtual memory any other block takes the end where it needs
      * fewer granules that no neighbouring block already covers (the
      * age rule's end when both need as many). */
-    if (split && R.f.opt.vmm && R.f.opt.placement == BFC_PLACE_ALIGNED && !whole &&
+    if (split && R.vmm_rules && R.f.opt.placement == BFC_PLACE_ALIGNED && !whole &&
         s->best.chunk.kind == BFC_CHUNK_FREE) {
         uint64_t at_low = granules_not_held(&s->best, lo, rounded, mg);
         uint64_t at_high = granules_not_held(&s->best, hi, rounded, mg);
@@ -650,6 +665,7 @@ static void op_alloc(void)
     uint64_t g = R.f.opt.granularity;
     uint64_t rounded = (size + g - 1) / g * g;
     fit_search s = {.rounded = rounded, .lane = lane};
+    R.vmm_rules = vmm_rules();
     if (size && size <= BFC_MAX_ALLOC_BYTES)
         bfc_pool_visit(R.f.pool, fit_visitor, &s);
     /* Aligned placement: over virtual memory, a block of whole map granules
@@ -658,7 +674,7 @@ static void op_alloc(void)
      * fit for rounded + align - granule if that one is free, else the best
      * fit unaligned. */
     const uint64_t mg = R.f.opt.map_granularity;
-    const bool whole = R.f.opt.vmm && R.f.opt.placement == BFC_PLACE_ALIGNED && rounded % mg == 0;
+    const bool whole = R.vmm_rules && R.f.opt.placement == BFC_PLACE_ALIGNED && rounded % mg == 0;
     uint64_t align = natural_alignment(rounded);
     if (whole && s.best.found && s.best.chunk.kind == BFC_CHUNK_FREE &&
         holds_aligned(&s.best.chunk, rounded, mg)) {
@@ -722,7 +738,16 @@ static void op_alloc(void)
      * free may have been freed by a retirement at the allocation's start. */
     const bool retired_early = after_call.num_retired != before.num_retired;
     const bool refit = after_call.num_mapped_refits != before.num_mapped_refits;
-    const bool want_spare = consults && !planned && !R.f.opt.vmm && plan_active() && ss.found;
+    /* The spare space: not over virtual memory, except while a preallocated
+     * pool is laid out as one region; its region is the limit, so only a
+     * device that refuses memory can keep the block from being mapped
+     * there (then the rule places it). */
+    const bool spare_allowed = !R.f.opt.vmm || !R.vmm_rules;
+    const bool spare_certain =
+        spare_allowed && !(R.f.opt.vmm && (R.f.dev.capacity < R.f.opt.limit_bytes ||
+                                           R.f.dev.refuse_above));
+    const bool could_spare = consults && !planned && spare_allowed && plan_active() && ss.found;
+    const bool want_spare = could_spare && spare_certain;
     if (planned && !consulted)
         FAIL_AT("alloc %" PRIu64 " was placed by a plan that had no place for it", rounded);
     else if (planned && a != ps.base + ps.offset)
@@ -735,10 +760,10 @@ static void op_alloc(void)
     else if (planned && !ps.free && !retired_early)
         FAIL_AT("alloc %" PRIu64 " took planned place %#llx, which was not free", rounded,
                 (unsigned long long)(ps.base + ps.offset));
-    else if (spared && (planned || !consults || R.f.opt.vmm))
+    else if (spared && (planned || !consults || !spare_allowed))
         FAIL_AT("alloc %" PRIu64 " went to the spare space without straying from a plan",
                 rounded);
-    else if (!retired_early && spared != want_spare)
+    else if (!retired_early && (spared ? !could_spare : want_spare))
         FAIL_AT("alloc %" PRIu64 " %s the spare space above the plan's extent %#llx", rounded,
                 spared ? "took" : "did not take", (unsigned long long)ss.lo);
     else if (!retired_early && spared && a != ss.best.addr + ss.best.size - rounded)

@@ -146,16 +146,21 @@ static void pressure_gives_back_only_the_shortfall_from_the_largest_holes(void)
 {
     /* A preallocated 18 MiB pool: blocks of 2, 6, 2, 6 and 2 MiB fill it,
      * and the two 6 MiB ones go (two holes of three granules). An 8 MiB
-     * block fits neither, lands past the mapped memory and lacks four
-     * granules: four go back, not six. The three of the higher hole (equal
-     * sizes: the higher first), then the top one of the lower, whose two
-     * lower granules stay for the next block that fits there. */
+     * block fits neither: the pool, one region of the limit until now,
+     * reserves overflow address space (twice the limit), the block lands
+     * there and lacks four granules: four go back, not six. The three of
+     * the higher hole (equal sizes: the higher first), then the top one of
+     * the lower, whose two lower granules stay for the next block that
+     * fits there. */
     fixture f;
     bfc_addr b[5];
     two_holes_of_three_granules(&f, UINT64_C(1) << 46, b);
+    CHECK_EQ(stats_of(&f).va_bytes, 18 * MiB);
     bfc_addr big = must_alloc(&f, 8 * MiB);
-    CHECK_EQ(big, b[4] + 2 * MiB);
+    CHECK(big < b[0] || big >= b[0] + 18 * MiB);
     bfc_stats s = stats_of(&f);
+    CHECK_EQ(s.num_region_allocs, 2);
+    CHECK_EQ(s.va_bytes, 18 * MiB + 36 * MiB);
     CHECK_EQ(s.pool_bytes, 18 * MiB);
     CHECK_EQ(s.released_bytes_total, 8 * MiB);
     CHECK(!sim_device_mapped(&f.dev, b[3], 6 * MiB)); /* no granule of it */
@@ -530,6 +535,145 @@ static void preallocation_maps_the_limit_at_once(void)
     vmm_end(&f);
 }
 
+/* Replays one fixed sequence of allocations and frees (sizes from 1 KiB to
+ * 3 MiB, a third of them whole granules, at most LIVE blocks) into a
+ * started pool and writes each allocation's offset from the first one. */
+static void replay_offsets(fixture *f, bfc_addr *offsets, int n)
+{
+    enum { LIVE = 12 };
+    bfc_addr live[LIVE] = {0};
+    uint64_t rng = 7, base = 0;
+    for (int i = 0; i < n; i++) {
+        rng = rng * 6364136223846793005u + 1442695040888963407u;
+        const int slot = (int)((rng >> 33) % LIVE);
+        if (live[slot])
+            must_free(f, live[slot]);
+        const uint64_t size = (rng >> 40) % 3 == 0 ? (1 + (rng >> 20) % 2) * GRAN
+                                                   : 1 * KiB + (rng >> 16) % (3 * MiB);
+        live[slot] = must_alloc(f, size);
+        if (i == 0)
+            base = live[slot];
+        offsets[i] = live[slot] - base;
+    }
+    for (int i = 0; i < LIVE; i++)
+        if (live[i])
+            must_free(f, live[i]);
+}
+
+/* A pool preallocated over virtual memory is laid out as one region of the
+ * limit: aligned placement puts every block where a pool of one cuMemAlloc
+ * region of the same size puts it (granule placement, which the spread
+ * layout follows, puts some elsewhere), and nothing is remapped. Once no
+ * free chunk holds a block it overflows: one more reservation, and the
+ * rules of virtual memory from then on (a whole-granule block goes to a
+ * granule boundary). */
+static void preallocated_pool_places_as_one_region_until_it_overflows(void)
+{
+    enum { N = 400 };
+    static bfc_addr one_region[N], overflow[N], spread[N];
+    fixture f;
+    fixture_begin(&f, 48 * MiB);
+    f.opt.preallocate = true;
+    f.opt.placement = BFC_PLACE_ALIGNED;
+    fixture_start(&f);
+    replay_offsets(&f, one_region, N);
+    fixture_end(&f);
+
+    for (int layout = 0; layout < 2; layout++) {
+        vmm_begin(&f, 48 * MiB);
+        f.opt.preallocate = true;
+        f.opt.placement = BFC_PLACE_ALIGNED;
+        f.opt.prealloc_spread = layout == 1;
+        vmm_start(&f);
+        replay_offsets(&f, layout ? spread : overflow, N);
+        bfc_stats s = stats_of(&f);
+        CHECK_EQ(s.num_region_allocs, 1);
+        CHECK_EQ(s.va_bytes, layout ? 96 * MiB : 48 * MiB);
+        CHECK_EQ(s.num_map_calls, 1); /* the limit, at the first allocation */
+        CHECK_EQ(s.num_unmap_calls, 0);
+        if (layout == 0) {
+            /* One region's rule: 0.5 MiB at the base, 1.5 MiB against the
+             * top edge (oldest), and a 2 MiB block against the older of
+             * its neighbours, the first one: off a granule boundary. */
+            bfc_addr small = must_alloc(&f, 1 * MiB / 2);
+            bfc_addr top = must_alloc(&f, 3 * MiB / 2);
+            bfc_addr whole = must_alloc(&f, 2 * MiB);
+            CHECK_EQ(top, small + 46 * MiB + 1 * MiB / 2);
+            CHECK_EQ(whole, small + 1 * MiB / 2);
+            must_free(&f, whole);
+            must_free(&f, top);
+            must_free(&f, small);
+            /* Four 12 MiB blocks fill it; with the first and third gone,
+             * 16 MiB fits in no hole: overflow, and 8 MiB of the holes'
+             * granules move behind the block. */
+            bfc_addr q[4];
+            for (int i = 0; i < 4; i++)
+                q[i] = must_alloc(&f, 12 * MiB);
+            CHECK_EQ(q[0], small); /* [0, 12), [36, 48), [12, 24), [24, 36) */
+            CHECK_EQ(q[3], small + 24 * MiB);
+            must_free(&f, q[0]);
+            must_free(&f, q[3]);
+            bfc_addr big = must_alloc(&f, 16 * MiB);
+            s = stats_of(&f);
+            CHECK(big < small || big >= small + 48 * MiB);
+            CHECK_EQ(s.num_region_allocs, 2);
+            CHECK_EQ(s.pool_bytes, 48 * MiB);
+            CHECK_EQ(s.released_bytes_total, 16 * MiB);
+            check_mapped(&f, big, 16 * MiB);
+            must_free(&f, big);
+            must_free(&f, q[1]);
+            must_free(&f, q[2]);
+            /* Virtual memory's rule from now on, the same three blocks:
+             * the 1.5 MiB one shares the first's granule, and the 2 MiB
+             * one goes against it, on a granule boundary (the lower
+             * granules of the region stayed mapped). */
+            small = must_alloc(&f, 1 * MiB / 2);
+            top = must_alloc(&f, 3 * MiB / 2);
+            whole = must_alloc(&f, 2 * MiB);
+            CHECK_EQ(top, small + 1 * MiB / 2);
+            CHECK_EQ(whole, small + 2 * MiB);
+            CHECK_EQ(stats_of(&f).num_mapped_refits, 0);
+            must_free(&f, whole);
+            must_free(&f, top);
+            must_free(&f, small);
+        }
+        vmm_end(&f);
+    }
+    int differ = 0;
+    for (int i = 0; i < N; i++) {
+        CHECK_EQ(overflow[i], one_region[i]);
+        differ += spread[i] != one_region[i];
+    }
+    CHECK(differ > 0); /* the sequence tells the layouts apart */
+}
+
+/* prealloc_spread: the first reservation is twice the limit, and a block
+ * that fits in no hole of the mapped memory lands right above it. */
+static void spread_preallocation_lands_past_the_mapped_memory(void)
+{
+    fixture f;
+    bfc_addr b[5];
+    vmm_begin(&f, 18 * MiB);
+    f.opt.preallocate = true;
+    f.opt.prealloc_spread = true;
+    vmm_start(&f);
+    const uint64_t sizes[5] = {2 * MiB, 6 * MiB, 2 * MiB, 6 * MiB, 2 * MiB};
+    for (int i = 0; i < 5; i++)
+        b[i] = must_alloc(&f, sizes[i]);
+    must_free(&f, b[1]);
+    must_free(&f, b[3]);
+    CHECK_EQ(stats_of(&f).va_bytes, 36 * MiB);
+    bfc_addr big = must_alloc(&f, 8 * MiB);
+    CHECK_EQ(big, b[4] + 2 * MiB);
+    bfc_stats s = stats_of(&f);
+    CHECK_EQ(s.num_region_allocs, 1);
+    CHECK_EQ(s.released_bytes_total, 8 * MiB);
+    must_free(&f, big);
+    for (int i = 0; i < 5; i += 2)
+        must_free(&f, b[i]);
+    vmm_end(&f);
+}
+
 static void abandoned_pool_unmaps_everything_and_maps_nothing_more(void)
 {
     /* For a pool whose context goes away: its live blocks' memory goes too. */
@@ -696,6 +840,8 @@ int main(void)
     RUN(refused_mapping_leaves_the_pool_as_it_was);
     RUN(limit_bounds_mapped_bytes_not_address_space);
     RUN(preallocation_maps_the_limit_at_once);
+    RUN(preallocated_pool_places_as_one_region_until_it_overflows);
+    RUN(spread_preallocation_lands_past_the_mapped_memory);
     RUN(abandoned_pool_unmaps_everything_and_maps_nothing_more);
     RUN(each_mapped_visits_runs_of_granules);
     RUN(refused_address_space_is_asked_again_smaller);

@@ -459,16 +459,27 @@ static void moves(void)
     /* FAKECUDA_MEM=64MiB, BFCSHIM_MEM_FRACTION=0.5: 32 MiB mapped at once. */
     start();
     CUdeviceptr b[8];
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < 8; i++)
         CHECK_EQ(D.MemAlloc(&b[i], 4 * MiB), CUDA_SUCCESS);
-        fill_and_check(b[i], 4 * MiB, (unsigned char)(10 + i));
-    }
     const fakecuda_stats full = fake_stats();
     CHECK_EQ(full.vmm_create_calls, 2 + 16); /* the trial granules, then the limit */
+    /* In address order (the pool places them as one region would, not in
+     * the order they came), so that every other one leaves a hole. */
+    for (int i = 1; i < 8; i++)
+        for (int j = i; j > 0 && b[j] < b[j - 1]; j--) {
+            CUdeviceptr t = b[j];
+            b[j] = b[j - 1];
+            b[j - 1] = t;
+        }
+    for (int i = 0; i < 8; i++) {
+        CHECK_EQ(b[i], b[0] + (CUdeviceptr)i * 4 * MiB);
+        fill_and_check(b[i], 4 * MiB, (unsigned char)(10 + i));
+    }
     for (int i = 0; i < 8; i += 2)
         CHECK_EQ(D.MemFree(b[i]), CUDA_SUCCESS);
-    /* Four 4 MiB holes; an 8 MiB block fits none, lands past the mapped
-     * 32 MiB and takes four of their granules. */
+    /* Four 4 MiB holes; an 8 MiB block fits none: the pool reserves
+     * overflow address space, and the block lands there and takes four of
+     * the holes' granules. */
     CUdeviceptr big = 0;
     CHECK_EQ(D.MemAlloc(&big, 8 * MiB), CUDA_SUCCESS);
     fill_and_check(big, 8 * MiB, 99);
@@ -476,6 +487,9 @@ static void moves(void)
     CHECK_EQ(after.vmm_create_calls, full.vmm_create_calls); /* nothing new was made */
     CHECK_EQ(after.vmm_retain_calls, 4);
     CHECK_EQ(after.vmm_unmap_calls - full.vmm_unmap_calls, 4);
+    CHECK(big < b[0] || big >= b[0] + 32 * MiB);
+    CHECK_EQ(full.vmm_reserve_calls, 2); /* the trial granules', the pool's */
+    CHECK_EQ(after.vmm_reserve_calls, 3); /* and the overflow's */
     CHECK_EQ(after.bytes_in_use[0], full.bytes_in_use[0]);
     for (int i = 1; i < 8; i += 2) {
         const unsigned char *p = (const unsigned char *)(uintptr_t)b[i];
@@ -488,6 +502,11 @@ static void moves(void)
     CHECK_EQ(shim_stat_number("moved_bytes_total"), (long long)(8 * MiB));
     CHECK_EQ(shim_stat_number("released_bytes_total"), (long long)(8 * MiB));
     CHECK_EQ(shim_stat_number("pool_bytes"), (long long)(32 * MiB));
+    /* A second overflow needs no new reservation and says nothing more. */
+    CUdeviceptr big2 = 0;
+    CHECK_EQ(D.MemAlloc(&big2, 8 * MiB), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().vmm_reserve_calls, 3);
+    CHECK_EQ(D.MemFree(big2), CUDA_SUCCESS);
     CHECK_EQ(D.MemFree(big), CUDA_SUCCESS);
     for (int i = 1; i < 8; i += 2)
         CHECK_EQ(D.MemFree(b[i]), CUDA_SUCCESS);
