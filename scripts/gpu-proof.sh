@@ -51,19 +51,16 @@
 #               BFCSHIM_MEM_FRACTION=0.4
 #   torch-resnet  ResNet-50 training, arms A-D
 #   maxbatch    largest GPT batch under an equal 16 GiB cap, arms A, C, D
-#   pressure    the pool preallocated over virtual memory near its limit,
-#               the case for making it the default (docs/benchmarks.md,
-#               "Pressure gives back the shortfall"): the GPT job at a limit
-#               between what one region needs and what it needs over virtual
-#               memory (replayed: 15.84 and 15.63 GiB), one region (expected
-#               to run out) against preallocated over virtual memory
-#               (expected to run, remapping: its step time and map calls in
-#               the stats), both at 16 GiB, where one region runs and the
-#               pool over virtual memory remaps in every step (replayed:
-#               docs/benchmarks.md, "Once the job has settled"; its step
-#               time against one region's is what making it the default
-#               costs), both with room to spare, and the largest batch
-#               under 16 GiB preallocated over virtual memory (arm C: 7)
+#   pressure    the default pool (preallocated over virtual memory, laid
+#               out as one region until nothing fits there) near its limit,
+#               against one cuMemAlloc region (BFCSHIM_VMM=off): the GPT job
+#               at a limit between what one region needs and what the
+#               default needs (replayed: 15.84 and 15.64 GiB; one region is
+#               expected to run out, the default to run, moving memory: its
+#               step time and moved bytes), both at 16 GiB, where both run
+#               and the default is expected to move nothing (replayed:
+#               docs/benchmarks.md, "One region first"), both with room to
+#               spare, and the largest batch under 16 GiB in the default
 #   plan        a placement plan across processes: the GPT job without
 #               PyTorch's cache recorded (BFCSHIM_TRACE), packed by `bfcshim
 #               plan`, run again with BFCSHIM_PLAN (stats: planned, misses,
@@ -270,9 +267,10 @@ step_vmm() {
     run_arm vmm pooled-vmm 120 yes "${v[@]}" -- "$b" pooled-vmm
     run_arm vmm pooled-vmm-release0 120 yes "${v[@]}" BFCSHIM_RELEASE_THRESHOLD=0 -- \
         "$b" pooled-vmm-release0
-    # Preallocated over virtual memory (auto does not choose it today: this
-    # arm and CVP below are what would justify a change).
+    # Preallocated over virtual memory (the default; the bench step's
+    # "pooled" arms run the same pool).
     run_arm vmm pooled-vmm-prealloc 120 yes BFCSHIM_VMM=on -- "$b" pooled-vmm-prealloc
+    run_arm vmm pooled-one-region 120 yes BFCSHIM_VMM=off -- "$b" pooled-one-region
     bench_results vmm
     local job=("$py" "$gpu/torch_train.py" --model gpt --steps 20 --warmup 5 --batch 8
                "${gpt_size[@]}")
@@ -286,8 +284,8 @@ step_vmm() {
         run_arm vmm torch-gpt-V0-shim-nocache-vmm-release0 200 yes "$nc" "${v[@]}" \
             BFCSHIM_RELEASE_THRESHOLD=0 -- "${job[@]}" --arm V0
         run_arm vmm torch-gpt-C-shim-nocache 200 yes "$nc" -- "${job[@]}" --arm C
-        run_arm vmm torch-gpt-CVP-shim-nocache-vmm-prealloc 200 yes "$nc" BFCSHIM_VMM=on -- \
-            "${job[@]}" --arm CVP
+        run_arm vmm torch-gpt-C1-shim-nocache-one-region 200 yes "$nc" BFCSHIM_VMM=off -- \
+            "${job[@]}" --arm C1
     done
     run_arm vmm release-two-processes 150 yes "${v[@]}" "$nc" "PYTHONPATH=$root/python" \
         "BFCSHIM_LIBRARY=$lib" -- "$py" "$gpu/vmm_release.py" --arm vmm --device "$ddp_device"
@@ -412,23 +410,17 @@ step_pressure() {
     local job=("$py" "$gpu/torch_train.py" --model gpt --steps 20 --warmup 5 --batch 8
                "${gpt_size[@]}")
     for _ in $(seq "$repeat"); do
-        run_arm pressure C-tight-one-region 200 yes "$nc" BFCSHIM_VMM=off \
-            BFCSHIM_MEM_LIMIT=$tight -- "${job[@]}" --arm C-tight
-        run_arm pressure CVP-tight-vmm-prealloc 200 yes "$nc" BFCSHIM_VMM=on \
-            BFCSHIM_MEM_LIMIT=$tight -- "${job[@]}" --arm CVP-tight
-        run_arm pressure C-band-one-region 200 yes "$nc" BFCSHIM_VMM=off \
-            BFCSHIM_MEM_LIMIT=$band -- "${job[@]}" --arm C-band
-        run_arm pressure CVP-band-vmm-prealloc 200 yes "$nc" BFCSHIM_VMM=on \
-            BFCSHIM_MEM_LIMIT=$band -- "${job[@]}" --arm CVP-band
-        run_arm pressure C-roomy-one-region 200 yes "$nc" BFCSHIM_VMM=off \
-            BFCSHIM_MEM_LIMIT=$roomy -- "${job[@]}" --arm C-roomy
-        run_arm pressure CVP-roomy-vmm-prealloc 200 yes "$nc" BFCSHIM_VMM=on \
-            BFCSHIM_MEM_LIMIT=$roomy -- "${job[@]}" --arm CVP-roomy
+        for at in tight band roomy; do
+            run_arm pressure "C-$at-one-region" 200 yes "$nc" BFCSHIM_VMM=off \
+                "BFCSHIM_MEM_LIMIT=${!at}" -- "${job[@]}" --arm "C-$at"
+            run_arm pressure "C-$at-default" 200 yes "$nc" \
+                "BFCSHIM_MEM_LIMIT=${!at}" -- "${job[@]}" --arm "CD-$at"
+        done
     done
     local cap=16GiB
-    run_arm pressure maxbatch-CVP-vmm-prealloc 200 yes "$nc" BFCSHIM_VMM=on \
+    run_arm pressure maxbatch-C-default 200 yes "$nc" \
         BFCSHIM_MEM_LIMIT=$cap -- "$py" "$gpu/torch_train.py" --model gpt "${gpt_size[@]}" \
-        --max-batch 1:64 --cap "$cap" --arm CVP
+        --max-batch 1:64 --cap "$cap" --arm C
 }
 
 step_plan() {

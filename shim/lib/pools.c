@@ -164,14 +164,17 @@ void pools_lock_for_fork(bool lock)
 
 /*
  * BFCSHIM_VMM: the mapping granule when this pool goes over virtual memory,
- * else 0. auto: in growth mode (a preallocated pool keeps its one cuMemAlloc
- * region, which needs no mapping at all), on a device that supports it.
- * on: wherever the device supports it. Peers that enable access get it to
- * the mappings (vmm.c); devices beyond the 64th cannot, and are said once.
+ * else 0. auto and on: wherever the device supports it. A preallocated pool
+ * over virtual memory is laid out as one region until nothing fits there
+ * (bfc_options.prealloc_spread off), so it places and holds exactly what
+ * one cuMemAlloc region would, and moves free memory where that region
+ * would have failed (docs/benchmarks.md, "One region first"). auto stays on
+ * cuMemAlloc with more than 64 devices, where peers that enable access
+ * could not all get it to the mappings (vmm.c); on says so once instead.
  */
 static uint64_t use_vmm(const real_driver *R, const shim_config *cfg, CUdevice dev)
 {
-    if (cfg->vmm == VMM_OFF || (cfg->vmm == VMM_AUTO && cfg->preallocate))
+    if (cfg->vmm == VMM_OFF)
         return 0;
     uint64_t g = vmm_granularity(R, dev);
     int devices = 1;

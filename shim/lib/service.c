@@ -307,8 +307,9 @@ void svc_adjust_meminfo(size_t *free_bytes, size_t total)
  *     peaks of the shim's own statistics.
  * The driver's own figures for the pool (what it passed through) stay in
  * the sum. A trim to 0 also gives back what the shim's pools hold idle
- * (bfc_pool_trim: regions, over virtual memory granules; a preallocated
- * region is never given back in part). A trim to more than 0 leaves them
+ * (bfc_pool_trim: regions, over virtual memory granules), unless they are
+ * preallocated: those keep what they took, over virtual memory too, as
+ * one cuMemAlloc region does. A trim to more than 0 leaves them
  * be: cuda.h guarantees the pool "at least minBytesToKeep bytes reserved
  * after the operation", and the engine can give back only all it holds
  * idle, not an amount; holding on is within "or there is no more memory
@@ -368,6 +369,11 @@ void svc_pool_set_attribute(CUmemoryPool pool, CUmemPool_attribute attr)
 void svc_pool_trim(CUmemoryPool pool, size_t keep)
 {
     pool_query_done = true;
+    /* A preallocated pool holds its memory whichever way it is laid out
+     * (BFCSHIM_PREALLOCATE is the promise not to give it back); only
+     * bfcshim_trim() asks it to. */
+    if (shim_config_get()->preallocate)
+        return;
     shim_pool *sp;
     for (size_t i = 0; keep == 0 && pool && (sp = next_serving(pool, &i));)
         pools_trim(sp);

@@ -289,6 +289,9 @@ typedef struct shim_pool {
     size_t vmm_nkept, vmm_capkept;
     /* bytes mapped again from kept handles, all told */
     atomic_uint_fast64_t vmm_moved_bytes;
+    /* address ranges reserved (va_reserve, under the engine's lock): a
+     * preallocated pool's second one is its first overflow */
+    unsigned vmm_reservations;
 } shim_pool;
 
 /* ---- the pool over virtual memory (vmm.c) ----------------------------------------- */

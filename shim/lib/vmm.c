@@ -43,6 +43,7 @@
 
 #include "array_room.h"
 #include "shim.h"
+#include "units.h"
 
 static CUmemAllocationProp device_prop(CUdevice dev)
 {
@@ -149,6 +150,18 @@ static int va_reserve(void *ctx, uint64_t size, bfc_addr *base)
         return 1;
     }
     *base = p;
+    /* A preallocated pool reserves its limit, laid out as one region, and
+     * more address space only when no free chunk holds a block: from now
+     * on free memory moves to where blocks land (which one cuMemAlloc
+     * region could not do: it would have failed here). Said once, as it
+     * costs time and means the job runs at its limit. */
+    if (++sp->vmm_reservations == 2 && shim_config_get()->preallocate) {
+        char lim[32];
+        shim_log(LOG_INFO, "device %d: the preallocated pool of %s is full or fragmented: "
+                           "free memory now moves to where blocks land (remapping; raise "
+                           "BFCSHIM_MEM_FRACTION or BFCSHIM_MEM_LIMIT to avoid it)",
+                 (int)sp->dev, format_size(sp->limit, lim, sizeof lim));
+    }
     return 0;
 }
 

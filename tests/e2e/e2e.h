@@ -162,6 +162,17 @@ static inline fakecuda_stats fake_stats(void)
     return st;
 }
 
+/* Device memory taken as regions: cuMemAlloc calls (a pool of one region,
+ * pass-through allocations) and address ranges reserved and kept (a pool
+ * over virtual memory, the default when preallocated; the two-granule trial
+ * it makes first reserves a range and gives it back). Compared between two
+ * moments, it says how many regions pools and pass-through calls took,
+ * whichever way the pool holds its memory. */
+static inline uint64_t regions_taken(fakecuda_stats st)
+{
+    return st.mem_alloc_calls + st.vmm_reserve_calls - st.vmm_address_free_calls;
+}
+
 /* Until another thread, having said `ready`, waits inside a pool for the
  * GPU (the fake has seen an event synchronisation): up to 5 s, then a
  * little longer so that the wait is surely under way. */

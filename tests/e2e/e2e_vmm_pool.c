@@ -457,6 +457,7 @@ static void off(void)
 static void moves(void)
 {
     /* FAKECUDA_MEM=64MiB, BFCSHIM_MEM_FRACTION=0.5: 32 MiB mapped at once. */
+    shim_log_reset();
     start();
     CUdeviceptr b[8];
     for (int i = 0; i < 8; i++)
@@ -489,7 +490,11 @@ static void moves(void)
     CHECK_EQ(after.vmm_unmap_calls - full.vmm_unmap_calls, 4);
     CHECK(big < b[0] || big >= b[0] + 32 * MiB);
     CHECK_EQ(full.vmm_reserve_calls, 2); /* the trial granules', the pool's */
-    CHECK_EQ(after.vmm_reserve_calls, 3); /* and the overflow's */
+    CHECK_EQ(after.vmm_reserve_calls, 3); /* and the overflow's, said once (info) */
+    char log[4096];
+    shim_log_lines(log, sizeof log);
+    const char *said = strstr(log, "free memory now moves to where blocks land");
+    CHECK(said != NULL && strstr(said + 1, "free memory now moves") == NULL);
     CHECK_EQ(after.bytes_in_use[0], full.bytes_in_use[0]);
     for (int i = 1; i < 8; i += 2) {
         const unsigned char *p = (const unsigned char *)(uintptr_t)b[i];
@@ -506,6 +511,7 @@ static void moves(void)
     CUdeviceptr big2 = 0;
     CHECK_EQ(D.MemAlloc(&big2, 8 * MiB), CUDA_SUCCESS);
     CHECK_EQ(fake_stats().vmm_reserve_calls, 3);
+    CHECK_EQ(shim_log_lines(NULL, 0), 0);
     CHECK_EQ(D.MemFree(big2), CUDA_SUCCESS);
     CHECK_EQ(D.MemFree(big), CUDA_SUCCESS);
     for (int i = 1; i < 8; i += 2)

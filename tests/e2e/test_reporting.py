@@ -111,7 +111,10 @@ check(actions.count("allocate") == 10 and actions.count("free") == 10,
 #     completes: the program exits at once, the stats name the busy pool and
 #     the trace is written (without that pool's last events). Every writer
 #     at exit (trace, stats file, summary) may find the pool held; it waits
-#     for it once (100 ms), not once per writer.
+#     for it once (100 ms), not once per writer: every wait names the pool
+#     in the log, so one line is the check. How long the writers took is
+#     printed, not bounded: under load (scripts/config-audit.py runs four
+#     tests at once) it reached 0.37 s with one wait (one log line).
 busy_stats = os.path.join(work, "busy.json")
 busy_trace = os.path.join(work, "busy.csv")
 busy_span = os.path.join(work, "busy-exit-span.txt")
@@ -120,8 +123,8 @@ run("exit-busy", BFCSHIM_STATS_FILE=busy_stats, BFCSHIM_TRACE=busy_trace, BFCSHI
     EXIT_SPAN=busy_span)
 check(time.monotonic() - t0 < 10, f"exit took {time.monotonic() - t0:.1f} s")
 span = float(open(busy_span).read()) if os.path.exists(busy_span) else None
-check(span is not None and span < 0.25,
-      f"the writers at exit took {span} s: the held pool was waited for more than once")
+check(span is not None, "exit-busy measured its writers at exit")
+print(f"exit-busy: the writers at exit took {span} s (one wait is 0.1 s)")
 busy_log = open(os.path.join(work, "exit-busy.log")).read()
 check(busy_log.count("busy at exit") == 1, f"one line names the busy pool: {busy_log!r}")
 doc = json.load(open(busy_stats)) if os.path.exists(busy_stats) else {"pools": []}

@@ -52,6 +52,7 @@ typedef struct fakecuda_stats {
     uint64_t unsafe_calls_refused; /* potentially unsafe calls during a capture */
     uint64_t event_queries;        /* cuEventQuery calls that were answered */
     uint64_t vmm_reserve_calls;    /* cuMemAddressReserve */
+    uint64_t vmm_address_free_calls; /* cuMemAddressFree that succeeded */
     uint64_t vmm_create_calls;     /* cuMemCreate (bytes_in_use counts what they hold) */
     uint64_t vmm_map_calls;        /* cuMemMap */
     uint64_t vmm_unmap_calls;      /* cuMemUnmap */

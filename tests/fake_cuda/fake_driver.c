@@ -2942,6 +2942,7 @@ EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
             LEAVE(CUDA_ERROR_INVALID_VALUE); /* still mapped: unmap first */
     munmap((void *)(uintptr_t)ptr, size);
     V.reserved[i] = V.reserved[--V.nreserved];
+    G.st.vmm_address_free_calls++;
     LEAVE(CUDA_SUCCESS);
 }
 
