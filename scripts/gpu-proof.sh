@@ -140,17 +140,20 @@ run_arm() {
         "$t0" "$(date +%s.%N)")
     cat "$tmp" >>"$out/$step.log"
     echo "==== $step/$arm: exit $rc after ${dt}s" >>"$out/$step.log"
+    # Each result carries the arm's shim settings (BFCSHIM_*), so that a
+    # summary reads the limit an arm ran at rather than repeating it.
     grep '^RESULT ' "$tmp" | sed 's/^RESULT //' | python3 -c '
 import json, sys
 step, arm, rc, dt = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+settings = dict(e.split("=", 1) for e in sys.argv[5:] if e.startswith("BFCSHIM_"))
 for line in sys.stdin:
     try:
         r = json.loads(line)
     except ValueError:
         continue
-    r.update(step=step, arm_label=arm, exit=rc, run_s=dt)
+    r.update(step=step, arm_label=arm, exit=rc, run_s=dt, settings=settings)
     print(json.dumps(r, sort_keys=True))
-' "$step" "$arm" "$rc" "$dt" >>"$results"
+' "$step" "$arm" "$rc" "$dt" "${envs[@]}" >>"$results"
     rm -f "$tmp"
     printf '%s\t%s\t%s\t%s\n' "$step" "$arm" "$rc" "$dt" >>"$out/steps.tsv"
     [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && log "$step/$arm: TIMED OUT after ${limit}s"

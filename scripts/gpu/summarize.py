@@ -82,16 +82,17 @@ def pressure_verdict(results):
     runs: the default pool over virtual memory is laid out as one region
     until nothing fits there, so it should move nothing and take as long
     (docs/benchmarks.md, "One region first"); None without both arms' step
-    times. The band's limit is gpu-proof.sh's `band`."""
+    times. The band's limit is the one the arm ran at (its settings)."""
     arms = by_arm(results, "pressure")
     one = med(r.get("step_ms_median") for r in arms.get("C-band-one-region", []))
     dflt_runs = arms.get("C-band-default", [])
     dflt = med(r.get("step_ms_median") for r in dflt_runs)
     if not one or not dflt:
         return None
+    limit = (dflt_runs[0].get("settings") or {}).get("BFCSHIM_MEM_LIMIT", "the band's limit")
     moved = med(r.get("shim_moved_bytes_after_warmup") for r in dflt_runs)
     moved_text = f", {fmt_bytes(moved)} moved after warm-up" if moved is not None else ""
-    return (f"  at 16 GiB a step takes {one:.1f} ms in one region and {dflt:.1f} ms in the "
+    return (f"  at {limit} a step takes {one:.1f} ms in one region and {dflt:.1f} ms in the "
             f"default ({100 * (dflt / one - 1):+.1f}%{moved_text}; expected: 0 moved)")
 
 
