@@ -334,8 +334,26 @@ uint64_t replay_min_pool_bytes(const trace *t, const bfc_options *policy)
     return bytes;
 }
 
+void replay_dump_first_failure(bfc_pool *pool, const trace *t, bfc_addr *slot_addr,
+                               const char *what, uint64_t size, FILE *f)
+{
+    for (size_t i = 0; i < t->nev; i++) {
+        const trace_event *e = &t->ev[i];
+        if (e->kind == TRACE_FREE) {
+            bfc_pool_free(pool, slot_addr[e->slot]);
+        } else if (bfc_pool_alloc(pool, e->size, BFC_NO_LANE, &slot_addr[e->slot]) != BFC_OK) {
+            fprintf(f, "%s: event %zu: allocation of %llu bytes fails in %s of %llu:\n",
+                    t->name, i, (unsigned long long)e->size, what, (unsigned long long)size);
+            bfc_pool_dump(pool, f, BFC_DUMP_SUMMARY | BFC_DUMP_OCCUPANCY | BFC_DUMP_CHUNKS);
+            return;
+        }
+    }
+}
+
 /* Replays in a pool one pool unit below the minimum and writes the memory
- * map at the first allocation that fails: where the fragmentation is. */
+ * map at the first allocation that fails: where the fragmentation is. With
+ * --vmm, the preallocated pool over virtual memory's map one granule below
+ * its smallest limit follows. */
 static void dump_at_failure(const trace *t, const replay_opts *o, uint64_t min_bytes,
                             bfc_addr *slot_addr)
 {
@@ -355,18 +373,10 @@ static void dump_at_failure(const trace *t, const replay_opts *o, uint64_t min_b
     bfc_pool *pool = pool_for(o, &dev, below, &backend);
     if (!pool)
         goto out;
-    for (size_t i = 0; i < t->nev; i++) {
-        const trace_event *e = &t->ev[i];
-        if (e->kind == TRACE_FREE) {
-            bfc_pool_free(pool, slot_addr[e->slot]);
-        } else if (bfc_pool_alloc(pool, e->size, BFC_NO_LANE, &slot_addr[e->slot]) != BFC_OK) {
-            fprintf(f, "%s: event %zu: allocation of %llu bytes fails in a pool of %llu:\n",
-                    t->name, i, (unsigned long long)e->size, (unsigned long long)below);
-            bfc_pool_dump(pool, f, BFC_DUMP_SUMMARY | BFC_DUMP_OCCUPANCY | BFC_DUMP_CHUNKS);
-            break;
-        }
-    }
+    replay_dump_first_failure(pool, t, slot_addr, "a pool", below, f);
     bfc_pool_destroy(pool, true);
+    if (o->vmm)
+        replay_vmm_dump_at_failure(t, &o->policy, slot_addr, f);
 out:
     if (f != stderr)
         fclose(f);
@@ -734,6 +744,8 @@ static void replay_usage(FILE *f)
             "                      BFCSHIM_PLAN does; JSON adds how many went there\n"
             "  --dump-at-failure F append to F (- for stderr) the pool's memory map at the\n"
             "                      first failure in a pool one unit below the minimum\n"
+            "                      (with --vmm, then the preallocated pool over virtual\n"
+            "                      memory's, one granule below its smallest limit)\n"
             "  --record F          measure what recording costs: each repeat is a pair of\n"
             "                      replays, one plain and one recording every event to F\n"
             "                      as BFCSHIM_TRACE would; ns_per_op is the recording\n"

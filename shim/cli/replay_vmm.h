@@ -5,6 +5,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "bfc.h"
 #include "trace_csv.h"
@@ -54,5 +55,11 @@ typedef struct replay_vmm_report {
  * one_region_bytes is replay's smallest single region (0: not measured). */
 void replay_vmm_measure(const trace *t, const bfc_options *policy, uint64_t gpu_lag,
                         uint64_t one_region_bytes, bfc_addr *slot_addr, replay_vmm_report *out);
+
+/* Writes to f the memory map of the pool preallocated over virtual memory
+ * (frees immediate) at the first allocation that fails one map granule
+ * below its smallest limit: where, at the limit, blocks pin granules. */
+void replay_vmm_dump_at_failure(const trace *t, const bfc_options *policy, bfc_addr *slot_addr,
+                                FILE *f);
 
 #endif

@@ -249,6 +249,15 @@ def test_dump_at_failure(d):
     text = open(out).read()
     check("fails in a pool of" in text and "Region 0 |" in text and "LargestFreeBlock" in text,
           f"dump at failure: {text[:300]}")
+    # With --vmm the pool preallocated over virtual memory follows, one 2 MiB
+    # granule below its smallest limit (4 MiB: the 2 MiB block cannot join
+    # the granule the live 1 MiB block pins).
+    out_vmm = os.path.join(d, "dump-vmm.txt")
+    replay_json("--vmm", "--dump-at-failure", out_vmm, t)
+    text = open(out_vmm).read()
+    check("fails in a pool of" in text and
+          "event 3: allocation of 2097152 bytes fails in a pool preallocated over virtual "
+          "memory of 2097152" in text, f"dump at failure over virtual memory: {text[-600:]}")
 
 
 def test_record(d):
