@@ -292,10 +292,10 @@ static void link_after(bfc_pool *p, uint32_t c, uint32_t r)
  * memory an edge borders address space, not memory: youngest, so that
  * blocks pack against live ones and mapped memory grows as one pile rather
  * than two at opposite ends of the reservation. A preallocated pool laid
- * out as one region (as_one_region) has memory behind every edge: oldest.
- * (Aligned placement's small
- * blocks counted an edge as youngest too until it was measured in pools of
- * the sizes the shim makes, where that lost: docs/benchmarks.md.) */
+ * out as one region (as_one_region) is memory up to both edges: oldest.
+ * (Aligned placement's small blocks counted an edge as youngest too until
+ * it was measured in pools of the sizes the shim makes, where that lost:
+ * docs/benchmarks.md.) */
 static inline uint64_t edge_age(const bfc_pool *p)
 {
     return p->opt.vmm && !p->as_one_region ? UINT64_MAX : 0;

@@ -35,13 +35,13 @@ bfc_pool *replay_pool_create(struct sim_device *dev, const bfc_options *policy,
 uint64_t cli_smallest_serving(uint64_t peak, uint64_t unit, uint64_t cap,
                               bool (*serves)(void *ctx, uint64_t bytes), void *ctx);
 
-/* Replays events [from, to) of t into pool (slot_addr: each slot's block);
- * returns the allocations that failed (replay.c). */
 /* Replays trace t into `pool` until an allocation fails, then writes to f
  * which one and the pool's memory map (`what` of `size` bytes names the
  * pool in that line); nothing when every allocation succeeds (replay.c). */
 void replay_dump_first_failure(bfc_pool *pool, const trace *t, bfc_addr *slot_addr,
                                const char *what, uint64_t size, FILE *f);
+/* Replays events [from, to) of t into pool (slot_addr: each slot's block);
+ * returns the allocations that failed (replay.c). */
 uint64_t replay_loop(bfc_pool *pool, const trace *t, size_t from, size_t to,
                      bfc_addr *slot_addr);
 
