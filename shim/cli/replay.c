@@ -353,9 +353,9 @@ void replay_dump_first_failure(bfc_pool *pool, const trace *t, bfc_addr *slot_ad
 /* Replays in a pool one pool unit below the minimum and writes the memory
  * map at the first allocation that fails: where the fragmentation is. With
  * --vmm, the preallocated pool over virtual memory's map one granule below
- * its smallest limit follows. */
+ * its smallest limit (vmm_min_limit, as --vmm measured it) follows. */
 static void dump_at_failure(const trace *t, const replay_opts *o, uint64_t min_bytes,
-                            bfc_addr *slot_addr)
+                            uint64_t vmm_min_limit, bfc_addr *slot_addr)
 {
     FILE *f = strcmp(o->dump_path, "-") == 0 ? stderr : fopen(o->dump_path, "a");
     if (!f) {
@@ -376,7 +376,7 @@ static void dump_at_failure(const trace *t, const replay_opts *o, uint64_t min_b
     replay_dump_first_failure(pool, t, slot_addr, "a pool", below, f);
     bfc_pool_destroy(pool, true);
     if (o->vmm)
-        replay_vmm_dump_at_failure(t, &o->policy, slot_addr, f);
+        replay_vmm_dump_at_failure(t, &o->policy, o->gpu_lag ? 0 : vmm_min_limit, slot_addr, f);
 out:
     if (f != stderr)
         fclose(f);
@@ -609,10 +609,10 @@ static int replay_one(const char *path, const replay_opts *o, bool first)
     trace_report r = {.t = &t};
     r.min_pool_bytes = o->bisect ? min_pool(&t, o, slot_addr) : 0;
     r.efficiency = efficiency_of(&t, r.min_pool_bytes);
-    if (o->dump_path && o->bisect)
-        dump_at_failure(&t, o, r.min_pool_bytes, slot_addr);
     if (o->vmm)
         replay_vmm_measure(&t, &o->policy, o->gpu_lag, r.min_pool_bytes, slot_addr, &r.vmm);
+    if (o->dump_path && o->bisect)
+        dump_at_failure(&t, o, r.min_pool_bytes, r.vmm.prealloc_min_limit_bytes, slot_addr);
     r.timed_pool_bytes = o->pool_size ? o->pool_size : r.min_pool_bytes;
     if (r.timed_pool_bytes == 0)
         r.timed_pool_bytes = MIB;

@@ -166,16 +166,13 @@ static uint64_t min_limit(const trace *t, pool_kind kind, const bfc_options *pol
     return cli_smallest_serving(t->peak_live_bytes, unit, cap, serves_at, &c);
 }
 
-void replay_vmm_dump_at_failure(const trace *t, const bfc_options *policy, bfc_addr *slot_addr,
-                                FILE *f)
+void replay_vmm_dump_at_failure(const trace *t, const bfc_options *policy, uint64_t min,
+                                bfc_addr *slot_addr, FILE *f)
 {
     const uint64_t gran = policy->map_granularity;
-    const uint64_t roomy = 4 * t->peak_live_bytes + (UINT64_C(1) << 30);
-    const uint64_t min =
-        min_limit(t, KIND_VMM_PREALLOCATED, policy, 0, gran, roomy, slot_addr);
     if (min <= gran) {
         fprintf(f, "%s: the smallest limit over virtual memory is %s: nothing to show\n",
-                t->name, min ? "one granule" : "not found");
+                t->name, min ? "one granule" : "not found (or measured with --gpu-lag)");
         return;
     }
     sim_pool sp;

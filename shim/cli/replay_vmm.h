@@ -58,8 +58,10 @@ void replay_vmm_measure(const trace *t, const bfc_options *policy, uint64_t gpu_
 
 /* Writes to f the memory map of the pool preallocated over virtual memory
  * (frees immediate) at the first allocation that fails one map granule
- * below its smallest limit: where, at the limit, blocks pin granules. */
-void replay_vmm_dump_at_failure(const trace *t, const bfc_options *policy, bfc_addr *slot_addr,
-                                FILE *f);
+ * below its smallest limit, min_limit (replay_vmm_report's
+ * prealloc_min_limit_bytes, measured with frees immediate; 0: none): where,
+ * at the limit, blocks pin granules. */
+void replay_vmm_dump_at_failure(const trace *t, const bfc_options *policy, uint64_t min_limit,
+                                bfc_addr *slot_addr, FILE *f);
 
 #endif
