@@ -99,8 +99,7 @@ bfc_pool *bfc_pool_create(const bfc_options *opt, const bfc_backend *backend)
     const bool aligned = opt->placement == BFC_PLACE_ALIGNED;
     p->align_from = aligned ? opt->align_bytes : UINT64_MAX;
     p->as_one_region = opt->vmm && opt->preallocate && !opt->prealloc_spread;
-    p->granule_mask = aligned && opt->vmm && !p->as_one_region ? opt->map_granularity - 1
-                                                                : UINT64_MAX;
+    pool_set_granule_mask(p);
     p->release_on_free = opt->vmm && opt->release_threshold != UINT64_MAX;
     p->next_region_bytes = p->opt.initial_region_bytes;
     p->st.bytes_limit = p->opt.limit_bytes;

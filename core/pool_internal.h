@@ -91,6 +91,16 @@ struct bfc_pool {
     bfc_stats st;
 };
 
+/* Granule placement (granule_mask) applies under BFC_PLACE_ALIGNED over
+ * virtual memory, except while a preallocated pool is laid out as one
+ * region; set at creation and again when the first overflow ends that. */
+static inline void pool_set_granule_mask(bfc_pool *p)
+{
+    p->granule_mask = p->opt.placement == BFC_PLACE_ALIGNED && p->opt.vmm && !p->as_one_region
+                          ? p->opt.map_granularity - 1
+                          : UINT64_MAX;
+}
+
 static inline chunk *C(const bfc_pool *p, uint32_t i)
 {
     return chunk_at(&p->chunks, i);

@@ -110,8 +110,9 @@ static bool region_reserve_va(bfc_pool *p, uint64_t rounded)
     const uint64_t need = round_up(rounded, g);
     uint64_t want = round_up(p->opt.va_bytes ? p->opt.va_bytes : 2 * p->opt.limit_bytes, g);
     const bool first = p->nregions == 0;
-    if (first && p->as_one_region && p->opt.limit_bytes >= g)
-        want = p->opt.limit_bytes / g * g;
+    const uint64_t whole_limit = p->opt.limit_bytes / g * g; /* what can be mapped */
+    if (first && p->as_one_region && whole_limit)
+        want = whole_limit;
     if (want < need)
         want = need;
     bfc_addr base = 0;
@@ -132,13 +133,10 @@ static bool region_reserve_va(bfc_pool *p, uint64_t rounded)
     region *in = region_insert(p, base, want, r.backed);
     if (!first && p->as_one_region) {
         p->as_one_region = false;
-        if (p->opt.placement == BFC_PLACE_ALIGNED)
-            p->granule_mask = p->opt.map_granularity - 1;
+        pool_set_granule_mask(p);
     }
     if (first && p->opt.preallocate) {
-        uint64_t whole = p->opt.limit_bytes / g * g;
-        if (whole > want)
-            whole = want;
+        const uint64_t whole = whole_limit < want ? whole_limit : want;
         if (whole)
             backing_map(p, in, base, base + whole);
     }
