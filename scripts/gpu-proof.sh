@@ -27,7 +27,8 @@
 #   suite*      the GPU suite (tests/gpu) against the real driver and runtime,
 #               the user's first program (static and shared cudart) included
 #   bench*      cudaMalloc/cudaFree and cudaMallocAsync/cudaFreeAsync pairs,
-#               512 B to 1 GiB, native and pooled
+#               512 B to 1 GiB, native and pooled, and the first allocation
+#               alone (pooled: the pool's start-up, the limit mapped)
 #   vmm*        the pool over CUDA virtual memory: map + unmap cost
 #               (malloc_bench, release threshold 0), PyTorch GPT without its
 #               cache on it against native expandable_segments, and two
