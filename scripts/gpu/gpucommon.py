@@ -107,6 +107,8 @@ def shim_totals(doc):
             "num_map_calls", "num_unmap_calls", "num_mapped_refits", "released_bytes_total",
             "moved_bytes_total")
     out = {k: sum(p.get(k, 0) for p in doc.get("pools", [])) for k in keys}
+    # the slowest pool's start-up (its limit taken up front), not a sum
+    out["prealloc_us"] = max((p.get("prealloc_us", 0) for p in doc.get("pools", [])), default=0)
     out["pools"] = len(doc.get("pools", []))
     out["allocator"] = doc.get("allocator")
     return out

@@ -147,7 +147,7 @@ def main():
                                                          "num_map_calls", "num_unmap_calls",
                                                          "num_mapped_refits",
                                                          "released_bytes_total",
-                                                         "moved_bytes_total")
+                                                         "moved_bytes_total", "prealloc_us")
                                     if k in shim}
                 print(f"  {arm}: {json.dumps(keep)}")
     bench = [r for r in results if r.get("workload") == "malloc-bench"]

@@ -82,6 +82,7 @@ static void pool_json(json_out *j, shim_pool *sp, const bfc_stats *s)
     json_u64(j, "plan_abandoned", st.plan_abandoned);
     json_u64(j, "host_metadata_bytes", st.host_metadata_bytes);
     json_u64(j, "total_memory", sp->total_memory);
+    json_u64(j, "prealloc_us", sp->prealloc_us);
     json_u64(j, "passthrough_allocs", atomic_load(&sp->passthrough_allocs));
     json_object_close(j);
 }

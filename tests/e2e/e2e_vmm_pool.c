@@ -103,6 +103,7 @@ static void grow(void)
     fakecuda_stats st = fake_stats();
     CHECK_EQ(st.vmm_reserve_calls, 2); /* the trial granules', then one for the pool */
     CHECK_EQ(st.mem_alloc_calls, 0);   /* no cuMemAlloc region */
+    CHECK_EQ(shim_stat_number("prealloc_us"), 0); /* nothing was taken up front */
     uint64_t mapped = st.bytes_in_use[0] - before;
     CHECK(mapped >= 6 * MiB && mapped <= 10 * MiB && mapped % (2 * MiB) == 0);
     fill_and_check(a, 3 * MiB, 1);
@@ -464,6 +465,12 @@ static void moves(void)
         CHECK_EQ(D.MemAlloc(&b[i], 4 * MiB), CUDA_SUCCESS);
     const fakecuda_stats full = fake_stats();
     CHECK_EQ(full.vmm_create_calls, 2 + 16); /* the trial granules, then the limit */
+    /* Taking the limit up front is timed: the stats JSON and the pool's
+     * log line say how long it took. */
+    CHECK(shim_stat_number("prealloc_us") > 0);
+    char made[1024];
+    shim_log_lines(made, sizeof made);
+    CHECK(strstr(made, "preallocated over virtual memory (taken in ") != NULL);
     /* In address order (the pool places them as one region would, not in
      * the order they came), so that every other one leaves a hole. */
     for (int i = 1; i < 8; i++)
