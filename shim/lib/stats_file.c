@@ -253,6 +253,8 @@ static void pool_summary(void *arg, shim_pool *sp, const bfc_stats *st)
             format_size(st->bytes_limit, a, sizeof a), format_size(st->pool_bytes, b, sizeof b),
             format_size(st->peak_pool_bytes, c, sizeof c),
             (unsigned long long)st->num_region_allocs);
+    if (sp->prealloc_us)
+        fprintf(f, "    taken up front in %.1f ms\n", (double)sp->prealloc_us / 1e3);
     if (sp->vmm_granule)
         fprintf(f, "    over virtual memory: %s of address space, %llu map and %llu unmap "
                    "call(s), %s unmapped (%s of it moved under new blocks)\n",
