@@ -314,19 +314,28 @@ static shim_pool *create_pool(const real_driver *R, CUcontext ctx, CUdevice dev,
 
     /* Taking the limit up front is the pool's start-up cost: over virtual
      * memory one cuMemCreate and cuMemMap per granule. Timed for the stats
-     * JSON (prealloc_us) and the log. */
-    bool taken = false;
+     * JSON (prealloc_us) and the log. A device with less free memory than
+     * the limit gives the pool less, or nothing (over virtual memory the
+     * address range is still reserved, and mapped on demand); the user
+     * asked for the memory up front, so either is a warning. */
+    uint64_t taken = 0, whole = limit;
     if (cfg->preallocate) {
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
-        taken = bfc_pool_reserve(sp->bfc) == BFC_OK;
+        const bool reserved = bfc_pool_reserve(sp->bfc) == BFC_OK;
         clock_gettime(CLOCK_MONOTONIC, &t1);
+        bfc_stats st;
+        bfc_pool_stats(sp->bfc, &st);
+        taken = reserved ? st.pool_bytes : 0;
+        if (sp->vmm_granule)
+            whole = limit / sp->vmm_granule * sp->vmm_granule; /* what can be mapped */
         const int64_t ns = (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 +
                            (t1.tv_nsec - t0.tv_nsec);
-        sp->prealloc_us = (uint64_t)(ns / 1000);
+        if (taken) /* a pool that took nothing grows: 0, as for one */
+            sp->prealloc_us = (uint64_t)(ns / 1000);
     }
-    char lim[32], tot[32], took[48] = "";
-    if (taken)
+    char lim[32], tot[32], got[32], took[48] = "";
+    if (taken >= whole && taken)
         snprintf(took, sizeof took, " (taken in %.1f ms)", (double)sp->prealloc_us / 1e3);
     shim_log(LOG_INFO, "device %d: pool of %s (%s of %s), %s%s%s, free policy %s", (int)dev,
              format_size(limit, lim, sizeof lim),
@@ -336,9 +345,13 @@ static shim_pool *create_pool(const real_driver *R, CUcontext ctx, CUdevice dev,
              sp->vmm_granule ? " over virtual memory" : "", took,
              cfg->free_policy == FREE_FENCED ? "fenced" : "immediate");
     if (cfg->preallocate && !taken)
-        shim_log(LOG_WARN, "device %d: could not take the %s pool up front; regions will be "
-                           "taken as allocations need them",
+        shim_log(LOG_WARN, "device %d: could not take the %s pool up front; memory will be "
+                           "taken as allocations need it",
                  (int)dev, lim);
+    else if (cfg->preallocate && taken < whole)
+        shim_log(LOG_WARN, "device %d: took only %s of the %s pool up front (the device had no "
+                           "more free memory); the rest will be taken as allocations need it",
+                 (int)dev, format_size(taken, got, sizeof got), lim);
     if (cfg->plan_path)
         install_plan(sp, cfg->plan_path, o.granularity);
     return sp;

@@ -232,7 +232,7 @@ typedef struct shim_pool {
     bfc_pool *bfc;
     uint64_t total_memory, limit;
     /* how long taking the pool up front took (BFCSHIM_PREALLOCATE), in
-     * microseconds; 0 for a pool that grows */
+     * microseconds; 0 for a pool that grows, or could not take it */
     uint64_t prealloc_us;
     uint32_t plain_lane;  /* frees that wait for every stream (cudaFree) */
     uint32_t legacy_lane; /* stream-ordered frees on the legacy stream */

@@ -64,6 +64,11 @@
  *              created after the start and the device's free memory never
  *              rises; the moved block and the blocks around it keep their
  *              contents; the stats say what moved
+ *   short, short-off  (preallocated, 32 MiB on a device with 16 MiB free;
+ *              short-off with BFCSHIM_VMM=off) the pool cannot take its
+ *              limit up front: one warning says how much it took (over
+ *              virtual memory nothing; one region what the device had), and
+ *              allocations are served as memory allows
  */
 #include <cuda.h>
 
@@ -525,6 +530,31 @@ static void moves(void)
         CHECK_EQ(D.MemFree(b[i]), CUDA_SUCCESS);
 }
 
+/* FAKECUDA_MEM=64MiB with 48 MiB used by another process,
+ * BFCSHIM_MEM_FRACTION=0.5: a 32 MiB preallocated pool on a device with
+ * 16 MiB free. The user asked for the memory up front and does not get it
+ * all: one warning says so (over virtual memory nothing is mapped up front;
+ * one region takes what the device has), the start-up time reads 0 when
+ * nothing was taken, and allocations are served as memory allows. */
+static void short_of_memory(void)
+{
+    const bool vmm = getenv("BFCSHIM_VMM") == NULL;
+    shim_log_reset();
+    start();
+    CUdeviceptr a = 0;
+    CHECK_EQ(D.MemAlloc(&a, 4 * MiB), CUDA_SUCCESS);
+    fill_and_check(a, 4 * MiB, 7);
+    CHECK_ONE_LOG_LINE(vmm ? "could not take the 32.0 MiB pool up front"
+                           : "took only 16.0 MiB of the 32.0 MiB pool up front");
+    CHECK(vmm ? shim_stat_number("prealloc_us") == 0 : shim_stat_number("prealloc_us") > 0);
+    CUdeviceptr b = 0;
+    CHECK_EQ(D.MemAlloc(&b, 8 * MiB), CUDA_SUCCESS);
+    fill_and_check(b, 8 * MiB, 8);
+    fill_and_check(a, 4 * MiB, 7);
+    CHECK_EQ(D.MemFree(b), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(a), CUDA_SUCCESS);
+}
+
 int main(int argc, char **argv)
 {
     const char *s = argc > 1 ? argv[1] : "";
@@ -545,12 +575,17 @@ int main(int argc, char **argv)
                      {"refused", refused},
                      {"refused-multi", refused_multi},
                      {"off", off},
-                     {"moves", moves}};
+                     {"moves", moves},
+                     {"short", short_of_memory},
+                     {"short-off", short_of_memory}};
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
         if (strcmp(s, scenarios[i].name) == 0) {
             scenarios[i].fn();
             return e2e_done(s);
         }
-    fprintf(stderr, "usage: e2e_vmm_pool grow|release|threshold|ctxdestroy|ctxdestroy-threads|ctxdestroy-busy|reset-busy|peers|peers-gone|capture|refused|off\n");
+    fprintf(stderr, "usage: e2e_vmm_pool SCENARIO (");
+    for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
+        fprintf(stderr, "%s%s", i ? "|" : "", scenarios[i].name);
+    fprintf(stderr, ")\n");
     return 2;
 }
