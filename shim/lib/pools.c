@@ -292,11 +292,17 @@ static shim_pool *create_pool(const real_driver *R, CUcontext ctx, CUdevice dev,
                      .fence_seal = fences_seal};
     sp->vmm_granule = use_vmm(R, cfg, dev);
     if (sp->vmm_granule) {
+        /* One granule for the engine and for the driver calls (vmm.c): the
+         * device's, or the blocks' alignment where that is coarser (both
+         * powers of two, so a multiple of the device's, which cuMemCreate,
+         * cuMemMap and cuMemAddressReserve take). Two granules that could
+         * differ left reservations aligned to the device's granule under an
+         * engine that needs the coarser one: nothing could be placed. */
+        if (sp->vmm_granule < o.granularity)
+            sp->vmm_granule = o.granularity;
         o.vmm = true;
         o.map_granularity = sp->vmm_granule;
         o.release_threshold = cfg->release_threshold;
-        if (o.granularity > o.map_granularity)
-            o.map_granularity = o.granularity;
         vmm_backend(&b);
     }
     record_attach(sp, &b);

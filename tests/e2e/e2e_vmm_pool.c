@@ -69,6 +69,9 @@
  *              limit up front: one warning says how much it took (over
  *              virtual memory nothing; one region what the device had), and
  *              allocations are served as memory allows
+ *   coarse-alignment  (device granule 64 KiB, BFCSHIM_ALIGNMENT=1MiB,
+ *              preallocated) the pool maps in granules of the alignment and
+ *              takes its whole limit up front
  */
 #include <cuda.h>
 
@@ -555,6 +558,27 @@ static void short_of_memory(void)
     CHECK_EQ(D.MemFree(a), CUDA_SUCCESS);
 }
 
+/* FAKECUDA_VMM_GRANULARITY=64KiB, BFCSHIM_ALIGNMENT=1MiB, a 30 MiB pool
+ * preallocated: the blocks' alignment is coarser than the device's
+ * granule, so the pool maps in 1 MiB granules (a multiple of the device's,
+ * which cuMemCreate and cuMemMap take). It takes its whole limit up front,
+ * without a warning, and serves from it. */
+static void coarse_alignment(void)
+{
+    shim_log_reset();
+    start();
+    CUdeviceptr a = 0;
+    CHECK_EQ(D.MemAlloc(&a, 4 * MiB), CUDA_SUCCESS);
+    if (!a)
+        return;
+    fill_and_check(a, 4 * MiB, 9);
+    CHECK_EQ(shim_log_lines(NULL, 0), 0);
+    CHECK_EQ(shim_stat_number("pool_bytes"), (long long)(30 * MiB));
+    CHECK(shim_stat_number("prealloc_us") > 0);
+    CHECK_EQ(fake_stats().vmm_reserve_calls, 2); /* the trial granules', the pool's */
+    CHECK_EQ(D.MemFree(a), CUDA_SUCCESS);
+}
+
 int main(int argc, char **argv)
 {
     const char *s = argc > 1 ? argv[1] : "";
@@ -577,7 +601,8 @@ int main(int argc, char **argv)
                      {"off", off},
                      {"moves", moves},
                      {"short", short_of_memory},
-                     {"short-off", short_of_memory}};
+                     {"short-off", short_of_memory},
+                     {"coarse-alignment", coarse_alignment}};
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
         if (strcmp(s, scenarios[i].name) == 0) {
             scenarios[i].fn();
