@@ -238,6 +238,27 @@ static void install_plan(shim_pool *sp, const char *path, uint64_t granularity)
     plan_file_free(&plan);
 }
 
+/* Takes a preallocated pool's limit up front and returns the bytes it
+ * holds then. That is the pool's start-up cost (over virtual memory one
+ * cuMemCreate and cuMemMap per granule), timed into prealloc_us. A device
+ * with less free memory than the limit gives less, or nothing (over virtual
+ * memory the address range is still reserved, and mapped on demand); the
+ * caller warns, as the user asked for the memory up front. */
+static uint64_t take_up_front(shim_pool *sp)
+{
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const bool reserved = bfc_pool_reserve(sp->bfc) == BFC_OK;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    bfc_stats st;
+    bfc_pool_stats(sp->bfc, &st);
+    if (!reserved || st.pool_bytes == 0)
+        return 0; /* the pool grows: prealloc_us stays 0, as for one */
+    const int64_t ns = (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec);
+    sp->prealloc_us = (uint64_t)(ns / 1000);
+    return st.pool_bytes;
+}
+
 /* ctx, a context of dev, is current; `primary`: it is dev's primary
  * context. */
 static shim_pool *create_pool(const real_driver *R, CUcontext ctx, CUdevice dev, bool primary)
@@ -318,30 +339,11 @@ static shim_pool *create_pool(const real_driver *R, CUcontext ctx, CUdevice dev,
     }
     atomic_store(&sp->lane_stream[sp->legacy_lane], CU_STREAM_LEGACY);
 
-    /* Taking the limit up front is the pool's start-up cost: over virtual
-     * memory one cuMemCreate and cuMemMap per granule. Timed for the stats
-     * JSON (prealloc_us) and the log. A device with less free memory than
-     * the limit gives the pool less, or nothing (over virtual memory the
-     * address range is still reserved, and mapped on demand); the user
-     * asked for the memory up front, so either is a warning. */
-    uint64_t taken = 0, whole = limit;
-    if (cfg->preallocate) {
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        const bool reserved = bfc_pool_reserve(sp->bfc) == BFC_OK;
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        bfc_stats st;
-        bfc_pool_stats(sp->bfc, &st);
-        taken = reserved ? st.pool_bytes : 0;
-        if (sp->vmm_granule)
-            whole = limit / sp->vmm_granule * sp->vmm_granule; /* what can be mapped */
-        const int64_t ns = (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 +
-                           (t1.tv_nsec - t0.tv_nsec);
-        if (taken) /* a pool that took nothing grows: 0, as for one */
-            sp->prealloc_us = (uint64_t)(ns / 1000);
-    }
+    const uint64_t taken = cfg->preallocate ? take_up_front(sp) : 0;
+    /* what the pool maps up front over virtual memory: whole granules */
+    const uint64_t whole = sp->vmm_granule ? limit / sp->vmm_granule * sp->vmm_granule : limit;
     char lim[32], tot[32], got[32], took[48] = "";
-    if (taken >= whole && taken)
+    if (taken && taken >= whole)
         snprintf(took, sizeof took, " (taken in %.1f ms)", (double)sp->prealloc_us / 1e3);
     shim_log(LOG_INFO, "device %d: pool of %s (%s of %s), %s%s%s, free policy %s", (int)dev,
              format_size(limit, lim, sizeof lim),
