@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Placement measured on perturbed copies of real traces, not on one recording.
 
-    scripts/placement-ensemble.py [--copies DIR] [--seeds N] \\
+    scripts/placement-ensemble.py [--copies DIR] [--seeds N] [--figure KEY] \\
         NAME=BFCSHIM[,ARG...] [NAME=...] -- TRACE.csv[.gz]...
 
 The smallest pool of one trace is a chaotic function of placement: one small
@@ -15,7 +15,10 @@ and a trace's figure is the mean efficiency over its copies.
 
 A candidate is a name, a bfcshim binary and replay arguments, comma
 separated (e.g. `low=build/bfcshim,--placement,low`), so that two builds of
-the engine can be compared as well as two settings of one. Prints, per trace,
+the engine can be compared as well as two settings of one. `--figure` picks
+the replay JSON's figure: one region's efficiency by default;
+`vmm.prealloc_efficiency` (candidates given `--vmm`) for the default
+preallocated pool, one region until it overflows, then virtual memory. Prints, per trace,
 each candidate's mean (and worst copy); then the mean and worst over traces;
 then leave one trace out: the candidate with the best mean on the others,
 scored on the held-out trace.
@@ -69,6 +72,9 @@ def main():
     ap.add_argument("--copies", default="build/perturbed-traces",
                     help="where the perturbed copies are kept (made when missing)")
     ap.add_argument("--seeds", type=int, default=4, help="copies per kind of perturbation")
+    ap.add_argument("--figure", default="efficiency",
+                    help="the replay JSON field scored, dotted when nested "
+                         "(vmm.prealloc_efficiency: the default preallocated pool)")
     ap.add_argument("candidates", nargs="+")
     a = ap.parse_args(argv[:split])
     traces = argv[split + 1:]
@@ -85,13 +91,14 @@ def main():
     jobs = [(n, t, p) for n in cands for t in copies for p in copies[t]]
     runs = {}
     with ThreadPoolExecutor(os.cpu_count() or 1) as ex:
-        for (n, t, _), e in zip(jobs, ex.map(lambda j: efficiency(*cands[j[0]], j[2]), jobs)):
+        for (n, t, _), e in zip(jobs, ex.map(lambda j: efficiency(*cands[j[0]], j[2], a.figure), jobs)):
             runs.setdefault(n, {}).setdefault(t, []).append(e)
     mean = {n: {t: statistics.mean(v) for t, v in runs[n].items()} for n in cands}
 
     names = list(cands)
-    print("%d copies of each of %d traces (%s; seeds 1-%d)"
-          % (len(KINDS) * a.seeds, len(copies), ", ".join("%s %s" % k for k in KINDS), a.seeds))
+    print("%d copies of each of %d traces (%s; seeds 1-%d); figure %s"
+          % (len(KINDS) * a.seeds, len(copies), ", ".join("%s %s" % k for k in KINDS), a.seeds,
+             a.figure))
     print("%-42s " % "trace (mean over copies, worst copy)"
           + " ".join("%17s" % n[:17] for n in names))
     for t in sorted(copies):

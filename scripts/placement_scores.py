@@ -28,9 +28,18 @@ def replay(bfcshim, args, trace, min_pool=True):
     return json.loads(r.stdout)
 
 
-def efficiency(bfcshim, args, trace):
-    """peak live / smallest pool of `trace` replayed by `bfcshim` with `args`."""
-    return replay(bfcshim, args, trace)["efficiency"]
+def efficiency(bfcshim, args, trace, figure="efficiency"):
+    """peak live / smallest pool of `trace` replayed by `bfcshim` with `args`.
+    `figure` names the JSON field, dotted for a nested one: the default is
+    one region's smallest pool; "vmm.prealloc_efficiency" (with --vmm in
+    `args`) the default preallocated pool's, laid out as one region until it
+    overflows."""
+    out = replay(bfcshim, args, trace)
+    for key in figure.split("."):
+        if not isinstance(out, dict) or key not in out:
+            sys.exit("%s replay %s: no figure %s in its JSON" % (bfcshim, trace, figure))
+        out = out[key]
+    return out
 
 
 def leave_one_out(scores):
