@@ -64,7 +64,10 @@
 #               step time and moved bytes), both at 16 GiB, where both run
 #               and the default is expected to move nothing (replayed:
 #               docs/benchmarks.md, "One region first"), both with room to
-#               spare, and the largest batch under 16 GiB in the default
+#               spare, and the largest batch under 16 GiB in the default;
+#               at the two tight limits also the spread layout
+#               (BFCSHIM_VMM_LAYOUT=spread: less memory, moves in every step
+#               near the limit; replayed it fits both)
 #   plan        a placement plan across processes: the GPT job without
 #               PyTorch's cache recorded (BFCSHIM_TRACE), packed by `bfcshim
 #               plan`, run again with BFCSHIM_PLAN (stats: planned, misses,
@@ -423,6 +426,10 @@ step_pressure() {
                 "BFCSHIM_MEM_LIMIT=${!at}" -- "${job[@]}" --arm "C-$at"
             run_arm pressure "C-$at-default" 200 yes "$nc" \
                 "BFCSHIM_MEM_LIMIT=${!at}" -- "${job[@]}" --arm "CD-$at"
+            # The spread layout where memory is short: what its moves cost
+            # a step, against the default's (issue 12 waits on it).
+            [ "$at" = roomy ] || run_arm pressure "C-$at-spread" 200 yes "$nc" \
+                BFCSHIM_VMM_LAYOUT=spread "BFCSHIM_MEM_LIMIT=${!at}" -- "${job[@]}" --arm "CS-$at"
         done
     done
     local cap=16GiB

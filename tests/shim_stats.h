@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A number field of the stats JSON, the first pool's; -1 when the shim or
- * the field is missing. */
+/* A number field of the stats JSON, the first pool's (a boolean one: 1 or
+ * 0); -1 when the shim or the field is missing. */
 static inline long long shim_stat_number(const char *name)
 {
     static char json[1 << 16];
@@ -24,7 +24,14 @@ static inline long long shim_stat_number(const char *name)
     char key[64];
     snprintf(key, sizeof key, "\"%s\":", name);
     const char *at = strstr(json, key);
-    return at ? strtoll(at + strlen(key), NULL, 10) : -1;
+    if (!at)
+        return -1;
+    at += strlen(key);
+    while (*at == ' ')
+        at++;
+    if (strncmp(at, "true", 4) == 0 || strncmp(at, "false", 5) == 0)
+        return at[0] == 't';
+    return strtoll(at, NULL, 10);
 }
 
 #endif

@@ -92,8 +92,20 @@ def pressure_verdict(results):
     limit = (dflt_runs[0].get("settings") or {}).get("BFCSHIM_MEM_LIMIT", "the band's limit")
     moved = med(r.get("shim_moved_bytes_after_warmup") for r in dflt_runs)
     moved_text = f", {fmt_bytes(moved)} moved after warm-up" if moved is not None else ""
-    return (f"  at {limit} a step takes {one:.1f} ms in one region and {dflt:.1f} ms in the "
-            f"default ({100 * (dflt / one - 1):+.1f}%{moved_text}; expected: 0 moved)")
+    lines = [f"  at {limit} a step takes {one:.1f} ms in one region and {dflt:.1f} ms in the "
+             f"default ({100 * (dflt / one - 1):+.1f}%{moved_text}; expected: 0 moved)"]
+    # The spread layout (BFCSHIM_VMM_LAYOUT=spread) against the default at
+    # the same limit: what its moves cost a step (issue 12's trade).
+    for at in ("tight", "band"):
+        d = med(r.get("step_ms_median") for r in arms.get(f"C-{at}-default", []))
+        sp_runs = arms.get(f"C-{at}-spread", [])
+        sp = med(r.get("step_ms_median") for r in sp_runs)
+        if d and sp:
+            sp_moved = med(r.get("shim_moved_bytes_after_warmup") for r in sp_runs)
+            lines.append(f"  {at}: spread {sp:.1f} ms a step against the default's {d:.1f} ms "
+                         f"({100 * (sp / d - 1):+.1f}%, {fmt_bytes(sp_moved)} moved after "
+                         f"warm-up)")
+    return "\n".join(lines)
 
 
 def main():
@@ -122,7 +134,7 @@ def main():
             print(t)
     verdict = pressure_verdict(results)
     if verdict:
-        print(f"\n== pressure: the default against one region\n{verdict}")
+        print(f"\n== pressure: the default against one region, and spread\n{verdict}")
     for step in ("numba", "plugins", "three", "ddp", "maxbatch", "vmm", "pressure"):
         arms = by_arm(results, step)
         if not arms:

@@ -21,6 +21,8 @@ const env_var env_vars[] = {
     {"BFCSHIM_GC", VAR_BOOL, 0, 0, {0}, "giving empty regions back before failing"},
     {"BFCSHIM_VMM", VAR_CHOICE, 0, 0, {"auto", "on", "off"},
      "building the pool over CUDA virtual memory"},
+    {"BFCSHIM_VMM_LAYOUT", VAR_CHOICE, 0, 0, {"one-region", "spread"},
+     "the layout of a preallocated pool over virtual memory"},
     {"BFCSHIM_RELEASE_THRESHOLD", VAR_SIZE_OR_0, 0, 0, {0},
      "the free mapped memory kept before it goes back to the device"},
     {"BFCSHIM_FREE_POLICY", VAR_CHOICE, 0, 0, {"fenced", "immediate"},

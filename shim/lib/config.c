@@ -178,6 +178,7 @@ static void parse(void)
         .driver_hooks = true,
         .log_level = LOG_WARN,
         .vmm = VMM_AUTO,
+        .layout = VMM_LAYOUT_ONE_REGION,
         .release_threshold = UINT64_MAX,
     };
     /* The log settings first, so that messages about the others go there. */
@@ -196,6 +197,9 @@ static void parse(void)
     int vmm = (int)cfg.vmm;
     get_choice("BFCSHIM_VMM", &vmm);
     cfg.vmm = (vmm_mode)vmm;
+    int layout = (int)cfg.layout;
+    get_choice("BFCSHIM_VMM_LAYOUT", &layout);
+    cfg.layout = (vmm_layout)layout;
     get_size("BFCSHIM_RELEASE_THRESHOLD", &cfg.release_threshold);
     int policy = cfg.free_policy;
     get_choice("BFCSHIM_FREE_POLICY", &policy);

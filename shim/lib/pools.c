@@ -169,7 +169,9 @@ void pools_lock_for_fork(bool lock)
  * over virtual memory is laid out as one region until nothing fits there
  * (bfc_options.prealloc_spread off), so it places and holds exactly what
  * one cuMemAlloc region would, and moves free memory where that region
- * would have failed (docs/benchmarks.md, "One region first"). auto stays on
+ * would have failed (docs/benchmarks.md, "One region first");
+ * BFCSHIM_VMM_LAYOUT=spread lays it out by the rules of virtual memory from
+ * the start instead (create_pool). auto stays on
  * cuMemAlloc with more than 64 devices, where peers that enable access
  * could not all get it to the mappings (vmm.c); on says so once instead.
  */
@@ -323,6 +325,13 @@ static shim_pool *create_pool(const real_driver *R, CUcontext ctx, CUdevice dev,
             sp->vmm_granule = o.granularity;
         o.vmm = true;
         o.map_granularity = sp->vmm_granule;
+        /* Spread: twice the limit of address space from the start, placed
+         * by the rules of virtual memory. Replayed on the real traces it
+         * needs less memory than one region first, but near its limit it
+         * moves memory even where one region would serve the job: for a
+         * job that would rather run slower than not fit. */
+        o.prealloc_spread = cfg->layout == VMM_LAYOUT_SPREAD;
+        sp->vmm_spread = o.prealloc_spread && cfg->preallocate;
         o.release_threshold = cfg->release_threshold;
         vmm_backend(&b);
     }
@@ -345,12 +354,13 @@ static shim_pool *create_pool(const real_driver *R, CUcontext ctx, CUdevice dev,
     char lim[32], tot[32], got[32], took[48] = "";
     if (taken && taken >= whole)
         snprintf(took, sizeof took, " (taken in %.1f ms)", (double)sp->prealloc_us / 1e3);
-    shim_log(LOG_INFO, "device %d: pool of %s (%s of %s), %s%s%s, free policy %s", (int)dev,
+    shim_log(LOG_INFO, "device %d: pool of %s (%s of %s), %s%s%s%s, free policy %s", (int)dev,
              format_size(limit, lim, sizeof lim),
              cfg->mem_limit ? "BFCSHIM_MEM_LIMIT" : "BFCSHIM_MEM_FRACTION",
              format_size(total, tot, sizeof tot),
              cfg->preallocate ? "preallocated" : "growing on demand",
-             sp->vmm_granule ? " over virtual memory" : "", took,
+             sp->vmm_granule ? " over virtual memory" : "",
+             sp->vmm_spread ? ", spread over twice its limit of address space" : "", took,
              cfg->free_policy == FREE_FENCED ? "fenced" : "immediate");
     if (cfg->preallocate && !taken)
         shim_log(LOG_WARN, "device %d: could not take the %s pool up front; memory will be "

@@ -61,6 +61,9 @@ typedef enum shim_mode { MODE_BFC, MODE_PLATFORM } shim_mode;
 typedef enum free_policy { FREE_FENCED, FREE_IMMEDIATE } free_policy;
 /* BFCSHIM_VMM, in the order of its choices in env_vars.c. */
 typedef enum vmm_mode { VMM_AUTO, VMM_ON, VMM_OFF } vmm_mode;
+/* BFCSHIM_VMM_LAYOUT, likewise: how a preallocated pool over virtual memory
+ * is laid out (bfc_options.prealloc_spread). */
+typedef enum vmm_layout { VMM_LAYOUT_ONE_REGION, VMM_LAYOUT_SPREAD } vmm_layout;
 enum { LOG_ERROR, LOG_WARN, LOG_INFO, LOG_DEBUG };
 
 typedef struct shim_config {
@@ -84,6 +87,7 @@ typedef struct shim_config {
     bool stats_summary;          /* BFCSHIM_STATS */
     const char *oom_report_path; /* BFCSHIM_OOM_REPORT; %p becomes the pid */
     vmm_mode vmm;                /* BFCSHIM_VMM */
+    vmm_layout layout;           /* BFCSHIM_VMM_LAYOUT */
     uint64_t release_threshold;  /* BFCSHIM_RELEASE_THRESHOLD; UINT64_MAX: never */
 } shim_config;
 
@@ -268,6 +272,9 @@ typedef struct shim_pool {
     /* BFCSHIM_VMM: the mapping granule when the pool is over virtual
      * memory, else 0 */
     uint64_t vmm_granule;
+    /* preallocated over virtual memory and laid out by its rules from the
+     * start (BFCSHIM_VMM_LAYOUT=spread) */
+    bool vmm_spread;
     /* over virtual memory: devices (bit i: device i < 64) that enabled peer
      * access to this pool's context; its mappings are made accessible to
      * them too (vmm.c). Read by the map callbacks under the engine's lock;

@@ -58,6 +58,7 @@ static void pool_json(json_out *j, shim_pool *sp, const bfc_stats *s)
     /* Over virtual memory pool_bytes is what is mapped; reserved_bytes the
      * address space behind it. */
     json_bool(j, "vmm", sp->vmm_granule != 0);
+    json_bool(j, "vmm_spread", sp->vmm_spread); /* BFCSHIM_VMM_LAYOUT=spread */
     json_u64(j, "reserved_bytes", st.va_bytes);
     json_u64(j, "released_bytes_total", st.released_bytes_total);
     /* of those, what moved under a new block instead of leaving (vmm.c) */

@@ -64,6 +64,11 @@
  *              created after the start and the device's free memory never
  *              rises; the moved block and the blocks around it keep their
  *              contents; the stats say what moved
+ *   spread     (BFCSHIM_VMM_LAYOUT=spread, otherwise as moves) the pool
+ *              reserves twice its limit of address space from the start and
+ *              maps the limit; the block that finds no hole lands in the
+ *              unmapped half and free granules move behind it with no new
+ *              reservation and no overflow message; the stats say spread
  *   short, short-off  (preallocated, 32 MiB on a device with 16 MiB free;
  *              short-off with BFCSHIM_VMM=off) the pool cannot take its
  *              limit up front: one warning says how much it took (over
@@ -533,6 +538,58 @@ static void moves(void)
         CHECK_EQ(D.MemFree(b[i]), CUDA_SUCCESS);
 }
 
+/* As moves, spread out (BFCSHIM_VMM_LAYOUT=spread): 32 MiB mapped at once
+ * in a reservation of 64 MiB, placed by the rules of virtual memory. */
+static void spread(void)
+{
+    shim_log_reset();
+    start();
+    CUdeviceptr b[8];
+    for (int i = 0; i < 8; i++)
+        CHECK_EQ(D.MemAlloc(&b[i], 4 * MiB), CUDA_SUCCESS);
+    const fakecuda_stats full = fake_stats();
+    CHECK_EQ(full.vmm_create_calls, 2 + 16); /* the trial granules, then the limit */
+    CHECK_EQ(full.vmm_reserve_calls, 2);     /* the trial granules', the pool's */
+    CHECK_EQ(shim_stat_number("vmm_spread"), 1);
+    CHECK_EQ(shim_stat_number("reserved_bytes"), (long long)(64 * MiB));
+    CHECK_EQ(shim_stat_number("pool_bytes"), (long long)(32 * MiB));
+    CHECK(shim_stat_number("prealloc_us") > 0);
+    char made[1024];
+    shim_log_lines(made, sizeof made);
+    CHECK(strstr(made, "preallocated over virtual memory, spread over twice its limit of "
+                       "address space (taken in ") != NULL);
+    for (int i = 1; i < 8; i++)
+        for (int j = i; j > 0 && b[j] < b[j - 1]; j--) {
+            CUdeviceptr t = b[j];
+            b[j] = b[j - 1];
+            b[j - 1] = t;
+        }
+    for (int i = 0; i < 8; i++)
+        fill_and_check(b[i], 4 * MiB, (unsigned char)(10 + i));
+    for (int i = 0; i < 8; i += 2)
+        CHECK_EQ(D.MemFree(b[i]), CUDA_SUCCESS);
+    /* No mapped hole holds 8 MiB: the block lands in address space the
+     * pool already has, and four freed granules move behind it. */
+    CUdeviceptr big = 0;
+    CHECK_EQ(D.MemAlloc(&big, 8 * MiB), CUDA_SUCCESS);
+    fill_and_check(big, 8 * MiB, 99);
+    const fakecuda_stats after = fake_stats();
+    CHECK_EQ(after.vmm_reserve_calls, 2);
+    CHECK_EQ(after.vmm_create_calls, full.vmm_create_calls);
+    CHECK_EQ(after.bytes_in_use[0], full.bytes_in_use[0]);
+    CHECK_EQ(shim_stat_number("moved_bytes_total"), (long long)(8 * MiB));
+    for (int i = 1; i < 8; i += 2) {
+        const unsigned char *p = (const unsigned char *)(uintptr_t)b[i];
+        CHECK(p[0] == 10 + i && p[4 * MiB - 1] == 10 + i);
+    }
+    char log[4096];
+    shim_log_lines(log, sizeof log);
+    CHECK(strstr(log, "free memory now moves") == NULL);
+    CHECK_EQ(D.MemFree(big), CUDA_SUCCESS);
+    for (int i = 1; i < 8; i += 2)
+        CHECK_EQ(D.MemFree(b[i]), CUDA_SUCCESS);
+}
+
 /* FAKECUDA_MEM=64MiB with 48 MiB used by another process,
  * BFCSHIM_MEM_FRACTION=0.5: a 32 MiB preallocated pool on a device with
  * 16 MiB free. The user asked for the memory up front and does not get it
@@ -600,6 +657,7 @@ int main(int argc, char **argv)
                      {"refused-multi", refused_multi},
                      {"off", off},
                      {"moves", moves},
+                     {"spread", spread},
                      {"short", short_of_memory},
                      {"short-off", short_of_memory},
                      {"coarse-alignment", coarse_alignment}};
