@@ -468,63 +468,79 @@ static void off(void)
     CHECK_EQ(D.MemFree(a), CUDA_SUCCESS);
 }
 
-static void moves(void)
+/* moves and spread: FAKECUDA_MEM=64MiB, BFCSHIM_MEM_FRACTION=0.5, so 32 MiB
+ * mapped at once, filled with eight 4 MiB blocks, returned in b in address
+ * order, each filled with 10 + its index. Taking the limit up front is
+ * timed: the stats JSON says how long it took, and so does the pool's log
+ * line, which must contain `made`. */
+static fakecuda_stats fill_the_pool(CUdeviceptr b[8], const char *made)
 {
-    /* FAKECUDA_MEM=64MiB, BFCSHIM_MEM_FRACTION=0.5: 32 MiB mapped at once. */
     shim_log_reset();
     start();
-    CUdeviceptr b[8];
     for (int i = 0; i < 8; i++)
         CHECK_EQ(D.MemAlloc(&b[i], 4 * MiB), CUDA_SUCCESS);
     const fakecuda_stats full = fake_stats();
     CHECK_EQ(full.vmm_create_calls, 2 + 16); /* the trial granules, then the limit */
-    /* Taking the limit up front is timed: the stats JSON and the pool's
-     * log line say how long it took. */
+    CHECK_EQ(full.vmm_reserve_calls, 2);     /* the trial granules', the pool's */
     CHECK(shim_stat_number("prealloc_us") > 0);
-    char made[1024];
-    shim_log_lines(made, sizeof made);
-    CHECK(strstr(made, "preallocated over virtual memory (taken in ") != NULL);
-    /* In address order (the pool places them as one region would, not in
-     * the order they came), so that every other one leaves a hole. */
+    char log[1024];
+    shim_log_lines(log, sizeof log);
+    CHECK(strstr(log, made) != NULL);
     for (int i = 1; i < 8; i++)
         for (int j = i; j > 0 && b[j] < b[j - 1]; j--) {
             CUdeviceptr t = b[j];
             b[j] = b[j - 1];
             b[j - 1] = t;
         }
-    for (int i = 0; i < 8; i++) {
-        CHECK_EQ(b[i], b[0] + (CUdeviceptr)i * 4 * MiB);
+    for (int i = 0; i < 8; i++)
         fill_and_check(b[i], 4 * MiB, (unsigned char)(10 + i));
-    }
+    return full;
+}
+
+/* Frees every other block of fill_the_pool's, leaving four 4 MiB holes,
+ * and allocates an 8 MiB block, which fits none of them: it lands in
+ * address space past the mapped memory, and four of the holes' granules
+ * move behind it. Returns the block; the blocks left keep their contents. */
+static CUdeviceptr block_past_the_holes(const CUdeviceptr b[8])
+{
     for (int i = 0; i < 8; i += 2)
         CHECK_EQ(D.MemFree(b[i]), CUDA_SUCCESS);
-    /* Four 4 MiB holes; an 8 MiB block fits none: the pool reserves
-     * overflow address space, and the block lands there and takes four of
-     * the holes' granules. */
     CUdeviceptr big = 0;
     CHECK_EQ(D.MemAlloc(&big, 8 * MiB), CUDA_SUCCESS);
     fill_and_check(big, 8 * MiB, 99);
+    for (int i = 1; i < 8; i += 2) {
+        const unsigned char *p = (const unsigned char *)(uintptr_t)b[i];
+        CHECK(p[0] == 10 + i && p[4 * MiB - 1] == 10 + i);
+    }
+    CHECK_EQ(shim_stat_number("moved_bytes_total"), (long long)(8 * MiB));
+    return big;
+}
+
+static void moves(void)
+{
+    CUdeviceptr b[8];
+    const fakecuda_stats full = fill_the_pool(b, "preallocated over virtual memory (taken in ");
+    /* The pool places them as one region would, side by side, so that
+     * every other one leaves a hole. */
+    for (int i = 0; i < 8; i++)
+        CHECK_EQ(b[i], b[0] + (CUdeviceptr)i * 4 * MiB);
+    /* The pool reserves overflow address space for the block. */
+    const CUdeviceptr big = block_past_the_holes(b);
     const fakecuda_stats after = fake_stats();
     CHECK_EQ(after.vmm_create_calls, full.vmm_create_calls); /* nothing new was made */
     CHECK_EQ(after.vmm_retain_calls, 4);
     CHECK_EQ(after.vmm_unmap_calls - full.vmm_unmap_calls, 4);
     CHECK(big < b[0] || big >= b[0] + 32 * MiB);
-    CHECK_EQ(full.vmm_reserve_calls, 2); /* the trial granules', the pool's */
     CHECK_EQ(after.vmm_reserve_calls, 3); /* and the overflow's, said once (info) */
     char log[4096];
     shim_log_lines(log, sizeof log);
     const char *said = strstr(log, "free memory now moves to where blocks land");
     CHECK(said != NULL && strstr(said + 1, "free memory now moves") == NULL);
     CHECK_EQ(after.bytes_in_use[0], full.bytes_in_use[0]);
-    for (int i = 1; i < 8; i += 2) {
-        const unsigned char *p = (const unsigned char *)(uintptr_t)b[i];
-        CHECK(p[0] == 10 + i && p[4 * MiB - 1] == 10 + i);
-    }
     /* Two of the holes are address space now (the higher ones: equal
      * sizes, the higher first). */
     CHECK(e2e_touch_dies(b[6] + MiB));
     CHECK(e2e_touch_dies(b[4] + MiB));
-    CHECK_EQ(shim_stat_number("moved_bytes_total"), (long long)(8 * MiB));
     CHECK_EQ(shim_stat_number("released_bytes_total"), (long long)(8 * MiB));
     CHECK_EQ(shim_stat_number("pool_bytes"), (long long)(32 * MiB));
     /* A second overflow needs no new reservation and says nothing more. */
@@ -542,46 +558,19 @@ static void moves(void)
  * in a reservation of 64 MiB, placed by the rules of virtual memory. */
 static void spread(void)
 {
-    shim_log_reset();
-    start();
     CUdeviceptr b[8];
-    for (int i = 0; i < 8; i++)
-        CHECK_EQ(D.MemAlloc(&b[i], 4 * MiB), CUDA_SUCCESS);
-    const fakecuda_stats full = fake_stats();
-    CHECK_EQ(full.vmm_create_calls, 2 + 16); /* the trial granules, then the limit */
-    CHECK_EQ(full.vmm_reserve_calls, 2);     /* the trial granules', the pool's */
+    const fakecuda_stats full = fill_the_pool(
+        b, "preallocated over virtual memory, spread over twice its limit of address space "
+           "(taken in ");
     CHECK_EQ(shim_stat_number("vmm_spread"), 1);
     CHECK_EQ(shim_stat_number("reserved_bytes"), (long long)(64 * MiB));
     CHECK_EQ(shim_stat_number("pool_bytes"), (long long)(32 * MiB));
-    CHECK(shim_stat_number("prealloc_us") > 0);
-    char made[1024];
-    shim_log_lines(made, sizeof made);
-    CHECK(strstr(made, "preallocated over virtual memory, spread over twice its limit of "
-                       "address space (taken in ") != NULL);
-    for (int i = 1; i < 8; i++)
-        for (int j = i; j > 0 && b[j] < b[j - 1]; j--) {
-            CUdeviceptr t = b[j];
-            b[j] = b[j - 1];
-            b[j - 1] = t;
-        }
-    for (int i = 0; i < 8; i++)
-        fill_and_check(b[i], 4 * MiB, (unsigned char)(10 + i));
-    for (int i = 0; i < 8; i += 2)
-        CHECK_EQ(D.MemFree(b[i]), CUDA_SUCCESS);
-    /* No mapped hole holds 8 MiB: the block lands in address space the
-     * pool already has, and four freed granules move behind it. */
-    CUdeviceptr big = 0;
-    CHECK_EQ(D.MemAlloc(&big, 8 * MiB), CUDA_SUCCESS);
-    fill_and_check(big, 8 * MiB, 99);
+    /* The block lands in address space the pool already has. */
+    const CUdeviceptr big = block_past_the_holes(b);
     const fakecuda_stats after = fake_stats();
     CHECK_EQ(after.vmm_reserve_calls, 2);
     CHECK_EQ(after.vmm_create_calls, full.vmm_create_calls);
     CHECK_EQ(after.bytes_in_use[0], full.bytes_in_use[0]);
-    CHECK_EQ(shim_stat_number("moved_bytes_total"), (long long)(8 * MiB));
-    for (int i = 1; i < 8; i += 2) {
-        const unsigned char *p = (const unsigned char *)(uintptr_t)b[i];
-        CHECK(p[0] == 10 + i && p[4 * MiB - 1] == 10 + i);
-    }
     char log[4096];
     shim_log_lines(log, sizeof log);
     CHECK(strstr(log, "free memory now moves") == NULL);
