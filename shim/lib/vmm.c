@@ -156,8 +156,7 @@ static int va_reserve(void *ctx, uint64_t size, bfc_addr *base)
      * region could not do: it would have failed here). Said once, as it
      * costs time and means the job runs at its limit. (Spread out, the
      * pool moves memory from the start: nothing new to say.) */
-    const shim_config *cfg = shim_config_get();
-    if (++sp->vmm_reservations == 2 && cfg->preallocate && cfg->layout == VMM_LAYOUT_ONE_REGION) {
+    if (++sp->vmm_reservations == 2 && shim_config_get()->preallocate && !sp->vmm_spread) {
         char lim[32];
         shim_log(LOG_INFO, "device %d: the preallocated pool of %s is full or fragmented: "
                            "free memory now moves to where blocks land (remapping; raise "
