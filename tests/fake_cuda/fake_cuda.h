@@ -61,6 +61,8 @@ typedef struct fakecuda_stats {
     uint64_t vmm_access_calls;     /* cuMemSetAccess calls that succeeded */
     uint64_t peer_enables;         /* cuCtxEnablePeerAccess that succeeded */
     uint64_t implicit_joins;       /* operations made to wait by the legacy stream's rules */
+    uint64_t host_copy_waits;      /* copies to host memory that completed their stream */
+    uint64_t free_synchronizations; /* cuMemFree of cuMemAlloc's memory, which completes its device */
 } fakecuda_stats;
 
 typedef void (*fakecuda_work)(void *arg);

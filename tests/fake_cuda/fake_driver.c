@@ -12,7 +12,10 @@
  *             pools cost nothing until touched and tests can read patterns.
  *             An ordinal that names no device is CUDA_ERROR_INVALID_DEVICE
  *             wherever cuda.h lists that code for the call (is_device), an
- *             unknown attribute CUDA_ERROR_INVALID_VALUE.
+ *             unknown attribute CUDA_ERROR_INVALID_VALUE. CUDA_VISIBLE_DEVICES
+ *             is read at cuInit (indices, UUID prefixes; none visible:
+ *             CUDA_ERROR_NO_DEVICE), and a device's memory size, UUID and
+ *             PCI bus follow it to its visible ordinal.
  *   contexts  a primary context per device (retain/release/reset) and
  *             created ones; a per-thread current context.
  *   streams   each keeps a queue of work (host callbacks, event records)
@@ -96,7 +99,15 @@
  *             Stream-ordered allocations come from the stream's device
  *             ("the memory pool current to the stream's device", cuda.h),
  *             cuMemAllocFromPoolAsync's from its pool's; a device's current
- *             pool must be its own.
+ *             pool must be its own. cuMemFree of cuMemAlloc's memory first
+ *             completes the device's queued work (the programming guide:
+ *             cudaFree "causes the GPU to synchronize"); of stream-ordered
+ *             memory, not.
+ *   copies    stream work, synchronous forms on the legacy stream: a host
+ *             source is staged at the call, a host destination written
+ *             before the call returns (all host memory is pageable here),
+ *             device memory when the copy's turn comes; cuMemsetD8 is
+ *             legacy-stream work ("Copies" below).
  *   failures  FAKECUDA_FAIL_ALLOC / fail_alloc_after make one cuMemAlloc fail;
  *             FAKECUDA_VMM_REFUSE makes one virtual memory call always fail
  *             (or, =cuMemSetAccess:multi, set access over one mapping only).
@@ -104,6 +115,7 @@
  */
 #include <cuda.h>
 #undef cuGetProcAddress /* we define both the v1 and the _v2 entry point */
+#undef cuEventElapsedTime /* likewise */
 
 #include <errno.h>
 #include <pthread.h>
@@ -113,6 +125,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fake_cuda.h"
@@ -203,6 +216,8 @@ typedef struct fevent {
     uint32_t magic;
     fctx *ctx;
     bool recorded, captured, dead;
+    unsigned flags;       /* cuEventCreate's */
+    uint64_t recorded_ns; /* host time of the last record (cuEventElapsedTime) */
     size_t ndeps, capdeps;
     dep *deps; /* the stream positions it completes with (event_add_dep) */
     struct fevent *next; /* all events (never freed while the context lives) */
@@ -229,7 +244,9 @@ static struct {
     pthread_mutex_t lock;
     bool configured;
     atomic_bool initialised; /* cuInit(0) has succeeded */
-    int ndev;
+    int ndev;          /* visible devices (CUDA_VISIBLE_DEVICES, at cuInit) */
+    int nphys;         /* the machine's: FAKECUDA_DEVICES */
+    int phys[MAX_DEVICES]; /* each visible ordinal's device on the machine */
     uint64_t mem[MAX_DEVICES];
     fctx primary[MAX_DEVICES];
     fstream *streams;
@@ -310,6 +327,14 @@ static unsigned this_thread(void)
     return tls_thread;
 }
 
+/* Host time, for events' records (cuEventElapsedTime). */
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
 static uint64_t parse_bytes(const char *s)
 {
     char *end;
@@ -336,6 +361,9 @@ static void configure(void)
     G.ndev = n ? atoi(n) : 2;
     if (G.ndev < 0 || G.ndev > MAX_DEVICES)
         G.ndev = 2;
+    G.nphys = G.ndev; /* until cuInit reads CUDA_VISIBLE_DEVICES */
+    for (int d = 0; d < G.ndev; d++)
+        G.phys[d] = d;
     for (size_t i = 0; i < MAX_DEVICES + MAX_CREATED_POOLS; i++)
         G.pools[i] = (struct fpool){.reuse = {1, 1, 1}, .dev = i < (size_t)G.ndev ? (int)i : -1};
     const char *m = getenv("FAKECUDA_MEM");
@@ -819,25 +847,39 @@ static void complete_and_unlock(fstream *s)
     unlock_and_run(w, n);
 }
 
-/* Lock held on entry, released on return: completes every stream (of one
- * context, or all) and runs the callbacks. */
-static void complete_everything_and_unlock(fctx *only)
+/* Does context c belong to what is being completed: context `only`, else
+ * the contexts of device `dev`, else (dev < 0) every context? */
+static bool completing_ctx(const fctx *c, const fctx *only, int dev)
+{
+    return only ? c == only : dev < 0 || c->dev == dev;
+}
+
+/* Lock held on entry, released on return: completes every stream of the
+ * contexts completing_ctx names and runs the callbacks. */
+static void complete_where_and_unlock(const fctx *only, int dev)
 {
     work_item *all = NULL;
     size_t nall = 0;
     for (int d = 0; d < G.ndev; d++)
-        if (!only || only == &G.primary[d])
+        if (completing_ctx(&G.primary[d], only, dev))
             gather(&G.primary[d].legacy, UINT64_MAX, &all, &nall);
     for (size_t i = 0; i < G.ncreated; i++)
-        if (!only || only == G.created[i])
+        if (completing_ctx(G.created[i], only, dev))
             gather(&G.created[i]->legacy, UINT64_MAX, &all, &nall);
     for (fgreen *g = G.greens; g; g = g->next)
-        if (!only || only == &g->ctx)
+        if (completing_ctx(&g->ctx, only, dev))
             gather(&g->ctx.legacy, UINT64_MAX, &all, &nall);
     for (fstream *s = G.streams; s; s = s->next)
-        if ((!only || s->ctx == only) && !s->dead)
+        if (completing_ctx(s->ctx, only, dev) && !s->dead)
             gather(s, UINT64_MAX, &all, &nall);
     unlock_and_run(all, nall);
+}
+
+/* Lock held on entry, released on return: completes every stream (of one
+ * context, or all) and runs the callbacks. */
+static void complete_everything_and_unlock(fctx *only)
+{
+    complete_where_and_unlock(only, -1);
 }
 
 /* Lock held: completes s if the fake runs with FAKECUDA_AUTOCOMPLETE. */
@@ -947,11 +989,109 @@ static CUresult do_free(CUdeviceptr dptr)
 
 /* ---- initialisation, devices, contexts ------------------------------------- */
 
+/* Device p's UUID: distinct in its first bytes, so that a prefix of its
+ * string form names one device, as CUDA_VISIBLE_DEVICES allows. */
+static void device_uuid(int p, CUuuid *uuid)
+{
+    memset(uuid, 0, sizeof *uuid);
+    uuid->bytes[0] = (char)(0xfa + p); /* "GPU-fa...", "GPU-fb...", ... */
+    memcpy(uuid->bytes + 1, "kecudadevice", 12);
+}
+
+/* The machine's device that CUDA_VISIBLE_DEVICES entry `s` (up to `len`
+ * bytes) names, or -1 for none. An index is read as strtoul reads it (the
+ * driver accepts "1gpu" as 1); a UUID is "GPU-" and a prefix of its
+ * string form that matches one device only. */
+static int visible_entry(const char *s, size_t len)
+{
+    while (len && (*s == ' ' || *s == '\t'))
+        s++, len--;
+    if (len >= 4 && strncmp(s, "GPU-", 4) == 0) {
+        int found = -1;
+        for (int p = 0; p < G.nphys; p++) {
+            CUuuid u;
+            device_uuid(p, &u);
+            char str[48];
+            const unsigned char *b = (const unsigned char *)u.bytes;
+            snprintf(str, sizeof str,
+                     "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                     b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11],
+                     b[12], b[13], b[14], b[15]);
+            if (len <= strlen(str) && strncmp(s, str, len) == 0) {
+                if (found >= 0)
+                    return -1; /* ambiguous */
+                found = p;
+            }
+        }
+        return found;
+    }
+    if (!len || *s < '0' || *s > '9')
+        return -1;
+    long v = 0;
+    for (size_t i = 0; i < len && s[i] >= '0' && s[i] <= '9' && v <= MAX_DEVICES; i++)
+        v = v * 10 + (s[i] - '0');
+    return v < G.nphys ? (int)v : -1;
+}
+
+/* Lock held, at cuInit: makes the devices CUDA_VISIBLE_DEVICES leaves
+ * visible the ordinals, in its order, and returns how many there are. "Only the devices whose index is present in the sequence are
+ * visible to CUDA applications and they are enumerated in the order of the
+ * sequence. If one of the indices is invalid, only the devices whose index
+ * precedes the invalid index are visible" (CUDA C++ Programming Guide, CUDA
+ * environment variables); UUIDs "work when you specify the first few
+ * characters" (MPS guide). An entry naming a device already listed counts
+ * as invalid here (the guide does not say; the fake's reading). Unset:
+ * every device. Memory sizes and other processes' use (FAKECUDA_MEM,
+ * FAKECUDA_OTHER_USED), names, UUIDs and PCI bus ids belong to the
+ * machine's device and follow it to its new ordinal. */
+static int apply_visible_devices(void)
+{
+    const char *v = getenv("CUDA_VISIBLE_DEVICES");
+    if (!v)
+        return G.nphys;
+    int phys[MAX_DEVICES], n = 0;
+    bool listed[MAX_DEVICES] = {false};
+    for (const char *e = v; n < G.nphys;) {
+        const char *comma = strchr(e, ',');
+        size_t len = comma ? (size_t)(comma - e) : strlen(e);
+        int p = visible_entry(e, len);
+        if (p < 0 || listed[p])
+            break;
+        listed[p] = true;
+        phys[n++] = p;
+        if (!comma)
+            break;
+        e = comma + 1;
+    }
+    if (n == 0)
+        return 0; /* nothing changes: cuInit fails */
+    uint64_t mem[MAX_DEVICES], other[MAX_DEVICES];
+    memcpy(mem, G.mem, sizeof mem);
+    memcpy(other, G.other_used, sizeof other);
+    for (int d = 0; d < n; d++) {
+        G.phys[d] = phys[d];
+        G.mem[d] = mem[phys[d]];
+        G.other_used[d] = other[phys[d]];
+    }
+    G.ndev = n;
+    for (int d = 0; d < MAX_DEVICES; d++)
+        G.pools[d].dev = d < n ? d : -1;
+    return n;
+}
+
+/* "CUDA_ERROR_NO_DEVICE: no CUDA-capable devices were detected" (cuda.h):
+ * with none visible, cuInit fails and the driver stays uninitialised. The
+ * environment is read once, at the first cuInit that succeeds, as the
+ * driver reads it when it initialises (a process that sets
+ * CUDA_VISIBLE_DEVICES after importing a framework, before its first CUDA
+ * call, still gets its choice; Numba's test_runtime checks exactly that). */
 EXPORT CUresult cuInit(unsigned int flags)
 {
     ENTER();
     if (flags)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
+    if (!atomic_load(&G.initialised) && apply_visible_devices() == 0)
+        LEAVE(CUDA_ERROR_NO_DEVICE);
     atomic_store(&G.initialised, true);
     LEAVE(CUDA_SUCCESS);
 }
@@ -989,7 +1129,7 @@ EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
         return CUDA_ERROR_INVALID_VALUE;
     if (!is_device(dev))
         return CUDA_ERROR_INVALID_DEVICE;
-    snprintf(name, (size_t)len, "Fake CUDA device %d", dev);
+    snprintf(name, (size_t)len, "Fake CUDA device %d", G.phys[dev]);
     return CUDA_SUCCESS;
 }
 
@@ -1001,9 +1141,7 @@ EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     if (!is_device(dev))
         LEAVE(CUDA_ERROR_INVALID_DEVICE);
-    memset(uuid, 0, sizeof *uuid);
-    memcpy(uuid->bytes, "fakecudadevice", 14);
-    uuid->bytes[15] = (char)dev;
+    device_uuid(G.phys[dev], uuid);
     LEAVE(CUDA_SUCCESS);
 }
 
@@ -1035,9 +1173,10 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
  * lacks: mapped host memory (CAN_MAP_HOST_MEMORY, "can map host memory into
  * CUDA address space": no cuMemHostAlloc or cuMemHostRegister here), managed
  * memory (MANAGED_MEMORY, "can allocate managed memory": no
- * cuMemAllocManaged), stream priorities (STREAM_PRIORITIES_SUPPORTED: no
- * cuCtxGetStreamPriorityRange, and cuStreamCreateWithPriority's priority is
- * ignored, as a device whose range is [0, 0] clamps it), shareable handles
+ * cuMemAllocManaged), stream priorities (STREAM_PRIORITIES_SUPPORTED:
+ * cuCtxGetStreamPriorityRange answers [0, 0], as cuda.h says it does for
+ * such a device, and cuStreamCreateWithPriority's priority is clamped to
+ * it), shareable handles
  * for virtual memory and mempool IPC, and GPUDirect RDMA. Each device has
  * its own PCI bus id (one per device on real machines, and tools order
  * devices by it). tests/gpu/gpu_suite.cu `attributes` prints the real
@@ -1099,7 +1238,7 @@ EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevic
         const char *on = getenv("FAKECUDA_VMM");
         *pi = !on || strcmp(on, "0") != 0;
     } else if (attrib == CU_DEVICE_ATTRIBUTE_PCI_BUS_ID) {
-        *pi = 0x10 * (dev + 1);
+        *pi = 0x10 * (G.phys[dev] + 1);
     } else {
         for (size_t i = 0; i < sizeof h100_attributes / sizeof h100_attributes[0]; i++)
             if (h100_attributes[i].attrib == attrib)
@@ -1542,6 +1681,24 @@ EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
     return CUDA_SUCCESS;
 }
 
+/* "This function will return '0' in both *leastPriority and
+ * *greatestPriority if the current context's device does not support stream
+ * priorities" (cuda.h), as the fake's devices do not
+ * (CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED 0). Either pointer may be
+ * NULL. */
+EXPORT CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest)
+{
+    NEED_INIT();
+    fctx *c = current_ctx();
+    if (!c)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (least)
+        *least = 0;
+    if (greatest)
+        *greatest = 0;
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
 {
     NEED_INIT();
@@ -1960,12 +2117,15 @@ EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent ev, unsigned int flags)
     LEAVE(CUDA_SUCCESS);
 }
 
+/* "CU_EVENT_INTERPROCESS must be specified along with
+ * CU_EVENT_DISABLE_TIMING"; no other flag is valid (cuEventCreate, cuda.h). */
 EXPORT CUresult cuEventCreate(CUevent *ph, unsigned int flags)
 {
-    (void)flags;
     ENTER_API();
     fctx *c = current_ctx();
-    if (!ph)
+    const unsigned known = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+    if (!ph || (flags & ~known) ||
+        ((flags & CU_EVENT_INTERPROCESS) && !(flags & CU_EVENT_DISABLE_TIMING)))
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     CUresult usable = ctx_usable(c);
     if (usable != CUDA_SUCCESS)
@@ -1973,6 +2133,7 @@ EXPORT CUresult cuEventCreate(CUevent *ph, unsigned int flags)
     fevent *e = calloc(1, sizeof *e);
     e->magic = EVENT_MAGIC;
     e->ctx = c;
+    e->flags = flags;
     e->next = G.events;
     G.events = e;
     *ph = (CUevent)e;
@@ -2025,6 +2186,7 @@ static CUresult event_record(CUevent h, CUstream sh)
         LEAVE(r);
     G.st.event_records++;
     e->recorded = true;
+    e->recorded_ns = now_ns();
     e->captured = s->capturing;
     e->ndeps = 0;
     /* Complete once the work submitted before it is: an event on an idle
@@ -2072,6 +2234,44 @@ EXPORT CUresult cuEventQuery(CUevent h)
         LEAVE(r);
     G.st.event_queries++;
     LEAVE(!e->recorded || event_done(e) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY);
+}
+
+/*
+ * cuda.h: "If cuEventRecord() has not been called on either event then
+ * CUDA_ERROR_INVALID_HANDLE is returned. If cuEventRecord() has been called
+ * on both events but one or both of them has not yet been completed (that
+ * is, cuEventQuery() would return CUDA_ERROR_NOT_READY on at least one of
+ * the events), CUDA_ERROR_NOT_READY is returned. If either event was created
+ * with the CU_EVENT_DISABLE_TIMING flag, then this function will return
+ * CUDA_ERROR_INVALID_HANDLE." The fake's GPU takes no time to run work, so
+ * the time between two events is the host time between their records; an
+ * event recorded in a capture has no time (CUDA_ERROR_INVALID_HANDLE, the
+ * listed code nearest "not a recorded event"). _v2 (CUDA 12.8) answers as
+ * the first version here: they differ in what the GPU measures, not in the
+ * rules above.
+ */
+EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end)
+{
+    ENTER_API();
+    fevent *a = event_of(start), *b = event_of(end);
+    if (!a || !b)
+        LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    if (!ms)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    if (!a->recorded || !b->recorded || a->captured || b->captured ||
+        ((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING))
+        LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    if (!event_done(a) || !event_done(b))
+        LEAVE(CUDA_ERROR_NOT_READY);
+    /* "a resolution of around 0.5 microseconds" */
+    const double us = ((double)b->recorded_ns - (double)a->recorded_ns) / 1000.0;
+    *ms = (float)((double)(int64_t)(us * 2.0) / 2000.0);
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end)
+{
+    return cuEventElapsedTime_v2(ms, start, end);
 }
 
 EXPORT CUresult cuEventSynchronize(CUevent h)
@@ -2314,6 +2514,7 @@ EXPORT CUresult cuGreenCtxRecordEvent(CUgreenCtx h, CUevent ev)
         LEAVE(r);
     G.st.event_records++;
     e->recorded = true;
+    e->recorded_ns = now_ns();
     e->captured = false;
     e->ndeps = 0;
     event_add_dep(e, &g->ctx.legacy, g->ctx.legacy.submitted);
@@ -2340,6 +2541,18 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
     LEAVE(do_alloc(current_ctx(), -1, dptr, size, NULL, NULL));
 }
 
+/*
+ * "Managing memory allocations using cudaMalloc and cudaFree causes the GPU
+ * to synchronize across all executing CUDA streams" (CUDA Programming
+ * Guide, "Stream-Ordered Memory Allocator"); cuMemFree "will not perform
+ * any implicit synchronization when the pointer was allocated with
+ * cuMemAllocAsync or cuMemAllocFromPoolAsync. ... For all other pointers,
+ * this API may perform implicit synchronization" (cuda.h). So freeing
+ * cuMemAlloc's memory first completes the work queued on its device (work
+ * that never ends stays queued, as everywhere here), and a program may free
+ * memory its queued copies still target, as Numba's deallocations do; the
+ * stream-ordered kind is freed at once, whatever still uses it.
+ */
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     ENTER_API();
@@ -2348,7 +2561,15 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
     if (r != CUDA_SUCCESS)
         LEAVE(r);
     /* cudaFree(NULL) is a no-op in the runtime; the driver refuses 0. */
-    LEAVE(dptr ? do_free(dptr) : CUDA_ERROR_INVALID_VALUE);
+    if (!dptr)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    const allocation *a = find_alloc(dptr, false);
+    if (a && !a->stream_ordered) {
+        G.st.free_synchronizations++;
+        complete_where_and_unlock(NULL, a->dev);
+        pthread_mutex_lock(&G.lock);
+    }
+    LEAVE(do_free(dptr));
 }
 
 EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
@@ -2541,75 +2762,163 @@ EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr dptr)
     LEAVE(CUDA_SUCCESS);
 }
 
-static CUresult copy(void *dst, const void *src, size_t n)
-{
-    NEED_INIT();
-    memmove(dst, src, n);
-    return CUDA_SUCCESS;
-}
-
-EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t n)
-{
-    return copy((void *)(uintptr_t)d, s, n);
-}
-EXPORT CUresult cuMemcpyDtoH_v2(void *d, CUdeviceptr s, size_t n)
-{
-    return copy(d, (const void *)(uintptr_t)s, n);
-}
-EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n)
-{
-    return copy((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n);
-}
-/* Stream-ordered copies are stream work: each runs, in order, when its
- * stream's work completes (a synchronise, an event wait, or the test). */
+/*
+ * Copies. "API synchronization behavior" (driver API reference) says how a
+ * copy relates to the host and to its stream:
+ *   - "For transfers from pageable host memory to device memory, a stream
+ *     sync is performed before the copy is initiated. The function will
+ *     return once the pageable buffer has been copied to the staging memory
+ *     for DMA transfer to device memory, but the DMA to final destination
+ *     may not have completed."
+ *   - "For transfers from device to either pageable or pinned host memory,
+ *     the function returns only once the copy has completed."
+ *   - "For transfers from device memory to device memory, no host-side
+ *     synchronization is performed."
+ *   - "For transfers from any host memory to any host memory, the function
+ *     is fully synchronous with respect to the host."
+ * The Async forms "might be synchronous with respect to host" between
+ * device and pageable memory, and the fake's host memory is all pageable
+ * (it has no cuMemHostAlloc). So every copy here is stream work, in order
+ * behind what its stream has queued (the synchronous forms: the current
+ * context's legacy stream, as cudart's cudaMemcpy is). A host source is
+ * read into a staging buffer when the call is made, so the program may
+ * reuse it at once, and a host destination is written before the call
+ * returns: the call completes its stream up to the copy, as a host waiting
+ * on the GPU would. A device destination is written only when the copy's
+ * turn comes. The stream sync that the first rule performs before staging
+ * is not modelled: completing earlier work there would only hide what a
+ * program (or the shim) leaves queued, and the newer text says only
+ * "might". During a capture the copy is the graph's and never runs.
+ */
 typedef struct async_copy {
     void *dst;
     const void *src;
     size_t n;
+    void *staging; /* the host source, read at the call */
 } async_copy;
 
 static void run_copy(void *arg)
 {
     async_copy *c = arg;
     memmove(c->dst, c->src, c->n);
+    free(c->staging);
     free(c);
 }
 
-static CUresult copy_async(void *dst, const void *src, size_t n, CUstream h)
+/* Lock held: is p device memory (an allocation, or a reservation of the
+ * virtual memory API)? Anything else is the host's. */
+static bool device_memory(const void *p)
+{
+    return find_alloc((uint64_t)(uintptr_t)p, true) || vmm_reserved((CUdeviceptr)(uintptr_t)p);
+}
+
+static CUresult copy_on(void *dst, const void *src, size_t n, CUstream h, bool sync_form)
 {
     ENTER_API();
     fstream *s = stream_of(h);
     if (!s)
-        LEAVE(CUDA_ERROR_INVALID_HANDLE);
+        LEAVE(sync_form ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE);
     CUresult r = legacy_use(s);
     if (r != CUDA_SUCCESS)
         LEAVE(r);
+    if (n == 0)
+        LEAVE(CUDA_SUCCESS);
     async_copy *c = malloc(sizeof *c);
     if (!c)
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
-    *c = (async_copy){dst, src, n};
+    *c = (async_copy){dst, src, n, NULL};
+    const bool host_dst = !device_memory(dst);
+    if (!device_memory(src) && !s->capturing) {
+        c->staging = malloc(n);
+        if (!c->staging) {
+            free(c);
+            LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        memcpy(c->staging, src, n);
+        c->src = c->staging;
+    }
     submit(s, run_copy, c);
+    if (host_dst && !s->capturing) {
+        G.st.host_copy_waits++;
+        complete_and_unlock(s);
+        return CUDA_SUCCESS;
+    }
     maybe_autocomplete_and_unlock(s);
     return CUDA_SUCCESS;
 }
 
+EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t n)
+{
+    return copy_on((void *)(uintptr_t)d, s, n, CU_STREAM_LEGACY, true);
+}
+EXPORT CUresult cuMemcpyDtoH_v2(void *d, CUdeviceptr s, size_t n)
+{
+    return copy_on(d, (const void *)(uintptr_t)s, n, CU_STREAM_LEGACY, true);
+}
+EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n)
+{
+    return copy_on((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n, CU_STREAM_LEGACY, true);
+}
 EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, CUstream st)
 {
-    return copy_async((void *)(uintptr_t)d, s, n, st);
+    return copy_on((void *)(uintptr_t)d, s, n, st, false);
 }
 EXPORT CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, CUstream st)
 {
-    return copy_async(d, (const void *)(uintptr_t)s, n, st);
+    return copy_on(d, (const void *)(uintptr_t)s, n, st, false);
 }
 EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
 {
-    return copy_async((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n, st);
+    return copy_on((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n, st, false);
+}
+
+/* cuMemcpy and cuMemcpyAsync infer the kind from the pointers (unified
+ * addressing), as the fake's copies all do. */
+EXPORT CUresult cuMemcpy(CUdeviceptr d, CUdeviceptr s, size_t n)
+{
+    return copy_on((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n, CU_STREAM_LEGACY, true);
+}
+EXPORT CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
+{
+    return copy_on((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n, st, false);
+}
+
+/* "The cudaMemset functions are asynchronous with respect to the host
+ * except when the target memory is pinned host memory" (API
+ * synchronization behavior): a memset of device memory is legacy-stream
+ * work, done when its turn comes. */
+typedef struct async_set {
+    void *dst;
+    unsigned char v;
+    size_t n;
+} async_set;
+
+static void run_set(void *arg)
+{
+    async_set *a = arg;
+    memset(a->dst, a->v, a->n);
+    free(a);
 }
 
 EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n)
 {
-    NEED_INIT();
-    memset((void *)(uintptr_t)d, v, n);
+    ENTER_API();
+    fstream *s = stream_of(CU_STREAM_LEGACY);
+    if (!s)
+        LEAVE(CUDA_ERROR_INVALID_CONTEXT);
+    CUresult r = legacy_use(s);
+    if (r != CUDA_SUCCESS)
+        LEAVE(r);
+    if (!device_memory((void *)(uintptr_t)d))
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    if (n == 0)
+        LEAVE(CUDA_SUCCESS);
+    async_set *a = malloc(sizeof *a);
+    if (!a)
+        LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+    *a = (async_set){(void *)(uintptr_t)d, v, n};
+    submit(s, run_set, a);
+    maybe_autocomplete_and_unlock(s);
     return CUDA_SUCCESS;
 }
 
@@ -3188,6 +3497,7 @@ static const proc procs[] = {
     P("cuCtxPushCurrent", 4000, cuCtxPushCurrent_v2),
     P("cuCtxPopCurrent", 4000, cuCtxPopCurrent_v2),
     P("cuCtxGetDevice", 2000, cuCtxGetDevice),
+    P("cuCtxGetStreamPriorityRange", 5050, cuCtxGetStreamPriorityRange),
     P("cuCtxSynchronize", 2000, cuCtxSynchronize),
     P("cuCtxEnablePeerAccess", 4000, cuCtxEnablePeerAccess),
     P("cuCtxDisablePeerAccess", 4000, cuCtxDisablePeerAccess),
@@ -3226,6 +3536,8 @@ static const proc procs[] = {
     PZ("cuEventRecord", 7000, cuEventRecord_ptsz),
     P("cuEventQuery", 2000, cuEventQuery),
     P("cuEventSynchronize", 2000, cuEventSynchronize),
+    P("cuEventElapsedTime", 12080, cuEventElapsedTime_v2),
+    P("cuEventElapsedTime", 2000, cuEventElapsedTime),
     P("cuLaunchHostFunc", 10000, cuLaunchHostFunc),
     P("cuMemAlloc", 3020, cuMemAlloc_v2),
     P("cuMemFree", 3020, cuMemFree_v2),
@@ -3246,6 +3558,8 @@ static const proc procs[] = {
     P("cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2),
     P("cuMemcpyDtoD", 3020, cuMemcpyDtoD_v2),
     P("cuMemsetD8", 3020, cuMemsetD8_v2),
+    P("cuMemcpy", 4000, cuMemcpy),
+    P("cuMemcpyAsync", 4000, cuMemcpyAsync),
     P("cuMemcpyHtoDAsync", 3020, cuMemcpyHtoDAsync_v2),
     P("cuMemcpyDtoHAsync", 3020, cuMemcpyDtoHAsync_v2),
     P("cuMemcpyDtoDAsync", 3020, cuMemcpyDtoDAsync_v2),

@@ -74,6 +74,8 @@ static struct {
     CUresult (*IpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
     CUresult (*CtxEnablePeerAccess)(CUcontext, unsigned);
     CUresult (*CtxDisablePeerAccess)(CUcontext);
+    CUresult (*Memcpy)(CUdeviceptr, CUdeviceptr, size_t);
+    CUresult (*MemsetD8)(CUdeviceptr, unsigned char, size_t);
 } D;
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -118,6 +120,8 @@ static void initialise(void)
     R(MemPoolGetAttribute, "cuMemPoolGetAttribute");
     R(MemPoolSetAttribute, "cuMemPoolSetAttribute");
     R(MemPoolTrimTo, "cuMemPoolTrimTo");
+    R(Memcpy, "cuMemcpy");
+    R(MemsetD8, "cuMemsetD8");
     R(CtxGetCurrent, "cuCtxGetCurrent");
     R(CtxSetCurrent, "cuCtxSetCurrent");
     R(CtxSynchronize, "cuCtxSynchronize");
@@ -456,19 +460,20 @@ EXPORT cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t keep)
     return record(D.MemPoolTrimTo((CUmemoryPool)pool, keep));
 }
 
+/* As cudart does: the driver's copy and memset, on the legacy stream, with
+ * their synchronization rules (fake_driver.c, "Copies"); the kind is
+ * inferred from the pointers (unified addressing). */
 EXPORT cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
 {
     (void)kind;
-    ENTER(); /* fake device memory is host memory */
-    memmove(dst, src, n);
-    return cudaSuccess;
+    ENTER();
+    return record(D.Memcpy((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, n));
 }
 
 EXPORT cudaError_t cudaMemset(void *p, int v, size_t n)
 {
     ENTER();
-    memset(p, v, n);
-    return cudaSuccess;
+    return record(D.MemsetD8((CUdeviceptr)(uintptr_t)p, (unsigned char)v, n));
 }
 
 EXPORT cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p)
