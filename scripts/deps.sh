@@ -29,6 +29,11 @@ if [ "${1:-}" = "--with-tests" ] && ! python3 -c "import numba.cuda" >/dev/null 
     python3 -m pip install -q "numba-cuda==0.30.4" >/dev/null 2>&1 ||
         echo "bfcshim: could not install numba-cuda from PyPI: test_numba will skip" >&2
 fi
+# Numba's own test suite (test_numba_suite) imports these helpers.
+if [ "${1:-}" = "--with-tests" ] && ! python3 -c "import pytest, filecheck" >/dev/null 2>&1; then
+    python3 -m pip install -q "pytest==9.2.0" "filecheck==1.0.6" >/dev/null 2>&1 ||
+        echo "bfcshim: could not install pytest and filecheck: test_numba_suite will skip" >&2
+fi
 
 [ ${#missing[@]} -eq 0 ] && exit 0
 
