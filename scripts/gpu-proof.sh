@@ -74,6 +74,9 @@
 #               spare, abandoned; its own trace, to see how the second run
 #               differs), and both with and without the plan under a cap 1%
 #               above the plan's packing
+#   numba-suite Numba's own driver-layer tests (the modules test_numba_suite
+#               runs on the fake), natively and under the shim: all should
+#               pass on a GPU, and the shim should change no test's outcome
 #   traces      tensor-level traces: BFCSHIM_TRACE of arm C (GPT, ResNet),
 #               JAX platform and CuPy under the shim; PyTorch's own
 #               memory-history snapshot of arm A
@@ -93,10 +96,10 @@ start=$(date +%s)
 deadline=$((start + ${GPU_PROOF_DEADLINE:-560}))
 repeat=${GPU_PROOF_REPEAT:-1}
 first_run="env build suite bench vmm numba plugins torch-gpt cupy jax three ddp"
-all_steps="$first_run torch-resnet maxbatch pressure plan traces"
+all_steps="$first_run torch-resnet maxbatch pressure plan traces numba-suite"
 steps=${GPU_PROOF_STEPS:-$first_run}
 [ "$steps" = full ] && steps=$all_steps
-[ "$steps" = owed ] && steps="env build pressure suite bench vmm"
+[ "$steps" = owed ] && steps="env build pressure suite bench vmm numba-suite"
 
 build=$root/build-gpu
 lib=$build/shim/libbfcshim.so
@@ -305,6 +308,16 @@ step_vmm() {
 step_numba() {
     run_arm numba native 120 no -- "$py" "$gpu/numba_job.py" --arm native
     run_arm numba shim 120 yes -- "$py" "$gpu/numba_job.py" --arm shim
+}
+
+# Numba's own driver-layer tests, natively and under the shim (the same
+# modules test_numba_suite runs on the fake): on the GPU all should pass,
+# kernels included, and summarize.py lists any test the shim changes.
+step_numba_suite() {
+    run_arm numba-suite native 240 no -- "$py" "$gpu/numba_suite.py" --arm native \
+        --out "$out/numba-suite-native.json"
+    run_arm numba-suite shim 240 yes -- "$py" "$gpu/numba_suite.py" --arm shim \
+        --out "$out/numba-suite-shim.json"
 }
 
 step_plugins() {
@@ -525,6 +538,7 @@ for s in $steps; do
             log "== $s"; "step_$s" ;;
         torch-gpt) log "== $s"; step_torch_gpt ;;
         torch-resnet) log "== $s"; step_torch_resnet ;;
+        numba-suite) log "== $s"; step_numba_suite ;;
         *) log "unknown step '$s'" ;;
     esac
     if [ "$s" = build ] && [ ! -f "$lib" ]; then

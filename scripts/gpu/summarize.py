@@ -108,6 +108,31 @@ def pressure_verdict(results):
     return "\n".join(lines)
 
 
+def numba_suite_verdict(out):
+    """Numba's own tests natively and under the shim: counts by outcome,
+    and each test that ends otherwise under the shim; None without both."""
+    ends = {}
+    for arm in ("native", "shim"):
+        path = os.path.join(out, f"numba-suite-{arm}.json")
+        if not os.path.exists(path):
+            return None
+        ends[arm] = {t["id"]: t for t in json.load(open(path))["tests"]}
+    lines = []
+    for arm, tests in ends.items():
+        counts = {}
+        for t in tests.values():
+            counts[t["outcome"]] = counts.get(t["outcome"], 0) + 1
+        lines.append(f"  {arm}: {counts}")
+    changed = [k for k, t in ends["native"].items()
+               if ends["shim"].get(k, {}).get("outcome") != t["outcome"]]
+    lines.append(f"  tests that end otherwise under the shim: {len(changed)}")
+    for k in changed:
+        s = ends["shim"].get(k, {})
+        lines.append(f"    {k}: {ends['native'][k]['outcome']} -> {s.get('outcome')} "
+                     f"{s.get('reason', '')[:160]}")
+    return "\n".join(lines)
+
+
 def main():
     out = sys.argv[1]
     results = []
@@ -135,6 +160,9 @@ def main():
     verdict = pressure_verdict(results)
     if verdict:
         print(f"\n== pressure: the default against one region, and spread\n{verdict}")
+    suite = numba_suite_verdict(out)
+    if suite:
+        print(f"\n== numba-suite: Numba's own driver tests, native and under the shim\n{suite}")
     for step in ("numba", "plugins", "three", "ddp", "maxbatch", "vmm", "pressure"):
         arms = by_arm(results, step)
         if not arms:
