@@ -447,6 +447,34 @@ static int end_pinning_fewer(const bfc_pool *p, const chunk *c, uint64_t rounded
 }
 
 /*
+ * BFC_PLACE_ALIGNED, a block of whole map granules in FREE chunk c: 1 to put
+ * it at c's high end, 0 at its low end, when that end lies on a granule
+ * boundary, so that the block leaves no gap and shares no granule with the
+ * free remainder; when both ends do, `high` (the age rule's end); -1 when
+ * neither does.
+ *
+ * Over virtual memory a region edge does not count (`edges` false): past it
+ * lies address space, and packing there would start a second pile of mapped
+ * memory. While a preallocated pool is laid out as one region the edges
+ * are memory like any other (`edges` true), and this choice of end is the
+ * only granule rule there: it moves no block off its best fit and leaves no
+ * gap, so the region serves about what one cuMemAlloc region would, but the
+ * blocks most likely to stay (whole-granule tensors) already sit on the
+ * boundaries the first overflow can remap around. Without it, 2-8 MiB
+ * blocks placed 64 KiB past a boundary pinned a granule more than they
+ * filled (docs/benchmarks.md, "Whole-granule blocks at a boundary end").
+ */
+static int end_on_granule_boundary(const bfc_pool *p, const chunk *c, bool high, bool edges)
+{
+    const uint64_t mask = p->opt.map_granularity - 1, end = c->addr + c->size;
+    const bool low_on = (edges || c->prev != CHUNK_NIL) && (c->addr & mask) == 0;
+    const bool high_on = (edges || c->next != CHUNK_NIL) && (end & mask) == 0;
+    if (!low_on && !high_on)
+        return -1;
+    return low_on == high_on ? high : high_on;
+}
+
+/*
  * Takes FREE chunk c for an allocation of `rounded` bytes and returns the
  * handle of the allocated piece; a remainder stays in the free bins, at
  * the end the placement rule chooses.
@@ -469,17 +497,13 @@ static inline __attribute__((always_inline)) uint32_t take_free(bfc_pool *p, uin
          * block there; inside, take_free_at leaves a gap on each side. */
         const uint64_t end = cc->addr + cc->size;
         uint64_t at = high ? (end - rounded) & ~(align - 1) : round_up_pow2(cc->addr, align);
-        if (whole_granules(p, rounded)) {
-            /* An end of c on a granule boundary, against a block, takes
-             * the block, leaving no gap; when both are, the age rule's end.
-             * A region edge does not count: past it lies address space, and
-             * packing there would start a second pile of mapped memory. */
-            const uint64_t mask = p->opt.map_granularity - 1;
-            const bool low_on = cc->prev != CHUNK_NIL && (cc->addr & mask) == 0;
-            const bool high_on = cc->next != CHUNK_NIL && (end & mask) == 0;
-            if (low_on || high_on)
-                at = (low_on == high_on ? high : high_on) ? end - rounded : cc->addr;
-        }
+        int on = -1;
+        if (whole_granules(p, rounded))
+            on = end_on_granule_boundary(p, cc, high, false);
+        else if ((rounded & p->one_region_end_mask) == 0)
+            on = end_on_granule_boundary(p, cc, high, true);
+        if (on >= 0)
+            at = on ? end - rounded : cc->addr;
         if (at == cc->addr)
             high = false;
         else if (at + rounded == end)

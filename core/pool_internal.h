@@ -79,6 +79,11 @@ struct bfc_pool {
      * memory under BFC_PLACE_ALIGNED). */
     uint64_t align_from;
     uint64_t granule_mask;
+    /* While a preallocated pool is laid out as one region (under
+     * BFC_PLACE_ALIGNED), a block whose size has no bit of one_region_end_mask
+     * set is whole map granules and goes to an end of its chunk that lies on
+     * a granule boundary, when one does (UINT64_MAX: never). */
+    uint64_t one_region_end_mask;
     /* vmm, preallocated, not spread (bfc_options.prealloc_spread): true
      * until the first overflow reservation; meanwhile the pool places as
      * one region does (granule_mask UINT64_MAX, a region edge oldest). */
@@ -93,12 +98,14 @@ struct bfc_pool {
 
 /* Granule placement (granule_mask) applies under BFC_PLACE_ALIGNED over
  * virtual memory, except while a preallocated pool is laid out as one
- * region; set at creation and again when the first overflow ends that. */
+ * region, when only its choice of end does (one_region_end_mask); set at
+ * creation and again when the first overflow ends that. */
 static inline void pool_set_granule_mask(bfc_pool *p)
 {
-    p->granule_mask = p->opt.placement == BFC_PLACE_ALIGNED && p->opt.vmm && !p->as_one_region
-                          ? p->opt.map_granularity - 1
-                          : UINT64_MAX;
+    const bool aligned_vmm = p->opt.placement == BFC_PLACE_ALIGNED && p->opt.vmm;
+    p->granule_mask = aligned_vmm && !p->as_one_region ? p->opt.map_granularity - 1 : UINT64_MAX;
+    p->one_region_end_mask =
+        aligned_vmm && p->as_one_region ? p->opt.map_granularity - 1 : UINT64_MAX;
 }
 
 static inline chunk *C(const bfc_pool *p, uint32_t i)

@@ -536,9 +536,10 @@ static void preallocation_maps_the_limit_at_once(void)
 }
 
 /* Replays one fixed sequence of allocations and frees (sizes from 1 KiB to
- * 3 MiB, a third of them whole granules, at most LIVE blocks) into a
- * started pool and writes each allocation's offset from the first one. */
-static void replay_offsets(fixture *f, bfc_addr *offsets, int n)
+ * 3 MiB, at most LIVE blocks; with `whole`, a third of them whole granules,
+ * else those rounded up by 64 KiB) into a started pool and writes each
+ * allocation's offset from the first one. */
+static void replay_offsets(fixture *f, bfc_addr *offsets, int n, bool whole)
 {
     enum { LIVE = 12 };
     bfc_addr live[LIVE] = {0};
@@ -548,8 +549,9 @@ static void replay_offsets(fixture *f, bfc_addr *offsets, int n)
         const int slot = (int)((rng >> 33) % LIVE);
         if (live[slot])
             must_free(f, live[slot]);
-        const uint64_t size = (rng >> 40) % 3 == 0 ? (1 + (rng >> 20) % 2) * GRAN
-                                                   : 1 * KiB + (rng >> 16) % (3 * MiB);
+        const uint64_t size = (rng >> 40) % 3 == 0
+                                  ? (1 + (rng >> 20) % 2) * GRAN + (whole ? 0 : 64 * KiB)
+                                  : 1 * KiB + (rng >> 16) % (3 * MiB);
         live[slot] = must_alloc(f, size);
         if (i == 0)
             base = live[slot];
@@ -561,12 +563,13 @@ static void replay_offsets(fixture *f, bfc_addr *offsets, int n)
 }
 
 /* A pool preallocated over virtual memory is laid out as one region of the
- * limit: aligned placement puts every block where a pool of one cuMemAlloc
- * region of the same size puts it (granule placement, which the spread
- * layout follows, puts some elsewhere), and nothing is remapped. Once no
- * free chunk holds a block it overflows: one more reservation, and the
- * rules of virtual memory from then on (a whole-granule block goes to a
- * granule boundary). */
+ * limit: aligned placement puts every block that is not whole granules
+ * where a pool of one cuMemAlloc region of the same size puts it (granule
+ * placement, which the spread layout follows, puts some elsewhere; whole
+ * granules: the next test), and nothing is remapped. Once no free chunk
+ * holds a block it overflows: one more reservation, and the rules of
+ * virtual memory from then on (a whole-granule block goes to a granule
+ * boundary). */
 static void preallocated_pool_places_as_one_region_until_it_overflows(void)
 {
     enum { N = 400 };
@@ -576,7 +579,7 @@ static void preallocated_pool_places_as_one_region_until_it_overflows(void)
     f.opt.preallocate = true;
     f.opt.placement = BFC_PLACE_ALIGNED;
     fixture_start(&f);
-    replay_offsets(&f, one_region, N);
+    replay_offsets(&f, one_region, N, false);
     fixture_end(&f);
 
     for (int layout = 0; layout < 2; layout++) {
@@ -585,7 +588,7 @@ static void preallocated_pool_places_as_one_region_until_it_overflows(void)
         f.opt.placement = BFC_PLACE_ALIGNED;
         f.opt.prealloc_spread = layout == 1;
         vmm_start(&f);
-        replay_offsets(&f, layout ? spread : overflow, N);
+        replay_offsets(&f, layout ? spread : overflow, N, false);
         bfc_stats s = stats_of(&f);
         CHECK_EQ(s.num_region_allocs, 1);
         CHECK_EQ(s.va_bytes, layout ? 96 * MiB : 48 * MiB);
@@ -645,6 +648,40 @@ static void preallocated_pool_places_as_one_region_until_it_overflows(void)
         differ += spread[i] != one_region[i];
     }
     CHECK(differ > 0); /* the sequence tells the layouts apart */
+}
+
+/* In the one-region phase a block of whole granules goes to the end of its
+ * best fit that lies on a granule boundary, region edges included, instead
+ * of the age rule's end: the only granule rule there, which leaves no gap
+ * and takes no other chunk. Without it (before this rule) the 2 MiB block
+ * below went against the older neighbour, 0.5 MiB past a boundary, and
+ * pinned a granule more than it filled once the pool overflowed. Addresses
+ * in MiB from the region's base. */
+static void one_region_phase_puts_whole_granules_at_a_boundary_end(void)
+{
+    for (int placement = 0; placement < 2; placement++) {
+        fixture f;
+        vmm_begin(&f, 48 * MiB);
+        f.opt.preallocate = true;
+        f.opt.placement = placement == 0 ? BFC_PLACE_ALIGNED : BFC_PLACE_BY_AGE;
+        vmm_start(&f);
+        bfc_addr small = must_alloc(&f, 1 * MiB / 2);         /* [0, 0.5) */
+        CHECK_EQ(must_alloc(&f, 4 * MiB), small + 44 * MiB);  /* the top edge, oldest */
+        /* [0.5, 44): the age rule points low, against the first block, off
+         * a boundary; the high end, against the second, is on one. */
+        bfc_addr whole = must_alloc(&f, 2 * MiB);
+        if (placement == 0) {
+            CHECK_EQ(whole, small + 42 * MiB);
+            /* A block that is not whole granules follows the age rule. */
+            CHECK_EQ(must_alloc(&f, 2 * MiB + 64 * KiB), small + 1 * MiB / 2);
+        } else {
+            CHECK_EQ(whole, small + 1 * MiB / 2); /* placed by age: no boundary rule */
+        }
+        bfc_stats s = stats_of(&f);
+        CHECK_EQ(s.num_region_allocs, 1);
+        CHECK_EQ(s.num_map_calls, 1);
+        vmm_end(&f);
+    }
 }
 
 /* prealloc_spread: the first reservation is twice the limit, and a block
@@ -841,6 +878,7 @@ int main(void)
     RUN(limit_bounds_mapped_bytes_not_address_space);
     RUN(preallocation_maps_the_limit_at_once);
     RUN(preallocated_pool_places_as_one_region_until_it_overflows);
+    RUN(one_region_phase_puts_whole_granules_at_a_boundary_end);
     RUN(spread_preallocation_lands_past_the_mapped_memory);
     RUN(abandoned_pool_unmaps_everything_and_maps_nothing_more);
     RUN(each_mapped_visits_runs_of_granules);
