@@ -16,7 +16,9 @@
  *   - it is the best fit: the smallest free (or own-lane pending) chunk that
  *     fits, lowest address on ties, carved from the end the policy says
  *     (against the older neighbour; a region edge oldest, except over
- *     virtual memory);
+ *     virtual memory; aligned, a block of whole map granules at an end on
+ *     a granule boundary, region edges included only before a preallocated
+ *     pool's first overflow);
  *   - an OOM happens only when no chunk fits and the pool could not grow
  *     (vmm: only when too little of the limit is unmapped to map the block);
  *   - vmm: every allocation is mapped on the device, which saw no mapping
@@ -644,6 +646,17 @@ static bfc_addr best_fit_place(const fit_search *s, uint64_t rounded, uint64_t a
     bool low_on = !s->best.prev_edge && lo % mg == 0;
     bool high_on = !s->best.next_edge && (hi + rounded) % mg == 0;
     if (split && align && whole && (low_on || high_on)) {
+        if (low_on != high_on)
+            high = high_on;
+        align = 0;
+    }
+    /* Before a preallocated pool's first overflow, the same for a block of
+     * whole map granules, region edges counted as boundaries. */
+    const bool one_region_whole = R.f.opt.vmm && !R.vmm_rules &&
+                                  R.f.opt.placement == BFC_PLACE_ALIGNED && rounded % mg == 0;
+    low_on = lo % mg == 0;
+    high_on = (hi + rounded) % mg == 0;
+    if (split && align && one_region_whole && (low_on || high_on)) {
         if (low_on != high_on)
             high = high_on;
         align = 0;
