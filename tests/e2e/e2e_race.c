@@ -266,7 +266,9 @@ static void launch(block *b, bool first)
 
 static size_t random_size(void)
 {
-    static const size_t sizes[] = {512, 4096, 65536, 1u << 20, 3u << 20};
+    /* 2 MiB: whole granules of the fake's default map granule, which the
+     * default pool places by a rule of their own (granule boundaries). */
+    static const size_t sizes[] = {512, 4096, 65536, 1u << 20, 2u << 20, 3u << 20};
     size_t n = sizes[pick(sizeof sizes / sizeof *sizes)];
     return n + (pick(4) ? 0 : 512 * pick(8)); /* some odd multiples of the granule */
 }
