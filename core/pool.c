@@ -410,14 +410,14 @@ static inline __attribute__((always_inline)) uint32_t take_free_low(bfc_pool *p,
     return c;
 }
 
-/* BFC_PLACE_ALIGNED over virtual memory: how many granules a block at
- * [lo, hi) inside FREE chunk c would pin that no block pins yet. The
- * neighbours of a free chunk are blocks (or a region edge), and a neighbour
- * that ends or starts inside a granule already pins it; every other granule
- * under the block could have gone back to the driver. */
-static uint64_t granules_pinned_anew(const bfc_pool *p, const chunk *c, uint64_t lo, uint64_t hi)
+/* BFC_PLACE_ALIGNED over virtual memory: how many granules (mask: the map
+ * granule's) a block at [lo, hi) inside FREE chunk c would pin that no block
+ * pins yet. The neighbours of a free chunk are blocks (or a region edge),
+ * and a neighbour that ends or starts inside a granule already pins it;
+ * every other granule under the block could have gone back to the driver. */
+static uint64_t granules_pinned_anew(const chunk *c, uint64_t lo, uint64_t hi, uint64_t mask)
 {
-    const uint64_t mask = p->granule_mask, end = c->addr + c->size;
+    const uint64_t end = c->addr + c->size;
     const uint64_t first = lo & ~mask, last = (hi - 1) & ~mask; /* granules under the block */
     uint64_t n = ((last - first) >> bits_ctz64(mask + 1)) + 1;
     const bool low_pinned = c->prev != CHUNK_NIL && (c->addr & mask) != 0;
@@ -436,13 +436,13 @@ static uint64_t granules_pinned_anew(const bfc_pool *p, const chunk *c, uint64_t
  * new granules; -1 when both pin as many (the age rule chooses). Small
  * blocks then gather in granules that blocks already hold, instead of
  * pinning a granule of their own at the other end of a hole. */
-static int end_pinning_fewer(const bfc_pool *p, const chunk *c, uint64_t rounded)
+static int end_pinning_fewer(const chunk *c, uint64_t rounded, uint64_t mask)
 {
-    if (whole_granules(p, rounded))
+    if ((rounded & mask) == 0)
         return -1;
     const uint64_t end = c->addr + c->size;
-    const uint64_t low = granules_pinned_anew(p, c, c->addr, c->addr + rounded);
-    const uint64_t high = granules_pinned_anew(p, c, end - rounded, end);
+    const uint64_t low = granules_pinned_anew(c, c->addr, c->addr + rounded, mask);
+    const uint64_t high = granules_pinned_anew(c, end - rounded, end, mask);
     return low == high ? -1 : high < low;
 }
 
@@ -486,11 +486,13 @@ static inline __attribute__((always_inline)) uint32_t take_free(bfc_pool *p, uin
     if (!worth_splitting(&p->opt, cc->size, rounded))
         return take_free_whole(p, c);
     bool high = carve_high(p, cc); /* before r becomes a neighbour */
-    if (p->granule_mask != UINT64_MAX) { /* over virtual memory only */
-        const int fewer = end_pinning_fewer(p, cc, rounded);
-        if (fewer >= 0)
-            high = fewer;
-    }
+    int fewer = -1;
+    if (p->granule_mask != UINT64_MAX) /* over virtual memory only */
+        fewer = end_pinning_fewer(cc, rounded, p->granule_mask);
+    else if (cc->size < p->one_region_small_hole)
+        fewer = end_pinning_fewer(cc, rounded, p->one_region_end_mask);
+    if (fewer >= 0)
+        high = fewer;
     if (align) {
         /* The aligned address nearest the chosen end; find_fit made sure
          * one exists. At either end of c, the plain carve below puts the

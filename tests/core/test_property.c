@@ -18,7 +18,9 @@
  *     (against the older neighbour; a region edge oldest, except over
  *     virtual memory; aligned, a block of whole map granules at an end on
  *     a granule boundary, region edges included only before a preallocated
- *     pool's first overflow);
+ *     pool's first overflow, and another block at the end that pins fewer
+ *     new granules, before that overflow only in a chunk under two
+ *     granules);
  *   - an OOM happens only when no chunk fits and the pool could not grow
  *     (vmm: only when too little of the limit is unmapped to map the block);
  *   - vmm: every allocation is mapped on the device, which saw no mapping
@@ -633,9 +635,12 @@ static bfc_addr best_fit_place(const fit_search *s, uint64_t rounded, uint64_t a
     bfc_addr lo = s->best.chunk.addr, hi = s->best.chunk.addr + size - rounded;
     /* Over virtual memory any other block takes the end where it needs
      * fewer granules that no neighbouring block already covers (the
-     * age rule's end when both need as many). */
-    if (split && R.vmm_rules && R.f.opt.placement == BFC_PLACE_ALIGNED && !whole &&
-        s->best.chunk.kind == BFC_CHUNK_FREE) {
+     * age rule's end when both need as many); before a preallocated
+     * pool's first overflow, only in a chunk smaller than two granules. */
+    const bool one_region = R.f.opt.vmm && !R.vmm_rules && R.f.opt.placement == BFC_PLACE_ALIGNED;
+    const bool end_rule = R.vmm_rules ? R.f.opt.placement == BFC_PLACE_ALIGNED && !whole
+                                      : one_region && size < 2 * mg && rounded % mg != 0;
+    if (split && end_rule && s->best.chunk.kind == BFC_CHUNK_FREE) {
         uint64_t at_low = granules_not_held(&s->best, lo, rounded, mg);
         uint64_t at_high = granules_not_held(&s->best, hi, rounded, mg);
         if (at_low != at_high)
@@ -652,8 +657,7 @@ static bfc_addr best_fit_place(const fit_search *s, uint64_t rounded, uint64_t a
     }
     /* Before a preallocated pool's first overflow, the same for a block of
      * whole map granules, region edges counted as boundaries. */
-    const bool one_region_whole = R.f.opt.vmm && !R.vmm_rules &&
-                                  R.f.opt.placement == BFC_PLACE_ALIGNED && rounded % mg == 0;
+    const bool one_region_whole = one_region && rounded % mg == 0;
     low_on = lo % mg == 0;
     high_on = (hi + rounded) % mg == 0;
     if (split && align && one_region_whole && (low_on || high_on)) {
