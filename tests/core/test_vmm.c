@@ -642,14 +642,15 @@ static void preallocated_pool_is_one_region_until_it_overflows(void)
         vmm_end(&f);
     }
     /* One region's rules: most blocks land where one cuMemAlloc region
-     * puts them (the choices of end move a few, and every later block
-     * may follow), the spread layout's rules put them elsewhere. */
+     * puts them (251 of the 400: the choices of end move a few, and later
+     * blocks follow), the spread layout's rules put them elsewhere (1). */
     int same = 0, spread_same = 0;
     for (int i = 0; i < N; i++) {
         same += overflow[i] == one_region[i];
         spread_same += spread[i] == one_region[i];
     }
-    CHECK(same > spread_same);
+    CHECK(same > N / 2);
+    CHECK(spread_same < N / 10);
 }
 
 /* In the one-region phase a block of whole granules goes to the end of its
