@@ -14,7 +14,9 @@
  *   - every allocation is aligned, inside the pool, and overlaps no live
  *     allocation and no pending block it may not reuse;
  *   - it is the best fit: the smallest free (or own-lane pending) chunk that
- *     fits, lowest address on ties, carved from the end the policy says
+ *     fits, lowest address on ties (over virtual memory, aligned, a block
+ *     that is not whole granules may take one of the next four larger free
+ *     chunks where it pins fewer granules), carved from the end the policy says
  *     (against the older neighbour; a region edge oldest, except over
  *     virtual memory; aligned, a block of whole map granules at an end on
  *     a granule boundary, region edges included only before a preallocated
@@ -412,6 +414,14 @@ static uint64_t granules_not_held(const fit *f, bfc_addr at, uint64_t rounded, u
     return n;
 }
 
+/* The fewer of granules_not_held at the two ends of f's chunk. */
+static uint64_t pins_at_better_end(const fit *f, uint64_t rounded, uint64_t mg)
+{
+    const uint64_t low = granules_not_held(f, f->chunk.addr, rounded, mg);
+    const uint64_t high = granules_not_held(f, f->chunk.addr + f->chunk.size - rounded, rounded, mg);
+    return low < high ? low : high;
+}
+
 /* Over virtual memory: is [at, at + size) wholly mapped on the device, and
  * how many bytes of its granules are not? */
 static bool mapped_on_device(bfc_addr at, uint64_t size)
@@ -692,6 +702,27 @@ static void op_alloc(void)
      * fit unaligned. */
     const uint64_t mg = R.f.opt.map_granularity;
     const bool whole = R.vmm_rules && R.f.opt.placement == BFC_PLACE_ALIGNED && rounded % mg == 0;
+    /* Over virtual memory (aligned), a block that is not whole granules and
+     * would pin more granules at its best fit than its size needs goes to
+     * the first of that chunk and the next four larger free chunks (by size,
+     * lowest address on ties) where it pins the fewest. */
+    if (s.best.found && R.vmm_rules && R.f.opt.placement == BFC_PLACE_ALIGNED && !whole &&
+        s.best.chunk.kind == BFC_CHUNK_FREE) {
+        uint64_t pins = pins_at_better_end(&s.best, rounded, mg);
+        fit cand = s.best;
+        for (int i = 0; i < 4 && pins > rounded / mg; i++) {
+            fit_search next = {.rounded = cand.chunk.size + g, .lane = BFC_NO_LANE};
+            bfc_pool_visit(R.f.pool, fit_visitor, &next);
+            if (!next.best.found)
+                break;
+            cand = next.best;
+            const uint64_t n = pins_at_better_end(&cand, rounded, mg);
+            if (n < pins) {
+                pins = n;
+                s.best = cand;
+            }
+        }
+    }
     uint64_t align = natural_alignment(rounded);
     if (whole && s.best.found && s.best.chunk.kind == BFC_CHUNK_FREE &&
         holds_aligned(&s.best.chunk, rounded, mg)) {

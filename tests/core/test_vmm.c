@@ -876,6 +876,28 @@ static void whole_granule_blocks_keep_their_best_fit(void)
     vmm_end(&f);
 }
 
+/* A small block whose best fit would pin a granule of its own (a hole with
+ * both edges on boundaries) takes a slightly larger hole instead, one whose
+ * edge lies in a granule a block already pins. Addresses in MiB from the
+ * region's base. */
+static void small_blocks_take_a_hole_that_pins_fewer_granules(void)
+{
+    fixture f;
+    vmm_aligned_start(&f);
+    bfc_addr a = must_alloc(&f, 2 * MiB);                        /* [0, 2) */
+    bfc_addr b = must_alloc(&f, 2 * MiB);                        /* [2, 4) */
+    CHECK_EQ(must_alloc(&f, 1 * MiB), a + 4 * MiB);             /* [4, 5) */
+    bfc_addr d = must_alloc(&f, 3 * MiB);                        /* [5, 8) */
+    CHECK_EQ(b, a + 2 * MiB);
+    CHECK_EQ(d, a + 5 * MiB);
+    CHECK_EQ(must_alloc(&f, 2 * MiB), a + 8 * MiB);             /* [8, 10) */
+    must_free(&f, b); /* [2, 4): on boundaries, so a block there pins [2, 4) */
+    must_free(&f, d); /* [5, 8): [4, 6) is pinned by the block at 4 */
+    CHECK_EQ(must_alloc(&f, 64 * KiB), a + 5 * MiB);
+    CHECK_EQ(must_alloc(&f, 2 * MiB), a + 2 * MiB); /* the best fit is free still */
+    vmm_end(&f);
+}
+
 /* The region's base is a boundary but no block's: a chunk there holds a
  * whole-granule block at the boundary nearest the age rule's end (high,
  * against the block above), not against the edge. */
@@ -918,6 +940,7 @@ int main(void)
     RUN(options_without_map_callbacks_are_refused);
     RUN(whole_granule_blocks_land_on_granule_boundaries);
     RUN(whole_granule_blocks_keep_their_best_fit);
+    RUN(small_blocks_take_a_hole_that_pins_fewer_granules);
     RUN(region_edges_do_not_draw_whole_granule_blocks);
     return harness_result();
 }
