@@ -536,13 +536,11 @@ static inline __attribute__((always_inline)) uint32_t take_free(bfc_pool *p, uin
     if (!worth_splitting(&p->opt, cc->size, rounded))
         return take_free_whole(p, c);
     bool high = carve_high(p, cc); /* before r becomes a neighbour */
-    int fewer = -1;
-    if (p->granule_mask != UINT64_MAX) /* over virtual memory only */
-        fewer = end_pinning_fewer(cc, rounded, p->granule_mask);
-    else if (cc->size < p->one_region_small_hole)
-        fewer = end_pinning_fewer(cc, rounded, p->one_region_end_mask);
-    if (fewer >= 0)
-        high = fewer;
+    if (cc->size < p->end_rule_below) { /* over virtual memory only */
+        const int fewer = end_pinning_fewer(cc, rounded, p->opt.map_granularity - 1);
+        if (fewer >= 0)
+            high = fewer;
+    }
     if (align) {
         /* The aligned address nearest the chosen end; find_fit made sure
          * one exists. At either end of c, the plain carve below puts the

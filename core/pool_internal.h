@@ -84,14 +84,16 @@ struct bfc_pool {
      * set is whole map granules and goes to an end of its chunk that lies on
      * a granule boundary, when one does (UINT64_MAX: never). */
     uint64_t one_region_end_mask;
-    /* Meanwhile, in a free chunk smaller than this (two map granules; 0:
-     * never), any other block goes to the end that pins fewer granules no
-     * block pins yet, as over virtual memory. Such a hole holds at most one
-     * whole granule, and which end a block takes there decides whether
-     * that granule stays free to move at the first overflow; in larger
-     * holes the age rule's end packs one region better, and the rule there
-     * remapped gigabytes where one region serves (docs/benchmarks.md). */
-    uint64_t one_region_small_hole;
+    /* In a free chunk smaller than this, a block that is not whole map
+     * granules goes to the end that pins fewer granules no block pins yet
+     * (0: never). Over virtual memory, any chunk (UINT64_MAX); while a
+     * preallocated pool is laid out as one region, chunks under two
+     * granules. Such a hole holds at most one whole granule, and which end a
+     * block takes there decides whether that granule stays free to move at
+     * the first overflow; in larger holes the age rule's end packs one
+     * region better, and the rule there remapped gigabytes where one region
+     * serves (docs/benchmarks.md). */
+    uint64_t end_rule_below;
     /* vmm, preallocated, not spread (bfc_options.prealloc_spread): true
      * until the first overflow reservation; meanwhile the pool places as
      * one region does (granule_mask UINT64_MAX, a region edge oldest). */
@@ -114,7 +116,9 @@ static inline void pool_set_granule_mask(bfc_pool *p)
     p->granule_mask = aligned_vmm && !p->as_one_region ? p->opt.map_granularity - 1 : UINT64_MAX;
     p->one_region_end_mask =
         aligned_vmm && p->as_one_region ? p->opt.map_granularity - 1 : UINT64_MAX;
-    p->one_region_small_hole = aligned_vmm && p->as_one_region ? 2 * p->opt.map_granularity : 0;
+    p->end_rule_below = !aligned_vmm      ? 0
+                        : p->as_one_region ? 2 * p->opt.map_granularity
+                                           : UINT64_MAX;
 }
 
 static inline chunk *C(const bfc_pool *p, uint32_t i)
