@@ -81,9 +81,10 @@ def pressure_verdict(results):
     """The pressure step's band arms side by side, where one region also
     runs: the default pool over virtual memory is laid out as one region
     until nothing fits there, so it should move nothing and take as long
-    (docs/benchmarks.md, "One region first"; the boundary end that
-    whole-granule blocks take there changes nothing on this job, replayed:
-    "Whole-granule blocks at a boundary end"); None without both arms' step
+    (docs/benchmarks.md, "One region first"; the granule choices of end
+    made there change nothing on this job at 2% and 3% above its peak,
+    replayed: "Granule choices of end before the first overflow"); None
+    without both arms' step
     times. The band's limit is the one the arm ran at (its settings)."""
     arms = by_arm(results, "pressure")
     one = med(r.get("step_ms_median") for r in arms.get("C-band-one-region", []))
