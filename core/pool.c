@@ -201,16 +201,17 @@ static bool holds_aligned(const chunk *c, uint64_t rounded, uint64_t align)
     return round_up_pow2(c->addr, align) + rounded <= c->addr + c->size;
 }
 
-static uint64_t granules_pinned_anew(const chunk *c, uint64_t lo, uint64_t hi, uint64_t mask);
+typedef struct end_pins {
+    uint64_t low, high;
+} end_pins;
+static end_pins pins_at_ends(const chunk *c, uint64_t rounded, uint64_t mask);
 
 /* How many granules no block pins yet a block of `rounded` bytes pins at
  * the better end of FREE chunk c (over virtual memory). */
 static uint64_t pins_at_better_end(const bfc_pool *p, const chunk *c, uint64_t rounded)
 {
-    const uint64_t end = c->addr + c->size;
-    const uint64_t low = granules_pinned_anew(c, c->addr, c->addr + rounded, p->granule_mask);
-    const uint64_t high = granules_pinned_anew(c, end - rounded, end, p->granule_mask);
-    return low < high ? low : high;
+    const end_pins e = pins_at_ends(c, rounded, p->granule_mask);
+    return e.low < e.high ? e.low : e.high;
 }
 
 /*
@@ -480,6 +481,15 @@ static uint64_t granules_pinned_anew(const chunk *c, uint64_t lo, uint64_t hi, u
     return n;
 }
 
+/* The granules granules_pinned_anew counts for a block of `rounded` bytes at
+ * the low end of FREE chunk c, and at its high end. */
+static end_pins pins_at_ends(const chunk *c, uint64_t rounded, uint64_t mask)
+{
+    const uint64_t end = c->addr + c->size;
+    return (end_pins){granules_pinned_anew(c, c->addr, c->addr + rounded, mask),
+                      granules_pinned_anew(c, end - rounded, end, mask)};
+}
+
 /* BFC_PLACE_ALIGNED over virtual memory, a block of `rounded` bytes that is
  * not whole granules (those go on boundaries: take_free) in FREE chunk c:
  * 1 to put it at c's high end, 0 at its low end, when that end pins fewer
@@ -490,10 +500,8 @@ static int end_pinning_fewer(const chunk *c, uint64_t rounded, uint64_t mask)
 {
     if ((rounded & mask) == 0)
         return -1;
-    const uint64_t end = c->addr + c->size;
-    const uint64_t low = granules_pinned_anew(c, c->addr, c->addr + rounded, mask);
-    const uint64_t high = granules_pinned_anew(c, end - rounded, end, mask);
-    return low == high ? -1 : high < low;
+    const end_pins e = pins_at_ends(c, rounded, mask);
+    return e.low == e.high ? -1 : e.high < e.low;
 }
 
 /*
@@ -506,9 +514,10 @@ static int end_pinning_fewer(const chunk *c, uint64_t rounded, uint64_t mask)
  * Over virtual memory a region edge does not count (`edges` false): past it
  * lies address space, and packing there would start a second pile of mapped
  * memory. While a preallocated pool is laid out as one region the edges
- * are memory like any other (`edges` true), and this choice of end is the
- * only granule rule there: it moves no block off its best fit and leaves no
- * gap, so the region serves about what one cuMemAlloc region would, but the
+ * are memory like any other (`edges` true), and this choice of end is one of
+ * the two granule rules there (the other: end_rule_below): it moves no block
+ * off its best fit and leaves no gap, so the region serves about what one
+ * cuMemAlloc region would, but the
  * blocks most likely to stay (whole-granule tensors) already sit on the
  * boundaries the first overflow can remap around. Without it, 2-8 MiB
  * blocks placed 64 KiB past a boundary pinned a granule more than they

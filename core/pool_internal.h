@@ -96,7 +96,8 @@ struct bfc_pool {
     uint64_t end_rule_below;
     /* vmm, preallocated, not spread (bfc_options.prealloc_spread): true
      * until the first overflow reservation; meanwhile the pool places as
-     * one region does (granule_mask UINT64_MAX, a region edge oldest). */
+     * one region does (granule_mask UINT64_MAX, a region edge oldest) but
+     * for two choices of end (one_region_end_mask, end_rule_below). */
     bool as_one_region;
     /* vmm with a release threshold (not "never"): frees check free mapped
      * bytes against it. */

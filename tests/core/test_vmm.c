@@ -655,8 +655,8 @@ static void preallocated_pool_is_one_region_until_it_overflows(void)
 
 /* In the one-region phase a block of whole granules goes to the end of its
  * best fit that lies on a granule boundary, region edges included, instead
- * of the age rule's end: the only granule rule there, which leaves no gap
- * and takes no other chunk. Without it (before this rule) the 2 MiB block
+ * of the age rule's end: a choice of end that leaves no gap and takes no
+ * other chunk. Without it (before this rule) the 2 MiB block
  * below went against the older neighbour, 0.5 MiB past a boundary, and
  * pinned a granule more than it filled once the pool overflowed. Addresses
  * in MiB from the region's base. */
