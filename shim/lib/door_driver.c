@@ -358,9 +358,13 @@ SHIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     /* A created context's pool is forgotten before the call, so that no new
      * context under the same handle can meet it. A primary context is
      * refused (CUDA_ERROR_INVALID_CONTEXT: its life is the primary calls')
-     * and lives on with its pool; should a driver destroy it after all, its
-     * pool goes after the call, the retains held off meanwhile. */
-    bool primary = pools_context_is_primary(ctx);
+     * and lives on with its pool and its streams; should a driver destroy it
+     * after all, they go after the call, the retains held off meanwhile.
+     * Whether it is primary is the driver's answer, not the pools': a
+     * primary context without a pool yet has streams all the same, and
+     * forgetting them before a refused call left later plain frees unfenced
+     * against their work (e2e_driver destroy-primary-streams). */
+    bool primary = pools_context_is_primary(ctx) || real_is_primary(real_driver_get(), ctx);
     if (primary)
         primary_lock();
     else

@@ -210,6 +210,19 @@ CUcontext real_active_primary(const real_driver *R, CUdevice dev)
     return ctx;
 }
 
+bool real_is_primary(const real_driver *R, CUcontext ctx)
+{
+    CUdevice dev = -1;
+    if (!R || !ctx)
+        return false;
+    bool pushed = real_ctx_enter(R, ctx);
+    CUcontext cur = NULL;
+    bool known = R->CtxGetCurrent(&cur) == CUDA_SUCCESS && cur == ctx &&
+                 R->CtxGetDevice(&dev) == CUDA_SUCCESS;
+    real_ctx_leave(R, pushed);
+    return known && real_active_primary(R, dev) == ctx;
+}
+
 void *real_runtime(_Atomic(void *) *slot, const char *name)
 {
     void *f = atomic_load_explicit(slot, memory_order_acquire);

@@ -201,6 +201,9 @@ void real_ctx_leave(const real_driver *R, bool pushed);
 /* The handle of dev's primary context while it is active, else NULL:
  * retaining it to learn the handle would create it when it is not. */
 CUcontext real_active_primary(const real_driver *R, CUdevice dev);
+/* Is ctx the active primary context of its device? Asked of the driver,
+ * whether or not the context has a pool yet. */
+bool real_is_primary(const real_driver *R, CUcontext ctx);
 /* Held around every retain, release and reset of a primary context (real.c
  * says why); never taken with the pool registry's lock held, taken before a
  * pool's; not held across fork (a forked child gets a fresh one). */

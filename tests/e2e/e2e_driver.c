@@ -18,6 +18,8 @@
  *               events up, with one warning)
  *   destroy-primary  cuCtxDestroy on the primary context is refused, and
  *               the pool and its blocks stay
+ *   destroy-primary-streams  the same before the pool exists: the context's
+ *               streams stay known, and plain frees stay fenced against them
  *   primary-churn  four threads retain the primary context, allocate, free
  *               and release it, again and again: every block lies in a
  *               region the driver still has
@@ -243,6 +245,38 @@ static void destroy_primary(void)
     CHECK_EQ(D.MemFree(a), CUDA_SUCCESS);
     CHECK_EQ(D.MemFree(b), CUDA_SUCCESS);
     CHECK_EQ(shim_log_lines(NULL, 0), 0);
+}
+
+/* destroy-primary-streams: the same refused cuCtxDestroy before the
+ * primary context has a pool, with a non-blocking stream alive in it. The
+ * stream must stay known: a later plain free of a block its queued work
+ * uses is fenced against it, so the block is not handed out again until
+ * that work completed. */
+static void write_mib(void *arg) { memset(arg, 0x5a, MiB); }
+
+static void destroy_primary_streams(void)
+{
+    start(0);
+    CUcontext primary = NULL;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&primary, 0), CUDA_SUCCESS);
+    CUstream s = NULL;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxDestroy(primary), CUDA_ERROR_INVALID_CONTEXT); /* no pool yet */
+    CUdeviceptr hole = alloc_ok(MiB);
+    CUdeviceptr filler = alloc_ok(free_memory() - MiB / 2); /* only the hole is left */
+    CHECK_EQ(fakecuda()->launch(s, write_mib, (void *)(uintptr_t)hole), 0);
+    CHECK_EQ(D.MemFree(hole), CUDA_SUCCESS);
+    CUdeviceptr q = alloc_ok(MiB);
+    if (q == hole && fakecuda()->pending(s)) {
+        fprintf(stderr, "the freed block was handed out under work still queued on a stream "
+                        "of the primary context\n");
+        e2e_failures++;
+    }
+    fakecuda()->complete_all();
+    CHECK_EQ(D.MemFree(q), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(filler), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().stale_handle_uses, 0);
 }
 
 /* destroy-busy: a thread of a created context leaves one hole, frees it
@@ -814,7 +848,8 @@ int main(int argc, char **argv)
         {"async", async}, {"hooks-off", hooks_off}, {"platform-zero", platform_zero},
         {"context-churn", context_churn}, {"fake-lifetime", fake_lifetime},
         {"primary-release", primary_release}, {"primary-churn", primary_churn},
-        {"destroy-primary", destroy_primary}, {"destroy-busy", destroy_busy},
+        {"destroy-primary", destroy_primary},
+        {"destroy-primary-streams", destroy_primary_streams}, {"destroy-busy", destroy_busy},
         {"fake-pools", fake_pools}, {"before-init", before_init},
         {"fake-per-thread-streams", fake_per_thread_streams},
         {"fake-legacy-sync", fake_legacy_sync},
