@@ -372,7 +372,7 @@ SHIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     CUresult r = PASS(CtxDestroy, ctx);
     if (primary && r == CUDA_SUCCESS)
         pools_context_gone(ctx);
-    pools_give_back_forgotten();
+    pools_give_back_forgotten(r == CUDA_SUCCESS);
     if (r == CUDA_SUCCESS)
         vmm_context_gone(ctx); /* the peer access it enabled went with it */
     if (primary)
@@ -406,7 +406,7 @@ SHIM_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     CUcontext ctx = real_active_primary(real_driver_get(), dev);
     pools_primary_gone(dev);
     CUresult r = PASS(DevicePrimaryCtxReset, dev);
-    pools_give_back_forgotten();
+    pools_give_back_forgotten(r == CUDA_SUCCESS);
     if (r == CUDA_SUCCESS)
         vmm_context_gone(ctx);
     primary_unlock();
@@ -433,7 +433,7 @@ static void after_primary_release(const real_driver *R, CUdevice dev, CUcontext 
         R->DevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active) {
         pools_primary_gone(dev); /* the pool (the context is no longer active) */
         pools_context_gone(ctx); /* and the streams under its handle */
-        pools_give_back_forgotten();
+        pools_give_back_forgotten(true);
         vmm_context_gone(ctx);
     }
 }

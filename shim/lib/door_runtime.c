@@ -417,7 +417,7 @@ SHIM_EXPORT cudaError_t cudaDeviceReset(void)
         pools_primary_gone((CUdevice)dev);
     }
     cudaError_t e = f ? f() : NO_RUNTIME;
-    pools_give_back_forgotten();
+    pools_give_back_forgotten(e == cudaSuccess);
     if (e == cudaSuccess)
         vmm_context_gone(ctx); /* "either device is reset" ends its peer access */
     return e;

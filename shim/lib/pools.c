@@ -459,12 +459,17 @@ shim_pool *pool_owning(CUdeviceptr addr)
     return NULL;
 }
 
+/* Which thread's teardown forgot a pool: the address of a thread-local,
+ * unique among the threads alive. */
+static _Thread_local char teardown_thread;
+
 static void forget_if(bool (*match)(const shim_pool *, const void *), const void *arg)
 {
     size_t n = atomic_load(&npools);
     for (size_t i = 0; i < n; i++) {
         shim_pool *sp = atomic_load(&registry[i]);
         if (sp && !atomic_load(&sp->dead) && match(sp, arg)) {
+            atomic_store(&sp->forgotten_by, (uintptr_t)&teardown_thread);
             atomic_store(&sp->dead, true);
             record_detach(sp);
             shim_log(LOG_INFO, "device %d: context gone, its pool is forgotten", (int)sp->dev);
@@ -472,14 +477,26 @@ static void forget_if(bool (*match)(const shim_pool *, const void *), const void
     }
 }
 
-void pools_give_back_forgotten(void)
+/* Only the pools this thread's own teardown forgot: another thread's
+ * cuCtxDestroy may still be running its context's queued work on the
+ * granules of the pool it forgot, and unmapped now that work would fault.
+ * A teardown the driver refused keeps the memory mapped (the context may
+ * live on and use it) and lets the registry slot go: a leak, never a
+ * fault. */
+void pools_give_back_forgotten(bool context_went)
 {
     size_t n = atomic_load(&npools);
     for (size_t i = 0; i < n; i++) {
         shim_pool *sp = atomic_load(&registry[i]);
-        if (sp && sp->vmm_granule && atomic_load(&sp->dead) &&
-            !atomic_exchange(&sp->given_back, true))
+        if (!sp || !sp->vmm_granule || !atomic_load(&sp->dead) ||
+            atomic_load(&sp->forgotten_by) != (uintptr_t)&teardown_thread ||
+            atomic_exchange(&sp->given_back, true))
+            continue;
+        if (context_went)
             bfc_pool_abandon_memory(sp->bfc);
+        else
+            shim_log(LOG_WARN, "device %d: the driver refused to tear the context down; its "
+                               "forgotten pool's memory stays mapped", (int)sp->dev);
     }
 }
 

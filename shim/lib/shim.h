@@ -236,6 +236,9 @@ typedef struct shim_pool {
     bool primary;         /* ctx is the device's primary context */
     atomic_bool dead;     /* its context went away: no more use */
     atomic_bool given_back; /* (over virtual memory) its granules went back */
+    /* the thread whose teardown forgot it (pools.c): only that thread gives
+     * its granules back, after its own real call returned */
+    atomic_uintptr_t forgotten_by;
     bfc_pool *bfc;
     uint64_t total_memory, limit;
     /* how long taking the pool up front took (BFCSHIM_PREALLOCATE), in
@@ -344,11 +347,13 @@ void pools_context_gone(CUcontext ctx);
 bool pools_context_is_primary(CUcontext ctx);
 /* The same for the device's primary context, if it is active. */
 void pools_primary_gone(CUdevice dev);
-/* After the real destroy or reset returned: the forgotten pools over virtual
- * memory give their granules back (cuCtxDestroy keeps what cuMemCreate
- * made). Not before: the driver finishes the context's queued work inside
- * that call, and that work may still touch the granules. */
-void pools_give_back_forgotten(void);
+/* After the real destroy or reset returned: the pools over virtual memory
+ * that this thread forgot give their granules back (cuCtxDestroy keeps what
+ * cuMemCreate made) when context_went (the driver said yes). Not before:
+ * the driver finishes the context's queued work inside that call, and that
+ * work may still touch the granules; and not another thread's, whose call
+ * may still be running. */
+void pools_give_back_forgotten(bool context_went);
 /* Number of live pools, and the i-th (for stats and fork handlers). */
 size_t pools_count(void);
 shim_pool *pools_at(size_t i);

@@ -29,6 +29,10 @@
  *              a pooled block: the driver finishes that work first, so the
  *              shim may unmap only after the real call (before, the work
  *              faulted: on an H100 the process's CUDA was lost)
+ *   ctxdestroy-concurrent  while one thread's cuCtxDestroy still runs its
+ *              context's work on a pooled block, another thread's teardown
+ *              call (a refused cuCtxDestroy of the primary context) gives
+ *              back no granules of the other's pool under the running work
  *   peers      (two devices) cuCtxEnablePeerAccess from device 1 to device
  *              0's context gives device 1 access to the pool's mappings,
  *              those already made and those made later; the fake's rules
@@ -279,6 +283,54 @@ static void busy_teardown(bool created)
 }
 
 static void ctxdestroy_busy(void) { busy_teardown(true); }
+
+/* ctxdestroy-concurrent: one thread's cuCtxDestroy is still finishing its
+ * context's work on a pooled block (the kernel waits for the main thread)
+ * while the main thread makes a teardown call of its own. That call must
+ * not give back the other context's granules: its pool is forgotten, but
+ * its work still runs. The main thread's call is a cuCtxDestroy of the
+ * primary context, which the driver refuses at once; a teardown that
+ * completes callbacks would wait its turn behind the running kernel (the
+ * fake runs host work one batch at a time, as cuda.h allows), but the
+ * shim's give-back follows every teardown hook, refused or not. */
+static e2e_phase concurrent = E2E_PHASE_INIT;
+
+static void write_when_told(void *arg)
+{
+    e2e_phase_set(&concurrent, 1); /* the kernel runs, inside cuCtxDestroy */
+    e2e_phase_wait(&concurrent, 2);
+    write_late(arg);
+}
+
+static void *destroy_busy_context(void *arg)
+{
+    late_write *w = arg;
+    CUcontext c = NULL;
+    CUstream s = NULL;
+    if (D.CtxCreate(&c, NULL, 0, 0) != CUDA_SUCCESS || D.StreamCreate(&s, 0) != CUDA_SUCCESS ||
+        D.MemAlloc(&w->at, w->size) != CUDA_SUCCESS ||
+        fakecuda()->launch(s, write_when_told, w) != 0)
+        return (void *)1;
+    return D.CtxDestroy(c) == CUDA_SUCCESS ? NULL : (void *)2;
+}
+
+static void ctxdestroy_concurrent(void)
+{
+    start();
+    const uint64_t before = fake_stats().bytes_in_use[0];
+    late_write w = {.size = 10 * MiB};
+    pthread_t t;
+    CHECK_EQ(pthread_create(&t, NULL, destroy_busy_context, &w), 0);
+    e2e_phase_wait(&concurrent, 1);
+    CHECK_EQ(D.CtxDestroy(primary), CUDA_ERROR_INVALID_CONTEXT);
+    e2e_phase_set(&concurrent, 2);
+    void *why = NULL;
+    pthread_join(t, &why);
+    CHECK(why == NULL);
+    CHECK(w.ran);
+    CHECK(!w.faulted); /* its granules stayed mapped until its own destroy returned */
+    CHECK_EQ(fake_stats().bytes_in_use[0], before); /* and then they went back */
+}
 static void reset_busy(void) { busy_teardown(false); }
 
 /* What device `dev` may do with the mapping at ptr (cuMemGetAccess). */
@@ -638,6 +690,7 @@ int main(int argc, char **argv)
                      {"ctxdestroy", ctxdestroy},
                      {"ctxdestroy-threads", ctxdestroy_threads},
                      {"ctxdestroy-busy", ctxdestroy_busy},
+                     {"ctxdestroy-concurrent", ctxdestroy_concurrent},
                      {"reset-busy", reset_busy},
                      {"peers", peers},
                      {"peers-gone", peers_gone},
