@@ -454,7 +454,7 @@ static void keep(void *ctx, bool on)
 
 /* Asked once before the engine gives free space back on its own. Under the
  * fenced policy free space is idle by construction; under the immediate one
- * queued work may still use it: wait for the context's work, unless a
+ * queued work may still use it: wait for the pool's context's work, unless a
  * capture is under way. From the test to the end of the wait no capture can
  * begin (streams_use_begin: a begin waits), so the wait never invalidates
  * one. */
@@ -472,8 +472,13 @@ static bool release_ready(void *ctx)
                  "cuCtxSynchronize, which a capture forbids",
                  (int)sp->dev);
     } else {
+        /* The pool's context, not the caller's: a free arrives with
+         * whichever context the program has current (another device's,
+         * e2e_vmm_pool immediate-other-device). */
         const real_driver *R = real_driver_get();
+        bool pushed = real_ctx_enter(R, sp->ctx);
         ready = R->CtxSynchronize && R->CtxSynchronize() == CUDA_SUCCESS;
+        real_ctx_leave(R, pushed);
     }
     streams_use_end();
     return ready;

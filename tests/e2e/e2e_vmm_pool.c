@@ -33,6 +33,10 @@
  *              context's work on a pooled block, another thread's teardown
  *              call (a refused cuCtxDestroy of the primary context) gives
  *              back no granules of the other's pool under the running work
+ *   immediate-other-device  (two devices, BFCSHIM_FREE_POLICY=immediate,
+ *              BFCSHIM_RELEASE_THRESHOLD=0) a plain free of a device-0 block
+ *              made while device 1 is current gives its granules back only
+ *              after device 0's queued work on it ran
  *   peers      (two devices) cuCtxEnablePeerAccess from device 1 to device
  *              0's context gives device 1 access to the pool's mappings,
  *              those already made and those made later; the fake's rules
@@ -283,6 +287,46 @@ static void busy_teardown(bool created)
 }
 
 static void ctxdestroy_busy(void) { busy_teardown(true); }
+
+/* immediate-other-device: under the immediate policy with a release
+ * threshold of 0, a plain free gives the block's granules back at once,
+ * after waiting for the pool's context's work. The free is made while
+ * device 1's context is current: the wait must be for device 0's work, on
+ * which a kernel still writes the block. */
+static void write_if_mapped(void *arg)
+{
+    /* No fork here (e2e_touch_dies): this work runs inside the shim's
+     * cuCtxSynchronize, with the pool's lock held, which the shim's fork
+     * handler would wait for. */
+    late_write *w = arg;
+    w->faulted = !fakecuda()->is_device_pointer(w->at) ||
+                 !fakecuda()->is_device_pointer(w->at + w->size - 1);
+    if (!w->faulted)
+        memset((void *)(uintptr_t)w->at, 0x5a, w->size);
+    w->ran = true;
+}
+
+static void immediate_other_device(void)
+{
+    start();
+    const uint64_t before = fake_stats().bytes_in_use[0];
+    CUstream s = NULL;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    late_write w = {.size = 10 * MiB};
+    CHECK_EQ(D.MemAlloc(&w.at, w.size), CUDA_SUCCESS);
+    CHECK_EQ(fakecuda()->launch(s, write_if_mapped, &w), 0);
+    CUcontext one = NULL;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&one, 1), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(one), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(w.at), CUDA_SUCCESS);
+    fakecuda()->complete_all();
+    CHECK(w.ran);
+    CHECK(!w.faulted); /* the granules went back only after the kernel ran */
+    CHECK_EQ(fake_stats().bytes_in_use[0], before);
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRelease(1), CUDA_SUCCESS);
+}
 
 /* ctxdestroy-concurrent: one thread's cuCtxDestroy is still finishing its
  * context's work on a pooled block (the kernel waits for the main thread)
@@ -691,6 +735,7 @@ int main(int argc, char **argv)
                      {"ctxdestroy-threads", ctxdestroy_threads},
                      {"ctxdestroy-busy", ctxdestroy_busy},
                      {"ctxdestroy-concurrent", ctxdestroy_concurrent},
+                     {"immediate-other-device", immediate_other_device},
                      {"reset-busy", reset_busy},
                      {"peers", peers},
                      {"peers-gone", peers_gone},
