@@ -132,6 +132,22 @@ static int api_free(void *ptr, CUstream s, bool stream_ordered, const char *api)
     if (!R)
         return fail(CUDA_ERROR_NOT_INITIALIZED, api, "no CUDA driver (libcuda.so.1)");
     CUdeviceptr p = (CUdeviceptr)(uintptr_t)ptr;
+    /* A plug-in may free on a stream the program destroyed since (CuPy
+     * frees an array on its allocation stream, also after a Stream object
+     * collected before its arrays). A dead handle must not reach the driver
+     * nor open a lane; where the library sees every stream it knows the
+     * handle is gone, and the free becomes a plain one, which waits for
+     * everything queued before it, the dead stream's work included
+     * (its stand-in). */
+    if (stream_ordered && svc_explicit_stream(s) && shim_active() && streams_all_seen() &&
+        !streams_known(s)) {
+        static atomic_bool said;
+        shim_log_once(&said, LOG_INFO,
+                      "%s on stream %p, which is not a live stream (destroyed?): freed as "
+                      "bfcshim_free (logged once)", api, (void *)s);
+        stream_ordered = false;
+        s = NULL;
+    }
     svc_status st = shim_active() ? svc_free(p, stream_ordered ? FREE_STREAM : FREE_PLAIN, s,
                                              false, api)
                                   : SVC_PASS;

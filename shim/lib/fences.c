@@ -34,6 +34,18 @@
  * includes each stand-in that has not completed yet; a completed stand-in
  * is dropped once no fence refers to it.
  *
+ * Blind fences. Loaded as a plug-in without LD_PRELOAD, the library sees
+ * none of the program's streams (streams_all_seen), so no set of events can
+ * cover a plain free: a non-blocking stream it never heard of may still use
+ * the block. A plain seal then records nothing and takes the next number of
+ * the pool's blind count; the fence is complete once a cuCtxSynchronize of
+ * the pool's context began after it was sealed (it waits for every stream
+ * of the context, seen or not). That synchronisation is made only when the
+ * engine must wait (nothing else serves an allocation) or on a trim, and
+ * one covers every blind fence sealed before it: a plain free there costs
+ * what the real cudaFree costs (it synchronises), and less, since one wait
+ * serves many frees.
+ *
  * Done: cuEventQuery on each event (cuEventSynchronize when the engine must
  * wait), made with the thread in relaxed capture mode while any capture is
  * under way (capture.c): in the default global mode another thread's
@@ -58,6 +70,7 @@ typedef struct stand_in {
 
 typedef struct fence {
     uint64_t token;
+    uint64_t blind;     /* 0, or its number among the pool's blind fences */
     uint32_t nevents;   /* recorded for this fence, recycled with it */
     uint32_t nstandins; /* shared stand-ins, after the events */
     CUevent ev[];
@@ -266,12 +279,60 @@ static int fence_streams(shim_pool *sp, const real_driver *R, uint32_t lane,
  * 32 known streams) touches no heap but the fence itself. */
 enum { FEW_STREAMS = 32 };
 
+/* A plain seal while the program's streams are not seen: no event could
+ * cover them, so the fence waits for a context synchronisation. */
+static bool seal_blind(shim_pool *sp, uint32_t lane, uint64_t token)
+{
+    fence *f = malloc(sizeof *f);
+    if (!f)
+        return false;
+    *f = (fence){.token = token};
+    f->blind = atomic_load(&sp->blind_sealed) + 1;
+    if (!queue_push(sp, lane, f)) {
+        free(f);
+        return false;
+    }
+    atomic_store(&sp->blind_sealed, f->blind);
+    return true;
+}
+
+bool fences_sync_blind(shim_pool *sp)
+{
+    const real_driver *R = real_driver_get();
+    uint64_t upto = atomic_load(&sp->blind_sealed);
+    if (!R || !R->CtxSynchronize || atomic_load(&sp->blind_synced) >= upto)
+        return false;
+    bool pushed = real_ctx_enter(R, sp->ctx);
+    /* Not while a blocking stream of the context captures: the wait would
+     * be refused and invalidate the capture (the blocks wait for a later
+     * try). Relaxed mode keeps another thread's global-mode capture from
+     * refusing it. */
+    bool ok = false;
+    if (!legacy_blocked(R)) {
+        relaxed_scope rs = capture_relax(R);
+        ok = R->CtxSynchronize() == CUDA_SUCCESS;
+        capture_restore(R, rs);
+    }
+    real_ctx_leave(R, pushed);
+    if (!ok)
+        return false;
+    atomic_fetch_add(&sp->context_syncs, 1);
+    /* Raise the mark to upto, never lower it (another thread's sync may
+     * have covered more meanwhile). */
+    uint64_t was = atomic_load(&sp->blind_synced);
+    while (was < upto && !atomic_compare_exchange_weak(&sp->blind_synced, &was, upto))
+        ;
+    return true;
+}
+
 bool fences_seal(void *ctx, uint32_t lane, uint64_t token)
 {
     shim_pool *sp = ctx;
     const real_driver *R = real_driver_get();
     /* Only the plain lane fences other streams than its own. */
     bool plain = lane == sp->plain_lane;
+    if (plain && !streams_all_seen())
+        return seal_blind(sp, lane, token);
     known_stream few[FEW_STREAMS], *known = few;
     CUstream few_out[FEW_STREAMS + 1], *streams = few_out;
     /* From the questions about the streams (which exist, which capture) to
@@ -325,6 +386,7 @@ bool fences_seal(void *ctx, uint32_t lane, uint64_t token)
     fence *f = malloc(sizeof *f + (n + ng) * sizeof(CUevent) + nsi * sizeof(stand_in *));
     bool ok = f != NULL;
     if (ok) {
+        f->blind = 0;
         f->nevents = n + ng;
         f->nstandins = 0;
     }
@@ -403,6 +465,9 @@ bool fences_done(void *ctx, uint32_t lane, uint64_t token, bool wait)
     if (!q || !q->n || q->items[q->head]->token != token)
         return false;
     fence *f = q->items[q->head];
+    if (f->blind && atomic_load(&sp->blind_synced) < f->blind &&
+        (!wait || !fences_sync_blind(sp)))
+        return false;
     for (uint32_t i = 0; i < f->nevents; i++)
         if (!event_done(R, f->ev[i], wait))
             return false;

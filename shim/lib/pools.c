@@ -648,6 +648,12 @@ uint64_t pools_trim(shim_pool *sp)
     const real_driver *R = real_driver_get();
     bool pushed = real_ctx_enter(R, sp->ctx);
     uint64_t released = bfc_pool_trim(sp->bfc);
+    /* Plain frees the program's unseen streams may still use (blind fences,
+     * fences.c) wait for a context synchronisation; a trim, which the
+     * caller asked for, makes it (the first trim sealed them), then gives
+     * back what that freed. */
+    if (fences_sync_blind(sp))
+        released += bfc_pool_trim(sp->bfc);
     real_ctx_leave(R, pushed);
     return released;
 }

@@ -262,6 +262,11 @@ typedef struct shim_pool {
     pthread_mutex_t stand_in_lock;
     struct stand_in **stand_ins;
     size_t nstand_ins, capstand_ins;
+    /* blind fences (fences.c): plain-lane fences sealed while the program's
+     * streams are not seen (streams_all_seen), numbered from 1, and the
+     * number up to which a context synchronisation has covered them; and
+     * how many such synchronisations the pool made */
+    atomic_uint_fast64_t blind_sealed, blind_synced, context_syncs;
     /* passthrough counters */
     atomic_uint_fast64_t passthrough_allocs;
     /* found held by another thread at exit (record.c, stats_file.c): the
@@ -387,6 +392,10 @@ void pools_stream_destroyed(CUstream stream);
 /* Engine callbacks (fences.c). */
 bool fences_seal(void *ctx, uint32_t lane, uint64_t token);
 bool fences_done(void *ctx, uint32_t lane, uint64_t token, bool wait);
+/* Makes every blind fence sealed so far complete with one
+ * cuCtxSynchronize of the pool's context, unless none is pending or a
+ * capture forbids it now (then false). */
+bool fences_sync_blind(shim_pool *sp);
 /* Records a stand-in event on s (of sp's context, which is current): every
  * plain-free fence waits for it until it completes. */
 void fences_stand_in(shim_pool *sp, CUstream s);
@@ -438,6 +447,11 @@ int green_fence_targets(const real_driver *R, const shim_pool *sp, bool plain, C
 
 /* Streams we have seen created and not destroyed (streams.c). */
 void streams_add(CUstream s);
+/* Is every stream the program makes seen here, i.e. is the library
+ * interposing (preloaded) rather than loaded as a plug-in? */
+bool streams_all_seen(void);
+/* Is s a stream seen created and not yet destroyed? */
+bool streams_known(CUstream s);
 /* Before the stream is destroyed: gone from the registry, and no copy taken
  * under streams_use_begin is still in use when this returns. */
 void streams_remove(CUstream s);

@@ -77,6 +77,9 @@ static void pool_json(json_out *j, shim_pool *sp, const bfc_stats *s)
     json_u64(j, "num_region_frees", st.num_region_frees);
     json_u64(j, "num_gc_runs", st.num_gc_runs);
     json_u64(j, "num_fence_waits", st.num_fence_waits);
+    /* cuCtxSynchronize calls made for plain frees the library could not
+     * fence with events (loaded without LD_PRELOAD: fences.c) */
+    json_u64(j, "num_context_syncs", atomic_load(&sp->context_syncs));
     json_u64(j, "num_planned", st.num_planned);
     json_u64(j, "num_plan_misses", st.num_plan_misses);
     json_u64(j, "num_plan_spare", st.num_plan_spare);

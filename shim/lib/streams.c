@@ -24,10 +24,12 @@
  * The same lock keeps a capture from beginning between a seal's question
  * "does this stream capture?" and its event on the stream (capture.c).
  */
+#include <dlfcn.h>
 #include <stdlib.h>
 
 #include "array_room.h"
 #include "shim.h"
+
 
 typedef struct entry {
     CUstream stream;
@@ -130,4 +132,43 @@ size_t streams_of_context(CUcontext ctx, known_stream *out, size_t n)
         }
     pthread_mutex_unlock(&lock);
     return k;
+}
+
+/*
+ * Does the registry see every stream the program makes? Only when this
+ * library interposes the CUDA entry points: preloaded (LD_PRELOAD, or
+ * linked ahead of libcuda). Loaded as a plug-in (ctypes.CDLL with
+ * RTLD_LOCAL, the Python package's way without LD_PRELOAD) its exports are
+ * not in the global scope, so the program's cuStreamCreate goes straight to
+ * the driver and the registry stays empty. The global scope's cuStreamCreate
+ * says which: ours when it is defined in this very library. Compared by the
+ * object that holds it (dladdr), since a reference to our own exported
+ * function from inside the library may itself bind to another definition.
+ */
+bool streams_all_seen(void)
+{
+    static atomic_int seen = -1;
+    int v = atomic_load_explicit(&seen, memory_order_relaxed);
+    if (v < 0) {
+        void *global = real_dlsym(RTLD_DEFAULT, "cuStreamCreate");
+        Dl_info found, here;
+        v = global && dladdr(global, &found) && dladdr((void *)&streams_all_seen, &here) &&
+            found.dli_fbase == here.dli_fbase;
+        atomic_store_explicit(&seen, v, memory_order_relaxed);
+        if (!v)
+            shim_log(LOG_INFO, "loaded without LD_PRELOAD: the program's streams are not "
+                               "seen, so a plain free (bfcshim_free, the Numba plug-in) is "
+                               "reused only after a synchronisation of its context");
+    }
+    return v;
+}
+
+bool streams_known(CUstream s)
+{
+    bool found = false;
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < nall && !found; i++)
+        found = all[i].stream == s;
+    pthread_mutex_unlock(&lock);
+    return found;
 }

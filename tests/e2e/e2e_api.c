@@ -15,6 +15,8 @@
  *              the ones holding live or still-queued blocks
  *   stats      bfcshim_stats_json (size probe, content), mem_get_info
  *   platform   (BFCSHIM_ALLOCATOR=platform) every call reaches the driver
+ *   dead-stream  bfcshim_free_async on a stream destroyed since: no call on
+ *              the dead handle, and the block is reused once its work is done
  */
 #include <cuda.h>
 
@@ -28,6 +30,7 @@ static struct {
     CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
     CUresult (*CtxSetCurrent)(CUcontext);
     CUresult (*StreamCreate)(CUstream *, unsigned);
+    CUresult (*StreamDestroy)(CUstream);
     CUresult (*MemAlloc)(CUdeviceptr *, size_t);
 } D;
 
@@ -43,6 +46,7 @@ static void start(void)
     LOAD(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
     LOAD(CtxSetCurrent, "cuCtxSetCurrent");
     LOAD(StreamCreate, "cuStreamCreate");
+    LOAD(StreamDestroy, "cuStreamDestroy_v2");
     LOAD(MemAlloc, "cuMemAlloc_v2");
     F = fakecuda();
     CUcontext c0, c1;
@@ -131,6 +135,31 @@ static void async(void)
     CHECK_EQ(bfcshim_malloc_async(&w, MiB, 1, s1), 0);
     CHECK_EQ(fake_stats().bytes_in_use[1], before);
     CHECK_EQ(bfcshim_free_async(w, s1), 0);
+    F->complete_all();
+}
+
+/* A stream-ordered free on a stream destroyed since the allocation (CuPy
+ * frees an array on its allocation stream, also after the Stream object was
+ * collected first): the dead handle never reaches the driver, and the block
+ * comes back once the dead stream's queued work is done. */
+static void dead_stream(void)
+{
+    start();
+    CUstream s;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    void *a = NULL, *b = NULL, *c = NULL;
+    CHECK_EQ(bfcshim_malloc_async(&a, 2 * MiB, 0, s), 0);
+    CHECK_EQ(F->launch(s, noop, NULL), 0);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS); /* its work goes on */
+    CHECK_EQ(bfcshim_free_async(a, s), 0);
+    CHECK_EQ(bfcshim_malloc_async(&b, 2 * MiB, 0, NULL), 0);
+    CHECK(b != a); /* the dead stream's work may still use a */
+    F->complete_all();
+    CHECK_EQ(bfcshim_malloc_async(&c, 2 * MiB, 0, NULL), 0);
+    CHECK(c == a); /* and once it is done, a is free again */
+    CHECK_EQ(fake_stats().stale_handle_uses, 0);
+    CHECK_EQ(bfcshim_free(b), 0);
+    CHECK_EQ(bfcshim_free(c), 0);
     F->complete_all();
 }
 
@@ -240,13 +269,14 @@ int main(int argc, char **argv)
     static const struct {
         const char *name;
         void (*fn)(void);
-    } scenarios[] = {{"plain", plain}, {"async", async},   {"badinput", badinput},
-                     {"trim", trim},   {"stats", stats},   {"platform", platform}};
+    } scenarios[] = {{"plain", plain},   {"async", async},       {"badinput", badinput},
+                     {"trim", trim},     {"stats", stats},       {"platform", platform},
+                     {"dead-stream", dead_stream}};
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
         if (strcmp(s, scenarios[i].name) == 0) {
             scenarios[i].fn();
             return e2e_done(s);
         }
-    fprintf(stderr, "usage: e2e_api plain|async|badinput|trim|stats|platform\n");
+    fprintf(stderr, "usage: e2e_api plain|async|badinput|trim|stats|platform|dead-stream\n");
     return 2;
 }

@@ -1,0 +1,198 @@
+/*
+ * e2e_plugin.c - the C interface reached the way the Python plug-ins reach
+ * it without LD_PRELOAD: libbfcshim.so opened with dlopen(RTLD_LOCAL), as
+ * ctypes.CDLL does, so its exports interpose nothing and the library never
+ * sees the program's streams. The program makes its streams through the
+ * driver it opened itself (as Numba, or a PyTorch stream handed to Numba,
+ * would). A plain free (bfcshim_free, the Numba plug-in's) must still not
+ * hand its block to a new allocation while work on such a stream may use
+ * it. Scenarios:
+ *
+ *   plain   a pool filled around one hole; work queued on an unseen
+ *           non-blocking stream uses the hole; after bfcshim_free the next
+ *           allocation of its size must not be the hole while that work is
+ *           pending; one context synchronisation makes it reusable
+ *   trim    (growth mode, over virtual memory) bfcshim_trim gives back a
+ *           freed block only after the unseen stream's work on it ran
+ *   cost    10,000 allocation and free pairs with nothing queued (a 256 MiB
+ *           pool, at most 64 MiB live): the driver calls they cost
+ *           (printed), none of them an event, and one context
+ *           synchronisation only when the pool has nothing else to give
+ *
+ * LIBBFCSHIM names the library (set by meson).
+ */
+#include <cuda.h>
+#include <dlfcn.h>
+
+#include "e2e.h"
+
+#define MiB ((size_t)1 << 20)
+
+static struct {
+    CUresult (*Init)(unsigned);
+    CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+    CUresult (*CtxSetCurrent)(CUcontext);
+    CUresult (*StreamCreate)(CUstream *, unsigned);
+    CUresult (*StreamDestroy)(CUstream);
+} D;
+
+static struct {
+    int (*malloc)(void **, size_t, int);
+    int (*free)(void *);
+    int (*mem_get_info)(int, size_t *, size_t *);
+    size_t (*trim)(void);
+    size_t (*stats_json)(char *, size_t);
+} B;
+
+static const fakecuda_api *F;
+
+/* The library as a plug-in (RTLD_LOCAL), the driver as a framework opens
+ * it, device 0's primary context current. */
+static void start(void)
+{
+    const char *path = getenv("LIBBFCSHIM");
+    void *lib = path ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : NULL;
+    if (!lib) {
+        fprintf(stderr, "dlopen(LIBBFCSHIM=%s): %s\n", path ? path : "(unset)", dlerror());
+        exit(1);
+    }
+    *(void **)&B.malloc = e2e_dlsym(lib, "bfcshim_malloc");
+    *(void **)&B.free = e2e_dlsym(lib, "bfcshim_free");
+    *(void **)&B.mem_get_info = e2e_dlsym(lib, "bfcshim_mem_get_info");
+    *(void **)&B.trim = e2e_dlsym(lib, "bfcshim_trim");
+    *(void **)&B.stats_json = e2e_dlsym(lib, "bfcshim_stats_json");
+    void *cu = e2e_open_libcuda();
+    *(void **)&D.Init = e2e_dlsym(cu, "cuInit");
+    *(void **)&D.DevicePrimaryCtxRetain = e2e_dlsym(cu, "cuDevicePrimaryCtxRetain");
+    *(void **)&D.CtxSetCurrent = e2e_dlsym(cu, "cuCtxSetCurrent");
+    *(void **)&D.StreamCreate = e2e_dlsym(cu, "cuStreamCreate");
+    *(void **)&D.StreamDestroy = e2e_dlsym(cu, "cuStreamDestroy_v2");
+    F = fakecuda();
+    CUcontext c0;
+    CHECK_EQ(D.Init(0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+}
+
+static void *must_alloc(size_t size)
+{
+    void *p = NULL;
+    int r = B.malloc(&p, size, 0);
+    if (r != 0 || !p)
+        e2e_alloc_failed("bfcshim_malloc", size, r);
+    return p;
+}
+
+static size_t pool_free_bytes(void)
+{
+    size_t f = 0, t = 0;
+    CHECK_EQ(B.mem_get_info(0, &f, &t), 0);
+    return f;
+}
+
+/* A field of the first pool in bfcshim_stats_json. */
+static long long pool_stat(const char *name)
+{
+    static char text[1 << 16];
+    B.stats_json(text, sizeof text);
+    return shim_stats_field(text, name);
+}
+
+static void write_mib(void *arg) { memset(arg, 0x5a, MiB); }
+
+static void plain(void)
+{
+    start();
+    void *hole = must_alloc(MiB);
+    void *filler = must_alloc(pool_free_bytes() - MiB / 2); /* only the hole is left */
+    CUstream s;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(F->launch(s, write_mib, hole), 0);
+    const fakecuda_stats s0 = fake_stats();
+    CHECK_EQ(B.free(hole), 0);
+    void *q = must_alloc(MiB);
+    if (q == hole && F->pending(s)) {
+        fprintf(stderr, "the freed block was handed out with work still queued on a stream "
+                        "the library never saw\n");
+        e2e_failures++;
+    }
+    CHECK(q == hole); /* once that work is done, the hole is free again */
+    /* What it cost: one context synchronisation, no event. */
+    CHECK_EQ(fake_stats().ctx_synchronize_calls - s0.ctx_synchronize_calls, 1);
+    CHECK_EQ(fake_stats().event_records, s0.event_records);
+    CHECK_EQ(pool_stat("num_context_syncs"), 1);
+    CHECK_EQ(B.free(q), 0);
+    CHECK_EQ(B.free(filler), 0);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+    F->complete_all();
+}
+
+/* Writes the block if it is still mapped when the work runs. No fork here
+ * (e2e_touch_dies): this runs inside the shim's cuCtxSynchronize. */
+typedef struct late_write {
+    void *at;
+    bool ran, faulted;
+} late_write;
+
+static void write_if_mapped(void *arg)
+{
+    late_write *w = arg;
+    uintptr_t at = (uintptr_t)w->at;
+    w->faulted = !F->is_device_pointer(at) || !F->is_device_pointer(at + 8 * MiB - 1);
+    if (!w->faulted)
+        memset(w->at, 0x5a, 8 * MiB);
+    w->ran = true;
+}
+
+static void trim(void)
+{
+    start();
+    const uint64_t before = fake_stats().bytes_in_use[0];
+    late_write w = {.at = must_alloc(8 * MiB)};
+    CUstream s;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(F->launch(s, write_if_mapped, &w), 0);
+    CHECK_EQ(B.free(w.at), 0);
+    CHECK(B.trim() >= 8 * MiB); /* after one context synchronisation */
+    CHECK(w.ran);
+    CHECK(!w.faulted);
+    CHECK_EQ(fake_stats().bytes_in_use[0], before);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+}
+
+static void cost(void)
+{
+    start();
+    enum { PAIRS = 10000, LIVE = 8 };
+    void *live[LIVE] = {0};
+    const fakecuda_stats s0 = fake_stats();
+    uint64_t x = 12345;
+    for (int i = 0; i < PAIRS; i++) {
+        x = x * 6364136223846793005u + 1442695040888963407u;
+        int k = (int)(x >> 60) % LIVE;
+        if (live[k])
+            CHECK_EQ(B.free(live[k]), 0);
+        live[k] = must_alloc(((x >> 20) % (8 * MiB)) + 1); /* 4 MiB on average */
+    }
+    for (int k = 0; k < LIVE; k++)
+        CHECK_EQ(B.free(live[k]), 0);
+    const fakecuda_stats s1 = fake_stats();
+    uint64_t syncs = s1.ctx_synchronize_calls - s0.ctx_synchronize_calls;
+    printf("cost: %d plain frees, %llu context synchronisations (%.4f a free), %llu event "
+           "records, %llu event queries\n",
+           PAIRS, (unsigned long long)syncs, (double)syncs / PAIRS,
+           (unsigned long long)(s1.event_records - s0.event_records),
+           (unsigned long long)(s1.event_queries - s0.event_queries));
+    CHECK_EQ(s1.event_records, s0.event_records);
+    /* A synchronisation only when the pool had nothing else to give: each
+     * frees what the pool holds beyond the LIVE blocks (at most 64 MiB of
+     * the 256 MiB pool), about 48 frees' worth. */
+    CHECK(syncs > 0 && syncs < PAIRS / 20);
+}
+
+int main(int argc, char **argv)
+{
+    static const e2e_scenario scenarios[] = {
+        {"plain", plain}, {"trim", trim}, {"cost", cost}};
+    return e2e_main("e2e_plugin", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
+}
