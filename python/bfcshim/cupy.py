@@ -9,8 +9,11 @@ CuPy's own memory pool is then bypassed (``cupy.get_default_memory_pool()``
 stays empty). Blocks are stream-ordered like CuPy's pool: each is allocated
 on the current stream and, when its array is collected, freed on that
 stream, so that stream reuses it at once and others after the stream's
-queued work has finished. An array used on another stream needs the same
-synchronisation it needs under CuPy's pool.
+queued work has finished (the stream is kept alive until then). An array
+allocated on a stream CuPy does not own (``ExternalStream``) is freed as by
+``cudaFree`` instead, since its owner may destroy that stream first. An array
+used on another stream needs the same synchronisation it needs under CuPy's
+pool.
 """
 import contextlib
 import ctypes
@@ -23,15 +26,31 @@ from . import _library
 __all__ = ["malloc", "install", "pool"]
 
 
+def _free(lib, address, stream):
+    # A stream CuPy owns is kept alive by this call's arguments until now
+    # (below), so its handle is still valid here. One CuPy does not own
+    # (ExternalStream: a PyTorch stream, a raw handle) may have been
+    # destroyed by its owner since: the block is then freed as by cudaFree,
+    # which waits for every stream's queued work and touches no handle.
+    if isinstance(stream, cupy.cuda.ExternalStream):
+        lib.bfcshim_free(address)
+    else:
+        lib.bfcshim_free_async(address, stream.ptr)
+
+
 class _Block:
     """Owns one pooled block; freeing happens when CuPy drops its last
-    reference (CuPy's UnownedMemory keeps this object alive until then)."""
+    reference (CuPy's UnownedMemory keeps this object alive until then).
+
+    The finalizer holds the allocation's Stream object: a Stream collected
+    before its arrays would otherwise destroy its handle, and the free would
+    name a dead stream (the real driver may crash on one)."""
 
     __slots__ = ("address", "__weakref__")
 
     def __init__(self, lib, address, stream):
         self.address = address
-        weakref.finalize(self, lib.bfcshim_free_async, address, stream)
+        weakref.finalize(self, _free, lib, address, stream)
 
 
 def malloc(nbytes):
@@ -40,9 +59,9 @@ def malloc(nbytes):
     if nbytes == 0:
         return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(0, 0, None, device), 0)
     lib = _library.load()
-    stream = cupy.cuda.get_current_stream().ptr
+    stream = cupy.cuda.get_current_stream()
     ptr = ctypes.c_void_p()
-    _library.check(lib.bfcshim_malloc_async(ctypes.byref(ptr), nbytes, device, stream),
+    _library.check(lib.bfcshim_malloc_async(ctypes.byref(ptr), nbytes, device, stream.ptr),
                    f"bfcshim_malloc_async({nbytes} bytes)")
     block = _Block(lib, ptr.value, stream)
     mem = cupy.cuda.UnownedMemory(ptr.value, nbytes, block, device)

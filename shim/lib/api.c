@@ -151,6 +151,14 @@ static int api_free(void *ptr, CUstream s, bool stream_ordered, const char *api)
     svc_status st = shim_active() ? svc_free(p, stream_ordered ? FREE_STREAM : FREE_PLAIN, s,
                                              false, api)
                                   : SVC_PASS;
+    /* Where the library cannot see the stream destroyed (loaded without
+     * LD_PRELOAD), the free's epoch is sealed now, while the caller
+     * guarantees the stream exists: a seal at a later allocation could meet
+     * a dead handle (the CuPy plug-in keeps its Stream only until here). */
+    shim_pool *sp;
+    if (st == SVC_OK && stream_ordered && svc_explicit_stream(s) && !streams_all_seen() &&
+        (sp = pool_owning(p)) != NULL)
+        pools_seal_stream_lane(sp, s);
     if (st != SVC_PASS)
         return (int)svc_cuda_result(st);
     /* Not pooled: the driver's memory (passed through, or the caller's). */

@@ -611,6 +611,17 @@ uint32_t pool_lane_for_free(shim_pool *sp, CUstream s, bool per_thread)
     return lane == BFC_NO_LANE ? sp->plain_lane : lane;
 }
 
+void pools_seal_stream_lane(shim_pool *sp, CUstream s)
+{
+    uint32_t lane;
+    const real_driver *R = real_driver_get();
+    if (!R || !lane_lookup(sp, s, &lane))
+        return;
+    bool pushed = real_ctx_enter(R, sp->ctx);
+    bfc_pool_seal_lane(sp->bfc, lane);
+    real_ctx_leave(R, pushed);
+}
+
 void pools_stream_destroyed(CUstream s)
 {
     if (!green_stream_destroyed(s))

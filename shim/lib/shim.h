@@ -384,6 +384,10 @@ void pools_lock_for_fork(bool lock);
  * then wait for every stream. create=false: lookup only. */
 uint32_t pool_lane_for_alloc(shim_pool *sp, CUstream stream, bool per_thread);
 uint32_t pool_lane_for_free(shim_pool *sp, CUstream stream, bool per_thread);
+/* Seals the open epoch of stream s's lane in sp now, while s exists (a
+ * plug-in's stream-ordered free where the library cannot see s destroyed:
+ * a seal deferred to a later allocation could meet a dead handle). */
+void pools_seal_stream_lane(shim_pool *sp, CUstream s);
 /* A stream is about to be destroyed (its queued work runs on after the
  * destroy returns): while it still exists, a stand-in for that work, and its
  * lanes sealed and closed in every pool; then it leaves the registry. */
