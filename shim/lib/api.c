@@ -94,6 +94,29 @@ static CUresult pass_alloc(const real_driver *R, CUcontext ctx, size_t size, CUs
     return r;
 }
 
+/* The pool of ctx for a plug-in call. Where the library sees no context
+ * go (loaded without LD_PRELOAD), a pool whose context was destroyed and
+ * made again under the same handle (Numba's cuda.close(), a
+ * cudaDeviceReset) is noticed here and replaced: its memory went with the
+ * old context, and its events are dead handles. */
+static shim_pool *api_pool(CUcontext ctx)
+{
+    shim_pool *sp = pool_for_context(ctx, true);
+    if (sp && !streams_all_seen() && pools_forget_if_replaced(sp))
+        sp = pool_for_context(ctx, true);
+    return sp;
+}
+
+/* The pool owning p for a plug-in free; NULL when none does, or (unseen)
+ * when its context went since: the pointer went with it. */
+static shim_pool *api_owner(CUdeviceptr p)
+{
+    shim_pool *sp = pool_owning(p);
+    if (sp && !streams_all_seen() && pools_forget_if_replaced(sp))
+        return NULL;
+    return sp;
+}
+
 static int api_alloc(void **ptr, size_t size, int device, CUstream s, bool stream_ordered,
                      const char *api)
 {
@@ -108,7 +131,7 @@ static int api_alloc(void **ptr, size_t size, int device, CUstream s, bool strea
     if (r != CUDA_SUCCESS)
         return r;
     CUdeviceptr p = 0;
-    shim_pool *sp = shim_active() ? pool_for_context(ctx, true) : NULL;
+    shim_pool *sp = shim_active() ? api_pool(ctx) : NULL;
     if (!sp || (stream_ordered && svc_stream_capturing(s, false))) {
         /* A capturing stream's allocation belongs to the graph (as at the
          * doors); no pool (not serving, or none could be made): the driver. */
@@ -148,6 +171,8 @@ static int api_free(void *ptr, CUstream s, bool stream_ordered, const char *api)
         stream_ordered = false;
         s = NULL;
     }
+    if (shim_active() && !streams_all_seen())
+        api_owner(p); /* a pool whose context went unseen is forgotten first */
     svc_status st = shim_active() ? svc_free(p, stream_ordered ? FREE_STREAM : FREE_PLAIN, s,
                                              false, api)
                                   : SVC_PASS;
@@ -157,7 +182,7 @@ static int api_free(void *ptr, CUstream s, bool stream_ordered, const char *api)
      * a dead handle (the CuPy plug-in keeps its Stream only until here). */
     shim_pool *sp;
     if (st == SVC_OK && stream_ordered && svc_explicit_stream(s) && !streams_all_seen() &&
-        (sp = pool_owning(p)) != NULL)
+        (sp = api_owner(p)) != NULL)
         pools_seal_stream_lane(sp, s);
     if (st != SVC_PASS)
         return (int)svc_cuda_result(st);

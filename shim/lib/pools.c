@@ -286,6 +286,8 @@ static shim_pool *create_pool(const real_driver *R, CUcontext ctx, CUdevice dev,
     if (!sp)
         return NULL;
     sp->ctx = ctx;
+    if (R->CtxGetId && R->CtxGetId(ctx, &sp->ctx_id) != CUDA_SUCCESS)
+        sp->ctx_id = 0;
     sp->dev = dev;
     sp->total_memory = total;
     sp->limit = limit;
@@ -503,6 +505,25 @@ void pools_give_back_forgotten(bool context_went)
 static bool same_ctx(const shim_pool *sp, const void *arg)
 {
     return sp->ctx == *(const CUcontext *)arg;
+}
+
+static bool same_pool(const shim_pool *sp, const void *arg) { return sp == arg; }
+
+bool pools_forget_if_replaced(shim_pool *sp)
+{
+    const real_driver *R = real_driver_get();
+    unsigned long long id = 0;
+    if (!R || !R->CtxGetId || !sp->ctx_id || atomic_load(&sp->dead))
+        return false;
+    CUresult r = R->CtxGetId(sp->ctx, &id);
+    if (r == CUDA_SUCCESS && id == sp->ctx_id)
+        return false;
+    shim_log(LOG_INFO, "device %d: the pool's context went without the library seeing it "
+                       "(loaded without LD_PRELOAD); a new pool serves its successor",
+             (int)sp->dev);
+    forget_if(same_pool, sp);
+    pools_give_back_forgotten(true);
+    return true;
 }
 
 static bool primary_of(const shim_pool *sp, const void *arg)

@@ -91,6 +91,7 @@ static void load_driver(void)
     LOOK(EventQuery, "cuEventQuery");
     LOOK(EventSynchronize, "cuEventSynchronize");
     LOOK(CtxSynchronize, "cuCtxSynchronize");
+    LOOK(CtxGetId, "cuCtxGetId");
     LOOK(MemAddressReserve, "cuMemAddressReserve");
     LOOK(MemAddressFree, "cuMemAddressFree");
     LOOK(MemCreate, "cuMemCreate");

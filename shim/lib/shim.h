@@ -164,6 +164,7 @@ typedef struct real_driver {
     CUresult (*EventQuery)(CUevent);
     CUresult (*EventSynchronize)(CUevent);
     CUresult (*CtxSynchronize)(void);
+    CUresult (*CtxGetId)(CUcontext, unsigned long long *); /* optional (CUDA 12.0) */
     /* virtual memory management (vmm.c); optional */
     CUresult (*MemAddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
     CUresult (*MemAddressFree)(CUdeviceptr, size_t);
@@ -234,6 +235,9 @@ typedef struct shim_pool {
     CUcontext ctx;
     CUdevice dev;
     bool primary;         /* ctx is the device's primary context */
+    /* cuCtxGetId of ctx when the pool was made (0: unknown): a primary
+     * context made again under the same handle has another */
+    unsigned long long ctx_id;
     atomic_bool dead;     /* its context went away: no more use */
     atomic_bool given_back; /* (over virtual memory) its granules went back */
     /* the thread whose teardown forgot it (pools.c): only that thread gives
@@ -348,6 +352,12 @@ shim_pool *pool_owning(CUdeviceptr addr);
 /* A context is about to go away (destroy, reset, last primary release):
  * forget its pool (its memory goes with it) and its streams. */
 void pools_context_gone(CUcontext ctx);
+/* Loaded without LD_PRELOAD the library sees no context go (no destroy,
+ * reset or release reaches it): before a plug-in call uses sp, this asks
+ * the driver whether sp's context is still the one the pool was made in
+ * (cuCtxGetId). If not, the pool is forgotten, its memory given back (the
+ * old context's work ended with it), and true returned. */
+bool pools_forget_if_replaced(shim_pool *sp);
 /* Is ctx the primary context of a live pool? */
 bool pools_context_is_primary(CUcontext ctx);
 /* The same for the device's primary context, if it is active. */

@@ -20,6 +20,16 @@
  *   - captures (relaxed mode) begun and ended on non-blocking streams with
  *     work queued, other streams allocating and freeing meanwhile;
  *   - completions of streams in any order, and synchronisations;
+ *   - allocations and frees through the C interface of bfcshim.h as a
+ *     third door (bfcshim_malloc, bfcshim_free, their stream-ordered
+ *     twins), also freeing a block stream-ordered on its stream after that
+ *     stream was destroyed, as the CuPy plug-in may; with `plugin`, the
+ *     library is not preloaded but opened as the Python plug-ins open it
+ *     (dlopen, RTLD_LOCAL, from LIBBFCSHIM): it then sees none of the
+ *     program's streams, and only the C interface's blocks are pooled;
+ *   - with `teardown`, two more threads make contexts of their own on
+ *     device 0, use them (blocks, kernels) and destroy them with work
+ *     queued, all the while;
  *   - with devices=N, blocks on N devices, each used on its own device's
  *     streams, with any device current where CUDA allows it: plain frees
  *     and stream-ordered calls on created streams name their device
@@ -44,12 +54,14 @@
  * 512-byte boundary and is a multiple of it, so a block that overlaps
  * another covers at least one of its sampled words.
  *
- *   e2e_race SEED_FIRST-SEED_LAST OPS [threads=N] [devices=N] [contexts=N] [expect-races]
+ *   e2e_race SEED_FIRST-SEED_LAST OPS [threads=N] [devices=N] [contexts=N] [plugin]
+ *            [teardown] [expect-races]
  *   e2e_race SCENARIO      (meson's tests: seeds 1-20, 3000 operations; with
  *                          threads=3 when SCENARIO names "threads",
  *                          devices=2 when it names "devices", contexts=1
- *                          when it names "contexts",
- *                          expect-races when it is "immediate")
+ *                          when it names "contexts", plugin and teardown
+ *                          when it names them,
+ *                          expect-races when it names "immediate")
  *   (E2E_RACE_TRACE=1: log the calls)
  *
  * With threads=N, N threads run such programs at once on one pool, each with
@@ -79,7 +91,9 @@ typedef struct block {
     int place;        /* the context it lives in (and its streams): see use_place */
     int home;         /* stream slot on that device */
     bool async;       /* from cudaMallocAsync or cuMemAllocAsync */
+    bool api;         /* from the C interface (bfcshim.h) */
     bool orphan;      /* its stream was destroyed: only a plain free remains */
+    cudaStream_t dead_home; /* an orphan's destroyed stream */
     /* Handed to the legacy stream implicitly, its last work still on the
      * blocking stream it came from: until a legacy operation, nothing
      * orders that work before another blocking stream's (see hand_over). */
@@ -116,6 +130,40 @@ static struct {
     CUresult (*CtxDestroy)(CUcontext);
     CUresult (*CtxSetCurrent)(CUcontext);
 } cu;
+
+/* The C interface of bfcshim.h: the preloaded library's, or (plugin) one
+ * opened as the Python plug-ins open it; NULL members when there is none. */
+static struct {
+    int (*malloc)(void **, size_t, int);
+    int (*free)(void *);
+    int (*malloc_async)(void **, size_t, int, void *);
+    int (*free_async)(void *, void *);
+} api;
+static bool plugin; /* the library is not preloaded: it sees no stream */
+
+static void load_api(void)
+{
+    void *h = RTLD_DEFAULT;
+    if (plugin) {
+        const char *path = getenv("LIBBFCSHIM");
+        if (!path || !(h = dlopen(path, RTLD_NOW | RTLD_LOCAL))) {
+            fprintf(stderr, "e2e_race: plugin: dlopen(LIBBFCSHIM=%s): %s\n",
+                    path ? path : "(unset)", dlerror());
+            exit(1);
+        }
+    }
+    *(void **)&api.malloc = dlsym(h, "bfcshim_malloc");
+    *(void **)&api.free = dlsym(h, "bfcshim_free");
+    *(void **)&api.malloc_async = dlsym(h, "bfcshim_malloc_async");
+    *(void **)&api.free_async = dlsym(h, "bfcshim_free_async");
+    if (!api.malloc || !api.free || !api.malloc_async || !api.free_async) {
+        if (plugin) {
+            fprintf(stderr, "e2e_race: plugin: the library lacks the C interface\n");
+            exit(1);
+        }
+        memset(&api, 0, sizeof api);
+    }
+}
 
 static void load_driver(void)
 {
@@ -283,13 +331,27 @@ static void new_block(bool async)
         home = 0;
     size_t n = random_size();
     void *p = NULL;
-    const bool driver = pick(2);
+    /* 0 the runtime, 1 the driver, 2 the C interface; plugin: the C
+     * interface's blocks are the only pooled ones, so most come from it. */
+    const int door = plugin ? (pick(4) ? 2 : (int)pick(2)) : (int)pick(api.malloc ? 3 : 2);
+    const bool driver = door == 1;
     /* A plain allocation comes from the current device; a stream-ordered
      * one from its stream's, whichever device is current. */
     if (!async)
         use_place(place);
     cudaStream_t st = stream_at(place, home);
-    if (driver) {
+    if (door == 2) {
+        /* The device the place lives on; a created context, current, is
+         * the one the interface takes for device 0. */
+        int device = place < ndev ? place : 0;
+        use_place(place);
+        int r = async ? api.malloc_async(&p, n, device, st) : api.malloc(&p, n, device);
+        if (r == CUDA_ERROR_OUT_OF_MEMORY)
+            return;
+        EXPECT(r, CUDA_SUCCESS);
+        if (r != CUDA_SUCCESS)
+            return;
+    } else if (driver) {
         CUdeviceptr d = 0;
         CUresult r = async ? cu.AllocAsync(&d, n, (CUstream)st) : cu.Alloc(&d, n);
         if (r == CUDA_ERROR_OUT_OF_MEMORY)
@@ -308,11 +370,13 @@ static void new_block(bool async)
     }
     block *b = &live[nlive++];
     *b = (block){.mem = p, .bytes = n, .tag = atomic_fetch_add(&next_tag, 1) + 1, .place = place,
-                 .home = home, .async = async};
+                 .home = home, .async = async, .api = door == 2};
+    static const char *const names[3][2] = {{"cudaMalloc", "cudaMallocAsync"},
+                                            {"cuMemAlloc", "cuMemAllocAsync"},
+                                            {"bfcshim_malloc", "bfcshim_malloc_async"}};
     trace("alloc tag %llu at %p, %zu bytes, %s, place %d (current %d), stream slot %d (%p)",
-          (unsigned long long)b->tag, (void *)b->mem, n,
-          driver ? (async ? "cuMemAllocAsync" : "cuMemAlloc") : (async ? "cudaMallocAsync" : "cudaMalloc"),
-          place, current_place, home, (void *)st);
+          (unsigned long long)b->tag, (void *)b->mem, n, names[door][async], place, current_place,
+          home, (void *)st);
     launch(b, true);
 }
 
@@ -329,14 +393,35 @@ static void free_block(size_t i, bool async)
         return;
     if (home_captures)
         async = false;
-    const bool driver = pick(2);
+    /* Any door frees a pooled block when the library is preloaded; as a
+     * plug-in, the C interface's blocks are the only pooled ones, and only
+     * it frees them. */
+    const int door = plugin ? (b->api ? 2 : (int)pick(2)) : (int)pick(api.free ? 3 : 2);
+    const bool driver = door == 1;
     const CUdeviceptr d = (CUdeviceptr)(uintptr_t)b->mem;
+    /* The C interface may free an orphan on its destroyed stream (the CuPy
+     * plug-in does): where the library sees streams it knows the stream is
+     * gone. Not as a plug-in: then the caller must keep the stream alive
+     * until the free (bfcshim.h), as the CuPy plug-in does. */
+    const bool on_dead_stream = async && b->orphan && door == 2 && !plugin;
     async = async && !b->orphan;
+    /* As a plug-in, the other doors' blocks are the driver's own, and
+     * cuda.h's rules hold for them: a stream-ordered free is for
+     * stream-ordered memory. */
+    if (plugin && door != 2 && !b->async)
+        async = false;
+    static const char *const names[3][2] = {{"cudaFree", "cudaFreeAsync"},
+                                            {"cuMemFree", "cuMemFreeAsync"},
+                                            {"bfcshim_free", "bfcshim_free_async"}};
     trace("free tag %llu at %p, %s%s, place %d (current %d), stream slot %d (%p)",
-          (unsigned long long)b->tag, (void *)b->mem,
-          driver ? (async ? "cuMemFreeAsync" : "cuMemFree") : (async ? "cudaFreeAsync" : "cudaFree"),
-          b->orphan ? " (orphan)" : "", b->place, current_place, b->home, (void *)slot[b->place][b->home]);
-    if (async) {
+          (unsigned long long)b->tag, (void *)b->mem, names[door][async || on_dead_stream],
+          b->orphan ? " (orphan)" : "", b->place, current_place, b->home,
+          (void *)slot[b->place][b->home]);
+    if (on_dead_stream) {
+        EXPECT(api.free_async(b->mem, b->dead_home), CUDA_SUCCESS);
+    } else if (async && door == 2) {
+        EXPECT(api.free_async(b->mem, stream_at(b->place, b->home)), CUDA_SUCCESS);
+    } else if (async) {
         cudaStream_t st = stream_at(b->place, b->home);
         if (driver)
             EXPECT(cu.FreeAsync(d, (CUstream)st), CUDA_SUCCESS);
@@ -351,10 +436,20 @@ static void free_block(size_t i, bool async)
         if (b->async && b->orphan) {
             use_place(b->place);
             device_synchronize();
+        } else if (b->async && plugin && !b->api) {
+            /* The driver's own stream-ordered memory: its last work may be
+             * on another stream than its home (handed over implicitly
+             * between the legacy stream and a blocking one), which a
+             * stream's synchronisation does not wait for. No capture runs
+             * as a plug-in. */
+            use_place(b->place);
+            device_synchronize();
         } else if (b->async) {
             EXPECT(cudaStreamSynchronize(stream_at(b->place, b->home)), cudaSuccess);
         }
-        if (driver)
+        if (door == 2)
+            EXPECT(api.free(b->mem), CUDA_SUCCESS);
+        else if (driver)
             EXPECT(cu.Free(d), CUDA_SUCCESS);
         else
             EXPECT(cudaFree(b->mem), cudaSuccess);
@@ -426,8 +521,10 @@ static void replace_stream(void)
     if (ndestroyed < sizeof destroyed / sizeof *destroyed)
         destroyed[ndestroyed++] = (destroyed_stream){slot[d][s], d};
     for (size_t i = 0; i < nlive; i++)
-        if (live[i].place == d && live[i].home == s)
+        if (live[i].place == d && live[i].home == s && !live[i].orphan) {
             live[i].orphan = true;
+            live[i].dead_home = slot[d][s];
+        }
     make_stream(d, s, pick(2));
     trace("stream slot %d of place %d destroyed, now %p", s, d, (void *)slot[d][s]);
 }
@@ -461,10 +558,16 @@ static void reset_place(int d)
         EXPECT(cu.CtxCreate(&created_ctx[d], NULL, 0, 0), CUDA_SUCCESS); /* current now */
     }
     for (size_t i = 0; i < nlive;)
-        if (live[i].place == d)
+        if (live[i].place == d) {
+            /* As a plug-in, the driver's own stream-ordered blocks outlive
+             * their context (cuda.h), and would hold the device for good:
+             * freed now (the reset finished their work). */
+            if (plugin && live[i].async && !live[i].api)
+                EXPECT(cu.Free((CUdeviceptr)(uintptr_t)live[i].mem), CUDA_SUCCESS);
             live[i] = live[--nlive];
-        else
+        } else {
             i++;
+        }
     for (size_t i = 0; i < ndestroyed;)
         if (destroyed[i].place == d)
             destroyed[i] = destroyed[--ndestroyed];
@@ -483,6 +586,11 @@ static void reset_place(int d)
  * shim does on the program's behalf may invalidate it. */
 static void toggle_capture(void)
 {
+    /* As a plug-in the library sees no capture, and the context
+     * synchronisation a plain free may need would invalidate it
+     * (docs/limitations.md): such programs do not capture here. */
+    if (plugin)
+        return;
     if (capturing >= 0) {
         cudaGraph_t g;
         EXPECT(cudaStreamEndCapture(slot[capturing_place][capturing], &g), cudaSuccess);
@@ -571,6 +679,71 @@ static void run_seed(unsigned seed, unsigned ops)
     fakecuda()->complete_all();
 }
 
+/* `teardown`: a thread that makes a context of its own on device 0 again
+ * and again, allocates in it (pooled: the driver door when preloaded, the C
+ * interface as a plug-in), queues kernels, frees and allocates again, and
+ * destroys the context with the kernels still queued. The driver runs them
+ * inside cuCtxDestroy, each checking its block's tag: memory another
+ * thread's teardown gave back or handed out meanwhile shows as a race, or
+ * as a fault. Runs until the programs are done. */
+static atomic_bool teardown_stop;
+static _Atomic uint64_t teardowns;
+
+static bool teardown_alloc(void **p, size_t n)
+{
+    CUdeviceptr d = 0;
+    int r = plugin ? api.malloc(p, n, 0) : (int)cu.Alloc(&d, n);
+    if (!plugin)
+        *p = (void *)(uintptr_t)d;
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY)
+        atomic_fetch_add(&failed_calls, 1);
+    return r == CUDA_SUCCESS;
+}
+
+static void teardown_free(void *p)
+{
+    EXPECT(plugin ? api.free(p) : (int)cu.Free((CUdeviceptr)(uintptr_t)p), CUDA_SUCCESS);
+}
+
+static void teardown_launch(cudaStream_t st, void *mem, size_t bytes, uint64_t tag, bool first)
+{
+    kernel *k = malloc(sizeof *k);
+    *k = (kernel){.mem = mem, .bytes = bytes, .tag = tag, .first = first, .seed = seed_now,
+                  .op = op_now};
+    EXPECT(fakecuda()->launch(st, run_kernel, k), 0);
+}
+
+static void *teardown_loop(void *arg)
+{
+    seed_now = (unsigned)(uintptr_t)arg;
+    rng_state = 0x9e3779b97f4a7c15ull * (seed_now + 1);
+    for (op_now = 0; !atomic_load(&teardown_stop); op_now++) {
+        CUcontext c = NULL;
+        if (cu.CtxCreate(&c, NULL, 0, 0) != CUDA_SUCCESS) { /* current now */
+            atomic_fetch_add(&failed_calls, 1);
+            break;
+        }
+        cudaStream_t st;
+        EXPECT(cudaStreamCreateWithFlags(&st, pick(2) ? cudaStreamNonBlocking : 0), cudaSuccess);
+        for (int i = 0; i < 6; i++) {
+            void *p = NULL;
+            size_t n = random_size();
+            if (!teardown_alloc(&p, n))
+                continue;
+            uint64_t tag = atomic_fetch_add(&next_tag, 1) + 1;
+            teardown_launch(st, p, n, tag, true);
+            teardown_launch(st, p, n, tag, false);
+            if (pick(2))
+                teardown_free(p); /* fenced: the next allocations must not get it yet */
+            if (!pick(4))
+                fakecuda()->complete(st);
+        }
+        EXPECT(cu.CtxDestroy(c), CUDA_SUCCESS); /* the kernels run in here */
+        atomic_fetch_add(&teardowns, 1);
+    }
+    return NULL;
+}
+
 typedef struct job {
     unsigned first, last, ops, offset;
 } job;
@@ -589,7 +762,7 @@ static void *run_job(void *arg)
 int main(int argc, char **argv)
 {
     unsigned first = 1, last = 20, ops = 3000, threads = 1, devices = 1, contexts = 0;
-    bool expect_races = false;
+    bool expect_races = false, teardown = false;
     if (argc < 2) {
         fprintf(stderr, "usage: e2e_race FIRST-LAST OPS [threads=N] [devices=N] [contexts=N] [expect-races] | SCENARIO\n");
         return 2;
@@ -598,13 +771,19 @@ int main(int argc, char **argv)
         threads = strstr(argv[1], "threads") ? 3 : 1;
         devices = strstr(argv[1], "devices") ? 2 : 1;
         contexts = strstr(argv[1], "contexts") ? 1 : 0;
-        expect_races = strcmp(argv[1], "immediate") == 0;
+        plugin = strstr(argv[1], "plugin") != NULL;
+        teardown = strstr(argv[1], "teardown") != NULL;
+        expect_races = strstr(argv[1], "immediate") != NULL;
     } else if (argc > 2) {
         ops = (unsigned)atoi(argv[2]);
     }
     for (int a = 3; a < argc; a++)
         if (strcmp(argv[a], "expect-races") == 0)
             expect_races = true;
+        else if (strcmp(argv[a], "plugin") == 0)
+            plugin = true;
+        else if (strcmp(argv[a], "teardown") == 0)
+            teardown = true;
         else if (sscanf(argv[a], "devices=%u", &devices) == 1) {
             if (devices < 1 || devices > MAXDEV) {
                 fprintf(stderr, "e2e_race: devices=%u: 1 to %d\n", devices, MAXDEV);
@@ -638,6 +817,7 @@ int main(int argc, char **argv)
     nplaces = ndev + nctx;
     single_thread = threads == 1;
     load_driver();
+    load_api();
     for (int c = 0; c < nctx; c++) /* shared by the threads, each making it current */
         EXPECT(cu.CtxCreate(&created_ctx[ndev + c], NULL, 0, 0), CUDA_SUCCESS);
     EXPECT(cudaSetDevice(0), cudaSuccess); /* cuCtxCreate made the new one current */
@@ -648,9 +828,15 @@ int main(int argc, char **argv)
         if (t > 0)
             EXPECT(pthread_create(&tid[t], NULL, run_job, &jobs[t]), 0);
     }
+    pthread_t churn[2];
+    for (int t = 0; teardown && t < 2; t++)
+        EXPECT(pthread_create(&churn[t], NULL, teardown_loop, (void *)(uintptr_t)(50000 + t)), 0);
     run_job(&jobs[0]);
     for (unsigned t = 1; t < threads; t++)
         EXPECT(pthread_join(tid[t], NULL), 0);
+    atomic_store(&teardown_stop, true);
+    for (int t = 0; teardown && t < 2; t++)
+        EXPECT(pthread_join(churn[t], NULL), 0);
     /* Nothing is live and every stream is done: the whole pool must come
      * back. A fence that can never complete (an event recorded on a stream
      * that had begun capturing: a captured event) keeps its blocks pending
@@ -662,6 +848,11 @@ int main(int argc, char **argv)
     for (int d = 0; d < ndev; d++) {
         void *whole = NULL;
         use_place(d);
+        if (plugin) { /* the pool is the C interface's */
+            EXPECT(api.malloc(&whole, 24u << 20, d), CUDA_SUCCESS);
+            EXPECT(api.free(whole), CUDA_SUCCESS);
+            continue;
+        }
         EXPECT(cudaMalloc(&whole, 24u << 20), cudaSuccess);
         EXPECT(cudaFree(whole), cudaSuccess);
     }
@@ -671,9 +862,13 @@ int main(int argc, char **argv)
     CHECK_EQ(st.capture_invalidations, 0);
     e2e_failures += atomic_load(&failed_calls);
     printf("e2e_race: seeds %u-%u, %u operations each, %u thread(s), %d device(s), %d created "
-           "context(s): %llu kernels, %llu races\n",
-           first, last, ops, threads, ndev, nctx, (unsigned long long)atomic_load(&kernels_run),
-           (unsigned long long)atomic_load(&races));
+           "context(s)%s%s: %llu kernels, %llu races\n",
+           first, last, ops, threads, ndev, nctx, plugin ? ", as a plug-in" : "",
+           teardown ? ", two tearing contexts down" : "",
+           (unsigned long long)atomic_load(&kernels_run), (unsigned long long)atomic_load(&races));
+    if (teardown)
+        printf("e2e_race: %llu contexts torn down with work queued\n",
+               (unsigned long long)atomic_load(&teardowns));
     if (expect_races) {
         if (!atomic_load(&races)) {
             fprintf(stderr, "e2e_race: expected the detector to see races and it saw none\n");

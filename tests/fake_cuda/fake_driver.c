@@ -177,6 +177,7 @@ typedef struct fctx {
     uint32_t magic;
     int dev;
     bool primary, alive;
+    uint64_t id; /* cuCtxGetId: unique for the program's life, new each time it comes alive */
     int refcount;
     fstream legacy;
     struct fgreen *green; /* a green context's converted context: that green context */
@@ -257,6 +258,7 @@ static struct {
     size_t ncreated;
     uint64_t other_used[MAX_DEVICES]; /* FAKECUDA_OTHER_USED */
     uint64_t ctx_overhead;            /* FAKECUDA_CTX_OVERHEAD, per live context */
+    uint64_t next_ctx_id;             /* the last cuCtxGetId handed out */
     uint64_t pitch_align;             /* FAKECUDA_PITCH_ALIGN */
     uint64_t next_buffer_id;
     unsigned next_thread;
@@ -975,17 +977,40 @@ static CUresult do_alloc(fctx *c, int dev, CUdeviceptr *dptr, size_t size, const
     return CUDA_SUCCESS;
 }
 
-static CUresult do_free(CUdeviceptr dptr)
+/* An allocation's host memory, unmapped when a stream reaches its
+ * stream-ordered free (free_async). */
+typedef struct unmap_later {
+    uint64_t base, size;
+} unmap_later;
+
+static void unmap_when_reached(void *arg)
+{
+    unmap_later *u = arg;
+    munmap((void *)(uintptr_t)u->base, u->size);
+    free(u);
+}
+
+/* Lock held: forgets the allocation at dptr; its memory goes at once, or,
+ * with `later` set, when *later is handed to unmap_when_reached. */
+static CUresult do_free_ex(CUdeviceptr dptr, unmap_later **later)
 {
     allocation *a = find_alloc(dptr, false);
     if (!a)
         return CUDA_ERROR_INVALID_VALUE;
-    munmap((void *)(uintptr_t)a->base, a->size ? a->size : 1);
+    unmap_later *u = later ? malloc(sizeof *u) : NULL;
+    if (u) {
+        *u = (unmap_later){a->base, a->size ? a->size : 1};
+        *later = u;
+    } else {
+        munmap((void *)(uintptr_t)a->base, a->size ? a->size : 1);
+    }
     G.st.bytes_in_use[a->dev] -= a->size;
     pool_gave(a->pool, a->size);
     *a = G.allocs[--G.nallocs];
     return CUDA_SUCCESS;
 }
+
+static CUresult do_free(CUdeviceptr dptr) { return do_free_ex(dptr, NULL); }
 
 /* ---- initialisation, devices, contexts ------------------------------------- */
 
@@ -1475,6 +1500,8 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     if (!is_device(dev))
         LEAVE(CUDA_ERROR_INVALID_DEVICE);
     G.primary[dev].refcount++;
+    if (!G.primary[dev].alive) /* a new context under the same handle */
+        G.primary[dev].id = ++G.next_ctx_id;
     G.primary[dev].alive = true;
     *pctx = (CUcontext)&G.primary[dev];
     LEAVE(CUDA_SUCCESS);
@@ -1583,7 +1610,8 @@ EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, in
  * its legacy stream. */
 static void live_ctx(fctx *c, int dev, fgreen *g)
 {
-    *c = (fctx){.magic = CTX_MAGIC, .dev = dev, .alive = true, .refcount = 1, .green = g};
+    *c = (fctx){.magic = CTX_MAGIC, .dev = dev, .alive = true, .refcount = 1, .green = g,
+                .id = ++G.next_ctx_id};
     c->legacy = (fstream){.magic = STREAM_MAGIC, .ctx = c, .legacy = true};
 }
 
@@ -1697,6 +1725,22 @@ EXPORT CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest)
     if (greatest)
         *greatest = 0;
     return CUDA_SUCCESS;
+}
+
+/* "The Id is unique for the life of the program": a primary context made
+ * again under its old handle gets a new one. */
+EXPORT CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id)
+{
+    ENTER_API();
+    fctx *c = ctx ? (fctx *)ctx : current_ctx();
+    if (!id)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    if (!c || c->magic != CTX_MAGIC)
+        LEAVE(CUDA_ERROR_INVALID_CONTEXT);
+    if (!c->alive)
+        LEAVE(CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    *id = c->id;
+    LEAVE(CUDA_SUCCESS);
 }
 
 EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
@@ -2413,6 +2457,8 @@ EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *ph, CUdevResourceDesc desc, CUdevic
     if (!g)
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
     G.primary[dev].refcount++;
+    if (!G.primary[dev].alive)
+        G.primary[dev].id = ++G.next_ctx_id;
     G.primary[dev].alive = true;
     *g = (fgreen){.magic = GREEN_MAGIC, .dev = dev, .sm_count = desc->sm_count, .next = G.greens};
     live_ctx(&g->ctx, dev, g);
@@ -2551,7 +2597,11 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
  * cuMemAlloc's memory first completes the work queued on its device (work
  * that never ends stays queued, as everywhere here), and a program may free
  * memory its queued copies still target, as Numba's deallocations do; the
- * stream-ordered kind is freed at once, whatever still uses it.
+ * stream-ordered kind is freed at once, whatever still uses it (the caller
+ * must have made sure nothing does). cuMemFreeAsync is the stream-ordered
+ * twin: "the memory is released back to the pool" when the stream reaches
+ * the free ("Frees memory with stream ordered semantics", cuda.h), so work
+ * queued on the stream before it still finds the memory (free_async).
  */
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
@@ -2619,7 +2669,24 @@ static CUresult free_async(CUdeviceptr dptr, CUstream h)
     if (!s)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
     G.st.mem_free_async_calls++;
-    LEAVE(do_free(dptr));
+    if (!find_alloc(dptr, false))
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    /* Captured, the free is a node of the graph, which the fake does not
+     * run: it frees at once, as before. Otherwise the pool's bookkeeping
+     * changes now (the stream, in whose order later allocations come,
+     * may reuse it at once), and the memory stays mapped until the stream
+     * reaches the free: work queued before it still uses it. */
+    if (s->capturing)
+        LEAVE(do_free(dptr));
+    CUresult r = legacy_use(s);
+    if (r != CUDA_SUCCESS)
+        LEAVE(r);
+    unmap_later *u = NULL;
+    do_free_ex(dptr, &u);
+    if (u)
+        submit(s, unmap_when_reached, u);
+    maybe_autocomplete_and_unlock(s);
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *d, size_t n, CUstream s)
@@ -3497,6 +3564,7 @@ static const proc procs[] = {
     P("cuCtxPushCurrent", 4000, cuCtxPushCurrent_v2),
     P("cuCtxPopCurrent", 4000, cuCtxPopCurrent_v2),
     P("cuCtxGetDevice", 2000, cuCtxGetDevice),
+    P("cuCtxGetId", 12000, cuCtxGetId),
     P("cuCtxGetStreamPriorityRange", 5050, cuCtxGetStreamPriorityRange),
     P("cuCtxSynchronize", 2000, cuCtxSynchronize),
     P("cuCtxEnablePeerAccess", 4000, cuCtxEnablePeerAccess),
