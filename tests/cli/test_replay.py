@@ -409,6 +409,33 @@ def test_fence_lag(d):
         check(p.returncode == 2 and needle in p.stderr, f"replay {bad} refused: {p.stderr}")
 
 
+def test_sizes_no_device_has(d):
+    """Sizes that round onto 2^48 (at the replay's 256 B and at 512 B) once
+    passed the engine's size check and indexed one past its last size
+    class: replay and report died (SIGSEGV). Now they fail as out of
+    memory, counted like any failure, and the rest of the trace replays."""
+    t = write_trace(d, "huge.csv", [
+        row("allocate", "0x1000000", MiB), row("allocate", "0x2000000", (1 << 48) - 100),
+        row("allocate", "0x3000000", 1 << 48), row("free", "0x2000000", 0),
+        row("free", "0x3000000", 0), row("allocate", "0x4000000", 2 * MiB),
+        row("free", "0x1000000", 0), row("free", "0x4000000", 0)])
+    # No pool serves the trace, so the timed one is a stand-in (which may
+    # fail more); in a pool of 64 MiB the huge sizes are the only failures.
+    for args in [[], ["--granularity", "512"], ["--pool-size", "64MiB"],
+                 ["--pool-size", "64MiB", "--granularity", "512"]]:
+        p = run("replay", "--json", "--repeat", "1", *args, t, ok=False)
+        check(p.returncode == 0, f"replay {args} of huge sizes exits 0 (got {p.returncode})")
+        if p.returncode == 0:
+            r = json.loads(p.stdout)
+            check(r["min_pool_bytes"] is None and r["allocs"] == 4, f"replay {args}: {r}")
+            check(r["failures"] == 2 if "--pool-size" in args else r["failures"] >= 2,
+                  f"replay {args}: the two huge sizes are failures: {r}")
+    out = os.path.join(d, "huge.html")
+    p = run("report", "-o", out, t, ok=False)
+    check(p.returncode == 0 and os.path.getsize(out) > 0,
+          f"report of huge sizes exits 0 (got {p.returncode}: {p.stderr})")
+
+
 def test_plan(d):
     # The trace of test_min_pool_and_placement: low placement needs 4 MiB,
     # the offline packing 3 MiB. A plan of it brings low placement to 3 MiB,
@@ -525,7 +552,8 @@ with tempfile.TemporaryDirectory() as d:
                  test_unmatched_and_failed_lines, test_malformed_lines_name_their_line, test_gzip_and_crlf, test_bad_options,
                  test_dump_at_failure, test_tracegen, test_record, test_vmm, test_gpu_lag,
                  test_fence_lag,
-                 test_plan, test_plan_of_another_run, test_bundled_traces]:
+                 test_sizes_no_device_has, test_plan, test_plan_of_another_run,
+                 test_bundled_traces]:
         before = failures
         test(d)
         print(f"{test.__name__}: {'ok' if failures == before else 'FAILED'}")
