@@ -741,7 +741,8 @@ static void replay_usage(FILE *f)
             "                      (64KiB)\n"
             "  --tsl               TSL's policy: low placement, split only at 2x or 128 MiB\n"
             "  --plan PLAN         place as the plan says (bfcshim plan -o PLAN), as\n"
-            "                      BFCSHIM_PLAN does; JSON adds how many went there\n"
+            "                      BFCSHIM_PLAN does; JSON adds how many went there.\n"
+            "                      The granularity is the plan's unless given\n"
             "  --dump-at-failure F append to F (- for stderr) the pool's memory map at the\n"
             "                      first failure in a pool one unit below the minimum\n"
             "                      (with --vmm, then the preallocated pool over virtual\n"
@@ -810,7 +811,7 @@ int cmd_replay(int argc, char **argv)
         {"pool-unit", required_argument, 0, OPT_POOL_UNIT},
         {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
     int c;
-    bool min_pool_flag = false, fence_knob = false;
+    bool min_pool_flag = false, fence_knob = false, gran_given = false;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         uint64_t v = 0;
@@ -832,6 +833,7 @@ int cmd_replay(int argc, char **argv)
                 return cli_bad_value("replay", "--granularity", optarg,
                                      "a power of two from 256 to 1MiB");
             o.policy.granularity = v;
+            gran_given = true;
             break;
         case OPT_SPLIT:
             if (!parse_size(optarg, &v))
@@ -912,10 +914,6 @@ int cmd_replay(int argc, char **argv)
         default: replay_usage(stderr); return 2;
         }
     }
-    if (o.pool_unit && o.pool_unit < o.policy.granularity) {
-        fprintf(stderr, "bfcshim replay: --pool-unit must be at least the granularity\n");
-        return 2;
-    }
     if (min_pool_flag && o.pool_size) {
         fprintf(stderr, "bfcshim replay: --pool-size and --min-pool exclude each other\n");
         return 2;
@@ -951,6 +949,11 @@ int cmd_replay(int argc, char **argv)
             fprintf(stderr, "bfcshim replay: --plan %s\n", err);
             return 2;
         }
+        /* A plan is packed at the pool's alignment, which the shim's default
+         * (512) and the replay's (256) differ in: without --granularity the
+         * replay takes the plan's, as a pool that uses the plan has it. */
+        if (!gran_given)
+            o.policy.granularity = o.plan.granularity;
         if (o.plan.granularity != o.policy.granularity) {
             fprintf(stderr, "bfcshim replay: --plan %s was packed at a granularity of %llu, "
                             "the replay's is %llu\n", o.plan_path,
@@ -959,6 +962,11 @@ int cmd_replay(int argc, char **argv)
             plan_file_free(&o.plan);
             return 2;
         }
+    }
+    if (o.pool_unit && o.pool_unit < o.policy.granularity) {
+        fprintf(stderr, "bfcshim replay: --pool-unit must be at least the granularity\n");
+        plan_file_free(&o.plan);
+        return 2;
     }
     if (o.pool_size)
         o.pool_size = (o.pool_size + o.policy.granularity - 1) / o.policy.granularity *

@@ -450,9 +450,13 @@ def test_plan(d):
     check(r["offline_pool_bytes"] == 3 * MiB and r["allocations"] == 3,
           f"plan figures {r}")
     lines = open(plan).read().splitlines()
-    check(lines[:4] == ["bfcshim-plan 1", "granularity 256", f"pool_bytes {3 * MiB}",
+    # Packed at the pool's default alignment (BFCSHIM_ALIGNMENT, 512), so
+    # that the shim with default settings uses the plan.
+    check(lines[:4] == ["bfcshim-plan 1", "granularity 512", f"pool_bytes {3 * MiB}",
                         "entries 3"], f"plan header {lines[:4]}")
+    # The replay takes the plan's granularity when not told one.
     (r,), _ = replay_json("--placement", "low", "--plan", plan, t)
+    check(r["policy"]["granularity"] == 512, f"replay --plan policy {r['policy']}")
     check(r["min_pool_bytes"] == 3 * MiB, f"low with the plan: {r['min_pool_bytes']}")
     check(r["plan"]["planned"] == 3 and r["plan"]["misses"] == 0, f"plan counts {r['plan']}")
     # Bad plans are refused with a reason, before any replay.
@@ -466,8 +470,11 @@ def test_plan(d):
             f.write(text)
         p = run("replay", "--plan", bad, t, ok=False)
         check(p.returncode == 2 and why in p.stderr, f"bad plan ({why}): {p.returncode} {p.stderr}")
-    p = run("replay", "--granularity", "512", "--plan", plan, t, ok=False)
+    p = run("replay", "--granularity", "256", "--plan", plan, t, ok=False)
     check(p.returncode == 2 and "granularity" in p.stderr, f"granularity mismatch: {p.stderr}")
+    p = run("plan", "--granularity", "256", "-o", plan, t)
+    (r,), _ = replay_json("--granularity", "256", "--placement", "low", "--plan", plan, t)
+    check(r["plan"]["planned"] == 3, f"a plan at 256 B with --granularity 256: {r['plan']}")
     p = run("replay", "--vmm", "--plan", plan, t, ok=False)
     check(p.returncode == 2, "--plan with --vmm is refused")
     p = run("plan", os.path.join(d, "missing.csv"), ok=False)
