@@ -228,7 +228,9 @@ static bool serves_all(const trace *t, const replay_opts *o, uint64_t pool_bytes
 uint64_t cli_smallest_serving(uint64_t peak, uint64_t unit, uint64_t cap,
                               bool (*serves)(void *ctx, uint64_t bytes), void *ctx)
 {
-    if (peak == 0)
+    /* No pool the engine makes holds a peak at or above BFC_SIZE_LIMIT (and
+     * nothing below then wraps). */
+    if (peak == 0 || peak >= BFC_SIZE_LIMIT)
         return 0;
     uint64_t lo = (peak + unit - 1) / unit - 1; /* in units: fails */
     uint64_t hi = lo + 1, step = 1;
@@ -317,6 +319,11 @@ static uint64_t min_pool(const trace *t, const replay_opts *o, bfc_addr *slot_ad
      * which it always splits. */
     uint64_t cap = 2 * (t->total_alloc_bytes + t->allocs * unit) +
                    BFC_TSL_MAX_INTERNAL_FRAGMENTATION + unit;
+    /* No larger pool can be made (limits are below BFC_SIZE_LIMIT); past
+     * it the sum above may also have wrapped. */
+    if (t->total_alloc_bytes >= BFC_SIZE_LIMIT || t->allocs >= BFC_SIZE_LIMIT / unit ||
+        cap >= BFC_SIZE_LIMIT)
+        cap = BFC_SIZE_LIMIT - unit;
     serves_ctx c = {t, o, slot_addr};
     uint64_t bytes = cli_smallest_serving(t->peak_live_bytes, unit, cap, serves_all_at, &c);
     uint64_t failing;

@@ -436,6 +436,36 @@ def test_sizes_no_device_has(d):
           f"report of huge sizes exits 0 (got {p.returncode}: {p.stderr})")
 
 
+def test_live_bytes_past_2_64(d):
+    """Live bytes past 2^64 - 1 wrapped: replay and plan printed a peak of
+    3 * 2^62 ("12288 PiB") for 5 * 2^62 live, plan "efficiency 1.0000".
+    Now every command refuses the trace, naming the line that passes it.
+    Up to 2^64 - 1 live is a trace like any other: its figures saturate,
+    never wrap (plan's packing of a 2^64 - 1 byte block, rounded, once
+    wrapped to 1 MiB, "efficiency 17592186044416")."""
+    q = 1 << 62
+    t = write_trace(d, "past64.csv", [row("allocate", hex((i + 1) << 50), q) for i in range(5)])
+    for cmd in [["replay", "--repeat", "1"], ["replay", "--json", "--repeat", "1"],
+                ["replay", "--vmm", "--repeat", "1"], ["plan"], ["plan", "--json"],
+                ["report", "-o", os.path.join(d, "past64.html")]]:
+        p = run(*cmd, t, ok=False)
+        check(p.returncode == 1 and f"{t}:5:" in p.stderr and "past 2^64 - 1" in p.stderr
+              and "PiB" not in p.stdout,
+              f"{cmd}: refused at line 5 ({p.returncode}): {p.stdout} {p.stderr}")
+    most = (1 << 64) - 1
+    t = write_trace(d, "max64.csv", [row("allocate", "0x1000", MiB), row("free", "0x1000", 0),
+                                     row("allocate", "0x2000", most)])
+    (r,), _ = replay_json(t)
+    check(r["peak_live_bytes"] == most and r["failures"] == 1 and r["min_pool_bytes"] is None,
+          f"replay of 2^64 - 1 live: {r}")
+    p = run("plan", "--json", t)
+    check(p.returncode == 0, f"plan of 2^64 - 1 live exits 0: {p.stderr}")
+    if p.returncode == 0:
+        r = json.loads(p.stdout)
+        check(r["peak_live_bytes"] == most and r["offline_pool_bytes"] == most
+              and r["offline_efficiency"] == 1.0, f"plan of 2^64 - 1 live saturates: {r}")
+
+
 def test_plan(d):
     # The trace of test_min_pool_and_placement: low placement needs 4 MiB,
     # the offline packing 3 MiB. A plan of it brings low placement to 3 MiB,
@@ -559,7 +589,8 @@ with tempfile.TemporaryDirectory() as d:
                  test_unmatched_and_failed_lines, test_malformed_lines_name_their_line, test_gzip_and_crlf, test_bad_options,
                  test_dump_at_failure, test_tracegen, test_record, test_vmm, test_gpu_lag,
                  test_fence_lag,
-                 test_sizes_no_device_has, test_plan, test_plan_of_another_run,
+                 test_sizes_no_device_has, test_live_bytes_past_2_64, test_plan,
+                 test_plan_of_another_run,
                  test_bundled_traces]:
         before = failures
         test(d)
