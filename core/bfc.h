@@ -44,9 +44,14 @@ typedef struct bfc_pool bfc_pool;
 
 /* Smallest unit of size and alignment, as in TSL's BFC (kMinAllocationSize). */
 #define BFC_MIN_GRANULARITY 256u
-/* Requests above this (256 TiB) are rejected as too large: no device has that
- * much memory and it keeps every size computation far from overflow. */
-#define BFC_MAX_ALLOC_BYTES (UINT64_C(1) << 48)
+/* Every size the pool handles is below this (256 TiB): a request once
+ * rounded to the granularity, a region, a chunk, a limit. The free bins
+ * (bins.h) are sized from it and cover exactly these sizes; no device has that
+ * much memory, and it keeps every size computation far from overflow. A
+ * request that does not round to below it fails with BFC_ERR_TOO_LARGE: the
+ * largest that can succeed is BFC_SIZE_LIMIT - granularity. */
+#define BFC_SIZE_LIMIT_BITS 48u
+#define BFC_SIZE_LIMIT (UINT64_C(1) << BFC_SIZE_LIMIT_BITS)
 /* TSL's kMaxInternalFragmentation: its split rule always splits past this. */
 #define BFC_TSL_MAX_INTERNAL_FRAGMENTATION (UINT64_C(128) << 20)
 /* Lane 0 means "no lane": a plain allocation, or an immediate free. */
@@ -55,7 +60,7 @@ typedef struct bfc_pool bfc_pool;
 typedef enum bfc_status {
     BFC_OK = 0,
     BFC_ERR_OOM,           /* nothing fits and the backend gives no more */
-    BFC_ERR_TOO_LARGE,     /* size above BFC_MAX_ALLOC_BYTES (rounding would overflow) */
+    BFC_ERR_TOO_LARGE,     /* size that does not round to below BFC_SIZE_LIMIT */
     BFC_ERR_NOT_OWNED,     /* address in no region of this pool: route it elsewhere */
     BFC_ERR_NOT_ALLOCATED, /* inside a region but not the start of a live allocation */
     BFC_ERR_BAD_LANE,      /* lane not open, or not accepting frees */
@@ -220,7 +225,8 @@ const char *bfc_placement_name(bfc_placement p);
 bool bfc_placement_from_name(const char *name, bfc_placement *out);
 
 typedef struct bfc_options {
-    /* The most bytes of regions the pool may hold at once (required, > 0). */
+    /* The most bytes of regions the pool may hold at once (required, > 0,
+     * below BFC_SIZE_LIMIT). */
     uint64_t limit_bytes;
     /* true: the first extension asks for the whole limit (XLA preallocation);
      * false: regions start at initial_region_bytes and double (growth mode). */
@@ -229,7 +235,8 @@ typedef struct bfc_options {
     /* Region sizes are rounded up to this (the driver's allocation granule);
      * default 2 MiB. Set 256 to simulate exact region sizes. */
     uint64_t region_granularity;
-    /* Size rounding and alignment of every chunk: a power of two >= 256. */
+    /* Size rounding and alignment of every chunk: a power of two >= 256,
+     * below BFC_SIZE_LIMIT. */
     uint64_t granularity;
     /* A free chunk is split only when the remainder is at least this many
      * bytes (and at least one granule). Default: 256 (always split). */
@@ -273,11 +280,13 @@ typedef struct bfc_options {
      */
     bool vmm;
     /* The unit of mapping (the driver's granularity): a power of two and a
-     * multiple of granularity. Default 2 MiB. */
+     * multiple of granularity, below BFC_SIZE_LIMIT. Default 2 MiB. */
     uint64_t map_granularity;
     /* Address space of each reservation; 0: twice limit_bytes, so that a
      * fragmented address space still leaves room to place a block wherever
-     * memory can be mapped. Rounded up to map_granularity. */
+     * memory can be mapped. Rounded up to map_granularity, and capped at the
+     * largest multiple of it below BFC_SIZE_LIMIT (a reservation is a chunk
+     * while it is free). */
     uint64_t va_bytes;
     /* Free mapped bytes the pool keeps before giving granules back as frees
      * merge. Default UINT64_MAX: keep them until trim or pressure. */
@@ -398,8 +407,8 @@ bfc_status bfc_pool_alloc(bfc_pool *pool, uint64_t size, uint32_t lane,
  * there, else where the placement rule puts it; a run that strays far
  * from the plan abandons it (plan.c says how). The plan applies while the
  * pool has one region. Sizes and offsets must be multiples of the
- * granularity and n < 2^32 (else BFC_ERR_INVALID, and the pool keeps its
- * plan). The entries are copied; n = 0 removes the plan. Each call starts
+ * granularity, each entry must end below BFC_SIZE_LIMIT, and n < 2^32 (else
+ * BFC_ERR_INVALID, and the pool keeps its plan). The entries are copied; n = 0 removes the plan. Each call starts
  * the run at the plan's first entry.
  */
 typedef struct bfc_plan_entry {

@@ -6,7 +6,9 @@
  *   u < 32            -> bin u           (exact: one size per bin)
  *   u >= 32, f=log2 u -> bin (f-4)*32 + the next 5 bits of u below the top one
  * so bins below 16 KiB hold one size each and larger bins span at most 1/32
- * (3%) of their size. 1152 bins cover sizes below 2^48 bytes.
+ * (3%) of their size. The bins cover exactly the sizes below BFC_SIZE_LIMIT
+ * (2^48 bytes: 1152 bins), the sizes the pool handles; BIN_COUNT is derived
+ * from it, so the pool's size check and the bins agree.
  *
  * Finding the best fit for a size r:
  *   1. in r's own bin, the tree's lower bound of r (smallest size >= r, lowest
@@ -25,12 +27,16 @@
 
 #include <stdint.h>
 
+#include "bfc.h"
 #include "chunk_tree.h"
 #include "chunks.h"
 
 #define BIN_SUB_BITS 5u
 #define BIN_SUB_COUNT (1u << BIN_SUB_BITS)
-#define BIN_COUNT 1152u
+/* Sizes below 2^L bytes are below 2^(L-8) units, whose top bit is at most
+ * L-9; the bins of top bit f >= 5 are (f-4)*32 .. (f-4)*32+31, so the last
+ * is (L-13)*32+31 and there are (L-12)*32. */
+#define BIN_COUNT ((BFC_SIZE_LIMIT_BITS - 12u) << BIN_SUB_BITS)
 #define BIN_WORDS (BIN_COUNT / 64u)
 #define BIN_NONE UINT32_MAX
 
@@ -44,7 +50,8 @@ typedef struct bin_set {
 static inline unsigned bits_msb64(uint64_t x) { return 63u - (unsigned)__builtin_clzll(x); }
 static inline unsigned bits_ctz64(uint64_t x) { return (unsigned)__builtin_ctzll(x); }
 
-/* Bin of a size (a positive multiple of 256 below 2^48). Branch-free: with
+/* Bin of a size (a positive multiple of 256 below BFC_SIZE_LIMIT; a larger
+ * one would index past the bins). Branch-free: with
  * f = top bit of (u | 32), bin = (f - 5) * 32 + (u >> (f - 5)); below 32
  * units f is 5 and the bin is u itself, and from 32 up the shifted value is
  * the 1 + 5 leading bits of u, so each power of two spans 32 bins. */

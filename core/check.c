@@ -7,9 +7,10 @@
  *   regions   sorted, disjoint, non-empty, summing to pool_bytes
  *   tiling    each region's chunk list starts at its base, links both ways,
  *             leaves no gap and ends exactly at its end
- *   chunks    sizes and addresses are multiples of the granularity; a FREE
- *             chunk never has a FREE neighbour; an ALLOCATED chunk's size is
- *             its rounded request plus less than one split's worth
+ *   chunks    sizes and addresses are multiples of the granularity, sizes
+ *             below BFC_SIZE_LIMIT; a FREE chunk never has a FREE neighbour;
+ *             an ALLOCATED chunk's size is its rounded request plus less
+ *             than one split's worth
  *   indexes   each FREE chunk is in the free bins under its size class, each
  *             ALLOCATED one in the address map, each PENDING one in its
  *             lane's FIFO (and bins); nothing else is in any of them; bitmaps
@@ -122,6 +123,12 @@ static void check_chunk(const bfc_pool *p, uint32_t c, recount *n, checker *k)
     if (cc->size == 0 || cc->size % g || cc->addr % g)
         fail(k, "chunk %u at 0x%" PRIx64 " size %" PRIu64 " breaks granularity %" PRIu64,
              c, cc->addr, cc->size, g);
+    if (cc->size >= BFC_SIZE_LIMIT) {
+        /* No bin holds it; looking one up would index past the bins. */
+        fail(k, "chunk %u at 0x%" PRIx64 " size %" PRIu64 " is not below BFC_SIZE_LIMIT", c,
+             cc->addr, cc->size);
+        return;
+    }
     n->chunks++;
     switch (cc->state) {
     case CHUNK_FREE:

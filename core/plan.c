@@ -137,7 +137,7 @@ bfc_status plan_create(const bfc_pool *p, const bfc_plan_entry *e, size_t n, poo
         return BFC_ERR_INVALID; /* positions are 32-bit */
     for (size_t i = 0; i < n; i++)
         if (e[i].size == 0 || e[i].size % g || e[i].offset % g ||
-            e[i].size > BFC_MAX_ALLOC_BYTES || e[i].offset > BFC_MAX_ALLOC_BYTES - e[i].size)
+            e[i].size >= BFC_SIZE_LIMIT || e[i].offset >= BFC_SIZE_LIMIT - e[i].size)
             return BFC_ERR_INVALID;
     pool_plan *pl = calloc(1, sizeof *pl);
     const bfc_plan_entry **sorted = malloc((n ? n : 1) * sizeof *sorted);

@@ -81,13 +81,14 @@ bfc_pool *bfc_pool_create(const bfc_options *opt, const bfc_backend *backend)
     if (opt->limit_bytes == 0 || !is_pow2(opt->granularity) ||
         opt->granularity < BFC_MIN_GRANULARITY || opt->region_granularity == 0 ||
         opt->region_granularity % opt->granularity != 0 ||
-        opt->limit_bytes > BFC_MAX_ALLOC_BYTES ||
+        opt->granularity >= BFC_SIZE_LIMIT || opt->limit_bytes >= BFC_SIZE_LIMIT ||
         (opt->placement != BFC_PLACE_BY_AGE && opt->placement != BFC_PLACE_LOW &&
          opt->placement != BFC_PLACE_ALIGNED) ||
         (opt->placement == BFC_PLACE_ALIGNED && !is_pow2(opt->align_bytes)) ||
         (opt->vmm && (!backend->map || !backend->unmap || !is_pow2(opt->map_granularity) ||
                       opt->map_granularity < opt->granularity ||
-                      opt->va_bytes > BFC_MAX_ALLOC_BYTES)))
+                      opt->map_granularity >= BFC_SIZE_LIMIT ||
+                      opt->va_bytes >= BFC_SIZE_LIMIT)))
         return NULL;
     bfc_pool *p = calloc(1, sizeof *p);
     if (!p)
@@ -237,6 +238,9 @@ static __attribute__((noinline)) uint32_t fit_pinning_fewer(bfc_pool *p, uint32_
     const uint64_t least = rounded >> bits_ctz64(p->granule_mask + 1);
     uint32_t pick = c, d = c;
     for (int i = 0; i < FEWER_PINS_CANDIDATES && pins > least; i++) {
+        /* The next size up must stay in the bins' range. */
+        if (C(p, d)->size >= BFC_SIZE_LIMIT - p->opt.granularity)
+            break;
         d = bins_best_fit(&p->free_bins, &p->chunks, C(p, d)->size + p->opt.granularity);
         if (d == CHUNK_NIL)
             break;
@@ -932,7 +936,11 @@ bfc_status bfc_pool_alloc(bfc_pool *p, uint64_t size, uint32_t lane_id,
         *out = 0;
         return BFC_OK;
     }
-    if (size > BFC_MAX_ALLOC_BYTES)
+    /* The rounded size must be below BFC_SIZE_LIMIT, the bins' range: the
+     * limit is a multiple of the granularity, so the largest size that
+     * rounds to below it is one granule under it. Checked before rounding,
+     * which cannot overflow then. */
+    if (size > BFC_SIZE_LIMIT - p->opt.granularity)
         return BFC_ERR_TOO_LARGE;
     const uint64_t rounded = round_up_pow2(size, p->opt.granularity);
     bfc_status s = BFC_OK;

@@ -107,8 +107,15 @@ static bool region_reserve_va(bfc_pool *p, uint64_t rounded)
     const uint64_t g = p->opt.map_granularity;
     if (rounded > p->opt.limit_bytes)
         return false; /* could never be mapped */
+    /* The reservation is one free chunk at first: below BFC_SIZE_LIMIT, the
+     * bins' range (g divides the limit, so the largest such is limit - g). */
+    const uint64_t most = BFC_SIZE_LIMIT - g;
     const uint64_t need = round_up(rounded, g);
+    if (need > most)
+        return false;
     uint64_t want = round_up(p->opt.va_bytes ? p->opt.va_bytes : 2 * p->opt.limit_bytes, g);
+    if (want > most)
+        want = most;
     const bool first = p->nregions == 0;
     const uint64_t whole_limit = p->opt.limit_bytes / g * g; /* what can be mapped */
     if (first && p->as_one_region && whole_limit)

@@ -56,7 +56,9 @@ int bfcshim_active(void);
  *
  * bfcshim_malloc / bfcshim_free behave like cudaMalloc / cudaFree: a freed
  * block is handed out again only after the work queued on every stream of
- * the context when it was freed has finished.
+ * the context when it was freed has finished. Size 0 succeeds with *ptr =
+ * NULL and logs nothing, as cudaMalloc's and cudaMallocAsync's does, in
+ * both functions (freeing NULL is a no-op).
  *
  * bfcshim_malloc_async / bfcshim_free_async behave like cudaMallocAsync /
  * cudaFreeAsync: the block may be used by work on `stream` (a CUstream or

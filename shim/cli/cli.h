@@ -30,8 +30,8 @@ bfc_pool *replay_pool_create(struct sim_device *dev, const bfc_options *policy,
  * for which serves(ctx, bytes) holds: up from the peak by a growing step,
  * then bisected. Bisection assumes a larger size never serves less, which
  * holds for best fit in practice though not in theory: the answer is the
- * smallest size found that works. 0 when peak is 0 or cap does not serve
- * (replay.c). */
+ * smallest size found that works. 0 when peak is 0 or at least
+ * BFC_SIZE_LIMIT, or cap does not serve (replay.c). */
 uint64_t cli_smallest_serving(uint64_t peak, uint64_t unit, uint64_t cap,
                               bool (*serves)(void *ctx, uint64_t bytes), void *ctx);
 

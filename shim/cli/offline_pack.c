@@ -40,6 +40,11 @@ static int by_offset(const void *pa, const void *pb)
     return a->offset < b->offset ? -1 : a->offset > b->offset;
 }
 
+/* a + b, or UINT64_MAX where that would wrap: sizes up to 2^64 - 1 pack, and
+ * a packing that does not fit in 64 bits says so by its top, not by a
+ * wrapped small one. */
+static uint64_t add_sat(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+
 /* Places blocks[0..n) in their current order; returns the pool size. */
 static uint64_t pack(block *blocks, size_t n, block **scratch)
 {
@@ -52,12 +57,12 @@ static uint64_t pack(block *blocks, size_t n, block **scratch)
                 scratch[m++] = &blocks[j];
         qsort(scratch, m, sizeof *scratch, by_offset);
         uint64_t at = 0;
-        for (size_t j = 0; j < m && scratch[j]->offset < at + b->size; j++)
-            if (scratch[j]->offset + scratch[j]->size > at)
-                at = scratch[j]->offset + scratch[j]->size;
+        for (size_t j = 0; j < m && scratch[j]->offset < add_sat(at, b->size); j++)
+            if (add_sat(scratch[j]->offset, scratch[j]->size) > at)
+                at = add_sat(scratch[j]->offset, scratch[j]->size);
         b->offset = at;
-        if (at + b->size > top)
-            top = at + b->size;
+        if (add_sat(at, b->size) > top)
+            top = add_sat(at, b->size);
     }
     return top;
 }
@@ -76,7 +81,9 @@ uint64_t offline_pack(const trace *t, uint64_t granularity, bfc_plan_entry *out)
         const trace_event *e = &t->ev[i];
         block *b = &blocks[e->slot];
         if (e->kind == TRACE_ALLOC) {
-            b->size = (e->size + granularity - 1) / granularity * granularity;
+            b->size = e->size > UINT64_MAX - (granularity - 1)
+                          ? UINT64_MAX
+                          : (e->size + granularity - 1) / granularity * granularity;
             b->born = i;
             b->dies = SIZE_MAX;
             b->slot = e->slot;

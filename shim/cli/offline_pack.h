@@ -24,7 +24,8 @@
 /* Packs t's allocations; out[i] receives the i-th allocation's rounded size
  * and offset (t->nslots entries: a plan in recorded order). Returns the pool
  * size the packing needs, or 0 when host memory runs out (or the trace
- * allocates nothing). */
+ * allocates nothing). Sizes and offsets saturate at UINT64_MAX: a packing
+ * that needs 2^64 bytes or more returns UINT64_MAX. */
 uint64_t offline_pack(const trace *t, uint64_t granularity, bfc_plan_entry *out);
 
 #endif

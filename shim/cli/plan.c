@@ -4,6 +4,9 @@
  *
  *   bfcshim plan [--granularity B] [-o PLAN] [--json] TRACE.csv[.gz]
  *
+ * The granularity defaults to the pool's default alignment (env_vars.h): the
+ * shim uses only a plan packed at its own BFCSHIM_ALIGNMENT.
+ *
  * Online placement decides where each block goes knowing only the past; a
  * packing that knows every lifetime (offline_pack.c) shows how small a pool
  * could be, and, written as a plan (plan_file.h), tells a later run of the
@@ -15,6 +18,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "env_vars.h"
 #include "json_out.h"
 #include "offline_pack.h"
 #include "plan_file.h"
@@ -30,8 +34,10 @@ static void plan_usage(FILE *f)
             "against. With -o, writes it as a placement plan for a later run of the same\n"
             "job: BFCSHIM_PLAN=PLAN (preallocated pool), or bfcshim replay --plan PLAN.\n"
             "  -o, --output PLAN   write the plan there (- for standard output)\n"
-            "  --granularity B     size rounding, as the pool's (256)\n"
-            "  --json              print the figures as one JSON object\n");
+            "  --granularity B     size rounding: the pool's BFCSHIM_ALIGNMENT, which must\n"
+            "                      match for the plan to be used (%u, its default)\n"
+            "  --json              print the figures as one JSON object\n",
+            ENV_ALIGNMENT_DEFAULT);
 }
 
 int cmd_plan(int argc, char **argv)
@@ -43,7 +49,7 @@ int cmd_plan(int argc, char **argv)
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     const char *out_path = NULL;
-    uint64_t granularity = 256;
+    uint64_t granularity = ENV_ALIGNMENT_DEFAULT;
     bool json = false;
     int c;
     optind = 1;
@@ -52,9 +58,9 @@ int cmd_plan(int argc, char **argv)
         switch (c) {
         case 'o': out_path = optarg; break;
         case 'g':
-            if (!parse_power_of_two_in(optarg, 256, UINT64_C(1) << 20, &v))
+            if (!parse_power_of_two_in(optarg, ENV_ALIGNMENT_MIN, ENV_ALIGNMENT_MAX, &v))
                 return cli_bad_value("plan", "--granularity", optarg,
-                                     "a power of two from 256 to 1MiB");
+                                     "a power of two from 256 to 1MiB, as BFCSHIM_ALIGNMENT");
             granularity = v;
             break;
         case 'j': json = true; break;

@@ -228,7 +228,9 @@ static bool serves_all(const trace *t, const replay_opts *o, uint64_t pool_bytes
 uint64_t cli_smallest_serving(uint64_t peak, uint64_t unit, uint64_t cap,
                               bool (*serves)(void *ctx, uint64_t bytes), void *ctx)
 {
-    if (peak == 0)
+    /* No pool the engine makes holds a peak at or above BFC_SIZE_LIMIT (and
+     * nothing below then wraps). */
+    if (peak == 0 || peak >= BFC_SIZE_LIMIT)
         return 0;
     uint64_t lo = (peak + unit - 1) / unit - 1; /* in units: fails */
     uint64_t hi = lo + 1, step = 1;
@@ -317,6 +319,11 @@ static uint64_t min_pool(const trace *t, const replay_opts *o, bfc_addr *slot_ad
      * which it always splits. */
     uint64_t cap = 2 * (t->total_alloc_bytes + t->allocs * unit) +
                    BFC_TSL_MAX_INTERNAL_FRAGMENTATION + unit;
+    /* No larger pool can be made (limits are below BFC_SIZE_LIMIT); past
+     * it the sum above may also have wrapped. */
+    if (t->total_alloc_bytes >= BFC_SIZE_LIMIT || t->allocs >= BFC_SIZE_LIMIT / unit ||
+        cap >= BFC_SIZE_LIMIT)
+        cap = BFC_SIZE_LIMIT - unit;
     serves_ctx c = {t, o, slot_addr};
     uint64_t bytes = cli_smallest_serving(t->peak_live_bytes, unit, cap, serves_all_at, &c);
     uint64_t failing;
@@ -741,7 +748,8 @@ static void replay_usage(FILE *f)
             "                      (64KiB)\n"
             "  --tsl               TSL's policy: low placement, split only at 2x or 128 MiB\n"
             "  --plan PLAN         place as the plan says (bfcshim plan -o PLAN), as\n"
-            "                      BFCSHIM_PLAN does; JSON adds how many went there\n"
+            "                      BFCSHIM_PLAN does; JSON adds how many went there.\n"
+            "                      The granularity is the plan's unless given\n"
             "  --dump-at-failure F append to F (- for stderr) the pool's memory map at the\n"
             "                      first failure in a pool one unit below the minimum\n"
             "                      (with --vmm, then the preallocated pool over virtual\n"
@@ -810,7 +818,7 @@ int cmd_replay(int argc, char **argv)
         {"pool-unit", required_argument, 0, OPT_POOL_UNIT},
         {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
     int c;
-    bool min_pool_flag = false, fence_knob = false;
+    bool min_pool_flag = false, fence_knob = false, gran_given = false;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         uint64_t v = 0;
@@ -832,6 +840,7 @@ int cmd_replay(int argc, char **argv)
                 return cli_bad_value("replay", "--granularity", optarg,
                                      "a power of two from 256 to 1MiB");
             o.policy.granularity = v;
+            gran_given = true;
             break;
         case OPT_SPLIT:
             if (!parse_size(optarg, &v))
@@ -912,10 +921,6 @@ int cmd_replay(int argc, char **argv)
         default: replay_usage(stderr); return 2;
         }
     }
-    if (o.pool_unit && o.pool_unit < o.policy.granularity) {
-        fprintf(stderr, "bfcshim replay: --pool-unit must be at least the granularity\n");
-        return 2;
-    }
     if (min_pool_flag && o.pool_size) {
         fprintf(stderr, "bfcshim replay: --pool-size and --min-pool exclude each other\n");
         return 2;
@@ -951,6 +956,11 @@ int cmd_replay(int argc, char **argv)
             fprintf(stderr, "bfcshim replay: --plan %s\n", err);
             return 2;
         }
+        /* A plan is packed at the pool's alignment, which the shim's default
+         * (512) and the replay's (256) differ in: without --granularity the
+         * replay takes the plan's, as a pool that uses the plan has it. */
+        if (!gran_given)
+            o.policy.granularity = o.plan.granularity;
         if (o.plan.granularity != o.policy.granularity) {
             fprintf(stderr, "bfcshim replay: --plan %s was packed at a granularity of %llu, "
                             "the replay's is %llu\n", o.plan_path,
@@ -959,6 +969,11 @@ int cmd_replay(int argc, char **argv)
             plan_file_free(&o.plan);
             return 2;
         }
+    }
+    if (o.pool_unit && o.pool_unit < o.policy.granularity) {
+        fprintf(stderr, "bfcshim replay: --pool-unit must be at least the granularity\n");
+        plan_file_free(&o.plan);
+        return 2;
     }
     if (o.pool_size)
         o.pool_size = (o.pool_size + o.policy.granularity - 1) / o.policy.granularity *

@@ -193,7 +193,10 @@ void replay_vmm_measure(const trace *t, const bfc_options *policy, uint64_t gpu_
     const uint64_t gran = policy->map_granularity;
     /* Room to spare: four times the peak plus 1 GiB serves every real trace
      * (checked: a run that still fails is reported, not hidden). */
-    const uint64_t roomy = 4 * t->peak_live_bytes + (UINT64_C(1) << 30);
+    const uint64_t most = BFC_SIZE_LIMIT - gran; /* the largest limit a pool takes */
+    const uint64_t roomy = t->peak_live_bytes < (most - (UINT64_C(1) << 30)) / 4
+                               ? 4 * t->peak_live_bytes + (UINT64_C(1) << 30)
+                               : most;
 
     out->min_limit_bytes = min_limit(t, KIND_VMM, policy, gpu_lag, gran, roomy, slot_addr);
     if (out->min_limit_bytes) {

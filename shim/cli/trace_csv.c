@@ -179,9 +179,16 @@ static bool on_alloc(trace *t, uint64_t ptr, uint64_t size)
         t->leaked_reuses++;
     if (!ptr_map_reserve(&t->ptr_to_slot, 1))
         return malformed(t, "out of host memory");
+    /* Live bytes past 2^64 - 1 are no recording of a real job, and would
+     * wrap the peak and every figure made of it: refused, naming the line.
+     * The total only bounds a search (replay.c): it saturates. */
+    if (size > UINT64_MAX - t->live_bytes)
+        return malformed(t, "allocate of %llu bytes takes the live bytes (%llu) past 2^64 - 1",
+                         (unsigned long long)size, (unsigned long long)t->live_bytes);
     ptr_map_put(&t->ptr_to_slot, ptr, (uint32_t)t->nev + 1);
     t->allocs++;
-    t->total_alloc_bytes += size;
+    t->total_alloc_bytes = size > UINT64_MAX - t->total_alloc_bytes ? UINT64_MAX
+                                                                     : t->total_alloc_bytes + size;
     t->live_bytes += size;
     if (t->live_bytes > t->peak_live_bytes)
         t->peak_live_bytes = t->live_bytes;

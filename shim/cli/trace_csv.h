@@ -14,6 +14,8 @@
  *     earlier free (windows of longer runs do): the earlier block is assumed
  *     leaked, counted, and the pointer now names the new block;
  *   - `allocate failure` lines and zero-size allocations are counted, skipped;
+ *   - an allocation that takes the live bytes past 2^64 - 1 is malformed
+ *     (every figure of the trace would wrap); any size alone is accepted;
  *   - anything else malformed stops parsing with "name:line: what".
  */
 #ifndef BFCSHIM_CLI_TRACE_CSV_H
@@ -44,7 +46,8 @@ typedef struct trace {
     uint64_t failed_allocs;     /* `allocate failure` lines */
     uint64_t zero_size_allocs;
     uint64_t leaked_reuses;     /* allocations of a still-live pointer */
-    uint64_t live_bytes, peak_live_bytes, total_alloc_bytes;
+    uint64_t live_bytes, peak_live_bytes;
+    uint64_t total_alloc_bytes; /* saturates at UINT64_MAX */
     uint64_t first_us, last_us; /* time of the first and last event */
     uint64_t day_us;            /* days crossed so far, in microseconds */
     bool saw_header;

@@ -10,8 +10,6 @@
 #include "env_vars.h"
 #include "units.h"
 
-#define MiB (1024.0 * 1024.0)
-
 const env_var env_vars[] = {
     {"BFCSHIM_ALLOCATOR", VAR_CHOICE, 0, 0, {"bfc", "platform"}, "the allocator that serves"},
     {"BFCSHIM_MEM_FRACTION", VAR_NUMBER, 1e-6, 1, {0},
@@ -27,7 +25,8 @@ const env_var env_vars[] = {
      "the free mapped memory kept before it goes back to the device"},
     {"BFCSHIM_FREE_POLICY", VAR_CHOICE, 0, 0, {"fenced", "immediate"},
      "the moment freed blocks may be reused"},
-    {"BFCSHIM_ALIGNMENT", VAR_POW2_SIZE, 256, MiB, {0}, "the alignment of every block"},
+    {"BFCSHIM_ALIGNMENT", VAR_POW2_SIZE, ENV_ALIGNMENT_MIN, ENV_ALIGNMENT_MAX, {0},
+     "the alignment of every block"},
     {"BFCSHIM_PLACEMENT", VAR_CHOICE, 0, 0, {"age", "low", "aligned"},
      "the place of an allocation in a free block"},
     {"BFCSHIM_INITIAL_REGION", VAR_SIZE, 0, 0, {0}, "the first region when not preallocating"},

@@ -11,6 +11,15 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+/* BFCSHIM_ALIGNMENT: the pool's default size and alignment granule, and the
+ * range it accepts. `bfcshim plan` packs at the same default and accepts
+ * the same range: a pool takes only a plan packed at its own alignment, so a
+ * plan made with default settings must be one a pool with default settings
+ * uses. */
+#define ENV_ALIGNMENT_DEFAULT 512u
+#define ENV_ALIGNMENT_MIN 256u
+#define ENV_ALIGNMENT_MAX (1u << 20)
+
 typedef enum env_var_kind {
     VAR_BOOL,      /* true/false, 1/0, yes/no, on/off */
     VAR_SIZE,      /* a byte size above 0: 40GiB, 512MiB, 1073741824 */

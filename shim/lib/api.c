@@ -123,8 +123,11 @@ static int api_alloc(void **ptr, size_t size, int device, CUstream s, bool strea
     if (!ptr)
         return fail(CUDA_ERROR_INVALID_VALUE, api, "NULL result pointer");
     *ptr = NULL;
+    /* cudaMalloc and cudaMallocAsync answer size 0 with success and no
+     * memory, and the header promises their behaviour: NULL, no log line,
+     * no pool or driver involved. */
     if (size == 0)
-        return fail(CUDA_ERROR_INVALID_VALUE, api, "size 0 (cudaMalloc refuses it too)");
+        return CUDA_SUCCESS;
     const real_driver *R;
     CUcontext ctx = NULL;
     CUresult r = driver_and_context(device, s, &R, &ctx, api);

@@ -170,7 +170,7 @@ static void parse(void)
         .preallocate = true,
         .garbage_collection = true,
         .free_policy = FREE_FENCED,
-        .alignment = 512,
+        .alignment = ENV_ALIGNMENT_DEFAULT,
         .placement = BFC_PLACE_ALIGNED,
         .initial_region = UINT64_C(2) << 20,
         .fence_interval = BFC_DEFAULT_FENCE_INTERVAL,

@@ -409,6 +409,63 @@ def test_fence_lag(d):
         check(p.returncode == 2 and needle in p.stderr, f"replay {bad} refused: {p.stderr}")
 
 
+def test_sizes_no_device_has(d):
+    """Sizes that round onto 2^48 (at the replay's 256 B and at 512 B) once
+    passed the engine's size check and indexed one past its last size
+    class: replay and report died (SIGSEGV). Now they fail as out of
+    memory, counted like any failure, and the rest of the trace replays."""
+    t = write_trace(d, "huge.csv", [
+        row("allocate", "0x1000000", MiB), row("allocate", "0x2000000", (1 << 48) - 100),
+        row("allocate", "0x3000000", 1 << 48), row("free", "0x2000000", 0),
+        row("free", "0x3000000", 0), row("allocate", "0x4000000", 2 * MiB),
+        row("free", "0x1000000", 0), row("free", "0x4000000", 0)])
+    # No pool serves the trace, so the timed one is a stand-in (which may
+    # fail more); in a pool of 64 MiB the huge sizes are the only failures.
+    for args in [[], ["--granularity", "512"], ["--pool-size", "64MiB"],
+                 ["--pool-size", "64MiB", "--granularity", "512"]]:
+        p = run("replay", "--json", "--repeat", "1", *args, t, ok=False)
+        check(p.returncode == 0, f"replay {args} of huge sizes exits 0 (got {p.returncode})")
+        if p.returncode == 0:
+            r = json.loads(p.stdout)
+            check(r["min_pool_bytes"] is None and r["allocs"] == 4, f"replay {args}: {r}")
+            check(r["failures"] == 2 if "--pool-size" in args else r["failures"] >= 2,
+                  f"replay {args}: the two huge sizes are failures: {r}")
+    out = os.path.join(d, "huge.html")
+    p = run("report", "-o", out, t, ok=False)
+    check(p.returncode == 0 and os.path.getsize(out) > 0,
+          f"report of huge sizes exits 0 (got {p.returncode}: {p.stderr})")
+
+
+def test_live_bytes_past_2_64(d):
+    """Live bytes past 2^64 - 1 wrapped: replay and plan printed a peak of
+    3 * 2^62 ("12288 PiB") for 5 * 2^62 live, plan "efficiency 1.0000".
+    Now every command refuses the trace, naming the line that passes it.
+    Up to 2^64 - 1 live is a trace like any other: its figures saturate,
+    never wrap (plan's packing of a 2^64 - 1 byte block, rounded, once
+    wrapped to 1 MiB, "efficiency 17592186044416")."""
+    q = 1 << 62
+    t = write_trace(d, "past64.csv", [row("allocate", hex((i + 1) << 50), q) for i in range(5)])
+    for cmd in [["replay", "--repeat", "1"], ["replay", "--json", "--repeat", "1"],
+                ["replay", "--vmm", "--repeat", "1"], ["plan"], ["plan", "--json"],
+                ["report", "-o", os.path.join(d, "past64.html")]]:
+        p = run(*cmd, t, ok=False)
+        check(p.returncode == 1 and f"{t}:5:" in p.stderr and "past 2^64 - 1" in p.stderr
+              and "PiB" not in p.stdout,
+              f"{cmd}: refused at line 5 ({p.returncode}): {p.stdout} {p.stderr}")
+    most = (1 << 64) - 1
+    t = write_trace(d, "max64.csv", [row("allocate", "0x1000", MiB), row("free", "0x1000", 0),
+                                     row("allocate", "0x2000", most)])
+    (r,), _ = replay_json(t)
+    check(r["peak_live_bytes"] == most and r["failures"] == 1 and r["min_pool_bytes"] is None,
+          f"replay of 2^64 - 1 live: {r}")
+    p = run("plan", "--json", t)
+    check(p.returncode == 0, f"plan of 2^64 - 1 live exits 0: {p.stderr}")
+    if p.returncode == 0:
+        r = json.loads(p.stdout)
+        check(r["peak_live_bytes"] == most and r["offline_pool_bytes"] == most
+              and r["offline_efficiency"] == 1.0, f"plan of 2^64 - 1 live saturates: {r}")
+
+
 def test_plan(d):
     # The trace of test_min_pool_and_placement: low placement needs 4 MiB,
     # the offline packing 3 MiB. A plan of it brings low placement to 3 MiB,
@@ -423,9 +480,13 @@ def test_plan(d):
     check(r["offline_pool_bytes"] == 3 * MiB and r["allocations"] == 3,
           f"plan figures {r}")
     lines = open(plan).read().splitlines()
-    check(lines[:4] == ["bfcshim-plan 1", "granularity 256", f"pool_bytes {3 * MiB}",
+    # Packed at the pool's default alignment (BFCSHIM_ALIGNMENT, 512), so
+    # that the shim with default settings uses the plan.
+    check(lines[:4] == ["bfcshim-plan 1", "granularity 512", f"pool_bytes {3 * MiB}",
                         "entries 3"], f"plan header {lines[:4]}")
+    # The replay takes the plan's granularity when not told one.
     (r,), _ = replay_json("--placement", "low", "--plan", plan, t)
+    check(r["policy"]["granularity"] == 512, f"replay --plan policy {r['policy']}")
     check(r["min_pool_bytes"] == 3 * MiB, f"low with the plan: {r['min_pool_bytes']}")
     check(r["plan"]["planned"] == 3 and r["plan"]["misses"] == 0, f"plan counts {r['plan']}")
     # Bad plans are refused with a reason, before any replay.
@@ -439,8 +500,11 @@ def test_plan(d):
             f.write(text)
         p = run("replay", "--plan", bad, t, ok=False)
         check(p.returncode == 2 and why in p.stderr, f"bad plan ({why}): {p.returncode} {p.stderr}")
-    p = run("replay", "--granularity", "512", "--plan", plan, t, ok=False)
+    p = run("replay", "--granularity", "256", "--plan", plan, t, ok=False)
     check(p.returncode == 2 and "granularity" in p.stderr, f"granularity mismatch: {p.stderr}")
+    p = run("plan", "--granularity", "256", "-o", plan, t)
+    (r,), _ = replay_json("--granularity", "256", "--placement", "low", "--plan", plan, t)
+    check(r["plan"]["planned"] == 3, f"a plan at 256 B with --granularity 256: {r['plan']}")
     p = run("replay", "--vmm", "--plan", plan, t, ok=False)
     check(p.returncode == 2, "--plan with --vmm is refused")
     p = run("plan", os.path.join(d, "missing.csv"), ok=False)
@@ -525,7 +589,9 @@ with tempfile.TemporaryDirectory() as d:
                  test_unmatched_and_failed_lines, test_malformed_lines_name_their_line, test_gzip_and_crlf, test_bad_options,
                  test_dump_at_failure, test_tracegen, test_record, test_vmm, test_gpu_lag,
                  test_fence_lag,
-                 test_plan, test_plan_of_another_run, test_bundled_traces]:
+                 test_sizes_no_device_has, test_live_bytes_past_2_64, test_plan,
+                 test_plan_of_another_run,
+                 test_bundled_traces]:
         before = failures
         test(d)
         print(f"{test.__name__}: {'ok' if failures == before else 'FAILED'}")

@@ -18,7 +18,7 @@ static void size_classes_are_ordered_and_tight(void)
         prev_bin = b;
     }
     for (int i = 0; i < 200000; i++) {
-        uint64_t size = (rng_below(&rng, BFC_MAX_ALLOC_BYTES >> 8) + 1) << 8;
+        uint64_t size = (rng_below(&rng, (BFC_SIZE_LIMIT >> 8) - 1) + 1) << 8;
         uint32_t b = bin_index(size);
         CHECK(b < BIN_COUNT);
         CHECK(bin_min_size(b) <= size);
@@ -28,7 +28,10 @@ static void size_classes_are_ordered_and_tight(void)
         if (b + 1 < BIN_COUNT)
             CHECK(bin_min_size(b + 1) - bin_min_size(b) <= bin_min_size(b) / 32 + 256);
     }
-    CHECK_EQ(bin_index(BFC_MAX_ALLOC_BYTES - 256), BIN_COUNT - 1);
+    /* The bins end exactly at the limit: its last size is in the last bin,
+     * and the limit itself would be one past it. */
+    CHECK_EQ(bin_index(BFC_SIZE_LIMIT - 256), BIN_COUNT - 1);
+    CHECK_EQ(bin_index(BFC_SIZE_LIMIT), BIN_COUNT);
     for (uint32_t b = 1; b < BIN_COUNT; b++)
         CHECK_EQ(bin_index(bin_min_size(b)), b);
 }

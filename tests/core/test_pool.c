@@ -51,14 +51,77 @@ static void zero_and_oversized_requests(void)
     a = 0x1234;
     CHECK_EQ(bfc_pool_alloc(f.pool, UINT64_MAX, BFC_NO_LANE, &a), BFC_ERR_TOO_LARGE);
     CHECK_EQ(bfc_pool_alloc(f.pool, UINT64_MAX - 100, BFC_NO_LANE, &a), BFC_ERR_TOO_LARGE);
-    CHECK_EQ(bfc_pool_alloc(f.pool, BFC_MAX_ALLOC_BYTES + 1, BFC_NO_LANE, &a),
-             BFC_ERR_TOO_LARGE);
+    CHECK_EQ(bfc_pool_alloc(f.pool, BFC_SIZE_LIMIT + 1, BFC_NO_LANE, &a), BFC_ERR_TOO_LARGE);
     CHECK_EQ(a, 0x1234); /* untouched on failure */
     CHECK_EQ(bfc_pool_alloc(f.pool, 16 * MiB + 1, BFC_NO_LANE, &a), BFC_ERR_OOM);
     CHECK_EQ(stats_of(&f).num_ooms, 1);
     CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
     /* The whole limit is still available after the failures. */
     a = must_alloc(&f, 16 * MiB);
+    must_free(&f, a);
+    fixture_end(&f);
+}
+
+/* Around BFC_SIZE_LIMIT, at several granularities: a size too large
+ * whenever it rounds to the limit or past it (the sizes up to one granule
+ * under the limit once passed the check and rounded onto it, one past the
+ * last bin), out of memory below that, and the pool unharmed either way. */
+static void sizes_at_the_limit_are_too_large_once_rounded_onto_it(void)
+{
+    static const uint64_t grans[] = {256, 512, 2 * MiB};
+    for (size_t gi = 0; gi < sizeof grans / sizeof grans[0]; gi++) {
+        const uint64_t g = grans[gi], L = BFC_SIZE_LIMIT;
+        fixture f;
+        fixture_begin(&f, 16 * MiB);
+        f.opt.granularity = f.opt.min_split_bytes = f.opt.region_granularity = g;
+        fixture_start(&f);
+        bfc_addr keep = must_alloc(&f, 4 * g);
+        uint64_t ooms = 0;
+        const uint64_t sizes[] = {L - g - 1024, L - g - 1, L - g,     L - g + 1, L - 511,
+                                  L - 256,      L - 1,     L,         L + 1,     L + 1024,
+                                  2 * L,        UINT64_MAX - g, UINT64_MAX};
+        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+            bfc_addr a = 0x1234;
+            const bfc_status want = sizes[i] > L - g ? BFC_ERR_TOO_LARGE : BFC_ERR_OOM;
+            const bfc_status got = bfc_pool_alloc(f.pool, sizes[i], BFC_NO_LANE, &a);
+            if (got != want)
+                fprintf(stderr, "granularity %" PRIu64 ", size %" PRIu64 ": %s, not %s\n", g,
+                        sizes[i], bfc_status_name(got), bfc_status_name(want));
+            CHECK_EQ(got, want);
+            CHECK_EQ(a, 0x1234);
+            ooms += want == BFC_ERR_OOM;
+            CHECK_EQ(stats_of(&f).num_ooms, ooms);
+            CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+        }
+        CHECK_EQ(stats_of(&f).bytes_in_use, 4 * g);
+        must_free(&f, keep);
+        must_free(&f, must_alloc(&f, 16 * MiB)); /* the whole limit, still */
+        fixture_end(&f);
+    }
+}
+
+/* A pool as large as sizes go: the largest request that rounds to below the
+ * limit is served from the last bin, and a limit of BFC_SIZE_LIMIT itself is
+ * refused (its one region could not be filed in any bin). */
+static void the_largest_size_is_served_from_the_last_bin(void)
+{
+    const uint64_t g = 512, most = BFC_SIZE_LIMIT - g;
+    fixture f;
+    fixture_begin(&f, BFC_SIZE_LIMIT);
+    sim_device_init(&f.dev, BFC_SIZE_LIMIT);
+    f.opt.granularity = f.opt.min_split_bytes = f.opt.region_granularity = g;
+    bfc_backend b = sim_device_backend(&f.dev);
+    CHECK(bfc_pool_create(&f.opt, &b) == NULL);
+    f.opt.limit_bytes = most;
+    fixture_start(&f);
+    bfc_addr a = 0;
+    CHECK_EQ(bfc_pool_alloc(f.pool, most + 1, BFC_NO_LANE, &a), BFC_ERR_TOO_LARGE);
+    a = must_alloc(&f, most - g + 1); /* rounds up to the largest size */
+    CHECK_EQ(stats_of(&f).bytes_in_use, most);
+    must_free(&f, a); /* the free region goes back into the last bin */
+    a = must_alloc(&f, most);
+    must_free(&f, a);
+    a = must_alloc(&f, MiB);
     must_free(&f, a);
     fixture_end(&f);
 }
@@ -763,6 +826,8 @@ int main(void)
 {
     RUN(sizes_round_to_granularity_and_align);
     RUN(zero_and_oversized_requests);
+    RUN(sizes_at_the_limit_are_too_large_once_rounded_onto_it);
+    RUN(the_largest_size_is_served_from_the_last_bin);
     RUN(preallocation_takes_the_limit_once);
     RUN(growth_mode_doubles_regions);
     RUN(refused_regions_back_off_to_ninety_percent);

@@ -693,7 +693,7 @@ static void op_alloc(void)
     uint64_t rounded = (size + g - 1) / g * g;
     fit_search s = {.rounded = rounded, .lane = lane};
     R.vmm_rules = vmm_rules();
-    if (size && size <= BFC_MAX_ALLOC_BYTES)
+    if (size && size <= BFC_SIZE_LIMIT - g)
         bfc_pool_visit(R.f.pool, fit_visitor, &s);
     /* Aligned placement: over virtual memory, a block of whole map granules
      * goes to the best fit on a granule boundary if it holds it there.
@@ -741,7 +741,7 @@ static void op_alloc(void)
     bfc_stats before = stats_of(&R.f);
     /* The plan's place for it, whether that place is wholly free now, and
      * the spare space's chunk for it. */
-    const bool valid = size && size <= BFC_MAX_ALLOC_BYTES;
+    const bool valid = size && size <= BFC_SIZE_LIMIT - g;
     const int k = valid ? plan_entry_for(rounded, false) : -1;
     place_search ps = {.offset = k >= 0 ? R.plan[k].offset : 0, .rounded = rounded};
     if (k >= 0)

@@ -822,6 +822,43 @@ static void options_without_map_callbacks_are_refused(void)
     bfc_pool_destroy(p, true);
 }
 
+/* Address space is reserved below BFC_SIZE_LIMIT: a reservation is one
+ * free chunk at first, and the bins hold no larger size. Twice a limit near
+ * it (the default), or a va_bytes that rounds up onto it, is capped at the
+ * largest multiple of the map granule below it; a map granule that large
+ * is refused. */
+static void reservations_stay_below_the_size_limit(void)
+{
+    const uint64_t g = GiB, most = BFC_SIZE_LIMIT - g;
+    for (int i = 0; i < 2; i++) {
+        fixture f;
+        vmm_begin(&f, BFC_SIZE_LIMIT - GiB);
+        sim_device_init(&f.dev, BFC_SIZE_LIMIT);
+        f.opt.map_granularity = g;
+        f.opt.va_bytes = i == 0 ? 0 : BFC_SIZE_LIMIT - 1;
+        vmm_start(&f);
+        bfc_addr a = must_alloc(&f, MiB);
+        CHECK_EQ(stats_of(&f).va_bytes, most);
+        must_free(&f, a);
+        a = must_alloc(&f, most); /* the whole reservation, in the last bin */
+        CHECK_EQ(stats_of(&f).num_regions, 1);
+        must_free(&f, a);
+        vmm_end(&f);
+    }
+    bfc_options o;
+    bfc_options_init(&o);
+    o.limit_bytes = 64 * MiB;
+    o.vmm = true;
+    o.map_granularity = BFC_SIZE_LIMIT;
+    sim_device d;
+    sim_device_init(&d, GiB);
+    bfc_backend vm = sim_device_vmm_backend(&d);
+    CHECK(bfc_pool_create(&o, &vm) == NULL);
+    o.va_bytes = BFC_SIZE_LIMIT;
+    o.map_granularity = GRAN;
+    CHECK(bfc_pool_create(&o, &vm) == NULL);
+}
+
 /* The placement cases: a 64 MiB vmm pool with aligned placement (the
  * default) in one 64 MiB reservation, so that its top edge is known. */
 static void vmm_aligned_start(fixture *f)
@@ -938,6 +975,7 @@ int main(void)
     RUN(each_mapped_visits_runs_of_granules);
     RUN(refused_address_space_is_asked_again_smaller);
     RUN(options_without_map_callbacks_are_refused);
+    RUN(reservations_stay_below_the_size_limit);
     RUN(whole_granule_blocks_land_on_granule_boundaries);
     RUN(whole_granule_blocks_keep_their_best_fit);
     RUN(small_blocks_take_a_hole_that_pins_fewer_granules);

@@ -11,6 +11,7 @@
  *              the freeing stream's work; an explicit stream's context wins
  *              over `device`
  *   badinput   every bad call gets its CUresult and the pool stays intact
+ *   zero       size 0 succeeds with NULL and no log line, as cudaMalloc
  *   trim       (growth mode) trim gives idle regions back to the device, not
  *              the ones holding live or still-queued blocks
  *   stats      bfcshim_stats_json (size probe, content), mem_get_info
@@ -170,7 +171,6 @@ static void badinput(void)
     char text[4096];
     bfcshim_stats_json(text, sizeof text);
     CHECK_EQ(bfcshim_malloc(NULL, MiB, 0), CUDA_ERROR_INVALID_VALUE);
-    CHECK_EQ(bfcshim_malloc(&p, 0, 0), CUDA_ERROR_INVALID_VALUE);
     CHECK_EQ(bfcshim_malloc(&p, MiB, 7), CUDA_ERROR_INVALID_CONTEXT);
     CHECK(p == NULL);
     CHECK_EQ(bfcshim_malloc(&p, (size_t)1 << 50, 0), CUDA_ERROR_OUT_OF_MEMORY);
@@ -189,6 +189,35 @@ static void badinput(void)
     CHECK(strstr(after, "\"bytes_in_use\": 0") != NULL);
     void *b = must_alloc(MiB, 0);
     CHECK_EQ(bfcshim_free(b), 0);
+}
+
+/* Size 0, as cudaMalloc and cudaMallocAsync answer it: success with NULL,
+ * nothing taken, nothing logged. bfcshim_malloc refused it as an invalid
+ * value (with a log line that said cudaMalloc refuses it too). */
+static void zero(void)
+{
+    shim_log_reset();
+    start();
+    CUstream s;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(bfcshim_free(must_alloc(MiB, 0)), 0); /* the pool exists */
+    void *p = (void *)1, *q = (void *)1, *r = (void *)1;
+    CHECK_EQ(bfcshim_malloc(&p, 0, 0), 0);
+    CHECK(p == NULL);
+    CHECK_EQ(bfcshim_malloc_async(&q, 0, 0, s), 0);
+    CHECK(q == NULL);
+    CHECK_EQ(bfcshim_malloc_async(&r, 0, -1, NULL), 0);
+    CHECK(r == NULL);
+    CHECK_EQ(bfcshim_free(p), 0);
+    CHECK_EQ(bfcshim_free_async(q, s), 0);
+    CHECK_EQ(shim_log_lines(NULL, 0), 0);
+    char text[4096];
+    bfcshim_stats_json(text, sizeof text);
+    CHECK(strstr(text, "\"num_allocs\": 1,") != NULL); /* nothing taken */
+    CHECK(strstr(text, "\"bytes_in_use\": 0,") != NULL);
+    /* The pool serves as before. */
+    CHECK_EQ(bfcshim_free(must_alloc(MiB, 0)), 0);
+    CHECK_EQ(shim_log_lines(NULL, 0), 0);
 }
 
 static void trim(void)
@@ -270,13 +299,13 @@ int main(int argc, char **argv)
         const char *name;
         void (*fn)(void);
     } scenarios[] = {{"plain", plain},   {"async", async},       {"badinput", badinput},
-                     {"trim", trim},     {"stats", stats},       {"platform", platform},
-                     {"dead-stream", dead_stream}};
+                     {"zero", zero},     {"trim", trim},         {"stats", stats},
+                     {"platform", platform}, {"dead-stream", dead_stream}};
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
         if (strcmp(s, scenarios[i].name) == 0) {
             scenarios[i].fn();
             return e2e_done(s);
         }
-    fprintf(stderr, "usage: e2e_api plain|async|badinput|trim|stats|platform|dead-stream\n");
+    fprintf(stderr, "usage: e2e_api plain|async|badinput|zero|trim|stats|platform|dead-stream\n");
     return 2;
 }
