@@ -118,4 +118,19 @@ check(log_of("request-link").count(
     f"BFCSHIM_STATS_FILE: {via_link}.request is a symbolic link; ignored") == 1,
     f"linked request logged once: {log_of('request-link')!r}")
 
+# 4. The trace a link: not recording, the job runs on.
+trace = link("trace.csv", victim("victim-trace"))
+shim_run("trace-link", BFCSHIM_TRACE=trace)
+untouched(path("victim-trace"), "trace")
+check(f"BFCSHIM_TRACE: {trace} is a symbolic link; not recording" in log_of("trace-link"),
+      f"trace refusal logged: {log_of('trace-link')!r}")
+
+# 5. The trace's spool, at the name it used to have (PATH.spool).
+spooled = path("spooled.csv")
+link("spooled.csv.spool", victim("victim-spool"))
+shim_run("trace-spool", BFCSHIM_TRACE=spooled)
+untouched(path("victim-spool"), "trace spool")
+rows = open(spooled).read().splitlines()
+check(len(rows) == 1 + 80, f"the trace is whole: {len(rows) - 1} events (80 expected)")
+
 check.finish()
