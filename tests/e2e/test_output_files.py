@@ -133,4 +133,25 @@ untouched(path("victim-spool"), "trace spool")
 rows = open(spooled).read().splitlines()
 check(len(rows) == 1 + 80, f"the trace is whole: {len(rows) - 1} events (80 expected)")
 
+# 6. The OOM report a link (64 MiB device: the job's first step fails): the
+#    report still reaches the log.
+report = link("oom.txt", victim("victim-oom"))
+shim_run("oom-link", status=1, BFCSHIM_OOM_REPORT=report, FAKECUDA_MEM="64MiB")
+untouched(path("victim-oom"), "OOM report")
+oom_log = log_of("oom-link")
+check(f"BFCSHIM_OOM_REPORT: {report} is a symbolic link; not written" in oom_log,
+      f"OOM report refusal logged: {oom_log[-1000:]!r}")
+check("==== bfcshim out-of-memory report" in oom_log, "the report is still in the log")
+
+# 7. The log file a link: the log goes to stderr, and says why first.
+log_link = link("job.log", victim("victim-log"))
+p = shim_run("log-link", BFCSHIM_LOG_FILE=log_link, BFCSHIM_TRACE=path("log-link.csv"),
+             BFCSHIM_LOG_LEVEL="info")
+untouched(path("victim-log"), "log file")
+lines = p.stderr.splitlines()
+check(len(lines) > 1 and
+      lines[0].endswith(f"BFCSHIM_LOG_FILE: {log_link} is a symbolic link; logging to stderr"),
+      f"log refusal first on stderr: {p.stderr[-1000:]!r}")
+check("recording allocations to" in p.stderr, "the log itself goes on, on stderr")
+
 check.finish()
