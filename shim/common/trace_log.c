@@ -16,8 +16,9 @@
  * rings now and then; a real program's rate leaves the writer to its ticks.
  *
  * The writer appends the binary records to a spool file (an unlinked file
- * next to the trace, made under a random name) and the CSV is made from the spool on flush (at exit,
- * on OOM, on request). Why not format as we go: formatting a line costs
+ * next to the trace, made under a random name) and the CSV is made from
+ * the spool on flush (at exit, on OOM, on request). Why not format as we
+ * go: formatting a line costs
  * about 100 ns, more than an allocation, so a writer formatting in the
  * background falls behind a busy allocator, and the allocator would then
  * wait for it (measured: replay went from 38 to over 350 ns/op). Writing

@@ -154,4 +154,33 @@ check(len(lines) > 1 and
       f"log refusal first on stderr: {p.stderr[-1000:]!r}")
 check("recording allocations to" in p.stderr, "the log itself goes on, on stderr")
 
+# 8. The command's outputs. A trace to work from first.
+env = testcheck.fake_cuda_env(fake_dir)
+
+
+def cmd(*args):
+    return subprocess.run([bfcshim, *args], env=env, capture_output=True, text=True)
+
+
+gpt = ["--model", "gpt", "--layers", "2", "--hidden", "64", "--heads", "2", "--seq", "128",
+       "--batch", "2", "--vocab", "512", "--steps", "2"]
+job = path("job.csv")
+p = cmd("tracegen", *gpt, "-o", job)
+check(p.returncode == 0, f"tracegen: {p.stderr}")
+
+for name, args in {
+        "tracegen": ["tracegen", *gpt, "-o"],
+        "tracegen-gz": ["tracegen", *gpt, "-o"],
+        "plan": ["plan", job, "-o"],
+        "report": ["report", job, "-o"],
+        "replay-dump": ["replay", "--repeat", "1", job, "--dump-at-failure"],
+        "replay-record": ["replay", "--repeat", "1", job, "--record"],
+        "ab-stats": ["ab", "--repeat", "1", "--stats-file"],
+}.items():
+    out = link(name + (".gz" if name.endswith("-gz") else ".out"), victim("victim-" + name))
+    tail = ["--", workload, "0", "1"] if name == "ab-stats" else []
+    p = cmd(*args, out, *tail)
+    untouched(path("victim-" + name), name)
+    check(f"{out} is a symbolic link" in p.stderr, f"{name} says why: {p.stderr[-500:]!r}")
+
 check.finish()
