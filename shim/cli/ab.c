@@ -27,6 +27,7 @@
 #include "json_out.h"
 #include "launch.h"
 #include "nvml_peak.h"
+#include "out_file.h"
 #include "units.h"
 
 typedef struct run_stats {
@@ -93,11 +94,12 @@ static char *slurp(const char *path)
     return s;
 }
 
-/* Copies the file at `from` to `to` (replacing it); false on failure. */
+/* Copies the file at `from` to `to` (replacing it, never through a link
+ * planted there: out_file.h); false on failure. */
 static bool copy_file(const char *from, const char *to)
 {
     char *text = slurp(from);
-    FILE *f = text ? fopen(to, "w") : NULL;
+    FILE *f = text ? out_file_fopen(to, "w") : NULL;
     bool ok = f && fputs(text, f) >= 0;
     if (f && fclose(f) != 0)
         ok = false;
@@ -241,8 +243,7 @@ static bool run_one(const ab_opts *o, const arm *a, const char *shim, const char
     r->has_stats = a->shim && read_stats(stats_path, r);
     const char *wanted = a->shim ? env_value(&a->env, "BFCSHIM_STATS_FILE") : NULL;
     if (r->has_stats && wanted && !copy_file(stats_path, wanted))
-        fprintf(stderr, "bfcshim ab: --stats-file: cannot write %s: %s\n", wanted,
-                strerror(errno));
+        cli_cannot_write("ab", wanted, errno);
     return true;
 }
 

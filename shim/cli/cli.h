@@ -70,6 +70,10 @@ int cmd_tracegen(int argc, char **argv);
 int cli_bad_value(const char *cmd, const char *option, const char *value,
                   const char *accepted);
 
+/* "bfcshim CMD: PATH is a symbolic link" (out_file_why's words for err) on
+ * stderr, for an output that could not be opened. */
+void cli_cannot_write(const char *cmd, const char *path, int err);
+
 /* "--name" of the long option whose val is `val`. */
 const char *cli_option_name(const struct option *opts, int val);
 

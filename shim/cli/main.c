@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "out_file.h"
 
 #ifndef BFCSHIM_VERSION
 #define BFCSHIM_VERSION "unknown"
@@ -15,6 +16,13 @@ int cli_bad_value(const char *cmd, const char *option, const char *value,
 {
     fprintf(stderr, "bfcshim %s: %s '%s' is not %s\n", cmd, option, value, accepted);
     return 2;
+}
+
+void cli_cannot_write(const char *cmd, const char *path, int err)
+{
+    char why[160];
+    out_file_why(path, err, why, sizeof why);
+    fprintf(stderr, "bfcshim %s: %s %s\n", cmd, path, why);
 }
 
 const char *cli_option_name(const struct option *opts, int val)

@@ -92,7 +92,7 @@ int cmd_plan(int argc, char **argv)
         goto out;
     }
     if (out_path && !plan_file_write(out_path, &plan)) {
-        fprintf(stderr, "bfcshim plan: %s: %s\n", out_path, strerror(errno));
+        cli_cannot_write("plan", out_path, errno);
         goto out;
     }
     const uint64_t pool = plan.pool_bytes;

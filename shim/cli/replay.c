@@ -30,6 +30,7 @@
 #include "bfc.h"
 #include "cli.h"
 #include "json_out.h"
+#include "out_file.h"
 #include "plan_file.h"
 #include "replay_vmm.h"
 #include "sim_device.h"
@@ -364,9 +365,10 @@ void replay_dump_first_failure(bfc_pool *pool, const trace *t, bfc_addr *slot_ad
 static void dump_at_failure(const trace *t, const replay_opts *o, uint64_t min_bytes,
                             uint64_t vmm_min_limit, bfc_addr *slot_addr)
 {
-    FILE *f = strcmp(o->dump_path, "-") == 0 ? stderr : fopen(o->dump_path, "a");
+    /* Not appended to through a link planted at the name (out_file.h). */
+    FILE *f = strcmp(o->dump_path, "-") == 0 ? stderr : out_file_fopen(o->dump_path, "a");
     if (!f) {
-        perror(o->dump_path);
+        cli_cannot_write("replay", o->dump_path, errno);
         return;
     }
     const uint64_t unit = pool_unit(o);
@@ -632,7 +634,7 @@ static int replay_one(const char *path, const replay_opts *o, bool first)
     trace_log *rec = NULL;
     trace_channel *channel = NULL;
     if (o->record && !(rec = trace_log_open(o->record)))
-        fprintf(stderr, "bfcshim replay: --record %s: %s\n", o->record, strerror(errno));
+        cli_cannot_write("replay", o->record, errno);
     if (rec)
         channel = trace_log_channel_open(rec);
     for (int i = 0; ns && plain_ns && cost && i < o->repeats && (channel || !o->record); i++) {

@@ -24,6 +24,7 @@
 #include "cli.h"
 #include "json_check.h"
 #include "json_out.h"
+#include "out_file.h"
 #include "report_replay.h"
 #include "report_timeline.h"
 #include "report_page.h"
@@ -223,9 +224,9 @@ static int write_report(const report_opts *o, trace *t)
     if (!pool_bytes)
         pool_bytes = UINT64_C(1) << 20;
 
-    FILE *out = fopen(o->output, "w");
+    FILE *out = out_file_fopen(o->output, "w"); /* not through a planted link */
     if (!out) {
-        fprintf(stderr, "bfcshim report: %s: %s\n", o->output, strerror(errno));
+        cli_cannot_write("report", o->output, errno);
         free(bucket_max);
         free(slot_size);
         return 1;

@@ -21,16 +21,19 @@
  *           traffic among them: the scaling benchmark (1e3 .. 1e6 live).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #ifdef BFCSHIM_HAVE_ZLIB
 #include <zlib.h>
 #endif
 
 #include "cli.h"
+#include "out_file.h"
 #include "units.h"
 
 typedef struct gen {
@@ -482,11 +485,15 @@ static FILE *open_output(const char *path)
     size_t n = strlen(path);
     bool gz = n > 3 && strcmp(path + n - 3, ".gz") == 0;
     FILE *f = NULL;
+    /* Not through a link planted at the name (out_file.h). */
     if (!gz) {
-        f = fopen(path, "w");
+        f = out_file_fopen(path, "w");
     } else {
 #ifdef BFCSHIM_HAVE_ZLIB
-        gzFile z = gzopen(path, "wb");
+        int fd = out_file_open(path, O_TRUNC);
+        gzFile z = fd >= 0 ? gzdopen(fd, "wb") : NULL;
+        if (fd >= 0 && !z)
+            close(fd);
         f = z ? fopencookie(z, "w", (cookie_io_functions_t){.write = gz_write,
                                                               .close = gz_close})
               : NULL;
@@ -499,7 +506,7 @@ static FILE *open_output(const char *path)
 #endif
     }
     if (!f)
-        fprintf(stderr, "bfcshim tracegen: %s: %s\n", path, strerror(errno ? errno : ENOMEM));
+        cli_cannot_write("tracegen", path, errno ? errno : ENOMEM);
     return f;
 }
 

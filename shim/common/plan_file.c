@@ -1,5 +1,6 @@
 /* plan_file.c - reading and writing placement plans (plan_file.h). */
 #include "plan_file.h"
+#include "out_file.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -104,7 +105,8 @@ out:
 
 bool plan_file_write(const char *path, const plan_file *plan)
 {
-    FILE *f = strcmp(path, "-") == 0 ? stdout : fopen(path, "w");
+    /* Not through a link planted at the name (out_file.h). */
+    FILE *f = strcmp(path, "-") == 0 ? stdout : out_file_fopen(path, "w");
     if (!f)
         return false;
     fprintf(f, PLAN_MAGIC "\ngranularity %" PRIu64 "\npool_bytes %" PRIu64 "\nentries %zu\n",

@@ -16,8 +16,9 @@
  * rings now and then; a real program's rate leaves the writer to its ticks.
  *
  * The writer appends the binary records to a spool file (an unlinked file
- * next to the trace) and the CSV is made from the spool on flush (at exit,
- * on OOM, on request). Why not format as we go: formatting a line costs
+ * next to the trace, made under a random name) and the CSV is made from
+ * the spool on flush (at exit, on OOM, on request). Why not format as we
+ * go: formatting a line costs
  * about 100 ns, more than an allocation, so a writer formatting in the
  * background falls behind a busy allocator, and the allocator would then
  * wait for it (measured: replay went from 38 to over 350 ns/op). Writing
@@ -38,6 +39,7 @@
 
 #include "bfc.h"
 #include "lock.h"
+#include "out_file.h"
 #include "trace_log.h"
 
 _Static_assert(REC_ALLOCATE == (int)BFC_EVENT_ALLOC && REC_FREE == (int)BFC_EVENT_FREE &&
@@ -282,17 +284,19 @@ trace_log *trace_log_open(const char *path)
             goto fail;
         else
             memset(t->bufs[i].r, 0, BUFFER_EVENTS * sizeof(record));
-    t->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    /* Neither file is opened through a link another user could have
+     * planted (out_file.h): the CSV is refused if it is one, and the
+     * spool is a new file of a random name (it was PATH.spool). */
+    t->fd = out_file_open(path, O_TRUNC);
     if (t->fd < 0)
         goto fail;
     static const char header[] = "Thread,Time,Action,Pointer,Size,Stream\n";
     write_all(t->fd, header, sizeof header - 1);
-    size_t plen = strlen(path);
-    char *spool_path = malloc(plen + 16);
+    size_t plen = strlen(path) + 16;
+    char *spool_path = malloc(plen);
     if (!spool_path)
         goto fail;
-    snprintf(spool_path, plen + 16, "%s.spool", path);
-    t->spool = open(spool_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    t->spool = out_file_temp(path, ".spool", 0600, spool_path, plen);
     if (t->spool >= 0)
         unlink(spool_path); /* nothing to clean up, however the process ends */
     free(spool_path);

@@ -29,7 +29,8 @@ typedef enum rec_action {
     REC_ALLOCATE_FAILURE,
 } rec_action;
 
-/* Opens (truncates) path and writes the header; NULL with errno on failure. */
+/* Opens (truncates) path and writes the header; NULL with errno on failure,
+ * ELOOP when path is a symbolic link (never followed: out_file.h). */
 trace_log *trace_log_open(const char *path);
 /* Appends one event. Thread-safe. */
 void trace_log_event(trace_log *t, rec_action action, uint64_t ptr, uint64_t size,

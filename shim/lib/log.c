@@ -1,6 +1,7 @@
 /*
  * log.c - one-line messages: "bfcshim[PID]: LEVEL: text", to stderr or to
- * BFCSHIM_LOG_FILE. Each message is formatted first and written with one
+ * BFCSHIM_LOG_FILE (appended to; stderr, with a line that says why, when
+ * it cannot be opened or is a symbolic link). Each message is formatted first and written with one
  * write(2), so lines from several threads do not interleave.
  */
 #include <errno.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include "env_vars.h"
+#include "out_file.h"
 #include "shim.h"
 
 int shim_log_fd(void)
@@ -22,12 +24,22 @@ int shim_log_fd(void)
         return f;
     /* The config is not consulted here: config.c logs while it parses. */
     const char *path = getenv("BFCSHIM_LOG_FILE");
-    int opened = path && *path ? open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644) : -1;
+    /* Never appended to through a link another user could have planted
+     * (out_file.h). */
+    int opened = path && *path ? out_file_open(path, O_APPEND) : -1;
+    int err = errno;
+    bool refused = path && *path && opened < 0;
     if (opened < 0)
         opened = STDERR_FILENO;
     int expected = -2;
-    if (!atomic_compare_exchange_strong(&fd, &expected, opened) && opened != STDERR_FILENO)
-        close(opened);
+    if (!atomic_compare_exchange_strong(&fd, &expected, opened)) {
+        if (opened != STDERR_FILENO)
+            close(opened);
+    } else if (refused) { /* the first thread here says why, once, where the log now goes */
+        char why[160];
+        out_file_why(path, err, why, sizeof why);
+        shim_log(LOG_ERROR, "BFCSHIM_LOG_FILE: %s %s; logging to stderr", path, why);
+    }
     return atomic_load(&fd);
 }
 

@@ -11,10 +11,12 @@
  * (stderr by default) and, with BFCSHIM_OOM_REPORT=path, is appended there;
  * the trace (BFCSHIM_TRACE) is flushed so it ends at the failure.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "out_file.h"
 #include "shim.h"
 #include "units.h"
 
@@ -202,14 +204,17 @@ void oom_report(shim_pool *sp, size_t size, const char *api)
     fclose(mem);
     ssize_t w = write(shim_log_fd(), text, len);
     (void)w;
-    char path[4096];
+    char path[4096], why[160];
     if (cfg->oom_report_path && shim_expand_path(cfg->oom_report_path, path, sizeof path)) {
-        FILE *f = fopen(path, "a");
+        /* Never appended to through a link another user could have
+         * planted (out_file.h); the report is in the log all the same. */
+        FILE *f = out_file_fopen(path, "a");
         if (f) {
             fwrite(text, 1, len, f);
             fclose(f);
         } else {
-            shim_log(LOG_ERROR, "BFCSHIM_OOM_REPORT: cannot write %s", path);
+            out_file_why(path, errno, why, sizeof why);
+            shim_log(LOG_ERROR, "BFCSHIM_OOM_REPORT: %s %s; not written", path, why);
         }
     }
     free(text);

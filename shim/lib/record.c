@@ -20,6 +20,7 @@
 #include <limits.h>
 #include <string.h>
 
+#include "out_file.h"
 #include "shim.h"
 #include "trace_log.h"
 
@@ -42,15 +43,18 @@ static trace_log *log_for_event(void)
     const char *pattern = shim_config_get()->trace_path;
     pthread_mutex_lock(&open_lock);
     if (atomic_load(&state) == UNOPENED) {
-        char path[4096];
-        trace_log *t = pattern && shim_expand_path(pattern, path, sizeof path)
-                           ? trace_log_open(path)
-                           : NULL;
-        if (pattern && !t)
-            shim_log(LOG_ERROR, "BFCSHIM_TRACE=%s: cannot write the trace (%s); not recording",
-                     pattern, strerror(errno));
-        else if (t)
+        char path[4096], why[160];
+        bool named = pattern && shim_expand_path(pattern, path, sizeof path);
+        trace_log *t = named ? trace_log_open(path) : NULL;
+        if (t) {
             shim_log(LOG_INFO, "recording allocations to %s", path);
+        } else if (named) {
+            out_file_why(path, errno, why, sizeof why);
+            shim_log(LOG_ERROR, "BFCSHIM_TRACE: %s %s; not recording", path, why);
+        } else if (pattern) {
+            shim_log(LOG_ERROR, "BFCSHIM_TRACE=%s is too long once %%p becomes the pid; not "
+                                "recording", pattern);
+        }
         atomic_store_explicit(&active, t, memory_order_relaxed);
         atomic_store_explicit(&state, t ? OPEN : OFF, memory_order_release);
     }

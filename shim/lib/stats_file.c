@@ -4,9 +4,11 @@
  *   BFCSHIM_STATS_FILE=path  JSON at exit (the contract in
  *                            README, "Statistics, traces and
  *                            out-of-memory reports"), and on
- *                            demand: create path.request and the next
- *                            thousand allocations write it and remove the
- *                            request; or call bfcshim_write_stats(path)
+ *                            demand: create path.request (a regular
+ *                            file of the process's own user) and the
+ *                            next thousand allocations write it and
+ *                            remove the request; or call
+ *                            bfcshim_write_stats(path)
  *                            (exported; NULL means the configured path),
  *                            e.g. from Python with ctypes. No signal is
  *                            taken from the program. bfcshim_stats_json
@@ -15,13 +17,16 @@
  *
  * Field names are TSL's AllocatorStats names where one exists.
  */
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "json_out.h"
+#include "out_file.h"
 #include "plan_file.h"
 #include "shim.h"
 #include "units.h"
@@ -184,21 +189,31 @@ static void write_json(FILE *f)
 
 bool stats_write_file(const char *pattern)
 {
-    char path[4096], tmp[4200];
+    char path[4096], tmp[4200], why[160];
     if (!pattern || !shim_expand_path(pattern, path, sizeof path))
         return false;
-    /* Written aside and renamed, so a reader never sees half a file. */
-    snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid());
-    FILE *f = fopen(tmp, "w");
+    /* Written aside and renamed, so a reader never sees half a file. The
+     * temporary is a new file of a name nobody could know ahead
+     * (out_file.h): a predictable one (it was PATH.tmp<pid>) let another
+     * user plant a link there and have the job write through it. */
+    int fd = out_file_temp(path, ".tmp", 0644, tmp, sizeof tmp);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
     if (!f) {
-        shim_log(LOG_ERROR, "BFCSHIM_STATS_FILE: cannot write %s", tmp);
+        int e = errno;
+        if (fd >= 0) {
+            close(fd);
+            unlink(tmp);
+        }
+        shim_log(LOG_ERROR, "BFCSHIM_STATS_FILE: cannot create a file next to %s (%s); not written",
+                 path, strerror(e));
         return false;
     }
     write_json(f);
-    bool ok = fclose(f) == 0 && rename(tmp, path) == 0;
+    bool ok = fclose(f) == 0 && out_file_replace(tmp, path);
     if (!ok) {
+        out_file_why(path, errno, why, sizeof why);
         unlink(tmp);
-        shim_log(LOG_ERROR, "BFCSHIM_STATS_FILE: cannot write %s", path);
+        shim_log(LOG_ERROR, "BFCSHIM_STATS_FILE: %s %s; not written", path, why);
     }
     return ok;
 }
@@ -229,6 +244,31 @@ SHIM_EXPORT size_t bfcshim_stats_json(char *buf, size_t size)
     return len;
 }
 
+/* Whether the request file req (lstat'ed into st) may ask for the stats:
+ * only a regular file of this process's own user. Anyone else who can
+ * write the directory could otherwise make the job write at will, and a
+ * link would make the unlink below remove the link, not the request. A
+ * refusal is logged once per file (it stays: the file is not ours to
+ * remove), not at every poll. */
+static bool request_is_ours(const char *req, const struct stat *st)
+{
+    char why[120];
+    if (S_ISLNK(st->st_mode))
+        snprintf(why, sizeof why, "is a symbolic link");
+    else if (!S_ISREG(st->st_mode))
+        snprintf(why, sizeof why, "is not a regular file");
+    else if (st->st_uid != geteuid())
+        snprintf(why, sizeof why, "is owned by uid %u, not %u", (unsigned)st->st_uid,
+                 (unsigned)geteuid());
+    else
+        return true;
+    static atomic_uint_fast64_t refused; /* the last file refused: its inode, device mixed in */
+    uint64_t id = (uint64_t)st->st_ino ^ (uint64_t)st->st_dev << 48;
+    if (atomic_exchange(&refused, id) != id)
+        shim_log(LOG_ERROR, "BFCSHIM_STATS_FILE: %s %s; ignored", req, why);
+    return false;
+}
+
 void stats_poll_request(void)
 {
     static _Thread_local unsigned calls __attribute__((tls_model("initial-exec")));
@@ -239,7 +279,8 @@ void stats_poll_request(void)
     if (!pattern || !shim_expand_path(pattern, path, sizeof path))
         return;
     snprintf(req, sizeof req, "%s.request", path);
-    if (access(req, F_OK) == 0 && unlink(req) == 0)
+    struct stat st;
+    if (lstat(req, &st) == 0 && request_is_ours(req, &st) && unlink(req) == 0)
         stats_write_file(pattern);
 }
 

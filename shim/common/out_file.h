@@ -1,0 +1,40 @@
+/*
+ * out_file.h - opening the files the shim and the bfcshim command write,
+ * safely in a directory that another local user can write too (a shared
+ * /tmp): a symbolic link planted at an output's name, or at the name of
+ * its temporary, is never followed, so such a user cannot make a job
+ * overwrite or append to a file the job can write and they cannot.
+ */
+#ifndef BFCSHIM_COMMON_OUT_FILE_H
+#define BFCSHIM_COMMON_OUT_FILE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+/* Opens path for writing, created (mode 0644 less the umask) if absent;
+ * how is O_TRUNC or O_APPEND. -1 with errno on failure, ELOOP when path is
+ * a symbolic link. The descriptor is close-on-exec. */
+int out_file_open(const char *path, int how);
+
+/* The same as a stream: mode "w" or "a". */
+FILE *out_file_fopen(const char *path, const char *mode);
+
+/* Creates a new file next to path, named path + suffix + six random
+ * characters, that did not exist before (O_EXCL: whatever was planted at a
+ * name is skipped, never opened), with mode (less the umask). Its name goes
+ * to name (size bytes). -1 with errno on failure. */
+int out_file_temp(const char *path, const char *suffix, mode_t mode, char *name, size_t size);
+
+/* Renames the temporary tmp over path, unless path is a symbolic link
+ * (false, errno ELOOP; tmp is left for the caller to remove). rename
+ * replaces a name and never writes through it, but a link at the name is
+ * somebody's doing, and is left for them to see. */
+bool out_file_replace(const char *tmp, const char *path);
+
+/* Why writing path failed with err, as words that follow the path in a
+ * message: "is a symbolic link", or "cannot be written (strerror)". */
+void out_file_why(const char *path, int err, char *buf, size_t size);
+
+#endif
