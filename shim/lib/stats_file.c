@@ -35,7 +35,7 @@ atomic_uint_fast64_t shim_passthrough_allocs;
 
 static void pool_json(json_out *j, shim_pool *sp, const bfc_stats *s)
 {
-    if (!s) { /* held by a thread that did not let go at exit */
+    if (!s) { /* held by a thread that did not let go (at exit, or at fork) */
         json_object_open(j, NULL);
         json_i64(j, "device", (int64_t)sp->dev);
         json_bool(j, "busy_at_exit", true);
@@ -106,7 +106,16 @@ static void one_pool(shim_pool *sp, void (*fn)(void *arg, shim_pool *sp, const b
                      void *arg)
 {
     bfc_stats st;
-    if (!exiting) {
+    if (atomic_load(&shim_forked_child)) {
+        /* A forked child's pools are copies of the parent's, locks and all:
+         * one held at fork() by a parent thread (inside an allocation,
+         * waiting for the GPU) is held for good here, with no thread to
+         * let go of it. Read what is free now, never wait. */
+        if (!bfc_pool_stats_within(sp->bfc, &st, 0)) {
+            fn(arg, sp, NULL);
+            return;
+        }
+    } else if (!exiting) {
         bfc_pool_stats(sp->bfc, &st);
     } else if (atomic_load(&sp->held_at_exit)) {
         fn(arg, sp, NULL);

@@ -20,6 +20,8 @@
  *               the pool and its blocks stay
  *   destroy-primary-streams  the same before the pool exists: the context's
  *               streams stay known, and plain frees stay fenced against them
+ *   fork-busy   a child forked while a parent thread waits inside a pool
+ *               reads the statistics at once, that pool reported busy
  *   primary-churn  four threads retain the primary context, allocate, free
  *               and release it, again and again: every block lies in a
  *               region the driver still has
@@ -315,6 +317,40 @@ static void destroy_busy(void)
     CHECK_EQ(D.CtxDestroy(busy_ctx), CUDA_SUCCESS);
     CHECK_ONE_LOG_LINE("was busy when its context went");
     pthread_join(t, NULL); /* the destroy dropped the kernel; the wait ends */
+}
+
+/* fork-busy: a thread waits inside a pool, holding it, when the program
+ * forks; the child asks for the statistics (Python's bfcshim.stats() in a
+ * multiprocessing worker): it must get them, the held pool reported busy,
+ * not wait for a lock no thread of the child will ever let go. */
+static void fork_busy(void)
+{
+    CHECK_EQ(D.Init(0), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxCreate(&busy_ctx, NULL, 0, 0), CUDA_SUCCESS);
+    pthread_t t;
+    CHECK_EQ(pthread_create(&t, NULL, busy_allocator, NULL), 0);
+    e2e_wait_inside_pool(&busy_waiting);
+    size_t (*stats_json)(char *, size_t) =
+        (size_t (*)(char *, size_t))dlsym(RTLD_DEFAULT, "bfcshim_stats_json");
+    CHECK(stats_json != NULL);
+    fflush(NULL);
+    pid_t child = fork();
+    if (child == 0) {
+        alarm(10); /* a hang kills the child */
+        static char doc[1 << 16];
+        size_t n = stats_json ? stats_json(doc, sizeof doc) : 0;
+        _exit(n > 0 && strstr(doc, "\"busy_at_exit\": true") ? 0 : 3);
+    }
+    int status = 0;
+    CHECK_EQ(waitpid(child, &status, 0), child);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr, "the child %s\n", WIFSIGNALED(status) ? "hung (killed by its alarm)"
+                                                             : "did not see the pool busy");
+        e2e_failures++;
+    }
+    alarm(30);
+    CHECK_EQ(D.CtxDestroy(busy_ctx), CUDA_SUCCESS); /* drops the kernel: the wait ends */
+    pthread_join(t, NULL);
 }
 
 /* Threads that each retain the primary context, use a block and release
@@ -850,6 +886,7 @@ int main(int argc, char **argv)
         {"primary-release", primary_release}, {"primary-churn", primary_churn},
         {"destroy-primary", destroy_primary},
         {"destroy-primary-streams", destroy_primary_streams}, {"destroy-busy", destroy_busy},
+        {"fork-busy", fork_busy},
         {"fake-pools", fake_pools}, {"before-init", before_init},
         {"fake-per-thread-streams", fake_per_thread_streams},
         {"fake-legacy-sync", fake_legacy_sync},
