@@ -457,6 +457,11 @@ bfc_status bfc_pool_lane_open(bfc_pool *pool, bool reusable, uint32_t *lane);
  * sealed, its pending chunks still wait for their tokens, and the lane's slot
  * is recycled once empty. */
 void bfc_pool_lane_close(bfc_pool *pool, uint32_t lane);
+/* The same, but when the backend refuses to seal the lane's open epoch now
+ * (its stream is going away, and a later seal could not name it), that
+ * epoch's chunks move into lane `into`'s open epoch instead, whose fence
+ * the owner makes cover the closed lane's work too. */
+void bfc_pool_lane_close_into(bfc_pool *pool, uint32_t lane, uint32_t into);
 
 /* Makes every chunk of `lane` whose token is <= `completed` free. */
 void bfc_pool_retire(bfc_pool *pool, uint32_t lane, uint64_t completed);

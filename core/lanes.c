@@ -107,18 +107,52 @@ bool bfc_pool_seal_lane(bfc_pool *p, uint32_t id)
     return ok;
 }
 
-void bfc_pool_lane_close(bfc_pool *p, uint32_t id)
+/* Lock held: moves lane l's open (unsealed) epoch into lane `into`'s open
+ * epoch, opening one there if need be. The epoch's chunks are the tail of
+ * l's FIFO (they carry its open token); they keep their order. */
+static void move_open_epoch(bfc_pool *p, lane *l, uint32_t into, lane *to)
+{
+    bool opening = !to->open_token;
+    uint64_t token = opening ? p->token_counter + 1 : to->open_token;
+    uint32_t c = l->tail;
+    while (c != CHUNK_NIL && C(p, c)->stamp == l->open_token)
+        c = C(p, c)->qprev;
+    c = c == CHUNK_NIL ? l->head : C(p, c)->qnext; /* the epoch's first chunk */
+    while (c != CHUNK_NIL) {
+        uint32_t next = C(p, c)->qnext;
+        lane_detach(p, c);
+        lane_attach_after(p, c, into, token, to->tail);
+        c = next;
+    }
+    to->last_token = token;
+    if (opening) {
+        p->token_counter = token;
+        to->open_token = token;
+        p->open_epochs++;
+    }
+    l->open_token = 0;
+    p->open_epochs--;
+}
+
+void bfc_pool_lane_close_into(bfc_pool *p, uint32_t id, uint32_t into)
 {
     bfc_lock_acquire(&p->lock);
     lane *l = lane_get(p, id);
+    lane *to = into != id ? lane_get(p, into) : NULL;
     if (l) {
-        seal(p, id, l); /* if refused, the epoch seals before a later allocation */
+        /* If the seal is refused, the epoch goes to `into` (its fence must
+         * cover this lane's stream too), else it seals before a later
+         * allocation, if it ever can. */
+        if (!seal(p, id, l) && to && to->accepting)
+            move_open_epoch(p, l, into, to);
         l->accepting = 0;
         if (l->head == CHUNK_NIL && !l->open_token)
             lane_free_slot(l);
     }
     bfc_lock_release(&p->lock);
 }
+
+void bfc_pool_lane_close(bfc_pool *p, uint32_t id) { bfc_pool_lane_close_into(p, id, BFC_NO_LANE); }
 
 /* Unlinks a pending chunk from its lane's FIFO and bins. */
 void lane_detach(bfc_pool *p, uint32_t c)

@@ -665,9 +665,14 @@ void pools_stream_destroyed(CUstream s)
         if (lane == BFC_NO_LANE)
             continue;
         /* Closing seals the lane's open epoch: an event on the stream while
-         * it still exists, recorded in the pool's context. */
+         * it still exists, recorded in the pool's context. If that cannot
+         * be made now (a green stream while its green context captures),
+         * the epoch joins the plain lane, whose fence includes the stand-in
+         * just recorded for this stream's work (and the green contexts'),
+         * rather than wait for a seal on a handle about to die
+         * (e2e_green green-async-capture-destroy). */
         bool pushed = real_ctx_enter(R, sp->ctx);
-        bfc_pool_lane_close(sp->bfc, lane);
+        bfc_pool_lane_close_into(sp->bfc, lane, sp->plain_lane);
         real_ctx_leave(R, pushed);
     }
     streams_remove(s);

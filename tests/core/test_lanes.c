@@ -10,6 +10,7 @@ typedef struct fences {
     uint64_t polls, waits;
     uint32_t last_wait_lane;
     bool refuse_seal;
+    uint32_t refuse_lane; /* refuses to seal this lane only (0: none) */
     uint64_t seals, sealed_token[16];
     uint32_t sealed_lane[16];
 } fences;
@@ -33,7 +34,7 @@ static bool fence_done(void *ctx, uint32_t lane, uint64_t token, bool wait)
 static bool fence_seal(void *ctx, uint32_t lane, uint64_t token)
 {
     (void)ctx;
-    if (fence_state.refuse_seal)
+    if (fence_state.refuse_seal || (fence_state.refuse_lane && lane == fence_state.refuse_lane))
         return false;
     if (fence_state.seals < 16) {
         fence_state.sealed_lane[fence_state.seals] = lane;
@@ -447,6 +448,38 @@ static void a_refused_seal_keeps_the_epoch_open(void)
     fixture_end(&f);
 }
 
+/* A lane whose stream goes away while its epoch cannot be sealed: the
+ * epoch joins another lane's (the shim's plain lane), whose fence then
+ * covers it, and the closed lane is gone once empty. */
+static void a_refused_closing_seal_moves_the_epoch(void)
+{
+    fixture f;
+    fixture_begin(&f, 1 * MiB);
+    start_with_fences(&f);
+    uint32_t plain = open_lane(&f, false), lane = open_lane(&f, true);
+    bfc_addr a = must_alloc(&f, 256 * KiB), b = must_alloc(&f, 256 * KiB);
+    bfc_addr c = must_alloc(&f, 256 * KiB);
+    CHECK_EQ(bfc_pool_free_deferred(f.pool, c, plain), BFC_OK); /* plain's epoch: token 1 */
+    CHECK_EQ(bfc_pool_free_deferred(f.pool, a, lane), BFC_OK);  /* the lane's: token 2 */
+    CHECK_EQ(bfc_pool_free_deferred(f.pool, b, lane), BFC_OK);
+    fence_state.refuse_lane = lane;
+    bfc_pool_lane_close_into(f.pool, lane, plain);
+    CHECK_EQ(fence_state.seals, 0);
+    CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+    CHECK_EQ(stats_of(&f).pending_bytes, 768 * KiB);
+    /* The next allocation seals plain's epoch (token 1 now covers a and
+     * b too), and only that: the closed lane has nothing left to seal. */
+    fence_state.done = 1;
+    bfc_addr d = 0;
+    CHECK_EQ(bfc_pool_alloc(f.pool, 768 * KiB, BFC_NO_LANE, &d), BFC_OK);
+    CHECK_EQ(fence_state.seals, 1);
+    CHECK_EQ(fence_state.sealed_lane[0], plain);
+    CHECK_EQ(fence_state.sealed_token[0], 1);
+    CHECK_EQ(stats_of(&f).pending_bytes, 0);
+    CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+    fixture_end(&f);
+}
+
 static void closing_a_lane_seals_its_epoch(void)
 {
     fixture f;
@@ -514,6 +547,7 @@ int main(void)
     RUN(a_trim_starts_the_fence_interval_again);
     RUN(the_fence_bytes_trigger_fences_large_frees_at_once);
     RUN(a_refused_seal_keeps_the_epoch_open);
+    RUN(a_refused_closing_seal_moves_the_epoch);
     RUN(closing_a_lane_seals_its_epoch);
     RUN(many_lanes);
     return harness_result();

@@ -31,6 +31,10 @@
  *                   wanted by a stream of the primary context: it must come
  *                   back once the work is done (an event of the primary
  *                   context cannot be recorded on the green stream)
+ *   green-async-capture-destroy  the green stream of a cuMemFreeAsync is
+ *                   destroyed while another stream of its green context
+ *                   captures (its lane's closing seal is refused then): the
+ *                   block still comes back, no dead handle is used
  *   fake-green      (driver door closed: the fake itself) what cuda.h says
  *                   of green contexts, streams and events
  */
@@ -340,6 +344,40 @@ static void green_async(void)
     green_async_with(true);
 }
 
+/* green-async-capture-destroy: a block freed stream-ordered on a green
+ * stream, which is then destroyed while another stream of its green
+ * context captures: the lane's closing seal cannot be made then (no green
+ * event during a capture). The block must come back all the same once the
+ * capture is over, and the dead stream's handle must never be used. */
+static void green_async_capture_destroy(void)
+{
+    start();
+    CUgreenCtx g = make_green(NULL);
+    CUstream s = green_stream(g), c = green_stream(g), t = NULL;
+    CHECK_EQ(D.StreamCreate(&t, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUdeviceptr p = 0;
+    CHECK_EQ(D.MemAllocAsync(&p, MiB, s), CUDA_SUCCESS);
+    CUdeviceptr filler = alloc_ok(free_memory() - MiB / 2);
+    queue_work(s, p);
+    CHECK_EQ(D.MemFreeAsync(p, s), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamBeginCapture(c, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+    CUgraph graph;
+    CHECK_EQ(D.StreamEndCapture(c, &graph), CUDA_SUCCESS);
+    CUdeviceptr q = 0;
+    CHECK_EQ(D.MemAllocAsync(&q, MiB, t), CUDA_SUCCESS);
+    expect_safe(p, q);
+    CHECK(overlaps_hole(p, q)); /* the block came back */
+    fakecuda()->complete_all();
+    CHECK_EQ(D.MemFreeAsync(q, t), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(filler), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(c), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(t), CUDA_SUCCESS);
+    CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().capture_invalidations, 0);
+    CHECK_EQ(fake_stats().stale_handle_uses, 0);
+}
+
 /* The fake driver's green contexts, against cuda.h (driver door closed). */
 static void fake_green(void)
 {
@@ -431,6 +469,7 @@ int main(int argc, char **argv)
         {"shared-pool", shared_pool},     {"green-stream", on_green_stream},
         {"green-default", green_default}, {"green-capture", green_capture},
         {"green-destroy", green_destroy}, {"green-async", green_async},
+        {"green-async-capture-destroy", green_async_capture_destroy},
         {"fake-green", fake_green},
     };
     e2e_cu_load();
