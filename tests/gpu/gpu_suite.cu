@@ -51,6 +51,11 @@
  *                    around it keep what kernels wrote, and the stats say
  *                    what moved (e2e_vmm_pool moves on the real driver)
  *
+ *   plugin           the library opened as the Python plug-ins open it
+ *                    without LD_PRELOAD (it sees no stream of the program):
+ *                    the late kernel runs on the program's non-blocking
+ *                    stream, the block is freed with bfcshim_free
+ *
  * Another thread's capture (the fake's e2e_fences global-capture and
  * ptsz-capture, on the real driver): while a second thread captures in
  * global mode, this thread frees a block under late work and allocates;
@@ -418,6 +423,63 @@ static void late_reuse(late_twist twist)
     CUDA_OK(cudaFree(filler));
     if (s1)
         CUDA_OK(cudaStreamDestroy(s1));
+    CUDA_OK(cudaStreamDestroy(s2));
+}
+
+/* plugin: the library as the Python plug-ins load it without LD_PRELOAD
+ * (dlopen, RTLD_LOCAL, from LIBBFCSHIM), so it sees none of the program's
+ * streams. A kernel on a non-blocking stream of the program's still writes
+ * a pooled block late when bfcshim_free (the Numba plug-in's free) frees
+ * it; the next allocation of its size must not get it while that kernel
+ * runs. Printed: the context synchronisations that cost. */
+static void plugin(void)
+{
+    const char *path = getenv("LIBBFCSHIM");
+    void *lib = path ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : NULL;
+    CHECK(lib != NULL);
+    if (!lib)
+        return;
+    int (*bmalloc)(void **, size_t, int) = (int (*)(void **, size_t, int))dlsym(lib, "bfcshim_malloc");
+    int (*bfree)(void *) = (int (*)(void *))dlsym(lib, "bfcshim_free");
+    int (*binfo)(int, size_t *, size_t *) =
+        (int (*)(int, size_t *, size_t *))dlsym(lib, "bfcshim_mem_get_info");
+    size_t (*bstats)(char *, size_t) = (size_t (*)(char *, size_t))dlsym(lib, "bfcshim_stats_json");
+    CHECK(bmalloc && bfree && binfo && bstats);
+    if (!bmalloc || !bfree || !binfo || !bstats)
+        return;
+    int dev = 0;
+    CUDA_OK(cudaGetDevice(&dev));
+    size_t f = 0, t = 0;
+    unsigned *p = NULL, *q = NULL;
+    void *filler = NULL;
+    CHECK(bmalloc((void **)&p, HOLE, dev) == 0);
+    CHECK(binfo(dev, &f, &t) == 0);
+    if (f > 2 * (size_t)HOLE)
+        CHECK(bmalloc(&filler, f - HOLE - HOLE / 2, dev) == 0);
+    cudaStream_t s1 = NULL, s2 = NULL;
+    CUDA_OK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+    CUDA_OK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    if (failures)
+        return;
+    late_fill<<<256, 256, 0, s1>>>(p, HOLE / 4, 0xdeadu, LATE_NS);
+    CUDA_OK(cudaGetLastError());
+    cudaEvent_t late_done = NULL;
+    CUDA_OK(cudaEventCreateWithFlags(&late_done, cudaEventDisableTiming));
+    CUDA_OK(cudaEventRecord(late_done, s1));
+    CHECK(bfree(p) == 0);
+    CHECK(bmalloc((void **)&q, HOLE, dev) == 0);
+    bool running = cudaEventQuery(late_done) == cudaErrorNotReady;
+    cudaGetLastError();
+    if (q)
+        expect_intact(p, q, s2, running);
+    static char doc[1 << 16];
+    bstats(doc, sizeof doc);
+    printf("  %lld context synchronisation(s) for plain frees\n",
+           shim_stats_field(doc, "num_context_syncs"));
+    CUDA_OK(cudaEventDestroy(late_done));
+    CHECK(bfree(q) == 0);
+    CHECK(bfree(filler) == 0);
+    CUDA_OK(cudaStreamDestroy(s1));
     CUDA_OK(cudaStreamDestroy(s2));
 }
 
@@ -1440,6 +1502,7 @@ int main(int argc, char **argv)
         {"attributes", attributes},
         {"pool-attributes", pool_attributes},
         {"race", race},
+        {"plugin", plugin},
     };
     if (argc != 2) {
         fprintf(stderr, "usage: gpu_suite SCENARIO\n");
@@ -1449,8 +1512,11 @@ int main(int argc, char **argv)
         printf("no GPU: skipping\n");
         return 77;
     }
-    if (!under_shim()) {
-        fprintf(stderr, "gpu_suite: libbfcshim.so is not preloaded\n");
+    /* plugin opens the library itself, as a plug-in, never preloaded. */
+    bool as_plugin = strcmp(argv[1], "plugin") == 0;
+    if (under_shim() == as_plugin) {
+        fprintf(stderr, "gpu_suite: libbfcshim.so is %s\n",
+                as_plugin ? "preloaded, and plugin needs it not to be" : "not preloaded");
         return 1;
     }
     /* A crash must not take the output with it. */
