@@ -20,8 +20,47 @@ def pooled_bytes():
     return sum(p["bytes_in_use"] for p in bfcshim.stats()["pools"])
 
 
+def unseen_stream_reuse(ctx):
+    """A block freed (Numba's deferred deallocation, through the plug-in's
+    bfcshim_free) while work on a non-blocking stream the program made with
+    the driver itself (as cuda.external_stream would wrap a PyTorch or CuPy
+    stream) still uses it: the next allocation of its size, in a pool full
+    but for it, must not get it before that work has run. Returns whether it
+    did, and whether the work had run when the block came back."""
+    import ctypes
+    cu = ctypes.CDLL("libcuda.so.1")
+    cu.fakecuda_api_table.restype = ctypes.POINTER(ctypes.c_void_p * 8)
+    table = cu.fakecuda_api_table().contents
+    work = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+    launch = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, work, ctypes.c_void_p)(table[0])
+    ran = []
+    kernel = work(lambda arg: ran.append(True))
+    stream = ctypes.c_void_p()
+    assert cu.cuStreamCreate(ctypes.byref(stream), 1) == 0  # CU_STREAM_NON_BLOCKING
+    mib = 1 << 20
+    hole = cuda.device_array(mib, dtype=np.uint8)
+    free, _ = bfcshim.mem_get_info(0)
+    filler = cuda.device_array(free - mib // 2, dtype=np.uint8)  # only the hole is left
+    assert launch(stream.value, kernel, None) == 0
+    address = hole.device_ctypes_pointer.value
+    del hole
+    ctx.deallocations.clear()  # Numba's deferred frees run now
+    again = cuda.device_array(mib, dtype=np.uint8)
+    same = again.device_ctypes_pointer.value == address
+    result = {"reused": same, "work_ran_first": bool(ran)}
+    del again, filler
+    ctx.deallocations.clear()
+    fakecuda_complete_all = ctypes.CFUNCTYPE(None)(table[2])
+    fakecuda_complete_all()
+    cu.cuStreamDestroy_v2(stream)
+    return result
+
+
 def main():
     ctx = cuda.current_context()
+    if os.environ.get("NUMBA_CLIENT_UNSEEN"):  # a fresh pool, one region
+        print(json.dumps({"unseen_stream": unseen_stream_reuse(ctx)}), flush=True)
+        return 0
     out = {"manager": type(ctx.memory_manager).__module__ + "." +
            type(ctx.memory_manager).__name__}
     rounds, bad = round_trips(30, [cuda.stream() for _ in range(3)], 200000, 2)

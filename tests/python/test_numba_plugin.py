@@ -50,4 +50,16 @@ for name, extra in (("plugin", {}), ("preloaded", {"LD_PRELOAD": lib})):
     check(out.get("in_use_after_reset") == 0, f"{name}: reset freed the context's arrays")
     check(out.get("after_reset_ok") is True, f"{name}: allocation after reset")
     check("error" not in log, f"{name}: no errors logged (no double free): {log[-1500:]}")
+# A block freed under work on a non-blocking stream the program made with the
+# driver itself: without LD_PRELOAD the library never sees that stream, and
+# the block must still not be handed out before the work ran (it was, before
+# the plug-in fence waited for a context synchronisation). One region, so
+# that the pool can be filled around the block exactly.
+for name, extra in (("plugin-unseen", {}), ("preloaded-unseen", {"LD_PRELOAD": lib})):
+    out, log = run(name, NUMBA_CLIENT_UNSEEN="1", BFCSHIM_VMM="off", **extra)
+    unseen = out.get("unseen_stream", {})
+    check(unseen.get("work_ran_first") is True or unseen.get("reused") is False,
+          f"{name}: a block freed under work on a stream the library may not see was handed "
+          f"out again before that work ran: {unseen}")
+    check(unseen.get("reused") is True, f"{name}: the block came back after the work: {unseen}")
 check.finish()
