@@ -15,7 +15,9 @@
 
 /* Opens path for writing, created (mode 0644 less the umask) if absent;
  * how is O_TRUNC or O_APPEND. -1 with errno on failure, ELOOP when path is
- * a symbolic link. The descriptor is close-on-exec. */
+ * a symbolic link another user can have planted (one owned by neither us
+ * nor root, or leading through such a link); our own links and the
+ * system's (/dev/stderr) are followed. The descriptor is close-on-exec. */
 int out_file_open(const char *path, int how);
 
 /* The same as a stream: mode "w" or "a". */
@@ -28,7 +30,8 @@ FILE *out_file_fopen(const char *path, const char *mode);
 int out_file_temp(const char *path, const char *suffix, mode_t mode, char *name, size_t size);
 
 /* Renames the temporary tmp over path, unless path is a symbolic link
- * (false, errno ELOOP; tmp is left for the caller to remove). rename
+ * another user can have planted (false, errno ELOOP; tmp is left for the
+ * caller to remove). rename
  * replaces a name and never writes through it, but a link at the name is
  * somebody's doing, and is left for them to see. */
 bool out_file_replace(const char *tmp, const char *path);

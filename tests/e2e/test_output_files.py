@@ -44,8 +44,18 @@ def untouched(p, what):
           f"{what}: {p} was written through a planted link")
 
 
+OTHER_UID = 65534  # "another local user": the links below are planted as theirs
+
+
+def plant(target, where):
+    """A link at `where` to `target`, owned by another user (tests run as
+    root: lchown makes it theirs, as if they had made it)."""
+    os.symlink(target, where)
+    os.lchown(where, OTHER_UID, OTHER_UID)
+
+
 def link(name, target):
-    os.symlink(target, path(name))
+    plant(target, path(name))
     return path(name)
 
 
@@ -54,16 +64,17 @@ def log_of(name):
     return open(p).read() if os.path.exists(p) else ""
 
 
-def shim_run(name, steps="2", status=0, plant=(), **env):
+def shim_run(name, steps="2", status=0, plant_list=(), **env):
     """The stand-in job under the shim, logging to NAME.log unless told;
     plant: (name made from the pid, target) links made in the child."""
     def plant_links():
-        for make, target in plant:
+        for make, target in plant_list:
             os.symlink(target, make(os.getpid()))
+            os.lchown(make(os.getpid()), OTHER_UID, OTHER_UID)
     env.setdefault("BFCSHIM_LOG_FILE", path(name + ".log"))
     e = testcheck.fake_cuda_env(fake_dir, LD_PRELOAD=lib, **env)
     p = subprocess.run([workload, str(status), steps], env=e, capture_output=True, text=True,
-                       preexec_fn=plant_links if plant else None)
+                       preexec_fn=plant_links if plant_list else None)
     check(p.returncode == status, f"{name} exited {p.returncode}: {p.stderr[-2000:]}")
     return p
 
@@ -71,7 +82,7 @@ def shim_run(name, steps="2", status=0, plant=(), **env):
 # 1. The stats file's temporary, at the name the shim used to choose.
 stats = path("stats.json")
 v = victim("victim-stats-tmp")
-shim_run("stats-tmp", BFCSHIM_STATS_FILE=stats, plant=[(lambda pid: f"{stats}.tmp{pid}", v)])
+shim_run("stats-tmp", BFCSHIM_STATS_FILE=stats, plant_list=[(lambda pid: f"{stats}.tmp{pid}", v)])
 untouched(v, "stats temporary")
 check(not os.path.islink(stats) and json.load(open(stats))["pools"][0]["num_allocs"] == 40,
       "the stats file is written as a file of its own")
@@ -111,7 +122,7 @@ else:
 via_link = path("via-link.json")
 ours = path("our-file")
 open(ours, "w").close()
-os.symlink(ours, via_link + ".request")
+plant(ours, via_link + ".request")
 shim_run("request-link", steps="150", BFCSHIM_STATS_FILE=via_link)
 check(os.path.islink(via_link + ".request"), "a linked request is left alone")
 check(log_of("request-link").count(
@@ -182,5 +193,21 @@ for name, args in {
     p = cmd(*args, out, *tail)
     untouched(path("victim-" + name), name)
     check(f"{out} is a symbolic link" in p.stderr, f"{name} says why: {p.stderr[-500:]!r}")
+
+# 9. Links nobody else can have planted are followed: the user's own, and the
+# system's (BFCSHIM_LOG_FILE=/dev/stderr, a link to /proc/self/fd/2).
+mine = path("my-stats.json")
+os.symlink(path("my-stats-target.json"), mine)  # ours (euid's)
+shim_run("own-link", BFCSHIM_STATS_FILE=mine)
+check(os.path.exists(path("my-stats-target.json")) or not os.path.islink(mine),
+      "a stats file behind a link of our own is written")
+own_log = path("own-log-target.log")
+os.symlink(own_log, path("own-log.log"))
+shim_run("own-log", BFCSHIM_LOG_FILE=path("own-log.log"), BFCSHIM_LOG_LEVEL="info")
+check(os.path.exists(own_log) and "bfcshim[" in open(own_log).read(),
+      "a log file behind a link of our own is appended to")
+p = shim_run("dev-stderr", BFCSHIM_LOG_FILE="/dev/stderr", BFCSHIM_LOG_LEVEL="info")
+check("bfcshim[" in p.stderr and "symbolic link" not in p.stderr,
+      f"BFCSHIM_LOG_FILE=/dev/stderr logs to stderr: {p.stderr[-500:]!r}")
 
 check.finish()
