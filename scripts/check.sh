@@ -54,6 +54,7 @@ config() {
         *) return ;;
     esac
     local dir=$root/build-check/$name
+    local started=$SECONDS
     echo "== $name"
     if [ -d "$dir" ]; then
         meson setup --reconfigure "$dir" "${setup[@]}" >"$dir.setup.log" 2>&1
@@ -66,9 +67,11 @@ config() {
         failed=$((failed + 1)); return
     fi
     rm -f "$dir/meson-logs/testlog.json"
+    local built=$SECONDS
     meson test -C "$dir" --print-errorlogs "${tests[@]}" >"$dir.test.log" 2>&1
     grep -E "^ *[0-9]+/[0-9]+ .*(FAIL|TIMEOUT|ERROR)" "$dir.test.log" | sed 's/^/  /'
     count "$dir"
+    echo "  $name: $((built - started)) s to build, $((SECONDS - built)) s to test"
 }
 
 config default -- 
@@ -77,6 +80,7 @@ config default --
 case " ${BFCSHIM_CHECK_ONLY:-default asan tsan libfuzzer} " in
     *" default "*)
         echo "== demo"
+        demo_started=$SECONDS
         if BFCSHIM_BUILD=build-check/default scripts/demo.sh build-check/demo-out \
                 >build-check/demo.log 2>&1 &&
             grep -q "^== 6/6" build-check/demo.log && grep -q "efficiency" build-check/demo.log &&
@@ -84,7 +88,8 @@ case " ${BFCSHIM_CHECK_ONLY:-default asan tsan libfuzzer} " in
             passed=$((passed + 1)); echo "  demo ok"
         else
             failed=$((failed + 1)); echo "  demo FAILED:"; tail -20 build-check/demo.log
-        fi ;;
+        fi
+        echo "  demo: $((SECONDS - demo_started)) s" ;;
 esac
 config asan -Db_sanitize=address,undefined -Db_lundef=false -Db_lto=false \
     -Dbuildtype=debugoptimized -Dproperty_ops=100000 -- --timeout-multiplier 4
@@ -94,5 +99,6 @@ CC=clang config libfuzzer -Dfuzz=true -Db_lto=false -Dbuildtype=debugoptimized \
     -- --suite libfuzzer
 
 echo "($skipped skipped: tests that need a GPU or a tool this machine lacks)"
+echo "total: $SECONDS s"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
