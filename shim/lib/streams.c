@@ -134,6 +134,15 @@ size_t streams_of_context(CUcontext ctx, known_stream *out, size_t n)
     return k;
 }
 
+/* Does the global scope's `name` lie in this library? */
+static bool ours_in_global_scope(const char *name)
+{
+    void *global = real_dlsym(RTLD_DEFAULT, name);
+    Dl_info found, here;
+    return global && dladdr(global, &found) && dladdr((void *)&ours_in_global_scope, &here) &&
+           found.dli_fbase == here.dli_fbase;
+}
+
 /*
  * Does the registry see every stream the program makes? Only when this
  * library interposes the CUDA entry points: preloaded (LD_PRELOAD, or
@@ -141,19 +150,21 @@ size_t streams_of_context(CUcontext ctx, known_stream *out, size_t n)
  * RTLD_LOCAL, the Python package's way without LD_PRELOAD) its exports are
  * not in the global scope, so the program's cuStreamCreate goes straight to
  * the driver and the registry stays empty. The global scope's cuStreamCreate
- * says which: ours when it is defined in this very library. Compared by the
- * object that holds it (dladdr), since a reference to our own exported
- * function from inside the library may itself bind to another definition.
+ * and dlsym say which: ours when they are defined in this very library.
+ * Compared by the object that holds them (dladdr), since a reference to our
+ * own exported function from inside the library may itself bind to another
+ * definition.
  */
 bool streams_all_seen(void)
 {
     static atomic_int seen = -1;
     int v = atomic_load_explicit(&seen, memory_order_relaxed);
     if (v < 0) {
-        void *global = real_dlsym(RTLD_DEFAULT, "cuStreamCreate");
-        Dl_info found, here;
-        v = global && dladdr(global, &found) && dladdr((void *)&streams_all_seen, &here) &&
-            found.dli_fbase == here.dli_fbase;
+        /* Both: the program's linked calls reach our cuStreamCreate, and
+         * its dlsym (how XLA, Numba and cudart find the driver) is ours. A
+         * copy opened with RTLD_GLOBAL before libcuda was loaded has the
+         * first, not the second: libc's dlsym comes before it. */
+        v = ours_in_global_scope("cuStreamCreate") && ours_in_global_scope("dlsym");
         atomic_store_explicit(&seen, v, memory_order_relaxed);
         if (!v)
             shim_log(LOG_INFO, "loaded without LD_PRELOAD: the program's streams are not "

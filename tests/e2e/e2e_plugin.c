@@ -12,6 +12,9 @@
  *           non-blocking stream uses the hole; after bfcshim_free the next
  *           allocation of its size must not be the hole while that work is
  *           pending; one context synchronisation makes it reusable
+ *   plain-global  the same with the library opened RTLD_GLOBAL before the
+ *           driver: its cuStreamCreate is the global scope's, yet the
+ *           program's dlsym is libc's, so it still sees no stream
  *   trim    (growth mode, over virtual memory) bfcshim_trim gives back a
  *           freed block only after the unseen stream's work on it ran
  *   cost    10,000 allocation and free pairs with nothing queued (a 256 MiB
@@ -51,7 +54,11 @@ static const fakecuda_api *F;
 static void start(void)
 {
     const char *path = getenv("LIBBFCSHIM");
-    void *lib = path ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : NULL;
+    /* PLUGIN_GLOBAL: opened RTLD_GLOBAL before the driver (ctypes with
+     * mode=RTLD_GLOBAL): its cuStreamCreate is then the global scope's, but
+     * the program's dlsym is still libc's, so it still sees no stream. */
+    int scope = getenv("PLUGIN_GLOBAL") ? RTLD_GLOBAL : RTLD_LOCAL;
+    void *lib = path ? dlopen(path, RTLD_NOW | scope) : NULL;
     if (!lib) {
         fprintf(stderr, "dlopen(LIBBFCSHIM=%s): %s\n", path ? path : "(unset)", dlerror());
         exit(1);
@@ -193,6 +200,6 @@ static void cost(void)
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
-        {"plain", plain}, {"trim", trim}, {"cost", cost}};
+        {"plain", plain}, {"plain-global", plain}, {"trim", trim}, {"cost", cost}};
     return e2e_main("e2e_plugin", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }
