@@ -22,7 +22,7 @@
  *   - completions of streams in any order, and synchronisations;
  *   - allocations and frees through the C interface of bfcshim.h as a
  *     third door (bfcshim_malloc, bfcshim_free, their stream-ordered
- *     twins), also freeing a block stream-ordered on its stream after that
+ *     twins and the PyTorch plug-in's pair), also freeing a block stream-ordered on its stream after that
  *     stream was destroyed, as the CuPy plug-in may; with `plugin`, the
  *     library is not preloaded but opened as the Python plug-ins open it
  *     (dlopen, RTLD_LOCAL, from LIBBFCSHIM): it then sees none of the
@@ -138,6 +138,9 @@ static struct {
     int (*free)(void *);
     int (*malloc_async)(void **, size_t, int, void *);
     int (*free_async)(void *, void *);
+    /* the PyTorch plug-in's pair (CUDAPluggableAllocator's signatures) */
+    void *(*torch_alloc)(ssize_t, int, void *);
+    void (*torch_free)(void *, size_t, int, void *);
 } api;
 static bool plugin; /* the library is not preloaded: it sees no stream */
 
@@ -156,7 +159,10 @@ static void load_api(void)
     *(void **)&api.free = dlsym(h, "bfcshim_free");
     *(void **)&api.malloc_async = dlsym(h, "bfcshim_malloc_async");
     *(void **)&api.free_async = dlsym(h, "bfcshim_free_async");
-    if (!api.malloc || !api.free || !api.malloc_async || !api.free_async) {
+    *(void **)&api.torch_alloc = dlsym(h, "bfcshim_torch_alloc");
+    *(void **)&api.torch_free = dlsym(h, "bfcshim_torch_free");
+    if (!api.malloc || !api.free || !api.malloc_async || !api.free_async || !api.torch_alloc ||
+        !api.torch_free) {
         if (plugin) {
             fprintf(stderr, "e2e_race: plugin: the library lacks the C interface\n");
             exit(1);
@@ -345,7 +351,13 @@ static void new_block(bool async)
          * the one the interface takes for device 0. */
         int device = place < ndev ? place : 0;
         use_place(place);
-        int r = async ? api.malloc_async(&p, n, device, st) : api.malloc(&p, n, device);
+        int r;
+        if (async && pick(2)) { /* the PyTorch plug-in's entry point: NULL on failure */
+            p = api.torch_alloc((ssize_t)n, device, st);
+            r = p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            r = async ? api.malloc_async(&p, n, device, st) : api.malloc(&p, n, device);
+        }
         if (r == CUDA_ERROR_OUT_OF_MEMORY)
             return;
         EXPECT(r, CUDA_SUCCESS);
@@ -420,7 +432,11 @@ static void free_block(size_t i, bool async)
     if (on_dead_stream) {
         EXPECT(api.free_async(b->mem, b->dead_home), CUDA_SUCCESS);
     } else if (async && door == 2) {
-        EXPECT(api.free_async(b->mem, stream_at(b->place, b->home)), CUDA_SUCCESS);
+        cudaStream_t st = stream_at(b->place, b->home);
+        if (pick(2)) /* the PyTorch plug-in's free: stream-ordered, no result */
+            api.torch_free(b->mem, b->bytes, b->place < ndev ? b->place : 0, st);
+        else
+            EXPECT(api.free_async(b->mem, st), CUDA_SUCCESS);
     } else if (async) {
         cudaStream_t st = stream_at(b->place, b->home);
         if (driver)
