@@ -381,6 +381,23 @@ typedef enum late_twist {
     CAPTURE_BEFORE_ALLOC,  /* s1 begins capturing after the free */
 } late_twist;
 
+/* Two non-blocking streams; on the first, a kernel that writes the HOLE
+ * block p late, and the event that says when it is done (NULL when
+ * something failed). */
+static cudaEvent_t start_late_kernel(unsigned *p, cudaStream_t *s1, cudaStream_t *s2)
+{
+    CUDA_OK(cudaStreamCreateWithFlags(s1, cudaStreamNonBlocking));
+    CUDA_OK(cudaStreamCreateWithFlags(s2, cudaStreamNonBlocking));
+    if (failures)
+        return NULL;
+    late_fill<<<256, 256, 0, *s1>>>(p, HOLE / 4, 0xdeadu, LATE_NS);
+    CUDA_OK(cudaGetLastError());
+    cudaEvent_t late_done = NULL;
+    CUDA_OK(cudaEventCreateWithFlags(&late_done, cudaEventDisableTiming));
+    CUDA_OK(cudaEventRecord(late_done, *s1));
+    return late_done;
+}
+
 /* A kernel queued on s1 writes p late; p is freed meanwhile and the pool,
  * full but for p's hole, is asked for HOLE bytes again. */
 static void late_reuse(late_twist twist)
@@ -388,15 +405,9 @@ static void late_reuse(late_twist twist)
     unsigned *p = NULL, *q = NULL;
     void *filler = fill_pool_but_hole(&p);
     cudaStream_t s1 = NULL, s2 = NULL;
-    CUDA_OK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
-    CUDA_OK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
-    if (failures)
+    cudaEvent_t late_done = start_late_kernel(p, &s1, &s2);
+    if (!late_done)
         return;
-    late_fill<<<256, 256, 0, s1>>>(p, HOLE / 4, 0xdeadu, LATE_NS);
-    CUDA_OK(cudaGetLastError());
-    cudaEvent_t late_done = NULL;
-    CUDA_OK(cudaEventCreateWithFlags(&late_done, cudaEventDisableTiming));
-    CUDA_OK(cudaEventRecord(late_done, s1));
     if (twist == DESTROY_BEFORE_FREE) {
         /* "the function will return immediately and the resources
          * associated with hStream will be released automatically once the
@@ -457,15 +468,9 @@ static void plugin(void)
     if (f > 2 * (size_t)HOLE)
         CHECK(bmalloc(&filler, f - HOLE - HOLE / 2, dev) == 0);
     cudaStream_t s1 = NULL, s2 = NULL;
-    CUDA_OK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
-    CUDA_OK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
-    if (failures)
+    cudaEvent_t late_done = start_late_kernel(p, &s1, &s2);
+    if (!late_done)
         return;
-    late_fill<<<256, 256, 0, s1>>>(p, HOLE / 4, 0xdeadu, LATE_NS);
-    CUDA_OK(cudaGetLastError());
-    cudaEvent_t late_done = NULL;
-    CUDA_OK(cudaEventCreateWithFlags(&late_done, cudaEventDisableTiming));
-    CUDA_OK(cudaEventRecord(late_done, s1));
     CHECK(bfree(p) == 0);
     CHECK(bmalloc((void **)&q, HOLE, dev) == 0);
     bool running = cudaEventQuery(late_done) == cudaErrorNotReady;
