@@ -176,6 +176,16 @@ static int api_free(void *ptr, CUstream s, bool stream_ordered, const char *api)
     }
     if (shim_active() && !streams_all_seen())
         api_owner(p); /* a pool whose context went unseen is forgotten first */
+    /* A plug-in's finalizer may free a block after its context went (the
+     * program reset the device, or released its primary context, first):
+     * the memory went with the context, and the address may be someone
+     * else's allocation now. Nothing to do, and nothing for the driver. */
+    if (shim_active() && !pool_owning(p) && pools_dead_block(p)) {
+        static atomic_bool said;
+        shim_log_once(&said, LOG_INFO, "%s(%p): its pool's context went first; the block went "
+                                       "with it (logged once)", api, ptr);
+        return CUDA_SUCCESS;
+    }
     svc_status st = shim_active() ? svc_free(p, stream_ordered ? FREE_STREAM : FREE_PLAIN, s,
                                              false, api)
                                   : SVC_PASS;
@@ -264,7 +274,9 @@ SHIM_EXPORT size_t bfcshim_trim(void)
     uint64_t released = 0;
     for (size_t i = 0; i < pools_count(); i++) {
         shim_pool *sp = pools_at(i);
-        if (!sp || atomic_load(&sp->dead))
+        /* (a pool whose context went unseen is forgotten, not trimmed: its
+         * regions went with the context, their addresses maybe reused) */
+        if (!sp || atomic_load(&sp->dead) || (!streams_all_seen() && pools_forget_if_replaced(sp)))
             continue;
         released += pools_trim(sp);
     }

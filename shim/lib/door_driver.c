@@ -364,11 +364,15 @@ SHIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
      * primary context without a pool yet has streams all the same, and
      * forgetting them before a refused call left later plain frees unfenced
      * against their work (e2e_driver destroy-primary-streams). */
+    /* Asked under the primary contexts' lock: a retain in another thread
+     * between the question and the forgetting could make the primary
+     * context active under this handle. */
+    primary_lock();
     bool primary = pools_context_is_primary(ctx) || real_is_primary(real_driver_get(), ctx);
-    if (primary)
-        primary_lock();
-    else
+    if (!primary) {
         pools_context_gone(ctx);
+        primary_unlock(); /* a created context's destroy may take long: not held */
+    }
     CUresult r = PASS(CtxDestroy, ctx);
     if (primary && r == CUDA_SUCCESS)
         pools_context_gone(ctx);

@@ -465,8 +465,10 @@ bool fences_done(void *ctx, uint32_t lane, uint64_t token, bool wait)
     if (!q || !q->n || q->items[q->head]->token != token)
         return false;
     fence *f = q->items[q->head];
+    /* (fences_sync_blind answers false also when another thread's sync,
+     * a trim's, covered the fence meanwhile: look again) */
     if (f->blind && atomic_load(&sp->blind_synced) < f->blind &&
-        (!wait || !fences_sync_blind(sp)))
+        (!wait || !fences_sync_blind(sp)) && atomic_load(&sp->blind_synced) < f->blind)
         return false;
     for (uint32_t i = 0; i < f->nevents; i++)
         if (!event_done(R, f->ev[i], wait))

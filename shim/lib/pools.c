@@ -465,6 +465,27 @@ shim_pool *pool_owning(CUdeviceptr addr)
  * unique among the threads alive. */
 static _Thread_local char teardown_thread;
 
+/* Is addr the start of a block a dead pool still lists as live? */
+static bool dead_block(shim_pool *sp, CUdeviceptr addr)
+{
+    bfc_addr base = 0;
+    uint64_t size = 0;
+    return sp && atomic_load(&sp->dead) && bfc_pool_owns(sp->bfc, addr) &&
+           bfc_pool_lookup(sp->bfc, addr, &base, &size) == BFC_OK && base == addr;
+}
+
+bool pools_dead_block(CUdeviceptr addr)
+{
+    size_t n = atomic_load(&npools);
+    for (size_t i = 0; i < n; i++)
+        if (dead_block(atomic_load(&registry[i]), addr))
+            return true;
+    for (size_t i = 0; i < pools_retired_count(); i++)
+        if (dead_block(pools_retired_at(i), addr))
+            return true;
+    return false;
+}
+
 static void forget_if(bool (*match)(const shim_pool *, const void *), const void *arg)
 {
     size_t n = atomic_load(&npools);

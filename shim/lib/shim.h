@@ -358,6 +358,9 @@ void pools_context_gone(CUcontext ctx);
  * (cuCtxGetId). If not, the pool is forgotten, its memory given back (the
  * old context's work ended with it), and true returned. */
 bool pools_forget_if_replaced(shim_pool *sp);
+/* Is addr a block that a pool whose context went still lists as live (a
+ * plug-in's late free, after the context took the memory)? */
+bool pools_dead_block(CUdeviceptr addr);
 /* Is ctx the primary context of a live pool? */
 bool pools_context_is_primary(CUcontext ctx);
 /* The same for the device's primary context, if it is active. */

@@ -17,6 +17,11 @@
  *           program's dlsym is libc's, so it still sees no stream
  *   trim    (growth mode, over virtual memory) bfcshim_trim gives back a
  *           freed block only after the unseen stream's work on it ran
+ *   trim-after-reset, free-after-reset, free-async-after-reset  the
+ *           program resets the device unseen and allocates at the old
+ *           block's address: bfcshim_trim, and a plug-in's late frees
+ *           (plain and stream-ordered, on a stream of the dead context),
+ *           reach neither that allocation nor a dead handle
  *   cost    10,000 allocation and free pairs with nothing queued (a 256 MiB
  *           pool, at most 64 MiB live): the driver calls they cost
  *           (printed), none of them an event, and one context
@@ -37,6 +42,8 @@ static struct {
     CUresult (*CtxSetCurrent)(CUcontext);
     CUresult (*StreamCreate)(CUstream *, unsigned);
     CUresult (*StreamDestroy)(CUstream);
+    CUresult (*DevicePrimaryCtxReset)(CUdevice);
+    CUresult (*MemAlloc)(CUdeviceptr *, size_t);
 } D;
 
 static struct {
@@ -45,6 +52,7 @@ static struct {
     int (*mem_get_info)(int, size_t *, size_t *);
     size_t (*trim)(void);
     size_t (*stats_json)(char *, size_t);
+    int (*free_async)(void *, void *);
 } B;
 
 static const fakecuda_api *F;
@@ -68,12 +76,15 @@ static void start(void)
     *(void **)&B.mem_get_info = e2e_dlsym(lib, "bfcshim_mem_get_info");
     *(void **)&B.trim = e2e_dlsym(lib, "bfcshim_trim");
     *(void **)&B.stats_json = e2e_dlsym(lib, "bfcshim_stats_json");
+    *(void **)&B.free_async = e2e_dlsym(lib, "bfcshim_free_async");
     void *cu = e2e_open_libcuda();
     *(void **)&D.Init = e2e_dlsym(cu, "cuInit");
     *(void **)&D.DevicePrimaryCtxRetain = e2e_dlsym(cu, "cuDevicePrimaryCtxRetain");
     *(void **)&D.CtxSetCurrent = e2e_dlsym(cu, "cuCtxSetCurrent");
     *(void **)&D.StreamCreate = e2e_dlsym(cu, "cuStreamCreate");
     *(void **)&D.StreamDestroy = e2e_dlsym(cu, "cuStreamDestroy_v2");
+    *(void **)&D.DevicePrimaryCtxReset = e2e_dlsym(cu, "cuDevicePrimaryCtxReset_v2");
+    *(void **)&D.MemAlloc = e2e_dlsym(cu, "cuMemAlloc_v2");
     F = fakecuda();
     CUcontext c0;
     CHECK_EQ(D.Init(0), CUDA_SUCCESS);
@@ -151,6 +162,69 @@ static void write_if_mapped(void *arg)
     w->ran = true;
 }
 
+/* The program resets the device behind the library's back (Numba's
+ * cuda.close(), a cudaDeviceReset: the library, not preloaded, sees
+ * neither), makes its primary context again and allocates 8 MiB with the
+ * driver, at the address where the pool's block was: returns it. */
+static CUdeviceptr reset_and_take_the_address(void)
+{
+    CUcontext c0;
+    CHECK_EQ(D.DevicePrimaryCtxReset(0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+    CUdeviceptr mine = 0;
+    CHECK_EQ(D.MemAlloc(&mine, 8 * MiB), CUDA_SUCCESS);
+    return mine;
+}
+
+static void expect_still_mapped(CUdeviceptr mine, const char *who)
+{
+    if (!F->is_device_pointer(mine) || !F->is_device_pointer(mine + 8 * MiB - 1)) {
+        fprintf(stderr, "%s freed the program's own allocation 0x%llx\n", who,
+                (unsigned long long)mine);
+        e2e_failures++;
+    }
+}
+
+/* trim-after-reset: bfcshim_trim must not give back the old pool's region,
+ * which went with the old context (its address is the program's now). */
+static void trim_after_reset(void)
+{
+    start();
+    CHECK_EQ(B.free(must_alloc(8 * MiB)), 0);
+    CUdeviceptr mine = reset_and_take_the_address();
+    const fakecuda_stats s0 = fake_stats();
+    B.trim();
+    expect_still_mapped(mine, "bfcshim_trim");
+    CHECK_EQ(fake_stats().mem_free_calls, s0.mem_free_calls);
+}
+
+/* free-after-reset, free-async-after-reset: a plug-in's late free of a
+ * block whose context went must reach neither the driver (it would free
+ * the program's allocation now at that address) nor a dead stream. */
+static void free_after_reset_with(bool async)
+{
+    start();
+    CUstream s;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    void *p = must_alloc(8 * MiB);
+    void *q = must_alloc(MiB);
+    CUdeviceptr mine = reset_and_take_the_address();
+    const fakecuda_stats s0 = fake_stats();
+    for (int i = 0; i < 2; i++) { /* the first late free forgets the pool, the second finds it dead */
+        void *late = i ? q : p;
+        CHECK_EQ(async ? B.free_async(late, s) : B.free(late), CUDA_SUCCESS);
+    }
+    const fakecuda_stats s1 = fake_stats();
+    expect_still_mapped(mine, "the plug-in's free");
+    CHECK_EQ(s1.stale_handle_uses, s0.stale_handle_uses);
+    CHECK_EQ(s1.mem_free_calls, s0.mem_free_calls);
+    CHECK_EQ(s1.mem_free_async_calls, s0.mem_free_async_calls);
+}
+
+static void free_after_reset(void) { free_after_reset_with(false); }
+static void free_async_after_reset(void) { free_after_reset_with(true); }
+
 static void trim(void)
 {
     start();
@@ -200,6 +274,12 @@ static void cost(void)
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
-        {"plain", plain}, {"plain-global", plain}, {"trim", trim}, {"cost", cost}};
+        {"plain", plain},
+        {"plain-global", plain},
+        {"trim", trim},
+        {"trim-after-reset", trim_after_reset},
+        {"free-after-reset", free_after_reset},
+        {"free-async-after-reset", free_async_after_reset},
+        {"cost", cost}};
     return e2e_main("e2e_plugin", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }
