@@ -60,7 +60,8 @@
  *                          threads=3 when SCENARIO names "threads",
  *                          devices=2 when it names "devices", contexts=1
  *                          when it names "contexts", plugin and teardown
- *                          when it names them (seeds 1-8 with teardown),
+ *                          when it names them (seeds 1-8 with teardown;
+ *                          at most E2E_RACE_SEEDS seeds when it is set),
  *                          expect-races when it names "immediate")
  *   (E2E_RACE_TRACE=1: log the calls)
  *
@@ -792,6 +793,11 @@ int main(int argc, char **argv)
         expect_races = strstr(argv[1], "immediate") != NULL;
         if (teardown) /* the two tearing threads triple the work: fewer seeds */
             last = 8;
+        /* E2E_RACE_SEEDS (meson sets it in sanitizer builds, where every
+         * kernel costs five to fifteen times as much): fewer seeds. */
+        const char *fewer = getenv("E2E_RACE_SEEDS");
+        if (fewer && atoi(fewer) > 0 && (unsigned)atoi(fewer) < last)
+            last = (unsigned)atoi(fewer);
     } else if (argc > 2) {
         ops = (unsigned)atoi(argv[2]);
     }
