@@ -411,8 +411,13 @@ int cmd_report(int argc, char **argv)
         default: report_usage(stderr); return 2;
         }
     }
+    if (optind == argc) {
+        fprintf(stderr, "bfcshim report: no trace given: bfcshim report [OPTIONS] "
+                        "TRACE.csv[.gz]; bfcshim report --help lists the options\n");
+        return 2;
+    }
     if (optind != argc - 1) {
-        report_usage(stderr);
+        fprintf(stderr, "bfcshim report: one trace at a time, not %d\n", argc - optind);
         return 2;
     }
     o.trace = argv[optind];

@@ -222,6 +222,11 @@ def test_bad_options(d):
         check(p.returncode == 2 and needle in p.stderr, f"{args}: {p.stderr.strip()}")
     p = run("replay", os.path.join(d, "missing.csv"), ok=False)
     check(p.returncode == 1 and "missing.csv" in p.stderr, f"missing file: {p.stderr}")
+    # No trace: one line that says so, not the help's first screen.
+    for cmd in ["replay", "report"]:
+        p = run(cmd, ok=False)
+        check(p.returncode == 2 and p.stderr.startswith(f"bfcshim {cmd}: no trace given") and
+              len(p.stderr.splitlines()) == 1, f"{cmd} without a trace: {p.stderr!r}")
     p = run("frobnicate", ok=False)
     check(p.returncode == 2 and "unknown command" in p.stderr, "unknown command")
 

@@ -50,6 +50,14 @@ said = [l for l in p.stderr.splitlines() if f"the folder {missing} does not exis
 check(len(said) == 1 and "BFCSHIM_STATS_FILE" in said[0] and
       p.stderr.index(said[0]) < p.stderr.index("cannot create a file next to"),
       f"BFCSHIM_STATS_FILE into a missing folder said at the start: {p.stderr}")
+# A bad option is one line with the command's prefix, not the whole help.
+for args, words in [(["--bogus", "--", workload], "bfcshim run: --bogus: unknown option"),
+                    (["--fraction"], "bfcshim run: --fraction: needs a value"),
+                    (["-x", "--", workload], "bfcshim run: -x: unknown option"),
+                    ([], "bfcshim run: no command given")]:
+    p = sh("run", *args)
+    check(p.returncode == 2 and p.stderr.startswith(words) and len(p.stderr.splitlines()) == 1,
+          f"run {args}: {p.returncode} {p.stderr!r}")
 p = sh("run", "--")
 check(p.returncode == 2 and "no command" in p.stderr, "no command")
 p = sh("run", "--", os.path.join(work, "no-such-program"))
