@@ -66,7 +66,14 @@ uint64_t replay_min_pool_bytes(const trace *t, const bfc_options *policy);
 void cli_policy_tsl(bfc_options *policy);
 int cmd_tracegen(int argc, char **argv);
 
+/* One line for an option getopt_long refused (opterr = 0, ':' leading the
+ * option string, c what it returned): the unknown option, or the one
+ * without its value, and where the list is, rather than the whole help,
+ * whose first lines are all a terminal shows. Returns 2. */
+int cli_bad_option(const char *cmd, char **argv, int c);
+
 /* "bfcshim CMD: OPTION 'VALUE' is not ACCEPTED" on stderr; returns 2. */
+
 int cli_bad_value(const char *cmd, const char *option, const char *value,
                   const char *accepted);
 

@@ -11,6 +11,7 @@
 #include "cli.h"
 #include "env_vars.h"
 #include "launch.h"
+#include "out_file.h"
 
 #ifndef BFCSHIM_LIBDIR
 #define BFCSHIM_LIBDIR "lib"
@@ -210,6 +211,19 @@ static int add_checked(const char *cmd, const char *option, const char *name, co
     char accepted[256];
     if (!env_var_check(env_var_find(name), value, accepted, sizeof accepted))
         return cli_bad_value(cmd, option, value, accepted), -1;
+    /* A file the library writes into a folder that is not there would fail
+     * when it is made (the statistics: at exit, after the whole job). A
+     * folder named with %p (the pid) is the library's to expand. */
+    static const char *const written[] = {"BFCSHIM_STATS_FILE", "BFCSHIM_TRACE",
+                                          "BFCSHIM_OOM_REPORT", "BFCSHIM_LOG_FILE"};
+    char folder[4096];
+    for (size_t i = 0; i < sizeof written / sizeof *written; i++)
+        if (strcmp(name, written[i]) == 0 && !strstr(value, "%p") &&
+            out_file_folder_missing(value, folder, sizeof folder)) {
+            fprintf(stderr, "bfcshim %s: %s %s: the folder %s does not exist\n", cmd, option,
+                    value, folder);
+            return -1;
+        }
     return env_add(e, name, value) ? 1 : 0;
 }
 

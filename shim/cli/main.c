@@ -11,6 +11,22 @@
 #define BFCSHIM_VERSION "unknown"
 #endif
 
+int cli_bad_option(const char *cmd, char **argv, int c)
+{
+    /* getopt_long leaves optind past the word it refused (for a missing
+     * value, past the option that wanted it); a short option may sit
+     * inside a word of several (-xh), so it is named alone. */
+    const char *word = optind > 0 ? argv[optind - 1] : "?";
+    const char *what = c == ':' ? "needs a value" : "unknown option";
+    if (optopt > 0 && optopt < 256 && !(word[0] == '-' && word[1] == '-'))
+        fprintf(stderr, "bfcshim %s: -%c: %s; bfcshim %s --help lists the options\n", cmd,
+                optopt, what, cmd);
+    else
+        fprintf(stderr, "bfcshim %s: %s: %s; bfcshim %s --help lists the options\n", cmd, word,
+                what, cmd);
+    return 2;
+}
+
 int cli_bad_value(const char *cmd, const char *option, const char *value,
                   const char *accepted)
 {

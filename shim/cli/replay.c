@@ -949,7 +949,8 @@ int cmd_replay(int argc, char **argv)
         return 2;
     }
     if (optind == argc) {
-        replay_usage(stderr);
+        fprintf(stderr, "bfcshim replay: no trace given: bfcshim replay [OPTIONS] "
+                        "TRACE.csv[.gz]...; bfcshim replay --help lists the options\n");
         return 2;
     }
     if (o.plan_path) {

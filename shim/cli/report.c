@@ -132,6 +132,30 @@ static const char *sibling(const char *trace, const char *ending, char *buf, siz
     return access(buf, R_OK) == 0 ? buf : NULL;
 }
 
+/* Whether path is a frames file (snapshot2csv --frames), whose first line
+ * is FRAMES_MAGIC: its lines are matched to allocations by their order
+ * alone, so any other text would put wrong places on the chart without a
+ * word. why (when not NULL) says what is wrong. */
+#define FRAMES_MAGIC "# bfcshim frames v1"
+static bool frames_file_ok(const char *path, char *why, size_t len)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        if (why)
+            snprintf(why, len, "%s", strerror(errno));
+        return false;
+    }
+    char first[64] = "";
+    bool read = fgets(first, sizeof first, f) != NULL;
+    fclose(f);
+    bool ok = strncmp(first, FRAMES_MAGIC, strlen(FRAMES_MAGIC)) == 0;
+    if (!ok && why)
+        snprintf(why, len, "not a frames file (%s; one starts with '%s', as "
+                 "snapshot2csv --frames writes)", read ? "its first line differs" : "it is empty",
+                 FRAMES_MAGIC);
+    return ok;
+}
+
 typedef struct report_opts {
     const char *trace, *output, *stats, *ab, *title, *frames;
     input_text stats_text, ab_text; /* the two files, as loaded */
@@ -387,8 +411,13 @@ int cmd_report(int argc, char **argv)
         default: report_usage(stderr); return 2;
         }
     }
+    if (optind == argc) {
+        fprintf(stderr, "bfcshim report: no trace given: bfcshim report [OPTIONS] "
+                        "TRACE.csv[.gz]; bfcshim report --help lists the options\n");
+        return 2;
+    }
     if (optind != argc - 1) {
-        report_usage(stderr);
+        fprintf(stderr, "bfcshim report: one trace at a time, not %d\n", argc - optind);
         return 2;
     }
     o.trace = argv[optind];
@@ -409,11 +438,24 @@ int cmd_report(int argc, char **argv)
         else
             o.stats = NULL;
     }
+    bool frames_next_to_trace = false;
     if (!o.frames && (o.frames = sibling(o.trace, ".frames.txt", frames_next,
-                                         sizeof frames_next)))
-        fprintf(stderr, "bfcshim report: where allocations were made, from %s\n", o.frames);
-    if (o.frames && access(o.frames, R_OK) != 0) {
-        fprintf(stderr, "bfcshim report: --frames %s: %s\n", o.frames, strerror(errno));
+                                         sizeof frames_next))) {
+        frames_next_to_trace = true;
+        char why[200];
+        if (frames_file_ok(o.frames, why, sizeof why)) {
+            fprintf(stderr, "bfcshim report: where allocations were made, from %s\n",
+                    o.frames);
+        } else {
+            /* Nobody asked for this file: the report goes on without it. */
+            fprintf(stderr, "bfcshim report: %s, next to the trace: %s; not used\n", o.frames,
+                    why);
+            o.frames = NULL;
+        }
+    }
+    char why[200];
+    if (o.frames && !frames_next_to_trace && !frames_file_ok(o.frames, why, sizeof why)) {
+        fprintf(stderr, "bfcshim report: --frames %s: %s\n", o.frames, why);
         free(o.stats_text.text);
         free(o.ab_text.text);
         return 2;

@@ -28,7 +28,8 @@ int cmd_run(int argc, char **argv)
     env_list env = {0};
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "+h", longopts, NULL)) != -1) {
+    opterr = 0; /* cli_bad_option says it in one line */
+    while ((c = getopt_long(argc, argv, "+:h", longopts, NULL)) != -1) {
         if (c == 'h') {
             run_usage(stdout);
             return 0;
@@ -36,14 +37,11 @@ int cmd_run(int argc, char **argv)
         int r = launch_option("run", c, optarg, &env);
         if (r < 0)
             return 2;
-        if (r == 0) {
-            run_usage(stderr);
-            return 2;
-        }
+        if (r == 0)
+            return cli_bad_option("run", argv, c);
     }
     if (optind >= argc) {
-        fprintf(stderr, "bfcshim run: no command given\n");
-        run_usage(stderr);
+        fprintf(stderr, "bfcshim run: no command given: bfcshim run [OPTIONS] -- CMD [ARGS...]\n");
         return 2;
     }
     const char *shim = launch_find_shim();

@@ -314,7 +314,17 @@ static bool load(trace *t, const char *path, bool keep_times)
     }
     int gzerr = 0;
     const char *gzmsg = gzerror(gz, &gzerr);
-    if (ok && gzerr != Z_OK && gzerr != Z_STREAM_END) {
+    if (!gzdirect(gz) && (gzerr == Z_BUF_ERROR || gzerr == Z_DATA_ERROR)) {
+        /* zlib hands over what it could inflate before the damage, so the
+         * last line fed may be cut short and fail as CSV: the file, not
+         * that line, is what is wrong, whatever the feed said. */
+        size_t skip = strlen(path); /* zlib's message starts "path: " */
+        if (strncmp(gzmsg, path, skip) == 0 && strncmp(gzmsg + skip, ": ", 2) == 0)
+            gzmsg += skip + 2;
+        snprintf(t->error, sizeof t->error, "%s: truncated or corrupt gzip file (%s)", path,
+                 gzmsg);
+        ok = false;
+    } else if (ok && gzerr != Z_OK && gzerr != Z_STREAM_END) {
         snprintf(t->error, sizeof t->error, "%s: read error: %s", path, gzmsg);
         ok = false;
     }
@@ -337,6 +347,14 @@ static bool load(trace *t, const char *path, bool keep_times)
     fclose(f);
 #endif
     free(line);
+    /* A file without one row of data would replay and report as a row of
+     * zeros, which reads as a measurement: it is refused instead. */
+    if (ok && t->nev == 0 && t->failed_allocs == 0 && t->unmatched_frees == 0 &&
+        t->zero_size_allocs == 0) {
+        snprintf(t->error, sizeof t->error, "%s: no allocations: the file %s", path,
+                 t->saw_header ? "has only the header line" : "is empty");
+        ok = false;
+    }
     trace_finish(t);
     return ok;
 }

@@ -17,6 +17,9 @@
  *   - an allocation that takes the live bytes past 2^64 - 1 is malformed
  *     (every figure of the trace would wrap); any size alone is accepted;
  *   - anything else malformed stops parsing with "name:line: what".
+ * trace_load refuses a file without one row of data (empty, or the header
+ * alone) and names a gzip file that is cut short or damaged as such, not
+ * by the half line it ends with.
  */
 #ifndef BFCSHIM_CLI_TRACE_CSV_H
 #define BFCSHIM_CLI_TRACE_CSV_H

@@ -172,8 +172,17 @@ const char *env_var_hint(const char *name, char *buf, size_t len)
 
 const char *env_var_closest(const char *name)
 {
+    /* Only a close name is worth suggesting: every name shares BFCSHIM_,
+     * so a fixed distance (it was 3) matched short names to anything short
+     * (BFCSHIM_FOO -> BFCSHIM_GC). The edits allowed grow with the part
+     * after the prefix, a third of it, at most 3; a name cut short (a
+     * prefix of a known one, 4 characters past BFCSHIM_ or more) is close
+     * too. */
+    const size_t prefix = strncmp(name, "BFCSHIM_", 8) == 0 ? 8 : 0;
+    const size_t own = strlen(name) - prefix;
+    size_t allowed = own / 3 < 3 ? own / 3 : 3;
     const char *best = NULL;
-    size_t best_d = 4;
+    size_t best_d = allowed + 1;
     for (size_t i = 0; i < env_vars_count; i++) {
         size_t d = distance(name, env_vars[i].name);
         if (d < best_d) {
@@ -181,5 +190,8 @@ const char *env_var_closest(const char *name)
             best = env_vars[i].name;
         }
     }
+    for (size_t i = 0; !best && own >= 4 && i < env_vars_count; i++)
+        if (strncmp(env_vars[i].name, name, strlen(name)) == 0)
+            best = env_vars[i].name;
     return best;
 }

@@ -56,7 +56,9 @@ int env_var_choice(const env_var *v, const char *value);
  * pool may take". */
 bool env_var_check(const env_var *v, const char *value, char *accepted, size_t len);
 
-/* The known name nearest to `name` (edit distance at most 3), or NULL. */
+/* The known name nearest to `name`, or NULL when none is close: at most a
+ * third of the part after BFCSHIM_ in edits (3 at most), or a known name
+ * that `name` begins (4 characters past BFCSHIM_ or more). */
 const char *env_var_closest(const char *name);
 
 /* "; did you mean NAME?" for the nearest known name, or "" when none is

@@ -131,3 +131,19 @@ void out_file_why(const char *path, int err, char *buf, size_t size)
     else
         snprintf(buf, size, "cannot be written (%s)", strerror(err));
 }
+
+bool out_file_folder_missing(const char *path, char *folder, size_t size)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash || size == 0)
+        return false; /* the working folder, which exists */
+    size_t n = slash == path ? 1 : (size_t)(slash - path); /* "/x": the root */
+    if (n >= size)
+        return false; /* too long to name; the write will say */
+    memcpy(folder, path, n);
+    folder[n] = 0;
+    struct stat st;
+    if (stat(folder, &st) == 0)
+        return !S_ISDIR(st.st_mode);
+    return errno == ENOENT || errno == ENOTDIR;
+}

@@ -40,4 +40,10 @@ bool out_file_replace(const char *tmp, const char *path);
  * message: "is a symbolic link", or "cannot be written (strerror)". */
 void out_file_why(const char *path, int err, char *buf, size_t size);
 
+/* Whether the folder path would be written in is missing (or is not a
+ * folder): true with that folder in folder (size bytes). Writing there
+ * fails only when the file is made, which for statistics is at exit: a
+ * check at the start lets that be said while somebody is watching. */
+bool out_file_folder_missing(const char *path, char *folder, size_t size);
+
 #endif

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "env_vars.h"
+#include "out_file.h"
 #include "shim.h"
 #include "units.h"
 
@@ -112,6 +113,18 @@ bool shim_expand_path(const char *pattern, char *out, size_t len)
     }
     out[k] = 0;
     return true;
+}
+
+/* The statistics are written at exit: a folder missing now is said now,
+ * while the job can still be stopped, not after it has run. The path stays
+ * set, as the program may make the folder before it ends. */
+static void warn_missing_folder(const char *name, const char *pattern)
+{
+    char path[4096], folder[4096];
+    if (pattern && shim_expand_path(pattern, path, sizeof path) &&
+        out_file_folder_missing(path, folder, sizeof folder))
+        shim_log(LOG_ERROR, "%s: the folder %s does not exist; nothing can be written there",
+                 name, folder);
 }
 
 /* BFCSHIM_* names nobody reads: a warning each, with the nearest known. */
@@ -217,6 +230,7 @@ static void parse(void)
     cfg.trace_path = get_path("BFCSHIM_TRACE");
     cfg.plan_path = get_path("BFCSHIM_PLAN");
     cfg.stats_file = get_path("BFCSHIM_STATS_FILE");
+    warn_missing_folder("BFCSHIM_STATS_FILE", cfg.stats_file);
     cfg.oom_report_path = get_path("BFCSHIM_OOM_REPORT");
     get_bool("BFCSHIM_STATS", &cfg.stats_summary);
 

@@ -73,6 +73,11 @@ static void misspelt_names_get_the_nearest(void)
     CHECK(strcmp(env_var_closest("BFCSHIM_PREALOCATE"), "BFCSHIM_PREALLOCATE") == 0);
     CHECK(strcmp(env_var_closest("BFCSHIM_STAT"), "BFCSHIM_STATS") == 0);
     CHECK(env_var_closest("BFCSHIM_SOMETHING_ELSE_ENTIRELY") == NULL);
+    /* Only close names: three edits of a three-letter name is another name. */
+    CHECK(env_var_closest("BFCSHIM_FOO") == NULL);
+    CHECK(env_var_closest("BFCSHIM_X") == NULL);
+    CHECK(strcmp(env_var_closest("BFCSHIM_FENCE_INTERVL"), "BFCSHIM_FENCE_INTERVAL") == 0);
+    CHECK(strcmp(env_var_closest("BFCSHIM_MEM_FRAC"), "BFCSHIM_MEM_FRACTION") == 0);
     CHECK(env_var_find("BFCSHIM_MEM_FRACTON") == NULL);
 }
 

@@ -185,6 +185,29 @@ def test_gzip_and_crlf(d):
     check(r["events"] == 2 and r["min_pool_bytes"] == 3 * MiB, f"gzip trace: {r}")
 
 
+def test_inputs_refused(d):
+    # Nothing to replay is not a row of zeros: the file is named, the exit
+    # is not 0.
+    for name, text in [("empty.csv", ""), ("header.csv", HEADER)]:
+        t = os.path.join(d, name)
+        with open(t, "w") as f:
+            f.write(text)
+        for cmd in ["replay", "plan"]:
+            p = run(cmd, t, ok=False)
+            check(p.returncode == 1 and p.stdout == "" and
+                  f"{t}: no allocations" in p.stderr and len(p.stderr.splitlines()) == 1,
+                  f"{cmd} {name} refused: {p.returncode} {p.stdout!r} {p.stderr!r}")
+    # A gzip file cut short is named as such, not by the half line it ends on.
+    text = HEADER + "".join(row("allocate", hex(0x100000 * (i + 1)), 4096) for i in range(3000))
+    whole = gzip.compress(text.encode())
+    cut = os.path.join(d, "cut.csv.gz")
+    with open(cut, "wb") as f:
+        f.write(whole[:len(whole) // 2])
+    p = run("replay", cut, ok=False)
+    check(p.returncode == 1 and f"{cut}: truncated or corrupt gzip file" in p.stderr,
+          f"truncated gzip: {p.stderr.strip()}")
+
+
 def test_bad_options(d):
     t = write_trace(d, "x.csv", [row("allocate", "0x1000", 512)])
     for args, needle in [(["--pool-size", "lots"], "--pool-size 'lots'"),
@@ -199,6 +222,11 @@ def test_bad_options(d):
         check(p.returncode == 2 and needle in p.stderr, f"{args}: {p.stderr.strip()}")
     p = run("replay", os.path.join(d, "missing.csv"), ok=False)
     check(p.returncode == 1 and "missing.csv" in p.stderr, f"missing file: {p.stderr}")
+    # No trace: one line that says so, not the help's first screen.
+    for cmd in ["replay", "report"]:
+        p = run(cmd, ok=False)
+        check(p.returncode == 2 and p.stderr.startswith(f"bfcshim {cmd}: no trace given") and
+              len(p.stderr.splitlines()) == 1, f"{cmd} without a trace: {p.stderr!r}")
     p = run("frobnicate", ok=False)
     check(p.returncode == 2 and "unknown command" in p.stderr, "unknown command")
 
@@ -586,7 +614,7 @@ def test_bundled_traces(d):
 
 with tempfile.TemporaryDirectory() as d:
     for test in [test_min_pool_and_placement, test_min_pool_above, test_json_contract,
-                 test_unmatched_and_failed_lines, test_malformed_lines_name_their_line, test_gzip_and_crlf, test_bad_options,
+                 test_unmatched_and_failed_lines, test_malformed_lines_name_their_line, test_gzip_and_crlf, test_inputs_refused, test_bad_options,
                  test_dump_at_failure, test_tracegen, test_record, test_vmm, test_gpu_lag,
                  test_fence_lag,
                  test_sizes_no_device_has, test_live_bytes_past_2_64, test_plan,

@@ -203,6 +203,26 @@ dom = render(path("frames.html"))
 check('data-ready="1"' in dom and "made at:\n  layer79 model.py:79\n  train model.py:1" in dom,
       "band tooltips say where the allocation was made")
 os.unlink(path("job.frames.txt"))
+# A --frames file that is not one would put wrong places on the chart:
+# refused, with the reason. One that only sits next to the trace is left out.
+with open(path("notframes.txt"), "w") as f:
+    f.write("layer0 model.py:1\n")
+p = subprocess.run([bfcshim, "report", path("job.csv"), "--frames", path("notframes.txt"), "-o",
+                    path("x.html")], env=env, capture_output=True, text=True)
+check(p.returncode == 2 and f"--frames {path('notframes.txt')}: not a frames file" in p.stderr,
+      f"--frames of another file refused: {p.returncode} {p.stderr}")
+shutil.copy(path("notframes.txt"), path("job.frames.txt"))
+p = sh(bfcshim, "report", path("job.csv"), "-o", path("x.html"))
+check("next to the trace: not a frames file" in p.stderr, f"sibling left out: {p.stderr}")
+os.unlink(path("job.frames.txt"))
+# Nothing to report is refused, not drawn as a chart of zeros.
+for name, text in [("empty.csv", ""), ("header.csv", "Thread,Time,Action,Pointer,Size,Stream\n")]:
+    with open(path(name), "w") as f:
+        f.write(text)
+    p = subprocess.run([bfcshim, "report", path(name), "-o", path("x.html")], env=env,
+                       capture_output=True, text=True)
+    check(p.returncode != 0 and f"{path(name)}: no allocations" in p.stderr and
+          len(p.stderr.splitlines()) == 1, f"report {name}: {p.returncode} {p.stderr}")
 dom = render(path("job.html"), fragment="#zoom=10-50")
 check(re.search(r'<svg id="timeline"[^>]*data-view="10-50"', dom) is not None and
       "double-click to zoom out" in dom, "the timeline opens zoomed where the address said")

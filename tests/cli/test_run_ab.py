@@ -38,6 +38,26 @@ check(doc["pools"][0]["num_allocs"] == 40, "allocations counted")
 
 p = sh("run", "--fraction", "2", "--", workload)
 check(p.returncode == 2 and "--fraction '2'" in p.stderr, f"bad value: {p.stderr}")
+# A statistics file in a folder that is not there: refused before the job
+# runs (it would fail only at exit); the library says so at its start.
+missing = os.path.join(work, "no-such-folder")
+p = sh("run", "--stats-file", os.path.join(missing, "x.json"), "--", workload, "0", "2")
+check(p.returncode == 2 and p.stdout == "" and
+      f"--stats-file {missing}/x.json: the folder {missing} does not exist" in p.stderr,
+      f"--stats-file into a missing folder: {p.returncode} {p.stderr}")
+p = sh("run", "--", workload, "0", "2", BFCSHIM_STATS_FILE=os.path.join(missing, "y.json"))
+said = [l for l in p.stderr.splitlines() if f"the folder {missing} does not exist" in l]
+check(len(said) == 1 and "BFCSHIM_STATS_FILE" in said[0] and
+      p.stderr.index(said[0]) < p.stderr.index("cannot create a file next to"),
+      f"BFCSHIM_STATS_FILE into a missing folder said at the start: {p.stderr}")
+# A bad option is one line with the command's prefix, not the whole help.
+for args, words in [(["--bogus", "--", workload], "bfcshim run: --bogus: unknown option"),
+                    (["--fraction"], "bfcshim run: --fraction: needs a value"),
+                    (["-x", "--", workload], "bfcshim run: -x: unknown option"),
+                    ([], "bfcshim run: no command given")]:
+    p = sh("run", *args)
+    check(p.returncode == 2 and p.stderr.startswith(words) and len(p.stderr.splitlines()) == 1,
+          f"run {args}: {p.returncode} {p.stderr!r}")
 p = sh("run", "--")
 check(p.returncode == 2 and "no command" in p.stderr, "no command")
 p = sh("run", "--", os.path.join(work, "no-such-program"))
