@@ -21,10 +21,10 @@ import subprocess
 import sys
 
 from . import _library
-from ._library import LibraryError
+from ._library import CudaError, LibraryError
 
 __all__ = ["stats", "write_stats", "trim", "mem_get_info", "active", "library_path",
-           "command_path", "run", "LibraryError", "__version__"]
+           "command_path", "run", "LibraryError", "CudaError", "__version__"]
 
 try:
     from ._version import version as __version__

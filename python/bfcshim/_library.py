@@ -104,10 +104,41 @@ def path():
     return _path
 
 
+class CudaError(RuntimeError):
+    """A call of the library failed; ``code`` is the CUresult, ``name`` its
+    name where known, and the message says what to do about it."""
+
+    def __init__(self, what, code):
+        self.code = code
+        self.name = _CAUSES.get(code, (f"CUresult {code}", ""))[0]
+        hint = _CAUSES.get(code, ("", "the shim's log says why"))[1]
+        super().__init__(f"{what} failed: {self.name}: {hint}")
+
+
+_FAKE_GPU = ("on a machine without a GPU, the fake GPU that comes with bfcshim "
+             "tries it: bfcshim run --fake-gpu -- python ...")
+# The codes the library returns for causes a user can act on.
+_CAUSES = {
+    1: ("CUDA_ERROR_INVALID_VALUE", "an argument was refused (the shim's log names it)"),
+    3: ("CUDA_ERROR_NOT_INITIALIZED", "no CUDA driver could be loaded (libcuda.so.1); "
+        + _FAKE_GPU),
+    35: ("CUDA_ERROR_INSUFFICIENT_DRIVER", "the CUDA driver is older than the runtime; "
+         + _FAKE_GPU),
+    100: ("CUDA_ERROR_NO_DEVICE", "no CUDA device is visible (CUDA_VISIBLE_DEVICES?); "
+          + _FAKE_GPU),
+    101: ("CUDA_ERROR_INVALID_DEVICE", "no such device"),
+    201: ("CUDA_ERROR_INVALID_CONTEXT", "no active CUDA context on that device: let the "
+          "framework initialise CUDA there first (any CUDA call does), or the device does "
+          "not exist"),
+    400: ("CUDA_ERROR_INVALID_HANDLE", "the stream is not a valid stream"),
+}
+
+
 def check(code, what):
-    """Raises for a nonzero CUresult from the library."""
+    """Raises for a nonzero CUresult from the library: MemoryError for out
+    of memory, else CudaError (a RuntimeError) naming the cause."""
     if code == 2:
         raise MemoryError(f"{what}: out of memory (CUDA_ERROR_OUT_OF_MEMORY); the shim's log "
                           "has the pool's state")
     if code != 0:
-        raise RuntimeError(f"{what} failed with CUresult {code} (the shim's log says why)")
+        raise CudaError(what, code)

@@ -19,7 +19,11 @@ import contextlib
 import ctypes
 import weakref
 
-import cupy
+try:
+    import cupy
+except ImportError as e:  # say which package the plug-in is for
+    raise ImportError(f"bfcshim.cupy is the plug-in for CuPy, which cannot be imported "
+                      f"here ({e}): pip install cupy-cuda13x, or the cupy package of your CUDA") from e
 
 from . import _library
 

@@ -23,7 +23,11 @@ import ctypes
 import threading
 import weakref
 
-from numba.cuda import HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer
+try:
+    from numba.cuda import HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer
+except ImportError as e:  # say which package the plug-in is for
+    raise ImportError(f"bfcshim.numba is the plug-in for numba-cuda, which cannot be imported "
+                      f"here ({e}): pip install numba-cuda") from e
 
 from . import _library, mem_get_info
 

@@ -21,7 +21,11 @@ Alternatively, run the unmodified program under ``bfcshim run`` with
 ``PYTORCH_NO_CUDA_MEMORY_CACHING=1``, which keeps PyTorch's own statistics of
 what it asked for.
 """
-import torch
+try:
+    import torch
+except ImportError as e:  # say which package the plug-in is for
+    raise ImportError(f"bfcshim.torch is the plug-in for PyTorch, which cannot be imported "
+                      f"here ({e}): pip install torch") from e
 
 from . import _library
 

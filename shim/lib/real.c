@@ -36,7 +36,9 @@ static void load_driver(void)
     if (!h)
         h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
     if (!h) {
-        shim_log(LOG_WARN, "cannot open libcuda.so.1 (%s): passing every call through",
+        shim_log(LOG_WARN, "cannot open libcuda.so.1 (%s): passing every call through (no GPU "
+                           "here? bfcshim run --fake-gpu -- PROGRAM tries the shim on the fake "
+                           "GPU that comes with it)",
                  dlerror());
         return;
     }

@@ -46,7 +46,7 @@ try:
     bfcshim.mem_get_info(5)
     out["bad_device"] = "no error"
 except RuntimeError as e:
-    out["bad_device"] = str(e)
+    out["bad_device"] = f"{type(e).__name__}: {e}"
 try:
     big = ctypes.c_void_p()
     _library.check(lib.bfcshim_malloc(ctypes.byref(big), 1 << 50, 0), "huge")

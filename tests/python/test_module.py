@@ -44,7 +44,9 @@ check(plug.get("free_total_current") == plug.get("free_total"), "device -1: the 
 check(plug.get("written") == 1, "write_stats wrote the same statistics")
 check(plug.get("free") == 0 and plug.get("trimmed", 0) >= 8 * MiB and
       plug.get("after_trim") == 0, f"free then trim gives the region back: {plug}")
-check("CUresult 201" in plug.get("bad_device", ""), f"bad device: {plug.get('bad_device')}")
+check("CudaError" in plug.get("bad_device", "") and
+      "CUDA_ERROR_INVALID_CONTEXT" in plug.get("bad_device", ""),
+      f"bad device: {plug.get('bad_device')}")
 check("out of memory" in plug.get("oom", ""), f"huge allocation: {plug.get('oom')}")
 
 pre = client("preloaded", LD_PRELOAD=lib)
@@ -61,4 +63,26 @@ p = subprocess.run([sys.executable, "-c", "import bfcshim; bfcshim.stats()"], en
                    capture_output=True, text=True)
 check(p.returncode != 0 and "libbfcshim.so not found" in p.stderr,
       f"no library: {p.stderr[-500:]}")
+
+# No CUDA driver at all (no libcuda.so.1 on the path): mem_get_info raises
+# CudaError naming the cause and the way to try without a GPU.
+e = dict(os.environ, PYTHONPATH=source, BFCSHIM_LIBRARY=lib, LD_LIBRARY_PATH="")
+e.pop("LD_PRELOAD", None)
+p = subprocess.run([sys.executable, "-c", "import bfcshim\ntry:\n    bfcshim.mem_get_info(0)\n"
+                    "except bfcshim.CudaError as err:\n    print(type(err).__name__, err.name, err)"],
+                   env=e, capture_output=True, text=True)
+check(p.returncode == 0 and "CudaError CUDA_ERROR_NOT_INITIALIZED" in p.stdout and
+      "--fake-gpu" in p.stdout, f"no driver: {p.stdout[-500:]} {p.stderr[-500:]}")
+check("cannot open libcuda.so.1" in p.stderr and "--fake-gpu" in p.stderr,
+      f"the library's one line says how to try without a GPU: {p.stderr[-500:]}")
+
+# A plug-in imported without its framework says which package is missing.
+for mod, name in (("cupy", "CuPy"), ("torch", "PyTorch")):
+    p = subprocess.run([sys.executable, "-c", f"import bfcshim.{mod}"],
+                       env=dict(e, PYTHONPATH=source + os.pathsep + os.path.join(work, "none")),
+                       capture_output=True, text=True)
+    if p.returncode == 0:
+        continue  # the framework is installed here: nothing to say
+    check(f"bfcshim.{mod} is the plug-in for {name}, which cannot be imported" in p.stderr,
+          f"{mod} without its framework: {p.stderr[-500:]}")
 check.finish()
