@@ -65,6 +65,12 @@ static CUresult context_for(const real_driver *R, int device, CUstream s, CUcont
     if (device < 0)
         return fail(CUDA_ERROR_INVALID_CONTEXT, api,
                     "device -1 means the current context, and none is current");
+    if (!streams_all_seen())
+        return fail(CUDA_ERROR_INVALID_CONTEXT, api,
+                    "device %d is not the current context's device: make a context of device "
+                    "%d current first (loaded without LD_PRELOAD, the library cannot look up the "
+                    "device's primary context without racing the program's own releases)",
+                    device, device);
     return fail(CUDA_ERROR_INVALID_CONTEXT, api,
                 "device %d has no active primary context (initialise CUDA on it first), or "
                 "does not exist",

@@ -203,6 +203,15 @@ CUcontext real_active_primary(const real_driver *R, CUdevice dev)
     if (!R || !R->DevicePrimaryCtxGetState || !R->DevicePrimaryCtxRetain ||
         !R->DevicePrimaryCtxRelease)
         return NULL;
+    /* The retain and release below are safe only while the program's own
+     * retains, releases and resets wait for the primary lock, i.e. reach
+     * the shim's hooks. Loaded as a plug-in they do not: a program's reset
+     * or last release between our retain and our release would leave our
+     * release the last one, destroying the context the program just made
+     * current again (e2e_race plugin-teardown saw its calls answered
+     * CUDA_ERROR_CONTEXT_IS_DESTROYED). Then the handle stays unknown. */
+    if (!streams_all_seen())
+        return NULL;
     primary_lock();
     if (R->DevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && active &&
         R->DevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS)

@@ -200,7 +200,10 @@ const real_driver *real_driver_get(void);
 bool real_ctx_enter(const real_driver *R, CUcontext ctx);
 void real_ctx_leave(const real_driver *R, bool pushed);
 /* The handle of dev's primary context while it is active, else NULL:
- * retaining it to learn the handle would create it when it is not. */
+ * retaining it to learn the handle would create it when it is not. NULL
+ * too where the library is loaded as a plug-in (streams_all_seen false):
+ * the retain and release that learn the handle would race the program's
+ * own, which no hook serialises then. */
 CUcontext real_active_primary(const real_driver *R, CUdevice dev);
 /* Is ctx the active primary context of its device? Asked of the driver,
  * whether or not the context has a pool yet. */
