@@ -180,13 +180,14 @@ static int api_free(void *ptr, CUstream s, bool stream_ordered, const char *api)
         stream_ordered = false;
         s = NULL;
     }
-    if (shim_active() && !streams_all_seen())
-        api_owner(p); /* a pool whose context went unseen is forgotten first */
-    /* A plug-in's finalizer may free a block after its context went (the
-     * program reset the device, or released its primary context, first):
-     * the memory went with the context, and the address may be someone
-     * else's allocation now. Nothing to do, and nothing for the driver. */
-    if (shim_active() && !pool_owning(p) && pools_dead_block(p)) {
+    /* The owner, looked up once (a pool whose context went unseen is
+     * forgotten here first). A plug-in's finalizer may free a block after
+     * its context went (the program reset the device, or released its
+     * primary context, first): the memory went with the context, and the
+     * address may be someone else's allocation now. Nothing to do, and
+     * nothing for the driver. */
+    shim_pool *owner = shim_active() ? api_owner(p) : NULL;
+    if (shim_active() && !owner && pools_dead_block(p)) {
         static atomic_bool said;
         shim_log_once(&said, LOG_INFO, "%s(%p): its pool's context went first; the block went "
                                        "with it (logged once)", api, ptr);
@@ -199,10 +200,8 @@ static int api_free(void *ptr, CUstream s, bool stream_ordered, const char *api)
      * LD_PRELOAD), the free's epoch is sealed now, while the caller
      * guarantees the stream exists: a seal at a later allocation could meet
      * a dead handle (the CuPy plug-in keeps its Stream only until here). */
-    shim_pool *sp;
-    if (st == SVC_OK && stream_ordered && svc_explicit_stream(s) && !streams_all_seen() &&
-        (sp = api_owner(p)) != NULL)
-        pools_seal_stream_lane(sp, s);
+    if (st == SVC_OK && owner && stream_ordered && svc_explicit_stream(s) && !streams_all_seen())
+        pools_seal_stream_lane(owner, s);
     if (st != SVC_PASS)
         return (int)svc_cuda_result(st);
     /* Not pooled: the driver's memory (passed through, or the caller's). */
