@@ -462,6 +462,12 @@ void bfc_pool_lane_close(bfc_pool *pool, uint32_t lane);
  * epoch's chunks move into lane `into`'s open epoch instead, whose fence
  * the owner makes cover the closed lane's work too. */
 void bfc_pool_lane_close_into(bfc_pool *pool, uint32_t lane, uint32_t into);
+/* Closes a lane whose stream is gone and whose handle may already name
+ * another stream: no seal is attempted (it would fence the wrong stream's
+ * work); the open epoch, if any, moves into lane `into`'s open epoch, whose
+ * fence the owner makes cover every stream. Sealed epochs keep their
+ * tokens. */
+void bfc_pool_lane_retire_into(bfc_pool *pool, uint32_t lane, uint32_t into);
 
 /* Makes every chunk of `lane` whose token is <= `completed` free. */
 void bfc_pool_retire(bfc_pool *pool, uint32_t lane, uint64_t completed);

@@ -152,6 +152,24 @@ void bfc_pool_lane_close_into(bfc_pool *p, uint32_t id, uint32_t into)
     bfc_lock_release(&p->lock);
 }
 
+void bfc_pool_lane_retire_into(bfc_pool *p, uint32_t id, uint32_t into)
+{
+    bfc_lock_acquire(&p->lock);
+    lane *l = lane_get(p, id);
+    lane *to = into != id ? lane_get(p, into) : NULL;
+    if (l) {
+        /* `into` is the owner's plain lane, open for the pool's life; it
+         * takes the epoch even if it stopped accepting frees, so that no
+         * seal is ever made for this lane again. */
+        if (l->open_token && to)
+            move_open_epoch(p, l, into, to);
+        l->accepting = 0;
+        if (l->head == CHUNK_NIL && !l->open_token)
+            lane_free_slot(l);
+    }
+    bfc_lock_release(&p->lock);
+}
+
 void bfc_pool_lane_close(bfc_pool *p, uint32_t id) { bfc_pool_lane_close_into(p, id, BFC_NO_LANE); }
 
 /* Unlinks a pending chunk from its lane's FIFO and bins. */

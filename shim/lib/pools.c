@@ -575,17 +575,64 @@ void pools_primary_gone(CUdevice dev)
 
 /* ---- lanes --------------------------------------------------------------------- */
 
-static bool lane_lookup(shim_pool *sp, CUstream s, uint32_t *lane)
+/* What names stream s for its lane: the handle alone where the library
+ * sees every stream destroyed (the lane closes then), else the handle and
+ * cuStreamGetId, "unique for the life of the program": a real driver may
+ * give a destroyed stream's handle to the next stream made, while the
+ * destroyed one's work still runs, and that stream must not take the
+ * blocks in stream order. False when the id cannot be had (a driver
+ * before CUDA 12.0): no lane then, the safe way. */
+static bool stream_key(CUstream s, unsigned long long *id)
 {
-    bool found = false;
+    *id = 0;
+    if (streams_all_seen())
+        return true;
+    const real_driver *R = real_driver_get();
+    return R && R->StreamGetId && R->StreamGetId(s, id) == CUDA_SUCCESS && *id;
+}
+
+/* Lanes lock held: the entry of handle s, or NULL. An entry of the handle
+ * under another id (its stream went, unseen) leaves the table, and its lane
+ * goes to *stale for the caller to retire outside the lock. */
+static struct lane_entry *lane_entry_of(shim_pool *sp, CUstream s, unsigned long long id,
+                                        uint32_t *stale)
+{
+    for (size_t i = 0; i < sp->nlanes; i++) {
+        if (sp->lanes[i].stream != s)
+            continue;
+        if (sp->lanes[i].id == id)
+            return &sp->lanes[i];
+        *stale = sp->lanes[i].lane;
+        sp->lanes[i] = sp->lanes[--sp->nlanes];
+        return NULL;
+    }
+    return NULL;
+}
+
+/* A lane whose stream went unseen, its handle now another stream's: no
+ * event may be recorded for it; an unsealed epoch (a seal refused at the
+ * free) joins the plain lane, whose fence covers every stream. */
+static void retire_stale_lane(shim_pool *sp, uint32_t stale)
+{
+    if (stale == BFC_NO_LANE)
+        return;
+    static atomic_bool said;
+    shim_log_once(&said, LOG_INFO, "a stream handle was reused for a new stream after the old "
+                                   "one was destroyed: the old stream's blocks wait for its work "
+                                   "(logged once)");
+    bfc_pool_lane_retire_into(sp->bfc, stale, sp->plain_lane);
+}
+
+static bool lane_lookup(shim_pool *sp, CUstream s, unsigned long long id, uint32_t *lane)
+{
+    uint32_t stale = BFC_NO_LANE;
     pthread_mutex_lock(&sp->lanes_lock);
-    for (size_t i = 0; i < sp->nlanes && !found; i++)
-        if (sp->lanes[i].stream == s) {
-            *lane = sp->lanes[i].lane;
-            found = true;
-        }
+    const struct lane_entry *e = lane_entry_of(sp, s, id, &stale);
+    if (e)
+        *lane = e->lane;
     pthread_mutex_unlock(&sp->lanes_lock);
-    return found;
+    retire_stale_lane(sp, stale);
+    return e != NULL;
 }
 
 /* The lane of an explicit stream handle, opened on first use; BFC_NO_LANE if
@@ -593,26 +640,29 @@ static bool lane_lookup(shim_pool *sp, CUstream s, uint32_t *lane)
 static uint32_t stream_lane(shim_pool *sp, CUstream s)
 {
     uint32_t lane;
-    if (lane_lookup(sp, s, &lane))
+    unsigned long long id;
+    if (!stream_key(s, &id))
+        return BFC_NO_LANE;
+    if (lane_lookup(sp, s, id, &lane))
         return lane;
     if (bfc_pool_lane_open(sp->bfc, true, &lane) != BFC_OK)
         return BFC_NO_LANE;
     atomic_store_explicit(&sp->lane_stream[lane], s, memory_order_release);
+    uint32_t stale = BFC_NO_LANE;
     pthread_mutex_lock(&sp->lanes_lock);
-    uint32_t existing = BFC_NO_LANE;
-    for (size_t i = 0; i < sp->nlanes; i++)
-        if (sp->lanes[i].stream == s)
-            existing = sp->lanes[i].lane;
+    const struct lane_entry *e = lane_entry_of(sp, s, id, &stale);
+    uint32_t existing = e ? e->lane : BFC_NO_LANE;
     if (existing == BFC_NO_LANE) {
         struct lane_entry *t = array_room(sp->lanes, sp->nlanes, &sp->caplanes, sizeof *t, 16);
         if (t)
             sp->lanes = t;
     }
     if (existing == BFC_NO_LANE && sp->nlanes < sp->caplanes)
-        sp->lanes[sp->nlanes++] = (struct lane_entry){s, lane};
+        sp->lanes[sp->nlanes++] = (struct lane_entry){s, id, lane};
     else if (existing == BFC_NO_LANE)
         existing = sp->plain_lane; /* no host memory: be safe, wait for all */
     pthread_mutex_unlock(&sp->lanes_lock);
+    retire_stale_lane(sp, stale);
     if (existing != BFC_NO_LANE) { /* another thread won, or no room */
         bfc_pool_lane_close(sp->bfc, lane);
         return existing;
@@ -656,8 +706,9 @@ uint32_t pool_lane_for_free(shim_pool *sp, CUstream s, bool per_thread)
 void pools_seal_stream_lane(shim_pool *sp, CUstream s)
 {
     uint32_t lane;
+    unsigned long long id;
     const real_driver *R = real_driver_get();
-    if (!R || !lane_lookup(sp, s, &lane))
+    if (!R || !stream_key(s, &id) || !lane_lookup(sp, s, id, &lane))
         return;
     bool pushed = real_ctx_enter(R, sp->ctx);
     bfc_pool_seal_lane(sp->bfc, lane);

@@ -76,6 +76,7 @@ static void load_driver(void)
     LOOK(StreamCreateWithPriority, "cuStreamCreateWithPriority");
     LOOK(StreamDestroy, "cuStreamDestroy_v2");
     LOOK(StreamGetCtx, "cuStreamGetCtx");
+    LOOK(StreamGetId, "cuStreamGetId");
     LOOK(StreamGetFlags, "cuStreamGetFlags");
     LOOK(StreamIsCapturing, "cuStreamIsCapturing");
     LOOK(StreamBeginCapture[0], "cuStreamBeginCapture_v2");

@@ -148,6 +148,7 @@ typedef struct real_driver {
     CUresult (*StreamCreateWithPriority)(CUstream *, unsigned, int);
     CUresult (*StreamDestroy)(CUstream);
     CUresult (*StreamGetCtx)(CUstream, CUcontext *);
+    CUresult (*StreamGetId)(CUstream, unsigned long long *); /* optional (CUDA 12.0) */
     CUresult (*StreamGetFlags)(CUstream, unsigned *);
     CUresult (*StreamIsCapturing)(CUstream, CUstreamCaptureStatus *);
     CUresult (*StreamBeginCapture[2])(CUstream, CUstreamCaptureMode);
@@ -253,9 +254,12 @@ typedef struct shim_pool {
     uint64_t prealloc_us;
     uint32_t plain_lane;  /* frees that wait for every stream (cudaFree) */
     uint32_t legacy_lane; /* stream-ordered frees on the legacy stream */
-    /* stream -> lane, for stream-ordered calls */
+    /* stream -> lane, for stream-ordered calls. Where the library does not
+     * see every stream go (streams_all_seen), a handle may name another
+     * stream after cuStreamDestroy: lanes are then keyed on cuStreamGetId
+     * too (0 where streams are all seen). */
     pthread_mutex_t lanes_lock;
-    struct lane_entry { CUstream stream; uint32_t lane; } *lanes;
+    struct lane_entry { CUstream stream; unsigned long long id; uint32_t lane; } *lanes;
     size_t nlanes, caplanes;
     /* lane -> stream and lane -> fences: read in engine callbacks, which run
      * with the engine's lock held; 65536 entries (lanes are 16-bit). */

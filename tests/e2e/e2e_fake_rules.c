@@ -18,6 +18,12 @@
  *   fake-event-timing  cuEventElapsedTime's codes (never recorded or
  *                  timing disabled: invalid handle; not complete: not
  *                  ready), cuEventCreate's flags, cuCtxGetStreamPriorityRange
+ *   fake-stream-ids  cuStreamGetId: an id per stream, the special handles
+ *                  included, "unique for the life of the program" (also when
+ *                  FAKECUDA_REUSE_STREAM_HANDLES gives a destroyed stream's
+ *                  handle to the next stream made, whose id is new); the
+ *                  destroyed stream's queued work still runs, apart from the
+ *                  new stream's; a NULL result is an invalid value
  *   fake-visible-devices, fake-visible-uuid, fake-visible-none
  *                  CUDA_VISIBLE_DEVICES, read at cuInit (meson sets it, with
  *                  FAKECUDA_MEM=1GiB,2GiB): "1"; "GPU-fb,0,7,1" (a UUID
@@ -44,6 +50,7 @@ static struct {
     CUresult (*DeviceGetCount)(int *);
     CUresult (*DeviceTotalMem)(size_t *, CUdevice);
     CUresult (*DeviceGetUuid)(CUuuid *, CUdevice);
+    CUresult (*StreamGetId)(CUstream, unsigned long long *);
 } X;
 
 /* Looked up without stopping the program: a scenario names what it lacks
@@ -63,6 +70,7 @@ static void load_more(void)
     X_CU(DeviceGetCount, "cuDeviceGetCount");
     X_CU(DeviceTotalMem, "cuDeviceTotalMem_v2");
     X_CU(DeviceGetUuid, "cuDeviceGetUuid_v2");
+    X_CU(StreamGetId, "cuStreamGetId");
 #undef X_CU
 }
 
@@ -252,6 +260,42 @@ static void fake_event_timing(void)
 /* Visible device `ordinal` is the machine's device `machine` of `mem`
  * bytes: its memory, UUID ("GPU-fa..." is device 0's) and PCI bus (0x10
  * per device) follow it. */
+static void set_flag(void *arg) { *(bool *)arg = true; }
+
+static void fake_stream_ids(void)
+{
+    start();
+    NEED(StreamGetId);
+    const fakecuda_api *F = fakecuda();
+    bool reuse = getenv("FAKECUDA_REUSE_STREAM_HANDLES") != NULL;
+    unsigned long long a = 0, b = 0, legacy = 0, per_thread = 0, again = 0;
+    CUstream s1, s2;
+    CHECK_EQ(D.StreamCreate(&s1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(X.StreamGetId(s1, &a), CUDA_SUCCESS);
+    CHECK_EQ(X.StreamGetId(s1, &again), CUDA_SUCCESS);
+    CHECK_EQ(a, again);
+    CHECK_EQ(X.StreamGetId(NULL, &legacy), CUDA_SUCCESS);
+    CHECK_EQ(X.StreamGetId(CU_STREAM_PER_THREAD, &per_thread), CUDA_SUCCESS);
+    CHECK(legacy != a && per_thread != a && legacy != per_thread);
+    CHECK_EQ(X.StreamGetId(s1, NULL), CUDA_ERROR_INVALID_VALUE);
+    bool ran = false;
+    CHECK_EQ(F->launch(s1, set_flag, &ran), 0);
+    CHECK_EQ(D.StreamDestroy(s1), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(s2 == s1, reuse);
+    CHECK_EQ(X.StreamGetId(s2, &b), CUDA_SUCCESS);
+    CHECK(b != a && b != legacy && b != per_thread);
+    /* The new stream is empty: its work does not wait behind the old. */
+    bool ran2 = false;
+    CHECK_EQ(F->launch(s2, set_flag, &ran2), 0);
+    F->complete(s2);
+    CHECK(ran2);
+    CHECK(!ran);
+    F->complete_all();
+    CHECK(ran);
+    CHECK_EQ(D.StreamDestroy(s2), CUDA_SUCCESS);
+}
+
 static void check_visible(int ordinal, int machine, size_t mem)
 {
     size_t total = 0;
@@ -305,6 +349,8 @@ int main(int argc, char **argv)
         {"fake-copies", fake_copies},
         {"fake-free-sync", fake_free_sync},
         {"fake-event-timing", fake_event_timing},
+        {"fake-stream-ids", fake_stream_ids},
+        {"fake-stream-ids-reuse", fake_stream_ids},
         {"fake-visible-devices", fake_visible_devices},
         {"fake-visible-uuid", fake_visible_uuid},
         {"fake-visible-none", fake_visible_none},

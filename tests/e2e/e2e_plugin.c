@@ -22,6 +22,12 @@
  *           block's address: bfcshim_trim, and a plug-in's late frees
  *           (plain and stream-ordered, on a stream of the dead context),
  *           reach neither that allocation nor a dead handle
+ *   reused-handle  (FAKECUDA_REUSE_STREAM_HANDLES: the fake hands a
+ *           destroyed stream's handle to the next stream made, as a real
+ *           driver may) a block freed stream-ordered on a stream the
+ *           program then destroys, its work still queued, is not taken in
+ *           stream order by the new stream under the same handle (a
+ *           pool filled around the block, as in plain)
  *   cost    10,000 allocation and free pairs with nothing queued (a 256 MiB
  *           pool, at most 64 MiB live): the driver calls they cost
  *           (printed), none of them an event, and one context
@@ -53,6 +59,7 @@ static struct {
     size_t (*trim)(void);
     size_t (*stats_json)(char *, size_t);
     int (*free_async)(void *, void *);
+    int (*malloc_async)(void **, size_t, int, void *);
 } B;
 
 static const fakecuda_api *F;
@@ -77,6 +84,7 @@ static void start(void)
     *(void **)&B.trim = e2e_dlsym(lib, "bfcshim_trim");
     *(void **)&B.stats_json = e2e_dlsym(lib, "bfcshim_stats_json");
     *(void **)&B.free_async = e2e_dlsym(lib, "bfcshim_free_async");
+    *(void **)&B.malloc_async = e2e_dlsym(lib, "bfcshim_malloc_async");
     void *cu = e2e_open_libcuda();
     *(void **)&D.Init = e2e_dlsym(cu, "cuInit");
     *(void **)&D.DevicePrimaryCtxRetain = e2e_dlsym(cu, "cuDevicePrimaryCtxRetain");
@@ -241,6 +249,48 @@ static void trim(void)
     CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
 }
 
+static void *must_alloc_on(CUstream s, size_t size)
+{
+    void *p = NULL;
+    int r = B.malloc_async(&p, size, 0, s);
+    if (r != 0 || !p)
+        e2e_alloc_failed("bfcshim_malloc_async", size, r);
+    return p;
+}
+
+static void write_once(void *arg)
+{
+    late_write *w = arg;
+    memset(w->at, 0x5a, MiB);
+    w->ran = true;
+}
+
+static void reused_handle(void)
+{
+    start();
+    CUstream old, made;
+    CHECK_EQ(D.StreamCreate(&old, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    void *block = must_alloc_on(old, MiB);
+    void *filler = must_alloc(pool_free_bytes() - MiB / 2); /* only the block is left */
+    late_write w = {.at = block};
+    CHECK_EQ(F->launch(old, write_once, &w), 0);
+    CHECK_EQ(B.free_async(block, old), 0);
+    CHECK_EQ(D.StreamDestroy(old), CUDA_SUCCESS); /* its work goes on */
+    CHECK_EQ(D.StreamCreate(&made, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK(made == old); /* the fake reuses the handle at once */
+    void *q = must_alloc_on(made, MiB);
+    if (q == block && !w.ran) { /* (F->pending(old) would ask about the new stream) */
+        fprintf(stderr, "a new stream under a destroyed stream's handle took, in stream order, "
+                        "a block that the destroyed stream's queued work still uses\n");
+        e2e_failures++;
+    }
+    CHECK(q == block); /* after waiting for that work: nothing else was free */
+    CHECK_EQ(B.free_async(q, made), 0);
+    CHECK_EQ(B.free(filler), 0);
+    CHECK_EQ(D.StreamDestroy(made), CUDA_SUCCESS);
+    F->complete_all();
+}
+
 static void cost(void)
 {
     start();
@@ -280,6 +330,7 @@ int main(int argc, char **argv)
         {"trim-after-reset", trim_after_reset},
         {"free-after-reset", free_after_reset},
         {"free-async-after-reset", free_async_after_reset},
+        {"reused-handle", reused_handle},
         {"cost", cost}};
     return e2e_main("e2e_plugin", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }

@@ -22,7 +22,11 @@
  * (its granularity, "2MiB"; FAKECUDA_FAIL_ALLOC counts cuMemCreate too),
  * FAKECUDA_VMM_REFUSE=<name> (cuMemAddressReserve, cuMemCreate, cuMemMap or
  * cuMemSetAccess fails with CUDA_ERROR_NOT_SUPPORTED while the device reports
- * virtual memory management, as cuMemSetAccess does on some WSL2 drivers).
+ * virtual memory management, as cuMemSetAccess does on some WSL2 drivers),
+ * FAKECUDA_REUSE_STREAM_HANDLES=1 (cuStreamCreate gives the most recently
+ * destroyed stream's handle to the new stream at once, its old work still
+ * queued: the driver promises nothing about handle values; by default a
+ * destroyed stream's handle stays recognised as stale).
  */
 #ifndef BFCSHIM_TESTS_FAKE_CUDA_H
 #define BFCSHIM_TESTS_FAKE_CUDA_H

@@ -170,8 +170,23 @@ typedef struct fstream {
     bool capturing, invalidated;
     unsigned capture_thread;
     struct fgraph *capture_graph; /* cuStreamBeginCaptureToGraph's, else NULL */
+    uint64_t id; /* cuStreamGetId: unique for the program's life (0: not asked yet) */
     struct fstream *next; /* all streams of the process (never freed) */
 } fstream;
+
+/* What a created stream's CUstream points to. The driver promises nothing
+ * about handle values after cuStreamDestroy, and a real one frees its
+ * stream object and may hand the same address to the next cuStreamCreate
+ * while the destroyed stream's work still runs. The cell stands between
+ * the handle and the stream so that the fake can do the same
+ * (FAKECUDA_REUSE_STREAM_HANDLES: a destroyed stream's handle names the
+ * next created stream at once, the worst case); by default cells are
+ * never reused, and a stale handle stays recognised and counted. */
+typedef struct stream_cell {
+    uint32_t magic;
+    struct fstream *s;
+    struct stream_cell *next_free; /* reusable cells, most recently destroyed first */
+} stream_cell;
 
 typedef struct fctx {
     uint32_t magic;
@@ -234,6 +249,7 @@ typedef struct allocation {
 } allocation;
 
 #define STREAM_MAGIC 0x5743414du
+#define CELL_MAGIC 0x43454c4cu
 #define CTX_MAGIC 0x43545843u
 #define EVENT_MAGIC 0x45564e54u
 #define GREEN_MAGIC 0x4752454eu
@@ -251,6 +267,9 @@ static struct {
     uint64_t mem[MAX_DEVICES];
     fctx primary[MAX_DEVICES];
     fstream *streams;
+    stream_cell *free_cells;   /* FAKECUDA_REUSE_STREAM_HANDLES */
+    bool reuse_stream_handles;
+    uint64_t next_stream_id;
     fevent *events;
     fgreen *greens;
     fgraph *graphs;
@@ -407,6 +426,7 @@ static void configure(void)
     G.fail_alloc_countdown = f ? strtoull(f, NULL, 10) : 0;
     G.autocomplete = getenv("FAKECUDA_AUTOCOMPLETE") != NULL;
     G.zero_alloc = getenv("FAKECUDA_ZERO_ALLOC") != NULL;
+    G.reuse_stream_handles = getenv("FAKECUDA_REUSE_STREAM_HANDLES") != NULL;
 }
 
 #define ENTER()                        \
@@ -480,6 +500,28 @@ static fstream *new_stream(fctx *c, unsigned flags, bool per_thread)
     return s;
 }
 
+/* Lock held: the handle of a new created stream s (NULL when host memory
+ * runs out): a destroyed stream's cell where handles are reused, else a new
+ * one. */
+static CUstream stream_handle(fstream *s)
+{
+    stream_cell *cell = G.free_cells;
+    if (cell)
+        G.free_cells = cell->next_free;
+    else if (!(cell = calloc(1, sizeof *cell)))
+        return NULL;
+    *cell = (stream_cell){.magic = CELL_MAGIC, .s = s};
+    return (CUstream)cell;
+}
+
+/* Lock held: the stream a created stream's handle names now (destroyed
+ * ones included), or NULL when h is no stream handle at all. */
+static fstream *cell_stream(CUstream h)
+{
+    const stream_cell *cell = (const stream_cell *)h;
+    return cell->magic == CELL_MAGIC && cell->s->magic == STREAM_MAGIC ? cell->s : NULL;
+}
+
 /* Lock held: the calling thread's per-thread default stream in context c,
  * made on first use and listed with all streams (it is a blocking stream:
  * the legacy stream waits for it and it for the legacy stream). cuda.h's
@@ -526,8 +568,8 @@ static fstream *stream_of(CUstream h)
     }
     if (h == CU_STREAM_PER_THREAD)
         return per_thread_stream(current_ctx());
-    fstream *s = (fstream *)h;
-    if (s->magic != STREAM_MAGIC)
+    fstream *s = cell_stream(h);
+    if (!s)
         return NULL;
     if (s->destroyed || s->dead) {
         G.st.stale_handle_uses++;
@@ -542,8 +584,8 @@ static fstream *ctl_stream_of(CUstream h)
 {
     if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD)
         return stream_of(h);
-    fstream *s = (fstream *)h;
-    return s->magic == STREAM_MAGIC && !s->dead ? s : NULL;
+    fstream *s = cell_stream(h);
+    return s && !s->dead ? s : NULL;
 }
 
 /* Lock held: the event a handle names, or NULL (stale handles counted). */
@@ -1873,9 +1915,10 @@ static CUresult create_stream(CUstream *ph, unsigned flags)
     if (usable != CUDA_SUCCESS)
         LEAVE(usable);
     fstream *s = new_stream(c, flags, false);
-    if (!s)
+    CUstream h = s ? stream_handle(s) : NULL;
+    if (!h)
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
-    *ph = (CUstream)s;
+    *ph = h;
     LEAVE(CUDA_SUCCESS);
 }
 
@@ -1900,7 +1943,31 @@ EXPORT CUresult cuStreamDestroy_v2(CUstream h)
      * (or anything that waits for it) completes it, as on a GPU. */
     s->destroyed = true;
     s->capturing = false;
+    if (G.reuse_stream_handles) {
+        stream_cell *cell = (stream_cell *)h;
+        cell->next_free = G.free_cells;
+        G.free_cells = cell;
+    }
     LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuStreamGetId(CUstream h, unsigned long long *id)
+{
+    ENTER_API();
+    if (!id)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    fstream *s = stream_of(h);
+    if (!s)
+        LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    if (!s->id)
+        s->id = ++G.next_stream_id;
+    *id = s->id;
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuStreamGetId_ptsz(CUstream h, unsigned long long *id)
+{
+    return cuStreamGetId(h ? h : CU_STREAM_PER_THREAD, id);
 }
 
 EXPORT CUresult cuStreamGetFlags(CUstream h, unsigned int *flags)
@@ -2510,9 +2577,10 @@ EXPORT CUresult cuGreenCtxStreamCreate(CUstream *ph, CUgreenCtx h, unsigned int 
     if (!g || !g->ctx.alive)
         LEAVE(CUDA_ERROR_INVALID_CONTEXT);
     fstream *s = new_stream(&g->ctx, flags, false);
-    if (!s)
+    CUstream made = s ? stream_handle(s) : NULL;
+    if (!made)
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
-    *ph = (CUstream)s;
+    *ph = made;
     LEAVE(CUDA_SUCCESS);
 }
 
@@ -3574,6 +3642,8 @@ static const proc procs[] = {
     P("cuStreamCreateWithPriority", 5050, cuStreamCreateWithPriority),
     P("cuStreamDestroy", 4000, cuStreamDestroy_v2),
     P("cuStreamGetFlags", 5050, cuStreamGetFlags),
+    P("cuStreamGetId", 12000, cuStreamGetId),
+    PZ("cuStreamGetId", 12000, cuStreamGetId_ptsz),
     P("cuStreamGetCtx", 12050, cuStreamGetCtx_v2),
     P("cuStreamGetCtx", 9020, cuStreamGetCtx),
     P("cuStreamGetGreenCtx", 12040, cuStreamGetGreenCtx),
