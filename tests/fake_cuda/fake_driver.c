@@ -294,6 +294,51 @@ static struct {
        .stuck_cond = PTHREAD_COND_INITIALIZER,
        .batch_cond = PTHREAD_COND_INITIALIZER};
 
+/* Calls of each entry point (fakecuda_api.calls), whoever made them and
+ * whatever they answered: a benchmark counts what a library above the
+ * driver costs in driver calls without a GPU. Kept apart from G and its
+ * lock: cuCtxGetCurrent and the other calls that take no lock must not
+ * start taking one to be counted. Each entry point finds its slot by name
+ * once (CALLED below); 128 slots hold the 108 entry points. */
+enum { CALL_SLOTS = 128 };
+static struct {
+    const char *name;
+    atomic_uint_fast64_t n;
+} call_counts[CALL_SLOTS];
+static atomic_size_t ncall_slots;
+static pthread_mutex_t call_slots_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The slot of entry point `name` + 1, made on its first call (0: the
+ * table is full, and the call goes uncounted). */
+static unsigned call_slot(const char *name)
+{
+    pthread_mutex_lock(&call_slots_lock);
+    size_t n = atomic_load(&ncall_slots), i = 0;
+    while (i < n && strcmp(call_counts[i].name, name) != 0)
+        i++;
+    if (i == n && n < CALL_SLOTS) {
+        call_counts[n].name = name;
+        atomic_store(&ncall_slots, n + 1);
+    }
+    pthread_mutex_unlock(&call_slots_lock);
+    return i < CALL_SLOTS ? (unsigned)i + 1 : 0;
+}
+
+/* First statement of every entry point: counts the call under the entry
+ * point's own name (__func__: cuEventRecord_ptsz apart from cuEventRecord). */
+#define CALLED()                                                                 \
+    do {                                                                         \
+        static atomic_uint called_slot_;                                         \
+        unsigned s_ = atomic_load_explicit(&called_slot_, memory_order_acquire); \
+        if (!s_) {                                                               \
+            s_ = call_slot(__func__);                                            \
+            atomic_store_explicit(&called_slot_, s_, memory_order_release);      \
+        }                                                                        \
+        if (s_)                                                                  \
+            atomic_fetch_add_explicit(&call_counts[s_ - 1].n, 1,                 \
+                                      memory_order_relaxed);                     \
+    } while (0)
+
 static _Thread_local fctx *tls_ctx_stack[16];
 static _Thread_local int tls_ctx_depth;
 /* The calling thread's per-thread default streams, one per context. */
@@ -1112,6 +1157,7 @@ static int apply_visible_devices(void)
  * call, still gets its choice; Numba's test_runtime checks exactly that). */
 EXPORT CUresult cuInit(unsigned int flags)
 {
+    CALLED();
     ENTER();
     if (flags)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -1123,6 +1169,7 @@ EXPORT CUresult cuInit(unsigned int flags)
 
 EXPORT CUresult cuDriverGetVersion(int *v)
 {
+    CALLED();
     if (!v)
         return CUDA_ERROR_INVALID_VALUE;
     *v = CUDA_VERSION;
@@ -1131,6 +1178,7 @@ EXPORT CUresult cuDriverGetVersion(int *v)
 
 EXPORT CUresult cuDeviceGetCount(int *count)
 {
+    CALLED();
     ENTER_API();
     if (!count)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -1140,6 +1188,7 @@ EXPORT CUresult cuDeviceGetCount(int *count)
 
 EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal)
 {
+    CALLED();
     ENTER_API();
     if (!dev || !is_device(ordinal))
         LEAVE(CUDA_ERROR_INVALID_DEVICE);
@@ -1149,6 +1198,7 @@ EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal)
 
 EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 {
+    CALLED();
     NEED_INIT();
     if (!name || len <= 0)
         return CUDA_ERROR_INVALID_VALUE;
@@ -1161,6 +1211,7 @@ EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 /* A stable UUID per device (Numba names devices by it). */
 EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
 {
+    CALLED();
     ENTER_API();
     if (!uuid)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -1172,6 +1223,7 @@ EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
 
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
+    CALLED();
     ENTER_API();
     if (!bytes)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -1251,6 +1303,7 @@ static const struct {
 
 EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
 {
+    CALLED();
     NEED_INIT();
     /* No attribute is 0 or CU_DEVICE_ATTRIBUTE_MAX or beyond: an invalid
      * argument, CUDA_ERROR_INVALID_VALUE in cuda.h's list for the call. */
@@ -1274,6 +1327,7 @@ EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevic
 
 EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
 {
+    CALLED();
     ENTER_API();
     if (!pool)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -1300,6 +1354,7 @@ static int pool_device(CUmemoryPool pool)
 
 EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 {
+    CALLED();
     ENTER_API();
     if (!pool || !props || !is_device(props->location.id))
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -1314,6 +1369,7 @@ EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 
 EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
 {
+    CALLED();
     ENTER_API();
     /* "The memory pool must be local to the specified device." */
     if (!is_device(dev) || pool_device(pool) != dev)
@@ -1324,6 +1380,7 @@ EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
 
 EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 {
+    CALLED();
     ENTER_API();
     if (!pool || !is_device(dev))
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -1422,6 +1479,7 @@ static void pools_release_at_sync(void)
 
 EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 {
+    CALLED();
     ENTER_API();
     struct fpool *f = pool_state(pool);
     if (!f)
@@ -1454,6 +1512,7 @@ static uint64_t *pool_figure(struct fpool *f, CUmemPool_attribute attr)
 
 EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
+    CALLED();
     ENTER_API();
     struct fpool *f = pool_state(pool);
     int *flag = f ? pool_reuse_flag(f, attr) : NULL;
@@ -1474,6 +1533,7 @@ EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute att
  * current value. */
 EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
+    CALLED();
     ENTER_API();
     struct fpool *f = pool_state(pool);
     int *flag = f ? pool_reuse_flag(f, attr) : NULL;
@@ -1494,6 +1554,7 @@ EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute att
 
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
+    CALLED();
     ENTER_API();
     if (!pctx)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -1574,6 +1635,7 @@ static void destroy_ctx_memory(fctx *c)
 
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
+    CALLED();
     ENTER_API();
     if (!is_device(dev))
         LEAVE(CUDA_ERROR_INVALID_DEVICE);
@@ -1586,6 +1648,7 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 
 EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
+    CALLED();
     ENTER_API();
     if (!is_device(dev))
         LEAVE(CUDA_ERROR_INVALID_DEVICE);
@@ -1596,6 +1659,7 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 
 EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
 {
+    CALLED();
     ENTER_API();
     if (!flags || !active)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -1620,6 +1684,7 @@ static void live_ctx(fctx *c, int dev, fgreen *g)
 EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags,
                                CUdevice dev)
 {
+    CALLED();
     (void)flags, (void)params;
     ENTER_API();
     if (!pctx)
@@ -1646,6 +1711,7 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsig
 
 EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
+    CALLED();
     ENTER_API();
     fctx *c = (fctx *)ctx;
     /* A green context's converted context is "a normal primary context"
@@ -1664,6 +1730,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 
 EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
 {
+    CALLED();
     NEED_INIT();
     if (!pctx)
         return CUDA_ERROR_INVALID_VALUE;
@@ -1673,6 +1740,7 @@ EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
 
 EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
 {
+    CALLED();
     NEED_INIT();
     fctx *c = (fctx *)ctx;
     if (c && c->magic != CTX_MAGIC)
@@ -1690,6 +1758,7 @@ EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
 
 EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
+    CALLED();
     NEED_INIT();
     fctx *c = (fctx *)ctx;
     if (!c || c->magic != CTX_MAGIC || tls_ctx_depth == 16)
@@ -1700,6 +1769,7 @@ EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 
 EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 {
+    CALLED();
     NEED_INIT();
     if (!tls_ctx_depth)
         return CUDA_ERROR_INVALID_CONTEXT;
@@ -1716,6 +1786,7 @@ EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
  * NULL. */
 EXPORT CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest)
 {
+    CALLED();
     NEED_INIT();
     fctx *c = current_ctx();
     if (!c)
@@ -1731,6 +1802,7 @@ EXPORT CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest)
  * again under its old handle gets a new one. */
 EXPORT CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id)
 {
+    CALLED();
     ENTER_API();
     fctx *c = ctx ? (fctx *)ctx : current_ctx();
     if (!id)
@@ -1745,6 +1817,7 @@ EXPORT CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id)
 
 EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
 {
+    CALLED();
     NEED_INIT();
     fctx *c = current_ctx();
     if (!dev)
@@ -1771,6 +1844,7 @@ EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
  * (cuMemSetAccess's peer entries are counted, see below). */
 EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer)
 {
+    CALLED();
     ENTER_API();
     if (!can)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -1827,13 +1901,19 @@ static CUresult peer_switch(CUcontext peer, unsigned flags, bool on)
 
 EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags)
 {
+    CALLED();
     return peer_switch(peer, flags, true);
 }
 
-EXPORT CUresult cuCtxDisablePeerAccess(CUcontext peer) { return peer_switch(peer, 0, false); }
+EXPORT CUresult cuCtxDisablePeerAccess(CUcontext peer)
+{
+    CALLED();
+    return peer_switch(peer, 0, false);
+}
 
 EXPORT CUresult cuCtxSynchronize(void)
 {
+    CALLED();
     ENTER_API();
     fctx *c = current_ctx();
     if (!c)
@@ -1881,17 +1961,20 @@ static CUresult create_stream(CUstream *ph, unsigned flags)
 
 EXPORT CUresult cuStreamCreate(CUstream *ph, unsigned int flags)
 {
+    CALLED();
     return create_stream(ph, flags);
 }
 
 EXPORT CUresult cuStreamCreateWithPriority(CUstream *ph, unsigned int flags, int priority)
 {
+    CALLED();
     (void)priority;
     return create_stream(ph, flags);
 }
 
 EXPORT CUresult cuStreamDestroy_v2(CUstream h)
 {
+    CALLED();
     ENTER_API();
     fstream *s = stream_of(h);
     if (!s || s->legacy || s->per_thread)
@@ -1905,6 +1988,7 @@ EXPORT CUresult cuStreamDestroy_v2(CUstream h)
 
 EXPORT CUresult cuStreamGetFlags(CUstream h, unsigned int *flags)
 {
+    CALLED();
     ENTER_API();
     fstream *s = stream_of(h);
     if (!s || !flags)
@@ -1915,6 +1999,7 @@ EXPORT CUresult cuStreamGetFlags(CUstream h, unsigned int *flags)
 
 EXPORT CUresult cuStreamGetCtx(CUstream h, CUcontext *pctx)
 {
+    CALLED();
     ENTER_API();
     fstream *s = stream_of(h);
     if (!s || !pctx)
@@ -1940,14 +2025,16 @@ static CUresult stream_sync(CUstream h)
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuStreamSynchronize(CUstream h) { return stream_sync(h); }
+EXPORT CUresult cuStreamSynchronize(CUstream h) { CALLED(); return stream_sync(h); }
 EXPORT CUresult cuStreamSynchronize_ptsz(CUstream h)
 {
+    CALLED();
     return stream_sync(h ? h : CU_STREAM_PER_THREAD);
 }
 
 EXPORT CUresult cuStreamQuery(CUstream h)
 {
+    CALLED();
     ENTER_API();
     fstream *s = stream_of(h);
     if (!s)
@@ -1977,10 +2064,12 @@ static CUresult is_capturing(CUstream h, CUstreamCaptureStatus *status)
 
 EXPORT CUresult cuStreamIsCapturing(CUstream h, CUstreamCaptureStatus *st)
 {
+    CALLED();
     return is_capturing(h, st);
 }
 EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream h, CUstreamCaptureStatus *st)
 {
+    CALLED();
     return is_capturing(h ? h : CU_STREAM_PER_THREAD, st);
 }
 
@@ -2011,6 +2100,7 @@ static fgraph *graph_of(CUgraph h)
 
 EXPORT CUresult cuGraphCreate(CUgraph *out, unsigned int flags)
 {
+    CALLED();
     ENTER_API();
     if (!out || flags != 0) /* "flags - Graph creation flags, must be 0" */
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -2024,6 +2114,7 @@ EXPORT CUresult cuGraphCreate(CUgraph *out, unsigned int flags)
 /* cuda.h lists CUDA_ERROR_INVALID_VALUE for a graph it cannot destroy. */
 EXPORT CUresult cuGraphDestroy(CUgraph h)
 {
+    CALLED();
     ENTER_API();
     fgraph *g = graph_of(h);
     if (!g)
@@ -2060,10 +2151,12 @@ static CUresult begin_plain(CUstream h, CUstreamCaptureMode mode)
 
 EXPORT CUresult cuStreamBeginCapture_v2(CUstream h, CUstreamCaptureMode mode)
 {
+    CALLED();
     return begin_plain(h, mode);
 }
 EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream h, CUstreamCaptureMode mode)
 {
+    CALLED();
     return begin_plain(h ? h : CU_STREAM_PER_THREAD, mode);
 }
 
@@ -2084,6 +2177,7 @@ EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream h, CUgraph g, const CUgraph
                                             const CUgraphEdgeData *edges, size_t n,
                                             CUstreamCaptureMode mode)
 {
+    CALLED();
     (void)edges;
     return begin_to_graph(h, g, deps, n, mode);
 }
@@ -2091,6 +2185,7 @@ EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream h, CUgraph g, const CU
                                                  const CUgraphEdgeData *edges, size_t n,
                                                  CUstreamCaptureMode mode)
 {
+    CALLED();
     (void)edges;
     return begin_to_graph(h ? h : CU_STREAM_PER_THREAD, g, deps, n, mode);
 }
@@ -2115,14 +2210,16 @@ static CUresult end_capture(CUstream h, CUgraph *graph)
     LEAVE(s->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS);
 }
 
-EXPORT CUresult cuStreamEndCapture(CUstream h, CUgraph *g) { return end_capture(h, g); }
+EXPORT CUresult cuStreamEndCapture(CUstream h, CUgraph *g) { CALLED(); return end_capture(h, g); }
 EXPORT CUresult cuStreamEndCapture_ptsz(CUstream h, CUgraph *g)
 {
+    CALLED();
     return end_capture(h ? h : CU_STREAM_PER_THREAD, g);
 }
 
 EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
 {
+    CALLED();
     NEED_INIT();
     if (!mode || *mode > CU_STREAM_CAPTURE_MODE_RELAXED)
         return CUDA_ERROR_INVALID_VALUE;
@@ -2141,6 +2238,7 @@ static bool event_done(const fevent *e);
  * capturing stream the wait is the graph's, not the stream's. */
 EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent ev, unsigned int flags)
 {
+    CALLED();
     (void)flags;
     ENTER_API();
     fstream *s = stream_of(h);
@@ -2165,6 +2263,7 @@ EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent ev, unsigned int flags)
  * CU_EVENT_DISABLE_TIMING"; no other flag is valid (cuEventCreate, cuda.h). */
 EXPORT CUresult cuEventCreate(CUevent *ph, unsigned int flags)
 {
+    CALLED();
     ENTER_API();
     fctx *c = current_ctx();
     const unsigned known = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
@@ -2186,6 +2285,7 @@ EXPORT CUresult cuEventCreate(CUevent *ph, unsigned int flags)
 
 EXPORT CUresult cuEventDestroy_v2(CUevent h)
 {
+    CALLED();
     ENTER_API();
     fevent *e = event_of(h);
     if (!e)
@@ -2250,9 +2350,10 @@ static CUresult event_record(CUevent h, CUstream sh)
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuEventRecord(CUevent h, CUstream s) { return event_record(h, s); }
+EXPORT CUresult cuEventRecord(CUevent h, CUstream s) { CALLED(); return event_record(h, s); }
 EXPORT CUresult cuEventRecord_ptsz(CUevent h, CUstream s)
 {
+    CALLED();
     return event_record(h, s ? s : CU_STREAM_PER_THREAD);
 }
 
@@ -2267,6 +2368,7 @@ static bool event_done(const fevent *e)
 
 EXPORT CUresult cuEventQuery(CUevent h)
 {
+    CALLED();
     ENTER_API();
     fevent *e = event_of(h);
     if (!e)
@@ -2294,7 +2396,7 @@ EXPORT CUresult cuEventQuery(CUevent h)
  * the first version here: they differ in what the GPU measures, not in the
  * rules above.
  */
-EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end)
+static CUresult elapsed_time(float *ms, CUevent start, CUevent end)
 {
     ENTER_API();
     fevent *a = event_of(start), *b = event_of(end);
@@ -2313,13 +2415,21 @@ EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end)
     LEAVE(CUDA_SUCCESS);
 }
 
+EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end)
+{
+    CALLED();
+    return elapsed_time(ms, start, end);
+}
+
 EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end)
 {
-    return cuEventElapsedTime_v2(ms, start, end);
+    CALLED();
+    return elapsed_time(ms, start, end);
 }
 
 EXPORT CUresult cuEventSynchronize(CUevent h)
 {
+    CALLED();
     ENTER_API();
     fevent *e = event_of(h);
     if (!e)
@@ -2347,6 +2457,7 @@ EXPORT CUresult cuEventSynchronize(CUevent h)
 
 EXPORT CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void *data)
 {
+    CALLED();
     ENTER_API();
     fstream *s = stream_of(h);
     if (!s || !fn)
@@ -2405,6 +2516,7 @@ static fgreen *green_of(CUgreenCtx h)
  * "smCount is a multiple of" smCoscheduledAlignment. */
 EXPORT CUresult cuDeviceGetDevResource(CUdevice dev, CUdevResource *res, CUdevResourceType type)
 {
+    CALLED();
     NEED_INIT();
     if (!res)
         return CUDA_ERROR_INVALID_VALUE;
@@ -2427,6 +2539,7 @@ EXPORT CUresult cuDeviceGetDevResource(CUdevice dev, CUdevResource *res, CUdevRe
 EXPORT CUresult cuDevResourceGenerateDesc(CUdevResourceDesc *desc, CUdevResource *res,
                                           unsigned int n)
 {
+    CALLED();
     NEED_INIT();
     if (!desc || !res || n == 0)
         return CUDA_ERROR_INVALID_VALUE;
@@ -2447,6 +2560,7 @@ EXPORT CUresult cuDevResourceGenerateDesc(CUdevResourceDesc *desc, CUdevResource
 EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *ph, CUdevResourceDesc desc, CUdevice dev,
                                  unsigned int flags)
 {
+    CALLED();
     ENTER_API();
     if (!ph || !desc || desc->magic != DESC_MAGIC || !(flags & CU_GREEN_CTX_DEFAULT_STREAM) ||
         desc->sm_count > SM_COUNT)
@@ -2469,6 +2583,7 @@ EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *ph, CUdevResourceDesc desc, CUdevic
 
 EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx h)
 {
+    CALLED();
     ENTER_API();
     fgreen *g = green_of(h);
     if (!g)
@@ -2489,6 +2604,7 @@ EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx h)
 
 EXPORT CUresult cuCtxFromGreenCtx(CUcontext *pctx, CUgreenCtx h)
 {
+    CALLED();
     ENTER_API();
     if (!pctx)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -2502,6 +2618,7 @@ EXPORT CUresult cuCtxFromGreenCtx(CUcontext *pctx, CUgreenCtx h)
 EXPORT CUresult cuGreenCtxStreamCreate(CUstream *ph, CUgreenCtx h, unsigned int flags,
                                        int priority)
 {
+    CALLED();
     (void)priority;
     ENTER_API();
     if (!ph || !(flags & CU_STREAM_NON_BLOCKING))
@@ -2518,6 +2635,7 @@ EXPORT CUresult cuGreenCtxStreamCreate(CUstream *ph, CUgreenCtx h, unsigned int 
 
 EXPORT CUresult cuStreamGetGreenCtx(CUstream h, CUgreenCtx *pg)
 {
+    CALLED();
     ENTER_API();
     fstream *s = stream_of(h);
     if (!s || !pg)
@@ -2528,6 +2646,7 @@ EXPORT CUresult cuStreamGetGreenCtx(CUstream h, CUgreenCtx *pg)
 
 EXPORT CUresult cuStreamGetCtx_v2(CUstream h, CUcontext *pctx, CUgreenCtx *pg)
 {
+    CALLED();
     ENTER_API();
     fstream *s = stream_of(h);
     if (!s || !pctx || !pg)
@@ -2540,6 +2659,7 @@ EXPORT CUresult cuStreamGetCtx_v2(CUstream h, CUcontext *pctx, CUgreenCtx *pg)
 
 EXPORT CUresult cuGreenCtxRecordEvent(CUgreenCtx h, CUevent ev)
 {
+    CALLED();
     ENTER_API();
     fgreen *g = green_of(h);
     if (!g || !g->ctx.alive)
@@ -2579,6 +2699,7 @@ EXPORT CUresult cuGreenCtxRecordEvent(CUgreenCtx h, CUevent ev)
 
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
 {
+    CALLED();
     ENTER_API();
     G.st.mem_alloc_calls++;
     CUresult r = unsafe_call();
@@ -2605,6 +2726,7 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
  */
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
+    CALLED();
     ENTER_API();
     G.st.mem_free_calls++;
     CUresult r = unsafe_call();
@@ -2625,6 +2747,7 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
                                    unsigned int elem)
 {
+    CALLED();
     NEED_INIT();
     if (!dptr || !pitch || width == 0 || height == 0 || (elem != 4 && elem != 8 && elem != 16))
         return CUDA_ERROR_INVALID_VALUE;
@@ -2691,28 +2814,34 @@ static CUresult free_async(CUdeviceptr dptr, CUstream h)
 
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *d, size_t n, CUstream s)
 {
+    CALLED();
     return alloc_async(d, n, NULL, s);
 }
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *d, size_t n, CUstream s)
 {
+    CALLED();
     return alloc_async(d, n, NULL, s ? s : CU_STREAM_PER_THREAD);
 }
-EXPORT CUresult cuMemFreeAsync(CUdeviceptr d, CUstream s) { return free_async(d, s); }
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr d, CUstream s) { CALLED(); return free_async(d, s); }
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr d, CUstream s)
 {
+    CALLED();
     return free_async(d, s ? s : CU_STREAM_PER_THREAD);
 }
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s)
 {
+    CALLED();
     return alloc_async(d, n, p, s);
 }
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s)
 {
+    CALLED();
     return alloc_async(d, n, p, s ? s : CU_STREAM_PER_THREAD);
 }
 
 EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 {
+    CALLED();
     ENTER_API();
     fctx *c = current_ctx();
     if (!free_bytes || !total)
@@ -2743,6 +2872,7 @@ static bool vmm_mapping_range(CUdeviceptr ptr, CUdeviceptr *base, size_t *size);
  * blocks itself, so this only reaches a program's own mappings. */
 EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr dptr)
 {
+    CALLED();
     ENTER_API();
     CUdeviceptr b = 0;
     size_t n = 0;
@@ -2791,6 +2921,7 @@ static CUresult vmm_pointer_attribute(CUdeviceptr ptr, CUpointer_attribute attr,
 
 EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr ptr)
 {
+    CALLED();
     ENTER_API();
     allocation *a = find_alloc(ptr, true);
     if (data && !a && vmm_reserved(ptr))
@@ -2804,6 +2935,7 @@ EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUde
 EXPORT CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attrs, void **data,
                                        CUdeviceptr ptr)
 {
+    CALLED();
     ENTER_API();
     if (!attrs || !data)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -2818,6 +2950,7 @@ EXPORT CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attr
 
 EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr dptr)
 {
+    CALLED();
     ENTER_API();
     allocation *a = find_alloc(dptr, true);
     if (!h || !a)
@@ -2916,26 +3049,32 @@ static CUresult copy_on(void *dst, const void *src, size_t n, CUstream h, bool s
 
 EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t n)
 {
+    CALLED();
     return copy_on((void *)(uintptr_t)d, s, n, CU_STREAM_LEGACY, true);
 }
 EXPORT CUresult cuMemcpyDtoH_v2(void *d, CUdeviceptr s, size_t n)
 {
+    CALLED();
     return copy_on(d, (const void *)(uintptr_t)s, n, CU_STREAM_LEGACY, true);
 }
 EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n)
 {
+    CALLED();
     return copy_on((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n, CU_STREAM_LEGACY, true);
 }
 EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, CUstream st)
 {
+    CALLED();
     return copy_on((void *)(uintptr_t)d, s, n, st, false);
 }
 EXPORT CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, CUstream st)
 {
+    CALLED();
     return copy_on(d, (const void *)(uintptr_t)s, n, st, false);
 }
 EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
 {
+    CALLED();
     return copy_on((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n, st, false);
 }
 
@@ -2943,10 +3082,12 @@ EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUs
  * addressing), as the fake's copies all do. */
 EXPORT CUresult cuMemcpy(CUdeviceptr d, CUdeviceptr s, size_t n)
 {
+    CALLED();
     return copy_on((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n, CU_STREAM_LEGACY, true);
 }
 EXPORT CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
 {
+    CALLED();
     return copy_on((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n, st, false);
 }
 
@@ -2969,6 +3110,7 @@ static void run_set(void *arg)
 
 EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n)
 {
+    CALLED();
     ENTER_API();
     fstream *s = stream_of(CU_STREAM_LEGACY);
     if (!s)
@@ -2989,7 +3131,7 @@ EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n)
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuGetErrorString(CUresult e, const char **s)
+static CUresult error_string(CUresult e, const char **s)
 {
     if (!s)
         return CUDA_ERROR_INVALID_VALUE;
@@ -3000,13 +3142,13 @@ EXPORT CUresult cuGetErrorString(CUresult e, const char **s)
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuGetErrorName(CUresult e, const char **s)
-{
-    return cuGetErrorString(e, s);
-}
+EXPORT CUresult cuGetErrorString(CUresult e, const char **s) { CALLED(); return error_string(e, s); }
+
+EXPORT CUresult cuGetErrorName(CUresult e, const char **s) { CALLED(); return error_string(e, s); }
 
 EXPORT CUresult cuGetExportTable(const void **table, const CUuuid *id)
 {
+    CALLED();
     (void)table, (void)id;
     return CUDA_ERROR_NOT_SUPPORTED;
 }
@@ -3263,6 +3405,7 @@ static bool vmm_whole_mappings(uint64_t base, uint64_t size)
 EXPORT CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
                                               CUmemAllocationGranularity_flags option)
 {
+    CALLED();
     VMM_ENTER();
     if (!granularity || vmm_prop_device(prop) < 0 ||
         (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
@@ -3275,6 +3418,7 @@ EXPORT CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAl
 EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
                                     CUdeviceptr addr, unsigned long long flags)
 {
+    CALLED();
     VMM_ENTER();
     if (VMM_REFUSED("cuMemAddressReserve"))
         LEAVE(CUDA_ERROR_NOT_SUPPORTED);
@@ -3307,6 +3451,7 @@ EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignm
 
 EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
 {
+    CALLED();
     VMM_ENTER();
     size_t i = 0;
     while (i < V.nreserved && (V.reserved[i].base != ptr || V.reserved[i].size != size))
@@ -3325,6 +3470,7 @@ EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                             const CUmemAllocationProp *prop, unsigned long long flags)
 {
+    CALLED();
     VMM_ENTER();
     if (VMM_REFUSED("cuMemCreate"))
         LEAVE(CUDA_ERROR_NOT_SUPPORTED);
@@ -3364,6 +3510,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
+    CALLED();
     VMM_ENTER();
     vmm_handle *h = vmm_handle_of(handle);
     if (!h || !h->refs)
@@ -3382,6 +3529,7 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
  * reference outlives the mapping. */
 EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
 {
+    CALLED();
     VMM_ENTER();
     vmm_range *m = vmm_mapping_at((CUdeviceptr)(uintptr_t)addr);
     if (!handle || !m)
@@ -3395,6 +3543,7 @@ EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle
 EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                          CUmemGenericAllocationHandle handle, unsigned long long flags)
 {
+    CALLED();
     VMM_ENTER();
     if (VMM_REFUSED("cuMemMap"))
         LEAVE(CUDA_ERROR_NOT_SUPPORTED);
@@ -3423,6 +3572,7 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 
 EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
+    CALLED();
     VMM_ENTER();
     if (!vmm_whole_mappings(ptr, size))
         LEAVE(CUDA_ERROR_INVALID_VALUE); /* "cannot unmap a sub-range" */
@@ -3443,6 +3593,7 @@ EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
                                size_t count)
 {
+    CALLED();
     VMM_ENTER();
     if (VMM_REFUSED("cuMemSetAccess"))
         LEAVE(CUDA_ERROR_NOT_SUPPORTED);
@@ -3493,6 +3644,7 @@ EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
 EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocation *location,
                                CUdeviceptr ptr)
 {
+    CALLED();
     VMM_ENTER();
     if (!flags || !location || location->type != CU_MEM_LOCATION_TYPE_DEVICE)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -3648,8 +3800,8 @@ static const proc procs[] = {
     P("cuGetProcAddress", 11030, cuGetProcAddress),
 };
 
-EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
-                                    CUdriverProcAddressQueryResult *status)
+static CUresult get_proc_address(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                 CUdriverProcAddressQueryResult *status)
 {
     if (!symbol || !pfn)
         return CUDA_ERROR_INVALID_VALUE;
@@ -3681,9 +3833,17 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
     return best ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
 
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                    CUdriverProcAddressQueryResult *status)
+{
+    CALLED();
+    return get_proc_address(symbol, pfn, version, flags, status);
+}
+
 EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags)
 {
-    return cuGetProcAddress_v2(symbol, pfn, version, flags, NULL);
+    CALLED();
+    return get_proc_address(symbol, pfn, version, flags, NULL);
 }
 
 /* ---- test control ------------------------------------------------------------ */
@@ -3730,6 +3890,37 @@ static uint64_t ctl_pending(void *stream)
     LEAVE(s ? s->submitted - s->completed : 0);
 }
 
+static uint64_t ctl_submitted(void *stream)
+{
+    ENTER();
+    fstream *s = ctl_stream_of((CUstream)stream);
+    LEAVE(s ? s->submitted : 0);
+}
+
+/* As ctl_complete, only up to position seq: the GPU has run the stream's
+ * first seq operations (and what they wait for on other streams). */
+static void ctl_complete_to(void *stream, uint64_t seq)
+{
+    ENTER();
+    fstream *s = ctl_stream_of((CUstream)stream);
+    work_item *w = NULL;
+    size_t n = 0;
+    if (s)
+        gather(s, seq, &w, &n);
+    unlock_and_run(w, n);
+}
+
+static size_t ctl_calls(fakecuda_call_count *out, size_t n)
+{
+    /* Slots are only ever added, each name set before the count grows. */
+    size_t have = atomic_load(&ncall_slots);
+    for (size_t i = 0; i < have && i < n; i++) {
+        out[i].name = call_counts[i].name;
+        out[i].calls = atomic_load_explicit(&call_counts[i].n, memory_order_relaxed);
+    }
+    return have;
+}
+
 static void ctl_stats(fakecuda_stats *out)
 {
     ENTER();
@@ -3760,6 +3951,9 @@ static const fakecuda_api api = {
     .fail_alloc_after = ctl_fail_alloc_after,
     .is_device_pointer = ctl_is_device_pointer,
     .launch_stuck = ctl_launch_stuck,
+    .submitted = ctl_submitted,
+    .complete_to = ctl_complete_to,
+    .calls = ctl_calls,
 };
 
 EXPORT const fakecuda_api *fakecuda_api_table(void) { return &api; }
