@@ -188,6 +188,9 @@ def main():
                 if d["capped"]:
                     out("# %s capped at %d of %d events" % (name, d["events"],
                                                             d["trace_events"]))
+                if d["bench_calls"]:
+                    out("# %s %s lag %d: %d driver calls outside the shim's doors" % (
+                        name, variant, lag, d["bench_calls"]))
                 if d["failures"]:
                     out("# %s %s lag %d: %d allocations failed" % (name, variant, lag,
                                                                  d["failures"]))
