@@ -15,7 +15,7 @@
 
 #include "fake_cuda.h"
 
-/* The fake has 108 entry points and 128 slots for them. */
+/* As many as the fake has slots for (CALL_SLOTS in fake_driver.c). */
 enum { CALLS_MAX = 128 };
 
 /* What an entry point is for, as issue 53 asks them counted. */
