@@ -24,6 +24,12 @@
  *                  handle to the next stream made, whose id is new); the
  *                  destroyed stream's queued work still runs, apart from the
  *                  new stream's; a NULL result is an invalid value
+ *   fake-counts    the test-control table's own instruments: calls counted
+ *                  per entry point, by the name called (a _ptsz twin and a
+ *                  v1/_v2 pair apart, one count for a call whatever it
+ *                  answered), none for test control; complete_to completes
+ *                  a stream up to a position, the legacy stream's earlier
+ *                  work with it where a blocking stream joined it
  *   fake-visible-devices, fake-visible-uuid, fake-visible-none
  *                  CUDA_VISIBLE_DEVICES, read at cuInit (meson sets it, with
  *                  FAKECUDA_MEM=1GiB,2GiB): "1"; "GPU-fb,0,7,1" (a UUID
@@ -257,6 +263,78 @@ static void fake_event_timing(void)
     CHECK_EQ(X.CtxGetStreamPriorityRange(NULL, NULL), CUDA_SUCCESS);
 }
 
+/* Calls of entry point `name` so far (0: never called). */
+static uint64_t calls_of(const char *name)
+{
+    fakecuda_call_count c[256];
+    size_t n = fakecuda()->calls(c, 256);
+    for (size_t i = 0; i < n && i < 256; i++)
+        if (strcmp(c[i].name, name) == 0)
+            return c[i].calls;
+    return 0;
+}
+
+static void fake_counts(void)
+{
+    start();
+    void *h = e2e_open_libcuda();
+    CUresult (*record_ptsz)(CUevent, CUstream) =
+        (CUresult (*)(CUevent, CUstream))e2e_dlsym(h, "cuEventRecord_ptsz");
+    CUresult (*elapsed_v1)(float *, CUevent, CUevent) =
+        (CUresult (*)(float *, CUevent, CUevent))e2e_dlsym(h, "cuEventElapsedTime");
+    NEED(EventElapsedTime);
+    CUevent e;
+    CHECK_EQ(D.EventCreate(&e, 0), CUDA_SUCCESS);
+    uint64_t rec = calls_of("cuEventRecord"), rec_z = calls_of("cuEventRecord_ptsz");
+    uint64_t query = calls_of("cuEventQuery");
+    uint64_t el = calls_of("cuEventElapsedTime"), el2 = calls_of("cuEventElapsedTime_v2");
+    CHECK_EQ(D.EventRecord(e, CU_STREAM_LEGACY), CUDA_SUCCESS);
+    CHECK_EQ(D.EventRecord(e, CU_STREAM_LEGACY), CUDA_SUCCESS);
+    CHECK_EQ(record_ptsz(e, NULL), CUDA_SUCCESS);
+    CHECK_EQ(D.EventQuery(NULL), CUDA_ERROR_INVALID_HANDLE); /* a refused call counts too */
+    float ms;
+    CHECK_EQ(elapsed_v1(&ms, e, e), CUDA_SUCCESS); /* (the v1 calls no v2 of its own) */
+    CHECK_EQ(calls_of("cuEventRecord") - rec, 2);
+    CHECK_EQ(calls_of("cuEventRecord_ptsz") - rec_z, 1);
+    CHECK_EQ(calls_of("cuEventQuery") - query, 1);
+    CHECK_EQ(calls_of("cuEventElapsedTime") - el, 1);
+    CHECK_EQ(calls_of("cuEventElapsedTime_v2") - el2, 0);
+    /* Test control is no entry point: launches and completions count
+     * nothing anywhere. */
+    CUstream s;
+    CHECK_EQ(D.StreamCreate(&s, 0), CUDA_SUCCESS); /* blocking */
+    fakecuda_call_count before[256], after[256];
+    size_t nb = fakecuda()->calls(before, 256);
+    CHECK_EQ(fakecuda()->launch(CU_STREAM_LEGACY, nothing, NULL), 0);
+    uint64_t legacy_at = fakecuda()->submitted(CU_STREAM_LEGACY);
+    /* Each launch on s joins the legacy stream's pending work (a wait item
+     * of its own, an operation too): positions are read after each. */
+    uint64_t at[3];
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ(fakecuda()->launch(s, nothing, NULL), 0);
+        at[i] = fakecuda()->submitted(s);
+    }
+    CHECK(at[0] < at[1] && at[1] < at[2]);
+    /* Up to the first: the two behind it stay pending, and the legacy
+     * work it waited for is done. */
+    fakecuda()->complete_to(s, at[0]);
+    CHECK_EQ(fakecuda()->pending(s), at[2] - at[0]);
+    CHECK_EQ(fakecuda()->pending(CU_STREAM_LEGACY), 0);
+    CHECK(legacy_at >= 1);
+    fakecuda()->complete_to(s, at[1]);
+    CHECK_EQ(fakecuda()->pending(s), at[2] - at[1]);
+    fakecuda()->complete_to(s, at[0]); /* behind: nothing moves back */
+    CHECK_EQ(fakecuda()->pending(s), at[2] - at[1]);
+    fakecuda()->complete_to(s, UINT64_MAX); /* past the end: all of it */
+    CHECK_EQ(fakecuda()->pending(s), 0);
+    size_t na = fakecuda()->calls(after, 256);
+    CHECK_EQ(na, nb);
+    for (size_t i = 0; i < na && i < nb; i++)
+        CHECK_EQ(after[i].calls, before[i].calls);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+    CHECK_EQ(D.EventDestroy(e), CUDA_SUCCESS);
+}
+
 /* Visible device `ordinal` is the machine's device `machine` of `mem`
  * bytes: its memory, UUID ("GPU-fa..." is device 0's) and PCI bus (0x10
  * per device) follow it. */
@@ -351,6 +429,7 @@ int main(int argc, char **argv)
         {"fake-event-timing", fake_event_timing},
         {"fake-stream-ids", fake_stream_ids},
         {"fake-stream-ids-reuse", fake_stream_ids},
+        {"fake-counts", fake_counts},
         {"fake-visible-devices", fake_visible_devices},
         {"fake-visible-uuid", fake_visible_uuid},
         {"fake-visible-none", fake_visible_none},

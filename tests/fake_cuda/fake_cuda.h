@@ -8,7 +8,9 @@
  * write and check patterns), keeps several devices with configurable memory,
  * primary and created contexts, streams whose work completes only when a test
  * says so, events, graph-capture state with CUDA's invalidation rules, and
- * failure injection.
+ * failure injection. It counts the calls of each entry point (calls below),
+ * so that a benchmark can count what a library above the driver costs in
+ * driver calls without a GPU.
  *
  * Environment: FAKECUDA_DEVICES (2), FAKECUDA_MEM (per device, "1GiB"; a list
  * "1GiB,512MiB" sets each), FAKECUDA_FAIL_ALLOC=N (the Nth cuMemAlloc fails
@@ -71,6 +73,12 @@ typedef struct fakecuda_stats {
 
 typedef void (*fakecuda_work)(void *arg);
 
+/* How often one driver entry point was called, by its exported name. */
+typedef struct fakecuda_call_count {
+    const char *name;
+    uint64_t calls;
+} fakecuda_call_count;
+
 typedef struct fakecuda_api {
     /* Queue host work on a stream: it runs when the stream's work completes.
  * complete() and pending() also take a destroyed stream's handle (its work
@@ -91,6 +99,20 @@ typedef struct fakecuda_api {
      * stream completes nothing past it, and cuEventSynchronize on an event
      * behind it blocks for good. */
     int (*launch_stuck)(void *stream);
+    /* Operations submitted on a stream so far: the position of the last one,
+     * which complete_to takes. */
+    uint64_t (*submitted)(void *stream);
+    /* Complete a stream's first `seq` operations (and the work on other
+     * streams they wait for), as a GPU that is that far along: what the
+     * host queued after them stays pending. */
+    void (*complete_to)(void *stream, uint64_t seq);
+    /* Calls of every driver entry point called at least once so far, each
+     * counted under the name it is exported by (cuEventRecord_ptsz apart
+     * from cuEventRecord), however it was reached (dlsym, cuGetProcAddress)
+     * and whatever it answered; the test-control functions here are not
+     * entry points and count nothing. Writes up to n entries, in the order
+     * of first call, and returns how many there are. */
+    size_t (*calls)(fakecuda_call_count *out, size_t n);
 } fakecuda_api;
 
 /* The fake driver's control table, or exit 77 (skip) when the loaded

@@ -313,6 +313,52 @@ static struct {
        .stuck_cond = PTHREAD_COND_INITIALIZER,
        .batch_cond = PTHREAD_COND_INITIALIZER};
 
+/* Calls of each entry point (fakecuda_api.calls), whoever made them and
+ * whatever they answered: a benchmark counts what a library above the
+ * driver costs in driver calls without a GPU. Kept apart from G and its
+ * lock: cuCtxGetCurrent and the other calls that take no lock must not
+ * start taking one to be counted. Each entry point finds its slot by name
+ * once (CALLED below); there are more slots than entry points, and
+ * tests/fake_cuda/test_calls_counted.py checks that every one counts. */
+enum { CALL_SLOTS = 128 };
+static struct {
+    const char *name;
+    atomic_uint_fast64_t n;
+} call_counts[CALL_SLOTS];
+static atomic_size_t ncall_slots;
+static pthread_mutex_t call_slots_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The slot of entry point `name` + 1, made on its first call (0: the
+ * table is full, and the call goes uncounted). */
+static unsigned call_slot(const char *name)
+{
+    pthread_mutex_lock(&call_slots_lock);
+    size_t n = atomic_load(&ncall_slots), i = 0;
+    while (i < n && strcmp(call_counts[i].name, name) != 0)
+        i++;
+    if (i == n && n < CALL_SLOTS) {
+        call_counts[n].name = name;
+        atomic_store(&ncall_slots, n + 1);
+    }
+    pthread_mutex_unlock(&call_slots_lock);
+    return i < CALL_SLOTS ? (unsigned)i + 1 : 0;
+}
+
+/* First statement of every entry point: counts the call under the entry
+ * point's own name (__func__: cuEventRecord_ptsz apart from cuEventRecord). */
+#define CALLED()                                                                 \
+    do {                                                                         \
+        static atomic_uint called_slot_;                                         \
+        unsigned s_ = atomic_load_explicit(&called_slot_, memory_order_acquire); \
+        if (!s_) {                                                               \
+            s_ = call_slot(__func__);                                            \
+            atomic_store_explicit(&called_slot_, s_, memory_order_release);      \
+        }                                                                        \
+        if (s_)                                                                  \
+            atomic_fetch_add_explicit(&call_counts[s_ - 1].n, 1,                 \
+                                      memory_order_relaxed);                     \
+    } while (0)
+
 static _Thread_local fctx *tls_ctx_stack[16];
 static _Thread_local int tls_ctx_depth;
 /* The calling thread's per-thread default streams, one per context. */
@@ -1154,6 +1200,7 @@ static int apply_visible_devices(void)
  * call, still gets its choice; Numba's test_runtime checks exactly that). */
 EXPORT CUresult cuInit(unsigned int flags)
 {
+    CALLED();
     ENTER();
     if (flags)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -1165,6 +1212,7 @@ EXPORT CUresult cuInit(unsigned int flags)
 
 EXPORT CUresult cuDriverGetVersion(int *v)
 {
+    CALLED();
     if (!v)
         return CUDA_ERROR_INVALID_VALUE;
     *v = CUDA_VERSION;
@@ -1173,6 +1221,7 @@ EXPORT CUresult cuDriverGetVersion(int *v)
 
 EXPORT CUresult cuDeviceGetCount(int *count)
 {
+    CALLED();
     ENTER_API();
     if (!count)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -1182,6 +1231,7 @@ EXPORT CUresult cuDeviceGetCount(int *count)
 
 EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal)
 {
+    CALLED();
     ENTER_API();
     if (!dev || !is_device(ordinal))
         LEAVE(CUDA_ERROR_INVALID_DEVICE);
@@ -1191,6 +1241,7 @@ EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal)
 
 EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 {
+    CALLED();
     NEED_INIT();
     if (!name || len <= 0)
         return CUDA_ERROR_INVALID_VALUE;
@@ -1203,6 +1254,7 @@ EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 /* A stable UUID per device (Numba names devices by it). */
 EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
 {
+    CALLED();
     ENTER_API();
     if (!uuid)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -1214,6 +1266,7 @@ EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
 
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
+    CALLED();
     ENTER_API();
     if (!bytes)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -1293,6 +1346,7 @@ static const struct {
 
 EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
 {
+    CALLED();
     NEED_INIT();
     /* No attribute is 0 or CU_DEVICE_ATTRIBUTE_MAX or beyond: an invalid
      * argument, CUDA_ERROR_INVALID_VALUE in cuda.h's list for the call. */
@@ -1316,6 +1370,7 @@ EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevic
 
 EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
 {
+    CALLED();
     ENTER_API();
     if (!pool)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -1342,6 +1397,7 @@ static int pool_device(CUmemoryPool pool)
 
 EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 {
+    CALLED();
     ENTER_API();
     if (!pool || !props || !is_device(props->location.id))
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -1356,6 +1412,7 @@ EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 
 EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
 {
+    CALLED();
     ENTER_API();
     /* "The memory pool must be local to the specified device." */
     if (!is_device(dev) || pool_device(pool) != dev)
@@ -1366,6 +1423,7 @@ EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
 
 EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 {
+    CALLED();
     ENTER_API();
     if (!pool || !is_device(dev))
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -1464,6 +1522,7 @@ static void pools_release_at_sync(void)
 
 EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 {
+    CALLED();
     ENTER_API();
     struct fpool *f = pool_state(pool);
     if (!f)
@@ -1496,6 +1555,7 @@ static uint64_t *pool_figure(struct fpool *f, CUmemPool_attribute attr)
 
 EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
+    CALLED();
     ENTER_API();
     struct fpool *f = pool_state(pool);
     int *flag = f ? pool_reuse_flag(f, attr) : NULL;
@@ -1516,6 +1576,7 @@ EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute att
  * current value. */
 EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
+    CALLED();
     ENTER_API();
     struct fpool *f = pool_state(pool);
     int *flag = f ? pool_reuse_flag(f, attr) : NULL;
@@ -1536,6 +1597,7 @@ EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute att
 
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
+    CALLED();
     ENTER_API();
     if (!pctx)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -1616,6 +1678,7 @@ static void destroy_ctx_memory(fctx *c)
 
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
+    CALLED();
     ENTER_API();
     if (!is_device(dev))
         LEAVE(CUDA_ERROR_INVALID_DEVICE);
@@ -1628,6 +1691,7 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 
 EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
+    CALLED();
     ENTER_API();
     if (!is_device(dev))
         LEAVE(CUDA_ERROR_INVALID_DEVICE);
@@ -1638,6 +1702,7 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 
 EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
 {
+    CALLED();
     ENTER_API();
     if (!flags || !active)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -1662,6 +1727,7 @@ static void live_ctx(fctx *c, int dev, fgreen *g)
 EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags,
                                CUdevice dev)
 {
+    CALLED();
     (void)flags, (void)params;
     ENTER_API();
     if (!pctx)
@@ -1688,6 +1754,7 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsig
 
 EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
+    CALLED();
     ENTER_API();
     fctx *c = (fctx *)ctx;
     /* A green context's converted context is "a normal primary context"
@@ -1706,6 +1773,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 
 EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
 {
+    CALLED();
     NEED_INIT();
     if (!pctx)
         return CUDA_ERROR_INVALID_VALUE;
@@ -1715,6 +1783,7 @@ EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
 
 EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
 {
+    CALLED();
     NEED_INIT();
     fctx *c = (fctx *)ctx;
     if (c && c->magic != CTX_MAGIC)
@@ -1732,6 +1801,7 @@ EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
 
 EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
+    CALLED();
     NEED_INIT();
     fctx *c = (fctx *)ctx;
     if (!c || c->magic != CTX_MAGIC || tls_ctx_depth == 16)
@@ -1742,6 +1812,7 @@ EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 
 EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 {
+    CALLED();
     NEED_INIT();
     if (!tls_ctx_depth)
         return CUDA_ERROR_INVALID_CONTEXT;
@@ -1758,6 +1829,7 @@ EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
  * NULL. */
 EXPORT CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest)
 {
+    CALLED();
     NEED_INIT();
     fctx *c = current_ctx();
     if (!c)
@@ -1773,6 +1845,7 @@ EXPORT CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest)
  * again under its old handle gets a new one. */
 EXPORT CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id)
 {
+    CALLED();
     ENTER_API();
     fctx *c = ctx ? (fctx *)ctx : current_ctx();
     if (!id)
@@ -1787,6 +1860,7 @@ EXPORT CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id)
 
 EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
 {
+    CALLED();
     NEED_INIT();
     fctx *c = current_ctx();
     if (!dev)
@@ -1813,6 +1887,7 @@ EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
  * (cuMemSetAccess's peer entries are counted, see below). */
 EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer)
 {
+    CALLED();
     ENTER_API();
     if (!can)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -1869,13 +1944,19 @@ static CUresult peer_switch(CUcontext peer, unsigned flags, bool on)
 
 EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags)
 {
+    CALLED();
     return peer_switch(peer, flags, true);
 }
 
-EXPORT CUresult cuCtxDisablePeerAccess(CUcontext peer) { return peer_switch(peer, 0, false); }
+EXPORT CUresult cuCtxDisablePeerAccess(CUcontext peer)
+{
+    CALLED();
+    return peer_switch(peer, 0, false);
+}
 
 EXPORT CUresult cuCtxSynchronize(void)
 {
+    CALLED();
     ENTER_API();
     fctx *c = current_ctx();
     if (!c)
@@ -1924,17 +2005,20 @@ static CUresult create_stream(CUstream *ph, unsigned flags)
 
 EXPORT CUresult cuStreamCreate(CUstream *ph, unsigned int flags)
 {
+    CALLED();
     return create_stream(ph, flags);
 }
 
 EXPORT CUresult cuStreamCreateWithPriority(CUstream *ph, unsigned int flags, int priority)
 {
+    CALLED();
     (void)priority;
     return create_stream(ph, flags);
 }
 
 EXPORT CUresult cuStreamDestroy_v2(CUstream h)
 {
+    CALLED();
     ENTER_API();
     fstream *s = stream_of(h);
     if (!s || s->legacy || s->per_thread)
@@ -1951,7 +2035,7 @@ EXPORT CUresult cuStreamDestroy_v2(CUstream h)
     LEAVE(CUDA_SUCCESS);
 }
 
-EXPORT CUresult cuStreamGetId(CUstream h, unsigned long long *id)
+static CUresult stream_get_id(CUstream h, unsigned long long *id)
 {
     ENTER_API();
     if (!id)
@@ -1965,13 +2049,21 @@ EXPORT CUresult cuStreamGetId(CUstream h, unsigned long long *id)
     LEAVE(CUDA_SUCCESS);
 }
 
+EXPORT CUresult cuStreamGetId(CUstream h, unsigned long long *id)
+{
+    CALLED();
+    return stream_get_id(h, id);
+}
+
 EXPORT CUresult cuStreamGetId_ptsz(CUstream h, unsigned long long *id)
 {
-    return cuStreamGetId(h ? h : CU_STREAM_PER_THREAD, id);
+    CALLED();
+    return stream_get_id(h ? h : CU_STREAM_PER_THREAD, id);
 }
 
 EXPORT CUresult cuStreamGetFlags(CUstream h, unsigned int *flags)
 {
+    CALLED();
     ENTER_API();
     fstream *s = stream_of(h);
     if (!s || !flags)
@@ -1982,6 +2074,7 @@ EXPORT CUresult cuStreamGetFlags(CUstream h, unsigned int *flags)
 
 EXPORT CUresult cuStreamGetCtx(CUstream h, CUcontext *pctx)
 {
+    CALLED();
     ENTER_API();
     fstream *s = stream_of(h);
     if (!s || !pctx)
@@ -2007,14 +2100,16 @@ static CUresult stream_sync(CUstream h)
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuStreamSynchronize(CUstream h) { return stream_sync(h); }
+EXPORT CUresult cuStreamSynchronize(CUstream h) { CALLED(); return stream_sync(h); }
 EXPORT CUresult cuStreamSynchronize_ptsz(CUstream h)
 {
+    CALLED();
     return stream_sync(h ? h : CU_STREAM_PER_THREAD);
 }
 
 EXPORT CUresult cuStreamQuery(CUstream h)
 {
+    CALLED();
     ENTER_API();
     fstream *s = stream_of(h);
     if (!s)
@@ -2044,10 +2139,12 @@ static CUresult is_capturing(CUstream h, CUstreamCaptureStatus *status)
 
 EXPORT CUresult cuStreamIsCapturing(CUstream h, CUstreamCaptureStatus *st)
 {
+    CALLED();
     return is_capturing(h, st);
 }
 EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream h, CUstreamCaptureStatus *st)
 {
+    CALLED();
     return is_capturing(h ? h : CU_STREAM_PER_THREAD, st);
 }
 
@@ -2078,6 +2175,7 @@ static fgraph *graph_of(CUgraph h)
 
 EXPORT CUresult cuGraphCreate(CUgraph *out, unsigned int flags)
 {
+    CALLED();
     ENTER_API();
     if (!out || flags != 0) /* "flags - Graph creation flags, must be 0" */
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -2091,6 +2189,7 @@ EXPORT CUresult cuGraphCreate(CUgraph *out, unsigned int flags)
 /* cuda.h lists CUDA_ERROR_INVALID_VALUE for a graph it cannot destroy. */
 EXPORT CUresult cuGraphDestroy(CUgraph h)
 {
+    CALLED();
     ENTER_API();
     fgraph *g = graph_of(h);
     if (!g)
@@ -2127,10 +2226,12 @@ static CUresult begin_plain(CUstream h, CUstreamCaptureMode mode)
 
 EXPORT CUresult cuStreamBeginCapture_v2(CUstream h, CUstreamCaptureMode mode)
 {
+    CALLED();
     return begin_plain(h, mode);
 }
 EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream h, CUstreamCaptureMode mode)
 {
+    CALLED();
     return begin_plain(h ? h : CU_STREAM_PER_THREAD, mode);
 }
 
@@ -2151,6 +2252,7 @@ EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream h, CUgraph g, const CUgraph
                                             const CUgraphEdgeData *edges, size_t n,
                                             CUstreamCaptureMode mode)
 {
+    CALLED();
     (void)edges;
     return begin_to_graph(h, g, deps, n, mode);
 }
@@ -2158,6 +2260,7 @@ EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream h, CUgraph g, const CU
                                                  const CUgraphEdgeData *edges, size_t n,
                                                  CUstreamCaptureMode mode)
 {
+    CALLED();
     (void)edges;
     return begin_to_graph(h ? h : CU_STREAM_PER_THREAD, g, deps, n, mode);
 }
@@ -2182,14 +2285,16 @@ static CUresult end_capture(CUstream h, CUgraph *graph)
     LEAVE(s->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS);
 }
 
-EXPORT CUresult cuStreamEndCapture(CUstream h, CUgraph *g) { return end_capture(h, g); }
+EXPORT CUresult cuStreamEndCapture(CUstream h, CUgraph *g) { CALLED(); return end_capture(h, g); }
 EXPORT CUresult cuStreamEndCapture_ptsz(CUstream h, CUgraph *g)
 {
+    CALLED();
     return end_capture(h ? h : CU_STREAM_PER_THREAD, g);
 }
 
 EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
 {
+    CALLED();
     NEED_INIT();
     if (!mode || *mode > CU_STREAM_CAPTURE_MODE_RELAXED)
         return CUDA_ERROR_INVALID_VALUE;
@@ -2208,6 +2313,7 @@ static bool event_done(const fevent *e);
  * capturing stream the wait is the graph's, not the stream's. */
 EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent ev, unsigned int flags)
 {
+    CALLED();
     (void)flags;
     ENTER_API();
     fstream *s = stream_of(h);
@@ -2232,6 +2338,7 @@ EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent ev, unsigned int flags)
  * CU_EVENT_DISABLE_TIMING"; no other flag is valid (cuEventCreate, cuda.h). */
 EXPORT CUresult cuEventCreate(CUevent *ph, unsigned int flags)
 {
+    CALLED();
     ENTER_API();
     fctx *c = current_ctx();
     const unsigned known = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
@@ -2253,6 +2360,7 @@ EXPORT CUresult cuEventCreate(CUevent *ph, unsigned int flags)
 
 EXPORT CUresult cuEventDestroy_v2(CUevent h)
 {
+    CALLED();
     ENTER_API();
     fevent *e = event_of(h);
     if (!e)
@@ -2317,9 +2425,10 @@ static CUresult event_record(CUevent h, CUstream sh)
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuEventRecord(CUevent h, CUstream s) { return event_record(h, s); }
+EXPORT CUresult cuEventRecord(CUevent h, CUstream s) { CALLED(); return event_record(h, s); }
 EXPORT CUresult cuEventRecord_ptsz(CUevent h, CUstream s)
 {
+    CALLED();
     return event_record(h, s ? s : CU_STREAM_PER_THREAD);
 }
 
@@ -2334,6 +2443,7 @@ static bool event_done(const fevent *e)
 
 EXPORT CUresult cuEventQuery(CUevent h)
 {
+    CALLED();
     ENTER_API();
     fevent *e = event_of(h);
     if (!e)
@@ -2361,7 +2471,7 @@ EXPORT CUresult cuEventQuery(CUevent h)
  * the first version here: they differ in what the GPU measures, not in the
  * rules above.
  */
-EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end)
+static CUresult elapsed_time(float *ms, CUevent start, CUevent end)
 {
     ENTER_API();
     fevent *a = event_of(start), *b = event_of(end);
@@ -2380,13 +2490,21 @@ EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end)
     LEAVE(CUDA_SUCCESS);
 }
 
+EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end)
+{
+    CALLED();
+    return elapsed_time(ms, start, end);
+}
+
 EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end)
 {
-    return cuEventElapsedTime_v2(ms, start, end);
+    CALLED();
+    return elapsed_time(ms, start, end);
 }
 
 EXPORT CUresult cuEventSynchronize(CUevent h)
 {
+    CALLED();
     ENTER_API();
     fevent *e = event_of(h);
     if (!e)
@@ -2414,6 +2532,7 @@ EXPORT CUresult cuEventSynchronize(CUevent h)
 
 EXPORT CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void *data)
 {
+    CALLED();
     ENTER_API();
     fstream *s = stream_of(h);
     if (!s || !fn)
@@ -2472,6 +2591,7 @@ static fgreen *green_of(CUgreenCtx h)
  * "smCount is a multiple of" smCoscheduledAlignment. */
 EXPORT CUresult cuDeviceGetDevResource(CUdevice dev, CUdevResource *res, CUdevResourceType type)
 {
+    CALLED();
     NEED_INIT();
     if (!res)
         return CUDA_ERROR_INVALID_VALUE;
@@ -2494,6 +2614,7 @@ EXPORT CUresult cuDeviceGetDevResource(CUdevice dev, CUdevResource *res, CUdevRe
 EXPORT CUresult cuDevResourceGenerateDesc(CUdevResourceDesc *desc, CUdevResource *res,
                                           unsigned int n)
 {
+    CALLED();
     NEED_INIT();
     if (!desc || !res || n == 0)
         return CUDA_ERROR_INVALID_VALUE;
@@ -2514,6 +2635,7 @@ EXPORT CUresult cuDevResourceGenerateDesc(CUdevResourceDesc *desc, CUdevResource
 EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *ph, CUdevResourceDesc desc, CUdevice dev,
                                  unsigned int flags)
 {
+    CALLED();
     ENTER_API();
     if (!ph || !desc || desc->magic != DESC_MAGIC || !(flags & CU_GREEN_CTX_DEFAULT_STREAM) ||
         desc->sm_count > SM_COUNT)
@@ -2536,6 +2658,7 @@ EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *ph, CUdevResourceDesc desc, CUdevic
 
 EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx h)
 {
+    CALLED();
     ENTER_API();
     fgreen *g = green_of(h);
     if (!g)
@@ -2556,6 +2679,7 @@ EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx h)
 
 EXPORT CUresult cuCtxFromGreenCtx(CUcontext *pctx, CUgreenCtx h)
 {
+    CALLED();
     ENTER_API();
     if (!pctx)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -2569,6 +2693,7 @@ EXPORT CUresult cuCtxFromGreenCtx(CUcontext *pctx, CUgreenCtx h)
 EXPORT CUresult cuGreenCtxStreamCreate(CUstream *ph, CUgreenCtx h, unsigned int flags,
                                        int priority)
 {
+    CALLED();
     (void)priority;
     ENTER_API();
     if (!ph || !(flags & CU_STREAM_NON_BLOCKING))
@@ -2586,6 +2711,7 @@ EXPORT CUresult cuGreenCtxStreamCreate(CUstream *ph, CUgreenCtx h, unsigned int 
 
 EXPORT CUresult cuStreamGetGreenCtx(CUstream h, CUgreenCtx *pg)
 {
+    CALLED();
     ENTER_API();
     fstream *s = stream_of(h);
     if (!s || !pg)
@@ -2596,6 +2722,7 @@ EXPORT CUresult cuStreamGetGreenCtx(CUstream h, CUgreenCtx *pg)
 
 EXPORT CUresult cuStreamGetCtx_v2(CUstream h, CUcontext *pctx, CUgreenCtx *pg)
 {
+    CALLED();
     ENTER_API();
     fstream *s = stream_of(h);
     if (!s || !pctx || !pg)
@@ -2608,6 +2735,7 @@ EXPORT CUresult cuStreamGetCtx_v2(CUstream h, CUcontext *pctx, CUgreenCtx *pg)
 
 EXPORT CUresult cuGreenCtxRecordEvent(CUgreenCtx h, CUevent ev)
 {
+    CALLED();
     ENTER_API();
     fgreen *g = green_of(h);
     if (!g || !g->ctx.alive)
@@ -2647,6 +2775,7 @@ EXPORT CUresult cuGreenCtxRecordEvent(CUgreenCtx h, CUevent ev)
 
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
 {
+    CALLED();
     ENTER_API();
     G.st.mem_alloc_calls++;
     CUresult r = unsafe_call();
@@ -2673,6 +2802,7 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
  */
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
+    CALLED();
     ENTER_API();
     G.st.mem_free_calls++;
     CUresult r = unsafe_call();
@@ -2693,6 +2823,7 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
                                    unsigned int elem)
 {
+    CALLED();
     NEED_INIT();
     if (!dptr || !pitch || width == 0 || height == 0 || (elem != 4 && elem != 8 && elem != 16))
         return CUDA_ERROR_INVALID_VALUE;
@@ -2759,28 +2890,34 @@ static CUresult free_async(CUdeviceptr dptr, CUstream h)
 
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *d, size_t n, CUstream s)
 {
+    CALLED();
     return alloc_async(d, n, NULL, s);
 }
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *d, size_t n, CUstream s)
 {
+    CALLED();
     return alloc_async(d, n, NULL, s ? s : CU_STREAM_PER_THREAD);
 }
-EXPORT CUresult cuMemFreeAsync(CUdeviceptr d, CUstream s) { return free_async(d, s); }
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr d, CUstream s) { CALLED(); return free_async(d, s); }
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr d, CUstream s)
 {
+    CALLED();
     return free_async(d, s ? s : CU_STREAM_PER_THREAD);
 }
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s)
 {
+    CALLED();
     return alloc_async(d, n, p, s);
 }
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s)
 {
+    CALLED();
     return alloc_async(d, n, p, s ? s : CU_STREAM_PER_THREAD);
 }
 
 EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 {
+    CALLED();
     ENTER_API();
     fctx *c = current_ctx();
     if (!free_bytes || !total)
@@ -2811,6 +2948,7 @@ static bool vmm_mapping_range(CUdeviceptr ptr, CUdeviceptr *base, size_t *size);
  * blocks itself, so this only reaches a program's own mappings. */
 EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr dptr)
 {
+    CALLED();
     ENTER_API();
     CUdeviceptr b = 0;
     size_t n = 0;
@@ -2859,6 +2997,7 @@ static CUresult vmm_pointer_attribute(CUdeviceptr ptr, CUpointer_attribute attr,
 
 EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr ptr)
 {
+    CALLED();
     ENTER_API();
     allocation *a = find_alloc(ptr, true);
     if (data && !a && vmm_reserved(ptr))
@@ -2872,6 +3011,7 @@ EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUde
 EXPORT CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attrs, void **data,
                                        CUdeviceptr ptr)
 {
+    CALLED();
     ENTER_API();
     if (!attrs || !data)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -2886,6 +3026,7 @@ EXPORT CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attr
 
 EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr dptr)
 {
+    CALLED();
     ENTER_API();
     allocation *a = find_alloc(dptr, true);
     if (!h || !a)
@@ -2984,26 +3125,32 @@ static CUresult copy_on(void *dst, const void *src, size_t n, CUstream h, bool s
 
 EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t n)
 {
+    CALLED();
     return copy_on((void *)(uintptr_t)d, s, n, CU_STREAM_LEGACY, true);
 }
 EXPORT CUresult cuMemcpyDtoH_v2(void *d, CUdeviceptr s, size_t n)
 {
+    CALLED();
     return copy_on(d, (const void *)(uintptr_t)s, n, CU_STREAM_LEGACY, true);
 }
 EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n)
 {
+    CALLED();
     return copy_on((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n, CU_STREAM_LEGACY, true);
 }
 EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, CUstream st)
 {
+    CALLED();
     return copy_on((void *)(uintptr_t)d, s, n, st, false);
 }
 EXPORT CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, CUstream st)
 {
+    CALLED();
     return copy_on(d, (const void *)(uintptr_t)s, n, st, false);
 }
 EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
 {
+    CALLED();
     return copy_on((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n, st, false);
 }
 
@@ -3011,10 +3158,12 @@ EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUs
  * addressing), as the fake's copies all do. */
 EXPORT CUresult cuMemcpy(CUdeviceptr d, CUdeviceptr s, size_t n)
 {
+    CALLED();
     return copy_on((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n, CU_STREAM_LEGACY, true);
 }
 EXPORT CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
 {
+    CALLED();
     return copy_on((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n, st, false);
 }
 
@@ -3037,6 +3186,7 @@ static void run_set(void *arg)
 
 EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n)
 {
+    CALLED();
     ENTER_API();
     fstream *s = stream_of(CU_STREAM_LEGACY);
     if (!s)
@@ -3057,7 +3207,7 @@ EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n)
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuGetErrorString(CUresult e, const char **s)
+static CUresult error_string(CUresult e, const char **s)
 {
     if (!s)
         return CUDA_ERROR_INVALID_VALUE;
@@ -3068,13 +3218,13 @@ EXPORT CUresult cuGetErrorString(CUresult e, const char **s)
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuGetErrorName(CUresult e, const char **s)
-{
-    return cuGetErrorString(e, s);
-}
+EXPORT CUresult cuGetErrorString(CUresult e, const char **s) { CALLED(); return error_string(e, s); }
+
+EXPORT CUresult cuGetErrorName(CUresult e, const char **s) { CALLED(); return error_string(e, s); }
 
 EXPORT CUresult cuGetExportTable(const void **table, const CUuuid *id)
 {
+    CALLED();
     (void)table, (void)id;
     return CUDA_ERROR_NOT_SUPPORTED;
 }
@@ -3331,6 +3481,7 @@ static bool vmm_whole_mappings(uint64_t base, uint64_t size)
 EXPORT CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
                                               CUmemAllocationGranularity_flags option)
 {
+    CALLED();
     VMM_ENTER();
     if (!granularity || vmm_prop_device(prop) < 0 ||
         (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
@@ -3343,6 +3494,7 @@ EXPORT CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAl
 EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
                                     CUdeviceptr addr, unsigned long long flags)
 {
+    CALLED();
     VMM_ENTER();
     if (VMM_REFUSED("cuMemAddressReserve"))
         LEAVE(CUDA_ERROR_NOT_SUPPORTED);
@@ -3375,6 +3527,7 @@ EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignm
 
 EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
 {
+    CALLED();
     VMM_ENTER();
     size_t i = 0;
     while (i < V.nreserved && (V.reserved[i].base != ptr || V.reserved[i].size != size))
@@ -3393,6 +3546,7 @@ EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                             const CUmemAllocationProp *prop, unsigned long long flags)
 {
+    CALLED();
     VMM_ENTER();
     if (VMM_REFUSED("cuMemCreate"))
         LEAVE(CUDA_ERROR_NOT_SUPPORTED);
@@ -3432,6 +3586,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
+    CALLED();
     VMM_ENTER();
     vmm_handle *h = vmm_handle_of(handle);
     if (!h || !h->refs)
@@ -3450,6 +3605,7 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
  * reference outlives the mapping. */
 EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
 {
+    CALLED();
     VMM_ENTER();
     vmm_range *m = vmm_mapping_at((CUdeviceptr)(uintptr_t)addr);
     if (!handle || !m)
@@ -3463,6 +3619,7 @@ EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle
 EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                          CUmemGenericAllocationHandle handle, unsigned long long flags)
 {
+    CALLED();
     VMM_ENTER();
     if (VMM_REFUSED("cuMemMap"))
         LEAVE(CUDA_ERROR_NOT_SUPPORTED);
@@ -3491,6 +3648,7 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 
 EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
+    CALLED();
     VMM_ENTER();
     if (!vmm_whole_mappings(ptr, size))
         LEAVE(CUDA_ERROR_INVALID_VALUE); /* "cannot unmap a sub-range" */
@@ -3511,6 +3669,7 @@ EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
                                size_t count)
 {
+    CALLED();
     VMM_ENTER();
     if (VMM_REFUSED("cuMemSetAccess"))
         LEAVE(CUDA_ERROR_NOT_SUPPORTED);
@@ -3561,6 +3720,7 @@ EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
 EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocation *location,
                                CUdeviceptr ptr)
 {
+    CALLED();
     VMM_ENTER();
     if (!flags || !location || location->type != CU_MEM_LOCATION_TYPE_DEVICE)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -3718,8 +3878,8 @@ static const proc procs[] = {
     P("cuGetProcAddress", 11030, cuGetProcAddress),
 };
 
-EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
-                                    CUdriverProcAddressQueryResult *status)
+static CUresult get_proc_address(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                 CUdriverProcAddressQueryResult *status)
 {
     if (!symbol || !pfn)
         return CUDA_ERROR_INVALID_VALUE;
@@ -3751,9 +3911,17 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
     return best ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
 
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                    CUdriverProcAddressQueryResult *status)
+{
+    CALLED();
+    return get_proc_address(symbol, pfn, version, flags, status);
+}
+
 EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags)
 {
-    return cuGetProcAddress_v2(symbol, pfn, version, flags, NULL);
+    CALLED();
+    return get_proc_address(symbol, pfn, version, flags, NULL);
 }
 
 /* ---- test control ------------------------------------------------------------ */
@@ -3800,6 +3968,37 @@ static uint64_t ctl_pending(void *stream)
     LEAVE(s ? s->submitted - s->completed : 0);
 }
 
+static uint64_t ctl_submitted(void *stream)
+{
+    ENTER();
+    fstream *s = ctl_stream_of((CUstream)stream);
+    LEAVE(s ? s->submitted : 0);
+}
+
+/* As ctl_complete, only up to position seq: the GPU has run the stream's
+ * first seq operations (and what they wait for on other streams). */
+static void ctl_complete_to(void *stream, uint64_t seq)
+{
+    ENTER();
+    fstream *s = ctl_stream_of((CUstream)stream);
+    work_item *w = NULL;
+    size_t n = 0;
+    if (s)
+        gather(s, seq, &w, &n);
+    unlock_and_run(w, n);
+}
+
+static size_t ctl_calls(fakecuda_call_count *out, size_t n)
+{
+    /* Slots are only ever added, each name set before the count grows. */
+    size_t have = atomic_load(&ncall_slots);
+    for (size_t i = 0; i < have && i < n; i++) {
+        out[i].name = call_counts[i].name;
+        out[i].calls = atomic_load_explicit(&call_counts[i].n, memory_order_relaxed);
+    }
+    return have;
+}
+
 static void ctl_stats(fakecuda_stats *out)
 {
     ENTER();
@@ -3830,6 +4029,9 @@ static const fakecuda_api api = {
     .fail_alloc_after = ctl_fail_alloc_after,
     .is_device_pointer = ctl_is_device_pointer,
     .launch_stuck = ctl_launch_stuck,
+    .submitted = ctl_submitted,
+    .complete_to = ctl_complete_to,
+    .calls = ctl_calls,
 };
 
 EXPORT const fakecuda_api *fakecuda_api_table(void) { return &api; }
