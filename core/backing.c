@@ -129,6 +129,20 @@ uint64_t backing_missing(const bfc_pool *p, const region *r, bfc_addr lo, bfc_ad
     return missing;
 }
 
+void backing_pieces(const bfc_pool *p, const region *r, bfc_addr lo, bfc_addr hi,
+                    backing_piece_fn fn, void *arg)
+{
+    const uint64_t g = p->opt.map_granularity;
+    const uint64_t end = granule_of(r, g, hi - 1) + 1;
+    for (uint64_t i = granule_of(r, g, lo); i < end;) {
+        const bool mapped = (r->backed[i >> 6] >> (i & 63)) & 1;
+        const uint64_t j = bit_find(r->backed, i, end, !mapped);
+        const bfc_addr from = r->base + i * g, to = r->base + j * g;
+        fn(arg, from > lo ? from : lo, to < hi ? to : hi, mapped);
+        i = j;
+    }
+}
+
 bool backing_map(bfc_pool *p, region *r, bfc_addr lo, bfc_addr hi)
 {
     const uint64_t g = p->opt.map_granularity;

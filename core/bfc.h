@@ -506,6 +506,33 @@ bool bfc_pool_owns(bfc_pool *pool, bfc_addr addr);
 void bfc_pool_describe(bfc_pool *pool, bfc_addr addr, char *buf, size_t len);
 
 void bfc_pool_stats(bfc_pool *pool, bfc_stats *out);
+
+/*
+ * Free space as the limit lets the pool use it. Without vmm a free chunk is
+ * memory, and these are bfc_stats' figures. Over virtual memory a free chunk
+ * is address space: the pool can put memory behind it only while the
+ * granules it maps, with those that live and pending blocks pin (a granule
+ * any of their bytes touch), stay within limit_bytes; free granules it holds
+ * elsewhere move under a block that needs them (pressure). So:
+ *   free_bytes                free bytes in pinned granules, plus as many
+ *                             whole free granules as the limit has room for
+ *                             beside the pinned ones;
+ *   largest_free_block_bytes  the largest block one free chunk can hold at
+ *                             either end with that memory (every byte of it
+ *                             backed, no pending block waited for);
+ *   fragmentation             (free - largest) / free, as in bfc_stats;
+ *   beyond_limit_bytes        free address space no memory can be put
+ *                             behind: the free chunks' bytes past free_bytes.
+ * bfc_stats, by contrast, counts every free chunk whole. Walks every chunk:
+ * for reports, not for a hot path.
+ */
+typedef struct bfc_free_space {
+    uint64_t free_bytes;
+    uint64_t largest_free_block_bytes;
+    double fragmentation;
+    uint64_t beyond_limit_bytes;
+} bfc_free_space;
+void bfc_pool_free_space(bfc_pool *pool, bfc_free_space *out);
 /* Restarts high_bytes_in_use (BFC_HIGH_IN_USE) and/or high_pool_bytes
  * (BFC_HIGH_POOL) at their current values. */
 enum { BFC_HIGH_IN_USE = 1, BFC_HIGH_POOL = 2 };

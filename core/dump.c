@@ -4,7 +4,16 @@
  * per region in the manner of TSL's RenderOccupancy:
  *   '*' bytes the program asked for    'x' rounding and split waste
  *   '_' free                           'p' freed, waiting for its fence
+ *   '.' free address space with no memory mapped behind it (vmm)
  * Each column shows the kind that covers most of its bytes.
+ *
+ * Over virtual memory a free chunk is address space, not memory: the
+ * summary's LargestFreeBlock and Fragmentation count only what the limit
+ * lets the pool back (bfc_pool_free_space), two more lines say how much
+ * address space there is and how much of the free part lies beyond the
+ * limit, and each region and free chunk says how much of it is mapped. An
+ * out-of-memory report that showed a free block larger than the limit
+ * beside "the pool is full" contradicted itself.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +26,8 @@ static void dump_summary(const bfc_pool *p, FILE *out)
 {
     bfc_stats s;
     pool_stats_locked(p, &s);
+    bfc_free_space fs;
+    pool_free_space_locked(p, &s, &fs);
     fprintf(out,
             "Limit:            %20llu\n"
             "InUse:            %20llu\n"
@@ -35,9 +46,28 @@ static void dump_summary(const bfc_pool *p, FILE *out)
             (unsigned long long)s.largest_alloc_size,
             (unsigned long long)s.bytes_reserved,
             (unsigned long long)s.peak_bytes_reserved,
-            (unsigned long long)s.largest_free_block_bytes,
+            (unsigned long long)fs.largest_free_block_bytes,
             (unsigned long long)s.pending_bytes,
-            (unsigned long long)s.bytes_requested, s.fragmentation);
+            (unsigned long long)s.bytes_requested, fs.fragmentation);
+    if (p->opt.vmm)
+        fprintf(out,
+                "AddressSpace:     %20llu\n"
+                "FreeBeyondLimit:  %20llu\n",
+                (unsigned long long)s.va_bytes, (unsigned long long)fs.beyond_limit_bytes);
+}
+
+static void add_piece(void *arg, bfc_addr lo, bfc_addr hi, bool mapped)
+{
+    if (mapped)
+        *(uint64_t *)arg += hi - lo;
+}
+
+/* Mapped bytes of [lo, hi) of region r (vmm). */
+static uint64_t mapped_in(const bfc_pool *p, const region *r, bfc_addr lo, bfc_addr hi)
+{
+    uint64_t n = 0;
+    backing_pieces(p, r, lo, hi, add_piece, &n);
+    return n;
 }
 
 typedef struct bin_tally {
@@ -82,8 +112,13 @@ static void dump_chunks(const bfc_pool *p, FILE *out)
 {
     for (uint32_t r = 0; r < p->nregions; r++) {
         const region *rg = &p->regions[r];
-        fprintf(out, "Region %u: 0x%llx, %llu bytes\n", r,
-                (unsigned long long)rg->base, (unsigned long long)rg->size);
+        if (p->opt.vmm)
+            fprintf(out, "Region %u: 0x%llx, %llu bytes of address space, %llu mapped\n", r,
+                    (unsigned long long)rg->base, (unsigned long long)rg->size,
+                    (unsigned long long)backing_count(p, rg));
+        else
+            fprintf(out, "Region %u: 0x%llx, %llu bytes\n", r, (unsigned long long)rg->base,
+                    (unsigned long long)rg->size);
         for (uint32_t c = rg->first; c != CHUNK_NIL; c = C(p, c)->next) {
             const chunk *cc = C(p, c);
             unsigned long long a = cc->addr, sz = cc->size;
@@ -94,14 +129,19 @@ static void dump_chunks(const bfc_pool *p, FILE *out)
             else if (cc->state == CHUNK_PENDING)
                 fprintf(out, "  Pending 0x%llx size %llu lane %u token %llu\n", a, sz,
                         cc->lane, (unsigned long long)cc->stamp);
+            else if (p->opt.vmm)
+                fprintf(out, "  Free    0x%llx size %llu, %llu mapped\n", a, sz,
+                        (unsigned long long)mapped_in(p, rg, cc->addr, cc->addr + cc->size));
             else
                 fprintf(out, "  Free    0x%llx size %llu\n", a, sz);
         }
     }
 }
 
+enum { KINDS = 5 }; /* requested, waste, free, pending, unmapped: the glyphs */
+
 /* Adds `bytes` of kind k over [from, to) of a region split into columns. */
-static void spread(uint64_t (*cols)[4], uint64_t base, uint64_t width, uint64_t from,
+static void spread(uint64_t (*cols)[KINDS], uint64_t base, uint64_t width, uint64_t from,
                    uint64_t to, int k)
 {
     while (from < to) {
@@ -115,29 +155,44 @@ static void spread(uint64_t (*cols)[4], uint64_t base, uint64_t width, uint64_t 
     }
 }
 
+typedef struct strip {
+    uint64_t (*cols)[KINDS];
+    uint64_t base, width;
+} strip;
+
+static void spread_piece(void *arg, bfc_addr lo, bfc_addr hi, bool mapped)
+{
+    const strip *s = arg;
+    spread(s->cols, s->base, s->width, lo, hi, mapped ? 2 : 4);
+}
+
 static void dump_occupancy(const bfc_pool *p, FILE *out)
 {
-    static const char glyph[4] = {'*', 'x', '_', 'p'};
+    static const char glyph[KINDS] = {'*', 'x', '_', 'p', '.'};
     for (uint32_t r = 0; r < p->nregions; r++) {
         const region *rg = &p->regions[r];
-        uint64_t cols[STRIP_COLUMNS][4];
+        uint64_t cols[STRIP_COLUMNS][KINDS];
         memset(cols, 0, sizeof cols);
         uint64_t width = rg->size / STRIP_COLUMNS ? rg->size / STRIP_COLUMNS : 1;
+        strip st = {cols, rg->base, width};
         for (uint32_t c = rg->first; c != CHUNK_NIL; c = C(p, c)->next) {
             const chunk *cc = C(p, c);
             uint64_t a = cc->addr, end = cc->addr + cc->size;
             if (cc->state == CHUNK_ALLOCATED) {
                 spread(cols, rg->base, width, a, a + cc->requested, 0);
                 spread(cols, rg->base, width, a + cc->requested, end, 1);
+            } else if (cc->state == CHUNK_PENDING) {
+                spread(cols, rg->base, width, a, end, 3);
+            } else if (p->opt.vmm) {
+                backing_pieces(p, rg, a, end, spread_piece, &st);
             } else {
-                spread(cols, rg->base, width, a, end,
-                       cc->state == CHUNK_PENDING ? 3 : 2);
+                spread(cols, rg->base, width, a, end, 2);
             }
         }
         char line[STRIP_COLUMNS + 1];
         for (uint32_t i = 0; i < STRIP_COLUMNS; i++) {
             int best = 0;
-            for (int k = 1; k < 4; k++)
+            for (int k = 1; k < KINDS; k++)
                 if (cols[i][k] > cols[i][best])
                     best = k;
             line[i] = glyph[best];

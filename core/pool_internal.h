@@ -140,6 +140,9 @@ static inline uint64_t pool_free_chunks(const bfc_pool *p)
     return p->chunks.used - p->live.count - p->st.num_pending_chunks;
 }
 
+/* bfc_pool_free_space for a caller holding the lock (stats.c). */
+void pool_free_space_locked(const bfc_pool *p, const bfc_stats *st, bfc_free_space *out);
+
 /* After pool_bytes grew: raise its high-water marks (peak >= high). */
 static inline void pool_note_pool_bytes(bfc_pool *p)
 {
@@ -215,6 +218,12 @@ uint64_t backing_release_free(bfc_pool *p);
 uint64_t backing_release_some(bfc_pool *p, uint64_t want);
 /* Bytes of the granules under [lo, hi) that are not mapped. */
 uint64_t backing_missing(const bfc_pool *p, const region *r, bfc_addr lo, bfc_addr hi);
+/* Calls fn for the pieces of [lo, hi) that lie on runs of mapped and of
+ * unmapped granules, in address order (they tile [lo, hi)): what a dump
+ * says of free address space. */
+typedef void (*backing_piece_fn)(void *arg, bfc_addr lo, bfc_addr hi, bool mapped);
+void backing_pieces(const bfc_pool *p, const region *r, bfc_addr lo, bfc_addr hi,
+                    backing_piece_fn fn, void *arg);
 /* Free chunk c just formed and more than release_threshold is free: give
  * back its whole granules. */
 void backing_after_free(bfc_pool *p, uint32_t c);

@@ -459,6 +459,7 @@ int cmd_ab(int argc, char **argv)
     arm arms[2] = {{.name = "A", .label = "A: native (counted)", .shim = true},
                    {.name = "B", .label = "B: bfcshim pool", .shim = true}};
     int status = 2;
+    bool fake_gpu = false;
     int c;
     char *end;
     optind = 1;
@@ -512,6 +513,7 @@ int cmd_ab(int argc, char **argv)
              * the shim's arm only. */
             if (c == LOPT_FAKE_GPU && launch_option("ab", c, optarg, &arms[0].env) < 0)
                 goto out;
+            fake_gpu |= c == LOPT_FAKE_GPU;
             int r = launch_option("ab", c, optarg, &arms[1].env);
             if (r == 0)
                 ab_usage(stderr);
@@ -526,6 +528,10 @@ int cmd_ab(int argc, char **argv)
         goto out;
     }
     o.cmd = argv + optind;
+    /* The shim's arm decides: the native arm runs with the driver door
+     * open, but on the fake GPU neither can run such a program. */
+    if (!launch_check_runtime("ab", o.cmd[0], fake_gpu, &arms[1].env))
+        goto out;
     const char *shim = launch_find_shim();
     if (!shim)
         goto out;

@@ -5,10 +5,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "array_room.h"
 #include "cli.h"
+#include "cudart_link.h"
 #include "env_vars.h"
 #include "launch.h"
 #include "out_file.h"
@@ -181,6 +183,47 @@ void launch_preload(const char *shim)
     snprintf(v, len, "%s:%s", shim, old);
     setenv("LD_PRELOAD", v, 1);
     free(v);
+}
+
+/* BFCSHIM_DRIVER_HOOKS as the child will see it: false, 0, no or off. */
+static bool driver_door_closed(const env_list *e)
+{
+    const char *v = env_value(e, "BFCSHIM_DRIVER_HOOKS");
+    if (!v)
+        v = getenv("BFCSHIM_DRIVER_HOOKS");
+    if (!v)
+        return false;
+    static const char *const no[] = {"0", "false", "no", "off"};
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
+        if (strcasecmp(v, no[i]) == 0)
+            return true;
+    return false;
+}
+
+bool launch_check_runtime(const char *cmd, const char *prog, bool fake_gpu, const env_list *e)
+{
+    char path[PATH_MAX];
+    const bool closed = driver_door_closed(e);
+    if ((!fake_gpu && !closed) || cudart_link_of(prog, path, sizeof path) != CUDART_STATIC)
+        return true;
+    if (fake_gpu) {
+        fprintf(stderr,
+                "bfcshim %s: --fake-gpu: %s has the CUDA runtime linked in statically (nvcc's "
+                "default, -cudart static); that runtime needs private tables of the driver "
+                "(cuGetExportTable) that the fake GPU cannot serve, so each of its CUDA calls "
+                "would fail with 801 \"operation not supported\": build it with nvcc -cudart "
+                "shared to try it here (on a GPU it runs as it is, its allocations served "
+                "through the driver door)\n",
+                cmd, path);
+        return false;
+    }
+    fprintf(stderr,
+            "bfcshim %s: warning: %s has the CUDA runtime linked in statically (nvcc's default, "
+            "-cudart static): the runtime door cannot see its cudaMalloc calls, and with the "
+            "driver door closed (BFCSHIM_DRIVER_HOOKS=false) none of its allocations reach "
+            "the pool; build it with nvcc -cudart shared, or leave the driver door open\n",
+            cmd, path);
+    return true;
 }
 
 const char launch_options_help[] =

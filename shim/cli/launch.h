@@ -39,6 +39,13 @@ const char *launch_find_fake_cuda(void);
  * whatever was there (without listing the shim twice). */
 void launch_preload(const char *shim);
 
+/* Before `cmd` (run, ab) starts `prog`: a program with the CUDA runtime
+ * linked in statically (cudart_link.h) cannot run on the fake GPU, which
+ * is said in one line, and false is returned; with the driver door closed
+ * (in `e` or the environment) none of its allocations would reach the
+ * pool, which is said in one line of warning. True otherwise. */
+bool launch_check_runtime(const char *cmd, const char *prog, bool fake_gpu, const env_list *e);
+
 /*
  * The shim options of run and ab. Returns 1 when `opt` (a getopt val from
  * LAUNCH_LONGOPTS) was one of them and was applied to `e`, 0 when it is not

@@ -311,7 +311,7 @@ static int write_report(const report_opts *o, trace *t)
     json_array_close(&j);
 
     /* the largest allocations as bands over time */
-    report_timeline_write(t, o->frames, &j);
+    report_timeline_write(t, o->frames, by_time, &j);
 
     /* the maps, the time cursor's maps and the fragmentation series */
     report_replay rr = {t, &policy, pool_bytes, peak_at, by_time, true};

@@ -17,6 +17,8 @@
 
 #include "report_timeline.h"
 
+#include "report_replay.h"
+
 typedef struct band {
     size_t alloc_ev, free_ev;
     uint64_t size;
@@ -81,7 +83,7 @@ static size_t sample_at_or_after(const size_t *samples, size_t S, size_t e)
     return lo;
 }
 
-bool report_timeline_write(const trace *t, const char *frames, json_out *j)
+bool report_timeline_write(const trace *t, const char *frames, bool by_time, json_out *j)
 {
     size_t S = t->nev < TIMELINE_SAMPLES ? t->nev : TIMELINE_SAMPLES;
     band *all = calloc(t->allocs ? t->allocs : 1, sizeof *all);
@@ -125,6 +127,13 @@ bool report_timeline_write(const trace *t, const char *frames, json_out *j)
     json_array_open(j, "event");
     for (size_t k = 0; k < S; k++)
         json_u64(j, NULL, sample[k]);
+    json_array_close(j);
+    /* Where each sample lies on the page's x axis, the one the live-bytes
+     * and fragmentation charts use (their times, or events), so that the
+     * three line up under one cursor. */
+    json_array_open(j, "x");
+    for (size_t k = 0; k < S; k++)
+        report_write_x(j, NULL, t, by_time, sample[k]);
     json_array_close(j);
     json_array_open(j, "bands");
     for (size_t b = 0; b < nb; b++) {

@@ -18,14 +18,15 @@ enum {
 };
 
 /* Writes the member "timeline" into the open object of j: "event" of each
- * sample (the page draws by event order: a trace's times are often coarser
- * than its events), "other" (live bytes outside the bands at each sample)
+ * sample, "x" of each (its time when by_time, else its event: the x axis of
+ * the page's other charts, report_write_x), "other" (live bytes outside the
+ * bands at each sample)
  * and "bands": [alloc event, free event (events: never freed), size, first
  * sample, end sample, where it was made (or null)] in allocation order.
  * frames:
  * a frames file (scripts/snapshot2csv.py --frames: after a '#' line, one
  * line per allocation in trace order) or NULL. False when out of host
  * memory (then "timeline" is null). */
-bool report_timeline_write(const trace *t, const char *frames, json_out *j);
+bool report_timeline_write(const trace *t, const char *frames, bool by_time, json_out *j);
 
 #endif

@@ -26,6 +26,7 @@ int cmd_run(int argc, char **argv)
                                               {"help", no_argument, 0, 'h'},
                                               {0, 0, 0, 0}};
     env_list env = {0};
+    bool fake_gpu = false;
     int c;
     optind = 1;
     opterr = 0; /* cli_bad_option says it in one line */
@@ -39,11 +40,14 @@ int cmd_run(int argc, char **argv)
             return 2;
         if (r == 0)
             return cli_bad_option("run", argv, c);
+        fake_gpu |= c == LOPT_FAKE_GPU;
     }
     if (optind >= argc) {
         fprintf(stderr, "bfcshim run: no command given: bfcshim run [OPTIONS] -- CMD [ARGS...]\n");
         return 2;
     }
+    if (!launch_check_runtime("run", argv[optind], fake_gpu, &env))
+        return 2;
     const char *shim = launch_find_shim();
     if (!shim)
         return 2;

@@ -72,8 +72,9 @@ static uint64_t device_free_bytes(void)
     return R && R->MemGetInfo(&f, &t) == CUDA_SUCCESS ? f : 0;
 }
 
-static void write_hint(FILE *f, const shim_config *cfg, const bfc_stats *st, uint64_t rounded,
-                       oom_cause cause, uint64_t total)
+static void write_hint(FILE *f, const shim_config *cfg, const bfc_stats *st,
+                       const bfc_free_space *fs, uint64_t rounded, oom_cause cause,
+                       uint64_t total)
 {
     char a[32], b[32], c[32], d[32];
     uint64_t room = st->bytes_limit - st->bytes_in_use;
@@ -82,7 +83,7 @@ static void write_hint(FILE *f, const shim_config *cfg, const bfc_stats *st, uin
         fprintf(f, "diagnosis: fragmentation. The pool has %s not in use but no single free "
                    "block of %s (the largest is %s",
                 format_size(room, a, sizeof a), format_size(rounded, b, sizeof b),
-                format_size(st->largest_free_block_bytes, c, sizeof c));
+                format_size(fs->largest_free_block_bytes, c, sizeof c));
         if (st->pending_bytes)
             fprintf(f, "; %s are freed blocks still waiting for stream work",
                     format_size(st->pending_bytes, a, sizeof a));
@@ -127,9 +128,26 @@ static void write_hint(FILE *f, const shim_config *cfg, const bfc_stats *st, uin
         fprintf(f, "hint: BFCSHIM_GC=true would return empty regions before failing.\n");
 }
 
+/* Over virtual memory the pool's regions are reservations of address
+ * space with memory mapped into them on demand: a free range of them is
+ * not memory unless the limit lets the pool map it. Said once, so that the
+ * map below (a free region larger than the limit, beside "the pool is
+ * full") reads as what it is. */
+static void write_address_space(FILE *f, const bfc_stats *st, const bfc_free_space *fs)
+{
+    char a[32], b[32], c[32], d[32];
+    fprintf(f, "address space: %s reserved in %llu range(s), %s of it mapped; reserved but "
+               "unmapped address space is not memory: free space below counts only as far as "
+               "the %s limit lets the pool map it (%s of free address space lies beyond "
+               "it)\n",
+            format_size(st->va_bytes, a, sizeof a), (unsigned long long)st->num_regions,
+            format_size(st->pool_bytes, b, sizeof b), format_size(st->bytes_limit, c, sizeof c),
+            format_size(fs->beyond_limit_bytes, d, sizeof d));
+}
+
 /* The full report, from the statistics the failure was judged on. */
-static void write_report(FILE *f, shim_pool *sp, const bfc_stats *st, uint64_t rounded,
-                         oom_cause cause, size_t size, const char *api)
+static void write_report(FILE *f, shim_pool *sp, const bfc_stats *st, const bfc_free_space *fs,
+                         uint64_t rounded, oom_cause cause, size_t size, const char *api)
 {
     const shim_config *cfg = shim_config_get();
     char a[32], b[32], c[32], d[32], e[32];
@@ -137,18 +155,20 @@ static void write_report(FILE *f, shim_pool *sp, const bfc_stats *st, uint64_t r
             (int)sp->dev);
     fprintf(f, "request: %s(%zu bytes = %s), rounded to %s\n", api, size,
             format_size(size, a, sizeof a), format_size(rounded, b, sizeof b));
-    fprintf(f, "pool: limit %s (%s of the device's %s), %s held in %llu region(s)\n",
+    fprintf(f, "pool: limit %s (%s of the device's %s), %s %s in %llu region(s)\n",
             format_size(st->bytes_limit, a, sizeof a),
             cfg->mem_limit ? "BFCSHIM_MEM_LIMIT" : "BFCSHIM_MEM_FRACTION",
             format_size(sp->total_memory, b, sizeof b), format_size(st->pool_bytes, c, sizeof c),
-            (unsigned long long)st->num_regions);
+            sp->vmm_granule ? "mapped" : "held", (unsigned long long)st->num_regions);
+    if (sp->vmm_granule)
+        write_address_space(f, st, fs);
     fprintf(f, "in use %s (requested %s), free %s, pending %s, largest free block %s, "
                "fragmentation %.3f\n",
             format_size(st->bytes_in_use, a, sizeof a),
-            format_size(st->bytes_requested, b, sizeof b), format_size(st->free_bytes, c, sizeof c),
+            format_size(st->bytes_requested, b, sizeof b), format_size(fs->free_bytes, c, sizeof c),
             format_size(st->pending_bytes, d, sizeof d),
-            format_size(st->largest_free_block_bytes, e, sizeof e), st->fragmentation);
-    write_hint(f, cfg, st, rounded, cause, sp->total_memory);
+            format_size(fs->largest_free_block_bytes, e, sizeof e), fs->fragmentation);
+    write_hint(f, cfg, st, fs, rounded, cause, sp->total_memory);
 
     bfc_live_info top[TOP_LIVE];
     size_t n = bfc_pool_largest_live(sp->bfc, top, TOP_LIVE);
@@ -171,22 +191,24 @@ void oom_report(shim_pool *sp, size_t size, const char *api)
     const shim_config *cfg = shim_config_get();
     bfc_stats st;
     bfc_pool_stats(sp->bfc, &st);
+    bfc_free_space fs;
+    bfc_pool_free_space(sp->bfc, &fs);
     bfc_options o;
     bfc_pool_options(sp->bfc, &o);
     uint64_t rounded = ((uint64_t)size + o.granularity - 1) / o.granularity * o.granularity;
     /* Over virtual memory a free block is address space: what counts is
-     * what is mapped. */
-    const bool vmm = sp->vmm_granule != 0;
-    oom_cause cause = cause_of(&st, rounded, vmm);
+     * what is mapped. The line names the largest block the limit lets the
+     * pool back, the same figure as without virtual memory. */
+    oom_cause cause = cause_of(&st, rounded, sp->vmm_granule != 0);
     char req[32], lim[32], use[32], big[32];
     shim_log(LOG_ERROR,
              "%s(%zu bytes = %s) on device %d: out of memory %s (limit %s, in use %s, "
-             "%s %s). %s",
+             "largest free block %s). %s",
              api, size, format_size(size, req, sizeof req), (int)sp->dev,
              cause == CAUSE_DEVICE_FULL ? "on the device" : "in the pool",
              format_size(st.bytes_limit, lim, sizeof lim),
-             format_size(st.bytes_in_use, use, sizeof use), vmm ? "mapped" : "largest free block",
-             format_size(vmm ? st.pool_bytes : st.largest_free_block_bytes, big, sizeof big),
+             format_size(st.bytes_in_use, use, sizeof use),
+             format_size(fs.largest_free_block_bytes, big, sizeof big),
              cause == CAUSE_DEVICE_FULL
                  ? "Other processes or contexts hold the device's memory"
                  : "Raise BFCSHIM_MEM_FRACTION or BFCSHIM_MEM_LIMIT, or free memory and retry");
@@ -200,7 +222,7 @@ void oom_report(shim_pool *sp, size_t size, const char *api)
     FILE *mem = open_memstream(&text, &len);
     if (!mem)
         return;
-    write_report(mem, sp, &st, rounded, cause, size, api);
+    write_report(mem, sp, &st, &fs, rounded, cause, size, api);
     fclose(mem);
     ssize_t w = write(shim_log_fd(), text, len);
     (void)w;

@@ -8,6 +8,7 @@ usage: test_report.py BFCSHIM WORKLOAD FAKE_CUDA_DIR WORKDIR
 Skips (77) when no chromium is installed (scripts/deps.sh --with-tests installs it).
 """
 import json
+import math
 import os
 import re
 import shutil
@@ -253,6 +254,100 @@ frag_svg = re.search(r'<svg id="frag".*?</svg>', dom, re.S)
 check(frag_svg and frag_svg.group(0).count('class="hole"') == 4 and
       'class="largest"' in frag_svg.group(0) and 'class="cursor"' in frag_svg.group(0),
       "fragmentation chart: four hole classes, the largest block, the cursor line")
+
+# One x axis for the three charts over the trace (live bytes, the allocation
+# timeline, fragmentation), the cursor line in each, round ticks on every
+# axis, and every row of a small pool's map. A trace whose times change at
+# every event (10 ms apart, some sizes recurring) goes by time; the timeline
+# counted events while the two others showed seconds, its cursor line was
+# missing, the byte axes read 0, 52.5, 105, 157.5 MiB, and a 1 MiB pool's map
+# drew 10 of its 12 rows.
+def svg_of(dom, sid):
+    m = re.search(r'<svg id="%s".*?</svg>' % sid, dom, re.S)
+    return m.group(0) if m else ""
+
+
+def tick_labels(svg, cls):
+    """The chart's tick labels (on a page before the classes: its numbers
+    anchored as ticks are)."""
+    return re.findall(r'<text[^>]*class="%s"[^>]*>([^<]*)</text>' % cls, svg) or \
+        [t for t in re.findall(r'<text[^>]*text-anchor="%s"[^>]*>([^<]*)</text>' %
+                               ("end" if cls == "y-tick" else "middle"), svg)
+         if re.match(r"[0-9.]+( |$)", t)]
+
+
+UNITS = {"B": 0, "KiB": 1, "MiB": 2, "GiB": 3, "TiB": 4}
+
+
+def round_scale(labels, in_bytes):
+    """The labels are 0, s, 2s, ... with s 1, 2 or 5 times a power of ten
+    in the unit of the largest (bytes: B, KiB, ...)."""
+    try:
+        vals, unit = [], 0
+        for t in labels:
+            n, _, u = t.partition(" ")
+            unit = UNITS.get(u, 0) if in_bytes and u else unit
+            vals.append(float(n) * 1024 ** (UNITS.get(u, 0) if in_bytes and u else 0))
+    except ValueError:
+        return False
+    if len(vals) < 2 or min(vals) != 0:
+        vals = [0.0] + vals  # the histogram leaves its 0 out
+    vals.sort()
+    step = vals[1] - vals[0]
+    if step <= 0 or any(abs((b - a) - step) > step * 1e-6 for a, b in zip(vals, vals[1:])):
+        return False
+    s = step / 1024 ** unit
+    mant = s / 10 ** math.floor(math.log10(s) + 1e-9)
+    return any(abs(mant - m) < 1e-6 for m in (1, 2, 5))
+
+
+with open(path("timed.csv"), "w") as f:
+    f.write("Thread,Time,Action,Pointer,Size,Stream\n")
+    live_ptrs = []
+    for i in range(300):
+        t = 10000 * (i + 1)
+        when = f"10:00:{t // 1000000:02d}:{t % 1000000:06d}"
+        if live_ptrs and (i % 3 == 2 or len(live_ptrs) > 20):
+            f.write(f"1,{when},free,0x{live_ptrs.pop(i % len(live_ptrs)):x},0,0\n")
+        else:
+            live_ptrs.append(0x10000000 + i * 0x1000000)
+            f.write(f"1,{when},allocate,0x{live_ptrs[-1]:x},{((i * 7) % 40 + 1) << 18},0\n")
+sh(bfcshim, "report", path("timed.csv"), "-o", path("timed.html"))
+timed = page_data("timed.html")
+check(timed["has_times"] and len(timed["timeline"].get("x", [])) == len(timed["timeline"]["event"]),
+      "a trace with usable times: the timeline's samples carry their times")
+dom = render(path("timed.html"), fragment="#cursor=7")
+charts = {sid: svg_of(dom, sid) for sid in ("live", "timeline", "frag")}
+axes = {sid: (re.findall(r">(time since the first event \([^)]*\)|events)<", svg),
+              tick_labels(svg, "x-tick")) for sid, svg in charts.items()}
+check(axes["live"][0] == ["time since the first event (s)"] and
+      axes["timeline"] == axes["live"] == axes["frag"],
+      f"one x axis for the three charts: {axes}")
+cursors = {sid: re.findall(r'<line[^>]*class="cursor"[^>]*x1="([0-9.]+)"', svg)
+           for sid, svg in charts.items()}
+check(all(len(c) == 1 for c in cursors.values()) and
+      max(float(c[0]) for c in cursors.values()) - min(float(c[0]) for c in cursors.values()) < 0.5,
+      f"the cursor line in the three charts, at one place: {cursors}")
+for page in ("timed.html", "job.html", "oom.html"):
+    page_dom = dom if page == "timed.html" else render(path(page))
+    for sid in ("live", "timeline", "frag"):
+        ys = tick_labels(svg_of(page_dom, sid), "y-tick")
+        check(round_scale(ys, True), f"{page} {sid}: round byte ticks: {ys}")
+        xs = tick_labels(svg_of(page_dom, sid), "x-tick")
+        check(round_scale(xs, False), f"{page} {sid}: round x ticks: {xs}")
+    hs = tick_labels(svg_of(page_dom, "hist"), "y-tick")
+    check(round_scale(hs, False), f"{page} hist: round counts: {hs}")
+# A pool of 1 MiB: its rows are 87381.33 bytes, not a whole number.
+with open(path("small.csv"), "w") as f:
+    f.write("Thread,Time,Action,Pointer,Size,Stream\n")
+    for i in range(4):
+        f.write(f"1,10:00:00:{i * 1000:06d},allocate,0x{0x10000000 + i * 0x40000:x},{1 << 18},0\n")
+    for i in range(4):
+        f.write(f"1,10:00:01:{i * 1000:06d},free,0x{0x10000000 + i * 0x40000:x},0,0\n")
+sh(bfcshim, "report", path("small.csv"), "--pool-size", "1MiB", "-o", path("small.html"))
+dom = render(path("small.html"))
+rows = {float(y) for y in re.findall(r'<rect[^>]* y="([0-9.]+)"', svg_of(dom, "map-0"))}
+check(len(rows) == 12, f"a 1 MiB pool full at the peak: its map draws all 12 rows, not {len(rows)}")
 
 # A million events: the page stays a few MB (maps merge sub-pixel chunks,
 # series are decimated) and draws in seconds. Left out under sanitizers,

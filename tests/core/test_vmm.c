@@ -518,6 +518,64 @@ static void limit_bounds_mapped_bytes_not_address_space(void)
     vmm_end(&f);
 }
 
+static bfc_free_space free_space_of(fixture *f)
+{
+    bfc_free_space fs;
+    bfc_pool_free_space(f->pool, &fs);
+    return fs;
+}
+
+/* Free address space is not memory: bfc_pool_free_space counts only what
+ * the limit lets the pool back, and its largest free block is one that an
+ * allocation gets, where bfc_stats' is the largest chunk of address space.
+ * 8 MiB limit, 16 MiB reserved, 2 MiB granules, blocks at the low end. */
+static void free_space_counts_only_what_the_limit_backs(void)
+{
+    fixture f;
+    vmm_begin(&f, 8 * MiB);
+    vmm_start(&f);
+    bfc_addr a = must_alloc(&f, 3 * MiB); /* pins granules 0 and 1 */
+    bfc_stats s = stats_of(&f);
+    CHECK_EQ(s.free_bytes, 13 * MiB); /* the reservation's free chunk, whole */
+    CHECK_EQ(s.largest_free_block_bytes, 13 * MiB);
+    bfc_free_space fs = free_space_of(&f);
+    CHECK_EQ(fs.free_bytes, 5 * MiB); /* 1 MiB in granule 1, two granules more */
+    CHECK_EQ(fs.largest_free_block_bytes, 5 * MiB);
+    CHECK_EQ(fs.beyond_limit_bytes, 8 * MiB);
+    CHECK(fs.fragmentation == 0.0);
+    /* The figure is exact: one step of granularity more cannot be served. */
+    bfc_addr out;
+    CHECK_EQ(bfc_pool_alloc(f.pool, 5 * MiB + 256, BFC_NO_LANE, &out), BFC_ERR_OOM);
+    bfc_addr b = must_alloc(&f, 5 * MiB);
+    fs = free_space_of(&f);
+    CHECK_EQ(fs.free_bytes, 0);
+    CHECK_EQ(fs.largest_free_block_bytes, 0);
+    CHECK_EQ(fs.beyond_limit_bytes, 8 * MiB);
+    /* With a's 3 MiB free, b pins granules 1-3: the hole holds 3 MiB, the
+     * 8 MiB of address space above b only the one granule left. */
+    must_free(&f, a);
+    CHECK_EQ(stats_of(&f).largest_free_block_bytes, 8 * MiB);
+    fs = free_space_of(&f);
+    CHECK_EQ(fs.free_bytes, 3 * MiB);
+    CHECK_EQ(fs.largest_free_block_bytes, 3 * MiB);
+    CHECK_EQ(fs.beyond_limit_bytes, 8 * MiB);
+    CHECK_EQ(must_alloc(&f, 3 * MiB), a);
+    must_free(&f, a);
+    must_free(&f, b);
+    /* Without vmm the free chunks are memory: the figures are bfc_stats'. */
+    fixture g;
+    fixture_begin(&g, 8 * MiB);
+    fixture_start(&g);
+    bfc_addr c = must_alloc(&g, 3 * MiB);
+    bfc_free_space gs = free_space_of(&g);
+    CHECK_EQ(gs.free_bytes, 5 * MiB);
+    CHECK_EQ(gs.largest_free_block_bytes, 5 * MiB);
+    CHECK_EQ(gs.beyond_limit_bytes, 0);
+    must_free(&g, c);
+    fixture_end(&g);
+    vmm_end(&f);
+}
+
 static void preallocation_maps_the_limit_at_once(void)
 {
     fixture f;
@@ -966,6 +1024,7 @@ int main(void)
     RUN(mapping_waits_for_pending_frees_first);
     RUN(refused_mapping_leaves_the_pool_as_it_was);
     RUN(limit_bounds_mapped_bytes_not_address_space);
+    RUN(free_space_counts_only_what_the_limit_backs);
     RUN(preallocation_maps_the_limit_at_once);
     RUN(preallocated_pool_is_one_region_until_it_overflows);
     RUN(one_region_phase_puts_whole_granules_at_a_boundary_end);

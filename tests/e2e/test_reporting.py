@@ -8,6 +8,7 @@ usage: test_reporting.py BFCSHIM E2E_RUNTIME LIBBFCSHIM FAKE_CUDA_DIR E2E_DRIVER
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -73,6 +74,44 @@ check("BFCSHIM_MEM_FRACTION=0.79" in text, "the hint names the fraction that fit
 check("largest live allocations" in text and "Region 0 |" in text, "live list and map")
 oom_trace = open(os.path.join(work, "oom.csv")).read()
 check(oom_trace.count(",allocate failure,") == 2, "failures in the trace")
+
+# 2b. the same failure over virtual memory (the default above) and in one
+#     region: the figures count only what the limit lets the pool back, so
+#     they agree, and the report says what the reserved, unmapped address
+#     space is. (Over virtual memory they once counted the whole reservation:
+#     "free 1.57 GiB, largest free block 1.50 GiB" beside "the pool is full"
+#     in a 768 MiB pool.)
+vmm_log = open(os.path.join(work, "oom.log")).read()
+one_region = os.path.join(work, "oom-one-region.txt")
+run("oom", BFCSHIM_OOM_REPORT=one_region, BFCSHIM_VMM="off")
+one_log = open(os.path.join(work, "oom.log")).read()  # written anew by each run
+
+
+def figures(report_text):
+    line = re.search(r"^in use .*$", report_text, re.M)
+    return line.group(0) if line else None
+
+
+vmm_text, one_text = text, open(one_region).read()
+check(figures(vmm_text) is not None and figures(vmm_text) == figures(one_text),
+      f"the same figures over virtual memory and in one region: {figures(vmm_text)!r} "
+      f"against {figures(one_text)!r}")
+check(figures(one_text) == "in use 700 MiB (requested 700 MiB), free 68.0 MiB, pending 0 B, "
+      "largest free block 68.0 MiB, fragmentation 0.000", f"one region: {figures(one_text)!r}")
+check(re.search(r"^LargestFreeBlock:\s+71303168$", vmm_text, re.M) is not None,
+      "the map's LargestFreeBlock is the block the limit backs")
+space = re.search(r"^address space: (.*)$", vmm_text, re.M)
+check(space is not None and "not memory" in space.group(1) and
+      "1.50 GiB of free address space lies beyond it" in space.group(1),
+      f"the report says what the unmapped address space is: {space and space.group(0)}")
+check("address space:" not in one_text, "one region has no address space line")
+check(re.search(r"^Region \d+: 0x[0-9a-f]+, 1610612736 bytes of address space, 0 mapped$",
+                vmm_text, re.M) is not None and
+      re.search(r"^Region \d+ \|\.{100}\|$", vmm_text, re.M) is not None,
+      "the map shows the unmapped reservation as address space")
+for log in (vmm_log, one_log):
+    check("(limit 768 MiB, in use 700 MiB, largest free block 68.0 MiB)" in log,
+          f"the log line names the block the limit backs: {log[:400]!r}")
 
 # 3. the summary on stderr.
 p = run("basic", BFCSHIM_STATS="1")

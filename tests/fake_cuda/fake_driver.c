@@ -108,6 +108,11 @@
  *             before the call returns (all host memory is pageable here),
  *             device memory when the copy's turn comes; cuMemsetD8 is
  *             legacy-stream work ("Copies" below).
+ *   runtime   no private tables for a real CUDA runtime (cuGetExportTable:
+ *             CUDA_ERROR_NOT_SUPPORTED, and one line naming the file that
+ *             asked): a program with cudart linked in statically cannot
+ *             run here, only one built with -cudart shared, on the fake
+ *             libcudart.
  *   failures  FAKECUDA_FAIL_ALLOC / fail_alloc_after make one cuMemAlloc fail;
  *             FAKECUDA_VMM_REFUSE makes one virtual memory call always fail
  *             (or, =cuMemSetAccess:multi, set access over one mapping only).
@@ -117,6 +122,7 @@
 #undef cuGetProcAddress /* we define both the v1 and the _v2 entry point */
 #undef cuEventElapsedTime /* likewise */
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -3222,10 +3228,36 @@ EXPORT CUresult cuGetErrorString(CUresult e, const char **s) { CALLED(); return 
 
 EXPORT CUresult cuGetErrorName(CUresult e, const char **s) { CALLED(); return error_string(e, s); }
 
+/* cuGetExportTable hands a CUDA runtime the driver's private tables, whose
+ * layout is not published: the fake has none to give. The fake libcudart
+ * never asks; a real runtime does, first thing: one linked into the
+ * program statically (nvcc's default) or a real libcudart.so loaded in
+ * place of the fake's. All its calls then fail with 801, which says
+ * nothing of why, so the first request says it, once, naming the file the
+ * caller lives in (the program itself when the runtime is linked in). */
 EXPORT CUresult cuGetExportTable(const void **table, const CUuuid *id)
 {
     CALLED();
     (void)table, (void)id;
+    static atomic_bool said;
+    if (!atomic_exchange(&said, true)) {
+        Dl_info info;
+        const void *caller = __builtin_return_address(0);
+        const char *who = dladdr(caller, &info) && info.dli_fname && *info.dli_fname
+                              ? info.dli_fname
+                              : "the program";
+        const bool library = strstr(who, "libcudart.so") != NULL;
+        fprintf(stderr,
+                "fake libcuda: %s %s, which asks the driver for private tables "
+                "(cuGetExportTable) that the fake GPU cannot serve: its CUDA calls fail with "
+                "801 \"operation not supported\"; %s\n",
+                who,
+                library ? "is a real CUDA runtime, loaded in place of the fake's libcudart"
+                        : "has the CUDA runtime linked in statically (nvcc's default, "
+                          "-cudart static)",
+                library ? "a program that loads its own runtime cannot run on the fake GPU"
+                        : "build it with nvcc -cudart shared to try it on the fake GPU");
+    }
     return CUDA_ERROR_NOT_SUPPORTED;
 }
 

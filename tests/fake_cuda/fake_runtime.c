@@ -20,7 +20,9 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -632,4 +634,106 @@ EXPORT cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *dat
 {
     ENTER();
     return record(D.LaunchHostFunc(S(s), (CUhostFn)fn, data));
+}
+
+/* ---- what nvcc's generated code calls -------------------------------------------- */
+
+/*
+ * A program built by nvcc registers its device code with the runtime before
+ * main (__cudaRegisterFatBinary, then __cudaRegisterFunction per kernel and
+ * __cudaRegisterVar per device variable) and launches a kernel through
+ * __cudaPushCallConfiguration, __cudaPopCallConfiguration, __cudaGetKernel
+ * and __cudaLaunchKernel (crt/host_runtime.h, crt/device_functions.h).
+ * Without them such a program died in the loader before main ("undefined
+ * symbol: __cudaRegisterFatBinary"), even one with no kernel, so "build it
+ * with -cudart shared" led nowhere. The fake runs no kernels: registration
+ * is accepted and forgotten, so that the program starts and its memory
+ * calls work, and a launch fails with cudaErrorNotSupported (the last error
+ * too), said once on stderr.
+ */
+static void *fatbin_slot;
+
+EXPORT void **__cudaRegisterFatBinary(void *fat_cubin)
+{
+    (void)fat_cubin;
+    return &fatbin_slot;
+}
+
+EXPORT void __cudaRegisterFatBinaryEnd(void **handle) { (void)handle; }
+
+EXPORT void __cudaUnregisterFatBinary(void **handle) { (void)handle; }
+
+EXPORT void __cudaRegisterFunction(void **handle, const char *host_fun, char *device_fun,
+                                   const char *device_name, int thread_limit, uint3 *tid,
+                                   uint3 *bid, dim3 *block_dim, dim3 *grid_dim, int *warp_size)
+{
+    (void)handle, (void)host_fun, (void)device_fun, (void)device_name, (void)thread_limit;
+    (void)tid, (void)bid, (void)block_dim, (void)grid_dim, (void)warp_size;
+}
+
+EXPORT void __cudaRegisterVar(void **handle, char *host_var, char *device_address,
+                              const char *device_name, int ext, size_t size, int constant,
+                              int global)
+{
+    (void)handle, (void)host_var, (void)device_address, (void)device_name, (void)ext;
+    (void)size, (void)constant, (void)global;
+}
+
+EXPORT unsigned __cudaPushCallConfiguration(dim3 grid, dim3 block, size_t shared_mem,
+                                            struct CUstream_st *stream)
+{
+    (void)grid, (void)block, (void)shared_mem, (void)stream;
+    return 0;
+}
+
+EXPORT cudaError_t __cudaPopCallConfiguration(dim3 *grid, dim3 *block, size_t *shared_mem,
+                                              void *stream)
+{
+    const dim3 one = {1, 1, 1};
+    if (grid)
+        *grid = one;
+    if (block)
+        *block = one;
+    if (shared_mem)
+        *shared_mem = 0;
+    if (stream)
+        *(cudaStream_t *)stream = NULL;
+    return cudaSuccess;
+}
+
+EXPORT cudaError_t __cudaGetKernel(cudaKernel_t *kernel, const void *fun)
+{
+    if (kernel)
+        *kernel = (cudaKernel_t)(uintptr_t)fun;
+    return cudaSuccess;
+}
+
+static cudaError_t no_kernels(void)
+{
+    static atomic_bool said;
+    if (!atomic_exchange(&said, true))
+        fprintf(stderr, "fake libcudart: a kernel launch fails with cudaErrorNotSupported: the "
+                        "fake GPU runs no kernels (it tries the allocator, not a workload)\n");
+    return tls_last_error = cudaErrorNotSupported;
+}
+
+EXPORT cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void **args,
+                                      size_t shared_mem, cudaStream_t stream)
+{
+    (void)kernel, (void)grid, (void)block, (void)args, (void)shared_mem, (void)stream;
+    return no_kernels();
+}
+
+EXPORT cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 grid, dim3 block,
+                                           void **args, size_t shared_mem, cudaStream_t stream)
+{
+    (void)kernel, (void)grid, (void)block, (void)args, (void)shared_mem, (void)stream;
+    return no_kernels();
+}
+
+EXPORT cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args,
+                                    size_t shared_mem, cudaStream_t stream)
+{
+    (void)func, (void)grid, (void)block, (void)args, (void)shared_mem, (void)stream;
+    return no_kernels();
 }
