@@ -18,6 +18,20 @@
  *   fake-event-timing  cuEventElapsedTime's codes (never recorded or
  *                  timing disabled: invalid handle; not complete: not
  *                  ready), cuEventCreate's flags, cuCtxGetStreamPriorityRange
+ *   fake-host-memory  page-locked host memory (cuMemHostAlloc,
+ *                  cuMemFreeHost, cuMemHostGetDevicePointer): arguments,
+ *                  pointer attributes as host memory, copies from and to it
+ *                  asynchronous in the Async forms and synchronous in the
+ *                  others, a memset of it synchronous, gone with its context
+ *   fake-peer-copy cuMemcpyPeerAsync between two devices' memory: stream
+ *                  work without host synchronisation; contexts and ranges
+ *                  checked
+ *   fake-pool-access  cuMemPoolSetAccess / cuMemPoolGetAccess: grants kept
+ *                  per device, the owner's access not revocable, arguments
+ *   fake-stream-write  cuStreamWriteValue64 (and the attribute that announces
+ *                  it): stream work, device or page-locked memory only,
+ *                  aligned, flags
+ *   fake-pci-bus-id   cuDeviceGetPCIBusId against CU_DEVICE_ATTRIBUTE_PCI_BUS_ID
  *   fake-visible-devices, fake-visible-uuid, fake-visible-none
  *                  CUDA_VISIBLE_DEVICES, read at cuInit (meson sets it, with
  *                  FAKECUDA_MEM=1GiB,2GiB): "1"; "GPU-fb,0,7,1" (a UUID
@@ -44,6 +58,18 @@ static struct {
     CUresult (*DeviceGetCount)(int *);
     CUresult (*DeviceTotalMem)(size_t *, CUdevice);
     CUresult (*DeviceGetUuid)(CUuuid *, CUdevice);
+    CUresult (*DeviceGetPCIBusId)(char *, int, CUdevice);
+    CUresult (*MemHostAlloc)(void **, size_t, unsigned);
+    CUresult (*MemFreeHost)(void *);
+    CUresult (*MemHostGetDevicePointer)(CUdeviceptr *, void *, unsigned);
+    CUresult (*PointerGetAttribute)(void *, CUpointer_attribute, CUdeviceptr);
+    CUresult (*PointerGetAttributes)(unsigned, CUpointer_attribute *, void **, CUdeviceptr);
+    CUresult (*MemcpyPeerAsync)(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t, CUstream);
+    CUresult (*MemPoolSetAccess)(CUmemoryPool, const CUmemAccessDesc *, size_t);
+    CUresult (*MemPoolGetAccess)(CUmemAccess_flags *, CUmemoryPool, CUmemLocation *);
+    CUresult (*StreamWriteValue64)(CUstream, CUdeviceptr, cuuint64_t, unsigned);
+    CUresult (*GetProcAddress)(const char *, void **, int, cuuint64_t,
+                               CUdriverProcAddressQueryResult *);
 } X;
 
 /* Looked up without stopping the program: a scenario names what it lacks
@@ -63,6 +89,17 @@ static void load_more(void)
     X_CU(DeviceGetCount, "cuDeviceGetCount");
     X_CU(DeviceTotalMem, "cuDeviceTotalMem_v2");
     X_CU(DeviceGetUuid, "cuDeviceGetUuid_v2");
+    X_CU(DeviceGetPCIBusId, "cuDeviceGetPCIBusId");
+    X_CU(MemHostAlloc, "cuMemHostAlloc");
+    X_CU(MemFreeHost, "cuMemFreeHost");
+    X_CU(MemHostGetDevicePointer, "cuMemHostGetDevicePointer_v2");
+    X_CU(PointerGetAttribute, "cuPointerGetAttribute");
+    X_CU(PointerGetAttributes, "cuPointerGetAttributes");
+    X_CU(MemcpyPeerAsync, "cuMemcpyPeerAsync");
+    X_CU(MemPoolSetAccess, "cuMemPoolSetAccess");
+    X_CU(MemPoolGetAccess, "cuMemPoolGetAccess");
+    X_CU(StreamWriteValue64, "cuStreamWriteValue64_v2");
+    X_CU(GetProcAddress, "cuGetProcAddress_v2");
 #undef X_CU
 }
 
@@ -252,6 +289,374 @@ static void fake_event_timing(void)
 /* Visible device `ordinal` is the machine's device `machine` of `mem`
  * bytes: its memory, UUID ("GPU-fa..." is device 0's) and PCI bus (0x10
  * per device) follow it. */
+/* cuGetProcAddress hands out what dlsym finds under the versioned name. */
+static void same_through_proc_address(const char *base, const char *exported)
+{
+    void *fn = NULL;
+    CHECK_EQ(X.GetProcAddress(base, &fn, 13000, 0, NULL), CUDA_SUCCESS);
+    CHECK(fn && fn == dlsym(e2e_open_libcuda(), exported));
+}
+
+static void fake_host_memory(void)
+{
+    start();
+    NEED(MemHostAlloc);
+    NEED(MemFreeHost);
+    NEED(MemHostGetDevicePointer);
+    NEED(PointerGetAttribute);
+    NEED(PointerGetAttributes);
+    NEED(GetProcAddress);
+    same_through_proc_address("cuMemHostAlloc", "cuMemHostAlloc");
+    same_through_proc_address("cuMemFreeHost", "cuMemFreeHost");
+    same_through_proc_address("cuMemHostGetDevicePointer", "cuMemHostGetDevicePointer_v2");
+    CUdevice d0;
+    CHECK_EQ(D.DeviceGet(&d0, 0), CUDA_SUCCESS);
+    int can = 0;
+    CHECK_EQ(D.DeviceGetAttribute(&can, CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, d0), CUDA_SUCCESS);
+    CHECK_EQ(can, 1);
+    enum { N = 1 << 16 };
+
+    /* Arguments: cuda.h's codes. */
+    void *p = NULL;
+    CHECK_EQ(X.MemHostAlloc(NULL, N, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemHostAlloc(&p, 0, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemHostAlloc(&p, N, 0x80), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(D.CtxSetCurrent(NULL), CUDA_SUCCESS);
+    CHECK_EQ(X.MemHostAlloc(&p, N, 0), CUDA_ERROR_INVALID_CONTEXT);
+    CUcontext ctx;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&ctx, d0), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(ctx), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRelease(d0), CUDA_SUCCESS); /* start() holds one too */
+    fakecuda_stats before = fake_stats();
+
+    /* Memory the program writes at once, known to the driver as host
+     * memory of this context. */
+    void *pinned = NULL, *mapped = NULL;
+    CHECK_EQ(X.MemHostAlloc(&pinned, N, CU_MEMHOSTALLOC_PORTABLE), CUDA_SUCCESS);
+    CHECK_EQ(X.MemHostAlloc(&mapped, N, CU_MEMHOSTALLOC_DEVICEMAP), CUDA_SUCCESS);
+    if (!pinned || !mapped)
+        return;
+    fill(pinned, N, 0x01);
+    CHECK_EQ(fake_stats().host_bytes_in_use - before.host_bytes_in_use, 2 * N);
+    const CUdeviceptr at = (CUdeviceptr)(uintptr_t)pinned + 100;
+    unsigned type = 0;
+    CUcontext owner = NULL;
+    CUdeviceptr dev_ptr = 0, start_addr = 0;
+    void *host_ptr = NULL;
+    size_t range = 0;
+    int ordinal = -1, is_mapped = 0;
+    CHECK_EQ(X.PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, at), CUDA_SUCCESS);
+    CHECK_EQ(type, CU_MEMORYTYPE_HOST);
+    CHECK_EQ(X.PointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, at), CUDA_SUCCESS);
+    CHECK(owner == ctx);
+    CHECK_EQ(X.PointerGetAttribute(&host_ptr, CU_POINTER_ATTRIBUTE_HOST_POINTER, at), CUDA_SUCCESS);
+    CHECK(host_ptr == (void *)(uintptr_t)at);
+    CHECK_EQ(X.PointerGetAttribute(&dev_ptr, CU_POINTER_ATTRIBUTE_DEVICE_POINTER, at), CUDA_SUCCESS);
+    CHECK_EQ(dev_ptr, at);
+    CHECK_EQ(X.PointerGetAttribute(&start_addr, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, at),
+             CUDA_SUCCESS);
+    CHECK(start_addr == (CUdeviceptr)(uintptr_t)pinned);
+    CHECK_EQ(X.PointerGetAttribute(&range, CU_POINTER_ATTRIBUTE_RANGE_SIZE, at), CUDA_SUCCESS);
+    CHECK_EQ(range, N);
+    /* The plural form agrees; a device block next to it stays device memory. */
+    CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                   CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                   CU_POINTER_ATTRIBUTE_MAPPED};
+    void *data[] = {&type, &ordinal, &is_mapped};
+    type = 0;
+    CHECK_EQ(X.PointerGetAttributes(3, attrs, data, at), CUDA_SUCCESS);
+    CHECK(type == CU_MEMORYTYPE_HOST && ordinal == 0 && is_mapped == 1);
+    CUdeviceptr dev = alloc_ok(N);
+    CHECK_EQ(X.PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dev), CUDA_SUCCESS);
+    CHECK_EQ(type, CU_MEMORYTYPE_DEVICE);
+    unsigned long long id_host = 0, id_dev = 0;
+    CHECK_EQ(X.PointerGetAttribute(&id_host, CU_POINTER_ATTRIBUTE_BUFFER_ID, at), CUDA_SUCCESS);
+    CHECK_EQ(X.PointerGetAttribute(&id_dev, CU_POINTER_ATTRIBUTE_BUFFER_ID, dev), CUDA_SUCCESS);
+    CHECK(id_host && id_dev && id_host != id_dev);
+
+    /* The device pointer of mapped memory is its host address (unified
+     * addressing), inside it too; unmapped or pageable memory has none. */
+    CUdeviceptr dp = 0;
+    CHECK_EQ(X.MemHostGetDevicePointer(&dp, (char *)mapped + 8, 0), CUDA_SUCCESS);
+    CHECK(dp == (CUdeviceptr)(uintptr_t)mapped + 8);
+    CHECK_EQ(X.MemHostGetDevicePointer(&dp, mapped, 1), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemHostGetDevicePointer(&dp, pinned, 0), CUDA_ERROR_INVALID_VALUE);
+    static unsigned char pageable[N];
+    CHECK_EQ(X.MemHostGetDevicePointer(&dp, pageable, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemHostGetDevicePointer(NULL, mapped, 0), CUDA_ERROR_INVALID_VALUE);
+
+    /* Async copies from page-locked memory read it when their turn comes,
+     * and copies to it write it then: the call does not wait. */
+    CUstream s;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    fill(bytes(dev), N, 0);
+    CHECK_EQ(fakecuda()->launch(s, nothing, NULL), 0);
+    CHECK_EQ(X.MemcpyHtoDAsync(dev, pinned, N, s), CUDA_SUCCESS);
+    fill(pinned, N, 0x02); /* before the stream reached the copy: it sees this */
+    CHECK(holds(bytes(dev), N, 0));
+    CHECK_EQ(fakecuda()->pending(s), 2);
+    fakecuda()->complete(s);
+    CHECK(holds(bytes(dev), N, 0x02));
+    kernel_fill k = {dev, N, 0x03};
+    CHECK_EQ(fakecuda()->launch(s, run_fill, &k), 0);
+    before = fake_stats();
+    CHECK_EQ(X.MemcpyDtoHAsync(pinned, dev, N, s), CUDA_SUCCESS);
+    CHECK(holds(pinned, N, 0x02));
+    CHECK_EQ(fakecuda()->pending(s), 2);
+    CHECK_EQ(fake_stats().host_copy_waits, before.host_copy_waits);
+    CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
+    CHECK(holds(pinned, N, 0x03));
+    /* The synchronous form from page-locked memory is "synchronous with
+     * respect to the host": done when the call returns, after the work
+     * queued before it. */
+    fill(pinned, N, 0x04);
+    kernel_fill k2 = {dev, N, 0x05};
+    CHECK_EQ(fakecuda()->launch(CU_STREAM_LEGACY, run_fill, &k2), 0);
+    CHECK_EQ(X.MemcpyHtoD(dev, pinned, N), CUDA_SUCCESS);
+    CHECK_EQ(fakecuda()->pending(CU_STREAM_LEGACY), 0);
+    CHECK(holds(bytes(dev), N, 0x04));
+    /* A memset of it (through its device address) is done when the call
+     * returns, after the legacy stream's earlier work. */
+    kernel_fill k3 = {(CUdeviceptr)(uintptr_t)mapped, N, 0x06};
+    CHECK_EQ(fakecuda()->launch(CU_STREAM_LEGACY, run_fill, &k3), 0);
+    CHECK_EQ(X.MemsetD8((CUdeviceptr)(uintptr_t)mapped + 16, 0x07, N - 16), CUDA_SUCCESS);
+    CHECK(holds(mapped, 16, 0x06) && holds((char *)mapped + 16, N - 16, 0x07));
+    CHECK_EQ(fakecuda()->pending(CU_STREAM_LEGACY), 0);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(dev), CUDA_SUCCESS);
+
+    /* Freed by its start only, once. */
+    before = fake_stats();
+    CHECK_EQ(X.MemFreeHost((char *)pinned + 8), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemFreeHost(pageable), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemFreeHost(pinned), CUDA_SUCCESS);
+    CHECK_EQ(X.MemFreeHost(pinned), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                   (CUdeviceptr)(uintptr_t)pinned),
+             CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(before.host_bytes_in_use - fake_stats().host_bytes_in_use, N);
+
+    /* Gone with its context ("memory allocations by ... cuMemAllocHost()",
+     * cuCtxDestroy), like cuMemAlloc's. */
+    CUcontext created;
+    CHECK_EQ(D.CtxCreate(&created, NULL, 0, d0), CUDA_SUCCESS);
+    void *doomed = NULL;
+    CHECK_EQ(X.MemHostAlloc(&doomed, N, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxDestroy(created), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(ctx), CUDA_SUCCESS);
+    CHECK_EQ(X.MemFreeHost(doomed), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemFreeHost(mapped), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().host_bytes_in_use, 0);
+}
+
+/* Two devices, a primary context current on each in turn. */
+static CUcontext device_ctx(int ordinal)
+{
+    CUdevice d;
+    CUcontext c = NULL;
+    CHECK_EQ(D.DeviceGet(&d, ordinal), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c, d), CUDA_SUCCESS);
+    return c;
+}
+
+static void fake_peer_copy(void)
+{
+    start();
+    NEED(MemcpyPeerAsync);
+    same_through_proc_address("cuMemcpyPeerAsync", "cuMemcpyPeerAsync");
+    enum { N = 1 << 16 };
+    CUcontext c0 = device_ctx(0), c1 = device_ctx(1);
+    CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
+    CUdeviceptr b1 = alloc_ok(N);
+    CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+    CUdeviceptr a0 = alloc_ok(N);
+    fill(bytes(a0), N, 0x61);
+    fill(bytes(b1), N, 0);
+    CUstream s;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+
+    /* Device to device: queued behind the stream's work, no host wait. */
+    CHECK_EQ(fakecuda()->launch(s, nothing, NULL), 0);
+    fakecuda_stats before = fake_stats();
+    CHECK_EQ(X.MemcpyPeerAsync(b1, c1, a0, c0, N, s), CUDA_SUCCESS);
+    CHECK(holds(bytes(b1), N, 0));
+    CHECK_EQ(fakecuda()->pending(s), 2);
+    CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
+    CHECK(holds(bytes(b1), N, 0x61));
+    CHECK_EQ(fake_stats().peer_copies - before.peer_copies, 1);
+    CHECK_EQ(fake_stats().host_copy_waits, before.host_copy_waits);
+
+    /* Each address must be its context's device memory, whole. */
+    CHECK_EQ(X.MemcpyPeerAsync(b1, c0, a0, c0, N, s), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemcpyPeerAsync(b1, c1, a0, c1, N, s), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemcpyPeerAsync(b1 + 8, c1, a0, c0, N, s), CUDA_ERROR_INVALID_VALUE);
+    static unsigned char host[N];
+    CHECK_EQ(X.MemcpyPeerAsync(b1, c1, (CUdeviceptr)(uintptr_t)host, c0, N, s),
+             CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemcpyPeerAsync(b1, c1, a0, c0, 0, s), CUDA_SUCCESS);
+    /* Contexts: none, or one that is gone. */
+    CHECK_EQ(X.MemcpyPeerAsync(b1, NULL, a0, c0, N, s), CUDA_ERROR_INVALID_CONTEXT);
+    CUcontext created;
+    CUdevice d1;
+    CHECK_EQ(D.DeviceGet(&d1, 1), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxCreate(&created, NULL, 0, d1), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxDestroy(created), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+    CHECK_EQ(X.MemcpyPeerAsync(b1, created, a0, c0, N, s), CUDA_ERROR_INVALID_CONTEXT);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(a0), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(b1), CUDA_SUCCESS);
+}
+
+static CUmemAccessDesc access_of(int device, CUmemAccess_flags flags)
+{
+    CUmemAccessDesc d = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = device},
+                         .flags = flags};
+    return d;
+}
+
+static CUmemAccess_flags pool_access(CUmemoryPool pool, int device)
+{
+    CUmemLocation where = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = device};
+    CUmemAccess_flags f = (CUmemAccess_flags)-1;
+    CHECK_EQ(X.MemPoolGetAccess(&f, pool, &where), CUDA_SUCCESS);
+    return f;
+}
+
+static void fake_pool_access(void)
+{
+    start();
+    NEED(MemPoolSetAccess);
+    NEED(MemPoolGetAccess);
+    same_through_proc_address("cuMemPoolSetAccess", "cuMemPoolSetAccess");
+    CUdevice d0;
+    CHECK_EQ(D.DeviceGet(&d0, 0), CUDA_SUCCESS);
+    CUmemoryPool pool;
+    CHECK_EQ(D.DeviceGetDefaultMemPool(&pool, d0), CUDA_SUCCESS);
+    CHECK_EQ(pool_access(pool, 0), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CHECK_EQ(pool_access(pool, 1), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+
+    /* A grant, replaced by a later one, taken back. */
+    fakecuda_stats before = fake_stats();
+    CUmemAccessDesc both[] = {access_of(0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
+                              access_of(1, CU_MEM_ACCESS_FLAGS_PROT_READWRITE)};
+    CHECK_EQ(X.MemPoolSetAccess(pool, both, 2), CUDA_SUCCESS);
+    CHECK_EQ(pool_access(pool, 1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CUmemAccessDesc read = access_of(1, CU_MEM_ACCESS_FLAGS_PROT_READ);
+    CHECK_EQ(X.MemPoolSetAccess(pool, &read, 1), CUDA_SUCCESS);
+    CHECK_EQ(pool_access(pool, 1), CU_MEM_ACCESS_FLAGS_PROT_READ);
+    CUmemAccessDesc none = access_of(1, CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    CHECK_EQ(X.MemPoolSetAccess(pool, &none, 1), CUDA_SUCCESS);
+    CHECK_EQ(pool_access(pool, 1), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    CHECK_EQ(fake_stats().pool_access_calls - before.pool_access_calls, 3);
+    CHECK_EQ(X.MemPoolSetAccess(pool, NULL, 0), CUDA_SUCCESS);
+
+    /* Refused, and nothing changed: the owner's access ("cannot be
+     * revoked"), a device that is not there, unknown flags, a pool the
+     * driver never made, descriptors missing. */
+    CUmemAccessDesc bad[] = {access_of(1, CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
+                             access_of(0, CU_MEM_ACCESS_FLAGS_PROT_READ)};
+    CHECK_EQ(X.MemPoolSetAccess(pool, bad, 2), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(pool_access(pool, 1), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    CHECK_EQ(pool_access(pool, 0), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CUmemAccessDesc nowhere = access_of(7, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CHECK_EQ(X.MemPoolSetAccess(pool, &nowhere, 1), CUDA_ERROR_INVALID_VALUE);
+    CUmemAccessDesc odd = access_of(1, (CUmemAccess_flags)2);
+    CHECK_EQ(X.MemPoolSetAccess(pool, &odd, 1), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemPoolSetAccess((CUmemoryPool)(uintptr_t)0x1234, both, 2),
+             CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemPoolSetAccess(pool, NULL, 1), CUDA_ERROR_INVALID_VALUE);
+    CUmemLocation where = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 9};
+    CUmemAccess_flags f;
+    CHECK_EQ(X.MemPoolGetAccess(&f, pool, &where), CUDA_ERROR_INVALID_VALUE);
+
+    /* A created pool on device 1 has its own grants. */
+    CUmemPoolProps props = {.allocType = CU_MEM_ALLOCATION_TYPE_PINNED,
+                            .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 1}};
+    CUmemoryPool made;
+    CHECK_EQ(D.MemPoolCreate(&made, &props), CUDA_SUCCESS);
+    CHECK_EQ(pool_access(made, 1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CUmemAccessDesc to0 = access_of(0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CHECK_EQ(X.MemPoolSetAccess(made, &to0, 1), CUDA_SUCCESS);
+    CHECK_EQ(pool_access(made, 0), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CHECK_EQ(pool_access(pool, 1), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+}
+
+static void fake_stream_write(void)
+{
+    start();
+    NEED(StreamWriteValue64);
+    NEED(MemHostAlloc);
+    same_through_proc_address("cuStreamWriteValue64", "cuStreamWriteValue64_v2");
+    CUdevice d0;
+    CHECK_EQ(D.DeviceGet(&d0, 0), CUDA_SUCCESS);
+    int ops = 0;
+    CHECK_EQ(D.DeviceGetAttribute(&ops, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, d0),
+             CUDA_SUCCESS);
+    CHECK_EQ(ops, 1);
+    enum { N = 4096 };
+    CUdeviceptr dev = alloc_ok(N);
+    fill(bytes(dev), N, 0);
+    CUstream s;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+
+    /* Written when the stream reaches it. */
+    const uint64_t v = UINT64_C(0x0123456789abcdef);
+    CHECK_EQ(fakecuda()->launch(s, nothing, NULL), 0);
+    CHECK_EQ(X.StreamWriteValue64(s, dev + 64, v, CU_STREAM_WRITE_VALUE_DEFAULT), CUDA_SUCCESS);
+    CHECK_EQ(*(uint64_t *)(uintptr_t)(dev + 64), 0);
+    CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
+    CHECK_EQ(*(uint64_t *)(uintptr_t)(dev + 64), v);
+    /* Into page-locked host memory too, at its device address. */
+    void *pinned = NULL;
+    CHECK_EQ(X.MemHostAlloc(&pinned, N, CU_MEMHOSTALLOC_DEVICEMAP), CUDA_SUCCESS);
+    CHECK_EQ(X.StreamWriteValue64(s, (CUdeviceptr)(uintptr_t)pinned + N - 8, v,
+                                  CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER),
+             CUDA_SUCCESS);
+    CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
+    CHECK_EQ(*(uint64_t *)((char *)pinned + N - 8), v);
+
+    /* Refused: pageable memory, past the end, unaligned, unknown flags, a
+     * stream that is gone. */
+    static uint64_t pageable[4];
+    CHECK_EQ(X.StreamWriteValue64(s, (CUdeviceptr)(uintptr_t)pageable, v, 0),
+             CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.StreamWriteValue64(s, dev + N, v, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.StreamWriteValue64(s, dev + 4, v, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.StreamWriteValue64(s, dev, v, 2), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(fake_stats().stream_value_writes, 2);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+    CHECK_EQ(X.StreamWriteValue64(s, dev, v, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemFreeHost(pinned), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(dev), CUDA_SUCCESS);
+}
+
+static void fake_pci_bus_id(void)
+{
+    start();
+    NEED(DeviceGetPCIBusId);
+    char id[16];
+    for (int ordinal = 0; ordinal < 2; ordinal++) {
+        CUdevice d;
+        int bus = -1;
+        CHECK_EQ(D.DeviceGet(&d, ordinal), CUDA_SUCCESS);
+        CHECK_EQ(D.DeviceGetAttribute(&bus, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, d), CUDA_SUCCESS);
+        char want[16];
+        snprintf(want, sizeof want, "0000:%02x:00.0", (unsigned)bus);
+        CHECK_EQ(X.DeviceGetPCIBusId(id, sizeof id, d), CUDA_SUCCESS);
+        CHECK(strcmp(id, want) == 0);
+        CHECK_EQ(strlen(id) + 1, 13); /* "13 characters including the NULL-terminator" */
+    }
+    /* A short buffer gets the string cut, terminated. */
+    memset(id, 'x', sizeof id);
+    CHECK_EQ(X.DeviceGetPCIBusId(id, 5, 0), CUDA_SUCCESS);
+    CHECK(strcmp(id, "0000") == 0);
+    CHECK_EQ(X.DeviceGetPCIBusId(id, sizeof id, 2), CUDA_ERROR_INVALID_DEVICE);
+    CHECK_EQ(X.DeviceGetPCIBusId(NULL, 13, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.DeviceGetPCIBusId(id, 0, 0), CUDA_ERROR_INVALID_VALUE);
+}
+
 static void check_visible(int ordinal, int machine, size_t mem)
 {
     size_t total = 0;
@@ -305,6 +710,11 @@ int main(int argc, char **argv)
         {"fake-copies", fake_copies},
         {"fake-free-sync", fake_free_sync},
         {"fake-event-timing", fake_event_timing},
+        {"fake-host-memory", fake_host_memory},
+        {"fake-peer-copy", fake_peer_copy},
+        {"fake-pool-access", fake_pool_access},
+        {"fake-stream-write", fake_stream_write},
+        {"fake-pci-bus-id", fake_pci_bus_id},
         {"fake-visible-devices", fake_visible_devices},
         {"fake-visible-uuid", fake_visible_uuid},
         {"fake-visible-none", fake_visible_none},
