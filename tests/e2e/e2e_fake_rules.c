@@ -32,6 +32,13 @@
  *                  it): stream work, device or page-locked memory only,
  *                  aligned, flags
  *   fake-pci-bus-id   cuDeviceGetPCIBusId against CU_DEVICE_ATTRIBUTE_PCI_BUS_ID
+ *   fake-nvml, fake-nvml-visible  the fake NVML (tests/fake_cuda/nvml,
+ *                  on the loader's path for these two only): init counted,
+ *                  calls refused before it, the driver version and its
+ *                  buffer, each CUDA device found by the bus id the fake
+ *                  driver gives it (with CUDA_VISIBLE_DEVICES=1, which NVML
+ *                  ignores, too), the three bus id formats, PCIe link, MIG
+ *                  mode, the NVLink count field
  *   fake-visible-devices, fake-visible-uuid, fake-visible-none
  *                  CUDA_VISIBLE_DEVICES, read at cuInit (meson sets it, with
  *                  FAKECUDA_MEM=1GiB,2GiB): "1"; "GPU-fb,0,7,1" (a UUID
@@ -657,6 +664,143 @@ static void fake_pci_bus_id(void)
     CHECK_EQ(X.DeviceGetPCIBusId(id, 0, 0), CUDA_ERROR_INVALID_VALUE);
 }
 
+/* NVML, as a framework reaches it: dlopen by soname, each function by
+ * name. Types as nvml.h has them (int results, opaque device handles). */
+typedef struct {
+    unsigned int fieldId, scopeId;
+    long long timestamp, latencyUsec;
+    int valueType, nvmlReturn;
+    union {
+        double d;
+        unsigned int ui;
+        unsigned long long ull;
+    } value;
+} nvml_field_value;
+
+static struct {
+    int (*Init)(void);
+    int (*Shutdown)(void);
+    const char *(*ErrorString)(int);
+    int (*SystemGetDriverVersion)(char *, unsigned);
+    int (*DeviceGetCount)(unsigned *);
+    int (*DeviceGetHandleByIndex)(unsigned, void **);
+    int (*DeviceGetHandleByPciBusId)(const char *, void **);
+    int (*DeviceGetCurrPcieLinkGeneration)(void *, unsigned *);
+    int (*DeviceGetCurrPcieLinkWidth)(void *, unsigned *);
+    int (*DeviceGetMigMode)(void *, unsigned *, unsigned *);
+    int (*DeviceGetFieldValues)(void *, int, nvml_field_value *);
+} N;
+
+enum { NVML_OK = 0, NVML_UNINITIALIZED = 1, NVML_INVALID_ARGUMENT = 2, NVML_NOT_SUPPORTED = 3,
+       NVML_NOT_FOUND = 6, NVML_INSUFFICIENT_SIZE = 7 };
+
+static bool load_nvml(void)
+{
+    void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        fprintf(stderr, "no libnvidia-ml.so.1 on the loader's path: %s\n", dlerror());
+        e2e_failures++;
+        return false;
+    }
+#define N_FN(field, name) *(void **)&N.field = e2e_dlsym(h, name)
+    N_FN(Init, "nvmlInit_v2");
+    N_FN(Shutdown, "nvmlShutdown");
+    N_FN(ErrorString, "nvmlErrorString");
+    N_FN(SystemGetDriverVersion, "nvmlSystemGetDriverVersion");
+    N_FN(DeviceGetCount, "nvmlDeviceGetCount_v2");
+    N_FN(DeviceGetHandleByIndex, "nvmlDeviceGetHandleByIndex_v2");
+    N_FN(DeviceGetHandleByPciBusId, "nvmlDeviceGetHandleByPciBusId_v2");
+    N_FN(DeviceGetCurrPcieLinkGeneration, "nvmlDeviceGetCurrPcieLinkGeneration");
+    N_FN(DeviceGetCurrPcieLinkWidth, "nvmlDeviceGetCurrPcieLinkWidth");
+    N_FN(DeviceGetMigMode, "nvmlDeviceGetMigMode");
+    N_FN(DeviceGetFieldValues, "nvmlDeviceGetFieldValues");
+#undef N_FN
+    return true;
+}
+
+/* NVML's handle of the device at the bus id the fake driver gives CUDA
+ * device `ordinal`, and that of NVML's device `nvml_index`: the same. */
+static void check_nvml_device(int ordinal, unsigned nvml_index)
+{
+    char bus[16];
+    CHECK_EQ(X.DeviceGetPCIBusId(bus, sizeof bus, ordinal), CUDA_SUCCESS);
+    void *by_bus = NULL, *by_index = NULL;
+    CHECK_EQ(N.DeviceGetHandleByPciBusId(bus, &by_bus), NVML_OK);
+    CHECK_EQ(N.DeviceGetHandleByIndex(nvml_index, &by_index), NVML_OK);
+    CHECK(by_bus && by_bus == by_index);
+    /* NVML's own long form (8 hex digits of domain), and bus:device.function. */
+    char longer[32], shorter[16];
+    snprintf(longer, sizeof longer, "0000%s", bus);
+    snprintf(shorter, sizeof shorter, "%s", bus + 5);
+    void *h = NULL;
+    CHECK_EQ(N.DeviceGetHandleByPciBusId(longer, &h), NVML_OK);
+    CHECK(h == by_bus);
+    h = NULL;
+    CHECK_EQ(N.DeviceGetHandleByPciBusId(shorter, &h), NVML_OK);
+    CHECK(h == by_bus);
+}
+
+static void nvml_checks(int cuda_devices, const unsigned *nvml_index_of)
+{
+    start();
+    NEED(DeviceGetPCIBusId);
+    if (!load_nvml())
+        return;
+    /* Nothing answers before nvmlInit but the error strings. */
+    unsigned n = 0;
+    CHECK_EQ(N.DeviceGetCount(&n), NVML_UNINITIALIZED);
+    CHECK_EQ(N.Shutdown(), NVML_UNINITIALIZED);
+    CHECK(strcmp(N.ErrorString(NVML_NOT_FOUND), "Not Found") == 0);
+    CHECK_EQ(N.Init(), NVML_OK);
+    CHECK_EQ(N.Init(), NVML_OK); /* counted: two shutdowns to end it */
+
+    char version[80];
+    CHECK_EQ(N.SystemGetDriverVersion(version, 4), NVML_INSUFFICIENT_SIZE);
+    CHECK_EQ(N.SystemGetDriverVersion(version, sizeof version), NVML_OK);
+    unsigned major = 0;
+    CHECK(sscanf(version, "%u.", &major) == 1 && major >= 525);
+    /* NVML sees the machine's devices, whatever CUDA_VISIBLE_DEVICES says. */
+    CHECK_EQ(N.DeviceGetCount(&n), NVML_OK);
+    CHECK_EQ(n, 2);
+    for (int d = 0; d < cuda_devices; d++)
+        check_nvml_device(d, nvml_index_of[d]);
+    void *h = NULL;
+    CHECK_EQ(N.DeviceGetHandleByPciBusId("0000:77:00.0", &h), NVML_NOT_FOUND);
+    CHECK_EQ(N.DeviceGetHandleByPciBusId("bus 16", &h), NVML_INVALID_ARGUMENT);
+    CHECK_EQ(N.DeviceGetHandleByIndex(2, &h), NVML_INVALID_ARGUMENT);
+
+    CHECK_EQ(N.DeviceGetHandleByIndex(0, &h), NVML_OK);
+    unsigned gen = 0, width = 0, mig = 9, pending = 9;
+    CHECK_EQ(N.DeviceGetCurrPcieLinkGeneration(h, &gen), NVML_OK);
+    CHECK_EQ(N.DeviceGetCurrPcieLinkWidth(h, &width), NVML_OK);
+    CHECK(gen == 5 && width == 16);
+    CHECK_EQ(N.DeviceGetMigMode(h, &mig, &pending), NVML_OK);
+    CHECK(mig == 0 && pending == 0);
+    CHECK_EQ(N.DeviceGetCurrPcieLinkWidth((void *)&n, &width), NVML_INVALID_ARGUMENT);
+    nvml_field_value f[2] = {{.fieldId = 91, .nvmlReturn = -1}, {.fieldId = 1, .nvmlReturn = -1}};
+    CHECK_EQ(sizeof f[0], 40);
+    CHECK_EQ(N.DeviceGetFieldValues(h, 2, f), NVML_OK);
+    CHECK(f[0].nvmlReturn == NVML_OK && f[0].valueType == 1 && f[0].value.ui == 0);
+    CHECK_EQ(f[1].nvmlReturn, NVML_NOT_SUPPORTED);
+
+    CHECK_EQ(N.Shutdown(), NVML_OK);
+    CHECK_EQ(N.DeviceGetCount(&n), NVML_OK);
+    CHECK_EQ(N.Shutdown(), NVML_OK);
+    CHECK_EQ(N.DeviceGetCount(&n), NVML_UNINITIALIZED);
+}
+
+static void fake_nvml(void)
+{
+    static const unsigned same[] = {0, 1};
+    nvml_checks(2, same);
+}
+
+static void fake_nvml_visible(void) /* CUDA_VISIBLE_DEVICES=1 */
+{
+    static const unsigned second[] = {1};
+    nvml_checks(1, second);
+}
+
 static void check_visible(int ordinal, int machine, size_t mem)
 {
     size_t total = 0;
@@ -715,6 +859,8 @@ int main(int argc, char **argv)
         {"fake-pool-access", fake_pool_access},
         {"fake-stream-write", fake_stream_write},
         {"fake-pci-bus-id", fake_pci_bus_id},
+        {"fake-nvml", fake_nvml},
+        {"fake-nvml-visible", fake_nvml_visible},
         {"fake-visible-devices", fake_visible_devices},
         {"fake-visible-uuid", fake_visible_uuid},
         {"fake-visible-none", fake_visible_none},

@@ -1205,7 +1205,9 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
  *     of compute capability 9.0 (threads, block and grid dimensions, shared
  *     memory and registers per block and per multiprocessor);
  *   - the product's, from the H100 SXM5 (132 multiprocessors, a 50 MiB L2,
- *     a 5120-bit memory bus); cuDeviceGetName still says "Fake CUDA device".
+ *     a 5120-bit memory bus, 1980 MHz boost and 2619 MHz memory clocks: XLA
+ *     derives bandwidths from the clocks and warns when they are 0);
+ *     cuDeviceGetName still says "Fake CUDA device".
  * Page-locked host memory from cuMemHostAlloc is modelled, so the device
  * can map host memory (CAN_MAP_HOST_MEMORY) and reach it at its host
  * address (CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM, which makes
@@ -1250,6 +1252,8 @@ static const struct {
     {CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS, 1},
     {CU_DEVICE_ATTRIBUTE_ECC_ENABLED, 1},
     {CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH, 5120},
+    {CU_DEVICE_ATTRIBUTE_CLOCK_RATE, 1980000},        /* kHz */
+    {CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE, 2619000}, /* kHz */
     {CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, 50 << 20},
     {CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, 2048},
     {CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 1},
