@@ -25,7 +25,7 @@
  *                  others, a memset of it synchronous, gone with its context
  *   fake-peer-copy cuMemcpyPeerAsync between two devices' memory: stream
  *                  work without host synchronisation; contexts and ranges
- *                  checked
+ *                  checked, a range over neighbouring mappings accepted
  *   fake-pool-access  cuMemPoolSetAccess / cuMemPoolGetAccess: grants kept
  *                  per device, the owner's access not revocable, arguments
  *   fake-stream-write  cuStreamWriteValue64 (and the attribute that announces
@@ -510,6 +510,35 @@ static void fake_peer_copy(void)
     CHECK_EQ(D.CtxDestroy(created), CUDA_SUCCESS);
     CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
     CHECK_EQ(X.MemcpyPeerAsync(b1, created, a0, c0, N, s), CUDA_ERROR_INVALID_CONTEXT);
+
+    /* Virtual memory: a range over two neighbouring mappings of device 1's
+     * memory is one range of addresses (a pool's granules are mapped so);
+     * one that runs past the last mapping is not device memory. */
+    const size_t g = 2 << 20;
+    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 1}};
+    CUdeviceptr va = 0, big = 0;
+    CUmemGenericAllocationHandle h[2];
+    CHECK_EQ(D.MemAddressReserve(&va, 3 * g, 0, 0, 0), CUDA_SUCCESS);
+    for (int i = 0; i < 2; i++) {
+        CHECK_EQ(D.MemCreate(&h[i], g, &prop, 0), CUDA_SUCCESS);
+        CHECK_EQ(D.MemMap(va + (size_t)i * g, g, 0, h[i], 0), CUDA_SUCCESS);
+    }
+    CUmemAccessDesc rw = {.location = prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    CHECK_EQ(D.MemSetAccess(va, 2 * g, &rw, 1), CUDA_SUCCESS);
+    CHECK_EQ(D.MemAlloc(&big, 2 * g), CUDA_SUCCESS);
+    fill(bytes(big), 2 * g, 0x62);
+    CHECK_EQ(X.MemcpyPeerAsync(va + g / 2, c1, big, c0, g, s), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
+    CHECK(holds(bytes(va + g / 2), g, 0x62));
+    CHECK_EQ(X.MemcpyPeerAsync(va + g, c1, big, c0, 2 * g, s), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemcpyPeerAsync(va, c0, big, c0, g, s), CUDA_ERROR_INVALID_VALUE);
+    for (int i = 0; i < 2; i++) {
+        CHECK_EQ(D.MemUnmap(va + (size_t)i * g, g), CUDA_SUCCESS);
+        CHECK_EQ(D.MemRelease(h[i]), CUDA_SUCCESS);
+    }
+    CHECK_EQ(D.MemAddressFree(va, 3 * g), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(big), CUDA_SUCCESS);
     CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
     CHECK_EQ(D.MemFree(a0), CUDA_SUCCESS);
     CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);

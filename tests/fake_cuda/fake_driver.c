@@ -3233,17 +3233,14 @@ EXPORT CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream s
  * (CUDA_ERROR_INVALID_CONTEXT) and each address inside device memory of its
  * context's device, an allocation or a mapping, with the whole range there
  * (CUDA_ERROR_INVALID_VALUE). */
-static int vmm_mapping_device(CUdeviceptr ptr);
+static bool vmm_mapped_on(CUdeviceptr p, size_t n, int dev);
 
 static bool device_range_of(CUdeviceptr p, size_t n, const fctx *c)
 {
     const allocation *a = find_alloc(p, true);
     if (a)
         return a->dev == c->dev && n <= a->base + a->size - p;
-    CUdeviceptr base = 0;
-    size_t size = 0;
-    return vmm_mapping_device(p) == c->dev && vmm_mapping_range(p, &base, &size) &&
-           n <= base + size - p;
+    return vmm_mapped_on(p, n, c->dev);
 }
 
 static CUresult copy_peer(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, CUcontext src_ctx,
@@ -3305,11 +3302,9 @@ static CUresult write_value64(CUstream h, CUdeviceptr addr, cuuint64_t value, un
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     const allocation *a = find_alloc(addr, true);
     const host_allocation *ha = a ? NULL : find_host_alloc(addr, true);
-    CUdeviceptr base = 0;
-    size_t size = 0;
     bool inside = a ? 8 <= a->base + a->size - addr
                   : ha ? 8 <= ha->base + ha->size - addr
-                       : vmm_mapping_range(addr, &base, &size) && 8 <= base + size - addr;
+                       : vmm_mapped_on(addr, 8, -1);
     if (!inside)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     CUresult r = legacy_use(s);
@@ -3593,11 +3588,18 @@ static bool vmm_mapping_range(CUdeviceptr ptr, CUdeviceptr *base, size_t *size)
     return m != NULL;
 }
 
-/* Lock held: the device of the mapping at ptr, or -1 where none is. */
-static int vmm_mapping_device(CUdeviceptr ptr)
+/* Lock held: is [p, p + n) mapped throughout, by mappings of device dev's
+ * memory (-1: any device's)? Neighbouring mappings of one reservation make
+ * one range of addresses, as a pool's granules do. */
+static bool vmm_mapped_on(CUdeviceptr p, size_t n, int dev)
 {
-    const vmm_range *m = vmm_mapping_at(ptr);
-    return m ? m->h->dev : -1;
+    for (CUdeviceptr at = p; at - p < n;) {
+        const vmm_range *m = vmm_mapping_at(at);
+        if (!m || (dev >= 0 && m->h->dev != dev))
+            return false;
+        at = m->base + m->size;
+    }
+    return n > 0;
 }
 
 /* Lock held: is ptr inside a reservation? */
