@@ -10,14 +10,16 @@
 # cut short is made again, never trusted.
 #
 # JAX 0.11 needs Python >= 3.12: pyenv's 3.12 if pyenv has one, else a
-# python3.12 on PATH, else one that uv installs; none of them: the reason is
-# printed and the script exits 0 (the test then skips visibly).
+# python3.12 on PATH, else one that uv installs (uv from PATH, or from PyPI
+# into the cache; its Python is kept in the cache too); none of them: the
+# reason is printed and the script exits 0 (the test then skips visibly).
 #
 #   (no option)  make the environment if missing; print its path last
 #   --find       print its path if it is complete, else exit 1 (no install)
 set -u
 JAX_VERSION=0.11.2
-venv=${BFCSHIM_JAX_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/bfcshim/jax-$JAX_VERSION}
+cache=${XDG_CACHE_HOME:-$HOME/.cache}/bfcshim
+venv=${BFCSHIM_JAX_VENV:-$cache/jax-$JAX_VERSION}
 stamp=$venv/.bfcshim-jax-$JAX_VERSION
 
 if [ -f "$stamp" ] && "$venv/bin/python" -c "import jax" >/dev/null 2>&1; then
@@ -42,11 +44,15 @@ if [ -z "$py" ]; then
         fi
     done
 fi
-use_uv=
+uv=
 if [ -z "$py" ]; then
-    if command -v uv >/dev/null 2>&1; then
-        use_uv=1
-    else
+    uv=$(command -v uv 2>/dev/null)
+    [ -z "$uv" ] && [ -x "$cache/uv/bin/uv" ] && uv=$cache/uv/bin/uv
+    if [ -z "$uv" ] && python3 -m pip install -q --disable-pip-version-check \
+            --target "$cache/uv" uv >/dev/null 2>&1; then
+        uv=$cache/uv/bin/uv
+    fi
+    if [ -z "$uv" ] || [ ! -x "$uv" ]; then
         say "no Python >= 3.12 (pyenv, PATH) and no uv to install one"
         exit 0
     fi
@@ -55,9 +61,10 @@ fi
 started=$SECONDS
 rm -rf "$venv"
 mkdir -p "$(dirname "$venv")"
-if [ -n "$use_uv" ]; then
-    uv venv -q --seed --python 3.12 "$venv" >/dev/null 2>&1 ||
-        { say "uv could not make a Python 3.12 environment"; exit 0; }
+if [ -n "$uv" ]; then
+    UV_PYTHON_INSTALL_DIR=$cache/uv-python "$uv" venv -q --seed --python 3.12 "$venv" \
+            >"$venv.log" 2>&1 ||
+        { say "uv could not make a Python 3.12 environment (see $venv.log)"; exit 0; }
 else
     "$py" -m venv "$venv" >/dev/null 2>&1 ||
         { say "$py -m venv failed"; exit 0; }
