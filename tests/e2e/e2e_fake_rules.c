@@ -381,13 +381,17 @@ static void fake_host_memory(void)
     CHECK_EQ(X.PointerGetAttribute(&id_dev, CU_POINTER_ATTRIBUTE_BUFFER_ID, dev), CUDA_SUCCESS);
     CHECK(id_host && id_dev && id_host != id_dev);
 
-    /* The device pointer of mapped memory is its host address (unified
-     * addressing), inside it too; unmapped or pageable memory has none. */
+    /* The device pointer of page-locked memory is its host address, inside
+     * it too, with or without CU_MEMHOSTALLOC_DEVICEMAP (unified
+     * addressing: "regardless of whether or not the flags ... are
+     * specified"); pageable memory has none. */
     CUdeviceptr dp = 0;
     CHECK_EQ(X.MemHostGetDevicePointer(&dp, (char *)mapped + 8, 0), CUDA_SUCCESS);
     CHECK(dp == (CUdeviceptr)(uintptr_t)mapped + 8);
     CHECK_EQ(X.MemHostGetDevicePointer(&dp, mapped, 1), CUDA_ERROR_INVALID_VALUE);
-    CHECK_EQ(X.MemHostGetDevicePointer(&dp, pinned, 0), CUDA_ERROR_INVALID_VALUE);
+    dp = 0;
+    CHECK_EQ(X.MemHostGetDevicePointer(&dp, pinned, 0), CUDA_SUCCESS);
+    CHECK(dp == (CUdeviceptr)(uintptr_t)pinned);
     static unsigned char pageable[N];
     CHECK_EQ(X.MemHostGetDevicePointer(&dp, pageable, 0), CUDA_ERROR_INVALID_VALUE);
     CHECK_EQ(X.MemHostGetDevicePointer(NULL, mapped, 0), CUDA_ERROR_INVALID_VALUE);

@@ -5,7 +5,8 @@
  * the shim would not.
  *
  * The fake driver serves "device memory" from host memory (mmap, so tests can
- * write and check patterns), keeps several devices with configurable memory,
+ * write and check patterns) and page-locked host memory, keeps several
+ * devices with configurable memory,
  * primary and created contexts, streams whose work completes only when a test
  * says so, events, graph-capture state with CUDA's invalidation rules, and
  * failure injection.

@@ -103,11 +103,17 @@
  *             completes the device's queued work (the programming guide:
  *             cudaFree "causes the GPU to synchronize"); of stream-ordered
  *             memory, not.
- *   copies    stream work, synchronous forms on the legacy stream: a host
- *             source is staged at the call, a host destination written
- *             before the call returns (all host memory is pageable here),
- *             device memory when the copy's turn comes; cuMemsetD8 is
- *             legacy-stream work ("Copies" below).
+ *   host      page-locked host memory (cuMemHostAlloc, cuMemFreeHost,
+ *             cuMemHostGetDevicePointer): host memory the driver knows,
+ *             at one address for host and device, owned by a context
+ *             ("Page-locked host memory" below).
+ *   copies    stream work, synchronous forms on the legacy stream: a
+ *             pageable host source is staged at the call, a pageable host
+ *             destination written before the call returns, page-locked
+ *             memory read and written when the copy's turn comes in the
+ *             Async forms, device memory when the copy's turn comes;
+ *             cuMemcpyPeerAsync between devices; cuMemsetD8 and
+ *             cuStreamWriteValue64 are stream work ("Copies" below).
  *   failures  FAKECUDA_FAIL_ALLOC / fail_alloc_after make one cuMemAlloc fail;
  *             FAKECUDA_VMM_REFUSE makes one virtual memory call always fail
  *             (or, =cuMemSetAccess:multi, set access over one mapping only).
@@ -2935,10 +2941,17 @@ EXPORT CUresult cuMemFreeHost(void *p)
     LEAVE(CUDA_SUCCESS);
 }
 
-/* "will fail if the CU_MEMHOSTALLOC_DEVICEMAP flag was not specified at the
- * time the memory was allocated"; "Flags ... must be set to 0" (cuda.h).
- * An address inside the buffer answers its device address at the same
- * offset, and that is the host address (see the device attributes). */
+/* "Flags ... must be set to 0" (cuda.h). The call's own text says it "will
+ * fail if the CU_MEMHOSTALLOC_DEVICEMAP flag was not specified", but on
+ * devices with unified addressing, as the fake's are, cuda.h's "Automatic
+ * Mapping of Host Allocated Host Memory" holds: such memory "is always
+ * directly accessible from all contexts on all devices that support
+ * unified addressing. This is the case regardless of whether or not the
+ * flags CU_MEMHOSTALLOC_PORTABLE and CU_MEMHOSTALLOC_DEVICEMAP are
+ * specified", at the host address. So any page-locked allocation has a
+ * device pointer (XLA's `vmm` allocator asks for that of PORTABLE memory);
+ * pageable memory has none. An address inside the buffer answers the
+ * device address at the same offset. */
 EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int flags)
 {
     ENTER_API();
@@ -2946,7 +2959,7 @@ EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsign
     if (r != CUDA_SUCCESS)
         LEAVE(r);
     const host_allocation *h = find_host_alloc((uint64_t)(uintptr_t)p, true);
-    if (!pdptr || !h || flags || !(h->flags & CU_MEMHOSTALLOC_DEVICEMAP))
+    if (!pdptr || !h || flags)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     *pdptr = (CUdeviceptr)(uintptr_t)p;
     LEAVE(CUDA_SUCCESS);
