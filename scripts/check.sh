@@ -2,7 +2,8 @@
 # scripts/check.sh - builds bfcshim in every configuration CI cares about and
 # runs the whole test suite in each; the last line reads "N passed, M failed".
 #
-#   default    release + LTO build (what users run): every suite
+#   default    release + LTO build (what users run): every suite (real JAX,
+#              suite jax, only here: sanitizer builds do not define it)
 #   asan       AddressSanitizer + UndefinedBehaviorSanitizer: every suite
 #   tsan       ThreadSanitizer: the multi-threaded suites and the shim end to end
 #   libfuzzer  clang + libFuzzer: a 30-second session per fuzz target
@@ -12,7 +13,11 @@
 set -u
 cd "$(dirname "$0")/.."
 root=$(pwd)
+# What the tests need; a cold machine also makes the JAX environment here
+# (about 1.5 minutes, then cached: scripts/jax-venv.sh).
+deps_started=$SECONDS
 scripts/deps.sh --with-tests || exit 1
+echo "deps: $((SECONDS - deps_started)) s"
 
 passed=0 failed=0 skipped=0
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1

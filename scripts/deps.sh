@@ -4,7 +4,9 @@
 # python3 (tests); with --with-tests also clang and its runtimes (libFuzzer)
 # and chromium (the report is checked in headless Chromium), and from PyPI
 # numba-cuda (Numba's driver layer is a test client: tests/e2e/test_numba.py
-# and tests/python/test_numba_plugin.py, which skip without it).
+# and tests/python/test_numba_plugin.py, which skip without it) and real JAX
+# in a virtual environment of its own, kept between runs in ~/.cache/bfcshim
+# (scripts/jax-venv.sh; tests/e2e/test_jax.py skips without it).
 # Needs root for apt-get; otherwise it names what to install and fails.
 set -u
 want=(meson ninja-build pkg-config zlib1g-dev python3)
@@ -33,6 +35,11 @@ fi
 if [ "${1:-}" = "--with-tests" ] && ! python3 -c "import pytest, filecheck" >/dev/null 2>&1; then
     python3 -m pip install -q "pytest==9.2.0" "filecheck==1.0.6" >/dev/null 2>&1 ||
         echo "bfcshim: could not install pytest and filecheck: test_numba_suite will skip" >&2
+fi
+# JAX needs Python >= 3.12 (this one may be older): its own environment,
+# made once per machine; where it cannot be made, jax-venv.sh says why.
+if [ "${1:-}" = "--with-tests" ]; then
+    "$(dirname "$0")/jax-venv.sh" >/dev/null
 fi
 
 [ ${#missing[@]} -eq 0 ] && exit 0

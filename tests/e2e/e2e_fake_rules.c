@@ -30,6 +30,27 @@
  *                  answered), none for test control; complete_to completes
  *                  a stream up to a position, the legacy stream's earlier
  *                  work with it where a blocking stream joined it
+ *   fake-host-memory  page-locked host memory (cuMemHostAlloc,
+ *                  cuMemFreeHost, cuMemHostGetDevicePointer): arguments,
+ *                  pointer attributes as host memory, copies from and to it
+ *                  asynchronous in the Async forms and synchronous in the
+ *                  others, a memset of it synchronous, gone with its context
+ *   fake-peer-copy cuMemcpyPeerAsync between two devices' memory: stream
+ *                  work without host synchronisation; contexts and ranges
+ *                  checked, a range over neighbouring mappings accepted
+ *   fake-pool-access  cuMemPoolSetAccess / cuMemPoolGetAccess: grants kept
+ *                  per device, the owner's access not revocable, arguments
+ *   fake-stream-write  cuStreamWriteValue64 (and the attribute that announces
+ *                  it): stream work, device or page-locked memory only,
+ *                  aligned, flags
+ *   fake-pci-bus-id   cuDeviceGetPCIBusId against CU_DEVICE_ATTRIBUTE_PCI_BUS_ID
+ *   fake-nvml, fake-nvml-visible  the fake NVML (tests/fake_cuda/nvml,
+ *                  on the loader's path for these two only): init counted,
+ *                  calls refused before it, the driver version and its
+ *                  buffer, each CUDA device found by the bus id the fake
+ *                  driver gives it (with CUDA_VISIBLE_DEVICES=1, which NVML
+ *                  ignores, too), the three bus id formats, PCIe link, MIG
+ *                  mode, the NVLink count field
  *   fake-visible-devices, fake-visible-uuid, fake-visible-none
  *                  CUDA_VISIBLE_DEVICES, read at cuInit (meson sets it, with
  *                  FAKECUDA_MEM=1GiB,2GiB): "1"; "GPU-fb,0,7,1" (a UUID
@@ -57,6 +78,18 @@ static struct {
     CUresult (*DeviceTotalMem)(size_t *, CUdevice);
     CUresult (*DeviceGetUuid)(CUuuid *, CUdevice);
     CUresult (*StreamGetId)(CUstream, unsigned long long *);
+    CUresult (*DeviceGetPCIBusId)(char *, int, CUdevice);
+    CUresult (*MemHostAlloc)(void **, size_t, unsigned);
+    CUresult (*MemFreeHost)(void *);
+    CUresult (*MemHostGetDevicePointer)(CUdeviceptr *, void *, unsigned);
+    CUresult (*PointerGetAttribute)(void *, CUpointer_attribute, CUdeviceptr);
+    CUresult (*PointerGetAttributes)(unsigned, CUpointer_attribute *, void **, CUdeviceptr);
+    CUresult (*MemcpyPeerAsync)(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t, CUstream);
+    CUresult (*MemPoolSetAccess)(CUmemoryPool, const CUmemAccessDesc *, size_t);
+    CUresult (*MemPoolGetAccess)(CUmemAccess_flags *, CUmemoryPool, CUmemLocation *);
+    CUresult (*StreamWriteValue64)(CUstream, CUdeviceptr, cuuint64_t, unsigned);
+    CUresult (*GetProcAddress)(const char *, void **, int, cuuint64_t,
+                               CUdriverProcAddressQueryResult *);
 } X;
 
 /* Looked up without stopping the program: a scenario names what it lacks
@@ -77,6 +110,17 @@ static void load_more(void)
     X_CU(DeviceTotalMem, "cuDeviceTotalMem_v2");
     X_CU(DeviceGetUuid, "cuDeviceGetUuid_v2");
     X_CU(StreamGetId, "cuStreamGetId");
+    X_CU(DeviceGetPCIBusId, "cuDeviceGetPCIBusId");
+    X_CU(MemHostAlloc, "cuMemHostAlloc");
+    X_CU(MemFreeHost, "cuMemFreeHost");
+    X_CU(MemHostGetDevicePointer, "cuMemHostGetDevicePointer_v2");
+    X_CU(PointerGetAttribute, "cuPointerGetAttribute");
+    X_CU(PointerGetAttributes, "cuPointerGetAttributes");
+    X_CU(MemcpyPeerAsync, "cuMemcpyPeerAsync");
+    X_CU(MemPoolSetAccess, "cuMemPoolSetAccess");
+    X_CU(MemPoolGetAccess, "cuMemPoolGetAccess");
+    X_CU(StreamWriteValue64, "cuStreamWriteValue64_v2");
+    X_CU(GetProcAddress, "cuGetProcAddress_v2");
 #undef X_CU
 }
 
@@ -335,9 +379,6 @@ static void fake_counts(void)
     CHECK_EQ(D.EventDestroy(e), CUDA_SUCCESS);
 }
 
-/* Visible device `ordinal` is the machine's device `machine` of `mem`
- * bytes: its memory, UUID ("GPU-fa..." is device 0's) and PCI bus (0x10
- * per device) follow it. */
 static void set_flag(void *arg) { *(bool *)arg = true; }
 
 static void fake_stream_ids(void)
@@ -374,6 +415,547 @@ static void fake_stream_ids(void)
     CHECK_EQ(D.StreamDestroy(s2), CUDA_SUCCESS);
 }
 
+/* cuGetProcAddress hands out what dlsym finds under the versioned name. */
+static void same_through_proc_address(const char *base, const char *exported)
+{
+    void *fn = NULL;
+    CHECK_EQ(X.GetProcAddress(base, &fn, 13000, 0, NULL), CUDA_SUCCESS);
+    CHECK(fn && fn == dlsym(e2e_open_libcuda(), exported));
+}
+
+static void fake_host_memory(void)
+{
+    start();
+    NEED(MemHostAlloc);
+    NEED(MemFreeHost);
+    NEED(MemHostGetDevicePointer);
+    NEED(PointerGetAttribute);
+    NEED(PointerGetAttributes);
+    NEED(GetProcAddress);
+    same_through_proc_address("cuMemHostAlloc", "cuMemHostAlloc");
+    same_through_proc_address("cuMemFreeHost", "cuMemFreeHost");
+    same_through_proc_address("cuMemHostGetDevicePointer", "cuMemHostGetDevicePointer_v2");
+    CUdevice d0;
+    CHECK_EQ(D.DeviceGet(&d0, 0), CUDA_SUCCESS);
+    int can = 0;
+    CHECK_EQ(D.DeviceGetAttribute(&can, CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, d0), CUDA_SUCCESS);
+    CHECK_EQ(can, 1);
+    enum { N = 1 << 16 };
+
+    /* Arguments: cuda.h's codes. */
+    void *p = NULL;
+    CHECK_EQ(X.MemHostAlloc(NULL, N, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemHostAlloc(&p, 0, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemHostAlloc(&p, N, 0x80), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(D.CtxSetCurrent(NULL), CUDA_SUCCESS);
+    CHECK_EQ(X.MemHostAlloc(&p, N, 0), CUDA_ERROR_INVALID_CONTEXT);
+    CUcontext ctx;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&ctx, d0), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(ctx), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRelease(d0), CUDA_SUCCESS); /* start() holds one too */
+    fakecuda_stats before = fake_stats();
+
+    /* Memory the program writes at once, known to the driver as host
+     * memory of this context. */
+    void *pinned = NULL, *mapped = NULL;
+    CHECK_EQ(X.MemHostAlloc(&pinned, N, CU_MEMHOSTALLOC_PORTABLE), CUDA_SUCCESS);
+    CHECK_EQ(X.MemHostAlloc(&mapped, N, CU_MEMHOSTALLOC_DEVICEMAP), CUDA_SUCCESS);
+    if (!pinned || !mapped)
+        return;
+    fill(pinned, N, 0x01);
+    CHECK_EQ(fake_stats().host_bytes_in_use - before.host_bytes_in_use, 2 * N);
+    const CUdeviceptr at = (CUdeviceptr)(uintptr_t)pinned + 100;
+    unsigned type = 0;
+    CUcontext owner = NULL;
+    CUdeviceptr dev_ptr = 0, start_addr = 0;
+    void *host_ptr = NULL;
+    size_t range = 0;
+    int ordinal = -1, is_mapped = 0;
+    CHECK_EQ(X.PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, at), CUDA_SUCCESS);
+    CHECK_EQ(type, CU_MEMORYTYPE_HOST);
+    CHECK_EQ(X.PointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, at), CUDA_SUCCESS);
+    CHECK(owner == ctx);
+    CHECK_EQ(X.PointerGetAttribute(&host_ptr, CU_POINTER_ATTRIBUTE_HOST_POINTER, at), CUDA_SUCCESS);
+    CHECK(host_ptr == (void *)(uintptr_t)at);
+    CHECK_EQ(X.PointerGetAttribute(&dev_ptr, CU_POINTER_ATTRIBUTE_DEVICE_POINTER, at), CUDA_SUCCESS);
+    CHECK_EQ(dev_ptr, at);
+    CHECK_EQ(X.PointerGetAttribute(&start_addr, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, at),
+             CUDA_SUCCESS);
+    CHECK(start_addr == (CUdeviceptr)(uintptr_t)pinned);
+    CHECK_EQ(X.PointerGetAttribute(&range, CU_POINTER_ATTRIBUTE_RANGE_SIZE, at), CUDA_SUCCESS);
+    CHECK_EQ(range, N);
+    /* The plural form agrees; a device block next to it stays device memory. */
+    CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                   CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                   CU_POINTER_ATTRIBUTE_MAPPED};
+    void *data[] = {&type, &ordinal, &is_mapped};
+    type = 0;
+    CHECK_EQ(X.PointerGetAttributes(3, attrs, data, at), CUDA_SUCCESS);
+    CHECK(type == CU_MEMORYTYPE_HOST && ordinal == 0 && is_mapped == 1);
+    CUdeviceptr dev = alloc_ok(N);
+    CHECK_EQ(X.PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dev), CUDA_SUCCESS);
+    CHECK_EQ(type, CU_MEMORYTYPE_DEVICE);
+    unsigned long long id_host = 0, id_dev = 0;
+    CHECK_EQ(X.PointerGetAttribute(&id_host, CU_POINTER_ATTRIBUTE_BUFFER_ID, at), CUDA_SUCCESS);
+    CHECK_EQ(X.PointerGetAttribute(&id_dev, CU_POINTER_ATTRIBUTE_BUFFER_ID, dev), CUDA_SUCCESS);
+    CHECK(id_host && id_dev && id_host != id_dev);
+
+    /* The device pointer of page-locked memory is its host address, inside
+     * it too, with or without CU_MEMHOSTALLOC_DEVICEMAP (unified
+     * addressing: "regardless of whether or not the flags ... are
+     * specified"); pageable memory has none. */
+    CUdeviceptr dp = 0;
+    CHECK_EQ(X.MemHostGetDevicePointer(&dp, (char *)mapped + 8, 0), CUDA_SUCCESS);
+    CHECK(dp == (CUdeviceptr)(uintptr_t)mapped + 8);
+    CHECK_EQ(X.MemHostGetDevicePointer(&dp, mapped, 1), CUDA_ERROR_INVALID_VALUE);
+    dp = 0;
+    CHECK_EQ(X.MemHostGetDevicePointer(&dp, pinned, 0), CUDA_SUCCESS);
+    CHECK(dp == (CUdeviceptr)(uintptr_t)pinned);
+    static unsigned char pageable[N];
+    CHECK_EQ(X.MemHostGetDevicePointer(&dp, pageable, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemHostGetDevicePointer(NULL, mapped, 0), CUDA_ERROR_INVALID_VALUE);
+
+    /* Async copies from page-locked memory read it when their turn comes,
+     * and copies to it write it then: the call does not wait. */
+    CUstream s;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    fill(bytes(dev), N, 0);
+    CHECK_EQ(fakecuda()->launch(s, nothing, NULL), 0);
+    CHECK_EQ(X.MemcpyHtoDAsync(dev, pinned, N, s), CUDA_SUCCESS);
+    fill(pinned, N, 0x02); /* before the stream reached the copy: it sees this */
+    CHECK(holds(bytes(dev), N, 0));
+    CHECK_EQ(fakecuda()->pending(s), 2);
+    fakecuda()->complete(s);
+    CHECK(holds(bytes(dev), N, 0x02));
+    kernel_fill k = {dev, N, 0x03};
+    CHECK_EQ(fakecuda()->launch(s, run_fill, &k), 0);
+    before = fake_stats();
+    CHECK_EQ(X.MemcpyDtoHAsync(pinned, dev, N, s), CUDA_SUCCESS);
+    CHECK(holds(pinned, N, 0x02));
+    CHECK_EQ(fakecuda()->pending(s), 2);
+    CHECK_EQ(fake_stats().host_copy_waits, before.host_copy_waits);
+    CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
+    CHECK(holds(pinned, N, 0x03));
+    /* The synchronous form from page-locked memory is "synchronous with
+     * respect to the host": done when the call returns, after the work
+     * queued before it. */
+    fill(pinned, N, 0x04);
+    kernel_fill k2 = {dev, N, 0x05};
+    CHECK_EQ(fakecuda()->launch(CU_STREAM_LEGACY, run_fill, &k2), 0);
+    CHECK_EQ(X.MemcpyHtoD(dev, pinned, N), CUDA_SUCCESS);
+    CHECK_EQ(fakecuda()->pending(CU_STREAM_LEGACY), 0);
+    CHECK(holds(bytes(dev), N, 0x04));
+    /* A memset of it (through its device address) is done when the call
+     * returns, after the legacy stream's earlier work. */
+    kernel_fill k3 = {(CUdeviceptr)(uintptr_t)mapped, N, 0x06};
+    CHECK_EQ(fakecuda()->launch(CU_STREAM_LEGACY, run_fill, &k3), 0);
+    CHECK_EQ(X.MemsetD8((CUdeviceptr)(uintptr_t)mapped + 16, 0x07, N - 16), CUDA_SUCCESS);
+    CHECK(holds(mapped, 16, 0x06) && holds((char *)mapped + 16, N - 16, 0x07));
+    CHECK_EQ(fakecuda()->pending(CU_STREAM_LEGACY), 0);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(dev), CUDA_SUCCESS);
+
+    /* Freed by its start only, once. */
+    before = fake_stats();
+    CHECK_EQ(X.MemFreeHost((char *)pinned + 8), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemFreeHost(pageable), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemFreeHost(pinned), CUDA_SUCCESS);
+    CHECK_EQ(X.MemFreeHost(pinned), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                   (CUdeviceptr)(uintptr_t)pinned),
+             CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(before.host_bytes_in_use - fake_stats().host_bytes_in_use, N);
+
+    /* Gone with its context ("memory allocations by ... cuMemAllocHost()",
+     * cuCtxDestroy), like cuMemAlloc's. */
+    CUcontext created;
+    CHECK_EQ(D.CtxCreate(&created, NULL, 0, d0), CUDA_SUCCESS);
+    void *doomed = NULL;
+    CHECK_EQ(X.MemHostAlloc(&doomed, N, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxDestroy(created), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(ctx), CUDA_SUCCESS);
+    CHECK_EQ(X.MemFreeHost(doomed), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemFreeHost(mapped), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().host_bytes_in_use, 0);
+}
+
+/* Two devices, a primary context current on each in turn. */
+static CUcontext device_ctx(int ordinal)
+{
+    CUdevice d;
+    CUcontext c = NULL;
+    CHECK_EQ(D.DeviceGet(&d, ordinal), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c, d), CUDA_SUCCESS);
+    return c;
+}
+
+static void fake_peer_copy(void)
+{
+    start();
+    NEED(MemcpyPeerAsync);
+    same_through_proc_address("cuMemcpyPeerAsync", "cuMemcpyPeerAsync");
+    enum { N = 1 << 16 };
+    CUcontext c0 = device_ctx(0), c1 = device_ctx(1);
+    CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
+    CUdeviceptr b1 = alloc_ok(N);
+    CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+    CUdeviceptr a0 = alloc_ok(N);
+    fill(bytes(a0), N, 0x61);
+    fill(bytes(b1), N, 0);
+    CUstream s;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+
+    /* Device to device: queued behind the stream's work, no host wait. */
+    CHECK_EQ(fakecuda()->launch(s, nothing, NULL), 0);
+    fakecuda_stats before = fake_stats();
+    CHECK_EQ(X.MemcpyPeerAsync(b1, c1, a0, c0, N, s), CUDA_SUCCESS);
+    CHECK(holds(bytes(b1), N, 0));
+    CHECK_EQ(fakecuda()->pending(s), 2);
+    CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
+    CHECK(holds(bytes(b1), N, 0x61));
+    CHECK_EQ(fake_stats().peer_copies - before.peer_copies, 1);
+    CHECK_EQ(fake_stats().host_copy_waits, before.host_copy_waits);
+
+    /* Each address must be its context's device memory, whole. */
+    CHECK_EQ(X.MemcpyPeerAsync(b1, c0, a0, c0, N, s), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemcpyPeerAsync(b1, c1, a0, c1, N, s), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemcpyPeerAsync(b1 + 8, c1, a0, c0, N, s), CUDA_ERROR_INVALID_VALUE);
+    static unsigned char host[N];
+    CHECK_EQ(X.MemcpyPeerAsync(b1, c1, (CUdeviceptr)(uintptr_t)host, c0, N, s),
+             CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemcpyPeerAsync(b1, c1, a0, c0, 0, s), CUDA_SUCCESS);
+    /* Contexts: none, or one that is gone. */
+    CHECK_EQ(X.MemcpyPeerAsync(b1, NULL, a0, c0, N, s), CUDA_ERROR_INVALID_CONTEXT);
+    CUcontext created;
+    CUdevice d1;
+    CHECK_EQ(D.DeviceGet(&d1, 1), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxCreate(&created, NULL, 0, d1), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxDestroy(created), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+    CHECK_EQ(X.MemcpyPeerAsync(b1, created, a0, c0, N, s), CUDA_ERROR_INVALID_CONTEXT);
+
+    /* Virtual memory: a range over two neighbouring mappings of device 1's
+     * memory is one range of addresses (a pool's granules are mapped so);
+     * one that runs past the last mapping is not device memory. */
+    const size_t g = 2 << 20;
+    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 1}};
+    CUdeviceptr va = 0, big = 0;
+    CUmemGenericAllocationHandle h[2];
+    CHECK_EQ(D.MemAddressReserve(&va, 3 * g, 0, 0, 0), CUDA_SUCCESS);
+    for (int i = 0; i < 2; i++) {
+        CHECK_EQ(D.MemCreate(&h[i], g, &prop, 0), CUDA_SUCCESS);
+        CHECK_EQ(D.MemMap(va + (size_t)i * g, g, 0, h[i], 0), CUDA_SUCCESS);
+    }
+    CUmemAccessDesc rw = {.location = prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    CHECK_EQ(D.MemSetAccess(va, 2 * g, &rw, 1), CUDA_SUCCESS);
+    CHECK_EQ(D.MemAlloc(&big, 2 * g), CUDA_SUCCESS);
+    fill(bytes(big), 2 * g, 0x62);
+    CHECK_EQ(X.MemcpyPeerAsync(va + g / 2, c1, big, c0, g, s), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
+    CHECK(holds(bytes(va + g / 2), g, 0x62));
+    CHECK_EQ(X.MemcpyPeerAsync(va + g, c1, big, c0, 2 * g, s), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemcpyPeerAsync(va, c0, big, c0, g, s), CUDA_ERROR_INVALID_VALUE);
+    for (int i = 0; i < 2; i++) {
+        CHECK_EQ(D.MemUnmap(va + (size_t)i * g, g), CUDA_SUCCESS);
+        CHECK_EQ(D.MemRelease(h[i]), CUDA_SUCCESS);
+    }
+    CHECK_EQ(D.MemAddressFree(va, 3 * g), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(big), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(a0), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(b1), CUDA_SUCCESS);
+}
+
+static CUmemAccessDesc access_of(int device, CUmemAccess_flags flags)
+{
+    CUmemAccessDesc d = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = device},
+                         .flags = flags};
+    return d;
+}
+
+static CUmemAccess_flags pool_access(CUmemoryPool pool, int device)
+{
+    CUmemLocation where = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = device};
+    CUmemAccess_flags f = (CUmemAccess_flags)-1;
+    CHECK_EQ(X.MemPoolGetAccess(&f, pool, &where), CUDA_SUCCESS);
+    return f;
+}
+
+static void fake_pool_access(void)
+{
+    start();
+    NEED(MemPoolSetAccess);
+    NEED(MemPoolGetAccess);
+    same_through_proc_address("cuMemPoolSetAccess", "cuMemPoolSetAccess");
+    CUdevice d0;
+    CHECK_EQ(D.DeviceGet(&d0, 0), CUDA_SUCCESS);
+    CUmemoryPool pool;
+    CHECK_EQ(D.DeviceGetDefaultMemPool(&pool, d0), CUDA_SUCCESS);
+    CHECK_EQ(pool_access(pool, 0), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CHECK_EQ(pool_access(pool, 1), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+
+    /* A grant, replaced by a later one, taken back. */
+    fakecuda_stats before = fake_stats();
+    CUmemAccessDesc both[] = {access_of(0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
+                              access_of(1, CU_MEM_ACCESS_FLAGS_PROT_READWRITE)};
+    CHECK_EQ(X.MemPoolSetAccess(pool, both, 2), CUDA_SUCCESS);
+    CHECK_EQ(pool_access(pool, 1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CUmemAccessDesc read = access_of(1, CU_MEM_ACCESS_FLAGS_PROT_READ);
+    CHECK_EQ(X.MemPoolSetAccess(pool, &read, 1), CUDA_SUCCESS);
+    CHECK_EQ(pool_access(pool, 1), CU_MEM_ACCESS_FLAGS_PROT_READ);
+    CUmemAccessDesc none = access_of(1, CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    CHECK_EQ(X.MemPoolSetAccess(pool, &none, 1), CUDA_SUCCESS);
+    CHECK_EQ(pool_access(pool, 1), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    CHECK_EQ(fake_stats().pool_access_calls - before.pool_access_calls, 3);
+    CHECK_EQ(X.MemPoolSetAccess(pool, NULL, 0), CUDA_SUCCESS);
+
+    /* Refused, and nothing changed: the owner's access ("cannot be
+     * revoked"), a device that is not there, unknown flags, a pool the
+     * driver never made, descriptors missing. */
+    CUmemAccessDesc bad[] = {access_of(1, CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
+                             access_of(0, CU_MEM_ACCESS_FLAGS_PROT_READ)};
+    CHECK_EQ(X.MemPoolSetAccess(pool, bad, 2), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(pool_access(pool, 1), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    CHECK_EQ(pool_access(pool, 0), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CUmemAccessDesc nowhere = access_of(7, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CHECK_EQ(X.MemPoolSetAccess(pool, &nowhere, 1), CUDA_ERROR_INVALID_VALUE);
+    CUmemAccessDesc odd = access_of(1, (CUmemAccess_flags)2);
+    CHECK_EQ(X.MemPoolSetAccess(pool, &odd, 1), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemPoolSetAccess((CUmemoryPool)(uintptr_t)0x1234, both, 2),
+             CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemPoolSetAccess(pool, NULL, 1), CUDA_ERROR_INVALID_VALUE);
+    CUmemLocation where = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 9};
+    CUmemAccess_flags f;
+    CHECK_EQ(X.MemPoolGetAccess(&f, pool, &where), CUDA_ERROR_INVALID_VALUE);
+
+    /* A created pool on device 1 has its own grants. */
+    CUmemPoolProps props = {.allocType = CU_MEM_ALLOCATION_TYPE_PINNED,
+                            .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 1}};
+    CUmemoryPool made;
+    CHECK_EQ(D.MemPoolCreate(&made, &props), CUDA_SUCCESS);
+    CHECK_EQ(pool_access(made, 1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CUmemAccessDesc to0 = access_of(0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CHECK_EQ(X.MemPoolSetAccess(made, &to0, 1), CUDA_SUCCESS);
+    CHECK_EQ(pool_access(made, 0), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CHECK_EQ(pool_access(pool, 1), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+}
+
+static void fake_stream_write(void)
+{
+    start();
+    NEED(StreamWriteValue64);
+    NEED(MemHostAlloc);
+    same_through_proc_address("cuStreamWriteValue64", "cuStreamWriteValue64_v2");
+    CUdevice d0;
+    CHECK_EQ(D.DeviceGet(&d0, 0), CUDA_SUCCESS);
+    int ops = 0;
+    CHECK_EQ(D.DeviceGetAttribute(&ops, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, d0),
+             CUDA_SUCCESS);
+    CHECK_EQ(ops, 1);
+    enum { N = 4096 };
+    CUdeviceptr dev = alloc_ok(N);
+    fill(bytes(dev), N, 0);
+    CUstream s;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+
+    /* Written when the stream reaches it. */
+    const uint64_t v = UINT64_C(0x0123456789abcdef);
+    CHECK_EQ(fakecuda()->launch(s, nothing, NULL), 0);
+    CHECK_EQ(X.StreamWriteValue64(s, dev + 64, v, CU_STREAM_WRITE_VALUE_DEFAULT), CUDA_SUCCESS);
+    CHECK_EQ(*(uint64_t *)(uintptr_t)(dev + 64), 0);
+    CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
+    CHECK_EQ(*(uint64_t *)(uintptr_t)(dev + 64), v);
+    /* Into page-locked host memory too, at its device address. */
+    void *pinned = NULL;
+    CHECK_EQ(X.MemHostAlloc(&pinned, N, CU_MEMHOSTALLOC_DEVICEMAP), CUDA_SUCCESS);
+    CHECK_EQ(X.StreamWriteValue64(s, (CUdeviceptr)(uintptr_t)pinned + N - 8, v,
+                                  CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER),
+             CUDA_SUCCESS);
+    CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
+    CHECK_EQ(*(uint64_t *)((char *)pinned + N - 8), v);
+
+    /* Refused: pageable memory, past the end, unaligned, unknown flags, a
+     * stream that is gone. */
+    static uint64_t pageable[4];
+    CHECK_EQ(X.StreamWriteValue64(s, (CUdeviceptr)(uintptr_t)pageable, v, 0),
+             CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.StreamWriteValue64(s, dev + N, v, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.StreamWriteValue64(s, dev + 4, v, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.StreamWriteValue64(s, dev, v, 2), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(fake_stats().stream_value_writes, 2);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+    CHECK_EQ(X.StreamWriteValue64(s, dev, v, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemFreeHost(pinned), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(dev), CUDA_SUCCESS);
+}
+
+static void fake_pci_bus_id(void)
+{
+    start();
+    NEED(DeviceGetPCIBusId);
+    char id[16];
+    for (int ordinal = 0; ordinal < 2; ordinal++) {
+        CUdevice d;
+        int bus = -1;
+        CHECK_EQ(D.DeviceGet(&d, ordinal), CUDA_SUCCESS);
+        CHECK_EQ(D.DeviceGetAttribute(&bus, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, d), CUDA_SUCCESS);
+        char want[16];
+        snprintf(want, sizeof want, "0000:%02x:00.0", (unsigned)bus);
+        CHECK_EQ(X.DeviceGetPCIBusId(id, sizeof id, d), CUDA_SUCCESS);
+        CHECK(strcmp(id, want) == 0);
+        CHECK_EQ(strlen(id) + 1, 13); /* "13 characters including the NULL-terminator" */
+    }
+    /* A short buffer gets the string cut, terminated. */
+    memset(id, 'x', sizeof id);
+    CHECK_EQ(X.DeviceGetPCIBusId(id, 5, 0), CUDA_SUCCESS);
+    CHECK(strcmp(id, "0000") == 0);
+    CHECK_EQ(X.DeviceGetPCIBusId(id, sizeof id, 2), CUDA_ERROR_INVALID_DEVICE);
+    CHECK_EQ(X.DeviceGetPCIBusId(NULL, 13, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.DeviceGetPCIBusId(id, 0, 0), CUDA_ERROR_INVALID_VALUE);
+}
+
+/* NVML, as a framework reaches it: dlopen by soname, each function by
+ * name. Types as nvml.h has them (int results, opaque device handles). */
+typedef struct {
+    unsigned int fieldId, scopeId;
+    long long timestamp, latencyUsec;
+    int valueType, nvmlReturn;
+    union {
+        double d;
+        unsigned int ui;
+        unsigned long long ull;
+    } value;
+} nvml_field_value;
+
+static struct {
+    int (*Init)(void);
+    int (*Shutdown)(void);
+    const char *(*ErrorString)(int);
+    int (*SystemGetDriverVersion)(char *, unsigned);
+    int (*DeviceGetCount)(unsigned *);
+    int (*DeviceGetHandleByIndex)(unsigned, void **);
+    int (*DeviceGetHandleByPciBusId)(const char *, void **);
+    int (*DeviceGetCurrPcieLinkGeneration)(void *, unsigned *);
+    int (*DeviceGetCurrPcieLinkWidth)(void *, unsigned *);
+    int (*DeviceGetMigMode)(void *, unsigned *, unsigned *);
+    int (*DeviceGetFieldValues)(void *, int, nvml_field_value *);
+} N;
+
+enum { NVML_OK = 0, NVML_UNINITIALIZED = 1, NVML_INVALID_ARGUMENT = 2, NVML_NOT_SUPPORTED = 3,
+       NVML_NOT_FOUND = 6, NVML_INSUFFICIENT_SIZE = 7 };
+
+static bool load_nvml(void)
+{
+    void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        fprintf(stderr, "no libnvidia-ml.so.1 on the loader's path: %s\n", dlerror());
+        e2e_failures++;
+        return false;
+    }
+#define N_FN(field, name) *(void **)&N.field = e2e_dlsym(h, name)
+    N_FN(Init, "nvmlInit_v2");
+    N_FN(Shutdown, "nvmlShutdown");
+    N_FN(ErrorString, "nvmlErrorString");
+    N_FN(SystemGetDriverVersion, "nvmlSystemGetDriverVersion");
+    N_FN(DeviceGetCount, "nvmlDeviceGetCount_v2");
+    N_FN(DeviceGetHandleByIndex, "nvmlDeviceGetHandleByIndex_v2");
+    N_FN(DeviceGetHandleByPciBusId, "nvmlDeviceGetHandleByPciBusId_v2");
+    N_FN(DeviceGetCurrPcieLinkGeneration, "nvmlDeviceGetCurrPcieLinkGeneration");
+    N_FN(DeviceGetCurrPcieLinkWidth, "nvmlDeviceGetCurrPcieLinkWidth");
+    N_FN(DeviceGetMigMode, "nvmlDeviceGetMigMode");
+    N_FN(DeviceGetFieldValues, "nvmlDeviceGetFieldValues");
+#undef N_FN
+    return true;
+}
+
+/* NVML's handle of the device at the bus id the fake driver gives CUDA
+ * device `ordinal`, and that of NVML's device `nvml_index`: the same. */
+static void check_nvml_device(int ordinal, unsigned nvml_index)
+{
+    char bus[16];
+    CHECK_EQ(X.DeviceGetPCIBusId(bus, sizeof bus, ordinal), CUDA_SUCCESS);
+    void *by_bus = NULL, *by_index = NULL;
+    CHECK_EQ(N.DeviceGetHandleByPciBusId(bus, &by_bus), NVML_OK);
+    CHECK_EQ(N.DeviceGetHandleByIndex(nvml_index, &by_index), NVML_OK);
+    CHECK(by_bus && by_bus == by_index);
+    /* NVML's own long form (8 hex digits of domain), and bus:device.function. */
+    char longer[32], shorter[16];
+    snprintf(longer, sizeof longer, "0000%s", bus);
+    snprintf(shorter, sizeof shorter, "%s", bus + 5);
+    void *h = NULL;
+    CHECK_EQ(N.DeviceGetHandleByPciBusId(longer, &h), NVML_OK);
+    CHECK(h == by_bus);
+    h = NULL;
+    CHECK_EQ(N.DeviceGetHandleByPciBusId(shorter, &h), NVML_OK);
+    CHECK(h == by_bus);
+}
+
+static void nvml_checks(int cuda_devices, const unsigned *nvml_index_of)
+{
+    start();
+    NEED(DeviceGetPCIBusId);
+    if (!load_nvml())
+        return;
+    /* Nothing answers before nvmlInit but the error strings. */
+    unsigned n = 0;
+    CHECK_EQ(N.DeviceGetCount(&n), NVML_UNINITIALIZED);
+    CHECK_EQ(N.Shutdown(), NVML_UNINITIALIZED);
+    CHECK(strcmp(N.ErrorString(NVML_NOT_FOUND), "Not Found") == 0);
+    CHECK_EQ(N.Init(), NVML_OK);
+    CHECK_EQ(N.Init(), NVML_OK); /* counted: two shutdowns to end it */
+
+    char version[80];
+    CHECK_EQ(N.SystemGetDriverVersion(version, 4), NVML_INSUFFICIENT_SIZE);
+    CHECK_EQ(N.SystemGetDriverVersion(version, sizeof version), NVML_OK);
+    unsigned major = 0;
+    CHECK(sscanf(version, "%u.", &major) == 1 && major >= 525);
+    /* NVML sees the machine's devices, whatever CUDA_VISIBLE_DEVICES says. */
+    CHECK_EQ(N.DeviceGetCount(&n), NVML_OK);
+    CHECK_EQ(n, 2);
+    for (int d = 0; d < cuda_devices; d++)
+        check_nvml_device(d, nvml_index_of[d]);
+    void *h = NULL;
+    CHECK_EQ(N.DeviceGetHandleByPciBusId("0000:77:00.0", &h), NVML_NOT_FOUND);
+    CHECK_EQ(N.DeviceGetHandleByPciBusId("bus 16", &h), NVML_INVALID_ARGUMENT);
+    CHECK_EQ(N.DeviceGetHandleByIndex(2, &h), NVML_INVALID_ARGUMENT);
+
+    CHECK_EQ(N.DeviceGetHandleByIndex(0, &h), NVML_OK);
+    unsigned gen = 0, width = 0, mig = 9, pending = 9;
+    CHECK_EQ(N.DeviceGetCurrPcieLinkGeneration(h, &gen), NVML_OK);
+    CHECK_EQ(N.DeviceGetCurrPcieLinkWidth(h, &width), NVML_OK);
+    CHECK(gen == 5 && width == 16);
+    CHECK_EQ(N.DeviceGetMigMode(h, &mig, &pending), NVML_OK);
+    CHECK(mig == 0 && pending == 0);
+    CHECK_EQ(N.DeviceGetCurrPcieLinkWidth((void *)&n, &width), NVML_INVALID_ARGUMENT);
+    nvml_field_value f[2] = {{.fieldId = 91, .nvmlReturn = -1}, {.fieldId = 1, .nvmlReturn = -1}};
+    CHECK_EQ(sizeof f[0], 40);
+    CHECK_EQ(N.DeviceGetFieldValues(h, 2, f), NVML_OK);
+    CHECK(f[0].nvmlReturn == NVML_OK && f[0].valueType == 1 && f[0].value.ui == 0);
+    CHECK_EQ(f[1].nvmlReturn, NVML_NOT_SUPPORTED);
+
+    CHECK_EQ(N.Shutdown(), NVML_OK);
+    CHECK_EQ(N.DeviceGetCount(&n), NVML_OK);
+    CHECK_EQ(N.Shutdown(), NVML_OK);
+    CHECK_EQ(N.DeviceGetCount(&n), NVML_UNINITIALIZED);
+}
+
+static void fake_nvml(void)
+{
+    static const unsigned same[] = {0, 1};
+    nvml_checks(2, same);
+}
+
+static void fake_nvml_visible(void) /* CUDA_VISIBLE_DEVICES=1 */
+{
+    static const unsigned second[] = {1};
+    nvml_checks(1, second);
+}
+
+/* Visible device `ordinal` is the machine's device `machine` of `mem`
+ * bytes: its memory, UUID ("GPU-fa..." is device 0's) and PCI bus (0x10
+ * per device) follow it. */
 static void check_visible(int ordinal, int machine, size_t mem)
 {
     size_t total = 0;
@@ -430,6 +1012,13 @@ int main(int argc, char **argv)
         {"fake-stream-ids", fake_stream_ids},
         {"fake-stream-ids-reuse", fake_stream_ids},
         {"fake-counts", fake_counts},
+        {"fake-host-memory", fake_host_memory},
+        {"fake-peer-copy", fake_peer_copy},
+        {"fake-pool-access", fake_pool_access},
+        {"fake-stream-write", fake_stream_write},
+        {"fake-pci-bus-id", fake_pci_bus_id},
+        {"fake-nvml", fake_nvml},
+        {"fake-nvml-visible", fake_nvml_visible},
         {"fake-visible-devices", fake_visible_devices},
         {"fake-visible-uuid", fake_visible_uuid},
         {"fake-visible-none", fake_visible_none},

@@ -5,7 +5,8 @@
  * the shim would not.
  *
  * The fake driver serves "device memory" from host memory (mmap, so tests can
- * write and check patterns), keeps several devices with configurable memory,
+ * write and check patterns) and page-locked host memory, keeps several
+ * devices with configurable memory,
  * primary and created contexts, streams whose work completes only when a test
  * says so, events, graph-capture state with CUDA's invalidation rules, and
  * failure injection. It counts the calls of each entry point (calls below),
@@ -69,6 +70,12 @@ typedef struct fakecuda_stats {
     uint64_t implicit_joins;       /* operations made to wait by the legacy stream's rules */
     uint64_t host_copy_waits;      /* copies to host memory that completed their stream */
     uint64_t free_synchronizations; /* cuMemFree of cuMemAlloc's memory, which completes its device */
+    uint64_t host_alloc_calls;     /* cuMemHostAlloc that succeeded */
+    uint64_t host_free_calls;      /* cuMemFreeHost that succeeded */
+    uint64_t host_bytes_in_use;    /* page-locked host memory held */
+    uint64_t peer_copies;          /* cuMemcpyPeerAsync that succeeded */
+    uint64_t stream_value_writes;  /* cuStreamWriteValue64 that succeeded */
+    uint64_t pool_access_calls;    /* cuMemPoolSetAccess that succeeded */
 } fakecuda_stats;
 
 typedef void (*fakecuda_work)(void *arg);

@@ -103,11 +103,17 @@
  *             completes the device's queued work (the programming guide:
  *             cudaFree "causes the GPU to synchronize"); of stream-ordered
  *             memory, not.
- *   copies    stream work, synchronous forms on the legacy stream: a host
- *             source is staged at the call, a host destination written
- *             before the call returns (all host memory is pageable here),
- *             device memory when the copy's turn comes; cuMemsetD8 is
- *             legacy-stream work ("Copies" below).
+ *   host      page-locked host memory (cuMemHostAlloc, cuMemFreeHost,
+ *             cuMemHostGetDevicePointer): host memory the driver knows,
+ *             at one address for host and device, owned by a context
+ *             ("Page-locked host memory" below).
+ *   copies    stream work, synchronous forms on the legacy stream: a
+ *             pageable host source is staged at the call, a pageable host
+ *             destination written before the call returns, page-locked
+ *             memory read and written when the copy's turn comes in the
+ *             Async forms, device memory when the copy's turn comes;
+ *             cuMemcpyPeerAsync between devices; cuMemsetD8 and
+ *             cuStreamWriteValue64 are stream work ("Copies" below).
  *   runtime   no private tables for a real CUDA runtime (cuGetExportTable:
  *             CUDA_ERROR_NOT_SUPPORTED, and one line naming the file that
  *             asked): a program with cudart linked in statically cannot
@@ -254,6 +260,16 @@ typedef struct allocation {
     uint64_t buffer_id; /* "a process-wide unique ID" (CU_POINTER_ATTRIBUTE_BUFFER_ID) */
 } allocation;
 
+/* Page-locked host memory (cuMemHostAlloc): host memory the driver knows,
+ * owned by the context that was current ("memory allocations by
+ * cuMemAllocHost()" go with it, cuCtxDestroy). */
+typedef struct host_allocation {
+    uint64_t base, size;
+    unsigned flags; /* CU_MEMHOSTALLOC_* */
+    fctx *ctx;
+    uint64_t buffer_id;
+} host_allocation;
+
 #define STREAM_MAGIC 0x5743414du
 #define CELL_MAGIC 0x43454c4cu
 #define CTX_MAGIC 0x43545843u
@@ -289,6 +305,8 @@ static struct {
     unsigned next_thread;
     allocation *allocs;
     size_t nallocs, capallocs;
+    host_allocation *host_allocs;
+    size_t nhost_allocs, caphost_allocs;
     uint64_t fail_alloc_countdown;
     bool autocomplete;
     bool zero_alloc; /* cuMemAlloc(0) succeeds (CUDA's refuses; nothing may depend on it) */
@@ -307,6 +325,8 @@ static struct {
         uint64_t used, used_high, reserved, reserved_high, release_threshold;
         int reuse[3]; /* CU_MEMPOOL_ATTR_REUSE_*, 1 by default */
         int dev;      /* -1: no such pool yet */
+        /* cuMemPoolSetAccess: other devices' access (bit i: device i) */
+        uint64_t peer_read, peer_write;
     } pools[MAX_DEVICES + MAX_CREATED_POOLS];
     /* cuCtxEnablePeerAccess: the (current context, peer context) pairs
      * enabled, as cuda.h keeps them ("direct access of peerContext from the
@@ -1292,20 +1312,28 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
  *     of compute capability 9.0 (threads, block and grid dimensions, shared
  *     memory and registers per block and per multiprocessor);
  *   - the product's, from the H100 SXM5 (132 multiprocessors, a 50 MiB L2,
- *     a 5120-bit memory bus); cuDeviceGetName still says "Fake CUDA device".
+ *     a 5120-bit memory bus, 1980 MHz boost and 2619 MHz memory clocks: XLA
+ *     derives bandwidths from the clocks and warns when they are 0);
+ *     cuDeviceGetName still says "Fake CUDA device".
+ * Page-locked host memory from cuMemHostAlloc is modelled, so the device
+ * can map host memory (CAN_MAP_HOST_MEMORY) and reach it at its host
+ * address (CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM, which makes
+ * cuMemHostGetDevicePointer answer the host pointer itself: "if all devices
+ * visible to the application have a non-zero value ... will match the
+ * original pointer"), and 64-bit stream memory operations
+ * (CAN_USE_64_BIT_STREAM_MEM_OPS, cuStreamWriteValue64) are there: XLA's
+ * `vmm` allocator asks for all three, and an H100 reports them.
  * What the fake does not model answers 0 as "not supported", in cuda.h's
  * words for each attribute, so that a client takes the path it takes on a
  * device without the feature instead of calling an entry point the fake
- * lacks: mapped host memory (CAN_MAP_HOST_MEMORY, "can map host memory into
- * CUDA address space": no cuMemHostAlloc or cuMemHostRegister here), managed
- * memory (MANAGED_MEMORY, "can allocate managed memory": no
+ * lacks: managed memory (MANAGED_MEMORY, "can allocate managed memory": no
  * cuMemAllocManaged), stream priorities (STREAM_PRIORITIES_SUPPORTED:
  * cuCtxGetStreamPriorityRange answers [0, 0], as cuda.h says it does for
  * such a device, and cuStreamCreateWithPriority's priority is clamped to
  * it), shareable handles
  * for virtual memory and mempool IPC, and GPUDirect RDMA. Each device has
  * its own PCI bus id (one per device on real machines, and tools order
- * devices by it). tests/gpu/gpu_suite.cu `attributes` prints the real
+ * devices by it; cuDeviceGetPCIBusId writes the same one). tests/gpu/gpu_suite.cu `attributes` prints the real
  * device's answers for every attribute in this table.
  */
 static const struct {
@@ -1325,12 +1353,14 @@ static const struct {
     {CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK, 65536},
     {CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 132},
     {CU_DEVICE_ATTRIBUTE_INTEGRATED, 0},
-    {CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, 0},
+    {CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, 1},
     {CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, CU_COMPUTEMODE_DEFAULT},
     {CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT, 32},
     {CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS, 1},
     {CU_DEVICE_ATTRIBUTE_ECC_ENABLED, 1},
     {CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH, 5120},
+    {CU_DEVICE_ATTRIBUTE_CLOCK_RATE, 1980000},        /* kHz */
+    {CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE, 2619000}, /* kHz */
     {CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, 50 << 20},
     {CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, 2048},
     {CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 1},
@@ -1348,6 +1378,8 @@ static const struct {
     {CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES, 0},
     {CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, 0},
     {CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT, 0},
+    {CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM, 1},
+    {CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, 1},
 };
 
 EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
@@ -1371,6 +1403,27 @@ EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevic
             if (h100_attributes[i].attrib == attrib)
                 *pi = h100_attributes[i].value;
     }
+    return CUDA_SUCCESS;
+}
+
+/* "[domain]:[bus]:[device].[function] where domain, bus, device, and
+ * function are all hexadecimal values", "13 characters including the
+ * NULL-terminator" (cuda.h): domain 0, the bus that CU_DEVICE_ATTRIBUTE_
+ * PCI_BUS_ID answers, device and function 0 (PCI_DEVICE_ID and
+ * PCI_DOMAIN_ID answer 0), as "0000:10:00.0". `len` is "the maximum length
+ * of the string that may be returned": a shorter buffer gets the string cut
+ * there, still terminated. The fake NVML (tests/fake_cuda/nvml) knows
+ * devices by the same ids. */
+EXPORT CUresult cuDeviceGetPCIBusId(char *bus_id, int len, CUdevice dev)
+{
+    CALLED();
+    NEED_INIT();
+    if (!bus_id || len <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!is_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    snprintf(bus_id, (size_t)len, "%04x:%02x:%02x.%x", 0u, 0x10u * (unsigned)(G.phys[dev] + 1), 0u,
+             0u);
     return CUDA_SUCCESS;
 }
 
@@ -1601,6 +1654,71 @@ EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute att
     LEAVE(CUDA_SUCCESS);
 }
 
+/*
+ * Access to a pool's memory from other devices ("Controls visibility of
+ * pools between devices", cuMemPoolSetAccess). Each descriptor sets one
+ * device's access, a later one replacing an earlier grant, as
+ * cuMemSetAccess does; PROT_NONE takes it back. The pool's own device keeps
+ * read-write access: "By default, allocations are accessible from the
+ * device where the allocations are located. This access cannot be revoked"
+ * (CUDA Programming Guide, stream-ordered allocator, multi-GPU access), so
+ * asking for less there is refused. cuda.h lists CUDA_ERROR_INVALID_VALUE
+ * as the only refusal, and the fake answers it for every bad argument (a
+ * pool the fake never made, a location that is no device, unknown flags).
+ * Memory is one host address space here: the grants are kept for
+ * cuMemPoolGetAccess and counted, not enforced.
+ */
+static bool access_flags_known(CUmemAccess_flags f)
+{
+    return f == CU_MEM_ACCESS_FLAGS_PROT_NONE || f == CU_MEM_ACCESS_FLAGS_PROT_READ ||
+           f == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+}
+
+EXPORT CUresult cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *map, size_t count)
+{
+    CALLED();
+    ENTER_API();
+    struct fpool *f = pool_state(pool);
+    if (!f || (!map && count))
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    /* All checked before any is applied: a refused call changes nothing. */
+    for (size_t k = 0; k < count; k++)
+        if (map[k].location.type != CU_MEM_LOCATION_TYPE_DEVICE || !is_device(map[k].location.id) ||
+            !access_flags_known(map[k].flags) ||
+            (map[k].location.id == f->dev && map[k].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE))
+            LEAVE(CUDA_ERROR_INVALID_VALUE);
+    for (size_t k = 0; k < count; k++) {
+        if (map[k].location.id == f->dev)
+            continue;
+        const uint64_t bit = UINT64_C(1) << map[k].location.id;
+        const CUmemAccess_flags fl = map[k].flags;
+        f->peer_read = fl != CU_MEM_ACCESS_FLAGS_PROT_NONE ? f->peer_read | bit : f->peer_read & ~bit;
+        f->peer_write = fl == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? f->peer_write | bit
+                                                                 : f->peer_write & ~bit;
+    }
+    G.st.pool_access_calls++;
+    LEAVE(CUDA_SUCCESS);
+}
+
+/* "the accessibility of the pool's memory from the specified location":
+ * read-write for its own device, what cuMemPoolSetAccess granted for
+ * others (none at first). */
+EXPORT CUresult cuMemPoolGetAccess(CUmemAccess_flags *flags, CUmemoryPool pool,
+                                   CUmemLocation *location)
+{
+    CALLED();
+    ENTER_API();
+    struct fpool *f = pool_state(pool);
+    if (!f || !flags || !location || location->type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        !is_device(location->id))
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    const uint64_t bit = UINT64_C(1) << location->id;
+    *flags = location->id == f->dev || (f->peer_write & bit) ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+             : (f->peer_read & bit)                          ? CU_MEM_ACCESS_FLAGS_PROT_READ
+                                                             : CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    LEAVE(CUDA_SUCCESS);
+}
+
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     CALLED();
@@ -1659,7 +1777,11 @@ static void kill_ctx(fctx *c)
     pthread_cond_broadcast(&G.stuck_cond);
 }
 
-/* Lock held: drops the allocations of a context, as CUDA does when it goes.
+static void host_free(struct host_allocation *h);
+
+/* Lock held: drops the allocations of a context, as CUDA does when it goes
+ * (its page-locked host memory too: "memory allocations by ...
+ * cuMemAllocHost()", cuCtxDestroy).
  * Stream-ordered and VMM allocations stay: cuCtxDestroy "will not destroy
  * memory allocations by cuMemCreate(), cuMemAllocAsync() and
  * cuMemAllocFromPoolAsync()" (they are "not associated with any CUDA
@@ -1671,6 +1793,12 @@ static void kill_ctx(fctx *c)
  * without an error (gpu_vmm_reset-running at 91caa75). */
 static void destroy_ctx_memory(fctx *c)
 {
+    for (size_t i = 0; i < G.nhost_allocs;) {
+        if (G.host_allocs[i].ctx == c)
+            host_free(&G.host_allocs[i]);
+        else
+            i++;
+    }
     for (size_t i = 0; i < G.nallocs;) {
         if (G.allocs[i].ctx == c && !G.allocs[i].stream_ordered) {
             munmap((void *)(uintptr_t)G.allocs[i].base, G.allocs[i].size ? G.allocs[i].size : 1);
@@ -2940,6 +3068,120 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
     LEAVE(CUDA_SUCCESS);
 }
 
+/*
+ * Page-locked host memory: cuMemHostAlloc, cuMemFreeHost,
+ * cuMemHostGetDevicePointer. Host memory the driver knows (XLA stages
+ * every host transfer through a pool of it), allocated in the current
+ * context and gone with it ("memory allocations by ... cuMemAllocHost()",
+ * cuCtxDestroy; cuMemAllocHost is cuMemHostAlloc without flags). What
+ * changes with it is how copies relate to the host ("Copies" below):
+ * between device memory and page-locked memory the Async forms are "fully
+ * asynchronous", so a page-locked source is read and a page-locked
+ * destination written only when the copy's turn comes. The device reaches
+ * it at the host address (unified addressing: "the device pointer that may
+ * be used to access this host memory from those contexts is always equal
+ * to the returned host pointer"). Not modelled: write-combined memory's
+ * separate device address (CU_MEMHOSTALLOC_WRITECOMBINED is accepted and
+ * answers the host address too), cuMemHostRegister.
+ */
+static host_allocation *find_host_alloc(uint64_t addr, bool interior)
+{
+    for (size_t i = 0; i < G.nhost_allocs; i++) {
+        host_allocation *h = &G.host_allocs[i];
+        if (addr == h->base || (interior && addr - h->base < h->size))
+            return h;
+    }
+    return NULL;
+}
+
+/* Lock held: forgets host allocation h and gives its memory back. */
+static void host_free(host_allocation *h)
+{
+    munmap((void *)(uintptr_t)h->base, h->size);
+    G.st.host_bytes_in_use -= h->size;
+    *h = G.host_allocs[--G.nhost_allocs];
+}
+
+/* cuda.h names no refusal of a size of 0 (cuMemAlloc's says "If bytesize
+ * is 0, cuMemAlloc() returns CUDA_ERROR_INVALID_VALUE"); the fake refuses it
+ * the same way, the stricter reading, so that no client comes to depend on
+ * a pointer for nothing. Flags other than the three cuda.h names are
+ * CUDA_ERROR_INVALID_VALUE. */
+EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags)
+{
+    CALLED();
+    ENTER_API();
+    CUresult r = ctx_usable(current_ctx());
+    if (r != CUDA_SUCCESS)
+        LEAVE(r);
+    if (!pp || bytesize == 0 ||
+        (flags & ~(unsigned)(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP |
+                             CU_MEMHOSTALLOC_WRITECOMBINED)))
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    void *p = mmap(NULL, bytesize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+    if (G.nhost_allocs == G.caphost_allocs) {
+        size_t cap = G.caphost_allocs ? G.caphost_allocs * 2 : 16;
+        host_allocation *grown = realloc(G.host_allocs, cap * sizeof *grown);
+        if (!grown) {
+            munmap(p, bytesize);
+            LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        G.host_allocs = grown;
+        G.caphost_allocs = cap;
+    }
+    fctx *c = current_ctx();
+    G.host_allocs[G.nhost_allocs++] = (host_allocation){
+        (uint64_t)(uintptr_t)p, bytesize, flags, c->green ? &G.primary[c->dev] : c,
+        ++G.next_buffer_id};
+    G.st.host_alloc_calls++;
+    G.st.host_bytes_in_use += bytesize;
+    *pp = p;
+    LEAVE(CUDA_SUCCESS);
+}
+
+/* "p, which must have been returned by a previous call to
+ * cuMemAllocHost()": the start of a live allocation, else
+ * CUDA_ERROR_INVALID_VALUE. The allocation names its context, so none need
+ * be current. */
+EXPORT CUresult cuMemFreeHost(void *p)
+{
+    CALLED();
+    ENTER_API();
+    host_allocation *h = find_host_alloc((uint64_t)(uintptr_t)p, false);
+    if (!p || !h)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    host_free(h);
+    G.st.host_free_calls++;
+    LEAVE(CUDA_SUCCESS);
+}
+
+/* "Flags ... must be set to 0" (cuda.h). The call's own text says it "will
+ * fail if the CU_MEMHOSTALLOC_DEVICEMAP flag was not specified", but on
+ * devices with unified addressing, as the fake's are, cuda.h's "Automatic
+ * Mapping of Host Allocated Host Memory" holds: such memory "is always
+ * directly accessible from all contexts on all devices that support
+ * unified addressing. This is the case regardless of whether or not the
+ * flags CU_MEMHOSTALLOC_PORTABLE and CU_MEMHOSTALLOC_DEVICEMAP are
+ * specified", at the host address. So any page-locked allocation has a
+ * device pointer (XLA's `vmm` allocator asks for that of PORTABLE memory);
+ * pageable memory has none. An address inside the buffer answers the
+ * device address at the same offset. */
+EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int flags)
+{
+    CALLED();
+    ENTER_API();
+    CUresult r = ctx_usable(current_ctx());
+    if (r != CUDA_SUCCESS)
+        LEAVE(r);
+    const host_allocation *h = find_host_alloc((uint64_t)(uintptr_t)p, true);
+    if (!pdptr || !h || flags)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    *pdptr = (CUdeviceptr)(uintptr_t)p;
+    LEAVE(CUDA_SUCCESS);
+}
+
 static bool vmm_mapping_range(CUdeviceptr ptr, CUdeviceptr *base, size_t *size);
 
 /* cuda.h: "Returns the base address in *pbase and size in *psize of the
@@ -2951,7 +3193,11 @@ static bool vmm_mapping_range(CUdeviceptr ptr, CUdeviceptr *base, size_t *size);
  * mapping that holds dptr, not the reservation and not neighbouring mappings
  * of it; tests/gpu vmm-ptr-attr checks that on a GPU. A reserved, unmapped
  * address holds no allocation: NOT_FOUND. The shim answers for its own
- * blocks itself, so this only reaches a program's own mappings. */
+ * blocks itself, so this only reaches a program's own mappings. Nor does
+ * it say anything of page-locked host memory, whose device address is its
+ * host address here: the fake answers its allocation, as Numba's
+ * test_host_alloc_mapped expects of the device pointer of mapped memory
+ * (a test numba-cuda runs on GPUs). */
 EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr dptr)
 {
     CALLED();
@@ -2959,9 +3205,13 @@ EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdevic
     CUdeviceptr b = 0;
     size_t n = 0;
     allocation *a = find_alloc(dptr, true);
+    const host_allocation *h = a ? NULL : find_host_alloc(dptr, true);
     if (a) {
         b = a->base;
         n = a->size;
+    } else if (h) {
+        b = h->base;
+        n = h->size;
     } else if (!vmm_mapping_range(dptr, &b, &n)) {
         LEAVE(CUDA_ERROR_NOT_FOUND);
     }
@@ -2998,6 +3248,32 @@ static CUresult pointer_attribute(const allocation *a, CUdeviceptr ptr, CUpointe
     return CUDA_SUCCESS;
 }
 
+/* Lock held: an attribute of page-locked host memory, as cuda.h describes
+ * each for host memory: MEMORY_TYPE "CU_MEMORYTYPE_HOST"; CONTEXT "the
+ * CUcontext in which ptr was allocated"; DEVICE_POINTER and HOST_POINTER the
+ * address itself (unified addressing: "the host and device pointer ... will
+ * be the same"); the allocation's range and buffer id; MAPPED, since it is
+ * backed. Not suitable for cudaIpcGetMemHandle, which takes device memory. */
+static CUresult host_pointer_attribute(const host_allocation *h, CUdeviceptr ptr,
+                                       CUpointer_attribute attr, void *data)
+{
+    switch (attr) {
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *(unsigned *)data = CU_MEMORYTYPE_HOST; break;
+    case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = (CUcontext)h->ctx; break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *(CUdeviceptr *)data = ptr; break;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER: *(void **)data = (void *)(uintptr_t)ptr; break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = h->ctx->dev; break;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID: *(unsigned long long *)data = h->buffer_id; break;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(int *)data = 0; break;
+    case CU_POINTER_ATTRIBUTE_MAPPED: *(int *)data = 1; break;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: *(int *)data = 0; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = h->base; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = h->size; break;
+    default: return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    return CUDA_SUCCESS;
+}
+
 static bool vmm_reserved(CUdeviceptr ptr);
 static CUresult vmm_pointer_attribute(CUdeviceptr ptr, CUpointer_attribute attr, void *data);
 
@@ -3006,6 +3282,9 @@ EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUde
     CALLED();
     ENTER_API();
     allocation *a = find_alloc(ptr, true);
+    const host_allocation *h = a ? NULL : find_host_alloc(ptr, true);
+    if (data && h)
+        LEAVE(host_pointer_attribute(h, ptr, attr, data));
     if (data && !a && vmm_reserved(ptr))
         LEAVE(vmm_pointer_attribute(ptr, attr, data));
     /* "If ptr is not a valid CUDA pointer then CUDA_ERROR_INVALID_VALUE" */
@@ -3022,10 +3301,12 @@ EXPORT CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attr
     if (!attrs || !data)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     allocation *a = find_alloc(ptr, true);
-    bool vmm = !a && vmm_reserved(ptr);
+    const host_allocation *h = a ? NULL : find_host_alloc(ptr, true);
+    bool vmm = !a && !h && vmm_reserved(ptr);
     for (unsigned i = 0; i < n; i++)
-        if (data[i] && (vmm ? vmm_pointer_attribute(ptr, attrs[i], data[i])
-                            : pointer_attribute(a, ptr, attrs[i], data[i])) != CUDA_SUCCESS)
+        if (data[i] && (h     ? host_pointer_attribute(h, ptr, attrs[i], data[i])
+                        : vmm ? vmm_pointer_attribute(ptr, attrs[i], data[i])
+                              : pointer_attribute(a, ptr, attrs[i], data[i])) != CUDA_SUCCESS)
             LEAVE(CUDA_ERROR_INVALID_VALUE);
     LEAVE(CUDA_SUCCESS);
 }
@@ -3058,16 +3339,23 @@ EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr dptr)
  *     synchronization is performed."
  *   - "For transfers from any host memory to any host memory, the function
  *     is fully synchronous with respect to the host."
+ *   - "For transfers from pinned host memory to device memory, the
+ *     function is synchronous with respect to the host."
  * The Async forms "might be synchronous with respect to host" between
- * device and pageable memory, and the fake's host memory is all pageable
- * (it has no cuMemHostAlloc). So every copy here is stream work, in order
- * behind what its stream has queued (the synchronous forms: the current
- * context's legacy stream, as cudart's cudaMemcpy is). A host source is
- * read into a staging buffer when the call is made, so the program may
- * reuse it at once, and a host destination is written before the call
- * returns: the call completes its stream up to the copy, as a host waiting
- * on the GPU would. A device destination is written only when the copy's
- * turn comes. The stream sync that the first rule performs before staging
+ * device and pageable memory, are "fully synchronous" from host memory to
+ * host memory, and "For all other transfers, the function should be fully
+ * asynchronous". So every copy here is stream work, in order behind what
+ * its stream has queued (the synchronous forms: the current context's
+ * legacy stream, as cudart's cudaMemcpy is). A pageable host source is read
+ * into a staging buffer when the call is made, so the program may reuse it
+ * at once, and a host destination is written before the call returns: the
+ * call completes its stream up to the copy, as a host waiting on the GPU
+ * would. Page-locked memory (cuMemHostAlloc) is where the Async forms are
+ * asynchronous: such a source is read, and such a destination written,
+ * only when the copy's turn comes, and the call does not wait (the program
+ * must not touch the buffer before the stream has reached the copy); the
+ * synchronous forms wait for the copy from or to it. A device destination
+ * is written only when the copy's turn comes. The stream sync that the first rule performs before staging
  * is not modelled: completing earlier work there would only hide what a
  * program (or the shim) leaves queued, and the newer text says only
  * "might". During a capture the copy is the graph's and never runs.
@@ -3109,8 +3397,15 @@ static CUresult copy_on(void *dst, const void *src, size_t n, CUstream h, bool s
     if (!c)
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
     *c = (async_copy){dst, src, n, NULL};
-    const bool host_dst = !device_memory(dst);
-    if (!device_memory(src) && !s->capturing) {
+    const bool host_dst = !device_memory(dst), host_src = !device_memory(src);
+    const bool locked_dst = host_dst && find_host_alloc((uint64_t)(uintptr_t)dst, true);
+    const bool locked_src = host_src && find_host_alloc((uint64_t)(uintptr_t)src, true);
+    /* The call returns once the copy is done: the synchronous forms to any
+     * host memory and from page-locked memory; the Async ones to pageable
+     * memory, and between host buffers (see above). */
+    const bool wait = sync_form ? host_dst || locked_src
+                                : (host_dst && !locked_dst) || (host_dst && host_src);
+    if (host_src && !locked_src && !s->capturing) {
         c->staging = malloc(n);
         if (!c->staging) {
             free(c);
@@ -3120,7 +3415,7 @@ static CUresult copy_on(void *dst, const void *src, size_t n, CUstream h, bool s
         c->src = c->staging;
     }
     submit(s, run_copy, c);
-    if (host_dst && !s->capturing) {
+    if (wait && !s->capturing) {
         G.st.host_copy_waits++;
         complete_and_unlock(s);
         return CUDA_SUCCESS;
@@ -3173,10 +3468,122 @@ EXPORT CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream s
     return copy_on((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n, st, false);
 }
 
+/* "Copies from device memory in one context to device memory in another
+ * context" (cuMemcpyPeerAsync): a device-to-device copy on hStream, with no
+ * host-side synchronisation, needing no peer access (the driver goes
+ * through the host where there is none). Both contexts must be live
+ * (CUDA_ERROR_INVALID_CONTEXT) and each address inside device memory of its
+ * context's device, an allocation or a mapping, with the whole range there
+ * (CUDA_ERROR_INVALID_VALUE). */
+static bool vmm_mapped_on(CUdeviceptr p, size_t n, int dev);
+
+static bool device_range_of(CUdeviceptr p, size_t n, const fctx *c)
+{
+    const allocation *a = find_alloc(p, true);
+    if (a)
+        return a->dev == c->dev && n <= a->base + a->size - p;
+    return vmm_mapped_on(p, n, c->dev);
+}
+
+static CUresult copy_peer(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, CUcontext src_ctx,
+                          size_t n, CUstream h)
+{
+    ENTER_API();
+    const fctx *dc = (const fctx *)dst_ctx, *sc = (const fctx *)src_ctx;
+    if (!dc || !sc || dc->magic != CTX_MAGIC || sc->magic != CTX_MAGIC || !dc->alive || !sc->alive)
+        LEAVE(CUDA_ERROR_INVALID_CONTEXT);
+    if (n && (!device_range_of(dst, n, dc) || !device_range_of(src, n, sc)))
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    pthread_mutex_unlock(&G.lock);
+    CUresult r = copy_on((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n, h, false);
+    if (r == CUDA_SUCCESS) {
+        pthread_mutex_lock(&G.lock);
+        G.st.peer_copies++;
+        pthread_mutex_unlock(&G.lock);
+    }
+    return r;
+}
+
+EXPORT CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src,
+                                  CUcontext src_ctx, size_t n, CUstream h)
+{
+    CALLED();
+    return copy_peer(dst, dst_ctx, src, src_ctx, n, h);
+}
+EXPORT CUresult cuMemcpyPeerAsync_ptsz(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src,
+                                       CUcontext src_ctx, size_t n, CUstream h)
+{
+    CALLED();
+    return copy_peer(dst, dst_ctx, src, src_ctx, n, h ? h : CU_STREAM_PER_THREAD);
+}
+
+/* cuStreamWriteValue64: "Write a value to memory" as stream work, done when
+ * the stream reaches it. Its pointer is a device pointer ("all memory
+ * pointers passed as parameters to these operations are device pointers"):
+ * device memory, or page-locked host memory (the device reaches it at its
+ * host address here), with all 8 bytes inside it; the flags are
+ * CUstreamWriteValue_flags. cuda.h lists CUDA_ERROR_INVALID_VALUE and
+ * CUDA_ERROR_NOT_SUPPORTED only, so a bad stream is an invalid value too.
+ * cuda.h does not state an alignment; the fake asks for 8 bytes, the
+ * stricter reading (the hardware writes the value at once). */
+typedef struct value_write {
+    uint64_t *at;
+    uint64_t value;
+} value_write;
+
+static void run_value_write(void *arg)
+{
+    value_write *w = arg;
+    *w->at = w->value;
+    free(w);
+}
+
+static CUresult write_value64(CUstream h, CUdeviceptr addr, cuuint64_t value, unsigned flags)
+{
+    ENTER_API();
+    fstream *s = stream_of(h);
+    if (!s || (flags & ~(unsigned)CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER) || addr % 8)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    const allocation *a = find_alloc(addr, true);
+    const host_allocation *ha = a ? NULL : find_host_alloc(addr, true);
+    bool inside = a ? 8 <= a->base + a->size - addr
+                  : ha ? 8 <= ha->base + ha->size - addr
+                       : vmm_mapped_on(addr, 8, -1);
+    if (!inside)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    CUresult r = legacy_use(s);
+    if (r != CUDA_SUCCESS)
+        LEAVE(r);
+    value_write *w = malloc(sizeof *w);
+    if (!w)
+        LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+    *w = (value_write){(uint64_t *)(uintptr_t)addr, value};
+    submit(s, run_value_write, w);
+    G.st.stream_value_writes++;
+    maybe_autocomplete_and_unlock(s);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamWriteValue64_v2(CUstream h, CUdeviceptr addr, cuuint64_t value,
+                                        unsigned int flags)
+{
+    CALLED();
+    return write_value64(h, addr, value, flags);
+}
+EXPORT CUresult cuStreamWriteValue64_v2_ptsz(CUstream h, CUdeviceptr addr, cuuint64_t value,
+                                             unsigned int flags)
+{
+    CALLED();
+    return write_value64(h ? h : CU_STREAM_PER_THREAD, addr, value, flags);
+}
+
 /* "The cudaMemset functions are asynchronous with respect to the host
  * except when the target memory is pinned host memory" (API
  * synchronization behavior): a memset of device memory is legacy-stream
- * work, done when its turn comes. */
+ * work, done when its turn comes; of page-locked host memory (at its device
+ * address, which is its host address here) it is done when the call
+ * returns, after the work queued before it. Pageable memory is no device
+ * pointer: CUDA_ERROR_INVALID_VALUE. */
 typedef struct async_set {
     void *dst;
     unsigned char v;
@@ -3200,7 +3607,8 @@ EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n)
     CUresult r = legacy_use(s);
     if (r != CUDA_SUCCESS)
         LEAVE(r);
-    if (!device_memory((void *)(uintptr_t)d))
+    const bool locked = find_host_alloc(d, true) != NULL;
+    if (!locked && !device_memory((void *)(uintptr_t)d))
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     if (n == 0)
         LEAVE(CUDA_SUCCESS);
@@ -3209,7 +3617,10 @@ EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n)
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
     *a = (async_set){(void *)(uintptr_t)d, v, n};
     submit(s, run_set, a);
-    maybe_autocomplete_and_unlock(s);
+    if (locked && !s->capturing)
+        complete_and_unlock(s);
+    else
+        maybe_autocomplete_and_unlock(s);
     return CUDA_SUCCESS;
 }
 
@@ -3448,6 +3859,20 @@ static bool vmm_mapping_range(CUdeviceptr ptr, CUdeviceptr *base, size_t *size)
         *size = m->size;
     }
     return m != NULL;
+}
+
+/* Lock held: is [p, p + n) mapped throughout, by mappings of device dev's
+ * memory (-1: any device's)? Neighbouring mappings of one reservation make
+ * one range of addresses, as a pool's granules do. */
+static bool vmm_mapped_on(CUdeviceptr p, size_t n, int dev)
+{
+    for (CUdeviceptr at = p; at - p < n;) {
+        const vmm_range *m = vmm_mapping_at(at);
+        if (!m || (dev >= 0 && m->h->dev != dev))
+            return false;
+        at = m->base + m->size;
+    }
+    return n > 0;
 }
 
 /* Lock held: is ptr inside a reservation? */
@@ -3896,6 +4321,16 @@ static const proc procs[] = {
     P("cuGetErrorString", 6000, cuGetErrorString),
     P("cuGetErrorName", 6000, cuGetErrorName),
     P("cuGetExportTable", 3000, cuGetExportTable),
+    P("cuDeviceGetPCIBusId", 4010, cuDeviceGetPCIBusId),
+    P("cuMemHostAlloc", 2020, cuMemHostAlloc),
+    P("cuMemFreeHost", 2000, cuMemFreeHost),
+    P("cuMemHostGetDevicePointer", 3020, cuMemHostGetDevicePointer_v2),
+    P("cuMemcpyPeerAsync", 4000, cuMemcpyPeerAsync),
+    PZ("cuMemcpyPeerAsync", 7000, cuMemcpyPeerAsync_ptsz),
+    P("cuMemPoolSetAccess", 11020, cuMemPoolSetAccess),
+    P("cuMemPoolGetAccess", 11020, cuMemPoolGetAccess),
+    P("cuStreamWriteValue64", 12000, cuStreamWriteValue64_v2),
+    PZ("cuStreamWriteValue64", 12000, cuStreamWriteValue64_v2_ptsz),
     P("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
     P("cuMemAddressReserve", 10020, cuMemAddressReserve),
     P("cuMemAddressFree", 10020, cuMemAddressFree),
