@@ -36,10 +36,12 @@ static void before_fork(void)
     pools_lock_for_fork(true);
     streams_lock();
     platform_lock_for_fork(true);
+    vmm_door_lock_for_fork(true);
 }
 
 static void after_fork_parent(void)
 {
+    vmm_door_lock_for_fork(false);
     platform_lock_for_fork(false);
     streams_unlock();
     pools_lock_for_fork(false);
@@ -47,6 +49,7 @@ static void after_fork_parent(void)
 
 static void after_fork_child(void)
 {
+    vmm_door_lock_for_fork(false);
     platform_lock_for_fork(false);
     streams_unlock();
     pools_lock_for_fork(false);

@@ -62,6 +62,9 @@ static hook hooks[] = {
     H(cuDevicePrimaryCtxRelease_v2),
     H(cuGetProcAddress),
     H(cuGetProcAddress_v2),
+    H(cuMemCreate),
+    H(cuMemRetainAllocationHandle),
+    H(cuMemRelease),
 };
 #define NHOOKS (sizeof hooks / sizeof hooks[0])
 

@@ -1,7 +1,8 @@
 /*
  * shim.h - what the modules of libbfcshim.so share. Not installed.
  *
- *   door_runtime.c  door_driver.c      exported CUDA entry points (two doors)
+ *   door_runtime.c  door_driver.c      exported CUDA entry points (two doors;
+ *   door_vmm.c                         the virtual memory door counts for now)
  *   api.c                              the C interface of bfcshim.h (third door)
  *          \            /
  *           service.c                  one allocation service: pools, policy,
@@ -587,6 +588,17 @@ typedef struct platform_counts {
 } platform_counts;
 void platform_get_counts(platform_counts *out);
 void platform_lock_for_fork(bool lock);
+
+/* The virtual memory door (door_vmm.c): physical memory the program makes
+ * with cuMemCreate, per device, while it lives; not pooled yet. */
+#define SHIM_MAX_DEVICES 64
+typedef struct vmm_door_counts {
+    uint64_t bytes, peak_bytes, creates;
+} vmm_door_counts;
+void vmm_door_get_counts(int dev, vmm_door_counts *out);
+/* Sums over devices (peak: the sum of each device's peak). */
+void vmm_door_total(vmm_door_counts *out);
+void vmm_door_lock_for_fork(bool hold);
 /* Pitch and size of a pitched allocation: the width rounded up to the row
  * alignment the real driver uses on the pool's device; false when the
  * arguments are invalid or overflow. */

@@ -93,6 +93,12 @@ static void pool_json(json_out *j, shim_pool *sp, const bfc_stats *s)
     json_u64(j, "total_memory", sp->total_memory);
     json_u64(j, "prealloc_us", sp->prealloc_us);
     json_u64(j, "passthrough_allocs", atomic_load(&sp->passthrough_allocs));
+    /* the device's memory the program made itself with cuMemCreate */
+    vmm_door_counts vc;
+    vmm_door_get_counts((int)sp->dev, &vc);
+    json_u64(j, "passthrough_vmm_bytes", vc.bytes);
+    json_u64(j, "passthrough_vmm_peak_bytes", vc.peak_bytes);
+    json_u64(j, "passthrough_vmm_creates", vc.creates);
     json_object_close(j);
 }
 
@@ -192,6 +198,12 @@ static void write_json(FILE *f)
     json_u64(&j, "driver_alloc_calls", w.driver_allocs + pc.num_allocs);
     json_u64(&j, "driver_free_calls", w.driver_frees + pc.num_frees);
     json_u64(&j, "passthrough_allocs", atomic_load(&shim_passthrough_allocs));
+    /* Every device's, pools or not (JAX may use a device no pool serves). */
+    vmm_door_counts vc;
+    vmm_door_total(&vc);
+    json_u64(&j, "passthrough_vmm_bytes", vc.bytes);
+    json_u64(&j, "passthrough_vmm_peak_bytes", vc.peak_bytes);
+    json_u64(&j, "passthrough_vmm_creates", vc.creates);
     json_object_close(&j);
     json_end(&j);
 }
@@ -326,6 +338,13 @@ static void pool_summary(void *arg, shim_pool *sp, const bfc_stats *st)
             (unsigned long long)st->num_ooms,
             format_size(st->largest_free_block_bytes, a, sizeof a), st->fragmentation,
             (unsigned long long)st->num_fence_waits);
+    vmm_door_counts vc;
+    vmm_door_get_counts((int)sp->dev, &vc);
+    if (vc.creates)
+        fprintf(f, "    around the pool: %s made by the program with cuMemCreate (peak %s, "
+                   "%llu allocation(s)), not pooled\n",
+                format_size(vc.bytes, a, sizeof a), format_size(vc.peak_bytes, b, sizeof b),
+                (unsigned long long)vc.creates);
     if (st->num_planned || st->num_plan_misses || st->num_plan_spare || st->plan_abandoned) {
         char plan[160];
         plan_counts_text(st, plan, sizeof plan);

@@ -194,6 +194,12 @@ for allocator in ALLOCATORS:
           f"the shim's own granules included, and {fake_peak['mem_alloc_async_calls']} "
           f"cuMemAllocAsync); shim pass-through counter {passthrough}")
     check(passthrough == 0, f"{tag}: nothing the shim saw passed through: {passthrough}")
+    # What goes around the pool is counted: the virtual memory door counts
+    # the physical memory XLA makes itself while it lives.
+    vmm = (out["peak"]["shim"] or {}).get("passthrough_vmm_bytes")
+    results[allocator]["passthrough_vmm_bytes"] = vmm
+    check(vmm == past, f"{tag}: the shim counts what went around the pool: "
+          f"passthrough_vmm_bytes {vmm}, outside the pools {past}")
     if allocator == "cuda_async":
         # Served today through the shim's stream-ordered door.
         check(fake_peak["mem_alloc_async_calls"] == 0 and allocs >= out["rounds"] -

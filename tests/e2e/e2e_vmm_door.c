@@ -1,0 +1,175 @@
+/*
+ * e2e_vmm_door.c - the virtual memory door (shim/lib/door_vmm.c) seen by a
+ * program that allocates as XLA 0.11.2 does: the driver opened with dlopen,
+ * every function found with dlsym on that handle (or cuGetProcAddress), and
+ * each buffer its own physical allocation (XLA_PYTHON_CLIENT_ALLOCATOR=
+ * platform): granularity, cuMemCreate asking for a file-descriptor handle,
+ * cuMemAddressReserve, cuMemMap, cuMemSetAccess; at a delete
+ * cuCtxSynchronize, cuMemUnmap, cuMemRelease, cuMemAddressFree. The door
+ * does not pool this memory yet; it must count it (passthrough_vmm_* in the
+ * statistics) while it lives, and only then. Scenarios:
+ *
+ *   xla-platform  buffers of several sizes made and deleted in XLA's order:
+ *                 the count follows the live physical bytes at every step,
+ *                 its peak and the number of creates too; a handle retained
+ *                 from an address (cuMemRetainAllocationHandle, as NCCL's
+ *                 buffer registration does) keeps its memory counted until
+ *                 that reference is released too; contents survive
+ *   procaddr      the same create and release reached through
+ *                 cuGetProcAddress_v2, as PyTorch's expandable segments do
+ *                 (through cudaGetDriverEntryPointByVersion)
+ *   hooks-off     (BFCSHIM_DRIVER_HOOKS=0) nothing is counted
+ */
+#include <cuda.h>
+
+#include "e2e_cu.h"
+#include "shim_stats.h"
+
+#define MiB ((size_t)1 << 20)
+
+static size_t gran;
+
+static CUmemAllocationProp exportable_on(int dev)
+{
+    CUmemAllocationProp p;
+    memset(&p, 0, sizeof p);
+    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = dev;
+    p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR; /* as XLA asks */
+    return p;
+}
+
+static void start(void)
+{
+    e2e_cu_load();
+    CUcontext c;
+    CHECK_EQ(D.Init(0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(c), CUDA_SUCCESS);
+    CUmemAllocationProp p = exportable_on(0);
+    CHECK_EQ(D.MemGetAllocationGranularity(&gran, &p, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED),
+             CUDA_SUCCESS);
+    CHECK(gran > 0);
+}
+
+typedef struct buffer {
+    CUdeviceptr at;
+    size_t size; /* rounded up to the granularity, as XLA rounds */
+    CUmemGenericAllocationHandle h;
+} buffer;
+
+static buffer make(size_t want)
+{
+    buffer b = {0, (want + gran - 1) / gran * gran, 0};
+    CUmemAllocationProp p = exportable_on(0);
+    CUmemAccessDesc a = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    CHECK_EQ(D.MemCreate(&b.h, b.size, &p, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.MemAddressReserve(&b.at, b.size, gran, 0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.MemMap(b.at, b.size, 0, b.h, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.MemSetAccess(b.at, b.size, &a, 1), CUDA_SUCCESS);
+    return b;
+}
+
+static void delete(buffer *b)
+{
+    CUresult (*sync)(void) = (CUresult (*)(void))e2e_dlsym(e2e_open_libcuda(), "cuCtxSynchronize");
+    CHECK_EQ(sync(), CUDA_SUCCESS);
+    CHECK_EQ(D.MemUnmap(b->at, b->size), CUDA_SUCCESS);
+    CHECK_EQ(D.MemRelease(b->h), CUDA_SUCCESS);
+    CHECK_EQ(D.MemAddressFree(b->at, b->size), CUDA_SUCCESS);
+    *b = (buffer){0};
+}
+
+static long long counted(void) { return shim_stat_number("passthrough_vmm_bytes"); }
+
+static void xla_platform(void)
+{
+    start();
+    static const size_t wants[] = {1, 3 * MiB, 40 * MiB, 2 * MiB, 100 * MiB + 7};
+    enum { N = sizeof wants / sizeof wants[0] };
+    buffer b[N];
+    long long live = 0, peak = 0;
+    CHECK_EQ(counted(), 0);
+    for (int i = 0; i < N; i++) {
+        b[i] = make(wants[i]);
+        live += (long long)b[i].size;
+        peak = live > peak ? live : peak;
+        CHECK_EQ(counted(), live);
+        memset((void *)(uintptr_t)b[i].at, 0x40 + i, b[i].size);
+    }
+    CHECK_EQ(shim_stat_number("passthrough_vmm_creates"), N);
+    const CUmemGenericAllocationHandle first = b[0].h;
+    /* NCCL's registration of a user buffer: a reference from an address. */
+    CUmemGenericAllocationHandle again = 0;
+    CHECK_EQ(D.MemRetainAllocationHandle(&again, (void *)(uintptr_t)(b[2].at + MiB)),
+             CUDA_SUCCESS);
+    CHECK_EQ(again, b[2].h);
+    CHECK_EQ(counted(), live); /* the same memory, not more */
+    for (int i = 0; i < N; i += 2) { /* every other buffer deleted */
+        size_t size = b[i].size;
+        delete(&b[i]);
+        if (i != 2)
+            live -= (long long)size;
+        CHECK_EQ(counted(), live);
+    }
+    /* b[2]'s memory lives on in the retained reference (the driver keeps
+     * it too: it may be mapped again); its release ends it. */
+    CHECK_EQ(D.MemRelease(again), CUDA_SUCCESS);
+    live -= 40 * MiB;
+    CHECK_EQ(counted(), live);
+    for (int i = 1; i < N; i += 2) {
+        const unsigned char *bytes = (const unsigned char *)(uintptr_t)b[i].at;
+        CHECK(bytes[0] == 0x40 + i && bytes[b[i].size - 1] == 0x40 + i);
+        live -= (long long)b[i].size;
+        delete(&b[i]);
+        CHECK_EQ(counted(), live);
+    }
+    CHECK_EQ(counted(), 0);
+    CHECK_EQ(shim_stat_number("passthrough_vmm_peak_bytes"), peak);
+    /* A release the driver refuses (a handle already gone) changes nothing. */
+    CHECK(D.MemRelease(first) != CUDA_SUCCESS);
+    CHECK_EQ(counted(), 0);
+}
+
+static void procaddr(void)
+{
+    start();
+    CUresult (*get)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *) =
+        (CUresult (*)(const char *, void **, int, cuuint64_t,
+                      CUdriverProcAddressQueryResult *))e2e_dlsym(e2e_open_libcuda(),
+                                                                  "cuGetProcAddress_v2");
+    CUresult (*create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                       unsigned long long) = NULL;
+    CUresult (*release)(CUmemGenericAllocationHandle) = NULL;
+    CHECK_EQ(get("cuMemCreate", (void **)&create, 12000, CU_GET_PROC_ADDRESS_DEFAULT, NULL),
+             CUDA_SUCCESS);
+    CHECK_EQ(get("cuMemRelease", (void **)&release, 12000, CU_GET_PROC_ADDRESS_DEFAULT, NULL),
+             CUDA_SUCCESS);
+    CUmemAllocationProp p = exportable_on(0);
+    CUmemGenericAllocationHandle h = 0;
+    CHECK_EQ(create(&h, 10 * gran, &p, 0), CUDA_SUCCESS);
+    CHECK_EQ(counted(), (long long)(10 * gran));
+    CHECK_EQ(release(h), CUDA_SUCCESS);
+    CHECK_EQ(counted(), 0);
+    CHECK_EQ(shim_stat_number("passthrough_vmm_creates"), 1);
+}
+
+static void hooks_off(void)
+{
+    start();
+    buffer b = make(8 * MiB);
+    CHECK_EQ(counted(), 0);
+    delete(&b);
+    CHECK_EQ(shim_stat_number("passthrough_vmm_creates"), 0);
+}
+
+int main(int argc, char **argv)
+{
+    static const e2e_scenario scenarios[] = {
+        {"xla-platform", xla_platform},
+        {"procaddr", procaddr},
+        {"hooks-off", hooks_off}};
+    return e2e_main("e2e_vmm_door", scenarios, sizeof scenarios / sizeof scenarios[0], argc,
+                    argv);
+}
