@@ -66,6 +66,7 @@ SHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
         return refuse("cuMemAlloc_v2", "NULL result pointer");
     if (size == 0)
         return refuse("cuMemAlloc_v2", "size 0 (the driver refuses it too)");
+    svc_next_alloc_in_current_context();
     return svc_cuda_result(svc_alloc(sp, size, BFC_NO_LANE, NULL, dptr, "cuMemAlloc_v2"));
 }
 
@@ -93,6 +94,7 @@ SHIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
     if (!svc_pitch(sp, width, height, element_size, &p, &bytes))
         return refuse("cuMemAllocPitch_v2", "zero width or height, element size not 4, 8 or "
                                             "16, or a size that overflows");
+    svc_next_alloc_in_current_context();
     CUresult r =
         svc_cuda_result(svc_alloc(sp, bytes, BFC_NO_LANE, NULL, dptr, "cuMemAllocPitch_v2"));
     if (r == CUDA_SUCCESS)
@@ -234,6 +236,8 @@ static CUresult alloc_async(int z, CUdeviceptr *dptr, size_t size, CUstream s, c
         svc_note_passthrough();
         return PASS(MemAllocAsync[z], dptr, size, s);
     }
+    if (!svc_explicit_stream(s)) /* (svc_current_pool's) */
+        svc_next_alloc_in_current_context();
     return svc_cuda_result(svc_alloc(sp, size, pool_lane_for_alloc(sp, s, z), s, dptr, api));
 }
 
@@ -257,6 +261,8 @@ static CUresult alloc_from_pool(int z, CUdeviceptr *dptr, size_t size, CUmemoryP
         svc_note_passthrough();
         return PASS(MemAllocFromPoolAsync[z], dptr, size, pool, s);
     }
+    if (!svc_explicit_stream(s)) /* (svc_current_pool's) */
+        svc_next_alloc_in_current_context();
     return svc_cuda_result(svc_alloc(sp, size, pool_lane_for_alloc(sp, s, z), s, dptr, api));
 }
 

@@ -158,6 +158,7 @@ SHIM_EXPORT cudaError_t cudaMalloc(void **p, size_t size)
     if (!active || !p || size == 0 || !(sp = runtime_pool()))
         return counted_alloc(real_malloc(p, size), p, size);
     CUdeviceptr d = 0;
+    svc_next_alloc_in_current_context();
     svc_status st = svc_alloc(sp, size, BFC_NO_LANE, NULL, &d, "cudaMalloc");
     if (st == SVC_OK)
         *p = (void *)(uintptr_t)d;
@@ -189,6 +190,7 @@ SHIM_EXPORT cudaError_t cudaMallocPitch(void **p, size_t *pitch, size_t width, s
         return fail(cudaErrorInvalidValue);
     }
     CUdeviceptr d = 0;
+    svc_next_alloc_in_current_context();
     svc_status st = svc_alloc(sp, bytes, BFC_NO_LANE, NULL, &d, "cudaMallocPitch");
     if (st == SVC_OK) {
         *p = (void *)(uintptr_t)d;
@@ -243,6 +245,8 @@ static cudaError_t malloc_async(int z, void **p, size_t size, cudaStream_t s, co
     if (!sp || !svc_default_pool_current(sp->dev))
         return pass_alloc_async(f, p, size, s);
     CUdeviceptr d = 0;
+    if (!svc_explicit_stream((CUstream)s)) /* (runtime_pool's) */
+        svc_next_alloc_in_current_context();
     svc_status st = svc_alloc(sp, size, pool_lane_for_alloc(sp, (CUstream)s, z), (CUstream)s, &d, api);
     if (st == SVC_OK)
         *p = (void *)(uintptr_t)d;
@@ -283,6 +287,8 @@ static cudaError_t malloc_from_pool(int z, void **p, size_t size, cudaMemPool_t 
         return e;
     }
     CUdeviceptr d = 0;
+    if (!svc_explicit_stream((CUstream)s)) /* (runtime_pool's) */
+        svc_next_alloc_in_current_context();
     svc_status st = svc_alloc(sp, size, pool_lane_for_alloc(sp, (CUstream)s, z), (CUstream)s, &d, api);
     if (st == SVC_OK)
         *p = (void *)(uintptr_t)d;

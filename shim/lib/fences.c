@@ -328,6 +328,7 @@ bool fences_sync_blind(shim_pool *sp)
 bool fences_seal(void *ctx, uint32_t lane, uint64_t token)
 {
     shim_pool *sp = ctx;
+    pools_context_needed(sp);
     const real_driver *R = real_driver_get();
     /* Only the plain lane fences other streams than its own. */
     bool plain = lane == sp->plain_lane;
@@ -456,6 +457,7 @@ static void drop_head(shim_pool *sp, const real_driver *R, fence_queue *q)
 bool fences_done(void *ctx, uint32_t lane, uint64_t token, bool wait)
 {
     shim_pool *sp = ctx;
+    pools_context_needed(sp);
     const real_driver *R = real_driver_get();
     fence_queue *q = sp->fences[lane];
     /* Fences older than the token asked about cover no block any more (the

@@ -81,7 +81,7 @@ static void retire(shim_pool *sp)
 
 static int region_alloc(void *ctx, uint64_t size, bfc_addr *base)
 {
-    (void)ctx;
+    pools_context_needed(ctx);
     const real_driver *R = real_driver_get();
     CUdeviceptr p = 0;
     CUresult r = R->MemAlloc(&p, (size_t)size);
@@ -96,7 +96,8 @@ static int region_alloc(void *ctx, uint64_t size, bfc_addr *base)
 
 static void region_free(void *ctx, bfc_addr base, uint64_t size)
 {
-    (void)ctx, (void)size;
+    (void)size;
+    pools_context_needed(ctx);
     real_driver_get()->MemFree(base);
 }
 
@@ -443,22 +444,42 @@ shim_pool *pool_for_context(CUcontext ctx, bool create)
     return found;
 }
 
+/* By address alone: live pools own disjoint device memory (a pool whose
+ * context went is dead before a new one can get its addresses), so no
+ * question to the driver is needed (it was a cuCtxGetCurrent per free, for
+ * a hint a range check answers). */
 shim_pool *pool_owning(CUdeviceptr addr)
 {
-    const real_driver *R = real_driver_get();
-    CUcontext cur = NULL;
-    if (R)
-        R->CtxGetCurrent(&cur);
-    shim_pool *mine = cur ? pool_for_context(cur, false) : NULL;
-    if (mine && bfc_pool_owns(mine->bfc, addr))
-        return mine;
     size_t n = atomic_load(&npools);
     for (size_t i = 0; i < n; i++) {
         shim_pool *sp = atomic_load(&registry[i]);
-        if (sp && sp != mine && !atomic_load(&sp->dead) && bfc_pool_owns(sp->bfc, addr))
+        if (sp && !atomic_load(&sp->dead) && bfc_pool_owns(sp->bfc, addr))
             return sp;
     }
     return NULL;
+}
+
+static _Thread_local pool_context_scope lazy_context;
+
+void pools_context_lazy_begin(shim_pool *sp, pool_context_scope *saved)
+{
+    *saved = lazy_context;
+    lazy_context = (pool_context_scope){sp, false};
+}
+
+void pools_context_lazy_end(const pool_context_scope *saved)
+{
+    if (lazy_context.pushed)
+        real_ctx_leave(real_driver_get(), true);
+    lazy_context = *saved;
+}
+
+void pools_context_needed(shim_pool *sp)
+{
+    if (lazy_context.want != sp)
+        return;
+    lazy_context.want = NULL; /* entered from here on */
+    lazy_context.pushed = real_ctx_enter(real_driver_get(), sp->ctx);
 }
 
 /* Which thread's teardown forgot a pool: the address of a thread-local,

@@ -125,16 +125,27 @@ void svc_note_passthrough(void)
 
 /* ---- allocation ----------------------------------------------------------------- */
 
-/* Runs the engine with the pool's context current: it may take a region,
- * and seal fences, whose CUDA calls act on the current context (a
- * stream-ordered call on another device's stream arrives with another
- * context current). */
+/* Runs the engine with the pool's context current where it needs one: it
+ * may take a region, map granules and seal fences, whose CUDA calls act on
+ * the current context (a stream-ordered call on another device's stream
+ * arrives with another context current). Most allocations make no CUDA call
+ * at all, so the context is entered only when the engine's first backend
+ * call asks for it (pools_context_needed), not asked about on every
+ * allocation: that was a cuCtxGetCurrent per allocation for nothing. */
+static _Thread_local bool next_in_current_context;
+
+void svc_next_alloc_in_current_context(void) { next_in_current_context = true; }
+
 static bfc_status pool_alloc_in_context(shim_pool *sp, size_t size, uint32_t lane, bfc_addr *a)
 {
-    const real_driver *R = real_driver_get();
-    bool pushed = real_ctx_enter(R, sp->ctx);
+    bool current = next_in_current_context;
+    next_in_current_context = false;
+    if (current) /* the door found sp as its current context's pool: entered */
+        return bfc_pool_alloc(sp->bfc, size, lane, a);
+    pool_context_scope scope;
+    pools_context_lazy_begin(sp, &scope);
     bfc_status st = bfc_pool_alloc(sp->bfc, size, lane, a);
-    real_ctx_leave(R, pushed);
+    pools_context_lazy_end(&scope);
     return st;
 }
 

@@ -380,6 +380,20 @@ void pools_primary_gone(CUdevice dev);
  * work may still touch the granules; and not another thread's, whose call
  * may still be running. */
 void pools_give_back_forgotten(bool context_went);
+/* Lazy context entry (pools.c): between begin and end, the calling
+ * thread's first backend call for sp (pools_context_needed, at the top of
+ * every backend callback that calls CUDA) makes sp's context current;
+ * end restores the thread's context if that pushed one. Outside such a
+ * scope pools_context_needed does nothing: the caller entered the context
+ * itself. Scopes nest (the outer one is saved in `saved`). */
+typedef struct pool_context_scope {
+    shim_pool *want; /* the pool whose context is wanted, until entered */
+    bool pushed;     /* entering pushed it: end pops */
+} pool_context_scope;
+void pools_context_lazy_begin(shim_pool *sp, pool_context_scope *saved);
+void pools_context_lazy_end(const pool_context_scope *saved);
+void pools_context_needed(shim_pool *sp);
+
 /* Number of live pools, and the i-th (for stats and fork handlers). */
 size_t pools_count(void);
 shim_pool *pools_at(size_t i);
@@ -546,6 +560,10 @@ bool svc_explicit_stream(CUstream s);
 bool svc_default_pool_current(CUdevice dev);
 void svc_note_device_pool(CUdevice dev, CUmemoryPool pool);
 /* `stream` is only recorded in the trace; the lane decides reuse. */
+/* Said by a door right before svc_alloc when it found sp as the pool of the
+ * calling thread's current context (svc_current_pool, the runtime's): the
+ * engine's CUDA calls then need no context switch, and none is asked for. */
+void svc_next_alloc_in_current_context(void);
 svc_status svc_alloc(shim_pool *sp, size_t size, uint32_t lane, CUstream stream,
                      CUdeviceptr *out, const char *api);
 svc_status svc_free(CUdeviceptr ptr, free_kind kind, CUstream stream, bool per_thread,

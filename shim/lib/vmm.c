@@ -141,6 +141,7 @@ CUresult vmm_probe(const real_driver *R, CUdevice dev, uint64_t granule, const c
 static int va_reserve(void *ctx, uint64_t size, bfc_addr *base)
 {
     shim_pool *sp = ctx;
+    pools_context_needed(sp);
     CUdeviceptr p = 0;
     CUresult r = real_driver_get()->MemAddressReserve(&p, (size_t)size, (size_t)sp->vmm_granule,
                                                       0, 0);
@@ -168,7 +169,7 @@ static int va_reserve(void *ctx, uint64_t size, bfc_addr *base)
 
 static void va_free(void *ctx, bfc_addr base, uint64_t size)
 {
-    (void)ctx;
+    pools_context_needed(ctx);
     real_driver_get()->MemAddressFree(base, (size_t)size);
 }
 
@@ -406,6 +407,7 @@ static CUresult map_one(shim_pool *sp, const real_driver *R, CUdeviceptr at,
 static int map_range(void *ctx, bfc_addr addr, uint64_t size)
 {
     shim_pool *sp = ctx;
+    pools_context_needed(sp);
     const real_driver *R = real_driver_get();
     const uint64_t g = sp->vmm_granule;
     CUmemAllocationProp prop = device_prop(sp->dev);
@@ -432,6 +434,7 @@ static int map_range(void *ctx, bfc_addr addr, uint64_t size)
 
 static void unmap_range(void *ctx, bfc_addr addr, uint64_t size)
 {
+    pools_context_needed(ctx);
     unmap_granules(ctx, real_driver_get(), addr, size);
 }
 
@@ -441,6 +444,7 @@ static void unmap_range(void *ctx, bfc_addr addr, uint64_t size)
 static void keep(void *ctx, bool on)
 {
     shim_pool *sp = ctx;
+    pools_context_needed(sp);
     sp->vmm_keeping = on;
     if (on)
         return;
@@ -461,6 +465,7 @@ static void keep(void *ctx, bool on)
 static bool release_ready(void *ctx)
 {
     shim_pool *sp = ctx;
+    pools_context_needed(sp);
     if (shim_config_get()->free_policy != FREE_IMMEDIATE)
         return true;
     streams_use_begin();
