@@ -525,7 +525,7 @@ static int end_pinning_fewer(const chunk *c, uint64_t rounded, uint64_t mask)
  * blocks most likely to stay (whole-granule tensors) already sit on the
  * boundaries the first overflow can remap around. Without it, 2-8 MiB
  * blocks placed 64 KiB past a boundary pinned a granule more than they
- * filled (docs/benchmarks.md, "Whole-granule blocks at a boundary end").
+ * filled (docs/results/benchmarks-history.md, "Whole-granule blocks at a boundary end").
  */
 static int end_on_granule_boundary(const bfc_pool *p, const chunk *c, bool high, bool edges)
 {

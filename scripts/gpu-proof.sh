@@ -63,7 +63,7 @@
 #               expected to run out, the default to run, moving memory: its
 #               step time and moved bytes), both at 16 GiB, where both run
 #               and the default is expected to move nothing (replayed:
-#               docs/benchmarks.md, "One region first"), both with room to
+#               docs/results/benchmarks-history.md, "One region first"), both with room to
 #               spare, and the largest batch under 16 GiB in the default;
 #               at the two tight limits also the spread layout
 #               (BFCSHIM_VMM_LAYOUT=spread: less memory, moves in every step

@@ -81,7 +81,7 @@ def pressure_verdict(results):
     """The pressure step's band arms side by side, where one region also
     runs: the default pool over virtual memory is laid out as one region
     until nothing fits there, so it should move nothing and take as long
-    (docs/benchmarks.md, "One region first"; the granule choices of end
+    (docs/results/benchmarks-history.md, "One region first"; the granule choices of end
     made there change nothing on this job at 2% and 3% above its peak,
     replayed: "Granule choices of end before the first overflow"); None
     without both arms' step

@@ -277,7 +277,7 @@ static bool serves_all_at(void *ctx, uint64_t bytes)
  * of any other size has a nook under its top edge that only small blocks
  * fit in, and where they land then changes every later hole: the search
  * at 256-byte steps found pools the shim never makes, a few of which the
- * default rule served by luck while larger ones failed (docs/benchmarks.md,
+ * default rule served by luck while larger ones failed (docs/results/benchmarks-history.md,
  * "Sizes the shim makes"). Why the check above: success is not monotone in
  * the size (one block placed elsewhere moves every later hole), and a
  * figure under which a larger pool still fails would promise too much.

@@ -170,7 +170,7 @@ void pools_lock_for_fork(bool lock)
  * over virtual memory is laid out as one region until nothing fits there
  * (bfc_options.prealloc_spread off), so it places and holds exactly what
  * one cuMemAlloc region would, and moves free memory where that region
- * would have failed (docs/benchmarks.md, "One region first");
+ * would have failed (docs/results/benchmarks-history.md, "One region first");
  * BFCSHIM_VMM_LAYOUT=spread lays it out by the rules of virtual memory from
  * the start instead (create_pool). auto stays on
  * cuMemAlloc with more than 64 devices, where peers that enable access

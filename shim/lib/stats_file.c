@@ -2,7 +2,7 @@
  * stats_file.c - the pools' statistics for people and programs.
  *
  *   BFCSHIM_STATS_FILE=path  JSON at exit (the contract in
- *                            README, "Statistics, traces and
+ *                            docs/usage.md, "Statistics, traces and
  *                            out-of-memory reports"), and on
  *                            demand: create path.request (a regular
  *                            file of the process's own user) and the

@@ -152,7 +152,7 @@ check(actions.count("allocate") == 10 and actions.count("free") == 10,
 #     at exit (trace, stats file, summary) may find the pool held; it waits
 #     for it once (100 ms), not once per writer: every wait names the pool
 #     in the log, so one line is the check. How long the writers took is
-#     printed, not bounded: under load (scripts/config-audit.py runs four
+#     printed, not bounded: under load (scripts/research/config-audit.py runs four
 #     tests at once) it reached 0.37 s with one wait (one log line).
 busy_stats = os.path.join(work, "busy.json")
 busy_trace = os.path.join(work, "busy.csv")

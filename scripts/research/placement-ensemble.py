@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Placement measured on perturbed copies of real traces, not on one recording.
 
-    scripts/placement-ensemble.py [--copies DIR] [--seeds N] [--figure KEY] \\
+    scripts/research/placement-ensemble.py [--copies DIR] [--seeds N] [--figure KEY] \\
         NAME=BFCSHIM[,ARG...] [NAME=...] -- TRACE.csv[.gz]...
 
 The smallest pool of one trace is a chaotic function of placement: one small
@@ -10,7 +10,7 @@ lose a few percent on a trace by luck. A second run of the same job differs
 from the recording in just such small ways (allocations of two threads in
 another order, one more or one fewer small block). So each candidate is
 replayed (`bfcshim replay --min-pool`) on N copies of every trace made by
-scripts/perturb-trace.py per kind (swap 2%, drop 1%, insert 1%; seeds 1..N),
+scripts/research/perturb-trace.py per kind (swap 2%, drop 1%, insert 1%; seeds 1..N),
 and a trace's figure is the mean efficiency over its copies.
 
 A candidate is a name, a bfcshim binary and replay arguments, comma

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Leave-one-out cross-validation of placement settings on real traces.
 
-    scripts/placement-cv.py [--bfcshim build/bfcshim] TRACE.csv[.gz]...
+    scripts/research/placement-cv.py [--bfcshim build/bfcshim] TRACE.csv[.gz]...
 
 Replays every trace with `bfcshim replay --min-pool` under each candidate
 setting (age placement, and aligned placement at each --align cap), then, for

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What a lookahead of W allocations would buy: rolling-horizon packing.
 
-    scripts/lookahead-packing.py TRACE W[,W...] oracle|online[,...]
+    scripts/research/lookahead-packing.py TRACE W[,W...] oracle|online[,...]
 
 Every W allocations, the next W are packed (greedily, at the lowest offset
 free over their lifetime, largest size or largest size x lifetime first,

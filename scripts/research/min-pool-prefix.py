@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where in a run its smallest pool is decided.
 
-    scripts/min-pool-prefix.py [--bfcshim B] [--steps N] TRACE.csv[.gz]...
+    scripts/research/min-pool-prefix.py [--bfcshim B] [--steps N] TRACE.csv[.gz]...
 
 Replays the first 1/N, 2/N, ... N/N of each trace's events (`bfcshim replay
 --min-pool`) under the default, age and low placement and prints each

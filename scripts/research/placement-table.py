@@ -2,7 +2,7 @@
 """Issue 12's table: every trace's efficiency under each placement, and the
 default's cross-validated figure.
 
-    scripts/placement-table.py [--bfcshim build/bfcshim] [--offline] \\
+    scripts/research/placement-table.py [--bfcshim build/bfcshim] [--offline] \\
         REAL.csv[.gz]... [-- SYNTHETIC.csv[.gz]...]
 
 For each trace: its peak live bytes and `bfcshim replay --min-pool`'s
@@ -13,7 +13,7 @@ also get the bar the issue sets (>= 0.99 for a peak of 1 GiB or more, >= 0.97
 below) and whether the default is below both age and low.
 
 Cross-validation over the real traces (leave one out, candidates as in
-scripts/placement-cv.py): for each held-out trace, the setting with the best
+scripts/research/placement-cv.py): for each held-out trace, the setting with the best
 mean on the others, scored on it. Traces after `--` (synthetic ones) get
 their own table and take no part in the choice.
 """

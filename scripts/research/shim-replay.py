@@ -2,7 +2,7 @@
 """Issue 53's measurement: driver calls per allocation, fence waits and peaks
 of the preloaded shim on the fake driver, over every real trace.
 
-    scripts/shim-replay.py [--build build] [--lags 0,100,1000] [--max-events N]
+    scripts/research/shim-replay.py [--build build] [--lags 0,100,1000] [--max-events N]
         [--out FILE] [TRACE...]
 
 Runs build/tests/shim_replay (tests/bench/shim_replay.c) over the real
@@ -39,7 +39,7 @@ import platform
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GiB = float(1 << 30)
 GROUPS = ["event record", "event query", "capture query", "sync", "map", "context",
           "event made", "other"]
@@ -163,7 +163,7 @@ def main():
         print(text, flush=True)
         lines.append(text)
 
-    out("# scripts/shim-replay.py --lags %s --max-events %d at %s%s" % (
+    out("# scripts/research/shim-replay.py --lags %s --max-events %d at %s%s" % (
         a.lags, a.max_events, commit, " (uncommitted changes)" if dirty else ""))
     out("# machine: %s, %d cores, %s; the fake driver (tests/fake_cuda), one 40 GiB device "
         "(30 GiB default pool), 2 MiB granules" % (platform.node(), os.cpu_count() or 0,

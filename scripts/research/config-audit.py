@@ -2,7 +2,7 @@
 """Runs the end-to-end tests again in a configuration they were not written
 for, and says what changed.
 
-    scripts/config-audit.py [--build build] [--jobs 4] [--replay] \\
+    scripts/research/config-audit.py [--build build] [--jobs 4] [--replay] \\
         NAME=VALUE... [-- TEST-PREFIX...]
 
 Each e2e test (and the Python tests that drive the shim) runs as meson

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Is the smallest pool a promise? Replays every size near it.
 
-    scripts/min-pool-scan.py [--bfcshim build/bfcshim] [--step B] [--below B]
+    scripts/research/min-pool-scan.py [--bfcshim build/bfcshim] [--step B] [--below B]
         [--above B] [--args "REPLAY ARGS"] TRACE.csv[.gz]...
 
 For each trace: `bfcshim replay --min-pool` with the replay args (add

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The pool's map where each real trace below issue 12's bar first fails.
 
-  scripts/failure-maps.py OUTDIR [TRACE...]
+  scripts/research/failure-maps.py OUTDIR [TRACE...]
 
 For each trace (by default the eight below the bar at 174f2b0), replays it
 at one pool unit (64 KiB) below its smallest pool under the default placement
