@@ -115,7 +115,7 @@ def convert(snapshot, level, device, free_action, frames=None):
     return "\n".join(lines) + "\n", counts
 
 
-def main(argv):
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("snapshot")
     ap.add_argument("-o", "--output", help="output CSV (default: standard output)")
@@ -150,4 +150,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

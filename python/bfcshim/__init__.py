@@ -118,5 +118,9 @@ def run(argv, env=None, fake_gpu=False, **options):
 
 
 def _main():
-    """``python -m bfcshim``: the bfcshim command."""
+    """``python -m bfcshim`` and pip's ``bfcshim``: the bfcshim command, and
+    ``bfcshim demo`` (:mod:`bfcshim.demo`), which only the package has."""
+    if sys.argv[1:2] == ["demo"]:
+        from . import demo
+        sys.exit(demo.main(sys.argv[2:]))
     os.execv(command_path(), ["bfcshim", *sys.argv[1:]])

@@ -4,11 +4,13 @@ pip route a user takes: `pip install SOURCE_ROOT` into a fresh virtual
 environment (meson-python builds the library, the command and the package),
 then, from that install only: `bfcshim run` a CUDA program on the fake
 driver, the module finding its own library, bfcshim.run(), the snapshot
-converter as a module, and the installed header compiling."""
+converter as a module and as the bfcshim-snapshot2csv script, `bfcshim
+demo` run to its end, and the installed header compiling."""
 import json
 import os
 import subprocess
 import sys
+import time
 
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(here, ".."))
@@ -65,6 +67,27 @@ check(out.get("rc") == 0 and out.get("version") == version, f"bfcshim.run and ve
 
 p = subprocess.run([py, "-m", "bfcshim.snapshot2csv", "--help"], capture_output=True, text=True)
 check(p.returncode == 0 and "snapshot" in p.stdout, f"python -m bfcshim.snapshot2csv: {p.stderr}")
+script = os.path.join(venv, "bin", "bfcshim-snapshot2csv")
+if check(os.path.exists(script), f"pip installs the bfcshim-snapshot2csv script ({script})"):
+    p = subprocess.run([script, "--help"], capture_output=True, text=True)
+    check(p.returncode == 0 and "bfcshim-snapshot2csv" in p.stdout and "snapshot" in p.stdout,
+          f"the bfcshim-snapshot2csv script: {p.returncode} {p.stdout!r} {p.stderr!r}")
+
+# The demo from the install alone: its sample job and traces come in the
+# package, the fake GPU too (no source tree, no build tree).
+demo_out = os.path.join(work, "demo-out")
+demo_env = {k: v for k, v in env.items() if k not in ("BFCSHIM_LOG_FILE", "BFCSHIM_STATS_FILE")}
+t = time.monotonic()
+p = subprocess.run([cmd, "demo", demo_out], env=demo_env, capture_output=True, text=True, cwd=work,
+                   timeout=300)
+print(f"bfcshim demo: exit {p.returncode} in {time.monotonic() - t:.1f} s")
+check(p.returncode == 0 and "\n== 6/6" in p.stdout and "efficiency" in p.stdout,
+      f"bfcshim demo ran to its end: {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-2000:]}")
+check("us/step" in p.stdout and "What the numbers mean" in p.stdout and
+      "out of memory in the pool" in p.stdout, f"bfcshim demo's steps 2 and 3: {p.stdout[-4000:]}")
+check(os.path.getsize(os.path.join(demo_out, "report.html")) > 0
+      if os.path.exists(os.path.join(demo_out, "report.html")) else False,
+      "bfcshim demo wrote report.html")
 
 # The installed header is usable by a C program.
 p = subprocess.run([py, "-c", "import bfcshim, os; print(os.path.dirname(bfcshim.library_path()))"],
