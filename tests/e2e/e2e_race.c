@@ -144,6 +144,7 @@ static struct {
     void (*torch_free)(void *, size_t, int, void *);
 } api;
 static bool plugin; /* the library is not preloaded: it sees no stream */
+static bool handles_reused; /* FAKECUDA_REUSE_STREAM_HANDLES: the fake reuses stream handles */
 
 static void load_api(void)
 {
@@ -416,7 +417,11 @@ static void free_block(size_t i, bool async)
      * plug-in does): where the library sees streams it knows the stream is
      * gone. Not as a plug-in: then the caller must keep the stream alive
      * until the free (bfcshim.h), as the CuPy plug-in does. */
-    const bool on_dead_stream = async && b->orphan && door == 2 && !plugin;
+    /* Nor where the driver hands a destroyed stream's handle to the next
+     * stream made (FAKECUDA_REUSE_STREAM_HANDLES): the handle then names
+     * a live stream, and nothing can tell the two apart
+     * (docs/limitations.md). */
+    const bool on_dead_stream = async && b->orphan && door == 2 && !plugin && !handles_reused;
     async = async && !b->orphan;
     /* As a plug-in, the other doors' blocks are the driver's own, and
      * cuda.h's rules hold for them: a stream-ordered free is for
@@ -784,6 +789,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: e2e_race FIRST-LAST OPS [threads=N] [devices=N] [contexts=N] [expect-races] | SCENARIO\n");
         return 2;
     }
+    handles_reused = getenv("FAKECUDA_REUSE_STREAM_HANDLES") != NULL;
     if (sscanf(argv[1], "%u-%u", &first, &last) != 2) {
         threads = strstr(argv[1], "threads") ? 3 : 1;
         devices = strstr(argv[1], "devices") ? 2 : 1;
