@@ -291,6 +291,81 @@ static void reused_handle(void)
     F->complete_all();
 }
 
+
+/* AUDIT: a stream-ordered free on a stream of another context (device 1's
+ * stream, device 0's block: cudaFreeAsync allows any stream). The seal at
+ * the free records device 0's event on device 1's stream and is refused
+ * (cuEventRecord: same context or CUDA_ERROR_INVALID_HANDLE), so the epoch
+ * stays open on a lane keyed on that handle. The program destroys the
+ * stream (unseen) and makes one on device 0, which the driver gives the
+ * same handle; no stream-ordered call names that handle again, so the lane
+ * is never retired. A plain allocation's seal-all then records the stale
+ * lane's fence on the new stream: its completion says nothing about the
+ * destroyed stream's queued work, and the block is handed out under it. */
+static void cross_context_reused(void)
+{
+    start();
+    CUcontext c0, c1;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c1, 1), CUDA_SUCCESS);
+    CUstream other, made;
+    CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&other, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+    void *block = must_alloc(MiB);
+    void *filler = must_alloc(pool_free_bytes() - MiB / 2); /* only the block is left */
+    late_write w = {.at = block};
+    CHECK_EQ(F->launch(other, write_once, &w), 0);
+    CHECK_EQ(B.free_async(block, other), 0);
+    CHECK_EQ(D.StreamDestroy(other), CUDA_SUCCESS); /* its work goes on */
+    CHECK_EQ(D.StreamCreate(&made, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS); /* device 0 */
+    fprintf(stderr, "handle reused: %s\n", made == other ? "yes" : "no");
+    const fakecuda_stats s0 = fake_stats();
+    void *q = NULL;
+    int r = B.malloc(&q, MiB, 0);
+    const fakecuda_stats s1 = fake_stats();
+    fprintf(stderr, "plain malloc: r=%d q==block=%d work ran=%d stale handle uses +%llu\n", r,
+            q == block, w.ran, (unsigned long long)(s1.stale_handle_uses - s0.stale_handle_uses));
+    if (q == block && !w.ran) {
+        fprintf(stderr, "AUDIT FAIL: the block was handed out while the destroyed stream's "
+                        "queued work still uses it\n");
+        e2e_failures++;
+    }
+    if (s1.stale_handle_uses != s0.stale_handle_uses) {
+        fprintf(stderr, "AUDIT FAIL: the library used a destroyed stream's handle\n");
+        e2e_failures++;
+    }
+    F->complete_all();
+    if (q)
+        B.free(q);
+    B.free(filler);
+    D.StreamDestroy(made);
+}
+
+/* AUDIT: plug-in lanes of streams destroyed unseen, whose handles are
+ * never reused, are never closed: one lane (and its bins) per stream ever
+ * used, growing the host metadata and every allocation's lane scan. */
+static void lane_growth(void)
+{
+    start();
+    long long before = -1;
+    for (int i = 0; i < 400; i++) {
+        CUstream s;
+        CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+        void *p = must_alloc_on(s, MiB);
+        CHECK_EQ(B.free_async(p, s), 0);
+        CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+        if (i == 0)
+            before = pool_stat("host_metadata_bytes");
+    }
+    long long after = pool_stat("host_metadata_bytes");
+    fprintf(stderr, "host_metadata_bytes after 1 stream: %lld, after 400: %lld\n", before, after);
+    if (after > before + 64 * 1024) {
+        fprintf(stderr, "AUDIT FAIL: lanes of destroyed streams are never freed\n");
+        e2e_failures++;
+    }
+}
+
 static void cost(void)
 {
     start();
@@ -331,6 +406,9 @@ int main(int argc, char **argv)
         {"free-after-reset", free_after_reset},
         {"free-async-after-reset", free_async_after_reset},
         {"reused-handle", reused_handle},
+        {"cross-context-reused", cross_context_reused},
+        {"cross-context", cross_context_reused},
+        {"lane-growth", lane_growth},
         {"cost", cost}};
     return e2e_main("e2e_plugin", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }
