@@ -8,9 +8,8 @@
  * memory door", says what pooled handles will be); until it is, this door
  * makes sure that memory is never invisible: each device's physical bytes
  * made by the program are counted while they live (passthrough_vmm_* in the
- * statistics), the first such allocation on a device is named in the log,
- * and the out-of-memory report and the statistics say how much went around
- * the pool.
+ * statistics and the exit summary), and the first such allocation on a
+ * device is named in the log.
  *
  * A physical allocation lives from cuMemCreate until its last handle
  * reference goes: cuMemCreate's, and one per cuMemRetainAllocationHandle,
@@ -23,6 +22,9 @@
  * is all the bookkeeping needs.
  */
 #include <pthread.h>
+#include <stdlib.h>
+
+#include <string.h>
 
 #include "ptr_map.h"
 #include "shim.h"
@@ -31,13 +33,13 @@
 #define PASS(field, ...) \
     (REAL(field) ? REAL(field)(__VA_ARGS__) : CUDA_ERROR_NOT_INITIALIZED)
 
-/* handle -> size | device << 48 | references << 56 (never 0: references
- * >= 1). Sizes are below 2^48 (BFC_SIZE_LIMIT's bound on any device). */
-#define SIZE_BITS 48
-#define SIZE_MASK ((UINT64_C(1) << SIZE_BITS) - 1)
-#define DEV_SHIFT 48
-#define REF_SHIFT 56
-#define MAX_REFS 255u
+/* One physical allocation the program made: handle -> record (the map's
+ * value is the record's address). */
+typedef struct made {
+    uint64_t size;
+    int dev;
+    uint64_t refs; /* cuMemCreate's, and one per retain */
+} made;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static ptr_map handles;
@@ -45,28 +47,24 @@ static bool handles_ready;
 static vmm_door_counts counts[SHIM_MAX_DEVICES];
 static atomic_bool named[SHIM_MAX_DEVICES];
 
-static uint64_t pack(uint64_t size, int dev, unsigned refs)
-{
-    return size | (uint64_t)dev << DEV_SHIFT | (uint64_t)refs << REF_SHIFT;
-}
-
 /* Device memory of a device the counters have room for. */
 static bool counted_kind(const CUmemAllocationProp *prop, size_t size)
 {
     return prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
-           prop->location.id >= 0 && prop->location.id < SHIM_MAX_DEVICES && size > 0 &&
-           (uint64_t)size <= SIZE_MASK;
+           prop->location.id >= 0 && prop->location.id < SHIM_MAX_DEVICES && size > 0;
 }
 
 static void note_created(CUmemGenericAllocationHandle h, size_t size, int dev)
 {
+    made *m = malloc(sizeof *m);
     pthread_mutex_lock(&lock);
     if (!handles_ready)
         handles_ready = ptr_map_init(&handles);
-    bool kept = handles_ready && h != 0 && ptr_map_get(&handles, h) == 0 &&
+    bool kept = m && handles_ready && h != 0 && ptr_map_get(&handles, h) == 0 &&
                 ptr_map_reserve(&handles, 1);
     if (kept) {
-        ptr_map_put(&handles, h, pack(size, dev, 1));
+        *m = (made){size, dev, 1};
+        ptr_map_put(&handles, h, (uint64_t)(uintptr_t)m);
         vmm_door_counts *c = &counts[dev];
         c->bytes += size;
         c->creates++;
@@ -74,8 +72,10 @@ static void note_created(CUmemGenericAllocationHandle h, size_t size, int dev)
             c->peak_bytes = c->bytes;
     }
     pthread_mutex_unlock(&lock);
-    if (!kept)
+    if (!kept) {
+        free(m);
         return; /* no host memory for the entry: uncounted, never miscounted */
+    }
     if (!atomic_exchange(&named[dev], true)) {
         char b[32];
         shim_log(LOG_WARN, "cuMemCreate: the program makes device %d's memory itself through "
@@ -87,21 +87,20 @@ static void note_created(CUmemGenericAllocationHandle h, size_t size, int dev)
 }
 
 /* One more (retain) or one fewer (release) reference to h, if counted. */
-static void note_reference(CUmemGenericAllocationHandle h, int delta)
+static void note_reference(CUmemGenericAllocationHandle h, bool more)
 {
+    made *gone = NULL;
     pthread_mutex_lock(&lock);
-    uint64_t v = handles_ready ? ptr_map_take(&handles, h) : 0;
-    if (v) {
-        unsigned refs = (unsigned)(v >> REF_SHIFT);
-        uint64_t size = v & SIZE_MASK;
-        int dev = (int)((v >> DEV_SHIFT) & 0xff);
-        refs = delta > 0 ? (refs < MAX_REFS ? refs + 1 : refs) : refs - 1;
-        if (refs > 0)
-            ptr_map_put(&handles, h, pack(size, dev, refs)); /* room: just taken */
-        else
-            counts[dev].bytes -= size;
+    made *m = handles_ready ? (made *)(uintptr_t)ptr_map_get(&handles, h) : NULL;
+    if (m && more) {
+        m->refs++;
+    } else if (m && --m->refs == 0) {
+        ptr_map_take(&handles, h);
+        counts[m->dev].bytes -= m->size;
+        gone = m;
     }
     pthread_mutex_unlock(&lock);
+    free(gone);
 }
 
 SHIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
@@ -118,7 +117,7 @@ SHIM_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h
 {
     CUresult r = PASS(MemRetainAllocationHandle, handle, addr);
     if (r == CUDA_SUCCESS && handle && shim_driver_door())
-        note_reference(*handle, +1);
+        note_reference(*handle, true);
     return r;
 }
 
@@ -126,7 +125,7 @@ SHIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     CUresult r = PASS(MemRelease, handle);
     if (r == CUDA_SUCCESS && shim_driver_door())
-        note_reference(handle, -1);
+        note_reference(handle, false);
     return r;
 }
 
@@ -147,6 +146,16 @@ void vmm_door_lock_for_fork(bool hold)
         pthread_mutex_lock(&lock);
     else
         pthread_mutex_unlock(&lock);
+}
+
+/* A forked child holds none of its parent's device memory (CUDA does not
+ * carry contexts across fork): it starts counting from nothing. The
+ * records stay (their handles mean nothing here) and are never freed. */
+void vmm_door_after_fork_child(void)
+{
+    memset(counts, 0, sizeof counts);
+    handles_ready = false;
+    handles = (ptr_map){0};
 }
 
 void vmm_door_total(vmm_door_counts *out)

@@ -50,6 +50,7 @@ static void after_fork_parent(void)
 static void after_fork_child(void)
 {
     vmm_door_lock_for_fork(false);
+    vmm_door_after_fork_child();
     platform_lock_for_fork(false);
     streams_unlock();
     pools_lock_for_fork(false);

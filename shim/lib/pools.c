@@ -658,6 +658,24 @@ static bool lane_lookup(shim_pool *sp, CUstream s, unsigned long long id, uint32
 
 /* The lane of an explicit stream handle, opened on first use; BFC_NO_LANE if
  * one cannot be had. */
+/* Where streams go unseen, a lane is kept only for a stream of the pool's
+ * own context (an event of the pool's context cannot be recorded on
+ * another context's stream: cuEventRecord refuses, and an epoch nobody can
+ * seal would wait for a seal on a handle that may die or name another
+ * stream: the plain lane serves those), and at most UNSEEN_LANES of them
+ * (a stream destroyed unseen never closes its lane; the oldest entry is
+ * retired to make room, which is always safe). */
+#define UNSEEN_LANES 16
+
+static bool lane_worth_opening(shim_pool *sp, CUstream s)
+{
+    if (streams_all_seen())
+        return true;
+    const real_driver *R = real_driver_get();
+    CUcontext c = NULL;
+    return R && R->StreamGetCtx && R->StreamGetCtx(s, &c) == CUDA_SUCCESS && c == sp->ctx;
+}
+
 static uint32_t stream_lane(shim_pool *sp, CUstream s)
 {
     uint32_t lane;
@@ -666,13 +684,17 @@ static uint32_t stream_lane(shim_pool *sp, CUstream s)
         return BFC_NO_LANE;
     if (lane_lookup(sp, s, id, &lane))
         return lane;
-    if (bfc_pool_lane_open(sp->bfc, true, &lane) != BFC_OK)
+    if (!lane_worth_opening(sp, s) || bfc_pool_lane_open(sp->bfc, true, &lane) != BFC_OK)
         return BFC_NO_LANE;
     atomic_store_explicit(&sp->lane_stream[lane], s, memory_order_release);
-    uint32_t stale = BFC_NO_LANE;
+    uint32_t stale = BFC_NO_LANE, evicted = BFC_NO_LANE;
     pthread_mutex_lock(&sp->lanes_lock);
     const struct lane_entry *e = lane_entry_of(sp, s, id, &stale);
     uint32_t existing = e ? e->lane : BFC_NO_LANE;
+    if (existing == BFC_NO_LANE && id && sp->nlanes >= UNSEEN_LANES) {
+        evicted = sp->lanes[0].lane;
+        sp->lanes[0] = sp->lanes[--sp->nlanes];
+    }
     if (existing == BFC_NO_LANE) {
         struct lane_entry *t = array_room(sp->lanes, sp->nlanes, &sp->caplanes, sizeof *t, 16);
         if (t)
@@ -684,6 +706,8 @@ static uint32_t stream_lane(shim_pool *sp, CUstream s)
         existing = sp->plain_lane; /* no host memory: be safe, wait for all */
     pthread_mutex_unlock(&sp->lanes_lock);
     retire_stale_lane(sp, stale);
+    if (evicted != BFC_NO_LANE)
+        bfc_pool_lane_retire_into(sp->bfc, evicted, sp->plain_lane);
     if (existing != BFC_NO_LANE) { /* another thread won, or no room */
         bfc_pool_lane_close(sp->bfc, lane);
         return existing;
@@ -710,6 +734,25 @@ uint32_t pool_lane_for_alloc(shim_pool *sp, CUstream s, bool per_thread)
     return lane == sp->plain_lane ? BFC_NO_LANE : lane;
 }
 
+/* Unseen, a stream-ordered free on a stream of another context (a
+ * device-0 block freed on a device-1 stream, which cudaFreeAsync allows):
+ * no event of the pool's context can fence it, and the plain lane's blind
+ * fence covers only the pool's own context; so the stream's work is waited
+ * for now, while the caller vouches for the stream. Rare, and correct. */
+static void settle_foreign_stream(shim_pool *sp, CUstream s)
+{
+    const real_driver *R = real_driver_get();
+    CUcontext c = NULL;
+    if (streams_all_seen() || !R || !R->StreamGetCtx || !R->StreamSynchronize ||
+        R->StreamGetCtx(s, &c) != CUDA_SUCCESS || c == sp->ctx)
+        return;
+    CUresult r = R->StreamSynchronize(s);
+    if (r != CUDA_SUCCESS)
+        shim_log(LOG_ERROR, "a stream-ordered free on stream %p of another context: waiting "
+                            "for that stream failed (%d); its work may still use the block",
+                 (void *)s, (int)r);
+}
+
 uint32_t pool_lane_for_free(shim_pool *sp, CUstream s, bool per_thread)
 {
     /* A block freed on a per-thread stream waits for every stream: the
@@ -721,6 +764,8 @@ uint32_t pool_lane_for_free(shim_pool *sp, CUstream s, bool per_thread)
     if (s == NULL || s == CU_STREAM_LEGACY)
         return green_is_current() ? sp->plain_lane : sp->legacy_lane;
     uint32_t lane = stream_lane(sp, s);
+    if (lane == BFC_NO_LANE)
+        settle_foreign_stream(sp, s);
     return lane == BFC_NO_LANE ? sp->plain_lane : lane;
 }
 
@@ -732,8 +777,24 @@ void pools_seal_stream_lane(shim_pool *sp, CUstream s)
     if (!R || !stream_key(s, &id) || !lane_lookup(sp, s, id, &lane))
         return;
     bool pushed = real_ctx_enter(R, sp->ctx);
-    bfc_pool_seal_lane(sp->bfc, lane);
+    bool sealed = bfc_pool_seal_lane(sp->bfc, lane);
     real_ctx_leave(R, pushed);
+    if (sealed)
+        return;
+    /* Refused (the stream began a capture, say): no later seal may name
+     * this handle, which the caller vouches for only now. The lane leaves
+     * the table and its epoch joins the plain lane. */
+    uint32_t gone = BFC_NO_LANE;
+    pthread_mutex_lock(&sp->lanes_lock);
+    for (size_t i = 0; i < sp->nlanes; i++)
+        if (sp->lanes[i].lane == lane) {
+            gone = lane;
+            sp->lanes[i] = sp->lanes[--sp->nlanes];
+            break;
+        }
+    pthread_mutex_unlock(&sp->lanes_lock);
+    if (gone != BFC_NO_LANE)
+        bfc_pool_lane_retire_into(sp->bfc, gone, sp->plain_lane);
 }
 
 void pools_stream_destroyed(CUstream s)

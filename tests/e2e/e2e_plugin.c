@@ -28,6 +28,14 @@
  *           program then destroys, its work still queued, is not taken in
  *           stream order by the new stream under the same handle (a
  *           pool filled around the block, as in plain)
+ *   cross-context, cross-context-reused  (found by an audit) a stream-
+ *           ordered free of a device-0 block on a device-1 stream, which
+ *           the program then destroys (and, reused, makes again on device
+ *           0 under the same handle): a plain allocation must not get the
+ *           block while the destroyed stream's work is queued, nor touch
+ *           the dead handle
+ *   lane-growth  400 streams used once and destroyed unseen: the pool's
+ *           metadata stops growing (a bounded lane table)
  *   cost    10,000 allocation and free pairs with nothing queued (a 256 MiB
  *           pool, at most 64 MiB live): the driver calls they cost
  *           (printed), none of them an event, and one context
@@ -291,8 +299,7 @@ static void reused_handle(void)
     F->complete_all();
 }
 
-
-/* AUDIT: a stream-ordered free on a stream of another context (device 1's
+/* A stream-ordered free on a stream of another context (device 1's
  * stream, device 0's block: cudaFreeAsync allows any stream). The seal at
  * the free records device 0's event on device 1's stream and is refused
  * (cuEventRecord: same context or CUDA_ERROR_INVALID_HANDLE), so the epoch
@@ -327,12 +334,12 @@ static void cross_context_reused(void)
     fprintf(stderr, "plain malloc: r=%d q==block=%d work ran=%d stale handle uses +%llu\n", r,
             q == block, w.ran, (unsigned long long)(s1.stale_handle_uses - s0.stale_handle_uses));
     if (q == block && !w.ran) {
-        fprintf(stderr, "AUDIT FAIL: the block was handed out while the destroyed stream's "
+        fprintf(stderr, "the block was handed out while the destroyed stream's "
                         "queued work still uses it\n");
         e2e_failures++;
     }
     if (s1.stale_handle_uses != s0.stale_handle_uses) {
-        fprintf(stderr, "AUDIT FAIL: the library used a destroyed stream's handle\n");
+        fprintf(stderr, "the library used a destroyed stream's handle\n");
         e2e_failures++;
     }
     F->complete_all();
@@ -342,13 +349,13 @@ static void cross_context_reused(void)
     D.StreamDestroy(made);
 }
 
-/* AUDIT: plug-in lanes of streams destroyed unseen, whose handles are
- * never reused, are never closed: one lane (and its bins) per stream ever
- * used, growing the host metadata and every allocation's lane scan. */
+/* Lanes of streams destroyed unseen, whose handles are never reused,
+ * cannot be closed at the destroy: the table keeps a bounded number, not
+ * one lane (and its bins) per stream ever used. */
 static void lane_growth(void)
 {
     start();
-    long long before = -1;
+    long long first = -1, before = -1;
     for (int i = 0; i < 400; i++) {
         CUstream s;
         CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
@@ -356,12 +363,16 @@ static void lane_growth(void)
         CHECK_EQ(B.free_async(p, s), 0);
         CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
         if (i == 0)
+            first = pool_stat("host_metadata_bytes");
+        if (i == 199)
             before = pool_stat("host_metadata_bytes");
     }
     long long after = pool_stat("host_metadata_bytes");
-    fprintf(stderr, "host_metadata_bytes after 1 stream: %lld, after 400: %lld\n", before, after);
-    if (after > before + 64 * 1024) {
-        fprintf(stderr, "AUDIT FAIL: lanes of destroyed streams are never freed\n");
+    fprintf(stderr, "host_metadata_bytes after 1 stream: %lld, 200: %lld, 400: %lld\n", first,
+            before, after);
+    /* Bounded: the table keeps a few lanes, not one per stream ever used. */
+    if (after > before + 4096) {
+        fprintf(stderr, "lanes of streams destroyed unseen keep growing the pool's metadata\n");
         e2e_failures++;
     }
 }
