@@ -464,7 +464,8 @@ int cmd_ab(int argc, char **argv)
     char *end;
     optind = 1;
     env_add(&arms[0].env, "BFCSHIM_ALLOCATOR", "platform");
-    while ((c = getopt_long(argc, argv, "+h", longopts, NULL)) != -1) {
+    opterr = 0; /* cli_bad_option says it in one line */
+    while ((c = getopt_long(argc, argv, "+:h", longopts, NULL)) != -1) {
         switch (c) {
         case 'h': ab_usage(stdout); status = 0; goto out;
         case AB_REPEAT:
@@ -516,7 +517,7 @@ int cmd_ab(int argc, char **argv)
             fake_gpu |= c == LOPT_FAKE_GPU;
             int r = launch_option("ab", c, optarg, &arms[1].env);
             if (r == 0)
-                ab_usage(stderr);
+                cli_bad_option("ab", argv, c);
             if (r <= 0)
                 goto out;
         }

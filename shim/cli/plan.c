@@ -53,7 +53,8 @@ int cmd_plan(int argc, char **argv)
     bool json = false;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "o:h", longopts, NULL)) != -1) {
+    opterr = 0; /* cli_bad_option says it in one line */
+    while ((c = getopt_long(argc, argv, ":o:h", longopts, NULL)) != -1) {
         uint64_t v;
         switch (c) {
         case 'o': out_path = optarg; break;
@@ -65,7 +66,7 @@ int cmd_plan(int argc, char **argv)
             break;
         case 'j': json = true; break;
         case 'h': plan_usage(stdout); return 0;
-        default: plan_usage(stderr); return 2;
+        default: return cli_bad_option("plan", argv, c);
         }
     }
     if (optind != argc - 1) {

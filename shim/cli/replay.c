@@ -822,7 +822,8 @@ int cmd_replay(int argc, char **argv)
     int c;
     bool min_pool_flag = false, fence_knob = false, gran_given = false;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    opterr = 0; /* cli_bad_option says it in one line */
+    while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
         uint64_t v = 0;
         switch (c) {
         case 'p':
@@ -920,7 +921,7 @@ int cmd_replay(int argc, char **argv)
             o.pool_unit = v;
             break;
         case 'h': replay_usage(stdout); return 0;
-        default: replay_usage(stderr); return 2;
+        default: return cli_bad_option("replay", argv, c);
         }
     }
     if (min_pool_flag && o.pool_size) {

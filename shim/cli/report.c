@@ -385,7 +385,8 @@ int cmd_report(int argc, char **argv)
     bfc_options compare;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "o:h", longopts, NULL)) != -1) {
+    opterr = 0; /* cli_bad_option says it in one line */
+    while ((c = getopt_long(argc, argv, ":o:h", longopts, NULL)) != -1) {
         switch (c) {
         case 'o': o.output = optarg; break;
         case R_STATS: o.stats = optarg; break;
@@ -408,7 +409,7 @@ int cmd_report(int argc, char **argv)
                 return cli_bad_value("report", "--pool-size", optarg, "a size such as 40GiB");
             break;
         case 'h': report_usage(stdout); return 0;
-        default: report_usage(stderr); return 2;
+        default: return cli_bad_option("report", argv, c);
         }
     }
     if (optind == argc) {

@@ -530,7 +530,8 @@ int cmd_tracegen(int argc, char **argv)
         {"help", no_argument, 0, 'h'},            {0, 0, 0, 0}};
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "o:h", longopts, NULL)) != -1) {
+    opterr = 0; /* cli_bad_option says it in one line */
+    while ((c = getopt_long(argc, argv, ":o:h", longopts, NULL)) != -1) {
         long long n = 0;
         if (c >= O_LAYERS && c <= O_SEED && c != O_VARY) {
             char *end;
@@ -556,7 +557,7 @@ int cmd_tracegen(int argc, char **argv)
         case O_OPS: ops = (uint64_t)n; break;
         case O_SEED: seed = (uint64_t)n; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return cli_bad_option("tracegen", argv, c);
         }
     }
     char name[256];

@@ -58,6 +58,19 @@ for args, words in [(["--bogus", "--", workload], "bfcshim run: --bogus: unknown
     p = sh("run", *args)
     check(p.returncode == 2 and p.stderr.startswith(words) and len(p.stderr.splitlines()) == 1,
           f"run {args}: {p.returncode} {p.stderr!r}")
+# The other commands say a bad option the same way (they printed their
+# whole help, 9 to 66 lines, before).
+for cmd, args, words in [("ab", ["--bogus"], "bfcshim ab: --bogus: unknown option"),
+                         ("ab", ["--repeat"], "bfcshim ab: --repeat: needs a value"),
+                         ("plan", ["--bogus"], "bfcshim plan: --bogus: unknown option"),
+                         ("plan", ["-o"], "bfcshim plan: -o: needs a value"),
+                         ("replay", ["--pool-size"], "bfcshim replay: --pool-size: needs a value"),
+                         ("replay", ["-x"], "bfcshim replay: -x: unknown option"),
+                         ("report", ["--bogus"], "bfcshim report: --bogus: unknown option"),
+                         ("tracegen", ["--bogus"], "bfcshim tracegen: --bogus: unknown option")]:
+    p = sh(cmd, *args)
+    check(p.returncode == 2 and p.stderr.startswith(words) and len(p.stderr.splitlines()) == 1,
+          f"{cmd} {args}: {p.returncode} {p.stderr!r}")
 p = sh("run", "--")
 check(p.returncode == 2 and "no command" in p.stderr, "no command")
 p = sh("run", "--", os.path.join(work, "no-such-program"))
