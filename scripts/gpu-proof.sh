@@ -12,8 +12,10 @@
 #                       whose figures the default pool still waits for
 #                       (docs/limitations.md), most wanted first: env build
 #                       pressure suite bench vmm
-#   GPU_PROOF_DEADLINE  seconds for the whole script (default 560); a step
-#                       never runs past it, and the archive is always written
+#                       ; "quick" the eight-minute profile below
+#   GPU_PROOF_DEADLINE  seconds for the whole script (default 560; 480 for
+#                       quick); a step never runs past it, and the archive
+#                       is always written
 #   GPU_PROOF_REPEAT    runs per arm for the timed A/B steps (default 1)
 #   GPU_PROOF_COMMIT    the commit measured, where the tree has no .git
 #   GPU_PROOF_ARMS      an extended regex: only arms whose label matches run
@@ -23,6 +25,39 @@
 #   GPU_PROOF_TAR       also pack OUTDIR into this .tar.gz at the end
 #   GPU_PROOF_REHEARSE  1: tiny sizes, and the CPU where a framework has one,
 #                       to check the plumbing on a machine without a GPU
+#
+# The quick profile (GPU_PROOF_STEPS=quick): a lent GPU has 15 minutes of
+# device time in all and 10 a command, so this builds and runs the biggest
+# questions first within 480 s, build included, each step worth having if
+# the later ones are cut: results.jsonl, steps.tsv, STEP.log and
+# summary.txt are written after every arm and step, so a run cut off
+# returns what it finished. The expected time of each step (from the H100
+# runs in docs/results/gpu-91caa75, -91caa75-repeat, -cd860ca, -a0d5924) is
+# printed before it starts, and each arm is capped:
+#   quick-build  env (in the background) beside the build         ~20 s
+#   suite        the GPU suite, every scenario (gpu_vmm_*,
+#                gpu_plugin, the first programs)                   ~90 s
+#   jax-pools    JAX 0.11.2: its own BFC natively, then under the
+#                shim XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async,
+#                platform, default (XLA_PYTHON_CLIENT_PREALLOCATE=
+#                false, or XLA would reserve 75% beside the pool):
+#                step time, losses, NVML peak, XLA's memory_stats()
+#                beside the pool's bytes and passthrough_vmm_*      ~36 s
+#   torch-abc    ResNet-50 and GPT-2 small, arms A, B, C, two runs
+#                each, interleaved (10 steps after 3)              ~150 s
+#   torch-growth GPT-2: the growing pool (BFCSHIM_PREALLOCATE=false)
+#                against expandable_segments:True, NVML peak        ~28 s
+#   near-limit   the largest GPT batch under C at BFCSHIM_MEM_LIMIT
+#                16 GiB (default and one region), then 5 steps at
+#                it: moved bytes, pressure windows and their time   ~36 s
+#   quick-bench  malloc_bench native and pooled                      ~6 s
+#   quick-owed   what is still owed, by value: driver facts
+#                (driver_facts.py: cuStreamGetId, cuCtxGetId,
+#                cuCtxSynchronize in relaxed capture, cuMemFreeAsync
+#                order; natively and under the shim), the spread
+#                layout near the limit, ResNet C16b0, GPT V0
+#                (release threshold 0), the plug-ins, Numba's suite
+#                                                                 the rest
 #
 # Steps (first-run set marked *):
 #   env*        device, driver, toolkit, compiler and framework versions
@@ -93,11 +128,16 @@ results=$out/results.jsonl
 : >"$results"
 : >"$out/steps.tsv"
 start=$(date +%s)
-deadline=$((start + ${GPU_PROOF_DEADLINE:-560}))
+default_deadline=560
+[ "${GPU_PROOF_STEPS:-}" = quick ] && default_deadline=480
+deadline=$((start + ${GPU_PROOF_DEADLINE:-$default_deadline}))
 repeat=${GPU_PROOF_REPEAT:-1}
 first_run="env build suite bench vmm numba plugins torch-gpt cupy jax three ddp"
 all_steps="$first_run torch-resnet maxbatch pressure plan traces numba-suite"
+quick_steps="quick-build suite jax-pools torch-abc torch-growth near-limit quick-bench quick-owed"
 steps=${GPU_PROOF_STEPS:-$first_run}
+quick=0
+[ "$steps" = quick ] && quick=1 && steps=$quick_steps
 [ "$steps" = full ] && steps=$all_steps
 [ "$steps" = owed ] && steps="env build pressure suite bench vmm numba-suite"
 
@@ -108,9 +148,20 @@ gpu=$root/scripts/gpu
 export PYTHONUNBUFFERED=1
 
 # Workload sizes (later arguments win in argparse, so rehearsal appends).
-gpt_size=() resnet_size=() jax_size=() small_env=()
+gpt_size=() resnet_size=() jax_size=() small_env=() facts_env=() facts_size=()
 ddp_device=cuda
+# JAX may live in another interpreter (GPU_PROOF_JAX_PYTHON; in a rehearsal,
+# scripts/jax-venv.sh's environment when python3 has no jax).
+jax_py=${GPU_PROOF_JAX_PYTHON:-$py}
 if [ "${GPU_PROOF_REHEARSE:-0}" = 1 ]; then
+    if ! "$jax_py" -c 'import jax' 2>/dev/null; then
+        v=$("$root/scripts/jax-venv.sh" --find 2>/dev/null)
+        [ -n "$v" ] && [ -x "$v/bin/python" ] && jax_py=$v/bin/python
+    fi
+    # driver_facts.py on the fake driver (the build's tests/fake_cuda)
+    facts_env=("LD_LIBRARY_PATH=$build/tests/fake_cuda:$build/tests/fake_cuda/nvml"
+               FAKECUDA_DEVICES=1 FAKECUDA_MEM=1GiB)
+    facts_size=(--size 64MiB --busy 4)
     gpt_size=(--seq 64 --d 64 --layers 2 --heads 2 --batch 2 --steps 2 --warmup 1)
     resnet_size=(--px 32 --batch 2 --steps 2 --warmup 1)
     jax_size=(--width 64 --batch 16 --steps 3 --warmup 1)
@@ -119,6 +170,21 @@ if [ "${GPU_PROOF_REHEARSE:-0}" = 1 ]; then
 fi
 
 log() { echo "[gpu-proof +$(($(date +%s) - start))s] $*"; }
+
+# have STEP MODULE [PYTHON]: whether the framework imports; where not, the
+# step is logged and tabled as skipped (a rehearsal without it, or an image
+# that lacks it) rather than failing arm by arm.
+have() {
+    if "${3:-$py}" -c "import $2" >/dev/null 2>&1; then
+        return 0
+    fi
+    log "$1: skipped, $2 is not importable (${3:-$py})"
+    printf '%s\t-\tskipped-no-%s\t0\n' "$1" "$2" >>"$out/steps.tsv"
+    return 1
+}
+
+# The summary so far (quick: after every step, so a run cut off has one).
+summarize() { python3 "$gpu/summarize.py" "$out" >"$out/summary.txt" 2>&1; }
 
 # run_arm STEP ARM TIMEOUT SHIM(yes|no) [VAR=VALUE...] -- CMD...: one bounded
 # run; its output goes to STEP.log, its RESULT lines (tagged with step, arm
@@ -133,6 +199,9 @@ run_arm() {
         return 0
     fi
     local left=$((deadline - $(date +%s) - 15))
+    # a quick step's own cap (step_end), where it is nearer
+    [ -n "${step_end:-}" ] && [ $((step_end - $(date +%s))) -lt "$left" ] &&
+        left=$((step_end - $(date +%s)))
     [ "$limit" -gt "$left" ] && limit=$left
     if [ "$limit" -le 5 ]; then
         log "$step/$arm: skipped, out of time"
@@ -170,6 +239,7 @@ for line in sys.stdin:
     [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && log "$step/$arm: TIMED OUT after ${limit}s"
     [ "$rc" -ne 0 ] && log "$step/$arm: exit $rc (tail of its output:)" &&
         tail -n 6 "$out/$step.log" | sed 's/^/    /'
+    [ "$rc" -eq 77 ] && log "$step/$arm: skipped by the program (77: no GPU?)"
     [ "$rc" -eq 0 ] && log "$step/$arm: ok (${dt}s)"
     return $rc
 }
@@ -231,6 +301,7 @@ step_build() {
 step_suite() {
     local left=$((deadline - $(date +%s) - 15))
     local limit=240
+    [ -n "${step_end:-}" ] && limit=$((step_end - $(date +%s)))
     [ "$limit" -gt "$left" ] && limit=$left
     timeout -k 10 "$limit" meson test -C "$build" --suite gpu --print-errorlogs -v \
         >"$out/suite.log" 2>&1
@@ -523,10 +594,173 @@ step_traces() {
     ls -la "$t"
 }
 
+
+# ---- the quick profile (GPU_PROOF_STEPS=quick) -------------------------------------
+# Each step: name, expected seconds on an H100 (sources in the header), and
+# its cap; the caps of all but quick-owed sum to 436 s of the 480, and
+# quick-owed takes what is left. Sources: build 8-9 s and env 18-19 s
+# (gpu-91caa75 and gpu-a0d5924 console.log, run side by side here: ~20);
+# suite 58-63 s for 31 tests (same logs; 42 tests now, gpu_vmm_reset alone
+# 28 s): ~90; a JAX run 7-10 s (steps.tsv, four of the five stores); a
+# PyTorch run 12-16 s, of which 3-5 s are steps (wall_s), the rest start-up:
+# 12 runs ~150 s at 10 steps; maxbatch 11-15 s a run plus 5 steps; malloc_bench
+# 2.4 s native and 0.6 s pooled.
+quick_plan=(
+    "quick-build 20 20"
+    "suite 90 120"
+    "jax-pools 36 45"
+    "torch-abc 150 165"
+    "torch-growth 28 34"
+    "near-limit 36 42"
+    "quick-bench 6 10"
+    "quick-owed 95 0"
+)
+
+quick_expect() {
+    local sum=0 line name exp cap
+    log "quick: expected seconds per step (H100 logs), and caps:"
+    for line in "${quick_plan[@]}"; do
+        read -r name exp cap <<<"$line"
+        sum=$((sum + exp))
+        printf '    %-13s ~%4d s   cap %s\n' "$name" "$exp" \
+            "$([ "$cap" = 0 ] && echo "the rest" || echo "$cap s")"
+    done
+    printf '    %-13s ~%4d s   deadline %d s\n' total "$sum" $((deadline - start))
+}
+
+quick_cap() {
+    local line name exp cap
+    for line in "${quick_plan[@]}"; do
+        read -r name exp cap <<<"$line"
+        [ "$name" = "$1" ] && echo "$cap" && return
+    done
+    echo 0
+}
+
+# env in the background beside the build (both are mostly waiting: the
+# frameworks' imports and the compiler); env.txt is printed after.
+step_quick_build() {
+    step_env >/dev/null 2>&1 &
+    local envpid=$!
+    step_build
+    local rc=$?
+    wait "$envpid"
+    cat "$out/env.txt"
+    return $rc
+}
+
+step_jax_pools() {
+    have jax-pools jax "$jax_py" || return 0
+    local j=("$jax_py" "$gpu/jax_train.py" --steps 15 --warmup 3 "${jax_size[@]}")
+    run_arm jax-pools A-bfc-native 60 no "${small_env[@]}" -- "${j[@]}" --arm A
+    run_arm jax-pools S-cuda_async-shim 60 yes XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async \
+        "${small_env[@]}" -- "${j[@]}" --arm S-cuda_async
+    run_arm jax-pools S-platform-shim 60 yes XLA_PYTHON_CLIENT_ALLOCATOR=platform \
+        "${small_env[@]}" -- "${j[@]}" --arm S-platform
+    run_arm jax-pools S-default-shim 60 yes XLA_PYTHON_CLIENT_ALLOCATOR=default \
+        XLA_PYTHON_CLIENT_PREALLOCATE=false "${small_env[@]}" -- "${j[@]}" --arm S-default
+}
+
+# A, B, C at the defaults, two runs each, ResNet-50 then GPT-2 in every
+# round, so that one round alone answers for both models.
+step_torch_abc() {
+    have torch-abc torch || return 0
+    local nc=PYTORCH_NO_CUDA_MEMORY_CACHING=1 round model size
+    for round in 1 2; do
+        for model in resnet gpt; do
+            if [ "$model" = resnet ]; then
+                have torch-abc torchvision || continue
+                size=(--batch 64 "${resnet_size[@]}")
+            else
+                size=(--batch 8 "${gpt_size[@]}")
+            fi
+            local job=("$py" "$gpu/torch_train.py" --model "$model" --steps 10 --warmup 3
+                       "${size[@]}")
+            run_arm torch-abc "$model-A-native" 40 no -- "${job[@]}" --arm A
+            run_arm torch-abc "$model-B-shim-cache" 40 yes -- "${job[@]}" --arm B
+            run_arm torch-abc "$model-C-shim-nocache" 40 yes "$nc" -- "${job[@]}" --arm C
+        done
+    done
+}
+
+step_torch_growth() {
+    have torch-growth torch || return 0
+    local job=("$py" "$gpu/torch_train.py" --model gpt --steps 10 --warmup 3 --batch 8
+               "${gpt_size[@]}")
+    run_arm torch-growth G-shim-nocache-growing 40 yes PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+        BFCSHIM_PREALLOCATE=false -- "${job[@]}" --arm G
+    run_arm torch-growth E-native-expandable 40 no \
+        PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True -- "${job[@]}" --arm E
+}
+
+step_near_limit() {
+    have near-limit torch || return 0
+    local cap=16GiB nc=PYTORCH_NO_CUDA_MEMORY_CACHING=1
+    local job=("$py" "$gpu/torch_train.py" --model gpt "${gpt_size[@]}" --max-batch 1:64
+               --cap "$cap" --then-steps 5)
+    run_arm near-limit maxbatch-C-default 60 yes "$nc" BFCSHIM_MEM_LIMIT=$cap -- \
+        "${job[@]}" --arm C
+    run_arm near-limit maxbatch-C-one-region 60 yes "$nc" BFCSHIM_MEM_LIMIT=$cap \
+        BFCSHIM_VMM=off -- "${job[@]}" --arm C1
+}
+
+step_quick_bench() {
+    local b=$build/tests/gpu/malloc_bench
+    if [ ! -x "$b" ]; then
+        log "quick-bench: skipped, no malloc_bench (nvcc missing at the build)"
+        printf 'quick-bench\t-\tskipped-no-nvcc\t0\n' >>"$out/steps.tsv"
+        return 0
+    fi
+    run_arm quick-bench native 30 no -- "$b" native
+    run_arm quick-bench pooled 30 yes -- "$b" pooled
+    bench_results quick-bench
+}
+
+# What is still owed, most wanted first; each arm only while time is left.
+step_quick_owed() {
+    local nc=PYTORCH_NO_CUDA_MEMORY_CACHING=1
+    local f=("$py" "$gpu/driver_facts.py" "${facts_size[@]}")
+    run_arm quick-owed facts-native 40 no "${facts_env[@]}" -- "${f[@]}" --arm native
+    run_arm quick-owed facts-shim 40 yes "${facts_env[@]}" -- "${f[@]}" --arm shim
+    if "$py" -c 'import torch' >/dev/null 2>&1; then
+        local gpt=("$py" "$gpu/torch_train.py" --model gpt --steps 10 --warmup 3 --batch 8
+                   "${gpt_size[@]}")
+        # the spread layout near the limit, beside the default there
+        run_arm quick-owed C-tight-spread 40 yes "$nc" BFCSHIM_VMM_LAYOUT=spread \
+            BFCSHIM_MEM_LIMIT=15.75GiB -- "${gpt[@]}" --arm CS-tight
+        run_arm quick-owed C-tight-default 40 yes "$nc" BFCSHIM_MEM_LIMIT=15.75GiB -- \
+            "${gpt[@]}" --arm CD-tight
+        "$py" -c 'import torchvision' >/dev/null 2>&1 &&
+            run_arm quick-owed resnet-C16b0-shim-nocache-interval16-nobytes 40 yes "$nc" \
+                BFCSHIM_FENCE_INTERVAL=16 BFCSHIM_FENCE_BYTES=0 -- "$py" "$gpu/torch_train.py" \
+                --model resnet --steps 10 --warmup 3 --batch 64 "${resnet_size[@]}" --arm C16b0
+        run_arm quick-owed gpt-V0-shim-nocache-growing-release0 40 yes "$nc" \
+            BFCSHIM_PREALLOCATE=false BFCSHIM_RELEASE_THRESHOLD=0 -- "${gpt[@]}" --arm V0
+        run_arm quick-owed gpt-P-plugin 40 no "PYTHONPATH=$root/python" "BFCSHIM_LIBRARY=$lib" \
+            -- "${gpt[@]}" --arm P --plugin
+    else
+        log "quick-owed: PyTorch arms skipped, torch is not importable"
+        printf 'quick-owed\ttorch-arms\tskipped-no-torch\t0\n' >>"$out/steps.tsv"
+    fi
+    if "$py" -c 'import numba' >/dev/null 2>&1; then
+        run_arm quick-owed numba-suite-shim 120 yes -- "$py" "$gpu/numba_suite.py" --arm shim \
+            --out "$out/numba-suite-shim.json"
+    else
+        log "quick-owed: Numba's suite skipped, numba is not importable"
+        printf 'quick-owed\tnumba-suite\tskipped-no-numba\t0\n' >>"$out/steps.tsv"
+    fi
+}
+
 # ---- main --------------------------------------------------------------------------
 
 log "commit $commit; steps: $steps; output: $out"
+[ "$quick" = 1 ] && quick_expect
 for s in $steps; do
+    step_end=
+    if [ "$quick" = 1 ]; then
+        c=$(quick_cap "$s")
+        [ "$c" -gt 0 ] && step_end=$(($(date +%s) + c))
+    fi
     if [ "$(date +%s)" -ge $((deadline - 20)) ]; then
         log "deadline reached: $s and later steps not run"
         printf '%s\t-\tnot-run\t0\n' "$s" >>"$out/steps.tsv"
@@ -539,9 +773,13 @@ for s in $steps; do
         torch-gpt) log "== $s"; step_torch_gpt ;;
         torch-resnet) log "== $s"; step_torch_resnet ;;
         numba-suite) log "== $s"; step_numba_suite ;;
+        quick-build | jax-pools | torch-abc | torch-growth | near-limit | quick-bench | quick-owed)
+            log "== $s"; "step_${s//-/_}"
+            summarize ;;
         *) log "unknown step '$s'" ;;
     esac
-    if [ "$s" = build ] && [ ! -f "$lib" ]; then
+    [ "$quick" = 1 ] && [ "$s" = suite ] && summarize
+    if { [ "$s" = build ] || [ "$s" = quick-build ]; } && [ ! -f "$lib" ]; then
         log "no library: stopping"; break
     fi
 done

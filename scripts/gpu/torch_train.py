@@ -312,9 +312,30 @@ def run_max_batch(args, device, nvml):
             else:
                 hi_fail = mid
         best = lo_fit
+    res = {"workload": f"torch-{args.model}-maxbatch", "arm": args.arm, "cap": args.cap,
+           "max_batch": best, "tried": {str(k): v for k, v in sorted(tried.items())},
+           "shim_after_search": gpucommon.shim_totals(gpucommon.shim_stats())}
+    if args.then_steps and best:
+        # Timed steps at the largest batch, near the limit: under the shim
+        # the memory it moved meanwhile (granules remapped under new blocks)
+        # and the time its pressure windows took, beside the step time.
+        before = gpucommon.shim_totals(gpucommon.shim_stats())
+        try:
+            losses, times = train_steps(model, opt, batch_fn, loss_fn, best, args.then_steps,
+                                        1000, device)
+            res.update(gpucommon.step_ms(times), at_max_losses=losses)
+        except RuntimeError as e:
+            if not is_oom(e):
+                raise
+            res["at_max_error"] = "out of memory"
+        after = gpucommon.shim_totals(gpucommon.shim_stats())
+        res["at_max_steps"] = args.then_steps
+        if before and after:
+            res["at_max_shim"] = {k: after[k] - before[k] for k in (
+                "moved_bytes_total", "num_pressure_maps", "pressure_map_us_total",
+                "num_map_calls", "num_unmap_calls", "released_bytes_total", "num_fence_waits")}
     del ballast
-    return {"workload": f"torch-{args.model}-maxbatch", "arm": args.arm, "cap": args.cap,
-            "max_batch": best, "tried": {str(k): v for k, v in sorted(tried.items())}}
+    return res
 
 
 def main():
@@ -331,6 +352,9 @@ def main():
     ap.add_argument("--px", type=int, default=224)
     ap.add_argument("--max-batch", metavar="LO:HI", help="find the largest batch that fits")
     ap.add_argument("--cap", help="device memory for --max-batch, e.g. 16GiB")
+    ap.add_argument("--then-steps", type=int, default=0, metavar="N",
+                    help="after --max-batch, N timed steps at the largest batch (under the "
+                         "shim: memory moved and the time of its pressure windows)")
     ap.add_argument("--snapshot", help="record PyTorch's memory history into this pickle")
     ap.add_argument("--profile-steps", type=int, default=0, metavar="N",
                     help="after the timed steps, N more under the profiler: GPU busy time "

@@ -322,6 +322,11 @@ typedef struct shim_pool {
     size_t vmm_nkept, vmm_capkept;
     /* bytes mapped again from kept handles, all told */
     atomic_uint_fast64_t vmm_moved_bytes;
+    /* the engine's pressure windows (keep(true) to keep(false): the unmaps
+     * and maps that move memory under a block), how many and their time;
+     * vmm_keep_t0_ns is the open window's start, under the engine's lock */
+    atomic_uint_fast64_t vmm_pressure_maps, vmm_pressure_ns;
+    uint64_t vmm_keep_t0_ns;
     /* address ranges reserved (va_reserve, under the engine's lock): a
      * preallocated pool's second one is its first overflow */
     unsigned vmm_reservations;

@@ -68,6 +68,10 @@ static void pool_json(json_out *j, shim_pool *sp, const bfc_stats *s)
     json_u64(j, "released_bytes_total", st.released_bytes_total);
     /* of those, what moved under a new block instead of leaving (vmm.c) */
     json_u64(j, "moved_bytes_total", atomic_load(&sp->vmm_moved_bytes));
+    /* the windows in which memory moved (or new memory was mapped) under a
+     * block no free space held, and the time spent in them */
+    json_u64(j, "num_pressure_maps", atomic_load(&sp->vmm_pressure_maps));
+    json_u64(j, "pressure_map_us_total", atomic_load(&sp->vmm_pressure_ns) / 1000);
     json_u64(j, "num_map_calls", st.num_map_calls);
     json_u64(j, "num_unmap_calls", st.num_unmap_calls);
     json_u64(j, "num_mapped_refits", st.num_mapped_refits);

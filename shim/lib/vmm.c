@@ -40,6 +40,7 @@
  * current (the doors make it current before they allocate).
  */
 #include <string.h>
+#include <time.h>
 
 #include "array_room.h"
 #include "shim.h"
@@ -441,19 +442,31 @@ static void unmap_range(void *ctx, bfc_addr addr, uint64_t size)
 /* The engine moves memory between keep(true) and keep(false): unmapped
  * granules are kept for the maps that follow, and what is left at the end
  * goes back to the device. */
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
 static void keep(void *ctx, bool on)
 {
     shim_pool *sp = ctx;
     pools_context_needed(sp);
     sp->vmm_keeping = on;
-    if (on)
+    if (on) {
+        sp->vmm_keep_t0_ns = now_ns();
         return;
+    }
     const real_driver *R = real_driver_get();
     for (size_t i = 0; i < sp->vmm_nkept; i++)
         R->MemRelease(sp->vmm_kept[i]);
     free(sp->vmm_kept);
     sp->vmm_kept = NULL;
     sp->vmm_nkept = sp->vmm_capkept = 0;
+    /* the window's time, the kept granules' release included */
+    atomic_fetch_add(&sp->vmm_pressure_ns, now_ns() - sp->vmm_keep_t0_ns);
+    atomic_fetch_add(&sp->vmm_pressure_maps, 1);
 }
 
 /* Asked once before the engine gives free space back on its own. Under the

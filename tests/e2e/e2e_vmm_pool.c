@@ -609,6 +609,8 @@ static CUdeviceptr block_past_the_holes(const CUdeviceptr b[8])
         CHECK(p[0] == 10 + i && p[4 * MiB - 1] == 10 + i);
     }
     CHECK_EQ(shim_stat_number("moved_bytes_total"), (long long)(8 * MiB));
+    /* the move happened in a timed pressure window */
+    CHECK(shim_stat_number("num_pressure_maps") >= 1);
     return big;
 }
 
