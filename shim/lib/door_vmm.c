@@ -161,11 +161,11 @@ void vmm_door_after_fork_child(void)
 void vmm_door_total(vmm_door_counts *out)
 {
     *out = (vmm_door_counts){0};
+    pthread_mutex_lock(&lock);
     for (int d = 0; d < SHIM_MAX_DEVICES; d++) {
-        vmm_door_counts c;
-        vmm_door_get_counts(d, &c);
-        out->bytes += c.bytes;
-        out->peak_bytes += c.peak_bytes;
-        out->creates += c.creates;
+        out->bytes += counts[d].bytes;
+        out->peak_bytes += counts[d].peak_bytes;
+        out->creates += counts[d].creates;
     }
+    pthread_mutex_unlock(&lock);
 }

@@ -656,8 +656,6 @@ static bool lane_lookup(shim_pool *sp, CUstream s, unsigned long long id, uint32
     return e != NULL;
 }
 
-/* The lane of an explicit stream handle, opened on first use; BFC_NO_LANE if
- * one cannot be had. */
 /* Where streams go unseen, a lane is kept only for a stream of the pool's
  * own context (an event of the pool's context cannot be recorded on
  * another context's stream: cuEventRecord refuses, and an epoch nobody can
@@ -676,6 +674,8 @@ static bool lane_worth_opening(shim_pool *sp, CUstream s)
     return R && R->StreamGetCtx && R->StreamGetCtx(s, &c) == CUDA_SUCCESS && c == sp->ctx;
 }
 
+/* The lane of an explicit stream handle, opened on first use; BFC_NO_LANE if
+ * one cannot be had. */
 static uint32_t stream_lane(shim_pool *sp, CUstream s)
 {
     uint32_t lane;
@@ -691,7 +691,7 @@ static uint32_t stream_lane(shim_pool *sp, CUstream s)
     pthread_mutex_lock(&sp->lanes_lock);
     const struct lane_entry *e = lane_entry_of(sp, s, id, &stale);
     uint32_t existing = e ? e->lane : BFC_NO_LANE;
-    if (existing == BFC_NO_LANE && id && sp->nlanes >= UNSEEN_LANES) {
+    if (existing == BFC_NO_LANE && !streams_all_seen() && sp->nlanes >= UNSEEN_LANES) {
         evicted = sp->lanes[0].lane;
         sp->lanes[0] = sp->lanes[--sp->nlanes];
     }

@@ -33,6 +33,17 @@
 
 atomic_uint_fast64_t shim_passthrough_allocs;
 
+/* The device's memory the program made itself with cuMemCreate, on the
+ * pool of the device's primary context (a device's, not a context's:
+ * listed once, so that pools add up); zeros on any other pool. */
+static vmm_door_counts device_vmm_counts(const shim_pool *sp)
+{
+    vmm_door_counts vc = {0};
+    if (sp->primary)
+        vmm_door_get_counts((int)sp->dev, &vc);
+    return vc;
+}
+
 static void pool_json(json_out *j, shim_pool *sp, const bfc_stats *s)
 {
     if (!s) { /* held by a thread that did not let go (at exit, or at fork) */
@@ -97,12 +108,7 @@ static void pool_json(json_out *j, shim_pool *sp, const bfc_stats *s)
     json_u64(j, "total_memory", sp->total_memory);
     json_u64(j, "prealloc_us", sp->prealloc_us);
     json_u64(j, "passthrough_allocs", atomic_load(&sp->passthrough_allocs));
-    /* the device's memory the program made itself with cuMemCreate, on
-     * the pool of the device's primary context (a device's, not a
-     * context's: listed once, so that pools add up) */
-    vmm_door_counts vc = {0};
-    if (sp->primary)
-        vmm_door_get_counts((int)sp->dev, &vc);
+    const vmm_door_counts vc = device_vmm_counts(sp);
     json_u64(j, "passthrough_vmm_bytes", vc.bytes);
     json_u64(j, "passthrough_vmm_peak_bytes", vc.peak_bytes);
     json_u64(j, "passthrough_vmm_creates", vc.creates);
@@ -345,9 +351,7 @@ static void pool_summary(void *arg, shim_pool *sp, const bfc_stats *st)
             (unsigned long long)st->num_ooms,
             format_size(st->largest_free_block_bytes, a, sizeof a), st->fragmentation,
             (unsigned long long)st->num_fence_waits);
-    vmm_door_counts vc = {0};
-    if (sp->primary)
-        vmm_door_get_counts((int)sp->dev, &vc);
+    const vmm_door_counts vc = device_vmm_counts(sp);
     if (vc.creates)
         fprintf(f, "    around the pool: %s made by the program with cuMemCreate (peak %s, "
                    "%llu allocation(s)), not pooled\n",

@@ -117,6 +117,19 @@ static inline void e2e_cu_load(void)
 #undef E2E_CU
 }
 
+/* cuInit, and device `dev`'s primary context retained and made current
+ * (returned). */
+static inline CUcontext e2e_cu_primary_current(int dev)
+{
+    CUdevice d;
+    CUcontext c = NULL;
+    CHECK_EQ(D.Init(0), CUDA_SUCCESS);
+    CHECK_EQ(D.DeviceGet(&d, dev), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c, d), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(c), CUDA_SUCCESS);
+    return c;
+}
+
 /* cuMemAlloc_v2 that must succeed (else the program stops, failed). */
 static inline CUdeviceptr alloc_ok(size_t n)
 {

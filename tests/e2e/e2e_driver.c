@@ -78,15 +78,7 @@
 
 
 
-static void start(int device)
-{
-    CUdevice dev;
-    CUcontext ctx;
-    CHECK_EQ(D.Init(0), CUDA_SUCCESS);
-    CHECK_EQ(D.DeviceGet(&dev, device), CUDA_SUCCESS);
-    CHECK_EQ(D.DevicePrimaryCtxRetain(&ctx, dev), CUDA_SUCCESS);
-    CHECK_EQ(D.CtxSetCurrent(ctx), CUDA_SUCCESS);
-}
+static void start(int device) { e2e_cu_primary_current(device); }
 
 static void basic(void)
 {

@@ -137,12 +137,7 @@ static void start(void)
 {
     e2e_cu_load();
     load_more();
-    CHECK_EQ(D.Init(0), CUDA_SUCCESS);
-    CUdevice dev;
-    CUcontext ctx;
-    CHECK_EQ(D.DeviceGet(&dev, 0), CUDA_SUCCESS);
-    CHECK_EQ(D.DevicePrimaryCtxRetain(&ctx, dev), CUDA_SUCCESS);
-    CHECK_EQ(D.CtxSetCurrent(ctx), CUDA_SUCCESS);
+    e2e_cu_primary_current(0);
 }
 
 /* The fake's device memory is host memory: what a block holds now. */

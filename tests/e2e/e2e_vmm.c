@@ -60,10 +60,7 @@ static CUmemAccessDesc rw_on(int dev)
 static void start(void)
 {
     e2e_cu_load();
-    CUcontext c;
-    CHECK_EQ(D.Init(0), CUDA_SUCCESS);
-    CHECK_EQ(D.DevicePrimaryCtxRetain(&c, 0), CUDA_SUCCESS);
-    CHECK_EQ(D.CtxSetCurrent(c), CUDA_SUCCESS);
+    e2e_cu_primary_current(0);
     CUmemAllocationProp p = prop_on(0);
     gran = 0;
     D.MemGetAllocationGranularity(&gran, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM);

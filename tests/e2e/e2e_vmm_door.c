@@ -45,10 +45,7 @@ static CUmemAllocationProp exportable_on(int dev)
 static void start(void)
 {
     e2e_cu_load();
-    CUcontext c;
-    CHECK_EQ(D.Init(0), CUDA_SUCCESS);
-    CHECK_EQ(D.DevicePrimaryCtxRetain(&c, 0), CUDA_SUCCESS);
-    CHECK_EQ(D.CtxSetCurrent(c), CUDA_SUCCESS);
+    e2e_cu_primary_current(0);
     CUmemAllocationProp p = exportable_on(0);
     CHECK_EQ(D.MemGetAllocationGranularity(&gran, &p, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED),
              CUDA_SUCCESS);

@@ -101,9 +101,7 @@ static void start(void)
 {
     e2e_cu_load();
     *(void **)&trim = e2e_dlsym(RTLD_DEFAULT, "bfcshim_trim");
-    CHECK_EQ(D.Init(0), CUDA_SUCCESS);
-    CHECK_EQ(D.DevicePrimaryCtxRetain(&primary, 0), CUDA_SUCCESS);
-    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    primary = e2e_cu_primary_current(0);
 }
 
 static void fill_and_check(CUdeviceptr p, size_t n, unsigned char v)

@@ -186,14 +186,19 @@ typedef struct fstream {
     struct fstream *next; /* all streams of the process (never freed) */
 } fstream;
 
-/* What a created stream's CUstream points to. The driver promises nothing
- * about handle values after cuStreamDestroy, and a real one frees its
- * stream object and may hand the same address to the next cuStreamCreate
- * while the destroyed stream's work still runs. The cell stands between
- * the handle and the stream so that the fake can do the same
+/* What a created stream's CUstream points to. cuda.h's cuStreamDestroy:
+ * "In case the device is still doing work in the stream hStream when
+ * cuStreamDestroy() is called, the function will return immediately and
+ * the resources associated with hStream will be released automatically
+ * once the device has completed all work"; nothing is promised about the
+ * handle's value afterwards, and cuStreamGetId exists because handles do
+ * not identify a stream for the program's life ("The Id is unique for the
+ * life of the program"). The cell stands between the handle and the
+ * stream so that the fake can take the least the text allows
  * (FAKECUDA_REUSE_STREAM_HANDLES: a destroyed stream's handle names the
- * next created stream at once, the worst case); by default cells are
- * never reused, and a stale handle stays recognised and counted. */
+ * next created stream at once, its old work still queued: the worst case);
+ * by default cells are never reused, and a stale handle stays recognised
+ * and counted. */
 typedef struct stream_cell {
     uint32_t magic;
     struct fstream *s;
@@ -2169,6 +2174,10 @@ EXPORT CUresult cuStreamDestroy_v2(CUstream h)
     LEAVE(CUDA_SUCCESS);
 }
 
+/* cuda.h: the Id "is unique for the life of the program"; the special
+ * handles (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD) have one too. A
+ * destroyed stream's handle is "undefined behavior" there; the fake answers
+ * CUDA_ERROR_INVALID_HANDLE, a listed code, and counts the stale use. */
 static CUresult stream_get_id(CUstream h, unsigned long long *id)
 {
     ENTER_API();
