@@ -183,24 +183,26 @@ static nvmlReturn_t device_ok(nvmlDevice_t device)
     return NVML_ERROR_INVALID_ARGUMENT;
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t device, unsigned int *gen)
+/* A device's fixed unsigned answer: the device checked, then the result
+ * pointer. */
+static nvmlReturn_t answer_uint(nvmlDevice_t device, unsigned int *out, unsigned int value)
 {
     nvmlReturn_t r = device_ok(device);
-    if (r == NVML_SUCCESS && !gen)
+    if (r == NVML_SUCCESS && !out)
         r = NVML_ERROR_INVALID_ARGUMENT;
     if (r == NVML_SUCCESS)
-        *gen = 5;
+        *out = value;
     return r;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t device, unsigned int *gen)
+{
+    return answer_uint(device, gen, 5);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t device, unsigned int *width)
 {
-    nvmlReturn_t r = device_ok(device);
-    if (r == NVML_SUCCESS && !width)
-        r = NVML_ERROR_INVALID_ARGUMENT;
-    if (r == NVML_SUCCESS)
-        *width = 16;
-    return r;
+    return answer_uint(device, width, 16);
 }
 
 /* "NVML_SUCCESS if any values in values were populated. Note that you must
