@@ -17,6 +17,7 @@ import ctypes
 import json
 import re
 import sys
+import time
 
 import jax._src.hardware_utils as hardware_utils
 
@@ -108,7 +109,22 @@ def main():
             deleted += 1
             peer_copies += 2
 
+    def in_use():
+        return [(d.memory_stats() or {}).get("bytes_in_use") for d in devices]
+
     def sample():
+        # XLA gives a deleted array's memory back once its streams have
+        # reached the delete, from a thread of its own: memory_stats() may
+        # lag the deletes just made (a CI run read 20 MB that were on their
+        # way back). Read once XLA's figures have held for 100 ms (at most
+        # 5 s), so that the three parties are counted at one moment.
+        last, steady, waited = in_use(), 0, 0.0
+        while steady < 5 and waited < 5.0:
+            time.sleep(0.02)
+            waited += 0.02
+            now = in_use()
+            steady = steady + 1 if now == last else 0
+            last = now
         return {"xla": [d.memory_stats() for d in devices], "fake": fake(), "shim": shim_stats()}
 
     peak = sample()
