@@ -453,6 +453,15 @@ bool bfc_pool_seal_lane(bfc_pool *pool, uint32_t lane);
  * chunks before they retire. */
 bfc_status bfc_pool_lane_open(bfc_pool *pool, bool reusable, uint32_t *lane);
 
+/* A lazy lane's open epoch is sealed only when the pool needs its memory:
+ * when nothing else serves an allocation, before the pool grows or maps
+ * more, on a trim or an explicit seal; never at the fence interval. For an
+ * owner whose seal makes an epoch reusable at once (its fence orders every
+ * later use after the frees) but costs calls to make: then waiting to seal
+ * loses no memory and saves a seal on nearly every allocation. Lanes start
+ * eager. */
+void bfc_pool_lane_set_lazy(bfc_pool *pool, uint32_t lane, bool lazy);
+
 /* Closes a lane: it accepts no more frees or allocations; its open epoch is
  * sealed, its pending chunks still wait for their tokens, and the lane's slot
  * is recycled once empty. */

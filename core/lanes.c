@@ -87,10 +87,13 @@ static bool seal(bfc_pool *p, uint32_t id, lane *l)
     return true;
 }
 
-void lanes_seal_all(bfc_pool *p)
+/* lazy_too: the pool needs the memory now (nothing fits, it would grow or
+ * map more, a trim); else the fence interval's seal, which lazy lanes
+ * skip. */
+void lanes_seal_all(bfc_pool *p, bool lazy_too)
 {
     for (uint32_t id = 1; id < p->nlanes && p->open_epochs; id++)
-        if (p->lanes[id].open)
+        if (p->lanes[id].open && (lazy_too || !p->lanes[id].lazy))
             seal(p, id, &p->lanes[id]);
     /* The fence interval counts from the last time everything was sealed,
      * whoever sealed it (the interval, the slow path, a trim). */
@@ -167,6 +170,15 @@ void bfc_pool_lane_retire_into(bfc_pool *p, uint32_t id, uint32_t into)
         if (l->head == CHUNK_NIL && !l->open_token)
             lane_free_slot(l);
     }
+    bfc_lock_release(&p->lock);
+}
+
+void bfc_pool_lane_set_lazy(bfc_pool *p, uint32_t id, bool lazy)
+{
+    bfc_lock_acquire(&p->lock);
+    lane *l = lane_get(p, id);
+    if (l)
+        l->lazy = lazy;
     bfc_lock_release(&p->lock);
 }
 

@@ -307,7 +307,7 @@ static uint32_t find_fit_slow(bfc_pool *p, uint64_t rounded, uint32_t lane_id,
     /* Epochs left open by the fence interval get their fences now: only a
      * sealed epoch can be waited for. */
     if (p->open_epochs)
-        lanes_seal_all(p);
+        lanes_seal_all(p, true);
     if (lanes_poll(p) && (c = find_fit(p, rounded, lane_id, align)) != CHUNK_NIL)
         return c;
     /* A new region is kept; a wait costs only time (the GPU goes on with the
@@ -676,6 +676,13 @@ static uint32_t carve_planned(bfc_pool *p, uint64_t rounded, uint64_t size)
     if (!plan_next(p->plan, rounded, &offset))
         return CHUNK_NIL;
     uint32_t c = plan_free_chunk_at(p, p->plan, offset, rounded, &at);
+    /* The place may be pending in a lazy lane (sealed only when its memory
+     * is needed): it is needed now. */
+    if (c == CHUNK_NIL && p->open_epochs) {
+        lanes_seal_all(p, true);
+        if (lanes_poll(p))
+            c = plan_free_chunk_at(p, p->plan, offset, rounded, &at);
+    }
     if (c == CHUNK_NIL) {
         p->st.num_plan_misses++;
         return CHUNK_NIL;
@@ -731,7 +738,7 @@ static bool retire_or_wait(bfc_pool *p, bool *polled)
     if (!*polled) {
         *polled = true;
         if (p->open_epochs)
-            lanes_seal_all(p);
+            lanes_seal_all(p, true);
         if (lanes_poll(p))
             return true;
     }
@@ -960,7 +967,7 @@ bfc_status bfc_pool_alloc(bfc_pool *p, uint64_t size, uint32_t lane_id,
         p->allocs_since_fence = 0;
         p->bytes_since_fence = 0;
         if (p->open_epochs)
-            lanes_seal_all(p);
+            lanes_seal_all(p, false);
         if (p->st.num_pending_chunks)
             lanes_poll_oldest(p);
     }
@@ -1095,7 +1102,7 @@ uint64_t bfc_pool_trim(bfc_pool *p)
     /* Frees still in an open epoch have no fence yet: seal them, then retire
      * whatever the owner already reports done. Never wait: trimming is a
      * request to give back what is idle now, not to stall on the GPU. */
-    lanes_seal_all(p);
+    lanes_seal_all(p, true);
     lanes_poll(p);
     uint64_t released = region_release_empty(p);
     bfc_lock_release(&p->lock);

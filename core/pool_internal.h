@@ -48,6 +48,7 @@ typedef struct region {
 typedef struct lane {
     uint8_t open;      /* slot in use */
     uint8_t accepting; /* not closed: takes frees and allocations */
+    uint8_t lazy;      /* sealed only when the pool needs its memory */
     uint64_t open_token; /* deferred frees join this epoch until sealed; 0: none */
     uint32_t head, tail; /* FIFO of pending chunks, oldest first */
     uint64_t last_token;
@@ -283,7 +284,7 @@ bool lanes_poll(bfc_pool *p);
 void lanes_poll_oldest(bfc_pool *p);
 bool lanes_wait_oldest(bfc_pool *p);
 /* Seals every open epoch; the fence interval counts again from here. */
-void lanes_seal_all(bfc_pool *p);
+void lanes_seal_all(bfc_pool *p, bool lazy_too);
 void lanes_fini(bfc_pool *p);
 uint64_t lanes_host_bytes(const bfc_pool *p);
 void lane_retire_locked(bfc_pool *p, uint32_t id, uint64_t completed);

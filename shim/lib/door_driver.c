@@ -470,8 +470,10 @@ SHIM_EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *g, CUdevResourceDesc desc, CUd
     primary_lock(); /* it retains the primary context */
     CUresult r = PASS(GreenCtxCreate, g, desc, dev, flags);
     primary_unlock();
-    if (r == CUDA_SUCCESS && g)
+    if (r == CUDA_SUCCESS && g) {
         green_created(*g, dev);
+        fences_ordered_end_device(dev);
+    }
     return r;
 }
 

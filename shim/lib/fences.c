@@ -46,6 +46,28 @@
  * what the real cudaFree costs (it synchronises), and less, since one wait
  * serves many frees.
  *
+ * Ordered pools. While no stream of the pool's context can run outside the
+ * legacy stream's order (the library sees every stream, none of them is
+ * non-blocking, no green context exists), the plain lane and the legacy
+ * stream's lane need no event to wait for: "when an action is taken in the
+ * legacy stream such as a kernel launch or cudaStreamWaitEvent(), the legacy
+ * stream first waits on all blocking streams, the action is queued in the
+ * legacy stream, and then all blocking streams wait on the legacy stream"
+ * (CUDA's stream synchronisation behaviour; per-thread default streams are
+ * blocking ones). So their seal is a barrier: an event recorded on the legacy
+ * stream and a cuStreamWaitEvent of the legacy stream on it, after the
+ * legacy stream was made to wait for every stand-in still pending (a
+ * destroyed stream's queued work). Every use of a block submitted after the
+ * seal, on any stream of the context, runs after every use submitted before
+ * the free: the fence is complete when it is made, and the engine, told the
+ * lanes are lazy, seals them only when it needs their memory. The first
+ * non-blocking stream ends the state for good (it is made to wait for the
+ * last barrier before it can run anything), and so does a green context
+ * (the host waits for the last barrier: its default stream cannot be made
+ * to wait without making it current). A block made reusable that way is not
+ * idle: before the pool gives memory back (an unmap, a region freed) it
+ * waits for the last barrier (fences_barrier_idle).
+ *
  * Done: cuEventQuery on each event (cuEventSynchronize when the engine must
  * wait), made with the thread in relaxed capture mode while any capture is
  * under way (capture.c): in the default global mode another thread's
@@ -66,6 +88,7 @@ typedef struct stand_in {
     CUevent ev;
     uint32_t refs; /* fences that include it */
     bool done;     /* seen complete */
+    bool legacy_waits; /* an ordered seal made the legacy stream wait for it */
 } stand_in;
 
 typedef struct fence {
@@ -325,6 +348,148 @@ bool fences_sync_blind(shim_pool *sp)
     return true;
 }
 
+/* ---- ordered pools ------------------------------------------------------------- */
+
+/*
+ * The seal of an ordered pool's plain or legacy lane, under the registry's
+ * read lock, while no blocking stream captures (legacy work would join the
+ * capture): a barrier on the legacy stream (header).
+ */
+static bool seal_ordered(shim_pool *sp, const real_driver *R, uint32_t lane, uint64_t token)
+{
+    /* A stand-in's stream may be gone (destroyed with work queued), and
+     * whether the legacy stream still waits for such work is not written
+     * anywhere: make it wait, once per stand-in. */
+    pthread_mutex_lock(&sp->stand_in_lock);
+    stand_ins_pending(sp, R);
+    for (size_t i = 0; i < sp->nstand_ins; i++) {
+        stand_in *si = sp->stand_ins[i];
+        if (si->done || si->legacy_waits)
+            continue;
+        if (R->StreamWaitEvent(CU_STREAM_LEGACY, si->ev, 0) != CUDA_SUCCESS) {
+            pthread_mutex_unlock(&sp->stand_in_lock);
+            return false;
+        }
+        si->legacy_waits = true;
+    }
+    pthread_mutex_unlock(&sp->stand_in_lock);
+    fence *f = malloc(sizeof *f);
+    CUevent e = f ? take_event(sp, R) : NULL;
+    if (!e || R->EventRecord(e, CU_STREAM_LEGACY) != CUDA_SUCCESS ||
+        R->StreamWaitEvent(CU_STREAM_LEGACY, e, 0) != CUDA_SUCCESS) {
+        if (e)
+            give_event(sp, R, e);
+        free(f);
+        return false;
+    }
+    /* Complete as made: no event to ask about. */
+    *f = (fence){.token = token};
+    if (!queue_push(sp, lane, f)) {
+        give_event(sp, R, e);
+        free(f);
+        return false;
+    }
+    if (sp->last_barrier)
+        give_event(sp, R, sp->last_barrier);
+    sp->last_barrier = e;
+    sp->barrier_idle = false;
+    atomic_fetch_add_explicit(&sp->ordered_seals, 1, memory_order_relaxed);
+    return true;
+}
+
+bool fences_barrier_idle(shim_pool *sp, bool wait)
+{
+    if (!sp->last_barrier || sp->barrier_idle)
+        return true;
+    sp->barrier_idle = event_done(real_driver_get(), sp->last_barrier, wait);
+    return sp->barrier_idle;
+}
+
+void fences_ordered_begin(shim_pool *sp)
+{
+    const real_driver *R = real_driver_get();
+    if (!R || !R->StreamWaitEvent || shim_config_get()->free_policy != FREE_FENCED ||
+        !streams_all_seen() || green_any())
+        return;
+    /* Under the write lock, so that a non-blocking stream made meanwhile is
+     * either in the registry now or finds this pool ordered (it was
+     * published before) and ends the state. */
+    streams_change_begin();
+    known_stream few[FEW_STREAMS];
+    size_t n = streams_of_context(sp->ctx, few, FEW_STREAMS);
+    bool escapes = n > FEW_STREAMS; /* (many streams: not worth a look) */
+    for (size_t i = 0; i < n && !escapes; i++)
+        escapes = few[i].non_blocking;
+    if (!escapes && !green_any())
+        atomic_store(&sp->ordered, true);
+    streams_change_end();
+    if (atomic_load(&sp->ordered)) {
+        bfc_pool_lane_set_lazy(sp->bfc, sp->plain_lane, true);
+        bfc_pool_lane_set_lazy(sp->bfc, sp->legacy_lane, true);
+    }
+}
+
+/* Write lock held: takes sp out of the ordered state; returns its last
+ * barrier (NULL: none was made, or it was not ordered). */
+static CUevent end_ordered(shim_pool *sp, bool *was)
+{
+    *was = atomic_exchange(&sp->ordered, false);
+    return *was ? sp->last_barrier : NULL;
+}
+
+/* Outside every lock: its lanes are sealed at the interval again. */
+static void lanes_eager(shim_pool *sp)
+{
+    bfc_pool_lane_set_lazy(sp->bfc, sp->plain_lane, false);
+    bfc_pool_lane_set_lazy(sp->bfc, sp->legacy_lane, false);
+}
+
+void fences_ordered_stream_made(CUcontext ctx, CUstream s)
+{
+    const real_driver *R = real_driver_get();
+    shim_pool *sp = R ? pool_for_context(ctx, false) : NULL;
+    if (!sp || !atomic_load(&sp->ordered))
+        return;
+    streams_change_begin(); /* no seal in flight: last_barrier is the last */
+    bool was;
+    CUevent b = end_ordered(sp, &was);
+    /* Blocks reused after that barrier may still have old work queued
+     * before it: s runs nothing until it is done. If the wait cannot be
+     * made, the host waits instead. */
+    if (b && R->StreamWaitEvent(s, b, 0) != CUDA_SUCCESS) {
+        relaxed_scope rs = capture_relax(R);
+        R->EventSynchronize(b);
+        capture_restore(R, rs);
+    }
+    streams_change_end();
+    if (was) {
+        lanes_eager(sp);
+        shim_log(LOG_DEBUG, "device %d: a non-blocking stream: plain frees are fenced with "
+                            "events from now on", (int)sp->dev);
+    }
+}
+
+void fences_ordered_end_device(CUdevice dev)
+{
+    const real_driver *R = real_driver_get();
+    for (size_t i = 0, n = pools_count(); R && i < n; i++) {
+        shim_pool *sp = pools_at(i);
+        if (!sp || sp->dev != dev || !atomic_load(&sp->ordered))
+            continue;
+        streams_change_begin();
+        bool was;
+        CUevent b = end_ordered(sp, &was);
+        if (b) {
+            relaxed_scope rs = capture_relax(R);
+            R->EventSynchronize(b);
+            capture_restore(R, rs);
+        }
+        streams_change_end();
+        if (was)
+            lanes_eager(sp);
+    }
+}
+
 bool fences_seal(void *ctx, uint32_t lane, uint64_t token)
 {
     shim_pool *sp = ctx;
@@ -343,6 +508,14 @@ bool fences_seal(void *ctx, uint32_t lane, uint64_t token)
      * would be a captured event that never completes, and its blocks would
      * stay pending for good. */
     streams_use_begin();
+    /* (While a blocking stream captures, the legacy stream takes no
+     * barrier: the plain lane is sealed with events below, as anywhere.) */
+    if (atomic_load_explicit(&sp->ordered, memory_order_relaxed) &&
+        (plain || lane == sp->legacy_lane) && !legacy_blocked(R)) {
+        bool ok = seal_ordered(sp, R, lane, token);
+        streams_use_end();
+        return ok;
+    }
     size_t nknown = plain ? streams_of_context(sp->ctx, few, FEW_STREAMS) : 0;
     if (nknown > FEW_STREAMS) {
         known = malloc(nknown * sizeof *known);

@@ -62,6 +62,8 @@ static atomic_size_t live;
 
 static bool none(void) { return atomic_load_explicit(&live, memory_order_acquire) == 0; }
 
+bool green_any(void) { return !none(); }
+
 void green_created(CUgreenCtx g, CUdevice dev)
 {
     const real_driver *R = real_driver_get();

@@ -98,6 +98,10 @@ static void region_free(void *ctx, bfc_addr base, uint64_t size)
 {
     (void)size;
     pools_context_needed(ctx);
+    /* Free space of an ordered pool may still be read by work queued
+     * before its last barrier (fences.c). */
+    if (!fences_barrier_idle(ctx, true))
+        shim_log(LOG_WARN, "a region goes back before the GPU could be waited for");
     real_driver_get()->MemFree(base);
 }
 
@@ -410,6 +414,7 @@ shim_pool *pool_for_context(CUcontext ctx, bool create)
         return NULL;
     }
     bool primary = is_primary(R, ctx, dev);
+    shim_pool *made = NULL;
     pthread_mutex_lock(&reg_lock);
     found = live_pool_of(ctx);
     size_t n = atomic_load(&npools);
@@ -429,7 +434,7 @@ shim_pool *pool_for_context(CUcontext ctx, bool create)
         shim_log_once(&said, LOG_WARN, "more than %d CUDA contexts alive at once: allocations "
                                        "in the others pass through unpooled", MAX_POOLS);
     } else if (!found) {
-        found = create_pool(R, ctx, dev, primary);
+        found = made = create_pool(R, ctx, dev, primary);
         if (found) {
             found->serial = next_serial++;
             if (slot < n)
@@ -440,6 +445,8 @@ shim_pool *pool_for_context(CUcontext ctx, bool create)
         }
     }
     pthread_mutex_unlock(&reg_lock);
+    if (made) /* published first: see fences_ordered_begin */
+        fences_ordered_begin(made);
     real_ctx_leave(R, pushed);
     return found;
 }

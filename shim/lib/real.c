@@ -108,6 +108,7 @@ static void load_driver(void)
     LOOK(CtxEnablePeerAccess, "cuCtxEnablePeerAccess");
     LOOK(CtxDisablePeerAccess, "cuCtxDisablePeerAccess");
     LOOK(StreamSynchronize, "cuStreamSynchronize");
+    LOOK(StreamWaitEvent, "cuStreamWaitEvent");
     LOOK(GreenCtxCreate, "cuGreenCtxCreate");
     LOOK(GreenCtxDestroy, "cuGreenCtxDestroy");
     LOOK(GreenCtxStreamCreate, "cuGreenCtxStreamCreate");

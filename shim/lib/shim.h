@@ -184,6 +184,7 @@ typedef struct real_driver {
     CUresult (*CtxEnablePeerAccess)(CUcontext, unsigned);
     CUresult (*CtxDisablePeerAccess)(CUcontext);
     CUresult (*StreamSynchronize)(CUstream);
+    CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned);
     /* green contexts (green.c); optional */
     CUresult (*GreenCtxCreate)(CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned);
     CUresult (*GreenCtxDestroy)(CUgreenCtx);
@@ -279,6 +280,18 @@ typedef struct shim_pool {
      * number up to which a context synchronisation has covered them; and
      * how many such synchronisations the pool made */
     atomic_uint_fast64_t blind_sealed, blind_synced, context_syncs;
+    /* ordered (fences.c): no stream of the context can run beside the
+     * legacy stream's order (no non-blocking stream, no green context), so
+     * a plain or legacy-lane seal is a barrier on the legacy stream that
+     * every later use waits for, and its blocks are reusable at once; set
+     * once the pool is published, cleared for good by the first stream that
+     * escapes that order. last_barrier: the newest barrier's event, which
+     * such a stream is made to wait for (written by seals under the
+     * registry's read lock, read under its write lock) */
+    atomic_bool ordered;
+    CUevent last_barrier;
+    bool barrier_idle; /* last_barrier seen complete (under the engine's lock) */
+    atomic_uint_fast64_t ordered_seals;
     /* passthrough counters */
     atomic_uint_fast64_t passthrough_allocs;
     /* found held by another thread at exit (record.c, stats_file.c): the
@@ -447,6 +460,22 @@ void fences_stand_in(shim_pool *sp, CUstream s);
  * which is current, recorded with cuGreenCtxRecordEvent); false if it could
  * not be recorded. */
 bool fences_stand_in_green(shim_pool *sp, CUgreenCtx g);
+/* Puts a newly published pool in the ordered state when its context allows
+ * it (fences.c). */
+void fences_ordered_begin(shim_pool *sp);
+/* A stream s that does not follow the legacy stream's order (non-blocking)
+ * was made in ctx: pools of ctx leave the ordered state for good, and s
+ * waits for their last barrier before any work of its own. */
+void fences_ordered_stream_made(CUcontext ctx, CUstream s);
+/* A green context was made on dev: its streams and default stream do not
+ * follow the primary context's legacy stream, so every pool of the device
+ * leaves the ordered state, and the host waits for their last barriers. */
+void fences_ordered_end_device(CUdevice dev);
+/* Engine's lock held, before memory leaves the pool (an unmap, a region
+ * freed): a block an ordered seal made reusable is free of later work's
+ * reach, not idle; its old work is done once the last barrier is. Waits
+ * for it when `wait`; true when it is done (or there is none). */
+bool fences_barrier_idle(shim_pool *sp, bool wait);
 
 /* ---- graph capture (capture.c) ----------------------------------------------- */
 
@@ -479,6 +508,8 @@ void green_capture_changed(CUstream s, int by);
 CUcontext green_canonical(CUcontext ctx);
 /* Is ctx a green context's converted context? */
 bool green_converted(CUcontext ctx);
+/* Has any green context been made and not destroyed? */
+bool green_any(void);
 /* Is the calling thread's current context a green context's? */
 bool green_is_current(void);
 /* The green contexts a seal must record cuGreenCtxRecordEvent on: for the

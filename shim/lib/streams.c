@@ -75,13 +75,16 @@ void streams_add(CUstream s)
     unsigned flags = 0;
     if (!R->StreamGetCtx || R->StreamGetCtx(s, &ctx) != CUDA_SUCCESS)
         R->CtxGetCurrent(&ctx);
-    if (R->StreamGetFlags)
-        R->StreamGetFlags(s, &flags);
+    /* Flags unknown: counted as non-blocking, whose fences ask the most. */
+    if (!R->StreamGetFlags || R->StreamGetFlags(s, &flags) != CUDA_SUCCESS)
+        flags = CU_STREAM_NON_BLOCKING;
     pthread_mutex_lock(&lock);
     for (size_t i = 0; i < nall; i++)
         if (all[i].stream == s) { /* a handle reused after a missed destroy */
             all[i] = (entry){s, ctx, (flags & CU_STREAM_NON_BLOCKING) != 0};
             pthread_mutex_unlock(&lock);
+            if (flags & CU_STREAM_NON_BLOCKING)
+                fences_ordered_stream_made(ctx, s);
             return;
         }
     entry *t = array_room(all, nall, &capall, sizeof *all, 32);
@@ -89,11 +92,17 @@ void streams_add(CUstream s)
         pthread_mutex_unlock(&lock);
         shim_log(LOG_WARN, "out of host memory tracking streams: cudaFree may reuse "
                            "memory before a non-blocking stream is done with it");
+        if (flags & CU_STREAM_NON_BLOCKING)
+            fences_ordered_stream_made(ctx, s);
         return;
     }
     all = t;
     all[nall++] = (entry){s, ctx, (flags & CU_STREAM_NON_BLOCKING) != 0};
     pthread_mutex_unlock(&lock);
+    /* Registered first: a pool made meanwhile either sees it or is found
+     * here (fences_ordered_begin). */
+    if (flags & CU_STREAM_NON_BLOCKING)
+        fences_ordered_stream_made(ctx, s);
 }
 
 void streams_forget_context(CUcontext ctx)

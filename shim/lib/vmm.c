@@ -30,7 +30,8 @@
  *
  * cuMemUnmap does not wait for the GPU. The engine unmaps only free space,
  * and under the default free policy a block becomes free only after its
- * fences completed. Under BFCSHIM_FREE_POLICY=immediate a freed block is free
+ * fences completed, or, in an ordered pool, once the last barrier did
+ * (release_ready). Under BFCSHIM_FREE_POLICY=immediate a freed block is free
  * at once, so before the engine gives free space back (release_ready) the
  * context's work is waited for; while a stream capture is under way that
  * wait (cuCtxSynchronize) is refused and would invalidate the capture, so
@@ -470,7 +471,9 @@ static void keep(void *ctx, bool on)
 }
 
 /* Asked once before the engine gives free space back on its own. Under the
- * fenced policy free space is idle by construction; under the immediate one
+ * fenced policy free space is idle once the last ordered barrier is
+ * (fences.c: an ordered seal makes blocks reusable before their old work
+ * ran); under the immediate one
  * queued work may still use it: wait for the pool's context's work, unless a
  * capture is under way. From the test to the end of the wait no capture can
  * begin (streams_use_begin: a begin waits), so the wait never invalidates
@@ -480,7 +483,7 @@ static bool release_ready(void *ctx)
     shim_pool *sp = ctx;
     pools_context_needed(sp);
     if (shim_config_get()->free_policy != FREE_IMMEDIATE)
-        return true;
+        return fences_barrier_idle(sp, true);
     streams_use_begin();
     bool ready = false;
     if (capture_underway()) {

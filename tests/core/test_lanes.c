@@ -529,6 +529,51 @@ static void many_lanes(void)
     fixture_end(&f);
 }
 
+/* A lazy lane is sealed only when the pool needs its memory: no seal at the
+ * fence interval (1 here: every allocation), one when nothing else fits,
+ * and then its blocks serve the allocation as soon as the owner reports the
+ * fence complete (here at once, as an ordering fence is). */
+static void a_lazy_lane_is_sealed_only_when_its_memory_is_needed(void)
+{
+    fixture f;
+    fixture_begin(&f, 1 * MiB);
+    start_with_fences(&f);
+    uint32_t lane = open_lane(&f, false);
+    bfc_pool_lane_set_lazy(f.pool, lane, true);
+    bfc_addr a = must_alloc(&f, 256 * KiB), b = must_alloc(&f, 256 * KiB);
+    CHECK_EQ(bfc_pool_free_deferred(f.pool, a, lane), BFC_OK);
+    CHECK_EQ(bfc_pool_free_deferred(f.pool, b, lane), BFC_OK);
+    for (int i = 0; i < 8; i++)
+        must_alloc(&f, 4 * KiB);
+    CHECK_EQ(fence_state.seals, 0);
+    CHECK_EQ(fence_state.polls, 0); /* nothing sealed: nothing to ask about */
+    CHECK_EQ(stats_of(&f).pending_bytes, 512 * KiB);
+    /* 480 KiB free: 512 KiB only fits with a and b, so it seals, and the
+     * owner says done at once. */
+    fence_state.done = UINT64_MAX;
+    bfc_addr c = 0;
+    CHECK_EQ(bfc_pool_alloc(f.pool, 512 * KiB, BFC_NO_LANE, &c), BFC_OK);
+    CHECK_EQ(fence_state.seals, 1);
+    CHECK_EQ(fence_state.sealed_lane[0], lane);
+    CHECK_EQ(stats_of(&f).num_fence_waits, 0);
+    CHECK_EQ(stats_of(&f).pending_bytes, 0);
+    /* Made eager again, the lane is sealed at the next allocation. */
+    bfc_pool_lane_set_lazy(f.pool, lane, false);
+    CHECK_EQ(bfc_pool_free_deferred(f.pool, c, lane), BFC_OK);
+    must_alloc(&f, 4 * KiB);
+    CHECK_EQ(fence_state.seals, 2);
+    /* A trim seals a lazy lane too. */
+    bfc_pool_lane_set_lazy(f.pool, lane, true);
+    bfc_addr d = must_alloc(&f, 64 * KiB);
+    CHECK_EQ(bfc_pool_free_deferred(f.pool, d, lane), BFC_OK);
+    must_alloc(&f, 4 * KiB);
+    CHECK_EQ(fence_state.seals, 2);
+    bfc_pool_trim(f.pool);
+    CHECK_EQ(fence_state.seals, 3);
+    CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+    fixture_end(&f);
+}
+
 int main(void)
 {
     RUN(pending_blocks_wait_for_their_fence);
@@ -550,5 +595,6 @@ int main(void)
     RUN(a_refused_closing_seal_moves_the_epoch);
     RUN(closing_a_lane_seals_its_epoch);
     RUN(many_lanes);
+    RUN(a_lazy_lane_is_sealed_only_when_its_memory_is_needed);
     return harness_result();
 }

@@ -32,6 +32,13 @@
  *   custom-pool      after cudaDeviceSetMemPool(dev, pool of the program's),
  *                    cudaMallocAsync on that device is the program's pool's;
  *                    cudaMallocFromPoolAsync naming the default pool is ours
+ *   ordered-reuse    no non-blocking stream: the block comes back at once,
+ *                    its old work on a blocking stream still queued, and the
+ *                    new owner's work on another blocking stream (the
+ *                    per-thread one) runs after it (the seal's barrier)
+ *   ordered-then-non-blocking  the same on the legacy stream, then a
+ *                    non-blocking stream is made and uses the block: its
+ *                    work still runs after the old owner's
  *
  * Each also runs with BFCSHIM_DRIVER_HOOKS=0 (test names ending -hooks-off),
  * where only the runtime door sees the program: there the capturing threads
@@ -378,6 +385,74 @@ static void custom_pool(void)
     CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
 
+/* Ordered pools (no non-blocking stream): a plain free's block is reused at
+ * once behind a barrier on the legacy stream, which every blocking stream's
+ * later work waits for. */
+static void write_other(void *arg) { memset(arg, 0xa5, MiB); }
+
+/* The new owner's work ran after the old owner's: the block holds its
+ * pattern. */
+static void expect_new_owner_last(const char *q)
+{
+    if ((unsigned char)q[0] != 0xa5 || (unsigned char)q[MiB - 1] != 0xa5) {
+        fprintf(stderr, "the old owner's work ran after the new owner's\n");
+        e2e_failures++;
+    }
+}
+
+/* Old work on a blocking stream, new work on another (this thread's
+ * per-thread default stream), completed first: the barrier makes it wait,
+ * though blocking streams do not wait for each other. No wait of the host:
+ * the old work is still queued when the block comes back. */
+static void ordered_reuse(void)
+{
+    char *p, *filler = fill_but_hole(&p);
+    cudaStream_t b;
+    CHECK_EQ(cudaStreamCreate(&b), cudaSuccess); /* blocking */
+    CHECK_EQ(fakecuda()->launch(b, write_pattern, p), 0);
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+    fakecuda_stats s0 = fake_stats();
+    char *q = alloc_ok(MiB);
+    CHECK(q == p); /* reused at once, in order */
+    CHECK_EQ(fakecuda()->pending(b), 1);
+    CHECK_EQ(fake_stats().event_synchronize_calls, s0.event_synchronize_calls);
+    CHECK_EQ(fakecuda()->launch(cudaStreamPerThread, write_other, q), 0);
+    fakecuda()->complete(cudaStreamPerThread);
+    fakecuda()->complete_all();
+    expect_new_owner_last(q);
+    CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(b), cudaSuccess);
+}
+
+/* A block reused behind a barrier, then a non-blocking stream, which does
+ * not wait for the legacy stream, made and given the block: its work must
+ * still come after the old owner's (it waits for the last barrier). */
+static void ordered_then_non_blocking(void)
+{
+    char *p, *filler = fill_but_hole(&p);
+    CHECK_EQ(fakecuda()->launch(NULL, write_pattern, p), 0); /* the legacy stream */
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+    char *q = alloc_ok(MiB);
+    CHECK(q == p);
+    cudaStream_t s;
+    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(fakecuda()->launch(s, write_other, q), 0);
+    fakecuda()->complete(s);
+    fakecuda()->complete_all();
+    expect_new_owner_last(q);
+    /* From now on a plain free waits for its events: the block is not
+     * handed out while the non-blocking stream's work is queued. */
+    CHECK_EQ(fakecuda()->launch(s, write_pattern, q), 0);
+    CHECK_EQ(cudaFree(q), cudaSuccess);
+    char *r = alloc_ok(MiB);
+    expect_safe(q, r, s);
+    fakecuda()->complete_all();
+    CHECK_EQ(cudaFree(r), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -387,6 +462,7 @@ int main(int argc, char **argv)
         {"ptsz-capture", ptsz_capture},     {"global-capture", global_capture},
         {"reset-streams", reset_streams},   {"ctx-reuse", ctx_reuse},
         {"stream-device", stream_device},   {"custom-pool", custom_pool},
+        {"ordered-reuse", ordered_reuse},   {"ordered-then-non-blocking", ordered_then_non_blocking},
     };
     return e2e_main("e2e_fences", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }

@@ -27,6 +27,10 @@
  *     library is not preloaded but opened as the Python plug-ins open it
  *     (dlopen, RTLD_LOCAL, from LIBBFCSHIM): it then sees none of the
  *     program's streams, and only the C interface's blocks are pooled;
+ *   - with `ordered`, created streams are blocking ones (every stream then
+ *     keeps to the legacy stream's order, and a plain free is fenced by a
+ *     barrier and reused at once), except in the second half of every fifth
+ *     seed, where non-blocking streams end that state mid-program;
  *   - with `teardown`, two more threads make contexts of their own on
  *     device 0, use them (blocks, kernels) and destroy them with work
  *     queued, all the while;
@@ -55,11 +59,11 @@
  * another covers at least one of its sampled words.
  *
  *   e2e_race SEED_FIRST-SEED_LAST OPS [threads=N] [devices=N] [contexts=N] [plugin]
- *            [teardown] [expect-races]
+ *            [teardown] [ordered] [expect-races]
  *   e2e_race SCENARIO      (meson's tests: seeds 1-20, 3000 operations; with
  *                          threads=3 when SCENARIO names "threads",
  *                          devices=2 when it names "devices", contexts=1
- *                          when it names "contexts", plugin and teardown
+ *                          when it names "contexts", plugin, teardown and ordered
  *                          when it names them (seeds 1-8 with teardown;
  *                          at most E2E_RACE_SEEDS seeds when it is set),
  *                          expect-races when it names "immediate")
@@ -522,9 +526,22 @@ static void hand_over(block *b)
     b->home = to;
 }
 
+/* `ordered`: created streams are blocking, so a pool keeps to the legacy
+ * stream's order (its plain frees fenced by barriers, reused at once), until
+ * the second half of every fifth seed, where non-blocking streams end that
+ * state in the middle of the work. */
+static bool ordered_only;
+static unsigned ops_per_seed;
+
+static bool may_be_non_blocking(void)
+{
+    return !ordered_only || (seed_now % 5 == 0 && op_now >= ops_per_seed / 2);
+}
+
 /* Puts a new created stream of place d in slot s. */
 static void make_stream(int d, int s, bool non_blocking)
 {
+    non_blocking = non_blocking && may_be_non_blocking();
     use_place(d); /* a stream belongs to the context current when it is made */
     slot_non_blocking[d][s] = non_blocking;
     EXPECT(cudaStreamCreateWithFlags(&slot[d][s], non_blocking ? cudaStreamNonBlocking : 0),
@@ -746,7 +763,8 @@ static void *teardown_loop(void *arg)
             break;
         }
         cudaStream_t st;
-        EXPECT(cudaStreamCreateWithFlags(&st, pick(2) ? cudaStreamNonBlocking : 0), cudaSuccess);
+        EXPECT(cudaStreamCreateWithFlags(&st, pick(2) && !ordered_only ? cudaStreamNonBlocking : 0),
+               cudaSuccess);
         for (int i = 0; i < 6; i++) {
             void *p = NULL;
             size_t n = random_size();
@@ -797,6 +815,7 @@ int main(int argc, char **argv)
         plugin = strstr(argv[1], "plugin") != NULL;
         teardown = strstr(argv[1], "teardown") != NULL;
         expect_races = strstr(argv[1], "immediate") != NULL;
+        ordered_only = strstr(argv[1], "ordered") != NULL;
         if (teardown) /* the two tearing threads triple the work: fewer seeds */
             last = 8;
         /* E2E_RACE_SEEDS (meson sets it in sanitizer builds, where every
@@ -814,6 +833,8 @@ int main(int argc, char **argv)
             plugin = true;
         else if (strcmp(argv[a], "teardown") == 0)
             teardown = true;
+        else if (strcmp(argv[a], "ordered") == 0)
+            ordered_only = true;
         else if (sscanf(argv[a], "devices=%u", &devices) == 1) {
             if (devices < 1 || devices > MAXDEV) {
                 fprintf(stderr, "e2e_race: devices=%u: 1 to %d\n", devices, MAXDEV);
@@ -828,6 +849,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "e2e_race: bad argument %s\n", argv[a]);
             return 2;
         }
+    ops_per_seed = ops;
     e2e_program = "e2e_race";
     tracing = getenv("E2E_RACE_TRACE") != NULL;
     pthread_rwlockattr_t gate_kind;
