@@ -49,9 +49,10 @@
 #define LARGE_PAGE (20 * MiB) /* kLargeBuffer */
 #define TORCH_DRIVER_VERSION 12000 /* what driver_api.h asks every function at */
 
-/* The driver functions the expandable segments call (PyTorch's DriverAPI
- * table holds more, among them the shareable-handle export and import,
- * cuMemsetD32Async and cuStreamWriteValue32, which the fake driver lacks). */
+/* The driver functions the expandable segments call, and the export and
+ * import they share segments with (PyTorch's DriverAPI table requires a few
+ * more, cuMemsetD32Async and cuStreamWriteValue32, which the fake driver
+ * lacks: real PyTorch would stop there on it). */
 static struct {
     CUresult (*DeviceGetAttribute)(int *, CUdevice_attribute, CUdevice);
     CUresult (*MemAddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr,
@@ -65,6 +66,10 @@ static struct {
     CUresult (*MemUnmap)(CUdeviceptr, size_t);
     CUresult (*MemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
     CUresult (*GetErrorString)(CUresult, const char **);
+    CUresult (*MemExportToShareableHandle)(void *, CUmemGenericAllocationHandle,
+                                           CUmemAllocationHandleType, unsigned long long);
+    CUresult (*MemImportFromShareableHandle)(CUmemGenericAllocationHandle *, void *,
+                                             CUmemAllocationHandleType);
 } api;
 
 typedef enum { BY_VERSION, DEPRECATED } lookup_kind;
@@ -117,6 +122,8 @@ static void load(lookup_kind how)
     LOOK(MemUnmap, "cuMemUnmap");
     LOOK(MemSetAccess, "cuMemSetAccess");
     LOOK(GetErrorString, "cuGetErrorString");
+    LOOK(MemExportToShareableHandle, "cuMemExportToShareableHandle");
+    LOOK(MemImportFromShareableHandle, "cuMemImportFromShareableHandle");
 #undef LOOK
 }
 
@@ -319,6 +326,9 @@ static void replay(lookup_kind how)
     segment large = open_segment(0, LARGE_PAGE, stream);
     CHECK(grow(&small, 0, 1)); /* the first small block */
     CHECK_EQ(counted(), live);
+    /* The fake device is on no fabric: its refusal is not counted, and the
+     * segments ask for file descriptors, as on a GPU outside a fabric. */
+    CHECK_EQ(handle_type, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     CHECK(grow(&large, 0, 3)); /* a 50 MiB tensor: three pages */
     CHECK_EQ(counted(), live);
     CHECK(grow(&large, 3, 2)); /* the next one extends the segment */
