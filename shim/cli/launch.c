@@ -146,23 +146,34 @@ const char *launch_find_fake_cuda(void)
     return NULL;
 }
 
-/* --fake-gpu: the fake driver and runtime first in the loader's path. */
+/* --fake-gpu: the fake driver and runtime first in the loader's path, and
+ * the fake NVML (its nvml/ folder) after them: NVML must describe the
+ * devices the program sees, so a framework that asks NVML before it uses a
+ * GPU (JAX sees no GPU when nvmlInit_v2 fails) runs, and none meets the
+ * real NVML, which is absent here or describes other devices. A copy
+ * without the fake NVML (older installs) still gets the fake driver. */
 static int add_fake_gpu(const char *cmd, env_list *e)
 {
     const char *dir = launch_find_fake_cuda();
     if (!dir)
         return -1;
+    char nvml[PATH_MAX + 64];
+    snprintf(nvml, sizeof nvml, "%s/nvml/libnvidia-ml.so.1", dir);
+    const bool with_nvml = readable(nvml);
+    *strrchr(nvml, '/') = 0;
     const char *old = getenv("LD_LIBRARY_PATH");
-    char path[PATH_MAX * 2];
-    snprintf(path, sizeof path, "%s%s%s", dir, old && *old ? ":" : "", old ? old : "");
+    char path[PATH_MAX * 3];
+    snprintf(path, sizeof path, "%s%s%s%s%s", dir, with_nvml ? ":" : "", with_nvml ? nvml : "",
+             old && *old ? ":" : "", old ? old : "");
     static bool said; /* ab applies it to both arms: one message */
     if (!said)
         fprintf(stderr,
             "bfcshim %s: --fake-gpu: CUDA goes to the fake driver in %s: %s device(s) of %s "
-            "in host memory (FAKECUDA_DEVICES, FAKECUDA_MEM); no kernel runs, so this tries "
+            "in host memory (FAKECUDA_DEVICES, FAKECUDA_MEM)%s; no kernel runs, so this tries "
             "the allocator, not a workload\n",
             cmd, dir, getenv("FAKECUDA_DEVICES") ? getenv("FAKECUDA_DEVICES") : "2",
-            getenv("FAKECUDA_MEM") ? getenv("FAKECUDA_MEM") : "1GiB");
+            getenv("FAKECUDA_MEM") ? getenv("FAKECUDA_MEM") : "1GiB",
+            with_nvml ? ", NVML to a fake NVML of the same devices" : "");
     said = true;
     return env_add(e, "LD_LIBRARY_PATH", path) ? 1 : 0;
 }

@@ -4,7 +4,7 @@ over the fake CUDA libraries: the shim is found without a path, options
 become variables, LD_PRELOAD is kept, exit statuses pass through, and ab's
 table and JSON carry the right counts.
 
-usage: test_run_ab.py BFCSHIM WORKLOAD FAKE_CUDA_DIR WORKDIR
+usage: test_run_ab.py BFCSHIM WORKLOAD FAKE_CUDA_DIR NVML_PROBE WORKDIR
 """
 import json
 import os
@@ -14,7 +14,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import testcheck  # noqa: E402
 
-bfcshim, workload, fake_dir, work = sys.argv[1:5]
+bfcshim, workload, fake_dir, nvml_probe, work = sys.argv[1:6]
 testcheck.fresh_dir(work)
 env = testcheck.fake_cuda_env(fake_dir)
 check = testcheck.Checks()
@@ -88,6 +88,15 @@ check(p.returncode == 0 and "--fake-gpu: CUDA goes to the fake driver" in p.stde
       f"run --fake-gpu: {p.returncode} {p.stderr}")
 check(os.path.exists(stats) and json.load(open(stats))["pools"][0]["num_allocs"] == 40,
       "the job's allocations were pooled on the fake device")
+# The program's NVML is the fake one, of the same devices: it found none
+# (or the machine's, of other devices) before --fake-gpu put the fake NVML's
+# folder on the path. FAKECUDA_DEVICES=3 tells it from the default.
+probe = subprocess.run([nvml_probe], env=bare, capture_output=True, text=True)
+p = subprocess.run([bfcshim, "run", "--fake-gpu", "--", nvml_probe],
+                   env=dict(bare, FAKECUDA_DEVICES="3"), capture_output=True, text=True)
+check(p.returncode == 0 and p.stdout.splitlines()[-1:] == ["nvml init 0 count 0 3"] and
+      "NVML to a fake NVML" in p.stderr,
+      f"run --fake-gpu: the fake NVML (alone: {probe.stdout.strip()}): {p.stdout} {p.stderr}")
 p = subprocess.run([bfcshim, "ab", "--fake-gpu", "--repeat", "1", "--json", "--", workload, "0",
                     "2"], env=bare, capture_output=True, text=True)
 arms = json.loads(p.stdout)["arms"] if p.returncode == 0 else []

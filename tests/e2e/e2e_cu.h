@@ -62,6 +62,10 @@ static struct {
     CUresult (*MemUnmap)(CUdeviceptr, size_t);
     CUresult (*MemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
     CUresult (*MemGetAccess)(unsigned long long *, const CUmemLocation *, CUdeviceptr);
+    CUresult (*MemExportToShareableHandle)(void *, CUmemGenericAllocationHandle,
+                                           CUmemAllocationHandleType, unsigned long long);
+    CUresult (*MemImportFromShareableHandle)(CUmemGenericAllocationHandle *, void *,
+                                             CUmemAllocationHandleType);
 } D;
 
 /* Opens libcuda.so.1 and fills D (exit 1 when a symbol is missing). */
@@ -103,6 +107,8 @@ static inline void e2e_cu_load(void)
     E2E_CU(MemUnmap, "cuMemUnmap");
     E2E_CU(MemSetAccess, "cuMemSetAccess");
     E2E_CU(MemGetAccess, "cuMemGetAccess");
+    E2E_CU(MemExportToShareableHandle, "cuMemExportToShareableHandle");
+    E2E_CU(MemImportFromShareableHandle, "cuMemImportFromShareableHandle");
     E2E_CU(MemPoolCreate, "cuMemPoolCreate");
     E2E_CU(MemPoolGetAttribute, "cuMemPoolGetAttribute");
     E2E_CU(MemPoolSetAttribute, "cuMemPoolSetAttribute");

@@ -67,7 +67,9 @@
  *   vmm       cuMemAddressReserve/Create/Map/SetAccess/Unmap/Release on
  *             host memory: PROT_NONE reservations, memfd physical memory
  *             counted against the device, access enforced by page
- *             protection (see "virtual memory management" below).
+ *             protection; a file-descriptor shareable handle is the memory
+ *             file, which another process imports and maps (see "virtual
+ *             memory management" below).
  *   capture   cuStreamBeginCapture marks a stream with its mode and thread;
  *             cuStreamBeginCaptureToGraph does the same into a graph made by
  *             cuGraphCreate, which cuStreamEndCapture then returns (graphs
@@ -130,6 +132,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -137,6 +140,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1335,8 +1339,10 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
  * cuMemAllocManaged), stream priorities (STREAM_PRIORITIES_SUPPORTED:
  * cuCtxGetStreamPriorityRange answers [0, 0], as cuda.h says it does for
  * such a device, and cuStreamCreateWithPriority's priority is clamped to
- * it), shareable handles
- * for virtual memory and mempool IPC, and GPUDirect RDMA. Each device has
+ * it), fabric handles
+ * and mempool IPC (a virtual memory allocation's file descriptor is
+ * modelled: HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED reads 1, as on an
+ * H100), and GPUDirect RDMA. Each device has
  * its own PCI bus id (one per device on real machines, and tools order
  * devices by it; cuDeviceGetPCIBusId writes the same one). tests/gpu/gpu_suite.cu `attributes` prints the real
  * device's answers for every attribute in this table.
@@ -1379,7 +1385,7 @@ static const struct {
     {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, 227 << 10},
     {CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR, 32},
     {CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 1},
-    {CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, 0},
+    {CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, 1},
     {CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES, 0},
     {CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, 0},
     {CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT, 0},
@@ -3698,8 +3704,11 @@ EXPORT CUresult cuGetExportTable(const void **table, const CUuuid *id)
  * (FAKECUDA_VMM_GRANULARITY, 2 MiB), the offset must be zero ("currently
  * must be zero"), a mapping goes only onto a reserved, unmapped range,
  * cuMemUnmap and cuMemSetAccess take whole mappings ("cannot unmap a
- * sub-range"; "a fully mapped address range"), flags must be zero. Not
- * modelled: shareable handles, multicast, host-NUMA locations, peers'
+ * sub-range"; "a fully mapped address range"), flags must be zero.
+ * Shareable handles of the file-descriptor type are the memory file
+ * itself, so another process that imports one maps the same bytes (below,
+ * cuMemExportToShareableHandle). Not modelled: fabric handles (the device
+ * reports none), multicast, host-NUMA locations, peers'
  * access beyond bookkeeping (one address space: the owner's protection
  * applies; what each peer device was granted is kept per mapping and
  * answered by cuMemGetAccess, so tests can see access granted and taken
@@ -3723,6 +3732,9 @@ typedef struct vmm_handle {
     int dev, fd;
     uint64_t size;
     unsigned mappings, refs;
+    unsigned types;   /* the shareable handle types asked for at creation */
+    bool imported;    /* another allocation's memory, imported: not this
+                         process's device memory to count */
 } vmm_handle;
 
 typedef struct vmm_range {
@@ -3819,7 +3831,8 @@ static void vmm_destroy(vmm_handle *h)
             break;
         }
     close(h->fd);
-    G.st.bytes_in_use[h->dev] -= h->size;
+    if (!h->imported)
+        G.st.bytes_in_use[h->dev] -= h->size;
     free(h);
 }
 
@@ -3944,6 +3957,38 @@ static bool vmm_whole_mappings(uint64_t base, uint64_t size)
     return size > 0;
 }
 
+/* A physical allocation's memory file, named after the machine's device
+ * that holds it, so that a process importing the file (a shareable handle)
+ * knows the device, as the real driver knows its own objects. */
+#define VMM_FILE_PREFIX "fakecuda-vmm-dev"
+
+static int vmm_memory_file(int phys)
+{
+    char name[32];
+    snprintf(name, sizeof name, VMM_FILE_PREFIX "%d", phys);
+    return memfd_create(name, MFD_CLOEXEC);
+}
+
+/* Lock held: the visible device whose memory file fd is (one this fake
+ * made, in this process or another), or -1. */
+static int vmm_file_device(int fd)
+{
+    char link[64], target[128];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, target, sizeof target - 1);
+    if (n <= 0)
+        return -1;
+    target[n] = 0;
+    const char *prefix = "/memfd:" VMM_FILE_PREFIX;
+    if (strncmp(target, prefix, strlen(prefix)) != 0)
+        return -1;
+    int phys = atoi(target + strlen(prefix));
+    for (int d = 0; d < G.ndev; d++)
+        if (G.phys[d] == phys)
+            return d;
+    return -2; /* a device this process does not see */
+}
+
 EXPORT CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
                                               CUmemAllocationGranularity_flags option)
 {
@@ -4022,13 +4067,26 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     int dev = vmm_prop_device(prop);
     if (!handle || dev < 0 || size == 0 || !vmm_aligned(size) || flags)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
+    /* requestedHandleTypes: a file descriptor is "permitted only on POSIX
+     * systems", Win32 handles are not, and a fabric handle needs a device
+     * on a fabric with an IMEX channel, which the fake's are not
+     * (HANDLE_TYPE_FABRIC_SUPPORTED reads 0): not supported, the answer
+     * PyTorch and XLA take as "ask without it" (cuda.h lists it). Bits that
+     * name no type are invalid. */
+    const unsigned types = (unsigned)prop->requestedHandleTypes;
+    const unsigned known = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | CU_MEM_HANDLE_TYPE_WIN32 |
+                           CU_MEM_HANDLE_TYPE_WIN32_KMT | CU_MEM_HANDLE_TYPE_FABRIC;
+    if (types & ~known)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    if (types & ~(unsigned)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        LEAVE(CUDA_ERROR_NOT_SUPPORTED);
     G.st.vmm_create_calls++;
     if (G.fail_alloc_countdown && --G.fail_alloc_countdown == 0)
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
     if (size > device_free(dev))
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
     vmm_handle *h = calloc(1, sizeof *h);
-    int fd = h ? memfd_create("fakecuda-vmm", MFD_CLOEXEC) : -1;
+    int fd = h ? vmm_memory_file(G.phys[dev]) : -1;
     if (V.nhandles == V.caphandles) {
         size_t c = V.caphandles ? V.caphandles * 2 : 16;
         vmm_handle **t = realloc(V.handles, c * sizeof *t);
@@ -4043,7 +4101,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
         free(h);
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
     }
-    *h = (vmm_handle){dev, fd, size, 0, 1};
+    *h = (vmm_handle){dev, fd, size, 0, 1, types, false};
     V.handles[V.nhandles++] = h;
     G.st.bytes_in_use[dev] += size;
     *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
@@ -4079,6 +4137,89 @@ EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle
     m->h->refs++;
     G.st.vmm_retain_calls++;
     *handle = (CUmemGenericAllocationHandle)(uintptr_t)m->h;
+    LEAVE(CUDA_SUCCESS);
+}
+
+/* "Given a CUDA memory handle, create a shareable memory allocation handle
+ * that can be used to share the memory with other processes ... The
+ * recipient process can convert the shareable handle back into a CUDA
+ * memory handle using cuMemImportFromShareableHandle and map it with
+ * cuMemMap"; flags "Reserved, must be zero". A file descriptor (an int at
+ * shareableHandle) is a new descriptor of the allocation's memory file:
+ * the program owns and closes it (PyTorch and NCCL do), and the memory
+ * lives on in a process that imported it ("Once all shareable handles are
+ * closed and the allocation is released, the allocated memory ... will be
+ * released": the kernel keeps the file's pages while any descriptor or
+ * mapping holds them). Only a type asked for at creation can be exported
+ * (requestedHandleTypes); anything else is an invalid value. The device's
+ * memory count goes down at the last release as before, not at the last
+ * descriptor's close, which the fake cannot see. */
+EXPORT CUresult cuMemExportToShareableHandle(void *shareableHandle,
+                                             CUmemGenericAllocationHandle handle,
+                                             CUmemAllocationHandleType handleType,
+                                             unsigned long long flags)
+{
+    CALLED();
+    VMM_ENTER();
+    vmm_handle *h = vmm_handle_of(handle);
+    if (!shareableHandle || !h || !h->refs || flags ||
+        handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || !(h->types & handleType))
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    int fd = fcntl(h->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0)
+        LEAVE(CUDA_ERROR_NOT_PERMITTED); /* the process may open no more files */
+    *(int *)shareableHandle = fd;
+    LEAVE(CUDA_SUCCESS);
+}
+
+/* "Imports an allocation from a requested shareable handle type": for a
+ * file descriptor, osHandle is the descriptor itself ((void *)(uintptr_t)
+ * fd, as PyTorch and NCCL pass it), which the caller keeps and may close
+ * at once (the fake holds a descriptor of its own). The handle stands for
+ * the exporter's memory: mapped, it shows the same bytes in both
+ * processes, and it is not device memory this process allocated. "If the
+ * current process cannot support the memory described by this shareable
+ * handle, this API will error as CUDA_ERROR_NOT_SUPPORTED": memory of a
+ * device this process does not see, and fabric handles (no fabric here).
+ * A descriptor that is not an exported allocation is an invalid value. */
+EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
+                                               void *osHandle,
+                                               CUmemAllocationHandleType shHandleType)
+{
+    CALLED();
+    VMM_ENTER();
+    if (shHandleType == CU_MEM_HANDLE_TYPE_FABRIC)
+        LEAVE(CUDA_ERROR_NOT_SUPPORTED);
+    if (!handle || shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    const int theirs = (int)(intptr_t)osHandle;
+    const int dev = vmm_file_device(theirs);
+    struct stat st;
+    if (dev == -1 || fstat(theirs, &st) != 0 || st.st_size <= 0 ||
+        !vmm_aligned((uint64_t)st.st_size))
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    if (dev < 0)
+        LEAVE(CUDA_ERROR_NOT_SUPPORTED);
+    vmm_handle *h = calloc(1, sizeof *h);
+    int fd = h ? fcntl(theirs, F_DUPFD_CLOEXEC, 0) : -1;
+    if (V.nhandles == V.caphandles) {
+        size_t c = V.caphandles ? V.caphandles * 2 : 16;
+        vmm_handle **t = realloc(V.handles, c * sizeof *t);
+        if (t) {
+            V.handles = t;
+            V.caphandles = c;
+        }
+    }
+    if (fd < 0 || V.nhandles == V.caphandles) {
+        if (fd >= 0)
+            close(fd);
+        free(h);
+        LEAVE(CUDA_ERROR_NOT_PERMITTED); /* no descriptor or no room for one more */
+    }
+    *h = (vmm_handle){dev, fd, (uint64_t)st.st_size, 0, 1,
+                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, true};
+    V.handles[V.nhandles++] = h;
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
     LEAVE(CUDA_SUCCESS);
 }
 
@@ -4346,6 +4487,8 @@ static const proc procs[] = {
     P("cuMemCreate", 10020, cuMemCreate),
     P("cuMemRelease", 10020, cuMemRelease),
     P("cuMemRetainAllocationHandle", 11000, cuMemRetainAllocationHandle),
+    P("cuMemExportToShareableHandle", 10020, cuMemExportToShareableHandle),
+    P("cuMemImportFromShareableHandle", 10020, cuMemImportFromShareableHandle),
     P("cuMemMap", 10020, cuMemMap),
     P("cuMemUnmap", 10020, cuMemUnmap),
     P("cuMemSetAccess", 10020, cuMemSetAccess),

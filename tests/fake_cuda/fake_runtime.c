@@ -19,6 +19,7 @@
 #undef cuGetProcAddress
 
 #include <dlfcn.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -78,7 +79,12 @@ static struct {
     CUresult (*CtxDisablePeerAccess)(CUcontext);
     CUresult (*Memcpy)(CUdeviceptr, CUdeviceptr, size_t);
     CUresult (*MemsetD8)(CUdeviceptr, unsigned char, size_t);
+    CUresult (*DriverGetVersion)(int *);
 } D;
+
+/* The driver's cuGetProcAddress_v2 as this runtime found it (dlsym on its
+ * libcuda handle): cudaGetDriverEntryPoint[ByVersion] answer through it. */
+static proc_fn driver_proc;
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static cudaError_t init_error = cudaSuccess;
@@ -154,6 +160,8 @@ static void initialise(void)
     R(IpcGetMemHandle, "cuIpcGetMemHandle");
     R(CtxEnablePeerAccess, "cuCtxEnablePeerAccess");
     R(CtxDisablePeerAccess, "cuCtxDisablePeerAccess");
+    R(DriverGetVersion, "cuDriverGetVersion");
+    driver_proc = get;
     if (!D.Init || D.Init(0) != CUDA_SUCCESS || D.DeviceGetCount(&ndevices) != CUDA_SUCCESS)
         init_error = cudaErrorInitializationError;
 }
@@ -634,6 +642,97 @@ EXPORT cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *dat
 {
     ENTER();
     return record(D.LaunchHostFunc(S(s), (CUhostFn)fn, data));
+}
+
+/* ---- driver entry points --------------------------------------------------------- */
+
+/*
+ * cudaGetDriverEntryPoint and cudaGetDriverEntryPointByVersion
+ * (cuda_runtime_api.h, "Driver Entry Point Access"): the driver function for
+ * a base name ("cuMemAlloc" for cuMemAlloc_v2), for a CUDA version (the
+ * runtime's own, CUDART_VERSION, for the first), as the driver's
+ * cuGetProcAddress chooses it. The runtime asks the cuGetProcAddress_v2 it
+ * found with dlsym on its libcuda handle, as the real cudart does, so that
+ * whatever answers that lookup (a preloaded shim's dlsym) answers these too;
+ * PyTorch finds its virtual memory functions this way (c10/cuda/
+ * driver_api.cpp). The rules kept from the header:
+ *   - cudaSuccess with the function, or with NULL when the symbol is
+ *     unknown or no version of it is old enough, and the optional
+ *     driverStatus saying which (cudaDriverEntryPointQueryResult);
+ *   - cudaErrorInvalidValue for a missing symbol or result, unknown flags,
+ *     and (ByVersion) "If the specified CUDA version is greater than the
+ *     driver version";
+ *   - cudaEnableDefault means the per-thread versions when "compiled with
+ *     --default-stream per-thread ... or the macro
+ *     CUDA_API_PER_THREAD_DEFAULT_STREAM": such code calls the _ptsz entry
+ *     points (the header maps both names), so the plain ones mean legacy.
+ */
+static cudaError_t entry_point(const char *symbol, void **fn, int version,
+                               unsigned long long flags,
+                               enum cudaDriverEntryPointQueryResult *status, bool ptsz)
+{
+    pthread_once(&once, initialise);
+    if (init_error != cudaSuccess)
+        return tls_last_error = init_error;
+    cuuint64_t how;
+    switch (flags) {
+    case cudaEnableDefault:
+        how = ptsz ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+                   : CU_GET_PROC_ADDRESS_LEGACY_STREAM;
+        break;
+    case cudaEnableLegacyStream: how = CU_GET_PROC_ADDRESS_LEGACY_STREAM; break;
+    case cudaEnablePerThreadDefaultStream: how = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM; break;
+    default: return tls_last_error = cudaErrorInvalidValue;
+    }
+    int driver = 0;
+    if (!symbol || !fn || D.DriverGetVersion(&driver) != CUDA_SUCCESS || version > driver)
+        return tls_last_error = cudaErrorInvalidValue;
+    CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    CUresult r = driver_proc(symbol, fn, version, how, &found);
+    if (r != CUDA_SUCCESS)
+        *fn = NULL;
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_FOUND)
+        return record(r);
+    if (status)
+        *status = r == CUDA_SUCCESS ? cudaDriverEntryPointSuccess
+                  : found == CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+                      ? cudaDriverEntryPointVersionNotSufficent
+                      : cudaDriverEntryPointSymbolNotFound;
+    return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **fn, unsigned long long flags,
+                                           enum cudaDriverEntryPointQueryResult *status)
+{
+    return entry_point(symbol, fn, CUDART_VERSION, flags, status, false);
+}
+EXPORT cudaError_t cudaGetDriverEntryPoint_ptsz(const char *symbol, void **fn,
+                                                unsigned long long flags,
+                                                enum cudaDriverEntryPointQueryResult *status);
+EXPORT cudaError_t cudaGetDriverEntryPoint_ptsz(const char *symbol, void **fn,
+                                                unsigned long long flags,
+                                                enum cudaDriverEntryPointQueryResult *status)
+{
+    return entry_point(symbol, fn, CUDART_VERSION, flags, status, true);
+}
+
+EXPORT cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn,
+                                                    unsigned int version,
+                                                    unsigned long long flags,
+                                                    enum cudaDriverEntryPointQueryResult *status)
+{
+    return entry_point(symbol, fn, version > INT_MAX ? INT_MAX : (int)version, flags, status,
+                       false);
+}
+EXPORT cudaError_t cudaGetDriverEntryPointByVersion_ptsz(
+    const char *symbol, void **fn, unsigned int version, unsigned long long flags,
+    enum cudaDriverEntryPointQueryResult *status);
+EXPORT cudaError_t cudaGetDriverEntryPointByVersion_ptsz(
+    const char *symbol, void **fn, unsigned int version, unsigned long long flags,
+    enum cudaDriverEntryPointQueryResult *status)
+{
+    return entry_point(symbol, fn, version > INT_MAX ? INT_MAX : (int)version, flags, status,
+                       true);
 }
 
 /* ---- what nvcc's generated code calls -------------------------------------------- */

@@ -46,6 +46,8 @@ p = subprocess.run([cmd, "run", "--fake-gpu", "--", program, "basic"], env=env,
                    capture_output=True, text=True)
 check(p.returncode == 0 and "bfcshim-fake-cuda" in p.stderr,
       f"bfcshim run --fake-gpu: {p.returncode} {p.stderr[-2000:]}")
+check("NVML to a fake NVML" in p.stderr,
+      f"the fake NVML comes in the package, on the program's path: {p.stderr[-2000:]}")
 doc = json.load(open(stats)) if os.path.exists(stats) else {"pools": []}
 check(len(doc["pools"]) == 1 and doc["pools"][0].get("num_allocs") == 103,
       f"the program's allocations came from the pool: {doc.get('pools')}")
