@@ -19,6 +19,15 @@
  *   captures under way comes from the begin/end calls below; when it is 0
  *   the mode is left alone (two driver calls saved per query).
  *
+ *   The same count saves the capture questions themselves (is this stream,
+ *   is a blocking stream, capturing?) while it is 0 and every way to begin
+ *   a capture is seen (capture_none): preloaded, with the driver door
+ *   hooked, every begin passes here, the v1 cuStreamBeginCapture of old
+ *   binaries included. A begin is counted before the real call and under
+ *   the streams' write lock (before_begin), so that a seal holding the read
+ *   lock, or a call the program orders after the begin, never finds 0 while
+ *   the capture is under way; a begin that fails is taken back.
+ *
  * Both doors have the calls: the driver's (reached by cudart through
  * cuGetProcAddress, and by programs through dlsym) do the work; the
  * runtime's do it only when the driver door is not hooked
@@ -31,6 +40,12 @@ static atomic_int underway;
 bool capture_underway(void)
 {
     return atomic_load_explicit(&underway, memory_order_relaxed) > 0;
+}
+
+bool capture_none(void)
+{
+    return atomic_load_explicit(&underway, memory_order_acquire) == 0 && shim_driver_hooked() &&
+           streams_all_seen();
 }
 
 relaxed_scope capture_relax(const real_driver *R)
@@ -105,6 +120,7 @@ static bool blocking_stream(const real_driver *R, CUstream s)
 static void before_begin(CUstream s)
 {
     streams_change_begin();
+    atomic_fetch_add_explicit(&underway, 1, memory_order_acq_rel); /* see the header */
     const real_driver *R = real_driver_get();
     if (R)
         capture_stand_in(s, blocking_stream(R, s));
@@ -112,11 +128,11 @@ static void before_begin(CUstream s)
 
 static CUresult began(CUresult r, CUstream s)
 {
+    if (r != CUDA_SUCCESS)
+        atomic_fetch_sub_explicit(&underway, 1, memory_order_acq_rel);
     streams_change_end();
-    if (r == CUDA_SUCCESS) {
-        atomic_fetch_add_explicit(&underway, 1, memory_order_relaxed);
+    if (r == CUDA_SUCCESS)
         green_capture_changed(s, +1);
-    }
     return r;
 }
 
@@ -169,6 +185,21 @@ SHIM_EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mod
 {
     return begin(0, s, mode);
 }
+
+/* The v1 begin (CUDA 10.0's, no mode: global), which cuda.h now maps to
+ * _v2 but libcuda still exports for old binaries and hands out to
+ * cuGetProcAddress for versions before 10.1 (names in shim.h). */
+static CUresult begin_v1(int z, CUstream s)
+{
+    CUresult (*f)(CUstream) = REAL(StreamBeginCaptureV1[z]);
+    if (!f)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    before_begin(named(s, z));
+    return began(f(s), named(s, z));
+}
+
+SHIM_EXPORT CUresult shim_cuStreamBeginCapture_v1(CUstream s) { return begin_v1(0, s); }
+SHIM_EXPORT CUresult shim_cuStreamBeginCapture_v1_ptsz(CUstream s) { return begin_v1(1, s); }
 
 SHIM_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode)
 {

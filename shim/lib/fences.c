@@ -111,6 +111,8 @@ struct fence_queue {
 
 static bool capturing(const real_driver *R, CUstream s)
 {
+    if (capture_none()) /* every begin is counted, and none is under way */
+        return false;
     CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
     return R->StreamIsCapturing(s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
@@ -120,6 +122,8 @@ static bool capturing(const real_driver *R, CUstream s)
  * when asked about the legacy stream. */
 static bool legacy_blocked(const real_driver *R)
 {
+    if (capture_none())
+        return false;
     CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
     return R->StreamIsCapturing(CU_STREAM_LEGACY, &st) == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
 }

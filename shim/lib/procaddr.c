@@ -41,6 +41,8 @@ static hook hooks[] = {
     H(cuStreamCreate),
     H(cuStreamCreateWithPriority),
     H(cuStreamDestroy_v2),
+    {"cuStreamBeginCapture", (void *)shim_cuStreamBeginCapture_v1, NULL},
+    {"cuStreamBeginCapture_ptsz", (void *)shim_cuStreamBeginCapture_v1_ptsz, NULL},
     H(cuStreamBeginCapture_v2),
     H(cuStreamBeginCapture_v2_ptsz),
     H(cuStreamBeginCaptureToGraph),

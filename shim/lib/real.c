@@ -81,6 +81,8 @@ static void load_driver(void)
     LOOK(StreamIsCapturing, "cuStreamIsCapturing");
     LOOK(StreamBeginCapture[0], "cuStreamBeginCapture_v2");
     LOOK(StreamBeginCapture[1], "cuStreamBeginCapture_v2_ptsz");
+    LOOK(StreamBeginCaptureV1[0], "cuStreamBeginCapture");
+    LOOK(StreamBeginCaptureV1[1], "cuStreamBeginCapture_ptsz");
     LOOK(StreamBeginCaptureToGraph[0], "cuStreamBeginCaptureToGraph");
     LOOK(StreamBeginCaptureToGraph[1], "cuStreamBeginCaptureToGraph_ptsz");
     LOOK(StreamEndCapture[0], "cuStreamEndCapture");

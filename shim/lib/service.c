@@ -412,7 +412,7 @@ svc_status svc_ipc_check(CUdeviceptr ptr, const char *api)
 bool svc_stream_capturing(CUstream s, bool per_thread)
 {
     const real_driver *R = real_driver_get();
-    if (!R)
+    if (!R || capture_none())
         return false;
     if (s == NULL && per_thread)
         s = CU_STREAM_PER_THREAD;

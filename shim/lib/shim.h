@@ -153,6 +153,7 @@ typedef struct real_driver {
     CUresult (*StreamGetFlags)(CUstream, unsigned *);
     CUresult (*StreamIsCapturing)(CUstream, CUstreamCaptureStatus *);
     CUresult (*StreamBeginCapture[2])(CUstream, CUstreamCaptureMode);
+    CUresult (*StreamBeginCaptureV1[2])(CUstream); /* v1: no mode (global) */
     CUresult (*StreamBeginCaptureToGraph[2])(CUstream, CUgraph, const CUgraphNode *,
                                              const CUgraphEdgeData *, size_t,
                                              CUstreamCaptureMode);
@@ -488,6 +489,13 @@ typedef struct relaxed_scope {
 relaxed_scope capture_relax(const real_driver *R);
 /* Is any stream capture (begun through the shim's doors) under way? */
 bool capture_underway(void);
+/* No capture can be under way: none counted, and every begin is seen
+ * (capture.c). Then no capture question need be asked of the driver. */
+bool capture_none(void);
+/* The v1 begins (capture.c), exported under libcuda's names: cuda.h makes
+ * cuStreamBeginCapture a macro for _v2, so their C names differ. */
+CUresult shim_cuStreamBeginCapture_v1(CUstream s) __asm__("cuStreamBeginCapture");
+CUresult shim_cuStreamBeginCapture_v1_ptsz(CUstream s) __asm__("cuStreamBeginCapture_ptsz");
 void capture_restore(const real_driver *R, relaxed_scope rs);
 /* A stream stops taking events (it is destroyed, or begins capturing):
  * records its stand-in, and the legacy stream's when legacy_too. */

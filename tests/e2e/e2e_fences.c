@@ -32,6 +32,9 @@
  *   custom-pool      after cudaDeviceSetMemPool(dev, pool of the program's),
  *                    cudaMallocAsync on that device is the program's pool's;
  *                    cudaMallocFromPoolAsync naming the default pool is ours
+ *   capture-v1       a capture begun with CUDA 10.0's cuStreamBeginCapture
+ *                    (dlsym, cuGetProcAddress at 10000): a stream-ordered
+ *                    allocation on its stream is still the graph's
  *   ordered-reuse    no non-blocking stream: the block comes back at once,
  *                    its old work on a blocking stream still queued, and the
  *                    new owner's work on another blocking stream (the
@@ -385,6 +388,45 @@ static void custom_pool(void)
     CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
 
+/* A capture begun with CUDA 10.0's cuStreamBeginCapture (no mode), found
+ * by dlsym and by cuGetProcAddress below 10010: the shim counts every
+ * capture to skip its own capture questions while none is under way, so it
+ * must see this one. A stream-ordered allocation on the capturing stream
+ * belongs to the graph: it passes through to the driver. */
+static void capture_v1(void)
+{
+    typedef CUresult (*begin_v1_fn)(CUstream);
+    typedef CUresult (*end_fn)(CUstream, CUgraph *);
+    typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t,
+                               CUdriverProcAddressQueryResult *);
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    end_fn end = (end_fn)dlsym(h, "cuStreamEndCapture");
+    gpa_fn gpa = (gpa_fn)dlsym(h, "cuGetProcAddress_v2");
+    begin_v1_fn by_dlsym = (begin_v1_fn)dlsym(h, "cuStreamBeginCapture"), by_gpa = NULL;
+    CUdriverProcAddressQueryResult found;
+    CHECK(gpa && gpa("cuStreamBeginCapture", (void **)&by_gpa, 10000, 0, &found) ==
+                     CUDA_SUCCESS);
+    CHECK(end && by_dlsym && by_gpa);
+    CHECK_EQ(cudaFree(NULL), cudaSuccess);
+    cudaStream_t s;
+    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    begin_v1_fn begins[2] = {by_dlsym, by_gpa};
+    for (int i = 0; i < 2 && by_dlsym && by_gpa && end; i++) {
+        CHECK_EQ(begins[i]((CUstream)s), CUDA_SUCCESS);
+        fakecuda_stats s0 = fake_stats();
+        void *p = NULL;
+        CHECK_EQ(cudaMallocAsync(&p, MiB, s), cudaSuccess);
+        CHECK_EQ(fake_stats().mem_alloc_async_calls, s0.mem_alloc_async_calls + 1);
+        CHECK_EQ(cudaFreeAsync(p, s), cudaSuccess);
+        CUgraph g = NULL;
+        CHECK_EQ(end((CUstream)s, &g), CUDA_SUCCESS);
+        CHECK(g != NULL);
+        CHECK_EQ(fake_stats().capture_invalidations, s0.capture_invalidations);
+        CHECK_EQ(cudaGraphDestroy((cudaGraph_t)g), cudaSuccess);
+    }
+    CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
+}
+
 /* Ordered pools (no non-blocking stream): a plain free's block is reused at
  * once behind a barrier on the legacy stream, which every blocking stream's
  * later work waits for. */
@@ -462,7 +504,7 @@ int main(int argc, char **argv)
         {"ptsz-capture", ptsz_capture},     {"global-capture", global_capture},
         {"reset-streams", reset_streams},   {"ctx-reuse", ctx_reuse},
         {"stream-device", stream_device},   {"custom-pool", custom_pool},
-        {"ordered-reuse", ordered_reuse},   {"ordered-then-non-blocking", ordered_then_non_blocking},
+        {"capture-v1", capture_v1},         {"ordered-reuse", ordered_reuse},   {"ordered-then-non-blocking", ordered_then_non_blocking},
     };
     return e2e_main("e2e_fences", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }

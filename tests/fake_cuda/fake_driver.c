@@ -2384,6 +2384,24 @@ EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream h, CUstreamCaptureMode mod
     return begin_plain(h ? h : CU_STREAM_PER_THREAD, mode);
 }
 
+/* CUDA 10.0's begin, before capture modes (cudaTypedefs.h's
+ * PFN_cuStreamBeginCapture_v10000): libcuda still exports it for old
+ * binaries and cuGetProcAddress hands it out below 10010. It captures in
+ * the mode every capture had then, the default: global. Exported under its
+ * own names; cuda.h makes cuStreamBeginCapture a macro for _v2. */
+CUresult cuStreamBeginCapture_v1(CUstream h) __asm__("cuStreamBeginCapture");
+CUresult cuStreamBeginCapture_v1_ptsz(CUstream h) __asm__("cuStreamBeginCapture_ptsz");
+EXPORT CUresult cuStreamBeginCapture_v1(CUstream h)
+{
+    CALLED();
+    return begin_plain(h, CU_STREAM_CAPTURE_MODE_GLOBAL);
+}
+EXPORT CUresult cuStreamBeginCapture_v1_ptsz(CUstream h)
+{
+    CALLED();
+    return begin_plain(h ? h : CU_STREAM_PER_THREAD, CU_STREAM_CAPTURE_MODE_GLOBAL);
+}
+
 /* "dependencies - ... Can be NULL if numDependencies is 0"; the fake's
  * graphs have no nodes, so any named dependency is one it cannot check and
  * is taken as given. */
@@ -4429,6 +4447,8 @@ static const proc procs[] = {
     PZ("cuStreamIsCapturing", 10000, cuStreamIsCapturing_ptsz),
     P("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2),
     PZ("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2_ptsz),
+    P("cuStreamBeginCapture", 10000, cuStreamBeginCapture_v1),
+    PZ("cuStreamBeginCapture", 10000, cuStreamBeginCapture_v1_ptsz),
     P("cuStreamBeginCaptureToGraph", 12030, cuStreamBeginCaptureToGraph),
     PZ("cuStreamBeginCaptureToGraph", 12030, cuStreamBeginCaptureToGraph_ptsz),
     P("cuStreamEndCapture", 10000, cuStreamEndCapture),
