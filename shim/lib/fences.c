@@ -95,6 +95,7 @@ typedef struct fence {
     uint64_t token;
     uint64_t blind;     /* 0, or its number among the pool's blind fences */
     uint32_t nevents;   /* recorded for this fence, recycled with it */
+    uint32_t ndone;     /* events [0, ndone) were seen complete: not asked again */
     uint32_t nstandins; /* shared stand-ins, after the events */
     CUevent ev[];
 } fence;
@@ -566,6 +567,7 @@ bool fences_seal(void *ctx, uint32_t lane, uint64_t token)
     if (ok) {
         f->blind = 0;
         f->nevents = n + ng;
+        f->ndone = 0;
         f->nstandins = 0;
     }
     uint32_t made = 0;
@@ -649,8 +651,10 @@ bool fences_done(void *ctx, uint32_t lane, uint64_t token, bool wait)
     if (f->blind && atomic_load(&sp->blind_synced) < f->blind &&
         (!wait || !fences_sync_blind(sp)) && atomic_load(&sp->blind_synced) < f->blind)
         return false;
-    for (uint32_t i = 0; i < f->nevents; i++)
-        if (!event_done(R, f->ev[i], wait))
+    /* (a completed event stays complete: it is recorded again only once
+     * its fence is gone) */
+    for (; f->ndone < f->nevents; f->ndone++)
+        if (!event_done(R, f->ev[f->ndone], wait))
             return false;
     if (f->nstandins) {
         pthread_mutex_lock(&sp->stand_in_lock);
