@@ -455,7 +455,8 @@ bfc_status bfc_pool_lane_open(bfc_pool *pool, bool reusable, uint32_t *lane);
 
 /* A lazy lane's open epoch is sealed only when the pool needs its memory:
  * when nothing else serves an allocation, before the pool grows or maps
- * more, on a trim or an explicit seal; never at the fence interval. For an
+ * more, on a trim or an explicit seal, and in a pool that grows once the
+ * lazy lanes hold 1/32 of the bytes in use; never at the fence interval. For an
  * owner whose seal makes an epoch reusable at once (its fence orders every
  * later use after the frees) but costs calls to make: then waiting to seal
  * loses no memory and saves a seal on nearly every allocation. Lanes start

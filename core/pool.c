@@ -971,6 +971,12 @@ bfc_status bfc_pool_alloc(bfc_pool *p, uint64_t size, uint32_t lane_id,
         if (p->st.num_pending_chunks)
             lanes_poll_oldest(p);
     }
+    /* Lazy lanes of a growing pool: their memory is needed once they hold
+     * a share of what is in use (lanes.c). */
+    if (p->open_epochs && lanes_lazy_due(p)) {
+        lanes_seal_all(p, true);
+        lanes_poll(p);
+    }
     /* Two records for an aligned carve's gap and remainder, one for a new
      * region, one map slot. */
     if (!chunk_store_reserve(&p->chunks, 3) || !live_index_reserve(&p->live, &p->chunks, 1)) {

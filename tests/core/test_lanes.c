@@ -574,6 +574,34 @@ static void a_lazy_lane_is_sealed_only_when_its_memory_is_needed(void)
     fixture_end(&f);
 }
 
+/* In a pool that grows, a lazy lane is also sealed once its open epoch holds
+ * 1/32 of the bytes in use (held blocks would be mapped for); a
+ * preallocated pool holds them until it needs them. */
+static void a_growing_pool_seals_a_lazy_lane_holding_a_share_of_its_use(void)
+{
+    for (int growing = 0; growing < 2; growing++) {
+        fixture f;
+        if (growing)
+            fixture_begin_growing(&f, 64 * MiB);
+        else
+            fixture_begin(&f, 64 * MiB);
+        start_with_fences(&f);
+        uint32_t lane = open_lane(&f, false);
+        bfc_pool_lane_set_lazy(f.pool, lane, true);
+        bfc_addr big = must_alloc(&f, 32 * MiB), small = must_alloc(&f, 512 * KiB),
+                 more = must_alloc(&f, 2 * MiB);
+        CHECK_EQ(bfc_pool_free_deferred(f.pool, small, lane), BFC_OK);
+        must_alloc(&f, 4 * KiB); /* 512 KiB held: under 1/32 of ~34 MiB */
+        CHECK_EQ(fence_state.seals, 0);
+        CHECK_EQ(bfc_pool_free_deferred(f.pool, more, lane), BFC_OK);
+        must_alloc(&f, 4 * KiB); /* 2.5 MiB held: over 1/32 of 32 MiB */
+        CHECK_EQ(fence_state.seals, (uint64_t)growing);
+        (void)big;
+        CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+        fixture_end(&f);
+    }
+}
+
 int main(void)
 {
     RUN(pending_blocks_wait_for_their_fence);
@@ -596,5 +624,6 @@ int main(void)
     RUN(closing_a_lane_seals_its_epoch);
     RUN(many_lanes);
     RUN(a_lazy_lane_is_sealed_only_when_its_memory_is_needed);
+    RUN(a_growing_pool_seals_a_lazy_lane_holding_a_share_of_its_use);
     return harness_result();
 }
