@@ -39,6 +39,12 @@
  *   ordered-then-non-blocking  the same on the legacy stream, then a
  *                    non-blocking stream is made and uses the block: its
  *                    work still runs after the old owner's
+ *   ordered-other-device  the block comes back at once on device 0 (old
+ *                    work queued on a blocking stream of device 0), and the
+ *                    new owner's first use is on device 1's legacy stream
+ *                    (a peer copy or a peer kernel writing into it), which
+ *                    no barrier on device 0's legacy stream orders: it must
+ *                    still run after the old owner's work
  *
  * Each also runs with BFCSHIM_DRIVER_HOOKS=0 (test names ending -hooks-off),
  * where only the runtime door sees the program: there the capturing threads
@@ -453,6 +459,36 @@ static void ordered_then_non_blocking(void)
     CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
 
+/* The new owner's first use is on another device's stream (a peer write:
+ * cudaMemcpyPeerAsync into it, or a kernel with peer access). Device 1's
+ * streams do not wait for device 0's legacy stream, so a barrier there
+ * orders nothing for them: the old owner's work must be done before the
+ * block comes back, as with an event fence (or the real cudaFree, which
+ * synchronises). */
+static void ordered_other_device(void)
+{
+    CHECK_EQ(cudaSetDevice(1), cudaSuccess);
+    CHECK_EQ(cudaFree(NULL), cudaSuccess); /* device 1's context exists */
+    CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+    char *p, *filler = fill_but_hole(&p);
+    cudaStream_t b;
+    CHECK_EQ(cudaStreamCreate(&b), cudaSuccess); /* blocking, device 0 */
+    CHECK_EQ(fakecuda()->launch(b, write_pattern, p), 0);
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+    char *q = alloc_ok(MiB);
+    CHECK_EQ(cudaSetDevice(1), cudaSuccess);
+    /* device 1's legacy stream: the peer write of the new owner */
+    CHECK_EQ(fakecuda()->launch(NULL, write_other, q), 0);
+    fakecuda()->complete(NULL);
+    CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+    fakecuda()->complete_all();
+    if (q == p)
+        expect_new_owner_last(q);
+    CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(b), cudaSuccess);
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -463,6 +499,7 @@ int main(int argc, char **argv)
         {"reset-streams", reset_streams},   {"ctx-reuse", ctx_reuse},
         {"stream-device", stream_device},   {"custom-pool", custom_pool},
         {"ordered-reuse", ordered_reuse},   {"ordered-then-non-blocking", ordered_then_non_blocking},
+        {"ordered-other-device", ordered_other_device},
     };
     return e2e_main("e2e_fences", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }
