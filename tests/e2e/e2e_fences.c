@@ -39,6 +39,10 @@
  *   ordered-then-non-blocking  the same on the legacy stream, then a
  *                    non-blocking stream is made and uses the block: its
  *                    work still runs after the old owner's
+ *   ptsz-during-capture  another thread captures on its per-thread stream
+ *                    (a blocking one: the legacy stream is unusable) while
+ *                    this thread's per-thread stream uses the block and
+ *                    frees it: no event the seal can make covers that work
  *   ordered-other-device  the block comes back at once on device 0 (old
  *                    work queued on a blocking stream of device 0), and the
  *                    new owner's first use is on device 1's legacy stream
@@ -489,6 +493,34 @@ static void ordered_other_device(void)
     CHECK_EQ(cudaStreamDestroy(b), cudaSuccess);
 }
 
+/* While another thread captures on its per-thread default stream (a
+ * blocking stream: the legacy stream takes no event), this thread's own
+ * per-thread default stream, which is in no registry, uses a block that is
+ * then freed. */
+static void ptsz_during_capture(void)
+{
+    char *p, *filler = fill_but_hole(&p);
+    capturer c = {.per_thread = true, .mode = cudaStreamCaptureModeRelaxed,
+                  .step = E2E_PHASE_INIT};
+    pthread_t t;
+    pthread_create(&t, NULL, capture_thread, &c);
+    e2e_phase_wait(&c.step, 1);
+    CHECK_EQ(fakecuda()->launch(cudaStreamPerThread, write_pattern, p), 0);
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+    void *q = NULL;
+    if (cudaMalloc(&q, MiB) == cudaSuccess)
+        expect_safe(p, q, cudaStreamPerThread);
+    else
+        cudaGetLastError();
+    e2e_phase_set(&c.step, 2);
+    e2e_phase_wait(&c.step, 3);
+    pthread_join(t, NULL);
+    fakecuda()->complete_all();
+    if (q)
+        CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -500,6 +532,7 @@ int main(int argc, char **argv)
         {"stream-device", stream_device},   {"custom-pool", custom_pool},
         {"ordered-reuse", ordered_reuse},   {"ordered-then-non-blocking", ordered_then_non_blocking},
         {"ordered-other-device", ordered_other_device},
+        {"ptsz-during-capture", ptsz_during_capture},
     };
     return e2e_main("e2e_fences", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }
