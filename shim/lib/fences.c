@@ -453,8 +453,13 @@ void fences_ordered_stream_made(CUcontext ctx, CUstream s)
 {
     const real_driver *R = real_driver_get();
     shim_pool *sp = R ? pool_for_context(ctx, false) : NULL;
-    if (!sp || !atomic_load(&sp->ordered))
+    if (!sp)
         return;
+    /* The state is asked under the write lock, not before: a pool made
+     * meanwhile stores it under that lock after copying the registry, and
+     * a look before the store, with the stream registered after the copy,
+     * would leave the pool ordered with this stream alive (e2e_ordered_race
+     * stream-during-pool). */
     streams_change_begin(); /* no seal in flight: last_barrier is the last */
     bool was;
     CUevent b = end_ordered(sp, &was);
@@ -479,7 +484,8 @@ void fences_ordered_end_device(CUdevice dev)
     const real_driver *R = real_driver_get();
     for (size_t i = 0, n = pools_count(); R && i < n; i++) {
         shim_pool *sp = pools_at(i);
-        if (!sp || sp->dev != dev || !atomic_load(&sp->ordered))
+        /* (ordered is asked under the lock: see fences_ordered_stream_made) */
+        if (!sp || sp->dev != dev)
             continue;
         streams_change_begin();
         bool was;

@@ -42,6 +42,16 @@
  *   ordered-then-non-blocking  the same on the legacy stream, then a
  *                    non-blocking stream is made and uses the block: its
  *                    work still runs after the old owner's
+ *   ptsz-during-capture  another thread captures on its per-thread stream
+ *                    (a blocking one: the legacy stream is unusable) while
+ *                    this thread's per-thread stream uses the block and
+ *                    frees it: no event the seal can make covers that work
+ *   ordered-other-device  the block comes back at once on device 0 (old
+ *                    work queued on a blocking stream of device 0), and the
+ *                    new owner's first use is on device 1's legacy stream
+ *                    (a peer copy or a peer kernel writing into it), which
+ *                    no barrier on device 0's legacy stream orders: it must
+ *                    still run after the old owner's work
  *
  * Each also runs with BFCSHIM_DRIVER_HOOKS=0 (test names ending -hooks-off),
  * where only the runtime door sees the program: there the capturing threads
@@ -495,6 +505,64 @@ static void ordered_then_non_blocking(void)
     CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
 
+/* The new owner's first use is on another device's stream (a peer write:
+ * cudaMemcpyPeerAsync into it, or a kernel with peer access). Device 1's
+ * streams do not wait for device 0's legacy stream, so a barrier there
+ * orders nothing for them: the old owner's work must be done before the
+ * block comes back, as with an event fence (or the real cudaFree, which
+ * synchronises). */
+static void ordered_other_device(void)
+{
+    CHECK_EQ(cudaSetDevice(1), cudaSuccess);
+    CHECK_EQ(cudaFree(NULL), cudaSuccess); /* device 1's context exists */
+    CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+    char *p, *filler = fill_but_hole(&p);
+    cudaStream_t b;
+    CHECK_EQ(cudaStreamCreate(&b), cudaSuccess); /* blocking, device 0 */
+    CHECK_EQ(fakecuda()->launch(b, write_pattern, p), 0);
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+    char *q = alloc_ok(MiB);
+    CHECK_EQ(cudaSetDevice(1), cudaSuccess);
+    /* device 1's legacy stream: the peer write of the new owner */
+    CHECK_EQ(fakecuda()->launch(NULL, write_other, q), 0);
+    fakecuda()->complete(NULL);
+    CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+    fakecuda()->complete_all();
+    if (q == p)
+        expect_new_owner_last(q);
+    CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(b), cudaSuccess);
+}
+
+/* While another thread captures on its per-thread default stream (a
+ * blocking stream: the legacy stream takes no event), this thread's own
+ * per-thread default stream, which is in no registry, uses a block that is
+ * then freed. */
+static void ptsz_during_capture(void)
+{
+    char *p, *filler = fill_but_hole(&p);
+    capturer c = {.per_thread = true, .mode = cudaStreamCaptureModeRelaxed,
+                  .step = E2E_PHASE_INIT};
+    pthread_t t;
+    pthread_create(&t, NULL, capture_thread, &c);
+    e2e_phase_wait(&c.step, 1);
+    CHECK_EQ(fakecuda()->launch(cudaStreamPerThread, write_pattern, p), 0);
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+    void *q = NULL;
+    if (cudaMalloc(&q, MiB) == cudaSuccess)
+        expect_safe(p, q, cudaStreamPerThread);
+    else
+        cudaGetLastError();
+    e2e_phase_set(&c.step, 2);
+    e2e_phase_wait(&c.step, 3);
+    pthread_join(t, NULL);
+    fakecuda()->complete_all();
+    if (q)
+        CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -504,7 +572,10 @@ int main(int argc, char **argv)
         {"ptsz-capture", ptsz_capture},     {"global-capture", global_capture},
         {"reset-streams", reset_streams},   {"ctx-reuse", ctx_reuse},
         {"stream-device", stream_device},   {"custom-pool", custom_pool},
-        {"capture-v1", capture_v1},         {"ordered-reuse", ordered_reuse},   {"ordered-then-non-blocking", ordered_then_non_blocking},
+        {"capture-v1", capture_v1},
+        {"ordered-reuse", ordered_reuse},   {"ordered-then-non-blocking", ordered_then_non_blocking},
+        {"ordered-other-device", ordered_other_device},
+        {"ptsz-during-capture", ptsz_during_capture},
     };
     return e2e_main("e2e_fences", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }
