@@ -430,7 +430,41 @@ SHIM_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
     primary_lock();
     CUresult r = PASS(DevicePrimaryCtxRetain, ctx, dev);
     primary_unlock();
+    if (r == CUDA_SUCCESS && ctx)
+        fences_context_seen(*ctx);
     return r;
+}
+
+/* Contexts created: only told to the fences (a second context ends the
+ * ordered state, fences.c). Every version, since a program built against
+ * any toolkit may call any of them. */
+static CUresult created(CUresult r, CUcontext *c)
+{
+    if (r == CUDA_SUCCESS && c)
+        fences_context_seen(*c);
+    return r;
+}
+
+SHIM_EXPORT CUresult shim_cuCtxCreate_v1(CUcontext *c, unsigned flags, CUdevice dev)
+{
+    return created(PASS(CtxCreateV1, c, flags, dev), c);
+}
+
+SHIM_EXPORT CUresult cuCtxCreate_v2(CUcontext *c, unsigned flags, CUdevice dev)
+{
+    return created(PASS(CtxCreateV2, c, flags, dev), c);
+}
+
+SHIM_EXPORT CUresult cuCtxCreate_v3(CUcontext *c, CUexecAffinityParam *params, int n,
+                                    unsigned flags, CUdevice dev)
+{
+    return created(PASS(CtxCreateV3, c, params, n, flags, dev), c);
+}
+
+SHIM_EXPORT CUresult cuCtxCreate_v4(CUcontext *c, CUctxCreateParams *params, unsigned flags,
+                                    CUdevice dev)
+{
+    return created(PASS(CtxCreateV4, c, params, flags, dev), c);
 }
 
 /* After a call that released dev's primary context `ctx` (learnt while it

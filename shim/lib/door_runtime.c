@@ -55,9 +55,17 @@ static cudaError_t real_free(void *p)
     return f ? f(p) : NO_RUNTIME;
 }
 
-/* Sets the runtime's last error to `e` (see the header comment). */
+/* Sets the runtime's last error to `e` (see the header comment). A
+ * cudaMalloc is "potentially unsafe": in the default global mode it would
+ * invalidate another thread's global-mode capture (e2e_fences ptsz-capture,
+ * out of memory while a blocking stream captures), so it is made in relaxed
+ * mode while a capture is under way. */
 static cudaError_t fail(cudaError_t e)
 {
+    const real_driver *R = real_driver_get();
+    relaxed_scope rs = {false, CU_STREAM_CAPTURE_MODE_GLOBAL};
+    if (R)
+        rs = capture_relax(R);
     shim_tls_bypass++;
     void *p = NULL;
     if (e == cudaErrorMemoryAllocation)
@@ -65,6 +73,8 @@ static cudaError_t fail(cudaError_t e)
     else
         real_malloc(NULL, 1);
     shim_tls_bypass--;
+    if (R)
+        capture_restore(R, rs);
     return e;
 }
 

@@ -286,19 +286,20 @@ static int fence_streams(shim_pool *sp, const real_driver *R, uint32_t lane,
     /* Seals run with the pool's context current (the shim pushes it before
      * entering the engine), so one question covers every blocking stream of
      * the context, per-thread default streams included. */
-    bool blocking_capture = legacy_blocked(R);
-    if (lane != sp->plain_lane) {
-        /* The legacy stream's lane: legacy work would join the capture. */
-        if (blocking_capture)
-            return -1;
-        out[0] = own;
+    /* While a blocking stream captures, legacy work would join the capture,
+     * and no event can stand for the other blocking streams' work: the
+     * per-thread default streams of other threads are in no registry, and
+     * work they queue after the capture began is covered by no stand-in
+     * (e2e_fences ptsz-during-capture). Neither lane is sealed until the
+     * capture ends. */
+    if (legacy_blocked(R))
+        return -1;
+    out[0] = CU_STREAM_LEGACY;
+    if (lane != sp->plain_lane)
         return 1;
-    }
-    int k = 0;
-    if (!blocking_capture)
-        out[k++] = CU_STREAM_LEGACY;
+    int k = 1;
     for (size_t i = 0; i < n; i++)
-        if ((known[i].non_blocking || blocking_capture) && !capturing(R, known[i].stream))
+        if (known[i].non_blocking && !capturing(R, known[i].stream))
             out[k++] = known[i].stream;
     return k;
 }
@@ -410,11 +411,20 @@ bool fences_barrier_idle(shim_pool *sp, bool wait)
     return sp->barrier_idle;
 }
 
+/* The one context known so far, until a second one makes `several` true
+ * for good (fences_context_seen). */
+static _Atomic(CUcontext) sole_context;
+static atomic_bool several_contexts;
+
 void fences_ordered_begin(shim_pool *sp)
 {
     const real_driver *R = real_driver_get();
+    fences_context_seen(sp->ctx);
+    /* Preloaded with the driver door hooked: every stream and every context
+     * made is seen. */
     if (!R || !R->StreamWaitEvent || shim_config_get()->free_policy != FREE_FENCED ||
-        !streams_all_seen() || green_any())
+        !streams_all_seen() || !shim_driver_hooked() || green_any() ||
+        atomic_load(&several_contexts))
         return;
     /* Under the write lock, so that a non-blocking stream made meanwhile is
      * either in the registry now or finds this pool ordered (it was
@@ -425,7 +435,9 @@ void fences_ordered_begin(shim_pool *sp)
     bool escapes = n > FEW_STREAMS; /* (many streams: not worth a look) */
     for (size_t i = 0; i < n && !escapes; i++)
         escapes = few[i].non_blocking;
-    if (!escapes && !green_any())
+    /* (several_contexts read under the lock: fences_context_seen sets it
+     * before it looks for ordered pools, each under the lock) */
+    if (!escapes && !green_any() && !atomic_load(&several_contexts))
         atomic_store(&sp->ordered, true);
     streams_change_end();
     if (atomic_load(&sp->ordered)) {
@@ -479,13 +491,17 @@ void fences_ordered_stream_made(CUcontext ctx, CUstream s)
     }
 }
 
-void fences_ordered_end_device(CUdevice dev)
+/* Takes the pools of device dev (every device: -1) out of the ordered
+ * state; the host waits for their last barriers, since the work that may
+ * now reach their blocks (another context's, a green context's default
+ * stream) cannot be made to wait on the device. */
+static void end_pools(CUdevice dev)
 {
     const real_driver *R = real_driver_get();
     for (size_t i = 0, n = pools_count(); R && i < n; i++) {
         shim_pool *sp = pools_at(i);
         /* (ordered is asked under the lock: see fences_ordered_stream_made) */
-        if (!sp || sp->dev != dev)
+        if (!sp || (dev >= 0 && sp->dev != dev))
             continue;
         streams_change_begin();
         bool was;
@@ -499,6 +515,23 @@ void fences_ordered_end_device(CUdevice dev)
         if (was)
             lanes_eager(sp);
     }
+}
+
+void fences_ordered_end_device(CUdevice dev) { end_pools(dev); }
+
+void fences_context_seen(CUcontext ctx)
+{
+    ctx = green_canonical(ctx);
+    if (!ctx || atomic_load(&several_contexts))
+        return;
+    CUcontext first = NULL;
+    if (atomic_compare_exchange_strong(&sole_context, &first, ctx) || first == ctx)
+        return;
+    atomic_store(&several_contexts, true); /* before the pools are looked at */
+    static atomic_bool said;
+    shim_log_once(&said, LOG_DEBUG, "a second CUDA context: plain frees are fenced with events "
+                                    "from now on");
+    end_pools(-1);
 }
 
 bool fences_seal(void *ctx, uint32_t lane, uint64_t token)

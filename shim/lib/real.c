@@ -97,6 +97,10 @@ static void load_driver(void)
     LOOK(EventSynchronize, "cuEventSynchronize");
     LOOK(CtxSynchronize, "cuCtxSynchronize");
     LOOK(CtxGetId, "cuCtxGetId");
+    LOOK(CtxCreateV1, "cuCtxCreate");
+    LOOK(CtxCreateV2, "cuCtxCreate_v2");
+    LOOK(CtxCreateV3, "cuCtxCreate_v3");
+    LOOK(CtxCreateV4, "cuCtxCreate_v4");
     LOOK(MemAddressReserve, "cuMemAddressReserve");
     LOOK(MemAddressFree, "cuMemAddressFree");
     LOOK(MemCreate, "cuMemCreate");

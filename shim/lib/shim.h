@@ -125,6 +125,12 @@ typedef struct real_driver {
     CUresult (*CtxPushCurrent)(CUcontext);
     CUresult (*CtxPopCurrent)(CUcontext *);
     CUresult (*CtxDestroy)(CUcontext);
+    /* context creation, every version (door_driver.c): v1 and v2 take
+     * (flags, dev), v3 an affinity list, v4 creation parameters */
+    CUresult (*CtxCreateV1)(CUcontext *, unsigned, CUdevice);
+    CUresult (*CtxCreateV2)(CUcontext *, unsigned, CUdevice);
+    CUresult (*CtxCreateV3)(CUcontext *, CUexecAffinityParam *, int, unsigned, CUdevice);
+    CUresult (*CtxCreateV4)(CUcontext *, CUctxCreateParams *, unsigned, CUdevice);
     CUresult (*DeviceTotalMem)(size_t *, CUdevice);
     CUresult (*DeviceGetAttribute)(int *, CUdevice_attribute, CUdevice);
     CUresult (*DeviceGetDefaultMemPool)(CUmemoryPool *, CUdevice);
@@ -472,6 +478,11 @@ void fences_ordered_stream_made(CUcontext ctx, CUstream s);
  * follow the primary context's legacy stream, so every pool of the device
  * leaves the ordered state, and the host waits for their last barriers. */
 void fences_ordered_end_device(CUdevice dev);
+/* A context became known (a pool's, a primary context retained, one
+ * created): once there is more than one, work of another context (a peer
+ * copy, a kernel by peer access) may use a pool's blocks, which no barrier
+ * on the pool's legacy stream orders, so no pool is ordered any more. */
+void fences_context_seen(CUcontext ctx);
 /* Engine's lock held, before memory leaves the pool (an unmap, a region
  * freed): a block an ordered seal made reusable is free of later work's
  * reach, not idle; its old work is done once the last barrier is. Waits
@@ -494,6 +505,12 @@ bool capture_underway(void);
 bool capture_none(void);
 /* The v1 begins (capture.c), exported under libcuda's names: cuda.h makes
  * cuStreamBeginCapture a macro for _v2, so their C names differ. */
+/* Context creation's versions before v4 (door_driver.c): cuda.h declares
+ * only v4, under the macro name cuCtxCreate. */
+CUresult shim_cuCtxCreate_v1(CUcontext *c, unsigned flags, CUdevice dev) __asm__("cuCtxCreate");
+CUresult cuCtxCreate_v2(CUcontext *c, unsigned flags, CUdevice dev);
+CUresult cuCtxCreate_v3(CUcontext *c, CUexecAffinityParam *params, int n, unsigned flags,
+                        CUdevice dev);
 CUresult shim_cuStreamBeginCapture_v1(CUstream s) __asm__("cuStreamBeginCapture");
 CUresult shim_cuStreamBeginCapture_v1_ptsz(CUstream s) __asm__("cuStreamBeginCapture_ptsz");
 void capture_restore(const real_driver *R, relaxed_scope rs);
