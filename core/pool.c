@@ -376,8 +376,8 @@ static bool worth_splitting(const bfc_options *o, uint64_t size, uint64_t rounde
                                                          : o->granularity);
 }
 
-/* Should the allocation go at the high end of chunk c? */
-static bool carve_high(const bfc_pool *p, const chunk *c)
+/* The age rule: should the allocation go at the high end of chunk c? */
+static bool by_age_high(const bfc_pool *p, const chunk *c)
 {
     return p->opt.placement != BFC_PLACE_LOW &&
            neighbour_age(p, c->next) < neighbour_age(p, c->prev);
@@ -538,9 +538,50 @@ static int end_on_granule_boundary(const bfc_pool *p, const chunk *c, bool high,
 }
 
 /*
+ * Where in FREE chunk c, worth splitting for `rounded` bytes and chosen by
+ * find_fit with `align`, the block starts: c's low end, its high end (c's
+ * end - rounded), or an aligned address inside, which leaves a gap below.
+ */
+static inline __attribute__((always_inline)) bfc_addr place_in_free(const bfc_pool *p,
+                                                                    const chunk *c,
+                                                                    uint64_t rounded,
+                                                                    uint64_t align)
+{
+    const uint64_t end = c->addr + c->size;
+    bool high = by_age_high(p, c);
+    if (c->size < p->end_rule_below) { /* over virtual memory only */
+        const int fewer = end_pinning_fewer(c, rounded, p->opt.map_granularity - 1);
+        if (fewer >= 0)
+            high = fewer;
+    }
+    if (!align)
+        return high ? end - rounded : c->addr;
+    /* The aligned address nearest the chosen end; find_fit made sure one
+     * exists. At either end of c the carve puts the block there; inside, it
+     * leaves a gap on each side. */
+    uint64_t at = high ? (end - rounded) & ~(align - 1) : round_up_pow2(c->addr, align);
+    int on = -1;
+    if (whole_granules(p, rounded))
+        on = end_on_granule_boundary(p, c, high, false);
+    else if ((rounded & p->one_region_end_mask) == 0)
+        on = end_on_granule_boundary(p, c, high, true);
+    if (on >= 0)
+        at = on ? end - rounded : c->addr;
+    return at;
+}
+
+/* The same for PENDING chunk c, reused by its own lane: its low or its high
+ * end, by age, never aligned (the lane's FIFO keeps one remainder per
+ * block). */
+static bfc_addr place_in_pending(const bfc_pool *p, const chunk *c, uint64_t rounded)
+{
+    return by_age_high(p, c) ? c->addr + c->size - rounded : c->addr;
+}
+
+/*
  * Takes FREE chunk c for an allocation of `rounded` bytes and returns the
  * handle of the allocated piece; a remainder stays in the free bins, at
- * the end the placement rule chooses.
+ * the end place_in_free chooses.
  */
 static inline __attribute__((always_inline)) uint32_t take_free(bfc_pool *p, uint32_t c,
                                                                uint64_t rounded, uint64_t align)
@@ -548,33 +589,12 @@ static inline __attribute__((always_inline)) uint32_t take_free(bfc_pool *p, uin
     chunk *cc = C(p, c);
     if (!worth_splitting(&p->opt, cc->size, rounded))
         return take_free_whole(p, c);
-    bool high = carve_high(p, cc); /* before r becomes a neighbour */
-    if (cc->size < p->end_rule_below) { /* over virtual memory only */
-        const int fewer = end_pinning_fewer(cc, rounded, p->opt.map_granularity - 1);
-        if (fewer >= 0)
-            high = fewer;
-    }
-    if (align) {
-        /* The aligned address nearest the chosen end; find_fit made sure
-         * one exists. At either end of c, the plain carve below puts the
-         * block there; inside, take_free_at leaves a gap on each side. */
-        const uint64_t end = cc->addr + cc->size;
-        uint64_t at = high ? (end - rounded) & ~(align - 1) : round_up_pow2(cc->addr, align);
-        int on = -1;
-        if (whole_granules(p, rounded))
-            on = end_on_granule_boundary(p, cc, high, false);
-        else if ((rounded & p->one_region_end_mask) == 0)
-            on = end_on_granule_boundary(p, cc, high, true);
-        if (on >= 0)
-            at = on ? end - rounded : cc->addr;
-        if (at == cc->addr)
-            high = false;
-        else if (at + rounded == end)
-            high = true;
-        else
-            return take_free_at(p, c, rounded, at);
-    }
-    return high ? take_free_high(p, c, rounded) : take_free_low(p, c, rounded);
+    const bfc_addr at = place_in_free(p, cc, rounded, align);
+    if (at + rounded == cc->addr + cc->size)
+        return take_free_high(p, c, rounded);
+    if (at == cc->addr)
+        return take_free_low(p, c, rounded);
+    return take_free_at(p, c, rounded, at);
 }
 
 /* Takes PENDING chunk c (reused by its own lane); a remainder stays pending
@@ -588,8 +608,7 @@ static uint32_t take_pending(bfc_pool *p, uint32_t c, uint64_t rounded)
     if (!worth_splitting(&p->opt, cc->size, rounded))
         return c;
     const uint64_t rest = cc->size - rounded;
-    /* Carved as by age: pending reuse is never aligned. */
-    const bool high = carve_high(p, cc);
+    const bool high = place_in_pending(p, cc, rounded) != cc->addr;
     const uint32_t r = chunk_new(&p->chunks);
     chunk *rc = C(p, r);
     uint32_t taken = c, left = r;
@@ -789,40 +808,54 @@ static bool holds_on_mapped(const bfc_pool *p, const region *r, const chunk *x, 
 }
 
 /*
+ * vmm, near the limit: the FREE chunk that holds `rounded` bytes wholly on
+ * mapped granules, with the block's place in *at; CHUNK_NIL when none. The
+ * smallest such chunk, at its low end if that is mapped, else its high end,
+ * each at the block's natural alignment if it holds it so there, else
+ * unaligned. One walk over the chunks, paid only where a remap would cost
+ * far more.
+ */
+static uint32_t place_on_mapped(const bfc_pool *p, uint64_t rounded, bfc_addr *at)
+{
+    const uint64_t align = natural_alignment(p, rounded);
+    uint32_t best = CHUNK_NIL;
+    bfc_addr best_at = 0;
+    for (uint32_t ri = 0; ri < p->nregions; ri++)
+        for (uint32_t x = p->regions[ri].first; x != CHUNK_NIL; x = C(p, x)->next) {
+            const chunk *xc = C(p, x);
+            bfc_addr a;
+            if (xc->state != CHUNK_FREE || xc->size < rounded ||
+                (best != CHUNK_NIL && xc->size >= C(p, best)->size))
+                continue;
+            if (holds_on_mapped(p, &p->regions[ri], xc, rounded, align, &a) ||
+                (align && holds_on_mapped(p, &p->regions[ri], xc, rounded, 0, &a))) {
+                best = x;
+                best_at = a;
+            }
+        }
+    *at = best_at;
+    return best;
+}
+
+/*
  * vmm, near the limit: allocation c landed on unmapped granules that the
  * limit forbids mapping, so free granules elsewhere would be unmapped to
  * make room (a remap, tens of microseconds a granule on a GPU). When some
- * other free chunk holds the block on memory already mapped, the block goes
- * there instead: the smallest such chunk, at its low end if that is mapped,
- * else its high end (num_mapped_refits). Else c is carved again where it
- * was, and the remap is paid. One walk over the chunks, paid only where a
- * remap would cost far more; out of line, so the allocation path pays
- * nothing for it until memory runs short.
+ * other free chunk holds the block on memory already mapped
+ * (place_on_mapped), the block goes there instead (num_mapped_refits). Else
+ * c is carved again where it was, and the remap is paid. Out of line, so
+ * the allocation path pays nothing for it until memory runs short.
  */
 static __attribute__((noinline)) uint32_t refit_on_mapped(bfc_pool *p, uint32_t c,
                                                            uint64_t rounded, uint64_t size,
                                                            uint32_t lane_id)
 {
     pool_make_free(p, c);
-    uint64_t align = natural_alignment(p, rounded);
-    uint32_t best = CHUNK_NIL;
-    bfc_addr best_at = 0;
-    for (uint32_t ri = 0; ri < p->nregions; ri++)
-        for (uint32_t x = p->regions[ri].first; x != CHUNK_NIL; x = C(p, x)->next) {
-            const chunk *xc = C(p, x);
-            bfc_addr at;
-            if (xc->state != CHUNK_FREE || xc->size < rounded ||
-                (best != CHUNK_NIL && xc->size >= C(p, best)->size))
-                continue;
-            if (holds_on_mapped(p, &p->regions[ri], xc, rounded, align, &at) ||
-                (align && holds_on_mapped(p, &p->regions[ri], xc, rounded, 0, &at))) {
-                best = x;
-                best_at = at;
-            }
-        }
+    bfc_addr at;
+    const uint32_t best = place_on_mapped(p, rounded, &at);
     if (best != CHUNK_NIL) {
         p->st.num_mapped_refits++;
-        return carve_at(p, best, rounded, best_at, size);
+        return carve_at(p, best, rounded, at, size);
     }
     uint64_t a;
     c = find_fit(p, rounded, lane_id, &a);
