@@ -17,13 +17,15 @@
  *      size plus the alignment, which can; else the best fit, unaligned.
  *      Alignment never turns a fit into an out-of-memory.
  *
- * Everything here reads the pool and changes nothing: the bins' lookups are
- * pure, and the caller reserves nothing for a placement.
+ * Everything here takes the pool const and changes nothing, so a place the
+ * pool then gives up (a block moved to mapped memory, a wait and a second
+ * carve) leaves nothing to undo here.
  */
 #include <string.h>
 
 #include "placement.h"
 
+/* The names of bfc_placement's values, for options and reports. */
 static const char *const placement_names[] = {
     [BFC_PLACE_BY_AGE] = "age", [BFC_PLACE_LOW] = "low", [BFC_PLACE_ALIGNED] = "aligned"};
 

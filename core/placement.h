@@ -6,9 +6,11 @@
  * chunks, bins, regions, backing and lanes it owns) keeps the books: it
  * carves, merges, maps and waits. The policy decides every place: which
  * chunk a block goes to, where in that chunk, and, over virtual memory near
- * the limit, which hole holds it on mapped memory. It reads the pool and
- * changes none of it, so a rule can be read, measured and replaced without
- * touching the code that keeps the pool consistent.
+ * the limit, which hole holds it on mapped memory: the rule (placement.c,
+ * and the inline part below) and a recorded run's layout (plan.c). It reads
+ * the pool and changes nothing but its own state (a plan's cursor), so a
+ * rule can be read, measured and replaced without touching the code that
+ * keeps the pool consistent.
  *
  * One allocation asks the policy twice: place_fit (which chunk), then
  * place_in_free or place_in_pending (where in it); the pool carves there.
@@ -41,6 +43,32 @@ uint32_t place_fit(const bfc_pool *p, uint64_t rounded, uint32_t lane_id, uint64
 /* vmm, near the limit: the FREE chunk that holds `rounded` bytes wholly on
  * mapped granules, with the block's place in *at; CHUNK_NIL when none. */
 uint32_t place_on_mapped(const bfc_pool *p, uint64_t rounded, bfc_addr *at);
+
+/* plan.c: placement from a recorded run's layout. The pool tries the plan's
+ * place before the rule's (place_by_plan in pool.c), while it has one
+ * region. */
+bfc_status plan_create(const bfc_pool *p, const bfc_plan_entry *e, size_t n, pool_plan **out);
+void plan_destroy(pool_plan *pl);
+uint64_t plan_host_bytes(const pool_plan *pl);
+/* The offset of the entry near the cursor for an allocation of `rounded`
+ * bytes, taken; false when there is none. */
+bool plan_next(pool_plan *pl, uint64_t rounded, uint64_t *offset);
+/* The FREE chunk holding [base + offset, + rounded) of the pool's one
+ * region (the caller checks there is one), with *at = base + offset;
+ * CHUNK_NIL when that range is not wholly free. */
+uint32_t plan_free_chunk_at(const bfc_pool *p, pool_plan *pl, uint64_t offset,
+                            uint64_t rounded, bfc_addr *at);
+
+/* Whether the allocation the plan was consulted for went to its planned
+ * place: the stray score that abandons a plan of another job. */
+void plan_record(pool_plan *pl, bool placed);
+bool plan_abandoned(const pool_plan *pl);
+/* For an allocation the plan did not place: a FREE chunk in the spare
+ * space above the plan's extent whose part there holds `rounded`, with *at
+ * the high end's place; CHUNK_NIL when none (or the plan is abandoned or
+ * finished, or the pool has overflowed into address space, whose spare
+ * space is unmapped). */
+uint32_t plan_spare_chunk(const bfc_pool *p, pool_plan *pl, uint64_t rounded, bfc_addr *at);
 
 /*
  * Where in a chunk: place_in_free and place_in_pending, with the rules they

@@ -418,16 +418,12 @@ static bool back_allocation(bfc_pool *p, uint32_t *cp, bool may_move, uint64_t r
                             uint64_t size, uint32_t lane_id);
 
 /* An allocation the plan did not place, carved in the spare space above the
- * plan's extent, out of the planned layout's way; CHUNK_NIL when nothing
- * there holds it. Over vmm only while the pool is laid out as one region,
- * whose spare space is mapped (else mapped here, as a planned place is);
- * otherwise the spare space is unmapped address space, and the rule's
- * preference for mapped memory matters more. */
+ * plan's extent (plan_spare_chunk), out of the planned layout's way, and
+ * mapped there as a planned place is; CHUNK_NIL when nothing there holds
+ * it. */
 static uint32_t carve_spare(bfc_pool *p, uint64_t rounded, uint64_t size)
 {
     bfc_addr at;
-    if (p->opt.vmm && !p->as_one_region)
-        return CHUNK_NIL;
     uint32_t c = plan_spare_chunk(p, p->plan, rounded, &at);
     if (c == CHUNK_NIL)
         return CHUNK_NIL;

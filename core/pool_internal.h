@@ -35,7 +35,7 @@
 
 #define LANE_MAX 65535u /* chunk.lane is 16 bits */
 
-typedef struct pool_plan pool_plan; /* plan.c */
+typedef struct pool_plan pool_plan; /* plan.c; its interface: placement.h */
 
 typedef struct region {
     bfc_addr base;
@@ -243,29 +243,6 @@ static inline bfc_status pool_take_live(bfc_pool *p, bfc_addr addr, uint32_t *c)
     p->st.bytes_requested -= cc->requested;
     return BFC_OK;
 }
-
-/* plan.c */
-bfc_status plan_create(const bfc_pool *p, const bfc_plan_entry *e, size_t n, pool_plan **out);
-void plan_destroy(pool_plan *pl);
-uint64_t plan_host_bytes(const pool_plan *pl);
-/* The offset of the entry near the cursor for an allocation of `rounded`
- * bytes, taken; false when there is none. */
-bool plan_next(pool_plan *pl, uint64_t rounded, uint64_t *offset);
-/* The FREE chunk holding [base + offset, + rounded) of the pool's one
- * region (the caller checks there is one), with *at = base + offset;
- * CHUNK_NIL when that range is not wholly free. */
-uint32_t plan_free_chunk_at(const bfc_pool *p, pool_plan *pl, uint64_t offset,
-                            uint64_t rounded, bfc_addr *at);
-
-/* Whether the allocation the plan was consulted for went to its planned
- * place: the stray score that abandons a plan of another job. */
-void plan_record(pool_plan *pl, bool placed);
-bool plan_abandoned(const pool_plan *pl);
-/* For an allocation the plan did not place: a FREE chunk in the spare
- * space above the plan's extent whose part there holds `rounded`, with *at
- * the high end's place; CHUNK_NIL when none (or the plan is abandoned or
- * finished). */
-uint32_t plan_spare_chunk(const bfc_pool *p, pool_plan *pl, uint64_t rounded, bfc_addr *at);
 
 /* lanes.c */
 void lane_detach(bfc_pool *p, uint32_t c);
