@@ -64,6 +64,7 @@
 #include <stdlib.h>
 
 #include "pool_internal.h"
+#include "placement.h"
 
 /* How far (in entries) from the cursor an allocation looks for its entry.
  * Measured on real traces perturbed by swaps, drops and inserts (docs/
@@ -271,6 +272,12 @@ uint32_t plan_free_chunk_at(const bfc_pool *p, pool_plan *pl, uint64_t offset,
 
 uint32_t plan_spare_chunk(const bfc_pool *p, pool_plan *pl, uint64_t rounded, bfc_addr *at)
 {
+    /* Over vmm only while the pool is laid out as one region, whose spare
+     * space is mapped; once it overflowed, the spare space is unmapped
+     * address space, and the rule's preference for mapped memory matters
+     * more. */
+    if (p->opt.vmm && !p->as_one_region)
+        return CHUNK_NIL;
     const region *r = &p->regions[0];
     if (!plan_active(pl) || pl->extent >= r->size || !plan_pages(pl, r))
         return CHUNK_NIL;

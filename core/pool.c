@@ -1,15 +1,19 @@
 /*
  * pool.c - the pool's life cycle and its hot path: allocate, free, coalesce.
  *
- * Allocation: round the size up to the granularity; take the best fit from
- * the free bins (and from the caller's lane, when it has one) that can hold
- * the block at its natural alignment; if nothing fits, go down the slow path
+ * The pool keeps the books; where a block goes is the placement policy's
+ * (placement.h). Allocation: round the size up to the granularity; ask the
+ * policy which chunk takes the block (place_fit: a free chunk, or one
+ * pending in the caller's lane); if none does, go down the slow path
  * (retire completed fences; wait for fences when pending frees could hold
  * the request; grow; wait for the rest; garbage-collect empty regions, grow
- * again). Split the chunk when the remainder is worth keeping,
- * carving the allocation from the end that touches the older neighbour, at
- * an aligned address (see bfc_placement in bfc.h; over virtual memory a
- * block of whole map granules goes on a granule boundary).
+ * again). Take the chunk whole when the remainder is not worth keeping,
+ * else ask the policy where in it the block starts (place_in_free,
+ * place_in_pending) and carve it there; the remainder, and the gap below an
+ * aligned block, stay free. Over virtual memory, map what the block lacks,
+ * after waiting for pending frees that could hold it, and under the limit
+ * move it to mapped memory (place_on_mapped) before remapping. With a plan,
+ * its place is tried first (place_by_plan, plan.c).
  *
  * Free: find the chunk by address, merge it with free neighbours at once, and
  * file the result in its bin. Everything that can fail (host memory for a new
@@ -20,6 +24,7 @@
 #include <string.h>
 
 #include "pool_internal.h"
+#include "placement.h"
 
 const char *bfc_status_name(bfc_status s)
 {
@@ -35,25 +40,6 @@ const char *bfc_status_name(bfc_status s)
     case BFC_ERR_INVALID: return "invalid argument";
     }
     return "unknown status";
-}
-
-static const char *const placement_names[] = {
-    [BFC_PLACE_BY_AGE] = "age", [BFC_PLACE_LOW] = "low", [BFC_PLACE_ALIGNED] = "aligned"};
-
-const char *bfc_placement_name(bfc_placement p)
-{
-    return (unsigned)p < sizeof placement_names / sizeof *placement_names ? placement_names[p]
-                                                                          : "unknown";
-}
-
-bool bfc_placement_from_name(const char *name, bfc_placement *out)
-{
-    for (unsigned i = 0; i < sizeof placement_names / sizeof *placement_names; i++)
-        if (strcmp(name, placement_names[i]) == 0) {
-            *out = (bfc_placement)i;
-            return true;
-        }
-    return false;
 }
 
 void bfc_options_init(bfc_options *o)
@@ -97,10 +83,8 @@ bfc_pool *bfc_pool_create(const bfc_options *opt, const bfc_backend *backend)
     if (p->opt.initial_region_bytes == 0)
         p->opt.initial_region_bytes = p->opt.region_granularity;
     p->backend = *backend;
-    const bool aligned = opt->placement == BFC_PLACE_ALIGNED;
-    p->align_from = aligned ? opt->align_bytes : UINT64_MAX;
     p->as_one_region = opt->vmm && opt->preallocate && !opt->prealloc_spread;
-    pool_set_granule_mask(p);
+    place_set_rules(p);
     p->release_on_free = opt->vmm && opt->release_threshold != UINT64_MAX;
     p->next_region_bytes = p->opt.initial_region_bytes;
     p->st.bytes_limit = p->opt.limit_bytes;
@@ -153,147 +137,12 @@ bfc_status bfc_pool_reserve(bfc_pool *p)
     return s;
 }
 
-/* The best candidate for `rounded` bytes: the free bins, or the caller's
- * lane, whichever holds the smaller fit (lower address on ties). */
-static uint32_t best_fit(bfc_pool *p, uint64_t rounded, uint32_t lane_id)
-{
-    uint32_t c = bins_best_fit(&p->free_bins, &p->chunks, rounded);
-    if (lane_id != BFC_NO_LANE) {
-        const bin_set *lb = p->lanes[lane_id].bins;
-        uint32_t d = lb ? bins_best_fit(lb, &p->chunks, rounded) : CHUNK_NIL;
-        if (d != CHUNK_NIL && (c == CHUNK_NIL || chunk_less(C(p, d), C(p, c))))
-            c = d;
-    }
-    return c;
-}
-
-/* BFC_PLACE_ALIGNED without granule placement: the largest power of two
- * dividing the rounded size, capped at align_bytes, for blocks of
- * align_bytes or more; 0 for none. */
-static uint64_t plain_alignment(const bfc_pool *p, uint64_t rounded)
-{
-    if (rounded < p->align_from)
-        return 0;
-    uint64_t a = rounded & (~rounded + 1); /* lowest set bit */
-    if (a > p->align_from)
-        a = p->align_from;
-    return a > p->opt.granularity ? a : 0;
-}
-
-/* BFC_PLACE_ALIGNED over virtual memory: is a block of `rounded` bytes a
- * whole number of map granules, to be placed on a granule boundary? */
-static inline bool whole_granules(const bfc_pool *p, uint64_t rounded)
-{
-    return (rounded & p->granule_mask) == 0;
-}
-
-/* BFC_PLACE_ALIGNED: the alignment a block of `rounded` bytes is placed at,
- * or 0 for none; a block of whole granules, the granule. */
-static uint64_t natural_alignment(const bfc_pool *p, uint64_t rounded)
-{
-    if (whole_granules(p, rounded))
-        return p->opt.map_granularity;
-    return plain_alignment(p, rounded);
-}
-
-/* Can FREE chunk c hold `rounded` bytes at a multiple of `align`? */
-static bool holds_aligned(const chunk *c, uint64_t rounded, uint64_t align)
-{
-    return round_up_pow2(c->addr, align) + rounded <= c->addr + c->size;
-}
-
-typedef struct end_pins {
-    uint64_t low, high;
-} end_pins;
-static end_pins pins_at_ends(const chunk *c, uint64_t rounded, uint64_t mask);
-
-/* How many granules no block pins yet a block of `rounded` bytes pins at
- * the better end of FREE chunk c (over virtual memory). */
-static uint64_t pins_at_better_end(const bfc_pool *p, const chunk *c, uint64_t rounded)
-{
-    const end_pins e = pins_at_ends(c, rounded, p->granule_mask);
-    return e.low < e.high ? e.low : e.high;
-}
-
-/*
- * Over virtual memory, a block of `rounded` bytes that is not whole granules
- * and whose best fit c (FREE) would make it pin a granule more than it must:
- * of c and the next FEWER_PINS_CANDIDATES free chunks in size order, the
- * first where it pins the fewest. A small block placed in the smallest hole
- * that holds it can pin a granule of its own when that hole's edges lie on
- * granule boundaries, while a somewhat larger hole whose edge lies inside a
- * granule a block already pins holds it for nothing: once the pool
- * overflowed, that granule is memory it cannot move. Replayed on the 14 real
- * traces, GPT-2-medium 256 inference went from 0.9579 to 0.9792 of peak live
- * with 2 to 32 candidates, and no other trace lost (docs/benchmarks.md,
- * "Granule choices of end before the first overflow"); the walk runs only
- * when the best fit would pin a granule more than the block's size needs.
- */
-enum { FEWER_PINS_CANDIDATES = 4 };
-
-static __attribute__((noinline)) uint32_t fit_pinning_fewer(bfc_pool *p, uint32_t c,
-                                                            uint64_t rounded)
-{
-    uint64_t pins = pins_at_better_end(p, C(p, c), rounded);
-    const uint64_t least = rounded >> bits_ctz64(p->granule_mask + 1);
-    uint32_t pick = c, d = c;
-    for (int i = 0; i < FEWER_PINS_CANDIDATES && pins > least; i++) {
-        /* The next size up must stay in the bins' range. */
-        if (C(p, d)->size >= BFC_SIZE_LIMIT - p->opt.granularity)
-            break;
-        d = bins_best_fit(&p->free_bins, &p->chunks, C(p, d)->size + p->opt.granularity);
-        if (d == CHUNK_NIL)
-            break;
-        const uint64_t n = pins_at_better_end(p, C(p, d), rounded);
-        if (n < pins) {
-            pins = n;
-            pick = d;
-        }
-    }
-    return pick;
-}
-
-/*
- * The chunk an allocation of `rounded` bytes goes to, and in *align the
- * alignment to place it at (0: none). The best fit when it can hold the block
- * aligned; else the best fit for rounded + align - granule, which can (any
- * chunk that large can); else the best fit, unaligned. Pending chunks (own
- * lane) are taken unaligned. A block of whole granules (over virtual memory)
- * is aligned to the granule only where its best fit holds it so.
- */
-static uint32_t find_fit(bfc_pool *p, uint64_t rounded, uint32_t lane_id, uint64_t *align)
-{
-    uint32_t c = best_fit(p, rounded, lane_id);
-    if (p->granule_mask != UINT64_MAX && c != CHUNK_NIL && !whole_granules(p, rounded) &&
-        C(p, c)->state == CHUNK_FREE)
-        c = fit_pinning_fewer(p, c, rounded);
-    uint64_t a = natural_alignment(p, rounded);
-    *align = 0;
-    if (c == CHUNK_NIL || a == 0 || C(p, c)->state != CHUNK_FREE)
-        return c;
-    if (!holds_aligned(C(p, c), rounded, a)) {
-        /* Granule placement never sends a block to another chunk (measured:
-         * a larger chunk taken for its boundary costs more than it saves):
-         * the plain rule places it. */
-        if (whole_granules(p, rounded))
-            a = plain_alignment(p, rounded);
-        if (a != 0 && !holds_aligned(C(p, c), rounded, a)) {
-            uint32_t d = best_fit(p, rounded + a - p->opt.granularity, lane_id);
-            if (d == CHUNK_NIL || C(p, d)->state != CHUNK_FREE)
-                return c;
-            c = d;
-        }
-    }
-    *align = a;
-    return c;
-}
-
 /* Waits for fences, oldest first, until the request fits or none is left. */
 static uint32_t fit_after_waits(bfc_pool *p, uint64_t rounded, uint32_t lane_id,
                                 uint64_t *align)
 {
     while (lanes_wait_oldest(p)) {
-        uint32_t c = find_fit(p, rounded, lane_id, align);
+        uint32_t c = place_fit(p, rounded, lane_id, align);
         if (c != CHUNK_NIL)
             return c;
     }
@@ -308,7 +157,7 @@ static uint32_t find_fit_slow(bfc_pool *p, uint64_t rounded, uint32_t lane_id,
      * sealed epoch can be waited for. */
     if (p->open_epochs)
         lanes_seal_all(p, true);
-    if (lanes_poll(p) && (c = find_fit(p, rounded, lane_id, align)) != CHUNK_NIL)
+    if (lanes_poll(p) && (c = place_fit(p, rounded, lane_id, align)) != CHUNK_NIL)
         return c;
     /* A new region is kept; a wait costs only time (the GPU goes on with the
      * work queued after the fence). When pending frees hold enough bytes for
@@ -319,14 +168,14 @@ static uint32_t find_fit_slow(bfc_pool *p, uint64_t rounded, uint32_t lane_id,
         (c = fit_after_waits(p, rounded, lane_id, align)) != CHUNK_NIL)
         return c;
     if (region_extend(p, rounded))
-        return find_fit(p, rounded, lane_id, align);
+        return place_fit(p, rounded, lane_id, align);
     if ((c = fit_after_waits(p, rounded, lane_id, align)) != CHUNK_NIL)
         return c;
     /* With vmm a new reservation never waits for memory: nothing to gain. */
     if (p->opt.garbage_collection && p->nregions > 0 && !p->opt.vmm) {
         p->st.num_gc_runs++;
         if (region_release_empty(p) > 0 && region_extend(p, rounded))
-            return find_fit(p, rounded, lane_id, align);
+            return place_fit(p, rounded, lane_id, align);
     }
     return CHUNK_NIL;
 }
@@ -342,30 +191,6 @@ static void link_after(bfc_pool *p, uint32_t c, uint32_t r)
     cc->next = r;
 }
 
-/* The age of a region edge. An edge never moves: oldest. But over virtual
- * memory an edge borders address space, not memory: youngest, so that
- * blocks pack against live ones and mapped memory grows as one pile rather
- * than two at opposite ends of the reservation. A preallocated pool laid
- * out as one region (as_one_region) is memory up to both edges: oldest.
- * (Aligned placement's small blocks counted an edge as youngest too until
- * it was measured in pools of the sizes the shim makes, where that lost:
- * docs/benchmarks.md.) */
-static inline uint64_t edge_age(const bfc_pool *p)
-{
-    return p->opt.vmm && !p->as_one_region ? UINT64_MAX : 0;
-}
-
-/* How long a neighbour of a free chunk is expected to stay: a region edge
- * as old as edge_age says, an allocated block as old as its sequence
- * number, a pending block is about to become free (youngest). */
-static uint64_t neighbour_age(const bfc_pool *p, uint32_t n)
-{
-    if (n == CHUNK_NIL)
-        return edge_age(p);
-    const chunk *c = C(p, n);
-    return c->state == CHUNK_ALLOCATED ? c->stamp : UINT64_MAX;
-}
-
 /* Is the remainder of splitting `size` for `rounded` worth keeping? */
 static bool worth_splitting(const bfc_options *o, uint64_t size, uint64_t rounded)
 {
@@ -374,13 +199,6 @@ static bool worth_splitting(const bfc_options *o, uint64_t size, uint64_t rounde
         return size >= 2 * rounded || rest >= BFC_TSL_MAX_INTERNAL_FRAGMENTATION;
     return rest >= (o->min_split_bytes > o->granularity ? o->min_split_bytes
                                                          : o->granularity);
-}
-
-/* Should the allocation go at the high end of chunk c? */
-static bool carve_high(const bfc_pool *p, const chunk *c)
-{
-    return p->opt.placement != BFC_PLACE_LOW &&
-           neighbour_age(p, c->next) < neighbour_age(p, c->prev);
 }
 
 /*
@@ -465,82 +283,10 @@ static inline __attribute__((always_inline)) uint32_t take_free_low(bfc_pool *p,
     return c;
 }
 
-/* BFC_PLACE_ALIGNED over virtual memory: how many granules (mask: the map
- * granule's) a block at [lo, hi) inside FREE chunk c would pin that no block
- * pins yet. The neighbours of a free chunk are blocks (or a region edge),
- * and a neighbour that ends or starts inside a granule already pins it;
- * every other granule under the block could have gone back to the driver. */
-static uint64_t granules_pinned_anew(const chunk *c, uint64_t lo, uint64_t hi, uint64_t mask)
-{
-    const uint64_t end = c->addr + c->size;
-    const uint64_t first = lo & ~mask, last = (hi - 1) & ~mask; /* granules under the block */
-    uint64_t n = ((last - first) >> bits_ctz64(mask + 1)) + 1;
-    const bool low_pinned = c->prev != CHUNK_NIL && (c->addr & mask) != 0;
-    const bool high_pinned = c->next != CHUNK_NIL && (end & mask) != 0;
-    const uint64_t low_granule = c->addr & ~mask, high_granule = (end - 1) & ~mask;
-    if (low_pinned && first == low_granule)
-        n--;
-    if (high_pinned && last == high_granule && !(low_pinned && high_granule == low_granule))
-        n--;
-    return n;
-}
-
-/* The granules granules_pinned_anew counts for a block of `rounded` bytes at
- * the low end of FREE chunk c, and at its high end. */
-static end_pins pins_at_ends(const chunk *c, uint64_t rounded, uint64_t mask)
-{
-    const uint64_t end = c->addr + c->size;
-    return (end_pins){granules_pinned_anew(c, c->addr, c->addr + rounded, mask),
-                      granules_pinned_anew(c, end - rounded, end, mask)};
-}
-
-/* BFC_PLACE_ALIGNED over virtual memory, a block of `rounded` bytes that is
- * not whole granules (those go on boundaries: take_free) in FREE chunk c:
- * 1 to put it at c's high end, 0 at its low end, when that end pins fewer
- * new granules; -1 when both pin as many (the age rule chooses). Small
- * blocks then gather in granules that blocks already hold, instead of
- * pinning a granule of their own at the other end of a hole. */
-static int end_pinning_fewer(const chunk *c, uint64_t rounded, uint64_t mask)
-{
-    if ((rounded & mask) == 0)
-        return -1;
-    const end_pins e = pins_at_ends(c, rounded, mask);
-    return e.low == e.high ? -1 : e.high < e.low;
-}
-
-/*
- * BFC_PLACE_ALIGNED, a block of whole map granules in FREE chunk c: 1 to put
- * it at c's high end, 0 at its low end, when that end lies on a granule
- * boundary, so that the block leaves no gap and shares no granule with the
- * free remainder; when both ends do, `high` (the age rule's end); -1 when
- * neither does.
- *
- * Over virtual memory a region edge does not count (`edges` false): past it
- * lies address space, and packing there would start a second pile of mapped
- * memory. While a preallocated pool is laid out as one region the edges
- * are memory like any other (`edges` true), and this choice of end is one of
- * the two granule rules there (the other: end_rule_below): it moves no block
- * off its best fit and leaves no gap, so the region serves about what one
- * cuMemAlloc region would, but the
- * blocks most likely to stay (whole-granule tensors) already sit on the
- * boundaries the first overflow can remap around. Without it, 2-8 MiB
- * blocks placed 64 KiB past a boundary pinned a granule more than they
- * filled (docs/results/benchmarks-history.md, "Whole-granule blocks at a boundary end").
- */
-static int end_on_granule_boundary(const bfc_pool *p, const chunk *c, bool high, bool edges)
-{
-    const uint64_t mask = p->opt.map_granularity - 1, end = c->addr + c->size;
-    const bool low_on = (edges || c->prev != CHUNK_NIL) && (c->addr & mask) == 0;
-    const bool high_on = (edges || c->next != CHUNK_NIL) && (end & mask) == 0;
-    if (!low_on && !high_on)
-        return -1;
-    return low_on == high_on ? high : high_on;
-}
-
 /*
  * Takes FREE chunk c for an allocation of `rounded` bytes and returns the
  * handle of the allocated piece; a remainder stays in the free bins, at
- * the end the placement rule chooses.
+ * the end place_in_free chooses.
  */
 static inline __attribute__((always_inline)) uint32_t take_free(bfc_pool *p, uint32_t c,
                                                                uint64_t rounded, uint64_t align)
@@ -548,33 +294,12 @@ static inline __attribute__((always_inline)) uint32_t take_free(bfc_pool *p, uin
     chunk *cc = C(p, c);
     if (!worth_splitting(&p->opt, cc->size, rounded))
         return take_free_whole(p, c);
-    bool high = carve_high(p, cc); /* before r becomes a neighbour */
-    if (cc->size < p->end_rule_below) { /* over virtual memory only */
-        const int fewer = end_pinning_fewer(cc, rounded, p->opt.map_granularity - 1);
-        if (fewer >= 0)
-            high = fewer;
-    }
-    if (align) {
-        /* The aligned address nearest the chosen end; find_fit made sure
-         * one exists. At either end of c, the plain carve below puts the
-         * block there; inside, take_free_at leaves a gap on each side. */
-        const uint64_t end = cc->addr + cc->size;
-        uint64_t at = high ? (end - rounded) & ~(align - 1) : round_up_pow2(cc->addr, align);
-        int on = -1;
-        if (whole_granules(p, rounded))
-            on = end_on_granule_boundary(p, cc, high, false);
-        else if ((rounded & p->one_region_end_mask) == 0)
-            on = end_on_granule_boundary(p, cc, high, true);
-        if (on >= 0)
-            at = on ? end - rounded : cc->addr;
-        if (at == cc->addr)
-            high = false;
-        else if (at + rounded == end)
-            high = true;
-        else
-            return take_free_at(p, c, rounded, at);
-    }
-    return high ? take_free_high(p, c, rounded) : take_free_low(p, c, rounded);
+    const bfc_addr at = place_in_free(p, cc, rounded, align);
+    if (at + rounded == cc->addr + cc->size)
+        return take_free_high(p, c, rounded);
+    if (at == cc->addr)
+        return take_free_low(p, c, rounded);
+    return take_free_at(p, c, rounded, at);
 }
 
 /* Takes PENDING chunk c (reused by its own lane); a remainder stays pending
@@ -588,8 +313,7 @@ static uint32_t take_pending(bfc_pool *p, uint32_t c, uint64_t rounded)
     if (!worth_splitting(&p->opt, cc->size, rounded))
         return c;
     const uint64_t rest = cc->size - rounded;
-    /* Carved as by age: pending reuse is never aligned. */
-    const bool high = carve_high(p, cc);
+    const bool high = place_in_pending(p, cc, rounded) != cc->addr;
     const uint32_t r = chunk_new(&p->chunks);
     chunk *rc = C(p, r);
     uint32_t taken = c, left = r;
@@ -694,16 +418,12 @@ static bool back_allocation(bfc_pool *p, uint32_t *cp, bool may_move, uint64_t r
                             uint64_t size, uint32_t lane_id);
 
 /* An allocation the plan did not place, carved in the spare space above the
- * plan's extent, out of the planned layout's way; CHUNK_NIL when nothing
- * there holds it. Over vmm only while the pool is laid out as one region,
- * whose spare space is mapped (else mapped here, as a planned place is);
- * otherwise the spare space is unmapped address space, and the rule's
- * preference for mapped memory matters more. */
+ * plan's extent (plan_spare_chunk), out of the planned layout's way, and
+ * mapped there as a planned place is; CHUNK_NIL when nothing there holds
+ * it. */
 static uint32_t carve_spare(bfc_pool *p, uint64_t rounded, uint64_t size)
 {
     bfc_addr at;
-    if (p->opt.vmm && !p->as_one_region)
-        return CHUNK_NIL;
     uint32_t c = plan_spare_chunk(p, p->plan, rounded, &at);
     if (c == CHUNK_NIL)
         return CHUNK_NIL;
@@ -722,7 +442,7 @@ static uint32_t carve_again(bfc_pool *p, uint32_t c, uint64_t rounded, uint64_t 
 {
     pool_make_free(p, c);
     uint64_t align;
-    c = find_fit(p, rounded, lane_id, &align);
+    c = place_fit(p, rounded, lane_id, &align);
     return carve(p, c, rounded, align, size);
 }
 
@@ -767,65 +487,28 @@ static uint32_t refit_before_mapping(bfc_pool *p, uint32_t c, uint64_t rounded, 
     return c;
 }
 
-/* vmm: FREE chunk x holds `rounded` bytes wholly on mapped granules: at
- * *at (its low end, else its high end, each at alignment `align`). */
-static bool holds_on_mapped(const bfc_pool *p, const region *r, const chunk *x, uint64_t rounded,
-                            uint64_t align, bfc_addr *at)
-{
-    const uint64_t end = x->addr + x->size;
-    uint64_t lo = align ? round_up_pow2(x->addr, align) : x->addr;
-    if (lo + rounded <= end && backing_covers(p, r, lo, lo + rounded)) {
-        *at = lo;
-        return true;
-    }
-    uint64_t hi = end - rounded;
-    if (align)
-        hi &= ~(align - 1);
-    if (hi >= x->addr && hi != lo && backing_covers(p, r, hi, hi + rounded)) {
-        *at = hi;
-        return true;
-    }
-    return false;
-}
-
 /*
  * vmm, near the limit: allocation c landed on unmapped granules that the
  * limit forbids mapping, so free granules elsewhere would be unmapped to
  * make room (a remap, tens of microseconds a granule on a GPU). When some
- * other free chunk holds the block on memory already mapped, the block goes
- * there instead: the smallest such chunk, at its low end if that is mapped,
- * else its high end (num_mapped_refits). Else c is carved again where it
- * was, and the remap is paid. One walk over the chunks, paid only where a
- * remap would cost far more; out of line, so the allocation path pays
- * nothing for it until memory runs short.
+ * other free chunk holds the block on memory already mapped
+ * (place_on_mapped), the block goes there instead (num_mapped_refits). Else
+ * c is carved again where it was, and the remap is paid. Out of line, so
+ * the allocation path pays nothing for it until memory runs short.
  */
 static __attribute__((noinline)) uint32_t refit_on_mapped(bfc_pool *p, uint32_t c,
                                                            uint64_t rounded, uint64_t size,
                                                            uint32_t lane_id)
 {
     pool_make_free(p, c);
-    uint64_t align = natural_alignment(p, rounded);
-    uint32_t best = CHUNK_NIL;
-    bfc_addr best_at = 0;
-    for (uint32_t ri = 0; ri < p->nregions; ri++)
-        for (uint32_t x = p->regions[ri].first; x != CHUNK_NIL; x = C(p, x)->next) {
-            const chunk *xc = C(p, x);
-            bfc_addr at;
-            if (xc->state != CHUNK_FREE || xc->size < rounded ||
-                (best != CHUNK_NIL && xc->size >= C(p, best)->size))
-                continue;
-            if (holds_on_mapped(p, &p->regions[ri], xc, rounded, align, &at) ||
-                (align && holds_on_mapped(p, &p->regions[ri], xc, rounded, 0, &at))) {
-                best = x;
-                best_at = at;
-            }
-        }
+    bfc_addr at;
+    const uint32_t best = place_on_mapped(p, rounded, &at);
     if (best != CHUNK_NIL) {
         p->st.num_mapped_refits++;
-        return carve_at(p, best, rounded, best_at, size);
+        return carve_at(p, best, rounded, at, size);
     }
     uint64_t a;
-    c = find_fit(p, rounded, lane_id, &a);
+    c = place_fit(p, rounded, lane_id, &a);
     return carve(p, c, rounded, a, size);
 }
 
@@ -988,7 +671,7 @@ bfc_status bfc_pool_alloc(bfc_pool *p, uint64_t size, uint32_t lane_id,
         c = place_by_plan(p, rounded, size);
     if (c == CHUNK_NIL) {
         uint64_t align;
-        c = find_fit(p, rounded, lane_id, &align);
+        c = place_fit(p, rounded, lane_id, &align);
         if (c == CHUNK_NIL)
             c = find_fit_slow(p, rounded, lane_id, &align);
         if (c == CHUNK_NIL)

@@ -1,7 +1,7 @@
 /*
  * pool_internal.h - the pool's data structures, shared by the modules of the
- * engine (pool.c, regions.c, lanes.c, stats.c, dump.c, check.c). Not part of
- * the public API.
+ * engine (pool.c, placement.c, regions.c, lanes.c, stats.c, dump.c, check.c).
+ * Not part of the public API.
  *
  *   bfc_pool
  *   |-- regions[]     sorted by base; each names its lowest chunk, which never
@@ -35,7 +35,7 @@
 
 #define LANE_MAX 65535u /* chunk.lane is 16 bits */
 
-typedef struct pool_plan pool_plan; /* plan.c */
+typedef struct pool_plan pool_plan; /* plan.c; its interface: placement.h */
 
 typedef struct region {
     bfc_addr base;
@@ -73,32 +73,38 @@ struct bfc_pool {
     uint32_t allocs_since_fence; /* allocations since open epochs were last sealed */
     uint64_t bytes_since_fence;  /* bytes freed into open epochs since then */
     uint64_t alloc_seq;
-    /* Placement rules, derived from opt once so that the hot path tests one
-     * field for each: blocks of align_from bytes or more are aligned
-     * (UINT64_MAX: never), and a block is whole map granules when its size
-     * has no bit of granule_mask set (UINT64_MAX: never; only over virtual
-     * memory under BFC_PLACE_ALIGNED). */
-    uint64_t align_from;
-    uint64_t granule_mask;
-    /* While a preallocated pool is laid out as one region (under
-     * BFC_PLACE_ALIGNED), a block whose size has no bit of one_region_end_mask
-     * set is whole map granules and goes to an end of its chunk that lies on
-     * a granule boundary, when one does (UINT64_MAX: never). */
-    uint64_t one_region_end_mask;
-    /* In a free chunk smaller than this, a block that is not whole map
-     * granules goes to the end that pins fewer granules no block pins yet
-     * (0: never). Over virtual memory, any chunk (UINT64_MAX); while a
-     * preallocated pool is laid out as one region, chunks under two
-     * granules. Such a hole holds at most one whole granule, and which end a
-     * block takes there decides whether that granule stays free to move at
-     * the first overflow; in larger holes the age rule's end packs one
-     * region better, and the rule there remapped gigabytes where one region
-     * serves (docs/benchmarks.md). */
-    uint64_t end_rule_below;
+    /* The placement rules as the policy tests them, derived from opt (and
+     * as_one_region) by place_set_rules; read only by the policy
+     * (placement.h, placement.c). */
+    struct {
+        /* Blocks of align_from bytes or more are aligned (UINT64_MAX:
+         * never). */
+        uint64_t align_from;
+        /* A block is whole map granules when its size has no bit of
+         * granule_mask set (UINT64_MAX: never; only over virtual memory
+         * under BFC_PLACE_ALIGNED). */
+        uint64_t granule_mask;
+        /* While a preallocated pool is laid out as one region (under
+         * BFC_PLACE_ALIGNED), a block whose size has no bit of
+         * one_region_end_mask set is whole map granules and goes to an end
+         * of its chunk that lies on a granule boundary, when one does
+         * (UINT64_MAX: never). */
+        uint64_t one_region_end_mask;
+        /* In a free chunk smaller than this, a block that is not whole map
+         * granules goes to the end that pins fewer granules no block pins
+         * yet (0: never). Over virtual memory, any chunk (UINT64_MAX); while
+         * a preallocated pool is laid out as one region, chunks under two
+         * granules. Such a hole holds at most one whole granule, and which
+         * end a block takes there decides whether that granule stays free
+         * to move at the first overflow; in larger holes the age rule's end
+         * packs one region better, and the rule there remapped gigabytes
+         * where one region serves (docs/benchmarks.md). */
+        uint64_t end_rule_below;
+    } place;
     /* vmm, preallocated, not spread (bfc_options.prealloc_spread): true
      * until the first overflow reservation; meanwhile the pool places as
-     * one region does (granule_mask UINT64_MAX, a region edge oldest) but
-     * for two choices of end (one_region_end_mask, end_rule_below). */
+     * one region does (no granule_mask, a region edge oldest) but for two
+     * choices of end (place.one_region_end_mask, place.end_rule_below). */
     bool as_one_region;
     /* vmm with a release threshold (not "never"): frees check free mapped
      * bytes against it. */
@@ -107,21 +113,6 @@ struct bfc_pool {
     /* Running counters; derived fields are filled in by bfc_pool_stats. */
     bfc_stats st;
 };
-
-/* Granule placement (granule_mask) applies under BFC_PLACE_ALIGNED over
- * virtual memory, except while a preallocated pool is laid out as one
- * region, when only its choice of end does (one_region_end_mask); set at
- * creation and again when the first overflow ends that. */
-static inline void pool_set_granule_mask(bfc_pool *p)
-{
-    const bool aligned_vmm = p->opt.placement == BFC_PLACE_ALIGNED && p->opt.vmm;
-    p->granule_mask = aligned_vmm && !p->as_one_region ? p->opt.map_granularity - 1 : UINT64_MAX;
-    p->one_region_end_mask =
-        aligned_vmm && p->as_one_region ? p->opt.map_granularity - 1 : UINT64_MAX;
-    p->end_rule_below = !aligned_vmm      ? 0
-                        : p->as_one_region ? 2 * p->opt.map_granularity
-                                           : UINT64_MAX;
-}
 
 static inline chunk *C(const bfc_pool *p, uint32_t i)
 {
@@ -187,7 +178,7 @@ bool backing_covers(const bfc_pool *p, const region *r, bfc_addr lo, bfc_addr hi
 uint64_t backing_count(const bfc_pool *p, const region *r);
 /* The steady state's test, inline on the allocation path: does [lo, hi)
  * end in the region's mapped prefix (mapped memory grows as one pile from
- * the base, see neighbour_age in pool.c), or lie within one bitmap word (64
+ * the base, see edge_age in placement.h), or lie within one bitmap word (64
  * granules) whose granules are all mapped? */
 static inline bool backing_fast_covers(const bfc_pool *p, const region *r, bfc_addr lo,
                                        bfc_addr hi)
@@ -252,29 +243,6 @@ static inline bfc_status pool_take_live(bfc_pool *p, bfc_addr addr, uint32_t *c)
     p->st.bytes_requested -= cc->requested;
     return BFC_OK;
 }
-
-/* plan.c */
-bfc_status plan_create(const bfc_pool *p, const bfc_plan_entry *e, size_t n, pool_plan **out);
-void plan_destroy(pool_plan *pl);
-uint64_t plan_host_bytes(const pool_plan *pl);
-/* The offset of the entry near the cursor for an allocation of `rounded`
- * bytes, taken; false when there is none. */
-bool plan_next(pool_plan *pl, uint64_t rounded, uint64_t *offset);
-/* The FREE chunk holding [base + offset, + rounded) of the pool's one
- * region (the caller checks there is one), with *at = base + offset;
- * CHUNK_NIL when that range is not wholly free. */
-uint32_t plan_free_chunk_at(const bfc_pool *p, pool_plan *pl, uint64_t offset,
-                            uint64_t rounded, bfc_addr *at);
-
-/* Whether the allocation the plan was consulted for went to its planned
- * place: the stray score that abandons a plan of another job. */
-void plan_record(pool_plan *pl, bool placed);
-bool plan_abandoned(const pool_plan *pl);
-/* For an allocation the plan did not place: a FREE chunk in the spare
- * space above the plan's extent whose part there holds `rounded`, with *at
- * the high end's place; CHUNK_NIL when none (or the plan is abandoned or
- * finished). */
-uint32_t plan_spare_chunk(const bfc_pool *p, pool_plan *pl, uint64_t rounded, bfc_addr *at);
 
 /* lanes.c */
 void lane_detach(bfc_pool *p, uint32_t c);

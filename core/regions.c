@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "pool_internal.h"
+#include "placement.h"
 
 int region_find(const bfc_pool *p, bfc_addr addr)
 {
@@ -140,7 +141,7 @@ static bool region_reserve_va(bfc_pool *p, uint64_t rounded)
     region *in = region_insert(p, base, want, r.backed);
     if (!first && p->as_one_region) {
         p->as_one_region = false;
-        pool_set_granule_mask(p);
+        place_set_rules(p);
     }
     if (first && p->opt.preallocate) {
         const uint64_t whole = whole_limit < want ? whole_limit : want;

@@ -3,6 +3,7 @@
  * its structures (largest free block, fragmentation, host memory held).
  */
 #include "pool_internal.h"
+#include "placement.h"
 
 void pool_stats_locked(const bfc_pool *p, bfc_stats *out)
 {
