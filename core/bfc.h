@@ -455,8 +455,10 @@ bfc_status bfc_pool_lane_open(bfc_pool *pool, bool reusable, uint32_t *lane);
 
 /* A lazy lane's open epoch is sealed only when the pool needs its memory:
  * when nothing else serves an allocation, before the pool grows or maps
- * more, on a trim or an explicit seal, and in a pool that grows once the
- * lazy lanes hold 1/32 of the bytes in use; never at the fence interval. For an
+ * more, on a trim or an explicit seal, and once the lazy lanes hold 1/32 of
+ * the bytes in use in a pool that grows, or in a preallocated one whose
+ * other free space is under four times that (lanes.c); never at the fence
+ * interval. For an
  * owner whose seal makes an epoch reusable at once (its fence orders every
  * later use after the frees) but costs calls to make: then waiting to seal
  * loses no memory and saves a seal on nearly every allocation. Lanes start
