@@ -4072,6 +4072,21 @@ EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
     LEAVE(CUDA_SUCCESS);
 }
 
+/* VMM lock held: room in the handle table for one more; false when host
+ * memory ran out. */
+static bool vmm_handle_room(void)
+{
+    if (V.nhandles < V.caphandles)
+        return true;
+    size_t c = V.caphandles ? V.caphandles * 2 : 16;
+    vmm_handle **t = realloc(V.handles, c * sizeof *t);
+    if (!t)
+        return false;
+    V.handles = t;
+    V.caphandles = c;
+    return true;
+}
+
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                             const CUmemAllocationProp *prop, unsigned long long flags)
 {
@@ -4105,15 +4120,8 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
     vmm_handle *h = calloc(1, sizeof *h);
     int fd = h ? vmm_memory_file(G.phys[dev]) : -1;
-    if (V.nhandles == V.caphandles) {
-        size_t c = V.caphandles ? V.caphandles * 2 : 16;
-        vmm_handle **t = realloc(V.handles, c * sizeof *t);
-        if (t) {
-            V.handles = t;
-            V.caphandles = c;
-        }
-    }
-    if (fd < 0 || ftruncate(fd, (off_t)size) != 0 || V.nhandles == V.caphandles) {
+    const bool room = vmm_handle_room();
+    if (fd < 0 || ftruncate(fd, (off_t)size) != 0 || !room) {
         if (fd >= 0)
             close(fd);
         free(h);
@@ -4220,15 +4228,8 @@ EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *han
         LEAVE(CUDA_ERROR_NOT_SUPPORTED);
     vmm_handle *h = calloc(1, sizeof *h);
     int fd = h ? fcntl(theirs, F_DUPFD_CLOEXEC, 0) : -1;
-    if (V.nhandles == V.caphandles) {
-        size_t c = V.caphandles ? V.caphandles * 2 : 16;
-        vmm_handle **t = realloc(V.handles, c * sizeof *t);
-        if (t) {
-            V.handles = t;
-            V.caphandles = c;
-        }
-    }
-    if (fd < 0 || V.nhandles == V.caphandles) {
+    const bool room = vmm_handle_room();
+    if (fd < 0 || !room) {
         if (fd >= 0)
             close(fd);
         free(h);
