@@ -15,14 +15,14 @@
  *   a green stream's lane  that green context's event (green.c).
  * No device-wide synchronisation, and nothing that would break a capture
  * under way in another thread: a capturing stream gets no event (its work
- * has not run and will run only as a graph), and the legacy stream is left
- * alone while any blocking stream captures (legacy work would join the
- * capture and invalidate it; the driver tells us by answering
- * cuStreamIsCapturing(CU_STREAM_LEGACY) with CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
- * which also covers per-thread default streams); then each known
- * non-capturing stream gets its own event instead. A lane's own stream
- * capturing means its seal is refused and the epoch stays open until a later
- * allocation.
+ * has not run and will run only as a graph), and while any blocking stream
+ * captures the plain and legacy lanes are not sealed at all (legacy work
+ * would join the capture and invalidate it, and no event could stand for
+ * other threads' per-thread default streams meanwhile; the driver tells us
+ * by answering cuStreamIsCapturing(CU_STREAM_LEGACY) with
+ * CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, which also covers per-thread default
+ * streams): their epochs stay open until the capture ends. A lane's own
+ * stream capturing means its seal is refused the same way.
  *
  * Stand-ins. Work queued on a stream before it is destroyed still runs
  * (cuStreamDestroy returns at once), and work queued before a stream begins
@@ -552,8 +552,8 @@ bool fences_seal(void *ctx, uint32_t lane, uint64_t token)
      * would be a captured event that never completes, and its blocks would
      * stay pending for good. */
     streams_use_begin();
-    /* (While a blocking stream captures, the legacy stream takes no
-     * barrier: the plain lane is sealed with events below, as anywhere.) */
+    /* (While a blocking stream captures, neither a barrier nor events:
+     * fence_streams refuses the seal below.) */
     if (atomic_load_explicit(&sp->ordered, memory_order_relaxed) &&
         (plain || lane == sp->legacy_lane) && !legacy_blocked(R)) {
         bool ok = seal_ordered(sp, R, lane, token);
