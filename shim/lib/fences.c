@@ -399,7 +399,6 @@ static bool seal_ordered(shim_pool *sp, const real_driver *R, uint32_t lane, uin
         give_event(sp, R, sp->last_barrier);
     sp->last_barrier = e;
     sp->barrier_idle = false;
-    atomic_fetch_add_explicit(&sp->ordered_seals, 1, memory_order_relaxed);
     return true;
 }
 
@@ -478,11 +477,8 @@ void fences_ordered_stream_made(CUcontext ctx, CUstream s)
     /* Blocks reused after that barrier may still have old work queued
      * before it: s runs nothing until it is done. If the wait cannot be
      * made, the host waits instead. */
-    if (b && R->StreamWaitEvent(s, b, 0) != CUDA_SUCCESS) {
-        relaxed_scope rs = capture_relax(R);
-        R->EventSynchronize(b);
-        capture_restore(R, rs);
-    }
+    if (b && R->StreamWaitEvent(s, b, 0) != CUDA_SUCCESS)
+        event_done(R, b, true);
     streams_change_end();
     if (was) {
         lanes_eager(sp);
@@ -491,11 +487,10 @@ void fences_ordered_stream_made(CUcontext ctx, CUstream s)
     }
 }
 
-/* Takes the pools of device dev (every device: -1) out of the ordered
- * state; the host waits for their last barriers, since the work that may
- * now reach their blocks (another context's, a green context's default
- * stream) cannot be made to wait on the device. */
-static void end_pools(CUdevice dev)
+/* The host waits for the last barriers, since the work that may now reach
+ * the pools' blocks (another context's, a green context's default stream)
+ * cannot be made to wait on the device. */
+void fences_ordered_end_device(CUdevice dev)
 {
     const real_driver *R = real_driver_get();
     for (size_t i = 0, n = pools_count(); R && i < n; i++) {
@@ -506,18 +501,13 @@ static void end_pools(CUdevice dev)
         streams_change_begin();
         bool was;
         CUevent b = end_ordered(sp, &was);
-        if (b) {
-            relaxed_scope rs = capture_relax(R);
-            R->EventSynchronize(b);
-            capture_restore(R, rs);
-        }
+        if (b)
+            event_done(R, b, true);
         streams_change_end();
         if (was)
             lanes_eager(sp);
     }
 }
-
-void fences_ordered_end_device(CUdevice dev) { end_pools(dev); }
 
 void fences_context_seen(CUcontext ctx)
 {
@@ -531,7 +521,7 @@ void fences_context_seen(CUcontext ctx)
     static atomic_bool said;
     shim_log_once(&said, LOG_DEBUG, "a second CUDA context: plain frees are fenced with events "
                                     "from now on");
-    end_pools(-1);
+    fences_ordered_end_device(-1);
 }
 
 bool fences_seal(void *ctx, uint32_t lane, uint64_t token)

@@ -298,7 +298,6 @@ typedef struct shim_pool {
     atomic_bool ordered;
     CUevent last_barrier;
     bool barrier_idle; /* last_barrier seen complete (under the engine's lock) */
-    atomic_uint_fast64_t ordered_seals;
     /* passthrough counters */
     atomic_uint_fast64_t passthrough_allocs;
     /* found held by another thread at exit (record.c, stats_file.c): the
@@ -476,7 +475,8 @@ void fences_ordered_begin(shim_pool *sp);
 void fences_ordered_stream_made(CUcontext ctx, CUstream s);
 /* A green context was made on dev: its streams and default stream do not
  * follow the primary context's legacy stream, so every pool of the device
- * leaves the ordered state, and the host waits for their last barriers. */
+ * (dev -1: of every device, for a second context) leaves the ordered state,
+ * and the host waits for their last barriers. */
 void fences_ordered_end_device(CUdevice dev);
 /* A context became known (a pool's, a primary context retained, one
  * created): once there is more than one, work of another context (a peer

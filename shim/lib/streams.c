@@ -78,30 +78,26 @@ void streams_add(CUstream s)
     /* Flags unknown: counted as non-blocking, whose fences ask the most. */
     if (!R->StreamGetFlags || R->StreamGetFlags(s, &flags) != CUDA_SUCCESS)
         flags = CU_STREAM_NON_BLOCKING;
+    const entry e = {s, ctx, (flags & CU_STREAM_NON_BLOCKING) != 0};
     pthread_mutex_lock(&lock);
-    for (size_t i = 0; i < nall; i++)
-        if (all[i].stream == s) { /* a handle reused after a missed destroy */
-            all[i] = (entry){s, ctx, (flags & CU_STREAM_NON_BLOCKING) != 0};
-            pthread_mutex_unlock(&lock);
-            if (flags & CU_STREAM_NON_BLOCKING)
-                fences_ordered_stream_made(ctx, s);
-            return;
-        }
-    entry *t = array_room(all, nall, &capall, sizeof *all, 32);
-    if (!t) {
-        pthread_mutex_unlock(&lock);
+    size_t i = 0;
+    while (i < nall && all[i].stream != s) /* a handle reused after a missed destroy */
+        i++;
+    entry *t = i < nall ? all : array_room(all, nall, &capall, sizeof *all, 32);
+    if (t) {
+        all = t;
+        all[i] = e;
+        if (i == nall)
+            nall++;
+    }
+    pthread_mutex_unlock(&lock);
+    if (!t)
         shim_log(LOG_WARN, "out of host memory tracking streams: cudaFree may reuse "
                            "memory before a non-blocking stream is done with it");
-        if (flags & CU_STREAM_NON_BLOCKING)
-            fences_ordered_stream_made(ctx, s);
-        return;
-    }
-    all = t;
-    all[nall++] = (entry){s, ctx, (flags & CU_STREAM_NON_BLOCKING) != 0};
-    pthread_mutex_unlock(&lock);
-    /* Registered first: a pool made meanwhile either sees it or is found
-     * here (fences_ordered_begin). */
-    if (flags & CU_STREAM_NON_BLOCKING)
+    /* Registered first (when there was room): a pool made meanwhile either
+     * sees it or is found here (fences_ordered_begin). Not registered, it
+     * ends the ordered state all the same. */
+    if (e.non_blocking)
         fences_ordered_stream_made(ctx, s);
 }
 
