@@ -329,6 +329,10 @@ typedef struct bfc_stats {
     uint64_t peak_bytes_requested;
     uint64_t largest_alloc_size;
     uint64_t bytes_limit;
+    /* Of bytes_limit, what is lent to memory the pool does not place
+     * (bfc_pool_lend): the pool maps at most bytes_limit - bytes_lent. */
+    uint64_t bytes_lent;
+    uint64_t peak_bytes_lent;
     uint64_t bytes_reserved;      /* = pool_bytes: held from the device */
     uint64_t peak_bytes_reserved; /* = peak_pool_bytes */
     uint64_t pool_bytes;
@@ -493,6 +497,23 @@ bool bfc_pool_lane_oldest(bfc_pool *pool, uint32_t lane, uint64_t *token);
  * fences the backend already reports done (it never waits for one); returns
  * the number of bytes released. */
 uint64_t bfc_pool_trim(bfc_pool *pool);
+
+/*
+ * Loans: part of the limit lent to memory that the owner makes itself and
+ * the pool never places (the shim's virtual memory door: physical
+ * allocations a program makes with cuMemCreate and maps at its own
+ * addresses), so that one limit covers both. bfc_pool_lend makes room for
+ * `bytes` under the limit: it gives back free memory as pressure does (free
+ * granules over virtual memory, largest free chunks first; empty regions
+ * otherwise), retiring what the GPU finished and, only when that is not
+ * enough, waiting for the oldest fences, never handing back memory whose
+ * fence is not done. BFC_ERR_OOM when even then the pool holds more than
+ * the limit less the loan allows (nothing changed). The loan lasts until
+ * bfc_pool_end_loan gives the same bytes back; meanwhile the pool maps (or
+ * holds in regions) at most bytes_limit - bytes_lent.
+ */
+bfc_status bfc_pool_lend(bfc_pool *pool, uint64_t bytes);
+void bfc_pool_end_loan(bfc_pool *pool, uint64_t bytes);
 
 /* vmm: the pool's context is going away and its memory must go with it
  * (cuCtxDestroy does not free what cuMemCreate made). Unmaps every granule,

@@ -337,6 +337,9 @@ static void check_stats(const bfc_pool *p, const recount *n, checker *k)
     if (s->pool_bytes > p->opt.limit_bytes)
         fail(k, "pool holds %" PRIu64 " bytes, above its limit %" PRIu64, s->pool_bytes,
              p->opt.limit_bytes);
+    if (!p->abandoned && p->opt.limit_bytes + s->bytes_lent != s->bytes_limit)
+        fail(k, "limit %" PRIu64 " and loans %" PRIu64 " do not add up to the configured %" PRIu64,
+             p->opt.limit_bytes, s->bytes_lent, s->bytes_limit);
     if (n->alloc_bytes + n->free_bytes + n->pending_bytes != n->region_bytes)
         fail(k, "allocated + free + pending bytes do not add up to the regions");
 }

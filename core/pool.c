@@ -798,6 +798,55 @@ uint64_t bfc_pool_trim(bfc_pool *p)
     return released;
 }
 
+/*
+ * The loan shrinks the limit the pool's mechanics read (opt.limit_bytes),
+ * so every "room under the limit" (mapping, growth, free space as the limit
+ * lets it be used) accounts for it without knowing loans exist;
+ * st.bytes_limit keeps the configured limit.
+ */
+bfc_status bfc_pool_lend(bfc_pool *p, uint64_t bytes)
+{
+    bfc_status s = BFC_OK;
+    bfc_lock_acquire(&p->lock);
+    if (bytes > p->opt.limit_bytes) {
+        s = BFC_ERR_OOM;
+    } else {
+        bool polled = false;
+        while (p->st.pool_bytes > p->opt.limit_bytes - bytes) {
+            const uint64_t short_by = p->st.pool_bytes - (p->opt.limit_bytes - bytes);
+            if (p->opt.vmm)
+                backing_release_some(p, short_by);
+            else
+                region_release_empty(p);
+            if (p->st.pool_bytes <= p->opt.limit_bytes - bytes)
+                break;
+            if (!retire_or_wait(p, &polled)) {
+                s = BFC_ERR_OOM;
+                break;
+            }
+        }
+    }
+    if (s == BFC_OK) {
+        p->opt.limit_bytes -= bytes;
+        p->st.bytes_lent += bytes;
+        if (p->st.bytes_lent > p->st.peak_bytes_lent)
+            p->st.peak_bytes_lent = p->st.bytes_lent;
+    }
+    bfc_lock_release(&p->lock);
+    return s;
+}
+
+void bfc_pool_end_loan(bfc_pool *p, uint64_t bytes)
+{
+    bfc_lock_acquire(&p->lock);
+    if (bytes > p->st.bytes_lent)
+        bytes = p->st.bytes_lent; /* never more than was lent */
+    p->st.bytes_lent -= bytes;
+    if (!p->abandoned)
+        p->opt.limit_bytes += bytes;
+    bfc_lock_release(&p->lock);
+}
+
 uint64_t bfc_pool_abandon_memory(bfc_pool *p)
 {
     uint64_t released = 0;
@@ -808,6 +857,7 @@ uint64_t bfc_pool_abandon_memory(bfc_pool *p)
             released += backing_release(p, r, r->base, r->base + r->size, NULL);
         }
         p->opt.limit_bytes = 0; /* nothing is mapped again */
+        p->abandoned = true;    /* not even when a loan ends */
     }
     bfc_lock_release(&p->lock);
     return released;

@@ -109,6 +109,9 @@ struct bfc_pool {
     /* vmm with a release threshold (not "never"): frees check free mapped
      * bytes against it. */
     bool release_on_free;
+    /* vmm: bfc_pool_abandon_memory ran; limit_bytes stays 0, loans ending
+     * included. */
+    bool abandoned;
     pool_plan *plan; /* bfc_pool_set_plan; NULL: none */
     /* Running counters; derived fields are filled in by bfc_pool_stats. */
     bfc_stats st;

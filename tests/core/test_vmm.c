@@ -593,6 +593,58 @@ static void preallocation_maps_the_limit_at_once(void)
     vmm_end(&f);
 }
 
+/* A loan (the shim's virtual memory door) comes out of the limit: the pool
+ * gives back free granules to make room, never pending ones before their
+ * fence is done, maps no more than the limit less the loan while it lasts,
+ * and gets the room back when it ends. */
+static void loans_come_out_of_the_limit(void)
+{
+    fixture f;
+    vmm_begin(&f, 16 * MiB);
+    f.opt.preallocate = true;
+    uint32_t lane = start_with_fences(&f);
+    CHECK_EQ(bfc_pool_reserve(f.pool), BFC_OK);
+    CHECK_EQ(stats_of(&f).pool_bytes, 16 * MiB);
+    bfc_addr a = must_alloc(&f, 4 * MiB), b = must_alloc(&f, 4 * MiB);
+    /* 8 MiB free: a 6 MiB loan unmaps 6 MiB of it, not all of it. */
+    CHECK_EQ(bfc_pool_lend(f.pool, 6 * MiB), BFC_OK);
+    bfc_stats s = stats_of(&f);
+    CHECK_EQ(s.pool_bytes, 10 * MiB);
+    CHECK_EQ(s.bytes_lent, 6 * MiB);
+    CHECK_EQ(s.bytes_limit, 16 * MiB);
+    CHECK_EQ(f.dev.held, 10 * MiB);
+    CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+    /* The pool itself can map only 2 MiB more. */
+    bfc_addr none = 0;
+    CHECK_EQ(bfc_pool_alloc(f.pool, 4 * MiB, BFC_NO_LANE, &none), BFC_ERR_OOM);
+    bfc_addr c = must_alloc(&f, 2 * MiB);
+    /* Pending memory goes back only once its fence is done (a wait). */
+    CHECK_EQ(bfc_pool_free_fenced(f.pool, a, lane, 1), BFC_OK);
+    CHECK_EQ(bfc_pool_lend(f.pool, 4 * MiB), BFC_OK);
+    s = stats_of(&f);
+    CHECK_EQ(s.num_fence_waits, 1);
+    CHECK_EQ(s.bytes_lent, 10 * MiB);
+    CHECK_EQ(s.pool_bytes, 6 * MiB);
+    /* Nothing left to give back: refused, nothing changed. */
+    CHECK_EQ(bfc_pool_lend(f.pool, 2 * MiB), BFC_ERR_OOM);
+    CHECK_EQ(bfc_pool_lend(f.pool, 17 * MiB), BFC_ERR_OOM);
+    CHECK_EQ(stats_of(&f).bytes_lent, 10 * MiB);
+    CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+    /* Loans end: the pool grows again. */
+    bfc_pool_end_loan(f.pool, 6 * MiB);
+    bfc_pool_end_loan(f.pool, 4 * MiB);
+    s = stats_of(&f);
+    CHECK_EQ(s.bytes_lent, 0);
+    CHECK_EQ(s.peak_bytes_lent, 10 * MiB);
+    bfc_addr d = must_alloc(&f, 8 * MiB);
+    check_mapped(&f, d, 8 * MiB);
+    must_free(&f, b);
+    must_free(&f, c);
+    must_free(&f, d);
+    bfc_pool_lane_close(f.pool, lane);
+    vmm_end(&f);
+}
+
 /* Replays one fixed sequence of allocations and frees (sizes from 1 KiB to
  * 3 MiB, at most LIVE blocks; with `whole`, a third of them whole granules,
  * else those rounded up by 64 KiB) into a started pool and writes each
@@ -1026,6 +1078,7 @@ int main(void)
     RUN(limit_bounds_mapped_bytes_not_address_space);
     RUN(free_space_counts_only_what_the_limit_backs);
     RUN(preallocation_maps_the_limit_at_once);
+    RUN(loans_come_out_of_the_limit);
     RUN(preallocated_pool_is_one_region_until_it_overflows);
     RUN(one_region_phase_puts_whole_granules_at_a_boundary_end);
     RUN(one_region_phase_fills_pinned_granules_in_small_holes);

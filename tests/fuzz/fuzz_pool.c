@@ -99,6 +99,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint32_t opened[256]; /* every lane ever opened: closed ones may still drain */
     size_t nopened = 0;
     uint64_t token = 0;
+    uint64_t lent = 0; /* loans of the limit outstanding */
     while (in.left) {
         unsigned op = take(&in), arg = take(&in);
         bfc_status s;
@@ -158,7 +159,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             break;
         }
         default:
-            bfc_pool_trim(pool);
+            if (op & 8) {
+                bfc_pool_trim(pool);
+            } else if (op & 16 && lent) { /* a loan ends (all of it) */
+                bfc_pool_end_loan(pool, lent);
+                lent = 0;
+            } else { /* a loan (the virtual memory door): refused or counted */
+                const uint64_t want = (uint64_t)arg << 10;
+                bfc_stats before;
+                bfc_pool_stats(pool, &before);
+                s = bfc_pool_lend(pool, want);
+                must(s == BFC_OK || s == BFC_ERR_OOM, "a loan failed oddly");
+                bfc_stats after;
+                bfc_pool_stats(pool, &after);
+                must(after.bytes_lent == before.bytes_lent + (s == BFC_OK ? want : 0),
+                     "a loan miscounted");
+                must(after.pool_bytes + after.bytes_lent <= after.bytes_limit,
+                     "a loan left the pool over its limit");
+                lent += s == BFC_OK ? want : 0;
+            }
         }
         must(bfc_pool_check(pool, stderr) == 0, "invariant violated");
     }
@@ -169,6 +188,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     while (nlive)
         must(bfc_pool_free(pool, live[--nlive]) == BFC_OK, "final free failed");
+    bfc_pool_end_loan(pool, lent);
     must(bfc_pool_check(pool, stderr) == 0, "invariant violated at the end");
     bfc_stats st;
     bfc_pool_stats(pool, &st);
