@@ -42,7 +42,7 @@
 #                platform, default (XLA_PYTHON_CLIENT_PREALLOCATE=
 #                false, or XLA would reserve 75% beside the pool):
 #                step time, losses, NVML peak, XLA's memory_stats()
-#                beside the pool's bytes and passthrough_vmm_*      ~36 s
+#                beside the pool's bytes and bytes_lent            ~36 s
 #   torch-abc    ResNet-50 and GPT-2 small, arms A, B, C, two runs
 #                each, interleaved (10 steps after 3)              ~150 s
 #   torch-growth GPT-2: the growing pool (BFCSHIM_PREALLOCATE=false)

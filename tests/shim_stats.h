@@ -41,4 +41,41 @@ static inline long long shim_stat_number(const char *name)
     return shim_stats_field(json, name);
 }
 
+/* The virtual memory door's figures (shim/lib/door_vmm.c), wherever its
+ * memory goes: lent the pool's limit (the default) or, under
+ * BFCSHIM_VMM_DOOR=count, around it (passthrough_vmm_*). */
+static inline bool shim_vmm_door_pooled(void)
+{
+    const char *m = getenv("BFCSHIM_VMM_DOOR");
+    return !(m && strcmp(m, "count") == 0);
+}
+
+/* A figure only a pool has: 0 while there is none (no pool, no loan). */
+static inline long long shim_pool_figure(const char *name)
+{
+    long long v = shim_stat_number(name);
+    return v < 0 && shim_stat_number("pool_bytes") < 0 ? 0 : v;
+}
+
+/* The door's live bytes; -1 when the other place holds any too. */
+static inline long long shim_vmm_door_bytes(void)
+{
+    const bool pooled = shim_vmm_door_pooled();
+    if ((pooled ? shim_stat_number("passthrough_vmm_bytes") : shim_pool_figure("bytes_lent")) != 0)
+        return -1;
+    return pooled ? shim_pool_figure("bytes_lent") : shim_stat_number("passthrough_vmm_bytes");
+}
+
+static inline long long shim_vmm_door_peak(void)
+{
+    return shim_vmm_door_pooled() ? shim_pool_figure("peak_bytes_lent")
+                                  : shim_stat_number("passthrough_vmm_peak_bytes");
+}
+
+static inline long long shim_vmm_door_creates(void)
+{
+    return shim_stat_number(shim_vmm_door_pooled() ? "vmm_door_pooled_creates"
+                                                   : "passthrough_vmm_creates");
+}
+
 #endif

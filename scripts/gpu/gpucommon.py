@@ -105,10 +105,13 @@ def shim_totals(doc):
     keys = ("num_allocs", "num_frees", "num_ooms", "peak_bytes_in_use", "bytes_in_use",
             "peak_pool_bytes", "num_region_allocs", "num_fence_waits", "passthrough_allocs",
             "num_map_calls", "num_unmap_calls", "num_mapped_refits", "released_bytes_total",
-            "moved_bytes_total", "num_pressure_maps", "pressure_map_us_total", "pool_bytes")
+            "moved_bytes_total", "num_pressure_maps", "pressure_map_us_total", "pool_bytes",
+            # the program's own cuMemCreate memory, lent the pools' limits
+            "bytes_lent", "peak_bytes_lent", "vmm_door_pooled_creates", "vmm_door_refused")
     out = {k: sum(p.get(k, 0) for p in doc.get("pools", [])) for k in keys}
-    # what the program made itself with cuMemCreate (the virtual memory
-    # door counts it): every device's, pools or not, from the top
+    # what the program made itself with cuMemCreate around the pools
+    # (BFCSHIM_VMM_DOOR=count, or no pool could lend): every device's, from
+    # the top
     for k in ("passthrough_vmm_bytes", "passthrough_vmm_peak_bytes", "passthrough_vmm_creates"):
         out[k] = doc.get(k)
     # the slowest pool's start-up (its limit taken up front), not a sum

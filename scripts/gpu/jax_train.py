@@ -81,7 +81,7 @@ def main():
         "jax_peak_bytes_in_use": mstats.get("peak_bytes_in_use"),
         "jax_bytes_limit": mstats.get("bytes_limit"),
         # all of XLA's figures, to set beside the shim's pool bytes and its
-        # passthrough_vmm_* (what XLA made with cuMemCreate)
+        # bytes_lent (what XLA made with cuMemCreate, out of the pool's limit)
         "jax_memory_stats": {k: v for k, v in mstats.items() if isinstance(v, (int, float))},
         "xla_preallocate": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE"),
         "shim": gpucommon.shim_totals(gpucommon.shim_stats()),

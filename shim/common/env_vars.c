@@ -21,6 +21,8 @@ const env_var env_vars[] = {
      "building the pool over CUDA virtual memory"},
     {"BFCSHIM_VMM_LAYOUT", VAR_CHOICE, 0, 0, {"one-region", "spread"},
      "the layout of a preallocated pool over virtual memory"},
+    {"BFCSHIM_VMM_DOOR", VAR_CHOICE, 0, 0, {"pool", "count"},
+     "what the program's own cuMemCreate memory counts against"},
     {"BFCSHIM_RELEASE_THRESHOLD", VAR_SIZE_OR_0, 0, 0, {0},
      "the free mapped memory kept before it goes back to the device"},
     {"BFCSHIM_FREE_POLICY", VAR_CHOICE, 0, 0, {"fenced", "immediate"},

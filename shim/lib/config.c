@@ -213,6 +213,9 @@ static void parse(void)
     int layout = (int)cfg.layout;
     get_choice("BFCSHIM_VMM_LAYOUT", &layout);
     cfg.layout = (vmm_layout)layout;
+    int door = (int)cfg.vmm_door;
+    get_choice("BFCSHIM_VMM_DOOR", &door);
+    cfg.vmm_door = (vmm_door_mode)door;
     get_size("BFCSHIM_RELEASE_THRESHOLD", &cfg.release_threshold);
     int policy = cfg.free_policy;
     get_choice("BFCSHIM_FREE_POLICY", &policy);

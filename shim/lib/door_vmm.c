@@ -3,23 +3,33 @@
  * cuMemRetainAllocationHandle and cuMemRelease.
  *
  * JAX 0.10.2 and later allocate every buffer this way, and PyTorch's
- * expandable segments grow this way (docs/frameworks.md). Physical memory
- * made here is not served from the pools yet (docs/design.md, "The virtual
- * memory door", says what pooled handles will be); until it is, this door
- * makes sure that memory is never invisible: each device's physical bytes
- * made by the program are counted while they live (passthrough_vmm_* in the
- * statistics and the exit summary), and the first such allocation on a
- * device is named in the log.
+ * expandable segments grow this way (docs/frameworks.md). The door serves
+ * that memory out of the pool's limit (docs/design.md, "The virtual memory
+ * door"): before a device allocation is made, the pool of the current
+ * context lends its size (bfc_pool_lend), giving back free memory of its
+ * own if it must, and the allocation is then made by the driver, with the
+ * properties the program asked for, so that every later call on the handle
+ * (map, access, export, queries) is the driver's own and answers as CUDA
+ * does. The loan ends when the allocation's last handle reference goes.
+ * One limit thus covers the pool's blocks and the program's own physical
+ * memory; a create the limit has no room for fails with
+ * CUDA_ERROR_OUT_OF_MEMORY, as a device would, and is reported like any
+ * pool out-of-memory. With BFCSHIM_VMM_DOOR=count, where no pool can lend
+ * (no context current on that device, the pool could not be made) or for
+ * memory that is not device memory of a device the counters have room
+ * for, the allocation goes around the pool and is counted as passthrough
+ * (passthrough_vmm_*), and the first such allocation on a device is named
+ * in the log.
  *
  * A physical allocation lives from cuMemCreate until its last handle
  * reference goes: cuMemCreate's, and one per cuMemRetainAllocationHandle,
  * each ended by a cuMemRelease. (The driver keeps the memory until it is
- * also unmapped; XLA and PyTorch unmap before they release, so the count
- * is exact for them, and errs low, never high, for a program that releases
- * a handle it still has mapped.) The pools' own granules are made through
- * the real driver table, not through this door, and are not counted here.
- * Calls are rare (one per buffer or segment), so a mutex over a small map
- * is all the bookkeeping needs.
+ * also unmapped, and an imported copy keeps it until the importer lets it
+ * go; XLA and PyTorch unmap before they release, so the figures are exact
+ * for them, and err low, never high, for a program that releases a handle
+ * it still has mapped.) The pools' own granules are made through the real
+ * driver table, not through this door. Calls are rare (one per buffer or
+ * segment), so a mutex over a small map is all the bookkeeping needs.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -38,14 +48,15 @@
 typedef struct made {
     uint64_t size;
     int dev;
-    uint64_t refs; /* cuMemCreate's, and one per retain */
+    uint64_t refs;     /* cuMemCreate's, and one per retain */
+    shim_pool *lender; /* the pool whose limit it came out of; NULL: around it */
 } made;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static ptr_map handles;
 static bool handles_ready;
 static vmm_door_counts counts[SHIM_MAX_DEVICES];
-static atomic_bool named[SHIM_MAX_DEVICES];
+static atomic_bool named_around[SHIM_MAX_DEVICES], named_pooled[SHIM_MAX_DEVICES];
 
 /* Device memory of a device the counters have room for. */
 static bool counted_kind(const CUmemAllocationProp *prop, size_t size)
@@ -54,7 +65,69 @@ static bool counted_kind(const CUmemAllocationProp *prop, size_t size)
            prop->location.id >= 0 && prop->location.id < SHIM_MAX_DEVICES && size > 0;
 }
 
-static void note_created(CUmemGenericAllocationHandle h, size_t size, int dev)
+/* The pool that lends to a create of device `dev`'s memory: the current
+ * context's, when that context is on `dev`. Made now if it has none yet,
+ * as one that grows: a program whose first device memory is its own (JAX)
+ * would otherwise have the pool take the whole limit up front only to
+ * give it back as the program's creates came (XLA's first takes 75% of the
+ * device). NULL: the memory goes around the pools. */
+static shim_pool *lender_for(int dev)
+{
+    const real_driver *R = real_driver_get();
+    CUcontext cur = NULL;
+    CUdevice cur_dev = -1;
+    if (shim_config_get()->vmm_door != VMM_DOOR_POOL || !R ||
+        R->CtxGetCurrent(&cur) != CUDA_SUCCESS || !cur ||
+        R->CtxGetDevice(&cur_dev) != CUDA_SUCCESS || (int)cur_dev != dev)
+        return NULL;
+    return pool_for_context_growing(cur);
+}
+
+static void name_once(int dev, size_t size, const shim_pool *lender)
+{
+    char b[32];
+    if (lender && !atomic_exchange(&named_pooled[dev], true))
+        shim_log(LOG_INFO, "cuMemCreate: the program makes device %d's memory itself through "
+                           "CUDA's virtual memory API (JAX, PyTorch's expandable segments): "
+                           "it comes out of the pool's limit (bytes_lent; %s so far; "
+                           "BFCSHIM_VMM_DOOR=count leaves it outside; logged once per device)",
+                 dev, format_size(size, b, sizeof b));
+    if (!lender && !atomic_exchange(&named_around[dev], true))
+        shim_log(LOG_WARN, "cuMemCreate: the program makes device %d's memory itself through "
+                           "CUDA's virtual memory API (JAX, PyTorch's expandable segments): "
+                           "%s so far goes around the pool, counted as passthrough_vmm_bytes "
+                           "(logged once per device)",
+                 dev, format_size(size, b, sizeof b));
+}
+
+/* A single create of more than half the limit is a framework taking its
+ * own pool up front (XLA's default BFC takes 75% of the device): that
+ * memory now stands where the shim's pool would be, so say how to let one
+ * allocator do it. */
+static void name_large(const shim_pool *sp, size_t size)
+{
+    static atomic_bool said;
+    if (size <= sp->limit / 2 || atomic_exchange(&said, true))
+        return;
+    char a[32], b[32];
+    shim_log(LOG_WARN, "cuMemCreate of %s on device %d takes more than half the pool's limit "
+                       "(%s): a framework preallocating its own pool (JAX: "
+                       "XLA_PYTHON_CLIENT_PREALLOCATE=false, or "
+                       "XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async to allocate from the shim's pool "
+                       "directly); logged once",
+             format_size(size, a, sizeof a), (int)sp->dev, format_size(sp->limit, b, sizeof b));
+}
+
+static void counts_refused(int dev)
+{
+    pthread_mutex_lock(&lock);
+    counts[dev].refused++;
+    pthread_mutex_unlock(&lock);
+}
+
+/* Records a new allocation; false (nothing recorded) when host memory for
+ * the record ran out. */
+static bool note_created(CUmemGenericAllocationHandle h, size_t size, int dev, shim_pool *lender)
 {
     made *m = malloc(sizeof *m);
     pthread_mutex_lock(&lock);
@@ -63,30 +136,26 @@ static void note_created(CUmemGenericAllocationHandle h, size_t size, int dev)
     bool kept = m && handles_ready && h != 0 && ptr_map_get(&handles, h) == 0 &&
                 ptr_map_reserve(&handles, 1);
     if (kept) {
-        *m = (made){size, dev, 1};
+        *m = (made){size, dev, 1, lender};
         ptr_map_put(&handles, h, (uint64_t)(uintptr_t)m);
         vmm_door_counts *c = &counts[dev];
-        c->bytes += size;
-        c->creates++;
-        if (c->bytes > c->peak_bytes)
-            c->peak_bytes = c->bytes;
+        if (lender) {
+            c->pooled_creates++;
+        } else {
+            c->bytes += size;
+            c->creates++;
+            if (c->bytes > c->peak_bytes)
+                c->peak_bytes = c->bytes;
+        }
     }
     pthread_mutex_unlock(&lock);
-    if (!kept) {
+    if (!kept)
         free(m);
-        return; /* no host memory for the entry: uncounted, never miscounted */
-    }
-    if (!atomic_exchange(&named[dev], true)) {
-        char b[32];
-        shim_log(LOG_WARN, "cuMemCreate: the program makes device %d's memory itself through "
-                           "CUDA's virtual memory API (JAX, PyTorch's expandable segments): "
-                           "%s so far goes around the pool, counted as passthrough_vmm_bytes "
-                           "(logged once per device)",
-                 dev, format_size(size, b, sizeof b));
-    }
+    return kept;
 }
 
-/* One more (retain) or one fewer (release) reference to h, if counted. */
+/* One more (retain) or one fewer (release) reference to h, if recorded.
+ * The last one ends the allocation: its loan, or its passthrough count. */
 static void note_reference(CUmemGenericAllocationHandle h, bool more)
 {
     made *gone = NULL;
@@ -96,19 +165,49 @@ static void note_reference(CUmemGenericAllocationHandle h, bool more)
         m->refs++;
     } else if (m && --m->refs == 0) {
         ptr_map_take(&handles, h);
-        counts[m->dev].bytes -= m->size;
+        if (!m->lender)
+            counts[m->dev].bytes -= m->size;
         gone = m;
     }
     pthread_mutex_unlock(&lock);
+    if (gone && gone->lender)
+        bfc_pool_end_loan(gone->lender->bfc, gone->size);
     free(gone);
 }
 
 SHIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                                  const CUmemAllocationProp *prop, unsigned long long flags)
 {
+    if (!handle || !shim_driver_door() || !counted_kind(prop, size))
+        return PASS(MemCreate, handle, size, prop, flags);
+    const int dev = prop->location.id;
+    shim_pool *sp = lender_for(dev);
+    if (sp && !pools_lend(sp, size)) {
+        counts_refused(dev);
+        oom_report(sp, size, "cuMemCreate");
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     CUresult r = PASS(MemCreate, handle, size, prop, flags);
-    if (r == CUDA_SUCCESS && handle && shim_driver_door() && counted_kind(prop, size))
-        note_created(*handle, size, prop->location.id);
+    /* Within the limit, yet the device has no room: the pool may hold free
+     * memory that the loan did not need to give back (it gives back only
+     * what the limit asks); give back all of it and try once more. */
+    if (r == CUDA_ERROR_OUT_OF_MEMORY && sp && pools_trim(sp) > 0)
+        r = PASS(MemCreate, handle, size, prop, flags);
+    if (r != CUDA_SUCCESS) {
+        if (sp)
+            bfc_pool_end_loan(sp->bfc, size);
+        return r;
+    }
+    if (!note_created(*handle, size, dev, sp)) {
+        /* Unrecorded, the loan would never end: the memory goes uncounted
+         * instead (host memory ran out), never counted twice. */
+        if (sp)
+            bfc_pool_end_loan(sp->bfc, size);
+        return r;
+    }
+    name_once(dev, size, sp);
+    if (sp)
+        name_large(sp, size);
     return r;
 }
 
@@ -154,6 +253,8 @@ void vmm_door_lock_for_fork(bool hold)
 void vmm_door_after_fork_child(void)
 {
     memset(counts, 0, sizeof counts);
+    /* loans made before the fork are the parent's: forgotten with the
+     * records */
     handles_ready = false;
     handles = (ptr_map){0};
 }
@@ -166,6 +267,8 @@ void vmm_door_total(vmm_door_counts *out)
         out->bytes += counts[d].bytes;
         out->peak_bytes += counts[d].peak_bytes;
         out->creates += counts[d].creates;
+        out->pooled_creates += counts[d].pooled_creates;
+        out->refused += counts[d].refused;
     }
     pthread_mutex_unlock(&lock);
 }

@@ -56,7 +56,8 @@ typedef enum oom_cause {
  * shared with live ones), all else it had to map. */
 static oom_cause cause_of(const bfc_stats *st, uint64_t rounded, bool vmm)
 {
-    if (st->bytes_limit - st->bytes_in_use < rounded)
+    /* what is lent to the program's own cuMemCreate memory is in use too */
+    if (st->bytes_limit - st->bytes_in_use - st->bytes_lent < rounded)
         return CAUSE_LIMIT;
     uint64_t unused = vmm ? st->pool_bytes - st->bytes_in_use : st->free_bytes + st->pending_bytes;
     if (unused >= rounded)
@@ -77,7 +78,7 @@ static void write_hint(FILE *f, const shim_config *cfg, const bfc_stats *st,
                        uint64_t total)
 {
     char a[32], b[32], c[32], d[32];
-    uint64_t room = st->bytes_limit - st->bytes_in_use;
+    uint64_t room = st->bytes_limit - st->bytes_in_use - st->bytes_lent;
     switch (cause) {
     case CAUSE_FRAGMENTED:
         fprintf(f, "diagnosis: fragmentation. The pool has %s not in use but no single free "
@@ -200,14 +201,19 @@ void oom_report(shim_pool *sp, size_t size, const char *api)
      * what is mapped. The line names the largest block the limit lets the
      * pool back, the same figure as without virtual memory. */
     oom_cause cause = cause_of(&st, rounded, sp->vmm_granule != 0);
-    char req[32], lim[32], use[32], big[32];
+    char req[32], lim[32], use[32], big[32], lent[96] = "";
+    if (st.bytes_lent) {
+        char l[32];
+        snprintf(lent, sizeof lent, " (%s of it the program's own cuMemCreate memory)",
+                 format_size(st.bytes_lent, l, sizeof l));
+    }
     shim_log(LOG_ERROR,
-             "%s(%zu bytes = %s) on device %d: out of memory %s (limit %s, in use %s, "
+             "%s(%zu bytes = %s) on device %d: out of memory %s (limit %s, in use %s%s, "
              "largest free block %s). %s",
              api, size, format_size(size, req, sizeof req), (int)sp->dev,
              cause == CAUSE_DEVICE_FULL ? "on the device" : "in the pool",
              format_size(st.bytes_limit, lim, sizeof lim),
-             format_size(st.bytes_in_use, use, sizeof use),
+             format_size(st.bytes_in_use + st.bytes_lent, use, sizeof use), lent,
              format_size(fs.largest_free_block_bytes, big, sizeof big),
              cause == CAUSE_DEVICE_FULL
                  ? "Other processes or contexts hold the device's memory"

@@ -268,7 +268,8 @@ static uint64_t take_up_front(shim_pool *sp)
 
 /* ctx, a context of dev, is current; `primary`: it is dev's primary
  * context. */
-static shim_pool *create_pool(const real_driver *R, CUcontext ctx, CUdevice dev, bool primary)
+static shim_pool *create_pool(const real_driver *R, CUcontext ctx, CUdevice dev, bool primary,
+                              bool up_front)
 {
     const shim_config *cfg = shim_config_get();
     size_t total = 0;
@@ -306,7 +307,7 @@ static shim_pool *create_pool(const real_driver *R, CUcontext ctx, CUdevice dev,
     bfc_options o;
     bfc_options_init(&o);
     o.limit_bytes = limit;
-    o.preallocate = cfg->preallocate;
+    o.preallocate = up_front;
     o.initial_region_bytes = cfg->initial_region;
     o.region_granularity = granule;
     o.granularity = cfg->alignment;
@@ -338,7 +339,7 @@ static shim_pool *create_pool(const real_driver *R, CUcontext ctx, CUdevice dev,
          * moves memory even where one region would serve the job: for a
          * job that would rather run slower than not fit. */
         o.prealloc_spread = cfg->layout == VMM_LAYOUT_SPREAD;
-        sp->vmm_spread = o.prealloc_spread && cfg->preallocate;
+        sp->vmm_spread = o.prealloc_spread && up_front;
         o.release_threshold = cfg->release_threshold;
         vmm_backend(&b);
     }
@@ -355,7 +356,7 @@ static shim_pool *create_pool(const real_driver *R, CUcontext ctx, CUdevice dev,
     }
     atomic_store(&sp->lane_stream[sp->legacy_lane], CU_STREAM_LEGACY);
 
-    const uint64_t taken = cfg->preallocate ? take_up_front(sp) : 0;
+    const uint64_t taken = up_front ? take_up_front(sp) : 0;
     /* what the pool maps up front over virtual memory: whole granules */
     const uint64_t whole = sp->vmm_granule ? limit / sp->vmm_granule * sp->vmm_granule : limit;
     char lim[32], tot[32], got[32], took[48] = "";
@@ -365,15 +366,15 @@ static shim_pool *create_pool(const real_driver *R, CUcontext ctx, CUdevice dev,
              format_size(limit, lim, sizeof lim),
              cfg->mem_limit ? "BFCSHIM_MEM_LIMIT" : "BFCSHIM_MEM_FRACTION",
              format_size(total, tot, sizeof tot),
-             cfg->preallocate ? "preallocated" : "growing on demand",
+             up_front ? "preallocated" : "growing on demand",
              sp->vmm_granule ? " over virtual memory" : "",
              sp->vmm_spread ? ", spread over twice its limit of address space" : "", took,
              cfg->free_policy == FREE_FENCED ? "fenced" : "immediate");
-    if (cfg->preallocate && !taken)
+    if (up_front && !taken)
         shim_log(LOG_WARN, "device %d: could not take the %s pool up front; memory will be "
                            "taken as allocations need it",
                  (int)dev, lim);
-    else if (cfg->preallocate && taken < whole)
+    else if (up_front && taken < whole)
         shim_log(LOG_WARN, "device %d: took only %s of the %s pool up front (the device had no "
                            "more free memory); the rest will be taken as allocations need it",
                  (int)dev, format_size(taken, got, sizeof got), lim);
@@ -394,7 +395,7 @@ static shim_pool *live_pool_of(CUcontext ctx)
     return NULL;
 }
 
-shim_pool *pool_for_context(CUcontext ctx, bool create)
+static shim_pool *pool_get(CUcontext ctx, bool create, bool up_front)
 {
     ctx = green_canonical(ctx); /* a green context allocates its primary's memory */
     shim_pool *found = live_pool_of(ctx);
@@ -434,7 +435,7 @@ shim_pool *pool_for_context(CUcontext ctx, bool create)
         shim_log_once(&said, LOG_WARN, "more than %d CUDA contexts alive at once: allocations "
                                        "in the others pass through unpooled", MAX_POOLS);
     } else if (!found) {
-        found = made = create_pool(R, ctx, dev, primary);
+        found = made = create_pool(R, ctx, dev, primary, up_front);
         if (found) {
             found->serial = next_serial++;
             if (slot < n)
@@ -450,6 +451,13 @@ shim_pool *pool_for_context(CUcontext ctx, bool create)
     real_ctx_leave(R, pushed);
     return found;
 }
+
+shim_pool *pool_for_context(CUcontext ctx, bool create)
+{
+    return pool_get(ctx, create, shim_config_get()->preallocate);
+}
+
+shim_pool *pool_for_context_growing(CUcontext ctx) { return pool_get(ctx, true, false); }
 
 /* By address alone: live pools own disjoint device memory (a pool whose
  * context went is dead before a new one can get its addresses), so no
@@ -837,6 +845,22 @@ void pools_stream_destroyed(CUstream s)
         real_ctx_leave(R, pushed);
     }
     streams_remove(s);
+}
+
+bool pools_lend(shim_pool *sp, uint64_t bytes)
+{
+    /* Granules go back with cuMemUnmap, regions with cuMemFree, in the
+     * pool's context. */
+    const real_driver *R = real_driver_get();
+    bool pushed = real_ctx_enter(R, sp->ctx);
+    bfc_status s = bfc_pool_lend(sp->bfc, bytes);
+    /* Plain frees the program's unseen streams may still use wait for a
+     * context synchronisation (blind fences): made only when the loan
+     * needs them, as before an allocation fails. */
+    if (s == BFC_ERR_OOM && fences_sync_blind(sp))
+        s = bfc_pool_lend(sp->bfc, bytes);
+    real_ctx_leave(R, pushed);
+    return s == BFC_OK;
 }
 
 uint64_t pools_trim(shim_pool *sp)

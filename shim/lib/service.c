@@ -289,7 +289,9 @@ void svc_adjust_meminfo(size_t *free_bytes, size_t total)
         bfc_stats st;
         bfc_pool_stats(sp->bfc, &st);
         uint64_t unused = st.pool_bytes - st.bytes_in_use;
-        can_get = st.bytes_limit - st.bytes_in_use;
+        /* (what the program's own cuMemCreate memory holds is lent out of
+         * the limit: not the pool's to give) */
+        can_get = st.bytes_limit - st.bytes_lent - st.bytes_in_use;
         if (device_free + unused < can_get)
             can_get = device_free + unused;
     } else {

@@ -2,7 +2,7 @@
  * shim.h - what the modules of libbfcshim.so share. Not installed.
  *
  *   door_runtime.c  door_driver.c      exported CUDA entry points (two doors;
- *   door_vmm.c                         the virtual memory door counts for now)
+ *   door_vmm.c                         the virtual memory door lends the pool's limit)
  *   api.c                              the C interface of bfcshim.h (third door)
  *          \            /
  *           service.c                  one allocation service: pools, policy,
@@ -65,6 +65,9 @@ typedef enum vmm_mode { VMM_AUTO, VMM_ON, VMM_OFF } vmm_mode;
 /* BFCSHIM_VMM_LAYOUT, likewise: how a preallocated pool over virtual memory
  * is laid out (bfc_options.prealloc_spread). */
 typedef enum vmm_layout { VMM_LAYOUT_ONE_REGION, VMM_LAYOUT_SPREAD } vmm_layout;
+/* BFCSHIM_VMM_DOOR, likewise: the program's own cuMemCreate memory comes
+ * out of the pool's limit (door_vmm.c), or is only counted beside it. */
+typedef enum vmm_door_mode { VMM_DOOR_POOL, VMM_DOOR_COUNT } vmm_door_mode;
 enum { LOG_ERROR, LOG_WARN, LOG_INFO, LOG_DEBUG };
 
 typedef struct shim_config {
@@ -89,6 +92,7 @@ typedef struct shim_config {
     const char *oom_report_path; /* BFCSHIM_OOM_REPORT; %p becomes the pid */
     vmm_mode vmm;                /* BFCSHIM_VMM */
     vmm_layout layout;           /* BFCSHIM_VMM_LAYOUT */
+    vmm_door_mode vmm_door;      /* BFCSHIM_VMM_DOOR */
     uint64_t release_threshold;  /* BFCSHIM_RELEASE_THRESHOLD; UINT64_MAX: never */
 } shim_config;
 
@@ -379,6 +383,10 @@ void vmm_backend(bfc_backend *b);
 /* The pool of a context, created on first use when `create`; NULL on failure
  * (then callers pass the call through). */
 shim_pool *pool_for_context(CUcontext ctx, bool create);
+/* The same, created if need be as a pool that grows whatever
+ * BFCSHIM_PREALLOCATE says: made by the virtual memory door, whose program
+ * brings its own memory (the pool would only give back what it took). */
+shim_pool *pool_for_context_growing(CUcontext ctx);
 /* The pool whose regions contain addr, or NULL. */
 shim_pool *pool_owning(CUdeviceptr addr);
 /* A context is about to go away (destroy, reset, last primary release):
@@ -429,6 +437,10 @@ size_t pools_retired_unlisted(void);
 /* Gives back what the pool holds idle (bfc_pool_trim) in its context:
  * bytes released. */
 uint64_t pools_trim(shim_pool *sp);
+/* Lends `bytes` of sp's limit to memory the program makes itself
+ * (bfc_pool_lend, in the pool's context; door_vmm.c); false when the limit
+ * has no room for it even after giving back what the pool may. */
+bool pools_lend(shim_pool *sp, uint64_t bytes);
 /* The row alignment of the driver's cuMemAllocPitch on the pool's device
  * (its context current). */
 uint64_t pools_pitch_align(shim_pool *sp);
@@ -669,10 +681,14 @@ void platform_get_counts(platform_counts *out);
 void platform_lock_for_fork(bool lock);
 
 /* The virtual memory door (door_vmm.c): physical memory the program makes
- * with cuMemCreate, per device, while it lives; not pooled yet. */
+ * with cuMemCreate, per device. bytes, peak_bytes, creates: what went
+ * around the pools (passthrough_vmm_*), while it lives; pooled_creates:
+ * the allocations that came out of a pool's limit (their bytes are the
+ * pool's bytes_lent); refused: creates the limit had no room for. */
 #define SHIM_MAX_DEVICES 64
 typedef struct vmm_door_counts {
     uint64_t bytes, peak_bytes, creates;
+    uint64_t pooled_creates, refused;
 } vmm_door_counts;
 void vmm_door_get_counts(int dev, vmm_door_counts *out);
 /* Sums over devices (peak: the sum of each device's peak). */

@@ -67,6 +67,10 @@ static void pool_json(json_out *j, shim_pool *sp, const bfc_stats *s)
     json_u64(j, "peak_bytes_requested", st.peak_bytes_requested);
     json_u64(j, "largest_alloc_size", st.largest_alloc_size);
     json_u64(j, "bytes_limit", st.bytes_limit);
+    /* of the limit, what the program's own cuMemCreate memory holds
+     * (door_vmm.c) */
+    json_u64(j, "bytes_lent", st.bytes_lent);
+    json_u64(j, "peak_bytes_lent", st.peak_bytes_lent);
     json_u64(j, "bytes_reserved", st.bytes_reserved);
     json_u64(j, "peak_bytes_reserved", st.peak_bytes_reserved);
     json_u64(j, "pool_bytes", st.pool_bytes);
@@ -112,6 +116,8 @@ static void pool_json(json_out *j, shim_pool *sp, const bfc_stats *s)
     json_u64(j, "passthrough_vmm_bytes", vc.bytes);
     json_u64(j, "passthrough_vmm_peak_bytes", vc.peak_bytes);
     json_u64(j, "passthrough_vmm_creates", vc.creates);
+    json_u64(j, "vmm_door_pooled_creates", vc.pooled_creates);
+    json_u64(j, "vmm_door_refused", vc.refused);
     json_object_close(j);
 }
 
@@ -217,6 +223,8 @@ static void write_json(FILE *f)
     json_u64(&j, "passthrough_vmm_bytes", vc.bytes);
     json_u64(&j, "passthrough_vmm_peak_bytes", vc.peak_bytes);
     json_u64(&j, "passthrough_vmm_creates", vc.creates);
+    json_u64(&j, "vmm_door_pooled_creates", vc.pooled_creates);
+    json_u64(&j, "vmm_door_refused", vc.refused);
     json_object_close(&j);
     json_end(&j);
 }
@@ -352,6 +360,12 @@ static void pool_summary(void *arg, shim_pool *sp, const bfc_stats *st)
             format_size(st->largest_free_block_bytes, a, sizeof a), st->fragmentation,
             (unsigned long long)st->num_fence_waits);
     const vmm_door_counts vc = device_vmm_counts(sp);
+    if (st->peak_bytes_lent)
+        fprintf(f, "    lent to the program's own cuMemCreate memory: %s now, peak %s "
+                   "(%llu allocation(s), %llu refused)\n",
+                format_size(st->bytes_lent, a, sizeof a),
+                format_size(st->peak_bytes_lent, b, sizeof b),
+                (unsigned long long)vc.pooled_creates, (unsigned long long)vc.refused);
     if (vc.creates)
         fprintf(f, "    around the pool: %s made by the program with cuMemCreate (peak %s, "
                    "%llu allocation(s)), not pooled\n",

@@ -19,8 +19,9 @@
  * pages just mapped, for the device and each peer. It shrinks by whole pages:
  * a stream synchronisation, then per page cuMemUnmap and cuMemRelease. A
  * growth that runs out of memory releases the pages it made and reports
- * nothing mapped. The door does not pool this memory yet; it must count
- * it (passthrough_vmm_* in the statistics) while it lives, and only then.
+ * nothing mapped. The door lends this memory the pool's limit (bytes_lent;
+ * under BFCSHIM_VMM_DOOR=count it counts it as passthrough_vmm_*) while it
+ * lives, and only then; a growth past the limit fails as past the device.
  * Scenarios:
  *
  *   grow-shrink   a small and a large segment grow, shrink in the middle,
@@ -146,7 +147,7 @@ typedef struct segment {
 static long long live, peak;
 static long long creates;
 
-static long long counted(void) { return shim_stat_number("passthrough_vmm_bytes"); }
+static long long counted(void) { return shim_vmm_door_bytes(); }
 
 static void note(long long bytes)
 {
@@ -354,15 +355,15 @@ static void replay(lookup_kind how)
 
     CHECK(page_holds(&large, 0, 0x50) && page_holds(&large, 3, 0x53) &&
           page_holds(&large, 4, 0x54) && page_holds(&small, 0, 0x5f));
-    CHECK_EQ(shim_stat_number("passthrough_vmm_creates"), creates);
+    CHECK_EQ(shim_vmm_door_creates(), creates);
 
     close_segment(&large);
     CHECK_EQ(counted(), live);
     close_segment(&small);
     CHECK_EQ(live, 0);
     CHECK_EQ(counted(), 0);
-    CHECK_EQ(shim_stat_number("passthrough_vmm_peak_bytes"), peak);
-    CHECK_EQ(shim_stat_number("passthrough_vmm_creates"), creates);
+    CHECK_EQ(shim_vmm_door_peak(), peak);
+    CHECK_EQ(shim_vmm_door_creates(), creates);
     CHECK_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
@@ -391,7 +392,7 @@ static void oom(void)
     CHECK_EQ(live, before);
     CHECK_EQ(counted(), before);
     CHECK(creates > 4); /* the failed growth did make pages, then gave them back */
-    CHECK_EQ(shim_stat_number("passthrough_vmm_creates"), creates);
+    CHECK_EQ(shim_vmm_door_creates(), creates);
     /* and the memory is the driver's again: a smaller growth fits */
     CHECK(grow(&large, 4, 2));
     CHECK_EQ(counted(), live);

@@ -6,11 +6,12 @@
  * platform): granularity, cuMemCreate asking for a file-descriptor handle,
  * cuMemAddressReserve, cuMemMap, cuMemSetAccess; at a delete
  * cuCtxSynchronize, cuMemUnmap, cuMemRelease, cuMemAddressFree. The door
- * does not pool this memory yet; it must count it (passthrough_vmm_* in the
- * statistics) while it lives, and only then. Scenarios:
+ * lends that memory the pool's limit (bytes_lent in the statistics) while
+ * it lives, and only then; with BFCSHIM_VMM_DOOR=count it leaves it around
+ * the pool and counts it (passthrough_vmm_*). Scenarios:
  *
  *   xla-platform  buffers of several sizes made and deleted in XLA's order:
- *                 the count follows the live physical bytes at every step,
+ *                 the loan follows the live physical bytes at every step,
  *                 its peak and the number of creates too; a handle retained
  *                 from an address (cuMemRetainAllocationHandle, as NCCL's
  *                 buffer registration does) keeps its memory counted until
@@ -21,6 +22,14 @@
  *   hooks-off     (BFCSHIM_DRIVER_HOOKS=0) nothing is counted
  *   saturate      hundreds of references to one allocation: counted until
  *                 the last is released
+ *   (each of the above -count: the same under BFCSHIM_VMM_DOOR=count)
+ *   budget        one limit for both doors: a preallocated pool gives back
+ *                 free memory so that a create larger than what the device
+ *                 has left succeeds (XLA's preallocation beside the
+ *                 shim's: without the loan it failed); a create or a
+ *                 cuMemAlloc past the limit fails with out of memory, the
+ *                 pool intact, and succeeds once the other is released;
+ *                 cuMemGetInfo counts the loan
  */
 #include <cuda.h>
 
@@ -80,7 +89,9 @@ static void delete(buffer *b)
     *b = (buffer){0};
 }
 
-static long long counted(void) { return shim_stat_number("passthrough_vmm_bytes"); }
+static long long counted(void) { return shim_vmm_door_bytes(); }
+static long long counted_peak(void) { return shim_vmm_door_peak(); }
+static long long creates(void) { return shim_vmm_door_creates(); }
 
 static void xla_platform(void)
 {
@@ -97,7 +108,7 @@ static void xla_platform(void)
         CHECK_EQ(counted(), live);
         memset((void *)(uintptr_t)b[i].at, 0x40 + i, b[i].size);
     }
-    CHECK_EQ(shim_stat_number("passthrough_vmm_creates"), N);
+    CHECK_EQ(creates(), N);
     const CUmemGenericAllocationHandle first = b[0].h;
     /* NCCL's registration of a user buffer: a reference from an address. */
     CUmemGenericAllocationHandle again = 0;
@@ -125,7 +136,7 @@ static void xla_platform(void)
         CHECK_EQ(counted(), live);
     }
     CHECK_EQ(counted(), 0);
-    CHECK_EQ(shim_stat_number("passthrough_vmm_peak_bytes"), peak);
+    CHECK_EQ(counted_peak(), peak);
     /* A release the driver refuses (a handle already gone) changes nothing. */
     CHECK(D.MemRelease(first) != CUDA_SUCCESS);
     CHECK_EQ(counted(), 0);
@@ -151,7 +162,7 @@ static void procaddr(void)
     CHECK_EQ(counted(), (long long)(10 * gran));
     CHECK_EQ(release(h), CUDA_SUCCESS);
     CHECK_EQ(counted(), 0);
-    CHECK_EQ(shim_stat_number("passthrough_vmm_creates"), 1);
+    CHECK_EQ(creates(), 1);
 }
 
 /* (found by an audit) 300 retained references and 256 releases: 45 live,
@@ -175,9 +186,51 @@ static void hooks_off(void)
 {
     start();
     buffer b = make(8 * MiB);
-    CHECK_EQ(counted(), 0);
+    CHECK_EQ(shim_stat_number("passthrough_vmm_bytes"), 0);
+    CHECK_EQ(shim_stat_number("bytes_lent"), -1); /* no pool was made */
     delete(&b);
     CHECK_EQ(shim_stat_number("passthrough_vmm_creates"), 0);
+}
+
+static void budget(void)
+{
+    start();
+    /* A cuMemAlloc first: the pool takes its limit (768 MiB of the fake's
+     * 1 GiB) up front. */
+    CUdeviceptr small = 0;
+    CHECK_EQ(D.MemAlloc(&small, MiB), CUDA_SUCCESS);
+    const long long limit = shim_stat_number("bytes_limit");
+    CHECK_EQ(limit, 768 * (long long)MiB);
+    CHECK_EQ(shim_stat_number("pool_bytes"), limit);
+    /* XLA's preallocation: more than the device has left (256 MiB) but
+     * within the limit. The pool gives back what the loan needs. */
+    buffer big = make(512 * MiB);
+    CHECK_EQ(counted(), (long long)(512 * MiB));
+    CHECK(shim_stat_number("pool_bytes") <= limit - (long long)(512 * MiB));
+    memset((void *)(uintptr_t)big.at, 0x77, big.size);
+    size_t free_b = 0, total_b = 0;
+    CHECK_EQ(D.MemGetInfo(&free_b, &total_b), CUDA_SUCCESS);
+    CHECK((long long)free_b <= limit - (long long)(512 * MiB) - (long long)MiB);
+    /* Past the limit, either door: out of memory, nothing changed. */
+    CUmemAllocationProp p = exportable_on(0);
+    CUmemGenericAllocationHandle h = 0;
+    CHECK_EQ(D.MemCreate(&h, 300 * MiB, &p, 0), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK_EQ(shim_stat_number("vmm_door_refused"), 1);
+    CUdeviceptr mid = 0;
+    CHECK_EQ(D.MemAlloc(&mid, 300 * MiB), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK_EQ(counted(), (long long)(512 * MiB));
+    CHECK(((const unsigned char *)(uintptr_t)big.at)[big.size - 1] == 0x77);
+    /* The create's memory goes: the limit is the pool's again. */
+    delete(&big);
+    CHECK_EQ(counted(), 0);
+    CHECK_EQ(D.MemAlloc(&mid, 300 * MiB), CUDA_SUCCESS);
+    CHECK_EQ(D.MemCreate(&h, 300 * MiB, &p, 0), CUDA_SUCCESS);
+    CHECK_EQ(counted(), (long long)(300 * MiB));
+    CHECK_EQ(D.MemRelease(h), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(mid), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(small), CUDA_SUCCESS);
+    CHECK_EQ(counted(), 0);
+    CHECK_EQ(counted_peak(), (long long)(512 * MiB));
 }
 
 int main(int argc, char **argv)
@@ -186,7 +239,8 @@ int main(int argc, char **argv)
         {"xla-platform", xla_platform},
         {"procaddr", procaddr},
         {"hooks-off", hooks_off},
-        {"saturate", saturate}};
+        {"saturate", saturate},
+        {"budget", budget}};
     return e2e_main("e2e_vmm_door", scenarios, sizeof scenarios / sizeof scenarios[0], argc,
                     argv);
 }

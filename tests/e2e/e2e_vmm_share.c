@@ -8,16 +8,18 @@
  * over a unix socket (SCM_RIGHTS); there cuMemImportFromShareableHandle,
  * cuMemAddressReserve, cuMemMap, cuMemSetAccess. Both processes must see
  * the same bytes, each the other's writes, and the importer keeps the
- * memory after the exporter has unmapped and released it. The shim passes
- * this memory through (it never pools what may be exported: docs/design.md,
- * "The virtual memory door"): under it the export must keep working, the
- * exporter's memory is counted (passthrough_vmm_bytes) while it lives, and
- * the importer counts nothing (the memory is the exporter's). Scenarios:
+ * memory after the exporter has unmapped and released it. Under the shim the
+ * allocation is still the driver's own, made with the handle type asked
+ * for (docs/design.md, "The virtual memory door"): the export must keep
+ * working, the exporter's memory is lent the pool's limit (bytes_lent; or
+ * counted as passthrough_vmm_bytes under BFCSHIM_VMM_DOOR=count) while it
+ * lives, and the importer counts nothing (the memory is the exporter's).
+ * Scenarios:
  *
  *   export    the exporter and importer, each a process of this program
  *             (the importer is this program run again as `importer`, the
  *             socket's descriptor in E2E_SHARE_SOCKET); export-shim runs it
- *             under the shim
+ *             under the shim, export-shim-count under BFCSHIM_VMM_DOOR=count
  *   rules     (no shim) the fake driver's shareable-handle rules from
  *             cuda.h: which types cuMemCreate accepts, what export and
  *             import refuse, an import in the same process mapping the same
@@ -149,7 +151,7 @@ static void importer(void)
     CHECK(holds(bytes(at), m.size, m.fill));
     fill(bytes(at + half), half, 0x3c);
     if (under_shim()) /* the exporter's memory, not this process's */
-        CHECK_EQ(shim_stat_number("passthrough_vmm_bytes"), 0);
+        CHECK_EQ(shim_vmm_door_bytes(), 0);
     say(sock, 'w');
     CHECK_EQ(heard(sock), 'r'); /* the exporter has unmapped and released */
     CHECK(holds(bytes(at), half, m.fill) && holds(bytes(at + half), half, 0x3c));
@@ -188,7 +190,7 @@ static void export_to_another_process(void)
     CUdeviceptr at = map_new(h, size);
     fill(bytes(at), size, 0xa5);
     if (shim)
-        CHECK_EQ(shim_stat_number("passthrough_vmm_bytes"), (long long)size);
+        CHECK_EQ(shim_vmm_door_bytes(), (long long)size);
 
     /* NCCL registers a user buffer by its address: retain the handle,
      * export it, release the extra reference. */
@@ -215,9 +217,9 @@ static void export_to_another_process(void)
     unmap_free(at, size);
     CHECK_EQ(D.MemRelease(h), CUDA_SUCCESS);
     if (shim) {
-        CHECK_EQ(shim_stat_number("passthrough_vmm_bytes"), 0);
-        CHECK_EQ(shim_stat_number("passthrough_vmm_peak_bytes"), (long long)size);
-        CHECK_EQ(shim_stat_number("passthrough_vmm_creates"), 1);
+        CHECK_EQ(shim_vmm_door_bytes(), 0);
+        CHECK_EQ(shim_vmm_door_peak(), (long long)size);
+        CHECK_EQ(shim_vmm_door_creates(), 1);
     }
     say(pair[0], 'r');
     CHECK_EQ(heard(pair[0]), 'd');

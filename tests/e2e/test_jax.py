@@ -12,13 +12,13 @@ the stream-ordered pool for cuda_async), staged through page-locked host
 memory, copied between devices with cuMemcpyPeerAsync.
 
 Under the shim it prints, per allocator, what the shim pooled and what went
-past it to the driver, and asserts what is true today: cuda_async is served
-from the pool (none of it reaches the driver), default and platform still
-round-trip intact with nothing corrupted (XLA allocates them with
-cuMemCreate/cuMemMap, which the shim does not interpose yet). Whether every
-byte XLA allocates comes from the pool is checked for all three; for default
-and platform that is expected to fail until the shim serves the virtual
-memory API (VMM_DOOR below).
+past it to the driver, and asserts that every byte XLA allocates comes from
+the pool: cuda_async is served from the pool's blocks (none of it reaches
+the driver); default and platform, which XLA allocates with
+cuMemCreate/cuMemMap, come out of the pool's limit through the virtual
+memory door (bytes_lent: XLA's own BFC pool, per device, for default), with
+nothing counted as passthrough, and round-trip intact with nothing
+corrupted.
 
 JAX lives in its own virtual environment (Python >= 3.12), made by
 scripts/jax-venv.sh (scripts/deps.sh --with-tests runs it); without it the
@@ -33,16 +33,6 @@ sys.path.insert(0, os.path.join(here, ".."))
 import testcheck  # noqa: E402
 
 lib, fake_dir, nvml_dir, root, work = sys.argv[1:6]
-
-# EXPECTED TO FAIL until the virtual memory door lands: the shim does not
-# interpose cuMemCreate/cuMemMap yet, so XLA's `default` and `platform`
-# allocators (both allocate with the virtual memory API since JAX 0.10.2:
-# docs/frameworks.md) get their memory from the driver, not the pool. The
-# check "every byte XLA allocates comes from the pool" is run for them all
-# the same and must fail while this is False; if it passes, the test fails
-# ("unexpected pass"), as pytest's xfail(strict=True) would: set this to True
-# then, and the check becomes an ordinary one.
-VMM_DOOR = False
 
 ALLOCATORS = {
     "default": {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"},
@@ -108,10 +98,20 @@ def pooled(out, phase):
             sum(p["pool_bytes"] for p in pools))
 
 
+def lent(out, phase):
+    """What the pools' limits lent to XLA's own cuMemCreate memory, per
+    device (the virtual memory door)."""
+    per = [0, 0]
+    for p in (out[phase]["shim"] or {"pools": []})["pools"]:
+        per[p["device"]] += p.get("bytes_lent", 0)
+    return per
+
+
 def outside(out, phase):
-    """Device memory the fake driver gave out that is not the shim's pools:
-    what reached the driver past the shim."""
-    return sum(out[phase]["fake"]["bytes_in_use"]) - pooled(out, phase)[2]
+    """Device memory the fake driver gave out that is neither the shim's
+    pools nor lent by them: what reached the driver past the shim."""
+    return (sum(out[phase]["fake"]["bytes_in_use"]) - pooled(out, phase)[2] -
+            sum(lent(out, phase)))
 
 
 def common(tag, out, stderr):
@@ -194,12 +194,24 @@ for allocator in ALLOCATORS:
           f"the shim's own granules included, and {fake_peak['mem_alloc_async_calls']} "
           f"cuMemAllocAsync); shim pass-through counter {passthrough}")
     check(passthrough == 0, f"{tag}: nothing the shim saw passed through: {passthrough}")
-    # What goes around the pool is counted: the virtual memory door counts
-    # the physical memory XLA makes itself while it lives.
+    # Nothing goes around the pool: the virtual memory door lends XLA's own
+    # physical memory the pool's limit while it lives.
     vmm = (out["peak"]["shim"] or {}).get("passthrough_vmm_bytes")
+    lent_peak = lent(out, "peak")
     results[allocator]["passthrough_vmm_bytes"] = vmm
-    check(vmm == past, f"{tag}: the shim counts what went around the pool: "
-          f"passthrough_vmm_bytes {vmm}, outside the pools {past}")
+    results[allocator]["bytes_lent"] = lent_peak
+    check(vmm == 0, f"{tag}: nothing counted as around the pool: passthrough_vmm_bytes {vmm}")
+    if allocator == "default":
+        # XLA's BFC grows in regions it makes with cuMemCreate: each device's
+        # loan is what XLA's own statistics say its pool holds.
+        xla_pools = [s["pool_bytes"] for s in out["peak"]["xla"]]
+        check(lent_peak == xla_pools, f"{tag}: the loans are XLA's pools, device by device: "
+              f"{lent_peak} vs {xla_pools}")
+    elif allocator == "platform":
+        check(sum(lent_peak) >= out["kept_bytes"],
+              f"{tag}: the loans hold XLA's arrays: {lent_peak} for {out['kept_bytes']}")
+    check(lent(out, "after") == [0, 0] or allocator == "default",
+          f"{tag}: after the deletes nothing is lent: {lent(out, 'after')}")
     if allocator == "cuda_async":
         # Served today through the shim's stream-ordered door.
         check(fake_peak["mem_alloc_async_calls"] == 0 and allocs >= out["rounds"] -
@@ -219,17 +231,11 @@ for allocator in ALLOCATORS:
               f"{[(p['num_allocs'], p['bytes_in_use']) for p in doc['pools']]}")
 
     # Every byte XLA allocates comes from the pool: the device's memory is all
-    # the pools', and they serve at least what XLA holds.
-    every_byte = past == 0 and held > 0 and in_use >= live > 0
-    if allocator == "cuda_async" or VMM_DOOR:
-        check(every_byte, f"{tag}: every byte XLA allocates comes from the pool "
-              f"({past} B outside it)")
-    elif every_byte:
-        check(False, f"{tag}: UNEXPECTED PASS: every byte XLA allocates came from the pool; "
-              "the virtual memory door has landed: set VMM_DOOR = True in test_jax.py")
-    else:
-        print(f"{tag}: expected failure (VMM_DOOR = False): {past} B of XLA's memory "
-              "reached the driver past the pool")
+    # the pools' or lent by them, and together they hold at least what XLA
+    # holds.
+    check(past == 0 and held + sum(lent_peak) > 0 and in_use + sum(lent_peak) >= live > 0,
+          f"{tag}: every byte XLA allocates comes from the pool ({past} B outside it; "
+          f"{in_use} B served and {sum(lent_peak)} B lent for {live} B live)")
 
 with open(os.path.join(work, "summary.json"), "w") as f:
     json.dump(results, f, indent=1)
