@@ -4,7 +4,8 @@
  * that never runs backwards, across many more buffers than the recorder
  * owns (so producers outrun the writer and wait), odd pointers, changing
  * streams, threads sharing the locked channel, and a flush in the middle;
- * and channels closed by one producer and opened again by the next.
+ * channels closed by one producer and opened again by the next; and the
+ * microsecond of each event while events are few.
  *
  * Each event names its producer and its place in that producer's sequence:
  * pointer = producer << 40 | seq << 4 (| 1 for an odd pointer), size = seq.
@@ -169,6 +170,47 @@ static void producers_keep_order_across_buffers_and_flushes(void)
     rmdir(dir);
 }
 
+/* Times of the CSV's lines, in microseconds of the day, in order. */
+static size_t read_times(const char *path, uint64_t *us, size_t max)
+{
+    FILE *f = fopen(path, "r");
+    REQUIRE(f);
+    char line[256];
+    size_t n = 0;
+    while (fgets(line, sizeof line, f) && n < max) {
+        unsigned hh, mm, ss, frac;
+        if (sscanf(line, "%*[0-9],%u:%u:%u:%u,", &hh, &mm, &ss, &frac) == 4)
+            us[n++] = ((uint64_t)hh * 3600 + mm * 60 + ss) * 1000000 + frac;
+    }
+    fclose(f);
+    return n;
+}
+
+/* A program allocating now and then (a few events a millisecond or fewer)
+ * gets the microsecond of each event, as RMM records it, to line up with a
+ * profiler's timeline; a 4 ms tick would give most of these events the
+ * same time (they failed so before). */
+static void quiet_producers_get_microseconds(void)
+{
+    char dir[] = "/tmp/test_trace_log.XXXXXX", path[128];
+    trace_log *log = open_in_temp_dir(dir, path, sizeof path);
+    enum { N = 12 };
+    for (uint64_t s = 0; s < N; s++) {
+        trace_log_event(log, REC_ALLOCATE, 0x1000 * (s + 1), 256, 0);
+        nanosleep(&(struct timespec){.tv_nsec = 1300 * 1000}, NULL);
+    }
+    trace_log_close(log);
+    uint64_t us[N];
+    REQUIRE(read_times(path, us, N) == N);
+    int apart = 0;
+    for (int i = 1; i < N; i++) /* (a decrease of 12 hours is midnight) */
+        apart += us[i] >= us[i - 1] + 1300 || us[i - 1] > us[i] + 43200ull * 1000000;
+    fprintf(stderr, "%d of %d gaps of at least 1.3 ms\n", apart, N - 1);
+    CHECK_EQ(apart, N - 1);
+    unlink(path);
+    rmdir(dir);
+}
+
 /* A producer that is done closes its channel, and the next producer gets
  * it: more producers one after another than channels at once, each
  * recorded with its own stream. */
@@ -215,5 +257,6 @@ int main(void)
 {
     RUN(producers_keep_order_across_buffers_and_flushes);
     RUN(closed_channels_open_again);
+    RUN(quiet_producers_get_microseconds);
     return harness_result();
 }
