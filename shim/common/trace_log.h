@@ -8,10 +8,12 @@
  * event's and no 4 ms tick has passed). Full buffers go to a writer thread, which spools them
  * to disk; the CSV is made from the spool when the log is flushed (at exit,
  * on OOM, on request), so formatting never runs on the allocating thread.
- * Times have a resolution of 4 ms (the writer thread reads the coarse clock
- * that often for everyone; an event racing the tick may show the one
- * before); replay uses the order of events, not their
- * times, and the report's time axis needs no finer grain.
+ * Times are to the microsecond while events are few (under 250 in a 4 ms
+ * tick: each reads the clock itself), and to the coarse clock's 4 ms while
+ * they come faster (the writer thread reads it once a tick for everyone;
+ * an event racing the tick may show the one before), so a recording costs a
+ * busy allocator no clock read per event; replay uses the order of events,
+ * not their times.
  */
 #ifndef BFCSHIM_COMMON_TRACE_LOG_H
 #define BFCSHIM_COMMON_TRACE_LOG_H
