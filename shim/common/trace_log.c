@@ -18,7 +18,8 @@
  * for the coarse one and about 40 ns for a whole pooled allocation: per
  * event it would triple what recording costs. Below PRECISE_MAX_PER_TICK
  * events a tick (62,500 a second) the fine clock costs at most 0.2% of one
- * core, and a timeline lines up with a profiler's to the microsecond.
+ * core, and a timeline lines up with a profiler's to the microsecond
+ * (choose_timing says when each way is used).
  *
  * The writer wakes every tick and drains the queue; a producer rings
  * for it only when half the buffers wait. At the replay benchmark's pace
@@ -101,6 +102,9 @@ typedef struct trace_channel {
     _Atomic uintptr_t stop;
     buffer *cur;
     uint64_t last_thread, last_stream, last_tick; /* no thread is ~0: the first event marks it */
+    /* while timing precisely: the writer's tick when this channel's count
+     * of finely timed events began, and that count */
+    uint64_t fine_since_tick, fine_events;
     uint32_t id;
     bool closed; /* under the log's m: free for trace_log_channel_open */
 } channel;
@@ -126,10 +130,8 @@ struct trace_log {
     decode_state *decoding;             /* the channel being decoded */
     uint64_t start_us;           /* the clock when the log opened */
     _Atomic uint64_t tick;       /* microseconds since start, the coarse clock's last reading */
-    /* Few events: each reads the fine clock (and counts itself, so that
-     * the writer sees when they stop being few). */
+    /* Few events: each reads the fine clock. */
     atomic_bool precise;
-    atomic_uint_fast64_t precise_events;
     /* under m: buffers handed over so far, and the writer's view of the
      * rate: when it last looked, and the hand-overs it saw then */
     uint64_t handovers, handovers_seen, looked_us;
@@ -242,26 +244,20 @@ static void channel_take(channel *c, buffer *b)
 }
 
 /*
- * Chooses how events are timed, once a tick: precise (each event reads the
- * fine clock) until more than PRECISE_MAX_PER_TICK came in a tick, coarse
- * (set_tick's reading) until a whole QUIET_US passes without a buffer
- * filling. t->m is held.
+ * Back to precise timing (each event reads the fine clock) once a whole
+ * QUIET_US passed without a buffer filling; a channel leaves it itself, at
+ * its PRECISE_MAX_PER_TICK-th event within one of the writer's ticks (not
+ * the writer: it may not run for a while, and every event would pay for
+ * the clock meanwhile). t->m is held.
  */
 static void choose_timing(trace_log *t, uint64_t now)
 {
-    const uint64_t ticks = (now - t->looked_us) / TICK_US;
     if (atomic_load_explicit(&t->precise, memory_order_relaxed)) {
-        const uint64_t n = atomic_exchange_explicit(&t->precise_events, 0, memory_order_relaxed);
-        if (n > PRECISE_MAX_PER_TICK * (ticks ? ticks : 1)) {
-            atomic_store_explicit(&t->precise, false, memory_order_relaxed);
-            t->handovers_seen = t->handovers;
-        }
+        t->handovers_seen = t->handovers;
         t->looked_us = now;
     } else if (now - t->looked_us >= QUIET_US) {
-        if (t->handovers == t->handovers_seen) {
-            atomic_store_explicit(&t->precise_events, 0, memory_order_relaxed);
+        if (t->handovers == t->handovers_seen)
             atomic_store_explicit(&t->precise, true, memory_order_relaxed);
-        }
         t->handovers_seen = t->handovers;
         t->looked_us = now;
     }
@@ -367,7 +363,6 @@ trace_log *trace_log_open(const char *path)
     t->start_us = clock_us();
     atomic_init(&t->tick, 0);
     atomic_init(&t->precise, true); /* a program starts slowly */
-    atomic_init(&t->precise_events, 0);
     for (int i = 1; i < NBUFFERS; i++)
         t->spare[t->nspare++] = &t->bufs[i];
     if (pthread_create(&t->writer, NULL, writer_main, t) != 0) {
@@ -439,7 +434,13 @@ static __attribute__((noinline, cold)) void channel_event_slow(channel *c, rec_a
     uint64_t now;
     if (precise) {
         now = fine_clock_us() - t->start_us;
-        atomic_fetch_add_explicit(&t->precise_events, 1, memory_order_relaxed);
+        const uint64_t tick = atomic_load_explicit(&t->tick, memory_order_relaxed);
+        if (tick != c->fine_since_tick) {
+            c->fine_since_tick = tick;
+            c->fine_events = 0;
+        }
+        if (++c->fine_events > PRECISE_MAX_PER_TICK)
+            atomic_store_explicit(&t->precise, false, memory_order_relaxed);
     } else {
         /* Re-armed before the clock is read, so that a tick after the read
          * sends the next event here again. */
