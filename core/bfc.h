@@ -572,6 +572,9 @@ enum { BFC_HIGH_IN_USE = 1, BFC_HIGH_POOL = 2 };
 void bfc_pool_reset_highs(bfc_pool *pool, unsigned which);
 /* The same, or false when another thread holds the pool for max_ms more. */
 bool bfc_pool_stats_within(bfc_pool *pool, bfc_stats *out, unsigned max_ms);
+/* Statistics and free space (bfc_pool_free_space) taken under one hold of
+ * the pool, or false as bfc_pool_stats_within. */
+bool bfc_pool_report_within(bfc_pool *pool, bfc_stats *st, bfc_free_space *fs, unsigned max_ms);
 void bfc_pool_options(bfc_pool *pool, bfc_options *out);
 
 /* Up to n live allocations, largest first: base, rounded size, requested

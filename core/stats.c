@@ -133,6 +133,16 @@ void bfc_pool_reset_highs(bfc_pool *p, unsigned which)
     bfc_lock_release(&p->lock);
 }
 
+bool bfc_pool_report_within(bfc_pool *p, bfc_stats *st, bfc_free_space *fs, unsigned max_ms)
+{
+    if (!bfc_lock_acquire_within(&p->lock, max_ms))
+        return false;
+    pool_stats_locked(p, st);
+    pool_free_space_locked(p, st, fs);
+    bfc_lock_release(&p->lock);
+    return true;
+}
+
 bool bfc_pool_stats_within(bfc_pool *p, bfc_stats *out, unsigned max_ms)
 {
     if (!bfc_lock_acquire_within(&p->lock, max_ms))

@@ -19,6 +19,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,16 +45,24 @@ static vmm_door_counts device_vmm_counts(const shim_pool *sp)
     return vc;
 }
 
-static void pool_json(json_out *j, shim_pool *sp, const bfc_stats *s)
+/* A pool's figures for a report: its counters, and its free space as the
+ * limit lets it be used (over virtual memory a free chunk is address space,
+ * and st's free figures count it whole: bfc_pool_free_space). */
+typedef struct pool_figures {
+    bfc_stats st;
+    bfc_free_space fs;
+} pool_figures;
+
+static void pool_json(json_out *j, shim_pool *sp, const pool_figures *f)
 {
-    if (!s) { /* held by a thread that did not let go (at exit, or at fork) */
+    if (!f) { /* held by a thread that did not let go (at exit, or at fork) */
         json_object_open(j, NULL);
         json_i64(j, "device", (int64_t)sp->dev);
         json_bool(j, "busy_at_exit", true);
         json_object_close(j);
         return;
     }
-    const bfc_stats st = *s;
+    const bfc_stats st = f->st;
     json_object_open(j, NULL);
     json_i64(j, "device", (int64_t)sp->dev);
     json_bool(j, "primary_context", sp->primary);
@@ -90,11 +99,14 @@ static void pool_json(json_out *j, shim_pool *sp, const bfc_stats *s)
     json_u64(j, "num_map_calls", st.num_map_calls);
     json_u64(j, "num_unmap_calls", st.num_unmap_calls);
     json_u64(j, "num_mapped_refits", st.num_mapped_refits);
-    json_u64(j, "largest_free_block_bytes", st.largest_free_block_bytes);
-    json_u64(j, "free_bytes", st.free_bytes);
+    /* What the pool can hand out now (within its limit, less its loans);
+     * over virtual memory the free address space beside it. */
+    json_u64(j, "largest_free_block_bytes", f->fs.largest_free_block_bytes);
+    json_u64(j, "free_bytes", f->fs.free_bytes);
+    json_u64(j, "free_address_space_bytes", st.free_bytes);
     json_u64(j, "pending_bytes", st.pending_bytes);
     json_u64(j, "internal_fragmentation_bytes", st.internal_fragmentation_bytes);
-    json_double(j, "fragmentation", st.fragmentation);
+    json_double(j, "fragmentation", f->fs.fragmentation);
     json_u64(j, "num_chunks", st.num_chunks);
     json_u64(j, "num_regions", st.num_regions);
     json_u64(j, "num_region_allocs", st.num_region_allocs);
@@ -127,25 +139,25 @@ static bool exiting;
  * writer that finds it so (the trace's, else the first here), and named in
  * one log line; the other writers report it busy at once: each wait would
  * add EXIT_WAIT_MS to exit(). */
-static void one_pool(shim_pool *sp, void (*fn)(void *arg, shim_pool *sp, const bfc_stats *st),
+static void one_pool(shim_pool *sp, void (*fn)(void *arg, shim_pool *sp, const pool_figures *f),
                      void *arg)
 {
-    bfc_stats st;
+    pool_figures f;
     if (atomic_load(&shim_forked_child)) {
         /* A forked child's pools are copies of the parent's, locks and all:
          * one held at fork() by a parent thread (inside an allocation,
          * waiting for the GPU) is held for good here, with no thread to
          * let go of it. Read what is free now, never wait. */
-        if (!bfc_pool_stats_within(sp->bfc, &st, 0)) {
+        if (!bfc_pool_report_within(sp->bfc, &f.st, &f.fs, 0)) {
             fn(arg, sp, NULL);
             return;
         }
     } else if (!exiting) {
-        bfc_pool_stats(sp->bfc, &st);
+        bfc_pool_report_within(sp->bfc, &f.st, &f.fs, UINT_MAX);
     } else if (atomic_load(&sp->held_at_exit)) {
         fn(arg, sp, NULL);
         return;
-    } else if (!bfc_pool_stats_within(sp->bfc, &st, EXIT_WAIT_MS)) {
+    } else if (!bfc_pool_report_within(sp->bfc, &f.st, &f.fs, EXIT_WAIT_MS)) {
         atomic_store(&sp->held_at_exit, true);
         shim_log(LOG_WARN, "device %d's pool was busy at exit (another thread holds it): its "
                            "statistics are left out",
@@ -153,13 +165,13 @@ static void one_pool(shim_pool *sp, void (*fn)(void *arg, shim_pool *sp, const b
         fn(arg, sp, NULL);
         return;
     }
-    fn(arg, sp, &st);
+    fn(arg, sp, &f);
 }
 
 /* Calls fn for every pool with its statistics (NULL: the pool was busy):
  * the dead pools that gave their place up first, oldest first, then the
  * registry's. */
-static void each_pool(void (*fn)(void *arg, shim_pool *sp, const bfc_stats *st), void *arg)
+static void each_pool(void (*fn)(void *arg, shim_pool *sp, const pool_figures *f), void *arg)
 {
     for (size_t i = 0; i < pools_retired_count(); i++) {
         shim_pool *sp = pools_retired_at(i);
@@ -178,14 +190,14 @@ typedef struct json_walk {
     uint64_t driver_allocs, driver_frees;
 } json_walk;
 
-static void pool_json_counted(void *arg, shim_pool *sp, const bfc_stats *st)
+static void pool_json_counted(void *arg, shim_pool *sp, const pool_figures *f)
 {
     json_walk *w = arg;
-    if (st) {
-        w->driver_allocs += st->num_region_allocs;
-        w->driver_frees += st->num_region_frees;
+    if (f) {
+        w->driver_allocs += f->st.num_region_allocs;
+        w->driver_frees += f->st.num_region_frees;
     }
-    pool_json(w->j, sp, st);
+    pool_json(w->j, sp, f);
 }
 
 static void write_json(FILE *f)
@@ -326,9 +338,10 @@ void stats_poll_request(void)
         stats_write_file(pattern);
 }
 
-static void pool_summary(void *arg, shim_pool *sp, const bfc_stats *st)
+static void pool_summary(void *arg, shim_pool *sp, const pool_figures *pf)
 {
     FILE *f = arg;
+    const bfc_stats *st = pf ? &pf->st : NULL;
     char a[32], b[32], c[32];
     if (!st) {
         fprintf(f, "  device %d: busy at exit (a thread held the pool, waiting for the GPU)\n",
@@ -357,7 +370,7 @@ static void pool_summary(void *arg, shim_pool *sp, const bfc_stats *st)
                "fragmentation %.3f, %llu fence wait(s)\n",
             (unsigned long long)st->num_allocs, (unsigned long long)st->num_frees,
             (unsigned long long)st->num_ooms,
-            format_size(st->largest_free_block_bytes, a, sizeof a), st->fragmentation,
+            format_size(pf->fs.largest_free_block_bytes, a, sizeof a), pf->fs.fragmentation,
             (unsigned long long)st->num_fence_waits);
     const vmm_door_counts vc = device_vmm_counts(sp);
     if (st->peak_bytes_lent)
@@ -381,9 +394,10 @@ static void pool_summary(void *arg, shim_pool *sp, const bfc_stats *st)
 /* A plan the run strayed from is worth a warning, not only a line in the
  * summary: the user gets the rule's placement, not the plan's, and a plan
  * made from this run (or the job as recorded) would serve it. */
-static void plan_verdict(void *arg, shim_pool *sp, const bfc_stats *st)
+static void plan_verdict(void *arg, shim_pool *sp, const pool_figures *f)
 {
     (void)arg;
+    const bfc_stats *st = f ? &f->st : NULL;
     if (st && st->plan_abandoned)
         shim_log(LOG_WARN,
                  "device %d: BFCSHIM_PLAN was abandoned: this run strayed from the recorded "

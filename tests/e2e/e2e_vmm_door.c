@@ -29,7 +29,8 @@
  *                 shim's: without the loan it failed); a create or a
  *                 cuMemAlloc past the limit fails with out of memory, the
  *                 pool intact, and succeeds once the other is released;
- *                 cuMemGetInfo counts the loan
+ *                 cuMemGetInfo and the statistics' free figures count
+ *                 the loan
  */
 #include <cuda.h>
 
@@ -211,6 +212,11 @@ static void budget(void)
     size_t free_b = 0, total_b = 0;
     CHECK_EQ(D.MemGetInfo(&free_b, &total_b), CUDA_SUCCESS);
     CHECK((long long)free_b <= limit - (long long)(512 * MiB) - (long long)MiB);
+    /* So do the statistics: the largest block the pool could hand out now
+     * (it was the free address space before: 767 MiB). */
+    CHECK(shim_stat_number("largest_free_block_bytes") <= limit - (long long)(513 * MiB));
+    CHECK(shim_stat_number("free_bytes") <= limit - (long long)(513 * MiB));
+    CHECK(shim_stat_number("free_address_space_bytes") >= (long long)(766 * MiB));
     /* Past the limit, either door: out of memory, nothing changed. */
     CUmemAllocationProp p = exportable_on(0);
     CUmemGenericAllocationHandle h = 0;
