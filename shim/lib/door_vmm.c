@@ -182,6 +182,8 @@ SHIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
         return PASS(MemCreate, handle, size, prop, flags);
     const int dev = prop->location.id;
     shim_pool *sp = lender_for(dev);
+    if (sp) /* before the loan: a refused preallocation wants the hint most */
+        name_large(sp, size);
     if (sp && !pools_lend(sp, size)) {
         counts_refused(dev);
         oom_report(sp, size, "cuMemCreate");
@@ -206,8 +208,6 @@ SHIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
         return r;
     }
     name_once(dev, size, sp);
-    if (sp)
-        name_large(sp, size);
     return r;
 }
 
