@@ -10,23 +10,39 @@
  *   capture still runs and may still read blocks freed before or during it.
  *   Plain-free fences wait for stand-ins (fences.c).
  *
- *   While any capture is under way, the shim makes its own "potentially
- *   unsafe" calls (event queries and synchronisation, region allocation and
- *   release) with the calling thread in CU_STREAM_CAPTURE_MODE_RELAXED. In
+ *   The shim makes its own "potentially unsafe" calls (fence event queries,
+ *   host waits for events, streams and contexts, the refused allocation
+ *   that sets the runtime's error) with the calling thread in
+ *   CU_STREAM_CAPTURE_MODE_RELAXED whenever a capture may be under way. In
  *   the default global mode, another thread's global-mode capture makes the
  *   driver refuse them (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) and invalidate
  *   that capture (cuThreadExchangeStreamCaptureMode's rules). The count of
- *   captures under way comes from the begin/end calls below; when it is 0
- *   the mode is left alone (two driver calls saved per query).
+ *   captures under way comes from the begin/end calls below.
+ *
+ *   Event queries are the frequent calls (an allocation may ask about a
+ *   fence): capture_relax leaves the mode alone while the count is 0 (two
+ *   driver calls saved per query), and the query is made with the streams
+ *   registry's lock held, from that read of the count to its answer (the
+ *   read lock, or the write lock of the begin that records a stand-in).
+ *   A begin is counted under the write lock, so no capture can begin in
+ *   between. Were the count read without the lock, another thread could
+ *   begin a global-mode capture after the 0 was read and before the query
+ *   reached the driver, and the query would invalidate it (e2e_fences
+ *   query-vs-begin). A pool's stand-in lock comes after the registry's
+ *   (fences.c), as in before_begin, since the stand-in sweeps query too.
+ *   Host waits and the refused allocation are rare, and a wait may block
+ *   for long under no lock a begin should wait for: they are always made in
+ *   relaxed mode (capture_relax_always), whatever the count.
  *
  *   The same count saves the capture questions themselves (is this stream,
  *   is a blocking stream, capturing?) while it is 0 and every way to begin
  *   a capture is seen (capture_none): preloaded, with the driver door
  *   hooked, every begin passes here, the v1 cuStreamBeginCapture of old
  *   binaries included. A begin is counted before the real call and under
- *   the streams' write lock (before_begin), so that a seal holding the read
- *   lock, or a call the program orders after the begin, never finds 0 while
- *   the capture is under way; a begin that fails is taken back.
+ *   the streams' write lock (before_begin), so that a seal or query holding
+ *   the read lock, or a call the program orders after the begin, never
+ *   finds 0 while the capture is under way; a begin that fails is taken
+ *   back.
  *
  * Both doors have the calls: the driver's (reached by cudart through
  * cuGetProcAddress, and by programs through dlsym) do the work; the
@@ -56,6 +72,14 @@ relaxed_scope capture_relax(const real_driver *R)
         rs.old = CU_STREAM_CAPTURE_MODE_RELAXED;
         rs.changed = R->ThreadExchangeStreamCaptureMode(&rs.old) == CUDA_SUCCESS;
     }
+    return rs;
+}
+
+relaxed_scope capture_relax_always(const real_driver *R)
+{
+    relaxed_scope rs = {false, CU_STREAM_CAPTURE_MODE_RELAXED};
+    if (R->ThreadExchangeStreamCaptureMode)
+        rs.changed = R->ThreadExchangeStreamCaptureMode(&rs.old) == CUDA_SUCCESS;
     return rs;
 }
 

@@ -59,13 +59,14 @@ static cudaError_t real_free(void *p)
  * cudaMalloc is "potentially unsafe": in the default global mode it would
  * invalidate another thread's global-mode capture (e2e_fences ptsz-capture,
  * out of memory while a blocking stream captures), so it is made in relaxed
- * mode while a capture is under way. */
+ * mode, always: a capture may begin between a look at the count and the
+ * call (capture.c), and a failed allocation is rare. */
 static cudaError_t fail(cudaError_t e)
 {
     const real_driver *R = real_driver_get();
     relaxed_scope rs = {false, CU_STREAM_CAPTURE_MODE_GLOBAL};
     if (R)
-        rs = capture_relax(R);
+        rs = capture_relax_always(R);
     shim_tls_bypass++;
     void *p = NULL;
     if (e == cudaErrorMemoryAllocation)

@@ -69,13 +69,18 @@
  * waits for the last barrier (fences_barrier_idle).
  *
  * Done: cuEventQuery on each event (cuEventSynchronize when the engine must
- * wait), made with the thread in relaxed capture mode while any capture is
- * under way (capture.c): in the default global mode another thread's
- * capture would refuse them and be invalidated. Only CUDA_SUCCESS means
+ * wait). In the default global capture mode another thread's global-mode
+ * capture would refuse them and be invalidated (capture.c): a query is made
+ * under the streams registry's lock, so that no capture begins between its
+ * look at the count of captures under way and its answer, and in relaxed
+ * mode while that count is not 0; a wait is always made in relaxed mode,
+ * holding no lock a begin would wait for. Only CUDA_SUCCESS means
  * complete: an error (a refused query, a lost context) means "not known",
  * and the blocks stay pending. All of this runs with the engine's lock held,
  * which also guards the fence queues and the recycled events; the stand-ins
- * have their own lock (taken inside the engine's, never the other way).
+ * have their own lock. The order: the engine's lock, then the registry's,
+ * then the stand-ins' (a begin records its stand-in under the registry's
+ * write lock), never another way.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -130,12 +135,25 @@ static bool legacy_blocked(const real_driver *R)
 }
 
 /* Is the fence event complete? Only a successful answer counts; waiting
- * blocks the host until it is. */
+ * blocks the host until it is. A query takes the registry's read lock
+ * unless the thread holds the registry's lock already: so a thread that
+ * holds a pool's stand-in lock must have taken the registry's first (the
+ * header's order). A wait takes no lock: it may last, and a begin would
+ * wait for it (and the seals of every other thread behind that begin). */
 static bool event_done(const real_driver *R, CUevent e, bool wait)
 {
-    relaxed_scope rs = capture_relax(R);
-    CUresult r = wait ? R->EventSynchronize(e) : R->EventQuery(e);
-    capture_restore(R, rs);
+    CUresult r;
+    if (wait) {
+        relaxed_scope rs = capture_relax_always(R);
+        r = R->EventSynchronize(e);
+        capture_restore(R, rs);
+    } else {
+        bool took = streams_use_enter();
+        relaxed_scope rs = capture_relax(R);
+        r = R->EventQuery(e);
+        capture_restore(R, rs);
+        streams_use_leave(took);
+    }
     if (r == CUDA_SUCCESS)
         return true;
     if (r != CUDA_ERROR_NOT_READY) {
@@ -148,9 +166,9 @@ static bool event_done(const real_driver *R, CUevent e, bool wait)
 
 /* ---- stand-ins ------------------------------------------------------------------ */
 
-/* Stand-in lock held: forgets completed stand-ins no fence refers to, and
- * returns how many are still pending (each then goes into the next plain
- * fence). */
+/* Registry lock and stand-in lock held: forgets completed stand-ins no
+ * fence refers to, and returns how many are still pending (each then goes
+ * into the next plain fence). */
 static size_t stand_ins_pending(shim_pool *sp, const real_driver *R)
 {
     size_t pending = 0;
@@ -218,11 +236,14 @@ static void keep_stand_in(shim_pool *sp, const real_driver *R, CUevent e)
 {
     stand_in *si = calloc(1, sizeof *si);
     if (!si) {
-        R->EventSynchronize(e); /* correctness first: wait for it now */
+        event_done(R, e, true); /* correctness first: wait for it now */
         R->EventDestroy(e);
         return;
     }
     si->ev = e;
+    /* (the registry's lock before the stand-ins', for the sweep's queries:
+     * a begin holds the write lock here already, a destroy holds none) */
+    bool took = streams_use_enter();
     pthread_mutex_lock(&sp->stand_in_lock);
     /* Programs without plain frees never seal the plain lane: sweep here
      * too, so completed stand-ins do not pile up. */
@@ -230,9 +251,10 @@ static void keep_stand_in(shim_pool *sp, const real_driver *R, CUevent e)
     stand_in **t = array_room(sp->stand_ins, sp->nstand_ins, &sp->capstand_ins, sizeof *t, 8);
     if (!t) {
         pthread_mutex_unlock(&sp->stand_in_lock);
+        streams_use_leave(took);
         /* Without room to remember it, wait for it now: correctness
          * first (this only happens when host memory runs out). */
-        R->EventSynchronize(e);
+        event_done(R, e, true);
         R->EventDestroy(e);
         free(si);
         return;
@@ -240,6 +262,7 @@ static void keep_stand_in(shim_pool *sp, const real_driver *R, CUevent e)
     sp->stand_ins = t;
     sp->stand_ins[sp->nstand_ins++] = si;
     pthread_mutex_unlock(&sp->stand_in_lock);
+    streams_use_leave(took);
 }
 
 /* Records e on green context g's whole work when g is set, else on s. */
@@ -338,7 +361,7 @@ bool fences_sync_blind(shim_pool *sp)
      * refusing it. */
     bool ok = false;
     if (!legacy_blocked(R)) {
-        relaxed_scope rs = capture_relax(R);
+        relaxed_scope rs = capture_relax_always(R); /* a host wait (event_done) */
         ok = R->CtxSynchronize() == CUDA_SUCCESS;
         capture_restore(R, rs);
     }
@@ -680,22 +703,26 @@ bool fences_done(void *ctx, uint32_t lane, uint64_t token, bool wait)
     if (f->blind && atomic_load(&sp->blind_synced) < f->blind &&
         (!wait || !fences_sync_blind(sp)) && atomic_load(&sp->blind_synced) < f->blind)
         return false;
+    /* Queries: the registry's read lock once for all of them, taken before
+     * the stand-ins' lock (event_done). Waits take none. */
+    bool took = !wait && streams_use_enter();
+    bool all = true;
     /* (a completed event stays complete: it is recorded again only once
      * its fence is gone) */
     for (; f->ndone < f->nevents; f->ndone++)
-        if (!event_done(R, f->ev[f->ndone], wait))
-            return false;
-    if (f->nstandins) {
+        if (!(all = event_done(R, f->ev[f->ndone], wait)))
+            break;
+    if (all && f->nstandins) {
         pthread_mutex_lock(&sp->stand_in_lock);
         stand_in **si = fence_stand_ins(f);
-        bool all = true;
         for (uint32_t i = 0; i < f->nstandins && all; i++)
             if (!si[i]->done)
                 all = si[i]->done = event_done(R, si[i]->ev, wait);
         pthread_mutex_unlock(&sp->stand_in_lock);
-        if (!all)
-            return false;
     }
+    streams_use_leave(took);
+    if (!all)
+        return false;
     drop_head(sp, R, q);
     return true;
 }

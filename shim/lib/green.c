@@ -140,7 +140,7 @@ bool green_stream_destroyed(CUstream s)
     /* While the green context captures no event covers it: wait for the
      * stream instead (rare: a stream destroyed during another's capture). */
     if (copy.captures > 0 || !stand_in(R, &copy)) {
-        relaxed_scope rs = capture_relax(R);
+        relaxed_scope rs = capture_relax_always(R); /* a host wait (capture.c) */
         if (R->StreamSynchronize)
             R->StreamSynchronize(s);
         capture_restore(R, rs);

@@ -503,13 +503,18 @@ bool fences_barrier_idle(shim_pool *sp, bool wait);
 
 /* ---- graph capture (capture.c) ----------------------------------------------- */
 
-/* The calling thread's capture mode, made relaxed while any capture is under
- * way, around the shim's own potentially unsafe driver calls. */
+/* The calling thread's capture mode, made relaxed around the shim's own
+ * potentially unsafe driver calls (capture.c, header). */
 typedef struct relaxed_scope {
     bool changed;
     CUstreamCaptureMode old;
 } relaxed_scope;
+/* Relaxed while any capture is under way, else left alone. Only with the
+ * streams registry's lock held (either mode) from this call to the unsafe
+ * call: otherwise a capture may begin in between. */
 relaxed_scope capture_relax(const real_driver *R);
+/* Relaxed whatever the count: for unsafe calls made without that lock. */
+relaxed_scope capture_relax_always(const real_driver *R);
 /* Is any stream capture (begun through the shim's doors) under way? */
 bool capture_underway(void);
 /* No capture can be under way: none counted, and every begin is seen
@@ -585,6 +590,10 @@ void streams_change_begin(void);
 void streams_change_end(void);
 void streams_lock(void);
 void streams_unlock(void);
+/* streams_use_begin unless the calling thread holds the lock already (in
+ * either mode); returns whether it took it, for streams_use_leave. */
+bool streams_use_enter(void);
+void streams_use_leave(bool took);
 
 /* ---- the allocation service (service.c) ---------------------------------------- */
 

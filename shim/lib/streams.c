@@ -22,7 +22,8 @@
  * read lock (streams_use_begin/end), and a stream leaving the registry waits
  * for the users of copies that may hold it before the real destroy goes on.
  * The same lock keeps a capture from beginning between a seal's question
- * "does this stream capture?" and its event on the stream (capture.c).
+ * "does this stream capture?" and its event on the stream, and between a
+ * fence event query's choice of capture mode and the query (capture.c).
  */
 #include <dlfcn.h>
 #include <stdlib.h>
@@ -42,22 +43,64 @@ static pthread_rwlock_t use_lock = PTHREAD_RWLOCK_INITIALIZER;
 static entry *all;
 static size_t nall, capall;
 
+/* How many times the calling thread holds use_lock (in either mode): a
+ * thread that holds it never asks for it again (streams_use_enter). A read
+ * lock asked for again may wait for good behind a waiting writer (POSIX
+ * allows writer preference), and a read lock under one's own write lock
+ * never comes. */
+static _Thread_local unsigned held __attribute__((tls_model("initial-exec")));
+
 void streams_lock(void)
 {
     pthread_rwlock_wrlock(&use_lock);
+    held++;
     pthread_mutex_lock(&lock);
 }
 
 void streams_unlock(void)
 {
     pthread_mutex_unlock(&lock);
+    held--;
     pthread_rwlock_unlock(&use_lock);
 }
 
-void streams_use_begin(void) { pthread_rwlock_rdlock(&use_lock); }
-void streams_use_end(void) { pthread_rwlock_unlock(&use_lock); }
-void streams_change_begin(void) { pthread_rwlock_wrlock(&use_lock); }
-void streams_change_end(void) { pthread_rwlock_unlock(&use_lock); }
+void streams_use_begin(void)
+{
+    pthread_rwlock_rdlock(&use_lock);
+    held++;
+}
+
+void streams_use_end(void)
+{
+    held--;
+    pthread_rwlock_unlock(&use_lock);
+}
+
+void streams_change_begin(void)
+{
+    pthread_rwlock_wrlock(&use_lock);
+    held++;
+}
+
+void streams_change_end(void)
+{
+    held--;
+    pthread_rwlock_unlock(&use_lock);
+}
+
+bool streams_use_enter(void)
+{
+    if (held)
+        return false;
+    streams_use_begin();
+    return true;
+}
+
+void streams_use_leave(bool took)
+{
+    if (took)
+        streams_use_end();
+}
 
 /* Waits until no copy taken before now is in use. */
 static void wait_for_users(void)

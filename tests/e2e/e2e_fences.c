@@ -47,6 +47,11 @@
  *                    (a blocking one: the legacy stream is unusable) while
  *                    this thread's per-thread stream uses the block and
  *                    frees it: no event the seal can make covers that work
+ *   query-vs-begin   another thread begins a global-mode capture after
+ *                    the shim chose the capture mode of a fence event query
+ *                    (none under way: global) and before the query reaches
+ *                    the driver (the fake's before_next_event_query): the
+ *                    query must not break that capture
  *   ordered-other-device  the block comes back at once on device 0 (old
  *                    work queued on a blocking stream of device 0), and the
  *                    new owner's first use is on device 1's legacy stream
@@ -62,6 +67,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <pthread.h>
+#include <time.h>
 
 #include "e2e_rt.h"
 
@@ -186,6 +192,10 @@ typedef struct capturer {
     /* what the thread saw, checked by the main thread */
     CUresult begin_result, end_result;
     cudaError_t setup_result;
+    /* on_cue: after its setup the thread says so (cue 1) and begins only
+     * when told (cue 2) */
+    bool on_cue;
+    e2e_phase cue;
 } capturer;
 
 static void *capture_thread(void *arg)
@@ -208,6 +218,10 @@ static void *capture_thread(void *arg)
     c->setup_result = cudaFree(NULL); /* this thread's context */
     if (!c->per_thread && c->setup_result == cudaSuccess)
         c->setup_result = cudaStreamCreateWithFlags((cudaStream_t *)&s, cudaStreamNonBlocking);
+    if (c->on_cue) {
+        e2e_phase_set(&c->cue, 1);
+        e2e_phase_wait(&c->cue, 2);
+    }
     c->begin_result = begin(s, (CUstreamCaptureMode)c->mode);
     e2e_phase_set(&c->step, 1);
     e2e_phase_wait(&c->step, 2);
@@ -588,6 +602,83 @@ static void ordered_other_context(bool created)
 static void ordered_other_device(void) { ordered_other_context(false); }
 static void ordered_created_context(void) { ordered_other_context(true); }
 
+/* Waits up to ms milliseconds for phase `phase`; true if it came. */
+static bool phase_wait_for(e2e_phase *p, int phase, long ms)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += ms / 1000;
+    until.tv_nsec += (ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&p->lock);
+    int r = 0;
+    while (p->phase < phase && r == 0)
+        r = pthread_cond_timedwait(&p->cond, &p->lock, &until);
+    bool came = p->phase >= phase;
+    pthread_mutex_unlock(&p->lock);
+    return came;
+}
+
+static atomic_bool cue_given;
+
+/* Inside the shim's next cuEventQuery, after it chose the query's capture
+ * mode: the capturing thread begins now. A shim that holds begins off
+ * until its query is made keeps it waiting, so the query goes on after half
+ * a second; one that does not lets it begin (microseconds), and its query
+ * then meets a global-mode capture. (A machine too slow to begin within
+ * half a second would only let a faulty shim pass, never fail a sound one.) */
+static void begin_now(void *arg)
+{
+    capturer *c = arg;
+    atomic_store(&cue_given, true);
+    e2e_phase_set(&c->cue, 2);
+    phase_wait_for(&c->step, 1, 500);
+}
+
+static void query_vs_begin(void)
+{
+    char *p, *filler = fill_but_hole(&p);
+    /* A non-blocking stream: the pool is not ordered, so a plain free is
+     * fenced with events, which the next allocation asks about. */
+    cudaStream_t s;
+    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(fakecuda()->launch(s, write_pattern, p), 0);
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+    capturer c = {.per_thread = false, .mode = cudaStreamCaptureModeGlobal,
+                  .step = E2E_PHASE_INIT, .on_cue = true, .cue = E2E_PHASE_INIT};
+    pthread_t t;
+    pthread_create(&t, NULL, capture_thread, &c);
+    e2e_phase_wait(&c.cue, 1); /* its context and stream made, no capture yet */
+    fakecuda_stats s0 = fake_stats();
+    fakecuda()->before_next_event_query(begin_now, &c);
+    /* Seals the plain lane and asks about its fence (the hole's work is
+     * pending); served from the space left beside the filler. */
+    char *x = NULL;
+    CHECK_EQ(cudaMalloc((void **)&x, MiB / 8), cudaSuccess);
+    CHECK(atomic_load(&cue_given)); /* (else the scenario tests nothing) */
+    if (!atomic_load(&cue_given))
+        e2e_phase_set(&c.cue, 2);
+    e2e_phase_wait(&c.step, 1);
+    CHECK_EQ(fake_stats().capture_invalidations, s0.capture_invalidations);
+    CHECK_EQ(fake_stats().unsafe_calls_refused, s0.unsafe_calls_refused);
+    e2e_phase_set(&c.step, 2);
+    e2e_phase_wait(&c.step, 3);
+    pthread_join(t, NULL);
+    CHECK_EQ(c.setup_result, cudaSuccess);
+    CHECK_EQ(c.begin_result, CUDA_SUCCESS);
+    CHECK_EQ(c.end_result, CUDA_SUCCESS);
+    fakecuda()->complete_all();
+    if (x)
+        CHECK_EQ(cudaFree(x), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
+    char *all = alloc_ok(free_memory());
+    CHECK_EQ(cudaFree(all), cudaSuccess);
+}
+
 /* While another thread captures on its per-thread default stream (a
  * blocking stream: the legacy stream takes no event), this thread's own
  * per-thread default stream, which is in no registry, uses a block that is
@@ -630,6 +721,7 @@ int main(int argc, char **argv)
         {"ordered-other-device", ordered_other_device},
         {"ordered-created-context", ordered_created_context},
         {"ptsz-during-capture", ptsz_during_capture},
+        {"query-vs-begin", query_vs_begin},
     };
     return e2e_main("e2e_fences", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }

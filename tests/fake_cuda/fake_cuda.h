@@ -120,6 +120,12 @@ typedef struct fakecuda_api {
      * entry points and count nothing. Writes up to n entries, in the order
      * of first call, and returns how many there are. */
     size_t (*calls)(fakecuda_call_count *out, size_t n);
+    /* The next cuEventQuery, from any thread, first calls fn(arg) on its
+     * caller's thread, after the call is counted and before the driver's
+     * lock is taken; then it answers as usual. Only one call runs it. For
+     * putting another thread's call (a capture begun) between a library's
+     * decisions about a query (its capture mode) and the query itself. */
+    void (*before_next_event_query)(fakecuda_work fn, void *arg);
 } fakecuda_api;
 
 /* The fake driver's control table, or exit 77 (skip) when the loaded

@@ -2608,9 +2608,19 @@ static bool event_done(const fevent *e)
     return true;
 }
 
+/* The test's work for the next cuEventQuery (ctl_before_next_event_query). */
+static _Atomic(fakecuda_work) next_query_work;
+static void *_Atomic next_query_arg;
+
 EXPORT CUresult cuEventQuery(CUevent h)
 {
     CALLED();
+    /* Taken by one query alone, and run before the driver's lock: the work
+     * may make other threads call the driver (begin a capture) and wait
+     * for them. */
+    fakecuda_work w = atomic_exchange(&next_query_work, NULL);
+    if (w)
+        w(atomic_load(&next_query_arg));
     ENTER_API();
     fevent *e = event_of(h);
     if (!e)
@@ -4639,6 +4649,15 @@ static size_t ctl_calls(fakecuda_call_count *out, size_t n)
     return have;
 }
 
+/* The next cuEventQuery from any thread calls fn(arg) first (cuEventQuery
+ * above): a test puts another thread's call between a library's decision
+ * about the query (its capture mode) and the query itself. */
+static void ctl_before_next_event_query(fakecuda_work fn, void *arg)
+{
+    atomic_store(&next_query_arg, arg);
+    atomic_store(&next_query_work, fn);
+}
+
 static void ctl_stats(fakecuda_stats *out)
 {
     ENTER();
@@ -4672,6 +4691,7 @@ static const fakecuda_api api = {
     .submitted = ctl_submitted,
     .complete_to = ctl_complete_to,
     .calls = ctl_calls,
+    .before_next_event_query = ctl_before_next_event_query,
 };
 
 EXPORT const fakecuda_api *fakecuda_api_table(void) { return &api; }
