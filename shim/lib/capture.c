@@ -12,7 +12,7 @@
  *
  *   The shim makes its own "potentially unsafe" calls (fence event queries,
  *   host waits for events, streams and contexts, the refused allocation
- *   that sets the runtime's error) with the calling thread in
+ *   that sets the runtime's error, regions taken and given back) with the calling thread in
  *   CU_STREAM_CAPTURE_MODE_RELAXED whenever a capture may be under way. In
  *   the default global mode, another thread's global-mode capture makes the
  *   driver refuse them (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) and invalidate
@@ -30,7 +30,7 @@
  *   reached the driver, and the query would invalidate it (e2e_fences
  *   query-vs-begin). A pool's stand-in lock comes after the registry's
  *   (fences.c), as in before_begin, since the stand-in sweeps query too.
- *   Host waits and the refused allocation are rare, and a wait may block
+ *   Host waits, the refused allocation and regions are rare, and a wait may block
  *   for long under no lock a begin should wait for: they are always made in
  *   relaxed mode (capture_relax_always), whatever the count.
  *

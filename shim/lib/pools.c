@@ -84,7 +84,13 @@ static int region_alloc(void *ctx, uint64_t size, bfc_addr *base)
     pools_context_needed(ctx);
     const real_driver *R = real_driver_get();
     CUdeviceptr p = 0;
+    /* "Potentially unsafe" during a capture: in global mode another
+     * thread's global-mode capture would refuse it and be invalidated
+     * (e2e_fences region-during-capture); a region is rare, so always
+     * relaxed (capture.c). */
+    relaxed_scope rs = capture_relax_always(R);
     CUresult r = R->MemAlloc(&p, (size_t)size);
+    capture_restore(R, rs);
     if (r != CUDA_SUCCESS) {
         shim_log(LOG_DEBUG, "cuMemAlloc_v2 of a %llu-byte region failed (%d)",
                  (unsigned long long)size, (int)r);
@@ -102,7 +108,10 @@ static void region_free(void *ctx, bfc_addr base, uint64_t size)
      * before its last barrier (fences.c). */
     if (!fences_barrier_idle(ctx, true))
         shim_log(LOG_WARN, "a region goes back before the GPU could be waited for");
-    real_driver_get()->MemFree(base);
+    const real_driver *R = real_driver_get();
+    relaxed_scope rs = capture_relax_always(R); /* as region_alloc */
+    R->MemFree(base);
+    capture_restore(R, rs);
 }
 
 /* Is ctx the primary context of dev? (An inactive one is not ctx.) */

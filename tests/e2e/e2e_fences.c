@@ -707,6 +707,33 @@ static void ptsz_during_capture(void)
     CHECK_EQ(cudaFree(filler), cudaSuccess);
 }
 
+/* (BFCSHIM_VMM=off, growing) A region taken while another thread captures
+ * in global mode: the shim's own cuMemAlloc is "potentially unsafe" and,
+ * made in global mode, was refused and invalidated that capture (found by
+ * the capture-query audit); it is made in relaxed mode. */
+static void region_during_capture(void)
+{
+    char *first = alloc_ok(MiB); /* the pool, and its first region */
+    capturer c = {.per_thread = false, .mode = cudaStreamCaptureModeGlobal,
+                  .step = E2E_PHASE_INIT};
+    pthread_t t;
+    pthread_create(&t, NULL, capture_thread, &c);
+    e2e_phase_wait(&c.step, 1);
+    fakecuda_stats s0 = fake_stats();
+    char *big = alloc_ok(64 * MiB); /* past the first region: a new one */
+    CHECK(fake_stats().mem_alloc_calls > s0.mem_alloc_calls);
+    CHECK_EQ(fake_stats().capture_invalidations, s0.capture_invalidations);
+    CHECK_EQ(fake_stats().unsafe_calls_refused, s0.unsafe_calls_refused);
+    e2e_phase_set(&c.step, 2);
+    e2e_phase_wait(&c.step, 3);
+    pthread_join(t, NULL);
+    CHECK_EQ(c.setup_result, cudaSuccess);
+    CHECK_EQ(c.begin_result, CUDA_SUCCESS);
+    CHECK_EQ(c.end_result, CUDA_SUCCESS);
+    CHECK_EQ(cudaFree(big), cudaSuccess);
+    CHECK_EQ(cudaFree(first), cudaSuccess);
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -722,6 +749,7 @@ int main(int argc, char **argv)
         {"ordered-created-context", ordered_created_context},
         {"ptsz-during-capture", ptsz_during_capture},
         {"query-vs-begin", query_vs_begin},
+        {"region-during-capture", region_during_capture},
     };
     return e2e_main("e2e_fences", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }
