@@ -30,6 +30,13 @@
  *                 cuMemAlloc past the limit fails with out of memory, the
  *                 pool intact, and succeeds once the other is released;
  *                 cuMemGetInfo counts the loan
+ *   race-create   (call_window.so preloaded ahead of the shim) a create in
+ *                 another thread that the driver answers with the handle
+ *                 value a release just gave back, before the release's
+ *                 own bookkeeping ran: the new allocation keeps its loan
+ *   race-retain   a release of the create's reference between a retain's
+ *                 driver call and its bookkeeping: the retained reference
+ *                 keeps the memory, and its loan
  */
 #include <cuda.h>
 
@@ -233,6 +240,116 @@ static void budget(void)
     CHECK_EQ(counted_peak(), (long long)(512 * MiB));
 }
 
+/* ---- races in the door's bookkeeping (call_window.so) ---------------------- */
+
+static struct {
+    void (*arm)(void (*)(void *), void *);
+    int (*fired)(void);
+} W;
+
+static void window_load(void)
+{
+    *(void **)&W.arm = dlsym(RTLD_DEFAULT, "call_window_arm");
+    *(void **)&W.fired = dlsym(RTLD_DEFAULT, "call_window_fired");
+    if (!W.arm || !W.fired) {
+        fprintf(stderr, "needs call_window.so preloaded: skipped\n");
+        exit(77);
+    }
+}
+
+/* Every call of the door once, so that the fake's first-call bookkeeping
+ * (a lock of its own) is behind us when the window is armed. */
+static void warm_up(void)
+{
+    buffer w = make(4 * MiB);
+    CUmemGenericAllocationHandle r = 0;
+    CHECK_EQ(D.MemRetainAllocationHandle(&r, (void *)(uintptr_t)w.at), CUDA_SUCCESS);
+    CHECK_EQ(D.MemRelease(r), CUDA_SUCCESS);
+    delete(&w);
+    CHECK_EQ(counted(), 0);
+}
+
+static CUmemGenericAllocationHandle made_in_window;
+
+static void create_in_window(void *arg)
+{
+    CUmemAllocationProp p = exportable_on(0);
+    CHECK_EQ(D.MemCreate(&made_in_window, *(size_t *)arg, &p, 0), CUDA_SUCCESS);
+}
+
+/* (found by an audit) cuMemRelease passes the call to the driver, then
+ * takes the door's lock to end the loan. A create in between (another
+ * thread, another device's allocator) that the driver answers with the
+ * value it just freed finds the old record still there: its own loan ends
+ * at once ("host memory ran out"), and the old record's later removal ends
+ * the old one: a live allocation no pool counts. The fake's handles are
+ * its records' addresses, which glibc hands out again when the size's
+ * thread cache is full (the test fills it). */
+static void race_create(void)
+{
+    window_load();
+    start();
+    warm_up();
+    size_t size = 4 * MiB;
+    CUmemAllocationProp p = exportable_on(0);
+    CUmemGenericAllocationHandle h = 0;
+    CHECK_EQ(D.MemCreate(&h, size, &p, 0), CUDA_SUCCESS);
+    CHECK_EQ(counted(), (long long)size);
+    /* the fake's record: 32 bytes; fill that size's thread cache so that
+     * its free goes to a bin calloc takes from */
+    void *fill[7];
+    for (int i = 0; i < 7; i++)
+        fill[i] = malloc(32);
+    for (int i = 0; i < 7; i++)
+        free(fill[i]);
+    W.arm(create_in_window, &size);
+    CHECK_EQ(D.MemRelease(h), CUDA_SUCCESS);
+    if (!W.fired())
+        create_in_window(&size); /* the same order, one after the other */
+    if (made_in_window != h) {
+        fprintf(stderr, "the driver did not hand the released value out again: skipped\n");
+        exit(77);
+    }
+    fprintf(stderr, "released 0x%llx, created 0x%llx in the window: counted %lld of %zu\n",
+            (unsigned long long)h, (unsigned long long)made_in_window, counted(), size);
+    CHECK_EQ(counted(), (long long)size); /* the new allocation is live */
+    CHECK_EQ(D.MemRelease(made_in_window), CUDA_SUCCESS);
+    CHECK_EQ(counted(), 0);
+}
+
+static void release_in_window(void *arg)
+{
+    CHECK_EQ(D.MemRelease(*(CUmemGenericAllocationHandle *)arg), CUDA_SUCCESS);
+}
+
+/* (found by an audit) cuMemRetainAllocationHandle passes the call to the
+ * driver, then counts the reference. A release of the last counted
+ * reference in between (another thread: NCCL's deregistration, the
+ * framework's free) ends the loan and drops the record, so the retained
+ * reference, which keeps the memory alive, is never counted. */
+static void race_retain(void)
+{
+    window_load();
+    start();
+    warm_up();
+    buffer b = make(4 * MiB);
+    CHECK_EQ(counted(), (long long)b.size);
+    CUmemGenericAllocationHandle again = 0;
+    W.arm(release_in_window, &b.h);
+    CHECK_EQ(D.MemRetainAllocationHandle(&again, (void *)(uintptr_t)b.at), CUDA_SUCCESS);
+    if (!W.fired())
+        release_in_window(&b.h);
+    CHECK_EQ(again, b.h);
+    /* the retained reference and the mapping hold the memory */
+    fprintf(stderr, "one reference live after the retain and the release: counted %lld of %zu\n",
+            counted(), b.size);
+    CHECK_EQ(counted(), (long long)b.size);
+    CHECK_EQ(D.MemUnmap(b.at, b.size), CUDA_SUCCESS);
+    CHECK_EQ(D.MemRelease(again), CUDA_SUCCESS);
+    CHECK_EQ(D.MemAddressFree(b.at, b.size), CUDA_SUCCESS);
+    CHECK_EQ(counted(), 0);
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -240,7 +357,9 @@ int main(int argc, char **argv)
         {"procaddr", procaddr},
         {"hooks-off", hooks_off},
         {"saturate", saturate},
-        {"budget", budget}};
+        {"budget", budget},
+        {"race-create", race_create},
+        {"race-retain", race_retain}};
     return e2e_main("e2e_vmm_door", scenarios, sizeof scenarios / sizeof scenarios[0], argc,
                     argv);
 }
