@@ -154,12 +154,11 @@ static bool note_created(CUmemGenericAllocationHandle h, size_t size, int dev, s
     return kept;
 }
 
-/* One more (retain) or one fewer (release) reference to h, if recorded.
- * The last one ends the allocation: its loan, or its passthrough count. */
-static void note_reference(CUmemGenericAllocationHandle h, bool more)
+/* Lock held: one more (retain) or one fewer (release) reference to h, if
+ * recorded. The last one ends the allocation: its passthrough count here,
+ * its loan by the caller (returned, out of the map: free it). */
+static made *note_reference_locked(CUmemGenericAllocationHandle h, bool more)
 {
-    made *gone = NULL;
-    pthread_mutex_lock(&lock);
     made *m = handles_ready ? (made *)(uintptr_t)ptr_map_get(&handles, h) : NULL;
     if (m && more) {
         m->refs++;
@@ -167,9 +166,13 @@ static void note_reference(CUmemGenericAllocationHandle h, bool more)
         ptr_map_take(&handles, h);
         if (!m->lender)
             counts[m->dev].bytes -= m->size;
-        gone = m;
+        return m;
     }
-    pthread_mutex_unlock(&lock);
+    return NULL;
+}
+
+static void end_allocation(made *gone)
+{
     if (gone && gone->lender)
         bfc_pool_end_loan(gone->lender->bfc, gone->size);
     free(gone);
@@ -211,20 +214,36 @@ SHIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
     return r;
 }
 
+/* The driver's call and the bookkeeping under one hold of the lock: a
+ * release's handle value may be handed out again by the driver as soon as
+ * it answers, and a create in another thread must not find the old record
+ * (it would end its own loan); a retain's reference must be counted before
+ * another thread's release can end the allocation (e2e_vmm_door
+ * race-create, race-retain). */
 SHIM_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle,
                                                  void *addr)
 {
+    if (!shim_driver_door())
+        return PASS(MemRetainAllocationHandle, handle, addr);
+    pthread_mutex_lock(&lock);
     CUresult r = PASS(MemRetainAllocationHandle, handle, addr);
-    if (r == CUDA_SUCCESS && handle && shim_driver_door())
-        note_reference(*handle, true);
+    if (r == CUDA_SUCCESS && handle)
+        note_reference_locked(*handle, true);
+    pthread_mutex_unlock(&lock);
     return r;
 }
 
 SHIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
+    if (!shim_driver_door())
+        return PASS(MemRelease, handle);
+    made *gone = NULL;
+    pthread_mutex_lock(&lock);
     CUresult r = PASS(MemRelease, handle);
-    if (r == CUDA_SUCCESS && shim_driver_door())
-        note_reference(handle, false);
+    if (r == CUDA_SUCCESS)
+        gone = note_reference_locked(handle, false);
+    pthread_mutex_unlock(&lock);
+    end_allocation(gone);
     return r;
 }
 
