@@ -37,6 +37,10 @@
  *   race-retain   a release of the create's reference between a retain's
  *                 driver call and its bookkeeping: the retained reference
  *                 keeps the memory, and its loan
+ *   threads       (a small limit) threads making and deleting buffers,
+ *                 retaining and releasing references, while others
+ *                 cuMemAlloc/cuMemFree, trim and ask cuMemGetInfo: every
+ *                 loan ends, the limit holds throughout (for TSan)
  */
 #include <cuda.h>
 
@@ -352,6 +356,117 @@ static void race_retain(void)
     CHECK_EQ(counted(), 0);
 }
 
+/* ---- threads ------------------------------------------------------------- */
+
+enum { ROUNDS = 300 };
+static atomic_int door_refused, pool_refused, over_limit;
+
+/* One snapshot of the statistics (one pool: the fields of one lock hold). */
+static void limit_holds(void)
+{
+    static _Thread_local char json[1 << 16];
+    size_t (*stats_json)(char *, size_t) =
+        (size_t (*)(char *, size_t))dlsym(RTLD_DEFAULT, "bfcshim_stats_json");
+    if (!stats_json || !stats_json(json, sizeof json))
+        return;
+    long long lent = shim_stats_field(json, "bytes_lent");
+    long long pool = shim_stats_field(json, "pool_bytes");
+    long long limit = shim_stats_field(json, "bytes_limit");
+    if (lent >= 0 && pool >= 0 && limit > 0 && lent + pool > limit)
+        atomic_fetch_add(&over_limit, 1);
+}
+
+static void *door_thread(void *arg)
+{
+    unsigned seed = (unsigned)(uintptr_t)arg;
+    e2e_cu_primary_current(0);
+    for (int i = 0; i < ROUNDS; i++) {
+        size_t want = (size_t)(1 + rand_r(&seed) % 4) * gran;
+        CUmemAllocationProp p = exportable_on(0);
+        CUmemGenericAllocationHandle h = 0;
+        CUresult r = D.MemCreate(&h, want, &p, 0);
+        if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+            atomic_fetch_add(&door_refused, 1);
+            continue;
+        }
+        CHECK_EQ(r, CUDA_SUCCESS);
+        CUdeviceptr at = 0;
+        CUmemAccessDesc a = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+        CHECK_EQ(D.MemAddressReserve(&at, want, gran, 0, 0), CUDA_SUCCESS);
+        CHECK_EQ(D.MemMap(at, want, 0, h, 0), CUDA_SUCCESS);
+        CHECK_EQ(D.MemSetAccess(at, want, &a, 1), CUDA_SUCCESS);
+        CUmemGenericAllocationHandle again = 0;
+        if (i % 3 == 0)
+            CHECK_EQ(D.MemRetainAllocationHandle(&again, (void *)(uintptr_t)at), CUDA_SUCCESS);
+        limit_holds();
+        CHECK_EQ(D.MemUnmap(at, want), CUDA_SUCCESS);
+        CHECK_EQ(D.MemRelease(h), CUDA_SUCCESS);
+        if (again)
+            CHECK_EQ(D.MemRelease(again), CUDA_SUCCESS);
+        CHECK_EQ(D.MemAddressFree(at, want), CUDA_SUCCESS);
+    }
+    return NULL;
+}
+
+static void *pool_thread(void *arg)
+{
+    unsigned seed = (unsigned)(uintptr_t)arg;
+    e2e_cu_primary_current(0);
+    CUdeviceptr live[4] = {0};
+    for (int i = 0; i < ROUNDS; i++) {
+        int k = i % 4;
+        if (live[k])
+            CHECK_EQ(D.MemFree(live[k]), CUDA_SUCCESS);
+        live[k] = 0;
+        CUresult r = D.MemAlloc(&live[k], (size_t)(1 + rand_r(&seed) % 6) * MiB);
+        if (r == CUDA_ERROR_OUT_OF_MEMORY)
+            atomic_fetch_add(&pool_refused, 1);
+        else
+            CHECK_EQ(r, CUDA_SUCCESS);
+        limit_holds();
+    }
+    for (int k = 0; k < 4; k++)
+        if (live[k])
+            CHECK_EQ(D.MemFree(live[k]), CUDA_SUCCESS);
+    return NULL;
+}
+
+static void *trim_thread(void *arg)
+{
+    (void)arg;
+    e2e_cu_primary_current(0);
+    size_t (*trim)(void) = (size_t (*)(void))dlsym(RTLD_DEFAULT, "bfcshim_trim");
+    for (int i = 0; i < ROUNDS; i++) {
+        size_t f = 0, t = 0;
+        CHECK_EQ(D.MemGetInfo(&f, &t), CUDA_SUCCESS);
+        CHECK(f <= t);
+        if (trim && i % 8 == 0)
+            trim();
+        limit_holds();
+    }
+    return NULL;
+}
+
+static void threads(void)
+{
+    start();
+    CUdeviceptr first = 0; /* the pool first, preallocated: loans give back */
+    CHECK_EQ(D.MemAlloc(&first, MiB), CUDA_SUCCESS);
+    pthread_t t[5];
+    CHECK_EQ(pthread_create(&t[0], NULL, door_thread, (void *)1), 0);
+    CHECK_EQ(pthread_create(&t[1], NULL, door_thread, (void *)2), 0);
+    CHECK_EQ(pthread_create(&t[2], NULL, pool_thread, (void *)3), 0);
+    CHECK_EQ(pthread_create(&t[3], NULL, pool_thread, (void *)4), 0);
+    CHECK_EQ(pthread_create(&t[4], NULL, trim_thread, NULL), 0);
+    for (int i = 0; i < 5; i++)
+        CHECK_EQ(pthread_join(t[i], NULL), 0);
+    CHECK_EQ(D.MemFree(first), CUDA_SUCCESS);
+    fprintf(stderr, "refused: %d creates, %d cuMemAlloc; limit passed %d times\n",
+            atomic_load(&door_refused), atomic_load(&pool_refused), atomic_load(&over_limit));
+    CHECK_EQ(counted(), 0);
+    CHECK_EQ(atomic_load(&over_limit), 0);
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -361,7 +476,8 @@ int main(int argc, char **argv)
         {"saturate", saturate},
         {"budget", budget},
         {"race-create", race_create},
-        {"race-retain", race_retain}};
+        {"race-retain", race_retain},
+        {"threads", threads}};
     return e2e_main("e2e_vmm_door", scenarios, sizeof scenarios / sizeof scenarios[0], argc,
                     argv);
 }
