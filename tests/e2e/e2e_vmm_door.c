@@ -41,6 +41,8 @@
  *                 retaining and releasing references, while others
  *                 cuMemAlloc/cuMemFree, trim and ask cuMemGetInfo: every
  *                 loan ends, the limit holds throughout (for TSan)
+ *   reset         memory made by cuMemCreate outlives a primary context's
+ *                 reset (cuda.h): the context's next pool still counts it
  */
 #include <cuda.h>
 
@@ -467,6 +469,32 @@ static void threads(void)
     CHECK_EQ(atomic_load(&over_limit), 0);
 }
 
+/* (found by an audit) "cuCtxDestroy will not destroy memory allocations by
+ * cuMemCreate()", and neither does a primary context's reset: the program's
+ * buffer lives on, but its loan stays with the forgotten pool, and the
+ * context's next pool lends its whole limit again. Two 512 MiB creates
+ * then live at once under a 768 MiB limit. */
+static void reset(void)
+{
+    start();
+    buffer big = make(512 * MiB);
+    CHECK_EQ(counted(), (long long)(512 * MiB));
+    CUdevice d;
+    CHECK_EQ(D.DeviceGet(&d, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxReset(d), CUDA_SUCCESS);
+    e2e_cu_primary_current(0);
+    memset((void *)(uintptr_t)big.at, 0x5a, big.size); /* still the program's */
+    CUmemAllocationProp p = exportable_on(0);
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r = D.MemCreate(&h, 512 * MiB, &p, 0);
+    fprintf(stderr, "a second 512 MiB create beside the first, limit %lld: %d; lent %lld\n",
+            shim_stat_number("bytes_limit"), (int)r, shim_stat_number("bytes_lent"));
+    if (r == CUDA_SUCCESS)
+        CHECK_EQ(D.MemRelease(h), CUDA_SUCCESS);
+    CHECK_EQ(r, CUDA_ERROR_OUT_OF_MEMORY);
+    delete(&big);
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -477,7 +505,8 @@ int main(int argc, char **argv)
         {"budget", budget},
         {"race-create", race_create},
         {"race-retain", race_retain},
-        {"threads", threads}};
+        {"threads", threads},
+        {"reset", reset}};
     return e2e_main("e2e_vmm_door", scenarios, sizeof scenarios / sizeof scenarios[0], argc,
                     argv);
 }
