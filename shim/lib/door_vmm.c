@@ -57,6 +57,8 @@ static ptr_map handles;
 static bool handles_ready;
 static vmm_door_counts counts[SHIM_MAX_DEVICES];
 static atomic_bool named_around[SHIM_MAX_DEVICES], named_pooled[SHIM_MAX_DEVICES];
+/* Under lock: the pool that lent last on each device (adopt_loans). */
+static shim_pool *last_lender[SHIM_MAX_DEVICES];
 
 /* Device memory of a device the counters have room for. */
 static bool counted_kind(const CUmemAllocationProp *prop, size_t size)
@@ -118,6 +120,54 @@ static void name_large(const shim_pool *sp, size_t size)
              format_size(size, a, sizeof a), (int)sp->dev, format_size(sp->limit, b, sizeof b));
 }
 
+/*
+ * cuMemCreate memory outlives its context ("cuCtxDestroy will not destroy
+ * memory allocations by cuMemCreate()", cuda.h; a primary context's reset
+ * neither): when a pool dies with its context, the loans of the program's
+ * memory still alive stay with it, and the device's next pool would lend
+ * its whole limit again (e2e_vmm_door reset). So the first time a pool
+ * lends on its device, it takes over the loans of dead pools there (a
+ * loan it has no room for stays where it was, and the memory then counts
+ * nowhere until its release: said once). Rare (after a reset), so a walk
+ * of the records under the door's lock.
+ */
+static void adopt_loans(shim_pool *sp)
+{
+    const int dev = (int)sp->dev;
+    if (dev < 0 || dev >= SHIM_MAX_DEVICES)
+        return;
+    pthread_mutex_lock(&lock);
+    if (last_lender[dev] != sp && handles_ready) {
+        last_lender[dev] = sp;
+        uint64_t unadopted = 0;
+        for (uint64_t i = 0; i <= handles.mask; i++) {
+            if (!handles.slots[i].key)
+                continue;
+            made *m = (made *)(uintptr_t)handles.slots[i].val;
+            if (m->dev != dev || !m->lender || m->lender == sp || !atomic_load(&m->lender->dead))
+                continue;
+            if (pools_lend(sp, m->size)) {
+                bfc_pool_end_loan(m->lender->bfc, m->size);
+                m->lender = sp;
+            } else {
+                unadopted += m->size;
+            }
+        }
+        if (unadopted) {
+            static atomic_bool said;
+            char b[32];
+            shim_log_once(&said, LOG_WARN,
+                          "device %d: %s of the program's own cuMemCreate memory outlived its "
+                          "context and does not fit the new pool's limit: it is not counted "
+                          "until released",
+                          dev, format_size(unadopted, b, sizeof b));
+        }
+    } else if (last_lender[dev] != sp) {
+        last_lender[dev] = sp;
+    }
+    pthread_mutex_unlock(&lock);
+}
+
 static void counts_refused(int dev)
 {
     pthread_mutex_lock(&lock);
@@ -154,12 +204,11 @@ static bool note_created(CUmemGenericAllocationHandle h, size_t size, int dev, s
     return kept;
 }
 
-/* One more (retain) or one fewer (release) reference to h, if recorded.
- * The last one ends the allocation: its loan, or its passthrough count. */
-static void note_reference(CUmemGenericAllocationHandle h, bool more)
+/* Lock held: one more (retain) or one fewer (release) reference to h, if
+ * recorded. The last one ends the allocation: its passthrough count here,
+ * its loan by the caller (returned, out of the map: free it). */
+static made *note_reference_locked(CUmemGenericAllocationHandle h, bool more)
 {
-    made *gone = NULL;
-    pthread_mutex_lock(&lock);
     made *m = handles_ready ? (made *)(uintptr_t)ptr_map_get(&handles, h) : NULL;
     if (m && more) {
         m->refs++;
@@ -167,9 +216,13 @@ static void note_reference(CUmemGenericAllocationHandle h, bool more)
         ptr_map_take(&handles, h);
         if (!m->lender)
             counts[m->dev].bytes -= m->size;
-        gone = m;
+        return m;
     }
-    pthread_mutex_unlock(&lock);
+    return NULL;
+}
+
+static void end_allocation(made *gone)
+{
     if (gone && gone->lender)
         bfc_pool_end_loan(gone->lender->bfc, gone->size);
     free(gone);
@@ -182,8 +235,10 @@ SHIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
         return PASS(MemCreate, handle, size, prop, flags);
     const int dev = prop->location.id;
     shim_pool *sp = lender_for(dev);
-    if (sp) /* before the loan: a refused preallocation wants the hint most */
-        name_large(sp, size);
+    if (sp) {
+        adopt_loans(sp);
+        name_large(sp, size); /* before the loan: a refused preallocation wants the hint most */
+    }
     if (sp && !pools_lend(sp, size)) {
         counts_refused(dev);
         oom_report(sp, size, "cuMemCreate");
@@ -211,20 +266,36 @@ SHIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
     return r;
 }
 
+/* The driver's call and the bookkeeping under one hold of the lock: a
+ * release's handle value may be handed out again by the driver as soon as
+ * it answers, and a create in another thread must not find the old record
+ * (it would end its own loan); a retain's reference must be counted before
+ * another thread's release can end the allocation (e2e_vmm_door
+ * race-create, race-retain). */
 SHIM_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle,
                                                  void *addr)
 {
+    if (!shim_driver_door())
+        return PASS(MemRetainAllocationHandle, handle, addr);
+    pthread_mutex_lock(&lock);
     CUresult r = PASS(MemRetainAllocationHandle, handle, addr);
-    if (r == CUDA_SUCCESS && handle && shim_driver_door())
-        note_reference(*handle, true);
+    if (r == CUDA_SUCCESS && handle)
+        note_reference_locked(*handle, true);
+    pthread_mutex_unlock(&lock);
     return r;
 }
 
 SHIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
+    if (!shim_driver_door())
+        return PASS(MemRelease, handle);
+    made *gone = NULL;
+    pthread_mutex_lock(&lock);
     CUresult r = PASS(MemRelease, handle);
-    if (r == CUDA_SUCCESS && shim_driver_door())
-        note_reference(handle, false);
+    if (r == CUDA_SUCCESS)
+        gone = note_reference_locked(handle, false);
+    pthread_mutex_unlock(&lock);
+    end_allocation(gone);
     return r;
 }
 

@@ -31,6 +31,19 @@
  *                 pool intact, and succeeds once the other is released;
  *                 cuMemGetInfo and the statistics' free figures count
  *                 the loan
+ *   race-create   (call_window.so preloaded ahead of the shim) a create in
+ *                 another thread that the driver answers with the handle
+ *                 value a release just gave back, before the release's
+ *                 own bookkeeping ran: the new allocation keeps its loan
+ *   race-retain   a release of the create's reference between a retain's
+ *                 driver call and its bookkeeping: the retained reference
+ *                 keeps the memory, and its loan
+ *   threads       (a small limit) threads making and deleting buffers,
+ *                 retaining and releasing references, while others
+ *                 cuMemAlloc/cuMemFree, trim and ask cuMemGetInfo: every
+ *                 loan ends, the limit holds throughout (for TSan)
+ *   reset         memory made by cuMemCreate outlives a primary context's
+ *                 reset (cuda.h): the context's next pool still counts it
  */
 #include <cuda.h>
 
@@ -239,6 +252,255 @@ static void budget(void)
     CHECK_EQ(counted_peak(), (long long)(512 * MiB));
 }
 
+/* ---- races in the door's bookkeeping (call_window.so) ---------------------- */
+
+static struct {
+    void (*arm)(void (*)(void *), void *);
+    int (*fired)(void);
+} W;
+
+static void window_load(void)
+{
+    *(void **)&W.arm = dlsym(RTLD_DEFAULT, "call_window_arm");
+    *(void **)&W.fired = dlsym(RTLD_DEFAULT, "call_window_fired");
+    if (!W.arm || !W.fired) {
+        fprintf(stderr, "needs call_window.so preloaded: skipped\n");
+        exit(77);
+    }
+}
+
+/* Every call of the door once, so that the fake's first-call bookkeeping
+ * (a lock of its own) is behind us when the window is armed. */
+static void warm_up(void)
+{
+    buffer w = make(4 * MiB);
+    CUmemGenericAllocationHandle r = 0;
+    CHECK_EQ(D.MemRetainAllocationHandle(&r, (void *)(uintptr_t)w.at), CUDA_SUCCESS);
+    CHECK_EQ(D.MemRelease(r), CUDA_SUCCESS);
+    delete(&w);
+    CHECK_EQ(counted(), 0);
+}
+
+static CUmemGenericAllocationHandle made_in_window;
+
+static void create_in_window(void *arg)
+{
+    CUmemAllocationProp p = exportable_on(0);
+    CHECK_EQ(D.MemCreate(&made_in_window, *(size_t *)arg, &p, 0), CUDA_SUCCESS);
+}
+
+/* (found by an audit) cuMemRelease passes the call to the driver, then
+ * takes the door's lock to end the loan. A create in between (another
+ * thread, another device's allocator) that the driver answers with the
+ * value it just freed finds the old record still there: its own loan ends
+ * at once ("host memory ran out"), and the old record's later removal ends
+ * the old one: a live allocation no pool counts. The fake's handles are
+ * its records' addresses, which glibc hands out again when the size's
+ * thread cache is full (the test fills it). */
+static void race_create(void)
+{
+    window_load();
+    start();
+    warm_up();
+    size_t size = 4 * MiB;
+    CUmemAllocationProp p = exportable_on(0);
+    CUmemGenericAllocationHandle h = 0;
+    CHECK_EQ(D.MemCreate(&h, size, &p, 0), CUDA_SUCCESS);
+    CHECK_EQ(counted(), (long long)size);
+    /* the fake's record: 32 bytes; fill that size's thread cache so that
+     * its free goes to a bin calloc takes from */
+    void *fill[7];
+    for (int i = 0; i < 7; i++)
+        fill[i] = malloc(32);
+    for (int i = 0; i < 7; i++)
+        free(fill[i]);
+    W.arm(create_in_window, &size);
+    CHECK_EQ(D.MemRelease(h), CUDA_SUCCESS);
+    const bool fired = W.fired();
+    if (!fired) /* no lock taken after the driver answered: no window */
+        create_in_window(&size);
+    else if (made_in_window != h) {
+        fprintf(stderr, "the driver did not hand the released value out again: skipped\n");
+        exit(77);
+    }
+    fprintf(stderr, "released 0x%llx, created 0x%llx %s: counted %lld of %zu\n",
+            (unsigned long long)h, (unsigned long long)made_in_window,
+            fired ? "in the window" : "after the release", counted(), size);
+    CHECK_EQ(counted(), (long long)size); /* the new allocation is live */
+    CHECK_EQ(D.MemRelease(made_in_window), CUDA_SUCCESS);
+    CHECK_EQ(counted(), 0);
+}
+
+static void release_in_window(void *arg)
+{
+    CHECK_EQ(D.MemRelease(*(CUmemGenericAllocationHandle *)arg), CUDA_SUCCESS);
+}
+
+/* (found by an audit) cuMemRetainAllocationHandle passes the call to the
+ * driver, then counts the reference. A release of the last counted
+ * reference in between (another thread: NCCL's deregistration, the
+ * framework's free) ends the loan and drops the record, so the retained
+ * reference, which keeps the memory alive, is never counted. */
+static void race_retain(void)
+{
+    window_load();
+    start();
+    warm_up();
+    buffer b = make(4 * MiB);
+    CHECK_EQ(counted(), (long long)b.size);
+    CUmemGenericAllocationHandle again = 0;
+    W.arm(release_in_window, &b.h);
+    CHECK_EQ(D.MemRetainAllocationHandle(&again, (void *)(uintptr_t)b.at), CUDA_SUCCESS);
+    if (!W.fired())
+        release_in_window(&b.h);
+    CHECK_EQ(again, b.h);
+    /* the retained reference and the mapping hold the memory */
+    fprintf(stderr, "one reference live after the retain and the release: counted %lld of %zu\n",
+            counted(), b.size);
+    CHECK_EQ(counted(), (long long)b.size);
+    CHECK_EQ(D.MemUnmap(b.at, b.size), CUDA_SUCCESS);
+    CHECK_EQ(D.MemRelease(again), CUDA_SUCCESS);
+    CHECK_EQ(D.MemAddressFree(b.at, b.size), CUDA_SUCCESS);
+    CHECK_EQ(counted(), 0);
+}
+
+/* ---- threads ------------------------------------------------------------- */
+
+enum { ROUNDS = 300 };
+static atomic_int door_refused, pool_refused, over_limit;
+
+/* One snapshot of the statistics (one pool: the fields of one lock hold). */
+static void limit_holds(void)
+{
+    static _Thread_local char json[1 << 16];
+    size_t (*stats_json)(char *, size_t) =
+        (size_t (*)(char *, size_t))dlsym(RTLD_DEFAULT, "bfcshim_stats_json");
+    if (!stats_json || !stats_json(json, sizeof json))
+        return;
+    long long lent = shim_stats_field(json, "bytes_lent");
+    long long pool = shim_stats_field(json, "pool_bytes");
+    long long limit = shim_stats_field(json, "bytes_limit");
+    if (lent >= 0 && pool >= 0 && limit > 0 && lent + pool > limit)
+        atomic_fetch_add(&over_limit, 1);
+}
+
+static void *door_thread(void *arg)
+{
+    unsigned seed = (unsigned)(uintptr_t)arg;
+    e2e_cu_primary_current(0);
+    for (int i = 0; i < ROUNDS; i++) {
+        size_t want = (size_t)(1 + rand_r(&seed) % 4) * gran;
+        CUmemAllocationProp p = exportable_on(0);
+        CUmemGenericAllocationHandle h = 0;
+        CUresult r = D.MemCreate(&h, want, &p, 0);
+        if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+            atomic_fetch_add(&door_refused, 1);
+            continue;
+        }
+        CHECK_EQ(r, CUDA_SUCCESS);
+        CUdeviceptr at = 0;
+        CUmemAccessDesc a = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+        CHECK_EQ(D.MemAddressReserve(&at, want, gran, 0, 0), CUDA_SUCCESS);
+        CHECK_EQ(D.MemMap(at, want, 0, h, 0), CUDA_SUCCESS);
+        CHECK_EQ(D.MemSetAccess(at, want, &a, 1), CUDA_SUCCESS);
+        CUmemGenericAllocationHandle again = 0;
+        if (i % 3 == 0)
+            CHECK_EQ(D.MemRetainAllocationHandle(&again, (void *)(uintptr_t)at), CUDA_SUCCESS);
+        limit_holds();
+        CHECK_EQ(D.MemUnmap(at, want), CUDA_SUCCESS);
+        CHECK_EQ(D.MemRelease(h), CUDA_SUCCESS);
+        if (again)
+            CHECK_EQ(D.MemRelease(again), CUDA_SUCCESS);
+        CHECK_EQ(D.MemAddressFree(at, want), CUDA_SUCCESS);
+    }
+    return NULL;
+}
+
+static void *pool_thread(void *arg)
+{
+    unsigned seed = (unsigned)(uintptr_t)arg;
+    e2e_cu_primary_current(0);
+    CUdeviceptr live[4] = {0};
+    for (int i = 0; i < ROUNDS; i++) {
+        int k = i % 4;
+        if (live[k])
+            CHECK_EQ(D.MemFree(live[k]), CUDA_SUCCESS);
+        live[k] = 0;
+        CUresult r = D.MemAlloc(&live[k], (size_t)(1 + rand_r(&seed) % 6) * MiB);
+        if (r == CUDA_ERROR_OUT_OF_MEMORY)
+            atomic_fetch_add(&pool_refused, 1);
+        else
+            CHECK_EQ(r, CUDA_SUCCESS);
+        limit_holds();
+    }
+    for (int k = 0; k < 4; k++)
+        if (live[k])
+            CHECK_EQ(D.MemFree(live[k]), CUDA_SUCCESS);
+    return NULL;
+}
+
+static void *trim_thread(void *arg)
+{
+    (void)arg;
+    e2e_cu_primary_current(0);
+    size_t (*trim)(void) = (size_t (*)(void))dlsym(RTLD_DEFAULT, "bfcshim_trim");
+    for (int i = 0; i < ROUNDS; i++) {
+        size_t f = 0, t = 0;
+        CHECK_EQ(D.MemGetInfo(&f, &t), CUDA_SUCCESS);
+        CHECK(f <= t);
+        if (trim && i % 8 == 0)
+            trim();
+        limit_holds();
+    }
+    return NULL;
+}
+
+static void threads(void)
+{
+    start();
+    CUdeviceptr first = 0; /* the pool first, preallocated: loans give back */
+    CHECK_EQ(D.MemAlloc(&first, MiB), CUDA_SUCCESS);
+    pthread_t t[5];
+    CHECK_EQ(pthread_create(&t[0], NULL, door_thread, (void *)1), 0);
+    CHECK_EQ(pthread_create(&t[1], NULL, door_thread, (void *)2), 0);
+    CHECK_EQ(pthread_create(&t[2], NULL, pool_thread, (void *)3), 0);
+    CHECK_EQ(pthread_create(&t[3], NULL, pool_thread, (void *)4), 0);
+    CHECK_EQ(pthread_create(&t[4], NULL, trim_thread, NULL), 0);
+    for (int i = 0; i < 5; i++)
+        CHECK_EQ(pthread_join(t[i], NULL), 0);
+    CHECK_EQ(D.MemFree(first), CUDA_SUCCESS);
+    fprintf(stderr, "refused: %d creates, %d cuMemAlloc; limit passed %d times\n",
+            atomic_load(&door_refused), atomic_load(&pool_refused), atomic_load(&over_limit));
+    CHECK_EQ(counted(), 0);
+    CHECK_EQ(atomic_load(&over_limit), 0);
+}
+
+/* (found by an audit) "cuCtxDestroy will not destroy memory allocations by
+ * cuMemCreate()", and neither does a primary context's reset: the program's
+ * buffer lives on, but its loan stays with the forgotten pool, and the
+ * context's next pool lends its whole limit again. Two 512 MiB creates
+ * then live at once under a 768 MiB limit. */
+static void reset(void)
+{
+    start();
+    buffer big = make(512 * MiB);
+    CHECK_EQ(counted(), (long long)(512 * MiB));
+    CUdevice d;
+    CHECK_EQ(D.DeviceGet(&d, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxReset(d), CUDA_SUCCESS);
+    e2e_cu_primary_current(0);
+    memset((void *)(uintptr_t)big.at, 0x5a, big.size); /* still the program's */
+    CUmemAllocationProp p = exportable_on(0);
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r = D.MemCreate(&h, 512 * MiB, &p, 0);
+    fprintf(stderr, "a second 512 MiB create beside the first, limit %lld: %d; lent %lld\n",
+            shim_stat_number("bytes_limit"), (int)r, shim_stat_number("bytes_lent"));
+    if (r == CUDA_SUCCESS)
+        CHECK_EQ(D.MemRelease(h), CUDA_SUCCESS);
+    CHECK_EQ(r, CUDA_ERROR_OUT_OF_MEMORY);
+    delete(&big);
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -246,7 +508,11 @@ int main(int argc, char **argv)
         {"procaddr", procaddr},
         {"hooks-off", hooks_off},
         {"saturate", saturate},
-        {"budget", budget}};
+        {"budget", budget},
+        {"race-create", race_create},
+        {"race-retain", race_retain},
+        {"threads", threads},
+        {"reset", reset}};
     return e2e_main("e2e_vmm_door", scenarios, sizeof scenarios / sizeof scenarios[0], argc,
                     argv);
 }
