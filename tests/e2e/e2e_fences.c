@@ -233,6 +233,20 @@ static void *capture_thread(void *arg)
     return NULL;
 }
 
+/* The other thread's capture was neither refused a call nor invalidated
+ * since s0, and it ends (its thread joined) as it began: intact. */
+static void capture_ends_intact(capturer *c, pthread_t t, const fakecuda_stats *s0)
+{
+    CHECK_EQ(fake_stats().capture_invalidations, s0->capture_invalidations);
+    CHECK_EQ(fake_stats().unsafe_calls_refused, s0->unsafe_calls_refused);
+    e2e_phase_set(&c->step, 2);
+    e2e_phase_wait(&c->step, 3);
+    pthread_join(t, NULL);
+    CHECK_EQ(c->setup_result, cudaSuccess);
+    CHECK_EQ(c->begin_result, CUDA_SUCCESS);
+    CHECK_EQ(c->end_result, CUDA_SUCCESS);
+}
+
 static void other_thread_capture(bool per_thread, enum cudaStreamCaptureMode mode)
 {
     char *p, *filler = fill_but_hole(&p);
@@ -268,14 +282,7 @@ static void other_thread_capture(bool per_thread, enum cudaStreamCaptureMode mod
         expect_safe(p, q, s);
     else
         cudaGetLastError();
-    CHECK_EQ(fake_stats().capture_invalidations, s0.capture_invalidations);
-    CHECK_EQ(fake_stats().unsafe_calls_refused, s0.unsafe_calls_refused);
-    e2e_phase_set(&c.step, 2);
-    e2e_phase_wait(&c.step, 3);
-    pthread_join(t, NULL);
-    CHECK_EQ(c.setup_result, cudaSuccess);
-    CHECK_EQ(c.begin_result, CUDA_SUCCESS);
-    CHECK_EQ(c.end_result, CUDA_SUCCESS);
+    capture_ends_intact(&c, t, &s0);
     fakecuda()->complete_all();
     if (q)
         CHECK_EQ(cudaFree(q), cudaSuccess);
@@ -662,14 +669,7 @@ static void query_vs_begin(void)
     if (!atomic_load(&cue_given))
         e2e_phase_set(&c.cue, 2);
     e2e_phase_wait(&c.step, 1);
-    CHECK_EQ(fake_stats().capture_invalidations, s0.capture_invalidations);
-    CHECK_EQ(fake_stats().unsafe_calls_refused, s0.unsafe_calls_refused);
-    e2e_phase_set(&c.step, 2);
-    e2e_phase_wait(&c.step, 3);
-    pthread_join(t, NULL);
-    CHECK_EQ(c.setup_result, cudaSuccess);
-    CHECK_EQ(c.begin_result, CUDA_SUCCESS);
-    CHECK_EQ(c.end_result, CUDA_SUCCESS);
+    capture_ends_intact(&c, t, &s0);
     fakecuda()->complete_all();
     if (x)
         CHECK_EQ(cudaFree(x), cudaSuccess);
@@ -722,14 +722,7 @@ static void region_during_capture(void)
     fakecuda_stats s0 = fake_stats();
     char *big = alloc_ok(64 * MiB); /* past the first region: a new one */
     CHECK(fake_stats().mem_alloc_calls > s0.mem_alloc_calls);
-    CHECK_EQ(fake_stats().capture_invalidations, s0.capture_invalidations);
-    CHECK_EQ(fake_stats().unsafe_calls_refused, s0.unsafe_calls_refused);
-    e2e_phase_set(&c.step, 2);
-    e2e_phase_wait(&c.step, 3);
-    pthread_join(t, NULL);
-    CHECK_EQ(c.setup_result, cudaSuccess);
-    CHECK_EQ(c.begin_result, CUDA_SUCCESS);
-    CHECK_EQ(c.end_result, CUDA_SUCCESS);
+    capture_ends_intact(&c, t, &s0);
     CHECK_EQ(cudaFree(big), cudaSuccess);
     CHECK_EQ(cudaFree(first), cudaSuccess);
 }
