@@ -811,16 +811,14 @@ bfc_status bfc_pool_lend(bfc_pool *p, uint64_t bytes)
     if (bytes > p->opt.limit_bytes) {
         s = BFC_ERR_OOM;
     } else {
+        const uint64_t most = p->opt.limit_bytes - bytes; /* what the pool may hold then */
         bool polled = false;
-        while (p->st.pool_bytes > p->opt.limit_bytes - bytes) {
-            const uint64_t short_by = p->st.pool_bytes - (p->opt.limit_bytes - bytes);
+        while (p->st.pool_bytes > most) {
             if (p->opt.vmm)
-                backing_release_some(p, short_by);
+                backing_release_some(p, p->st.pool_bytes - most);
             else
                 region_release_empty(p);
-            if (p->st.pool_bytes <= p->opt.limit_bytes - bytes)
-                break;
-            if (!retire_or_wait(p, &polled)) {
+            if (p->st.pool_bytes > most && !retire_or_wait(p, &polled)) {
                 s = BFC_ERR_OOM;
                 break;
             }
