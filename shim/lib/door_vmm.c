@@ -137,10 +137,10 @@ static void adopt_loans(shim_pool *sp)
     if (dev < 0 || dev >= SHIM_MAX_DEVICES)
         return;
     pthread_mutex_lock(&lock);
-    if (last_lender[dev] != sp && handles_ready) {
+    if (last_lender[dev] != sp) {
         last_lender[dev] = sp;
         uint64_t unadopted = 0;
-        for (uint64_t i = 0; i <= handles.mask; i++) {
+        for (uint64_t i = 0; handles_ready && i <= handles.mask; i++) {
             if (!handles.slots[i].key)
                 continue;
             made *m = (made *)(uintptr_t)handles.slots[i].val;
@@ -162,8 +162,6 @@ static void adopt_loans(shim_pool *sp)
                           "until released",
                           dev, format_size(unadopted, b, sizeof b));
         }
-    } else if (last_lender[dev] != sp) {
-        last_lender[dev] = sp;
     }
     pthread_mutex_unlock(&lock);
 }
