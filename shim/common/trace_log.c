@@ -145,17 +145,12 @@ enum { TICK_US = 4000 };
  * back to it once no buffer filled in QUIET_US (under 41,000 a second). */
 enum { PRECISE_MAX_PER_TICK = 250, QUIET_US = 100000 };
 
-static uint64_t clock_us(void)
+/* CLOCK_REALTIME_COARSE (the writer's tick) or CLOCK_REALTIME (an event's
+ * own time), in microseconds. */
+static uint64_t clock_us(clockid_t id)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME_COARSE, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
-static uint64_t fine_clock_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
+    clock_gettime(id, &ts);
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
@@ -273,7 +268,7 @@ static void choose_timing(trace_log *t, uint64_t now)
  */
 static void set_tick(trace_log *t)
 {
-    uint64_t now = clock_us() - t->start_us;
+    uint64_t now = clock_us(CLOCK_REALTIME_COARSE) - t->start_us;
     if (now == atomic_load_explicit(&t->tick, memory_order_relaxed))
         return;
     choose_timing(t, now);
@@ -360,7 +355,7 @@ trace_log *trace_log_open(const char *path)
     t->main.last_thread = ~(uint64_t)0;
     channel_take(&t->main, &t->bufs[0]);
     t->decoding = &t->dec[0];
-    t->start_us = clock_us();
+    t->start_us = clock_us(CLOCK_REALTIME_COARSE);
     atomic_init(&t->tick, 0);
     atomic_init(&t->precise, true); /* a program starts slowly */
     for (int i = 1; i < NBUFFERS; i++)
@@ -433,7 +428,7 @@ static __attribute__((noinline, cold)) void channel_event_slow(channel *c, rec_a
     const bool precise = atomic_load_explicit(&t->precise, memory_order_relaxed);
     uint64_t now;
     if (precise) {
-        now = fine_clock_us() - t->start_us;
+        now = clock_us(CLOCK_REALTIME) - t->start_us;
         const uint64_t tick = atomic_load_explicit(&t->tick, memory_order_relaxed);
         if (tick != c->fine_since_tick) {
             c->fine_since_tick = tick;
