@@ -247,6 +247,19 @@ static void capture_ends_intact(capturer *c, pthread_t t, const fakecuda_stats *
     CHECK_EQ(c->end_result, CUDA_SUCCESS);
 }
 
+/* The work done, the scenario's blocks (q may be NULL) and stream gone:
+ * everything comes back. */
+static void all_comes_back(void *q, char *filler, cudaStream_t s)
+{
+    fakecuda()->complete_all();
+    if (q)
+        CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
+    char *all = alloc_ok(free_memory());
+    CHECK_EQ(cudaFree(all), cudaSuccess);
+}
+
 static void other_thread_capture(bool per_thread, enum cudaStreamCaptureMode mode)
 {
     char *p, *filler = fill_but_hole(&p);
@@ -283,14 +296,7 @@ static void other_thread_capture(bool per_thread, enum cudaStreamCaptureMode mod
     else
         cudaGetLastError();
     capture_ends_intact(&c, t, &s0);
-    fakecuda()->complete_all();
-    if (q)
-        CHECK_EQ(cudaFree(q), cudaSuccess);
-    CHECK_EQ(cudaFree(filler), cudaSuccess);
-    CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
-    /* Everything comes back once the work is done. */
-    char *all = alloc_ok(free_memory());
-    CHECK_EQ(cudaFree(all), cudaSuccess);
+    all_comes_back(q, filler, s);
 }
 
 static void ptsz_capture(void) { other_thread_capture(true, cudaStreamCaptureModeGlobal); }
@@ -670,13 +676,7 @@ static void query_vs_begin(void)
         e2e_phase_set(&c.cue, 2);
     e2e_phase_wait(&c.step, 1);
     capture_ends_intact(&c, t, &s0);
-    fakecuda()->complete_all();
-    if (x)
-        CHECK_EQ(cudaFree(x), cudaSuccess);
-    CHECK_EQ(cudaFree(filler), cudaSuccess);
-    CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
-    char *all = alloc_ok(free_memory());
-    CHECK_EQ(cudaFree(all), cudaSuccess);
+    all_comes_back(x, filler, s);
 }
 
 /* While another thread captures on its per-thread default stream (a
