@@ -43,6 +43,11 @@
  *   fake-stream-write  cuStreamWriteValue64 (and the attribute that announces
  *                  it): stream work, device or page-locked memory only,
  *                  aligned, flags
+ *   fake-memset    cuMemsetD32, cuMemsetD8Async, cuMemsetD32Async (TensorFlow
+ *                  zeroes its first tensors with cuMemsetD32Async): stream
+ *                  work on the stream named, every 32-bit element set, the
+ *                  range inside one allocation, four-byte alignment, bad
+ *                  streams
  *   fake-pci-bus-id   cuDeviceGetPCIBusId against CU_DEVICE_ATTRIBUTE_PCI_BUS_ID
  *   fake-nvml, fake-nvml-visible  the fake NVML (tests/fake_cuda/nvml,
  *                  on the loader's path for these two only): init counted,
@@ -50,7 +55,8 @@
  *                  buffer, each CUDA device found by the bus id the fake
  *                  driver gives it (with CUDA_VISIBLE_DEVICES=1, which NVML
  *                  ignores, too), the three bus id formats, PCIe link, MIG
- *                  mode, the NVLink count field
+ *                  mode, the NVLink count field, NVLink state and capability
+ *                  (not supported) and fabric info (not in a fabric)
  *   fake-visible-devices, fake-visible-uuid, fake-visible-none
  *                  CUDA_VISIBLE_DEVICES, read at cuInit (meson sets it, with
  *                  FAKECUDA_MEM=1GiB,2GiB): "1"; "GPU-fb,0,7,1" (a UUID
@@ -88,6 +94,9 @@ static struct {
     CUresult (*MemPoolSetAccess)(CUmemoryPool, const CUmemAccessDesc *, size_t);
     CUresult (*MemPoolGetAccess)(CUmemAccess_flags *, CUmemoryPool, CUmemLocation *);
     CUresult (*StreamWriteValue64)(CUstream, CUdeviceptr, cuuint64_t, unsigned);
+    CUresult (*MemsetD32)(CUdeviceptr, unsigned, size_t);
+    CUresult (*MemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
+    CUresult (*MemsetD32Async)(CUdeviceptr, unsigned, size_t, CUstream);
     CUresult (*GetProcAddress)(const char *, void **, int, cuuint64_t,
                                CUdriverProcAddressQueryResult *);
 } X;
@@ -120,6 +129,9 @@ static void load_more(void)
     X_CU(MemPoolSetAccess, "cuMemPoolSetAccess");
     X_CU(MemPoolGetAccess, "cuMemPoolGetAccess");
     X_CU(StreamWriteValue64, "cuStreamWriteValue64_v2");
+    X_CU(MemsetD32, "cuMemsetD32_v2");
+    X_CU(MemsetD8Async, "cuMemsetD8Async");
+    X_CU(MemsetD32Async, "cuMemsetD32Async");
     X_CU(GetProcAddress, "cuGetProcAddress_v2");
 #undef X_CU
 }
@@ -836,10 +848,27 @@ static struct {
     int (*DeviceGetCurrPcieLinkWidth)(void *, unsigned *);
     int (*DeviceGetMigMode)(void *, unsigned *, unsigned *);
     int (*DeviceGetFieldValues)(void *, int, nvml_field_value *);
+    int (*DeviceGetNvLinkState)(void *, unsigned, unsigned *);
+    int (*DeviceGetNvLinkCapability)(void *, unsigned, unsigned, unsigned *);
+    int (*DeviceGetGpuFabricInfoV)(void *, void *);
 } N;
 
+/* nvmlGpuFabricInfo_v3_t as nvml.h lays it out (40 bytes; v2 is its first
+ * 36), with its version words (size | version << 24). */
+typedef struct {
+    unsigned version;
+    unsigned char cluster_uuid[16];
+    int status;
+    unsigned clique_id;
+    unsigned char state;
+    unsigned health_mask;
+    unsigned char health_summary;
+} nvml_fabric_info;
+#define FABRIC_V2 (36u | 2u << 24)
+#define FABRIC_V3 (40u | 3u << 24)
+
 enum { NVML_OK = 0, NVML_UNINITIALIZED = 1, NVML_INVALID_ARGUMENT = 2, NVML_NOT_SUPPORTED = 3,
-       NVML_NOT_FOUND = 6, NVML_INSUFFICIENT_SIZE = 7 };
+       NVML_NOT_FOUND = 6, NVML_INSUFFICIENT_SIZE = 7, NVML_VERSION_MISMATCH = 25 };
 
 static bool load_nvml(void)
 {
@@ -861,6 +890,9 @@ static bool load_nvml(void)
     N_FN(DeviceGetCurrPcieLinkWidth, "nvmlDeviceGetCurrPcieLinkWidth");
     N_FN(DeviceGetMigMode, "nvmlDeviceGetMigMode");
     N_FN(DeviceGetFieldValues, "nvmlDeviceGetFieldValues");
+    N_FN(DeviceGetNvLinkState, "nvmlDeviceGetNvLinkState");
+    N_FN(DeviceGetNvLinkCapability, "nvmlDeviceGetNvLinkCapability");
+    N_FN(DeviceGetGpuFabricInfoV, "nvmlDeviceGetGpuFabricInfoV");
 #undef N_FN
     return true;
 }
@@ -929,6 +961,28 @@ static void nvml_checks(int cuda_devices, const unsigned *nvml_index_of)
     CHECK_EQ(N.DeviceGetFieldValues(h, 2, f), NVML_OK);
     CHECK(f[0].nvmlReturn == NVML_OK && f[0].valueType == 1 && f[0].value.ui == 0);
     CHECK_EQ(f[1].nvmlReturn, NVML_NOT_SUPPORTED);
+    /* A PCIe card: no NVLink state or capability, no fabric (XLA and
+     * TensorFlow ask each device; a missing function is an error line). */
+    unsigned active = 7, cap = 7;
+    CHECK_EQ(N.DeviceGetNvLinkState(h, 0, &active), NVML_NOT_SUPPORTED);
+    CHECK_EQ(N.DeviceGetNvLinkState(h, 0, NULL), NVML_INVALID_ARGUMENT);
+    CHECK_EQ(N.DeviceGetNvLinkCapability(h, 0, 0, &cap), NVML_NOT_SUPPORTED);
+    CHECK_EQ(N.DeviceGetNvLinkState((void *)&n, 0, &active), NVML_INVALID_ARGUMENT);
+    CHECK(active == 7 && cap == 7);
+    CHECK_EQ(sizeof(nvml_fabric_info), 40);
+    nvml_fabric_info fi;
+    memset(&fi, 0xee, sizeof fi);
+    fi.version = FABRIC_V3;
+    CHECK_EQ(N.DeviceGetGpuFabricInfoV(h, &fi), NVML_OK);
+    CHECK(fi.state == 0 && fi.status == NVML_OK && fi.clique_id == 0 && fi.health_mask == 0 &&
+          fi.health_summary == 0 && fi.cluster_uuid[15] == 0);
+    memset(&fi, 0xee, sizeof fi);
+    fi.version = FABRIC_V2;
+    CHECK_EQ(N.DeviceGetGpuFabricInfoV(h, &fi), NVML_OK);
+    CHECK(fi.state == 0 && fi.health_summary == 0xee); /* v2 ends before it */
+    fi.version = 40u | 9u << 24;
+    CHECK_EQ(N.DeviceGetGpuFabricInfoV(h, &fi), NVML_VERSION_MISMATCH);
+    CHECK_EQ(N.DeviceGetGpuFabricInfoV(h, NULL), NVML_INVALID_ARGUMENT);
 
     CHECK_EQ(N.Shutdown(), NVML_OK);
     CHECK_EQ(N.DeviceGetCount(&n), NVML_OK);
@@ -998,6 +1052,93 @@ static void fake_visible_none(void) /* CUDA_VISIBLE_DEVICES= */
     CHECK_EQ(X.DeviceGetCount(&n), CUDA_ERROR_NOT_INITIALIZED);
 }
 
+/* Every 32-bit element of [p, p + 4n) holds v. */
+static bool holds32(CUdeviceptr p, size_t n, uint32_t v)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t got;
+        memcpy(&got, bytes(p) + 4 * i, 4);
+        if (got != v)
+            return false;
+    }
+    return true;
+}
+
+static void fake_memset(void)
+{
+    start();
+    NEED(MemsetD32);
+    NEED(MemsetD8Async);
+    NEED(MemsetD32Async);
+    NEED(MemHostAlloc);
+    NEED(GetProcAddress);
+    same_through_proc_address("cuMemsetD32", "cuMemsetD32_v2");
+    same_through_proc_address("cuMemsetD32Async", "cuMemsetD32Async");
+    same_through_proc_address("cuMemsetD8Async", "cuMemsetD8Async");
+    enum { N = 4096 };
+    CUdeviceptr dev = alloc_ok(N);
+    memset(bytes(dev), 0, N);
+    CUstream s;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+
+    /* Stream work on the stream named: not before the work queued ahead of
+     * it, not held back by the legacy stream (s does not block). */
+    const uint32_t v = 0x3f800000u; /* 1.0f: the element, not a byte */
+    fakecuda_stats before = fake_stats();
+    CHECK_EQ(fakecuda()->launch(s, nothing, NULL), 0);
+    CHECK_EQ(X.MemsetD32Async(dev + 8, v, 100, s), CUDA_SUCCESS);
+    CHECK(holds(bytes(dev), N, 0));
+    fakecuda()->complete(CU_STREAM_LEGACY);
+    CHECK(holds(bytes(dev), N, 0));
+    CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
+    CHECK(holds(bytes(dev), 8, 0));
+    CHECK(holds32(dev + 8, 100, v));
+    CHECK(holds(bytes(dev) + 8 + 400, N - 8 - 400, 0));
+    CHECK_EQ(fake_stats().memsets - before.memsets, 1);
+
+    /* The byte form on a stream; the plain 32-bit form on the legacy
+     * stream, behind its queued work. */
+    CHECK_EQ(X.MemsetD8Async(dev, 0x5a, N, s), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
+    CHECK(holds(bytes(dev), N, 0x5a));
+    CHECK_EQ(fakecuda()->launch(CU_STREAM_LEGACY, nothing, NULL), 0);
+    CHECK_EQ(X.MemsetD32(dev, 0x01020304u, N / 4), CUDA_SUCCESS);
+    CHECK(holds(bytes(dev), N, 0x5a));
+    fakecuda()->complete(CU_STREAM_LEGACY);
+    CHECK(holds32(dev, N / 4, 0x01020304u));
+
+    /* Page-locked host memory, at its device address: the Async form is
+     * still stream work. */
+    void *pinned = NULL;
+    CHECK_EQ(X.MemHostAlloc(&pinned, N, CU_MEMHOSTALLOC_DEVICEMAP), CUDA_SUCCESS);
+    memset(pinned, 0, N);
+    CHECK_EQ(fakecuda()->launch(s, nothing, NULL), 0);
+    CHECK_EQ(X.MemsetD32Async((CUdeviceptr)(uintptr_t)pinned, v, N / 4, s), CUDA_SUCCESS);
+    CHECK(holds(pinned, N, 0));
+    CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
+    CHECK(holds32((CUdeviceptr)(uintptr_t)pinned, N / 4, v));
+
+    /* Refused, nothing written: not four-byte aligned, past the end of the
+     * allocation, pageable memory, a stream that is gone. Zero elements
+     * succeed and write nothing. */
+    before = fake_stats();
+    memset(bytes(dev), 0, N);
+    CHECK_EQ(X.MemsetD32Async(dev + 2, v, 4, s), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemsetD32(dev + 1, v, 4), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemsetD32Async(dev + N - 8, v, 3, s), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemsetD8Async(dev + 1, 1, N, s), CUDA_ERROR_INVALID_VALUE);
+    static uint32_t pageable[16];
+    CHECK_EQ(X.MemsetD32Async((CUdeviceptr)(uintptr_t)pageable, v, 16, s),
+             CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemsetD32Async(dev, v, 0, s), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
+    CHECK(holds(bytes(dev), N, 0));
+    CHECK_EQ(fake_stats().memsets - before.memsets, 0);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+    CHECK_EQ(X.MemsetD32Async(dev, v, 4, s), CUDA_ERROR_INVALID_HANDLE);
+    CHECK_EQ(X.MemFreeHost(pinned), CUDA_SUCCESS);
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -1011,6 +1152,7 @@ int main(int argc, char **argv)
         {"fake-peer-copy", fake_peer_copy},
         {"fake-pool-access", fake_pool_access},
         {"fake-stream-write", fake_stream_write},
+        {"fake-memset", fake_memset},
         {"fake-pci-bus-id", fake_pci_bus_id},
         {"fake-nvml", fake_nvml},
         {"fake-nvml-visible", fake_nvml_visible},

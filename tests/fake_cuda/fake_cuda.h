@@ -76,6 +76,7 @@ typedef struct fakecuda_stats {
     uint64_t peer_copies;          /* cuMemcpyPeerAsync that succeeded */
     uint64_t stream_value_writes;  /* cuStreamWriteValue64 that succeeded */
     uint64_t pool_access_calls;    /* cuMemPoolSetAccess that succeeded */
+    uint64_t memsets;              /* cuMemsetD8/D32[Async] that queued work */
 } fakecuda_stats;
 
 typedef void (*fakecuda_work)(void *arg);

@@ -114,8 +114,8 @@
  *             destination written before the call returns, page-locked
  *             memory read and written when the copy's turn comes in the
  *             Async forms, device memory when the copy's turn comes;
- *             cuMemcpyPeerAsync between devices; cuMemsetD8 and
- *             cuStreamWriteValue64 are stream work ("Copies" below).
+ *             cuMemcpyPeerAsync between devices; cuMemsetD8/D32[Async]
+ *             and cuStreamWriteValue64 are stream work ("Copies" below).
  *   runtime   no private tables for a real CUDA runtime (cuGetExportTable:
  *             CUDA_ERROR_NOT_SUPPORTED, and one line naming the file that
  *             asked): a program with cudart linked in statically cannot
@@ -3622,49 +3622,103 @@ EXPORT CUresult cuStreamWriteValue64_v2_ptsz(CUstream h, CUdeviceptr addr, cuuin
 
 /* "The cudaMemset functions are asynchronous with respect to the host
  * except when the target memory is pinned host memory" (API
- * synchronization behavior): a memset of device memory is legacy-stream
- * work, done when its turn comes; of page-locked host memory (at its device
- * address, which is its host address here) it is done when the call
- * returns, after the work queued before it. Pageable memory is no device
- * pointer: CUDA_ERROR_INVALID_VALUE. */
+ * synchronization behavior): a memset of device memory is stream work, done
+ * when its turn comes; the plain forms (cuMemsetD8, cuMemsetD32) queue it on
+ * the legacy stream and, for page-locked host memory (at its device address,
+ * which is its host address here), finish it before they return, after the
+ * work queued before it. The Async forms are stream work whatever the
+ * memory. Pageable memory is no device pointer, and the whole range must lie
+ * in one allocation or mapped virtual memory: CUDA_ERROR_INVALID_VALUE, as is
+ * a cuMemsetD32 destination that is not "four byte aligned" (cuda.h). */
 typedef struct async_set {
-    void *dst;
-    unsigned char v;
-    size_t n;
+    unsigned char *dst;
+    uint32_t value;
+    unsigned width; /* bytes per element: 1 or 4 */
+    size_t n;       /* elements */
 } async_set;
 
 static void run_set(void *arg)
 {
     async_set *a = arg;
-    memset(a->dst, a->v, a->n);
+    if (a->width == 1) {
+        memset(a->dst, (int)a->value, a->n);
+    } else {
+        for (size_t i = 0; i < a->n; i++)
+            memcpy(a->dst + i * 4, &a->value, 4);
+    }
     free(a);
 }
 
-EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n)
+/* Lock held: is [d, d + bytes) device memory the program may set: inside one
+ * allocation, page-locked host allocation or mapped virtual memory? Sets
+ * *locked for page-locked host memory. */
+static bool settable(CUdeviceptr d, size_t bytes, bool *locked)
 {
-    CALLED();
+    const allocation *a = find_alloc(d, true);
+    const host_allocation *ha = a ? NULL : find_host_alloc(d, true);
+    *locked = ha != NULL;
+    return a ? bytes <= a->base + a->size - d
+           : ha ? bytes <= ha->base + ha->size - d
+                : vmm_mapped_on(d, bytes, -1);
+}
+
+static CUresult memset_on(CUstream h, CUdeviceptr d, uint32_t value, unsigned width, size_t n,
+                          bool sync_form)
+{
     ENTER_API();
-    fstream *s = stream_of(CU_STREAM_LEGACY);
+    fstream *s = stream_of(h);
     if (!s)
-        LEAVE(CUDA_ERROR_INVALID_CONTEXT);
+        LEAVE(sync_form ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE);
     CUresult r = legacy_use(s);
     if (r != CUDA_SUCCESS)
         LEAVE(r);
-    const bool locked = find_host_alloc(d, true) != NULL;
-    if (!locked && !device_memory((void *)(uintptr_t)d))
+    bool locked = false;
+    if (d % width || n > SIZE_MAX / width || !settable(d, n ? n * width : 1, &locked))
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     if (n == 0)
         LEAVE(CUDA_SUCCESS);
     async_set *a = malloc(sizeof *a);
     if (!a)
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
-    *a = (async_set){(void *)(uintptr_t)d, v, n};
+    *a = (async_set){(unsigned char *)(uintptr_t)d, value, width, n};
     submit(s, run_set, a);
-    if (locked && !s->capturing)
+    G.st.memsets++;
+    if (sync_form && locked && !s->capturing)
         complete_and_unlock(s);
     else
         maybe_autocomplete_and_unlock(s);
     return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n)
+{
+    CALLED();
+    return memset_on(CU_STREAM_LEGACY, d, v, 1, n, true);
+}
+EXPORT CUresult cuMemsetD32_v2(CUdeviceptr d, unsigned int v, size_t n)
+{
+    CALLED();
+    return memset_on(CU_STREAM_LEGACY, d, v, 4, n, true);
+}
+EXPORT CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream h)
+{
+    CALLED();
+    return memset_on(h, d, v, 1, n, false);
+}
+EXPORT CUresult cuMemsetD8Async_ptsz(CUdeviceptr d, unsigned char v, size_t n, CUstream h)
+{
+    CALLED();
+    return memset_on(h ? h : CU_STREAM_PER_THREAD, d, v, 1, n, false);
+}
+EXPORT CUresult cuMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream h)
+{
+    CALLED();
+    return memset_on(h, d, v, 4, n, false);
+}
+EXPORT CUresult cuMemsetD32Async_ptsz(CUdeviceptr d, unsigned int v, size_t n, CUstream h)
+{
+    CALLED();
+    return memset_on(h ? h : CU_STREAM_PER_THREAD, d, v, 4, n, false);
 }
 
 static CUresult error_string(CUresult e, const char **s)
@@ -4494,6 +4548,11 @@ static const proc procs[] = {
     P("cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2),
     P("cuMemcpyDtoD", 3020, cuMemcpyDtoD_v2),
     P("cuMemsetD8", 3020, cuMemsetD8_v2),
+    P("cuMemsetD32", 3020, cuMemsetD32_v2),
+    P("cuMemsetD8Async", 3020, cuMemsetD8Async),
+    PZ("cuMemsetD8Async", 7000, cuMemsetD8Async_ptsz),
+    P("cuMemsetD32Async", 3020, cuMemsetD32Async),
+    PZ("cuMemsetD32Async", 7000, cuMemsetD32Async_ptsz),
     P("cuMemcpy", 4000, cuMemcpy),
     P("cuMemcpyAsync", 4000, cuMemcpyAsync),
     P("cuMemcpyHtoDAsync", 3020, cuMemcpyHtoDAsync_v2),

@@ -52,6 +52,7 @@ static struct {
     CUresult (*MemFree)(CUdeviceptr);
     CUresult (*MemAllocPitch)(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
     CUresult (*MemGetInfo)(size_t *, size_t *);
+    CUresult (*CtxGetStreamPriorityRange)(int *, int *);
     CUresult (*MemAllocAsync[2])(CUdeviceptr *, size_t, CUstream);
     CUresult (*MemFreeAsync[2])(CUdeviceptr, CUstream);
     CUresult (*MemAllocFromPoolAsync[2])(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
@@ -137,6 +138,7 @@ static void initialise(void)
     R(MemFree, "cuMemFree");
     R(MemAllocPitch, "cuMemAllocPitch");
     R(MemGetInfo, "cuMemGetInfo");
+    R(CtxGetStreamPriorityRange, "cuCtxGetStreamPriorityRange");
     RZ(MemAllocAsync, "cuMemAllocAsync");
     RZ(MemFreeAsync, "cuMemFreeAsync");
     RZ(MemAllocFromPoolAsync, "cuMemAllocFromPoolAsync");
@@ -380,6 +382,13 @@ EXPORT cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
 {
     ENTER();
     return record(D.MemGetInfo(free_bytes, total));
+}
+
+/* The current device's range: its primary context's, as the driver says. */
+EXPORT cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greatest)
+{
+    ENTER();
+    return record(D.CtxGetStreamPriorityRange(least, greatest));
 }
 
 static cudaError_t malloc_async(int z, void **p, size_t size, cudaStream_t s)

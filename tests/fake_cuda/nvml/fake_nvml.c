@@ -22,7 +22,11 @@
  * host-to-device bandwidth from it, and logs an error per device without
  * it). NVLink is not modelled: asked for NVML_FI_DEV_NVLINK_LINK_COUNT
  * (nvmlDeviceGetFieldValues), a device answers 0 links, as a PCIe card
- * does; other fields are NVML_ERROR_NOT_SUPPORTED each. MIG is off
+ * does; other fields are NVML_ERROR_NOT_SUPPORTED each, and so are a link's
+ * state and capabilities (nvmlDeviceGetNvLinkState/Capability: "the device
+ * doesn't support this feature"). No NVLink fabric either:
+ * nvmlDeviceGetGpuFabricInfoV succeeds with NVML_GPU_FABRIC_STATE_NOT_SUPPORTED,
+ * what XLA and TensorFlow read as "no multi-node NVLink". MIG is off
  * (nvmlDeviceGetMigMode: disabled, none pending). Everything else NVML has
  * is absent, as from an older NVML: callers
  * look functions up and do without (XLA: NVML_ERROR_FUNCTION_NOT_FOUND).
@@ -30,6 +34,7 @@
  * No nvml.h is needed: the few types are declared here as NVML declares
  * them (nvmlReturn_t values, nvmlDevice_t an opaque pointer).
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +49,7 @@ typedef enum {
     NVML_ERROR_NOT_SUPPORTED = 3,
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
     NVML_ERROR_UNKNOWN = 999,
 } nvmlReturn_t;
 
@@ -61,6 +67,21 @@ typedef struct {
         long long sllVal;
     } value;
 } nvmlFieldValue_t;
+
+/* nvmlGpuFabricInfo_v2_t / _v3_t, as nvml.h lays them out; the version
+ * word is the struct's size | (version << 24) (NVML_STRUCT_VERSION). */
+typedef struct {
+    unsigned int version;
+    unsigned char clusterUuid[16];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned char state; /* nvmlGpuFabricState_t */
+    unsigned int healthMask;
+    unsigned char healthSummary; /* v3 only */
+} nvmlGpuFabricInfoV_t;
+#define FABRIC_INFO_V2 (unsigned)(offsetof(nvmlGpuFabricInfoV_t, healthSummary) | 2u << 24)
+#define FABRIC_INFO_V3 (unsigned)(sizeof(nvmlGpuFabricInfoV_t) | 3u << 24)
+#define NVML_GPU_FABRIC_STATE_NOT_SUPPORTED 0
 
 #define NVML_FI_DEV_NVLINK_LINK_COUNT 91
 #define NVML_VALUE_TYPE_UNSIGNED_INT 1
@@ -114,6 +135,7 @@ EXPORT const char *nvmlErrorString(nvmlReturn_t r)
     case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
     case NVML_ERROR_NOT_FOUND: return "Not Found";
     case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument Version Mismatch";
     default: return "Unknown Error";
     }
 }
@@ -230,6 +252,48 @@ EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count,
             v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
         }
     }
+    return NVML_SUCCESS;
+}
+
+/* A PCIe card: no link has a state or a capability to report. */
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link,
+                                             unsigned int *is_active)
+{
+    (void)link;
+    nvmlReturn_t r = device_ok(device);
+    if (r == NVML_SUCCESS)
+        r = is_active ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+    return r;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkCapability(nvmlDevice_t device, unsigned int link,
+                                                  unsigned int capability, unsigned int *result)
+{
+    (void)link, (void)capability;
+    nvmlReturn_t r = device_ok(device);
+    if (r == NVML_SUCCESS)
+        r = result ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+    return r;
+}
+
+/* Not part of an NVLink fabric: success, with the state saying so. The
+ * caller names its struct's version; an unknown one is refused. */
+EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, nvmlGpuFabricInfoV_t *info)
+{
+    nvmlReturn_t r = device_ok(device);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (info->version != FABRIC_INFO_V2 && info->version != FABRIC_INFO_V3)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    memset(info->clusterUuid, 0, sizeof info->clusterUuid);
+    info->status = NVML_SUCCESS;
+    info->cliqueId = 0;
+    info->state = NVML_GPU_FABRIC_STATE_NOT_SUPPORTED;
+    info->healthMask = 0;
+    if (info->version == FABRIC_INFO_V3)
+        info->healthSummary = 0;
     return NVML_SUCCESS;
 }
 
