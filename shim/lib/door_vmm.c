@@ -102,24 +102,6 @@ static void name_once(int dev, size_t size, const shim_pool *lender)
                  dev, format_size(size, b, sizeof b));
 }
 
-/* A single create of more than half the limit is a framework taking its
- * own pool up front (XLA's default BFC takes 75% of the device): that
- * memory now stands where the shim's pool would be, so say how to let one
- * allocator do it. */
-static void name_large(const shim_pool *sp, size_t size)
-{
-    static atomic_bool said;
-    if (size <= sp->limit / 2 || atomic_exchange(&said, true))
-        return;
-    char a[32], b[32];
-    shim_log(LOG_WARN, "cuMemCreate of %s on device %d takes more than half the pool's limit "
-                       "(%s): a framework preallocating its own pool (JAX: "
-                       "XLA_PYTHON_CLIENT_PREALLOCATE=false, or "
-                       "XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async to allocate from the shim's pool "
-                       "directly); logged once",
-             format_size(size, a, sizeof a), (int)sp->dev, format_size(sp->limit, b, sizeof b));
-}
-
 /*
  * cuMemCreate memory outlives its context ("cuCtxDestroy will not destroy
  * memory allocations by cuMemCreate()", cuda.h; a primary context's reset
@@ -235,7 +217,7 @@ SHIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
     shim_pool *sp = lender_for(dev);
     if (sp) {
         adopt_loans(sp);
-        name_large(sp, size); /* before the loan: a refused preallocation wants the hint most */
+        preallocation_hint(sp, size, "cuMemCreate", true); /* before the loan */
     }
     if (sp && !pools_lend(sp, size)) {
         counts_refused(dev);

@@ -152,6 +152,8 @@ static bfc_status pool_alloc_in_context(shim_pool *sp, size_t size, uint32_t lan
 svc_status svc_alloc(shim_pool *sp, size_t size, uint32_t lane, CUstream stream,
                      CUdeviceptr *out, const char *api)
 {
+    if (size > sp->limit / 2)
+        preallocation_hint(sp, size, api, false);
     bfc_addr a = 0;
     bfc_status st = pool_alloc_in_context(sp, size, lane, &a);
     if (st == BFC_OK) {

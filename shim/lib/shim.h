@@ -720,7 +720,8 @@ extern atomic_uint_fast64_t shim_passthrough_allocs;
 /* Counts one such allocation (globally and in the current context's pool). */
 void svc_note_passthrough(void);
 
-/* ---- what the shim tells the user (record.c, stats_file.c, oom_report.c) --- */
+/* ---- what the shim tells the user (record.c, stats_file.c, oom_report.c,
+ * preallocation_hint.c) --- */
 
 /* At exit another thread may hold a pool for good (waiting for a GPU that
  * never finishes): the trace and statistics writers give that pool up after
@@ -753,6 +754,13 @@ void stats_at_exit(void);
 /* An allocation the pool cannot serve: one line always; the full report
  * (memory map, largest blocks, hint) once per distinct situation. */
 void oom_report(shim_pool *sp, size_t size, const char *api);
+/* A request over half the pool's limit: a framework's own preallocation,
+ * named once with the settings that avoid it (vmm: a cuMemCreate, XLA's
+ * way; else an allocation from the pool, TensorFlow's). The report's
+ * version: a live block (the largest, or NULL) or the loans over half the
+ * limit. */
+void preallocation_hint(const shim_pool *sp, size_t size, const char *api, bool vmm);
+void preallocation_report_hint(FILE *f, const bfc_stats *st, const bfc_live_info *largest);
 
 /* ---- lifecycle (lifecycle.c) --------------------------------------------------- */
 

@@ -72,6 +72,10 @@ check(text.count("==== bfcshim out-of-memory report") == 1, "one report")
 check("rounded to 100 MiB" in text and "diagnosis: the pool is full" in text, "report body")
 check("BFCSHIM_MEM_FRACTION=0.79" in text, "the hint names the fraction that fits")
 check("largest live allocations" in text and "Region 0 |" in text, "live list and map")
+# The 700 MiB block holds more than half the 768 MiB limit: the report names
+# the settings that keep a framework's own pool out of the shim's.
+check("hint: allocation #1 (700 MiB) holds more than half the limit" in text and
+      "TF_FORCE_GPU_ALLOW_GROWTH=true" in text, "the preallocation hint")
 oom_trace = open(os.path.join(work, "oom.csv")).read()
 check(oom_trace.count(",allocate failure,") == 2, "failures in the trace")
 
