@@ -13,8 +13,8 @@
 set -u
 cd "$(dirname "$0")/.."
 root=$(pwd)
-# What the tests need; a cold machine also makes the JAX environment here
-# (about 1.5 minutes, then cached: scripts/jax-venv.sh).
+# What the tests need; a cold machine also makes the JAX and TensorFlow
+# environments here (a few minutes, then cached: scripts/framework-venv.sh).
 deps_started=$SECONDS
 scripts/deps.sh --with-tests || exit 1
 echo "deps: $((SECONDS - deps_started)) s"

@@ -4,9 +4,10 @@
 # python3 (tests); with --with-tests also clang and its runtimes (libFuzzer)
 # and chromium (the report is checked in headless Chromium), and from PyPI
 # numba-cuda (Numba's driver layer is a test client: tests/e2e/test_numba.py
-# and tests/python/test_numba_plugin.py, which skip without it) and real JAX
-# in a virtual environment of its own, kept between runs in ~/.cache/bfcshim
-# (scripts/jax-venv.sh; tests/e2e/test_jax.py skips without it).
+# and tests/python/test_numba_plugin.py, which skip without it), and real JAX
+# and real TensorFlow, each in a virtual environment of its own kept between
+# runs in ~/.cache/bfcshim (scripts/framework-venv.sh; tests/e2e/test_jax.py
+# and test_tensorflow.py skip without them).
 # Needs root for apt-get; otherwise it names what to install and fails.
 set -u
 want=(meson ninja-build pkg-config zlib1g-dev python3)
@@ -36,10 +37,12 @@ if [ "${1:-}" = "--with-tests" ] && ! python3 -c "import pytest, filecheck" >/de
     python3 -m pip install -q "pytest==9.2.0" "filecheck==1.0.6" >/dev/null 2>&1 ||
         echo "bfcshim: could not install pytest and filecheck: test_numba_suite will skip" >&2
 fi
-# JAX needs Python >= 3.12 (this one may be older): its own environment,
-# made once per machine; where it cannot be made, jax-venv.sh says why.
+# JAX needs Python >= 3.12 (this one may be older), TensorFlow <= 3.13:
+# environments of their own, made once per machine; where one cannot be
+# made, framework-venv.sh says why.
 if [ "${1:-}" = "--with-tests" ]; then
-    "$(dirname "$0")/jax-venv.sh" >/dev/null
+    "$(dirname "$0")/framework-venv.sh" jax >/dev/null
+    "$(dirname "$0")/framework-venv.sh" tensorflow >/dev/null
 fi
 
 [ ${#missing[@]} -eq 0 ] && exit 0

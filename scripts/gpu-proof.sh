@@ -151,11 +151,11 @@ export PYTHONUNBUFFERED=1
 gpt_size=() resnet_size=() jax_size=() small_env=() facts_env=() facts_size=()
 ddp_device=cuda
 # JAX may live in another interpreter (GPU_PROOF_JAX_PYTHON; in a rehearsal,
-# scripts/jax-venv.sh's environment when python3 has no jax).
+# scripts/framework-venv.sh jax's environment when python3 has no jax).
 jax_py=${GPU_PROOF_JAX_PYTHON:-$py}
 if [ "${GPU_PROOF_REHEARSE:-0}" = 1 ]; then
     if ! "$jax_py" -c 'import jax' 2>/dev/null; then
-        v=$("$root/scripts/jax-venv.sh" --find 2>/dev/null)
+        v=$("$root/scripts/framework-venv.sh" jax --find 2>/dev/null)
         [ -n "$v" ] && [ -x "$v/bin/python" ] && jax_py=$v/bin/python
     fi
     # driver_facts.py on the fake driver (the build's tests/fake_cuda)

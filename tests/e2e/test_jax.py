@@ -21,7 +21,7 @@ nothing counted as passthrough, and round-trip intact with nothing
 corrupted.
 
 JAX lives in its own virtual environment (Python >= 3.12), made by
-scripts/jax-venv.sh (scripts/deps.sh --with-tests runs it); without it the
+scripts/framework-venv.sh jax (scripts/deps.sh --with-tests runs it); without it the
 test skips (77) and says why."""
 import json
 import os
@@ -40,11 +40,11 @@ ALLOCATORS = {
     "cuda_async": {},
 }
 
-venv = subprocess.run([os.path.join(root, "scripts", "jax-venv.sh"), "--find"],
+venv = subprocess.run([os.path.join(root, "scripts", "framework-venv.sh"), "jax", "--find"],
                       capture_output=True, text=True).stdout.strip()
 python = os.path.join(venv, "bin", "python") if venv else ""
 if not python or not os.path.exists(python):
-    print("no JAX 0.11.2 environment (scripts/jax-venv.sh makes one; scripts/deps.sh "
+    print("no JAX 0.11.2 environment (scripts/framework-venv.sh jax makes one; scripts/deps.sh "
           "--with-tests runs it): skipping")
     sys.exit(77)
 testcheck.fresh_dir(work)
