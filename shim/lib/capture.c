@@ -20,8 +20,12 @@
  *   captures under way comes from the begin/end calls below.
  *
  *   Event queries are the frequent calls (an allocation may ask about a
- *   fence): capture_relax leaves the mode alone while the count is 0 (two
- *   driver calls saved per query), and the query is made with the streams
+ *   fence): capture_relax leaves the mode alone while the count is 0 and
+ *   every begin is counted (two driver calls saved per query). Where begins
+ *   can go unseen (loaded as a plug-in, or the driver door closed) the
+ *   count says nothing, and every query is relaxed (e2e_plugin
+ *   query-during-capture: a plug-in's query in global mode invalidated the
+ *   program's capture). The query is made with the streams
  *   registry's lock held, from that read of the count to its answer (the
  *   read lock, or the write lock of the begin that records a stand-in).
  *   A begin is counted under the write lock, so no capture can begin in
@@ -58,16 +62,19 @@ bool capture_underway(void)
     return atomic_load_explicit(&underway, memory_order_relaxed) > 0;
 }
 
+/* Does every capture begin pass the hooks below, so that the count is
+ * every capture under way? Preloaded with the driver door hooked. */
+static bool begins_counted(void) { return shim_driver_hooked() && streams_all_seen(); }
+
 bool capture_none(void)
 {
-    return atomic_load_explicit(&underway, memory_order_acquire) == 0 && shim_driver_hooked() &&
-           streams_all_seen();
+    return atomic_load_explicit(&underway, memory_order_acquire) == 0 && begins_counted();
 }
 
 relaxed_scope capture_relax(const real_driver *R)
 {
     relaxed_scope rs = {false, CU_STREAM_CAPTURE_MODE_GLOBAL};
-    if (atomic_load_explicit(&underway, memory_order_relaxed) > 0 &&
+    if ((atomic_load_explicit(&underway, memory_order_relaxed) > 0 || !begins_counted()) &&
         R->ThreadExchangeStreamCaptureMode) {
         rs.old = CU_STREAM_CAPTURE_MODE_RELAXED;
         rs.changed = R->ThreadExchangeStreamCaptureMode(&rs.old) == CUDA_SUCCESS;

@@ -36,6 +36,11 @@
  *           the dead handle
  *   lane-growth  400 streams used once and destroyed unseen: the pool's
  *           metadata stops growing (a bounded lane table)
+ *   query-during-capture  a block freed stream-ordered, its stream's work
+ *           done, asked for again while the program captures a stream in
+ *           global mode: the library sees no capture begin, so the event
+ *           query that finds the block reusable must be made in relaxed
+ *           mode, and the capture ends with its graph
  *   cost    10,000 allocation and free pairs with nothing queued (a 256 MiB
  *           pool, at most 64 MiB live): the driver calls they cost
  *           (printed), none of them an event, and one context
@@ -58,6 +63,9 @@ static struct {
     CUresult (*StreamDestroy)(CUstream);
     CUresult (*DevicePrimaryCtxReset)(CUdevice);
     CUresult (*MemAlloc)(CUdeviceptr *, size_t);
+    CUresult (*StreamBeginCapture)(CUstream, CUstreamCaptureMode);
+    CUresult (*StreamEndCapture)(CUstream, CUgraph *);
+    CUresult (*GraphDestroy)(CUgraph);
 } D;
 
 static struct {
@@ -101,6 +109,9 @@ static void start(void)
     *(void **)&D.StreamDestroy = e2e_dlsym(cu, "cuStreamDestroy_v2");
     *(void **)&D.DevicePrimaryCtxReset = e2e_dlsym(cu, "cuDevicePrimaryCtxReset_v2");
     *(void **)&D.MemAlloc = e2e_dlsym(cu, "cuMemAlloc_v2");
+    *(void **)&D.StreamBeginCapture = e2e_dlsym(cu, "cuStreamBeginCapture_v2");
+    *(void **)&D.StreamEndCapture = e2e_dlsym(cu, "cuStreamEndCapture");
+    *(void **)&D.GraphDestroy = e2e_dlsym(cu, "cuGraphDestroy");
     F = fakecuda();
     CUcontext c0;
     CHECK_EQ(D.Init(0), CUDA_SUCCESS);
@@ -377,6 +388,36 @@ static void lane_growth(void)
     }
 }
 
+static void nothing(void *arg) { (void)arg; }
+
+static void query_during_capture(void)
+{
+    start();
+    CUstream s, cap;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&cap, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    void *block = must_alloc_on(s, MiB);
+    CHECK_EQ(F->launch(s, nothing, NULL), 0);
+    CHECK_EQ(B.free_async(block, s), 0); /* behind an event on s */
+    F->complete(s);
+    const fakecuda_stats before = fake_stats();
+    CHECK_EQ(D.StreamBeginCapture(cap, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    /* A plain allocation of the block's size: the pool asks whether the
+     * event completed (it has) and hands the block out. */
+    void *q = must_alloc(MiB);
+    CHECK(q == block);
+    CHECK(fake_stats().event_queries > before.event_queries);
+    CUgraph g = NULL;
+    CHECK_EQ(D.StreamEndCapture(cap, &g), CUDA_SUCCESS);
+    CHECK(g != NULL);
+    CHECK_EQ(fake_stats().capture_invalidations, before.capture_invalidations);
+    if (g)
+        CHECK_EQ(D.GraphDestroy(g), CUDA_SUCCESS);
+    CHECK_EQ(B.free(q), 0);
+    CHECK_EQ(D.StreamDestroy(cap), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+}
+
 static void cost(void)
 {
     start();
@@ -420,6 +461,7 @@ int main(int argc, char **argv)
         {"cross-context-reused", cross_context_reused},
         {"cross-context", cross_context_reused},
         {"lane-growth", lane_growth},
+        {"query-during-capture", query_during_capture},
         {"cost", cost}};
     return e2e_main("e2e_plugin", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }
