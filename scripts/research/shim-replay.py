@@ -3,7 +3,7 @@
 of the preloaded shim on the fake driver, over every real trace.
 
     scripts/research/shim-replay.py [--build build] [--lags 0,100,1000] [--max-events N]
-        [--out FILE] [TRACE...]
+        [--variants NAME,...] [--out FILE] [TRACE...]
 
 Runs build/tests/shim_replay (tests/bench/shim_replay.c) over the real
 traces (tests/data/traces/h100-*, ../shared/traces/real/*, and
@@ -17,7 +17,9 @@ traces (tests/data/traces/h100-*, ../shared/traces/real/*, and
     runtime-2streams   cudaMalloc/cudaFree, kernels on two non-blocking
                        streams, allocations alternating between them
     async-2streams     cudaMallocAsync/cudaFreeAsync the same way
-(the last three at the first two lags), then build/tests/shim_step_calls
+(the last three at the first two lags; the smallest limit for
+runtime-prealloc and runtime-2streams at those two), then
+build/tests/shim_step_calls
 (arm B: a PyTorch-shaped step with every block cached). One run at a time:
 the development VM has two cores, shared.
 
@@ -145,6 +147,7 @@ def main():
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--lags", default="0,100,1000")
     ap.add_argument("--max-events", type=int, default=100000)
+    ap.add_argument("--variants", help="only these (comma-separated); all by default")
     ap.add_argument("--out")
     ap.add_argument("traces", nargs="*")
     a = ap.parse_args()
@@ -179,10 +182,13 @@ def main():
     for t in traces:
         name = os.path.basename(t)
         for variant, args, which in VARIANTS:
+            if a.variants and variant not in a.variants.split(","):
+                continue
             for i, lag in enumerate(lags):
                 if which == "two" and i > 1:
                     continue
-                extra = ["--min-limit"] if variant == "runtime-prealloc" and i <= 1 else []
+                extra = (["--min-limit"] if variant in ("runtime-prealloc", "runtime-2streams")
+                         and i <= 1 else [])
                 d = run([replay, "--json", "--lag", str(lag), "--max-events",
                          str(a.max_events)] + args + extra + [t], env)
                 if d["capped"]:

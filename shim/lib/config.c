@@ -225,9 +225,11 @@ static void parse(void)
     get_choice("BFCSHIM_PLACEMENT", &place);
     cfg.placement = (bfc_placement)place;
     get_size("BFCSHIM_INITIAL_REGION", &cfg.initial_region);
-    double every = cfg.fence_interval;
+    double every = -1;
     get_number("BFCSHIM_FENCE_INTERVAL", &every);
-    cfg.fence_interval = (uint32_t)every;
+    cfg.fence_interval_set = every >= 0; /* given, and valid */
+    if (cfg.fence_interval_set)
+        cfg.fence_interval = (uint32_t)every;
     get_size("BFCSHIM_FENCE_BYTES", &cfg.fence_bytes);
     get_bool("BFCSHIM_DRIVER_HOOKS", &cfg.driver_hooks);
     cfg.trace_path = get_path("BFCSHIM_TRACE");

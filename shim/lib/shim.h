@@ -81,6 +81,7 @@ typedef struct shim_config {
     bfc_placement placement;
     uint64_t initial_region;
     uint32_t fence_interval; /* allocations between fence seals (engine option) */
+    bool fence_interval_set; /* BFCSHIM_FENCE_INTERVAL given: seal at it, never lazily */
     uint64_t fence_bytes;    /* bytes freed that trigger a seal sooner (engine option) */
     bool driver_hooks;
     int log_level;
