@@ -446,26 +446,34 @@ static atomic_bool several_contexts;
  * preallocated pool took its memory already: while it has room, sealing
  * later costs it nothing, and near its limit the engine seals at a share
  * of what is held. Its event fences are then made far less often. Replayed
- * with two non-blocking streams (docs/benchmarks.md): 2.7-3.4 -> 1.03-2.7
- * shim calls per allocation at GPU lags 0 to 100 on ResNet-50 and GPT-2,
+ * with two non-blocking streams (docs/benchmarks.md): 2.7-4.9 -> 1.00-2.70
+ * shim calls per allocation at GPU lags 0 and 100 over 13 real traces,
  * about half the host waits for fences near the limit, the smallest limit
- * that serves within 0.3%; at lag 1000 about 5% more calls. Later sealing
+ * that serves the single-stream default's (within 1%, 2.7% on one small
+ * trace); at lag 1000 about 5% more calls. Later sealing
  * is as safe as sealing at once (a fence still covers every free before
  * it: a larger fence interval). A growing pool that is not ordered seals
  * at the interval: lazily it waited for fences more often at lag 100 (304
  * host waits against 140 on ResNet-50) for the same peak. So does a pool
  * for which the user set BFCSHIM_FENCE_INTERVAL: that is asking for seals
- * at an interval.
+ * at an interval. The lanes of explicit streams (stream-ordered frees)
+ * follow the same rule (fences_lazy_pool, pools.c): a stream takes its
+ * own lane's blocks in stream order whether sealed or not, so laziness
+ * only delays other streams' reuse (two non-blocking streams, async door:
+ * 2.1-3.8 -> 1.0-1.8 calls per allocation; figures in docs/benchmarks.md).
  */
-static bool lanes_lazy_for(shim_pool *sp)
+bool fences_lazy_pool(shim_pool *sp)
 {
-    if (atomic_load(&sp->ordered))
-        return true;
     if (shim_config_get()->fence_interval_set)
         return false;
     bfc_options o;
     bfc_pool_options(sp->bfc, &o);
     return o.preallocate;
+}
+
+static bool lanes_lazy_for(shim_pool *sp)
+{
+    return atomic_load(&sp->ordered) || fences_lazy_pool(sp);
 }
 
 static void set_lanes_lazy(shim_pool *sp, bool lazy)

@@ -710,6 +710,8 @@ static uint32_t stream_lane(shim_pool *sp, CUstream s)
         return lane;
     if (!lane_worth_opening(sp, s) || bfc_pool_lane_open(sp->bfc, true, &lane) != BFC_OK)
         return BFC_NO_LANE;
+    if (fences_lazy_pool(sp)) /* sealed when the pool needs its memory */
+        bfc_pool_lane_set_lazy(sp->bfc, lane, true);
     atomic_store_explicit(&sp->lane_stream[lane], s, memory_order_release);
     uint32_t stale = BFC_NO_LANE, evicted = BFC_NO_LANE;
     pthread_mutex_lock(&sp->lanes_lock);

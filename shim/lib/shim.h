@@ -81,7 +81,7 @@ typedef struct shim_config {
     bfc_placement placement;
     uint64_t initial_region;
     uint32_t fence_interval; /* allocations between fence seals (engine option) */
-    bool fence_interval_set; /* BFCSHIM_FENCE_INTERVAL given: seal at it, never lazily */
+    bool fence_interval_set; /* BFCSHIM_FENCE_INTERVAL given: unordered pools seal at it */
     uint64_t fence_bytes;    /* bytes freed that trigger a seal sooner (engine option) */
     bool driver_hooks;
     int log_level;
@@ -482,6 +482,9 @@ bool fences_stand_in_green(shim_pool *sp, CUgreenCtx g);
 /* Puts a newly published pool in the ordered state when its context allows
  * it (fences.c). */
 void fences_ordered_begin(shim_pool *sp);
+/* Are sp's lanes sealed only when it needs their memory (a preallocated
+ * pool, no BFCSHIM_FENCE_INTERVAL), ordered or not? */
+bool fences_lazy_pool(shim_pool *sp);
 /* A stream s that does not follow the legacy stream's order (non-blocking)
  * was made in ctx: pools of ctx leave the ordered state for good, and s
  * waits for their last barrier before any work of its own. */
