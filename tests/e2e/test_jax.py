@@ -25,7 +25,6 @@ scripts/framework-venv.sh jax (scripts/deps.sh --with-tests runs it); without it
 test skips (77) and says why."""
 import json
 import os
-import subprocess
 import sys
 
 here = os.path.dirname(os.path.abspath(__file__))
@@ -40,13 +39,7 @@ ALLOCATORS = {
     "cuda_async": {},
 }
 
-venv = subprocess.run([os.path.join(root, "scripts", "framework-venv.sh"), "jax", "--find"],
-                      capture_output=True, text=True).stdout.strip()
-python = os.path.join(venv, "bin", "python") if venv else ""
-if not python or not os.path.exists(python):
-    print("no JAX 0.11.2 environment (scripts/framework-venv.sh jax makes one; scripts/deps.sh "
-          "--with-tests runs it): skipping")
-    sys.exit(77)
+python = testcheck.framework_python(root, "jax", "JAX 0.11.2")
 testcheck.fresh_dir(work)
 check = testcheck.Checks()
 client = os.path.join(here, "jax_client.py")
@@ -65,18 +58,7 @@ def run(tag, allocator, **extra):
         JAX_SKIP_CUDA_CONSTRAINTS_CHECK="1",
         XLA_PYTHON_CLIENT_ALLOCATOR=allocator,
         **ALLOCATORS[allocator], **extra)
-    p = subprocess.run([python, client, header], env=env, capture_output=True, text=True,
-                       timeout=300)
-    with open(os.path.join(work, f"{tag}.stderr"), "w") as f:
-        f.write(p.stderr)
-    check(p.returncode == 0, f"{tag}: client exited {p.returncode}: {p.stderr[-3000:]}")
-    lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
-    return (json.loads(lines[-1]) if lines else {}), p.stderr
-
-
-def xla_errors(stderr):
-    """XLA's error lines (glog: E<date>), as the fake's answers cause them."""
-    return [l for l in stderr.splitlines() if len(l) > 1 and l[0] == "E" and l[1].isdigit()]
+    return testcheck.run_json_client(check, tag, [python, client, header], env, work)
 
 
 def xla_live(out, phase):
@@ -129,7 +111,7 @@ def common(tag, out, stderr):
           f"{out.get('peer_copies')}")
     check(fake.get("host_alloc_calls", 0) > 0,
           f"{tag}: XLA staged through page-locked host memory: {fake.get('host_alloc_calls')}")
-    errors = xla_errors(stderr)
+    errors = testcheck.glog_errors(stderr)
     check(not errors, f"{tag}: XLA logged no errors: {errors[:5]}")
 
 

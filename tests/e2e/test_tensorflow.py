@@ -25,7 +25,6 @@ its own virtual environment, made by scripts/framework-venv.sh tensorflow
 says why."""
 import json
 import os
-import subprocess
 import sys
 
 here = os.path.dirname(os.path.abspath(__file__))
@@ -41,13 +40,7 @@ ALLOCATORS = {
     "cuda_malloc_async": {"TF_GPU_ALLOCATOR": "cuda_malloc_async"},
 }
 
-venv = subprocess.run([os.path.join(root, "scripts", "framework-venv.sh"), "tensorflow",
-                       "--find"], capture_output=True, text=True).stdout.strip()
-python = os.path.join(venv, "bin", "python") if venv else ""
-if not python or not os.path.exists(python):
-    print("no TensorFlow 2.21 environment (scripts/framework-venv.sh tensorflow makes one; "
-          "scripts/deps.sh --with-tests runs it): skipping")
-    sys.exit(77)
+python = testcheck.framework_python(root, "tensorflow", "TensorFlow 2.21")
 testcheck.fresh_dir(work)
 check = testcheck.Checks()
 client = os.path.join(here, "tensorflow_client.py")
@@ -64,18 +57,7 @@ def run(tag, allocator, **extra):
         # Warnings and errors only (its INFO lines name CPU features).
         TF_CPP_MIN_LOG_LEVEL="1",
         **ALLOCATORS[allocator], **extra)
-    p = subprocess.run([python, client, header], env=env, capture_output=True, text=True,
-                       timeout=300)
-    with open(os.path.join(work, f"{tag}.stderr"), "w") as f:
-        f.write(p.stderr)
-    check(p.returncode == 0, f"{tag}: client exited {p.returncode}: {p.stderr[-3000:]}")
-    lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
-    return (json.loads(lines[-1]) if lines else {}), p.stderr
-
-
-def tf_errors(stderr):
-    """TensorFlow's error lines (glog: E<date>)."""
-    return [l for l in stderr.splitlines() if len(l) > 1 and l[0] == "E" and l[1].isdigit()]
+    return testcheck.run_json_client(check, tag, [python, client, header], env, work)
 
 
 def tf_current(out, phase):
@@ -114,7 +96,7 @@ def common(tag, out, stderr):
           f"{tag}: GPU-to-GPU copies were peer copies: {fake.get('peer_copies')}")
     # A GPU's first tensor op zeroes with cuMemsetD32Async.
     check(fake.get("memsets", 0) > 0, f"{tag}: TensorFlow's memsets ran: {fake.get('memsets')}")
-    errors = tf_errors(stderr)
+    errors = testcheck.glog_errors(stderr)
     check(not errors, f"{tag}: TensorFlow logged no errors: {errors[:5]}")
 
 
