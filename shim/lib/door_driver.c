@@ -318,10 +318,15 @@ SHIM_EXPORT CUresult cuStreamCreateWithPriority(CUstream *s, unsigned flags, int
     return r;
 }
 
+/* A stream destroyed while it captures takes its capture with it
+ * (capture.c). */
 SHIM_EXPORT CUresult cuStreamDestroy_v2(CUstream s)
 {
     pools_stream_destroyed(s);
-    return PASS(StreamDestroy, s);
+    uint64_t claimed = capture_stream_ending(s);
+    CUresult r = PASS(StreamDestroy, s);
+    capture_ending_done(claimed, r == CUDA_SUCCESS);
+    return r;
 }
 
 SHIM_EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
@@ -375,6 +380,7 @@ SHIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
      * context active under this handle. */
     primary_lock();
     bool primary = pools_context_is_primary(ctx) || real_is_primary(real_driver_get(), ctx);
+    uint64_t claimed = capture_context_ending(ctx); /* its streams' captures */
     if (!primary) {
         pools_context_gone(ctx);
         primary_unlock(); /* a created context's destroy may take long: not held */
@@ -383,6 +389,7 @@ SHIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     if (primary && r == CUDA_SUCCESS)
         pools_context_gone(ctx);
     pools_give_back_forgotten(r == CUDA_SUCCESS);
+    capture_ending_done(claimed, r == CUDA_SUCCESS);
     if (r == CUDA_SUCCESS)
         vmm_context_gone(ctx); /* the peer access it enabled went with it */
     if (primary)
@@ -414,9 +421,11 @@ SHIM_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
     primary_lock();
     CUcontext ctx = real_active_primary(real_driver_get(), dev);
+    uint64_t claimed = capture_context_ending(ctx);
     pools_primary_gone(dev);
     CUresult r = PASS(DevicePrimaryCtxReset, dev);
     pools_give_back_forgotten(r == CUDA_SUCCESS);
+    capture_ending_done(claimed, r == CUDA_SUCCESS);
     if (r == CUDA_SUCCESS)
         vmm_context_gone(ctx);
     primary_unlock();
@@ -468,18 +477,22 @@ SHIM_EXPORT CUresult cuCtxCreate_v4(CUcontext *c, CUctxCreateParams *params, uns
 }
 
 /* After a call that released dev's primary context `ctx` (learnt while it
- * was still alive): if that was the last reference, the context is gone. */
-static void after_primary_release(const real_driver *R, CUdevice dev, CUcontext ctx, CUresult r)
+ * was still alive, its captures claimed then): if that was the last
+ * reference, the context is gone. */
+static void after_primary_release(const real_driver *R, CUdevice dev, CUcontext ctx, CUresult r,
+                                  uint64_t claimed)
 {
     unsigned flags = 0;
     int active = 0;
-    if (r == CUDA_SUCCESS && ctx &&
-        R->DevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active) {
+    bool gone = r == CUDA_SUCCESS && ctx &&
+                R->DevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active;
+    if (gone) {
         pools_primary_gone(dev); /* the pool (the context is no longer active) */
         pools_context_gone(ctx); /* and the streams under its handle */
         pools_give_back_forgotten(true);
         vmm_context_gone(ctx);
     }
+    capture_ending_done(claimed, gone);
 }
 
 SHIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
@@ -489,8 +502,9 @@ SHIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     const real_driver *R = real_driver_get();
     primary_lock();
     CUcontext ctx = real_active_primary(R, dev);
+    uint64_t claimed = capture_context_ending(ctx);
     CUresult r = PASS(DevicePrimaryCtxRelease, dev);
-    after_primary_release(R, dev, ctx, r);
+    after_primary_release(R, dev, ctx, r, claimed);
     primary_unlock();
     return r;
 }
@@ -515,12 +529,20 @@ SHIM_EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx g)
 {
     /* It releases the primary context it retained: maybe the last. */
     const real_driver *R = real_driver_get();
-    int dev = green_destroying(g);
+    CUcontext converted = NULL;
+    int dev = green_destroying(g, &converted);
+    /* Its streams' captures end with it (they belong to its converted
+     * context), and the primary context's if this was its last reference. */
+    uint64_t own = capture_context_ending(converted);
     primary_lock();
     CUcontext ctx = dev >= 0 ? real_active_primary(R, dev) : NULL;
+    uint64_t claimed = capture_context_ending(ctx);
     CUresult r = PASS(GreenCtxDestroy, g);
+    capture_ending_done(own, r == CUDA_SUCCESS);
     if (dev >= 0)
-        after_primary_release(R, dev, ctx, r);
+        after_primary_release(R, dev, ctx, r, claimed);
+    else
+        capture_ending_done(claimed, false);
     primary_unlock();
     return r;
 }

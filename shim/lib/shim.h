@@ -517,6 +517,14 @@ relaxed_scope capture_relax(const real_driver *R);
 relaxed_scope capture_relax_always(const real_driver *R);
 /* Is any stream capture (begun through the shim's doors) under way? */
 bool capture_underway(void);
+/* A call that may end captures without cuStreamEndCapture: claims them
+ * before the real call (a stream's destruction, a context's end), and
+ * capture_ending_done takes them away after it if `gone` (the call
+ * succeeded, and for a primary context's release, it was the last), else
+ * gives them back. The claim may be 0 (nothing to end). */
+uint64_t capture_stream_ending(CUstream s);
+uint64_t capture_context_ending(CUcontext ctx);
+void capture_ending_done(uint64_t claimed, bool gone);
 /* No capture can be under way: none counted, and every begin is seen
  * (capture.c). Then no capture question need be asked of the driver. */
 bool capture_none(void);
@@ -538,13 +546,15 @@ void capture_stand_in(CUstream s, bool legacy_too);
 /* Green contexts (green.c): they share their primary context's memory. */
 void green_created(CUgreenCtx g, CUdevice dev);
 /* Before the real destroy: a stand-in for its work; its streams forgotten.
- * Returns its device, or -1 if it was not known. */
-int green_destroying(CUgreenCtx g);
+ * Returns its device, or -1 if it was not known; *converted its converted
+ * context (NULL if not known). */
+int green_destroying(CUgreenCtx g, CUcontext *converted);
 /* Before a stream is destroyed: true if it is a green context's, whose
  * stand-in is then recorded (capture_stand_in's cannot be). */
 bool green_stream_destroyed(CUstream s);
-/* A capture began (+1) or ended (-1) on stream s. */
-void green_capture_changed(CUstream s, int by);
+/* Captures on streams of context c (NULL: unknown) began (by > 0) or
+ * ended (by < 0); called with capture.c's lock held. */
+void green_capture_changed(CUcontext c, int by);
 /* The context whose pool serves ctx: a green context's converted context
  * maps to its primary context; any other context to itself. */
 CUcontext green_canonical(CUcontext ctx);

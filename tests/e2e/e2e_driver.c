@@ -9,6 +9,11 @@
  *   context-churn  70 contexts, one after another, each destroyed after use:
  *               every one gets a pool (dead pools give their place up)
  *   async       cuMemAllocAsync / cuMemFreeAsync with stream-ordered reuse
+ *   captures-gone  captures that end without cuStreamEndCapture (their
+ *               stream destroyed, their created context destroyed, their
+ *               primary context reset) are counted no more: a stream-ordered
+ *               allocation and free then ask no capture question, as before
+ *               any capture (the count said one was under way for good)
  *   hooks-off   BFCSHIM_DRIVER_HOOKS=0: the driver door stays closed
  *   primary-release  the primary context's last cuDevicePrimaryCtxRelease
  *               destroys it and its pool; a retain after it gets a new pool
@@ -398,6 +403,62 @@ static void async(void)
     CUdeviceptr all = alloc_ok(LIMIT);
     CHECK_EQ(D.MemFree(all), CUDA_SUCCESS);
     CHECK_EQ(shim_log_lines(NULL, 0), 0);
+}
+
+/* The capture questions a stream-ordered allocation and free on s ask. */
+static uint64_t questions_of_a_pair(CUstream s)
+{
+    uint64_t q0 = e2e_calls_of("cuStreamIsCapturing");
+    CUdeviceptr p = 0;
+    CHECK_EQ(D.MemAllocAsync(&p, MiB, s), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFreeAsync(p, s), CUDA_SUCCESS);
+    return e2e_calls_of("cuStreamIsCapturing") - q0;
+}
+
+/* A relaxed capture begun on s (a stream, or the calling thread's
+ * per-thread default stream of the current context). */
+static void capturing(CUstream s)
+{
+    CHECK_EQ(D.StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+}
+
+static void captures_gone(void)
+{
+    CHECK_EQ(D.Init(0), CUDA_SUCCESS);
+    CUdevice d0, d1;
+    CHECK_EQ(D.DeviceGet(&d0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.DeviceGet(&d1, 1), CUDA_SUCCESS);
+    CUcontext p1 = NULL;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&p1, d1), CUDA_SUCCESS);
+    CUcontext p0 = e2e_cu_primary_current(0);
+    CUstream s, d;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    uint64_t none = questions_of_a_pair(s); /* no capture ever */
+    CHECK_EQ(none, 0);
+    /* A stream destroyed while it captures. */
+    CHECK_EQ(D.StreamCreate(&d, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    capturing(d);
+    CHECK(questions_of_a_pair(s) > none); /* (one is under way: asked) */
+    CHECK_EQ(D.StreamDestroy(d), CUDA_SUCCESS);
+    /* A created context destroyed while a stream of it and the per-thread
+     * default stream capture. */
+    CUcontext c = NULL;
+    CUstream e;
+    CHECK_EQ(D.CtxCreate(&c, NULL, 0, d0), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&e, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    capturing(e);
+    capturing(CU_STREAM_PER_THREAD);
+    CHECK_EQ(D.CtxDestroy(c), CUDA_SUCCESS);
+    /* Device 1's primary context reset while its per-thread default stream
+     * captures. */
+    CHECK_EQ(D.CtxSetCurrent(p1), CUDA_SUCCESS);
+    capturing(CU_STREAM_PER_THREAD);
+    CHECK_EQ(D.DevicePrimaryCtxReset(d1), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(p0), CUDA_SUCCESS);
+    CHECK_EQ(questions_of_a_pair(s), none);
+    CHECK_EQ(fake_stats().stale_handle_uses, 0);
+    CHECK_EQ(fake_stats().capture_invalidations, 0);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
 }
 
 static void hooks_off(void)
@@ -874,6 +935,7 @@ int main(int argc, char **argv)
     } scenarios[] = {
         {"basic", basic}, {"badinput", badinput}, {"contexts", contexts},
         {"async", async}, {"hooks-off", hooks_off}, {"platform-zero", platform_zero},
+        {"captures-gone", captures_gone},
         {"context-churn", context_churn}, {"fake-lifetime", fake_lifetime},
         {"primary-release", primary_release}, {"primary-churn", primary_churn},
         {"destroy-primary", destroy_primary},

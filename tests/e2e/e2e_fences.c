@@ -52,6 +52,15 @@
  *                    (none under way: global) and before the query reaches
  *                    the driver (the fake's before_next_event_query): the
  *                    query must not break that capture
+ *   bogus-end        another thread captures in global mode while this one
+ *                    ends a capture on a stream that is not capturing, and
+ *                    ends its own capture twice (the driver refuses both):
+ *                    a fence query after them must still leave that capture
+ *                    intact
+ *   unseen-end       the same, with a capture the shim never saw begin (a
+ *                    library preloaded after it, libe2einterposer.so, began
+ *                    it through the driver's own function) ended through the
+ *                    shim: that end matches no capture the shim counted
  *   ordered-other-device  the block comes back at once on device 0 (old
  *                    work queued on a blocking stream of device 0), and the
  *                    new owner's first use is on device 1's legacy stream
@@ -679,6 +688,73 @@ static void query_vs_begin(void)
     all_comes_back(x, filler, s);
 }
 
+/* While another thread captures in global mode, ends_elsewhere(idle) ends
+ * captures on stream `idle` that are not that one; then a plain free's
+ * fence is asked about (the free's work still pending on a non-blocking
+ * stream: the pool is not ordered, so the next allocation seals and
+ * queries). In global mode that query would be refused and would break the
+ * other thread's capture: the shim must still count that capture, whatever
+ * the ends before said. */
+static void ends_then_query(void (*ends_elsewhere)(cudaStream_t idle))
+{
+    char *p, *filler = fill_but_hole(&p);
+    cudaStream_t s, idle;
+    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(cudaStreamCreateWithFlags(&idle, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(fakecuda()->launch(s, write_pattern, p), 0);
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+    capturer c = {.per_thread = false, .mode = cudaStreamCaptureModeGlobal,
+                  .step = E2E_PHASE_INIT};
+    pthread_t t;
+    pthread_create(&t, NULL, capture_thread, &c);
+    e2e_phase_wait(&c.step, 1);
+    fakecuda_stats s0 = fake_stats();
+    ends_elsewhere(idle);
+    uint64_t queries = e2e_calls_of("cuEventQuery");
+    char *x = NULL;
+    CHECK_EQ(cudaMalloc((void **)&x, MiB / 8), cudaSuccess);
+    CHECK(e2e_calls_of("cuEventQuery") > queries); /* (else the scenario tests nothing) */
+    capture_ends_intact(&c, t, &s0);
+    all_comes_back(x, filler, s);
+    CHECK_EQ(cudaStreamDestroy(idle), cudaSuccess);
+}
+
+/* An end on a stream that is not capturing, and a capture ended twice: the
+ * driver refuses the stray ends (CUDA_ERROR_ILLEGAL_STATE here), and none of
+ * them ends the other thread's capture. */
+static void stray_ends(cudaStream_t idle)
+{
+    cudaGraph_t g = NULL;
+    CHECK_EQ(cudaStreamEndCapture(idle, &g), cudaErrorIllegalState);
+    CHECK_EQ(cudaStreamBeginCapture(idle, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    CHECK_EQ(cudaStreamEndCapture(idle, &g), cudaSuccess);
+    CHECK_EQ(cudaGraphDestroy(g), cudaSuccess);
+    CHECK_EQ(cudaStreamEndCapture(idle, &g), cudaErrorIllegalState);
+    cudaGetLastError();
+}
+
+static void bogus_end(void) { ends_then_query(stray_ends); }
+
+/* A relaxed capture begun where the shim cannot see it (by a library
+ * preloaded after the shim, through the driver's own function) and ended
+ * through the shim: the end succeeds, yet no capture the shim counted
+ * ended. */
+static void unseen_capture_ended(cudaStream_t idle)
+{
+    typedef CUresult (*begin_fn)(CUstream, CUstreamCaptureMode);
+    begin_fn begin_unseen = (begin_fn)dlsym(RTLD_DEFAULT, "interposer_begin_capture");
+    CHECK(begin_unseen != NULL);
+    if (!begin_unseen)
+        return;
+    dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL); /* (for the library's RTLD_NEXT) */
+    CHECK_EQ(begin_unseen((CUstream)idle, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    cudaGraph_t g = NULL;
+    CHECK_EQ(cudaStreamEndCapture(idle, &g), cudaSuccess);
+    CHECK_EQ(cudaGraphDestroy(g), cudaSuccess);
+}
+
+static void unseen_end(void) { ends_then_query(unseen_capture_ended); }
+
 /* While another thread captures on its per-thread default stream (a
  * blocking stream: the legacy stream takes no event), this thread's own
  * per-thread default stream, which is in no registry, uses a block that is
@@ -742,6 +818,7 @@ int main(int argc, char **argv)
         {"ordered-created-context", ordered_created_context},
         {"ptsz-during-capture", ptsz_during_capture},
         {"query-vs-begin", query_vs_begin},
+        {"bogus-end", bogus_end},           {"unseen-end", unseen_end},
         {"region-during-capture", region_during_capture},
     };
     return e2e_main("e2e_fences", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
