@@ -10,8 +10,16 @@
  * (BFCSHIM_DRIVER_HOOKS=0, platform mode, a forked child, or a call the
  * shim itself makes into the real runtime), when no context is current, and
  * for pointers no pool owns. Only the _v2 ABI of the allocation calls exists
- * here: the v1 entry points take 32-bit sizes and no current toolkit emits
- * references to them.
+ * here: the v1 entry points (cuMemAlloc, cuMemFree, cuMemAllocPitch,
+ * cuMemGetInfo, cuMemGetAddressRange) take 32-bit device pointers and
+ * sizes, which cannot name the pool's blocks, and no current toolkit emits
+ * references to them: they reach the driver untouched. The v1 entry points
+ * of the calls that keep books (cuStreamDestroy, cuCtxDestroy,
+ * cuDevicePrimaryCtxRelease and _Reset; cuCtxCreate and
+ * cuStreamBeginCapture elsewhere) take the _v2's arguments and are hooked
+ * like them: libcuda still exports them and hands them to cuGetProcAddress
+ * below the _v2's version, and one that slipped by would leave a dead
+ * stream registered or a dead context's pool in use.
  *
  * The stream calls only register streams (streams.c) so that plain frees
  * can be fenced on every stream; the context calls forget pools whose memory
@@ -318,15 +326,31 @@ SHIM_EXPORT CUresult cuStreamCreateWithPriority(CUstream *s, unsigned flags, int
     return r;
 }
 
-/* A stream destroyed while it captures takes its capture with it
- * (capture.c). */
-SHIM_EXPORT CUresult cuStreamDestroy_v2(CUstream s)
+/* The real call f, or CUDA_ERROR_NOT_INITIALIZED when the driver lacks it. */
+#define CALL(f, ...) ((f) ? (f)(__VA_ARGS__) : CUDA_ERROR_NOT_INITIALIZED)
+
+/* Both versions of the destroy (f): the v1 that old binaries and
+ * cuGetProcAddress below 4000 reach takes the same arguments, and a stream
+ * it destroys unseen would stay registered, a handle the next seal records
+ * on after it died (e2e_fences stream-destroy-v1). A stream destroyed while
+ * it captures takes its capture with it (capture.c). */
+static CUresult stream_destroy(CUresult (*f)(CUstream), CUstream s)
 {
     pools_stream_destroyed(s);
     uint64_t claimed = capture_stream_ending(s);
-    CUresult r = PASS(StreamDestroy, s);
+    CUresult r = CALL(f, s);
     capture_ending_done(claimed, r == CUDA_SUCCESS);
     return r;
+}
+
+SHIM_EXPORT CUresult cuStreamDestroy_v2(CUstream s)
+{
+    return stream_destroy(REAL(StreamDestroy), s);
+}
+
+SHIM_EXPORT CUresult shim_cuStreamDestroy_v1(CUstream s)
+{
+    return stream_destroy(REAL(StreamDestroyV1), s);
 }
 
 SHIM_EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
@@ -364,7 +388,9 @@ SHIM_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
     return r;
 }
 
-SHIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+/* Both versions of the destroy (f), as for streams (the v1: CUDA 2.0's,
+ * e2e_fences ctx-reuse-v1). */
+static CUresult ctx_destroy(CUresult (*f)(CUcontext), CUcontext ctx)
 {
     /* A created context's pool is forgotten before the call, so that no new
      * context under the same handle can meet it. A primary context is
@@ -385,7 +411,7 @@ SHIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
         pools_context_gone(ctx);
         primary_unlock(); /* a created context's destroy may take long: not held */
     }
-    CUresult r = PASS(CtxDestroy, ctx);
+    CUresult r = CALL(f, ctx);
     if (primary && r == CUDA_SUCCESS)
         pools_context_gone(ctx);
     pools_give_back_forgotten(r == CUDA_SUCCESS);
@@ -395,6 +421,13 @@ SHIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     if (primary)
         primary_unlock();
     return r;
+}
+
+SHIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) { return ctx_destroy(REAL(CtxDestroy), ctx); }
+
+SHIM_EXPORT CUresult shim_cuCtxDestroy_v1(CUcontext ctx)
+{
+    return ctx_destroy(REAL(CtxDestroyV1), ctx);
 }
 
 /* Peer access reaches pooled memory through the real call for regions from
@@ -417,19 +450,31 @@ SHIM_EXPORT CUresult cuCtxDisablePeerAccess(CUcontext peer)
     return r;
 }
 
-SHIM_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+/* Both versions of the reset (f; the v1: CUDA 7.0's, e2e_driver
+ * primary-v1). */
+static CUresult primary_reset(CUresult (*f)(CUdevice), CUdevice dev)
 {
     primary_lock();
     CUcontext ctx = real_active_primary(real_driver_get(), dev);
     uint64_t claimed = capture_context_ending(ctx);
     pools_primary_gone(dev);
-    CUresult r = PASS(DevicePrimaryCtxReset, dev);
+    CUresult r = CALL(f, dev);
     pools_give_back_forgotten(r == CUDA_SUCCESS);
     capture_ending_done(claimed, r == CUDA_SUCCESS);
     if (r == CUDA_SUCCESS)
         vmm_context_gone(ctx);
     primary_unlock();
     return r;
+}
+
+SHIM_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    return primary_reset(REAL(DevicePrimaryCtxReset), dev);
+}
+
+SHIM_EXPORT CUresult shim_cuDevicePrimaryCtxReset_v1(CUdevice dev)
+{
+    return primary_reset(REAL(DevicePrimaryCtxResetV1), dev);
 }
 
 /* Only to take the primary contexts' lock (real.c): a retain must not slip
@@ -495,7 +540,9 @@ static void after_primary_release(const real_driver *R, CUdevice dev, CUcontext 
     capture_ending_done(claimed, gone);
 }
 
-SHIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+/* Both versions of the release (f; the v1: CUDA 7.0's, e2e_driver
+ * primary-v1). */
+static CUresult primary_release(CUresult (*f)(CUdevice), CUdevice dev)
 {
     /* The last release destroys the primary context: learn its handle while
      * it is still alive, in case this is the last. */
@@ -503,10 +550,20 @@ SHIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     primary_lock();
     CUcontext ctx = real_active_primary(R, dev);
     uint64_t claimed = capture_context_ending(ctx);
-    CUresult r = PASS(DevicePrimaryCtxRelease, dev);
+    CUresult r = CALL(f, dev);
     after_primary_release(R, dev, ctx, r, claimed);
     primary_unlock();
     return r;
+}
+
+SHIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    return primary_release(REAL(DevicePrimaryCtxRelease), dev);
+}
+
+SHIM_EXPORT CUresult shim_cuDevicePrimaryCtxRelease_v1(CUdevice dev)
+{
+    return primary_release(REAL(DevicePrimaryCtxReleaseV1), dev);
 }
 
 /* Green contexts (green.c): they share the primary context's pool, and a

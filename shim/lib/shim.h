@@ -129,6 +129,7 @@ typedef struct real_driver {
     CUresult (*CtxPushCurrent)(CUcontext);
     CUresult (*CtxPopCurrent)(CUcontext *);
     CUresult (*CtxDestroy)(CUcontext);
+    CUresult (*CtxDestroyV1)(CUcontext); /* CUDA 2.0's, which libcuda still exports */
     /* context creation, every version (door_driver.c): v1 and v2 take
      * (flags, dev), v3 an affinity list, v4 creation parameters */
     CUresult (*CtxCreateV1)(CUcontext *, unsigned, CUdevice);
@@ -146,6 +147,8 @@ typedef struct real_driver {
     CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
     CUresult (*DevicePrimaryCtxRelease)(CUdevice);
     CUresult (*DevicePrimaryCtxReset)(CUdevice);
+    CUresult (*DevicePrimaryCtxReleaseV1)(CUdevice); /* CUDA 7.0's */
+    CUresult (*DevicePrimaryCtxResetV1)(CUdevice);
     CUresult (*MemAlloc)(CUdeviceptr *, size_t);
     CUresult (*MemFree)(CUdeviceptr);
     CUresult (*MemAllocPitch)(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
@@ -158,6 +161,7 @@ typedef struct real_driver {
     CUresult (*StreamCreate)(CUstream *, unsigned);
     CUresult (*StreamCreateWithPriority)(CUstream *, unsigned, int);
     CUresult (*StreamDestroy)(CUstream);
+    CUresult (*StreamDestroyV1)(CUstream); /* CUDA 2.0's */
     CUresult (*StreamGetCtx)(CUstream, CUcontext *);
     CUresult (*StreamGetId)(CUstream, unsigned long long *); /* optional (CUDA 12.0) */
     CUresult (*StreamGetFlags)(CUstream, unsigned *);
@@ -538,6 +542,13 @@ CUresult cuCtxCreate_v3(CUcontext *c, CUexecAffinityParam *params, int n, unsign
                         CUdevice dev);
 CUresult shim_cuStreamBeginCapture_v1(CUstream s) __asm__("cuStreamBeginCapture");
 CUresult shim_cuStreamBeginCapture_v1_ptsz(CUstream s) __asm__("cuStreamBeginCapture_ptsz");
+/* The v1 entry points of calls the driver door keeps books by
+ * (door_driver.c), exported under libcuda's names: cuda.h makes those
+ * names macros for the _v2. */
+CUresult shim_cuStreamDestroy_v1(CUstream s) __asm__("cuStreamDestroy");
+CUresult shim_cuCtxDestroy_v1(CUcontext ctx) __asm__("cuCtxDestroy");
+CUresult shim_cuDevicePrimaryCtxRelease_v1(CUdevice dev) __asm__("cuDevicePrimaryCtxRelease");
+CUresult shim_cuDevicePrimaryCtxReset_v1(CUdevice dev) __asm__("cuDevicePrimaryCtxReset");
 void capture_restore(const real_driver *R, relaxed_scope rs);
 /* A stream stops taking events (it is destroyed, or begins capturing):
  * records its stand-in, and the legacy stream's when legacy_too. */

@@ -17,6 +17,9 @@
  *   hooks-off   BFCSHIM_DRIVER_HOOKS=0: the driver door stays closed
  *   primary-release  the primary context's last cuDevicePrimaryCtxRelease
  *               destroys it and its pool; a retain after it gets a new pool
+ *               (primary-v1: the same, and a cuDevicePrimaryCtxReset, with
+ *               the v1 entry points of CUDA 7.0 from cuGetProcAddress below
+ *               11000)
  *   destroy-busy  (BFCSHIM_TRACE) a created context is destroyed while a
  *               thread waits inside its pool, behind a kernel that never
  *               ends: the destroy returns (the trace gives that pool's last
@@ -202,8 +205,9 @@ static void context_churn(void)
 }
 
 /* The primary context's last release destroys it; the next retain makes
- * a new one, under the same handle. */
-static void primary_release(void)
+ * a new one, under the same handle. With release (and reset) the v1 entry
+ * points when v1. */
+static void primary_release_with(CUresult (*release)(CUdevice), CUresult (*reset)(CUdevice))
 {
     CHECK_EQ(D.Init(0), CUDA_SUCCESS);
     CUcontext ctx = NULL, again = NULL;
@@ -212,7 +216,7 @@ static void primary_release(void)
     CUdeviceptr a = alloc_ok(MiB);
     fill((void *)(uintptr_t)a, MiB, 1);
     CHECK_EQ(fake_stats().bytes_in_use[0], LIMIT);
-    CHECK_EQ(D.DevicePrimaryCtxRelease(0), CUDA_SUCCESS); /* the region went with it */
+    CHECK_EQ(release(0), CUDA_SUCCESS); /* the region went with it */
     CHECK_EQ(fake_stats().bytes_in_use[0], 0);
     CHECK_EQ(D.DevicePrimaryCtxRetain(&again, 0), CUDA_SUCCESS);
     CHECK_EQ(D.CtxSetCurrent(again), CUDA_SUCCESS);
@@ -220,10 +224,44 @@ static void primary_release(void)
     CHECK_EQ(fake_stats().bytes_in_use[0], LIMIT);
     fill((void *)(uintptr_t)b, MiB, 2);
     CHECK(holds((void *)(uintptr_t)b, MiB, 2));
+    if (reset) {
+        /* A reset destroys it too, while retained. */
+        CHECK_EQ(reset(0), CUDA_SUCCESS);
+        CHECK_EQ(fake_stats().bytes_in_use[0], 0);
+        CHECK_EQ(D.DevicePrimaryCtxRetain(&again, 0), CUDA_SUCCESS);
+        CHECK_EQ(D.CtxSetCurrent(again), CUDA_SUCCESS);
+        b = alloc_ok(MiB); /* a new pool again */
+        CHECK_EQ(fake_stats().bytes_in_use[0], LIMIT);
+        fill((void *)(uintptr_t)b, MiB, 3);
+        CHECK(holds((void *)(uintptr_t)b, MiB, 3));
+    }
     CHECK_EQ(D.MemFree(b), CUDA_SUCCESS);
-    CHECK_EQ(D.DevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+    CHECK_EQ(release(0), CUDA_SUCCESS);
     CHECK_EQ(fake_stats().bytes_in_use[0], 0);
     CHECK_EQ(shim_log_lines(NULL, 0), 0);
+}
+
+static void primary_release(void) { primary_release_with(D.DevicePrimaryCtxRelease, NULL); }
+
+/* cuGetProcAddress_v2's answer for `base` at `version`. */
+static void *proc_at(const char *base, int version)
+{
+    CUresult (*gpa)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *) =
+        (CUresult(*)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *))
+            e2e_dlsym(e2e_open_libcuda(), "cuGetProcAddress_v2");
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult st;
+    CHECK_EQ(gpa(base, &fn, version, 0, &st), CUDA_SUCCESS);
+    CHECK(fn != NULL);
+    return fn;
+}
+
+static void primary_v1(void)
+{
+    CUresult (*release)(CUdevice) = (CUresult(*)(CUdevice))proc_at("cuDevicePrimaryCtxRelease", 10000);
+    CUresult (*reset)(CUdevice) = (CUresult(*)(CUdevice))proc_at("cuDevicePrimaryCtxReset", 10000);
+    if (release && reset)
+        primary_release_with(release, reset);
 }
 
 /* cuCtxDestroy refuses a primary context (the fake, as CUDA_ERROR_INVALID_
@@ -938,6 +976,7 @@ int main(int argc, char **argv)
         {"captures-gone", captures_gone},
         {"context-churn", context_churn}, {"fake-lifetime", fake_lifetime},
         {"primary-release", primary_release}, {"primary-churn", primary_churn},
+        {"primary-v1", primary_v1},
         {"destroy-primary", destroy_primary},
         {"destroy-primary-streams", destroy_primary_streams}, {"destroy-busy", destroy_busy},
         {"fork-busy", fork_busy},

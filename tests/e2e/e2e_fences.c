@@ -10,6 +10,10 @@
  *   stream-destroy   the stream is destroyed (cuStreamDestroy returns at once,
  *                    its work goes on) before the free
  *   destroy-after    ... after the free, before the next allocation
+ *   stream-destroy-v1  stream-destroy with the v1 cuStreamDestroy that
+ *                    libcuda still exports for old binaries, found by dlsym
+ *                    on libcuda's handle, by cuGetProcAddress below 4000 and
+ *                    as the global symbol (driver door only)
  *   capture-begin    the stream begins a capture between the free and the
  *                    next allocation
  *   capture-to-graph the same with cudaStreamBeginCaptureToGraph, into a
@@ -26,7 +30,9 @@
  *                    allocations and frees that frees must retire; no stale
  *                    stream handle may be used (the real driver crashed)
  *   ctx-reuse        a created context is destroyed with streams alive and a
- *                    new one gets its handle value
+ *                    new one gets its handle value (ctx-reuse-v1: destroyed
+ *                    with the v1 cuCtxDestroy, from cuGetProcAddress below
+ *                    4000; driver door only)
  *   stream-device    stream-ordered allocations on a stream of device 1 while
  *                    device 0 is current: served from device 1's pool and
  *                    fenced there (else the blocks never retire)
@@ -128,6 +134,49 @@ static void destroyed_stream(bool before_free)
 
 static void stream_destroy(void) { destroyed_stream(true); }
 static void destroy_after(void) { destroyed_stream(false); }
+
+typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t,
+                           CUdriverProcAddressQueryResult *);
+
+/* What cuGetProcAddress_v2 (found on libcuda's handle, as cudart finds it)
+ * answers for `base` at `version`. */
+static void *proc_at(const char *base, int version)
+{
+    gpa_fn gpa = (gpa_fn)dlsym(dlopen("libcuda.so.1", RTLD_NOW), "cuGetProcAddress_v2");
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult st;
+    CHECK(gpa && gpa(base, &fn, version, 0, &st) == CUDA_SUCCESS && fn);
+    return fn;
+}
+
+/* stream-destroy, the stream destroyed with the v1 cuStreamDestroy (CUDA
+ * 2.0's, cudaTypedefs.h's PFN_cuStreamDestroy_v2000), as an old binary or
+ * a binding asking cuGetProcAddress for an old version reaches it. */
+static void stream_destroy_v1(void)
+{
+    typedef CUresult (*destroy_fn)(CUstream);
+    destroy_fn ways[3] = {
+        (destroy_fn)dlsym(dlopen("libcuda.so.1", RTLD_NOW), "cuStreamDestroy"),
+        (destroy_fn)proc_at("cuStreamDestroy", 3020),
+        (destroy_fn)dlsym(RTLD_DEFAULT, "cuStreamDestroy"), /* what a linked call binds to */
+    };
+    for (int i = 0; i < 3; i++) {
+        CHECK(ways[i] != NULL);
+        if (!ways[i])
+            continue;
+        char *p, *filler = fill_but_hole(&p);
+        cudaStream_t s;
+        CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+        CHECK_EQ(fakecuda()->launch(s, write_pattern, p), 0);
+        CHECK_EQ(ways[i]((CUstream)s), CUDA_SUCCESS); /* returns; the work goes on */
+        CHECK_EQ(cudaFree(p), cudaSuccess);
+        char *q = alloc_ok(MiB);
+        expect_safe(p, q, s);
+        fakecuda()->complete_all();
+        CHECK_EQ(cudaFree(q), cudaSuccess);
+        CHECK_EQ(cudaFree(filler), cudaSuccess);
+    }
+}
 
 /* into_graph: cudaStreamBeginCaptureToGraph into a graph of the program's,
  * which cudaStreamEndCapture then returns. */
@@ -342,7 +391,9 @@ static void reset_streams(void)
     CHECK_EQ(fake_stats().stale_handle_uses, 0);
 }
 
-static void ctx_reuse(void)
+/* v1: the context destroyed with the v1 cuCtxDestroy (CUDA 2.0's), as
+ * cuGetProcAddress hands it out below 4000. */
+static void ctx_reuse_with(bool v1)
 {
     typedef CUresult (*create_fn)(CUcontext *, CUctxCreateParams *, unsigned, CUdevice);
     typedef CUresult (*destroy_fn)(CUcontext);
@@ -351,7 +402,8 @@ static void ctx_reuse(void)
     typedef CUresult (*stream_fn)(CUstream *, unsigned);
     void *h = dlopen("libcuda.so.1", RTLD_NOW);
     create_fn create = (create_fn)dlsym(h, "cuCtxCreate_v4");
-    destroy_fn destroy = (destroy_fn)dlsym(h, "cuCtxDestroy_v2");
+    destroy_fn destroy = v1 ? (destroy_fn)proc_at("cuCtxDestroy", 3020)
+                            : (destroy_fn)dlsym(h, "cuCtxDestroy_v2");
     alloc_fn mem_alloc = (alloc_fn)dlsym(h, "cuMemAlloc_v2");
     free_fn mem_free = (free_fn)dlsym(h, "cuMemFree_v2");
     stream_fn stream_create = (stream_fn)dlsym(h, "cuStreamCreate");
@@ -373,6 +425,9 @@ static void ctx_reuse(void)
     CHECK_EQ(fake_stats().stale_handle_uses, 0);
     CHECK_EQ(destroy(b), CUDA_SUCCESS);
 }
+
+static void ctx_reuse(void) { ctx_reuse_with(false); }
+static void ctx_reuse_v1(void) { ctx_reuse_with(true); }
 
 static int device_of(void *p)
 {
@@ -807,6 +862,7 @@ int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
         {"stream-destroy", stream_destroy}, {"destroy-after", destroy_after},
+        {"stream-destroy-v1", stream_destroy_v1}, {"ctx-reuse-v1", ctx_reuse_v1},
         {"capture-begin", capture_begin},   {"capture-to-graph", capture_to_graph},
         {"legacy-capture", legacy_capture},
         {"ptsz-capture", ptsz_capture},     {"global-capture", global_capture},
