@@ -48,14 +48,65 @@
  *   finds 0 while the capture is under way; a begin that fails is taken
  *   back.
  *
+ *   The count is of captures with an identity: each is an entry naming the
+ *   stream it was begun on (a per-thread default stream by its thread and
+ *   context), and only a call that ends that entry's capture takes it away.
+ *   A bare number went down at any end the driver accepted, so an end of a
+ *   capture the shim never counted (begun where it could not see, say by a
+ *   library preloaded after it through the driver's own function) took away
+ *   another thread's, and the next fence query, made in global mode,
+ *   invalidated that live capture (e2e_fences unseen-end). What ends a
+ *   capture, in cuda.h and in the fake driver:
+ *     - cuStreamEndCapture answering CUDA_SUCCESS, or
+ *       CUDA_ERROR_STREAM_CAPTURE_INVALIDATED or _UNJOINED (the capture is
+ *       over, its graph lost); any other answer (not capturing, another
+ *       thread's capture, a bad argument) leaves every capture as it was, so
+ *       a stray end or a second end changes nothing (e2e_fences bogus-end);
+ *     - a successful cuStreamDestroy (either version) of the capturing
+ *       stream: the stream and its capture are gone. Counted on, that
+ *       capture refused a green context's fences for good (e2e_green
+ *       green-capture-destroyed) and kept every capture question asked;
+ *     - the end of the stream's context (cuCtxDestroy, a primary context's
+ *       reset or last release, a green context destroyed: capture_context_*).
+ *   An invalidated capture (legacy-stream work, a refused unsafe call) is
+ *   still under way until it is ended, and stays counted. A capture on a
+ *   per-thread default stream whose thread exits, or one ended where the
+ *   shim cannot see, stays counted: more questions asked, never fewer.
+ *   An ending call first claims its entry (marks it), then makes the real
+ *   call, then removes the entry if the capture ended, or gives it back:
+ *   a begin on the same stream once the real end returned adds an entry of
+ *   its own, which that removal cannot take, and a second end finds the
+ *   entry claimed and takes nothing.
+ *
  * Both doors have the calls: the driver's (reached by cudart through
  * cuGetProcAddress, and by programs through dlsym) do the work; the
  * runtime's do it only when the driver door is not hooked
  * (BFCSHIM_DRIVER_HOOKS=0), else cudart's own driver call would do it twice.
  */
+#include "array_room.h"
 #include "shim.h"
 
+/* A capture the hooks saw begin and have not seen end. */
+typedef struct counted {
+    CUstream s;       /* as the begin named it; CU_STREAM_PER_THREAD: the thread's */
+    pthread_t thread; /* (a per-thread default stream's) */
+    CUcontext ctx;    /* the stream's context, NULL when the driver could not say */
+    uint64_t mark;    /* 0, BEGINNING, or the claim of a call ending the stream's */
+    uint64_t ctx_mark; /* 0, or the claim of a call that may end the context */
+} counted;
+
+enum { BEGINNING = 1 }; /* a begin in flight: no ending call may claim it */
+
+/* Leaf lock but for the green contexts' (green_capture_changed). */
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static counted *table;
+static size_t ntable, captable;
+static uint64_t last_mark = BEGINNING;
+/* ntable, for reads without the lock */
 static atomic_int underway;
+/* A begin found no host memory for its entry: from then on the count is
+ * not every capture, and is trusted no more. */
+static atomic_bool untracked;
 
 bool capture_underway(void)
 {
@@ -64,11 +115,175 @@ bool capture_underway(void)
 
 /* Does every capture begin pass the hooks below, so that the count is
  * every capture under way? Preloaded with the driver door hooked. */
-static bool begins_counted(void) { return shim_driver_hooked() && streams_all_seen(); }
+static bool begins_counted(void)
+{
+    return shim_driver_hooked() && streams_all_seen() &&
+           !atomic_load_explicit(&untracked, memory_order_relaxed);
+}
 
 bool capture_none(void)
 {
     return atomic_load_explicit(&underway, memory_order_acquire) == 0 && begins_counted();
+}
+
+/* The key a capture call names: its stream, and for the calling thread's
+ * per-thread default stream the thread and the current context. */
+typedef struct capture_key {
+    CUstream s;
+    pthread_t thread;
+    CUcontext ctx;
+} capture_key;
+
+/* The context of stream s (for the special handles, the calling thread's
+ * current context), or NULL when the driver cannot say: no guess, since a
+ * capture counted against the wrong green context would stop its fences or
+ * let another's be made while it captures (green.c). */
+static CUcontext context_of(const real_driver *R, CUstream s)
+{
+    CUcontext c = NULL;
+    if (!R)
+        return NULL;
+    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
+        R->CtxGetCurrent(&c);
+    else if (!R->StreamGetCtx || R->StreamGetCtx(s, &c) != CUDA_SUCCESS)
+        c = NULL;
+    return c;
+}
+
+/* The key for stream s as a call names it (after named()); ctx only for
+ * the per-thread default stream, the one handle that names a different
+ * stream in each thread and context. */
+static capture_key key_of(CUstream s)
+{
+    capture_key k = {s, pthread_self(), NULL};
+    if (s == CU_STREAM_PER_THREAD)
+        k.ctx = context_of(real_driver_get(), s);
+    return k;
+}
+
+/* Lock held: is e the capture on k's stream? */
+static bool same_stream(const counted *e, const capture_key *k)
+{
+    return e->s == k->s && (k->s != CU_STREAM_PER_THREAD ||
+                            (pthread_equal(e->thread, k->thread) && e->ctx == k->ctx));
+}
+
+/* Lock held: drops entry i, and its count in its green context. */
+static void drop(size_t i)
+{
+    green_capture_changed(table[i].ctx, -1);
+    table[i] = table[--ntable];
+    atomic_store_explicit(&underway, (int)ntable, memory_order_release);
+}
+
+/* Counts a begin on k's stream before the real call (the streams' write
+ * lock held, before_begin) with an entry marked BEGINNING. Without room for
+ * one, nothing is trusted to the count again. */
+static void count_begin(const capture_key *k, CUcontext ctx)
+{
+    pthread_mutex_lock(&lock);
+    counted *t = array_room(table, ntable, &captable, sizeof *table, 8);
+    if (t) {
+        table = t;
+        table[ntable++] = (counted){k->s, k->thread, ctx, BEGINNING, 0};
+        atomic_store_explicit(&underway, (int)ntable, memory_order_release);
+        green_capture_changed(ctx, +1);
+    }
+    pthread_mutex_unlock(&lock);
+    if (!t) {
+        atomic_store(&untracked, true);
+        shim_log(LOG_WARN, "out of host memory counting stream captures: every fence query "
+                           "is made in relaxed capture mode from now on");
+    }
+}
+
+/* After the real begin: a begin that failed is taken back; one that
+ * succeeded is counted, and any older entry on the same stream was a
+ * capture that ended where the shim could not see (a stream captures once
+ * at a time), unless an ending call has claimed it and will settle it. */
+static void begin_done(const capture_key *k, bool ok)
+{
+    pthread_mutex_lock(&lock);
+    size_t mine = ntable;
+    for (size_t i = 0; i < ntable && mine == ntable; i++)
+        if (table[i].mark == BEGINNING && same_stream(&table[i], k))
+            mine = i;
+    if (mine < ntable && !ok) {
+        drop(mine);
+    } else if (mine < ntable) {
+        table[mine].mark = 0;
+        for (size_t i = 0; i < ntable;)
+            if (i != mine && table[i].mark == 0 && same_stream(&table[i], k)) {
+                drop(i);
+                if (mine == ntable) /* it moved into slot i */
+                    mine = i;
+            } else {
+                i++;
+            }
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+/* Claims what an ending call may end: the capture on k's stream (when k),
+ * or those of context ctx (when !k), none in a begin or claimed by a call
+ * of the same kind already. A stream's entry may be claimed by both kinds
+ * at once: a context's claim must not keep a stream's end from taking it.
+ * Returns the claim (0: nothing claimed). */
+static uint64_t claim(const capture_key *k, CUcontext ctx)
+{
+    uint64_t m = 0;
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < ntable; i++) {
+        counted *e = &table[i];
+        uint64_t *field = k ? &e->mark : &e->ctx_mark;
+        if (e->mark == BEGINNING || *field != 0 || (k ? !same_stream(e, k) : e->ctx != ctx))
+            continue;
+        if (!m)
+            m = ++last_mark;
+        *field = m;
+    }
+    pthread_mutex_unlock(&lock);
+    return m;
+}
+
+/* After the ending call: what it claimed goes if the captures ended, else
+ * it is given back. */
+static void settle(uint64_t m, bool ended)
+{
+    if (!m)
+        return;
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < ntable;) {
+        counted *e = &table[i];
+        if (e->mark != m && e->ctx_mark != m) {
+            i++;
+        } else if (ended) {
+            drop(i);
+        } else {
+            e->mark = e->mark == m ? 0 : e->mark;
+            e->ctx_mark = e->ctx_mark == m ? 0 : e->ctx_mark;
+            i++;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+uint64_t capture_stream_ending(CUstream s)
+{
+    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
+        return 0; /* never destroyed */
+    capture_key k = {s, pthread_self(), NULL};
+    return claim(&k, NULL);
+}
+
+uint64_t capture_context_ending(CUcontext ctx)
+{
+    return ctx ? claim(NULL, ctx) : 0;
+}
+
+void capture_ending_done(uint64_t claimed, bool gone)
+{
+    settle(claimed, gone);
 }
 
 relaxed_scope capture_relax(const real_driver *R)
@@ -147,37 +362,39 @@ static bool blocking_stream(const real_driver *R, CUstream s)
 /* Every capture begins between before_begin and began, the streams' change
  * lock held (streams.c): no seal may ask whether s captures before the
  * begin and record its event on s after it (the event would be a captured
- * one, which never completes). */
-static void before_begin(CUstream s)
+ * one, which never completes). The begin is counted first (the header). */
+static capture_key before_begin(CUstream s)
 {
     streams_change_begin();
-    atomic_fetch_add_explicit(&underway, 1, memory_order_acq_rel); /* see the header */
     const real_driver *R = real_driver_get();
+    capture_key k = key_of(s);
+    count_begin(&k, k.s == CU_STREAM_PER_THREAD ? k.ctx : context_of(R, s));
     if (R)
         capture_stand_in(s, blocking_stream(R, s));
+    return k;
 }
 
-static CUresult began(CUresult r, CUstream s)
+static CUresult began(CUresult r, const capture_key *k)
 {
-    if (r != CUDA_SUCCESS)
-        atomic_fetch_sub_explicit(&underway, 1, memory_order_acq_rel);
+    begin_done(k, r == CUDA_SUCCESS);
     streams_change_end();
-    if (r == CUDA_SUCCESS)
-        green_capture_changed(s, +1);
     return r;
 }
 
-/* A capture ends when EndCapture succeeds or reports it invalidated or
- * unjoined; other answers (not capturing, wrong thread) leave it on. */
-static void ended(int r, CUstream s)
+/* Around an EndCapture: the capture it may end is claimed before the real
+ * call. It ended when the call succeeds or reports it invalidated or
+ * unjoined; other answers (not capturing, wrong thread, a bad argument)
+ * leave it on. */
+static uint64_t before_end(CUstream s)
 {
-    if (r != CUDA_SUCCESS && r != CUDA_ERROR_STREAM_CAPTURE_INVALIDATED &&
-        r != CUDA_ERROR_STREAM_CAPTURE_UNJOINED)
-        return;
-    green_capture_changed(s, -1);
-    int n = atomic_load_explicit(&underway, memory_order_relaxed);
-    while (n > 0 && !atomic_compare_exchange_weak(&underway, &n, n - 1))
-        ;
+    capture_key k = key_of(s);
+    return claim(&k, NULL);
+}
+
+static void ended(int r, uint64_t claimed)
+{
+    settle(claimed, r == CUDA_SUCCESS || r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ||
+                        r == CUDA_ERROR_STREAM_CAPTURE_UNJOINED);
 }
 
 /* ---- driver door ------------------------------------------------------------------ */
@@ -187,8 +404,8 @@ static CUresult begin(int z, CUstream s, CUstreamCaptureMode mode)
     CUresult (*f)(CUstream, CUstreamCaptureMode) = REAL(StreamBeginCapture[z]);
     if (!f)
         return CUDA_ERROR_NOT_INITIALIZED;
-    before_begin(named(s, z));
-    return began(f(s, mode), named(s, z));
+    capture_key k = before_begin(named(s, z));
+    return began(f(s, mode), &k);
 }
 
 static CUresult begin_to_graph(int z, CUstream s, CUgraph g, const CUgraphNode *deps,
@@ -198,8 +415,8 @@ static CUresult begin_to_graph(int z, CUstream s, CUgraph g, const CUgraphNode *
                   CUstreamCaptureMode) = REAL(StreamBeginCaptureToGraph[z]);
     if (!f)
         return CUDA_ERROR_NOT_INITIALIZED;
-    before_begin(named(s, z));
-    return began(f(s, g, deps, edges, n, mode), named(s, z));
+    capture_key k = before_begin(named(s, z));
+    return began(f(s, g, deps, edges, n, mode), &k);
 }
 
 static CUresult end(int z, CUstream s, CUgraph *g)
@@ -207,8 +424,9 @@ static CUresult end(int z, CUstream s, CUgraph *g)
     CUresult (*f)(CUstream, CUgraph *) = REAL(StreamEndCapture[z]);
     if (!f)
         return CUDA_ERROR_NOT_INITIALIZED;
+    uint64_t claimed = before_end(named(s, z));
     CUresult r = f(s, g);
-    ended(r, named(s, z));
+    ended(r, claimed);
     return r;
 }
 
@@ -225,8 +443,8 @@ static CUresult begin_v1(int z, CUstream s)
     CUresult (*f)(CUstream) = REAL(StreamBeginCaptureV1[z]);
     if (!f)
         return CUDA_ERROR_NOT_INITIALIZED;
-    before_begin(named(s, z));
-    return began(f(s), named(s, z));
+    capture_key k = before_begin(named(s, z));
+    return began(f(s), &k);
 }
 
 SHIM_EXPORT CUresult shim_cuStreamBeginCapture_v1(CUstream s) { return begin_v1(0, s); }
@@ -278,8 +496,8 @@ static cudaError_t rt_begin(rt_begin_fn f, cudaStream_t s, enum cudaStreamCaptur
         return cudaErrorInsufficientDriver;
     if (!runtime_does_it())
         return f(s, mode);
-    before_begin(named((CUstream)s, z));
-    return (cudaError_t)began((CUresult)f(s, mode), named((CUstream)s, z));
+    capture_key k = before_begin(named((CUstream)s, z));
+    return (cudaError_t)began((CUresult)f(s, mode), &k);
 }
 
 static cudaError_t rt_begin_to_graph(rt_begin_to_graph_fn f, cudaStream_t s, cudaGraph_t g,
@@ -291,17 +509,19 @@ static cudaError_t rt_begin_to_graph(rt_begin_to_graph_fn f, cudaStream_t s, cud
         return cudaErrorInsufficientDriver;
     if (!runtime_does_it())
         return f(s, g, deps, edges, n, mode);
-    before_begin(named((CUstream)s, z));
-    return (cudaError_t)began((CUresult)f(s, g, deps, edges, n, mode), named((CUstream)s, z));
+    capture_key k = before_begin(named((CUstream)s, z));
+    return (cudaError_t)began((CUresult)f(s, g, deps, edges, n, mode), &k);
 }
 
 static cudaError_t rt_end(rt_end_fn f, cudaStream_t s, cudaGraph_t *g, int z)
 {
     if (!f)
         return cudaErrorInsufficientDriver;
+    if (!runtime_does_it())
+        return f(s, g);
+    uint64_t claimed = before_end(named((CUstream)s, z));
     cudaError_t e = f(s, g);
-    if (runtime_does_it())
-        ended((int)e, named((CUstream)s, z));
+    ended((int)e, claimed);
     return e;
 }
 

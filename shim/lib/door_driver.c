@@ -10,8 +10,16 @@
  * (BFCSHIM_DRIVER_HOOKS=0, platform mode, a forked child, or a call the
  * shim itself makes into the real runtime), when no context is current, and
  * for pointers no pool owns. Only the _v2 ABI of the allocation calls exists
- * here: the v1 entry points take 32-bit sizes and no current toolkit emits
- * references to them.
+ * here: the v1 entry points (cuMemAlloc, cuMemFree, cuMemAllocPitch,
+ * cuMemGetInfo, cuMemGetAddressRange) take 32-bit device pointers and
+ * sizes, which cannot name the pool's blocks, and no current toolkit emits
+ * references to them: they reach the driver untouched. The v1 entry points
+ * of the calls that keep books (cuStreamDestroy, cuCtxDestroy,
+ * cuDevicePrimaryCtxRelease and _Reset; cuCtxCreate and
+ * cuStreamBeginCapture elsewhere) take the _v2's arguments and are hooked
+ * like them: libcuda still exports them and hands them to cuGetProcAddress
+ * below the _v2's version, and one that slipped by would leave a dead
+ * stream registered or a dead context's pool in use.
  *
  * The stream calls only register streams (streams.c) so that plain frees
  * can be fenced on every stream; the context calls forget pools whose memory
@@ -318,10 +326,31 @@ SHIM_EXPORT CUresult cuStreamCreateWithPriority(CUstream *s, unsigned flags, int
     return r;
 }
 
-SHIM_EXPORT CUresult cuStreamDestroy_v2(CUstream s)
+/* The real call f, or CUDA_ERROR_NOT_INITIALIZED when the driver lacks it. */
+#define CALL(f, ...) ((f) ? (f)(__VA_ARGS__) : CUDA_ERROR_NOT_INITIALIZED)
+
+/* Both versions of the destroy (f): the v1 that old binaries and
+ * cuGetProcAddress below 4000 reach takes the same arguments, and a stream
+ * it destroys unseen would stay registered, a handle the next seal records
+ * on after it died (e2e_fences stream-destroy-v1). A stream destroyed while
+ * it captures takes its capture with it (capture.c). */
+static CUresult stream_destroy(CUresult (*f)(CUstream), CUstream s)
 {
     pools_stream_destroyed(s);
-    return PASS(StreamDestroy, s);
+    uint64_t claimed = capture_stream_ending(s);
+    CUresult r = CALL(f, s);
+    capture_ending_done(claimed, r == CUDA_SUCCESS);
+    return r;
+}
+
+SHIM_EXPORT CUresult cuStreamDestroy_v2(CUstream s)
+{
+    return stream_destroy(REAL(StreamDestroy), s);
+}
+
+SHIM_EXPORT CUresult shim_cuStreamDestroy_v1(CUstream s)
+{
+    return stream_destroy(REAL(StreamDestroyV1), s);
 }
 
 SHIM_EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
@@ -359,7 +388,9 @@ SHIM_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
     return r;
 }
 
-SHIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+/* Both versions of the destroy (f), as for streams (the v1: CUDA 2.0's,
+ * e2e_fences ctx-reuse-v1). */
+static CUresult ctx_destroy(CUresult (*f)(CUcontext), CUcontext ctx)
 {
     /* A created context's pool is forgotten before the call, so that no new
      * context under the same handle can meet it. A primary context is
@@ -375,19 +406,28 @@ SHIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
      * context active under this handle. */
     primary_lock();
     bool primary = pools_context_is_primary(ctx) || real_is_primary(real_driver_get(), ctx);
+    uint64_t claimed = capture_context_ending(ctx); /* its streams' captures */
     if (!primary) {
         pools_context_gone(ctx);
         primary_unlock(); /* a created context's destroy may take long: not held */
     }
-    CUresult r = PASS(CtxDestroy, ctx);
+    CUresult r = CALL(f, ctx);
     if (primary && r == CUDA_SUCCESS)
         pools_context_gone(ctx);
     pools_give_back_forgotten(r == CUDA_SUCCESS);
+    capture_ending_done(claimed, r == CUDA_SUCCESS);
     if (r == CUDA_SUCCESS)
         vmm_context_gone(ctx); /* the peer access it enabled went with it */
     if (primary)
         primary_unlock();
     return r;
+}
+
+SHIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) { return ctx_destroy(REAL(CtxDestroy), ctx); }
+
+SHIM_EXPORT CUresult shim_cuCtxDestroy_v1(CUcontext ctx)
+{
+    return ctx_destroy(REAL(CtxDestroyV1), ctx);
 }
 
 /* Peer access reaches pooled memory through the real call for regions from
@@ -410,17 +450,31 @@ SHIM_EXPORT CUresult cuCtxDisablePeerAccess(CUcontext peer)
     return r;
 }
 
-SHIM_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+/* Both versions of the reset (f; the v1: CUDA 7.0's, e2e_driver
+ * primary-v1). */
+static CUresult primary_reset(CUresult (*f)(CUdevice), CUdevice dev)
 {
     primary_lock();
     CUcontext ctx = real_active_primary(real_driver_get(), dev);
+    uint64_t claimed = capture_context_ending(ctx);
     pools_primary_gone(dev);
-    CUresult r = PASS(DevicePrimaryCtxReset, dev);
+    CUresult r = CALL(f, dev);
     pools_give_back_forgotten(r == CUDA_SUCCESS);
+    capture_ending_done(claimed, r == CUDA_SUCCESS);
     if (r == CUDA_SUCCESS)
         vmm_context_gone(ctx);
     primary_unlock();
     return r;
+}
+
+SHIM_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    return primary_reset(REAL(DevicePrimaryCtxReset), dev);
+}
+
+SHIM_EXPORT CUresult shim_cuDevicePrimaryCtxReset_v1(CUdevice dev)
+{
+    return primary_reset(REAL(DevicePrimaryCtxResetV1), dev);
 }
 
 /* Only to take the primary contexts' lock (real.c): a retain must not slip
@@ -468,31 +522,48 @@ SHIM_EXPORT CUresult cuCtxCreate_v4(CUcontext *c, CUctxCreateParams *params, uns
 }
 
 /* After a call that released dev's primary context `ctx` (learnt while it
- * was still alive): if that was the last reference, the context is gone. */
-static void after_primary_release(const real_driver *R, CUdevice dev, CUcontext ctx, CUresult r)
+ * was still alive, its captures claimed then): if that was the last
+ * reference, the context is gone. */
+static void after_primary_release(const real_driver *R, CUdevice dev, CUcontext ctx, CUresult r,
+                                  uint64_t claimed)
 {
     unsigned flags = 0;
     int active = 0;
-    if (r == CUDA_SUCCESS && ctx &&
-        R->DevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active) {
+    bool gone = r == CUDA_SUCCESS && ctx &&
+                R->DevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active;
+    if (gone) {
         pools_primary_gone(dev); /* the pool (the context is no longer active) */
         pools_context_gone(ctx); /* and the streams under its handle */
         pools_give_back_forgotten(true);
         vmm_context_gone(ctx);
     }
+    capture_ending_done(claimed, gone);
 }
 
-SHIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+/* Both versions of the release (f; the v1: CUDA 7.0's, e2e_driver
+ * primary-v1). */
+static CUresult primary_release(CUresult (*f)(CUdevice), CUdevice dev)
 {
     /* The last release destroys the primary context: learn its handle while
      * it is still alive, in case this is the last. */
     const real_driver *R = real_driver_get();
     primary_lock();
     CUcontext ctx = real_active_primary(R, dev);
-    CUresult r = PASS(DevicePrimaryCtxRelease, dev);
-    after_primary_release(R, dev, ctx, r);
+    uint64_t claimed = capture_context_ending(ctx);
+    CUresult r = CALL(f, dev);
+    after_primary_release(R, dev, ctx, r, claimed);
     primary_unlock();
     return r;
+}
+
+SHIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    return primary_release(REAL(DevicePrimaryCtxRelease), dev);
+}
+
+SHIM_EXPORT CUresult shim_cuDevicePrimaryCtxRelease_v1(CUdevice dev)
+{
+    return primary_release(REAL(DevicePrimaryCtxReleaseV1), dev);
 }
 
 /* Green contexts (green.c): they share the primary context's pool, and a
@@ -515,12 +586,20 @@ SHIM_EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx g)
 {
     /* It releases the primary context it retained: maybe the last. */
     const real_driver *R = real_driver_get();
-    int dev = green_destroying(g);
+    CUcontext converted = NULL;
+    int dev = green_destroying(g, &converted);
+    /* Its streams' captures end with it (they belong to its converted
+     * context), and the primary context's if this was its last reference. */
+    uint64_t own = capture_context_ending(converted);
     primary_lock();
     CUcontext ctx = dev >= 0 ? real_active_primary(R, dev) : NULL;
+    uint64_t claimed = capture_context_ending(ctx);
     CUresult r = PASS(GreenCtxDestroy, g);
+    capture_ending_done(own, r == CUDA_SUCCESS);
     if (dev >= 0)
-        after_primary_release(R, dev, ctx, r);
+        after_primary_release(R, dev, ctx, r, claimed);
+    else
+        capture_ending_done(claimed, false);
     primary_unlock();
     return r;
 }

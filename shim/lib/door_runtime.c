@@ -370,9 +370,13 @@ SHIM_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t s)
 {
     REAL_RT(stream_destroy_fn, f, "cudaStreamDestroy");
     /* With the driver door hooked, cudart's cuStreamDestroy does this. */
-    if (!shim_driver_hooked())
-        pools_stream_destroyed((CUstream)s);
-    return f ? f(s) : NO_RUNTIME;
+    if (shim_driver_hooked())
+        return f ? f(s) : NO_RUNTIME;
+    pools_stream_destroyed((CUstream)s);
+    uint64_t claimed = capture_stream_ending((CUstream)s);
+    cudaError_t e = f ? f(s) : NO_RUNTIME;
+    capture_ending_done(claimed, e == cudaSuccess);
+    return e;
 }
 
 typedef cudaError_t (*set_pool_fn)(int, cudaMemPool_t);
@@ -433,8 +437,10 @@ SHIM_EXPORT cudaError_t cudaDeviceReset(void)
         ctx = real_active_primary(real_driver_get(), (CUdevice)dev);
         pools_primary_gone((CUdevice)dev);
     }
+    uint64_t claimed = capture_context_ending(ctx); /* (cudart's own reset may claim first) */
     cudaError_t e = f ? f() : NO_RUNTIME;
     pools_give_back_forgotten(e == cudaSuccess);
+    capture_ending_done(claimed, e == cudaSuccess);
     if (e == cudaSuccess)
         vmm_context_gone(ctx); /* "either device is reset" ends its peer access */
     return e;

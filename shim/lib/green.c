@@ -28,7 +28,8 @@
  * wait. Once every capture in the green context has ended, one event covers
  * all its work again, what was queued before the captures included, so its
  * streams need no stand-in when they begin capturing. The captures under way
- * in each green context are counted by the capture hooks (capture.c): asking
+ * in each green context are counted by the capture hooks (capture.c, which
+ * tell green_capture_changed each capture's context): asking
  * the driver would mean making the green context current on the shim's
  * thread, and "a green context can be current to only one thread at a time".
  * For the same reason the shim never makes one current.
@@ -148,8 +149,9 @@ bool green_stream_destroyed(CUstream s)
     return true;
 }
 
-int green_destroying(CUgreenCtx g)
+int green_destroying(CUgreenCtx g, CUcontext *converted)
 {
+    *converted = NULL;
     if (none())
         return -1;
     green found = {0};
@@ -165,6 +167,7 @@ int green_destroying(CUgreenCtx g)
     const real_driver *R = real_driver_get();
     if (!found.g || !R)
         return -1;
+    *converted = found.converted;
     /* (While it captures, the event would fail and break the capture.) */
     if (found.captures > 0 || !stand_in(R, &found))
         shim_log(LOG_WARN, "a green context was destroyed while its work could not be "
@@ -173,16 +176,14 @@ int green_destroying(CUgreenCtx g)
     return found.dev;
 }
 
-void green_capture_changed(CUstream s, int by)
+void green_capture_changed(CUcontext c, int by)
 {
-    const real_driver *R = real_driver_get();
-    if (none() || !R)
+    if (none() || !c)
         return;
-    CUcontext c = context_of(R, s);
     pthread_mutex_lock(&lock);
     green *e = by_converted(c);
-    if (e && e->captures + by >= 0)
-        e->captures += by;
+    if (e)
+        e->captures = e->captures + by > 0 ? e->captures + by : 0;
     pthread_mutex_unlock(&lock);
 }
 

@@ -41,6 +41,12 @@ static hook hooks[] = {
     H(cuStreamCreate),
     H(cuStreamCreateWithPriority),
     H(cuStreamDestroy_v2),
+    /* v1 entry points (shim.h): libcuda still exports them for old binaries
+     * and hands them to cuGetProcAddress below their _v2's version */
+    {"cuStreamDestroy", (void *)shim_cuStreamDestroy_v1, NULL},
+    {"cuCtxDestroy", (void *)shim_cuCtxDestroy_v1, NULL},
+    {"cuDevicePrimaryCtxRelease", (void *)shim_cuDevicePrimaryCtxRelease_v1, NULL},
+    {"cuDevicePrimaryCtxReset", (void *)shim_cuDevicePrimaryCtxReset_v1, NULL},
     {"cuStreamBeginCapture", (void *)shim_cuStreamBeginCapture_v1, NULL},
     {"cuStreamBeginCapture_ptsz", (void *)shim_cuStreamBeginCapture_v1_ptsz, NULL},
     H(cuStreamBeginCapture_v2),

@@ -49,6 +49,7 @@ static void load_driver(void)
     LOOK(CtxPushCurrent, "cuCtxPushCurrent_v2");
     LOOK(CtxPopCurrent, "cuCtxPopCurrent_v2");
     LOOK(CtxDestroy, "cuCtxDestroy_v2");
+    LOOK(CtxDestroyV1, "cuCtxDestroy");
     LOOK(DeviceTotalMem, "cuDeviceTotalMem_v2");
     LOOK(DeviceGetAttribute, "cuDeviceGetAttribute");
     LOOK(DeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool");
@@ -60,6 +61,8 @@ static void load_driver(void)
     LOOK(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
     LOOK(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2");
     LOOK(DevicePrimaryCtxReset, "cuDevicePrimaryCtxReset_v2");
+    LOOK(DevicePrimaryCtxReleaseV1, "cuDevicePrimaryCtxRelease");
+    LOOK(DevicePrimaryCtxResetV1, "cuDevicePrimaryCtxReset");
     LOOK(MemAlloc, "cuMemAlloc_v2");
     LOOK(MemFree, "cuMemFree_v2");
     LOOK(MemAllocPitch, "cuMemAllocPitch_v2");
@@ -75,6 +78,7 @@ static void load_driver(void)
     LOOK(StreamCreate, "cuStreamCreate");
     LOOK(StreamCreateWithPriority, "cuStreamCreateWithPriority");
     LOOK(StreamDestroy, "cuStreamDestroy_v2");
+    LOOK(StreamDestroyV1, "cuStreamDestroy");
     LOOK(StreamGetCtx, "cuStreamGetCtx");
     LOOK(StreamGetId, "cuStreamGetId");
     LOOK(StreamGetFlags, "cuStreamGetFlags");

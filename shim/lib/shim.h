@@ -130,6 +130,7 @@ typedef struct real_driver {
     CUresult (*CtxPushCurrent)(CUcontext);
     CUresult (*CtxPopCurrent)(CUcontext *);
     CUresult (*CtxDestroy)(CUcontext);
+    CUresult (*CtxDestroyV1)(CUcontext); /* CUDA 2.0's, which libcuda still exports */
     /* context creation, every version (door_driver.c): v1 and v2 take
      * (flags, dev), v3 an affinity list, v4 creation parameters */
     CUresult (*CtxCreateV1)(CUcontext *, unsigned, CUdevice);
@@ -147,6 +148,8 @@ typedef struct real_driver {
     CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
     CUresult (*DevicePrimaryCtxRelease)(CUdevice);
     CUresult (*DevicePrimaryCtxReset)(CUdevice);
+    CUresult (*DevicePrimaryCtxReleaseV1)(CUdevice); /* CUDA 7.0's */
+    CUresult (*DevicePrimaryCtxResetV1)(CUdevice);
     CUresult (*MemAlloc)(CUdeviceptr *, size_t);
     CUresult (*MemFree)(CUdeviceptr);
     CUresult (*MemAllocPitch)(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
@@ -159,6 +162,7 @@ typedef struct real_driver {
     CUresult (*StreamCreate)(CUstream *, unsigned);
     CUresult (*StreamCreateWithPriority)(CUstream *, unsigned, int);
     CUresult (*StreamDestroy)(CUstream);
+    CUresult (*StreamDestroyV1)(CUstream); /* CUDA 2.0's */
     CUresult (*StreamGetCtx)(CUstream, CUcontext *);
     CUresult (*StreamGetId)(CUstream, unsigned long long *); /* optional (CUDA 12.0) */
     CUresult (*StreamGetFlags)(CUstream, unsigned *);
@@ -521,6 +525,14 @@ relaxed_scope capture_relax(const real_driver *R);
 relaxed_scope capture_relax_always(const real_driver *R);
 /* Is any stream capture (begun through the shim's doors) under way? */
 bool capture_underway(void);
+/* A call that may end captures without cuStreamEndCapture: claims them
+ * before the real call (a stream's destruction, a context's end), and
+ * capture_ending_done takes them away after it if `gone` (the call
+ * succeeded, and for a primary context's release, it was the last), else
+ * gives them back. The claim may be 0 (nothing to end). */
+uint64_t capture_stream_ending(CUstream s);
+uint64_t capture_context_ending(CUcontext ctx);
+void capture_ending_done(uint64_t claimed, bool gone);
 /* No capture can be under way: none counted, and every begin is seen
  * (capture.c). Then no capture question need be asked of the driver. */
 bool capture_none(void);
@@ -534,6 +546,13 @@ CUresult cuCtxCreate_v3(CUcontext *c, CUexecAffinityParam *params, int n, unsign
                         CUdevice dev);
 CUresult shim_cuStreamBeginCapture_v1(CUstream s) __asm__("cuStreamBeginCapture");
 CUresult shim_cuStreamBeginCapture_v1_ptsz(CUstream s) __asm__("cuStreamBeginCapture_ptsz");
+/* The v1 entry points of calls the driver door keeps books by
+ * (door_driver.c), exported under libcuda's names: cuda.h makes those
+ * names macros for the _v2. */
+CUresult shim_cuStreamDestroy_v1(CUstream s) __asm__("cuStreamDestroy");
+CUresult shim_cuCtxDestroy_v1(CUcontext ctx) __asm__("cuCtxDestroy");
+CUresult shim_cuDevicePrimaryCtxRelease_v1(CUdevice dev) __asm__("cuDevicePrimaryCtxRelease");
+CUresult shim_cuDevicePrimaryCtxReset_v1(CUdevice dev) __asm__("cuDevicePrimaryCtxReset");
 void capture_restore(const real_driver *R, relaxed_scope rs);
 /* A stream stops taking events (it is destroyed, or begins capturing):
  * records its stand-in, and the legacy stream's when legacy_too. */
@@ -542,13 +561,15 @@ void capture_stand_in(CUstream s, bool legacy_too);
 /* Green contexts (green.c): they share their primary context's memory. */
 void green_created(CUgreenCtx g, CUdevice dev);
 /* Before the real destroy: a stand-in for its work; its streams forgotten.
- * Returns its device, or -1 if it was not known. */
-int green_destroying(CUgreenCtx g);
+ * Returns its device, or -1 if it was not known; *converted its converted
+ * context (NULL if not known). */
+int green_destroying(CUgreenCtx g, CUcontext *converted);
 /* Before a stream is destroyed: true if it is a green context's, whose
  * stand-in is then recorded (capture_stand_in's cannot be). */
 bool green_stream_destroyed(CUstream s);
-/* A capture began (+1) or ended (-1) on stream s. */
-void green_capture_changed(CUstream s, int by);
+/* Captures on streams of context c (NULL: unknown) began (by > 0) or
+ * ended (by < 0); called with capture.c's lock held. */
+void green_capture_changed(CUcontext c, int by);
 /* The context whose pool serves ctx: a green context's converted context
  * maps to its primary context; any other context to itself. */
 CUcontext green_canonical(CUcontext ctx);

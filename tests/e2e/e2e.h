@@ -162,6 +162,18 @@ static inline fakecuda_stats fake_stats(void)
     return st;
 }
 
+/* How often the fake driver was called under this exported name, by
+ * anyone (the shim's calls included). */
+static inline uint64_t e2e_calls_of(const char *name)
+{
+    fakecuda_call_count c[256];
+    size_t n = fakecuda()->calls(c, 256);
+    for (size_t i = 0; i < n && i < 256; i++)
+        if (strcmp(c[i].name, name) == 0)
+            return c[i].calls;
+    return 0;
+}
+
 /* Device memory taken as regions: cuMemAlloc calls (a pool of one region,
  * pass-through allocations) and address ranges reserved and kept (a pool
  * over virtual memory, the default when preallocated; the two-granule trial

@@ -9,9 +9,17 @@
  *   context-churn  70 contexts, one after another, each destroyed after use:
  *               every one gets a pool (dead pools give their place up)
  *   async       cuMemAllocAsync / cuMemFreeAsync with stream-ordered reuse
+ *   captures-gone  captures that end without cuStreamEndCapture (their
+ *               stream destroyed, their created context destroyed, their
+ *               primary context reset) are counted no more: a stream-ordered
+ *               allocation and free then ask no capture question, as before
+ *               any capture (the count said one was under way for good)
  *   hooks-off   BFCSHIM_DRIVER_HOOKS=0: the driver door stays closed
  *   primary-release  the primary context's last cuDevicePrimaryCtxRelease
  *               destroys it and its pool; a retain after it gets a new pool
+ *               (primary-v1: the same, and a cuDevicePrimaryCtxReset, with
+ *               the v1 entry points of CUDA 7.0 from cuGetProcAddress below
+ *               11000)
  *   destroy-busy  (BFCSHIM_TRACE) a created context is destroyed while a
  *               thread waits inside its pool, behind a kernel that never
  *               ends: the destroy returns (the trace gives that pool's last
@@ -197,8 +205,9 @@ static void context_churn(void)
 }
 
 /* The primary context's last release destroys it; the next retain makes
- * a new one, under the same handle. */
-static void primary_release(void)
+ * a new one, under the same handle. With release (and reset) the v1 entry
+ * points when v1. */
+static void primary_release_with(CUresult (*release)(CUdevice), CUresult (*reset)(CUdevice))
 {
     CHECK_EQ(D.Init(0), CUDA_SUCCESS);
     CUcontext ctx = NULL, again = NULL;
@@ -207,7 +216,7 @@ static void primary_release(void)
     CUdeviceptr a = alloc_ok(MiB);
     fill((void *)(uintptr_t)a, MiB, 1);
     CHECK_EQ(fake_stats().bytes_in_use[0], LIMIT);
-    CHECK_EQ(D.DevicePrimaryCtxRelease(0), CUDA_SUCCESS); /* the region went with it */
+    CHECK_EQ(release(0), CUDA_SUCCESS); /* the region went with it */
     CHECK_EQ(fake_stats().bytes_in_use[0], 0);
     CHECK_EQ(D.DevicePrimaryCtxRetain(&again, 0), CUDA_SUCCESS);
     CHECK_EQ(D.CtxSetCurrent(again), CUDA_SUCCESS);
@@ -215,10 +224,44 @@ static void primary_release(void)
     CHECK_EQ(fake_stats().bytes_in_use[0], LIMIT);
     fill((void *)(uintptr_t)b, MiB, 2);
     CHECK(holds((void *)(uintptr_t)b, MiB, 2));
+    if (reset) {
+        /* A reset destroys it too, while retained. */
+        CHECK_EQ(reset(0), CUDA_SUCCESS);
+        CHECK_EQ(fake_stats().bytes_in_use[0], 0);
+        CHECK_EQ(D.DevicePrimaryCtxRetain(&again, 0), CUDA_SUCCESS);
+        CHECK_EQ(D.CtxSetCurrent(again), CUDA_SUCCESS);
+        b = alloc_ok(MiB); /* a new pool again */
+        CHECK_EQ(fake_stats().bytes_in_use[0], LIMIT);
+        fill((void *)(uintptr_t)b, MiB, 3);
+        CHECK(holds((void *)(uintptr_t)b, MiB, 3));
+    }
     CHECK_EQ(D.MemFree(b), CUDA_SUCCESS);
-    CHECK_EQ(D.DevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+    CHECK_EQ(release(0), CUDA_SUCCESS);
     CHECK_EQ(fake_stats().bytes_in_use[0], 0);
     CHECK_EQ(shim_log_lines(NULL, 0), 0);
+}
+
+static void primary_release(void) { primary_release_with(D.DevicePrimaryCtxRelease, NULL); }
+
+/* cuGetProcAddress_v2's answer for `base` at `version`. */
+static void *proc_at(const char *base, int version)
+{
+    CUresult (*gpa)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *) =
+        (CUresult(*)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *))
+            e2e_dlsym(e2e_open_libcuda(), "cuGetProcAddress_v2");
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult st;
+    CHECK_EQ(gpa(base, &fn, version, 0, &st), CUDA_SUCCESS);
+    CHECK(fn != NULL);
+    return fn;
+}
+
+static void primary_v1(void)
+{
+    CUresult (*release)(CUdevice) = (CUresult(*)(CUdevice))proc_at("cuDevicePrimaryCtxRelease", 10000);
+    CUresult (*reset)(CUdevice) = (CUresult(*)(CUdevice))proc_at("cuDevicePrimaryCtxReset", 10000);
+    if (release && reset)
+        primary_release_with(release, reset);
 }
 
 /* cuCtxDestroy refuses a primary context (the fake, as CUDA_ERROR_INVALID_
@@ -398,6 +441,62 @@ static void async(void)
     CUdeviceptr all = alloc_ok(LIMIT);
     CHECK_EQ(D.MemFree(all), CUDA_SUCCESS);
     CHECK_EQ(shim_log_lines(NULL, 0), 0);
+}
+
+/* The capture questions a stream-ordered allocation and free on s ask. */
+static uint64_t questions_of_a_pair(CUstream s)
+{
+    uint64_t q0 = e2e_calls_of("cuStreamIsCapturing");
+    CUdeviceptr p = 0;
+    CHECK_EQ(D.MemAllocAsync(&p, MiB, s), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFreeAsync(p, s), CUDA_SUCCESS);
+    return e2e_calls_of("cuStreamIsCapturing") - q0;
+}
+
+/* A relaxed capture begun on s (a stream, or the calling thread's
+ * per-thread default stream of the current context). */
+static void capturing(CUstream s)
+{
+    CHECK_EQ(D.StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+}
+
+static void captures_gone(void)
+{
+    CHECK_EQ(D.Init(0), CUDA_SUCCESS);
+    CUdevice d0, d1;
+    CHECK_EQ(D.DeviceGet(&d0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.DeviceGet(&d1, 1), CUDA_SUCCESS);
+    CUcontext p1 = NULL;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&p1, d1), CUDA_SUCCESS);
+    CUcontext p0 = e2e_cu_primary_current(0);
+    CUstream s, d;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    uint64_t none = questions_of_a_pair(s); /* no capture ever */
+    CHECK_EQ(none, 0);
+    /* A stream destroyed while it captures. */
+    CHECK_EQ(D.StreamCreate(&d, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    capturing(d);
+    CHECK(questions_of_a_pair(s) > none); /* (one is under way: asked) */
+    CHECK_EQ(D.StreamDestroy(d), CUDA_SUCCESS);
+    /* A created context destroyed while a stream of it and the per-thread
+     * default stream capture. */
+    CUcontext c = NULL;
+    CUstream e;
+    CHECK_EQ(D.CtxCreate(&c, NULL, 0, d0), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&e, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    capturing(e);
+    capturing(CU_STREAM_PER_THREAD);
+    CHECK_EQ(D.CtxDestroy(c), CUDA_SUCCESS);
+    /* Device 1's primary context reset while its per-thread default stream
+     * captures. */
+    CHECK_EQ(D.CtxSetCurrent(p1), CUDA_SUCCESS);
+    capturing(CU_STREAM_PER_THREAD);
+    CHECK_EQ(D.DevicePrimaryCtxReset(d1), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(p0), CUDA_SUCCESS);
+    CHECK_EQ(questions_of_a_pair(s), none);
+    CHECK_EQ(fake_stats().stale_handle_uses, 0);
+    CHECK_EQ(fake_stats().capture_invalidations, 0);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
 }
 
 static void hooks_off(void)
@@ -874,8 +973,10 @@ int main(int argc, char **argv)
     } scenarios[] = {
         {"basic", basic}, {"badinput", badinput}, {"contexts", contexts},
         {"async", async}, {"hooks-off", hooks_off}, {"platform-zero", platform_zero},
+        {"captures-gone", captures_gone},
         {"context-churn", context_churn}, {"fake-lifetime", fake_lifetime},
         {"primary-release", primary_release}, {"primary-churn", primary_churn},
+        {"primary-v1", primary_v1},
         {"destroy-primary", destroy_primary},
         {"destroy-primary-streams", destroy_primary_streams}, {"destroy-busy", destroy_busy},
         {"fork-busy", fork_busy},

@@ -30,6 +30,13 @@
  *                  answered), none for test control; complete_to completes
  *                  a stream up to a position, the legacy stream's earlier
  *                  work with it where a blocking stream joined it
+ *   fake-v1-entry-points  the v1 cuStreamDestroy, cuCtxDestroy,
+ *                  cuDevicePrimaryCtxRelease and cuDevicePrimaryCtxReset that
+ *                  libcuda still exports for old binaries: cuGetProcAddress
+ *                  hands them out below their _v2's version (the _v2 from
+ *                  it on), each is counted under its own name and answers
+ *                  as its _v2 (a stream destroyed with work queued returns
+ *                  at once, the work goes on)
  *   fake-host-memory  page-locked host memory (cuMemHostAlloc,
  *                  cuMemFreeHost, cuMemHostGetDevicePointer): arguments,
  *                  pointer attributes as host memory, copies from and to it
@@ -315,15 +322,7 @@ static void fake_event_timing(void)
 }
 
 /* Calls of entry point `name` so far (0: never called). */
-static uint64_t calls_of(const char *name)
-{
-    fakecuda_call_count c[256];
-    size_t n = fakecuda()->calls(c, 256);
-    for (size_t i = 0; i < n && i < 256; i++)
-        if (strcmp(c[i].name, name) == 0)
-            return c[i].calls;
-    return 0;
-}
+static uint64_t calls_of(const char *name) { return e2e_calls_of(name); }
 
 static void fake_counts(void)
 {
@@ -428,6 +427,82 @@ static void same_through_proc_address(const char *base, const char *exported)
     void *fn = NULL;
     CHECK_EQ(X.GetProcAddress(base, &fn, 13000, 0, NULL), CUDA_SUCCESS);
     CHECK(fn && fn == dlsym(e2e_open_libcuda(), exported));
+}
+
+/* What cuGetProcAddress answers for `base` at `version`: the function
+ * dlsym finds under `exported`. */
+static void proc_at(const char *base, int version, const char *exported)
+{
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    CHECK_EQ(X.GetProcAddress(base, &fn, version, 0, &st), CUDA_SUCCESS);
+    CHECK_EQ(st, CU_GET_PROC_ADDRESS_SUCCESS);
+    CHECK(fn && fn == dlsym(e2e_open_libcuda(), exported));
+}
+
+static void fake_v1_entry_points(void)
+{
+    start();
+    NEED(GetProcAddress);
+    proc_at("cuStreamDestroy", 3020, "cuStreamDestroy");
+    proc_at("cuStreamDestroy", 4000, "cuStreamDestroy_v2");
+    proc_at("cuCtxDestroy", 2000, "cuCtxDestroy");
+    proc_at("cuCtxDestroy", 4000, "cuCtxDestroy_v2");
+    proc_at("cuDevicePrimaryCtxRelease", 10020, "cuDevicePrimaryCtxRelease");
+    proc_at("cuDevicePrimaryCtxRelease", 11000, "cuDevicePrimaryCtxRelease_v2");
+    proc_at("cuDevicePrimaryCtxReset", 7000, "cuDevicePrimaryCtxReset");
+    proc_at("cuDevicePrimaryCtxReset", 12000, "cuDevicePrimaryCtxReset_v2");
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
+    CHECK_EQ(X.GetProcAddress("cuDevicePrimaryCtxReset", &fn, 6050, 0, &st),
+             CUDA_ERROR_NOT_FOUND);
+    CHECK_EQ(st, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+    void *h = e2e_open_libcuda();
+    CUresult (*stream_destroy)(CUstream) = (CUresult(*)(CUstream))e2e_dlsym(h, "cuStreamDestroy");
+    CUresult (*ctx_destroy)(CUcontext) = (CUresult(*)(CUcontext))e2e_dlsym(h, "cuCtxDestroy");
+    CUresult (*release)(CUdevice) = (CUresult(*)(CUdevice))e2e_dlsym(h, "cuDevicePrimaryCtxRelease");
+    CUresult (*reset)(CUdevice) = (CUresult(*)(CUdevice))e2e_dlsym(h, "cuDevicePrimaryCtxReset");
+    uint64_t v1 = calls_of("cuStreamDestroy"), v2 = calls_of("cuStreamDestroy_v2");
+    /* A stream with work queued: destroyed at once, the work goes on. */
+    CUstream s;
+    bool ran = false;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(fakecuda()->launch(s, set_flag, &ran), 0);
+    CHECK_EQ(stream_destroy(s), CUDA_SUCCESS);
+    CHECK_EQ(fakecuda()->pending(s), 1);
+    CHECK(!ran);
+    CHECK_EQ(stream_destroy(s), CUDA_ERROR_INVALID_HANDLE); /* (a stale use, counted) */
+    fakecuda()->complete_all();
+    CHECK(ran);
+    CHECK_EQ(calls_of("cuStreamDestroy") - v1, 2);
+    CHECK_EQ(calls_of("cuStreamDestroy_v2") - v2, 0);
+    /* A created context goes; a primary one is refused. */
+    CUcontext c = NULL, primary = NULL;
+    CUdevice d0;
+    CHECK_EQ(D.DeviceGet(&d0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&primary, d0), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxCreate(&c, NULL, 0, d0), CUDA_SUCCESS);
+    CHECK_EQ(ctx_destroy(c), CUDA_SUCCESS);
+    CHECK_EQ(ctx_destroy(primary), CUDA_ERROR_INVALID_CONTEXT);
+    /* The primary context: the last release destroys it; a reset too. */
+    unsigned flags = 0;
+    int active = 0;
+    CUresult (*get_state)(CUdevice, unsigned *, int *) =
+        (CUresult(*)(CUdevice, unsigned *, int *))e2e_dlsym(h, "cuDevicePrimaryCtxGetState");
+    CHECK_EQ(D.CtxSetCurrent(NULL), CUDA_SUCCESS);
+    CHECK_EQ(release(d0), CUDA_SUCCESS); /* start()'s retain */
+    CHECK_EQ(get_state(d0, &flags, &active), CUDA_SUCCESS);
+    CHECK_EQ(active, 1);
+    CHECK_EQ(release(d0), CUDA_SUCCESS); /* the one above: the last */
+    CHECK_EQ(get_state(d0, &flags, &active), CUDA_SUCCESS);
+    CHECK_EQ(active, 0);
+    CHECK_EQ(release(d0), CUDA_ERROR_INVALID_CONTEXT);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&primary, d0), CUDA_SUCCESS);
+    CHECK_EQ(reset(d0), CUDA_SUCCESS);
+    CHECK_EQ(get_state(d0, &flags, &active), CUDA_SUCCESS);
+    CHECK_EQ(active, 0);
+    CHECK_EQ(release(99), CUDA_ERROR_INVALID_DEVICE);
+    CHECK_EQ(reset(99), CUDA_ERROR_INVALID_DEVICE);
 }
 
 static void fake_host_memory(void)
@@ -1148,6 +1223,7 @@ int main(int argc, char **argv)
         {"fake-stream-ids", fake_stream_ids},
         {"fake-stream-ids-reuse", fake_stream_ids},
         {"fake-counts", fake_counts},
+        {"fake-v1-entry-points", fake_v1_entry_points},
         {"fake-host-memory", fake_host_memory},
         {"fake-peer-copy", fake_peer_copy},
         {"fake-pool-access", fake_pool_access},

@@ -10,6 +10,10 @@
  *   stream-destroy   the stream is destroyed (cuStreamDestroy returns at once,
  *                    its work goes on) before the free
  *   destroy-after    ... after the free, before the next allocation
+ *   stream-destroy-v1  stream-destroy with the v1 cuStreamDestroy that
+ *                    libcuda still exports for old binaries, found by dlsym
+ *                    on libcuda's handle, by cuGetProcAddress below 4000 and
+ *                    as the global symbol (driver door only)
  *   capture-begin    the stream begins a capture between the free and the
  *                    next allocation
  *   capture-to-graph the same with cudaStreamBeginCaptureToGraph, into a
@@ -26,7 +30,9 @@
  *                    allocations and frees that frees must retire; no stale
  *                    stream handle may be used (the real driver crashed)
  *   ctx-reuse        a created context is destroyed with streams alive and a
- *                    new one gets its handle value
+ *                    new one gets its handle value (ctx-reuse-v1: destroyed
+ *                    with the v1 cuCtxDestroy, from cuGetProcAddress below
+ *                    4000; driver door only)
  *   stream-device    stream-ordered allocations on a stream of device 1 while
  *                    device 0 is current: served from device 1's pool and
  *                    fenced there (else the blocks never retire)
@@ -52,6 +58,15 @@
  *                    (none under way: global) and before the query reaches
  *                    the driver (the fake's before_next_event_query): the
  *                    query must not break that capture
+ *   bogus-end        another thread captures in global mode while this one
+ *                    ends a capture on a stream that is not capturing, and
+ *                    ends its own capture twice (the driver refuses both):
+ *                    a fence query after them must still leave that capture
+ *                    intact
+ *   unseen-end       the same, with a capture the shim never saw begin (a
+ *                    library preloaded after it, libe2einterposer.so, began
+ *                    it through the driver's own function) ended through the
+ *                    shim: that end matches no capture the shim counted
  *   ordered-other-device  the block comes back at once on device 0 (old
  *                    work queued on a blocking stream of device 0), and the
  *                    new owner's first use is on device 1's legacy stream
@@ -119,6 +134,49 @@ static void destroyed_stream(bool before_free)
 
 static void stream_destroy(void) { destroyed_stream(true); }
 static void destroy_after(void) { destroyed_stream(false); }
+
+typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t,
+                           CUdriverProcAddressQueryResult *);
+
+/* What cuGetProcAddress_v2 (found on libcuda's handle, as cudart finds it)
+ * answers for `base` at `version`. */
+static void *proc_at(const char *base, int version)
+{
+    gpa_fn gpa = (gpa_fn)dlsym(dlopen("libcuda.so.1", RTLD_NOW), "cuGetProcAddress_v2");
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult st;
+    CHECK(gpa && gpa(base, &fn, version, 0, &st) == CUDA_SUCCESS && fn);
+    return fn;
+}
+
+/* stream-destroy, the stream destroyed with the v1 cuStreamDestroy (CUDA
+ * 2.0's, cudaTypedefs.h's PFN_cuStreamDestroy_v2000), as an old binary or
+ * a binding asking cuGetProcAddress for an old version reaches it. */
+static void stream_destroy_v1(void)
+{
+    typedef CUresult (*destroy_fn)(CUstream);
+    destroy_fn ways[3] = {
+        (destroy_fn)dlsym(dlopen("libcuda.so.1", RTLD_NOW), "cuStreamDestroy"),
+        (destroy_fn)proc_at("cuStreamDestroy", 3020),
+        (destroy_fn)dlsym(RTLD_DEFAULT, "cuStreamDestroy"), /* what a linked call binds to */
+    };
+    for (int i = 0; i < 3; i++) {
+        CHECK(ways[i] != NULL);
+        if (!ways[i])
+            continue;
+        char *p, *filler = fill_but_hole(&p);
+        cudaStream_t s;
+        CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+        CHECK_EQ(fakecuda()->launch(s, write_pattern, p), 0);
+        CHECK_EQ(ways[i]((CUstream)s), CUDA_SUCCESS); /* returns; the work goes on */
+        CHECK_EQ(cudaFree(p), cudaSuccess);
+        char *q = alloc_ok(MiB);
+        expect_safe(p, q, s);
+        fakecuda()->complete_all();
+        CHECK_EQ(cudaFree(q), cudaSuccess);
+        CHECK_EQ(cudaFree(filler), cudaSuccess);
+    }
+}
 
 /* into_graph: cudaStreamBeginCaptureToGraph into a graph of the program's,
  * which cudaStreamEndCapture then returns. */
@@ -333,7 +391,9 @@ static void reset_streams(void)
     CHECK_EQ(fake_stats().stale_handle_uses, 0);
 }
 
-static void ctx_reuse(void)
+/* v1: the context destroyed with the v1 cuCtxDestroy (CUDA 2.0's), as
+ * cuGetProcAddress hands it out below 4000. */
+static void ctx_reuse_with(bool v1)
 {
     typedef CUresult (*create_fn)(CUcontext *, CUctxCreateParams *, unsigned, CUdevice);
     typedef CUresult (*destroy_fn)(CUcontext);
@@ -342,7 +402,8 @@ static void ctx_reuse(void)
     typedef CUresult (*stream_fn)(CUstream *, unsigned);
     void *h = dlopen("libcuda.so.1", RTLD_NOW);
     create_fn create = (create_fn)dlsym(h, "cuCtxCreate_v4");
-    destroy_fn destroy = (destroy_fn)dlsym(h, "cuCtxDestroy_v2");
+    destroy_fn destroy = v1 ? (destroy_fn)proc_at("cuCtxDestroy", 3020)
+                            : (destroy_fn)dlsym(h, "cuCtxDestroy_v2");
     alloc_fn mem_alloc = (alloc_fn)dlsym(h, "cuMemAlloc_v2");
     free_fn mem_free = (free_fn)dlsym(h, "cuMemFree_v2");
     stream_fn stream_create = (stream_fn)dlsym(h, "cuStreamCreate");
@@ -364,6 +425,9 @@ static void ctx_reuse(void)
     CHECK_EQ(fake_stats().stale_handle_uses, 0);
     CHECK_EQ(destroy(b), CUDA_SUCCESS);
 }
+
+static void ctx_reuse(void) { ctx_reuse_with(false); }
+static void ctx_reuse_v1(void) { ctx_reuse_with(true); }
 
 static int device_of(void *p)
 {
@@ -679,6 +743,73 @@ static void query_vs_begin(void)
     all_comes_back(x, filler, s);
 }
 
+/* While another thread captures in global mode, ends_elsewhere(idle) ends
+ * captures on stream `idle` that are not that one; then a plain free's
+ * fence is asked about (the free's work still pending on a non-blocking
+ * stream: the pool is not ordered, so the next allocation seals and
+ * queries). In global mode that query would be refused and would break the
+ * other thread's capture: the shim must still count that capture, whatever
+ * the ends before said. */
+static void ends_then_query(void (*ends_elsewhere)(cudaStream_t idle))
+{
+    char *p, *filler = fill_but_hole(&p);
+    cudaStream_t s, idle;
+    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(cudaStreamCreateWithFlags(&idle, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(fakecuda()->launch(s, write_pattern, p), 0);
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+    capturer c = {.per_thread = false, .mode = cudaStreamCaptureModeGlobal,
+                  .step = E2E_PHASE_INIT};
+    pthread_t t;
+    pthread_create(&t, NULL, capture_thread, &c);
+    e2e_phase_wait(&c.step, 1);
+    fakecuda_stats s0 = fake_stats();
+    ends_elsewhere(idle);
+    uint64_t queries = e2e_calls_of("cuEventQuery");
+    char *x = NULL;
+    CHECK_EQ(cudaMalloc((void **)&x, MiB / 8), cudaSuccess);
+    CHECK(e2e_calls_of("cuEventQuery") > queries); /* (else the scenario tests nothing) */
+    capture_ends_intact(&c, t, &s0);
+    all_comes_back(x, filler, s);
+    CHECK_EQ(cudaStreamDestroy(idle), cudaSuccess);
+}
+
+/* An end on a stream that is not capturing, and a capture ended twice: the
+ * driver refuses the stray ends (CUDA_ERROR_ILLEGAL_STATE here), and none of
+ * them ends the other thread's capture. */
+static void stray_ends(cudaStream_t idle)
+{
+    cudaGraph_t g = NULL;
+    CHECK_EQ(cudaStreamEndCapture(idle, &g), cudaErrorIllegalState);
+    CHECK_EQ(cudaStreamBeginCapture(idle, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    CHECK_EQ(cudaStreamEndCapture(idle, &g), cudaSuccess);
+    CHECK_EQ(cudaGraphDestroy(g), cudaSuccess);
+    CHECK_EQ(cudaStreamEndCapture(idle, &g), cudaErrorIllegalState);
+    cudaGetLastError();
+}
+
+static void bogus_end(void) { ends_then_query(stray_ends); }
+
+/* A relaxed capture begun where the shim cannot see it (by a library
+ * preloaded after the shim, through the driver's own function) and ended
+ * through the shim: the end succeeds, yet no capture the shim counted
+ * ended. */
+static void unseen_capture_ended(cudaStream_t idle)
+{
+    typedef CUresult (*begin_fn)(CUstream, CUstreamCaptureMode);
+    begin_fn begin_unseen = (begin_fn)dlsym(RTLD_DEFAULT, "interposer_begin_capture");
+    CHECK(begin_unseen != NULL);
+    if (!begin_unseen)
+        return;
+    dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL); /* (for the library's RTLD_NEXT) */
+    CHECK_EQ(begin_unseen((CUstream)idle, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    cudaGraph_t g = NULL;
+    CHECK_EQ(cudaStreamEndCapture(idle, &g), cudaSuccess);
+    CHECK_EQ(cudaGraphDestroy(g), cudaSuccess);
+}
+
+static void unseen_end(void) { ends_then_query(unseen_capture_ended); }
+
 /* While another thread captures on its per-thread default stream (a
  * blocking stream: the legacy stream takes no event), this thread's own
  * per-thread default stream, which is in no registry, uses a block that is
@@ -731,6 +862,7 @@ int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
         {"stream-destroy", stream_destroy}, {"destroy-after", destroy_after},
+        {"stream-destroy-v1", stream_destroy_v1}, {"ctx-reuse-v1", ctx_reuse_v1},
         {"capture-begin", capture_begin},   {"capture-to-graph", capture_to_graph},
         {"legacy-capture", legacy_capture},
         {"ptsz-capture", ptsz_capture},     {"global-capture", global_capture},
@@ -742,6 +874,7 @@ int main(int argc, char **argv)
         {"ordered-created-context", ordered_created_context},
         {"ptsz-during-capture", ptsz_during_capture},
         {"query-vs-begin", query_vs_begin},
+        {"bogus-end", bogus_end},           {"unseen-end", unseen_end},
         {"region-during-capture", region_during_capture},
     };
     return e2e_main("e2e_fences", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);

@@ -35,6 +35,11 @@
  *                   destroyed while another stream of its green context
  *                   captures (its lane's closing seal is refused then): the
  *                   block still comes back, no dead handle is used
+ *   green-capture-destroyed  a stream of the green context is destroyed
+ *                   while it captures, which ends its capture: the green
+ *                   context's fences must be made again afterwards (a
+ *                   capture still counted there refused them for good, and
+ *                   a plain free never came back)
  *   fake-green      (driver door closed: the fake itself) what cuda.h says
  *                   of green contexts, streams and events
  */
@@ -378,6 +383,31 @@ static void green_async_capture_destroy(void)
     CHECK_EQ(fake_stats().stale_handle_uses, 0);
 }
 
+/* green-capture-destroyed: the capture on c ends with c's destruction; the
+ * block freed under work on s must then come back once that work is done,
+ * which takes a fence covering the green context. */
+static void green_capture_destroyed(void)
+{
+    start();
+    CUgreenCtx g = make_green(NULL);
+    CUstream s = green_stream(g), c = green_stream(g);
+    CUdeviceptr p, filler = fill_but_hole(&p);
+    queue_work(s, p);
+    CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamBeginCapture(c, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(c), CUDA_SUCCESS);
+    CUdeviceptr q = 0;
+    CHECK_EQ(D.MemAlloc(&q, MiB), CUDA_SUCCESS); /* (waits for the work if it must) */
+    expect_safe(p, q);
+    CHECK(overlaps_hole(p, q));
+    fakecuda()->complete_all();
+    CHECK_EQ(D.MemFree(q), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(filler), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+    CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().capture_invalidations, 0);
+}
+
 /* The fake driver's green contexts, against cuda.h (driver door closed). */
 static void fake_green(void)
 {
@@ -470,6 +500,7 @@ int main(int argc, char **argv)
         {"green-default", green_default}, {"green-capture", green_capture},
         {"green-destroy", green_destroy}, {"green-async", green_async},
         {"green-async-capture-destroy", green_async_capture_destroy},
+        {"green-capture-destroyed", green_capture_destroyed},
         {"fake-green", fake_green},
     };
     e2e_cu_load();

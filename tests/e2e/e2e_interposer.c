@@ -2,7 +2,9 @@
  * e2e_interposer.c - another interposer, as a user may stack with bfcshim
  * (a container's vGPU layer, a profiler): a preloaded library with its own
  * cuMemAlloc_v2 that forwards to the next definition, found the usual way,
- * with dlsym(RTLD_NEXT, ...). Built as libe2einterposer.so for e2e_stacked.
+ * with dlsym(RTLD_NEXT, ...). Built as libe2einterposer.so for e2e_stacked,
+ * and for e2e_fences unseen-end, where it begins a capture through the
+ * driver's own function, which the shim, preloaded before it, never sees.
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -33,3 +35,13 @@ EXPORT void *interposer_next(void)
 }
 EXPORT void *interposer_own(void) { return (void *)cuMemAlloc_v2; }
 EXPORT int interposer_calls(void) { return calls; }
+
+/* Begins a capture with the next definition of cuStreamBeginCapture_v2
+ * after this library: the driver's, past the shim (libcuda must be in the
+ * global scope, as cudart opens it). */
+typedef CUresult (*begin_fn)(CUstream, CUstreamCaptureMode);
+EXPORT CUresult interposer_begin_capture(CUstream s, CUstreamCaptureMode mode)
+{
+    begin_fn next = (begin_fn)dlsym(RTLD_NEXT, "cuStreamBeginCapture_v2");
+    return next ? next(s, mode) : CUDA_ERROR_NOT_FOUND;
+}

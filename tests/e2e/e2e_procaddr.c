@@ -3,7 +3,11 @@
  * allocation entry points from cuGetProcAddress (as cuda-python, Numba's
  * newer bindings and cudart itself do), by base name and ABI version, with
  * and without the per-thread default stream flag; and calls cuMemAlloc_v2
- * directly as a linked program would.
+ * directly as a linked program would. The v1 entry points of the calls the
+ * shim keeps books by (cuStreamDestroy, cuCtxDestroy,
+ * cuDevicePrimaryCtxRelease and _Reset, cuStreamBeginCapture),
+ * which libcuda still exports and hands to cuGetProcAddress below their
+ * _v2's version, reach the shim every way too.
  */
 #include <cuda.h>
 #undef cuGetProcAddress
@@ -72,6 +76,31 @@ int main(void)
     CHECK_EQ(aa(&x, MiB, NULL), CUDA_SUCCESS);
     CHECK_EQ(fa(x, NULL), CUDA_SUCCESS);
     CHECK_EQ(fake_stats().mem_alloc_async_calls, s0.mem_alloc_async_calls);
+
+    /* The v1 entry points: by cuGetProcAddress below the _v2's version,
+     * by dlsym on libcuda's handle, and as a linked call binds (the global
+     * symbol), each is the shim's. */
+    static const struct {
+        const char *name;
+        int version;
+    } old[] = {{"cuStreamDestroy", 3020},           {"cuCtxDestroy", 3020},
+               {"cuDevicePrimaryCtxRelease", 10020}, {"cuDevicePrimaryCtxReset", 10020},
+               {"cuStreamBeginCapture", 10000}};
+    void *libcuda = dlopen("libcuda.so.1", RTLD_NOW);
+    for (size_t i = 0; i < sizeof old / sizeof old[0]; i++) {
+        void *ways[3] = {proc(old[i].name, old[i].version, CU_GET_PROC_ADDRESS_DEFAULT),
+                         dlsym(libcuda, old[i].name), dlsym(RTLD_DEFAULT, old[i].name)};
+        for (int w = 0; w < 3; w++) {
+            Dl_info info;
+            bool shim = ways[w] && dladdr(ways[w], &info) && info.dli_fname &&
+                        strstr(info.dli_fname, "libbfcshim");
+            if (!shim) {
+                fprintf(stderr, "%s (way %d) is not the shim's: %s\n", old[i].name, w,
+                        ways[w] && dladdr(ways[w], &info) ? info.dli_fname : "(none)");
+                e2e_failures++;
+            }
+        }
+    }
 
     /* A function the shim does not interpose comes back untouched. */
     void *sync = proc("cuCtxSynchronize", 12000, CU_GET_PROC_ADDRESS_DEFAULT);

@@ -129,6 +129,15 @@
 #include <cuda.h>
 #undef cuGetProcAddress /* we define both the v1 and the _v2 entry point */
 #undef cuEventElapsedTime /* likewise */
+/* ... and these, whose v1 entry points (CUDA 2.0's and 7.0's: cudaTypedefs.h's
+ * PFN_cuStreamDestroy_v2000, PFN_cuCtxDestroy_v2000,
+ * PFN_cuDevicePrimaryCtxRelease_v7000, PFN_cuDevicePrimaryCtxReset_v7000)
+ * libcuda still exports for old binaries and hands to cuGetProcAddress
+ * below the _v2's version. */
+#undef cuStreamDestroy
+#undef cuCtxDestroy
+#undef cuDevicePrimaryCtxRelease
+#undef cuDevicePrimaryCtxReset
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -1821,9 +1830,8 @@ static void destroy_ctx_memory(fctx *c)
     }
 }
 
-EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+static CUresult primary_release(CUdevice dev)
 {
-    CALLED();
     ENTER_API();
     if (!is_device(dev))
         LEAVE(CUDA_ERROR_INVALID_DEVICE);
@@ -1834,15 +1842,42 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     LEAVE(CUDA_SUCCESS);
 }
 
-EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+static CUresult primary_reset(CUdevice dev)
 {
-    CALLED();
     ENTER_API();
     if (!is_device(dev))
         LEAVE(CUDA_ERROR_INVALID_DEVICE);
     kill_ctx(&G.primary[dev]);
     G.primary[dev].refcount = 0;
     LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    CALLED();
+    return primary_release(dev);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    CALLED();
+    return primary_reset(dev);
+}
+
+/* The v1 entry points (CUDA 7.0's), under the _v2's rules (cuda.h
+ * documents no other). */
+EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
+EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    CALLED();
+    return primary_release(dev);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev);
+EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    CALLED();
+    return primary_reset(dev);
 }
 
 EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
@@ -1897,9 +1932,8 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsig
     LEAVE(CUDA_SUCCESS);
 }
 
-EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+static CUresult ctx_destroy(CUcontext ctx)
 {
-    CALLED();
     ENTER_API();
     fctx *c = (fctx *)ctx;
     /* A green context's converted context is "a normal primary context"
@@ -1914,6 +1948,20 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     while (tls_ctx_depth && !tls_ctx_stack[tls_ctx_depth - 1])
         tls_ctx_depth--;
     LEAVE(CUDA_SUCCESS); /* the struct stays: handles may still be compared */
+}
+
+EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    CALLED();
+    return ctx_destroy(ctx);
+}
+
+/* The v1 entry point, under the _v2's rules (cuda.h documents no other). */
+EXPORT CUresult cuCtxDestroy(CUcontext ctx);
+EXPORT CUresult cuCtxDestroy(CUcontext ctx)
+{
+    CALLED();
+    return ctx_destroy(ctx);
 }
 
 EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
@@ -2161,9 +2209,8 @@ EXPORT CUresult cuStreamCreateWithPriority(CUstream *ph, unsigned int flags, int
     return create_stream(ph, flags);
 }
 
-EXPORT CUresult cuStreamDestroy_v2(CUstream h)
+static CUresult stream_destroy(CUstream h)
 {
-    CALLED();
     ENTER_API();
     fstream *s = stream_of(h);
     if (!s || s->legacy || s->per_thread)
@@ -2178,6 +2225,24 @@ EXPORT CUresult cuStreamDestroy_v2(CUstream h)
         G.free_cells = cell;
     }
     LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuStreamDestroy_v2(CUstream h)
+{
+    CALLED();
+    return stream_destroy(h);
+}
+
+/* The v1 entry point (the top of this file). cuda.h documents only the
+ * _v2's rules; whether the old one waited for the stream's work is not
+ * said any more, and the fake takes the reading harder on a client that
+ * keeps books of streams: the same, returning at once while the work goes
+ * on. */
+EXPORT CUresult cuStreamDestroy(CUstream h);
+EXPORT CUresult cuStreamDestroy(CUstream h)
+{
+    CALLED();
+    return stream_destroy(h);
 }
 
 /* cuda.h: the Id "is unique for the life of the program"; the special
@@ -4473,10 +4538,13 @@ static const proc procs[] = {
     P("cuMemPoolTrimTo", 11020, cuMemPoolTrimTo),
     P("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
     P("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
+    P("cuDevicePrimaryCtxRelease", 7000, cuDevicePrimaryCtxRelease),
     P("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2),
+    P("cuDevicePrimaryCtxReset", 7000, cuDevicePrimaryCtxReset),
     P("cuDevicePrimaryCtxGetState", 7000, cuDevicePrimaryCtxGetState),
     P("cuCtxCreate", 12050, cuCtxCreate_v4),
     P("cuCtxDestroy", 4000, cuCtxDestroy_v2),
+    P("cuCtxDestroy", 2000, cuCtxDestroy),
     P("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
     P("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
     P("cuCtxPushCurrent", 4000, cuCtxPushCurrent_v2),
@@ -4491,6 +4559,7 @@ static const proc procs[] = {
     P("cuStreamCreate", 2000, cuStreamCreate),
     P("cuStreamCreateWithPriority", 5050, cuStreamCreateWithPriority),
     P("cuStreamDestroy", 4000, cuStreamDestroy_v2),
+    P("cuStreamDestroy", 2000, cuStreamDestroy),
     P("cuStreamGetFlags", 5050, cuStreamGetFlags),
     P("cuStreamGetId", 12000, cuStreamGetId),
     PZ("cuStreamGetId", 12000, cuStreamGetId_ptsz),
