@@ -54,7 +54,7 @@
  *                  zeroes its first tensors with cuMemsetD32Async): stream
  *                  work on the stream named, every 32-bit element set, the
  *                  range inside one allocation, four-byte alignment, bad
- *                  streams
+ *                  streams, captured (not run)
  *   fake-pci-bus-id   cuDeviceGetPCIBusId against CU_DEVICE_ATTRIBUTE_PCI_BUS_ID
  *   fake-nvml, fake-nvml-visible  the fake NVML (tests/fake_cuda/nvml,
  *                  on the loader's path for these two only): init counted,
@@ -104,6 +104,7 @@ static struct {
     CUresult (*MemsetD32)(CUdeviceptr, unsigned, size_t);
     CUresult (*MemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
     CUresult (*MemsetD32Async)(CUdeviceptr, unsigned, size_t, CUstream);
+    CUresult (*GraphDestroy)(CUgraph);
     CUresult (*GetProcAddress)(const char *, void **, int, cuuint64_t,
                                CUdriverProcAddressQueryResult *);
 } X;
@@ -139,6 +140,7 @@ static void load_more(void)
     X_CU(MemsetD32, "cuMemsetD32_v2");
     X_CU(MemsetD8Async, "cuMemsetD8Async");
     X_CU(MemsetD32Async, "cuMemsetD32Async");
+    X_CU(GraphDestroy, "cuGraphDestroy");
     X_CU(GetProcAddress, "cuGetProcAddress_v2");
 #undef X_CU
 }
@@ -1209,8 +1211,22 @@ static void fake_memset(void)
     CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
     CHECK(holds(bytes(dev), N, 0));
     CHECK_EQ(fake_stats().memsets - before.memsets, 0);
+
+    /* Captured, not run: the graph owns it (the fake launches no graphs). */
+    before = fake_stats();
+    CHECK_EQ(D.StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(X.MemsetD32Async(dev, v, N / 4, s), CUDA_SUCCESS);
+    CUgraph g = NULL;
+    CHECK_EQ(D.StreamEndCapture(s, &g), CUDA_SUCCESS);
+    CHECK(g != NULL);
+    if (g)
+        CHECK_EQ(X.GraphDestroy(g), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
+    CHECK(holds(bytes(dev), N, 0));
+    CHECK_EQ(fake_stats().captured_ops - before.captured_ops, 1);
     CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
-    CHECK_EQ(X.MemsetD32Async(dev, v, 4, s), CUDA_ERROR_INVALID_HANDLE);
+    /* A bad stream: cuMemsetD32Async lists no invalid handle. */
+    CHECK_EQ(X.MemsetD32Async(dev, v, 4, s), CUDA_ERROR_INVALID_VALUE);
     CHECK_EQ(X.MemFreeHost(pinned), CUDA_SUCCESS);
 }
 

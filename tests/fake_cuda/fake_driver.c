@@ -837,6 +837,20 @@ static uint64_t submit(fstream *s, fakecuda_work fn, void *arg)
     return seq;
 }
 
+/* Lock held: an operation the program issues on a capturing stream "will
+ * not be executed, but will instead be captured into a graph"
+ * (cuStreamBeginCapture, cuda.h): it takes its place in the stream and
+ * never runs here (the fake launches no graphs). True when s captures and
+ * the operation was taken so; the caller then frees its payload. */
+static bool captured_instead(fstream *s)
+{
+    if (!live_capture(s))
+        return false;
+    submit(s, NULL, NULL);
+    G.st.captured_ops++;
+    return true;
+}
+
 /* Lock held: has s done its first `seq` operations, with every callback
  * they needed run? Not only its own: a wait on s (cuStreamWaitEvent, the
  * legacy stream's joins) gathers other streams' callbacks into the same
@@ -2782,7 +2796,8 @@ EXPORT CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void *data)
     CUresult r = legacy_use(s);
     if (r != CUDA_SUCCESS)
         LEAVE(r);
-    submit(s, (fakecuda_work)fn, data);
+    if (!captured_instead(s)) /* (captured: a host node of the graph) */
+        submit(s, (fakecuda_work)fn, data);
     maybe_autocomplete_and_unlock(s);
     return CUDA_SUCCESS;
 }
@@ -3501,6 +3516,10 @@ static CUresult copy_on(void *dst, const void *src, size_t n, CUstream h, bool s
         LEAVE(r);
     if (n == 0)
         LEAVE(CUDA_SUCCESS);
+    if (captured_instead(s)) {
+        maybe_autocomplete_and_unlock(s);
+        return CUDA_SUCCESS;
+    }
     async_copy *c = malloc(sizeof *c);
     if (!c)
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
@@ -3662,6 +3681,10 @@ static CUresult write_value64(CUstream h, CUdeviceptr addr, cuuint64_t value, un
     CUresult r = legacy_use(s);
     if (r != CUDA_SUCCESS)
         LEAVE(r);
+    if (captured_instead(s)) {
+        maybe_autocomplete_and_unlock(s);
+        return CUDA_SUCCESS;
+    }
     value_write *w = malloc(sizeof *w);
     if (!w)
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
@@ -3694,7 +3717,11 @@ EXPORT CUresult cuStreamWriteValue64_v2_ptsz(CUstream h, CUdeviceptr addr, cuuin
  * work queued before it. The Async forms are stream work whatever the
  * memory. Pageable memory is no device pointer, and the whole range must lie
  * in one allocation or mapped virtual memory: CUDA_ERROR_INVALID_VALUE, as is
- * a cuMemsetD32 destination that is not "four byte aligned" (cuda.h). */
+ * a cuMemsetD32 destination that is not "four byte aligned" (cuda.h), and
+ * (as for cuStreamWriteValue64) a bad stream of an Async form, whose list
+ * of codes has no invalid handle. Arguments are checked before the legacy
+ * stream is used, so a refused call invalidates no capture. During a
+ * capture the memset is the graph's and never runs (captured_instead). */
 typedef struct async_set {
     unsigned char *dst;
     uint32_t value;
@@ -3733,15 +3760,19 @@ static CUresult memset_on(CUstream h, CUdeviceptr d, uint32_t value, unsigned wi
     ENTER_API();
     fstream *s = stream_of(h);
     if (!s)
-        LEAVE(sync_form ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE);
-    CUresult r = legacy_use(s);
-    if (r != CUDA_SUCCESS)
-        LEAVE(r);
+        LEAVE(sync_form ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_VALUE);
     bool locked = false;
     if (d % width || n > SIZE_MAX / width || !settable(d, n ? n * width : 1, &locked))
         LEAVE(CUDA_ERROR_INVALID_VALUE);
+    CUresult r = legacy_use(s);
+    if (r != CUDA_SUCCESS)
+        LEAVE(r);
     if (n == 0)
         LEAVE(CUDA_SUCCESS);
+    if (captured_instead(s)) {
+        maybe_autocomplete_and_unlock(s);
+        return CUDA_SUCCESS;
+    }
     async_set *a = malloc(sizeof *a);
     if (!a)
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
