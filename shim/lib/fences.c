@@ -126,7 +126,7 @@ static bool capturing(const real_driver *R, CUstream s)
 /* Does a blocking stream of the current context capture? The driver says so
  * for every such stream, per-thread default streams of any thread included,
  * when asked about the legacy stream. */
-static bool legacy_blocked(const real_driver *R)
+bool fences_legacy_blocked(const real_driver *R)
 {
     if (capture_none())
         return false;
@@ -315,7 +315,7 @@ static int fence_streams(shim_pool *sp, const real_driver *R, uint32_t lane,
      * work they queue after the capture began is covered by no stand-in
      * (e2e_fences ptsz-during-capture). Neither lane is sealed until the
      * capture ends. */
-    if (legacy_blocked(R))
+    if (fences_legacy_blocked(R))
         return -1;
     out[0] = CU_STREAM_LEGACY;
     if (lane != sp->plain_lane)
@@ -360,7 +360,7 @@ bool fences_sync_blind(shim_pool *sp)
      * try). Relaxed mode keeps another thread's global-mode capture from
      * refusing it. */
     bool ok = false;
-    if (!legacy_blocked(R)) {
+    if (!fences_legacy_blocked(R)) {
         relaxed_scope rs = capture_relax_always(R); /* a host wait (event_done) */
         ok = R->CtxSynchronize() == CUDA_SUCCESS;
         capture_restore(R, rs);
@@ -618,7 +618,7 @@ bool fences_seal(void *ctx, uint32_t lane, uint64_t token)
     /* (While a blocking stream captures, neither a barrier nor events:
      * fence_streams refuses the seal below.) */
     if (atomic_load_explicit(&sp->ordered, memory_order_relaxed) &&
-        (plain || lane == sp->legacy_lane) && !legacy_blocked(R)) {
+        (plain || lane == sp->legacy_lane) && !fences_legacy_blocked(R)) {
         bool ok = seal_ordered(sp, R, lane, token);
         streams_use_end();
         return ok;

@@ -489,6 +489,10 @@ void fences_ordered_begin(shim_pool *sp);
 /* Are sp's lanes sealed only when it needs their memory (a preallocated
  * pool, no BFCSHIM_FENCE_INTERVAL), ordered or not? */
 bool fences_lazy_pool(shim_pool *sp);
+/* Does a blocking stream of the current context capture (asked of the
+ * driver unless every begin is counted and none is under way)? A context
+ * synchronisation then would be refused and invalidate that capture. */
+bool fences_legacy_blocked(const real_driver *R);
 /* A stream s that does not follow the legacy stream's order (non-blocking)
  * was made in ctx: pools of ctx leave the ordered state for good, and s
  * waits for their last barrier before any work of its own. */

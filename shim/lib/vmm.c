@@ -486,21 +486,26 @@ static bool release_ready(void *ctx)
         return fences_barrier_idle(sp, true);
     streams_use_begin();
     bool ready = false;
-    if (capture_underway()) {
+    /* The pool's context, not the caller's: a free arrives with whichever
+     * context the program has current (another device's, e2e_vmm_pool
+     * immediate-other-device). Where capture begins go unseen (a plug-in,
+     * the driver door closed) the count says nothing: the driver is asked
+     * whether a blocking stream of the context captures, and the wait is
+     * made in relaxed mode, as fences_sync_blind does. */
+    const real_driver *R = real_driver_get();
+    bool pushed = real_ctx_enter(R, sp->ctx);
+    if (capture_underway() || fences_legacy_blocked(R)) {
         shim_log(LOG_DEBUG,
                  "device %d: free memory stays mapped: a stream capture is under way, and "
                  "under BFCSHIM_FREE_POLICY=immediate it may only go back after a "
                  "cuCtxSynchronize, which a capture forbids",
                  (int)sp->dev);
-    } else {
-        /* The pool's context, not the caller's: a free arrives with
-         * whichever context the program has current (another device's,
-         * e2e_vmm_pool immediate-other-device). */
-        const real_driver *R = real_driver_get();
-        bool pushed = real_ctx_enter(R, sp->ctx);
-        ready = R->CtxSynchronize && R->CtxSynchronize() == CUDA_SUCCESS;
-        real_ctx_leave(R, pushed);
+    } else if (R->CtxSynchronize) {
+        relaxed_scope rs = capture_relax_always(R);
+        ready = R->CtxSynchronize() == CUDA_SUCCESS;
+        capture_restore(R, rs);
     }
+    real_ctx_leave(R, pushed);
     streams_use_end();
     return ready;
 }

@@ -41,6 +41,13 @@
  *           global mode: the library sees no capture begin, so the event
  *           query that finds the block reusable must be made in relaxed
  *           mode, and the capture ends with its graph
+ *   trim-during-capture  (BFCSHIM_FREE_POLICY=immediate, growing over
+ *           virtual memory; found by an audit) bfcshim_trim of device 0's
+ *           pool while the program captures on a device-1 stream in global
+ *           mode: the context synchronisation that lets the memory go is
+ *           made in relaxed mode, the capture ends with its graph, and the
+ *           memory goes back (before: the capture was invalidated, nothing
+ *           went back)
  *   cost    10,000 allocation and free pairs with nothing queued (a 256 MiB
  *           pool, at most 64 MiB live): the driver calls they cost
  *           (printed), none of them an event, and one context
@@ -418,6 +425,34 @@ static void query_during_capture(void)
     CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
 }
 
+static void trim_during_capture(void)
+{
+    start();
+    CUcontext c0, c1;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c1, 1), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
+    CUstream cap;
+    CHECK_EQ(D.StreamCreate(&cap, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+    void *p = must_alloc(64 * MiB);
+    CHECK_EQ(B.free(p), 0);
+    const fakecuda_stats before = fake_stats();
+    CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamBeginCapture(cap, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+    CHECK(B.trim() >= 64 * MiB);
+    CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
+    CUgraph g = NULL;
+    CHECK_EQ(D.StreamEndCapture(cap, &g), CUDA_SUCCESS);
+    CHECK(g != NULL);
+    if (g)
+        CHECK_EQ(D.GraphDestroy(g), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().capture_invalidations, before.capture_invalidations);
+    CHECK_EQ(D.StreamDestroy(cap), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+}
+
 static void cost(void)
 {
     start();
@@ -462,6 +497,7 @@ int main(int argc, char **argv)
         {"cross-context", cross_context_reused},
         {"lane-growth", lane_growth},
         {"query-during-capture", query_during_capture},
+        {"trim-during-capture", trim_during_capture},
         {"cost", cost}};
     return e2e_main("e2e_plugin", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }
