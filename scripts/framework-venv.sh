@@ -11,8 +11,10 @@
 # them: docs/frameworks.md says what stands in for them).
 #
 # Made once per machine and kept between CI runs in
-# ${XDG_CACHE_HOME:-~/.cache}/bfcshim/FRAMEWORK-VERSION (BFCSHIM_JAX_VENV,
-# BFCSHIM_TENSORFLOW_VENV override), so a warm run only checks the stamp.
+# ${XDG_CACHE_HOME:-~/.cache}/bfcshim/FRAMEWORK-VERSION, so a warm run only
+# checks the stamp. BFCSHIM_JAX_VENV / BFCSHIM_TENSORFLOW_VENV name an
+# environment of the user's instead: used when the framework imports there,
+# never made or deleted by this script.
 # The stamp is written last: an install cut short is made again, never
 # trusted.
 #
@@ -44,6 +46,18 @@ stamp=$venv/.bfcshim-$framework-$version
 
 if [ -f "$stamp" ] && "$venv/bin/python" -c "import $module" >/dev/null 2>&1; then
     echo "$venv"
+    exit 0
+fi
+# An environment the user named is theirs: used if the framework imports
+# there, never made again (that would delete it first).
+if [ -n "$override" ]; then
+    if "$venv/bin/python" -c "import $module" >/dev/null 2>&1; then
+        echo "$venv"
+        exit 0
+    fi
+    [ "${2:-}" = "--find" ] && exit 1
+    echo "bfcshim: $venv (from BFCSHIM_${framework^^}_VENV) has no importable $module:" \
+         "the $framework test will skip" >&2
     exit 0
 fi
 [ "${2:-}" = "--find" ] && exit 1

@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "out_file.h"
@@ -179,7 +180,7 @@ static void write_report(FILE *f, shim_pool *sp, const bfc_stats *st, const bfc_
         fprintf(f, "  0x%llx  %10s  requested %llu, allocation #%llu\n",
                 (unsigned long long)top[i].addr, format_size(top[i].size, a, sizeof a),
                 (unsigned long long)top[i].requested, (unsigned long long)top[i].seq);
-    preallocation_report_hint(f, st, n ? &top[0] : NULL);
+    preallocation_report_hint(f, st, n ? &top[0] : NULL, size, strcmp(api, "cuMemCreate") == 0);
     unsigned what = BFC_DUMP_SUMMARY | BFC_DUMP_BINS | BFC_DUMP_OCCUPANCY;
     if (st->num_chunks <= MAX_CHUNK_LINES)
         what |= BFC_DUMP_CHUNKS;

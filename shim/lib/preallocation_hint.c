@@ -15,8 +15,8 @@
  *   is all but surely XLA's (no other client makes one that large), so it
  *   is a warning; an allocation from the pool over half the limit may just
  *   as well be a program's one large buffer, so it is said at info level;
- * - in the out-of-memory report, where it matters: a live block, or the
- *   loans, holding more than half the limit when something else fails.
+ * - in the out-of-memory report, where it matters: the refused request
+ *   itself, a live block, or the loans, over half the limit.
  */
 #include <stdio.h>
 
@@ -32,7 +32,7 @@ static const char jax_settings[] =
 
 void preallocation_hint(const shim_pool *sp, size_t size, const char *api, bool vmm)
 {
-    static atomic_bool said[2]; /* once per kind: XLA's, TensorFlow's */
+    static atomic_bool said[2]; /* once per kind: TensorFlow's [0], XLA's [1] */
     if (size <= sp->limit / 2 || atomic_load_explicit(&said[vmm], memory_order_relaxed) ||
         atomic_exchange(&said[vmm], true))
         return;
@@ -45,9 +45,14 @@ void preallocation_hint(const shim_pool *sp, size_t size, const char *api, bool 
              vmm ? jax_settings : tensorflow_settings);
 }
 
-void preallocation_report_hint(FILE *f, const bfc_stats *st, const bfc_live_info *largest)
+void preallocation_report_hint(FILE *f, const bfc_stats *st, const bfc_live_info *largest,
+                               size_t request, bool vmm)
 {
     char a[32];
+    if (request > st->bytes_limit / 2)
+        fprintf(f, "hint: the request (%s) is more than half the limit: if it is a framework "
+                   "preallocating its own pool, let the shim's pool serve the framework (%s).\n",
+                format_size(request, a, sizeof a), vmm ? jax_settings : tensorflow_settings);
     if (largest && largest->size > st->bytes_limit / 2)
         fprintf(f, "hint: allocation #%llu (%s) holds more than half the limit: if it is a "
                    "framework's own pool inside the shim's, let the shim's pool serve the "

@@ -786,10 +786,11 @@ void oom_report(shim_pool *sp, size_t size, const char *api);
 /* A request over half the pool's limit: a framework's own preallocation,
  * named once with the settings that avoid it (vmm: a cuMemCreate, XLA's
  * way; else an allocation from the pool, TensorFlow's). The report's
- * version: a live block (the largest, or NULL) or the loans over half the
- * limit. */
+ * version: the refused request, a live block (the largest, or NULL) or the
+ * loans over half the limit. */
 void preallocation_hint(const shim_pool *sp, size_t size, const char *api, bool vmm);
-void preallocation_report_hint(FILE *f, const bfc_stats *st, const bfc_live_info *largest);
+void preallocation_report_hint(FILE *f, const bfc_stats *st, const bfc_live_info *largest,
+                               size_t request, bool vmm);
 
 /* ---- lifecycle (lifecycle.c) --------------------------------------------------- */
 

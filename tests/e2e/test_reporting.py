@@ -76,6 +76,17 @@ check("largest live allocations" in text and "Region 0 |" in text, "live list an
 # the settings that keep a framework's own pool out of the shim's.
 check("hint: allocation #1 (700 MiB) holds more than half the limit" in text and
       "TF_FORCE_GPU_ALLOW_GROWTH=true" in text, "the preallocation hint")
+# A refused request of more than half the limit gets it too: the oom
+# scenario's first 700 MiB, refused at a 600 MiB limit.
+big = os.path.join(work, "oom-big.txt")
+e = testcheck.fake_cuda_env(fake_dir, LD_PRELOAD=lib, BFCSHIM_MEM_LIMIT="600MiB",
+                            BFCSHIM_OOM_REPORT=big,
+                            BFCSHIM_LOG_FILE=os.path.join(work, "oom-big.log"))
+subprocess.run([program, "oom"], env=e, capture_output=True, text=True)  # fails at once
+big_text = open(big).read() if os.path.exists(big) else ""
+check("hint: the request (700 MiB) is more than half the limit" in big_text and
+      "TF_GPU_ALLOCATOR=cuda_malloc_async" in big_text,
+      f"the preallocation hint for a refused request: {big_text[:1500]}")
 oom_trace = open(os.path.join(work, "oom.csv")).read()
 check(oom_trace.count(",allocate failure,") == 2, "failures in the trace")
 
