@@ -248,7 +248,7 @@ static uint64_t claim(const capture_key *k, CUcontext ctx)
 
 /* After the ending call: what it claimed goes if the captures ended, else
  * it is given back. */
-static void settle(uint64_t m, bool ended)
+void capture_ending_done(uint64_t m, bool ended)
 {
     if (!m)
         return;
@@ -279,11 +279,6 @@ uint64_t capture_stream_ending(CUstream s)
 uint64_t capture_context_ending(CUcontext ctx)
 {
     return ctx ? claim(NULL, ctx) : 0;
-}
-
-void capture_ending_done(uint64_t claimed, bool gone)
-{
-    settle(claimed, gone);
 }
 
 relaxed_scope capture_relax(const real_driver *R)
@@ -393,8 +388,9 @@ static uint64_t before_end(CUstream s)
 
 static void ended(int r, uint64_t claimed)
 {
-    settle(claimed, r == CUDA_SUCCESS || r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ||
-                        r == CUDA_ERROR_STREAM_CAPTURE_UNJOINED);
+    capture_ending_done(claimed, r == CUDA_SUCCESS ||
+                                     r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ||
+                                     r == CUDA_ERROR_STREAM_CAPTURE_UNJOINED);
 }
 
 /* ---- driver door ------------------------------------------------------------------ */

@@ -112,16 +112,22 @@ static void expect_safe(const char *hole, const char *q, void *s)
     CHECK_EQ(fake_stats().stale_handle_uses, 0);
 }
 
-/* The stream with work still queued is destroyed before or after the free
- * of the block that work uses. */
-static void destroyed_stream(bool before_free)
+/* A way to destroy a stream: the runtime's (NULL), or a driver entry
+ * point. */
+typedef CUresult (*destroy_fn)(CUstream);
+
+/* The stream with work still queued is destroyed (by `destroy`, or
+ * cudaStreamDestroy) before or after the free of the block that work uses. */
+static void destroyed_stream_by(bool before_free, destroy_fn destroy)
 {
     char *p, *filler = fill_but_hole(&p);
     cudaStream_t s;
     CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
     CHECK_EQ(fakecuda()->launch(s, write_pattern, p), 0);
-    if (before_free)
-        CHECK_EQ(cudaStreamDestroy(s), cudaSuccess); /* returns; the work goes on */
+    if (before_free && destroy)
+        CHECK_EQ(destroy((CUstream)s), CUDA_SUCCESS); /* returns; the work goes on */
+    else if (before_free)
+        CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
     CHECK_EQ(cudaFree(p), cudaSuccess);
     if (!before_free)
         CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
@@ -131,6 +137,8 @@ static void destroyed_stream(bool before_free)
     CHECK_EQ(cudaFree(q), cudaSuccess);
     CHECK_EQ(cudaFree(filler), cudaSuccess);
 }
+
+static void destroyed_stream(bool before_free) { destroyed_stream_by(before_free, NULL); }
 
 static void stream_destroy(void) { destroyed_stream(true); }
 static void destroy_after(void) { destroyed_stream(false); }
@@ -154,7 +162,6 @@ static void *proc_at(const char *base, int version)
  * a binding asking cuGetProcAddress for an old version reaches it. */
 static void stream_destroy_v1(void)
 {
-    typedef CUresult (*destroy_fn)(CUstream);
     destroy_fn ways[3] = {
         (destroy_fn)dlsym(dlopen("libcuda.so.1", RTLD_NOW), "cuStreamDestroy"),
         (destroy_fn)proc_at("cuStreamDestroy", 3020),
@@ -162,19 +169,8 @@ static void stream_destroy_v1(void)
     };
     for (int i = 0; i < 3; i++) {
         CHECK(ways[i] != NULL);
-        if (!ways[i])
-            continue;
-        char *p, *filler = fill_but_hole(&p);
-        cudaStream_t s;
-        CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-        CHECK_EQ(fakecuda()->launch(s, write_pattern, p), 0);
-        CHECK_EQ(ways[i]((CUstream)s), CUDA_SUCCESS); /* returns; the work goes on */
-        CHECK_EQ(cudaFree(p), cudaSuccess);
-        char *q = alloc_ok(MiB);
-        expect_safe(p, q, s);
-        fakecuda()->complete_all();
-        CHECK_EQ(cudaFree(q), cudaSuccess);
-        CHECK_EQ(cudaFree(filler), cudaSuccess);
+        if (ways[i])
+            destroyed_stream_by(true, ways[i]);
     }
 }
 

@@ -169,6 +169,18 @@ static void expect_safe(CUdeviceptr hole, CUdeviceptr q)
     CHECK_EQ(fake_stats().stale_handle_uses, 0);
 }
 
+/* q, allocated after the hole p was freed under queued work, was handed
+ * out only after that work and lies in the hole; then q and the filler
+ * go back. */
+static void hole_came_back(CUdeviceptr p, CUdeviceptr q, CUdeviceptr filler)
+{
+    expect_safe(p, q);
+    CHECK(overlaps_hole(p, q));
+    fakecuda()->complete_all();
+    CHECK_EQ(D.MemFree(q), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(filler), CUDA_SUCCESS);
+}
+
 /* The hole, freed under the queued work, is wanted again; then the work is
  * let run and everything given back. */
 static void take_hole_again(CUdeviceptr hole, CUdeviceptr filler)
@@ -292,11 +304,7 @@ static void green_capture_with(bool refused_destroy)
      * reserved overflow address space for the allocation above places by
      * the rules of virtual memory from then on. */
     q = alloc_ok(MiB);
-    expect_safe(p, q);
-    CHECK(overlaps_hole(p, q));
-    fakecuda()->complete_all();
-    CHECK_EQ(D.MemFree(q), CUDA_SUCCESS);
-    CHECK_EQ(D.MemFree(filler), CUDA_SUCCESS);
+    hole_came_back(p, q, filler);
     CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
     CHECK_EQ(D.StreamDestroy(c), CUDA_SUCCESS);
     CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
@@ -398,11 +406,7 @@ static void green_capture_destroyed(void)
     CHECK_EQ(D.StreamDestroy(c), CUDA_SUCCESS);
     CUdeviceptr q = 0;
     CHECK_EQ(D.MemAlloc(&q, MiB), CUDA_SUCCESS); /* (waits for the work if it must) */
-    expect_safe(p, q);
-    CHECK(overlaps_hole(p, q));
-    fakecuda()->complete_all();
-    CHECK_EQ(D.MemFree(q), CUDA_SUCCESS);
-    CHECK_EQ(D.MemFree(filler), CUDA_SUCCESS);
+    hole_came_back(p, q, filler);
     CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
     CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
     CHECK_EQ(fake_stats().capture_invalidations, 0);

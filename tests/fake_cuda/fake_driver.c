@@ -3719,7 +3719,9 @@ EXPORT CUresult cuStreamWriteValue64_v2_ptsz(CUstream h, CUdeviceptr addr, cuuin
  * in one allocation or mapped virtual memory: CUDA_ERROR_INVALID_VALUE, as is
  * a cuMemsetD32 destination that is not "four byte aligned" (cuda.h), and
  * (as for cuStreamWriteValue64) a bad stream of an Async form, whose list
- * of codes has no invalid handle. Arguments are checked before the legacy
+ * of codes has no invalid handle. A count of 0 still needs a device
+ * pointer (cuda.h does not say; the stricter reading). Arguments are
+ * checked before the legacy
  * stream is used, so a refused call invalidates no capture. During a
  * capture the memset is the graph's and never runs (captured_instead). */
 typedef struct async_set {
