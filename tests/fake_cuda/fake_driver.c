@@ -3721,9 +3721,9 @@ EXPORT CUresult cuStreamWriteValue64_v2_ptsz(CUstream h, CUdeviceptr addr, cuuin
  * (as for cuStreamWriteValue64) a bad stream of an Async form, whose list
  * of codes has no invalid handle. A count of 0 still needs a device
  * pointer (cuda.h does not say; the stricter reading). Arguments are
- * checked before the legacy
- * stream is used, so a refused call invalidates no capture. During a
- * capture the memset is the graph's and never runs (captured_instead). */
+ * checked before the legacy stream is used, so a refused call invalidates
+ * no capture. During a capture the memset is the graph's and never runs
+ * (captured_instead). */
 typedef struct async_set {
     unsigned char *dst;
     uint32_t value;
