@@ -35,6 +35,8 @@ const env_var env_vars[] = {
     {"BFCSHIM_FENCE_INTERVAL", VAR_WHOLE, 1, BFC_MAX_FENCE_INTERVAL, {0}, "the allocations between fences"},
     {"BFCSHIM_FENCE_BYTES", VAR_SIZE_OR_0, 0, 0, {0}, "the freed bytes that fence sooner"},
     {"BFCSHIM_DRIVER_HOOKS", VAR_BOOL, 0, 0, {0}, "serving the driver API too"},
+    {"BFCSHIM_CONTEXT_CACHE", VAR_CHOICE, 0, 0, {"on", "off", "check"},
+     "remembering each thread's current context"},
     {"BFCSHIM_LOG_LEVEL", VAR_CHOICE, 0, 0, {"error", "warn", "info", "debug"},
      "how much the shim says"},
     {"BFCSHIM_LOG_FILE", VAR_PATH, 0, 0, {0}, "the shim's messages"},

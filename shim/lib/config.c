@@ -232,6 +232,9 @@ static void parse(void)
         cfg.fence_interval = (uint32_t)every;
     get_size("BFCSHIM_FENCE_BYTES", &cfg.fence_bytes);
     get_bool("BFCSHIM_DRIVER_HOOKS", &cfg.driver_hooks);
+    int cache = (int)cfg.context_cache;
+    get_choice("BFCSHIM_CONTEXT_CACHE", &cache);
+    cfg.context_cache = (context_cache_mode)cache;
     cfg.trace_path = get_path("BFCSHIM_TRACE");
     cfg.plan_path = get_path("BFCSHIM_PLAN");
     cfg.stats_file = get_path("BFCSHIM_STATS_FILE");

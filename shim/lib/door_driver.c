@@ -412,6 +412,7 @@ static CUresult ctx_destroy(CUresult (*f)(CUcontext), CUcontext ctx)
         primary_unlock(); /* a created context's destroy may take long: not held */
     }
     CUresult r = CALL(f, ctx);
+    current_context_gone();
     if (primary && r == CUDA_SUCCESS)
         pools_context_gone(ctx);
     pools_give_back_forgotten(r == CUDA_SUCCESS);
@@ -459,6 +460,7 @@ static CUresult primary_reset(CUresult (*f)(CUdevice), CUdevice dev)
     uint64_t claimed = capture_context_ending(ctx);
     pools_primary_gone(dev);
     CUresult r = CALL(f, dev);
+    current_context_gone();
     pools_give_back_forgotten(r == CUDA_SUCCESS);
     capture_ending_done(claimed, r == CUDA_SUCCESS);
     if (r == CUDA_SUCCESS)
@@ -494,6 +496,7 @@ SHIM_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
  * any toolkit may call any of them. */
 static CUresult created(CUresult r, CUcontext *c)
 {
+    current_context_moved(); /* the new context is pushed */
     if (r == CUDA_SUCCESS && c)
         fences_context_seen(*c);
     return r;
@@ -519,6 +522,58 @@ SHIM_EXPORT CUresult cuCtxCreate_v4(CUcontext *c, CUctxCreateParams *params, uns
                                     CUdevice dev)
 {
     return created(PASS(CtxCreateV4, c, params, flags, dev), c);
+}
+
+/* The interop creators, both versions of each: contexts like any other. */
+SHIM_EXPORT CUresult shim_cuGLCtxCreate_v1(CUcontext *c, unsigned flags, CUdevice dev)
+{
+    return created(PASS(GLCtxCreate[0], c, flags, dev), c);
+}
+
+SHIM_EXPORT CUresult cuGLCtxCreate_v2(CUcontext *c, unsigned flags, CUdevice dev)
+{
+    return created(PASS(GLCtxCreate[1], c, flags, dev), c);
+}
+
+SHIM_EXPORT CUresult shim_cuVDPAUCtxCreate_v1(CUcontext *c, unsigned flags, CUdevice dev,
+                                              uint32_t vdp_device, void *vdp_get_proc_address)
+{
+    return created(PASS(VDPAUCtxCreate[0], c, flags, dev, vdp_device, vdp_get_proc_address), c);
+}
+
+SHIM_EXPORT CUresult cuVDPAUCtxCreate_v2(CUcontext *c, unsigned flags, CUdevice dev,
+                                         uint32_t vdp_device, void *vdp_get_proc_address)
+{
+    return created(PASS(VDPAUCtxCreate[1], c, flags, dev, vdp_device, vdp_get_proc_address), c);
+}
+
+/* ---- the current context: hooked only to forget what current_context.c
+ * remembers, whether or not the call succeeded (forgetting is always
+ * safe). ---- */
+
+static CUresult moved(CUresult r)
+{
+    current_context_moved();
+    return r;
+}
+
+SHIM_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) { return moved(PASS(CtxSetCurrent, ctx)); }
+
+SHIM_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    return moved(PASS(CtxPushCurrent, ctx));
+}
+
+SHIM_EXPORT CUresult shim_cuCtxPushCurrent_v1(CUcontext ctx)
+{
+    return moved(PASS(CtxPushCurrentV1, ctx));
+}
+
+SHIM_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *ctx) { return moved(PASS(CtxPopCurrent, ctx)); }
+
+SHIM_EXPORT CUresult shim_cuCtxPopCurrent_v1(CUcontext *ctx)
+{
+    return moved(PASS(CtxPopCurrentV1, ctx));
 }
 
 /* After a call that released dev's primary context `ctx` (learnt while it
@@ -551,6 +606,7 @@ static CUresult primary_release(CUresult (*f)(CUdevice), CUdevice dev)
     CUcontext ctx = real_active_primary(R, dev);
     uint64_t claimed = capture_context_ending(ctx);
     CUresult r = CALL(f, dev);
+    current_context_gone();
     after_primary_release(R, dev, ctx, r, claimed);
     primary_unlock();
     return r;
@@ -595,6 +651,7 @@ SHIM_EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx g)
     CUcontext ctx = dev >= 0 ? real_active_primary(R, dev) : NULL;
     uint64_t claimed = capture_context_ending(ctx);
     CUresult r = PASS(GreenCtxDestroy, g);
+    current_context_gone();
     capture_ending_done(own, r == CUDA_SUCCESS);
     if (dev >= 0)
         after_primary_release(R, dev, ctx, r, claimed);

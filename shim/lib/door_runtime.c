@@ -37,6 +37,7 @@ typedef cudaError_t (*stream_create_prio_fn)(cudaStream_t *, unsigned, int);
 typedef cudaError_t (*stream_destroy_fn)(cudaStream_t);
 typedef cudaError_t (*device_reset_fn)(void);
 typedef cudaError_t (*get_device_fn)(int *);
+typedef cudaError_t (*set_device_fn)(int);
 typedef cudaError_t (*peer_enable_fn)(int, unsigned);
 typedef cudaError_t (*peer_disable_fn)(int);
 
@@ -111,18 +112,24 @@ static CUcontext runtime_context_started(const real_driver *R)
  * the runtime's first call the driver is not even initialised, and
  * cuCtxGetCurrent answers CUDA_ERROR_NOT_INITIALIZED: that too means "no
  * context yet", not "no pool" (a program whose first call is cudaMalloc). */
-static shim_pool *runtime_pool(void)
+static shim_pool *runtime_pool_asked(const real_driver *R, CUcontext *ctx)
 {
-    const real_driver *R = real_driver_get();
     CUcontext cur = NULL;
-    if (!R)
-        return NULL;
     if (R->CtxGetCurrent(&cur) != CUDA_SUCCESS)
         cur = NULL;
     shim_pool *sp = cur ? pool_for_context(cur, true) : NULL;
     if (!sp && (cur = runtime_context_started(R)) != NULL)
         sp = pool_for_context(cur, true);
+    *ctx = cur;
     return sp;
+}
+
+/* ... remembered per thread while no call could have changed the answer
+ * (current_context.c). */
+static shim_pool *runtime_pool(void)
+{
+    const real_driver *R = real_driver_get();
+    return R ? current_context_pool(R, runtime_pool_asked) : NULL;
 }
 
 static cudaError_t counted_alloc(cudaError_t e, void **p, size_t size)
@@ -427,6 +434,20 @@ SHIM_EXPORT cudaError_t cudaDeviceSetMemPool(int dev, cudaMemPool_t pool)
     return e;
 }
 
+/* ---- the current device: hooked only to forget the remembered context
+ * (current_context.c). cudart makes the device's primary context current
+ * through the driver's cuCtxSetCurrent, which the driver door sees too;
+ * this covers whatever else cudart does inside. (cudaInitDevice does not
+ * make the context current, cuda_runtime_api.h says.) ---- */
+
+SHIM_EXPORT cudaError_t cudaSetDevice(int dev)
+{
+    REAL_RT(set_device_fn, f, "cudaSetDevice");
+    cudaError_t e = f ? f(dev) : NO_RUNTIME;
+    current_context_moved();
+    return e;
+}
+
 SHIM_EXPORT cudaError_t cudaDeviceReset(void)
 {
     REAL_RT(device_reset_fn, f, "cudaDeviceReset");
@@ -439,6 +460,7 @@ SHIM_EXPORT cudaError_t cudaDeviceReset(void)
     }
     uint64_t claimed = capture_context_ending(ctx); /* (cudart's own reset may claim first) */
     cudaError_t e = f ? f() : NO_RUNTIME;
+    current_context_gone();
     pools_give_back_forgotten(e == cudaSuccess);
     capture_ending_done(claimed, e == cudaSuccess);
     if (e == cudaSuccess)

@@ -105,6 +105,13 @@ static void load_driver(void)
     LOOK(CtxCreateV2, "cuCtxCreate_v2");
     LOOK(CtxCreateV3, "cuCtxCreate_v3");
     LOOK(CtxCreateV4, "cuCtxCreate_v4");
+    LOOK(GLCtxCreate[0], "cuGLCtxCreate");
+    LOOK(GLCtxCreate[1], "cuGLCtxCreate_v2");
+    LOOK(VDPAUCtxCreate[0], "cuVDPAUCtxCreate");
+    LOOK(VDPAUCtxCreate[1], "cuVDPAUCtxCreate_v2");
+    LOOK(CtxSetCurrent, "cuCtxSetCurrent");
+    LOOK(CtxPushCurrentV1, "cuCtxPushCurrent");
+    LOOK(CtxPopCurrentV1, "cuCtxPopCurrent");
     LOOK(MemAddressReserve, "cuMemAddressReserve");
     LOOK(MemAddressFree, "cuMemAddressFree");
     LOOK(MemCreate, "cuMemCreate");

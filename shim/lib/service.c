@@ -52,13 +52,18 @@ bool shim_driver_hooked(void)
     return shim_config_get()->driver_hooks && real_driver_get() != NULL;
 }
 
+static shim_pool *current_pool_asked(const real_driver *R, CUcontext *ctx)
+{
+    *ctx = NULL;
+    if (R->CtxGetCurrent(ctx) != CUDA_SUCCESS || !*ctx)
+        return NULL;
+    return pool_for_context(*ctx, true);
+}
+
 shim_pool *svc_current_pool(void)
 {
     const real_driver *R = real_driver_get();
-    CUcontext cur = NULL;
-    if (!R || R->CtxGetCurrent(&cur) != CUDA_SUCCESS || !cur)
-        return NULL;
-    return pool_for_context(cur, true);
+    return R ? current_context_pool(R, current_pool_asked) : NULL;
 }
 
 bool svc_is_default_pool(shim_pool *sp, CUmemoryPool pool)

@@ -68,6 +68,12 @@ typedef enum vmm_layout { VMM_LAYOUT_ONE_REGION, VMM_LAYOUT_SPREAD } vmm_layout;
 /* BFCSHIM_VMM_DOOR, likewise: the program's own cuMemCreate memory comes
  * out of the pool's limit (door_vmm.c), or is only counted beside it. */
 typedef enum vmm_door_mode { VMM_DOOR_POOL, VMM_DOOR_COUNT } vmm_door_mode;
+/* BFCSHIM_CONTEXT_CACHE, likewise (current_context.c). */
+typedef enum context_cache_mode {
+    CONTEXT_CACHE_ON,
+    CONTEXT_CACHE_OFF,
+    CONTEXT_CACHE_CHECK
+} context_cache_mode;
 enum { LOG_ERROR, LOG_WARN, LOG_INFO, LOG_DEBUG };
 
 typedef struct shim_config {
@@ -94,6 +100,7 @@ typedef struct shim_config {
     vmm_mode vmm;                /* BFCSHIM_VMM */
     vmm_layout layout;           /* BFCSHIM_VMM_LAYOUT */
     vmm_door_mode vmm_door;      /* BFCSHIM_VMM_DOOR */
+    context_cache_mode context_cache; /* BFCSHIM_CONTEXT_CACHE */
     uint64_t release_threshold;  /* BFCSHIM_RELEASE_THRESHOLD; UINT64_MAX: never */
 } shim_config;
 
@@ -137,6 +144,14 @@ typedef struct real_driver {
     CUresult (*CtxCreateV2)(CUcontext *, unsigned, CUdevice);
     CUresult (*CtxCreateV3)(CUcontext *, CUexecAffinityParam *, int, unsigned, CUdevice);
     CUresult (*CtxCreateV4)(CUcontext *, CUctxCreateParams *, unsigned, CUdevice);
+    /* the interop creators (cudaGL.h, cudaVDPAU.h; v1 and v2 alike): they
+     * push the new context too. VDPAU's device is a uint32_t handle. */
+    CUresult (*GLCtxCreate[2])(CUcontext *, unsigned, CUdevice);
+    CUresult (*VDPAUCtxCreate[2])(CUcontext *, unsigned, CUdevice, uint32_t, void *);
+    /* making a context current (current_context.c), v1 push and pop too */
+    CUresult (*CtxSetCurrent)(CUcontext);
+    CUresult (*CtxPushCurrentV1)(CUcontext);
+    CUresult (*CtxPopCurrentV1)(CUcontext *);
     CUresult (*DeviceTotalMem)(size_t *, CUdevice);
     CUresult (*DeviceGetAttribute)(int *, CUdevice_attribute, CUdevice);
     CUresult (*DeviceGetDefaultMemPool)(CUmemoryPool *, CUdevice);
@@ -555,6 +570,18 @@ CUresult shim_cuStreamBeginCapture_v1_ptsz(CUstream s) __asm__("cuStreamBeginCap
  * names macros for the _v2. */
 CUresult shim_cuStreamDestroy_v1(CUstream s) __asm__("cuStreamDestroy");
 CUresult shim_cuCtxDestroy_v1(CUcontext ctx) __asm__("cuCtxDestroy");
+CUresult shim_cuCtxPushCurrent_v1(CUcontext ctx) __asm__("cuCtxPushCurrent");
+CUresult shim_cuCtxPopCurrent_v1(CUcontext *ctx) __asm__("cuCtxPopCurrent");
+/* The interop context creators (door_driver.c), declared here: their
+ * headers (cudaGL.h, cudaVDPAU.h) need OpenGL's and VDPAU's. */
+CUresult cuGLCtxCreate_v2(CUcontext *c, unsigned flags, CUdevice dev);
+CUresult shim_cuGLCtxCreate_v1(CUcontext *c, unsigned flags, CUdevice dev)
+    __asm__("cuGLCtxCreate");
+CUresult cuVDPAUCtxCreate_v2(CUcontext *c, unsigned flags, CUdevice dev, uint32_t vdp_device,
+                             void *vdp_get_proc_address);
+CUresult shim_cuVDPAUCtxCreate_v1(CUcontext *c, unsigned flags, CUdevice dev,
+                                  uint32_t vdp_device, void *vdp_get_proc_address)
+    __asm__("cuVDPAUCtxCreate");
 CUresult shim_cuDevicePrimaryCtxRelease_v1(CUdevice dev) __asm__("cuDevicePrimaryCtxRelease");
 CUresult shim_cuDevicePrimaryCtxReset_v1(CUdevice dev) __asm__("cuDevicePrimaryCtxReset");
 void capture_restore(const real_driver *R, relaxed_scope rs);
@@ -653,6 +680,25 @@ bool shim_driver_hooked(void);
 /* The pool of the current context (created on first use); NULL when no
  * context is current or no pool can be made: then pass the call through. */
 shim_pool *svc_current_pool(void);
+
+/* ---- the calling thread's current context (current_context.c) ---------------- */
+
+/* How a door learns its pool when nothing is remembered: asks the driver,
+ * sets *ctx to the context it found current, returns its pool or NULL. */
+typedef shim_pool *(*current_context_lookup)(const real_driver *R, CUcontext *ctx);
+/* The pool serving the calling thread's current context: the one
+ * remembered when no call since could have changed it, else ask's answer
+ * (then remembered). */
+shim_pool *current_context_pool(const real_driver *R, current_context_lookup ask);
+/* After a call that may have changed the calling thread's current context
+ * (cuCtxSetCurrent, push, pop, a context created, cudaSetDevice). */
+void current_context_moved(void);
+/* After a call that may have ended a context any thread has current (a
+ * destroy, a primary context's reset or release, cudaDeviceReset). */
+void current_context_gone(void);
+/* Times a door asked the driver for the current context; remembered
+ * answers the driver contradicted (BFCSHIM_CONTEXT_CACHE=check). */
+extern atomic_uint_fast64_t shim_context_lookups, shim_context_cache_wrong;
 /* Is `pool` the device's default memory pool (which the BFC pool stands in
  * for)? Other pools belong to the program: their calls pass through. */
 bool svc_is_default_pool(shim_pool *sp, CUmemoryPool pool);

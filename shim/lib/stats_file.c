@@ -229,6 +229,11 @@ static void write_json(FILE *f)
     json_u64(&j, "driver_alloc_calls", w.driver_allocs + pc.num_allocs);
     json_u64(&j, "driver_free_calls", w.driver_frees + pc.num_frees);
     json_u64(&j, "passthrough_allocs", atomic_load(&shim_passthrough_allocs));
+    /* How often a door asked the driver which context is current (the rest
+     * were remembered), and remembered answers found wrong under
+     * BFCSHIM_CONTEXT_CACHE=check. */
+    json_u64(&j, "context_lookups", atomic_load(&shim_context_lookups));
+    json_u64(&j, "context_cache_wrong", atomic_load(&shim_context_cache_wrong));
     /* Every device's, pools or not (JAX may use a device no pool serves). */
     vmm_door_counts vc;
     vmm_door_total(&vc);

@@ -128,6 +128,10 @@ typedef struct fakecuda_api {
      * putting another thread's call (a capture begun) between a library's
      * decisions about a query (its capture mode) and the query itself. */
     void (*before_next_event_query)(fakecuda_work fn, void *arg);
+    /* Makes ctx current on the calling thread as cuCtxSetCurrent would, but
+     * through no entry point: a change made through the driver's private
+     * tables, which no interposer sees. Returns cuCtxSetCurrent's code. */
+    int (*set_current_unseen)(void *ctx);
 } fakecuda_api;
 
 /* The fake driver's control table, or exit 77 (skip) when the loaded

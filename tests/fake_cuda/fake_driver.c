@@ -131,6 +131,7 @@
 #undef cuEventElapsedTime /* likewise */
 /* ... and these, whose v1 entry points (CUDA 2.0's and 7.0's: cudaTypedefs.h's
  * PFN_cuStreamDestroy_v2000, PFN_cuCtxDestroy_v2000,
+ * PFN_cuCtxPushCurrent_v2000, PFN_cuCtxPopCurrent_v2000,
  * PFN_cuDevicePrimaryCtxRelease_v7000, PFN_cuDevicePrimaryCtxReset_v7000)
  * libcuda still exports for old binaries and hands to cuGetProcAddress
  * below the _v2's version. */
@@ -138,6 +139,8 @@
 #undef cuCtxDestroy
 #undef cuDevicePrimaryCtxRelease
 #undef cuDevicePrimaryCtxReset
+#undef cuCtxPushCurrent
+#undef cuCtxPopCurrent
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -1988,10 +1991,12 @@ EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
+/* "If there exists a CUDA context stack on the calling CPU thread, this will
+ * replace the top of that stack with ctx. If ctx is NULL then this will be
+ * equivalent to popping the top of the calling CPU thread's CUDA context
+ * stack" (cuda.h). */
+static CUresult set_current(CUcontext ctx)
 {
-    CALLED();
-    NEED_INIT();
     fctx *c = (fctx *)ctx;
     if (c && c->magic != CTX_MAGIC)
         return CUDA_ERROR_INVALID_CONTEXT;
@@ -2006,10 +2011,15 @@ EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
 {
     CALLED();
     NEED_INIT();
+    return set_current(ctx);
+}
+
+static CUresult push_current(CUcontext ctx)
+{
     fctx *c = (fctx *)ctx;
     if (!c || c->magic != CTX_MAGIC || tls_ctx_depth == 16)
         return CUDA_ERROR_INVALID_CONTEXT;
@@ -2017,16 +2027,46 @@ EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+static CUresult pop_current(CUcontext *pctx)
 {
-    CALLED();
-    NEED_INIT();
     if (!tls_ctx_depth)
         return CUDA_ERROR_INVALID_CONTEXT;
     fctx *c = tls_ctx_stack[--tls_ctx_depth];
     if (pctx)
         *pctx = (CUcontext)c;
     return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    CALLED();
+    NEED_INIT();
+    return push_current(ctx);
+}
+
+EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+    CALLED();
+    NEED_INIT();
+    return pop_current(pctx);
+}
+
+/* The v1 entry points (CUDA 2.0's, still exported by libcuda for old
+ * binaries), under the _v2's rules (cuda.h documents no other). */
+EXPORT CUresult cuCtxPushCurrent(CUcontext ctx);
+EXPORT CUresult cuCtxPushCurrent(CUcontext ctx)
+{
+    CALLED();
+    NEED_INIT();
+    return push_current(ctx);
+}
+
+EXPORT CUresult cuCtxPopCurrent(CUcontext *pctx);
+EXPORT CUresult cuCtxPopCurrent(CUcontext *pctx)
+{
+    CALLED();
+    NEED_INIT();
+    return pop_current(pctx);
 }
 
 /* "This function will return '0' in both *leastPriority and
@@ -4582,6 +4622,8 @@ static const proc procs[] = {
     P("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
     P("cuCtxPushCurrent", 4000, cuCtxPushCurrent_v2),
     P("cuCtxPopCurrent", 4000, cuCtxPopCurrent_v2),
+    P("cuCtxPushCurrent", 2000, cuCtxPushCurrent),
+    P("cuCtxPopCurrent", 2000, cuCtxPopCurrent),
     P("cuCtxGetDevice", 2000, cuCtxGetDevice),
     P("cuCtxGetId", 12000, cuCtxGetId),
     P("cuCtxGetStreamPriorityRange", 5050, cuCtxGetStreamPriorityRange),
@@ -4839,6 +4881,11 @@ static int ctl_is_device_pointer(uint64_t addr)
     LEAVE(find_alloc(addr, true) != NULL || vmm_mapping_at(addr) != NULL);
 }
 
+static int ctl_set_current_unseen(void *ctx)
+{
+    return (int)set_current((CUcontext)ctx);
+}
+
 EXPORT const fakecuda_api *fakecuda_api_table(void);
 static const fakecuda_api api = {
     .launch = ctl_launch,
@@ -4853,6 +4900,7 @@ static const fakecuda_api api = {
     .complete_to = ctl_complete_to,
     .calls = ctl_calls,
     .before_next_event_query = ctl_before_next_event_query,
+    .set_current_unseen = ctl_set_current_unseen,
 };
 
 EXPORT const fakecuda_api *fakecuda_api_table(void) { return &api; }

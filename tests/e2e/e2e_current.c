@@ -1,0 +1,283 @@
+/*
+ * e2e_current.c - the pool a cudaMalloc or cuMemAlloc is served from follows
+ * the calling thread's current context however it changes, while a steady
+ * stream of allocations asks the driver nothing (the shim remembers the
+ * answer per thread, shim/lib/current_context.c). Two fake devices; each
+ * allocation's context is read back with cuPointerGetAttribute.
+ *
+ *   follows       every way a program makes a context current: cudaSetDevice,
+ *                 cuCtxSetCurrent, push and pop (v2, and v1 through
+ *                 cuGetProcAddress as an old binary gets them), a context
+ *                 created and destroyed, found by linking, by dlsym and by
+ *                 cuGetProcAddress; and 0 cuCtxGetCurrent per allocation
+ *                 in between
+ *   threads       two threads on two devices, interleaved: each keeps its own
+ *   green-gone    a green context destroyed on another thread: an allocation
+ *                 in its (dead) context is no longer served from the pool
+ *   unseen-check  BFCSHIM_CONTEXT_CACHE=check: a change made where no hook
+ *                 sees it (the fake's stand-in for a private table) is caught,
+ *                 served right, counted and said once
+ *   unseen-off    BFCSHIM_CONTEXT_CACHE=off: served right, asking every time
+ */
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#undef cuCtxPushCurrent
+#undef cuCtxPopCurrent
+#undef cuGetProcAddress
+
+#include "e2e_cu.h"
+
+#define MiB (UINT64_C(1) << 20)
+
+typedef CUresult (*ctx_fn)(CUcontext);
+typedef CUresult (*ctx_out_fn)(CUcontext *);
+typedef CUresult (*attr_fn)(void *, CUpointer_attribute, CUdeviceptr);
+typedef CUresult (*proc_fn)(const char *, void **, int, cuuint64_t,
+                            CUdriverProcAddressQueryResult *);
+
+static attr_fn pointer_attribute;
+static proc_fn get_proc;
+static CUcontext primary[2];
+
+static void *proc(const char *name, int version)
+{
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult st;
+    CHECK_EQ(get_proc(name, &fn, version, 0, &st), CUDA_SUCCESS);
+    CHECK(fn != NULL);
+    return fn;
+}
+
+/* Both devices' primary contexts, through the runtime; device 0's current. */
+static void start(void)
+{
+    e2e_cu_load();
+    void *h = e2e_open_libcuda();
+    pointer_attribute = (attr_fn)e2e_dlsym(h, "cuPointerGetAttribute");
+    get_proc = (proc_fn)e2e_dlsym(h, "cuGetProcAddress_v2");
+    for (int d = 1; d >= 0; d--) {
+        CHECK_EQ(cudaSetDevice(d), cudaSuccess);
+        CHECK_EQ(cudaFree(NULL), cudaSuccess);
+        CHECK_EQ(cuCtxGetCurrent(&primary[d]), CUDA_SUCCESS);
+    }
+}
+
+static CUcontext context_of(CUdeviceptr p)
+{
+    CUcontext c = NULL;
+    CHECK_EQ(pointer_attribute(&c, CU_POINTER_ATTRIBUTE_CONTEXT, p), CUDA_SUCCESS);
+    return c;
+}
+
+/* A cudaMalloc and a cuMemAlloc on this thread come from `want`'s pool. */
+static void served_in(CUcontext want, const char *after)
+{
+    void *p = NULL;
+    CUdeviceptr d = 0;
+    CHECK_EQ(cudaMalloc(&p, MiB), cudaSuccess);
+    CHECK_EQ(D.MemAlloc(&d, MiB), CUDA_SUCCESS);
+    if (context_of((CUdeviceptr)p) != want || context_of(d) != want) {
+        fprintf(stderr, "after %s: served in %p / %p, the current context is %p\n", after,
+                (void *)context_of((CUdeviceptr)p), (void *)context_of(d), (void *)want);
+        e2e_failures++;
+    }
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+    CHECK_EQ(D.MemFree(d), CUDA_SUCCESS);
+}
+
+/* Steady state: a hundred allocations and frees ask the driver nothing. */
+static void asks_nothing(void)
+{
+    uint64_t before = e2e_calls_of("cuCtxGetCurrent");
+    for (int i = 0; i < 100; i++) {
+        void *p = NULL;
+        CHECK_EQ(cudaMalloc(&p, 4096), cudaSuccess);
+        CHECK_EQ(cudaFree(p), cudaSuccess);
+    }
+    CHECK_EQ(e2e_calls_of("cuCtxGetCurrent") - before, 0);
+}
+
+static void follows(void)
+{
+    start();
+    served_in(primary[0], "start");
+    asks_nothing();
+
+    CHECK_EQ(cudaSetDevice(1), cudaSuccess);
+    served_in(primary[1], "cudaSetDevice(1)");
+    CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+    served_in(primary[0], "cudaSetDevice(0)");
+
+    /* linked, as a program built with -lcuda calls them */
+    CHECK_EQ(cuCtxSetCurrent(primary[1]), CUDA_SUCCESS);
+    served_in(primary[1], "cuCtxSetCurrent (linked)");
+    CHECK_EQ(cuCtxPushCurrent_v2(primary[0]), CUDA_SUCCESS);
+    served_in(primary[0], "cuCtxPushCurrent_v2 (linked)");
+    CUcontext popped = NULL;
+    CHECK_EQ(cuCtxPopCurrent_v2(&popped), CUDA_SUCCESS);
+    served_in(primary[1], "cuCtxPopCurrent_v2 (linked)");
+
+    /* through dlsym, as XLA and Numba find them */
+    CHECK_EQ(D.CtxSetCurrent(primary[0]), CUDA_SUCCESS);
+    served_in(primary[0], "cuCtxSetCurrent (dlsym)");
+    void *h = e2e_open_libcuda();
+    ctx_fn push = (ctx_fn)e2e_dlsym(h, "cuCtxPushCurrent_v2");
+    ctx_out_fn pop = (ctx_out_fn)e2e_dlsym(h, "cuCtxPopCurrent_v2");
+    CHECK_EQ(push(primary[1]), CUDA_SUCCESS);
+    served_in(primary[1], "cuCtxPushCurrent_v2 (dlsym)");
+    CHECK_EQ(pop(&popped), CUDA_SUCCESS);
+    served_in(primary[0], "cuCtxPopCurrent_v2 (dlsym)");
+
+    /* through cuGetProcAddress, as cudart finds them; v1 as an old binary */
+    ctx_fn set = (ctx_fn)proc("cuCtxSetCurrent", 4000);
+    CHECK_EQ(set(primary[1]), CUDA_SUCCESS);
+    served_in(primary[1], "cuCtxSetCurrent (cuGetProcAddress)");
+    ctx_fn push_v1 = (ctx_fn)proc("cuCtxPushCurrent", 2000);
+    ctx_out_fn pop_v1 = (ctx_out_fn)proc("cuCtxPopCurrent", 2000);
+    CHECK_EQ(push_v1(primary[0]), CUDA_SUCCESS);
+    served_in(primary[0], "cuCtxPushCurrent v1 (cuGetProcAddress)");
+    CHECK_EQ(pop_v1(&popped), CUDA_SUCCESS);
+    served_in(primary[1], "cuCtxPopCurrent v1 (cuGetProcAddress)");
+    ctx_fn push_v2 = (ctx_fn)proc("cuCtxPushCurrent", 4000);
+    CHECK_EQ(push_v2(primary[0]), CUDA_SUCCESS);
+    served_in(primary[0], "cuCtxPushCurrent v2 (cuGetProcAddress)");
+    CHECK_EQ(((ctx_out_fn)proc("cuCtxPopCurrent", 4000))(&popped), CUDA_SUCCESS);
+    served_in(primary[1], "cuCtxPopCurrent v2 (cuGetProcAddress)");
+
+    /* a created context is pushed; destroyed, it is popped */
+    CUcontext made = NULL;
+    CHECK_EQ(D.CtxCreate(&made, NULL, 0, 0), CUDA_SUCCESS);
+    served_in(made, "cuCtxCreate");
+    asks_nothing();
+    CHECK_EQ(D.CtxDestroy(made), CUDA_SUCCESS);
+    served_in(primary[1], "cuCtxDestroy of the current context");
+    asks_nothing();
+}
+
+/* Two threads, each on its own device, allocating in turn. */
+typedef struct turn {
+    int dev;
+    e2e_phase *phase;
+    int wrong;
+} turn;
+
+static void *take_turns(void *arg)
+{
+    turn *t = arg;
+    CHECK_EQ(cudaSetDevice(t->dev), cudaSuccess);
+    for (int i = 0; i < 200; i++) {
+        e2e_phase_wait(t->phase, 2 * i + t->dev);
+        void *p = NULL;
+        if (cudaMalloc(&p, 4096) != cudaSuccess || context_of((CUdeviceptr)p) != primary[t->dev])
+            t->wrong++;
+        cudaFree(p);
+        e2e_phase_set(t->phase, 2 * i + t->dev + 1);
+    }
+    return NULL;
+}
+
+static void threads(void)
+{
+    start();
+    e2e_phase phase = E2E_PHASE_INIT;
+    turn t[2] = {{0, &phase, 0}, {1, &phase, 0}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        pthread_create(&th[i], NULL, take_turns, &t[i]);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    CHECK_EQ(t[0].wrong, 0);
+    CHECK_EQ(t[1].wrong, 0);
+}
+
+/* ---- a green context destroyed under a thread that has it current ---------- */
+
+static struct {
+    CUresult (*DeviceGetDevResource)(CUdevice, CUdevResource *, CUdevResourceType);
+    CUresult (*DevResourceGenerateDesc)(CUdevResourceDesc *, CUdevResource *, unsigned);
+    CUresult (*GreenCtxCreate)(CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned);
+    CUresult (*GreenCtxDestroy)(CUgreenCtx);
+    CUresult (*CtxFromGreenCtx)(CUcontext *, CUgreenCtx);
+} G;
+
+static void *destroy_green(void *g)
+{
+    return (void *)(intptr_t)G.GreenCtxDestroy((CUgreenCtx)g);
+}
+
+static void green_gone(void)
+{
+    start();
+    void *h = e2e_open_libcuda();
+    *(void **)&G.DeviceGetDevResource = e2e_dlsym(h, "cuDeviceGetDevResource");
+    *(void **)&G.DevResourceGenerateDesc = e2e_dlsym(h, "cuDevResourceGenerateDesc");
+    *(void **)&G.GreenCtxCreate = e2e_dlsym(h, "cuGreenCtxCreate");
+    *(void **)&G.GreenCtxDestroy = e2e_dlsym(h, "cuGreenCtxDestroy");
+    *(void **)&G.CtxFromGreenCtx = e2e_dlsym(h, "cuCtxFromGreenCtx");
+    CUdevResource sms;
+    CUdevResourceDesc desc = NULL;
+    CUgreenCtx g = NULL;
+    CUcontext converted = NULL;
+    CHECK_EQ(G.DeviceGetDevResource(0, &sms, CU_DEV_RESOURCE_TYPE_SM), CUDA_SUCCESS);
+    CHECK_EQ(G.DevResourceGenerateDesc(&desc, &sms, 1), CUDA_SUCCESS);
+    CHECK_EQ(G.GreenCtxCreate(&g, desc, 0, CU_GREEN_CTX_DEFAULT_STREAM), CUDA_SUCCESS);
+    CHECK_EQ(G.CtxFromGreenCtx(&converted, g), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(converted), CUDA_SUCCESS);
+    /* a green context allocates its primary context's memory */
+    CUdeviceptr d = 0;
+    CHECK_EQ(D.MemAlloc(&d, MiB), CUDA_SUCCESS);
+    CHECK(context_of(d) == primary[0]);
+    CHECK_EQ(D.MemFree(d), CUDA_SUCCESS);
+    pthread_t th;
+    void *r = NULL;
+    pthread_create(&th, NULL, destroy_green, g);
+    pthread_join(th, &r);
+    CHECK_EQ((intptr_t)r, CUDA_SUCCESS);
+    /* This thread's current context is now a destroyed one: the driver
+     * refuses an allocation in it, and so must the pool. */
+    d = 0;
+    CUresult got = D.MemAlloc(&d, MiB);
+    if (got == CUDA_SUCCESS) {
+        fprintf(stderr, "cuMemAlloc in a destroyed green context served 0x%llx\n",
+                (unsigned long long)d);
+        e2e_failures++;
+    }
+}
+
+/* ---- a change no hook sees ------------------------------------------------------ */
+
+static void unseen(bool checking)
+{
+    start();
+    served_in(primary[0], "start");
+    CHECK_EQ(fakecuda()->set_current_unseen(primary[1]), CUDA_SUCCESS);
+    served_in(primary[1], "a change through no entry point");
+    uint64_t before = e2e_calls_of("cuCtxGetCurrent");
+    for (int i = 0; i < 10; i++) {
+        void *p = NULL;
+        CHECK_EQ(cudaMalloc(&p, 4096), cudaSuccess);
+        CHECK_EQ(cudaFree(p), cudaSuccess);
+    }
+    /* both modes keep asking: one question per allocation */
+    CHECK_EQ(e2e_calls_of("cuCtxGetCurrent") - before, 10);
+    CHECK_EQ(shim_stat_number("context_cache_wrong"), checking ? 1 : 0);
+    char said[4096];
+    CHECK_EQ(shim_log_lines(said, sizeof said), checking ? 1 : 0);
+    CHECK(!checking || strstr(said, "changed from") != NULL);
+}
+
+static void unseen_check(void) { unseen(true); }
+static void unseen_off(void) { unseen(false); }
+
+int main(int argc, char **argv)
+{
+    static const e2e_scenario scenarios[] = {
+        {"follows", follows},
+        {"threads", threads},
+        {"green-gone", green_gone},
+        {"unseen-check", unseen_check},
+        {"unseen-off", unseen_off},
+    };
+    return e2e_main("e2e_current", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
+}
