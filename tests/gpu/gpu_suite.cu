@@ -77,6 +77,17 @@
  *                    cuGreenCtxRecordEvent made after a stream is destroyed
  *                    still waits for that stream's kernel (the fake says no)
  *
+ * The current context, remembered (shim/lib/current_context.c), against the
+ * real cudart:
+ *   contexts     after each way of changing the current context (a created
+ *                context pushed, cudaSetDevice, push and pop, cudaDeviceReset,
+ *                a new thread, the created context destroyed) a cudaMalloc
+ *                must come from the pool of the context the driver says is
+ *                current. Every scenario also runs under
+ *                BFCSHIM_CONTEXT_CACHE=check (meson.build) and fails if a
+ *                remembered answer was ever wrong (a change through cudart's
+ *                private tables, which no hook sees)
+ *
  * Random programs (tests/e2e/e2e_race.c on the real driver):
  *   race         plain and stream-ordered allocations and frees, both doors,
  *                on the legacy, per-thread and created streams; blocks handed
@@ -590,6 +601,69 @@ static void destroy_primary(void)
         CUDA_OK(cudaFree(p));
         CHECK(release(0) == CUDA_SUCCESS);
     }
+}
+
+/* The driver's own answer (cuCtxGetCurrent is not interposed) against the
+ * context of the pool a cudaMalloc came from (the shim's answer for its
+ * blocks). */
+static void allocates_in_current(const char *after)
+{
+    static auto current = (decltype(&cuCtxGetCurrent))driver_fn("cuCtxGetCurrent");
+    static auto attr = (decltype(&cuPointerGetAttribute))driver_fn("cuPointerGetAttribute");
+    void *p = NULL;
+    CUcontext cur = NULL, owner = NULL;
+    CUDA_OK(cudaMalloc(&p, 1 << 20));
+    CHECK(current(&cur) == CUDA_SUCCESS);
+    CHECK(attr(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, (CUdeviceptr)p) == CUDA_SUCCESS);
+    CUDA_OK(cudaMemset(p, 7, 1 << 20));
+    CUDA_OK(cudaDeviceSynchronize());
+    if (owner != cur) {
+        fprintf(stderr, "after %s: cudaMalloc served from %p's pool, %p is current\n", after,
+                (void *)owner, (void *)cur);
+        failures++;
+    }
+    CUDA_OK(cudaFree(p));
+}
+
+static void *new_thread_allocates(void *)
+{
+    allocates_in_current("a new thread's first call");
+    return NULL;
+}
+
+static void contexts(void)
+{
+    auto create = (CUresult(*)(CUcontext *, CUctxCreateParams *, unsigned, CUdevice))driver_fn(
+        "cuCtxCreate_v4");
+    auto destroy = (decltype(&cuCtxDestroy))driver_fn("cuCtxDestroy_v2");
+    auto push = (decltype(&cuCtxPushCurrent))driver_fn("cuCtxPushCurrent_v2");
+    auto pop = (decltype(&cuCtxPopCurrent))driver_fn("cuCtxPopCurrent_v2");
+    CHECK(create && destroy && push && pop);
+    if (!create || !destroy || !push || !pop)
+        return;
+    allocates_in_current("start");
+    CUcontext made = NULL, popped = NULL;
+    CHECK(create(&made, NULL, 0, 0) == CUDA_SUCCESS);
+    allocates_in_current("cuCtxCreate");
+    CUDA_OK(cudaSetDevice(0));
+    allocates_in_current("cudaSetDevice(0) over a created context");
+    CHECK(push(made) == CUDA_SUCCESS);
+    allocates_in_current("cuCtxPushCurrent");
+    CHECK(pop(&popped) == CUDA_SUCCESS);
+    allocates_in_current("cuCtxPopCurrent");
+    CHECK(push(made) == CUDA_SUCCESS);
+    CUDA_OK(cudaDeviceReset());
+    allocates_in_current("cudaDeviceReset with a created context current");
+    CHECK(pop(&popped) == CUDA_SUCCESS);
+    CUDA_OK(cudaDeviceReset());
+    allocates_in_current("cudaDeviceReset");
+    pthread_t t;
+    pthread_create(&t, NULL, new_thread_allocates, NULL);
+    pthread_join(t, NULL);
+    CHECK(destroy(made) == CUDA_SUCCESS);
+    allocates_in_current("cuCtxDestroy of a context not current");
+    printf("  context lookups %lld, remembered answers found wrong %lld\n",
+           shim_stat_number("context_lookups"), shim_stat_number("context_cache_wrong"));
 }
 
 static void ptr_attr(void)
@@ -1508,6 +1582,7 @@ int main(int argc, char **argv)
         {"pool-attributes", pool_attributes},
         {"race", race},
         {"plugin", plugin},
+        {"contexts", contexts},
     };
     if (argc != 2) {
         fprintf(stderr, "usage: gpu_suite SCENARIO\n");
@@ -1535,6 +1610,11 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
         if (strcmp(argv[1], scenarios[i].name) == 0) {
             scenarios[i].fn();
+            /* BFCSHIM_CONTEXT_CACHE=check (meson.build): a remembered current
+             * context the driver contradicted, in any scenario */
+            const char *cache = getenv("BFCSHIM_CONTEXT_CACHE");
+            if (!as_plugin && cache && strcmp(cache, "check") == 0)
+                CHECK(shim_stat_number("context_cache_wrong") == 0);
             printf("%s: %s\n", argv[1], failures ? "FAILED" : "ok");
             return failures ? 1 : 0;
         }
