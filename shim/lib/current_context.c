@@ -1,24 +1,31 @@
 /*
- * current_context.c - the pool of the calling thread's current context,
- * remembered per thread so that an allocation asks the driver nothing.
+ * current_context.c - which pool serves an allocation, remembered per thread
+ * so that a steady stream of allocations asks the driver nothing.
  *
- * cudaMalloc and cuMemAlloc are served by the pool of the context current on
- * the calling thread. Asking the driver (cuCtxGetCurrent) was the one driver
- * call left on a steady-state allocation. The answer changes only through
- * calls the library interposes:
+ * Two questions are remembered, each as one answer per thread:
+ *   - the calling thread's current context (cudaMalloc, cuMemAlloc and the
+ *     stream-ordered calls on the legacy or per-thread stream are served by
+ *     its pool): cuCtxGetCurrent;
+ *   - the context of the explicit stream a stream-ordered call names
+ *     (cudaMallocAsync(&p, n, s)): cuStreamGetCtx.
+ * Asking the driver was the one driver call left on a steady-state
+ * allocation. The answers change only through calls the library interposes:
  *   - on the calling thread: cuCtxSetCurrent, cuCtxPushCurrent and
  *     cuCtxPopCurrent (both ABI versions), every cuCtxCreate and the OpenGL
  *     and VDPAU context creators (a new context is pushed), cudaSetDevice.
- *     Their hooks forget this thread's answer (current_context_moved).
+ *     Their hooks forget this thread's current context (current_context_moved).
  *   - on any thread: a context destroyed, a primary context reset or
- *     released, a green context destroyed, cudaDeviceReset. A handle may
- *     then name a dead context, or a new one at the same address, so these
- *     advance a process-wide epoch that every remembered answer carries
- *     (current_context_gone); a pool marked dead is never trusted either.
+ *     released, a green context destroyed, cudaDeviceReset; a stream created
+ *     or destroyed (a new stream may get a destroyed one's handle, in another
+ *     context). A handle may then name a dead context or stream, or a new one
+ *     at the same address, so these advance a process-wide epoch that every
+ *     remembered answer carries (remembered_pools_stale); a pool marked dead
+ *     is never trusted either.
  * cudart finds those driver calls through cuGetProcAddress and XLA, Numba
  * and TensorFlow through dlsym, both routed to the hooks. Where that routing
  * is not in place (the driver door closed, a forked child, the library
- * loaded as a plug-in rather than preloaded) nothing is remembered.
+ * loaded as a plug-in rather than preloaded: streams_all_seen) nothing is
+ * remembered.
  *
  * What cannot be seen: a change made through the driver's private tables
  * (cuGetExportTable). Public reimplementations of those tables name no call
@@ -29,24 +36,25 @@
 #include "shim.h"
 
 typedef struct remembered {
-    CUcontext ctx;
-    shim_pool *sp; /* NULL: nothing remembered */
+    void *key;     /* the stream asked about (NULL for the current context) */
+    CUcontext ctx; /* the driver's answer */
+    shim_pool *sp; /* its pool; NULL: nothing remembered */
     uint64_t epoch;
 } remembered;
 
-static _Thread_local remembered mine;
+static _Thread_local remembered current, of_stream;
 static atomic_uint_fast64_t epoch = 1;
 atomic_uint_fast64_t shim_context_lookups, shim_context_cache_wrong;
 
-void current_context_moved(void) { mine.sp = NULL; }
+void current_context_moved(void) { current.sp = NULL; }
 
-void current_context_gone(void)
+void remembered_pools_stale(void)
 {
     atomic_fetch_add_explicit(&epoch, 1, memory_order_acq_rel);
-    mine.sp = NULL;
+    current.sp = of_stream.sp = NULL;
 }
 
-/* Can every way a context is made current reach a hook? */
+/* Can every way the answers change reach a hook? */
 static bool remembering(void)
 {
     return shim_config_get()->context_cache != CONTEXT_CACHE_OFF && shim_driver_hooked() &&
@@ -54,36 +62,64 @@ static bool remembering(void)
 }
 
 /* A remembered answer the driver contradicts: said once, counted always. */
-static void wrong(CUcontext was, CUcontext now)
+static void wrong(const char *what, CUcontext was, CUcontext now)
 {
     static atomic_bool said;
     atomic_fetch_add_explicit(&shim_context_cache_wrong, 1, memory_order_relaxed);
     shim_log_once(&said, LOG_ERROR,
-                  "BFCSHIM_CONTEXT_CACHE=check: the current context changed from %p to %p "
-                  "through a call the library does not see; set BFCSHIM_CONTEXT_CACHE=off "
-                  "and report it",
-                  (void *)was, (void *)now);
+                  "BFCSHIM_CONTEXT_CACHE=check: %s changed from %p to %p through a call the "
+                  "library does not see; set BFCSHIM_CONTEXT_CACHE=off and report it",
+                  what, (void *)was, (void *)now);
 }
 
-shim_pool *current_context_pool(const real_driver *R, current_context_lookup ask)
+/* The driver's answer now, for BFCSHIM_CONTEXT_CACHE=check. */
+static bool driver_says(const real_driver *R, void *key, CUcontext *ctx)
+{
+    if (!key)
+        return R->CtxGetCurrent(ctx) == CUDA_SUCCESS;
+    return R->StreamGetCtx && R->StreamGetCtx((CUstream)key, ctx) == CUDA_SUCCESS;
+}
+
+/* m's pool when it answers the question about `key` and nothing since
+ * could have changed the answer; else NULL. */
+static shim_pool *recalled(const real_driver *R, const remembered *m, void *key, uint64_t now)
+{
+    if (!m->sp || m->key != key || m->epoch != now || atomic_load(&m->sp->dead))
+        return NULL;
+    if (shim_config_get()->context_cache != CONTEXT_CACHE_CHECK)
+        return m->sp;
+    CUcontext said = NULL;
+    if (!driver_says(R, key, &said))
+        return NULL;
+    if (said == m->ctx)
+        return m->sp;
+    wrong(key ? "a stream's context" : "the current context", m->ctx, said);
+    return NULL;
+}
+
+static shim_pool *remembered_or_asked(const real_driver *R, remembered *m, void *key,
+                                      pool_lookup ask)
 {
     bool on = remembering();
     uint64_t now = atomic_load_explicit(&epoch, memory_order_acquire);
-    if (on && mine.sp && mine.epoch == now && !atomic_load(&mine.sp->dead)) {
-        if (shim_config_get()->context_cache != CONTEXT_CACHE_CHECK)
-            return mine.sp;
-        CUcontext cur = NULL;
-        bool answered = R->CtxGetCurrent(&cur) == CUDA_SUCCESS;
-        if (answered && cur == mine.ctx)
-            return mine.sp;
-        if (answered)
-            wrong(mine.ctx, cur);
-    }
-    /* The epoch is the one read before asking: a context that goes while
-     * the driver answers leaves this answer stale at once. */
+    shim_pool *sp = on ? recalled(R, m, key, now) : NULL;
+    if (sp)
+        return sp;
+    /* The epoch is the one read before asking: a context or stream that
+     * goes while the driver answers leaves this answer stale at once. */
     atomic_fetch_add_explicit(&shim_context_lookups, 1, memory_order_relaxed);
     CUcontext ctx = NULL;
-    shim_pool *sp = ask(R, &ctx);
-    mine = (remembered){ctx, on ? sp : NULL, now};
+    sp = ask(R, key, &ctx);
+    *m = (remembered){key, ctx, on ? sp : NULL, now};
     return sp;
+}
+
+shim_pool *current_context_pool(const real_driver *R, pool_lookup ask)
+{
+    return remembered_or_asked(R, &current, NULL, ask);
+}
+
+shim_pool *stream_context_pool(const real_driver *R, CUstream s, pool_lookup ask)
+{
+    return remembered_or_asked(R, &of_stream, (void *)s, ask);
 }

@@ -412,7 +412,7 @@ static CUresult ctx_destroy(CUresult (*f)(CUcontext), CUcontext ctx)
         primary_unlock(); /* a created context's destroy may take long: not held */
     }
     CUresult r = CALL(f, ctx);
-    current_context_gone();
+    remembered_pools_stale();
     if (primary && r == CUDA_SUCCESS)
         pools_context_gone(ctx);
     pools_give_back_forgotten(r == CUDA_SUCCESS);
@@ -460,7 +460,7 @@ static CUresult primary_reset(CUresult (*f)(CUdevice), CUdevice dev)
     uint64_t claimed = capture_context_ending(ctx);
     pools_primary_gone(dev);
     CUresult r = CALL(f, dev);
-    current_context_gone();
+    remembered_pools_stale();
     pools_give_back_forgotten(r == CUDA_SUCCESS);
     capture_ending_done(claimed, r == CUDA_SUCCESS);
     if (r == CUDA_SUCCESS)
@@ -606,7 +606,7 @@ static CUresult primary_release(CUresult (*f)(CUdevice), CUdevice dev)
     CUcontext ctx = real_active_primary(R, dev);
     uint64_t claimed = capture_context_ending(ctx);
     CUresult r = CALL(f, dev);
-    current_context_gone();
+    remembered_pools_stale();
     after_primary_release(R, dev, ctx, r, claimed);
     primary_unlock();
     return r;
@@ -651,7 +651,7 @@ SHIM_EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx g)
     CUcontext ctx = dev >= 0 ? real_active_primary(R, dev) : NULL;
     uint64_t claimed = capture_context_ending(ctx);
     CUresult r = PASS(GreenCtxDestroy, g);
-    current_context_gone();
+    remembered_pools_stale();
     capture_ending_done(own, r == CUDA_SUCCESS);
     if (dev >= 0)
         after_primary_release(R, dev, ctx, r, claimed);

@@ -112,8 +112,9 @@ static CUcontext runtime_context_started(const real_driver *R)
  * the runtime's first call the driver is not even initialised, and
  * cuCtxGetCurrent answers CUDA_ERROR_NOT_INITIALIZED: that too means "no
  * context yet", not "no pool" (a program whose first call is cudaMalloc). */
-static shim_pool *runtime_pool_asked(const real_driver *R, CUcontext *ctx)
+static shim_pool *runtime_pool_asked(const real_driver *R, void *unused, CUcontext *ctx)
 {
+    (void)unused;
     CUcontext cur = NULL;
     if (R->CtxGetCurrent(&cur) != CUDA_SUCCESS)
         cur = NULL;
@@ -460,7 +461,7 @@ SHIM_EXPORT cudaError_t cudaDeviceReset(void)
     }
     uint64_t claimed = capture_context_ending(ctx); /* (cudart's own reset may claim first) */
     cudaError_t e = f ? f() : NO_RUNTIME;
-    current_context_gone();
+    remembered_pools_stale();
     pools_give_back_forgotten(e == cudaSuccess);
     capture_ending_done(claimed, e == cudaSuccess);
     if (e == cudaSuccess)

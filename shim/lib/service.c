@@ -52,8 +52,9 @@ bool shim_driver_hooked(void)
     return shim_config_get()->driver_hooks && real_driver_get() != NULL;
 }
 
-static shim_pool *current_pool_asked(const real_driver *R, CUcontext *ctx)
+static shim_pool *current_pool_asked(const real_driver *R, void *unused, CUcontext *ctx)
 {
+    (void)unused;
     *ctx = NULL;
     if (R->CtxGetCurrent(ctx) != CUDA_SUCCESS || !*ctx)
         return NULL;
@@ -95,13 +96,20 @@ bool svc_default_pool_current(CUdevice dev)
                                                                       memory_order_relaxed) == NULL;
 }
 
+static shim_pool *stream_pool_asked(const real_driver *R, void *s, CUcontext *ctx)
+{
+    *ctx = NULL;
+    if (!R->StreamGetCtx || R->StreamGetCtx((CUstream)s, ctx) != CUDA_SUCCESS || !*ctx)
+        return NULL;
+    return pool_for_context(*ctx, true);
+}
+
+/* The pool of an explicit stream's context (remembered per thread:
+ * current_context.c). */
 static shim_pool *stream_pool(CUstream s)
 {
     const real_driver *R = real_driver_get();
-    CUcontext ctx = NULL;
-    if (!R || !R->StreamGetCtx || R->StreamGetCtx(s, &ctx) != CUDA_SUCCESS || !ctx)
-        return NULL;
-    return pool_for_context(ctx, true);
+    return R ? stream_context_pool(R, s, stream_pool_asked) : NULL;
 }
 
 bool svc_explicit_stream(CUstream s)

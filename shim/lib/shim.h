@@ -681,23 +681,26 @@ bool shim_driver_hooked(void);
  * context is current or no pool can be made: then pass the call through. */
 shim_pool *svc_current_pool(void);
 
-/* ---- the calling thread's current context (current_context.c) ---------------- */
+/* ---- which pool serves an allocation, remembered (current_context.c) ------- */
 
-/* How a door learns its pool when nothing is remembered: asks the driver,
- * sets *ctx to the context it found current, returns its pool or NULL. */
-typedef shim_pool *(*current_context_lookup)(const real_driver *R, CUcontext *ctx);
-/* The pool serving the calling thread's current context: the one
- * remembered when no call since could have changed it, else ask's answer
- * (then remembered). */
-shim_pool *current_context_pool(const real_driver *R, current_context_lookup ask);
+/* How a door learns its pool when nothing is remembered: asks the driver
+ * about `key` (a stream; NULL: the calling thread's current context), sets
+ * *ctx to the context it found, returns its pool or NULL. */
+typedef shim_pool *(*pool_lookup)(const real_driver *R, void *key, CUcontext *ctx);
+/* The pool serving the calling thread's current context / explicit stream
+ * s's context: the one remembered when no call since could have changed
+ * it, else ask's answer (then remembered). */
+shim_pool *current_context_pool(const real_driver *R, pool_lookup ask);
+shim_pool *stream_context_pool(const real_driver *R, CUstream s, pool_lookup ask);
 /* After a call that may have changed the calling thread's current context
  * (cuCtxSetCurrent, push, pop, a context created, cudaSetDevice). */
 void current_context_moved(void);
-/* After a call that may have ended a context any thread has current (a
- * destroy, a primary context's reset or release, cudaDeviceReset). */
-void current_context_gone(void);
-/* Times a door asked the driver for the current context; remembered
- * answers the driver contradicted (BFCSHIM_CONTEXT_CACHE=check). */
+/* After a call that may have ended a context or stream any thread
+ * remembers, or made one under a handle that was another's (a destroy, a
+ * primary context's reset or release, cudaDeviceReset, a stream made). */
+void remembered_pools_stale(void);
+/* Times a door asked the driver for a context; remembered answers the
+ * driver contradicted (BFCSHIM_CONTEXT_CACHE=check). */
 extern atomic_uint_fast64_t shim_context_lookups, shim_context_cache_wrong;
 /* Is `pool` the device's default memory pool (which the BFC pool stands in
  * for)? Other pools belong to the program: their calls pass through. */

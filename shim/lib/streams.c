@@ -142,6 +142,7 @@ void streams_add(CUstream s)
      * ends the ordered state all the same. */
     if (e.non_blocking)
         fences_ordered_stream_made(ctx, s);
+    remembered_pools_stale(); /* its handle may be a destroyed stream's */
 }
 
 void streams_forget_context(CUcontext ctx)
@@ -165,6 +166,7 @@ void streams_remove(CUstream s)
             break;
         }
     pthread_mutex_unlock(&lock);
+    remembered_pools_stale();
     wait_for_users();
 }
 

@@ -12,6 +12,10 @@
  *                 cuGetProcAddress; and 0 cuCtxGetCurrent per allocation
  *                 in between
  *   threads       two threads on two devices, interleaved: each keeps its own
+ *   streams       a stream-ordered allocation on an explicit stream comes from
+ *                 its context's pool, asking nothing in steady state; a
+ *                 destroyed stream's handle given to a new stream of the
+ *                 other device (FAKECUDA_REUSE_STREAM_HANDLES) is served there
  *   green-gone    a green context destroyed on another thread: an allocation
  *                 in its (dead) context is no longer served from the pool
  *   unseen-check  BFCSHIM_CONTEXT_CACHE=check: a change made where no hook
@@ -191,6 +195,49 @@ static void threads(void)
     CHECK_EQ(t[1].wrong, 0);
 }
 
+/* ---- explicit streams ------------------------------------------------------------ */
+
+static CUcontext served_on(cudaStream_t s)
+{
+    void *p = NULL;
+    CHECK_EQ(cudaMallocAsync(&p, MiB, s), cudaSuccess);
+    CUcontext c = context_of((CUdeviceptr)p);
+    CHECK_EQ(cudaFreeAsync(p, s), cudaSuccess);
+    return c;
+}
+
+static void streams(void)
+{
+    start();
+    cudaStream_t s0 = NULL, s1 = NULL, again = NULL;
+    CHECK_EQ(cudaSetDevice(1), cudaSuccess);
+    CHECK_EQ(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+    CHECK_EQ(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking), cudaSuccess);
+    /* the stream's context, whatever context is current */
+    CHECK(served_on(s1) == primary[1]);
+    CHECK(served_on(s0) == primary[0]);
+    CHECK(served_on(s1) == primary[1]);
+    uint64_t before = e2e_calls_of("cuStreamGetCtx") + e2e_calls_of("cuStreamGetCtx_v2") +
+                      e2e_calls_of("cuCtxGetCurrent");
+    for (int i = 0; i < 100; i++) {
+        void *p = NULL;
+        CHECK_EQ(cudaMallocAsync(&p, 4096, s1), cudaSuccess);
+        CHECK_EQ(cudaFreeAsync(p, s1), cudaSuccess);
+    }
+    CHECK_EQ(e2e_calls_of("cuStreamGetCtx") + e2e_calls_of("cuStreamGetCtx_v2") +
+                 e2e_calls_of("cuCtxGetCurrent") - before,
+             0);
+    /* s1's handle names the next stream made, on device 0 */
+    CHECK_EQ(cudaStreamSynchronize(s1), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(s1), cudaSuccess);
+    CHECK_EQ(cudaStreamCreateWithFlags(&again, cudaStreamNonBlocking), cudaSuccess);
+    CHECK(again == s1);
+    CHECK(served_on(again) == primary[0]);
+    CHECK_EQ(cudaStreamSynchronize(again), cudaSuccess);
+    CHECK_EQ(cudaStreamSynchronize(s0), cudaSuccess);
+}
+
 /* ---- a green context destroyed under a thread that has it current ---------- */
 
 static struct {
@@ -275,6 +322,7 @@ int main(int argc, char **argv)
     static const e2e_scenario scenarios[] = {
         {"follows", follows},
         {"threads", threads},
+        {"streams", streams},
         {"green-gone", green_gone},
         {"unseen-check", unseen_check},
         {"unseen-off", unseen_off},
