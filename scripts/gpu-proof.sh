@@ -653,10 +653,12 @@ step_jax_pools() {
     have jax-pools jax "$jax_py" || return 0
     local j=("$jax_py" "$gpu/jax_train.py" --steps 15 --warmup 3 "${jax_size[@]}")
     run_arm jax-pools A-bfc-native 60 no "${small_env[@]}" -- "${j[@]}" --arm A
+    # XLA activates its context around each call (cuCtxSetCurrent, found
+    # with dlsym): checked against the remembered current context
     run_arm jax-pools S-cuda_async-shim 60 yes XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async \
-        "${small_env[@]}" -- "${j[@]}" --arm S-cuda_async
+        BFCSHIM_CONTEXT_CACHE=check "${small_env[@]}" -- "${j[@]}" --arm S-cuda_async
     run_arm jax-pools S-platform-shim 60 yes XLA_PYTHON_CLIENT_ALLOCATOR=platform \
-        "${small_env[@]}" -- "${j[@]}" --arm S-platform
+        BFCSHIM_CONTEXT_CACHE=check "${small_env[@]}" -- "${j[@]}" --arm S-platform
     run_arm jax-pools S-default-shim 60 yes XLA_PYTHON_CLIENT_ALLOCATOR=default \
         XLA_PYTHON_CLIENT_PREALLOCATE=false "${small_env[@]}" -- "${j[@]}" --arm S-default
 }
@@ -726,10 +728,13 @@ step_quick_owed() {
         local gpt=("$py" "$gpu/torch_train.py" --model gpt --steps 10 --warmup 3 --batch 8
                    "${gpt_size[@]}")
         # the spread layout near the limit, beside the default there
+        # (BFCSHIM_CONTEXT_CACHE=check: PyTorch's threads and device
+        # switches against the remembered current context; context_cache_wrong
+        # in the results must be 0)
         run_arm quick-owed C-tight-spread 40 yes "$nc" BFCSHIM_VMM_LAYOUT=spread \
-            BFCSHIM_MEM_LIMIT=15.75GiB -- "${gpt[@]}" --arm CS-tight
-        run_arm quick-owed C-tight-default 40 yes "$nc" BFCSHIM_MEM_LIMIT=15.75GiB -- \
-            "${gpt[@]}" --arm CD-tight
+            BFCSHIM_MEM_LIMIT=15.75GiB BFCSHIM_CONTEXT_CACHE=check -- "${gpt[@]}" --arm CS-tight
+        run_arm quick-owed C-tight-default 40 yes "$nc" BFCSHIM_MEM_LIMIT=15.75GiB \
+            BFCSHIM_CONTEXT_CACHE=check -- "${gpt[@]}" --arm CD-tight
         "$py" -c 'import torchvision' >/dev/null 2>&1 &&
             run_arm quick-owed resnet-C16b0-shim-nocache-interval16-nobytes 40 yes "$nc" \
                 BFCSHIM_FENCE_INTERVAL=16 BFCSHIM_FENCE_BYTES=0 -- "$py" "$gpu/torch_train.py" \

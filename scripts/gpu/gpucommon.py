@@ -114,6 +114,11 @@ def shim_totals(doc):
     # the top
     for k in ("passthrough_vmm_bytes", "passthrough_vmm_peak_bytes", "passthrough_vmm_creates"):
         out[k] = doc.get(k)
+    # how often the doors asked the driver which context serves an
+    # allocation, and (BFCSHIM_CONTEXT_CACHE=check) how often a remembered
+    # answer was wrong: anything but 0 there is a bug to report
+    for k in ("context_lookups", "context_cache_wrong"):
+        out[k] = doc.get(k)
     # the slowest pool's start-up (its limit taken up front), not a sum
     out["prealloc_us"] = max((p.get("prealloc_us", 0) for p in doc.get("pools", [])), default=0)
     out["pools"] = len(doc.get("pools", []))

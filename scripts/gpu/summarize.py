@@ -136,6 +136,27 @@ def numba_suite_verdict(out):
     return "\n".join(lines)
 
 
+def context_cache_verdict(results):
+    """Arms run under BFCSHIM_CONTEXT_CACHE=check: how many, and each one
+    whose remembered current context the driver contradicted (a change the
+    shim's hooks did not see: a bug). None when no arm ran checked."""
+    checked, wrong = 0, []
+    for r in results:
+        if (r.get("settings") or {}).get("BFCSHIM_CONTEXT_CACHE") != "check":
+            continue
+        checked += 1
+        for key in ("shim_after_search", "shim_after", "shim"):
+            shim = r.get(key)
+            if shim and shim.get("context_cache_wrong"):
+                wrong.append(f"{r.get('step')}/{r.get('arm_label')}: "
+                             f"{shim['context_cache_wrong']} wrong")
+                break
+    if not checked:
+        return None
+    return "\n".join([f"  {checked} arm(s) checked, {len(wrong)} with a wrong remembered "
+                      f"context (expected: 0)"] + ["  " + w for w in wrong])
+
+
 def main():
     out = sys.argv[1]
     results = []
@@ -163,6 +184,9 @@ def main():
     verdict = pressure_verdict(results)
     if verdict:
         print(f"\n== pressure: the default against one region, and spread\n{verdict}")
+    cache = context_cache_verdict(results)
+    if cache:
+        print(f"\n== the remembered current context (BFCSHIM_CONTEXT_CACHE=check)\n{cache}")
     suite = numba_suite_verdict(out)
     if suite:
         print(f"\n== numba-suite: Numba's own driver tests, native and under the shim\n{suite}")
