@@ -17,7 +17,11 @@ traces (tests/data/traces/h100-*, ../shared/traces/real/*, and
     runtime-2streams   cudaMalloc/cudaFree, kernels on two non-blocking
                        streams, allocations alternating between them
     async-2streams     cudaMallocAsync/cudaFreeAsync the same way
-(the last three at the first two lags; the smallest limit for
+    plugin-prealloc    bfcshim_malloc_async/_free_async on the legacy
+                       stream, the library opened as a plug-in (not
+                       preloaded: it sees no stream and no capture)
+    plugin-2streams    the same on two non-blocking streams
+(the last five at the first two lags; the smallest limit for
 runtime-prealloc and runtime-2streams at those two), then
 build/tests/shim_step_calls
 (arm B: a PyTorch-shaped step with every block cached). One run at a time:
@@ -52,6 +56,8 @@ VARIANTS = [
     ("async-prealloc", ["--door", "async", "--pool", "preallocated"], "two"),
     ("runtime-2streams", ["--door", "runtime", "--streams", "2", "--pool", "preallocated"], "two"),
     ("async-2streams", ["--door", "async", "--streams", "2", "--pool", "preallocated"], "two"),
+    ("plugin-prealloc", ["--door", "plugin", "--pool", "preallocated"], "two"),
+    ("plugin-2streams", ["--door", "plugin", "--streams", "2", "--pool", "preallocated"], "two"),
 ]
 
 
@@ -63,9 +69,13 @@ def real_traces():
     return found
 
 
-def env_for(build):
+def env_for(build, plugin=False):
+    """The replay's environment: the shim preloaded, or for the plug-in
+    door named in BFCSHIM_LIBRARY for the program to open itself."""
     env = dict(os.environ)
-    env["LD_PRELOAD"] = os.path.join(build, "shim", "libbfcshim.so")
+    lib = os.path.join(build, "shim", "libbfcshim.so")
+    env.pop("LD_PRELOAD", None)
+    env["BFCSHIM_LIBRARY" if plugin else "LD_PRELOAD"] = lib
     env["LD_LIBRARY_PATH"] = os.path.join(build, "tests", "fake_cuda")
     return env
 
@@ -119,7 +129,8 @@ def goals(results, lags, out):
                                                      "ok" if c <= 0.05 else "over"))
     out("#    two streams (allocations alternating between two non-blocking streams):")
     for (name, variant, lag), d in sorted(results.items()):
-        if variant in ("runtime-2streams", "async-2streams") and lag in (0, realistic):
+        if variant in ("runtime-2streams", "async-2streams", "plugin-2streams") and \
+                lag in (0, realistic):
             out("#    %-44s %-16s lag %4d: %.3f" % (name[:44], variant, lag,
                                                  d["steady"]["shim_calls_per_alloc"]))
     out("# 2. smallest preallocated limit at lag %d within 1%% of lag 0:" % realistic)
@@ -153,7 +164,7 @@ def main():
     a = ap.parse_args()
     lags = [int(x) for x in a.lags.split(",")]
     traces = a.traces or real_traces()
-    env = env_for(a.build)
+    env, plugin_env = env_for(a.build), env_for(a.build, plugin=True)
     replay = os.path.join(a.build, "tests", "shim_replay")
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
@@ -190,7 +201,8 @@ def main():
                 extra = (["--min-limit"] if variant in ("runtime-prealloc", "runtime-2streams")
                          and i <= 1 else [])
                 d = run([replay, "--json", "--lag", str(lag), "--max-events",
-                         str(a.max_events)] + args + extra + [t], env)
+                         str(a.max_events)] + args + extra + [t],
+                        plugin_env if "plugin" in args else env)
                 if d["capped"]:
                     out("# %s capped at %d of %d events" % (name, d["events"],
                                                             d["trace_events"]))

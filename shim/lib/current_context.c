@@ -2,7 +2,8 @@
  * current_context.c - which pool serves an allocation, remembered per thread
  * so that a steady stream of allocations asks the driver nothing.
  *
- * Two questions are remembered, each as one answer per thread:
+ * Two questions are remembered per thread (one answer for the current
+ * context, one for each of the last few streams asked about):
  *   - the calling thread's current context (cudaMalloc, cuMemAlloc and the
  *     stream-ordered calls on the legacy or per-thread stream are served by
  *     its pool): cuCtxGetCurrent;
@@ -42,7 +43,12 @@ typedef struct remembered {
     uint64_t epoch;
 } remembered;
 
-static _Thread_local remembered current, of_stream;
+/* A thread's streams: a few, since programs alternate between streams (a
+ * compute and a copy stream; allocations on each of two in turn). */
+enum { STREAMS_REMEMBERED = 4 };
+
+static _Thread_local remembered current, of_stream[STREAMS_REMEMBERED];
+static _Thread_local unsigned next_stream_slot;
 static atomic_uint_fast64_t epoch = 1;
 atomic_uint_fast64_t shim_context_lookups, shim_context_cache_wrong;
 
@@ -51,7 +57,9 @@ void current_context_moved(void) { current.sp = NULL; }
 void remembered_pools_stale(void)
 {
     atomic_fetch_add_explicit(&epoch, 1, memory_order_acq_rel);
-    current.sp = of_stream.sp = NULL;
+    current.sp = NULL;
+    for (int i = 0; i < STREAMS_REMEMBERED; i++)
+        of_stream[i].sp = NULL;
 }
 
 /* Can every way the answers change reach a hook? */
@@ -121,5 +129,12 @@ shim_pool *current_context_pool(const real_driver *R, pool_lookup ask)
 
 shim_pool *stream_context_pool(const real_driver *R, CUstream s, pool_lookup ask)
 {
-    return remembered_or_asked(R, &of_stream, (void *)s, ask);
+    /* s's own slot if it has one, else the next in turn */
+    remembered *m = NULL;
+    for (int i = 0; i < STREAMS_REMEMBERED && !m; i++)
+        if (of_stream[i].sp && of_stream[i].key == (void *)s)
+            m = &of_stream[i];
+    if (!m)
+        m = &of_stream[next_stream_slot++ % STREAMS_REMEMBERED];
+    return remembered_or_asked(R, m, (void *)s, ask);
 }

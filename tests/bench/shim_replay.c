@@ -10,8 +10,13 @@
  *   LD_PRELOAD=build/libbfcshim.so LD_LIBRARY_PATH=build/tests/fake_cuda \
  *     build/tests/shim_replay [options] TRACE.csv[.gz]
  *
- *   --door runtime|async   cudaMalloc/cudaFree (default) or
- *                          cudaMallocAsync/cudaFreeAsync
+ *   --door runtime|async|plugin  cudaMalloc/cudaFree (default),
+ *                          cudaMallocAsync/cudaFreeAsync, or the plug-in
+ *                          interface's bfcshim_malloc_async/_free_async with
+ *                          the library opened as a plug-in (dlopen of
+ *                          $BFCSHIM_LIBRARY, RTLD_LOCAL; not preloaded): it
+ *                          sees no stream and no capture, so its fences ask
+ *                          more (relaxed capture mode, docs/limitations.md)
  *   --streams 1|2          1 (default): every call and kernel on the legacy
  *                          stream, the traces' stream 0; 2: two non-blocking
  *                          streams, allocations alternating between them,
@@ -68,7 +73,7 @@
 
 extern char **environ;
 
-enum door { DOOR_RUNTIME, DOOR_ASYNC };
+enum door { DOOR_RUNTIME, DOOR_ASYNC, DOOR_PLUGIN };
 
 typedef struct options {
     enum door door;
@@ -100,7 +105,7 @@ static uint64_t now_ns(void)
 static _Noreturn void usage(const char *why)
 {
     fprintf(stderr,
-            "shim_replay: %s\nusage: shim_replay [--door runtime|async] [--streams 1|2] "
+            "shim_replay: %s\nusage: shim_replay [--door runtime|async|plugin] [--streams 1|2] "
             "[--lag N] [--pool preallocated|growing] [--max-events N] [--steady F] "
             "[--min-limit] [--json] TRACE.csv[.gz]\n",
             why);
@@ -126,8 +131,10 @@ static options parse(int argc, char **argv)
                 o.door = DOOR_RUNTIME;
             else if (strcmp(optarg, "async") == 0)
                 o.door = DOOR_ASYNC;
+            else if (strcmp(optarg, "plugin") == 0)
+                o.door = DOOR_PLUGIN;
             else
-                usage("--door is runtime or async");
+                usage("--door is runtime, async or plugin");
             break;
         case 's':
             o.streams = atoi(optarg);
@@ -311,7 +318,10 @@ typedef struct results {
     limit_search min_limit;
 } results;
 
-static const char *door_name(enum door d) { return d == DOOR_RUNTIME ? "runtime" : "async"; }
+static const char *door_name(enum door d)
+{
+    return d == DOOR_RUNTIME ? "runtime" : d == DOOR_ASYNC ? "async" : "plugin";
+}
 
 static void window_json(json_out *j, const char *key, const results *r, window *w)
 {
@@ -486,9 +496,42 @@ static bool window_init(window *w, uint64_t first, uint64_t events)
     return w->ns_alloc && w->ns_free;
 }
 
+/* The plug-in door's library, opened by main (--door plugin), and what the
+ * replay calls in it; NULL when preloaded. */
+static struct {
+    int (*malloc_async)(void **, size_t, int, void *);
+    int (*free_async)(void *, void *);
+    size_t (*stats_json)(char *, size_t);
+} plugin;
+
+static bool plugin_open(void)
+{
+    const char *lib = getenv("BFCSHIM_LIBRARY");
+    void *h = lib ? dlopen(lib, RTLD_NOW | RTLD_LOCAL) : NULL;
+    if (!h) {
+        fprintf(stderr, "shim_replay: --door plugin opens $BFCSHIM_LIBRARY: %s\n",
+                lib ? dlerror() : "not set");
+        return false;
+    }
+    *(void **)&plugin.malloc_async = dlsym(h, "bfcshim_malloc_async");
+    *(void **)&plugin.free_async = dlsym(h, "bfcshim_free_async");
+    *(void **)&plugin.stats_json = dlsym(h, "bfcshim_stats_json");
+    return plugin.malloc_async && plugin.free_async && plugin.stats_json;
+}
+
+/* A number of the pool's statistics, from the preloaded library or the
+ * plug-in's. */
+static long long stat_n(const char *name)
+{
+    static char json[1 << 16];
+    if (!plugin.stats_json)
+        return shim_stat_number(name);
+    return plugin.stats_json(json, sizeof json) ? shim_stats_field(json, name) : -1;
+}
+
 static uint64_t stat_u(const char *name)
 {
-    long long v = shim_stat_number(name);
+    long long v = stat_n(name);
     return v < 0 ? 0 : (uint64_t)v;
 }
 
@@ -502,8 +545,11 @@ int main(int argc, char **argv)
     if (o.pool && !o.probe)
         setenv("BFCSHIM_PREALLOCATE", strcmp(o.pool, "growing") == 0 ? "false" : "true", 1);
     const fakecuda_api *fake = fakecuda();
-    if (!dlsym(RTLD_DEFAULT, "bfcshim_stats_json")) {
-        fprintf(stderr, "shim_replay: libbfcshim.so is not preloaded\n");
+    bool preloaded = dlsym(RTLD_DEFAULT, "bfcshim_stats_json") != NULL;
+    if (o.door == DOOR_PLUGIN ? preloaded || !plugin_open() : !preloaded) {
+        fprintf(stderr, "shim_replay: libbfcshim.so must be %s\n",
+                o.door == DOOR_PLUGIN ? "opened as a plug-in ($BFCSHIM_LIBRARY), not preloaded"
+                                      : "preloaded");
         return 2;
     }
     static trace t;
@@ -561,7 +607,12 @@ int main(int argc, char **argv)
         call_meter_start(&door);
         uint64_t t0 = now_ns();
         cudaError_t rc;
-        if (alloc)
+        if (o.door == DOOR_PLUGIN) /* CUresult codes; only success matters */
+            rc = (alloc ? plugin.malloc_async(&ptr[e->slot], e->size, 0, s)
+                        : plugin.free_async(ptr[e->slot], s)) == 0
+                     ? cudaSuccess
+                     : cudaErrorMemoryAllocation;
+        else if (alloc)
             rc = o.door == DOOR_RUNTIME ? cudaMalloc(&ptr[e->slot], e->size)
                                         : cudaMallocAsync(&ptr[e->slot], e->size, s);
         else
@@ -603,16 +654,16 @@ int main(int argc, char **argv)
     r.all.context_syncs = stat_u("num_context_syncs");
     r.steady.fence_waits = r.all.fence_waits - r.steady.fence_waits_before;
     r.steady.context_syncs = r.all.context_syncs - r.steady.context_syncs_before;
-    r.num_allocs = shim_stat_number("num_allocs");
-    r.ooms = shim_stat_number("num_ooms");
-    r.peak_in_use = shim_stat_number("peak_bytes_in_use");
-    r.peak_mapped = shim_stat_number("peak_pool_bytes");
-    r.reserved = shim_stat_number("reserved_bytes");
-    r.limit = shim_stat_number("bytes_limit");
-    r.map_calls = shim_stat_number("num_map_calls");
-    r.unmap_calls = shim_stat_number("num_unmap_calls");
-    r.vmm = shim_stat_number("vmm");
-    r.prealloc_us = shim_stat_number("prealloc_us");
+    r.num_allocs = stat_n("num_allocs");
+    r.ooms = stat_n("num_ooms");
+    r.peak_in_use = stat_n("peak_bytes_in_use");
+    r.peak_mapped = stat_n("peak_pool_bytes");
+    r.reserved = stat_n("reserved_bytes");
+    r.limit = stat_n("bytes_limit");
+    r.map_calls = stat_n("num_map_calls");
+    r.unmap_calls = stat_n("num_unmap_calls");
+    r.vmm = stat_n("vmm");
+    r.prealloc_us = stat_n("prealloc_us");
     if (o.min_limit)
         r.min_limit = smallest_limit(argc, argv, r.peak_live);
     if (o.json)

@@ -13,7 +13,8 @@
  *                 in between
  *   threads       two threads on two devices, interleaved: each keeps its own
  *   streams       a stream-ordered allocation on an explicit stream comes from
- *                 its context's pool, asking nothing in steady state; a
+ *                 its context's pool, asking nothing in steady state on two
+ *                 streams in turn; a
  *                 destroyed stream's handle given to a new stream of the
  *                 other device (FAKECUDA_REUSE_STREAM_HANDLES) is served there
  *   green-gone    a green context destroyed on another thread: an allocation
@@ -220,10 +221,11 @@ static void streams(void)
     CHECK(served_on(s1) == primary[1]);
     uint64_t before = e2e_calls_of("cuStreamGetCtx") + e2e_calls_of("cuStreamGetCtx_v2") +
                       e2e_calls_of("cuCtxGetCurrent");
-    for (int i = 0; i < 100; i++) {
+    for (int i = 0; i < 100; i++) { /* in turn, as two streams' work does */
         void *p = NULL;
-        CHECK_EQ(cudaMallocAsync(&p, 4096, s1), cudaSuccess);
-        CHECK_EQ(cudaFreeAsync(p, s1), cudaSuccess);
+        cudaStream_t s = i % 2 ? s1 : s0;
+        CHECK_EQ(cudaMallocAsync(&p, 4096, s), cudaSuccess);
+        CHECK_EQ(cudaFreeAsync(p, s), cudaSuccess);
     }
     CHECK_EQ(e2e_calls_of("cuStreamGetCtx") + e2e_calls_of("cuStreamGetCtx_v2") +
                  e2e_calls_of("cuCtxGetCurrent") - before,
