@@ -108,11 +108,35 @@ for w in ("all", "steady"):
     check(calls(two_behind[w], "cuEventQuery") > calls(two_idle[w], "cuEventQuery"),
           f"two streams, lag 64 {w}: more event queries than at lag 0")
 
+# Which pool serves a call is remembered (docs/design.md, "Which pool"): in
+# the steady window no door asks the driver for the current context, nor,
+# on two streams in turn, for a stream's.
+CONTEXT_CALLS = ("cuCtxGetCurrent", "cuStreamGetCtx", "cuStreamGetCtx_v2")
+for d, what in ((idle, "runtime door"), (two_behind, "runtime door, two streams")):
+    check(sum(calls(d["steady"], e) for e in CONTEXT_CALLS) == 0,
+          f"{what}: context lookups in the steady window")
+
 # The other variants hang together too.
 for args in (["--door", "async"], ["--door", "async", "--streams", "2"],
              ["--pool", "growing", "--lag", "64"]):
     d = run(*args)
     consistent(d, " ".join(args))
+    if "async" in args:
+        check(sum(calls(d["steady"], e) for e in CONTEXT_CALLS) == 0,
+              f"{' '.join(args)}: context lookups in the steady window")
+
+# The plug-in door: the library opened by the program, not preloaded (and
+# refused when preloaded, where it would measure the preloaded copy).
+plugin_env = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
+plugin_env["BFCSHIM_LIBRARY"] = libbfcshim
+for args in (["--door", "plugin"], ["--door", "plugin", "--streams", "2", "--lag", "64"]):
+    p = subprocess.run([replay, "--json", *args, trace], env=plugin_env, capture_output=True,
+                       text=True)
+    if check(p.returncode == 0, f"shim_replay {args}: status {p.returncode}: {p.stderr}"):
+        consistent(json.loads(p.stdout), " ".join(args))
+p = subprocess.run([replay, "--door", "plugin", trace], env=env, capture_output=True, text=True)
+check(p.returncode == 2 and "not preloaded" in p.stderr,
+      f"--door plugin under LD_PRELOAD: status {p.returncode}")
 growing = run("--pool", "growing")
 check(growing["pool_stats"]["prealloc_us"] == 0 and idle["pool_stats"]["prealloc_us"] > 0,
       "--pool growing grows, the default preallocates")
