@@ -13,8 +13,13 @@
  * allocation. The answers change only through calls the library interposes:
  *   - on the calling thread: cuCtxSetCurrent, cuCtxPushCurrent and
  *     cuCtxPopCurrent (both ABI versions), every cuCtxCreate and the OpenGL
- *     and VDPAU context creators (a new context is pushed), cudaSetDevice.
- *     Their hooks forget this thread's current context (current_context_moved).
+ *     and VDPAU context creators (a new context is pushed). Their hooks
+ *     forget this thread's current context (current_context_moved). The
+ *     runtime's cudaSetDevice, and its first call on a thread, make the
+ *     primary context current through the cuCtxSetCurrent cudart took from
+ *     cuGetProcAddress: the same hook. (cudaSetDevice itself is not
+ *     interposed: with two runtimes in a process, RTLD_NEXT would hand one
+ *     runtime's call to the other.)
  *   - on any thread: a context destroyed, a primary context reset or
  *     released, a green context destroyed, cudaDeviceReset; a stream created
  *     or destroyed (a new stream may get a destroyed one's handle, in another

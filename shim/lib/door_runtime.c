@@ -37,7 +37,6 @@ typedef cudaError_t (*stream_create_prio_fn)(cudaStream_t *, unsigned, int);
 typedef cudaError_t (*stream_destroy_fn)(cudaStream_t);
 typedef cudaError_t (*device_reset_fn)(void);
 typedef cudaError_t (*get_device_fn)(int *);
-typedef cudaError_t (*set_device_fn)(int);
 typedef cudaError_t (*peer_enable_fn)(int, unsigned);
 typedef cudaError_t (*peer_disable_fn)(int);
 
@@ -432,20 +431,6 @@ SHIM_EXPORT cudaError_t cudaDeviceSetMemPool(int dev, cudaMemPool_t pool)
     /* With the driver door hooked, cudart's cuDeviceSetMemPool tells us. */
     if (e == cudaSuccess && !shim_driver_hooked())
         svc_note_device_pool((CUdevice)dev, (CUmemoryPool)pool);
-    return e;
-}
-
-/* ---- the current device: hooked only to forget the remembered context
- * (current_context.c). cudart makes the device's primary context current
- * through the driver's cuCtxSetCurrent, which the driver door sees too;
- * this covers whatever else cudart does inside. (cudaInitDevice does not
- * make the context current, cuda_runtime_api.h says.) ---- */
-
-SHIM_EXPORT cudaError_t cudaSetDevice(int dev)
-{
-    REAL_RT(set_device_fn, f, "cudaSetDevice");
-    cudaError_t e = f ? f(dev) : NO_RUNTIME;
-    current_context_moved();
     return e;
 }
 

@@ -693,7 +693,7 @@ typedef shim_pool *(*pool_lookup)(const real_driver *R, void *key, CUcontext *ct
 shim_pool *current_context_pool(const real_driver *R, pool_lookup ask);
 shim_pool *stream_context_pool(const real_driver *R, CUstream s, pool_lookup ask);
 /* After a call that may have changed the calling thread's current context
- * (cuCtxSetCurrent, push, pop, a context created, cudaSetDevice). */
+ * (cuCtxSetCurrent, push, pop, a context created). */
 void current_context_moved(void);
 /* After a call that may have ended a context or stream any thread
  * remembers, or made one under a handle that was another's (a destroy, a
