@@ -55,6 +55,13 @@
  *                  work on the stream named, every 32-bit element set, the
  *                  range inside one allocation, four-byte alignment, bad
  *                  streams, captured (not run)
+ *   fake-ptds      the per-thread default stream's synchronous copies and
+ *                  memsets (cuMemcpyHtoD_v2_ptds ... cuMemsetD32_v2_ptds, as
+ *                  cuda.h names them under CUDA_API_PER_THREAD_DEFAULT_STREAM)
+ *                  and Async copies (_ptsz): work on the calling thread's
+ *                  per-thread stream, not the legacy stream, and what
+ *                  cuGetProcAddress hands out with the per-thread flag;
+ *                  cuMemsetD16
  *   fake-pci-bus-id   cuDeviceGetPCIBusId against CU_DEVICE_ATTRIBUTE_PCI_BUS_ID
  *   fake-nvml, fake-nvml-visible  the fake NVML (tests/fake_cuda/nvml,
  *                  on the loader's path for these two only): init counted,
@@ -1230,6 +1237,179 @@ static void fake_memset(void)
     CHECK_EQ(X.MemFreeHost(pinned), CUDA_SUCCESS);
 }
 
+/* The per-thread default stream's synchronous copies and memsets (_ptds) and
+ * Async copies (_ptsz), as dlsym finds them. */
+static struct {
+    CUresult (*MemcpyHtoD)(CUdeviceptr, const void *, size_t);
+    CUresult (*MemcpyDtoH)(void *, CUdeviceptr, size_t);
+    CUresult (*MemcpyDtoD)(CUdeviceptr, CUdeviceptr, size_t);
+    CUresult (*Memcpy)(CUdeviceptr, CUdeviceptr, size_t);
+    CUresult (*MemsetD8)(CUdeviceptr, unsigned char, size_t);
+    CUresult (*MemsetD16)(CUdeviceptr, unsigned short, size_t);
+    CUresult (*MemsetD32)(CUdeviceptr, unsigned, size_t);
+    CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
+} PT;
+
+/* What cuGetProcAddress answers for `base` at `version` with the per-thread
+ * flag: the function dlsym finds under `exported`. */
+static void proc_ptds_at(const char *base, int version, const char *exported)
+{
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    CHECK_EQ(X.GetProcAddress(base, &fn, version, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+                              &st),
+             CUDA_SUCCESS);
+    CHECK_EQ(st, CU_GET_PROC_ADDRESS_SUCCESS);
+    void *want = dlsym(e2e_open_libcuda(), exported);
+    if (!fn || fn != want)
+        fprintf(stderr, "cuGetProcAddress(%s, %d, per-thread) is not %s\n", base, version,
+                exported);
+    CHECK(fn && fn == want);
+}
+
+/* Every 16-bit element of [p, p + 2n) holds v. */
+static bool holds16(CUdeviceptr p, size_t n, uint16_t v)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint16_t got;
+        memcpy(&got, bytes(p) + 2 * i, 2);
+        if (got != v)
+            return false;
+    }
+    return true;
+}
+
+/* Queued on the calling thread's per-thread default stream, behind `nothing`
+ * there: pending until that stream completes, the legacy stream untouched. */
+static void check_on_per_thread_stream(uint64_t legacy_ops_before)
+{
+    CHECK_EQ(fakecuda()->pending(CU_STREAM_PER_THREAD), 2);
+    CHECK_EQ(fakecuda()->pending(CU_STREAM_LEGACY), 0);
+    CHECK_EQ(fake_stats().legacy_stream_ops, legacy_ops_before);
+}
+
+static void fake_ptds(void)
+{
+    start();
+    NEED(GetProcAddress);
+    void *h = e2e_open_libcuda();
+#define PT_CU(field, name) *(void **)&PT.field = dlsym(h, name)
+    PT_CU(MemcpyHtoD, "cuMemcpyHtoD_v2_ptds");
+    PT_CU(MemcpyDtoH, "cuMemcpyDtoH_v2_ptds");
+    PT_CU(MemcpyDtoD, "cuMemcpyDtoD_v2_ptds");
+    PT_CU(Memcpy, "cuMemcpy_ptds");
+    PT_CU(MemsetD8, "cuMemsetD8_v2_ptds");
+    PT_CU(MemsetD16, "cuMemsetD16_v2_ptds");
+    PT_CU(MemsetD32, "cuMemsetD32_v2_ptds");
+    PT_CU(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2_ptsz");
+#undef PT_CU
+    const char *missing = !PT.MemcpyHtoD ? "cuMemcpyHtoD_v2_ptds"
+                          : !PT.MemcpyDtoH ? "cuMemcpyDtoH_v2_ptds"
+                          : !PT.MemcpyDtoD ? "cuMemcpyDtoD_v2_ptds"
+                          : !PT.Memcpy ? "cuMemcpy_ptds"
+                          : !PT.MemsetD8 ? "cuMemsetD8_v2_ptds"
+                          : !PT.MemsetD16 ? "cuMemsetD16_v2_ptds"
+                          : !PT.MemsetD32 ? "cuMemsetD32_v2_ptds"
+                          : !PT.MemcpyHtoDAsync ? "cuMemcpyHtoDAsync_v2_ptsz"
+                                                : NULL;
+    if (missing) {
+        fprintf(stderr, "the driver has no %s\n", missing);
+        e2e_failures++;
+        return;
+    }
+    /* cuGetProcAddress with the per-thread flag: the _ptds / _ptsz twins
+     * from CUDA 7.0 on (cudaTypedefs.h's PFN_..._v7000_ptds), the legacy
+     * stream's below it and without the flag. */
+    proc_ptds_at("cuMemcpyHtoD", 13000, "cuMemcpyHtoD_v2_ptds");
+    proc_ptds_at("cuMemcpyDtoH", 13000, "cuMemcpyDtoH_v2_ptds");
+    proc_ptds_at("cuMemcpyDtoD", 13000, "cuMemcpyDtoD_v2_ptds");
+    proc_ptds_at("cuMemcpy", 13000, "cuMemcpy_ptds");
+    proc_ptds_at("cuMemsetD8", 13000, "cuMemsetD8_v2_ptds");
+    proc_ptds_at("cuMemsetD16", 13000, "cuMemsetD16_v2_ptds");
+    proc_ptds_at("cuMemsetD32", 13000, "cuMemsetD32_v2_ptds");
+    proc_ptds_at("cuMemsetD16Async", 13000, "cuMemsetD16Async_ptsz");
+    proc_ptds_at("cuMemcpyAsync", 13000, "cuMemcpyAsync_ptsz");
+    proc_ptds_at("cuMemcpyHtoDAsync", 13000, "cuMemcpyHtoDAsync_v2_ptsz");
+    proc_ptds_at("cuMemcpyDtoHAsync", 13000, "cuMemcpyDtoHAsync_v2_ptsz");
+    proc_ptds_at("cuMemcpyDtoDAsync", 13000, "cuMemcpyDtoDAsync_v2_ptsz");
+    proc_ptds_at("cuMemcpyHtoD", 6050, "cuMemcpyHtoD_v2");
+    proc_ptds_at("cuMemsetD32", 6050, "cuMemsetD32_v2");
+    same_through_proc_address("cuMemcpyHtoD", "cuMemcpyHtoD_v2");
+    same_through_proc_address("cuMemsetD16", "cuMemsetD16_v2");
+    same_through_proc_address("cuMemsetD16Async", "cuMemsetD16Async");
+
+    enum { N = 4096 };
+    CUdeviceptr a = alloc_ok(N), b = alloc_ok(N);
+    memset(bytes(a), 0, N);
+    memset(bytes(b), 0, N);
+    unsigned char host[N];
+    const uint64_t legacy_ops = fake_stats().legacy_stream_ops;
+    const uint64_t calls = calls_of("cuMemcpyHtoD_v2_ptds");
+
+    /* Host to device: the source read at the call, the block written when
+     * the per-thread stream reaches the copy. */
+    CHECK_EQ(fakecuda()->launch(CU_STREAM_PER_THREAD, nothing, NULL), 0);
+    fill(host, N, 0x11);
+    CHECK_EQ(PT.MemcpyHtoD(a, host, N), CUDA_SUCCESS);
+    fill(host, N, 0x99);
+    CHECK(holds(bytes(a), N, 0));
+    check_on_per_thread_stream(legacy_ops);
+    fakecuda()->complete(CU_STREAM_PER_THREAD);
+    CHECK(holds(bytes(a), N, 0x11));
+    CHECK_EQ(calls_of("cuMemcpyHtoD_v2_ptds") - calls, 1);
+
+    /* Device to device, both forms: no host synchronisation. */
+    CHECK_EQ(fakecuda()->launch(CU_STREAM_PER_THREAD, nothing, NULL), 0);
+    CHECK_EQ(PT.MemcpyDtoD(b, a, N / 2), CUDA_SUCCESS);
+    check_on_per_thread_stream(legacy_ops);
+    CHECK_EQ(PT.Memcpy(b + N / 2, a + N / 2, N / 2), CUDA_SUCCESS);
+    CHECK(holds(bytes(b), N, 0));
+    fakecuda()->complete(CU_STREAM_PER_THREAD);
+    CHECK(holds(bytes(b), N, 0x11));
+
+    /* Device to host returns once the copy is done: after the per-thread
+     * stream's kernel before it, which it waited for. */
+    kernel_fill k = {a, N, 0x33};
+    CHECK_EQ(fakecuda()->launch(CU_STREAM_PER_THREAD, run_fill, &k), 0);
+    CHECK_EQ(PT.MemcpyDtoH(host, a, N), CUDA_SUCCESS);
+    CHECK(holds(host, N, 0x33));
+    CHECK_EQ(fakecuda()->pending(CU_STREAM_PER_THREAD), 0);
+
+    /* The memsets, each behind the per-thread stream's work; the 16-bit
+     * form sets every element and wants two-byte alignment. */
+    CHECK_EQ(fakecuda()->launch(CU_STREAM_PER_THREAD, nothing, NULL), 0);
+    CHECK_EQ(PT.MemsetD8(a, 0x22, N), CUDA_SUCCESS);
+    check_on_per_thread_stream(legacy_ops);
+    CHECK(holds(bytes(a), N, 0x33));
+    fakecuda()->complete(CU_STREAM_PER_THREAD);
+    CHECK(holds(bytes(a), N, 0x22));
+    CHECK_EQ(fakecuda()->launch(CU_STREAM_PER_THREAD, nothing, NULL), 0);
+    CHECK_EQ(PT.MemsetD16(a, 0x1234, N / 2), CUDA_SUCCESS);
+    check_on_per_thread_stream(legacy_ops);
+    fakecuda()->complete(CU_STREAM_PER_THREAD);
+    CHECK(holds16(a, N / 2, 0x1234));
+    CHECK_EQ(PT.MemsetD16(a + 1, 0x1234, 4), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(fakecuda()->launch(CU_STREAM_PER_THREAD, nothing, NULL), 0);
+    CHECK_EQ(PT.MemsetD32(a, 0x01020304u, N / 4), CUDA_SUCCESS);
+    check_on_per_thread_stream(legacy_ops);
+    fakecuda()->complete(CU_STREAM_PER_THREAD);
+    CHECK(holds32(a, N / 4, 0x01020304u));
+
+    /* The Async twin reads stream 0 as the per-thread stream. */
+    CHECK_EQ(fakecuda()->launch(CU_STREAM_PER_THREAD, nothing, NULL), 0);
+    fill(host, N, 0x44);
+    CHECK_EQ(PT.MemcpyHtoDAsync(a, host, N, NULL), CUDA_SUCCESS);
+    check_on_per_thread_stream(legacy_ops);
+    fakecuda()->complete(CU_STREAM_PER_THREAD);
+    CHECK(holds(bytes(a), N, 0x44));
+
+    /* Without a current context: the synchronous forms' invalid context. */
+    CHECK_EQ(D.CtxSetCurrent(NULL), CUDA_SUCCESS);
+    CHECK_EQ(PT.MemsetD8(a, 0, N), CUDA_ERROR_INVALID_CONTEXT);
+    CHECK_EQ(PT.MemcpyHtoD(a, host, N), CUDA_ERROR_INVALID_CONTEXT);
+    e2e_cu_primary_current(0);
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -1245,6 +1425,7 @@ int main(int argc, char **argv)
         {"fake-pool-access", fake_pool_access},
         {"fake-stream-write", fake_stream_write},
         {"fake-memset", fake_memset},
+        {"fake-ptds", fake_ptds},
         {"fake-pci-bus-id", fake_pci_bus_id},
         {"fake-nvml", fake_nvml},
         {"fake-nvml-visible", fake_nvml_visible},

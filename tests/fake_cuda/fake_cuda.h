@@ -76,7 +76,7 @@ typedef struct fakecuda_stats {
     uint64_t peer_copies;          /* cuMemcpyPeerAsync that succeeded */
     uint64_t stream_value_writes;  /* cuStreamWriteValue64 that succeeded */
     uint64_t pool_access_calls;    /* cuMemPoolSetAccess that succeeded */
-    uint64_t memsets;              /* cuMemsetD8/D32[Async] that queued work */
+    uint64_t memsets;              /* cuMemsetD8/D16/D32[Async] that queued work */
     uint64_t captured_ops;         /* copies, memsets, value writes, host functions captured */
 } fakecuda_stats;
 

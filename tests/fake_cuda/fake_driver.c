@@ -109,12 +109,13 @@
  *             cuMemHostGetDevicePointer): host memory the driver knows,
  *             at one address for host and device, owned by a context
  *             ("Page-locked host memory" below).
- *   copies    stream work, synchronous forms on the legacy stream: a
+ *   copies    stream work, synchronous forms on the legacy stream (their
+ *             _ptds twins on the per-thread default stream): a
  *             pageable host source is staged at the call, a pageable host
  *             destination written before the call returns, page-locked
  *             memory read and written when the copy's turn comes in the
  *             Async forms, device memory when the copy's turn comes;
- *             cuMemcpyPeerAsync between devices; cuMemsetD8/D32[Async]
+ *             cuMemcpyPeerAsync between devices; cuMemsetD8/D16/D32[Async]
  *             and cuStreamWriteValue64 are stream work ("Copies" below).
  *   runtime   no private tables for a real CUDA runtime (cuGetExportTable:
  *             CUDA_ERROR_NOT_SUPPORTED, and one line naming the file that
@@ -367,7 +368,7 @@ static struct {
  * start taking one to be counted. Each entry point finds its slot by name
  * once (CALLED below); there are more slots than entry points, and
  * tests/fake_cuda/test_calls_counted.py checks that every one counts. */
-enum { CALL_SLOTS = 128 };
+enum { CALL_SLOTS = 256 };
 static struct {
     const char *name;
     atomic_uint_fast64_t n;
@@ -3509,7 +3510,8 @@ EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr dptr)
  * host memory, and "For all other transfers, the function should be fully
  * asynchronous". So every copy here is stream work, in order behind what
  * its stream has queued (the synchronous forms: the current context's
- * legacy stream, as cudart's cudaMemcpy is). A pageable host source is read
+ * legacy stream, as cudart's cudaMemcpy is; their _ptds twins: the calling
+ * thread's per-thread default stream). A pageable host source is read
  * into a staging buffer when the call is made, so the program may reuse it
  * at once, and a host destination is written before the call returns: the
  * call completes its stream up to the copy, as a host waiting on the GPU
@@ -3635,6 +3637,59 @@ EXPORT CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream s
     return copy_on((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n, st, false);
 }
 
+/* The per-thread default stream's copies: what cuda.h's macros name when a
+ * program is built with CUDA_API_PER_THREAD_DEFAULT_STREAM (nvcc
+ * --default-stream per-thread), and what cuGetProcAddress hands out with
+ * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM (cudaTypedefs.h:
+ * PFN_cuMemcpyHtoD_v7000_ptds, PFN_cuMemcpyHtoDAsync_v7000_ptsz, ...). The
+ * synchronous forms (_ptds) queue on the calling thread's per-thread stream
+ * instead of the legacy stream, under the same host-synchronisation rules;
+ * the Async forms (_ptsz) read stream 0 as that stream too. */
+EXPORT CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr d, const void *s, size_t n)
+{
+    CALLED();
+    return copy_on((void *)(uintptr_t)d, s, n, CU_STREAM_PER_THREAD, true);
+}
+EXPORT CUresult cuMemcpyDtoH_v2_ptds(void *d, CUdeviceptr s, size_t n)
+{
+    CALLED();
+    return copy_on(d, (const void *)(uintptr_t)s, n, CU_STREAM_PER_THREAD, true);
+}
+EXPORT CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr d, CUdeviceptr s, size_t n)
+{
+    CALLED();
+    return copy_on((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n, CU_STREAM_PER_THREAD,
+                   true);
+}
+EXPORT CUresult cuMemcpy_ptds(CUdeviceptr d, CUdeviceptr s, size_t n)
+{
+    CALLED();
+    return copy_on((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n, CU_STREAM_PER_THREAD,
+                   true);
+}
+EXPORT CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr d, const void *s, size_t n, CUstream st)
+{
+    CALLED();
+    return copy_on((void *)(uintptr_t)d, s, n, st ? st : CU_STREAM_PER_THREAD, false);
+}
+EXPORT CUresult cuMemcpyDtoHAsync_v2_ptsz(void *d, CUdeviceptr s, size_t n, CUstream st)
+{
+    CALLED();
+    return copy_on(d, (const void *)(uintptr_t)s, n, st ? st : CU_STREAM_PER_THREAD, false);
+}
+EXPORT CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
+{
+    CALLED();
+    return copy_on((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n,
+                   st ? st : CU_STREAM_PER_THREAD, false);
+}
+EXPORT CUresult cuMemcpyAsync_ptsz(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
+{
+    CALLED();
+    return copy_on((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n,
+                   st ? st : CU_STREAM_PER_THREAD, false);
+}
+
 /* "Copies from device memory in one context to device memory in another
  * context" (cuMemcpyPeerAsync): a device-to-device copy on hStream, with no
  * host-side synchronisation, needing no peer access (the driver goes
@@ -3751,13 +3806,15 @@ EXPORT CUresult cuStreamWriteValue64_v2_ptsz(CUstream h, CUdeviceptr addr, cuuin
 /* "The cudaMemset functions are asynchronous with respect to the host
  * except when the target memory is pinned host memory" (API
  * synchronization behavior): a memset of device memory is stream work, done
- * when its turn comes; the plain forms (cuMemsetD8, cuMemsetD32) queue it on
- * the legacy stream and, for page-locked host memory (at its device address,
- * which is its host address here), finish it before they return, after the
- * work queued before it. The Async forms are stream work whatever the
- * memory. Pageable memory is no device pointer, and the whole range must lie
- * in one allocation or mapped virtual memory: CUDA_ERROR_INVALID_VALUE, as is
- * a cuMemsetD32 destination that is not "four byte aligned" (cuda.h), and
+ * when its turn comes; the plain forms (cuMemsetD8, D16, D32) queue it on
+ * the legacy stream (their _ptds twins on the per-thread default stream)
+ * and, for page-locked host memory (at its device address, which is its
+ * host address here), finish it before they return, after the work queued
+ * before it. The Async forms are stream work whatever the memory. Pageable
+ * memory is no device pointer, and the whole range must lie in one
+ * allocation or mapped virtual memory: CUDA_ERROR_INVALID_VALUE, as is a
+ * cuMemsetD16 destination that is not "two byte aligned" or a cuMemsetD32
+ * one that is not "four byte aligned" (cuda.h), and
  * (as for cuStreamWriteValue64) a bad stream of an Async form, whose list
  * of codes has no invalid handle. A count of 0 still needs a device
  * pointer (cuda.h does not say; the stricter reading). Arguments are
@@ -3767,7 +3824,7 @@ EXPORT CUresult cuStreamWriteValue64_v2_ptsz(CUstream h, CUdeviceptr addr, cuuin
 typedef struct async_set {
     unsigned char *dst;
     uint32_t value;
-    unsigned width; /* bytes per element: 1 or 4 */
+    unsigned width; /* bytes per element: 1, 2 or 4 */
     size_t n;       /* elements */
 } async_set;
 
@@ -3776,6 +3833,10 @@ static void run_set(void *arg)
     async_set *a = arg;
     if (a->width == 1) {
         memset(a->dst, (int)a->value, a->n);
+    } else if (a->width == 2) {
+        const uint16_t v = (uint16_t)a->value; /* the element as the host stores it */
+        for (size_t i = 0; i < a->n; i++)
+            memcpy(a->dst + i * 2, &v, 2);
     } else {
         for (size_t i = 0; i < a->n; i++)
             memcpy(a->dst + i * 4, &a->value, 4);
@@ -3833,10 +3894,32 @@ EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n)
     CALLED();
     return memset_on(CU_STREAM_LEGACY, d, v, 1, n, true);
 }
+EXPORT CUresult cuMemsetD16_v2(CUdeviceptr d, unsigned short v, size_t n)
+{
+    CALLED();
+    return memset_on(CU_STREAM_LEGACY, d, v, 2, n, true);
+}
 EXPORT CUresult cuMemsetD32_v2(CUdeviceptr d, unsigned int v, size_t n)
 {
     CALLED();
     return memset_on(CU_STREAM_LEGACY, d, v, 4, n, true);
+}
+/* On the calling thread's per-thread default stream (cuda.h's
+ * __CUDA_API_PTDS names; PFN_cuMemsetD8_v7000_ptds), as the copies above. */
+EXPORT CUresult cuMemsetD8_v2_ptds(CUdeviceptr d, unsigned char v, size_t n)
+{
+    CALLED();
+    return memset_on(CU_STREAM_PER_THREAD, d, v, 1, n, true);
+}
+EXPORT CUresult cuMemsetD16_v2_ptds(CUdeviceptr d, unsigned short v, size_t n)
+{
+    CALLED();
+    return memset_on(CU_STREAM_PER_THREAD, d, v, 2, n, true);
+}
+EXPORT CUresult cuMemsetD32_v2_ptds(CUdeviceptr d, unsigned int v, size_t n)
+{
+    CALLED();
+    return memset_on(CU_STREAM_PER_THREAD, d, v, 4, n, true);
 }
 EXPORT CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream h)
 {
@@ -3847,6 +3930,16 @@ EXPORT CUresult cuMemsetD8Async_ptsz(CUdeviceptr d, unsigned char v, size_t n, C
 {
     CALLED();
     return memset_on(h ? h : CU_STREAM_PER_THREAD, d, v, 1, n, false);
+}
+EXPORT CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream h)
+{
+    CALLED();
+    return memset_on(h, d, v, 2, n, false);
+}
+EXPORT CUresult cuMemsetD16Async_ptsz(CUdeviceptr d, unsigned short v, size_t n, CUstream h)
+{
+    CALLED();
+    return memset_on(h ? h : CU_STREAM_PER_THREAD, d, v, 2, n, false);
 }
 EXPORT CUresult cuMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream h)
 {
@@ -4587,7 +4680,7 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
 typedef struct proc {
     const char *base;
     int since;      /* lowest cudaVersion that gets this entry */
-    bool ptsz;      /* per-thread default stream variant */
+    bool ptsz;      /* per-thread default stream variant (_ptsz or _ptds) */
     void *fn;
 } proc;
 
@@ -4691,17 +4784,31 @@ static const proc procs[] = {
     P("cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2),
     P("cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2),
     P("cuMemcpyDtoD", 3020, cuMemcpyDtoD_v2),
+    PZ("cuMemcpyHtoD", 7000, cuMemcpyHtoD_v2_ptds),
+    PZ("cuMemcpyDtoH", 7000, cuMemcpyDtoH_v2_ptds),
+    PZ("cuMemcpyDtoD", 7000, cuMemcpyDtoD_v2_ptds),
     P("cuMemsetD8", 3020, cuMemsetD8_v2),
+    PZ("cuMemsetD8", 7000, cuMemsetD8_v2_ptds),
+    P("cuMemsetD16", 3020, cuMemsetD16_v2),
+    PZ("cuMemsetD16", 7000, cuMemsetD16_v2_ptds),
     P("cuMemsetD32", 3020, cuMemsetD32_v2),
+    PZ("cuMemsetD32", 7000, cuMemsetD32_v2_ptds),
     P("cuMemsetD8Async", 3020, cuMemsetD8Async),
     PZ("cuMemsetD8Async", 7000, cuMemsetD8Async_ptsz),
+    P("cuMemsetD16Async", 3020, cuMemsetD16Async),
+    PZ("cuMemsetD16Async", 7000, cuMemsetD16Async_ptsz),
     P("cuMemsetD32Async", 3020, cuMemsetD32Async),
     PZ("cuMemsetD32Async", 7000, cuMemsetD32Async_ptsz),
     P("cuMemcpy", 4000, cuMemcpy),
+    PZ("cuMemcpy", 7000, cuMemcpy_ptds),
     P("cuMemcpyAsync", 4000, cuMemcpyAsync),
+    PZ("cuMemcpyAsync", 7000, cuMemcpyAsync_ptsz),
     P("cuMemcpyHtoDAsync", 3020, cuMemcpyHtoDAsync_v2),
+    PZ("cuMemcpyHtoDAsync", 7000, cuMemcpyHtoDAsync_v2_ptsz),
     P("cuMemcpyDtoHAsync", 3020, cuMemcpyDtoHAsync_v2),
+    PZ("cuMemcpyDtoHAsync", 7000, cuMemcpyDtoHAsync_v2_ptsz),
     P("cuMemcpyDtoDAsync", 3020, cuMemcpyDtoDAsync_v2),
+    PZ("cuMemcpyDtoDAsync", 7000, cuMemcpyDtoDAsync_v2_ptsz),
     P("cuGetErrorString", 6000, cuGetErrorString),
     P("cuGetErrorName", 6000, cuGetErrorName),
     P("cuGetExportTable", 3000, cuGetExportTable),
