@@ -62,6 +62,10 @@
  *                  per-thread stream, not the legacy stream, and what
  *                  cuGetProcAddress hands out with the per-thread flag;
  *                  cuMemsetD16
+ *   fake-copy-ranges  every copy form checks the whole of both ranges: an
+ *                  end past its allocation, page-locked allocation or
+ *                  mapped virtual memory is an invalid value, nothing copied
+ *                  or queued; a range over neighbouring mappings is whole
  *   fake-pci-bus-id   cuDeviceGetPCIBusId against CU_DEVICE_ATTRIBUTE_PCI_BUS_ID
  *   fake-nvml, fake-nvml-visible  the fake NVML (tests/fake_cuda/nvml,
  *                  on the loader's path for these two only): init counted,
@@ -91,6 +95,9 @@ static struct {
     CUresult (*MemcpyDtoD)(CUdeviceptr, CUdeviceptr, size_t);
     CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
     CUresult (*MemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
+    CUresult (*MemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+    CUresult (*Memcpy)(CUdeviceptr, CUdeviceptr, size_t);
+    CUresult (*MemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
     CUresult (*MemsetD8)(CUdeviceptr, unsigned char, size_t);
     CUresult (*EventElapsedTime)(float *, CUevent, CUevent);
     CUresult (*CtxGetStreamPriorityRange)(int *, int *);
@@ -127,6 +134,9 @@ static void load_more(void)
     X_CU(MemcpyDtoD, "cuMemcpyDtoD_v2");
     X_CU(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
     X_CU(MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
+    X_CU(MemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2");
+    X_CU(Memcpy, "cuMemcpy");
+    X_CU(MemcpyAsync, "cuMemcpyAsync");
     X_CU(MemsetD8, "cuMemsetD8_v2");
     X_CU(EventElapsedTime, "cuEventElapsedTime_v2");
     X_CU(CtxGetStreamPriorityRange, "cuCtxGetStreamPriorityRange");
@@ -1410,6 +1420,93 @@ static void fake_ptds(void)
     e2e_cu_primary_current(0);
 }
 
+/* Every copy checks the whole of both its ranges, as the memsets and
+ * cuMemcpyPeerAsync do: a range that starts inside an allocation and runs
+ * past its end is CUDA_ERROR_INVALID_VALUE, and nothing is copied or queued.
+ * The allocations are smaller than their page, so the old fake's copy past
+ * the end wrote into mapped memory instead of crashing. */
+static void fake_copy_ranges(void)
+{
+    start();
+    NEED(Memcpy);
+    NEED(MemcpyAsync);
+    NEED(MemcpyDtoDAsync);
+    NEED(MemHostAlloc);
+    NEED(MemFreeHost);
+    enum { N = 1000, PAGE = 4096 };
+    CUdeviceptr a = alloc_ok(N), b = alloc_ok(N);
+    memset(bytes(a), 0x0a, N);
+    memset(bytes(b), 0x0b, N);
+    static unsigned char host[PAGE];
+    fill(host, PAGE, 0x77);
+    CUstream s;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    const size_t half = N / 2;
+
+    /* The end of the destination, then of the source, past the allocation:
+     * each copy form refuses. */
+    CHECK_EQ(X.MemcpyHtoD(a + half, host, N), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemcpyDtoH(host, a + half, N), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemcpyDtoD(b, a + half, N), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemcpyDtoD(b + half, a, N), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.Memcpy(b + half, a, N), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.Memcpy(b, a + half, N), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemcpyHtoDAsync(a + half, host, N, s), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemcpyDtoHAsync(host, a + half, N, s), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemcpyDtoDAsync(b + half, a, N, s), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemcpyAsync(b, a + half, N, s), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(fakecuda()->pending(s), 0);
+    CHECK_EQ(fakecuda()->pending(CU_STREAM_LEGACY), 0);
+    CHECK(holds(bytes(a), N, 0x0a));
+    CHECK(holds(bytes(b), N, 0x0b));
+    CHECK(holds(host, PAGE, 0x77));
+    /* Up to the last byte is fine. */
+    CHECK_EQ(X.MemcpyDtoD(b + half, a + half, N - half), CUDA_SUCCESS);
+    fakecuda()->complete(CU_STREAM_LEGACY);
+    CHECK(holds(bytes(b), half, 0x0b) && holds(bytes(b) + half, N - half, 0x0a));
+
+    /* Page-locked host memory is memory the driver knows: whole too. */
+    void *pinned = NULL;
+    CHECK_EQ(X.MemHostAlloc(&pinned, N, 0), CUDA_SUCCESS);
+    memset(pinned, 0x0c, N);
+    unsigned char *pin = pinned;
+    CHECK_EQ(X.MemcpyDtoH(pin + half, a, N), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemcpyHtoDAsync(a, pin + half, N, s), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(fakecuda()->pending(s), 0);
+    CHECK(holds(pin, N, 0x0c));
+    CHECK(holds(bytes(a), N, 0x0a));
+    CHECK_EQ(X.MemFreeHost(pinned), CUDA_SUCCESS);
+
+    /* Virtual memory: over two neighbouring mappings is one range; past the
+     * last mapping (into the reservation's unmapped rest) is not device
+     * memory. Refused before it is queued: the stuck kernel ahead keeps the
+     * old fake's copy from running into the unmapped pages. */
+    const size_t g = 2 << 20;
+    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+    CUdeviceptr va = 0, big = 0;
+    CUmemGenericAllocationHandle h[2];
+    CHECK_EQ(D.MemAddressReserve(&va, 3 * g, 0, 0, 0), CUDA_SUCCESS);
+    for (int i = 0; i < 2; i++) {
+        CHECK_EQ(D.MemCreate(&h[i], g, &prop, 0), CUDA_SUCCESS);
+        CHECK_EQ(D.MemMap(va + (size_t)i * g, g, 0, h[i], 0), CUDA_SUCCESS);
+    }
+    CUmemAccessDesc rw = {.location = prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    CHECK_EQ(D.MemSetAccess(va, 2 * g, &rw, 1), CUDA_SUCCESS);
+    CHECK_EQ(D.MemAlloc(&big, 2 * g), CUDA_SUCCESS);
+    fill(bytes(big), 2 * g, 0x62);
+    CHECK_EQ(X.MemcpyDtoDAsync(va + g / 2, big, g, s), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
+    CHECK(holds(bytes(va + g / 2), g, 0x62));
+    CHECK_EQ(fakecuda()->launch_stuck(s), 0);
+    CHECK_EQ(X.MemcpyDtoDAsync(va + g, big, 2 * g, s), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemcpyDtoDAsync(big, va + g, 2 * g, s), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(fakecuda()->pending(s), 1);
+    CUdevice d0;
+    CHECK_EQ(D.DeviceGet(&d0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxReset(d0), CUDA_SUCCESS); /* drops the stuck work */
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -1426,6 +1523,7 @@ int main(int argc, char **argv)
         {"fake-stream-write", fake_stream_write},
         {"fake-memset", fake_memset},
         {"fake-ptds", fake_ptds},
+        {"fake-copy-ranges", fake_copy_ranges},
         {"fake-pci-bus-id", fake_pci_bus_id},
         {"fake-nvml", fake_nvml},
         {"fake-nvml-visible", fake_nvml_visible},

@@ -114,7 +114,8 @@
  *             pageable host source is staged at the call, a pageable host
  *             destination written before the call returns, page-locked
  *             memory read and written when the copy's turn comes in the
- *             Async forms, device memory when the copy's turn comes;
+ *             Async forms, device memory when the copy's turn comes; both
+ *             ranges checked whole where the driver knows the memory;
  *             cuMemcpyPeerAsync between devices; cuMemsetD8/D16/D32[Async]
  *             and cuStreamWriteValue64 are stream work ("Copies" below).
  *   runtime   no private tables for a real CUDA runtime (cuGetExportTable:
@@ -3547,12 +3548,39 @@ static bool device_memory(const void *p)
     return find_alloc((uint64_t)(uintptr_t)p, true) || vmm_reserved((CUdeviceptr)(uintptr_t)p);
 }
 
+static bool vmm_mapped_on(CUdeviceptr p, size_t n, int dev);
+
+/* Lock held: may a copy use [p, p + n)? Where p lies in memory the driver
+ * knows, the whole range must lie there too: inside one allocation, in
+ * mapped virtual memory (over neighbouring mappings, as cuMemcpyPeerAsync
+ * and the memsets take it), or inside one page-locked host allocation (the
+ * fake's reading for host memory the device reaches; cuda.h does not say).
+ * Pageable host memory is the program's, which the driver cannot check. */
+static bool copy_range_ok(const void *p, size_t n)
+{
+    const uint64_t at = (uint64_t)(uintptr_t)p;
+    const allocation *a = find_alloc(at, true);
+    if (a)
+        return n <= a->base + a->size - at;
+    if (vmm_reserved(at))
+        return vmm_mapped_on(at, n, -1);
+    const host_allocation *h = find_host_alloc(at, true);
+    return !h || n <= h->base + h->size - at;
+}
+
+/* Both ends of a copy are checked whole, before anything is queued (or the
+ * legacy stream used, so a refused call invalidates no capture): a range
+ * that runs past its allocation is CUDA_ERROR_INVALID_VALUE, as for the
+ * memsets and cuMemcpyPeerAsync, rather than a copy that reads or writes
+ * past the end. */
 static CUresult copy_on(void *dst, const void *src, size_t n, CUstream h, bool sync_form)
 {
     ENTER_API();
     fstream *s = stream_of(h);
     if (!s)
         LEAVE(sync_form ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE);
+    if (n && (!copy_range_ok(dst, n) || !copy_range_ok(src, n)))
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
     CUresult r = legacy_use(s);
     if (r != CUDA_SUCCESS)
         LEAVE(r);
@@ -3697,8 +3725,6 @@ EXPORT CUresult cuMemcpyAsync_ptsz(CUdeviceptr d, CUdeviceptr s, size_t n, CUstr
  * (CUDA_ERROR_INVALID_CONTEXT) and each address inside device memory of its
  * context's device, an allocation or a mapping, with the whole range there
  * (CUDA_ERROR_INVALID_VALUE). */
-static bool vmm_mapped_on(CUdeviceptr p, size_t n, int dev);
-
 static bool device_range_of(CUdeviceptr p, size_t n, const fctx *c)
 {
     const allocation *a = find_alloc(p, true);
