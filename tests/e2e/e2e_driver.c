@@ -17,9 +17,9 @@
  *   hooks-off   BFCSHIM_DRIVER_HOOKS=0: the driver door stays closed
  *   primary-release  the primary context's last cuDevicePrimaryCtxRelease
  *               destroys it and its pool; a retain after it gets a new pool
- *               (primary-v1: the same, and a cuDevicePrimaryCtxReset, with
- *               the v1 entry points of CUDA 7.0 from cuGetProcAddress below
- *               11000)
+ *               (primary-v1: the same, and a cuDevicePrimaryCtxReset, which
+ *               destroys it but keeps the hold taken before it, with the v1
+ *               entry points of CUDA 7.0 from cuGetProcAddress below 11000)
  *   destroy-busy  (BFCSHIM_TRACE) a created context is destroyed while a
  *               thread waits inside its pool, behind a kernel that never
  *               ends: the destroy returns (the trace gives that pool's last
@@ -225,7 +225,8 @@ static void primary_release_with(CUresult (*release)(CUdevice), CUresult (*reset
     fill((void *)(uintptr_t)b, MiB, 2);
     CHECK(holds((void *)(uintptr_t)b, MiB, 2));
     if (reset) {
-        /* A reset destroys it too, while retained. */
+        /* A reset destroys it too, while retained, but does not release it
+         * (cuda.h): the hold from before it is still to be released. */
         CHECK_EQ(reset(0), CUDA_SUCCESS);
         CHECK_EQ(fake_stats().bytes_in_use[0], 0);
         CHECK_EQ(D.DevicePrimaryCtxRetain(&again, 0), CUDA_SUCCESS);
@@ -236,6 +237,15 @@ static void primary_release_with(CUresult (*release)(CUdevice), CUresult (*reset
         CHECK(holds((void *)(uintptr_t)b, MiB, 3));
     }
     CHECK_EQ(D.MemFree(b), CUDA_SUCCESS);
+    if (reset) {
+        /* The hold the reset kept: not the last, so the context and its
+         * pool stay, and the pool still serves. */
+        CHECK_EQ(release(0), CUDA_SUCCESS);
+        CHECK_EQ(fake_stats().bytes_in_use[0], LIMIT);
+        b = alloc_ok(MiB);
+        CHECK_EQ(fake_stats().bytes_in_use[0], LIMIT);
+        CHECK_EQ(D.MemFree(b), CUDA_SUCCESS);
+    }
     CHECK_EQ(release(0), CUDA_SUCCESS);
     CHECK_EQ(fake_stats().bytes_in_use[0], 0);
     CHECK_EQ(shim_log_lines(NULL, 0), 0);

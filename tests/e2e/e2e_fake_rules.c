@@ -66,6 +66,10 @@
  *                  end past its allocation, page-locked allocation or
  *                  mapped virtual memory is an invalid value, nothing copied
  *                  or queued; a range over neighbouring mappings is whole
+ *   fake-primary-reset  cuDevicePrimaryCtxReset (_v2 and v1) destroys the
+ *                  primary context and its memory but keeps its retain
+ *                  count: the holders' releases succeed, and after a retain
+ *                  revives it only the last release destroys it
  *   fake-pci-bus-id   cuDeviceGetPCIBusId against CU_DEVICE_ATTRIBUTE_PCI_BUS_ID
  *   fake-nvml, fake-nvml-visible  the fake NVML (tests/fake_cuda/nvml,
  *                  on the loader's path for these two only): init counted,
@@ -1507,6 +1511,65 @@ static void fake_copy_ranges(void)
     CHECK_EQ(D.DevicePrimaryCtxReset(d0), CUDA_SUCCESS); /* drops the stuck work */
 }
 
+/* cuDevicePrimaryCtxReset destroys the primary context but "does not
+ * release it" (cuda.h): the holders' releases still succeed, and after a
+ * retain makes it active again only the last of all the releases destroys
+ * it. Device 1's primary context, which start() does not hold. */
+static void fake_primary_reset(void)
+{
+    start();
+    CUdevice d1;
+    CHECK_EQ(D.DeviceGet(&d1, 1), CUDA_SUCCESS);
+    void *h = e2e_open_libcuda();
+    CUresult (*get_state)(CUdevice, unsigned *, int *) =
+        (CUresult(*)(CUdevice, unsigned *, int *))e2e_dlsym(h, "cuDevicePrimaryCtxGetState");
+    CUresult (*reset_v1)(CUdevice) = (CUresult(*)(CUdevice))e2e_dlsym(h, "cuDevicePrimaryCtxReset");
+    unsigned flags = 0;
+    int active = -1;
+
+    /* Two holders; a reset destroys the context and its memory at once. */
+    CUcontext c = NULL;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c, d1), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c, d1), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(c), CUDA_SUCCESS);
+    CUdeviceptr before_reset = alloc_ok(4096);
+    CHECK_EQ(D.DevicePrimaryCtxReset(d1), CUDA_SUCCESS);
+    CHECK_EQ(get_state(d1, &flags, &active), CUDA_SUCCESS);
+    CHECK_EQ(active, 0);
+    CHECK(!fakecuda()->is_device_pointer(before_reset));
+    CUdeviceptr p = 0;
+    CHECK_EQ(D.MemAlloc(&p, 4096), CUDA_ERROR_CONTEXT_IS_DESTROYED); /* still current */
+
+    /* A retain makes it active again; the two earlier holds still count. */
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c, d1), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(c), CUDA_SUCCESS);
+    p = alloc_ok(4096);
+    for (int held = 2; held > 0; held--) {
+        CHECK_EQ(D.DevicePrimaryCtxRelease(d1), CUDA_SUCCESS);
+        CHECK_EQ(get_state(d1, &flags, &active), CUDA_SUCCESS);
+        CHECK_EQ(active, 1);
+        CHECK(fakecuda()->is_device_pointer(p));
+    }
+    CHECK_EQ(D.DevicePrimaryCtxRelease(d1), CUDA_SUCCESS); /* the last */
+    CHECK_EQ(get_state(d1, &flags, &active), CUDA_SUCCESS);
+    CHECK_EQ(active, 0);
+    CHECK(!fakecuda()->is_device_pointer(p));
+    CHECK_EQ(D.DevicePrimaryCtxRelease(d1), CUDA_ERROR_INVALID_CONTEXT);
+
+    /* A holder may release after the reset ("safe for other modules"), the
+     * v1 reset the same. */
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c, d1), CUDA_SUCCESS);
+    CHECK_EQ(reset_v1(d1), CUDA_SUCCESS);
+    CHECK_EQ(get_state(d1, &flags, &active), CUDA_SUCCESS);
+    CHECK_EQ(active, 0);
+    CHECK_EQ(D.DevicePrimaryCtxRelease(d1), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRelease(d1), CUDA_ERROR_INVALID_CONTEXT);
+    /* Resetting a context nobody holds is no error, and holds nothing. */
+    CHECK_EQ(D.DevicePrimaryCtxReset(d1), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRelease(d1), CUDA_ERROR_INVALID_CONTEXT);
+    CHECK_EQ(D.CtxSetCurrent(NULL), CUDA_SUCCESS);
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -1524,6 +1587,7 @@ int main(int argc, char **argv)
         {"fake-memset", fake_memset},
         {"fake-ptds", fake_ptds},
         {"fake-copy-ranges", fake_copy_ranges},
+        {"fake-primary-reset", fake_primary_reset},
         {"fake-pci-bus-id", fake_pci_bus_id},
         {"fake-nvml", fake_nvml},
         {"fake-nvml-visible", fake_nvml_visible},

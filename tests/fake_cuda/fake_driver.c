@@ -16,8 +16,9 @@
  *             is read at cuInit (indices, UUID prefixes; none visible:
  *             CUDA_ERROR_NO_DEVICE), and a device's memory size, UUID and
  *             PCI bus follow it to its visible ordinal.
- *   contexts  a primary context per device (retain/release/reset) and
- *             created ones; a per-thread current context.
+ *   contexts  a primary context per device (retain/release/reset; a reset
+ *             destroys it but keeps its retain count) and created ones; a
+ *             per-thread current context.
  *   streams   each keeps a queue of work (host callbacks, event records)
  *             that completes only when a test calls complete(), or when a
  *             synchronise call forces it, as a host waiting on a GPU would.
@@ -1856,18 +1857,29 @@ static CUresult primary_release(CUdevice dev)
         LEAVE(CUDA_ERROR_INVALID_DEVICE);
     if (G.primary[dev].refcount == 0)
         LEAVE(CUDA_ERROR_INVALID_CONTEXT);
-    if (--G.primary[dev].refcount == 0)
+    /* After a reset the context is already gone (primary_reset): the last
+     * release has nothing left to destroy. */
+    if (--G.primary[dev].refcount == 0 && G.primary[dev].alive)
         kill_ctx(&G.primary[dev]);
     LEAVE(CUDA_SUCCESS);
 }
 
+/* A reset destroys the primary context's work, streams, events and memory
+ * at once, whoever still holds it, and leaves it inactive; its retain count
+ * stays: "Resetting the primary context does not release it, an
+ * application that has retained the primary context should explicitly
+ * release its usage", and "it is safe for other modules to call
+ * cuDevicePrimaryCtxRelease() even after resetting the device" (cuda.h).
+ * So the holders' releases still succeed, and a retain after the reset
+ * makes the context active again (a new context under the same handle,
+ * cuDevicePrimaryCtxRetain) without the earlier holders' counts lost: the
+ * last of all the releases destroys it. */
 static CUresult primary_reset(CUdevice dev)
 {
     ENTER_API();
     if (!is_device(dev))
         LEAVE(CUDA_ERROR_INVALID_DEVICE);
     kill_ctx(&G.primary[dev]);
-    G.primary[dev].refcount = 0;
     LEAVE(CUDA_SUCCESS);
 }
 
