@@ -70,6 +70,11 @@
  *                  primary context and its memory but keeps its retain
  *                  count: the holders' releases succeed, and after a retain
  *                  revives it only the last release destroys it
+ *   fake-ctx-create-versions  cuCtxCreate (CUDA 2.0's), _v2, _v3 (execution
+ *                  affinity) and _v4 (creation parameters): each exported
+ *                  and handed out by cuGetProcAddress from its version on,
+ *                  each makes a current, usable context on its device;
+ *                  affinity (MPS only) and CIG mode refused as unsupported
  *   fake-pci-bus-id   cuDeviceGetPCIBusId against CU_DEVICE_ATTRIBUTE_PCI_BUS_ID
  *   fake-nvml, fake-nvml-visible  the fake NVML (tests/fake_cuda/nvml,
  *                  on the loader's path for these two only): init counted,
@@ -1570,6 +1575,104 @@ static void fake_primary_reset(void)
     CHECK_EQ(D.CtxSetCurrent(NULL), CUDA_SUCCESS);
 }
 
+/* cuCtxCreate's versions, as dlsym finds them under their exported names. */
+typedef CUresult (*create_v1_fn)(CUcontext *, unsigned, CUdevice);
+typedef CUresult (*create_v3_fn)(CUcontext *, CUexecAffinityParam *, int, unsigned, CUdevice);
+typedef CUresult (*create_v4_fn)(CUcontext *, CUctxCreateParams *, unsigned, CUdevice);
+
+/* A context just made by one version of cuCtxCreate: current, on device 1,
+ * usable, and popping it brings back the one it supplanted (`before`). */
+static void check_created(CUcontext c, CUcontext before)
+{
+    void *h = e2e_open_libcuda();
+    CUresult (*get_current)(CUcontext *) = (CUresult(*)(CUcontext *))e2e_dlsym(h, "cuCtxGetCurrent");
+    CUresult (*get_device)(CUdevice *) = (CUresult(*)(CUdevice *))e2e_dlsym(h, "cuCtxGetDevice");
+    CUresult (*pop)(CUcontext *) = (CUresult(*)(CUcontext *))e2e_dlsym(h, "cuCtxPopCurrent_v2");
+    CUcontext cur = NULL;
+    CUdevice dev = -1;
+    CHECK_EQ(get_current(&cur), CUDA_SUCCESS);
+    CHECK(cur == c && c != before);
+    CHECK_EQ(get_device(&dev), CUDA_SUCCESS);
+    CHECK_EQ(dev, 1);
+    CUdeviceptr p = alloc_ok(4096);
+    CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+    CHECK_EQ(pop(&cur), CUDA_SUCCESS);
+    CHECK(cur == c);
+    CHECK_EQ(get_current(&cur), CUDA_SUCCESS);
+    CHECK(cur == before);
+    CHECK_EQ(D.CtxDestroy(c), CUDA_SUCCESS);
+}
+
+static void fake_ctx_create_versions(void)
+{
+    start();
+    NEED(GetProcAddress);
+    void *h = e2e_open_libcuda();
+    create_v1_fn v1 = (create_v1_fn)dlsym(h, "cuCtxCreate");
+    create_v1_fn v2 = (create_v1_fn)dlsym(h, "cuCtxCreate_v2");
+    create_v3_fn v3 = (create_v3_fn)dlsym(h, "cuCtxCreate_v3");
+    create_v4_fn v4 = (create_v4_fn)dlsym(h, "cuCtxCreate_v4");
+    if (!v1 || !v2 || !v3 || !v4) {
+        fprintf(stderr, "the driver lacks a cuCtxCreate version: v1 %p, v2 %p, v3 %p, v4 %p\n",
+                (void *)(uintptr_t)v1, (void *)(uintptr_t)v2, (void *)(uintptr_t)v3,
+                (void *)(uintptr_t)v4);
+        e2e_failures++;
+        return;
+    }
+    /* cuGetProcAddress: each version from its own (cudaTypedefs.h's
+     * PFN_cuCtxCreate_v2000, _v3020, _v11040, _v12050). */
+    proc_at("cuCtxCreate", 2000, "cuCtxCreate");
+    proc_at("cuCtxCreate", 3010, "cuCtxCreate");
+    proc_at("cuCtxCreate", 3020, "cuCtxCreate_v2");
+    proc_at("cuCtxCreate", 11030, "cuCtxCreate_v2");
+    proc_at("cuCtxCreate", 11040, "cuCtxCreate_v3");
+    proc_at("cuCtxCreate", 12040, "cuCtxCreate_v3");
+    proc_at("cuCtxCreate", 12050, "cuCtxCreate_v4");
+    proc_at("cuCtxCreate", 13000, "cuCtxCreate_v4");
+
+    /* Each makes a context on the device named, current, usable, counted
+     * under its own name. */
+    CUcontext primary = e2e_cu_primary_current(0), c = NULL;
+    CUdevice d1;
+    CHECK_EQ(D.DeviceGet(&d1, 1), CUDA_SUCCESS);
+    const uint64_t n1 = calls_of("cuCtxCreate"), n2 = calls_of("cuCtxCreate_v2"),
+                   n3 = calls_of("cuCtxCreate_v3");
+    CHECK_EQ(v1(&c, 0, d1), CUDA_SUCCESS);
+    check_created(c, primary);
+    CHECK_EQ(v2(&c, CU_CTX_SCHED_BLOCKING_SYNC, d1), CUDA_SUCCESS);
+    check_created(c, primary);
+    CHECK_EQ(v3(&c, NULL, 0, 0, d1), CUDA_SUCCESS);
+    check_created(c, primary);
+    CHECK_EQ(calls_of("cuCtxCreate") - n1, 1);
+    CHECK_EQ(calls_of("cuCtxCreate_v2") - n2, 1);
+    CHECK_EQ(calls_of("cuCtxCreate_v3") - n3, 1);
+
+    /* Refused, no context made: no device, no place for the handle;
+     * execution affinity (only under MPS) and CIG mode, which the fake's
+     * devices do not support; affinity arguments that do not agree. */
+    CUexecAffinityParam sm = {.type = CU_EXEC_AFFINITY_TYPE_SM_COUNT, .param.smCount.val = 8};
+    CUexecAffinityParam bad = {.type = CU_EXEC_AFFINITY_TYPE_MAX};
+    CHECK_EQ(v1(&c, 0, 99), CUDA_ERROR_INVALID_DEVICE);
+    CHECK_EQ(v2(NULL, 0, d1), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(v3(&c, NULL, 0, 0, 99), CUDA_ERROR_INVALID_DEVICE);
+    CHECK_EQ(v3(&c, &sm, 1, 0, d1), CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY);
+    CHECK_EQ(v3(&c, &bad, 1, 0, d1), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(v3(&c, NULL, 1, 0, d1), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(v3(&c, &sm, -1, 0, d1), CUDA_ERROR_INVALID_VALUE);
+    CUctxCreateParams with_sm = {.execAffinityParams = &sm, .numExecAffinityParams = 1};
+    CUctxCigParam cig = {0};
+    CUctxCreateParams with_cig = {.cigParams = &cig};
+    CUctxCreateParams none = {0};
+    CHECK_EQ(v4(&c, &with_sm, 0, d1), CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY);
+    CHECK_EQ(v4(&c, &with_cig, 0, d1), CUDA_ERROR_NOT_SUPPORTED);
+    CUcontext cur = NULL;
+    CUresult (*get_current)(CUcontext *) = (CUresult(*)(CUcontext *))e2e_dlsym(h, "cuCtxGetCurrent");
+    CHECK_EQ(get_current(&cur), CUDA_SUCCESS);
+    CHECK(cur == primary);
+    CHECK_EQ(v4(&c, &none, 0, d1), CUDA_SUCCESS); /* no affinity, no CIG: a regular one */
+    check_created(c, primary);
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -1588,6 +1691,7 @@ int main(int argc, char **argv)
         {"fake-ptds", fake_ptds},
         {"fake-copy-ranges", fake_copy_ranges},
         {"fake-primary-reset", fake_primary_reset},
+        {"fake-ctx-create-versions", fake_ctx_create_versions},
         {"fake-pci-bus-id", fake_pci_bus_id},
         {"fake-nvml", fake_nvml},
         {"fake-nvml-visible", fake_nvml_visible},

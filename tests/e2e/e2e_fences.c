@@ -73,6 +73,12 @@
  *                    (a peer copy or a peer kernel writing into it), which
  *                    no barrier on device 0's legacy stream orders: it must
  *                    still run after the old owner's work
+ *   ordered-created-context  the same with a context created on device 0
+ *                    (cuCtxCreate_v4): the shim must learn of it at its
+ *                    creation, or device 0's pool stays ordered; -v1, -v2,
+ *                    -v3: created by CUDA 2.0's cuCtxCreate, _v2 or _v3 as
+ *                    cuGetProcAddress hands them out below _v4's version
+ *                    (driver door only)
  *
  * Each also runs with BFCSHIM_DRIVER_HOOKS=0 (test names ending -hooks-off),
  * where only the runtime door sees the program: there the capturing threads
@@ -626,11 +632,38 @@ typedef CUresult (*ctx_out_fn)(CUcontext *);
 #define drv(name, type) ((type)dlsym(dlopen("libcuda.so.1", RTLD_NOW), name))
 
 /* The other context: device 1's primary one (made by the runtime), or one
- * created on device 0 beside the primary one (cuCtxCreate_v4, found by
- * dlsym), which may reach the pool's memory by a peer copy. */
-static CUcontext other_context(bool created)
+ * created on device 0 beside the primary one, which may reach the pool's
+ * memory by a peer copy: by cuCtxCreate_v4 found by dlsym, or by an older
+ * version as cuGetProcAddress hands it out below _v4's (CUDA 2.0's
+ * cuCtxCreate, 3.2's _v2, 11.4's _v3), each of which the shim must see. */
+typedef enum { OTHER_DEVICE, CREATED_V1, CREATED_V2, CREATED_V3, CREATED_V4 } other_kind;
+
+/* Creates a context on device 0 with cuCtxCreate's version `how`; it is
+ * current afterwards. */
+static CUcontext create_with(other_kind how)
 {
-    if (!created) {
+    typedef CUresult (*create_v1_fn)(CUcontext *, unsigned, CUdevice);
+    typedef CUresult (*create_v3_fn)(CUcontext *, CUexecAffinityParam *, int, unsigned, CUdevice);
+    typedef CUresult (*create_v4_fn)(CUcontext *, CUctxCreateParams *, unsigned, CUdevice);
+    CUcontext c = NULL;
+    CUresult r = CUDA_ERROR_NOT_FOUND;
+    if (how == CREATED_V4) {
+        create_v4_fn f = (create_v4_fn)dlsym(dlopen("libcuda.so.1", RTLD_NOW), "cuCtxCreate_v4");
+        r = f ? f(&c, NULL, 0, 0) : r;
+    } else if (how == CREATED_V3) {
+        create_v3_fn f = (create_v3_fn)proc_at("cuCtxCreate", 11040);
+        r = f ? f(&c, NULL, 0, 0, 0) : r;
+    } else {
+        create_v1_fn f = (create_v1_fn)proc_at("cuCtxCreate", how == CREATED_V1 ? 2000 : 3020);
+        r = f ? f(&c, 0, 0) : r;
+    }
+    CHECK_EQ(r, CUDA_SUCCESS);
+    return c;
+}
+
+static CUcontext other_context(other_kind how)
+{
+    if (how == OTHER_DEVICE) {
         CHECK_EQ(cudaSetDevice(1), cudaSuccess);
         CHECK_EQ(cudaFree(NULL), cudaSuccess);
         CUcontext c = NULL;
@@ -639,17 +672,14 @@ static CUcontext other_context(bool created)
         return c;
     }
     CHECK_EQ(cudaFree(NULL), cudaSuccess); /* the driver initialised */
-    typedef CUresult (*create_fn)(CUcontext *, CUctxCreateParams *, unsigned, CUdevice);
-    create_fn create = (create_fn)dlsym(dlopen("libcuda.so.1", RTLD_NOW), "cuCtxCreate_v4");
-    CUcontext c = NULL;
-    CHECK(create && create(&c, NULL, 0, 0) == CUDA_SUCCESS); /* current now */
-    CHECK_EQ(cudaSetDevice(0), cudaSuccess);                 /* the primary again */
+    CUcontext c = create_with(how);        /* current now */
+    CHECK_EQ(cudaSetDevice(0), cudaSuccess); /* the primary again */
     return c;
 }
 
-static void ordered_other_context(bool created)
+static void ordered_other_context(other_kind how)
 {
-    CUcontext other = other_context(created);
+    CUcontext other = other_context(how);
     char *p, *filler = fill_but_hole(&p);
     cudaStream_t b;
     CHECK_EQ(cudaStreamCreate(&b), cudaSuccess); /* blocking, device 0 */
@@ -668,12 +698,15 @@ static void ordered_other_context(bool created)
     CHECK_EQ(cudaFree(q), cudaSuccess);
     CHECK_EQ(cudaFree(filler), cudaSuccess);
     CHECK_EQ(cudaStreamDestroy(b), cudaSuccess);
-    if (created)
+    if (how != OTHER_DEVICE && other)
         CHECK_EQ(drv("cuCtxDestroy_v2", ctx_fn)(other), CUDA_SUCCESS);
 }
 
-static void ordered_other_device(void) { ordered_other_context(false); }
-static void ordered_created_context(void) { ordered_other_context(true); }
+static void ordered_other_device(void) { ordered_other_context(OTHER_DEVICE); }
+static void ordered_created_context(void) { ordered_other_context(CREATED_V4); }
+static void ordered_created_context_v1(void) { ordered_other_context(CREATED_V1); }
+static void ordered_created_context_v2(void) { ordered_other_context(CREATED_V2); }
+static void ordered_created_context_v3(void) { ordered_other_context(CREATED_V3); }
 
 /* Waits up to ms milliseconds for phase `phase`; true if it came. */
 static bool phase_wait_for(e2e_phase *p, int phase, long ms)
@@ -868,6 +901,9 @@ int main(int argc, char **argv)
         {"ordered-reuse", ordered_reuse},   {"ordered-then-non-blocking", ordered_then_non_blocking},
         {"ordered-other-device", ordered_other_device},
         {"ordered-created-context", ordered_created_context},
+        {"ordered-created-context-v1", ordered_created_context_v1},
+        {"ordered-created-context-v2", ordered_created_context_v2},
+        {"ordered-created-context-v3", ordered_created_context_v3},
         {"ptsz-during-capture", ptsz_during_capture},
         {"query-vs-begin", query_vs_begin},
         {"bogus-end", bogus_end},           {"unseen-end", unseen_end},

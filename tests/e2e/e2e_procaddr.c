@@ -5,9 +5,10 @@
  * and without the per-thread default stream flag; and calls cuMemAlloc_v2
  * directly as a linked program would. The v1 entry points of the calls the
  * shim keeps books by (cuStreamDestroy, cuCtxDestroy,
- * cuDevicePrimaryCtxRelease and _Reset, cuStreamBeginCapture),
- * which libcuda still exports and hands to cuGetProcAddress below their
- * _v2's version, reach the shim every way too.
+ * cuDevicePrimaryCtxRelease and _Reset, cuStreamBeginCapture) and the
+ * older cuCtxCreate versions (cuCtxCreate, _v2, _v3), which libcuda still
+ * exports and hands to cuGetProcAddress below their newest version's,
+ * reach the shim every way too.
  */
 #include <cuda.h>
 #undef cuGetProcAddress
@@ -83,19 +84,25 @@ int main(void)
     static const struct {
         const char *name;
         int version;
-    } old[] = {{"cuStreamDestroy", 3020},           {"cuCtxDestroy", 3020},
-               {"cuDevicePrimaryCtxRelease", 10020}, {"cuDevicePrimaryCtxReset", 10020},
-               {"cuStreamBeginCapture", 10000}};
+        const char *exported; /* what that version is called in libcuda */
+    } old[] = {{"cuStreamDestroy", 3020, "cuStreamDestroy"},
+               {"cuCtxDestroy", 3020, "cuCtxDestroy"},
+               {"cuDevicePrimaryCtxRelease", 10020, "cuDevicePrimaryCtxRelease"},
+               {"cuDevicePrimaryCtxReset", 10020, "cuDevicePrimaryCtxReset"},
+               {"cuStreamBeginCapture", 10000, "cuStreamBeginCapture"},
+               {"cuCtxCreate", 2000, "cuCtxCreate"},
+               {"cuCtxCreate", 3020, "cuCtxCreate_v2"},
+               {"cuCtxCreate", 11040, "cuCtxCreate_v3"}};
     void *libcuda = dlopen("libcuda.so.1", RTLD_NOW);
     for (size_t i = 0; i < sizeof old / sizeof old[0]; i++) {
         void *ways[3] = {proc(old[i].name, old[i].version, CU_GET_PROC_ADDRESS_DEFAULT),
-                         dlsym(libcuda, old[i].name), dlsym(RTLD_DEFAULT, old[i].name)};
+                         dlsym(libcuda, old[i].exported), dlsym(RTLD_DEFAULT, old[i].exported)};
         for (int w = 0; w < 3; w++) {
             Dl_info info;
             bool shim = ways[w] && dladdr(ways[w], &info) && info.dli_fname &&
                         strstr(info.dli_fname, "libbfcshim");
             if (!shim) {
-                fprintf(stderr, "%s (way %d) is not the shim's: %s\n", old[i].name, w,
+                fprintf(stderr, "%s (way %d) is not the shim's: %s\n", old[i].exported, w,
                         ways[w] && dladdr(ways[w], &info) ? info.dli_fname : "(none)");
                 e2e_failures++;
             }

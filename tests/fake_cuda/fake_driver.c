@@ -144,6 +144,9 @@
 #undef cuDevicePrimaryCtxReset
 #undef cuCtxPushCurrent
 #undef cuCtxPopCurrent
+/* ... and cuCtxCreate, a macro for cuCtxCreate_v4: its v1 (CUDA 2.0's),
+ * _v2 (3.2's) and _v3 (11.4's) are exported too (below). */
+#undef cuCtxCreate
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -1933,13 +1936,29 @@ static void live_ctx(fctx *c, int dev, fgreen *g)
     c->legacy = (fstream){.magic = STREAM_MAGIC, .ctx = c, .legacy = true};
 }
 
-/* cuCtxCreate in CUDA 13 headers is cuCtxCreate_v4 (with creation
- * parameters, ignored here). */
-EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags,
-                               CUdevice dev)
+/* Execution affinity, as cuCtxCreate_v3 and _v4 take it: an array of
+ * `n` parameters, which "Must be 0 if execAffinityParams is NULL"
+ * (CUctxCreateParams); an unknown type is an invalid value. The one type,
+ * CU_EXEC_AFFINITY_TYPE_SM_COUNT, "is only supported under Volta+ MPS",
+ * which the fake is not: CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY ("the
+ * CUexecAffinityType passed to the API call is not supported by the active
+ * device"). None at all is a regular context. */
+static CUresult affinity_check(const CUexecAffinityParam *params, int n)
 {
-    CALLED();
-    (void)flags, (void)params;
+    if (n < 0 || (n > 0 && !params))
+        return CUDA_ERROR_INVALID_VALUE;
+    for (int i = 0; i < n; i++)
+        if (params[i].type != CU_EXEC_AFFINITY_TYPE_SM_COUNT)
+            return CUDA_ERROR_INVALID_VALUE;
+    return n > 0 ? CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY : CUDA_SUCCESS;
+}
+
+/* Every cuCtxCreate version makes a context the same way: on dev, current
+ * to the calling thread (pushed, so cuCtxPopCurrent restores the one it
+ * supplanted), with a usage count of 1. Scheduling flags are not
+ * modelled. */
+static CUresult create_ctx(CUcontext *pctx, CUdevice dev)
+{
     ENTER_API();
     if (!pctx)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -1953,6 +1972,8 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsig
             c = G.created[i];
     if (!c) {
         c = calloc(1, sizeof *c);
+        if (!c)
+            LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
         if (G.ncreated < 64)
             G.created[G.ncreated++] = c;
     }
@@ -1961,6 +1982,59 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsig
         tls_ctx_stack[tls_ctx_depth++] = c;
     *pctx = (CUcontext)c;
     LEAVE(CUDA_SUCCESS);
+}
+
+/* cuCtxCreate in CUDA 13 headers is cuCtxCreate_v4, with creation
+ * parameters (PFN_cuCtxCreate_v12050): execution affinity as for _v3;
+ * CUDA in Graphics mode (cigParams) "will fail with
+ * CUDA_ERROR_NOT_SUPPORTED if CIG is not supported by the device", as on
+ * the fake's devices. */
+EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags,
+                               CUdevice dev)
+{
+    CALLED();
+    (void)flags;
+    NEED_INIT();
+    if (params && params->cigParams)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult r = params ? affinity_check(params->execAffinityParams,
+                                         params->numExecAffinityParams)
+                        : CUDA_SUCCESS;
+    return r != CUDA_SUCCESS ? r : create_ctx(pctx, dev);
+}
+
+/* The older versions libcuda still exports for binaries built against
+ * older headers, handed out by cuGetProcAddress below _v4's version
+ * (cudaTypedefs.h): CUDA 11.4's _v3 with execution affinity
+ * (PFN_cuCtxCreate_v11040), CUDA 3.2's _v2 (PFN_cuCtxCreate_v3020) and CUDA
+ * 2.0's cuCtxCreate (PFN_cuCtxCreate_v2000), both (pctx, flags, dev):
+ * declared only under __CUDA_API_VERSION_INTERNAL in cuda.h. */
+EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n,
+                               unsigned int flags, CUdevice dev);
+EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n,
+                               unsigned int flags, CUdevice dev)
+{
+    CALLED();
+    (void)flags;
+    NEED_INIT();
+    CUresult r = affinity_check(params, n);
+    return r != CUDA_SUCCESS ? r : create_ctx(pctx, dev);
+}
+
+EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
+EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    CALLED();
+    (void)flags;
+    return create_ctx(pctx, dev);
+}
+
+EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev);
+EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    CALLED();
+    (void)flags;
+    return create_ctx(pctx, dev);
 }
 
 static CUresult ctx_destroy(CUcontext ctx)
@@ -4747,6 +4821,9 @@ static const proc procs[] = {
     P("cuDevicePrimaryCtxReset", 7000, cuDevicePrimaryCtxReset),
     P("cuDevicePrimaryCtxGetState", 7000, cuDevicePrimaryCtxGetState),
     P("cuCtxCreate", 12050, cuCtxCreate_v4),
+    P("cuCtxCreate", 11040, cuCtxCreate_v3),
+    P("cuCtxCreate", 3020, cuCtxCreate_v2),
+    P("cuCtxCreate", 2000, cuCtxCreate),
     P("cuCtxDestroy", 4000, cuCtxDestroy_v2),
     P("cuCtxDestroy", 2000, cuCtxDestroy),
     P("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
