@@ -8,7 +8,8 @@
  *   follows       every way a program makes a context current: cudaSetDevice,
  *                 cuCtxSetCurrent, push and pop (v2, and v1 through
  *                 cuGetProcAddress as an old binary gets them), a context
- *                 created and destroyed, found by linking, by dlsym and by
+ *                 created (cuCtxCreate, the OpenGL and VDPAU creators) and
+ *                 destroyed, found by linking, by dlsym and by
  *                 cuGetProcAddress; and 0 cuCtxGetCurrent per allocation
  *                 in between
  *   threads       two threads on two devices, interleaved: each keeps its own
@@ -149,6 +150,37 @@ static void follows(void)
     served_in(primary[0], "cuCtxPushCurrent v2 (cuGetProcAddress)");
     CHECK_EQ(((ctx_out_fn)proc("cuCtxPopCurrent", 4000))(&popped), CUDA_SUCCESS);
     served_in(primary[1], "cuCtxPopCurrent v2 (cuGetProcAddress)");
+
+    /* the interop creators push theirs too, every version, every way */
+    typedef CUresult (*gl_create_fn)(CUcontext *, unsigned, CUdevice);
+    typedef CUresult (*vdpau_create_fn)(CUcontext *, unsigned, CUdevice, uint32_t, void *);
+    static const struct {
+        const char *name;
+        int version;
+        bool vdpau;
+    } interop[] = {{"cuGLCtxCreate", 2000, false}, {"cuGLCtxCreate", 3020, false},
+                   {"cuVDPAUCtxCreate", 3010, true}, {"cuVDPAUCtxCreate", 3020, true}};
+    for (size_t i = 0; i < sizeof interop / sizeof interop[0]; i++) {
+        void *fn = proc(interop[i].name, interop[i].version);
+        for (int way = 0; way < 2; way++) { /* cuGetProcAddress, then dlsym */
+            if (way == 1)
+                fn = e2e_dlsym(h, interop[i].version > 3010 ? (interop[i].vdpau
+                                                                   ? "cuVDPAUCtxCreate_v2"
+                                                                   : "cuGLCtxCreate_v2")
+                                                             : interop[i].name);
+            CUcontext c = NULL;
+            CUresult r = interop[i].vdpau
+                             ? ((vdpau_create_fn)fn)(&c, 0, 0, 1, (void *)proc)
+                             : ((gl_create_fn)fn)(&c, 0, 0);
+            CHECK_EQ(r, CUDA_SUCCESS);
+            char what[64];
+            snprintf(what, sizeof what, "%s at %d (%s)", interop[i].name, interop[i].version,
+                     way ? "dlsym" : "cuGetProcAddress");
+            served_in(c, what);
+            CHECK_EQ(D.CtxDestroy(c), CUDA_SUCCESS);
+            served_in(primary[1], "the interop context destroyed");
+        }
+    }
 
     /* a created context is pushed; destroyed, it is popped */
     CUcontext made = NULL;

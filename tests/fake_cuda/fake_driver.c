@@ -2037,6 +2037,54 @@ EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
     return create_ctx(pctx, dev);
 }
 
+/* The interop creators (cudaGL.h, cudaVDPAU.h): "Creates a new CUDA
+ * context, initializes OpenGL [VDPAU] interoperability, and associates the
+ * CUDA context with the calling thread", so the context is made and pushed
+ * as cuCtxCreate's; the fake has no OpenGL or VDPAU to interoperate with.
+ * cuGLCtxCreate v1 is CUDA 2.0's (PFN_cuGLCtxCreate_v2000), _v2 CUDA 3.2's
+ * (_v3020); cuVDPAUCtxCreate v1 CUDA 3.1's (_v3010), _v2 (_v3020). VDPAU's
+ * needs its VdpGetProcAddress (INVALID_VALUE without it). */
+EXPORT CUresult cuGLCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev);
+EXPORT CUresult cuGLCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    CALLED();
+    (void)flags;
+    return create_ctx(pctx, dev);
+}
+
+EXPORT CUresult cuGLCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
+EXPORT CUresult cuGLCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    CALLED();
+    (void)flags;
+    return create_ctx(pctx, dev);
+}
+
+static CUresult vdpau_create(CUcontext *pctx, CUdevice dev, void *vdp_get_proc_address)
+{
+    return vdp_get_proc_address ? create_ctx(pctx, dev) : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuVDPAUCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev,
+                                 uint32_t vdp_device, void *vdp_get_proc_address);
+EXPORT CUresult cuVDPAUCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev,
+                                 uint32_t vdp_device, void *vdp_get_proc_address)
+{
+    CALLED();
+    (void)flags, (void)vdp_device;
+    return vdpau_create(pctx, dev, vdp_get_proc_address);
+}
+
+EXPORT CUresult cuVDPAUCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev,
+                                    uint32_t vdp_device, void *vdp_get_proc_address);
+EXPORT CUresult cuVDPAUCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev,
+                                    uint32_t vdp_device, void *vdp_get_proc_address)
+{
+    CALLED();
+    (void)flags, (void)vdp_device;
+    return vdpau_create(pctx, dev, vdp_get_proc_address);
+}
+
 static CUresult ctx_destroy(CUcontext ctx)
 {
     ENTER_API();
@@ -4824,6 +4872,10 @@ static const proc procs[] = {
     P("cuCtxCreate", 11040, cuCtxCreate_v3),
     P("cuCtxCreate", 3020, cuCtxCreate_v2),
     P("cuCtxCreate", 2000, cuCtxCreate),
+    P("cuGLCtxCreate", 3020, cuGLCtxCreate_v2),
+    P("cuGLCtxCreate", 2000, cuGLCtxCreate),
+    P("cuVDPAUCtxCreate", 3020, cuVDPAUCtxCreate_v2),
+    P("cuVDPAUCtxCreate", 3010, cuVDPAUCtxCreate),
     P("cuCtxDestroy", 4000, cuCtxDestroy_v2),
     P("cuCtxDestroy", 2000, cuCtxDestroy),
     P("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
