@@ -24,6 +24,15 @@
  *                 sees it (the fake's stand-in for a private table) is caught,
  *                 served right, counted and said once
  *   unseen-off    BFCSHIM_CONTEXT_CACHE=off: served right, asking every time
+ *   detach        (audit) cuCtxDetach, the deprecated usage-count destroy that
+ *                 PyCUDA's Context.detach calls, pops and destroys the
+ *                 current context: the next allocation must come from the
+ *                 context beneath (primary 0), not the destroyed one's pool
+ *   detach-off    the same with BFCSHIM_CONTEXT_CACHE=off (passes: asking the
+ *                 driver finds primary 0)
+ *   detach-reuse  (audit, not from the remembering) after cuCtxDetach, a new
+ *                 context under the destroyed one's handle is served from the
+ *                 old pool, whose regions went with the old context
  */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -351,6 +360,47 @@ static void unseen(bool checking)
 static void unseen_check(void) { unseen(true); }
 static void unseen_off(void) { unseen(false); }
 
+/* ---- cuCtxDetach: a destroy (and pop) no hook sees (audit) ------------------- */
+
+typedef CUresult (*detach_fn)(CUcontext);
+
+static detach_fn ctx_detach(void)
+{
+    return (detach_fn)e2e_dlsym(e2e_open_libcuda(), "cuCtxDetach");
+}
+
+static void detach(void)
+{
+    start();
+    served_in(primary[0], "start");
+    CUcontext made = NULL;
+    CHECK_EQ(D.CtxCreate(&made, NULL, 0, 1), CUDA_SUCCESS); /* pushed over primary 0 */
+    served_in(made, "cuCtxCreate");
+    CHECK_EQ(ctx_detach()(made), CUDA_SUCCESS); /* usage 1 -> 0: destroyed and popped */
+    CUcontext now = NULL;
+    CHECK_EQ(cuCtxGetCurrent(&now), CUDA_SUCCESS);
+    CHECK(now == primary[0]);
+    served_in(primary[0], "cuCtxDetach of the current context");
+}
+
+static void detach_reuse(void)
+{
+    start();
+    CUcontext made = NULL, again = NULL;
+    CHECK_EQ(D.CtxCreate(&made, NULL, 0, 1), CUDA_SUCCESS);
+    served_in(made, "cuCtxCreate");
+    CHECK_EQ(ctx_detach()(made), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxCreate(&again, NULL, 0, 1), CUDA_SUCCESS);
+    CHECK(again == made); /* the fake reuses a destroyed context's handle */
+    CUdeviceptr d = 0;
+    CHECK_EQ(D.MemAlloc(&d, MiB), CUDA_SUCCESS);
+    if (!fakecuda()->is_device_pointer((uint64_t)d)) {
+        fprintf(stderr, "cuMemAlloc in the new context served 0x%llx, in no live allocation "
+                        "(the detached context's pool)\n", (unsigned long long)d);
+        e2e_failures++;
+    }
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -360,6 +410,9 @@ int main(int argc, char **argv)
         {"green-gone", green_gone},
         {"unseen-check", unseen_check},
         {"unseen-off", unseen_off},
+        {"detach", detach},
+        {"detach-off", detach},
+        {"detach-reuse", detach_reuse},
     };
     return e2e_main("e2e_current", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }

@@ -2117,6 +2117,48 @@ EXPORT CUresult cuCtxDestroy(CUcontext ctx)
     return ctx_destroy(ctx);
 }
 
+/* The deprecated usage-count pair (CUDA 2.0's, still exported by libcuda;
+ * PyCUDA's Context.attach/detach call them). cuCtxAttach "increments the
+ * usage count of the context" current to the calling thread; cuCtxDetach
+ * "decrements the usage count of the context ctx, and destroys the context
+ * if the usage count goes to 0. The context must be ... current to the
+ * calling thread" (cuda.h). A destroying detach pops it, as cuCtxDestroy of
+ * the current context does (PyCUDA: "pop is implicit in detach"). */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+EXPORT CUresult cuCtxAttach(CUcontext *pctx, unsigned int flags);
+EXPORT CUresult cuCtxAttach(CUcontext *pctx, unsigned int flags)
+{
+    CALLED();
+    NEED_INIT();
+    fctx *c = current_ctx();
+    if (!pctx || flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!c || !c->alive)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!c->primary && !c->green)
+        c->refcount++;
+    *pctx = (CUcontext)c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxDetach(CUcontext ctx);
+EXPORT CUresult cuCtxDetach(CUcontext ctx)
+{
+    CALLED();
+    NEED_INIT();
+    fctx *c = (fctx *)ctx;
+    if (!c || c != current_ctx() || c->primary || c->green || !c->alive)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (--c->refcount > 0)
+        return CUDA_SUCCESS;
+    return ctx_destroy(ctx);
+}
+/* their addresses, for cuGetProcAddress's table (no warning there) */
+static CUresult (*const ctx_detach_entry)(CUcontext) = cuCtxDetach;
+static CUresult (*const ctx_attach_entry)(CUcontext *, unsigned) = cuCtxAttach;
+#pragma GCC diagnostic pop
+
 EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
 {
     CALLED();
@@ -4878,6 +4920,8 @@ static const proc procs[] = {
     P("cuVDPAUCtxCreate", 3010, cuVDPAUCtxCreate),
     P("cuCtxDestroy", 4000, cuCtxDestroy_v2),
     P("cuCtxDestroy", 2000, cuCtxDestroy),
+    P("cuCtxDetach", 2000, ctx_detach_entry),
+    P("cuCtxAttach", 2000, ctx_attach_entry),
     P("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
     P("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
     P("cuCtxPushCurrent", 4000, cuCtxPushCurrent_v2),
