@@ -33,6 +33,7 @@
  *   detach-reuse  (audit, not from the remembering) after cuCtxDetach, a new
  *                 context under the destroyed one's handle is served from the
  *                 old pool, whose regions went with the old context
+ *                 (BFCSHIM_VMM=off: cuMemAlloc regions die with their context)
  */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
