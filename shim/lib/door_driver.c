@@ -431,6 +431,32 @@ SHIM_EXPORT CUresult shim_cuCtxDestroy_v1(CUcontext ctx)
     return ctx_destroy(REAL(CtxDestroyV1), ctx);
 }
 
+/* The deprecated usage-count release (CUDA 2.0; PyCUDA's Context.detach):
+ * it destroys the context when the count reaches 0, and the context must be
+ * current to the caller, so a destroying detach also pops it. Whether it
+ * destroyed is learnt afterwards from the current context: still ctx, only
+ * the count went down. Gone, it goes as a destroy's does (pool, streams,
+ * captures, peer mappings), after the real call: the program detaches only
+ * a context it has finished with. Either way the remembered current context
+ * is forgotten (e2e_current detach, detach-reuse). */
+SHIM_EXPORT CUresult cuCtxDetach(CUcontext ctx)
+{
+    const real_driver *R = real_driver_get();
+    uint64_t claimed = capture_context_ending(ctx);
+    CUresult r = PASS(CtxDetach, ctx);
+    CUcontext cur = NULL;
+    bool gone = r == CUDA_SUCCESS && ctx && R && R->CtxGetCurrent(&cur) == CUDA_SUCCESS &&
+                cur != ctx;
+    remembered_pools_stale();
+    if (gone)
+        pools_context_gone(ctx);
+    pools_give_back_forgotten(gone);
+    capture_ending_done(claimed, gone);
+    if (gone)
+        vmm_context_gone(ctx);
+    return r;
+}
+
 /* Peer access reaches pooled memory through the real call for regions from
  * cuMemAlloc; over virtual memory the pool must grant it mapping by mapping. */
 SHIM_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags)

@@ -23,6 +23,10 @@ typedef struct hook {
 } hook;
 
 #define H(fn) {#fn, (void *)fn, NULL}
+/* (cuCtxDetach is marked deprecated in cuda.h; its stand-in is needed all
+ * the same) */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 static hook hooks[] = {
     H(cuMemAlloc_v2),
     H(cuMemFree_v2),
@@ -56,6 +60,7 @@ static hook hooks[] = {
     H(cuStreamEndCapture),
     H(cuStreamEndCapture_ptsz),
     H(cuCtxDestroy_v2),
+    H(cuCtxDetach), /* deprecated in cuda.h, still exported (PyCUDA's detach) */
     {"cuCtxCreate", (void *)shim_cuCtxCreate_v1, NULL},
     H(cuCtxCreate_v2),
     H(cuCtxCreate_v3),
@@ -87,6 +92,7 @@ static hook hooks[] = {
     H(cuMemRetainAllocationHandle),
     H(cuMemRelease),
 };
+#pragma GCC diagnostic pop
 #define NHOOKS (sizeof hooks / sizeof hooks[0])
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;

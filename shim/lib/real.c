@@ -50,6 +50,7 @@ static void load_driver(void)
     LOOK(CtxPopCurrent, "cuCtxPopCurrent_v2");
     LOOK(CtxDestroy, "cuCtxDestroy_v2");
     LOOK(CtxDestroyV1, "cuCtxDestroy");
+    LOOK(CtxDetach, "cuCtxDetach");
     LOOK(DeviceTotalMem, "cuDeviceTotalMem_v2");
     LOOK(DeviceGetAttribute, "cuDeviceGetAttribute");
     LOOK(DeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool");

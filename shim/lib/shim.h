@@ -138,6 +138,7 @@ typedef struct real_driver {
     CUresult (*CtxPopCurrent)(CUcontext *);
     CUresult (*CtxDestroy)(CUcontext);
     CUresult (*CtxDestroyV1)(CUcontext); /* CUDA 2.0's, which libcuda still exports */
+    CUresult (*CtxDetach)(CUcontext);    /* CUDA 2.0's usage count (PyCUDA's detach) */
     /* context creation, every version (door_driver.c): v1 and v2 take
      * (flags, dev), v3 an affinity list, v4 creation parameters */
     CUresult (*CtxCreateV1)(CUcontext *, unsigned, CUdevice);

@@ -20,6 +20,11 @@
  *                 other device (FAKECUDA_REUSE_STREAM_HANDLES) is served there
  *   green-gone    a green context destroyed on another thread: an allocation
  *                 in its (dead) context is no longer served from the pool
+ *   detach        CUDA 2.0's cuCtxDetach (PyCUDA's Context.detach): counting
+ *                 down leaves the context, counting to nothing destroys and
+ *                 pops it, and the context underneath serves (-off: asking
+ *                 every time); detach-reuse: a new context under the
+ *                 detached one's handle gets a pool of its own
  *   unseen-check  BFCSHIM_CONTEXT_CACHE=check: a change made where no hook
  *                 sees it (the fake's stand-in for a private table) is caught,
  *                 served right, counted and said once
@@ -377,6 +382,14 @@ static void detach(void)
     CUcontext made = NULL;
     CHECK_EQ(D.CtxCreate(&made, NULL, 0, 1), CUDA_SUCCESS); /* pushed over primary 0 */
     served_in(made, "cuCtxCreate");
+    /* attached once more, a detach only counts down: made stays, pool and all */
+    CUresult (*attach)(CUcontext *, unsigned) =
+        (CUresult(*)(CUcontext *, unsigned))e2e_dlsym(e2e_open_libcuda(), "cuCtxAttach");
+    CUcontext same = NULL;
+    CHECK_EQ(attach(&same, 0), CUDA_SUCCESS);
+    CHECK(same == made);
+    CHECK_EQ(ctx_detach()(made), CUDA_SUCCESS); /* usage 2 -> 1 */
+    served_in(made, "a cuCtxDetach that only counted down");
     CHECK_EQ(ctx_detach()(made), CUDA_SUCCESS); /* usage 1 -> 0: destroyed and popped */
     CUcontext now = NULL;
     CHECK_EQ(cuCtxGetCurrent(&now), CUDA_SUCCESS);
