@@ -20,10 +20,10 @@
  *     cuGetProcAddress: the same hook. (cudaSetDevice itself is not
  *     interposed: with two runtimes in a process, RTLD_NEXT would hand one
  *     runtime's call to the other.)
- *   - on any thread: a context destroyed (or detached to nothing), a primary context reset or
- *     released, a green context destroyed, cudaDeviceReset; a stream created
- *     or destroyed (a new stream may get a destroyed one's handle, in another
- *     context). A handle may then name a dead context or stream, or a new one
+ *   - on any thread: a context destroyed (or detached to nothing), a
+ *     primary context reset or released, a green context destroyed,
+ *     cudaDeviceReset; a stream created or destroyed (a new stream may get a
+ *     destroyed one's handle, in another context). A handle may then name a dead context or stream, or a new one
  *     at the same address, so these advance a process-wide epoch that every
  *     remembered answer carries (remembered_pools_stale); a pool marked dead
  *     is never trusted either.

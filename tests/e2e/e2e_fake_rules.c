@@ -70,6 +70,10 @@
  *                  primary context and its memory but keeps its retain
  *                  count: the holders' releases succeed, and after a retain
  *                  revives it only the last release destroys it
+ *   fake-ctx-stack  cuCtxDestroy pops a context only when it is current (the
+ *                  top of the thread's stack); deeper, its dead handle
+ *                  stays, and a pop reaches it; a destroyed context cannot
+ *                  be pushed again
  *   fake-ctx-create-versions  cuCtxCreate (CUDA 2.0's), _v2, _v3 (execution
  *                  affinity) and _v4 (creation parameters): each exported
  *                  and handed out by cuGetProcAddress from its version on,
@@ -1520,6 +1524,34 @@ static void fake_copy_ranges(void)
  * release it" (cuda.h): the holders' releases still succeed, and after a
  * retain makes it active again only the last of all the releases destroys
  * it. Device 1's primary context, which start() does not hold. */
+static void fake_ctx_stack(void)
+{
+    start(); /* primary 0 current */
+    CUresult (*push)(CUcontext) =
+        (CUresult(*)(CUcontext))e2e_dlsym(e2e_open_libcuda(), "cuCtxPushCurrent_v2");
+    CUresult (*pop)(CUcontext *) =
+        (CUresult(*)(CUcontext *))e2e_dlsym(e2e_open_libcuda(), "cuCtxPopCurrent_v2");
+    CUresult (*current)(CUcontext *) =
+        (CUresult(*)(CUcontext *))e2e_dlsym(e2e_open_libcuda(), "cuCtxGetCurrent");
+    CUcontext primary = NULL, a = NULL, b = NULL, now = NULL;
+    CHECK_EQ(current(&primary), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxCreate(&a, NULL, 0, 0), CUDA_SUCCESS); /* stack: primary, a */
+    CHECK_EQ(D.CtxCreate(&b, NULL, 0, 0), CUDA_SUCCESS); /* primary, a, b */
+    CHECK_EQ(D.CtxDestroy(a), CUDA_SUCCESS);             /* not current: stays */
+    CHECK_EQ(current(&now), CUDA_SUCCESS);
+    CHECK(now == b);
+    CHECK_EQ(D.CtxDestroy(b), CUDA_SUCCESS); /* current: popped, a's dead handle on top */
+    CHECK_EQ(current(&now), CUDA_SUCCESS);
+    CHECK(now == a);
+    CHECK_EQ(pop(&now), CUDA_SUCCESS);
+    CHECK(now == a);
+    CHECK_EQ(current(&now), CUDA_SUCCESS);
+    CHECK(now == primary);
+    CHECK_EQ(push(a), CUDA_ERROR_INVALID_CONTEXT); /* destroyed */
+    CHECK_EQ(current(&now), CUDA_SUCCESS);
+    CHECK(now == primary);
+}
+
 static void fake_primary_reset(void)
 {
     start();
@@ -1691,6 +1723,7 @@ int main(int argc, char **argv)
         {"fake-ptds", fake_ptds},
         {"fake-copy-ranges", fake_copy_ranges},
         {"fake-primary-reset", fake_primary_reset},
+        {"fake-ctx-stack", fake_ctx_stack},
         {"fake-ctx-create-versions", fake_ctx_create_versions},
         {"fake-pci-bus-id", fake_pci_bus_id},
         {"fake-nvml", fake_nvml},

@@ -2095,10 +2095,11 @@ static CUresult ctx_destroy(CUcontext ctx)
     if (!c || c->magic != CTX_MAGIC || c->primary || c->green || !c->alive)
         LEAVE(CUDA_ERROR_INVALID_CONTEXT);
     kill_ctx(c);
-    for (int i = 0; i < tls_ctx_depth; i++)
-        if (tls_ctx_stack[i] == c)
-            tls_ctx_stack[i] = NULL;
-    while (tls_ctx_depth && !tls_ctx_stack[tls_ctx_depth - 1])
+    /* "If ctx is current to the calling thread then ctx will also be popped
+     * from the current thread's context stack" (cuda.h): only from its top;
+     * deeper in the stack (or on another thread's) the dead handle stays,
+     * and calls made with it current fail. */
+    if (tls_ctx_depth && tls_ctx_stack[tls_ctx_depth - 1] == c)
         tls_ctx_depth--;
     LEAVE(CUDA_SUCCESS); /* the struct stays: handles may still be compared */
 }
@@ -2199,7 +2200,9 @@ EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
 static CUresult push_current(CUcontext ctx)
 {
     fctx *c = (fctx *)ctx;
-    if (!c || c->magic != CTX_MAGIC || tls_ctx_depth == 16)
+    /* a destroyed context is no longer a valid one to push (a reset primary
+     * context still is: it is revived where it is used) */
+    if (!c || c->magic != CTX_MAGIC || (!c->alive && !c->primary) || tls_ctx_depth == 16)
         return CUDA_ERROR_INVALID_CONTEXT;
     tls_ctx_stack[tls_ctx_depth++] = c;
     return CUDA_SUCCESS;
