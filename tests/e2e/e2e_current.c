@@ -119,6 +119,21 @@ static void asks_nothing(void)
     CHECK_EQ(e2e_calls_of("cuCtxGetCurrent") - before, 0);
 }
 
+/* Pushes device `dev`'s primary context over the current one (the other
+ * device's), then pops it, allocating after each. */
+static void push_pop(ctx_fn push, ctx_out_fn pop, int dev, const char *how)
+{
+    char what[96];
+    CUcontext popped = NULL;
+    CHECK_EQ(push(primary[dev]), CUDA_SUCCESS);
+    snprintf(what, sizeof what, "cuCtxPushCurrent%s", how);
+    served_in(primary[dev], what);
+    CHECK_EQ(pop(&popped), CUDA_SUCCESS);
+    CHECK(popped == primary[dev]);
+    snprintf(what, sizeof what, "cuCtxPopCurrent%s", how);
+    served_in(primary[1 - dev], what);
+}
+
 static void follows(void)
 {
     start();
@@ -143,28 +158,17 @@ static void follows(void)
     CHECK_EQ(D.CtxSetCurrent(primary[0]), CUDA_SUCCESS);
     served_in(primary[0], "cuCtxSetCurrent (dlsym)");
     void *h = e2e_open_libcuda();
-    ctx_fn push = (ctx_fn)e2e_dlsym(h, "cuCtxPushCurrent_v2");
-    ctx_out_fn pop = (ctx_out_fn)e2e_dlsym(h, "cuCtxPopCurrent_v2");
-    CHECK_EQ(push(primary[1]), CUDA_SUCCESS);
-    served_in(primary[1], "cuCtxPushCurrent_v2 (dlsym)");
-    CHECK_EQ(pop(&popped), CUDA_SUCCESS);
-    served_in(primary[0], "cuCtxPopCurrent_v2 (dlsym)");
+    push_pop((ctx_fn)e2e_dlsym(h, "cuCtxPushCurrent_v2"),
+             (ctx_out_fn)e2e_dlsym(h, "cuCtxPopCurrent_v2"), 1, "_v2 (dlsym)");
 
     /* through cuGetProcAddress, as cudart finds them; v1 as an old binary */
     ctx_fn set = (ctx_fn)proc("cuCtxSetCurrent", 4000);
     CHECK_EQ(set(primary[1]), CUDA_SUCCESS);
     served_in(primary[1], "cuCtxSetCurrent (cuGetProcAddress)");
-    ctx_fn push_v1 = (ctx_fn)proc("cuCtxPushCurrent", 2000);
-    ctx_out_fn pop_v1 = (ctx_out_fn)proc("cuCtxPopCurrent", 2000);
-    CHECK_EQ(push_v1(primary[0]), CUDA_SUCCESS);
-    served_in(primary[0], "cuCtxPushCurrent v1 (cuGetProcAddress)");
-    CHECK_EQ(pop_v1(&popped), CUDA_SUCCESS);
-    served_in(primary[1], "cuCtxPopCurrent v1 (cuGetProcAddress)");
-    ctx_fn push_v2 = (ctx_fn)proc("cuCtxPushCurrent", 4000);
-    CHECK_EQ(push_v2(primary[0]), CUDA_SUCCESS);
-    served_in(primary[0], "cuCtxPushCurrent v2 (cuGetProcAddress)");
-    CHECK_EQ(((ctx_out_fn)proc("cuCtxPopCurrent", 4000))(&popped), CUDA_SUCCESS);
-    served_in(primary[1], "cuCtxPopCurrent v2 (cuGetProcAddress)");
+    push_pop((ctx_fn)proc("cuCtxPushCurrent", 2000), (ctx_out_fn)proc("cuCtxPopCurrent", 2000),
+             0, " v1 (cuGetProcAddress)");
+    push_pop((ctx_fn)proc("cuCtxPushCurrent", 4000), (ctx_out_fn)proc("cuCtxPopCurrent", 4000),
+             0, " v2 (cuGetProcAddress)");
 
     /* the interop creators push theirs too, every version, every way */
     typedef CUresult (*gl_create_fn)(CUcontext *, unsigned, CUdevice);
