@@ -136,6 +136,20 @@ static inline CUcontext e2e_cu_primary_current(int dev)
     return c;
 }
 
+/* cuGetProcAddress_v2's answer for `base` at `version` (no per-thread
+ * flag), found as cudart finds it: cuGetProcAddress_v2 by dlsym. */
+static inline void *e2e_cu_proc(const char *base, int version)
+{
+    CUresult (*gpa)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *) =
+        (CUresult(*)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *))
+            e2e_dlsym(e2e_open_libcuda(), "cuGetProcAddress_v2");
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult st;
+    CHECK_EQ(gpa(base, &fn, version, 0, &st), CUDA_SUCCESS);
+    CHECK(fn != NULL);
+    return fn;
+}
+
 /* cuMemAlloc_v2 that must succeed (else the program stops, failed). */
 static inline CUdeviceptr alloc_ok(size_t n)
 {

@@ -48,27 +48,17 @@
 #undef cuGetProcAddress
 
 #include "e2e_cu.h"
+#include "e2e_green.h"
 
 #define MiB (UINT64_C(1) << 20)
 
 typedef CUresult (*ctx_fn)(CUcontext);
 typedef CUresult (*ctx_out_fn)(CUcontext *);
 typedef CUresult (*attr_fn)(void *, CUpointer_attribute, CUdeviceptr);
-typedef CUresult (*proc_fn)(const char *, void **, int, cuuint64_t,
-                            CUdriverProcAddressQueryResult *);
 
 static attr_fn pointer_attribute;
-static proc_fn get_proc;
 static CUcontext primary[2];
 
-static void *proc(const char *name, int version)
-{
-    void *fn = NULL;
-    CUdriverProcAddressQueryResult st;
-    CHECK_EQ(get_proc(name, &fn, version, 0, &st), CUDA_SUCCESS);
-    CHECK(fn != NULL);
-    return fn;
-}
 
 /* Both devices' primary contexts, through the runtime; device 0's current. */
 static void start(void)
@@ -76,7 +66,6 @@ static void start(void)
     e2e_cu_load();
     void *h = e2e_open_libcuda();
     pointer_attribute = (attr_fn)e2e_dlsym(h, "cuPointerGetAttribute");
-    get_proc = (proc_fn)e2e_dlsym(h, "cuGetProcAddress_v2");
     for (int d = 1; d >= 0; d--) {
         CHECK_EQ(cudaSetDevice(d), cudaSuccess);
         CHECK_EQ(cudaFree(NULL), cudaSuccess);
@@ -107,17 +96,20 @@ static void served_in(CUcontext want, const char *after)
     CHECK_EQ(D.MemFree(d), CUDA_SUCCESS);
 }
 
-/* Steady state: a hundred allocations and frees ask the driver nothing. */
-static void asks_nothing(void)
+/* The cuCtxGetCurrent calls n cudaMalloc/cudaFree pairs make. */
+static uint64_t lookups_over(int n)
 {
     uint64_t before = e2e_calls_of("cuCtxGetCurrent");
-    for (int i = 0; i < 100; i++) {
+    for (int i = 0; i < n; i++) {
         void *p = NULL;
         CHECK_EQ(cudaMalloc(&p, 4096), cudaSuccess);
         CHECK_EQ(cudaFree(p), cudaSuccess);
     }
-    CHECK_EQ(e2e_calls_of("cuCtxGetCurrent") - before, 0);
+    return e2e_calls_of("cuCtxGetCurrent") - before;
 }
+
+/* Steady state: a hundred allocations and frees ask the driver nothing. */
+static void asks_nothing(void) { CHECK_EQ(lookups_over(100), 0); }
 
 /* Pushes device `dev`'s primary context over the current one (the other
  * device's), then pops it, allocating after each. */
@@ -162,13 +154,13 @@ static void follows(void)
              (ctx_out_fn)e2e_dlsym(h, "cuCtxPopCurrent_v2"), 1, "_v2 (dlsym)");
 
     /* through cuGetProcAddress, as cudart finds them; v1 as an old binary */
-    ctx_fn set = (ctx_fn)proc("cuCtxSetCurrent", 4000);
+    ctx_fn set = (ctx_fn)e2e_cu_proc("cuCtxSetCurrent", 4000);
     CHECK_EQ(set(primary[1]), CUDA_SUCCESS);
     served_in(primary[1], "cuCtxSetCurrent (cuGetProcAddress)");
-    push_pop((ctx_fn)proc("cuCtxPushCurrent", 2000), (ctx_out_fn)proc("cuCtxPopCurrent", 2000),
-             0, " v1 (cuGetProcAddress)");
-    push_pop((ctx_fn)proc("cuCtxPushCurrent", 4000), (ctx_out_fn)proc("cuCtxPopCurrent", 4000),
-             0, " v2 (cuGetProcAddress)");
+    push_pop((ctx_fn)e2e_cu_proc("cuCtxPushCurrent", 2000),
+             (ctx_out_fn)e2e_cu_proc("cuCtxPopCurrent", 2000), 0, " v1 (cuGetProcAddress)");
+    push_pop((ctx_fn)e2e_cu_proc("cuCtxPushCurrent", 4000),
+             (ctx_out_fn)e2e_cu_proc("cuCtxPopCurrent", 4000), 0, " v2 (cuGetProcAddress)");
 
     /* the interop creators push theirs too, every version, every way */
     typedef CUresult (*gl_create_fn)(CUcontext *, unsigned, CUdevice);
@@ -180,7 +172,7 @@ static void follows(void)
     } interop[] = {{"cuGLCtxCreate", 2000, false}, {"cuGLCtxCreate", 3020, false},
                    {"cuVDPAUCtxCreate", 3010, true}, {"cuVDPAUCtxCreate", 3020, true}};
     for (size_t i = 0; i < sizeof interop / sizeof interop[0]; i++) {
-        void *fn = proc(interop[i].name, interop[i].version);
+        void *fn = e2e_cu_proc(interop[i].name, interop[i].version);
         for (int way = 0; way < 2; way++) { /* cuGetProcAddress, then dlsym */
             if (way == 1)
                 fn = e2e_dlsym(h, interop[i].version > 3010 ? (interop[i].vdpau
@@ -189,7 +181,7 @@ static void follows(void)
                                                              : interop[i].name);
             CUcontext c = NULL;
             CUresult r = interop[i].vdpau
-                             ? ((vdpau_create_fn)fn)(&c, 0, 0, 1, (void *)proc)
+                             ? ((vdpau_create_fn)fn)(&c, 0, 0, 1, (void *)e2e_cu_proc)
                              : ((gl_create_fn)fn)(&c, 0, 0);
             CHECK_EQ(r, CUDA_SUCCESS);
             char what[64];
@@ -293,36 +285,17 @@ static void streams(void)
 
 /* ---- a green context destroyed under a thread that has it current ---------- */
 
-static struct {
-    CUresult (*DeviceGetDevResource)(CUdevice, CUdevResource *, CUdevResourceType);
-    CUresult (*DevResourceGenerateDesc)(CUdevResourceDesc *, CUdevResource *, unsigned);
-    CUresult (*GreenCtxCreate)(CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned);
-    CUresult (*GreenCtxDestroy)(CUgreenCtx);
-    CUresult (*CtxFromGreenCtx)(CUcontext *, CUgreenCtx);
-} G;
-
 static void *destroy_green(void *g)
 {
-    return (void *)(intptr_t)G.GreenCtxDestroy((CUgreenCtx)g);
+    return (void *)(intptr_t)GR.GreenCtxDestroy((CUgreenCtx)g);
 }
 
 static void green_gone(void)
 {
     start();
-    void *h = e2e_open_libcuda();
-    *(void **)&G.DeviceGetDevResource = e2e_dlsym(h, "cuDeviceGetDevResource");
-    *(void **)&G.DevResourceGenerateDesc = e2e_dlsym(h, "cuDevResourceGenerateDesc");
-    *(void **)&G.GreenCtxCreate = e2e_dlsym(h, "cuGreenCtxCreate");
-    *(void **)&G.GreenCtxDestroy = e2e_dlsym(h, "cuGreenCtxDestroy");
-    *(void **)&G.CtxFromGreenCtx = e2e_dlsym(h, "cuCtxFromGreenCtx");
-    CUdevResource sms;
-    CUdevResourceDesc desc = NULL;
-    CUgreenCtx g = NULL;
+    e2e_green_load();
     CUcontext converted = NULL;
-    CHECK_EQ(G.DeviceGetDevResource(0, &sms, CU_DEV_RESOURCE_TYPE_SM), CUDA_SUCCESS);
-    CHECK_EQ(G.DevResourceGenerateDesc(&desc, &sms, 1), CUDA_SUCCESS);
-    CHECK_EQ(G.GreenCtxCreate(&g, desc, 0, CU_GREEN_CTX_DEFAULT_STREAM), CUDA_SUCCESS);
-    CHECK_EQ(G.CtxFromGreenCtx(&converted, g), CUDA_SUCCESS);
+    CUgreenCtx g = e2e_green_make(0, &converted);
     CHECK_EQ(D.CtxSetCurrent(converted), CUDA_SUCCESS);
     /* a green context allocates its primary context's memory */
     CUdeviceptr d = 0;
@@ -353,14 +326,8 @@ static void unseen(bool checking)
     served_in(primary[0], "start");
     CHECK_EQ(fakecuda()->set_current_unseen(primary[1]), CUDA_SUCCESS);
     served_in(primary[1], "a change through no entry point");
-    uint64_t before = e2e_calls_of("cuCtxGetCurrent");
-    for (int i = 0; i < 10; i++) {
-        void *p = NULL;
-        CHECK_EQ(cudaMalloc(&p, 4096), cudaSuccess);
-        CHECK_EQ(cudaFree(p), cudaSuccess);
-    }
     /* both modes keep asking: one question per allocation */
-    CHECK_EQ(e2e_calls_of("cuCtxGetCurrent") - before, 10);
+    CHECK_EQ(lookups_over(10), 10);
     CHECK_EQ(shim_stat_number("context_cache_wrong"), checking ? 1 : 0);
     char said[4096];
     CHECK_EQ(shim_log_lines(said, sizeof said), checking ? 1 : 0);

@@ -253,23 +253,12 @@ static void primary_release_with(CUresult (*release)(CUdevice), CUresult (*reset
 
 static void primary_release(void) { primary_release_with(D.DevicePrimaryCtxRelease, NULL); }
 
-/* cuGetProcAddress_v2's answer for `base` at `version`. */
-static void *proc_at(const char *base, int version)
-{
-    CUresult (*gpa)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *) =
-        (CUresult(*)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *))
-            e2e_dlsym(e2e_open_libcuda(), "cuGetProcAddress_v2");
-    void *fn = NULL;
-    CUdriverProcAddressQueryResult st;
-    CHECK_EQ(gpa(base, &fn, version, 0, &st), CUDA_SUCCESS);
-    CHECK(fn != NULL);
-    return fn;
-}
-
 static void primary_v1(void)
 {
-    CUresult (*release)(CUdevice) = (CUresult(*)(CUdevice))proc_at("cuDevicePrimaryCtxRelease", 10000);
-    CUresult (*reset)(CUdevice) = (CUresult(*)(CUdevice))proc_at("cuDevicePrimaryCtxReset", 10000);
+    CUresult (*release)(CUdevice) =
+        (CUresult(*)(CUdevice))e2e_cu_proc("cuDevicePrimaryCtxRelease", 10000);
+    CUresult (*reset)(CUdevice) =
+        (CUresult(*)(CUdevice))e2e_cu_proc("cuDevicePrimaryCtxReset", 10000);
     if (release && reset)
         primary_release_with(release, reset);
 }

@@ -703,6 +703,29 @@ static CUcontext device_ctx(int ordinal)
     return c;
 }
 
+/* Two neighbouring granules of device dev's memory mapped at the start of a
+ * three-granule reservation (*va, their handles in h), read-write for dev,
+ * and a two-granule allocation *big holding 0x62: a range over both
+ * mappings is one range of addresses, one past the second is not device
+ * memory. Returns the granule. */
+static size_t two_mapped_granules(int dev, CUdeviceptr *va, CUmemGenericAllocationHandle h[2],
+                                  CUdeviceptr *big)
+{
+    const size_t g = 2 << 20;
+    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev}};
+    CHECK_EQ(D.MemAddressReserve(va, 3 * g, 0, 0, 0), CUDA_SUCCESS);
+    for (int i = 0; i < 2; i++) {
+        CHECK_EQ(D.MemCreate(&h[i], g, &prop, 0), CUDA_SUCCESS);
+        CHECK_EQ(D.MemMap(*va + (size_t)i * g, g, 0, h[i], 0), CUDA_SUCCESS);
+    }
+    CUmemAccessDesc rw = {.location = prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    CHECK_EQ(D.MemSetAccess(*va, 2 * g, &rw, 1), CUDA_SUCCESS);
+    CHECK_EQ(D.MemAlloc(big, 2 * g), CUDA_SUCCESS);
+    fill(bytes(*big), 2 * g, 0x62);
+    return g;
+}
+
 static void fake_peer_copy(void)
 {
     start();
@@ -751,20 +774,9 @@ static void fake_peer_copy(void)
     /* Virtual memory: a range over two neighbouring mappings of device 1's
      * memory is one range of addresses (a pool's granules are mapped so);
      * one that runs past the last mapping is not device memory. */
-    const size_t g = 2 << 20;
-    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
-                                .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 1}};
     CUdeviceptr va = 0, big = 0;
     CUmemGenericAllocationHandle h[2];
-    CHECK_EQ(D.MemAddressReserve(&va, 3 * g, 0, 0, 0), CUDA_SUCCESS);
-    for (int i = 0; i < 2; i++) {
-        CHECK_EQ(D.MemCreate(&h[i], g, &prop, 0), CUDA_SUCCESS);
-        CHECK_EQ(D.MemMap(va + (size_t)i * g, g, 0, h[i], 0), CUDA_SUCCESS);
-    }
-    CUmemAccessDesc rw = {.location = prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
-    CHECK_EQ(D.MemSetAccess(va, 2 * g, &rw, 1), CUDA_SUCCESS);
-    CHECK_EQ(D.MemAlloc(&big, 2 * g), CUDA_SUCCESS);
-    fill(bytes(big), 2 * g, 0x62);
+    const size_t g = two_mapped_granules(1, &va, h, &big);
     CHECK_EQ(X.MemcpyPeerAsync(va + g / 2, c1, big, c0, g, s), CUDA_SUCCESS);
     CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
     CHECK(holds(bytes(va + g / 2), g, 0x62));
@@ -1494,20 +1506,9 @@ static void fake_copy_ranges(void)
      * last mapping (into the reservation's unmapped rest) is not device
      * memory. Refused before it is queued: the stuck kernel ahead keeps the
      * old fake's copy from running into the unmapped pages. */
-    const size_t g = 2 << 20;
-    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
-                                .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
     CUdeviceptr va = 0, big = 0;
     CUmemGenericAllocationHandle h[2];
-    CHECK_EQ(D.MemAddressReserve(&va, 3 * g, 0, 0, 0), CUDA_SUCCESS);
-    for (int i = 0; i < 2; i++) {
-        CHECK_EQ(D.MemCreate(&h[i], g, &prop, 0), CUDA_SUCCESS);
-        CHECK_EQ(D.MemMap(va + (size_t)i * g, g, 0, h[i], 0), CUDA_SUCCESS);
-    }
-    CUmemAccessDesc rw = {.location = prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
-    CHECK_EQ(D.MemSetAccess(va, 2 * g, &rw, 1), CUDA_SUCCESS);
-    CHECK_EQ(D.MemAlloc(&big, 2 * g), CUDA_SUCCESS);
-    fill(bytes(big), 2 * g, 0x62);
+    const size_t g = two_mapped_granules(0, &va, h, &big);
     CHECK_EQ(X.MemcpyDtoDAsync(va + g / 2, big, g, s), CUDA_SUCCESS);
     CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
     CHECK(holds(bytes(va + g / 2), g, 0x62));
@@ -1520,10 +1521,9 @@ static void fake_copy_ranges(void)
     CHECK_EQ(D.DevicePrimaryCtxReset(d0), CUDA_SUCCESS); /* drops the stuck work */
 }
 
-/* cuDevicePrimaryCtxReset destroys the primary context but "does not
- * release it" (cuda.h): the holders' releases still succeed, and after a
- * retain makes it active again only the last of all the releases destroys
- * it. Device 1's primary context, which start() does not hold. */
+/* cuCtxDestroy pops only a current context (cuda.h: "If ctx is current to
+ * the calling thread then ctx will also be popped"); a dead handle deeper
+ * in the stack stays there. */
 static void fake_ctx_stack(void)
 {
     start(); /* primary 0 current */
@@ -1552,6 +1552,10 @@ static void fake_ctx_stack(void)
     CHECK(now == primary);
 }
 
+/* cuDevicePrimaryCtxReset destroys the primary context but "does not
+ * release it" (cuda.h): the holders' releases still succeed, and after a
+ * retain makes it active again only the last of all the releases destroys
+ * it. Device 1's primary context, which start() does not hold. */
 static void fake_primary_reset(void)
 {
     start();

@@ -293,6 +293,15 @@ static void *capture_thread(void *arg)
     return NULL;
 }
 
+/* Starts c's thread and returns once its capture has begun. */
+static pthread_t capture_begun(capturer *c)
+{
+    pthread_t t;
+    pthread_create(&t, NULL, capture_thread, c);
+    e2e_phase_wait(&c->step, 1);
+    return t;
+}
+
 /* The other thread's capture was neither refused a call nor invalidated
  * since s0, and it ends (its thread joined) as it began: intact. */
 static void capture_ends_intact(capturer *c, pthread_t t, const fakecuda_stats *s0)
@@ -332,9 +341,7 @@ static void other_thread_capture(bool per_thread, enum cudaStreamCaptureMode mod
     CHECK_EQ(cudaFree(p), cudaSuccess);
 
     capturer c = {.per_thread = per_thread, .mode = mode, .step = E2E_PHASE_INIT};
-    pthread_t t;
-    pthread_create(&t, NULL, capture_thread, &c);
-    e2e_phase_wait(&c.step, 1);
+    pthread_t t = capture_begun(&c);
     fakecuda_stats s0 = fake_stats();
     /* While the other thread captures: allocations and plain frees here.
      * Under a blocking capture nothing freed comes back until it ends, so
@@ -789,9 +796,7 @@ static void ends_then_query(void (*ends_elsewhere)(cudaStream_t idle))
     CHECK_EQ(cudaFree(p), cudaSuccess);
     capturer c = {.per_thread = false, .mode = cudaStreamCaptureModeGlobal,
                   .step = E2E_PHASE_INIT};
-    pthread_t t;
-    pthread_create(&t, NULL, capture_thread, &c);
-    e2e_phase_wait(&c.step, 1);
+    pthread_t t = capture_begun(&c);
     fakecuda_stats s0 = fake_stats();
     ends_elsewhere(idle);
     uint64_t queries = e2e_calls_of("cuEventQuery");
@@ -848,9 +853,7 @@ static void ptsz_during_capture(void)
     char *p, *filler = fill_but_hole(&p);
     capturer c = {.per_thread = true, .mode = cudaStreamCaptureModeRelaxed,
                   .step = E2E_PHASE_INIT};
-    pthread_t t;
-    pthread_create(&t, NULL, capture_thread, &c);
-    e2e_phase_wait(&c.step, 1);
+    pthread_t t = capture_begun(&c);
     CHECK_EQ(fakecuda()->launch(cudaStreamPerThread, write_pattern, p), 0);
     CHECK_EQ(cudaFree(p), cudaSuccess);
     void *q = NULL;
@@ -876,9 +879,7 @@ static void region_during_capture(void)
     char *first = alloc_ok(MiB); /* the pool, and its first region */
     capturer c = {.per_thread = false, .mode = cudaStreamCaptureModeGlobal,
                   .step = E2E_PHASE_INIT};
-    pthread_t t;
-    pthread_create(&t, NULL, capture_thread, &c);
-    e2e_phase_wait(&c.step, 1);
+    pthread_t t = capture_begun(&c);
     fakecuda_stats s0 = fake_stats();
     char *big = alloc_ok(64 * MiB); /* past the first region: a new one */
     CHECK(fake_stats().mem_alloc_calls > s0.mem_alloc_calls);

@@ -47,44 +47,9 @@
 #include <dlfcn.h>
 
 #include "e2e_cu.h"
+#include "e2e_green.h"
 
 #define MiB (UINT64_C(1) << 20)
-
-static struct {
-    CUresult (*DeviceGetDevResource)(CUdevice, CUdevResource *, CUdevResourceType);
-    CUresult (*DevResourceGenerateDesc)(CUdevResourceDesc *, CUdevResource *, unsigned);
-    CUresult (*GreenCtxCreate)(CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned);
-    CUresult (*GreenCtxDestroy)(CUgreenCtx);
-    CUresult (*CtxFromGreenCtx)(CUcontext *, CUgreenCtx);
-    CUresult (*GreenCtxStreamCreate)(CUstream *, CUgreenCtx, unsigned, int);
-    CUresult (*GreenCtxRecordEvent)(CUgreenCtx, CUevent);
-    CUresult (*StreamGetCtx)(CUstream, CUcontext *);
-    CUresult (*StreamGetCtx_v2)(CUstream, CUcontext *, CUgreenCtx *);
-    CUresult (*StreamGetGreenCtx)(CUstream, CUgreenCtx *);
-    CUresult (*EventCreate)(CUevent *, unsigned);
-    CUresult (*EventRecord)(CUevent, CUstream);
-    CUresult (*EventQuery)(CUevent);
-} GR;
-
-static void load_green(void)
-{
-    void *h = e2e_open_libcuda();
-#define E2E_GR(field, name) *(void **)&GR.field = e2e_dlsym(h, name)
-    E2E_GR(DeviceGetDevResource, "cuDeviceGetDevResource");
-    E2E_GR(DevResourceGenerateDesc, "cuDevResourceGenerateDesc");
-    E2E_GR(GreenCtxCreate, "cuGreenCtxCreate");
-    E2E_GR(GreenCtxDestroy, "cuGreenCtxDestroy");
-    E2E_GR(CtxFromGreenCtx, "cuCtxFromGreenCtx");
-    E2E_GR(GreenCtxStreamCreate, "cuGreenCtxStreamCreate");
-    E2E_GR(GreenCtxRecordEvent, "cuGreenCtxRecordEvent");
-    E2E_GR(StreamGetCtx, "cuStreamGetCtx");
-    E2E_GR(StreamGetCtx_v2, "cuStreamGetCtx_v2");
-    E2E_GR(StreamGetGreenCtx, "cuStreamGetGreenCtx");
-    E2E_GR(EventCreate, "cuEventCreate");
-    E2E_GR(EventRecord, "cuEventRecord");
-    E2E_GR(EventQuery, "cuEventQuery");
-#undef E2E_GR
-}
 
 static CUdevice dev0;
 static CUcontext primary;
@@ -98,18 +63,7 @@ static void start(void)
 }
 
 /* A green context with all of device 0's SMs, and its converted context. */
-static CUgreenCtx make_green(CUcontext *converted)
-{
-    CUdevResource sms;
-    CUdevResourceDesc desc = NULL;
-    CUgreenCtx g = NULL;
-    CHECK_EQ(GR.DeviceGetDevResource(dev0, &sms, CU_DEV_RESOURCE_TYPE_SM), CUDA_SUCCESS);
-    CHECK_EQ(GR.DevResourceGenerateDesc(&desc, &sms, 1), CUDA_SUCCESS);
-    CHECK_EQ(GR.GreenCtxCreate(&g, desc, dev0, CU_GREEN_CTX_DEFAULT_STREAM), CUDA_SUCCESS);
-    if (converted)
-        CHECK_EQ(GR.CtxFromGreenCtx(converted, g), CUDA_SUCCESS);
-    return g;
-}
+static CUgreenCtx make_green(CUcontext *converted) { return e2e_green_make(dev0, converted); }
 
 static CUstream green_stream(CUgreenCtx g)
 {
@@ -508,6 +462,6 @@ int main(int argc, char **argv)
         {"fake-green", fake_green},
     };
     e2e_cu_load();
-    load_green();
+    e2e_green_load();
     return e2e_main("e2e_green", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }
