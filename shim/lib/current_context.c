@@ -23,10 +23,10 @@
  *   - on any thread: a context destroyed (or detached to nothing), a
  *     primary context reset or released, a green context destroyed,
  *     cudaDeviceReset; a stream created or destroyed (a new stream may get a
- *     destroyed one's handle, in another context). A handle may then name a dead context or stream, or a new one
- *     at the same address, so these advance a process-wide epoch that every
- *     remembered answer carries (remembered_pools_stale); a pool marked dead
- *     is never trusted either.
+ *     destroyed one's handle, in another context). A handle may then name a
+ *     dead context or stream, or a new one at the same address, so these
+ *     advance a process-wide epoch that every remembered answer carries
+ *     (remembered_pools_stale); a pool marked dead is never trusted either.
  * cudart finds those driver calls through cuGetProcAddress and XLA, Numba
  * and TensorFlow through dlsym, both routed to the hooks. Where that routing
  * is not in place (the driver door closed, a forked child, the library
@@ -59,13 +59,9 @@ atomic_uint_fast64_t shim_context_lookups, shim_context_cache_wrong;
 
 void current_context_moved(void) { current.sp = NULL; }
 
-void remembered_pools_stale(void)
-{
-    atomic_fetch_add_explicit(&epoch, 1, memory_order_acq_rel);
-    current.sp = NULL;
-    for (int i = 0; i < STREAMS_REMEMBERED; i++)
-        of_stream[i].sp = NULL;
-}
+/* Every remembered answer carries the epoch it was asked in, so advancing
+ * it forgets them all, this thread's included. */
+void remembered_pools_stale(void) { atomic_fetch_add_explicit(&epoch, 1, memory_order_acq_rel); }
 
 /* Can every way the answers change reach a hook? */
 static bool remembering(void)

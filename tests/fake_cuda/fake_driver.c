@@ -2200,8 +2200,10 @@ EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
 static CUresult push_current(CUcontext ctx)
 {
     fctx *c = (fctx *)ctx;
-    /* a destroyed context is no longer a valid one to push (a reset primary
-     * context still is: it is revived where it is used) */
+    /* cuda.h lists CUDA_ERROR_INVALID_CONTEXT for a context that is not a
+     * valid one; the fake's reading: a destroyed context is not (a reset
+     * primary context still is: it is revived where it is used). Pushed
+     * contexts come off by "cuCtxDestroy() or cuCtxPopCurrent()", cuda.h. */
     if (!c || c->magic != CTX_MAGIC || (!c->alive && !c->primary) || tls_ctx_depth == 16)
         return CUDA_ERROR_INVALID_CONTEXT;
     tls_ctx_stack[tls_ctx_depth++] = c;
