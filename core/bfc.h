@@ -219,6 +219,13 @@ typedef enum bfc_placement {
 #define BFC_DEFAULT_FENCE_INTERVAL 1u
 #define BFC_DEFAULT_FENCE_BYTES (UINT64_C(64) << 20)
 #define BFC_MAX_FENCE_INTERVAL 4096u
+/* bfc_options.growth_headroom and growth_headroom_step, in thousandths:
+ * 3.5% over the pool's need, 0.5% more after each move (docs/benchmarks.md,
+ * "A growing pool that moves memory rather than growing"). */
+#define BFC_DEFAULT_GROWTH_HEADROOM 35u
+#define BFC_DEFAULT_GROWTH_HEADROOM_STEP 5u
+/* Each at most this (the pool's need again); moves stop raising it there. */
+#define BFC_MAX_GROWTH_HEADROOM 1000u
 
 /* "aligned", "age", "low"; and back (false for an unknown name). */
 const char *bfc_placement_name(bfc_placement p);
@@ -307,6 +314,20 @@ typedef struct bfc_options {
      * (docs/benchmarks.md).
      */
     bool prealloc_spread;
+    /*
+     * vmm, growing (no preallocate): how far mapped bytes may run ahead of
+     * the most the pool has needed at once (in use, pending and the block
+     * being placed), in thousandths of that. An allocation whose block would
+     * map past it first moves to mapped free memory that holds it, then
+     * moves free granules behind it (unmapped where they lie, mapped there,
+     * the memory kept in between), and grows only when neither is enough.
+     * Each move of granules raises the headroom by growth_headroom_step, so
+     * a job whose steady state needs more room stops moving memory after a
+     * few steps. 0: map wherever best fit lands. Defaults
+     * BFC_DEFAULT_GROWTH_HEADROOM and BFC_DEFAULT_GROWTH_HEADROOM_STEP.
+     */
+    uint32_t growth_headroom;
+    uint32_t growth_headroom_step;
 } bfc_options;
 
 /* Fills *o with the defaults above, limit_bytes left 0. */
@@ -366,6 +387,9 @@ typedef struct bfc_stats {
     /* Allocations that landed on unmapped granules with the limit reached,
      * moved to memory already mapped instead of remapping (vmm). */
     uint64_t num_mapped_refits;
+    /* Allocations of a growing pool that moved free granules behind their
+     * block rather than map past the headroom (growth_headroom; vmm). */
+    uint64_t num_growth_moves;
     /* Bytes given back to the device so far: unmapped granules (vmm) and
      * returned regions. Under pressure a backend with keep may move
      * unmapped granules under the new block instead; they count here too. */

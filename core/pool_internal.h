@@ -73,6 +73,11 @@ struct bfc_pool {
     uint32_t allocs_since_fence; /* allocations since open epochs were last sealed */
     uint64_t bytes_since_fence;  /* bytes freed into open epochs since then */
     uint64_t alloc_seq;
+    /* vmm, growing: the most bytes the pool has needed at once (in use,
+     * pending and a block being placed), and the headroom over it now, in
+     * thousandths (bfc_options.growth_headroom, raised by each move). */
+    uint64_t growth_need;
+    uint32_t growth_headroom;
     /* The placement rules as the policy tests them, derived from opt (and
      * as_one_region) by place_set_rules; read only by the policy
      * (placement.h, placement.c). */

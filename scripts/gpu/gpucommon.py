@@ -104,7 +104,8 @@ def shim_totals(doc):
         return None
     keys = ("num_allocs", "num_frees", "num_ooms", "peak_bytes_in_use", "bytes_in_use",
             "peak_pool_bytes", "num_region_allocs", "num_fence_waits", "passthrough_allocs",
-            "num_map_calls", "num_unmap_calls", "num_mapped_refits", "released_bytes_total",
+            "num_map_calls", "num_unmap_calls", "num_mapped_refits", "num_growth_moves",
+            "released_bytes_total",
             "moved_bytes_total", "num_pressure_maps", "pressure_map_us_total", "pool_bytes",
             # the program's own cuMemCreate memory, lent the pools' limits
             "bytes_lent", "peak_bytes_lent", "vmm_door_pooled_creates", "vmm_door_refused")

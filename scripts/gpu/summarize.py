@@ -213,6 +213,8 @@ def main():
                                                          "passthrough_allocs", "vmm",
                                                          "num_map_calls", "num_unmap_calls",
                                                          "num_mapped_refits",
+                                                         "num_growth_moves",
+                                                         "pressure_map_us_total",
                                                          "released_bytes_total",
                                                          "moved_bytes_total", "prealloc_us")
                                     if k in shim}

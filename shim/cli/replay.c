@@ -444,6 +444,7 @@ static void print_vmm_json(json_out *j, const trace_report *r, const replay_opts
         json_null(j, "release_threshold");
     else
         json_u64(j, "release_threshold", o->policy.release_threshold);
+    json_u64(j, "growth_headroom", o->policy.growth_headroom);
     json_u64(j, "min_limit_bytes", v->min_limit_bytes);
     json_double(j, "efficiency", efficiency_of(r->t, v->min_limit_bytes));
     json_u64(j, "min_limit_map_calls", v->tight_map_calls);
@@ -462,6 +463,7 @@ static void print_vmm_json(json_out *j, const trace_report *r, const replay_opts
     json_u64(j, "map_calls", v->map_calls);
     json_u64(j, "unmap_calls", v->unmap_calls);
     json_u64(j, "released_bytes", v->released_bytes);
+    json_u64(j, "growth_moves", v->growth_moves);
     json_u64(j, "fence_waits", v->fence_waits);
     json_u64(j, "failures", v->unlimited_failures);
     json_u64(j, "regions_peak_bytes", v->regions_peak_bytes);
@@ -772,6 +774,9 @@ static void replay_usage(FILE *f)
             "  --map-granularity B the mapping granule, a power of two (2MiB)\n"
             "  --release-threshold B  free mapped bytes kept before granules go back as\n"
             "                      frees merge (default: never; 0: at once)\n"
+            "  --growth-headroom N a growing pool over virtual memory maps at most N\n"
+            "                      thousandths past the most it needed at once before\n"
+            "                      it moves free granules instead (35; 0: never moves)\n"
             "  --gpu-lag N         with --vmm: every free is fenced and the simulated GPU\n"
             "                      runs N events behind (a framework queueing ahead of\n"
             "                      the GPU); freed blocks return as it catches up or\n"
@@ -795,7 +800,8 @@ int cmd_replay(int argc, char **argv)
     o.policy.fence_bytes = BFC_DEFAULT_FENCE_BYTES;
     enum { OPT_GRAN = 256, OPT_SPLIT, OPT_PLACE, OPT_ALIGN, OPT_TSL, OPT_DUMP, OPT_NO_MIN,
            OPT_WARM, OPT_RECORD, OPT_VMM, OPT_MAP_GRAN, OPT_RELEASE, OPT_GPU_LAG, OPT_PLAN,
-           OPT_FENCE_LAG, OPT_FENCE_INTERVAL, OPT_FENCE_BYTES, OPT_POOL_UNIT, OPT_SPREAD };
+           OPT_FENCE_LAG, OPT_FENCE_INTERVAL, OPT_FENCE_BYTES, OPT_POOL_UNIT, OPT_SPREAD,
+           OPT_HEADROOM };
     static const struct option longopts[] = {
         {"pool-size", required_argument, 0, 'p'}, {"min-pool", no_argument, 0, 'm'},
         {"json", no_argument, 0, 'j'},           {"repeat", required_argument, 0, 'r'},
@@ -812,6 +818,7 @@ int cmd_replay(int argc, char **argv)
         {"prealloc-spread", no_argument, 0, OPT_SPREAD},
         {"map-granularity", required_argument, 0, OPT_MAP_GRAN},
         {"release-threshold", required_argument, 0, OPT_RELEASE},
+        {"growth-headroom", required_argument, 0, OPT_HEADROOM},
         {"gpu-lag", required_argument, 0, OPT_GPU_LAG},
         {"plan", required_argument, 0, OPT_PLAN},
         {"fence-lag", required_argument, 0, OPT_FENCE_LAG},
@@ -878,6 +885,15 @@ int cmd_replay(int argc, char **argv)
                 return cli_bad_value("replay", "--release-threshold", optarg, "a size");
             o.policy.release_threshold = v;
             break;
+        case OPT_HEADROOM: {
+            char *end;
+            const unsigned long long n = strtoull(optarg, &end, 10);
+            if (*end || !optarg[0] || optarg[0] == '-' || n > BFC_MAX_GROWTH_HEADROOM)
+                return cli_bad_value("replay", "--growth-headroom", optarg,
+                                     "thousandths from 0 to 1000");
+            o.policy.growth_headroom = (uint32_t)n;
+            break;
+        }
         case OPT_WARM: {
             char *end;
             o.warmup = strtoull(optarg, &end, 10);

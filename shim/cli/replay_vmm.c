@@ -245,6 +245,7 @@ void replay_vmm_measure(const trace *t, const bfc_options *policy, uint64_t gpu_
     out->map_calls = st.num_map_calls;
     out->unmap_calls = st.num_unmap_calls;
     out->released_bytes = st.released_bytes_total;
+    out->growth_moves = st.num_growth_moves;
     out->fence_waits = st.num_fence_waits;
 
     out->regions_failures = replay_in(t, KIND_REGIONS, policy, gpu_lag, roomy, slot_addr, &st, NULL,

@@ -33,8 +33,10 @@ typedef struct replay_vmm_report {
         prealloc_map_calls[PREALLOC_POINTS], prealloc_unmap_calls[PREALLOC_POINTS],
         prealloc_unmapped_bytes[PREALLOC_POINTS], prealloc_created_bytes[PREALLOC_POINTS],
         prealloc_mapped_refits[PREALLOC_POINTS];
-    /* One run with room to spare, at the policy's release threshold. */
-    uint64_t peak_mapped_bytes, map_calls, unmap_calls, released_bytes;
+    /* One run with room to spare, at the policy's release threshold;
+     * growth_moves: allocations that moved free granules rather than map
+     * past the growth headroom. */
+    uint64_t peak_mapped_bytes, map_calls, unmap_calls, released_bytes, growth_moves;
     uint64_t fence_waits, regions_fence_waits; /* --gpu-lag: the host blocked */
     uint64_t unlimited_failures;
     /* Growth-mode regions (no virtual memory), with room to spare. */

@@ -31,6 +31,8 @@ const env_var env_vars[] = {
      "the alignment of every block"},
     {"BFCSHIM_PLACEMENT", VAR_CHOICE, 0, 0, {"age", "low", "aligned"},
      "the place of an allocation in a free block"},
+    {"BFCSHIM_GROWTH_HEADROOM", VAR_NUMBER, 0, 1, {0},
+     "how far a growing pool maps past its need before it moves memory"},
     {"BFCSHIM_INITIAL_REGION", VAR_SIZE, 0, 0, {0}, "the first region when not preallocating"},
     {"BFCSHIM_FENCE_INTERVAL", VAR_WHOLE, 1, BFC_MAX_FENCE_INTERVAL, {0}, "the allocations between fences"},
     {"BFCSHIM_FENCE_BYTES", VAR_SIZE_OR_0, 0, 0, {0}, "the freed bytes that fence sooner"},

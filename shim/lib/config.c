@@ -193,6 +193,7 @@ static void parse(void)
         .vmm = VMM_AUTO,
         .layout = VMM_LAYOUT_ONE_REGION,
         .release_threshold = UINT64_MAX,
+        .growth_headroom = BFC_DEFAULT_GROWTH_HEADROOM,
     };
     /* The log settings first, so that messages about the others go there. */
     cfg.log_file = get_path("BFCSHIM_LOG_FILE");
@@ -217,6 +218,10 @@ static void parse(void)
     get_choice("BFCSHIM_VMM_DOOR", &door);
     cfg.vmm_door = (vmm_door_mode)door;
     get_size("BFCSHIM_RELEASE_THRESHOLD", &cfg.release_threshold);
+    double headroom = -1;
+    get_number("BFCSHIM_GROWTH_HEADROOM", &headroom);
+    if (headroom >= 0) /* given, and valid: 0 to 1, in the engine's thousandths */
+        cfg.growth_headroom = (uint32_t)(headroom * 1000 + 0.5);
     int policy = cfg.free_policy;
     get_choice("BFCSHIM_FREE_POLICY", &policy);
     cfg.free_policy = (free_policy)policy;

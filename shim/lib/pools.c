@@ -350,6 +350,7 @@ static shim_pool *create_pool(const real_driver *R, CUcontext ctx, CUdevice dev,
         o.prealloc_spread = cfg->layout == VMM_LAYOUT_SPREAD;
         sp->vmm_spread = o.prealloc_spread && up_front;
         o.release_threshold = cfg->release_threshold;
+        o.growth_headroom = cfg->growth_headroom;
         vmm_backend(&b);
     }
     record_attach(sp, &b);

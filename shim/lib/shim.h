@@ -102,6 +102,7 @@ typedef struct shim_config {
     vmm_door_mode vmm_door;      /* BFCSHIM_VMM_DOOR */
     context_cache_mode context_cache; /* BFCSHIM_CONTEXT_CACHE */
     uint64_t release_threshold;  /* BFCSHIM_RELEASE_THRESHOLD; UINT64_MAX: never */
+    uint32_t growth_headroom;    /* BFCSHIM_GROWTH_HEADROOM, in thousandths (engine option) */
 } shim_config;
 
 /* Copies pattern into out with every %p replaced by the pid; false if it

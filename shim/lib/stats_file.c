@@ -93,12 +93,14 @@ static void pool_json(json_out *j, shim_pool *sp, const pool_figures *f)
     /* of those, what moved under a new block instead of leaving (vmm.c) */
     json_u64(j, "moved_bytes_total", atomic_load(&sp->vmm_moved_bytes));
     /* the windows in which memory moved (or new memory was mapped) under a
-     * block no free space held, and the time spent in them */
+     * block no free space held, at the limit or past a growing pool's
+     * headroom, and the time spent in them */
     json_u64(j, "num_pressure_maps", atomic_load(&sp->vmm_pressure_maps));
     json_u64(j, "pressure_map_us_total", atomic_load(&sp->vmm_pressure_ns) / 1000);
     json_u64(j, "num_map_calls", st.num_map_calls);
     json_u64(j, "num_unmap_calls", st.num_unmap_calls);
     json_u64(j, "num_mapped_refits", st.num_mapped_refits);
+    json_u64(j, "num_growth_moves", st.num_growth_moves);
     /* What the pool can hand out now (within its limit, less its loans);
      * over virtual memory the free address space beside it. */
     json_u64(j, "largest_free_block_bytes", f->fs.largest_free_block_bytes);

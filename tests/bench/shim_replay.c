@@ -314,7 +314,7 @@ typedef struct results {
     const call_meter *m;
     /* the pool's statistics at the end */
     long long num_allocs, peak_in_use, peak_mapped, reserved, limit, map_calls, unmap_calls,
-        ooms, vmm, prealloc_us;
+        growth_moves, moved, ooms, vmm, prealloc_us;
     limit_search min_limit;
 } results;
 
@@ -388,6 +388,8 @@ static void print_json(results *r)
     json_i64(&j, "bytes_limit", r->limit);
     json_i64(&j, "num_map_calls", r->map_calls);
     json_i64(&j, "num_unmap_calls", r->unmap_calls);
+    json_i64(&j, "num_growth_moves", r->growth_moves);
+    json_i64(&j, "moved_bytes_total", r->moved);
     json_bool(&j, "vmm", r->vmm == 1);
     json_i64(&j, "prealloc_us", r->prealloc_us);
     json_object_close(&j);
@@ -662,6 +664,8 @@ int main(int argc, char **argv)
     r.limit = stat_n("bytes_limit");
     r.map_calls = stat_n("num_map_calls");
     r.unmap_calls = stat_n("num_unmap_calls");
+    r.growth_moves = stat_n("num_growth_moves");
+    r.moved = stat_n("moved_bytes_total");
     r.vmm = stat_n("vmm");
     r.prealloc_us = stat_n("prealloc_us");
     if (o.min_limit)

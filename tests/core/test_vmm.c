@@ -208,6 +208,116 @@ static void pressure_sends_a_block_to_mapped_memory_before_remapping(void)
     vmm_end(&f);
 }
 
+/*
+ * A growing pool with room to spare: blocks a, b, c, d of 4, 2, 6 and
+ * 2 MiB (the most it needs: 14 MiB, so 3.5% of headroom allows 16 MiB in
+ * whole granules); a's granules trimmed away, c freed (a mapped 6 MiB
+ * hole). An 8 MiB block fits no hole and lands above d, lacking four
+ * granules: 18 MiB would pass the headroom, and no mapped hole holds it, so
+ * one granule of the largest hole with mapped memory (c's, from its top)
+ * moves behind it rather than the pool growing to 18. Returns a and c.
+ */
+static void grown_to_the_headroom(fixture *f, uint32_t step, bfc_addr *a, bfc_addr *c)
+{
+    vmm_begin(f, 1024 * MiB);
+    f->opt.growth_headroom_step = step;
+    vmm_start(f);
+    *a = must_alloc(f, 4 * MiB);
+    must_alloc(f, 2 * MiB);
+    *c = must_alloc(f, 6 * MiB);
+    bfc_addr d = must_alloc(f, 2 * MiB);
+    must_free(f, *a);
+    CHECK_EQ(bfc_pool_trim(f->pool), 4 * MiB);
+    must_free(f, *c);
+    bfc_stats s = stats_of(f);
+    CHECK_EQ(s.pool_bytes, 10 * MiB);
+    bfc_addr x = must_alloc(f, 8 * MiB);
+    bfc_stats t = stats_of(f);
+    CHECK_EQ(x, d + 2 * MiB);
+    CHECK_EQ(t.num_growth_moves, 1);
+    CHECK_EQ(t.pool_bytes, 16 * MiB);
+    CHECK_EQ(t.peak_pool_bytes, 16 * MiB);
+    CHECK_EQ(f->dev.moved_bytes, 2 * MiB); /* kept, not given back */
+    CHECK_EQ(f->dev.created_bytes, 20 * MiB); /* 14 at first, then 6 of the 8 */
+    check_mapped(f, x, 8 * MiB);
+    CHECK(sim_device_mapped(&f->dev, *c, 4 * MiB));
+    CHECK(!sim_device_mapped(&f->dev, *c + 4 * MiB, GRAN));
+}
+
+static void a_growing_pool_moves_granules_rather_than_pass_its_headroom(void)
+{
+    /* Then a 4 MiB block best-fits a's unmapped hole: mapping it there
+     * would pass the headroom again, and c's hole still holds it on mapped
+     * memory, so it goes there: nothing mapped, nothing unmapped. */
+    fixture f;
+    bfc_addr a, c;
+    grown_to_the_headroom(&f, BFC_DEFAULT_GROWTH_HEADROOM_STEP, &a, &c);
+    bfc_stats s = stats_of(&f);
+    bfc_addr y = must_alloc(&f, 4 * MiB);
+    bfc_stats t = stats_of(&f);
+    CHECK_EQ(y, c);
+    CHECK(y != a);
+    CHECK_EQ(t.num_mapped_refits, s.num_mapped_refits + 1);
+    CHECK_EQ(t.num_map_calls, s.num_map_calls);
+    CHECK_EQ(t.num_unmap_calls, s.num_unmap_calls);
+    CHECK_EQ(t.num_growth_moves, 1);
+    CHECK_EQ(t.pool_bytes, 16 * MiB);
+    vmm_end(&f);
+}
+
+static void each_move_raises_the_headroom(void)
+{
+    /* The same, with each move raising the headroom by half the need: after
+     * the first move the pool may hold 14 MiB * 1.535 (22 MiB in granules),
+     * so the 4 MiB block maps where best fit put it. */
+    fixture f;
+    bfc_addr a, c;
+    grown_to_the_headroom(&f, 500, &a, &c);
+    bfc_stats s = stats_of(&f);
+    CHECK_EQ(must_alloc(&f, 4 * MiB), a);
+    bfc_stats t = stats_of(&f);
+    CHECK_EQ(t.num_mapped_refits, s.num_mapped_refits);
+    CHECK_EQ(t.num_map_calls, s.num_map_calls + 1);
+    CHECK_EQ(t.pool_bytes, 20 * MiB);
+    vmm_end(&f);
+}
+
+static void no_headroom_grows_wherever_best_fit_lands(void)
+{
+    /* growth_headroom 0: the 8 MiB block maps four new granules. */
+    fixture f;
+    vmm_begin(&f, 1024 * MiB);
+    f.opt.growth_headroom = 0;
+    vmm_start(&f);
+    bfc_addr a = must_alloc(&f, 4 * MiB);
+    must_alloc(&f, 2 * MiB);
+    bfc_addr c = must_alloc(&f, 6 * MiB);
+    must_alloc(&f, 2 * MiB);
+    must_free(&f, a);
+    CHECK_EQ(bfc_pool_trim(f.pool), 4 * MiB);
+    must_free(&f, c);
+    must_alloc(&f, 8 * MiB);
+    bfc_stats t = stats_of(&f);
+    CHECK_EQ(t.num_growth_moves, 0);
+    CHECK_EQ(t.num_unmap_calls, 1); /* the trim's */
+    CHECK_EQ(t.pool_bytes, 18 * MiB);
+    CHECK(sim_device_mapped(&f.dev, c, 6 * MiB));
+    vmm_end(&f);
+}
+
+static void headroom_past_its_bound_is_refused(void)
+{
+    fixture f;
+    vmm_begin(&f, 64 * MiB);
+    bfc_backend b = sim_device_vmm_backend(&f.dev);
+    f.opt.growth_headroom = BFC_MAX_GROWTH_HEADROOM + 1;
+    CHECK(bfc_pool_create(&f.opt, &b) == NULL);
+    f.opt.growth_headroom = BFC_DEFAULT_GROWTH_HEADROOM;
+    f.opt.growth_headroom_step = BFC_MAX_GROWTH_HEADROOM + 1;
+    CHECK(bfc_pool_create(&f.opt, &b) == NULL);
+    sim_device_fini(&f.dev);
+}
+
 static void a_block_moved_across_reservations_maps_its_remainder_where_it_went(void)
 {
     /* Two 8 MiB reservations under a 12 MiB limit, TSL's split rule (a
@@ -1066,6 +1176,10 @@ int main(void)
     RUN(pressure_gives_back_free_granules_before_failing);
     RUN(pressure_gives_back_only_the_shortfall_from_the_largest_holes);
     RUN(pressure_sends_a_block_to_mapped_memory_before_remapping);
+    RUN(a_growing_pool_moves_granules_rather_than_pass_its_headroom);
+    RUN(each_move_raises_the_headroom);
+    RUN(no_headroom_grows_wherever_best_fit_lands);
+    RUN(headroom_past_its_bound_is_refused);
     RUN(a_block_moved_across_reservations_maps_its_remainder_where_it_went);
     RUN(pressure_moves_memory_instead_of_giving_it_back);
     RUN(kept_memory_left_over_goes_back_when_the_call_ends);

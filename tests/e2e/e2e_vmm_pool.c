@@ -72,6 +72,15 @@
  *              created after the start and the device's free memory never
  *              rises; the moved block and the blocks around it keep their
  *              contents; the stats say what moved
+ *   growth-moves, growth-moves-off  (BFCSHIM_GROWTH_HEADROOM=0 for -off) a
+ *              growing pool holds eight 4 MiB blocks, the most it has
+ *              needed; every other one goes, and an 8 MiB block fits none
+ *              of the holes. Four new granules would take the pool past its
+ *              headroom (3.5%: 34 MiB), so three granules of the highest
+ *              holes move behind the block (retained, unmapped, mapped
+ *              again: the device's memory is the same) and one is made; the
+ *              blocks keep their contents. With the headroom off, four are
+ *              made
  *   spread     (BFCSHIM_VMM_LAYOUT=spread, otherwise as moves) the pool
  *              reserves twice its limit of address space from the start and
  *              maps the limit; the block that finds no hole lands in the
@@ -650,6 +659,45 @@ static void moves(void)
         CHECK_EQ(D.MemFree(b[i]), CUDA_SUCCESS);
 }
 
+static void growth_moves(void)
+{
+    start();
+    const bool off = getenv("BFCSHIM_GROWTH_HEADROOM") != NULL;
+    CUdeviceptr b[8];
+    for (int i = 0; i < 8; i++) {
+        CHECK_EQ(D.MemAlloc(&b[i], 4 * MiB), CUDA_SUCCESS);
+        fill_and_check(b[i], 4 * MiB, (unsigned char)(10 + i));
+    }
+    for (int i = 1; i < 8; i++)
+        CHECK_EQ(b[i], b[0] + (CUdeviceptr)i * 4 * MiB); /* one pile */
+    CHECK_EQ(shim_stat_number("pool_bytes"), (long long)(32 * MiB));
+    const fakecuda_stats full = fake_stats();
+    for (int i = 0; i < 8; i += 2)
+        CHECK_EQ(D.MemFree(b[i]), CUDA_SUCCESS);
+    CUdeviceptr big = 0;
+    CHECK_EQ(D.MemAlloc(&big, 8 * MiB), CUDA_SUCCESS);
+    CHECK_EQ(big, b[7] + 4 * MiB);
+    fill_and_check(big, 8 * MiB, 99);
+    for (int i = 1; i < 8; i += 2) {
+        const unsigned char *p = (const unsigned char *)(uintptr_t)b[i];
+        CHECK(p[0] == 10 + i && p[4 * MiB - 1] == 10 + i);
+    }
+    const fakecuda_stats after = fake_stats();
+    CHECK_EQ(shim_stat_number("num_growth_moves"), off ? 0 : 1);
+    CHECK_EQ(after.vmm_create_calls - full.vmm_create_calls, off ? 4 : 1);
+    CHECK_EQ(after.vmm_retain_calls - full.vmm_retain_calls, off ? 0 : 3);
+    CHECK_EQ(shim_stat_number("moved_bytes_total"), (long long)(off ? 0 : 6 * MiB));
+    CHECK_EQ(shim_stat_number("pool_bytes"), (long long)((off ? 40 : 34) * MiB));
+    CHECK_EQ(after.bytes_in_use[0] - full.bytes_in_use[0], (off ? 8 : 2) * MiB);
+    /* The highest hole went whole, the next its top granule. */
+    CHECK_EQ(e2e_touch_dies(b[6] + MiB), !off);
+    CHECK_EQ(e2e_touch_dies(b[4] + 3 * MiB), !off);
+    CHECK(!e2e_touch_dies(b[4] + MiB));
+    CHECK_EQ(D.MemFree(big), CUDA_SUCCESS);
+    for (int i = 1; i < 8; i += 2)
+        CHECK_EQ(D.MemFree(b[i]), CUDA_SUCCESS);
+}
+
 /* As moves, spread out (BFCSHIM_VMM_LAYOUT=spread): 32 MiB mapped at once
  * in a reservation of 64 MiB, placed by the rules of virtual memory. */
 static void spread(void)
@@ -744,6 +792,8 @@ int main(int argc, char **argv)
                      {"refused-multi", refused_multi},
                      {"off", off},
                      {"moves", moves},
+                     {"growth-moves", growth_moves},
+                     {"growth-moves-off", growth_moves},
                      {"spread", spread},
                      {"short", short_of_memory},
                      {"short-off", short_of_memory},

@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""A growing pool's peak over peak live, with and without its headroom.
+
+    scripts/research/growth-headroom.py [--build build] [--headrooms 0,35] [--lags 0,100]
+        [--out FILE] TRACE...
+
+For each trace, headroom (thousandths: bfc_options.growth_headroom,
+BFCSHIM_GROWTH_HEADROOM times 1000) and GPU lag, two replays of a pool that
+grows over virtual memory with room to spare:
+  engine  `bfcshim replay --vmm --growth-headroom H --gpu-lag L` (its
+          roomy growing run: every free fenced, the simulated GPU L events
+          behind)
+  shim    build/tests/shim_replay through the runtime door, the preloaded
+          library on the fake driver, BFCSHIM_PREALLOCATE=false, kernels L
+          operations behind the host (tests/bench/shim_replay.c)
+and prints peak mapped / peak live, the allocations that moved granules to
+stay within the headroom, the bytes moved (the engine: unmapped; the shim:
+moved), and for the shim the driver calls per allocation in the steady
+window (the replay's second half) and how many of them map or unmap. A
+move costs about 100 us a granule on a GPU: moves in the steady window are
+the cost a long job would keep paying. Longer traces: loop-trace.py.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GiB = float(1 << 30)
+
+
+def engine(build, trace, h, lag):
+    p = subprocess.run([os.path.join(build, "bfcshim"), "replay", "--vmm", "--json", "--repeat",
+                        "1", "--growth-headroom", str(h), "--gpu-lag", str(lag), trace],
+                       capture_output=True, text=True, check=True)
+    d = json.loads(p.stdout.splitlines()[0])
+    v = d["vmm"]
+    return (v["peak_mapped_bytes"] / d["peak_live_bytes"], v["growth_moves"],
+            v["released_bytes"] / GiB, d["peak_live_bytes"])
+
+
+def shim(build, trace, h, lag):
+    env = dict(os.environ, LD_PRELOAD=os.path.join(build, "shim", "libbfcshim.so"),
+               LD_LIBRARY_PATH=os.path.join(build, "tests", "fake_cuda"),
+               BFCSHIM_PREALLOCATE="false", BFCSHIM_GROWTH_HEADROOM="%g" % (h / 1000.0))
+    p = subprocess.run([os.path.join(build, "tests", "shim_replay"), "--json", "--lag", str(lag),
+                        "--max-events", "1000000", "--door", "runtime", "--pool", "growing",
+                        trace], env=env, capture_output=True, text=True, check=True)
+    d = json.loads(p.stdout)
+    ps, s = d["pool_stats"], d["steady"]
+    return (ps["peak_mapped_bytes"] / d["peak_live_bytes"], ps["num_growth_moves"],
+            ps["moved_bytes_total"] / GiB, s["shim_calls_per_alloc"],
+            s["groups_per_alloc"]["map"])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--headrooms", default="0,35")
+    ap.add_argument("--lags", default="0,100")
+    ap.add_argument("--out")
+    ap.add_argument("traces", nargs="+")
+    a = ap.parse_args()
+    out = open(a.out, "w") if a.out else None
+
+    def say(line):
+        print(line)
+        if out:
+            out.write(line + "\n")
+            out.flush()
+
+    rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                         capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    say("# scripts/research/growth-headroom.py --headrooms %s --lags %s at %s%s"
+        % (a.headrooms, a.lags, rev, " (uncommitted changes)" if dirty else ""))
+    say("# peak: peak mapped / peak live; moves: allocations that moved granules; moved GiB;"
+        " shim steady window: calls and map/unmap calls per allocation")
+    say("%-44s %4s %4s %7s | %8s %5s %6s | %8s %5s %6s %6s %6s" % (
+        "trace", "head", "lag", "live", "engine", "moves", "GiB", "shim", "moves", "GiB",
+        "calls", "map"))
+    for t in a.traces:
+        name = os.path.basename(t)
+        for lag in [int(x) for x in a.lags.split(",")]:
+            for h in [int(x) for x in a.headrooms.split(",")]:
+                ep, em, eg, live = engine(a.build, t, h, lag)
+                sp, sm, sg, calls, maps = shim(a.build, t, h, lag)
+                say("%-44s %4d %4d %7.2f | %8.4f %5d %6.2f | %8.4f %5d %6.2f %6.3f %6.3f" % (
+                    name[:44], h, lag, live / GiB, ep, em, eg, sp, sm, sg, calls, maps))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
