@@ -521,6 +521,33 @@ static void pending_blocks_are_never_unmapped(void)
     vmm_end(&f);
 }
 
+static void nothing_moves_while_blocks_are_pending(void)
+{
+    /* As grown_to_the_headroom, but d (2 MiB) is freed behind a fence the
+     * GPU has not passed. The 8 MiB block lands past it and would pass the
+     * headroom, but memory the GPU still holds comes back by itself: the
+     * pool maps four new granules rather than move c's. */
+    fixture f;
+    vmm_begin(&f, 1024 * MiB);
+    uint32_t lane = start_with_fences(&f);
+    bfc_addr a = must_alloc(&f, 4 * MiB);
+    must_alloc(&f, 2 * MiB);
+    bfc_addr c = must_alloc(&f, 6 * MiB), d = must_alloc(&f, 2 * MiB);
+    must_free(&f, a);
+    CHECK_EQ(bfc_pool_trim(f.pool), 4 * MiB);
+    must_free(&f, c);
+    CHECK_EQ(bfc_pool_free_fenced(f.pool, d, lane, 1), BFC_OK);
+    CHECK_EQ(must_alloc(&f, 8 * MiB), d + 2 * MiB);
+    bfc_stats t = stats_of(&f);
+    CHECK_EQ(t.num_growth_moves, 0);
+    CHECK_EQ(t.pool_bytes, 18 * MiB);
+    CHECK(sim_device_mapped(&f.dev, c, 6 * MiB));
+    gpu_done = 1;
+    bfc_pool_retire(f.pool, lane, 1);
+    bfc_pool_lane_close(f.pool, lane);
+    vmm_end(&f);
+}
+
 static void pressure_waits_for_fences_then_unmaps(void)
 {
     /* The limit is full and the only reclaimable memory is pending: the
@@ -1179,6 +1206,7 @@ int main(void)
     RUN(a_growing_pool_moves_granules_rather_than_pass_its_headroom);
     RUN(each_move_raises_the_headroom);
     RUN(no_headroom_grows_wherever_best_fit_lands);
+    RUN(nothing_moves_while_blocks_are_pending);
     RUN(headroom_past_its_bound_is_refused);
     RUN(a_block_moved_across_reservations_maps_its_remainder_where_it_went);
     RUN(pressure_moves_memory_instead_of_giving_it_back);
