@@ -384,8 +384,9 @@ typedef struct bfc_stats {
     uint64_t num_map_calls;   /* backend.map calls (vmm) */
     uint64_t num_unmap_calls; /* backend.unmap calls (vmm) */
     uint64_t num_map_failures;
-    /* Allocations that landed on unmapped granules with the limit reached,
-     * moved to memory already mapped instead of remapping (vmm). */
+    /* Allocations that landed on unmapped granules with the limit reached
+     * (or a growing pool's headroom), moved to memory already mapped
+     * instead of remapping (vmm). */
     uint64_t num_mapped_refits;
     /* Allocations of a growing pool that moved free granules behind their
      * block rather than map past the headroom (growth_headroom; vmm). */

@@ -596,9 +596,12 @@ static __attribute__((noinline)) void stay_within_headroom(bfc_pool *p, uint32_t
     missing = backing_missing(p, r, lo, hi);
     if (missing == 0 || p->st.pool_bytes + missing <= cap)
         return;
+    /* Moves, never gives back: a pool that grew past its cap while blocks
+     * were pending unmaps no more than the block maps. */
+    const uint64_t over = p->st.pool_bytes + missing - cap;
     if (p->backend.keep)
         p->backend.keep(p->backend.ctx, true);
-    if (backing_release_some(p, p->st.pool_bytes + missing - cap)) {
+    if (backing_release_some(p, over < missing ? over : missing)) {
         p->st.num_growth_moves++;
         if (p->growth_headroom < BFC_MAX_GROWTH_HEADROOM)
             p->growth_headroom += p->opt.growth_headroom_step;

@@ -548,6 +548,80 @@ static void nothing_moves_while_blocks_are_pending(void)
     vmm_end(&f);
 }
 
+static void a_move_gives_nothing_back(void)
+{
+    /* Five 2 MiB holes between live blocks (24 MiB needed: 26 MiB of
+     * headroom); while pb's free is pending two 4 MiB blocks map past the
+     * headroom (32 MiB). Once it retires, a third lands on four unmapped
+     * MiB: two granules of the holes move behind it, none goes back to the
+     * device (before, the move unmapped 10 MiB and gave 6 back). Found by
+     * an audit of the headroom. */
+    fixture f;
+    vmm_begin(&f, 1024 * MiB);
+    uint32_t lane = start_with_fences(&f);
+    bfc_addr h[5];
+    for (int i = 0; i < 5; i++) {
+        h[i] = must_alloc(&f, 2 * MiB);
+        must_alloc(&f, 2 * MiB);
+    }
+    bfc_addr pb = must_alloc(&f, 2 * MiB);
+    must_alloc(&f, 2 * MiB);
+    for (int i = 0; i < 5; i++)
+        must_free(&f, h[i]);
+    CHECK_EQ(bfc_pool_free_fenced(f.pool, pb, lane, 1), BFC_OK);
+    must_alloc(&f, 4 * MiB);
+    must_alloc(&f, 4 * MiB);
+    bfc_stats s = stats_of(&f);
+    CHECK_EQ(s.pool_bytes, 32 * MiB);
+    CHECK_EQ(s.num_growth_moves, 0);
+    gpu_done = 1;
+    bfc_pool_retire(f.pool, lane, 1);
+    bfc_pool_lane_close(f.pool, lane);
+    const uint64_t created = f.dev.created_bytes;
+    check_mapped(&f, must_alloc(&f, 4 * MiB), 4 * MiB);
+    bfc_stats t = stats_of(&f);
+    CHECK_EQ(t.num_growth_moves, 1);
+    CHECK_EQ(t.released_bytes_total - s.released_bytes_total, 4 * MiB);
+    CHECK_EQ(f.dev.moved_bytes, 4 * MiB);
+    CHECK_EQ(f.dev.created_bytes, created);
+    CHECK_EQ(t.pool_bytes, 32 * MiB);
+    vmm_end(&f);
+}
+
+static void a_closed_gate_stops_the_move(void)
+{
+    /* grown_to_the_headroom's move with the backend answering "not now"
+     * (release_ready: queued work may still use free space): nothing is
+     * unmapped, the block maps four new granules, no move is counted and
+     * nothing stays kept. From the audit of the headroom. */
+    fixture f;
+    vmm_begin(&f, 1024 * MiB);
+    bfc_backend b = sim_device_vmm_backend(&f.dev);
+    b.release_ready = release_ready;
+    fixture_start_with(&f, &b);
+    bfc_addr a = must_alloc(&f, 4 * MiB);
+    must_alloc(&f, 2 * MiB);
+    bfc_addr c = must_alloc(&f, 6 * MiB);
+    must_alloc(&f, 2 * MiB);
+    must_free(&f, a);
+    ready = true;
+    CHECK_EQ(bfc_pool_trim(f.pool), 4 * MiB);
+    ready = false;
+    asks = 0;
+    must_free(&f, c);
+    const uint64_t unmaps = stats_of(&f).num_unmap_calls;
+    must_alloc(&f, 8 * MiB);
+    bfc_stats t = stats_of(&f);
+    CHECK_EQ(t.num_unmap_calls, unmaps);
+    CHECK_EQ(t.num_growth_moves, 0);
+    CHECK_EQ(t.pool_bytes, 18 * MiB);
+    CHECK(sim_device_mapped(&f.dev, c, 6 * MiB));
+    CHECK_EQ(f.dev.kept, 0);
+    CHECK(asks >= 1);
+    ready = true;
+    vmm_end(&f);
+}
+
 static void pressure_waits_for_fences_then_unmaps(void)
 {
     /* The limit is full and the only reclaimable memory is pending: the
@@ -1207,6 +1281,8 @@ int main(void)
     RUN(each_move_raises_the_headroom);
     RUN(no_headroom_grows_wherever_best_fit_lands);
     RUN(nothing_moves_while_blocks_are_pending);
+    RUN(a_move_gives_nothing_back);
+    RUN(a_closed_gate_stops_the_move);
     RUN(headroom_past_its_bound_is_refused);
     RUN(a_block_moved_across_reservations_maps_its_remainder_where_it_went);
     RUN(pressure_moves_memory_instead_of_giving_it_back);
