@@ -209,19 +209,14 @@ static void pressure_sends_a_block_to_mapped_memory_before_remapping(void)
 }
 
 /*
- * A growing pool with room to spare: blocks a, b, c, d of 4, 2, 6 and
- * 2 MiB (the most it needs: 14 MiB, so 3.5% of headroom allows 16 MiB in
- * whole granules); a's granules trimmed away, c freed (a mapped 6 MiB
- * hole). An 8 MiB block fits no hole and lands above d, lacking four
- * granules: 18 MiB would pass the headroom, and no mapped hole holds it, so
- * one granule of the largest hole with mapped memory (c's, from its top)
- * moves behind it rather than the pool growing to 18. Returns a and c.
+ * In a started growing pool with room to spare: blocks a, b, c, d of 4, 2,
+ * 6 and 2 MiB (the most it needs: 14 MiB, so 3.5% of headroom allows 16 MiB
+ * in whole granules); a's granules trimmed away, c freed (a mapped 6 MiB
+ * hole). Returns d; a and c through the pointers. An 8 MiB block fits no
+ * hole then and lands above d, lacking four granules.
  */
-static void grown_to_the_headroom(fixture *f, uint32_t step, bfc_addr *a, bfc_addr *c)
+static bfc_addr holes_under_the_headroom(fixture *f, bfc_addr *a, bfc_addr *c)
 {
-    vmm_begin(f, 1024 * MiB);
-    f->opt.growth_headroom_step = step;
-    vmm_start(f);
     *a = must_alloc(f, 4 * MiB);
     must_alloc(f, 2 * MiB);
     *c = must_alloc(f, 6 * MiB);
@@ -229,6 +224,21 @@ static void grown_to_the_headroom(fixture *f, uint32_t step, bfc_addr *a, bfc_ad
     must_free(f, *a);
     CHECK_EQ(bfc_pool_trim(f->pool), 4 * MiB);
     must_free(f, *c);
+    return d;
+}
+
+/*
+ * The 8 MiB block of holes_under_the_headroom: 18 MiB would pass the
+ * headroom, and no mapped hole holds it, so one granule of the largest hole
+ * with mapped memory (c's, from its top) moves behind it rather than the
+ * pool growing to 18. Returns a and c.
+ */
+static void grown_to_the_headroom(fixture *f, uint32_t step, bfc_addr *a, bfc_addr *c)
+{
+    vmm_begin(f, 1024 * MiB);
+    f->opt.growth_headroom_step = step;
+    vmm_start(f);
+    bfc_addr d = holes_under_the_headroom(f, a, c);
     bfc_stats s = stats_of(f);
     CHECK_EQ(s.pool_bytes, 10 * MiB);
     bfc_addr x = must_alloc(f, 8 * MiB);
@@ -289,13 +299,8 @@ static void no_headroom_grows_wherever_best_fit_lands(void)
     vmm_begin(&f, 1024 * MiB);
     f.opt.growth_headroom = 0;
     vmm_start(&f);
-    bfc_addr a = must_alloc(&f, 4 * MiB);
-    must_alloc(&f, 2 * MiB);
-    bfc_addr c = must_alloc(&f, 6 * MiB);
-    must_alloc(&f, 2 * MiB);
-    must_free(&f, a);
-    CHECK_EQ(bfc_pool_trim(f.pool), 4 * MiB);
-    must_free(&f, c);
+    bfc_addr a, c;
+    holes_under_the_headroom(&f, &a, &c);
     must_alloc(&f, 8 * MiB);
     bfc_stats t = stats_of(&f);
     CHECK_EQ(t.num_growth_moves, 0);
@@ -530,12 +535,7 @@ static void nothing_moves_while_blocks_are_pending(void)
     fixture f;
     vmm_begin(&f, 1024 * MiB);
     uint32_t lane = start_with_fences(&f);
-    bfc_addr a = must_alloc(&f, 4 * MiB);
-    must_alloc(&f, 2 * MiB);
-    bfc_addr c = must_alloc(&f, 6 * MiB), d = must_alloc(&f, 2 * MiB);
-    must_free(&f, a);
-    CHECK_EQ(bfc_pool_trim(f.pool), 4 * MiB);
-    must_free(&f, c);
+    bfc_addr a, c, d = holes_under_the_headroom(&f, &a, &c);
     CHECK_EQ(bfc_pool_free_fenced(f.pool, d, lane, 1), BFC_OK);
     CHECK_EQ(must_alloc(&f, 8 * MiB), d + 2 * MiB);
     bfc_stats t = stats_of(&f);
@@ -599,16 +599,11 @@ static void a_closed_gate_stops_the_move(void)
     bfc_backend b = sim_device_vmm_backend(&f.dev);
     b.release_ready = release_ready;
     fixture_start_with(&f, &b);
-    bfc_addr a = must_alloc(&f, 4 * MiB);
-    must_alloc(&f, 2 * MiB);
-    bfc_addr c = must_alloc(&f, 6 * MiB);
-    must_alloc(&f, 2 * MiB);
-    must_free(&f, a);
-    ready = true;
-    CHECK_EQ(bfc_pool_trim(f.pool), 4 * MiB);
+    ready = true; /* for the trim */
+    bfc_addr a, c;
+    holes_under_the_headroom(&f, &a, &c);
     ready = false;
     asks = 0;
-    must_free(&f, c);
     const uint64_t unmaps = stats_of(&f).num_unmap_calls;
     must_alloc(&f, 8 * MiB);
     bfc_stats t = stats_of(&f);
