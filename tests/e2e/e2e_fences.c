@@ -537,6 +537,7 @@ static void capture_v1(void)
     cudaStream_t s;
     CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
     begin_v1_fn begins[2] = {by_dlsym, by_gpa};
+    const uint64_t begun = e2e_calls_of("cuStreamBeginCapture");
     for (int i = 0; i < 2 && by_dlsym && by_gpa && end; i++) {
         CHECK_EQ(begins[i]((CUstream)s), CUDA_SUCCESS);
         fakecuda_stats s0 = fake_stats();
@@ -550,6 +551,9 @@ static void capture_v1(void)
         CHECK_EQ(fake_stats().capture_invalidations, s0.capture_invalidations);
         CHECK_EQ(cudaGraphDestroy((cudaGraph_t)g), cudaSuccess);
     }
+    /* Counted under the symbol called, not the fake's C name for it. */
+    CHECK_EQ(e2e_calls_of("cuStreamBeginCapture"), begun + 2);
+    CHECK_EQ(e2e_calls_of("cuStreamBeginCapture_v1"), 0);
     CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
 

@@ -398,13 +398,16 @@ static unsigned call_slot(const char *name)
 }
 
 /* First statement of every entry point: counts the call under the entry
- * point's own name (__func__: cuEventRecord_ptsz apart from cuEventRecord). */
-#define CALLED()                                                                 \
+ * point's own name (__func__: cuEventRecord_ptsz apart from cuEventRecord),
+ * or, for one whose C name is not its exported symbol (an __asm__ label),
+ * under the symbol's (CALLED_AS). */
+#define CALLED() CALLED_AS(__func__)
+#define CALLED_AS(symbol)                                                        \
     do {                                                                         \
         static atomic_uint called_slot_;                                         \
         unsigned s_ = atomic_load_explicit(&called_slot_, memory_order_acquire); \
         if (!s_) {                                                               \
-            s_ = call_slot(__func__);                                            \
+            s_ = call_slot(symbol);                                              \
             atomic_store_explicit(&called_slot_, s_, memory_order_release);      \
         }                                                                        \
         if (s_)                                                                  \
@@ -2695,12 +2698,12 @@ CUresult cuStreamBeginCapture_v1(CUstream h) __asm__("cuStreamBeginCapture");
 CUresult cuStreamBeginCapture_v1_ptsz(CUstream h) __asm__("cuStreamBeginCapture_ptsz");
 EXPORT CUresult cuStreamBeginCapture_v1(CUstream h)
 {
-    CALLED();
+    CALLED_AS("cuStreamBeginCapture");
     return begin_plain(h, CU_STREAM_CAPTURE_MODE_GLOBAL);
 }
 EXPORT CUresult cuStreamBeginCapture_v1_ptsz(CUstream h)
 {
-    CALLED();
+    CALLED_AS("cuStreamBeginCapture_ptsz");
     return begin_plain(h ? h : CU_STREAM_PER_THREAD, CU_STREAM_CAPTURE_MODE_GLOBAL);
 }
 

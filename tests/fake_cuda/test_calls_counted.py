@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Every driver entry point of the fake counts its calls: each exported cu*
-function of fake_driver.c opens with CALLED(), so that the call counts the
+function of fake_driver.c opens with CALLED() (or CALLED_AS, under the
+symbol an __asm__ label exports it as), so that the call counts the
 shim-level benchmarks report (fakecuda_api.calls) miss no entry point, and a
 new one added without it fails here rather than go uncounted.
 
@@ -20,7 +21,9 @@ for m in re.finditer(r"^EXPORT [A-Za-z_ ]+?\**(cu\w*)\(", src, re.M):
     if rest.startswith(";"):
         continue  # a declaration
     defined += 1
-    if not re.match(r"\{\s*CALLED\(\);", rest):
+    # CALLED(), or CALLED_AS("symbol") where an __asm__ label gives the
+    # function its exported name
+    if not re.match(r'\{\s*CALLED(\(\)|_AS\("cu\w*"\));', rest):
         missing.append(m.group(1))
 print("%d entry points defined, %d without CALLED(): %s" % (defined, len(missing),
                                                           " ".join(missing) or "none"))
