@@ -586,8 +586,9 @@ static __attribute__((noinline)) void stay_within_headroom(bfc_pool *p, uint32_t
      * by itself, and moving memory meanwhile fights the lag (replayed with
      * two non-blocking streams 100 operations behind: 26 GiB moved over 30
      * steps of the GPT-2 job and ten times the fence waits, where growing
-     * costs neither). An ordered pool's frees are reusable at once, so in
-     * the single-stream case this is rarely the reason to grow. */
+     * costs neither). An ordered pool's lazy lanes hold small frees a
+     * while, and keep it from moving then; sealing them first was measured
+     * and not adopted (docs/design.md). */
     if (p->st.pool_bytes + missing <= cap || p->st.pending_bytes)
         return;
     *cp = c = refit_on_mapped(p, c, rounded, size, lane_id);
