@@ -221,7 +221,7 @@ typedef enum bfc_placement {
 #define BFC_MAX_FENCE_INTERVAL 4096u
 /* bfc_options.growth_headroom and growth_headroom_step, in thousandths:
  * 3.5% over the pool's need, 0.5% more after each move (docs/benchmarks.md,
- * "A growing pool that moves memory rather than growing"). */
+ * "A growing pool that moves memory rather than grow"). */
 #define BFC_DEFAULT_GROWTH_HEADROOM 35u
 #define BFC_DEFAULT_GROWTH_HEADROOM_STEP 5u
 /* Each at most this (the pool's need again); moves stop raising it there. */

@@ -885,45 +885,30 @@ int cmd_replay(int argc, char **argv)
                 return cli_bad_value("replay", "--release-threshold", optarg, "a size");
             o.policy.release_threshold = v;
             break;
-        case OPT_HEADROOM: {
-            char *end;
-            const unsigned long long n = strtoull(optarg, &end, 10);
-            if (*end || !optarg[0] || optarg[0] == '-' || n > BFC_MAX_GROWTH_HEADROOM)
+        case OPT_HEADROOM:
+            if (!parse_whole_in(optarg, 0, BFC_MAX_GROWTH_HEADROOM, &v))
                 return cli_bad_value("replay", "--growth-headroom", optarg,
                                      "thousandths from 0 to 1000");
-            o.policy.growth_headroom = (uint32_t)n;
+            o.policy.growth_headroom = (uint32_t)v;
             break;
-        }
-        case OPT_WARM: {
-            char *end;
-            o.warmup = strtoull(optarg, &end, 10);
-            if (*end || optarg[0] == '-')
+        case OPT_WARM:
+            if (!parse_whole_in(optarg, 0, UINT64_MAX, &o.warmup))
                 return cli_bad_value("replay", "--warmup-events", optarg, "an event count");
             break;
-        }
-        case OPT_GPU_LAG: {
-            char *end;
-            o.gpu_lag = strtoull(optarg, &end, 10);
-            if (*end || !optarg[0] || optarg[0] == '-')
+        case OPT_GPU_LAG:
+            if (!parse_whole_in(optarg, 0, UINT64_MAX, &o.gpu_lag))
                 return cli_bad_value("replay", "--gpu-lag", optarg, "an event count");
             break;
-        }
-        case OPT_FENCE_LAG: {
-            char *end;
-            o.fence_lag = strtoull(optarg, &end, 10);
-            if (*end || !optarg[0] || optarg[0] == '-' || o.fence_lag == 0)
+        case OPT_FENCE_LAG:
+            if (!parse_whole_in(optarg, 1, UINT64_MAX, &o.fence_lag))
                 return cli_bad_value("replay", "--fence-lag", optarg, "an event count above 0");
             break;
-        }
-        case OPT_FENCE_INTERVAL: {
-            char *end;
-            unsigned long long k = strtoull(optarg, &end, 10);
-            if (*end || !optarg[0] || optarg[0] == '-' || k < 1 || k > BFC_MAX_FENCE_INTERVAL)
+        case OPT_FENCE_INTERVAL:
+            if (!parse_whole_in(optarg, 1, BFC_MAX_FENCE_INTERVAL, &v))
                 return cli_bad_value("replay", "--fence-interval", optarg, "1 to 4096");
-            o.policy.fence_interval = (uint32_t)k;
+            o.policy.fence_interval = (uint32_t)v;
             fence_knob = true;
             break;
-        }
         case OPT_FENCE_BYTES:
             if (!parse_size(optarg, &v))
                 return cli_bad_value("replay", "--fence-bytes", optarg, "a size");

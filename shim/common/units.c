@@ -64,6 +64,18 @@ bool parse_power_of_two_in(const char *text, uint64_t lo, uint64_t hi, uint64_t 
     return true;
 }
 
+bool parse_whole_in(const char *text, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    if (!text || !*text || *text == '-')
+        return false;
+    char *end;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (*end || v < lo || v > hi)
+        return false;
+    *out = v;
+    return true;
+}
+
 bool parse_double_in(const char *text, double lo, double hi, double *out)
 {
     if (!text || !*text)

@@ -19,6 +19,10 @@ bool parse_size(const char *text, uint64_t *out);
 /* Parses a size (parse_size) that is a power of two in [lo, hi]. */
 bool parse_power_of_two_in(const char *text, uint64_t lo, uint64_t hi, uint64_t *out);
 
+/* Parses a whole number in [lo, hi], decimal digits only (no sign); the
+ * whole string must be consumed. */
+bool parse_whole_in(const char *text, uint64_t lo, uint64_t hi, uint64_t *out);
+
 /* Parses a real number in [lo, hi]; the whole string must be consumed. */
 bool parse_double_in(const char *text, double lo, double hi, double *out);
 

@@ -1,11 +1,13 @@
 /* The table of BFCSHIM_* variables (shim/common/env_vars.c): its choice
  * lists are in the order of the enums the library indexes with them, what
- * it accepts and refuses, the messages, and the nearest-name suggestion. */
+ * it accepts and refuses, the messages, and the nearest-name suggestion;
+ * and the whole-number parser the command-line options share (units.c). */
 #include <string.h>
 
 #include "bfc.h"
 #include "env_vars.h"
 #include "harness.h"
+#include "units.h"
 
 static const env_var *must_find(const char *name)
 {
@@ -44,6 +46,8 @@ static void values_accepted_and_refused(void)
         {"BFCSHIM_FENCE_INTERVAL", "5000", false}, {"BFCSHIM_PREALLOCATE", "No", true},
         {"BFCSHIM_PREALLOCATE", "maybe", false}, {"BFCSHIM_TRACE", "", false},
         {"BFCSHIM_PLACEMENT", "Aligned", true},  {"BFCSHIM_LIBRARY", "anything", true},
+        {"BFCSHIM_GROWTH_HEADROOM", "0.035", true}, {"BFCSHIM_GROWTH_HEADROOM", "0", true},
+        {"BFCSHIM_GROWTH_HEADROOM", "1.5", false},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         bool ok = env_var_check(must_find(cases[i].name), cases[i].value, NULL, 0);
@@ -51,6 +55,22 @@ static void values_accepted_and_refused(void)
             fprintf(stderr, "%s=%s: %d\n", cases[i].name, cases[i].value, ok);
         CHECK_EQ(ok, cases[i].ok);
     }
+}
+
+static void whole_numbers_in_bounds(void)
+{
+    uint64_t v = 7;
+    CHECK(parse_whole_in("0", 0, 10, &v) && v == 0);
+    CHECK(parse_whole_in("10", 0, 10, &v) && v == 10);
+    CHECK(parse_whole_in("18446744073709551615", 0, UINT64_MAX, &v) && v == UINT64_MAX);
+    v = 7;
+    CHECK(!parse_whole_in("11", 0, 10, &v));
+    CHECK(!parse_whole_in("0", 1, 10, &v));
+    CHECK(!parse_whole_in("", 0, 10, &v));
+    CHECK(!parse_whole_in("-1", 0, 10, &v));
+    CHECK(!parse_whole_in("3x", 0, 10, &v));
+    CHECK(!parse_whole_in("1.5", 0, 10, &v));
+    CHECK_EQ(v, 7); /* untouched when refused */
 }
 
 static void messages_say_what_is_accepted(void)
@@ -85,6 +105,7 @@ int main(void)
 {
     RUN(choices_are_in_enum_order);
     RUN(values_accepted_and_refused);
+    RUN(whole_numbers_in_bounds);
     RUN(messages_say_what_is_accepted);
     RUN(misspelt_names_get_the_nearest);
     return harness_result();
