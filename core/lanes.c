@@ -336,6 +336,8 @@ void lane_retire_locked(bfc_pool *p, uint32_t id, uint64_t completed)
         lane_detach(p, c);
         pool_make_free(p, c);
         p->st.num_retired++;
+        /* The GPU moved on: the next fence may be done too (lanes_poll_oldest). */
+        p->polls_to_skip = p->poll_gap = 0;
     }
     if (!l->accepting && l->head == CHUNK_NIL && !l->open_token)
         lane_free_slot(l);
@@ -400,15 +402,36 @@ static uint32_t oldest_lane(const bfc_pool *p, uint64_t *token)
     return best;
 }
 
-/* Every allocation: one non-blocking question about the oldest fence, so
- * that pending memory returns to the free bins as the GPU catches up instead
- * of piling up until the slow path. */
+/* The allocation path's non-blocking question about the oldest fence (at
+ * every fence_interval-th allocation), so that pending memory returns to the
+ * free bins as the GPU catches up instead of piling up until the slow path.
+ * While the GPU is behind, the answer is "not yet" until it passes the
+ * fence: asked at every allocation, a fence made 100 allocations ahead of
+ * the GPU was asked about 100 times. So each "not yet" doubles the polls
+ * skipped before the next question, up to POLL_GAP_MAX, and any retirement
+ * starts again at every poll (lane_retire_locked): a fence the GPU passes
+ * late is asked about a few times, and its memory returns at most
+ * POLL_GAP_MAX polls late by this path. The slow path (nothing fits, the
+ * pool would grow or map, a lazy lane is due) asks about every fence
+ * whatever the gap, so memory the pool needs is never held back by it. */
+#define POLL_GAP_MAX 16
+
 void lanes_poll_oldest(bfc_pool *p)
 {
+    if (p->polls_to_skip) {
+        p->polls_to_skip--;
+        return;
+    }
     uint64_t t = 0;
     uint32_t id = p->backend.fence_done ? oldest_lane(p, &t) : 0;
-    if (id && p->backend.fence_done(p->backend.ctx, id, t, false))
+    if (!id)
+        return;
+    if (p->backend.fence_done(p->backend.ctx, id, t, false)) {
         lane_retire_locked(p, id, t);
+        return;
+    }
+    p->poll_gap = p->poll_gap == 0 ? 1 : p->poll_gap < POLL_GAP_MAX / 2 ? 2 * p->poll_gap : POLL_GAP_MAX;
+    p->polls_to_skip = p->poll_gap;
 }
 
 /* Slow path, step 3: wait for the oldest token of all lanes and retire it.

@@ -72,6 +72,10 @@ struct bfc_pool {
     uint32_t open_epochs;       /* lanes with an open epoch */
     uint32_t allocs_since_fence; /* allocations since open epochs were last sealed */
     uint64_t bytes_since_fence;  /* bytes freed into open epochs since then */
+    /* The allocation path's question about the oldest fence backs off while
+     * the answer stays "not yet" (lanes_poll_oldest): the polls it skips
+     * before asking again, and the gap that the next "not yet" doubles. */
+    uint32_t polls_to_skip, poll_gap;
     uint64_t alloc_seq;
     /* vmm, growing: the most bytes the pool has needed at once (in use,
      * pending and a block being placed), and the headroom over it now, in

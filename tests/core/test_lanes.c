@@ -328,14 +328,68 @@ static void deferred_frees_share_an_epoch_sealed_at_the_next_allocation(void)
     CHECK_EQ(stats_of(&f).pending_bytes, 512 * KiB);
     CHECK_EQ(bfc_pool_free_deferred(f.pool, c, lane), BFC_OK); /* epoch 2 */
     fence_state.done = 1; /* the GPU finishes epoch 1 */
-    must_alloc(&f, 4 * KiB); /* seals epoch 2 and retires epoch 1 by polling */
+    /* Seals epoch 2; after epoch 1's "not yet" the poll skips this one. */
+    must_alloc(&f, 4 * KiB);
     CHECK_EQ(fence_state.seals, 2);
     CHECK_EQ(fence_state.sealed_token[1], 2);
+    CHECK_EQ(stats_of(&f).pending_bytes, 768 * KiB);
+    must_alloc(&f, 4 * KiB); /* polls: retires epoch 1 */
     bfc_stats s = stats_of(&f);
     CHECK_EQ(s.pending_bytes, 256 * KiB);
     CHECK_EQ(s.num_fence_waits, 0);
     CHECK(bfc_pool_lane_oldest(f.pool, lane, &t));
     CHECK_EQ(t, 2);
+    fixture_end(&f);
+}
+
+/* While the GPU is behind, the allocation path's question about the oldest
+ * fence backs off: after each "not yet" it skips twice as many allocations
+ * as before, up to 16; an answer that retires starts again at every
+ * allocation. What the pool needs is not held back: the slow path asks
+ * whatever the gap. */
+static void the_poll_backs_off_while_the_gpu_is_behind(void)
+{
+    fixture f;
+    fixture_begin(&f, 1 * MiB);
+    start_with_fences(&f);
+    uint32_t lane = open_lane(&f, false);
+    bfc_addr a = must_alloc(&f, 256 * KiB);
+    CHECK_EQ(bfc_pool_free_deferred(f.pool, a, lane), BFC_OK);
+    /* Skipping 1, 2, 4, 8, 16, 16 allocations between them: polls at
+     * allocations 1, 3, 6, 11, 20, 37 and 54. */
+    uint64_t polls_at[8], n = 0, before = fence_state.polls;
+    for (uint64_t i = 1; i <= 64; i++) {
+        must_alloc(&f, 256);
+        if (fence_state.polls != before && n < 8)
+            polls_at[n++] = i;
+        before = fence_state.polls;
+    }
+    CHECK_EQ(n, 7);
+    static const uint64_t want[] = {1, 3, 6, 11, 20, 37, 54};
+    for (uint64_t i = 0; i < n && i < 7; i++)
+        CHECK_EQ(polls_at[i], want[i]);
+    CHECK_EQ(fence_state.seals, 1);
+    CHECK_EQ(stats_of(&f).pending_bytes, 256 * KiB);
+    /* The GPU passes the fence; the next poll (at 71) retires it, and the
+     * one after a retirement asks again at once. */
+    fence_state.done = 1;
+    for (uint64_t i = 65; i <= 79; i++)
+        must_alloc(&f, 256);
+    CHECK_EQ(stats_of(&f).pending_bytes, 0);
+    bfc_addr b = must_alloc(&f, 256 * KiB);
+    CHECK_EQ(bfc_pool_free_deferred(f.pool, b, lane), BFC_OK);
+    before = fence_state.polls;
+    must_alloc(&f, 256); /* seals b's epoch and asks: not yet */
+    CHECK_EQ(fence_state.polls, before + 1);
+    /* Memory the pool needs: nothing fits 600 KiB but b's block with its
+     * neighbours; the slow path asks though the gap says skip. */
+    fence_state.done = 2;
+    before = fence_state.polls;
+    CHECK(must_alloc(&f, 600 * KiB) != 0);
+    CHECK(fence_state.polls > before);
+    CHECK_EQ(fence_state.waits, 0);
+    CHECK_EQ(stats_of(&f).pending_bytes, 0);
+    CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
     fixture_end(&f);
 }
 
@@ -624,6 +678,7 @@ int main(void)
     RUN(growth_waits_for_pending_frees_before_a_new_region);
     RUN(trim_retires_completed_frees_without_waiting);
     RUN(deferred_frees_share_an_epoch_sealed_at_the_next_allocation);
+    RUN(the_poll_backs_off_while_the_gpu_is_behind);
     RUN(the_fence_interval_batches_seals_and_the_slow_path_seals_at_once);
     RUN(a_trim_starts_the_fence_interval_again);
     RUN(the_fence_bytes_trigger_fences_large_frees_at_once);
