@@ -55,6 +55,18 @@
  *                  work on the stream named, every 32-bit element set, the
  *                  range inside one allocation, four-byte alignment, bad
  *                  streams, captured (not run)
+ *   fake-capture-fork  a stream that waits on an event recorded in a capture
+ *                  joins it (the programming guide's cross-stream
+ *                  dependencies): it reports capturing, what it queues is
+ *                  captured, not run; the end on the origin ends both and
+ *                  succeeds once the fork is joined back (directly or
+ *                  through another fork), else it answers
+ *                  CUDA_ERROR_STREAM_CAPTURE_UNJOINED with no graph; an end
+ *                  on the fork is CUDA_ERROR_STREAM_CAPTURE_UNMATCHED and
+ *                  changes nothing; legacy-stream work invalidates a
+ *                  capture through a blocking fork; the legacy stream cannot
+ *                  join (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT), nor can a
+ *                  stream of another capture (_MERGE)
  *   fake-ptds      the per-thread default stream's synchronous copies and
  *                  memsets (cuMemcpyHtoD_v2_ptds ... cuMemsetD32_v2_ptds, as
  *                  cuda.h names them under CUDA_API_PER_THREAD_DEFAULT_STREAM)
@@ -132,6 +144,7 @@ static struct {
     CUresult (*MemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
     CUresult (*MemsetD32Async)(CUdeviceptr, unsigned, size_t, CUstream);
     CUresult (*GraphDestroy)(CUgraph);
+    CUresult (*StreamIsCapturing)(CUstream, CUstreamCaptureStatus *);
     CUresult (*GetProcAddress)(const char *, void **, int, cuuint64_t,
                                CUdriverProcAddressQueryResult *);
 } X;
@@ -171,6 +184,7 @@ static void load_more(void)
     X_CU(MemsetD8Async, "cuMemsetD8Async");
     X_CU(MemsetD32Async, "cuMemsetD32Async");
     X_CU(GraphDestroy, "cuGraphDestroy");
+    X_CU(StreamIsCapturing, "cuStreamIsCapturing");
     X_CU(GetProcAddress, "cuGetProcAddress_v2");
 #undef X_CU
 }
@@ -1183,6 +1197,139 @@ static bool holds32(CUdeviceptr p, size_t n, uint32_t v)
     return true;
 }
 
+static CUstreamCaptureStatus capture_status(CUstream s)
+{
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    CHECK_EQ(X.StreamIsCapturing(s, &st), CUDA_SUCCESS);
+    return st;
+}
+
+/* e records on `from`, `to` waits on it. */
+static CUresult record_then_wait(CUevent e, CUstream from, CUstream to)
+{
+    CUresult r = D.EventRecord(e, from);
+    return r != CUDA_SUCCESS ? r : D.StreamWaitEvent(to, e, 0);
+}
+
+static void fake_capture_fork(void)
+{
+    start();
+    NEED(StreamIsCapturing);
+    NEED(GraphDestroy);
+    enum { N = 4096 };
+    CUdeviceptr dev = alloc_ok(N);
+    memset(bytes(dev), 0, N);
+    CUstream origin, side, third, other, blocking;
+    CHECK_EQ(D.StreamCreate(&origin, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&side, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&third, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&other, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&blocking, 0), CUDA_SUCCESS);
+    CUevent ev[4];
+    for (int i = 0; i < 4; i++)
+        CHECK_EQ(D.EventCreate(&ev[i], CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    CUgraph g = NULL;
+
+    /* A fork joined back: side captures until the origin's end. Work side
+     * queued before the fork still runs; what it queues after is the
+     * graph's. */
+    kernel_fill before = {dev, 16, 0x11}, during = {dev + 16, 16, 0x22};
+    CHECK_EQ(fakecuda()->launch(side, run_fill, &before), 0);
+    fakecuda_stats s0 = fake_stats();
+    CHECK_EQ(D.StreamBeginCapture(origin, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(capture_status(side), CU_STREAM_CAPTURE_STATUS_NONE);
+    CHECK_EQ(record_then_wait(ev[0], origin, side), CUDA_SUCCESS);
+    CHECK_EQ(capture_status(side), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    CHECK_EQ(fake_stats().capture_forks, s0.capture_forks + 1);
+    CHECK_EQ(fakecuda()->launch(side, run_fill, &during), 0);
+    CHECK_EQ(X.MemsetD8Async(dev + 32, 0x33, 16, side), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().captured_ops, s0.captured_ops + 2);
+    /* An end on the fork is not the capture's: refused, nothing changes. */
+    CHECK_EQ(D.StreamEndCapture(side, &g), CUDA_ERROR_STREAM_CAPTURE_UNMATCHED);
+    CHECK_EQ(capture_status(side), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    CHECK_EQ(record_then_wait(ev[1], side, origin), CUDA_SUCCESS); /* the join */
+    g = NULL;
+    CHECK_EQ(D.StreamEndCapture(origin, &g), CUDA_SUCCESS);
+    CHECK(g != NULL);
+    CHECK_EQ(X.GraphDestroy(g), CUDA_SUCCESS);
+    CHECK_EQ(capture_status(side), CU_STREAM_CAPTURE_STATUS_NONE);
+    CHECK_EQ(capture_status(origin), CU_STREAM_CAPTURE_STATUS_NONE);
+    CHECK_EQ(D.StreamSynchronize(side), CUDA_SUCCESS);
+    CHECK(holds(bytes(dev), 16, 0x11));
+    CHECK(holds(bytes(dev) + 16, 32, 0)); /* captured: never run */
+    CHECK_EQ(fake_stats().capture_invalidations, s0.capture_invalidations);
+
+    /* Work after the join leaves the fork unjoined: the capture fails, both
+     * streams leave it. */
+    CHECK_EQ(D.StreamBeginCapture(origin, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(record_then_wait(ev[0], origin, side), CUDA_SUCCESS);
+    CHECK_EQ(record_then_wait(ev[1], side, origin), CUDA_SUCCESS);
+    CHECK_EQ(fakecuda()->launch(side, run_fill, &during), 0);
+    g = (CUgraph)&g;
+    CHECK_EQ(D.StreamEndCapture(origin, &g), CUDA_ERROR_STREAM_CAPTURE_UNJOINED);
+    CHECK(g == NULL);
+    CHECK_EQ(capture_status(side), CU_STREAM_CAPTURE_STATUS_NONE);
+    CHECK_EQ(capture_status(origin), CU_STREAM_CAPTURE_STATUS_NONE);
+
+    /* A fork of a fork, joined through it. */
+    CHECK_EQ(D.StreamBeginCapture(origin, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(record_then_wait(ev[0], origin, side), CUDA_SUCCESS);
+    CHECK_EQ(record_then_wait(ev[1], side, third), CUDA_SUCCESS);
+    CHECK_EQ(capture_status(third), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    CHECK_EQ(record_then_wait(ev[2], third, side), CUDA_SUCCESS);
+    CHECK_EQ(record_then_wait(ev[3], side, origin), CUDA_SUCCESS);
+    g = NULL;
+    CHECK_EQ(D.StreamEndCapture(origin, &g), CUDA_SUCCESS);
+    CHECK(g != NULL);
+    CHECK_EQ(X.GraphDestroy(g), CUDA_SUCCESS);
+    CHECK_EQ(capture_status(third), CU_STREAM_CAPTURE_STATUS_NONE);
+    /* ... and one joined into side only before side's own join came:
+     * third's work after that wait is unjoined. */
+    CHECK_EQ(D.StreamBeginCapture(origin, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(record_then_wait(ev[0], origin, side), CUDA_SUCCESS);
+    CHECK_EQ(record_then_wait(ev[1], side, third), CUDA_SUCCESS);
+    CHECK_EQ(record_then_wait(ev[3], side, origin), CUDA_SUCCESS);
+    CHECK_EQ(record_then_wait(ev[2], third, side), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamEndCapture(origin, &g), CUDA_ERROR_STREAM_CAPTURE_UNJOINED);
+
+    /* Another capture's stream cannot wait on this one's event, nor can the
+     * legacy stream (which invalidates the capture). */
+    CHECK_EQ(D.StreamBeginCapture(origin, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamBeginCapture(other, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(D.EventRecord(ev[0], origin), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamWaitEvent(other, ev[0], 0), CUDA_ERROR_STREAM_CAPTURE_MERGE);
+    CHECK_EQ(D.StreamEndCapture(other, &g), CUDA_SUCCESS);
+    CHECK_EQ(X.GraphDestroy(g), CUDA_SUCCESS);
+    s0 = fake_stats();
+    CHECK_EQ(D.StreamWaitEvent(CU_STREAM_LEGACY, ev[0], 0), CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+    CHECK_EQ(capture_status(origin), CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+    CHECK_EQ(fake_stats().capture_invalidations, s0.capture_invalidations + 1);
+    g = (CUgraph)&g;
+    CHECK_EQ(D.StreamEndCapture(origin, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    CHECK(g == NULL);
+
+    /* A blocking fork: legacy-stream work invalidates the whole capture. */
+    CHECK_EQ(D.StreamBeginCapture(origin, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(record_then_wait(ev[0], origin, blocking), CUDA_SUCCESS);
+    CHECK_EQ(record_then_wait(ev[1], blocking, origin), CUDA_SUCCESS);
+    CHECK_EQ(X.MemsetD8(dev, 0, 1), CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+    CHECK_EQ(capture_status(origin), CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+    CHECK_EQ(D.StreamEndCapture(origin, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    CHECK_EQ(capture_status(blocking), CU_STREAM_CAPTURE_STATUS_NONE);
+
+    /* An event of a capture that has ended joins nothing. */
+    CHECK_EQ(D.StreamWaitEvent(side, ev[0], 0), CUDA_SUCCESS);
+    CHECK_EQ(capture_status(side), CU_STREAM_CAPTURE_STATUS_NONE);
+
+    for (int i = 0; i < 4; i++)
+        CHECK_EQ(D.EventDestroy(ev[i]), CUDA_SUCCESS);
+    CUstream all[] = {origin, side, third, other, blocking};
+    for (int i = 0; i < 5; i++)
+        CHECK_EQ(D.StreamDestroy(all[i]), CUDA_SUCCESS);
+    fakecuda()->complete_all();
+    CHECK_EQ(D.MemFree(dev), CUDA_SUCCESS);
+}
+
 static void fake_memset(void)
 {
     start();
@@ -1724,6 +1871,7 @@ int main(int argc, char **argv)
         {"fake-pool-access", fake_pool_access},
         {"fake-stream-write", fake_stream_write},
         {"fake-memset", fake_memset},
+        {"fake-capture-fork", fake_capture_fork},
         {"fake-ptds", fake_ptds},
         {"fake-copy-ranges", fake_copy_ranges},
         {"fake-primary-reset", fake_primary_reset},

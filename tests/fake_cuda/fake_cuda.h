@@ -78,6 +78,7 @@ typedef struct fakecuda_stats {
     uint64_t pool_access_calls;    /* cuMemPoolSetAccess that succeeded */
     uint64_t memsets;              /* cuMemsetD8/D16/D32[Async] that queued work */
     uint64_t captured_ops;         /* copies, memsets, value writes, host functions captured */
+    uint64_t capture_forks;        /* streams that joined a capture by waiting on its event */
 } fakecuda_stats;
 
 typedef void (*fakecuda_work)(void *arg);
@@ -89,7 +90,8 @@ typedef struct fakecuda_call_count {
 } fakecuda_call_count;
 
 typedef struct fakecuda_api {
-    /* Queue host work on a stream: it runs when the stream's work completes.
+    /* Queue host work on a stream: it runs when the stream's work completes
+ * (on a capturing stream it is captured, and never runs, as a kernel).
  * complete() and pending() also take a destroyed stream's handle (its work
  * goes on after cuStreamDestroy until it completes). */
     int (*launch)(void *stream, fakecuda_work fn, void *arg);

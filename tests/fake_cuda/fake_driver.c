@@ -75,7 +75,14 @@
  *             cuStreamBeginCaptureToGraph does the same into a graph made by
  *             cuGraphCreate, which cuStreamEndCapture then returns (graphs
  *             are handles without nodes; an invalidated capture returns
- *             NULL, as cuda.h says).
+ *             NULL, as cuda.h says). A stream that waits on an event
+ *             recorded in a capture joins it (a fork, the programming
+ *             guide's cross-stream dependencies): it captures what it is
+ *             given from then on, and the end on the origin stream ends
+ *             every stream of the capture, failing with
+ *             CUDA_ERROR_STREAM_CAPTURE_UNJOINED when a fork was not joined
+ *             back (an end on a fork: _UNMATCHED). An invalidation
+ *             invalidates the whole capture.
  *             Legacy-stream work while a blocking stream captures
  *             invalidates that capture; cuStreamIsCapturing(CU_STREAM_LEGACY)
  *             then answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT. cuda.h
@@ -204,6 +211,18 @@ typedef struct fstream {
     bool capturing, invalidated;
     unsigned capture_thread;
     struct fgraph *capture_graph; /* cuStreamBeginCaptureToGraph's, else NULL */
+    /* The capture sequence the stream is in while it captures: its own,
+     * begun on it (capture_origin is the stream itself), or one it joined by
+     * waiting on an event recorded in it (a fork; the origin's mode and
+     * thread). join_pos: the stream's position (submitted) at the record of
+     * its latest event that another stream of the capture waited on;
+     * join_into: that stream, and join_into_pos its position after the
+     * wait. A fork is joined when nothing followed that record and the
+     * stream it joined into is the origin or joined after the wait
+     * (fork_joined). */
+    uint64_t capture_seq;
+    struct fstream *capture_origin, *join_into;
+    uint64_t join_pos, join_into_pos;
     uint64_t id; /* cuStreamGetId: unique for the program's life (0: not asked yet) */
     struct fstream *next; /* all streams of the process (never freed) */
 } fstream;
@@ -272,6 +291,12 @@ typedef struct fevent {
     fctx *ctx;
     bool recorded, captured, dead;
     unsigned flags;       /* cuEventCreate's */
+    /* A captured record's capture (its sequence and origin stream), and the
+     * stream and position it was recorded at: a stream that waits on it
+     * joins that capture (cuStreamWaitEvent). */
+    uint64_t capture_seq;
+    struct fstream *capture_origin, *rec_stream;
+    uint64_t rec_pos;
     uint64_t recorded_ns; /* host time of the last record (cuEventElapsedTime) */
     size_t ndeps, capdeps;
     dep *deps; /* the stream positions it completes with (event_add_dep) */
@@ -319,6 +344,7 @@ static struct {
     stream_cell *free_cells;   /* FAKECUDA_REUSE_STREAM_HANDLES */
     bool reuse_stream_handles;
     uint64_t next_stream_id;
+    uint64_t next_capture_seq; /* the last capture sequence begun */
     fevent *events;
     fgreen *greens;
     fgraph *graphs;
@@ -713,6 +739,42 @@ static bool live_capture(const fstream *s)
     return s->capturing && !s->dead && !s->destroyed;
 }
 
+/* Lock held: invalidates the capture o is in, on every stream of it (the
+ * origin and its forks): a capture is one graph, and cuStreamEndCapture on
+ * its origin returns NULL for it whichever stream broke it. */
+static void invalidate_capture(fstream *o)
+{
+    o->invalidated = true;
+    if (!o->capture_seq)
+        return;
+    for (fstream *x = G.streams; x; x = x->next)
+        if (x->capturing && x->capture_seq == o->capture_seq)
+            x->invalidated = true;
+}
+
+/* Lock held: s stops capturing as it or its context goes; the origin of a
+ * capture takes its forks with it (the fake's reading: cuda.h says nothing
+ * of a capture whose origin stream is destroyed). */
+static void end_capture_sequence(fstream *origin, uint64_t seq);
+static void stop_capturing(fstream *s)
+{
+    if (s->capturing && s->capture_origin == s)
+        end_capture_sequence(s, s->capture_seq);
+    s->capturing = false;
+}
+
+/* Lock held: the capture sequence `seq` begun on `origin` is over (ended,
+ * or its origin destroyed or dead): every stream of it stops capturing. */
+static void end_capture_sequence(fstream *origin, uint64_t seq)
+{
+    for (fstream *x = G.streams; x; x = x->next)
+        if (x->capture_seq == seq && (x == origin || x->capture_origin == origin)) {
+            x->capturing = false;
+            x->capture_seq = 0;
+            x->capture_origin = x->join_into = NULL;
+        }
+}
+
 /* Lock held: does a blocking stream of c capture? */
 static bool blocking_capture_in(const fctx *c)
 {
@@ -732,7 +794,7 @@ static CUresult legacy_use(fstream *s)
     CUresult r = CUDA_SUCCESS;
     for (fstream *o = G.streams; o; o = o->next)
         if (o->ctx == s->ctx && blocking(o) && live_capture(o)) {
-            o->invalidated = true;
+            invalidate_capture(o);
             G.st.capture_invalidations++;
             r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
         }
@@ -758,7 +820,7 @@ static CUresult unsafe_call(void)
         if (conflict) {
             if (!o->invalidated)
                 G.st.capture_invalidations++;
-            o->invalidated = true;
+            invalidate_capture(o);
             G.st.unsafe_calls_refused++;
             r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
         }
@@ -1798,7 +1860,7 @@ static void kill_ctx(fctx *c)
     for (fstream *s = G.streams; s; s = s->next)
         if (s->ctx == c) {
             s->dead = true;
-            s->capturing = false;
+            stop_capturing(s);
             s->nqueue = 0;
             s->completed = s->settled = s->submitted;
         }
@@ -2408,7 +2470,7 @@ EXPORT CUresult cuCtxSynchronize(void)
         if (o->ctx == c && live_capture(o)) {
             if (!o->invalidated)
                 G.st.capture_invalidations++;
-            o->invalidated = true;
+            invalidate_capture(o);
             r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
         }
     if (r != CUDA_SUCCESS)
@@ -2458,7 +2520,7 @@ static CUresult stream_destroy(CUstream h)
     /* Returns at once: the queued work goes on and completes when the test
      * (or anything that waits for it) completes it, as on a GPU. */
     s->destroyed = true;
-    s->capturing = false;
+    stop_capturing(s);
     if (G.reuse_stream_handles) {
         stream_cell *cell = (stream_cell *)h;
         cell->next_free = G.free_cells;
@@ -2669,6 +2731,10 @@ static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode, fgraph *into
     s->capture_mode = mode;
     s->capture_thread = this_thread();
     s->capture_graph = into_graph;
+    s->capture_seq = ++G.next_capture_seq;
+    s->capture_origin = s;
+    s->join_into = NULL;
+    s->join_pos = s->join_into_pos = 0;
     LEAVE(CUDA_SUCCESS);
 }
 
@@ -2737,24 +2803,58 @@ EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream h, CUgraph g, const CU
     return begin_to_graph(h ? h : CU_STREAM_PER_THREAD, g, deps, n, mode);
 }
 
+/* Is fork o (a stream of origin's capture) joined back into the origin:
+ * nothing submitted on it since the record of an event that another stream
+ * of the capture waited on, and that stream the origin or itself joined
+ * after the wait? A cycle of waits joins nothing. */
+static bool fork_joined(const fstream *o, const fstream *origin)
+{
+    for (unsigned hops = 0; o != origin; hops++) {
+        const fstream *into = o->join_into;
+        if (hops > 1024 || !into || o->join_pos != o->submitted ||
+            (into != origin && o->join_into_pos > into->join_pos))
+            return false;
+        o = into;
+    }
+    return true;
+}
+
+/* "cuStreamEndCapture must still be called in the same stream where
+ * cuStreamBeginCapture was called; this is the origin stream", and every
+ * other stream of the capture "must also be joined back to the origin
+ * stream"; all of them leave capture mode at the end, and an unjoined fork
+ * fails "the overall capture operation" (the programming guide's
+ * cross-stream dependencies; cuda.h: CUDA_ERROR_STREAM_CAPTURE_UNMATCHED,
+ * "the capture was not initiated in this stream", and _UNJOINED, "the
+ * capture sequence contains a fork that was not joined to the primary
+ * stream"). A fork's end is refused and changes nothing. */
 static CUresult end_capture(CUstream h, CUgraph *graph)
 {
     ENTER_API();
     fstream *s = stream_of(h);
     if (!s || !s->capturing)
         LEAVE(CUDA_ERROR_ILLEGAL_STATE);
+    if (s->capture_origin != s)
+        LEAVE(CUDA_ERROR_STREAM_CAPTURE_UNMATCHED);
     /* "If mode is not CU_STREAM_CAPTURE_MODE_RELAXED, cuStreamEndCapture
      * must be called on this stream from the same thread." */
     if (s->capture_mode != CU_STREAM_CAPTURE_MODE_RELAXED && s->capture_thread != this_thread())
         LEAVE(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
-    s->capturing = false;
+    bool unjoined = false;
+    for (fstream *o = G.streams; o; o = o->next)
+        if (o != s && live_capture(o) && o->capture_seq == s->capture_seq && !fork_joined(o, s))
+            unjoined = true;
+    const bool invalidated = s->invalidated;
+    end_capture_sequence(s, s->capture_seq);
     /* "If capture was invalidated ... then a NULL graph will be returned";
      * a capture into an existing graph returns that graph. */
-    fgraph *g = s->invalidated ? NULL : s->capture_graph ? s->capture_graph : graph_new();
+    fgraph *g = invalidated || unjoined ? NULL : s->capture_graph ? s->capture_graph : graph_new();
     s->capture_graph = NULL;
     if (graph)
         *graph = (CUgraph)g;
-    LEAVE(s->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS);
+    LEAVE(invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+          : unjoined  ? CUDA_ERROR_STREAM_CAPTURE_UNJOINED
+                      : CUDA_SUCCESS);
 }
 
 EXPORT CUresult cuStreamEndCapture(CUstream h, CUgraph *g) { CALLED(); return end_capture(h, g); }
@@ -2778,11 +2878,60 @@ EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
 
 static bool event_done(const fevent *e);
 
+/* Lock held: h waits on e, last recorded in a capture still under way: "a
+ * captured event represents a set of nodes in a capture graph. When a
+ * captured event is waited on by a stream, it places the stream in capture
+ * mode if it is not already" (the programming guide's cross-stream
+ * dependencies): s joins the capture as a fork, in the origin's mode and
+ * thread, and what it queues from now on is the graph's, not run; the
+ * event's stream is joined into s as far as the record. The legacy stream
+ * cannot join a capture (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "a disallowed
+ * implicit dependency on a current capture sequence from cudaStreamLegacy",
+ * and the capture is invalidated, as legacy work on a capturing blocking
+ * stream does), nor can a stream of another capture
+ * (CUDA_ERROR_STREAM_CAPTURE_MERGE, "a merge of two independent capture
+ * sequences"): both the fake's reading of cuda.h's codes. */
+static CUresult wait_on_capture(fstream *s, fevent *e)
+{
+    fstream *origin = e->capture_origin;
+    if (s->legacy) {
+        if (!origin->invalidated)
+            G.st.capture_invalidations++;
+        invalidate_capture(origin);
+        LEAVE(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+    }
+    if (live_capture(s) && s->capture_seq != e->capture_seq)
+        LEAVE(CUDA_ERROR_STREAM_CAPTURE_MERGE);
+    if (!live_capture(s)) {
+        s->capturing = true;
+        s->invalidated = origin->invalidated;
+        s->capture_mode = origin->capture_mode;
+        s->capture_thread = origin->capture_thread;
+        s->capture_graph = NULL;
+        s->capture_seq = e->capture_seq;
+        s->capture_origin = origin;
+        s->join_into = NULL;
+        s->join_pos = s->join_into_pos = 0;
+        G.st.capture_forks++;
+    }
+    submit(s, NULL, NULL); /* the wait: a node of the graph */
+    fstream *from = e->rec_stream;
+    if (from != s && live_capture(from) && from->capture_seq == s->capture_seq) {
+        from->join_into = s;
+        from->join_pos = e->rec_pos;
+        from->join_into_pos = s->submitted;
+    }
+    LEAVE(CUDA_SUCCESS);
+}
+
 /* "Makes all future work submitted to hStream wait for all work captured in
  * hEvent" (cuda.h): the work the event's last record covers, on whatever
  * streams, completes before anything submitted to hStream after this call.
  * An event never recorded, or one whose work is done, adds nothing; on a
- * capturing stream the wait is the graph's, not the stream's. */
+ * capturing stream the wait is the graph's, not the stream's. An event last
+ * recorded in a capture under way makes the stream join it
+ * (wait_on_capture); one recorded in a capture that has ended adds
+ * nothing. */
 EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent ev, unsigned int flags)
 {
     CALLED();
@@ -2792,6 +2941,9 @@ EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent ev, unsigned int flags)
     fevent *e = event_of(ev);
     if (!s || !e)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    if (e->recorded && e->captured && live_capture(e->capture_origin) &&
+        e->capture_origin->capture_seq == e->capture_seq)
+        return wait_on_capture(s, e);
     CUresult r = legacy_use(s);
     if (r != CUDA_SUCCESS)
         LEAVE(r);
@@ -2879,6 +3031,10 @@ static CUresult event_record(CUevent h, CUstream sh)
     e->recorded = true;
     e->recorded_ns = now_ns();
     e->captured = s->capturing;
+    e->capture_seq = s->capturing ? s->capture_seq : 0;
+    e->capture_origin = s->capturing ? s->capture_origin : NULL;
+    e->rec_stream = s;
+    e->rec_pos = s->submitted;
     e->ndeps = 0;
     /* Complete once the work submitted before it is: an event on an idle
      * stream is complete at once, as on an idle GPU. The record is an
@@ -3153,7 +3309,7 @@ EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx h)
     for (fstream *s = G.streams; s; s = s->next)
         if (s->ctx == &g->ctx) {
             s->destroyed = true;
-            s->capturing = false;
+            stop_capturing(s);
         }
     if (G.primary[g->dev].refcount > 0 && --G.primary[g->dev].refcount == 0)
         kill_ctx(&G.primary[g->dev]);
@@ -3232,7 +3388,7 @@ EXPORT CUresult cuGreenCtxRecordEvent(CUgreenCtx h, CUevent ev)
         if (o->ctx == &g->ctx && live_capture(o)) {
             if (!o->invalidated)
                 G.st.capture_invalidations++;
-            o->invalidated = true;
+            invalidate_capture(o);
             r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
         }
     if (r != CUDA_SUCCESS)
@@ -5113,6 +5269,11 @@ static int ctl_launch(void *stream, fakecuda_work fn, void *arg)
         LEAVE(-1);
     if (legacy_use(s) != CUDA_SUCCESS)
         LEAVE(-1);
+    /* A kernel launched on a capturing stream is the graph's: never run. */
+    if (captured_instead(s)) {
+        maybe_autocomplete_and_unlock(s);
+        return 0;
+    }
     submit(s, fn, arg);
     maybe_autocomplete_and_unlock(s);
     return 0;
