@@ -197,6 +197,18 @@ static void count_begin(const capture_key *k, CUcontext ctx)
     }
 }
 
+bool capture_begun_on(CUstream s)
+{
+    if (atomic_load(&untracked))
+        return false;
+    bool found = false;
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < ntable && !found; i++)
+        found = table[i].s == s && s != CU_STREAM_PER_THREAD;
+    pthread_mutex_unlock(&lock);
+    return found;
+}
+
 /* After the real begin: a begin that failed is taken back; one that
  * succeeded is counted, and any older entry on the same stream was a
  * capture that ended where the shim could not see (a stream captures once

@@ -320,10 +320,23 @@ static int fence_streams(shim_pool *sp, const real_driver *R, uint32_t lane,
     out[0] = CU_STREAM_LEGACY;
     if (lane != sp->plain_lane)
         return 1;
+    /* A non-blocking stream that captures takes no event: its earlier work
+     * is covered by the stand-in recorded when it began capturing. One that
+     * captures without a begin the hooks counted (it joined another
+     * stream's capture by waiting on an event recorded in it, a fork; or
+     * began where the shim could not see) has no stand-in, and its work
+     * from before the capture may still use the block: the plain lane
+     * waits until that capture ends (e2e_fences capture-fork, where the
+     * block was handed out with the fork's earlier work still queued). */
     int k = 1;
-    for (size_t i = 0; i < n; i++)
-        if (known[i].non_blocking && !capturing(R, known[i].stream))
+    for (size_t i = 0; i < n; i++) {
+        if (!known[i].non_blocking)
+            continue;
+        if (!capturing(R, known[i].stream))
             out[k++] = known[i].stream;
+        else if (!capture_begun_on(known[i].stream))
+            return -1;
+    }
     return k;
 }
 

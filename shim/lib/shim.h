@@ -557,6 +557,12 @@ void capture_ending_done(uint64_t claimed, bool gone);
 /* No capture can be under way: none counted, and every begin is seen
  * (capture.c). Then no capture question need be asked of the driver. */
 bool capture_none(void);
+/* Did stream s (an explicit stream, not a per-thread one) begin a capture
+ * the hooks counted and that has not ended: one whose stand-in was recorded
+ * at its begin? A stream that captures otherwise joined another stream's
+ * capture by waiting on an event recorded in it (a fork), or began where
+ * the shim could not see: nothing stands in for its earlier work. */
+bool capture_begun_on(CUstream s);
 /* The v1 begins (capture.c), exported under libcuda's names: cuda.h makes
  * cuStreamBeginCapture a macro for _v2, so their C names differ. */
 /* Context creation's versions before v4 (door_driver.c): cuda.h declares

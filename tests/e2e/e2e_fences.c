@@ -18,6 +18,10 @@
  *                    next allocation
  *   capture-to-graph the same with cudaStreamBeginCaptureToGraph, into a
  *                    graph the program made (CUDA 12.3's other way in)
+ *   capture-fork     the stream joins another stream's capture between the
+ *                    free and the next allocation, by waiting on an event
+ *                    recorded in it (a fork: no begin on the stream itself)
+ *   free-in-fork     ... and the block is freed while it is in the capture
  *   legacy-capture   work on the legacy stream, then a blocking stream begins
  *                    capturing (the legacy stream becomes unusable): the
  *                    freed block waits for the capture's end
@@ -118,6 +122,16 @@ static void expect_safe(const char *hole, const char *q, void *s)
     CHECK_EQ(fake_stats().stale_handle_uses, 0);
 }
 
+/* The same for a pool that is not ordered (a non-blocking stream exists):
+ * q, 1 MiB, may lie across the hole and a free neighbour, and must not
+ * overlap the hole at all while that work is queued. (An ordered pool may
+ * hand out the hole at once: the new owner's work runs after the old,
+ * expect_new_owner_last.) */
+static void expect_safe_overlapping(const char *hole, const char *q, void *s)
+{
+    expect_safe(hole, q < hole + MiB && hole < q + MiB ? hole : q, s);
+}
+
 /* A way to destroy a stream: the runtime's (NULL), or a driver entry
  * point. */
 typedef CUresult (*destroy_fn)(CUstream);
@@ -212,6 +226,72 @@ static void captured_after_free(bool into_graph)
     CHECK_EQ(cudaFree(filler), cudaSuccess);
     CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
+
+/* Work queued on `side` before it joins a capture by waiting on an event
+ * recorded in it (a fork) still runs, and no event can be recorded on side
+ * while it captures; no begin was made on side, so nothing stood in for
+ * that work when the capture began. The free of the block that work uses
+ * comes back only once side is out of the capture (joined, the capture
+ * ended) and its work done. */
+static void forked_after_free(bool free_before_fork)
+{
+    char *p, *filler = fill_but_hole(&p);
+    cudaStream_t origin, side;
+    CHECK_EQ(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(fakecuda()->launch(side, write_pattern, p), 0);
+    if (free_before_fork)
+        CHECK_EQ(cudaFree(p), cudaSuccess);
+    fakecuda_stats s0 = fake_stats();
+    CHECK_EQ(cudaStreamBeginCapture(origin, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    cudaEvent_t fork, join;
+    CHECK_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
+    CHECK_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
+    CHECK_EQ(cudaEventRecord(fork, origin), cudaSuccess);
+    CHECK_EQ(cudaStreamWaitEvent(side, fork, 0), cudaSuccess);
+    enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    CHECK_EQ(cudaStreamIsCapturing(side, &st), cudaSuccess);
+    CHECK_EQ(st, cudaStreamCaptureStatusActive);
+    CHECK_EQ(fake_stats().capture_forks, s0.capture_forks + 1);
+    if (!free_before_fork)
+        CHECK_EQ(cudaFree(p), cudaSuccess);
+    /* Allowed in relaxed mode. The pool is full but for the hole: either
+     * the hole comes back with side's earlier work done, or not at all
+     * (out of memory) while side captures. */
+    char *q = NULL;
+    cudaError_t e = cudaMalloc((void **)&q, MiB);
+    if (e == cudaSuccess) {
+        expect_safe_overlapping(p, q, side);
+    } else {
+        CHECK_EQ(e, cudaErrorMemoryAllocation);
+        CHECK_EQ(cudaGetLastError(), cudaErrorMemoryAllocation);
+        q = NULL;
+    }
+    CHECK_EQ(cudaEventRecord(join, side), cudaSuccess);
+    CHECK_EQ(cudaStreamWaitEvent(origin, join, 0), cudaSuccess);
+    cudaGraph_t g = NULL;
+    CHECK_EQ(cudaStreamEndCapture(origin, &g), cudaSuccess);
+    CHECK(g != NULL);
+    CHECK_EQ(cudaGraphDestroy(g), cudaSuccess);
+    CHECK_EQ(cudaStreamIsCapturing(side, &st), cudaSuccess);
+    CHECK_EQ(st, cudaStreamCaptureStatusNone);
+    CHECK_EQ(fake_stats().capture_invalidations, s0.capture_invalidations);
+    /* Out of the capture, the hole comes back after side's work. */
+    if (!q) {
+        q = alloc_ok(MiB);
+        expect_safe_overlapping(p, q, side);
+    }
+    fakecuda()->complete_all();
+    CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+    CHECK_EQ(cudaEventDestroy(fork), cudaSuccess);
+    CHECK_EQ(cudaEventDestroy(join), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(side), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(origin), cudaSuccess);
+}
+
+static void capture_fork(void) { forked_after_free(true); }
+static void free_in_fork(void) { forked_after_free(false); }
 
 static void capture_begin(void) { captured_after_free(false); }
 static void capture_to_graph(void) { captured_after_free(true); }
@@ -913,6 +993,7 @@ int main(int argc, char **argv)
         {"query-vs-begin", query_vs_begin},
         {"bogus-end", bogus_end},           {"unseen-end", unseen_end},
         {"region-during-capture", region_during_capture},
+        {"capture-fork", capture_fork},     {"free-in-fork", free_in_fork},
     };
     return e2e_main("e2e_fences", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }
