@@ -43,7 +43,8 @@
  *                  asynchronous in the Async forms and synchronous in the
  *                  others, a memset of it synchronous, gone with its context
  *   fake-peer-copy cuMemcpyPeerAsync between two devices' memory: stream
- *                  work without host synchronisation; contexts and ranges
+ *                  work without host synchronisation (cuMemcpyPeer: on the
+ *                  legacy stream, no host wait either); contexts and ranges
  *                  checked, a range over neighbouring mappings accepted
  *   fake-pool-access  cuMemPoolSetAccess / cuMemPoolGetAccess: grants kept
  *                  per device, the owner's access not revocable, arguments
@@ -137,6 +138,7 @@ static struct {
     CUresult (*PointerGetAttribute)(void *, CUpointer_attribute, CUdeviceptr);
     CUresult (*PointerGetAttributes)(unsigned, CUpointer_attribute *, void **, CUdeviceptr);
     CUresult (*MemcpyPeerAsync)(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t, CUstream);
+    CUresult (*MemcpyPeer)(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t);
     CUresult (*MemPoolSetAccess)(CUmemoryPool, const CUmemAccessDesc *, size_t);
     CUresult (*MemPoolGetAccess)(CUmemAccess_flags *, CUmemoryPool, CUmemLocation *);
     CUresult (*StreamWriteValue64)(CUstream, CUdeviceptr, cuuint64_t, unsigned);
@@ -177,6 +179,7 @@ static void load_more(void)
     X_CU(PointerGetAttribute, "cuPointerGetAttribute");
     X_CU(PointerGetAttributes, "cuPointerGetAttributes");
     X_CU(MemcpyPeerAsync, "cuMemcpyPeerAsync");
+    X_CU(MemcpyPeer, "cuMemcpyPeer");
     X_CU(MemPoolSetAccess, "cuMemPoolSetAccess");
     X_CU(MemPoolGetAccess, "cuMemPoolGetAccess");
     X_CU(StreamWriteValue64, "cuStreamWriteValue64_v2");
@@ -766,6 +769,24 @@ static void fake_peer_copy(void)
     CHECK(holds(bytes(b1), N, 0x61));
     CHECK_EQ(fake_stats().peer_copies - before.peer_copies, 1);
     CHECK_EQ(fake_stats().host_copy_waits, before.host_copy_waits);
+
+    /* cuMemcpyPeer: the same copy on the current context's legacy stream,
+     * device to device, so no host wait either; its ranges checked alike. */
+    NEED(MemcpyPeer);
+    same_through_proc_address("cuMemcpyPeer", "cuMemcpyPeer");
+    fill(bytes(b1), N, 0);
+    before = fake_stats();
+    CHECK_EQ(fakecuda()->launch(CU_STREAM_LEGACY, nothing, NULL), 0);
+    CHECK_EQ(X.MemcpyPeer(b1, c1, a0, c0, N), CUDA_SUCCESS);
+    CHECK(holds(bytes(b1), N, 0));
+    CHECK_EQ(fakecuda()->pending(CU_STREAM_LEGACY), 2);
+    CHECK_EQ(fakecuda()->pending(s), 0);
+    fakecuda()->complete(CU_STREAM_LEGACY);
+    CHECK(holds(bytes(b1), N, 0x61));
+    CHECK_EQ(fake_stats().peer_copies - before.peer_copies, 1);
+    CHECK_EQ(fake_stats().host_copy_waits, before.host_copy_waits);
+    CHECK_EQ(X.MemcpyPeer(b1 + 8, c1, a0, c0, N), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemcpyPeer(b1, NULL, a0, c0, N), CUDA_ERROR_INVALID_CONTEXT);
 
     /* Each address must be its context's device memory, whole. */
     CHECK_EQ(X.MemcpyPeerAsync(b1, c0, a0, c0, N, s), CUDA_ERROR_INVALID_VALUE);

@@ -124,7 +124,7 @@
  *             memory read and written when the copy's turn comes in the
  *             Async forms, device memory when the copy's turn comes; both
  *             ranges checked whole where the driver knows the memory;
- *             cuMemcpyPeerAsync between devices; cuMemsetD8/D16/D32[Async]
+ *             cuMemcpyPeer[Async] between devices; cuMemsetD8/D16/D32[Async]
  *             and cuStreamWriteValue64 are stream work ("Copies" below).
  *   runtime   no private tables for a real CUDA runtime (cuGetExportTable:
  *             CUDA_ERROR_NOT_SUPPORTED, and one line naming the file that
@@ -4074,7 +4074,7 @@ static bool device_range_of(CUdeviceptr p, size_t n, const fctx *c)
 }
 
 static CUresult copy_peer(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, CUcontext src_ctx,
-                          size_t n, CUstream h)
+                          size_t n, CUstream h, bool sync_form)
 {
     ENTER_API();
     const fctx *dc = (const fctx *)dst_ctx, *sc = (const fctx *)src_ctx;
@@ -4083,7 +4083,7 @@ static CUresult copy_peer(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, C
     if (n && (!device_range_of(dst, n, dc) || !device_range_of(src, n, sc)))
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     pthread_mutex_unlock(&G.lock);
-    CUresult r = copy_on((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n, h, false);
+    CUresult r = copy_on((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n, h, sync_form);
     if (r == CUDA_SUCCESS) {
         pthread_mutex_lock(&G.lock);
         G.st.peer_copies++;
@@ -4096,13 +4096,31 @@ EXPORT CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dst_ctx, CUdevicept
                                   CUcontext src_ctx, size_t n, CUstream h)
 {
     CALLED();
-    return copy_peer(dst, dst_ctx, src, src_ctx, n, h);
+    return copy_peer(dst, dst_ctx, src, src_ctx, n, h, false);
 }
 EXPORT CUresult cuMemcpyPeerAsync_ptsz(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src,
                                        CUcontext src_ctx, size_t n, CUstream h)
 {
     CALLED();
-    return copy_peer(dst, dst_ctx, src, src_ctx, n, h ? h : CU_STREAM_PER_THREAD);
+    return copy_peer(dst, dst_ctx, src, src_ctx, n, h ? h : CU_STREAM_PER_THREAD, false);
+}
+
+/* cuMemcpyPeer, the synchronous form ("\note_sync"): the same copy, queued
+ * on the current context's legacy stream (its _ptds twin on the calling
+ * thread's per-thread stream, PFN_cuMemcpyPeer_v7000_ptds), under the API
+ * synchronization behavior's rule for device-to-device copies, "no
+ * host-side synchronization is performed", as the fake's cuMemcpyDtoD. */
+EXPORT CUresult cuMemcpyPeer(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src,
+                             CUcontext src_ctx, size_t n)
+{
+    CALLED();
+    return copy_peer(dst, dst_ctx, src, src_ctx, n, CU_STREAM_LEGACY, true);
+}
+EXPORT CUresult cuMemcpyPeer_ptds(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src,
+                                  CUcontext src_ctx, size_t n)
+{
+    CALLED();
+    return copy_peer(dst, dst_ctx, src, src_ctx, n, CU_STREAM_PER_THREAD, true);
 }
 
 /* cuStreamWriteValue64: "Write a value to memory" as stream work, done when
@@ -5191,6 +5209,8 @@ static const proc procs[] = {
     P("cuMemHostAlloc", 2020, cuMemHostAlloc),
     P("cuMemFreeHost", 2000, cuMemFreeHost),
     P("cuMemHostGetDevicePointer", 3020, cuMemHostGetDevicePointer_v2),
+    P("cuMemcpyPeer", 4000, cuMemcpyPeer),
+    PZ("cuMemcpyPeer", 7000, cuMemcpyPeer_ptds),
     P("cuMemcpyPeerAsync", 4000, cuMemcpyPeerAsync),
     PZ("cuMemcpyPeerAsync", 7000, cuMemcpyPeerAsync_ptsz),
     P("cuMemPoolSetAccess", 11020, cuMemPoolSetAccess),
