@@ -55,7 +55,9 @@
  *                  zeroes its first tensors with cuMemsetD32Async): stream
  *                  work on the stream named, every 32-bit element set, the
  *                  range inside one allocation, four-byte alignment, bad
- *                  streams, captured (not run)
+ *                  streams, captured (not run); the 2D forms (cuMemsetD2D8,
+ *                  cuMemsetD2D16Async, cuMemsetD2D32Async): rows a pitch
+ *                  apart, the gaps untouched, pitch and alignment rules
  *   fake-capture-fork  a stream that waits on an event recorded in a capture
  *                  joins it (the programming guide's cross-stream
  *                  dependencies): it reports capturing, what it queues is
@@ -145,6 +147,9 @@ static struct {
     CUresult (*MemsetD32)(CUdeviceptr, unsigned, size_t);
     CUresult (*MemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
     CUresult (*MemsetD32Async)(CUdeviceptr, unsigned, size_t, CUstream);
+    CUresult (*MemsetD2D8)(CUdeviceptr, size_t, unsigned char, size_t, size_t);
+    CUresult (*MemsetD2D16Async)(CUdeviceptr, size_t, unsigned short, size_t, size_t, CUstream);
+    CUresult (*MemsetD2D32Async)(CUdeviceptr, size_t, unsigned, size_t, size_t, CUstream);
     CUresult (*GraphDestroy)(CUgraph);
     CUresult (*StreamIsCapturing)(CUstream, CUstreamCaptureStatus *);
     CUresult (*GetProcAddress)(const char *, void **, int, cuuint64_t,
@@ -186,6 +191,9 @@ static void load_more(void)
     X_CU(MemsetD32, "cuMemsetD32_v2");
     X_CU(MemsetD8Async, "cuMemsetD8Async");
     X_CU(MemsetD32Async, "cuMemsetD32Async");
+    X_CU(MemsetD2D8, "cuMemsetD2D8_v2");
+    X_CU(MemsetD2D16Async, "cuMemsetD2D16Async");
+    X_CU(MemsetD2D32Async, "cuMemsetD2D32Async");
     X_CU(GraphDestroy, "cuGraphDestroy");
     X_CU(StreamIsCapturing, "cuStreamIsCapturing");
     X_CU(GetProcAddress, "cuGetProcAddress_v2");
@@ -1434,6 +1442,46 @@ static void fake_memset(void)
     CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
     CHECK(holds(bytes(dev), N, 0));
     CHECK_EQ(fake_stats().captured_ops - before.captured_ops, 1);
+
+    /* The 2D forms: rows of Width elements, dstPitch apart, the gaps
+     * between rows untouched; stream work as the 1D forms. */
+    NEED(MemsetD2D8);
+    NEED(MemsetD2D16Async);
+    NEED(MemsetD2D32Async);
+    same_through_proc_address("cuMemsetD2D8", "cuMemsetD2D8_v2");
+    same_through_proc_address("cuMemsetD2D32Async", "cuMemsetD2D32Async");
+    memset(bytes(dev), 0, N);
+    before = fake_stats();
+    CHECK_EQ(fakecuda()->launch(s, nothing, NULL), 0);
+    CHECK_EQ(X.MemsetD2D32Async(dev + 64, 256, v, 8, 4, s), CUDA_SUCCESS);
+    CHECK(holds(bytes(dev), N, 0));
+    CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
+    for (int r = 0; r < 4; r++) {
+        CHECK(holds32(dev + 64 + (CUdeviceptr)r * 256, 8, v));
+        CHECK(holds(bytes(dev) + 64 + r * 256 + 32, 256 - 32, 0));
+    }
+    CHECK(holds(bytes(dev), 64, 0));
+    CHECK_EQ(fakecuda()->launch(CU_STREAM_LEGACY, nothing, NULL), 0);
+    CHECK_EQ(X.MemsetD2D8(dev, 100, 0x7e, 10, 3), CUDA_SUCCESS); /* the legacy stream */
+    CHECK(holds(bytes(dev), 10, 0));
+    fakecuda()->complete(CU_STREAM_LEGACY);
+    CHECK(holds(bytes(dev), 10, 0x7e) && holds(bytes(dev) + 100, 10, 0x7e) &&
+          holds(bytes(dev) + 200, 10, 0x7e) && holds(bytes(dev) + 10, 54, 0));
+    CHECK_EQ(fake_stats().memsets - before.memsets, 2);
+    /* Refused: a pitch or pointer not two-byte aligned for D2D16, a pitch
+     * shorter than a row, a last row past the allocation. One row ignores
+     * the pitch; zero rows set nothing. */
+    before = fake_stats();
+    CHECK_EQ(X.MemsetD2D16Async(dev, 101, 1, 8, 2, s), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemsetD2D16Async(dev + 1, 100, 1, 8, 2, s), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemsetD2D32Async(dev, 16, v, 8, 2, s), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemsetD2D32Async(dev, 1024, v, 8, 5, s), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.MemsetD2D32Async(dev, 1024, v, 8, 4, s), CUDA_SUCCESS);
+    CHECK_EQ(X.MemsetD2D16Async(dev, 3, 1, 8, 1, s), CUDA_SUCCESS);
+    CHECK_EQ(X.MemsetD2D16Async(dev, 16, 1, 8, 0, s), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().memsets - before.memsets, 2);
+
     CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
     /* A bad stream: cuMemsetD32Async lists no invalid handle. */
     CHECK_EQ(X.MemsetD32Async(dev, v, 4, s), CUDA_ERROR_INVALID_VALUE);

@@ -125,6 +125,7 @@
  *             Async forms, device memory when the copy's turn comes; both
  *             ranges checked whole where the driver knows the memory;
  *             cuMemcpyPeer[Async] between devices; cuMemsetD8/D16/D32[Async]
+ *             and their 2D forms
  *             and cuStreamWriteValue64 are stream work ("Copies" below).
  *   runtime   no private tables for a real CUDA runtime (cuGetExportTable:
  *             CUDA_ERROR_NOT_SUPPORTED, and one line naming the file that
@@ -4209,22 +4210,29 @@ typedef struct async_set {
     unsigned char *dst;
     uint32_t value;
     unsigned width; /* bytes per element: 1, 2 or 4 */
-    size_t n;       /* elements */
+    size_t n;       /* elements a row */
+    size_t pitch, rows; /* the 2D forms' (1 row otherwise) */
 } async_set;
+
+static void set_row(unsigned char *dst, uint32_t value, unsigned width, size_t n)
+{
+    if (width == 1) {
+        memset(dst, (int)value, n);
+    } else if (width == 2) {
+        const uint16_t v = (uint16_t)value; /* the element as the host stores it */
+        for (size_t i = 0; i < n; i++)
+            memcpy(dst + i * 2, &v, 2);
+    } else {
+        for (size_t i = 0; i < n; i++)
+            memcpy(dst + i * 4, &value, 4);
+    }
+}
 
 static void run_set(void *arg)
 {
     async_set *a = arg;
-    if (a->width == 1) {
-        memset(a->dst, (int)a->value, a->n);
-    } else if (a->width == 2) {
-        const uint16_t v = (uint16_t)a->value; /* the element as the host stores it */
-        for (size_t i = 0; i < a->n; i++)
-            memcpy(a->dst + i * 2, &v, 2);
-    } else {
-        for (size_t i = 0; i < a->n; i++)
-            memcpy(a->dst + i * 4, &a->value, 4);
-    }
+    for (size_t r = 0; r < a->rows; r++)
+        set_row(a->dst + r * a->pitch, a->value, a->width, a->n);
     free(a);
 }
 
@@ -4241,16 +4249,38 @@ static bool settable(CUdeviceptr d, size_t bytes, bool *locked)
                 : vmm_mapped_on(d, bytes, -1);
 }
 
+/* The bytes [d, d + *span) that `rows` rows of n elements of `width` bytes,
+ * `pitch` bytes apart, cover; false when the pitch is misaligned or shorter
+ * than a row (with more than one row), or the span overflows. */
+static bool set_span(size_t n, unsigned width, size_t pitch, size_t rows, size_t *span)
+{
+    if (n > SIZE_MAX / width)
+        return false;
+    const size_t row = n * width;
+    if (rows <= 1) {
+        *span = row;
+        return true;
+    }
+    if (pitch % width || pitch < row || rows - 1 > (SIZE_MAX - row) / pitch)
+        return false;
+    *span = (rows - 1) * pitch + row;
+    return true;
+}
+
 static CUresult memset_on(CUstream h, CUdeviceptr d, uint32_t value, unsigned width, size_t n,
-                          bool sync_form)
+                          size_t pitch, size_t rows, bool sync_form)
 {
     ENTER_API();
     fstream *s = stream_of(h);
     if (!s)
         LEAVE(sync_form ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_VALUE);
     bool locked = false;
-    if (d % width || n > SIZE_MAX / width || !settable(d, n ? n * width : 1, &locked))
+    size_t span = 0;
+    if (d % width || !set_span(n, width, pitch, rows, &span) ||
+        !settable(d, span ? span : 1, &locked))
         LEAVE(CUDA_ERROR_INVALID_VALUE);
+    if (rows == 0)
+        n = 0;
     CUresult r = legacy_use(s);
     if (r != CUDA_SUCCESS)
         LEAVE(r);
@@ -4263,7 +4293,7 @@ static CUresult memset_on(CUstream h, CUdeviceptr d, uint32_t value, unsigned wi
     async_set *a = malloc(sizeof *a);
     if (!a)
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
-    *a = (async_set){(unsigned char *)(uintptr_t)d, value, width, n};
+    *a = (async_set){(unsigned char *)(uintptr_t)d, value, width, n, pitch, rows ? rows : 1};
     submit(s, run_set, a);
     G.st.memsets++;
     if (sync_form && locked && !s->capturing)
@@ -4276,64 +4306,140 @@ static CUresult memset_on(CUstream h, CUdeviceptr d, uint32_t value, unsigned wi
 EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n)
 {
     CALLED();
-    return memset_on(CU_STREAM_LEGACY, d, v, 1, n, true);
+    return memset_on(CU_STREAM_LEGACY, d, v, 1, n, 0, 1, true);
 }
 EXPORT CUresult cuMemsetD16_v2(CUdeviceptr d, unsigned short v, size_t n)
 {
     CALLED();
-    return memset_on(CU_STREAM_LEGACY, d, v, 2, n, true);
+    return memset_on(CU_STREAM_LEGACY, d, v, 2, n, 0, 1, true);
 }
 EXPORT CUresult cuMemsetD32_v2(CUdeviceptr d, unsigned int v, size_t n)
 {
     CALLED();
-    return memset_on(CU_STREAM_LEGACY, d, v, 4, n, true);
+    return memset_on(CU_STREAM_LEGACY, d, v, 4, n, 0, 1, true);
 }
 /* On the calling thread's per-thread default stream (cuda.h's
  * __CUDA_API_PTDS names; PFN_cuMemsetD8_v7000_ptds), as the copies above. */
 EXPORT CUresult cuMemsetD8_v2_ptds(CUdeviceptr d, unsigned char v, size_t n)
 {
     CALLED();
-    return memset_on(CU_STREAM_PER_THREAD, d, v, 1, n, true);
+    return memset_on(CU_STREAM_PER_THREAD, d, v, 1, n, 0, 1, true);
 }
 EXPORT CUresult cuMemsetD16_v2_ptds(CUdeviceptr d, unsigned short v, size_t n)
 {
     CALLED();
-    return memset_on(CU_STREAM_PER_THREAD, d, v, 2, n, true);
+    return memset_on(CU_STREAM_PER_THREAD, d, v, 2, n, 0, 1, true);
 }
 EXPORT CUresult cuMemsetD32_v2_ptds(CUdeviceptr d, unsigned int v, size_t n)
 {
     CALLED();
-    return memset_on(CU_STREAM_PER_THREAD, d, v, 4, n, true);
+    return memset_on(CU_STREAM_PER_THREAD, d, v, 4, n, 0, 1, true);
 }
 EXPORT CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream h)
 {
     CALLED();
-    return memset_on(h, d, v, 1, n, false);
+    return memset_on(h, d, v, 1, n, 0, 1, false);
 }
 EXPORT CUresult cuMemsetD8Async_ptsz(CUdeviceptr d, unsigned char v, size_t n, CUstream h)
 {
     CALLED();
-    return memset_on(h ? h : CU_STREAM_PER_THREAD, d, v, 1, n, false);
+    return memset_on(h ? h : CU_STREAM_PER_THREAD, d, v, 1, n, 0, 1, false);
 }
 EXPORT CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream h)
 {
     CALLED();
-    return memset_on(h, d, v, 2, n, false);
+    return memset_on(h, d, v, 2, n, 0, 1, false);
 }
 EXPORT CUresult cuMemsetD16Async_ptsz(CUdeviceptr d, unsigned short v, size_t n, CUstream h)
 {
     CALLED();
-    return memset_on(h ? h : CU_STREAM_PER_THREAD, d, v, 2, n, false);
+    return memset_on(h ? h : CU_STREAM_PER_THREAD, d, v, 2, n, 0, 1, false);
 }
 EXPORT CUresult cuMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream h)
 {
     CALLED();
-    return memset_on(h, d, v, 4, n, false);
+    return memset_on(h, d, v, 4, n, 0, 1, false);
 }
 EXPORT CUresult cuMemsetD32Async_ptsz(CUdeviceptr d, unsigned int v, size_t n, CUstream h)
 {
     CALLED();
-    return memset_on(h ? h : CU_STREAM_PER_THREAD, d, v, 4, n, false);
+    return memset_on(h ? h : CU_STREAM_PER_THREAD, d, v, 4, n, 0, 1, false);
+}
+
+/* The 2D forms: Height rows of Width elements, dstPitch bytes apart
+ * ("Unused if Height is 1"), under the same rules as the 1D forms above;
+ * cuMemsetD2D16's "dstDevice and dstPitch offset must be two byte aligned",
+ * cuMemsetD2D32's four. A pitch shorter than a row, with more than one row,
+ * is an invalid value too (rows would overlap; cuda.h does not say: the
+ * stricter reading), and the whole span, first row to last, must lie in one
+ * allocation or mapped virtual memory. Height 0 sets nothing. */
+EXPORT CUresult cuMemsetD2D8_v2(CUdeviceptr d, size_t pitch, unsigned char v, size_t n, size_t rows)
+{
+    CALLED();
+    return memset_on(CU_STREAM_LEGACY, d, v, 1, n, pitch, rows, true);
+}
+EXPORT CUresult cuMemsetD2D8_v2_ptds(CUdeviceptr d, size_t pitch, unsigned char v, size_t n, size_t rows)
+{
+    CALLED();
+    return memset_on(CU_STREAM_PER_THREAD, d, v, 1, n, pitch, rows, true);
+}
+EXPORT CUresult cuMemsetD2D8Async(CUdeviceptr d, size_t pitch, unsigned char v, size_t n, size_t rows,
+                                 CUstream h)
+{
+    CALLED();
+    return memset_on(h, d, v, 1, n, pitch, rows, false);
+}
+EXPORT CUresult cuMemsetD2D8Async_ptsz(CUdeviceptr d, size_t pitch, unsigned char v, size_t n, size_t rows,
+                                      CUstream h)
+{
+    CALLED();
+    return memset_on(h ? h : CU_STREAM_PER_THREAD, d, v, 1, n, pitch, rows, false);
+}
+
+EXPORT CUresult cuMemsetD2D16_v2(CUdeviceptr d, size_t pitch, unsigned short v, size_t n, size_t rows)
+{
+    CALLED();
+    return memset_on(CU_STREAM_LEGACY, d, v, 2, n, pitch, rows, true);
+}
+EXPORT CUresult cuMemsetD2D16_v2_ptds(CUdeviceptr d, size_t pitch, unsigned short v, size_t n, size_t rows)
+{
+    CALLED();
+    return memset_on(CU_STREAM_PER_THREAD, d, v, 2, n, pitch, rows, true);
+}
+EXPORT CUresult cuMemsetD2D16Async(CUdeviceptr d, size_t pitch, unsigned short v, size_t n, size_t rows,
+                                 CUstream h)
+{
+    CALLED();
+    return memset_on(h, d, v, 2, n, pitch, rows, false);
+}
+EXPORT CUresult cuMemsetD2D16Async_ptsz(CUdeviceptr d, size_t pitch, unsigned short v, size_t n, size_t rows,
+                                      CUstream h)
+{
+    CALLED();
+    return memset_on(h ? h : CU_STREAM_PER_THREAD, d, v, 2, n, pitch, rows, false);
+}
+
+EXPORT CUresult cuMemsetD2D32_v2(CUdeviceptr d, size_t pitch, unsigned int v, size_t n, size_t rows)
+{
+    CALLED();
+    return memset_on(CU_STREAM_LEGACY, d, v, 4, n, pitch, rows, true);
+}
+EXPORT CUresult cuMemsetD2D32_v2_ptds(CUdeviceptr d, size_t pitch, unsigned int v, size_t n, size_t rows)
+{
+    CALLED();
+    return memset_on(CU_STREAM_PER_THREAD, d, v, 4, n, pitch, rows, true);
+}
+EXPORT CUresult cuMemsetD2D32Async(CUdeviceptr d, size_t pitch, unsigned int v, size_t n, size_t rows,
+                                 CUstream h)
+{
+    CALLED();
+    return memset_on(h, d, v, 4, n, pitch, rows, false);
+}
+EXPORT CUresult cuMemsetD2D32Async_ptsz(CUdeviceptr d, size_t pitch, unsigned int v, size_t n, size_t rows,
+                                      CUstream h)
+{
+    CALLED();
+    return memset_on(h ? h : CU_STREAM_PER_THREAD, d, v, 4, n, pitch, rows, false);
 }
 
 static CUresult error_string(CUresult e, const char **s)
@@ -5192,6 +5298,18 @@ static const proc procs[] = {
     PZ("cuMemsetD16Async", 7000, cuMemsetD16Async_ptsz),
     P("cuMemsetD32Async", 3020, cuMemsetD32Async),
     PZ("cuMemsetD32Async", 7000, cuMemsetD32Async_ptsz),
+    P("cuMemsetD2D8", 3020, cuMemsetD2D8_v2),
+    PZ("cuMemsetD2D8", 7000, cuMemsetD2D8_v2_ptds),
+    P("cuMemsetD2D8Async", 3020, cuMemsetD2D8Async),
+    PZ("cuMemsetD2D8Async", 7000, cuMemsetD2D8Async_ptsz),
+    P("cuMemsetD2D16", 3020, cuMemsetD2D16_v2),
+    PZ("cuMemsetD2D16", 7000, cuMemsetD2D16_v2_ptds),
+    P("cuMemsetD2D16Async", 3020, cuMemsetD2D16Async),
+    PZ("cuMemsetD2D16Async", 7000, cuMemsetD2D16Async_ptsz),
+    P("cuMemsetD2D32", 3020, cuMemsetD2D32_v2),
+    PZ("cuMemsetD2D32", 7000, cuMemsetD2D32_v2_ptds),
+    P("cuMemsetD2D32Async", 3020, cuMemsetD2D32Async),
+    PZ("cuMemsetD2D32Async", 7000, cuMemsetD2D32Async_ptsz),
     P("cuMemcpy", 4000, cuMemcpy),
     PZ("cuMemcpy", 7000, cuMemcpy_ptds),
     P("cuMemcpyAsync", 4000, cuMemcpyAsync),
