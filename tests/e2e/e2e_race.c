@@ -18,7 +18,9 @@
  *   - device resets, and created contexts destroyed, with work queued and
  *     blocks live (one thread only);
  *   - captures (relaxed mode) begun and ended on non-blocking streams with
- *     work queued, other streams allocating and freeing meanwhile;
+ *     work queued, other streams allocating and freeing meanwhile, and other
+ *     non-blocking streams with work queued forked into them (a wait on an
+ *     event recorded in the capture) and joined back at its end;
  *   - completions of streams in any order, and synchronisations;
  *   - allocations and frees through the C interface of bfcshim.h as a
  *     third door (bfcshim_malloc, bfcshim_free, their stream-ordered
@@ -219,6 +221,11 @@ static _Thread_local int current_place;
  * legacy stream to every thread, which other threads' programs do not
  * know. */
 static _Thread_local int capturing = -1, capturing_place;
+/* Created non-blocking slots of the capturing place forked into that
+ * capture (each waited on an event recorded in it), a bit each: they
+ * capture too, with no begin of their own, until the capture's end joins
+ * them back. */
+static _Thread_local unsigned forked;
 /* A program may not synchronise the device while any thread captures (the
  * fake, reading cuda.h harshly, invalidates the capture, as
  * cuCtxRecordEvent's text says it does): captures hold this gate shared,
@@ -252,7 +259,10 @@ static cudaStream_t stream_at(int d, int s)
     return slot[d][s];
 }
 
-static bool is_capturing(int d, int s) { return capturing == s && capturing_place == d; }
+static bool is_capturing(int d, int s)
+{
+    return capturing >= 0 && capturing_place == d && (capturing == s || (forked >> s & 1));
+}
 /* Streams destroyed with work maybe still queued, and their places. */
 typedef struct destroyed_stream {
     cudaStream_t stream;
@@ -631,8 +641,20 @@ static void toggle_capture(void)
     if (plugin)
         return;
     if (capturing >= 0) {
+        cudaStream_t origin = slot[capturing_place][capturing];
+        if (forked)
+            use_place(capturing_place); /* an event of the streams' context */
+        for (int s = 2; s < NSLOTS; s++) /* join every fork back */
+            if (forked >> s & 1) {
+                cudaEvent_t e;
+                EXPECT(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
+                EXPECT(cudaEventRecord(e, slot[capturing_place][s]), cudaSuccess);
+                EXPECT(cudaStreamWaitEvent(origin, e, 0), cudaSuccess);
+                EXPECT(cudaEventDestroy(e), cudaSuccess);
+            }
+        forked = 0;
         cudaGraph_t g;
-        EXPECT(cudaStreamEndCapture(slot[capturing_place][capturing], &g), cudaSuccess);
+        EXPECT(cudaStreamEndCapture(origin, &g), cudaSuccess);
         pthread_rwlock_unlock(&capture_gate);
         trace("capture on stream slot %d of place %d ended", capturing, capturing_place);
         capturing = -1;
@@ -646,6 +668,26 @@ static void toggle_capture(void)
     capturing = s;
     capturing_place = d;
     trace("capture on stream slot %d of place %d begun", s, d);
+}
+
+/* Forks a created non-blocking stream of the capturing place into the
+ * capture under way: it waits on an event recorded on the origin, as
+ * multi-stream graph capture (and NCCL) do. Its work queued before the fork
+ * still runs, and no begin was made on it: blocks freed meanwhile must still
+ * wait for that work. */
+static void fork_into_capture(void)
+{
+    const int d = capturing_place, s = 2 + (int)pick(NSLOTS - 2);
+    if (is_capturing(d, s) || !slot_non_blocking[d][s])
+        return;
+    use_place(d); /* an event of the streams' context */
+    cudaEvent_t e;
+    EXPECT(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
+    EXPECT(cudaEventRecord(e, slot[d][capturing]), cudaSuccess);
+    EXPECT(cudaStreamWaitEvent(slot[d][s], e, 0), cudaSuccess);
+    EXPECT(cudaEventDestroy(e), cudaSuccess);
+    forked |= 1u << s;
+    trace("stream slot %d of place %d forked into the capture", s, d);
 }
 
 static void one_op(void)
@@ -674,7 +716,10 @@ static void one_op(void)
         int d = (int)pick((size_t)nplaces);
         fakecuda()->complete(stream_at(d, (int)pick(NSLOTS)));
     } else if (r < 95) {
-        toggle_capture();
+        if (capturing >= 0 && pick(2))
+            fork_into_capture();
+        else
+            toggle_capture();
     } else if (r < 97) {
         if (ndestroyed)
             fakecuda()->complete(destroyed[pick(ndestroyed)].stream);
