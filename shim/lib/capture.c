@@ -93,6 +93,7 @@ typedef struct counted {
     CUcontext ctx;    /* the stream's context, NULL when the driver could not say */
     uint64_t mark;    /* 0, BEGINNING, or the claim of a call ending the stream's */
     uint64_t ctx_mark; /* 0, or the claim of a call that may end the context */
+    bool fork;        /* joined another stream's capture by a wait (forks below) */
 } counted;
 
 enum { BEGINNING = 1 }; /* a begin in flight: no ending call may claim it */
@@ -179,13 +180,13 @@ static void drop(size_t i)
 /* Counts a begin on k's stream before the real call (the streams' write
  * lock held, before_begin) with an entry marked BEGINNING. Without room for
  * one, nothing is trusted to the count again. */
-static void count_begin(const capture_key *k, CUcontext ctx)
+static void count_begin(const capture_key *k, CUcontext ctx, bool fork)
 {
     pthread_mutex_lock(&lock);
     counted *t = array_room(table, ntable, &captable, sizeof *table, 8);
     if (t) {
         table = t;
-        table[ntable++] = (counted){k->s, k->thread, ctx, BEGINNING, 0};
+        table[ntable++] = (counted){k->s, k->thread, ctx, BEGINNING, 0, fork};
         atomic_store_explicit(&underway, (int)ntable, memory_order_release);
         green_capture_changed(ctx, +1);
     }
@@ -370,16 +371,18 @@ static bool blocking_stream(const real_driver *R, CUstream s)
  * lock held (streams.c): no seal may ask whether s captures before the
  * begin and record its event on s after it (the event would be a captured
  * one, which never completes). The begin is counted first (the header). */
-static capture_key before_begin(CUstream s)
+static capture_key before_begin_as(CUstream s, bool fork)
 {
     streams_change_begin();
     const real_driver *R = real_driver_get();
     capture_key k = key_of(s);
-    count_begin(&k, k.s == CU_STREAM_PER_THREAD ? k.ctx : context_of(R, s));
+    count_begin(&k, k.s == CU_STREAM_PER_THREAD ? k.ctx : context_of(R, s), fork);
     if (R)
         capture_stand_in(s, blocking_stream(R, s));
     return k;
 }
+
+static capture_key before_begin(CUstream s) { return before_begin_as(s, false); }
 
 static CUresult began(CUresult r, const capture_key *k)
 {
@@ -398,11 +401,81 @@ static uint64_t before_end(CUstream s)
     return claim(&k, NULL);
 }
 
+static void forks_ended(void);
+
 static void ended(int r, uint64_t claimed)
 {
-    capture_ending_done(claimed, r == CUDA_SUCCESS ||
-                                     r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ||
-                                     r == CUDA_ERROR_STREAM_CAPTURE_UNJOINED);
+    const bool over = r == CUDA_SUCCESS || r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ||
+                      r == CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
+    capture_ending_done(claimed, over);
+    if (over)
+        forks_ended();
+}
+
+/*
+ * Forks. A stream joins a capture without a begin when it waits on an event
+ * recorded in it: "when a captured event is waited on by a stream, it
+ * places the stream in capture mode" (the programming guide's cross-stream
+ * dependencies; multi-stream graph capture and NCCL do it). Its work queued
+ * before the wait still runs and may read blocks freed plainly, and from the
+ * wait on no event can be recorded on it: exactly a begin's situation. So
+ * while a capture may be under way, a wait on an explicit stream that is not
+ * capturing is made like a begin (before_begin_as: the streams' write lock,
+ * an entry, a stand-in on the stream), and the entry stays only if the
+ * stream captures after it (the event was a captured one). Seals then skip
+ * the fork, its stand-in covering its earlier work (capture_begun_on), its
+ * green context knows it captures, and its destruction or its context's end
+ * takes it away as a begun capture's. Its capture ends with the origin's,
+ * which the hooks see only as the origin's end: after each end, every fork
+ * whose stream no longer captures is taken away (forks_ended). With no
+ * capture under way (capture_none) a wait costs one atomic load here.
+ */
+/* Lock-free: may a wait make s join a capture (a capture may be under way,
+ * s is an explicit stream, and it does not capture yet)? */
+static bool may_fork(const real_driver *R, CUstream s)
+{
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    return !capture_none() && R && s != NULL && s != CU_STREAM_LEGACY &&
+           s != CU_STREAM_PER_THREAD && R->StreamIsCapturing(s, &st) == CUDA_SUCCESS &&
+           st == CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+/* After the wait: the entry stays if s captures now. */
+static void waited(const real_driver *R, CUstream s, const capture_key *k)
+{
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    const bool forked = R->StreamIsCapturing(s, &st) == CUDA_SUCCESS &&
+                        st != CU_STREAM_CAPTURE_STATUS_NONE;
+    began(forked ? CUDA_SUCCESS : CUDA_ERROR_ILLEGAL_STATE, k);
+}
+
+/* After an end: the forks whose streams no longer capture are taken away.
+ * Under the streams' write lock, as begins and forks are counted, so that
+ * none is made between the question and the removal; the driver is asked
+ * outside the table's lock. */
+static void forks_ended(void)
+{
+    const real_driver *R = real_driver_get();
+    if (!R)
+        return;
+    streams_change_begin();
+    for (size_t i = 0;; i++) {
+        pthread_mutex_lock(&lock);
+        while (i < ntable && !(table[i].fork && table[i].mark == 0))
+            i++;
+        CUstream s = i < ntable ? table[i].s : NULL;
+        pthread_mutex_unlock(&lock);
+        if (i >= ntable)
+            break;
+        CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+        if (R->StreamIsCapturing(s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE)
+            continue;
+        pthread_mutex_lock(&lock);
+        if (i < ntable && table[i].fork && table[i].mark == 0 && table[i].s == s)
+            drop(i--); /* slot i holds the last entry now */
+        pthread_mutex_unlock(&lock);
+    }
+    streams_change_end();
 }
 
 /* ---- driver door ------------------------------------------------------------------ */
@@ -476,6 +549,32 @@ SHIM_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g,
                                                       CUstreamCaptureMode mode)
 {
     return begin_to_graph(1, s, g, deps, edges, n, mode);
+}
+
+static CUresult wait_event(int z, CUstream s, CUevent e, unsigned flags)
+{
+    const real_driver *R = real_driver_get();
+    CUresult (*f)(CUstream, CUevent, unsigned) =
+        !R ? NULL : z ? R->StreamWaitEventPtsz : R->StreamWaitEvent;
+    if (!f)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUstream n = named(s, z);
+    if (!may_fork(R, n))
+        return f(s, e, flags);
+    capture_key k = before_begin_as(n, true);
+    CUresult r = f(s, e, flags);
+    waited(R, n, &k);
+    return r;
+}
+
+SHIM_EXPORT CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned flags)
+{
+    return wait_event(0, s, e, flags);
+}
+
+SHIM_EXPORT CUresult cuStreamWaitEvent_ptsz(CUstream s, CUevent e, unsigned flags)
+{
+    return wait_event(1, s, e, flags);
 }
 
 SHIM_EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g) { return end(0, s, g); }
@@ -563,6 +662,35 @@ SHIM_EXPORT cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t s, cudaG
 {
     REAL_RT(rt_begin_to_graph_fn, f, "cudaStreamBeginCaptureToGraph_ptsz");
     return rt_begin_to_graph(f, s, g, deps, edges, n, mode, 1);
+}
+
+typedef cudaError_t (*rt_wait_fn)(cudaStream_t, cudaEvent_t, unsigned);
+
+static cudaError_t rt_wait_event(rt_wait_fn f, cudaStream_t s, cudaEvent_t e, unsigned flags,
+                                 int z)
+{
+    if (!f)
+        return cudaErrorInsufficientDriver;
+    const real_driver *R = real_driver_get();
+    CUstream n = named((CUstream)s, z);
+    if (!runtime_does_it() || !may_fork(R, n))
+        return f(s, e, flags);
+    capture_key k = before_begin_as(n, true);
+    cudaError_t r = f(s, e, flags);
+    waited(R, n, &k);
+    return r;
+}
+
+SHIM_EXPORT cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
+{
+    REAL_RT(rt_wait_fn, f, "cudaStreamWaitEvent");
+    return rt_wait_event(f, s, e, flags, 0);
+}
+
+SHIM_EXPORT cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t s, cudaEvent_t e, unsigned flags)
+{
+    REAL_RT(rt_wait_fn, f, "cudaStreamWaitEvent_ptsz");
+    return rt_wait_event(f, s, e, flags, 1);
 }
 
 SHIM_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g)

@@ -59,6 +59,8 @@ static hook hooks[] = {
     H(cuStreamBeginCaptureToGraph_ptsz),
     H(cuStreamEndCapture),
     H(cuStreamEndCapture_ptsz),
+    H(cuStreamWaitEvent),
+    H(cuStreamWaitEvent_ptsz),
     H(cuCtxDestroy_v2),
     H(cuCtxDetach), /* deprecated in cuda.h, still exported (PyCUDA's detach) */
     {"cuCtxCreate", (void *)shim_cuCtxCreate_v1, NULL},

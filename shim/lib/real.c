@@ -127,6 +127,7 @@ static void load_driver(void)
     LOOK(CtxDisablePeerAccess, "cuCtxDisablePeerAccess");
     LOOK(StreamSynchronize, "cuStreamSynchronize");
     LOOK(StreamWaitEvent, "cuStreamWaitEvent");
+    LOOK(StreamWaitEventPtsz, "cuStreamWaitEvent_ptsz");
     LOOK(GreenCtxCreate, "cuGreenCtxCreate");
     LOOK(GreenCtxDestroy, "cuGreenCtxDestroy");
     LOOK(GreenCtxStreamCreate, "cuGreenCtxStreamCreate");

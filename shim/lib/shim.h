@@ -45,6 +45,8 @@ CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
                                           size_t numDependencies, CUstreamCaptureMode mode);
 CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph);
 cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream, enum cudaStreamCaptureMode mode);
+cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t stream, cudaEvent_t event, unsigned int flags);
+CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags);
 cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t stream, cudaGraph_t graph,
                                                const cudaGraphNode_t *dependencies,
                                                const cudaGraphEdgeData *dependencyData,
@@ -218,6 +220,7 @@ typedef struct real_driver {
     CUresult (*CtxDisablePeerAccess)(CUcontext);
     CUresult (*StreamSynchronize)(CUstream);
     CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned);
+    CUresult (*StreamWaitEventPtsz)(CUstream, CUevent, unsigned); /* the program's, hooked */
     /* green contexts (green.c); optional */
     CUresult (*GreenCtxCreate)(CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned);
     CUresult (*GreenCtxDestroy)(CUgreenCtx);
