@@ -1240,6 +1240,29 @@ static CUresult record_then_wait(CUevent e, CUstream from, CUstream to)
     return r != CUDA_SUCCESS ? r : D.StreamWaitEvent(to, e, 0);
 }
 
+/* A fork joined back, then made to wait on the origin once more and given
+ * nothing else to do: its only dependencies are the origin's own nodes,
+ * already upstream of the end, so no work is unjoined (the audit of
+ * fc66a80 found the fake answering UNJOINED). */
+static void fake_fork_rewait(void)
+{
+    start();
+    CUstream origin, side;
+    CHECK_EQ(D.StreamCreate(&origin, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&side, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUevent ev[3];
+    for (int i = 0; i < 3; i++)
+        CHECK_EQ(D.EventCreate(&ev[i], CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamBeginCapture(origin, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(record_then_wait(ev[0], origin, side), CUDA_SUCCESS); /* fork */
+    CHECK_EQ(record_then_wait(ev[1], side, origin), CUDA_SUCCESS); /* join */
+    CHECK_EQ(record_then_wait(ev[2], origin, side), CUDA_SUCCESS); /* wait again */
+    CUgraph g = NULL;
+    CHECK_EQ(D.StreamEndCapture(origin, &g), CUDA_SUCCESS);
+    if (g)
+        CHECK_EQ(X.GraphDestroy(g), CUDA_SUCCESS);
+}
+
 static void fake_capture_fork(void)
 {
     start();
@@ -1312,14 +1335,22 @@ static void fake_capture_fork(void)
     CHECK(g != NULL);
     CHECK_EQ(X.GraphDestroy(g), CUDA_SUCCESS);
     CHECK_EQ(capture_status(third), CU_STREAM_CAPTURE_STATUS_NONE);
-    /* ... and one joined into side only before side's own join came:
-     * third's work after that wait is unjoined. */
+    /* ... and one whose work joined side only after side's own join: that
+     * work is unjoined. A fork that added no work has nothing to join. */
     CHECK_EQ(D.StreamBeginCapture(origin, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
     CHECK_EQ(record_then_wait(ev[0], origin, side), CUDA_SUCCESS);
     CHECK_EQ(record_then_wait(ev[1], side, third), CUDA_SUCCESS);
+    CHECK_EQ(X.MemsetD8Async(dev + 32, 0x33, 16, third), CUDA_SUCCESS);
     CHECK_EQ(record_then_wait(ev[3], side, origin), CUDA_SUCCESS);
     CHECK_EQ(record_then_wait(ev[2], third, side), CUDA_SUCCESS);
     CHECK_EQ(D.StreamEndCapture(origin, &g), CUDA_ERROR_STREAM_CAPTURE_UNJOINED);
+    CHECK_EQ(D.StreamBeginCapture(origin, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(record_then_wait(ev[0], origin, side), CUDA_SUCCESS);
+    CHECK_EQ(record_then_wait(ev[1], side, third), CUDA_SUCCESS);
+    g = NULL;
+    CHECK_EQ(D.StreamEndCapture(origin, &g), CUDA_SUCCESS);
+    CHECK(g != NULL);
+    CHECK_EQ(X.GraphDestroy(g), CUDA_SUCCESS);
 
     /* Another capture's stream cannot wait on this one's event, nor can the
      * legacy stream (which invalidates the capture). */
@@ -1940,6 +1971,7 @@ int main(int argc, char **argv)
         {"fake-pool-access", fake_pool_access},
         {"fake-stream-write", fake_stream_write},
         {"fake-memset", fake_memset},
+        {"fake-fork-rewait", fake_fork_rewait},
         {"fake-capture-fork", fake_capture_fork},
         {"fake-ptds", fake_ptds},
         {"fake-copy-ranges", fake_copy_ranges},

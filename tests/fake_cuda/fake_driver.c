@@ -215,15 +215,17 @@ typedef struct fstream {
     /* The capture sequence the stream is in while it captures: its own,
      * begun on it (capture_origin is the stream itself), or one it joined by
      * waiting on an event recorded in it (a fork; the origin's mode and
-     * thread). join_pos: the stream's position (submitted) at the record of
-     * its latest event that another stream of the capture waited on;
-     * join_into: that stream, and join_into_pos its position after the
-     * wait. A fork is joined when nothing followed that record and the
-     * stream it joined into is the origin or joined after the wait
-     * (fork_joined). */
+     * thread). cap_work: the graph nodes (captured work) it has added since;
+     * waits and records add none, they only move dependencies. Its latest
+     * event that another stream of the capture waited on was recorded when
+     * it had added join_work nodes, at its position join_seq (submitted);
+     * join_into: that stream, at position join_into_seq after the wait. A
+     * fork is joined when it added nothing, or nothing after that record,
+     * and the stream it joined into is the origin, or joined itself later
+     * than that wait (fork_joined). */
     uint64_t capture_seq;
     struct fstream *capture_origin, *join_into;
-    uint64_t join_pos, join_into_pos;
+    uint64_t cap_work, join_work, join_seq, join_into_seq;
     uint64_t id; /* cuStreamGetId: unique for the program's life (0: not asked yet) */
     struct fstream *next; /* all streams of the process (never freed) */
 } fstream;
@@ -297,7 +299,7 @@ typedef struct fevent {
      * joins that capture (cuStreamWaitEvent). */
     uint64_t capture_seq;
     struct fstream *capture_origin, *rec_stream;
-    uint64_t rec_pos;
+    uint64_t rec_work, rec_seq; /* the stream's cap_work and position */
     uint64_t recorded_ns; /* host time of the last record (cuEventElapsedTime) */
     size_t ndeps, capdeps;
     dep *deps; /* the stream positions it completes with (event_add_dep) */
@@ -753,23 +755,25 @@ static void invalidate_capture(fstream *o)
             x->invalidated = true;
 }
 
+static void end_capture_sequence(uint64_t seq);
+
 /* Lock held: s stops capturing as it or its context goes; the origin of a
  * capture takes its forks with it (the fake's reading: cuda.h says nothing
  * of a capture whose origin stream is destroyed). */
-static void end_capture_sequence(fstream *origin, uint64_t seq);
 static void stop_capturing(fstream *s)
 {
     if (s->capturing && s->capture_origin == s)
-        end_capture_sequence(s, s->capture_seq);
+        end_capture_sequence(s->capture_seq);
     s->capturing = false;
 }
 
-/* Lock held: the capture sequence `seq` begun on `origin` is over (ended,
- * or its origin destroyed or dead): every stream of it stops capturing. */
-static void end_capture_sequence(fstream *origin, uint64_t seq)
+/* Lock held: capture sequence `seq` is over (ended, or its origin destroyed
+ * or dead): every stream of it stops capturing. (Sequence numbers are never
+ * reused.) */
+static void end_capture_sequence(uint64_t seq)
 {
     for (fstream *x = G.streams; x; x = x->next)
-        if (x->capture_seq == seq && (x == origin || x->capture_origin == origin)) {
+        if (x->capture_seq == seq) {
             x->capturing = false;
             x->capture_seq = 0;
             x->capture_origin = x->join_into = NULL;
@@ -922,6 +926,7 @@ static bool captured_instead(fstream *s)
     if (!live_capture(s))
         return false;
     submit(s, NULL, NULL);
+    s->cap_work++;
     G.st.captured_ops++;
     return true;
 }
@@ -2735,7 +2740,7 @@ static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode, fgraph *into
     s->capture_seq = ++G.next_capture_seq;
     s->capture_origin = s;
     s->join_into = NULL;
-    s->join_pos = s->join_into_pos = 0;
+    s->cap_work = s->join_work = s->join_seq = s->join_into_seq = 0;
     LEAVE(CUDA_SUCCESS);
 }
 
@@ -2804,16 +2809,24 @@ EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream h, CUgraph g, const CU
     return begin_to_graph(h ? h : CU_STREAM_PER_THREAD, g, deps, n, mode);
 }
 
-/* Is fork o (a stream of origin's capture) joined back into the origin:
- * nothing submitted on it since the record of an event that another stream
- * of the capture waited on, and that stream the origin or itself joined
- * after the wait? A cycle of waits joins nothing. */
+/* Is fork o (a stream of origin's capture) joined back into the origin? It
+ * added no node of its own, or none since the record of an event that
+ * another stream of the capture waited on, and that stream is the origin
+ * or joined after the wait, and so on to the origin. Each hop leaves a
+ * stream of the capture, so a chain longer than the streams there is a
+ * cycle of waits, which joins nothing. */
 static bool fork_joined(const fstream *o, const fstream *origin)
 {
-    for (unsigned hops = 0; o != origin; hops++) {
+    if (o->cap_work == 0)
+        return true;
+    if (o->join_work != o->cap_work)
+        return false;
+    size_t streams = 0;
+    for (const fstream *x = G.streams; x; x = x->next)
+        streams += live_capture(x) && x->capture_seq == origin->capture_seq;
+    for (size_t hops = 0; o != origin; hops++) {
         const fstream *into = o->join_into;
-        if (hops > 1024 || !into || o->join_pos != o->submitted ||
-            (into != origin && o->join_into_pos > into->join_pos))
+        if (hops > streams || !into || (into != origin && o->join_into_seq > into->join_seq))
             return false;
         o = into;
     }
@@ -2846,7 +2859,7 @@ static CUresult end_capture(CUstream h, CUgraph *graph)
         if (o != s && live_capture(o) && o->capture_seq == s->capture_seq && !fork_joined(o, s))
             unjoined = true;
     const bool invalidated = s->invalidated;
-    end_capture_sequence(s, s->capture_seq);
+    end_capture_sequence(s->capture_seq);
     /* "If capture was invalidated ... then a NULL graph will be returned";
      * a capture into an existing graph returns that graph. */
     fgraph *g = invalidated || unjoined ? NULL : s->capture_graph ? s->capture_graph : graph_new();
@@ -2912,15 +2925,16 @@ static CUresult wait_on_capture(fstream *s, fevent *e)
         s->capture_seq = e->capture_seq;
         s->capture_origin = origin;
         s->join_into = NULL;
-        s->join_pos = s->join_into_pos = 0;
+        s->cap_work = s->join_work = s->join_seq = s->join_into_seq = 0;
         G.st.capture_forks++;
     }
     submit(s, NULL, NULL); /* the wait: a node of the graph */
     fstream *from = e->rec_stream;
     if (from != s && live_capture(from) && from->capture_seq == s->capture_seq) {
         from->join_into = s;
-        from->join_pos = e->rec_pos;
-        from->join_into_pos = s->submitted;
+        from->join_work = e->rec_work;
+        from->join_seq = e->rec_seq;
+        from->join_into_seq = s->submitted;
     }
     LEAVE(CUDA_SUCCESS);
 }
@@ -3035,7 +3049,8 @@ static CUresult event_record(CUevent h, CUstream sh)
     e->capture_seq = s->capturing ? s->capture_seq : 0;
     e->capture_origin = s->capturing ? s->capture_origin : NULL;
     e->rec_stream = s;
-    e->rec_pos = s->submitted;
+    e->rec_work = s->cap_work;
+    e->rec_seq = s->submitted;
     e->ndeps = 0;
     /* Complete once the work submitted before it is: an event on an idle
      * stream is complete at once, as on an idle GPU. The record is an
