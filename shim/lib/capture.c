@@ -200,12 +200,12 @@ static void count_begin(const capture_key *k, CUcontext ctx, bool fork)
 
 bool capture_begun_on(CUstream s)
 {
-    if (atomic_load(&untracked))
+    if (s == CU_STREAM_PER_THREAD || atomic_load(&untracked))
         return false;
     bool found = false;
     pthread_mutex_lock(&lock);
     for (size_t i = 0; i < ntable && !found; i++)
-        found = table[i].s == s && s != CU_STREAM_PER_THREAD;
+        found = table[i].s == s;
     pthread_mutex_unlock(&lock);
     return found;
 }
@@ -338,8 +338,9 @@ void capture_stand_in(CUstream s, bool legacy_too)
     if (s == CU_STREAM_PER_THREAD || s == NULL || s == CU_STREAM_LEGACY ||
         !R->StreamGetCtx || R->StreamGetCtx(s, &ctx) != CUDA_SUCCESS)
         R->CtxGetCurrent(&ctx);
-    /* A green context's stream needs none (green.c), and making its context
-     * current here would make it current to two threads. */
+    /* A green context's stream needs none here (before_begin_as records its
+     * green context's), and making its context current here would make it
+     * current to two threads. */
     if (green_converted(ctx))
         return;
     /* No pool in the stream's context: nothing has been freed there. */
@@ -376,7 +377,10 @@ static capture_key before_begin_as(CUstream s, bool fork)
     streams_change_begin();
     const real_driver *R = real_driver_get();
     capture_key k = key_of(s);
-    count_begin(&k, k.s == CU_STREAM_PER_THREAD ? k.ctx : context_of(R, s), fork);
+    CUcontext ctx = k.s == CU_STREAM_PER_THREAD ? k.ctx : context_of(R, s);
+    count_begin(&k, ctx, fork);
+    if (ctx && green_converted(ctx))
+        green_stream_capturing(ctx);
     if (R)
         capture_stand_in(s, blocking_stream(R, s));
     return k;

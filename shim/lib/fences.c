@@ -321,13 +321,14 @@ static int fence_streams(shim_pool *sp, const real_driver *R, uint32_t lane,
     if (lane != sp->plain_lane)
         return 1;
     /* A non-blocking stream that captures takes no event: its earlier work
-     * is covered by the stand-in recorded when it began capturing. One that
-     * captures without a begin the hooks counted (it joined another
-     * stream's capture by waiting on an event recorded in it, a fork; or
-     * began where the shim could not see) has no stand-in, and its work
-     * from before the capture may still use the block: the plain lane
-     * waits until that capture ends (e2e_fences capture-fork, where the
-     * block was handed out with the fork's earlier work still queued). */
+     * is covered by the stand-in recorded when it began capturing, or when
+     * a wait the hooks saw forked it into a capture (capture.c). One that
+     * captures with neither counted (a fork the hooks could not see, with
+     * the driver door closed; a begin they could not see, once the shim
+     * asks at all) has no stand-in, and its work from before the capture
+     * may still use the block: the plain lane waits until that capture ends
+     * (e2e_fences capture-fork, where the block was handed out with the
+     * fork's earlier work still queued before forks were hooked). */
     int k = 1;
     for (size_t i = 0; i < n; i++) {
         if (!known[i].non_blocking)

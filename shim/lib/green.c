@@ -126,6 +126,24 @@ static bool stand_in(const real_driver *R, const green *e)
     return ok;
 }
 
+void green_stream_capturing(CUcontext converted)
+{
+    const real_driver *R = real_driver_get();
+    if (none() || !R)
+        return;
+    pthread_mutex_lock(&lock);
+    green *e = by_converted(converted);
+    green copy = e ? *e : (green){0};
+    pthread_mutex_unlock(&lock);
+    /* The capture about to begin is counted already (capture.c's
+     * before_begin_as). While another of its streams captures, no event can
+     * be recorded on the green context (it would invalidate that capture),
+     * and none is needed: the green context's fences wait for the end, and
+     * that capture's stand-in covers what came before it. */
+    if (copy.g && copy.captures <= 1)
+        stand_in(R, &copy);
+}
+
 bool green_stream_destroyed(CUstream s)
 {
     const real_driver *R = real_driver_get();

@@ -560,11 +560,11 @@ void capture_ending_done(uint64_t claimed, bool gone);
 /* No capture can be under way: none counted, and every begin is seen
  * (capture.c). Then no capture question need be asked of the driver. */
 bool capture_none(void);
-/* Did stream s (an explicit stream, not a per-thread one) begin a capture
- * the hooks counted and that has not ended: one whose stand-in was recorded
- * at its begin? A stream that captures otherwise joined another stream's
- * capture by waiting on an event recorded in it (a fork), or began where
- * the shim could not see: nothing stands in for its earlier work. */
+/* Is a capture on stream s (an explicit stream, not a per-thread one)
+ * counted: begun, or joined by a wait on an event recorded in a capture (a
+ * fork), where the hooks saw it and recorded its stand-in? A stream that
+ * captures otherwise was forked or began where the shim could not see:
+ * nothing stands in for its earlier work. */
 bool capture_begun_on(CUstream s);
 /* The v1 begins (capture.c), exported under libcuda's names: cuda.h makes
  * cuStreamBeginCapture a macro for _v2, so their C names differ. */
@@ -609,6 +609,12 @@ int green_destroying(CUgreenCtx g, CUcontext *converted);
 /* Before a stream is destroyed: true if it is a green context's, whose
  * stand-in is then recorded (capture_stand_in's cannot be). */
 bool green_stream_destroyed(CUstream s);
+/* A stream of converted context `converted` is about to capture (a begin,
+ * or a wait that may fork it into a capture, counted already): one stand-in
+ * for the green context's work so far, since once it captures no green
+ * event can be recorded, and a stream of it destroyed meanwhile is covered
+ * by no later one (capture.c's before_begin_as). */
+void green_stream_capturing(CUcontext converted);
 /* Captures on streams of context c (NULL: unknown) began (by > 0) or
  * ended (by < 0); called with capture.c's lock held. */
 void green_capture_changed(CUcontext c, int by);

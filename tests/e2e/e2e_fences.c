@@ -22,6 +22,12 @@
  *                    free and the next allocation, by waiting on an event
  *                    recorded in it (a fork: no begin on the stream itself)
  *   free-in-fork     ... and the block is freed while it is in the capture
+ *   fork-destroyed   the fork is destroyed while in the capture (-async: the
+ *                    block freed stream-ordered on it before the fork)
+ *   stale-begun      the stream's earlier capture ended where the shim
+ *                    could not see (libe2einterposer.so), then it is forked
+ *                    into another: the stale entry stands in for nothing
+ *   ptsz-fork        the thread's per-thread default stream is the fork
  *   legacy-capture   work on the legacy stream, then a blocking stream begins
  *                    capturing (the legacy stream becomes unusable): the
  *                    freed block waits for the capture's end
@@ -297,6 +303,156 @@ static void forked_after_free(bool free_before_fork)
     CHECK_EQ(cudaEventDestroy(fork), cudaSuccess);
     CHECK_EQ(cudaEventDestroy(join), cudaSuccess);
     CHECK_EQ(cudaStreamDestroy(side), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(origin), cudaSuccess);
+}
+
+/* The fork is destroyed while it is in the capture (before the origin ends
+ * it): no stand-in can be recorded on a stream that captures, and the
+ * destroy takes it out of the registry, so only the stand-in of the fork
+ * itself covers the work it queued before (found by the audit of 0fac580,
+ * which had none). async: the block was freed stream-ordered on the fork
+ * before it joined the capture (its lane is closed into the plain lane at
+ * the destroy). */
+static void fork_destroyed_by(bool async)
+{
+    char *p, *filler = fill_but_hole(&p);
+    cudaStream_t origin, side;
+    CHECK_EQ(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
+    fork_work_ran = false;
+    CHECK_EQ(fakecuda()->launch(side, fork_work, p), 0);
+    if (async)
+        CHECK_EQ(cudaFreeAsync(p, side), cudaSuccess);
+    else
+        CHECK_EQ(cudaFree(p), cudaSuccess);
+    CHECK_EQ(cudaStreamBeginCapture(origin, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    cudaEvent_t fork;
+    CHECK_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
+    CHECK_EQ(cudaEventRecord(fork, origin), cudaSuccess);
+    CHECK_EQ(cudaStreamWaitEvent(side, fork, 0), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(side), cudaSuccess); /* its earlier work goes on */
+    char *q = NULL;
+    cudaError_t e = cudaMalloc((void **)&q, MiB);
+    if (e == cudaSuccess) {
+        expect_fork_work_done(p, q);
+    } else {
+        CHECK_EQ(e, cudaErrorMemoryAllocation);
+        CHECK_EQ(cudaGetLastError(), cudaErrorMemoryAllocation);
+        q = NULL;
+    }
+    cudaGraph_t g = NULL;
+    e = cudaStreamEndCapture(origin, &g);
+    if (g)
+        CHECK_EQ(cudaGraphDestroy(g), cudaSuccess);
+    if (!q) {
+        q = alloc_ok(MiB);
+        expect_fork_work_done(p, q);
+    }
+    fakecuda()->complete_all();
+    CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+    CHECK_EQ(cudaEventDestroy(fork), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(origin), cudaSuccess);
+}
+
+static void fork_destroyed(void) { fork_destroyed_by(false); }
+static void fork_destroyed_async(void) { fork_destroyed_by(true); }
+
+/* `side` began a capture the hooks counted, and that capture was ended
+ * where the shim cannot see (by a library preloaded after it, through the
+ * driver's own function): its entry stays in capture.c's table. Later side
+ * is forked into another capture: the stale entry must not pass for a
+ * stand-in of its work since (the audit of 0fac580). */
+static void stale_begun(void)
+{
+    typedef CUresult (*end_fn)(CUstream, CUgraph *);
+    end_fn end_unseen = (end_fn)dlsym(RTLD_DEFAULT, "interposer_end_capture");
+    CHECK(end_unseen != NULL);
+    if (!end_unseen)
+        return;
+    dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL); /* (for the library's RTLD_NEXT) */
+    char *p, *filler = fill_but_hole(&p);
+    cudaStream_t origin, side;
+    CHECK_EQ(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(cudaStreamBeginCapture(side, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    CUgraph g0 = NULL;
+    CHECK_EQ(end_unseen((CUstream)side, &g0), CUDA_SUCCESS);
+    CHECK_EQ(cudaGraphDestroy((cudaGraph_t)g0), cudaSuccess);
+    fork_work_ran = false;
+    CHECK_EQ(fakecuda()->launch(side, fork_work, p), 0);
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+    CHECK_EQ(cudaStreamBeginCapture(origin, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    cudaEvent_t fork, join;
+    CHECK_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
+    CHECK_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
+    CHECK_EQ(cudaEventRecord(fork, origin), cudaSuccess);
+    CHECK_EQ(cudaStreamWaitEvent(side, fork, 0), cudaSuccess);
+    char *q = NULL;
+    cudaError_t e = cudaMalloc((void **)&q, MiB);
+    if (e == cudaSuccess) {
+        expect_fork_work_done(p, q);
+    } else {
+        CHECK_EQ(e, cudaErrorMemoryAllocation);
+        CHECK_EQ(cudaGetLastError(), cudaErrorMemoryAllocation);
+        q = NULL;
+    }
+    CHECK_EQ(cudaEventRecord(join, side), cudaSuccess);
+    CHECK_EQ(cudaStreamWaitEvent(origin, join, 0), cudaSuccess);
+    cudaGraph_t g = NULL;
+    CHECK_EQ(cudaStreamEndCapture(origin, &g), cudaSuccess);
+    if (g)
+        CHECK_EQ(cudaGraphDestroy(g), cudaSuccess);
+    if (!q) {
+        q = alloc_ok(MiB);
+        expect_fork_work_done(p, q);
+    }
+    fakecuda()->complete_all();
+    CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+    CHECK_EQ(cudaEventDestroy(fork), cudaSuccess);
+    CHECK_EQ(cudaEventDestroy(join), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(side), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(origin), cudaSuccess);
+}
+
+/* This thread's per-thread default stream (a blocking one) is the fork: no
+ * stand-in, but the legacy stream is unusable while it captures, and the
+ * plain lane waits for the capture's end. */
+static void ptsz_fork(void)
+{
+    char *p, *filler = fill_but_hole(&p);
+    cudaStream_t origin;
+    CHECK_EQ(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking), cudaSuccess);
+    fork_work_ran = false;
+    CHECK_EQ(fakecuda()->launch(cudaStreamPerThread, fork_work, p), 0);
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+    CHECK_EQ(cudaStreamBeginCapture(origin, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    cudaEvent_t fork, join;
+    CHECK_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
+    CHECK_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
+    CHECK_EQ(cudaEventRecord(fork, origin), cudaSuccess);
+    CHECK_EQ(cudaStreamWaitEvent(cudaStreamPerThread, fork, 0), cudaSuccess);
+    char *q = NULL;
+    if (cudaMalloc((void **)&q, MiB) == cudaSuccess)
+        expect_fork_work_done(p, q);
+    else
+        q = NULL, cudaGetLastError();
+    CHECK_EQ(cudaEventRecord(join, cudaStreamPerThread), cudaSuccess);
+    CHECK_EQ(cudaStreamWaitEvent(origin, join, 0), cudaSuccess);
+    cudaGraph_t g = NULL;
+    CHECK_EQ(cudaStreamEndCapture(origin, &g), cudaSuccess);
+    if (g)
+        CHECK_EQ(cudaGraphDestroy(g), cudaSuccess);
+    if (!q) {
+        q = alloc_ok(MiB);
+        expect_fork_work_done(p, q);
+    }
+    fakecuda()->complete_all();
+    CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+    CHECK_EQ(cudaEventDestroy(fork), cudaSuccess);
+    CHECK_EQ(cudaEventDestroy(join), cudaSuccess);
     CHECK_EQ(cudaStreamDestroy(origin), cudaSuccess);
 }
 
@@ -1004,6 +1160,8 @@ int main(int argc, char **argv)
         {"bogus-end", bogus_end},           {"unseen-end", unseen_end},
         {"region-during-capture", region_during_capture},
         {"capture-fork", capture_fork},     {"free-in-fork", free_in_fork},
+        {"fork-destroyed", fork_destroyed}, {"fork-destroyed-async", fork_destroyed_async},
+        {"stale-begun", stale_begun},       {"ptsz-fork", ptsz_fork},
     };
     return e2e_main("e2e_fences", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }

@@ -40,6 +40,11 @@
  *                   context's fences must be made again afterwards (a
  *                   capture still counted there refused them for good, and
  *                   a plain free never came back)
+ *   green-fork      a green stream joins a capture begun on a primary
+ *                   context's stream (a wait on an event recorded in it):
+ *                   no fence may break that capture
+ *   green-fork-destroyed  ... and is destroyed while in it: its work from
+ *                   before the fork must still be waited for
  *   fake-green      (driver door closed: the fake itself) what cuda.h says
  *                   of green contexts, streams and events
  */
@@ -270,6 +275,89 @@ static void green_capture(void)
     green_capture_with(true);
 }
 
+/* A green stream joins a capture begun on a stream of the primary context
+ * (a fork: it waits on an event recorded in the capture). Were it not
+ * counted in its green context, a plain seal would make
+ * cuGreenCtxRecordEvent, which "will invalidate all the conflicting
+ * captures" (cuda.h): the program's capture must come through intact (the
+ * audit of 0fac580 found it invalidated). */
+static void green_fork(void)
+{
+    start();
+    CUcontext converted = NULL;
+    CUgreenCtx g = make_green(&converted);
+    CUstream s = green_stream(g), t = NULL;
+    CHECK_EQ(D.StreamCreate(&t, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUdeviceptr p, filler = fill_but_hole(&p);
+    queue_work(s, p);
+    CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+    fakecuda_stats s0 = fake_stats();
+    CHECK_EQ(D.StreamBeginCapture(t, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CUevent fork = NULL, join = NULL;
+    CHECK_EQ(D.EventCreate(&fork, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(converted), CUDA_SUCCESS); /* (the join is recorded on s) */
+    CHECK_EQ(D.EventCreate(&join, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    CHECK_EQ(D.EventRecord(fork, t), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamWaitEvent(s, fork, 0), CUDA_SUCCESS);
+    CUdeviceptr q = 0;
+    CUresult r = D.MemAlloc(&q, MiB);
+    CHECK(r == CUDA_SUCCESS || r == CUDA_ERROR_OUT_OF_MEMORY);
+    if (r == CUDA_SUCCESS) {
+        expect_safe(p, q);
+        CHECK_EQ(D.MemFree(q), CUDA_SUCCESS);
+    }
+    CHECK_EQ(fake_stats().capture_invalidations, s0.capture_invalidations);
+    CHECK_EQ(D.EventRecord(join, s), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamWaitEvent(t, join, 0), CUDA_SUCCESS);
+    CUgraph graph = NULL;
+    CHECK_EQ(D.StreamEndCapture(t, &graph), CUDA_SUCCESS);
+    q = alloc_ok(MiB);
+    hole_came_back(p, q, filler);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(t), CUDA_SUCCESS);
+    CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
+}
+
+/* green-fork, with the green stream destroyed while it is in the capture:
+ * its stand-in (cuGreenCtxRecordEvent) is refused while it captures, so is
+ * the host wait (cuStreamSynchronize of a capturing stream), and later green
+ * events leave a destroyed stream's work out; only a stand-in recorded when
+ * it joined the capture covers its earlier work (the audit of 0fac580
+ * found the block handed out early). */
+static void green_fork_destroyed(void)
+{
+    start();
+    CUgreenCtx g = make_green(NULL);
+    CUstream s = green_stream(g), t = NULL;
+    CHECK_EQ(D.StreamCreate(&t, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUdeviceptr p, filler = fill_but_hole(&p);
+    queue_work(s, p);
+    CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamBeginCapture(t, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CUevent fork = NULL;
+    CHECK_EQ(D.EventCreate(&fork, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    CHECK_EQ(D.EventRecord(fork, t), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamWaitEvent(s, fork, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+    CUdeviceptr q = 0;
+    CUresult r = D.MemAlloc(&q, MiB);
+    CHECK(r == CUDA_SUCCESS || r == CUDA_ERROR_OUT_OF_MEMORY);
+    if (r == CUDA_SUCCESS)
+        expect_safe(p, q);
+    CUgraph graph = NULL;
+    D.StreamEndCapture(t, &graph);
+    if (r != CUDA_SUCCESS) {
+        q = alloc_ok(MiB);
+        expect_safe(p, q);
+    }
+    fakecuda()->complete_all();
+    CHECK_EQ(D.MemFree(q), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(filler), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(t), CUDA_SUCCESS);
+    CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
+}
+
 static void green_destroy(void)
 {
     on_green_stream_with(STREAM_GONE);
@@ -460,6 +548,8 @@ int main(int argc, char **argv)
         {"green-async-capture-destroy", green_async_capture_destroy},
         {"green-capture-destroyed", green_capture_destroyed},
         {"fake-green", fake_green},
+        {"green-fork", green_fork},
+        {"green-fork-destroyed", green_fork_destroyed},
     };
     e2e_cu_load();
     e2e_green_load();

@@ -45,3 +45,13 @@ EXPORT CUresult interposer_begin_capture(CUstream s, CUstreamCaptureMode mode)
     begin_fn next = (begin_fn)dlsym(RTLD_NEXT, "cuStreamBeginCapture_v2");
     return next ? next(s, mode) : CUDA_ERROR_NOT_FOUND;
 }
+
+/* Ends a capture with the next definition of cuStreamEndCapture after this
+ * library (the driver's, past the shim): an end the shim never sees
+ * (e2e_fences stale-begun). */
+typedef CUresult (*end_fn)(CUstream, CUgraph *);
+EXPORT CUresult interposer_end_capture(CUstream s, CUgraph *g)
+{
+    end_fn next = (end_fn)dlsym(RTLD_NEXT, "cuStreamEndCapture");
+    return next ? next(s, g) : CUDA_ERROR_NOT_FOUND;
+}
