@@ -467,9 +467,10 @@ static void forks_ended(void)
         pthread_mutex_lock(&lock);
         while (i < ntable && !(table[i].fork && table[i].mark == 0))
             i++;
-        CUstream s = i < ntable ? table[i].s : NULL;
+        const bool found = i < ntable;
+        CUstream s = found ? table[i].s : NULL;
         pthread_mutex_unlock(&lock);
-        if (i >= ntable)
+        if (!found)
             break;
         CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
         if (R->StreamIsCapturing(s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE)
