@@ -248,6 +248,56 @@ static void expect_fork_work_done(const char *hole, const char *q)
     CHECK_EQ(fake_stats().stale_handle_uses, 0);
 }
 
+/* `side`, with its earlier work, joins the capture begun on `origin` by a
+ * wait on event `e` recorded there. */
+static void fork_into(cudaStream_t origin, cudaStream_t side, cudaEvent_t e)
+{
+    CHECK_EQ(cudaEventRecord(e, origin), cudaSuccess);
+    CHECK_EQ(cudaStreamWaitEvent(side, e, 0), cudaSuccess);
+}
+
+/* An allocation while the fork captures (allowed in relaxed mode). The pool
+ * is full but for the hole: either the hole comes back with the fork's
+ * earlier work done, or nothing does (out of memory). The block, or NULL. */
+static char *alloc_during_fork(const char *hole)
+{
+    char *q = NULL;
+    cudaError_t e = cudaMalloc((void **)&q, MiB);
+    if (e == cudaSuccess) {
+        expect_fork_work_done(hole, q);
+        return q;
+    }
+    CHECK_EQ(e, cudaErrorMemoryAllocation);
+    CHECK_EQ(cudaGetLastError(), cudaErrorMemoryAllocation);
+    return NULL;
+}
+
+/* `side` joins back into `origin` by event `e`, and the capture ends
+ * valid. */
+static void join_and_end(cudaStream_t origin, cudaStream_t side, cudaEvent_t e)
+{
+    CHECK_EQ(cudaEventRecord(e, side), cudaSuccess);
+    CHECK_EQ(cudaStreamWaitEvent(origin, e, 0), cudaSuccess);
+    cudaGraph_t g = NULL;
+    CHECK_EQ(cudaStreamEndCapture(origin, &g), cudaSuccess);
+    CHECK(g != NULL);
+    if (g)
+        CHECK_EQ(cudaGraphDestroy(g), cudaSuccess);
+}
+
+/* Out of the capture: the hole comes back (q, when the capture gave none)
+ * after the fork's earlier work; then everything goes. */
+static void after_fork(const char *hole, char *q, char *filler)
+{
+    if (!q) {
+        q = alloc_ok(MiB);
+        expect_fork_work_done(hole, q);
+    }
+    fakecuda()->complete_all();
+    CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+}
+
 static void forked_after_free(bool free_before_fork)
 {
     char *p, *filler = fill_but_hole(&p);
@@ -263,43 +313,19 @@ static void forked_after_free(bool free_before_fork)
     cudaEvent_t fork, join;
     CHECK_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
     CHECK_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
-    CHECK_EQ(cudaEventRecord(fork, origin), cudaSuccess);
-    CHECK_EQ(cudaStreamWaitEvent(side, fork, 0), cudaSuccess);
+    fork_into(origin, side, fork);
     enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     CHECK_EQ(cudaStreamIsCapturing(side, &st), cudaSuccess);
     CHECK_EQ(st, cudaStreamCaptureStatusActive);
     CHECK_EQ(fake_stats().capture_forks, s0.capture_forks + 1);
     if (!free_before_fork)
         CHECK_EQ(cudaFree(p), cudaSuccess);
-    /* Allowed in relaxed mode. The pool is full but for the hole: either
-     * the hole comes back with side's earlier work done, or not at all
-     * (out of memory) while side captures. */
-    char *q = NULL;
-    cudaError_t e = cudaMalloc((void **)&q, MiB);
-    if (e == cudaSuccess) {
-        expect_fork_work_done(p, q);
-    } else {
-        CHECK_EQ(e, cudaErrorMemoryAllocation);
-        CHECK_EQ(cudaGetLastError(), cudaErrorMemoryAllocation);
-        q = NULL;
-    }
-    CHECK_EQ(cudaEventRecord(join, side), cudaSuccess);
-    CHECK_EQ(cudaStreamWaitEvent(origin, join, 0), cudaSuccess);
-    cudaGraph_t g = NULL;
-    CHECK_EQ(cudaStreamEndCapture(origin, &g), cudaSuccess);
-    CHECK(g != NULL);
-    CHECK_EQ(cudaGraphDestroy(g), cudaSuccess);
+    char *q = alloc_during_fork(p);
+    join_and_end(origin, side, join);
     CHECK_EQ(cudaStreamIsCapturing(side, &st), cudaSuccess);
     CHECK_EQ(st, cudaStreamCaptureStatusNone);
     CHECK_EQ(fake_stats().capture_invalidations, s0.capture_invalidations);
-    /* Out of the capture, the hole comes back after side's work. */
-    if (!q) {
-        q = alloc_ok(MiB);
-        expect_fork_work_done(p, q);
-    }
-    fakecuda()->complete_all();
-    CHECK_EQ(cudaFree(q), cudaSuccess);
-    CHECK_EQ(cudaFree(filler), cudaSuccess);
+    after_fork(p, q, filler);
     CHECK_EQ(cudaEventDestroy(fork), cudaSuccess);
     CHECK_EQ(cudaEventDestroy(join), cudaSuccess);
     CHECK_EQ(cudaStreamDestroy(side), cudaSuccess);
@@ -328,29 +354,14 @@ static void fork_destroyed_by(bool async)
     CHECK_EQ(cudaStreamBeginCapture(origin, cudaStreamCaptureModeRelaxed), cudaSuccess);
     cudaEvent_t fork;
     CHECK_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
-    CHECK_EQ(cudaEventRecord(fork, origin), cudaSuccess);
-    CHECK_EQ(cudaStreamWaitEvent(side, fork, 0), cudaSuccess);
+    fork_into(origin, side, fork);
     CHECK_EQ(cudaStreamDestroy(side), cudaSuccess); /* its earlier work goes on */
-    char *q = NULL;
-    cudaError_t e = cudaMalloc((void **)&q, MiB);
-    if (e == cudaSuccess) {
-        expect_fork_work_done(p, q);
-    } else {
-        CHECK_EQ(e, cudaErrorMemoryAllocation);
-        CHECK_EQ(cudaGetLastError(), cudaErrorMemoryAllocation);
-        q = NULL;
-    }
+    char *q = alloc_during_fork(p);
     cudaGraph_t g = NULL;
-    e = cudaStreamEndCapture(origin, &g);
+    cudaStreamEndCapture(origin, &g); /* (whether a real driver fails it: unknown) */
     if (g)
         CHECK_EQ(cudaGraphDestroy(g), cudaSuccess);
-    if (!q) {
-        q = alloc_ok(MiB);
-        expect_fork_work_done(p, q);
-    }
-    fakecuda()->complete_all();
-    CHECK_EQ(cudaFree(q), cudaSuccess);
-    CHECK_EQ(cudaFree(filler), cudaSuccess);
+    after_fork(p, q, filler);
     CHECK_EQ(cudaEventDestroy(fork), cudaSuccess);
     CHECK_EQ(cudaStreamDestroy(origin), cudaSuccess);
 }
@@ -386,30 +397,10 @@ static void stale_begun(void)
     cudaEvent_t fork, join;
     CHECK_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
     CHECK_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
-    CHECK_EQ(cudaEventRecord(fork, origin), cudaSuccess);
-    CHECK_EQ(cudaStreamWaitEvent(side, fork, 0), cudaSuccess);
-    char *q = NULL;
-    cudaError_t e = cudaMalloc((void **)&q, MiB);
-    if (e == cudaSuccess) {
-        expect_fork_work_done(p, q);
-    } else {
-        CHECK_EQ(e, cudaErrorMemoryAllocation);
-        CHECK_EQ(cudaGetLastError(), cudaErrorMemoryAllocation);
-        q = NULL;
-    }
-    CHECK_EQ(cudaEventRecord(join, side), cudaSuccess);
-    CHECK_EQ(cudaStreamWaitEvent(origin, join, 0), cudaSuccess);
-    cudaGraph_t g = NULL;
-    CHECK_EQ(cudaStreamEndCapture(origin, &g), cudaSuccess);
-    if (g)
-        CHECK_EQ(cudaGraphDestroy(g), cudaSuccess);
-    if (!q) {
-        q = alloc_ok(MiB);
-        expect_fork_work_done(p, q);
-    }
-    fakecuda()->complete_all();
-    CHECK_EQ(cudaFree(q), cudaSuccess);
-    CHECK_EQ(cudaFree(filler), cudaSuccess);
+    fork_into(origin, side, fork);
+    char *q = alloc_during_fork(p);
+    join_and_end(origin, side, join);
+    after_fork(p, q, filler);
     CHECK_EQ(cudaEventDestroy(fork), cudaSuccess);
     CHECK_EQ(cudaEventDestroy(join), cudaSuccess);
     CHECK_EQ(cudaStreamDestroy(side), cudaSuccess);
@@ -431,26 +422,10 @@ static void ptsz_fork(void)
     cudaEvent_t fork, join;
     CHECK_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
     CHECK_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
-    CHECK_EQ(cudaEventRecord(fork, origin), cudaSuccess);
-    CHECK_EQ(cudaStreamWaitEvent(cudaStreamPerThread, fork, 0), cudaSuccess);
-    char *q = NULL;
-    if (cudaMalloc((void **)&q, MiB) == cudaSuccess)
-        expect_fork_work_done(p, q);
-    else
-        q = NULL, cudaGetLastError();
-    CHECK_EQ(cudaEventRecord(join, cudaStreamPerThread), cudaSuccess);
-    CHECK_EQ(cudaStreamWaitEvent(origin, join, 0), cudaSuccess);
-    cudaGraph_t g = NULL;
-    CHECK_EQ(cudaStreamEndCapture(origin, &g), cudaSuccess);
-    if (g)
-        CHECK_EQ(cudaGraphDestroy(g), cudaSuccess);
-    if (!q) {
-        q = alloc_ok(MiB);
-        expect_fork_work_done(p, q);
-    }
-    fakecuda()->complete_all();
-    CHECK_EQ(cudaFree(q), cudaSuccess);
-    CHECK_EQ(cudaFree(filler), cudaSuccess);
+    fork_into(origin, cudaStreamPerThread, fork);
+    char *q = alloc_during_fork(p);
+    join_and_end(origin, cudaStreamPerThread, join);
+    after_fork(p, q, filler);
     CHECK_EQ(cudaEventDestroy(fork), cudaSuccess);
     CHECK_EQ(cudaEventDestroy(join), cudaSuccess);
     CHECK_EQ(cudaStreamDestroy(origin), cudaSuccess);
