@@ -24,6 +24,12 @@
  *                    at once; the work goes on) before the cudaFree
  *   capture-pending  the stream begins a capture between the free and the
  *                    next allocation
+ *   capture-fork     the stream joins another stream's capture between the
+ *                    free and the next allocation (a wait on an event
+ *                    recorded in it); printed: the fork's capture status
+ *                    and the end's answer, as the fake models them
+ *   fork-destroyed   ... and is destroyed while in it; printed: whether the
+ *                    driver allows that, and what the end answers then
  *   reset            cudaDeviceReset with streams alive, then enough
  *                    allocations and frees to need the frees retired
  *   first-malloc     cudaMalloc is the program's first runtime call; then an
@@ -390,7 +396,54 @@ static void expect_intact(unsigned *p, unsigned *q, cudaStream_t s2, bool runnin
 typedef enum late_twist {
     DESTROY_BEFORE_FREE,   /* s1 destroyed (returns at once, the kernel goes on) */
     CAPTURE_BEFORE_ALLOC,  /* s1 begins capturing after the free */
+    FORK_BEFORE_ALLOC,     /* s1 joins another stream's capture (a fork) */
+    FORK_DESTROYED,        /* ... and is destroyed while in it */
 } late_twist;
+
+/* A capture begun on a stream of its own, s1 forked into it by a wait on
+ * an event recorded there (what multi-stream graph capture and NCCL do).
+ * Printed: what the driver says of the fork, which the fake models from the
+ * programming guide (tests/fake_cuda, "capture"). */
+static cudaStream_t fork_into_capture(cudaStream_t s1, cudaEvent_t *fork)
+{
+    cudaStream_t origin = NULL;
+    CUDA_OK(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking));
+    CUDA_OK(cudaStreamBeginCapture(origin, cudaStreamCaptureModeRelaxed));
+    CUDA_OK(cudaEventCreateWithFlags(fork, cudaEventDisableTiming));
+    CUDA_OK(cudaEventRecord(*fork, origin));
+    CUDA_OK(cudaStreamWaitEvent(s1, *fork, 0));
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    CUDA_OK(cudaStreamIsCapturing(s1, &st));
+    printf("  the fork's capture status: %d (1: active)\n", (int)st);
+    CHECK(st == cudaStreamCaptureStatusActive);
+    return origin;
+}
+
+/* Joins s1 back (unless it is gone) and ends the capture; prints what the
+ * end answers, which must be success after a fork joined back in the
+ * ordinary way (not after the fork was destroyed in it: what a real driver
+ * does then is what the scenario finds out). */
+static void end_forked_capture(cudaStream_t origin, cudaStream_t s1, bool ordinary)
+{
+    cudaEvent_t join = NULL;
+    if (s1) {
+        CUDA_OK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+        CUDA_OK(cudaEventRecord(join, s1));
+        CUDA_OK(cudaStreamWaitEvent(origin, join, 0));
+    }
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(origin, &g);
+    printf("  the capture's end: %s (%d)%s\n", cudaGetErrorName(e), (int)e,
+           s1 ? "" : ", its fork destroyed in it");
+    cudaGetLastError();
+    if (ordinary)
+        CHECK(e == cudaSuccess);
+    if (g)
+        CUDA_OK(cudaGraphDestroy(g));
+    if (join)
+        CUDA_OK(cudaEventDestroy(join));
+    CUDA_OK(cudaStreamDestroy(origin));
+}
 
 /* Two non-blocking streams; on the first, a kernel that writes the HOLE
  * block p late, and the event that says when it is done (NULL when
@@ -429,7 +482,20 @@ static void late_reuse(late_twist twist)
     CUDA_OK(cudaFree(p));
     if (twist == CAPTURE_BEFORE_ALLOC) /* only what follows is captured */
         CUDA_OK(cudaStreamBeginCapture(s1, cudaStreamCaptureModeRelaxed));
-    CUDA_OK(cudaMalloc((void **)&q, HOLE)); /* allowed in relaxed mode */
+    cudaStream_t origin = NULL;
+    cudaEvent_t fork = NULL;
+    if (twist == FORK_BEFORE_ALLOC || twist == FORK_DESTROYED)
+        origin = fork_into_capture(s1, &fork);
+    if (twist == FORK_DESTROYED) {
+        cudaError_t e = cudaStreamDestroy(s1);
+        printf("  destroying the fork in the capture: %s (%d)\n", cudaGetErrorName(e), (int)e);
+        cudaGetLastError();
+        if (e == cudaSuccess)
+            s1 = NULL;
+    }
+    /* Allowed in relaxed mode; the pool may be full but for the hole while
+     * a fork holds it back (out of memory then, retried after the end). */
+    cudaError_t got = cudaMalloc((void **)&q, HOLE);
     bool running = cudaEventQuery(late_done) == cudaErrorNotReady;
     cudaGetLastError();
     if (twist == CAPTURE_BEFORE_ALLOC) {
@@ -437,6 +503,18 @@ static void late_reuse(late_twist twist)
         CUDA_OK(cudaStreamEndCapture(s1, &g));
         if (g)
             CUDA_OK(cudaGraphDestroy(g));
+    }
+    if (origin) {
+        printf("  during the capture: %s\n", got == cudaSuccess ? "served" : "out of memory");
+        end_forked_capture(origin, s1, twist == FORK_BEFORE_ALLOC);
+        CUDA_OK(cudaEventDestroy(fork));
+        if (got != cudaSuccess) {
+            CUDA_OK(cudaMalloc((void **)&q, HOLE));
+            running = cudaEventQuery(late_done) == cudaErrorNotReady;
+            cudaGetLastError();
+        }
+    } else {
+        CUDA_OK(got);
     }
     if (q)
         expect_intact(p, q, s2, running);
@@ -501,6 +579,8 @@ static void plugin(void)
 
 static void stream_destroy(void) { late_reuse(DESTROY_BEFORE_FREE); }
 static void capture_pending(void) { late_reuse(CAPTURE_BEFORE_ALLOC); }
+static void capture_fork(void) { late_reuse(FORK_BEFORE_ALLOC); }
+static void fork_destroyed(void) { late_reuse(FORK_DESTROYED); }
 
 static void reset(void)
 {
@@ -1569,6 +1649,8 @@ int main(int argc, char **argv)
         {"meminfo-agree", meminfo_agree},
         {"stream-destroy", stream_destroy},
         {"capture-pending", capture_pending},
+        {"capture-fork", capture_fork},
+        {"fork-destroyed", fork_destroyed},
         {"reset", reset},             {"first-malloc", first_malloc},
         {"ptr-attr", ptr_attr},       {"vmm-ptr-attr", vmm_ptr_attr},
         {"vmm-retain", vmm_retain},   {"pressure", pressure},
