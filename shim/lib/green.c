@@ -98,6 +98,17 @@ static green *by_converted(CUcontext c)
     return NULL;
 }
 
+/* A copy of that entry, taken under the lock (.g NULL when there is none):
+ * for work that records events or waits, which must not hold the lock. */
+static green copy_by_converted(CUcontext c)
+{
+    pthread_mutex_lock(&lock);
+    green *e = by_converted(c);
+    green copy = e ? *e : (green){0};
+    pthread_mutex_unlock(&lock);
+    return copy;
+}
+
 /* The converted context stream s belongs to (for the special handles, the
  * calling thread's current context), or NULL. Unlike capture_stand_in, no
  * guess from the current context when the driver cannot say: a capture
@@ -131,10 +142,7 @@ void green_stream_capturing(CUcontext converted)
     const real_driver *R = real_driver_get();
     if (none() || !R)
         return;
-    pthread_mutex_lock(&lock);
-    green *e = by_converted(converted);
-    green copy = e ? *e : (green){0};
-    pthread_mutex_unlock(&lock);
+    green copy = copy_by_converted(converted);
     /* The capture about to begin is counted already (capture.c's
      * before_begin_as). While another of its streams captures, no event can
      * be recorded on the green context (it would invalidate that capture),
@@ -149,11 +157,7 @@ bool green_stream_destroyed(CUstream s)
     const real_driver *R = real_driver_get();
     if (none() || !R)
         return false;
-    CUcontext c = context_of(R, s);
-    pthread_mutex_lock(&lock);
-    green *e = by_converted(c);
-    green copy = e ? *e : (green){0};
-    pthread_mutex_unlock(&lock);
+    green copy = copy_by_converted(context_of(R, s));
     if (!copy.g)
         return false;
     /* While the green context captures no event covers it: wait for the
