@@ -1263,6 +1263,16 @@ static void fake_fork_rewait(void)
         CHECK_EQ(X.GraphDestroy(g), CUDA_SUCCESS);
 }
 
+/* The capture begun on `origin` ends valid, with a graph. */
+static void end_capture_ok(CUstream origin)
+{
+    CUgraph g = NULL;
+    CHECK_EQ(D.StreamEndCapture(origin, &g), CUDA_SUCCESS);
+    CHECK(g != NULL);
+    if (g)
+        CHECK_EQ(X.GraphDestroy(g), CUDA_SUCCESS);
+}
+
 static void fake_capture_fork(void)
 {
     start();
@@ -1300,10 +1310,7 @@ static void fake_capture_fork(void)
     CHECK_EQ(D.StreamEndCapture(side, &g), CUDA_ERROR_STREAM_CAPTURE_UNMATCHED);
     CHECK_EQ(capture_status(side), CU_STREAM_CAPTURE_STATUS_ACTIVE);
     CHECK_EQ(record_then_wait(ev[1], side, origin), CUDA_SUCCESS); /* the join */
-    g = NULL;
-    CHECK_EQ(D.StreamEndCapture(origin, &g), CUDA_SUCCESS);
-    CHECK(g != NULL);
-    CHECK_EQ(X.GraphDestroy(g), CUDA_SUCCESS);
+    end_capture_ok(origin);
     CHECK_EQ(capture_status(side), CU_STREAM_CAPTURE_STATUS_NONE);
     CHECK_EQ(capture_status(origin), CU_STREAM_CAPTURE_STATUS_NONE);
     CHECK_EQ(D.StreamSynchronize(side), CUDA_SUCCESS);
@@ -1330,10 +1337,7 @@ static void fake_capture_fork(void)
     CHECK_EQ(capture_status(third), CU_STREAM_CAPTURE_STATUS_ACTIVE);
     CHECK_EQ(record_then_wait(ev[2], third, side), CUDA_SUCCESS);
     CHECK_EQ(record_then_wait(ev[3], side, origin), CUDA_SUCCESS);
-    g = NULL;
-    CHECK_EQ(D.StreamEndCapture(origin, &g), CUDA_SUCCESS);
-    CHECK(g != NULL);
-    CHECK_EQ(X.GraphDestroy(g), CUDA_SUCCESS);
+    end_capture_ok(origin);
     CHECK_EQ(capture_status(third), CU_STREAM_CAPTURE_STATUS_NONE);
     /* ... and one whose work joined side only after side's own join: that
      * work is unjoined. A fork that added no work has nothing to join. */
@@ -1347,10 +1351,7 @@ static void fake_capture_fork(void)
     CHECK_EQ(D.StreamBeginCapture(origin, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
     CHECK_EQ(record_then_wait(ev[0], origin, side), CUDA_SUCCESS);
     CHECK_EQ(record_then_wait(ev[1], side, third), CUDA_SUCCESS);
-    g = NULL;
-    CHECK_EQ(D.StreamEndCapture(origin, &g), CUDA_SUCCESS);
-    CHECK(g != NULL);
-    CHECK_EQ(X.GraphDestroy(g), CUDA_SUCCESS);
+    end_capture_ok(origin);
 
     /* Another capture's stream cannot wait on this one's event, nor can the
      * legacy stream (which invalidates the capture). */

@@ -298,6 +298,22 @@ static void after_fork(const char *hole, char *q, char *filler)
     CHECK_EQ(cudaFree(filler), cudaSuccess);
 }
 
+/* One round with the hole freed under `side`'s earlier work: side forked
+ * into the capture begun on `origin`, an allocation meanwhile, side joined
+ * back and the capture ended, then the hole after it (after_fork). */
+static void fork_round(cudaStream_t origin, cudaStream_t side, const char *hole, char *filler)
+{
+    cudaEvent_t fork, join;
+    CHECK_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
+    CHECK_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
+    fork_into(origin, side, fork);
+    char *q = alloc_during_fork(hole);
+    join_and_end(origin, side, join);
+    after_fork(hole, q, filler);
+    CHECK_EQ(cudaEventDestroy(fork), cudaSuccess);
+    CHECK_EQ(cudaEventDestroy(join), cudaSuccess);
+}
+
 static void forked_after_free(bool free_before_fork)
 {
     char *p, *filler = fill_but_hole(&p);
@@ -394,15 +410,7 @@ static void stale_begun(void)
     CHECK_EQ(fakecuda()->launch(side, fork_work, p), 0);
     CHECK_EQ(cudaFree(p), cudaSuccess);
     CHECK_EQ(cudaStreamBeginCapture(origin, cudaStreamCaptureModeRelaxed), cudaSuccess);
-    cudaEvent_t fork, join;
-    CHECK_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
-    CHECK_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
-    fork_into(origin, side, fork);
-    char *q = alloc_during_fork(p);
-    join_and_end(origin, side, join);
-    after_fork(p, q, filler);
-    CHECK_EQ(cudaEventDestroy(fork), cudaSuccess);
-    CHECK_EQ(cudaEventDestroy(join), cudaSuccess);
+    fork_round(origin, side, p, filler);
     CHECK_EQ(cudaStreamDestroy(side), cudaSuccess);
     CHECK_EQ(cudaStreamDestroy(origin), cudaSuccess);
 }
@@ -419,15 +427,7 @@ static void ptsz_fork(void)
     CHECK_EQ(fakecuda()->launch(cudaStreamPerThread, fork_work, p), 0);
     CHECK_EQ(cudaFree(p), cudaSuccess);
     CHECK_EQ(cudaStreamBeginCapture(origin, cudaStreamCaptureModeRelaxed), cudaSuccess);
-    cudaEvent_t fork, join;
-    CHECK_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
-    CHECK_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
-    fork_into(origin, cudaStreamPerThread, fork);
-    char *q = alloc_during_fork(p);
-    join_and_end(origin, cudaStreamPerThread, join);
-    after_fork(p, q, filler);
-    CHECK_EQ(cudaEventDestroy(fork), cudaSuccess);
-    CHECK_EQ(cudaEventDestroy(join), cudaSuccess);
+    fork_round(origin, cudaStreamPerThread, p, filler);
     CHECK_EQ(cudaStreamDestroy(origin), cudaSuccess);
 }
 
