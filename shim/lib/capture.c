@@ -380,7 +380,7 @@ static capture_key before_begin_as(CUstream s, bool fork)
     CUcontext ctx = k.s == CU_STREAM_PER_THREAD ? k.ctx : context_of(R, s);
     count_begin(&k, ctx, fork);
     if (ctx && green_converted(ctx))
-        green_stream_capturing(ctx);
+        green_stream_capturing(ctx, s);
     if (R)
         capture_stand_in(s, blocking_stream(R, s));
     return k;

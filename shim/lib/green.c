@@ -137,19 +137,45 @@ static bool stand_in(const real_driver *R, const green *e)
     return ok;
 }
 
-void green_stream_capturing(CUcontext converted)
+/* Does s capture (or sit in an invalidated capture)? */
+static bool stream_captures(const real_driver *R, CUstream s)
+{
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    return R->StreamIsCapturing(s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+/* The host waits for s's queued work, in relaxed mode: in global mode
+ * another thread's global-mode capture would refuse the wait and be
+ * invalidated (capture.c). */
+static void wait_for_stream(const real_driver *R, CUstream s)
+{
+    relaxed_scope rs = capture_relax_always(R);
+    if (R->StreamSynchronize)
+        R->StreamSynchronize(s);
+    capture_restore(R, rs);
+}
+
+void green_stream_capturing(CUcontext converted, CUstream s)
 {
     const real_driver *R = real_driver_get();
     if (none() || !R)
         return;
     green copy = copy_by_converted(converted);
+    if (!copy.g)
+        return;
     /* The capture about to begin is counted already (capture.c's
-     * before_begin_as). While another of its streams captures, no event can
-     * be recorded on the green context (it would invalidate that capture),
-     * and none is needed: the green context's fences wait for the end, and
-     * that capture's stand-in covers what came before it. */
-    if (copy.g && copy.captures <= 1)
-        stand_in(R, &copy);
+     * before_begin_as), and s does not capture yet. While another of its
+     * streams captures, no event can be recorded on the green context (it
+     * would invalidate that capture): the green context's fences wait for
+     * the end, and that capture's stand-in covers what came before it; what
+     * s queued since then only a later event of the green context covers,
+     * and not if s is destroyed before it (the header). Once s captures the
+     * driver refuses to wait for it (the programming guide: "It is invalid
+     * to synchronize ... a stream which is being captured"), so the host
+     * waits for that work now: rare, two streams of one green context in
+     * captures at once. */
+    if (copy.captures > 1 || !stand_in(R, &copy))
+        wait_for_stream(R, s);
 }
 
 bool green_stream_destroyed(CUstream s)
@@ -161,13 +187,15 @@ bool green_stream_destroyed(CUstream s)
     if (!copy.g)
         return false;
     /* While the green context captures no event covers it: wait for the
-     * stream instead (rare: a stream destroyed during another's capture). */
-    if (copy.captures > 0 || !stand_in(R, &copy)) {
-        relaxed_scope rs = capture_relax_always(R); /* a host wait (capture.c) */
-        if (R->StreamSynchronize)
-            R->StreamSynchronize(s);
-        capture_restore(R, rs);
-    }
+     * stream instead (rare: a stream destroyed during another's capture).
+     * A stream destroyed in its own capture needs neither, and could not
+     * be waited for (green_stream_capturing): its work from before its
+     * begin was covered then, by a stand-in or a wait, and what it captured
+     * never runs. */
+    if (copy.captures > 0 && stream_captures(R, s))
+        return true;
+    if (copy.captures > 0 || !stand_in(R, &copy))
+        wait_for_stream(R, s);
     return true;
 }
 

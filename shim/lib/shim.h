@@ -609,12 +609,13 @@ int green_destroying(CUgreenCtx g, CUcontext *converted);
 /* Before a stream is destroyed: true if it is a green context's, whose
  * stand-in is then recorded (capture_stand_in's cannot be). */
 bool green_stream_destroyed(CUstream s);
-/* A stream of converted context `converted` is about to capture (a begin,
+/* Stream s of converted context `converted` is about to capture (a begin,
  * or a wait that may fork it into a capture, counted already): one stand-in
  * for the green context's work so far, since once it captures no green
  * event can be recorded, and a stream of it destroyed meanwhile is covered
- * by no later one (capture.c's before_begin_as). */
-void green_stream_capturing(CUcontext converted);
+ * by no later one; where none can be recorded (another of its streams
+ * captures), the host waits for s (capture.c's before_begin_as). */
+void green_stream_capturing(CUcontext converted, CUstream s);
 /* Captures on streams of context c (NULL: unknown) began (by > 0) or
  * ended (by < 0); called with capture.c's lock held. */
 void green_capture_changed(CUcontext c, int by);

@@ -40,6 +40,10 @@
  *                   context's fences must be made again afterwards (a
  *                   capture still counted there refused them for good, and
  *                   a plain free never came back)
+ *   green-second-capture-destroyed  a green stream with queued work begins
+ *                   a capture while another of its green context's streams
+ *                   captures, and is destroyed in it: its work from before
+ *                   its begin must still be waited for
  *   green-fork      a green stream joins a capture begun on a primary
  *                   context's stream (a wait on an event recorded in it):
  *                   no fence may break that capture
@@ -454,6 +458,37 @@ static void green_capture_destroyed(void)
     CHECK_EQ(fake_stats().capture_invalidations, 0);
 }
 
+/* green-second-capture-destroyed: stream d of the green context queues
+ * work on the block and it is freed while stream c captures (so no green
+ * event can be recorded); then d begins a capture of its own and is
+ * destroyed in it. The driver refuses to wait for a capturing stream, and
+ * the green context's event after c's end does not cover a destroyed
+ * stream's work (the fake's harsher reading of cuda.h): the host must have
+ * waited for d's work when d began. (Before, d's destroy asked the driver
+ * to synchronise the capturing d, which it refused, and the block was
+ * handed out under d's work.) */
+static void green_second_capture_destroyed(void)
+{
+    start();
+    CUgreenCtx g = make_green(NULL);
+    CUstream c = green_stream(g), d = green_stream(g);
+    CUdeviceptr p, filler = fill_but_hole(&p);
+    CHECK_EQ(D.StreamBeginCapture(c, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    queue_work(d, p);
+    CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamBeginCapture(d, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(d), CUDA_SUCCESS);
+    CUgraph graph = NULL;
+    CHECK_EQ(D.StreamEndCapture(c, &graph), CUDA_SUCCESS);
+    CHECK(graph != NULL);
+    CUdeviceptr q = 0;
+    CHECK_EQ(D.MemAlloc(&q, MiB), CUDA_SUCCESS);
+    hole_came_back(p, q, filler);
+    CHECK_EQ(D.StreamDestroy(c), CUDA_SUCCESS);
+    CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().capture_invalidations, 0);
+}
+
 /* The fake driver's green contexts, against cuda.h (driver door closed). */
 static void fake_green(void)
 {
@@ -547,6 +582,7 @@ int main(int argc, char **argv)
         {"green-destroy", green_destroy}, {"green-async", green_async},
         {"green-async-capture-destroy", green_async_capture_destroy},
         {"green-capture-destroyed", green_capture_destroyed},
+        {"green-second-capture-destroyed", green_second_capture_destroyed},
         {"fake-green", fake_green},
         {"green-fork", green_fork},
         {"green-fork-destroyed", green_fork_destroyed},
