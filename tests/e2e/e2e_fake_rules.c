@@ -70,6 +70,14 @@
  *                  capture through a blocking fork; the legacy stream cannot
  *                  join (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT), nor can a
  *                  stream of another capture (_MERGE)
+ *   fake-capture-misuse  what the programming guide prohibits during a
+ *                  capture is refused and invalidates it, in every mode:
+ *                  querying or synchronising the capturing stream
+ *                  (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), a captured
+ *                  event (CUDA_ERROR_CAPTURED_EVENT; after the end, refused
+ *                  alone), the legacy stream while a blocking stream
+ *                  captures (_IMPLICIT), waiting on a non-captured event
+ *                  without CU_EVENT_WAIT_EXTERNAL (_ISOLATION)
  *   fake-ptds      the per-thread default stream's synchronous copies and
  *                  memsets (cuMemcpyHtoD_v2_ptds ... cuMemsetD32_v2_ptds, as
  *                  cuda.h names them under CUDA_API_PER_THREAD_DEFAULT_STREAM)
@@ -152,6 +160,7 @@ static struct {
     CUresult (*MemsetD2D32Async)(CUdeviceptr, size_t, unsigned, size_t, size_t, CUstream);
     CUresult (*GraphDestroy)(CUgraph);
     CUresult (*StreamIsCapturing)(CUstream, CUstreamCaptureStatus *);
+    CUresult (*EventSynchronize)(CUevent);
     CUresult (*GetProcAddress)(const char *, void **, int, cuuint64_t,
                                CUdriverProcAddressQueryResult *);
 } X;
@@ -196,6 +205,7 @@ static void load_more(void)
     X_CU(MemsetD2D32Async, "cuMemsetD2D32Async");
     X_CU(GraphDestroy, "cuGraphDestroy");
     X_CU(StreamIsCapturing, "cuStreamIsCapturing");
+    X_CU(EventSynchronize, "cuEventSynchronize");
     X_CU(GetProcAddress, "cuGetProcAddress_v2");
 #undef X_CU
 }
@@ -1273,6 +1283,98 @@ static void end_capture_ok(CUstream origin)
         CHECK_EQ(X.GraphDestroy(g), CUDA_SUCCESS);
 }
 
+/* The capture begun on `origin` was invalidated: its end says so and
+ * returns no graph. */
+static void end_capture_invalidated(CUstream origin)
+{
+    CUgraph g = (CUgraph)&g;
+    CHECK_EQ(D.StreamEndCapture(origin, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    CHECK(g == NULL);
+}
+
+/* The programming guide's prohibited operations during a capture: each is
+ * refused and invalidates the capture, in relaxed mode too. */
+static void fake_capture_misuse(void)
+{
+    start();
+    NEED(StreamIsCapturing);
+    NEED(EventSynchronize);
+    NEED(GraphDestroy);
+    CUstream s, other, blocking;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&other, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&blocking, 0), CUDA_SUCCESS);
+    CUevent captured, queued, never;
+    CHECK_EQ(D.EventCreate(&captured, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    CHECK_EQ(D.EventCreate(&queued, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    CHECK_EQ(D.EventCreate(&never, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    CHECK_EQ(D.EventRecord(queued, other), CUDA_SUCCESS);
+    const uint64_t inv0 = fake_stats().capture_invalidations;
+
+    /* Querying or synchronising the capturing stream. */
+    CHECK_EQ(D.StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamQuery(s), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    CHECK_EQ(capture_status(s), CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+    end_capture_invalidated(s);
+    CHECK_EQ(D.StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamSynchronize(s), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    end_capture_invalidated(s);
+    CHECK_EQ(fake_stats().capture_invalidations, inv0 + 2);
+
+    /* Querying or waiting for an event recorded in the capture; once it
+     * has ended the event is still a captured one, and nothing is left to
+     * invalidate. */
+    CHECK_EQ(D.StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(D.EventRecord(captured, s), CUDA_SUCCESS);
+    CHECK_EQ(D.EventQuery(captured), CUDA_ERROR_CAPTURED_EVENT);
+    end_capture_invalidated(s);
+    CHECK_EQ(D.StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(D.EventRecord(captured, s), CUDA_SUCCESS);
+    CHECK_EQ(X.EventSynchronize(captured), CUDA_ERROR_CAPTURED_EVENT);
+    end_capture_invalidated(s);
+    CHECK_EQ(D.StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(D.EventRecord(captured, s), CUDA_SUCCESS);
+    end_capture_ok(s);
+    CHECK_EQ(D.EventQuery(captured), CUDA_ERROR_CAPTURED_EVENT);
+    CHECK_EQ(fake_stats().capture_invalidations, inv0 + 4);
+
+    /* The legacy stream queried or synchronised while a blocking stream
+     * captures; the capture status question alone changes nothing. */
+    CHECK_EQ(D.StreamBeginCapture(blocking, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CUstreamCaptureStatus st;
+    CHECK_EQ(X.StreamIsCapturing(CU_STREAM_LEGACY, &st), CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+    CHECK_EQ(capture_status(blocking), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    CHECK_EQ(D.StreamQuery(CU_STREAM_LEGACY), CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+    end_capture_invalidated(blocking);
+    CHECK_EQ(D.StreamBeginCapture(blocking, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamSynchronize(NULL), CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+    end_capture_invalidated(blocking);
+    /* ... and a non-blocking stream's capture is none of its business. */
+    CHECK_EQ(D.StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamQuery(CU_STREAM_LEGACY), CUDA_SUCCESS);
+    end_capture_ok(s);
+    CHECK_EQ(fake_stats().capture_invalidations, inv0 + 6);
+
+    /* A capturing stream waiting on work queued outside the capture: not
+     * without CU_EVENT_WAIT_EXTERNAL, which makes the wait a node; an
+     * event never recorded carries no work to wait for. The flag outside
+     * a capture, or an unknown flag, is refused and changes nothing. */
+    CHECK_EQ(D.StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamWaitEvent(s, never, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamWaitEvent(s, queued, CU_EVENT_WAIT_EXTERNAL), CUDA_SUCCESS);
+    CHECK_EQ(capture_status(s), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    CHECK_EQ(D.StreamWaitEvent(s, queued, 0), CUDA_ERROR_STREAM_CAPTURE_ISOLATION);
+    end_capture_invalidated(s);
+    CHECK_EQ(D.StreamWaitEvent(other, queued, CU_EVENT_WAIT_EXTERNAL), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(D.StreamWaitEvent(other, queued, 0x2), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(D.StreamWaitEvent(other, queued, 0), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().capture_invalidations, inv0 + 7);
+
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(other), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(blocking), CUDA_SUCCESS);
+}
+
 static void fake_capture_fork(void)
 {
     start();
@@ -1974,6 +2076,7 @@ int main(int argc, char **argv)
         {"fake-memset", fake_memset},
         {"fake-fork-rewait", fake_fork_rewait},
         {"fake-capture-fork", fake_capture_fork},
+        {"fake-capture-misuse", fake_capture_misuse},
         {"fake-ptds", fake_ptds},
         {"fake-copy-ranges", fake_copy_ranges},
         {"fake-primary-reset", fake_primary_reset},

@@ -97,12 +97,18 @@
  *             captures, RELAXED never. A refused call also invalidates the
  *             captures it conflicts with: cuda.h says so only for
  *             cuCtxRecordEvent (and its green-context twin); the fake
- *             applies that harsher reading to all. Querying or waiting for an event
- *             last recorded in a capture gets CUDA_ERROR_CAPTURED_EVENT in
- *             every mode ("not permitted on an event which was last
- *             recorded in a capturing stream"; RELAXED threads are "still
- *             prohibited from API calls which necessarily conflict with
- *             stream capture", cuda.h).
+ *             applies that harsher reading to all. What the programming
+ *             guide prohibits during a capture ("Prohibited and Unhandled
+ *             Operations") is refused in every mode and invalidates the
+ *             capture ("Invalidation"): querying or synchronising a
+ *             capturing stream (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), the
+ *             legacy stream while a blocking stream captures (_IMPLICIT),
+ *             an event last recorded in a capture
+ *             (CUDA_ERROR_CAPTURED_EVENT, "not permitted on an event which
+ *             was last recorded in a capturing stream"; after that capture
+ *             has ended, refused alone), and a capturing stream waiting on
+ *             a non-captured event without CU_EVENT_WAIT_EXTERNAL
+ *             (_ISOLATION; with it, the wait is a node of the graph).
  *   memory    cuMemGetInfo counts memory other processes use
  *             (FAKECUDA_OTHER_USED) and each live context's own overhead
  *             (FAKECUDA_CTX_OVERHEAD), which allocations cannot use either.
@@ -755,6 +761,14 @@ static void invalidate_capture(fstream *o)
             x->invalidated = true;
 }
 
+/* Lock held: invalidate_capture, counted once per capture in the stats. */
+static void invalidate_counted(fstream *o)
+{
+    if (!o->invalidated)
+        G.st.capture_invalidations++;
+    invalidate_capture(o);
+}
+
 static void end_capture_sequence(uint64_t seq);
 
 /* Lock held: s stops capturing as it or its context goes; the origin of a
@@ -799,11 +813,51 @@ static CUresult legacy_use(fstream *s)
     CUresult r = CUDA_SUCCESS;
     for (fstream *o = G.streams; o; o = o->next)
         if (o->ctx == s->ctx && blocking(o) && live_capture(o)) {
-            invalidate_capture(o);
-            G.st.capture_invalidations++;
+            invalidate_counted(o);
             r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
         }
     return r;
+}
+
+/* Lock held: may s's execution status be asked or waited for? The
+ * programming guide ("Prohibited and Unhandled Operations"): "It is invalid
+ * to synchronize or query the execution status of a stream which is being
+ * captured ... because they do not represent items scheduled for
+ * execution", and the legacy stream, which "at all times encompasses" the
+ * blocking streams, may not be queried or synchronised while one of them
+ * captures; "When an invalid operation is attempted during stream capture,
+ * any associated capture graphs are invalidated" ("Invalidation"). So in
+ * every capture mode the call is refused and the capture invalidated:
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED for a capturing stream, and for
+ * the legacy stream CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, the code
+ * cuStreamIsCapturing answers there (which alone does not invalidate). */
+static CUresult status_asked(fstream *s)
+{
+    if (live_capture(s)) {
+        invalidate_counted(s);
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    CUresult r = CUDA_SUCCESS;
+    if (s->legacy)
+        for (fstream *o = G.streams; o; o = o->next)
+            if (o->ctx == s->ctx && blocking(o) && live_capture(o)) {
+                invalidate_counted(o);
+                r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+            }
+    return r;
+}
+
+/* Lock held: e was last recorded in a capture. Asking about it or waiting
+ * for it is refused in every mode (CUDA_ERROR_CAPTURED_EVENT, "not
+ * permitted on an event which was last recorded in a capturing stream")
+ * and, while that capture is under way, invalidates it (the guide's rule
+ * above: "a captured event" does not represent work scheduled either). */
+static CUresult captured_event_asked(const fevent *e)
+{
+    fstream *o = e->capture_origin;
+    if (o && live_capture(o) && o->capture_seq == e->capture_seq)
+        invalidate_counted(o);
+    return CUDA_ERROR_CAPTURED_EVENT;
 }
 
 /* Lock held: may the calling thread make a "potentially unsafe" call now
@@ -823,9 +877,7 @@ static CUresult unsafe_call(void)
                              : o->capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
                                    tls_capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
         if (conflict) {
-            if (!o->invalidated)
-                G.st.capture_invalidations++;
-            invalidate_capture(o);
+            invalidate_counted(o);
             G.st.unsafe_calls_refused++;
             r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
         }
@@ -2474,9 +2526,7 @@ EXPORT CUresult cuCtxSynchronize(void)
     CUresult r = unsafe_call();
     for (fstream *o = G.streams; o; o = o->next)
         if (o->ctx == c && live_capture(o)) {
-            if (!o->invalidated)
-                G.st.capture_invalidations++;
-            invalidate_capture(o);
+            invalidate_counted(o);
             r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
         }
     if (r != CUDA_SUCCESS)
@@ -2611,9 +2661,9 @@ static CUresult stream_sync(CUstream h)
     fstream *s = stream_of(h);
     if (!s)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
-    if (s->capturing)
-        LEAVE(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-    CUresult r = unsafe_call();
+    CUresult r = status_asked(s);
+    if (r == CUDA_SUCCESS)
+        r = unsafe_call();
     if (r != CUDA_SUCCESS)
         LEAVE(r);
     G.st.stream_synchronize_calls++;
@@ -2636,7 +2686,9 @@ EXPORT CUresult cuStreamQuery(CUstream h)
     fstream *s = stream_of(h);
     if (!s)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
-    CUresult r = unsafe_call();
+    CUresult r = status_asked(s);
+    if (r == CUDA_SUCCESS)
+        r = unsafe_call();
     if (r != CUDA_SUCCESS)
         LEAVE(r);
     LEAVE(stream_done_to(s, s->submitted) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY);
@@ -2909,9 +2961,7 @@ static CUresult wait_on_capture(fstream *s, fevent *e)
 {
     fstream *origin = e->capture_origin;
     if (s->legacy) {
-        if (!origin->invalidated)
-            G.st.capture_invalidations++;
-        invalidate_capture(origin);
+        invalidate_counted(origin);
         LEAVE(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
     }
     if (live_capture(s) && s->capture_seq != e->capture_seq)
@@ -2946,19 +2996,42 @@ static CUresult wait_on_capture(fstream *s, fevent *e)
  * capturing stream the wait is the graph's, not the stream's. An event last
  * recorded in a capture under way makes the stream join it
  * (wait_on_capture); one recorded in a capture that has ended adds
- * nothing. */
+ * nothing.
+ *
+ * A capturing stream may not wait on work that was queued rather than
+ * captured: "It is invalid to wait on a non-captured event from a stream
+ * which is being captured without specifying the cudaEventWaitExternal
+ * flag" (the programming guide, "Prohibited and Unhandled Operations"),
+ * and an invalid operation invalidates the capture. The code is
+ * CUDA_ERROR_STREAM_CAPTURE_ISOLATION ("a dependency would have been
+ * created which crosses the capture sequence boundary"): the fake's reading
+ * of cuda.h's codes. With CU_EVENT_WAIT_EXTERNAL the wait is a node of the
+ * graph ("captured in the graph as an external event node"); outside a
+ * capture that flag "is invalid" (CUDA_ERROR_INVALID_VALUE, as for a flag
+ * cuda.h does not name). An event never recorded carries no work, so
+ * waiting on it crosses nothing (the fake's reading). */
 EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent ev, unsigned int flags)
 {
     CALLED();
-    (void)flags;
     ENTER_API();
     fstream *s = stream_of(h);
     fevent *e = event_of(ev);
     if (!s || !e)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    const bool external = flags & CU_EVENT_WAIT_EXTERNAL;
+    if ((flags & ~(unsigned)CU_EVENT_WAIT_EXTERNAL) || (external && !live_capture(s)))
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    if (external) {
+        submit(s, NULL, NULL); /* the external wait: a node of the graph */
+        LEAVE(CUDA_SUCCESS);
+    }
     if (e->recorded && e->captured && live_capture(e->capture_origin) &&
         e->capture_origin->capture_seq == e->capture_seq)
         return wait_on_capture(s, e);
+    if (live_capture(s) && e->recorded && !e->captured) {
+        invalidate_counted(s);
+        LEAVE(CUDA_ERROR_STREAM_CAPTURE_ISOLATION);
+    }
     CUresult r = legacy_use(s);
     if (r != CUDA_SUCCESS)
         LEAVE(r);
@@ -3103,7 +3176,7 @@ EXPORT CUresult cuEventQuery(CUevent h)
     if (!e)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
     if (e->captured)
-        LEAVE(CUDA_ERROR_CAPTURED_EVENT);
+        LEAVE(captured_event_asked(e));
     CUresult r = unsafe_call();
     if (r != CUDA_SUCCESS)
         LEAVE(r);
@@ -3164,7 +3237,7 @@ EXPORT CUresult cuEventSynchronize(CUevent h)
     if (!e)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
     if (e->captured)
-        LEAVE(CUDA_ERROR_CAPTURED_EVENT);
+        LEAVE(captured_event_asked(e));
     CUresult r = unsafe_call();
     if (r != CUDA_SUCCESS)
         LEAVE(r);
@@ -3402,9 +3475,7 @@ EXPORT CUresult cuGreenCtxRecordEvent(CUgreenCtx h, CUevent ev)
     CUresult r = CUDA_SUCCESS;
     for (fstream *o = G.streams; o; o = o->next)
         if (o->ctx == &g->ctx && live_capture(o)) {
-            if (!o->invalidated)
-                G.st.capture_invalidations++;
-            invalidate_capture(o);
+            invalidate_counted(o);
             r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
         }
     if (r != CUDA_SUCCESS)

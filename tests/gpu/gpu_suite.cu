@@ -30,6 +30,13 @@
  *                    and the end's answer, as the fake models them
  *   fork-destroyed   ... and is destroyed while in it; printed: whether the
  *                    driver allows that, and what the end answers then
+ *   capture-misuse   (no early-reuse check) what the programming guide
+ *                    prohibits during a capture, on the real driver: each
+ *                    answer and the capture's status after it printed and
+ *                    checked against the fake's reading (querying or
+ *                    synchronising the capturing stream, querying a
+ *                    captured event, waiting on a non-captured event with
+ *                    and without cudaEventWaitExternal)
  *   reset            cudaDeviceReset with streams alive, then enough
  *                    allocations and frees to need the frees retired
  *   first-malloc     cudaMalloc is the program's first runtime call; then an
@@ -581,6 +588,80 @@ static void stream_destroy(void) { late_reuse(DESTROY_BEFORE_FREE); }
 static void capture_pending(void) { late_reuse(CAPTURE_BEFORE_ALLOC); }
 static void capture_fork(void) { late_reuse(FORK_BEFORE_ALLOC); }
 static void fork_destroyed(void) { late_reuse(FORK_DESTROYED); }
+
+/* One prohibited call in a capture of its own on s: the driver's answer
+ * and the capture's status after it, printed beside the fake's reading
+ * (tests/fake_cuda, "capture"; e2e_fake_rules fake-capture-misuse), which
+ * the checks hold the driver to. */
+static void misuse_once(const char *what, cudaStream_t s, cudaError_t expected,
+                        cudaError_t (*call)(cudaStream_t, void *), void *arg)
+{
+    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+    cudaError_t e = call(s, arg);
+    cudaGetLastError();
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    cudaError_t se = cudaStreamIsCapturing(s, &st);
+    cudaGraph_t g = NULL;
+    cudaError_t end = cudaStreamEndCapture(s, &g);
+    cudaGetLastError();
+    printf("  %s: %s (%d); then capturing %s %d, end %s (%d)\n", what, cudaGetErrorName(e), (int)e,
+           cudaGetErrorName(se), (int)st, cudaGetErrorName(end), (int)end);
+    CHECK(e == expected);
+    CHECK(st == cudaStreamCaptureStatusInvalidated);
+    CHECK(end == cudaErrorStreamCaptureInvalidated && g == NULL);
+    if (g)
+        cudaGraphDestroy(g);
+}
+
+static cudaError_t query_stream(cudaStream_t s, void *) { return cudaStreamQuery(s); }
+static cudaError_t sync_stream(cudaStream_t s, void *) { return cudaStreamSynchronize(s); }
+static cudaError_t query_captured(cudaStream_t s, void *ev)
+{
+    cudaEventRecord((cudaEvent_t)ev, s);
+    return cudaEventQuery((cudaEvent_t)ev);
+}
+static cudaError_t wait_queued(cudaStream_t s, void *ev)
+{
+    return cudaStreamWaitEvent(s, (cudaEvent_t)ev, 0);
+}
+
+/* What the programming guide prohibits during a capture ("Prohibited and
+ * Unhandled Operations"), on the real driver: the fake refuses each and
+ * invalidates the capture, in relaxed mode too; the shim must never make
+ * such a call on the program's behalf. */
+static void capture_misuse(void)
+{
+    cudaStream_t s = NULL, other = NULL;
+    CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CUDA_OK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+    cudaEvent_t captured = NULL, queued = NULL;
+    CUDA_OK(cudaEventCreateWithFlags(&captured, cudaEventDisableTiming));
+    CUDA_OK(cudaEventCreateWithFlags(&queued, cudaEventDisableTiming));
+    CUDA_OK(cudaEventRecord(queued, other));
+    misuse_once("cudaStreamQuery of the capturing stream", s, cudaErrorStreamCaptureUnsupported,
+                query_stream, NULL);
+    misuse_once("cudaStreamSynchronize of it", s, cudaErrorStreamCaptureUnsupported, sync_stream,
+                NULL);
+    misuse_once("cudaEventQuery of an event recorded in it", s, cudaErrorCapturedEvent,
+                query_captured, captured);
+    misuse_once("a wait on an event recorded outside it", s, cudaErrorStreamCaptureIsolation,
+                wait_queued, queued);
+    /* With cudaEventWaitExternal the wait is a node, the capture valid. */
+    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+    cudaError_t e = cudaStreamWaitEvent(s, queued, cudaEventWaitExternal);
+    cudaGraph_t g = NULL;
+    cudaError_t end = cudaStreamEndCapture(s, &g);
+    printf("  the same wait with cudaEventWaitExternal: %s (%d), end %s (%d)\n",
+           cudaGetErrorName(e), (int)e, cudaGetErrorName(end), (int)end);
+    CHECK(e == cudaSuccess && end == cudaSuccess && g != NULL);
+    if (g)
+        cudaGraphDestroy(g);
+    cudaGetLastError();
+    CUDA_OK(cudaEventDestroy(captured));
+    CUDA_OK(cudaEventDestroy(queued));
+    CUDA_OK(cudaStreamDestroy(s));
+    CUDA_OK(cudaStreamDestroy(other));
+}
 
 static void reset(void)
 {
@@ -1651,6 +1732,7 @@ int main(int argc, char **argv)
         {"capture-pending", capture_pending},
         {"capture-fork", capture_fork},
         {"fork-destroyed", fork_destroyed},
+        {"capture-misuse", capture_misuse},
         {"reset", reset},             {"first-malloc", first_malloc},
         {"ptr-attr", ptr_attr},       {"vmm-ptr-attr", vmm_ptr_attr},
         {"vmm-retain", vmm_retain},   {"pressure", pressure},
