@@ -1311,49 +1311,55 @@ static void fake_capture_misuse(void)
     CHECK_EQ(D.EventRecord(queued, other), CUDA_SUCCESS);
     const uint64_t inv0 = fake_stats().capture_invalidations;
 
-    /* Querying or synchronising the capturing stream. */
-    CHECK_EQ(D.StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
-    CHECK_EQ(D.StreamQuery(s), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-    CHECK_EQ(capture_status(s), CU_STREAM_CAPTURE_STATUS_INVALIDATED);
-    end_capture_invalidated(s);
-    CHECK_EQ(D.StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
-    CHECK_EQ(D.StreamSynchronize(s), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-    end_capture_invalidated(s);
-    CHECK_EQ(fake_stats().capture_invalidations, inv0 + 2);
+    /* Each prohibited call in a capture of its own: refused, and the
+     * capture's end finds it invalidated. */
+    const struct {
+        enum { QUERY_STREAM, SYNC_STREAM, QUERY_EVENT, SYNC_EVENT } op;
+        CUstream capturing, asked; /* asked: the stream queried or synchronised */
+        CUresult want;
+    } misuses[] = {
+        {QUERY_STREAM, s, s, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED},
+        {SYNC_STREAM, s, s, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED},
+        {QUERY_EVENT, s, NULL, CUDA_ERROR_CAPTURED_EVENT}, /* recorded in the capture */
+        {SYNC_EVENT, s, NULL, CUDA_ERROR_CAPTURED_EVENT},
+        /* the legacy stream while a blocking stream captures */
+        {QUERY_STREAM, blocking, CU_STREAM_LEGACY, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT},
+        {SYNC_STREAM, blocking, NULL, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT},
+    };
+    const size_t nmisuses = sizeof misuses / sizeof misuses[0];
+    for (size_t i = 0; i < nmisuses; i++) {
+        CUstream c = misuses[i].capturing;
+        CHECK_EQ(D.StreamBeginCapture(c, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+        CUresult r = CUDA_SUCCESS;
+        switch (misuses[i].op) {
+        case QUERY_STREAM: r = D.StreamQuery(misuses[i].asked); break;
+        case SYNC_STREAM: r = D.StreamSynchronize(misuses[i].asked); break;
+        case QUERY_EVENT:
+        case SYNC_EVENT:
+            CHECK_EQ(D.EventRecord(captured, c), CUDA_SUCCESS);
+            r = misuses[i].op == QUERY_EVENT ? D.EventQuery(captured) : X.EventSynchronize(captured);
+            break;
+        }
+        CHECK_EQ(r, misuses[i].want);
+        CHECK_EQ(capture_status(c), CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+        end_capture_invalidated(c);
+    }
+    CHECK_EQ(fake_stats().capture_invalidations, inv0 + nmisuses);
 
-    /* Querying or waiting for an event recorded in the capture; once it
-     * has ended the event is still a captured one, and nothing is left to
-     * invalidate. */
+    /* Not prohibited: a captured event asked about after its capture ended
+     * (refused, nothing left to invalidate); the capture status of the
+     * legacy stream while a blocking stream captures; the legacy stream
+     * queried while only a non-blocking stream captures. */
     CHECK_EQ(D.StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
     CHECK_EQ(D.EventRecord(captured, s), CUDA_SUCCESS);
-    CHECK_EQ(D.EventQuery(captured), CUDA_ERROR_CAPTURED_EVENT);
-    end_capture_invalidated(s);
-    CHECK_EQ(D.StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
-    CHECK_EQ(D.EventRecord(captured, s), CUDA_SUCCESS);
-    CHECK_EQ(X.EventSynchronize(captured), CUDA_ERROR_CAPTURED_EVENT);
-    end_capture_invalidated(s);
-    CHECK_EQ(D.StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
-    CHECK_EQ(D.EventRecord(captured, s), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamQuery(CU_STREAM_LEGACY), CUDA_SUCCESS);
     end_capture_ok(s);
     CHECK_EQ(D.EventQuery(captured), CUDA_ERROR_CAPTURED_EVENT);
-    CHECK_EQ(fake_stats().capture_invalidations, inv0 + 4);
-
-    /* The legacy stream queried or synchronised while a blocking stream
-     * captures; the capture status question alone changes nothing. */
     CHECK_EQ(D.StreamBeginCapture(blocking, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
     CUstreamCaptureStatus st;
     CHECK_EQ(X.StreamIsCapturing(CU_STREAM_LEGACY, &st), CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
-    CHECK_EQ(capture_status(blocking), CU_STREAM_CAPTURE_STATUS_ACTIVE);
-    CHECK_EQ(D.StreamQuery(CU_STREAM_LEGACY), CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
-    end_capture_invalidated(blocking);
-    CHECK_EQ(D.StreamBeginCapture(blocking, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
-    CHECK_EQ(D.StreamSynchronize(NULL), CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
-    end_capture_invalidated(blocking);
-    /* ... and a non-blocking stream's capture is none of its business. */
-    CHECK_EQ(D.StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
-    CHECK_EQ(D.StreamQuery(CU_STREAM_LEGACY), CUDA_SUCCESS);
-    end_capture_ok(s);
-    CHECK_EQ(fake_stats().capture_invalidations, inv0 + 6);
+    end_capture_ok(blocking);
+    CHECK_EQ(fake_stats().capture_invalidations, inv0 + nmisuses);
 
     /* A capturing stream waiting on work queued outside the capture: not
      * without CU_EVENT_WAIT_EXTERNAL, which makes the wait a node; an
@@ -1368,7 +1374,7 @@ static void fake_capture_misuse(void)
     CHECK_EQ(D.StreamWaitEvent(other, queued, CU_EVENT_WAIT_EXTERNAL), CUDA_ERROR_INVALID_VALUE);
     CHECK_EQ(D.StreamWaitEvent(other, queued, 0x2), CUDA_ERROR_INVALID_VALUE);
     CHECK_EQ(D.StreamWaitEvent(other, queued, 0), CUDA_SUCCESS);
-    CHECK_EQ(fake_stats().capture_invalidations, inv0 + 7);
+    CHECK_EQ(fake_stats().capture_invalidations, inv0 + nmisuses + 1);
 
     CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
     CHECK_EQ(D.StreamDestroy(other), CUDA_SUCCESS);
