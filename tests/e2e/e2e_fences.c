@@ -68,6 +68,15 @@
  *                    (none under way: global) and before the query reaches
  *                    the driver (the fake's before_next_event_query): the
  *                    query must not break that capture
+ *   ptsz-fork-vs-seal  another thread's per-thread default stream (a
+ *                    blocking one) joins a capture by a wait (a fork) after
+ *                    a plain seal asked whether a blocking stream captures
+ *                    and before it records its event on the legacy stream
+ *                    (the fake's before_next_event_query, inside the seal's
+ *                    stand-in sweep): the seal must not record legacy work
+ *                    into that capture (found by an audit: forks of the
+ *                    per-thread stream take no lock a seal holds off, and
+ *                    the legacy event invalidated the capture)
  *   bogus-end        another thread captures in global mode while this one
  *                    ends a capture on a stream that is not capturing, and
  *                    ends its own capture twice (the driver refuses both):
@@ -976,6 +985,94 @@ static void begin_now(void *arg)
     phase_wait_for(&c->step, 1, 500);
 }
 
+/* ptsz-fork-vs-seal: a thread that begins a capture on a non-blocking
+ * stream of its own (relaxed), records an event in it, and on cue 2 makes
+ * its per-thread default stream wait on that event: a fork of a blocking
+ * stream, which makes the legacy stream unusable until the capture ends. */
+typedef struct ptsz_forker {
+    e2e_phase cue;  /* 1: capture begun, event recorded; 2: please fork */
+    e2e_phase step; /* 1: forked; 2: please join and end; 3: ended */
+    cudaError_t begin_result, fork_result, end_result;
+} ptsz_forker;
+
+static void *ptsz_fork_thread(void *arg)
+{
+    ptsz_forker *f = arg;
+    cudaStream_t origin = NULL;
+    cudaEvent_t fork = NULL, join = NULL;
+    CHECK_EQ(cudaFree(NULL), cudaSuccess); /* this thread's context */
+    CHECK_EQ(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
+    CHECK_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
+    f->begin_result = cudaStreamBeginCapture(origin, cudaStreamCaptureModeRelaxed);
+    CHECK_EQ(cudaEventRecord(fork, origin), cudaSuccess);
+    e2e_phase_set(&f->cue, 1);
+    e2e_phase_wait(&f->cue, 2);
+    f->fork_result = cudaStreamWaitEvent(cudaStreamPerThread, fork, 0);
+    e2e_phase_set(&f->step, 1);
+    e2e_phase_wait(&f->step, 2);
+    CHECK_EQ(cudaEventRecord(join, cudaStreamPerThread), cudaSuccess);
+    CHECK_EQ(cudaStreamWaitEvent(origin, join, 0), cudaSuccess);
+    cudaGraph_t g = NULL;
+    f->end_result = cudaStreamEndCapture(origin, &g);
+    e2e_phase_set(&f->step, 3);
+    cudaStreamDestroy(origin);
+    return NULL;
+}
+
+/* Inside the shim's next cuEventQuery: the other thread forks its
+ * per-thread stream now (as query-vs-begin's begin_now). A shim that holds
+ * such a fork off until its seal is made keeps it waiting, and the seal
+ * goes on after half a second. */
+static void fork_now(void *arg)
+{
+    ptsz_forker *f = arg;
+    atomic_store(&cue_given, true);
+    e2e_phase_set(&f->cue, 2);
+    phase_wait_for(&f->step, 1, 500);
+}
+
+static void ptsz_fork_vs_seal(void)
+{
+    char *p, *filler = fill_but_hole(&p);
+    /* A non-blocking stream: the pool is not ordered, so a plain free is
+     * fenced with events, among them one on the legacy stream. */
+    cudaStream_t s;
+    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(fakecuda()->launch(s, write_pattern, p), 0);
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+    ptsz_forker f = {.cue = E2E_PHASE_INIT, .step = E2E_PHASE_INIT};
+    pthread_t t;
+    pthread_create(&t, NULL, ptsz_fork_thread, &f);
+    /* Its begin recorded a stand-in on its stream, which the next plain
+     * seal sweeps (a query) after its look at the legacy stream and before
+     * its events. */
+    e2e_phase_wait(&f.cue, 1);
+    fakecuda_stats s0 = fake_stats();
+    fakecuda()->before_next_event_query(fork_now, &f);
+    char *x = NULL;
+    CHECK_EQ(cudaMalloc((void **)&x, MiB / 8), cudaSuccess);
+    CHECK(atomic_load(&cue_given)); /* (else the scenario tests nothing) */
+    if (!atomic_load(&cue_given))
+        e2e_phase_set(&f.cue, 2);
+    e2e_phase_wait(&f.step, 1);
+    fakecuda_stats s1 = fake_stats();
+    if (s1.capture_invalidations != s0.capture_invalidations)
+        fprintf(stderr, "the seal recorded legacy-stream work while another thread's "
+                        "per-thread stream was in a capture: %llu invalidation(s), %llu "
+                        "legacy stream op(s)\n",
+                (unsigned long long)(s1.capture_invalidations - s0.capture_invalidations),
+                (unsigned long long)(s1.legacy_stream_ops - s0.legacy_stream_ops));
+    CHECK_EQ(s1.capture_invalidations, s0.capture_invalidations);
+    e2e_phase_set(&f.step, 2);
+    e2e_phase_wait(&f.step, 3);
+    pthread_join(t, NULL);
+    CHECK_EQ(f.begin_result, cudaSuccess);
+    CHECK_EQ(f.fork_result, cudaSuccess);
+    CHECK_EQ(f.end_result, cudaSuccess);
+    all_comes_back(x, filler, s);
+}
+
 static void query_vs_begin(void)
 {
     char *p, *filler = fill_but_hole(&p);
@@ -1132,6 +1229,7 @@ int main(int argc, char **argv)
         {"ordered-created-context-v3", ordered_created_context_v3},
         {"ptsz-during-capture", ptsz_during_capture},
         {"query-vs-begin", query_vs_begin},
+        {"ptsz-fork-vs-seal", ptsz_fork_vs_seal},
         {"bogus-end", bogus_end},           {"unseen-end", unseen_end},
         {"region-during-capture", region_during_capture},
         {"capture-fork", capture_fork},     {"free-in-fork", free_in_fork},

@@ -49,6 +49,13 @@
  *                   no fence may break that capture
  *   green-fork-destroyed  ... and is destroyed while in it: its work from
  *                   before the fork must still be waited for
+ *   green-ptsz-fork  the green context's per-thread default stream (the
+ *                   thread's CU_STREAM_PER_THREAD while the green context is
+ *                   current) joins a capture begun on a primary context's
+ *                   stream: no fence may break that capture (found by an
+ *                   audit: the hooks count forks of explicit streams only,
+ *                   so the green context's count stays 0 and a plain seal's
+ *                   cuGreenCtxRecordEvent invalidates the capture)
  *   fake-green      (driver door closed: the fake itself) what cuda.h says
  *                   of green contexts, streams and events
  */
@@ -362,6 +369,63 @@ static void green_fork_destroyed(void)
     CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
 }
 
+/* green-fork with the green context's per-thread default stream as the
+ * fork: with the converted context current, CU_STREAM_PER_THREAD names a
+ * (blocking) stream of the green context, and a wait on an event recorded
+ * in the capture makes it join. capture.c's may_fork leaves the
+ * per-thread handle out, so the fork is not counted in its green context,
+ * and the next plain seal records cuGreenCtxRecordEvent, which "will
+ * invalidate all the conflicting captures" (cuda.h; the fake does). */
+static void green_ptsz_fork(void)
+{
+    start();
+    CUcontext converted = NULL;
+    CUgreenCtx g = make_green(&converted);
+    CUstream t = NULL;
+    CHECK_EQ(D.StreamCreate(&t, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUdeviceptr p, filler = fill_but_hole(&p);
+    CHECK_EQ(D.CtxSetCurrent(converted), CUDA_SUCCESS);
+    queue_work(CU_STREAM_PER_THREAD, p); /* the green context's per-thread stream */
+    CUevent join = NULL;
+    CHECK_EQ(D.EventCreate(&join, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+    fakecuda_stats s0 = fake_stats();
+    CHECK_EQ(D.StreamBeginCapture(t, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CUevent fork = NULL;
+    CHECK_EQ(D.EventCreate(&fork, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    CHECK_EQ(D.EventRecord(fork, t), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(converted), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamWaitEvent(CU_STREAM_PER_THREAD, fork, 0), CUDA_SUCCESS); /* the fork */
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    const uint64_t green_records = e2e_calls_of("cuGreenCtxRecordEvent");
+    CUdeviceptr q = 0;
+    CUresult r = D.MemAlloc(&q, MiB);
+    CHECK(r == CUDA_SUCCESS || r == CUDA_ERROR_OUT_OF_MEMORY);
+    if (r == CUDA_SUCCESS) {
+        expect_safe(p, q);
+        CHECK_EQ(D.MemFree(q), CUDA_SUCCESS);
+    }
+    fakecuda_stats s1 = fake_stats();
+    if (s1.capture_invalidations != s0.capture_invalidations)
+        fprintf(stderr, "a fence the shim made while the green context's per-thread stream "
+                        "was in the capture invalidated it (%llu invalidation(s), %llu "
+                        "cuGreenCtxRecordEvent call(s) in the allocation)\n",
+                (unsigned long long)(s1.capture_invalidations - s0.capture_invalidations),
+                (unsigned long long)(e2e_calls_of("cuGreenCtxRecordEvent") - green_records));
+    CHECK_EQ(s1.capture_invalidations, s0.capture_invalidations);
+    CHECK_EQ(D.CtxSetCurrent(converted), CUDA_SUCCESS);
+    CHECK_EQ(D.EventRecord(join, CU_STREAM_PER_THREAD), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamWaitEvent(t, join, 0), CUDA_SUCCESS);
+    CUgraph graph = NULL;
+    CHECK_EQ(D.StreamEndCapture(t, &graph), CUDA_SUCCESS);
+    q = alloc_ok(MiB);
+    hole_came_back(p, q, filler);
+    CHECK_EQ(D.StreamDestroy(t), CUDA_SUCCESS);
+    CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
+}
+
 static void green_destroy(void)
 {
     on_green_stream_with(STREAM_GONE);
@@ -586,6 +650,7 @@ int main(int argc, char **argv)
         {"fake-green", fake_green},
         {"green-fork", green_fork},
         {"green-fork-destroyed", green_fork_destroyed},
+        {"green-ptsz-fork", green_ptsz_fork},
     };
     e2e_cu_load();
     e2e_green_load();
