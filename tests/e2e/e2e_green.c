@@ -426,6 +426,39 @@ static void green_ptsz_fork(void)
     CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
 }
 
+/* green-fork, but the capture ends by the destroy of its origin stream
+ * (which ends every stream of it) rather than by an end: the fork's entry
+ * must go with it, or the green context's fences stay refused. */
+static void green_fork_origin_destroyed(void)
+{
+    start();
+    CUgreenCtx g = make_green(NULL);
+    CUstream s = green_stream(g), t = NULL;
+    CHECK_EQ(D.StreamCreate(&t, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUdeviceptr p, filler = fill_but_hole(&p);
+    CHECK_EQ(D.StreamBeginCapture(t, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CUevent fork = NULL;
+    CHECK_EQ(D.EventCreate(&fork, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    CHECK_EQ(D.EventRecord(fork, t), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamWaitEvent(s, fork, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(t), CUDA_SUCCESS); /* the capture ends with it */
+    queue_work(s, p);
+    CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+    fakecuda()->complete_all();
+    CUdeviceptr q = 0;
+    CUresult r = D.MemAlloc(&q, MiB);
+    if (r != CUDA_SUCCESS)
+        fprintf(stderr, "the freed block never came back after the fork's capture ended by "
+                        "its origin's destroy (%d)\n", (int)r);
+    CHECK_EQ(r, CUDA_SUCCESS);
+    if (r == CUDA_SUCCESS)
+        CHECK_EQ(D.MemFree(q), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(filler), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+    CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().capture_invalidations, 0);
+}
+
 static void green_destroy(void)
 {
     on_green_stream_with(STREAM_GONE);
@@ -651,6 +684,7 @@ int main(int argc, char **argv)
         {"green-fork", green_fork},
         {"green-fork-destroyed", green_fork_destroyed},
         {"green-ptsz-fork", green_ptsz_fork},
+        {"green-fork-origin-destroyed", green_fork_origin_destroyed},
     };
     e2e_cu_load();
     e2e_green_load();
