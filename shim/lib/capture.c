@@ -261,10 +261,13 @@ static uint64_t claim(const capture_key *k, CUcontext ctx)
 
 /* After the ending call: what it claimed goes if the captures ended, else
  * it is given back. */
+static void forks_ended(void);
+
 void capture_ending_done(uint64_t m, bool ended)
 {
     if (!m)
         return;
+    bool dropped = false;
     pthread_mutex_lock(&lock);
     for (size_t i = 0; i < ntable;) {
         counted *e = &table[i];
@@ -272,6 +275,7 @@ void capture_ending_done(uint64_t m, bool ended)
             i++;
         } else if (ended) {
             drop(i);
+            dropped = true;
         } else {
             e->mark = e->mark == m ? 0 : e->mark;
             e->ctx_mark = e->ctx_mark == m ? 0 : e->ctx_mark;
@@ -279,6 +283,12 @@ void capture_ending_done(uint64_t m, bool ended)
         }
     }
     pthread_mutex_unlock(&lock);
+    /* A capture ended here (its end, its origin's destruction, its
+     * context's end) ends its forks too: without this a destroyed origin
+     * left its forks counted, and a green fork's context refused its fences
+     * until some later end (e2e_green green-fork-origin-destroyed). */
+    if (dropped)
+        forks_ended();
 }
 
 uint64_t capture_stream_ending(CUstream s)
@@ -405,14 +415,12 @@ static uint64_t before_end(CUstream s)
     return claim(&k, NULL);
 }
 
-static void forks_ended(void);
-
 static void ended(int r, uint64_t claimed)
 {
     const bool over = r == CUDA_SUCCESS || r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ||
                       r == CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
-    capture_ending_done(claimed, over);
-    if (over)
+    capture_ending_done(claimed, over); /* (its forks too, when it claimed one) */
+    if (over && !claimed) /* a capture the hooks did not count: its forks all the same */
         forks_ended();
 }
 
