@@ -292,6 +292,29 @@ static void green_capture(void)
  * cuGreenCtxRecordEvent, which "will invalidate all the conflicting
  * captures" (cuda.h): the program's capture must come through intact (the
  * audit of 0fac580 found it invalidated). */
+/* While a fork of the capture on t holds the block freed under its work:
+ * an allocation may not take the block early (it may find no memory). */
+static void allocate_during_fork(CUdeviceptr p)
+{
+    CUdeviceptr q = 0;
+    CUresult r = D.MemAlloc(&q, MiB);
+    CHECK(r == CUDA_SUCCESS || r == CUDA_ERROR_OUT_OF_MEMORY);
+    if (r == CUDA_SUCCESS) {
+        expect_safe(p, q);
+        CHECK_EQ(D.MemFree(q), CUDA_SUCCESS);
+    }
+}
+
+/* The fork joined back (join recorded on it), the capture on t ended: the
+ * hole comes back. */
+static void join_end_and_take_hole(CUstream t, CUevent join, CUdeviceptr p, CUdeviceptr filler)
+{
+    CHECK_EQ(D.StreamWaitEvent(t, join, 0), CUDA_SUCCESS);
+    CUgraph graph = NULL;
+    CHECK_EQ(D.StreamEndCapture(t, &graph), CUDA_SUCCESS);
+    hole_came_back(p, alloc_ok(MiB), filler);
+}
+
 static void green_fork(void)
 {
     start();
@@ -311,20 +334,10 @@ static void green_fork(void)
     CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
     CHECK_EQ(D.EventRecord(fork, t), CUDA_SUCCESS);
     CHECK_EQ(D.StreamWaitEvent(s, fork, 0), CUDA_SUCCESS);
-    CUdeviceptr q = 0;
-    CUresult r = D.MemAlloc(&q, MiB);
-    CHECK(r == CUDA_SUCCESS || r == CUDA_ERROR_OUT_OF_MEMORY);
-    if (r == CUDA_SUCCESS) {
-        expect_safe(p, q);
-        CHECK_EQ(D.MemFree(q), CUDA_SUCCESS);
-    }
+    allocate_during_fork(p);
     CHECK_EQ(fake_stats().capture_invalidations, s0.capture_invalidations);
     CHECK_EQ(D.EventRecord(join, s), CUDA_SUCCESS);
-    CHECK_EQ(D.StreamWaitEvent(t, join, 0), CUDA_SUCCESS);
-    CUgraph graph = NULL;
-    CHECK_EQ(D.StreamEndCapture(t, &graph), CUDA_SUCCESS);
-    q = alloc_ok(MiB);
-    hole_came_back(p, q, filler);
+    join_end_and_take_hole(t, join, p, filler);
     CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
     CHECK_EQ(D.StreamDestroy(t), CUDA_SUCCESS);
     CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
@@ -399,13 +412,7 @@ static void green_ptsz_fork(void)
     CHECK_EQ(D.StreamWaitEvent(CU_STREAM_PER_THREAD, fork, 0), CUDA_SUCCESS); /* the fork */
     CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
     const uint64_t green_records = e2e_calls_of("cuGreenCtxRecordEvent");
-    CUdeviceptr q = 0;
-    CUresult r = D.MemAlloc(&q, MiB);
-    CHECK(r == CUDA_SUCCESS || r == CUDA_ERROR_OUT_OF_MEMORY);
-    if (r == CUDA_SUCCESS) {
-        expect_safe(p, q);
-        CHECK_EQ(D.MemFree(q), CUDA_SUCCESS);
-    }
+    allocate_during_fork(p);
     fakecuda_stats s1 = fake_stats();
     if (s1.capture_invalidations != s0.capture_invalidations)
         fprintf(stderr, "a fence the shim made while the green context's per-thread stream "
@@ -417,11 +424,7 @@ static void green_ptsz_fork(void)
     CHECK_EQ(D.CtxSetCurrent(converted), CUDA_SUCCESS);
     CHECK_EQ(D.EventRecord(join, CU_STREAM_PER_THREAD), CUDA_SUCCESS);
     CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
-    CHECK_EQ(D.StreamWaitEvent(t, join, 0), CUDA_SUCCESS);
-    CUgraph graph = NULL;
-    CHECK_EQ(D.StreamEndCapture(t, &graph), CUDA_SUCCESS);
-    q = alloc_ok(MiB);
-    hole_came_back(p, q, filler);
+    join_end_and_take_hole(t, join, p, filler);
     CHECK_EQ(D.StreamDestroy(t), CUDA_SUCCESS);
     CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
 }
