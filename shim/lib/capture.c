@@ -259,10 +259,10 @@ static uint64_t claim(const capture_key *k, CUcontext ctx)
     return m;
 }
 
-/* After the ending call: what it claimed goes if the captures ended, else
- * it is given back. */
 static void forks_ended(void);
 
+/* After the ending call: what it claimed goes if the captures ended, else
+ * it is given back. */
 void capture_ending_done(uint64_t m, bool ended)
 {
     if (!m)
@@ -327,6 +327,16 @@ void capture_restore(const real_driver *R, relaxed_scope rs)
 {
     if (rs.changed)
         R->ThreadExchangeStreamCaptureMode(&rs.old);
+}
+
+CUresult capture_relaxed_stream_wait(const real_driver *R, CUstream s)
+{
+    if (!R->StreamSynchronize)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    relaxed_scope rs = capture_relax_always(R);
+    CUresult r = R->StreamSynchronize(s);
+    capture_restore(R, rs);
+    return r;
 }
 
 /* The stream a capture call names: stream 0 of a _ptsz call is the calling

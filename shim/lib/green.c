@@ -144,17 +144,6 @@ static bool stream_captures(const real_driver *R, CUstream s)
     return R->StreamIsCapturing(s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
-/* The host waits for s's queued work, in relaxed mode: in global mode
- * another thread's global-mode capture would refuse the wait and be
- * invalidated (capture.c). */
-static void wait_for_stream(const real_driver *R, CUstream s)
-{
-    relaxed_scope rs = capture_relax_always(R);
-    if (R->StreamSynchronize)
-        R->StreamSynchronize(s);
-    capture_restore(R, rs);
-}
-
 void green_stream_capturing(CUcontext converted, CUstream s)
 {
     const real_driver *R = real_driver_get();
@@ -175,7 +164,7 @@ void green_stream_capturing(CUcontext converted, CUstream s)
      * waits for that work now: rare, two streams of one green context in
      * captures at once. */
     if (copy.captures > 1 || !stand_in(R, &copy))
-        wait_for_stream(R, s);
+        capture_relaxed_stream_wait(R, s);
 }
 
 bool green_stream_destroyed(CUstream s)
@@ -195,7 +184,7 @@ bool green_stream_destroyed(CUstream s)
     if (copy.captures > 0 && stream_captures(R, s))
         return true;
     if (copy.captures > 0 || !stand_in(R, &copy))
-        wait_for_stream(R, s);
+        capture_relaxed_stream_wait(R, s);
     return true;
 }
 

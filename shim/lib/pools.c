@@ -773,11 +773,8 @@ static void settle_foreign_stream(shim_pool *sp, CUstream s)
     if (streams_all_seen() || !R || !R->StreamGetCtx || !R->StreamSynchronize ||
         R->StreamGetCtx(s, &c) != CUDA_SUCCESS || c == sp->ctx)
         return;
-    /* Relaxed: in global mode another thread's global-mode capture would
-     * refuse the wait and be invalidated (the library sees no begin). */
-    relaxed_scope rs = capture_relax_always(R);
-    CUresult r = R->StreamSynchronize(s);
-    capture_restore(R, rs);
+    /* (relaxed: the library sees no begin, and another thread may capture) */
+    CUresult r = capture_relaxed_stream_wait(R, s);
     if (r != CUDA_SUCCESS)
         shim_log(LOG_ERROR, "a stream-ordered free on stream %p of another context: waiting "
                             "for that stream failed (%d); its work may still use the block",

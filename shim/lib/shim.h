@@ -547,6 +547,11 @@ typedef struct relaxed_scope {
 relaxed_scope capture_relax(const real_driver *R);
 /* Relaxed whatever the count: for unsafe calls made without that lock. */
 relaxed_scope capture_relax_always(const real_driver *R);
+/* The host waits for stream s's queued work (cuStreamSynchronize), in
+ * relaxed mode: in global mode another thread's global-mode capture would
+ * refuse the wait and be invalidated. Never on a stream that captures (the
+ * driver refuses that and invalidates its capture). */
+CUresult capture_relaxed_stream_wait(const real_driver *R, CUstream s);
 /* Is any stream capture (begun through the shim's doors) under way? */
 bool capture_underway(void);
 /* A call that may end captures without cuStreamEndCapture: claims them
