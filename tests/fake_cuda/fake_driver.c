@@ -803,6 +803,23 @@ static bool blocking_capture_in(const fctx *c)
     return false;
 }
 
+/* Lock held: the legacy stream of context c is used (work queued, or its
+ * status asked) while a blocking stream of c may capture: each such capture
+ * is invalidated, and the call fails with CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+ * (the programming guide: the legacy stream "at all times encompasses"
+ * the blocking streams, so "any attempted use of the legacy stream is
+ * invalid" while one of them captures). */
+static CUresult legacy_blocked(const fctx *c)
+{
+    CUresult r = CUDA_SUCCESS;
+    for (fstream *o = G.streams; o; o = o->next)
+        if (o->ctx == c && blocking(o) && live_capture(o)) {
+            invalidate_counted(o);
+            r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+        }
+    return r;
+}
+
 /* Lock held. Work on the legacy stream joins every blocking stream: if one
  * of them is capturing, CUDA invalidates that capture and fails the call. */
 static CUresult legacy_use(fstream *s)
@@ -810,13 +827,7 @@ static CUresult legacy_use(fstream *s)
     if (!s->legacy)
         return CUDA_SUCCESS;
     G.st.legacy_stream_ops++;
-    CUresult r = CUDA_SUCCESS;
-    for (fstream *o = G.streams; o; o = o->next)
-        if (o->ctx == s->ctx && blocking(o) && live_capture(o)) {
-            invalidate_counted(o);
-            r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
-        }
-    return r;
+    return legacy_blocked(s->ctx);
 }
 
 /* Lock held: may s's execution status be asked or waited for? The
@@ -837,14 +848,17 @@ static CUresult status_asked(fstream *s)
         invalidate_counted(s);
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     }
-    CUresult r = CUDA_SUCCESS;
-    if (s->legacy)
-        for (fstream *o = G.streams; o; o = o->next)
-            if (o->ctx == s->ctx && blocking(o) && live_capture(o)) {
-                invalidate_counted(o);
-                r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
-            }
-    return r;
+    return s->legacy ? legacy_blocked(s->ctx) : CUDA_SUCCESS;
+}
+
+/* Lock held: the origin of the capture e was last recorded in, while that
+ * capture is under way; else NULL. */
+static fstream *live_capture_of(const fevent *e)
+{
+    fstream *o = e->capture_origin;
+    return e->recorded && e->captured && o && live_capture(o) && o->capture_seq == e->capture_seq
+               ? o
+               : NULL;
 }
 
 /* Lock held: e was last recorded in a capture. Asking about it or waiting
@@ -854,8 +868,8 @@ static CUresult status_asked(fstream *s)
  * above: "a captured event" does not represent work scheduled either). */
 static CUresult captured_event_asked(const fevent *e)
 {
-    fstream *o = e->capture_origin;
-    if (o && live_capture(o) && o->capture_seq == e->capture_seq)
+    fstream *o = live_capture_of(e);
+    if (o)
         invalidate_counted(o);
     return CUDA_ERROR_CAPTURED_EVENT;
 }
@@ -3025,8 +3039,7 @@ EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent ev, unsigned int flags)
         submit(s, NULL, NULL); /* the external wait: a node of the graph */
         LEAVE(CUDA_SUCCESS);
     }
-    if (e->recorded && e->captured && live_capture(e->capture_origin) &&
-        e->capture_origin->capture_seq == e->capture_seq)
+    if (live_capture_of(e))
         return wait_on_capture(s, e);
     if (live_capture(s) && e->recorded && !e->captured) {
         invalidate_counted(s);
