@@ -971,18 +971,43 @@ static bool phase_wait_for(e2e_phase *p, int phase, long ms)
 
 static atomic_bool cue_given;
 
-/* Inside the shim's next cuEventQuery, after it chose the query's capture
- * mode: the capturing thread begins now. A shim that holds begins off
- * until its query is made keeps it waiting, so the query goes on after half
- * a second; one that does not lets it begin (microseconds), and its query
- * then meets a global-mode capture. (A machine too slow to begin within
- * half a second would only let a faulty shim pass, never fail a sound one.) */
-static void begin_now(void *arg)
+/* The other thread's cue, given from inside the shim's next cuEventQuery
+ * (after it chose the query's capture mode): cue 2 tells it to act (begin a
+ * capture, fork a stream), step 1 says it did. */
+typedef struct cue_pair {
+    e2e_phase *cue, *step;
+} cue_pair;
+
+/* A shim that holds such an act off until its query (or seal) is made
+ * keeps the thread waiting, so the query goes on after half a second; one
+ * that does not lets it act (microseconds), and its query or seal then
+ * meets the capture. (A machine too slow to act within half a second would
+ * only let a faulty shim pass, never fail a sound one.) */
+static void act_now(void *arg)
 {
-    capturer *c = arg;
+    cue_pair *c = arg;
     atomic_store(&cue_given, true);
-    e2e_phase_set(&c->cue, 2);
-    phase_wait_for(&c->step, 1, 500);
+    e2e_phase_set(c->cue, 2);
+    phase_wait_for(c->step, 1, 500);
+}
+
+/* An allocation whose fence query (the pool seals the plain lane and asks
+ * about its fence: the hole's work is pending) gives the other thread its
+ * cue; served from the space left beside the filler. Returns it once the
+ * other thread has acted. */
+static char *allocate_on_cue(e2e_phase *cue, e2e_phase *step)
+{
+    cue_pair c = {cue, step};
+    fakecuda()->before_next_event_query(act_now, &c);
+    char *x = NULL;
+    CHECK_EQ(cudaMalloc((void **)&x, MiB / 8), cudaSuccess);
+    CHECK(atomic_load(&cue_given)); /* (else the scenario tests nothing) */
+    if (!atomic_load(&cue_given)) {
+        fakecuda()->before_next_event_query(NULL, NULL); /* (c is going) */
+        e2e_phase_set(cue, 2);
+    }
+    e2e_phase_wait(step, 1);
+    return x;
 }
 
 /* ptsz-fork-vs-seal: a thread that begins a capture on a non-blocking
@@ -1020,18 +1045,6 @@ static void *ptsz_fork_thread(void *arg)
     return NULL;
 }
 
-/* Inside the shim's next cuEventQuery: the other thread forks its
- * per-thread stream now (as query-vs-begin's begin_now). A shim that holds
- * such a fork off until its seal is made keeps it waiting, and the seal
- * goes on after half a second. */
-static void fork_now(void *arg)
-{
-    ptsz_forker *f = arg;
-    atomic_store(&cue_given, true);
-    e2e_phase_set(&f->cue, 2);
-    phase_wait_for(&f->step, 1, 500);
-}
-
 static void ptsz_fork_vs_seal(void)
 {
     char *p, *filler = fill_but_hole(&p);
@@ -1049,13 +1062,7 @@ static void ptsz_fork_vs_seal(void)
      * its events. */
     e2e_phase_wait(&f.cue, 1);
     fakecuda_stats s0 = fake_stats();
-    fakecuda()->before_next_event_query(fork_now, &f);
-    char *x = NULL;
-    CHECK_EQ(cudaMalloc((void **)&x, MiB / 8), cudaSuccess);
-    CHECK(atomic_load(&cue_given)); /* (else the scenario tests nothing) */
-    if (!atomic_load(&cue_given))
-        e2e_phase_set(&f.cue, 2);
-    e2e_phase_wait(&f.step, 1);
+    char *x = allocate_on_cue(&f.cue, &f.step); /* the fork comes in its seal */
     fakecuda_stats s1 = fake_stats();
     if (s1.capture_invalidations != s0.capture_invalidations)
         fprintf(stderr, "the seal recorded legacy-stream work while another thread's "
@@ -1088,15 +1095,7 @@ static void query_vs_begin(void)
     pthread_create(&t, NULL, capture_thread, &c);
     e2e_phase_wait(&c.cue, 1); /* its context and stream made, no capture yet */
     fakecuda_stats s0 = fake_stats();
-    fakecuda()->before_next_event_query(begin_now, &c);
-    /* Seals the plain lane and asks about its fence (the hole's work is
-     * pending); served from the space left beside the filler. */
-    char *x = NULL;
-    CHECK_EQ(cudaMalloc((void **)&x, MiB / 8), cudaSuccess);
-    CHECK(atomic_load(&cue_given)); /* (else the scenario tests nothing) */
-    if (!atomic_load(&cue_given))
-        e2e_phase_set(&c.cue, 2);
-    e2e_phase_wait(&c.step, 1);
+    char *x = allocate_on_cue(&c.cue, &c.step); /* the begin comes in its query */
     capture_ends_intact(&c, t, &s0);
     all_comes_back(x, filler, s);
 }

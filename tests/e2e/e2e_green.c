@@ -286,12 +286,6 @@ static void green_capture(void)
     green_capture_with(true);
 }
 
-/* A green stream joins a capture begun on a stream of the primary context
- * (a fork: it waits on an event recorded in the capture). Were it not
- * counted in its green context, a plain seal would make
- * cuGreenCtxRecordEvent, which "will invalidate all the conflicting
- * captures" (cuda.h): the program's capture must come through intact (the
- * audit of 0fac580 found it invalidated). */
 /* While a fork of the capture on t holds the block freed under its work:
  * an allocation may not take the block early (it may find no memory). */
 static void allocate_during_fork(CUdeviceptr p)
@@ -315,6 +309,23 @@ static void join_end_and_take_hole(CUstream t, CUevent join, CUdeviceptr p, CUde
     hole_came_back(p, alloc_ok(MiB), filler);
 }
 
+/* A capture begun on t, and s forked into it (a wait on an event recorded
+ * there). */
+static void begin_and_fork(CUstream t, CUstream s)
+{
+    CHECK_EQ(D.StreamBeginCapture(t, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CUevent fork = NULL;
+    CHECK_EQ(D.EventCreate(&fork, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    CHECK_EQ(D.EventRecord(fork, t), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamWaitEvent(s, fork, 0), CUDA_SUCCESS);
+}
+
+/* A green stream joins a capture begun on a stream of the primary context
+ * (a fork: it waits on an event recorded in the capture). Were it not
+ * counted in its green context, a plain seal would make
+ * cuGreenCtxRecordEvent, which "will invalidate all the conflicting
+ * captures" (cuda.h): the program's capture must come through intact (the
+ * audit of 0fac580 found it invalidated). */
 static void green_fork(void)
 {
     start();
@@ -358,11 +369,7 @@ static void green_fork_destroyed(void)
     CUdeviceptr p, filler = fill_but_hole(&p);
     queue_work(s, p);
     CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
-    CHECK_EQ(D.StreamBeginCapture(t, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
-    CUevent fork = NULL;
-    CHECK_EQ(D.EventCreate(&fork, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
-    CHECK_EQ(D.EventRecord(fork, t), CUDA_SUCCESS);
-    CHECK_EQ(D.StreamWaitEvent(s, fork, 0), CUDA_SUCCESS);
+    begin_and_fork(t, s);
     CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
     CUdeviceptr q = 0;
     CUresult r = D.MemAlloc(&q, MiB);
@@ -439,11 +446,7 @@ static void green_fork_origin_destroyed(void)
     CUstream s = green_stream(g), t = NULL;
     CHECK_EQ(D.StreamCreate(&t, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
     CUdeviceptr p, filler = fill_but_hole(&p);
-    CHECK_EQ(D.StreamBeginCapture(t, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
-    CUevent fork = NULL;
-    CHECK_EQ(D.EventCreate(&fork, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
-    CHECK_EQ(D.EventRecord(fork, t), CUDA_SUCCESS);
-    CHECK_EQ(D.StreamWaitEvent(s, fork, 0), CUDA_SUCCESS);
+    begin_and_fork(t, s);
     CHECK_EQ(D.StreamDestroy(t), CUDA_SUCCESS); /* the capture ends with it */
     queue_work(s, p);
     CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
