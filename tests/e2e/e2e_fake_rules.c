@@ -78,6 +78,17 @@
  *                  alone), the legacy stream while a blocking stream
  *                  captures (_IMPLICIT), waiting on a non-captured event
  *                  without CU_EVENT_WAIT_EXTERNAL (_ISOLATION)
+ *   fake-capture-info  cuStreamGetCaptureInfo (v1, _v2, _v3, each with its
+ *                  _ptsz twin, and from cuGetProcAddress by version): the
+ *                  status, and only while the capture is active its
+ *                  sequence's id (the origin's and a fork's alike, another
+ *                  capture's not) and its graph (the program's for
+ *                  cuStreamBeginCaptureToGraph; else the one the end then
+ *                  returns, or destroyed if the capture fails); an empty
+ *                  dependency set; _IMPLICIT for the legacy stream while a
+ *                  blocking stream (a per-thread one too) captures, not
+ *                  invalidating; no status pointer, or edge data without
+ *                  dependencies: an invalid value
  *   fake-ptds      the per-thread default stream's synchronous copies and
  *                  memsets (cuMemcpyHtoD_v2_ptds ... cuMemsetD32_v2_ptds, as
  *                  cuda.h names them under CUDA_API_PER_THREAD_DEFAULT_STREAM)
@@ -163,6 +174,15 @@ static struct {
     CUresult (*EventSynchronize)(CUevent);
     CUresult (*GetProcAddress)(const char *, void **, int, cuuint64_t,
                                CUdriverProcAddressQueryResult *);
+    /* cuStreamGetCaptureInfo's three versions and their _ptsz twins */
+    CUresult (*CaptureInfoV1[2])(CUstream, CUstreamCaptureStatus *, cuuint64_t *);
+    CUresult (*CaptureInfoV2[2])(CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *,
+                                 const CUgraphNode **, size_t *);
+    CUresult (*CaptureInfoV3[2])(CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *,
+                                 const CUgraphNode **, const CUgraphEdgeData **, size_t *);
+    CUresult (*StreamBeginCaptureToGraph)(CUstream, CUgraph, const CUgraphNode *,
+                                          const CUgraphEdgeData *, size_t, CUstreamCaptureMode);
+    CUresult (*GraphCreate)(CUgraph *, unsigned);
 } X;
 
 /* Looked up without stopping the program: a scenario names what it lacks
@@ -207,6 +227,14 @@ static void load_more(void)
     X_CU(StreamIsCapturing, "cuStreamIsCapturing");
     X_CU(EventSynchronize, "cuEventSynchronize");
     X_CU(GetProcAddress, "cuGetProcAddress_v2");
+    X_CU(CaptureInfoV1[0], "cuStreamGetCaptureInfo");
+    X_CU(CaptureInfoV1[1], "cuStreamGetCaptureInfo_ptsz");
+    X_CU(CaptureInfoV2[0], "cuStreamGetCaptureInfo_v2");
+    X_CU(CaptureInfoV2[1], "cuStreamGetCaptureInfo_v2_ptsz");
+    X_CU(CaptureInfoV3[0], "cuStreamGetCaptureInfo_v3");
+    X_CU(CaptureInfoV3[1], "cuStreamGetCaptureInfo_v3_ptsz");
+    X_CU(StreamBeginCaptureToGraph, "cuStreamBeginCaptureToGraph");
+    X_CU(GraphCreate, "cuGraphCreate");
 #undef X_CU
 }
 
@@ -1801,6 +1829,176 @@ static void fake_ptds(void)
     e2e_cu_primary_current(0);
 }
 
+/* What cuStreamGetCaptureInfo says about s: `version` 1, 2 or 3 (each
+ * through its _ptsz twin when z, with s as that call names it), its id and
+ * graph left as they were unless the capture is active. */
+typedef struct capture_info {
+    CUresult r;
+    CUstreamCaptureStatus st;
+    cuuint64_t id;
+    CUgraph graph;
+    size_t ndeps;
+} capture_info;
+
+enum { UNTOUCHED_ID = 0xdeadbeef };
+static char untouched_graph; /* its address: a graph handle nothing wrote */
+#define UNTOUCHED_GRAPH ((CUgraph)(void *)&untouched_graph)
+
+static capture_info info_of(int version, int z, CUstream s)
+{
+    capture_info i = {CUDA_SUCCESS, (CUstreamCaptureStatus)99, UNTOUCHED_ID, UNTOUCHED_GRAPH,
+                      99};
+    const CUgraphNode *deps = NULL;
+    const CUgraphEdgeData *edges = NULL;
+    if (version == 1)
+        i.r = X.CaptureInfoV1[z](s, &i.st, &i.id);
+    else if (version == 2)
+        i.r = X.CaptureInfoV2[z](s, &i.st, &i.id, &i.graph, &deps, &i.ndeps);
+    else
+        i.r = X.CaptureInfoV3[z](s, &i.st, &i.id, &i.graph, &deps, &edges, &i.ndeps);
+    if (i.r == CUDA_SUCCESS && i.st == CU_STREAM_CAPTURE_STATUS_ACTIVE && version > 1)
+        CHECK(deps == NULL && edges == NULL && i.ndeps == 0); /* the fake's graphs: no nodes */
+    return i;
+}
+
+/* Every version and twin says s is active in capture `id` (into `graph`,
+ * when given); returns the id. */
+static cuuint64_t active_in(CUstream s, bool per_thread, cuuint64_t id, CUgraph graph)
+{
+    for (int v = 1; v <= 3; v++)
+        for (int z = 0; z < 2; z++) {
+            if (per_thread != (s == CU_STREAM_PER_THREAD || z))
+                continue; /* the other stream's twin */
+            capture_info i = info_of(v, z, z && s == CU_STREAM_PER_THREAD ? NULL : s);
+            CHECK_EQ(i.r, CUDA_SUCCESS);
+            CHECK_EQ(i.st, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+            CHECK(i.id != UNTOUCHED_ID && i.id != 0);
+            if (!id)
+                id = i.id;
+            CHECK_EQ(i.id, id);
+            if (v > 1 && graph)
+                CHECK(i.graph == graph);
+        }
+    return id;
+}
+
+/* Every version says s is in status st, and writes nothing else. */
+static void not_active(CUstream s, CUstreamCaptureStatus st)
+{
+    for (int v = 1; v <= 3; v++) {
+        capture_info i = info_of(v, 0, s);
+        CHECK_EQ(i.r, CUDA_SUCCESS);
+        CHECK_EQ(i.st, st);
+        CHECK_EQ(i.id, UNTOUCHED_ID);
+        CHECK(i.graph == UNTOUCHED_GRAPH);
+    }
+}
+
+static void fake_capture_info(void)
+{
+    start();
+    NEED(CaptureInfoV1[0]);
+    NEED(CaptureInfoV1[1]);
+    NEED(CaptureInfoV2[0]);
+    NEED(CaptureInfoV2[1]);
+    NEED(CaptureInfoV3[0]);
+    NEED(CaptureInfoV3[1]);
+    NEED(GetProcAddress);
+    NEED(GraphDestroy);
+    NEED(GraphCreate);
+    NEED(StreamBeginCaptureToGraph);
+    proc_at("cuStreamGetCaptureInfo", 10010, "cuStreamGetCaptureInfo");
+    proc_at("cuStreamGetCaptureInfo", 11030, "cuStreamGetCaptureInfo_v2");
+    proc_at("cuStreamGetCaptureInfo", 12030, "cuStreamGetCaptureInfo_v3");
+    proc_ptds_at("cuStreamGetCaptureInfo", 10010, "cuStreamGetCaptureInfo_ptsz");
+    proc_ptds_at("cuStreamGetCaptureInfo", 11030, "cuStreamGetCaptureInfo_v2_ptsz");
+    proc_ptds_at("cuStreamGetCaptureInfo", 12030, "cuStreamGetCaptureInfo_v3_ptsz");
+    CUstream origin, side, other, blocking;
+    CHECK_EQ(D.StreamCreate(&origin, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&side, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&other, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&blocking, 0), CUDA_SUCCESS);
+    CUevent ev[2];
+    for (int i = 0; i < 2; i++)
+        CHECK_EQ(D.EventCreate(&ev[i], CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    const uint64_t inv0 = fake_stats().capture_invalidations;
+
+    /* Arguments. */
+    cuuint64_t id = 0;
+    const CUgraphNode *deps = NULL;
+    const CUgraphEdgeData *edges = NULL;
+    CHECK_EQ(X.CaptureInfoV1[0](origin, NULL, &id), CUDA_ERROR_INVALID_VALUE);
+    CUstreamCaptureStatus st;
+    CHECK_EQ(X.CaptureInfoV3[0](origin, &st, NULL, NULL, NULL, &edges, NULL),
+             CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(X.CaptureInfoV3[0](origin, &st, NULL, NULL, &deps, &edges, NULL), CUDA_SUCCESS);
+    not_active(origin, CU_STREAM_CAPTURE_STATUS_NONE);
+
+    /* A capture and its fork: one sequence, one id, one graph, which the
+     * end returns; another capture's id differs. */
+    CHECK_EQ(D.StreamBeginCapture(origin, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    capture_info first = info_of(2, 0, origin);
+    CHECK_EQ(first.st, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    cuuint64_t seq = active_in(origin, false, 0, first.graph);
+    CHECK_EQ(record_then_wait(ev[0], origin, side), CUDA_SUCCESS); /* the fork */
+    active_in(side, false, seq, first.graph);
+    CHECK_EQ(D.StreamBeginCapture(other, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    cuuint64_t other_seq = active_in(other, false, 0, NULL);
+    CHECK(other_seq != seq);
+    CHECK_EQ(record_then_wait(ev[1], side, origin), CUDA_SUCCESS); /* the join */
+    CUgraph g = NULL;
+    CHECK_EQ(D.StreamEndCapture(origin, &g), CUDA_SUCCESS);
+    CHECK(g == first.graph);
+    if (g)
+        CHECK_EQ(X.GraphDestroy(g), CUDA_SUCCESS);
+    not_active(origin, CU_STREAM_CAPTURE_STATUS_NONE);
+    not_active(side, CU_STREAM_CAPTURE_STATUS_NONE);
+    end_capture_ok(other);
+
+    /* Into the program's graph. */
+    CUgraph mine = NULL;
+    CHECK_EQ(X.GraphCreate(&mine, 0), CUDA_SUCCESS);
+    CHECK_EQ(X.StreamBeginCaptureToGraph(origin, mine, NULL, NULL, 0,
+                                         CU_STREAM_CAPTURE_MODE_RELAXED),
+             CUDA_SUCCESS);
+    CHECK(active_in(origin, false, 0, mine) != seq);
+    CHECK_EQ(D.StreamEndCapture(origin, &g), CUDA_SUCCESS);
+    CHECK(g == mine);
+
+    /* Invalidated: the status says so, nothing else is written; the graph
+     * asked for while it was active goes with it. */
+    CHECK_EQ(D.StreamBeginCapture(origin, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    capture_info lost = info_of(3, 0, origin);
+    CHECK_EQ(lost.st, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    CHECK_EQ(D.StreamQuery(origin), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED); /* invalidates */
+    not_active(origin, CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+    end_capture_invalidated(origin);
+    CHECK_EQ(X.GraphDestroy(lost.graph), CUDA_ERROR_INVALID_VALUE);
+
+    /* The legacy stream while a blocking stream captures, or this thread's
+     * per-thread default stream (blocking too): refused, not invalidating. */
+    CHECK_EQ(D.StreamBeginCapture(blocking, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    for (int v = 1; v <= 3; v++) {
+        CHECK_EQ(info_of(v, 0, CU_STREAM_LEGACY).r, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+        CHECK_EQ(info_of(v, 0, NULL).r, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+    }
+    end_capture_ok(blocking);
+    CHECK_EQ(D.StreamBeginCapture(CU_STREAM_PER_THREAD, CU_STREAM_CAPTURE_MODE_RELAXED),
+             CUDA_SUCCESS);
+    active_in(CU_STREAM_PER_THREAD, true, 0, NULL);
+    CHECK_EQ(info_of(1, 0, CU_STREAM_LEGACY).r, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+    end_capture_ok(CU_STREAM_PER_THREAD);
+    not_active(CU_STREAM_LEGACY, CU_STREAM_CAPTURE_STATUS_NONE);
+    CHECK_EQ(fake_stats().capture_invalidations, inv0 + 1);
+
+    for (int i = 0; i < 2; i++)
+        CHECK_EQ(D.EventDestroy(ev[i]), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(origin), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(side), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(other), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(blocking), CUDA_SUCCESS);
+}
+
 /* Every copy checks the whole of both its ranges, as the memsets and
  * cuMemcpyPeerAsync do: a range that starts inside an allocation and runs
  * past its end is CUDA_ERROR_INVALID_VALUE, and nothing is copied or queued.
@@ -2083,6 +2281,7 @@ int main(int argc, char **argv)
         {"fake-fork-rewait", fake_fork_rewait},
         {"fake-capture-fork", fake_capture_fork},
         {"fake-capture-misuse", fake_capture_misuse},
+        {"fake-capture-info", fake_capture_info},
         {"fake-ptds", fake_ptds},
         {"fake-copy-ranges", fake_copy_ranges},
         {"fake-primary-reset", fake_primary_reset},

@@ -32,7 +32,6 @@ runner = os.path.join(here, "numba_suite_runner.py")
 # program's own memory is not).
 NOT_MODELLED = {
     "cuLibraryLoadData": "kernels (modules, libraries, launches)",
-    "cuStreamGetCaptureInfo_v3": "capture details of graphs with kernels",
     "cuMemHostRegister_v2": "registered host memory",
     "cuMemAllocManaged": "managed memory",
 }
@@ -58,14 +57,29 @@ def not_modelled(reason):
     return next((what for key, what in NOT_MODELLED.items() if key in reason), None)
 
 
+# Modules run in a process of their own: a test that fails for want of
+# what the fake does not model may leave driver state behind that a real
+# driver would keep too. test_cuda_driver's graph-builder tests begin a
+# global-mode capture and, with no kernels on the fake, never end it; in the
+# same process every later cuCtxSynchronize is then refused
+# (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, test_select_device failed so).
+ISOLATED = ["test_cuda_driver"]
+
+
 def run(tag, **env):
-    out = os.path.join(work, f"{tag}.json")
     e = testcheck.fake_cuda_env(fake_dir, **env)
-    p = subprocess.run([sys.executable, runner, out] + MODULES, env=e, capture_output=True,
-                       text=True, timeout=900, cwd=work)
-    check(p.returncode == 0 and os.path.exists(out),
-          f"{tag}: the suite ran to its end (exit {p.returncode}): {p.stderr[-3000:]}")
-    return {t["id"]: t for t in json.load(open(out))["tests"]} if os.path.exists(out) else {}
+    rest = [m for m in MODULES if m not in ISOLATED]
+    tests = {}
+    for i, modules in enumerate([rest] + [[m] for m in ISOLATED if m in MODULES]):
+        out = os.path.join(work, f"{tag}-{i}.json")
+        p = subprocess.run([sys.executable, runner, out] + modules, env=e, capture_output=True,
+                           text=True, timeout=900, cwd=work)
+        check(p.returncode == 0 and os.path.exists(out),
+              f"{tag} {modules[0]}...: the suite ran to its end (exit {p.returncode}): "
+              f"{p.stderr[-3000:]}")
+        if os.path.exists(out):
+            tests.update({t["id"]: t for t in json.load(open(out))["tests"]})
+    return tests
 
 
 def short(test_id):

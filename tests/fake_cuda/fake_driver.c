@@ -161,6 +161,9 @@
 /* ... and cuCtxCreate, a macro for cuCtxCreate_v4: its v1 (CUDA 2.0's),
  * _v2 (3.2's) and _v3 (11.4's) are exported too (below). */
 #undef cuCtxCreate
+/* ... and cuStreamGetCaptureInfo, a macro for its _v3 (12.3's): the v1
+ * (10.1's) and _v2 (11.3's) are exported too. */
+#undef cuStreamGetCaptureInfo
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -218,6 +221,7 @@ typedef struct fstream {
     bool capturing, invalidated;
     unsigned capture_thread;
     struct fgraph *capture_graph; /* cuStreamBeginCaptureToGraph's, else NULL */
+    bool capture_graph_own; /* capture_graph was made when cuStreamGetCaptureInfo asked */
     /* The capture sequence the stream is in while it captures: its own,
      * begun on it (capture_origin is the stream itself), or one it joined by
      * waiting on an event recorded in it (a fork; the origin's mode and
@@ -2786,6 +2790,97 @@ EXPORT CUresult cuGraphDestroy(CUgraph h)
     LEAVE(CUDA_SUCCESS);
 }
 
+/* cuStreamGetCaptureInfo, all three versions (CUDA 10.1's status and id;
+ * 11.3's graph and dependencies; 12.3's edge data). cuda.h: the status is
+ * required; the rest is "valid data ... only if the call returns
+ * CUDA_SUCCESS [and] the returned capture status is
+ * CU_STREAM_CAPTURE_STATUS_ACTIVE", so for a stream that does not capture,
+ * or whose capture was invalidated, the fake writes nothing else (a caller
+ * that reads an id then reads what it left there). The id is "an id for
+ * the capture sequence, which is unique over the lifetime of the process":
+ * the fake's sequence number, the same on the origin and every stream that
+ * joined it (one sequence). The graph is the one being captured into: the
+ * program's (cuStreamBeginCaptureToGraph), else one made now and handed
+ * over at the end. The fake's graphs have no nodes, so the dependency set
+ * is empty (and no edge data: never CUDA_ERROR_LOSSY_QUERY). On the legacy
+ * stream while a blocking stream captures: CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+ * as cuStreamIsCapturing (neither invalidates). */
+static CUresult capture_info(CUstream h, CUstreamCaptureStatus *st, cuuint64_t *id,
+                             CUgraph *graph, const CUgraphNode **deps,
+                             const CUgraphEdgeData **edges, size_t *ndeps)
+{
+    ENTER_API();
+    fstream *s = stream_of(h);
+    /* "If edgeData_out is non-NULL then dependencies_out must be as well" */
+    if (!s || !st || (edges && !deps))
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    if (s->legacy && blocking_capture_in(s->ctx))
+        LEAVE(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+    *st = !s->capturing  ? CU_STREAM_CAPTURE_STATUS_NONE
+          : s->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                           : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    if (*st != CU_STREAM_CAPTURE_STATUS_ACTIVE)
+        LEAVE(CUDA_SUCCESS);
+    if (id)
+        *id = s->capture_seq;
+    fstream *origin = s->capture_origin;
+    if (graph && !origin->capture_graph) {
+        origin->capture_graph = graph_new();
+        if (!origin->capture_graph)
+            LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+        origin->capture_graph_own = true;
+    }
+    if (graph)
+        *graph = (CUgraph)origin->capture_graph;
+    if (deps)
+        *deps = NULL;
+    if (edges)
+        *edges = NULL;
+    if (ndeps)
+        *ndeps = 0;
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuStreamGetCaptureInfo(CUstream h, CUstreamCaptureStatus *st, cuuint64_t *id)
+{
+    CALLED();
+    return capture_info(h, st, id, NULL, NULL, NULL, NULL);
+}
+EXPORT CUresult cuStreamGetCaptureInfo_ptsz(CUstream h, CUstreamCaptureStatus *st, cuuint64_t *id)
+{
+    CALLED();
+    return capture_info(h ? h : CU_STREAM_PER_THREAD, st, id, NULL, NULL, NULL, NULL);
+}
+EXPORT CUresult cuStreamGetCaptureInfo_v2(CUstream h, CUstreamCaptureStatus *st, cuuint64_t *id,
+                                          CUgraph *graph, const CUgraphNode **deps,
+                                          size_t *ndeps)
+{
+    CALLED();
+    return capture_info(h, st, id, graph, deps, NULL, ndeps);
+}
+EXPORT CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream h, CUstreamCaptureStatus *st,
+                                               cuuint64_t *id, CUgraph *graph,
+                                               const CUgraphNode **deps, size_t *ndeps)
+{
+    CALLED();
+    return capture_info(h ? h : CU_STREAM_PER_THREAD, st, id, graph, deps, NULL, ndeps);
+}
+EXPORT CUresult cuStreamGetCaptureInfo_v3(CUstream h, CUstreamCaptureStatus *st, cuuint64_t *id,
+                                          CUgraph *graph, const CUgraphNode **deps,
+                                          const CUgraphEdgeData **edges, size_t *ndeps)
+{
+    CALLED();
+    return capture_info(h, st, id, graph, deps, edges, ndeps);
+}
+EXPORT CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream h, CUstreamCaptureStatus *st,
+                                               cuuint64_t *id, CUgraph *graph,
+                                               const CUgraphNode **deps,
+                                               const CUgraphEdgeData **edges, size_t *ndeps)
+{
+    CALLED();
+    return capture_info(h ? h : CU_STREAM_PER_THREAD, st, id, graph, deps, edges, ndeps);
+}
+
 /* Lock held (LEAVE releases it): both begins; into_graph is
  * cuStreamBeginCaptureToGraph's graph, or NULL. A mode outside the enum is
  * refused (both calls list CUDA_ERROR_INVALID_VALUE). */
@@ -2803,6 +2898,7 @@ static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode, fgraph *into
     s->capture_mode = mode;
     s->capture_thread = this_thread();
     s->capture_graph = into_graph;
+    s->capture_graph_own = false;
     s->capture_seq = ++G.next_capture_seq;
     s->capture_origin = s;
     s->join_into = NULL;
@@ -2929,7 +3025,13 @@ static CUresult end_capture(CUstream h, CUgraph *graph)
     /* "If capture was invalidated ... then a NULL graph will be returned";
      * a capture into an existing graph returns that graph. */
     fgraph *g = invalidated || unjoined ? NULL : s->capture_graph ? s->capture_graph : graph_new();
+    /* A graph made for cuStreamGetCaptureInfo goes with a failed capture
+     * ("the graph handle may be invalidated before end of capture for
+     * certain errors"). */
+    if (!g && s->capture_graph_own)
+        s->capture_graph->destroyed = true;
     s->capture_graph = NULL;
+    s->capture_graph_own = false;
     if (graph)
         *graph = (CUgraph)g;
     LEAVE(invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
@@ -5345,6 +5447,12 @@ static const proc procs[] = {
     PZ("cuStreamSynchronize", 7000, cuStreamSynchronize_ptsz),
     P("cuStreamIsCapturing", 10000, cuStreamIsCapturing),
     PZ("cuStreamIsCapturing", 10000, cuStreamIsCapturing_ptsz),
+    P("cuStreamGetCaptureInfo", 12030, cuStreamGetCaptureInfo_v3),
+    PZ("cuStreamGetCaptureInfo", 12030, cuStreamGetCaptureInfo_v3_ptsz),
+    P("cuStreamGetCaptureInfo", 11030, cuStreamGetCaptureInfo_v2),
+    PZ("cuStreamGetCaptureInfo", 11030, cuStreamGetCaptureInfo_v2_ptsz),
+    P("cuStreamGetCaptureInfo", 10010, cuStreamGetCaptureInfo),
+    PZ("cuStreamGetCaptureInfo", 10010, cuStreamGetCaptureInfo_ptsz),
     P("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2),
     PZ("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2_ptsz),
     P("cuStreamBeginCapture", 10000, cuStreamBeginCapture_v1),

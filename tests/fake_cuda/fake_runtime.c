@@ -61,6 +61,9 @@ static struct {
     CUresult (*StreamDestroy)(CUstream);
     CUresult (*StreamSynchronize[2])(CUstream);
     CUresult (*StreamIsCapturing[2])(CUstream, CUstreamCaptureStatus *);
+    CUresult (*StreamGetCaptureInfo[2])(CUstream, CUstreamCaptureStatus *, cuuint64_t *,
+                                        CUgraph *, const CUgraphNode **,
+                                        const CUgraphEdgeData **, size_t *);
     CUresult (*StreamBeginCapture[2])(CUstream, CUstreamCaptureMode);
     CUresult (*StreamBeginCaptureToGraph[2])(CUstream, CUgraph, const CUgraphNode *,
                                              const CUgraphEdgeData *, size_t,
@@ -147,6 +150,7 @@ static void initialise(void)
     R(StreamDestroy, "cuStreamDestroy");
     RZ(StreamSynchronize, "cuStreamSynchronize");
     RZ(StreamIsCapturing, "cuStreamIsCapturing");
+    RZ(StreamGetCaptureInfo, "cuStreamGetCaptureInfo");
     RZ(StreamBeginCapture, "cuStreamBeginCapture");
     RZ(StreamBeginCaptureToGraph, "cuStreamBeginCaptureToGraph");
     RZ(StreamEndCapture, "cuStreamEndCapture");
@@ -537,6 +541,42 @@ EXPORT cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureS
 {
     ENTER();
     return record(D.StreamIsCapturing[0](S(s), (CUstreamCaptureStatus *)st));
+}
+
+/* CUDA 13's (the driver's _v3: cudaGraphEdgeData and CUgraphEdgeData
+ * agree, below). */
+static cudaError_t capture_info(int z, cudaStream_t s, enum cudaStreamCaptureStatus *st,
+                                unsigned long long *id, cudaGraph_t *g,
+                                const cudaGraphNode_t **deps, const cudaGraphEdgeData **edges,
+                                size_t *n)
+{
+    _Static_assert(sizeof(unsigned long long) == sizeof(cuuint64_t), "ids differ");
+    ENTER();
+    return record(D.StreamGetCaptureInfo[z](S(s), (CUstreamCaptureStatus *)st, (cuuint64_t *)id,
+                                            (CUgraph *)g, (const CUgraphNode **)deps,
+                                            (const CUgraphEdgeData **)edges, n));
+}
+
+EXPORT cudaError_t cudaStreamGetCaptureInfo(cudaStream_t s, enum cudaStreamCaptureStatus *st,
+                                            unsigned long long *id, cudaGraph_t *g,
+                                            const cudaGraphNode_t **deps,
+                                            const cudaGraphEdgeData **edges, size_t *n)
+{
+    return capture_info(0, s, st, id, g, deps, edges, n);
+}
+
+EXPORT cudaError_t cudaStreamGetCaptureInfo_ptsz(cudaStream_t s,
+                                                 enum cudaStreamCaptureStatus *st,
+                                                 unsigned long long *id, cudaGraph_t *g,
+                                                 const cudaGraphNode_t **deps,
+                                                 const cudaGraphEdgeData **edges, size_t *n);
+EXPORT cudaError_t cudaStreamGetCaptureInfo_ptsz(cudaStream_t s,
+                                                 enum cudaStreamCaptureStatus *st,
+                                                 unsigned long long *id, cudaGraph_t *g,
+                                                 const cudaGraphNode_t **deps,
+                                                 const cudaGraphEdgeData **edges, size_t *n)
+{
+    return capture_info(1, s, st, id, g, deps, edges, n);
 }
 
 EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode)
