@@ -93,6 +93,7 @@ typedef struct counted {
     CUcontext ctx;    /* the stream's context, NULL when the driver could not say */
     uint64_t mark;    /* 0, BEGINNING, or the claim of a call ending the stream's */
     uint64_t ctx_mark; /* 0, or the claim of a call that may end the context */
+    uint64_t seq;     /* the capture sequence's id (cuStreamGetCaptureInfo), 0: unknown */
     bool fork;        /* joined another stream's capture by a wait (forks below) */
 } counted;
 
@@ -186,7 +187,7 @@ static void count_begin(const capture_key *k, CUcontext ctx, bool fork)
     counted *t = array_room(table, ntable, &captable, sizeof *table, 8);
     if (t) {
         table = t;
-        table[ntable++] = (counted){k->s, k->thread, ctx, BEGINNING, 0, fork};
+        table[ntable++] = (counted){k->s, k->thread, ctx, BEGINNING, 0, 0, fork};
         atomic_store_explicit(&underway, (int)ntable, memory_order_release);
         green_capture_changed(ctx, +1);
     }
@@ -211,10 +212,11 @@ bool capture_begun_on(CUstream s)
 }
 
 /* After the real begin: a begin that failed is taken back; one that
- * succeeded is counted, and any older entry on the same stream was a
- * capture that ended where the shim could not see (a stream captures once
- * at a time), unless an ending call has claimed it and will settle it. */
-static void begin_done(const capture_key *k, bool ok)
+ * succeeded is counted, with its sequence's id (seq), and any older entry
+ * on the same stream was a capture that ended where the shim could not see
+ * (a stream captures once at a time), unless an ending call has claimed it
+ * and will settle it. */
+static void begin_done(const capture_key *k, bool ok, uint64_t seq)
 {
     pthread_mutex_lock(&lock);
     size_t mine = ntable;
@@ -225,6 +227,7 @@ static void begin_done(const capture_key *k, bool ok)
         drop(mine);
     } else if (mine < ntable) {
         table[mine].mark = 0;
+        table[mine].seq = seq;
         for (size_t i = 0; i < ntable;)
             if (i != mine && table[i].mark == 0 && same_stream(&table[i], k)) {
                 drop(i);
@@ -259,7 +262,53 @@ static uint64_t claim(const capture_key *k, CUcontext ctx)
     return m;
 }
 
-static void forks_ended(void);
+static void unidentified_forks_ended(const real_driver *R);
+
+/* Lock held: the forks of capture sequence seq go (it is over). */
+static void drop_forks_of(uint64_t seq)
+{
+    for (size_t i = 0; i < ntable;)
+        if (table[i].fork && table[i].seq == seq)
+            drop(i); /* slot i holds the last entry now */
+        else
+            i++;
+}
+
+/* After a call that ended captures: what it claimed (m) goes, and with each
+ * capture its forks, found by the sequence's id (the capture's end, its
+ * origin's destruction, its context's end all end them); so do the forks
+ * of sequence seq (an end that claimed nothing: a capture the hooks did not
+ * see begin). Without this a destroyed origin left its forks counted, and a
+ * green fork's context refused its fences until some later end (e2e_green
+ * green-fork-origin-destroyed). Under the streams' write lock, as begins
+ * and forks are counted, so that no fork is in flight here: a wait either
+ * counted its fork, with its id, before, or joins nothing (the capture is
+ * over) after. */
+static void captures_ended(uint64_t m, uint64_t seq)
+{
+    streams_change_begin();
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; m && i < ntable;) {
+        counted *e = &table[i];
+        if (e->mark != m && e->ctx_mark != m) {
+            i++;
+            continue;
+        }
+        const uint64_t its = e->fork ? 0 : e->seq;
+        drop(i);
+        if (its) {
+            drop_forks_of(its);
+            i = 0; /* entries moved */
+        }
+    }
+    if (seq)
+        drop_forks_of(seq);
+    pthread_mutex_unlock(&lock);
+    const real_driver *R = real_driver_get();
+    if (R)
+        unidentified_forks_ended(R);
+    streams_change_end();
+}
 
 /* After the ending call: what it claimed goes if the captures ended, else
  * it is given back. */
@@ -267,28 +316,17 @@ void capture_ending_done(uint64_t m, bool ended)
 {
     if (!m)
         return;
-    bool dropped = false;
+    if (ended) {
+        captures_ended(m, 0);
+        return;
+    }
     pthread_mutex_lock(&lock);
-    for (size_t i = 0; i < ntable;) {
+    for (size_t i = 0; i < ntable; i++) {
         counted *e = &table[i];
-        if (e->mark != m && e->ctx_mark != m) {
-            i++;
-        } else if (ended) {
-            drop(i);
-            dropped = true;
-        } else {
-            e->mark = e->mark == m ? 0 : e->mark;
-            e->ctx_mark = e->ctx_mark == m ? 0 : e->ctx_mark;
-            i++;
-        }
+        e->mark = e->mark == m ? 0 : e->mark;
+        e->ctx_mark = e->ctx_mark == m ? 0 : e->ctx_mark;
     }
     pthread_mutex_unlock(&lock);
-    /* A capture ended here (its end, its origin's destruction, its
-     * context's end) ends its forks too: without this a destroyed origin
-     * left its forks counted, and a green fork's context refused its fences
-     * until some later end (e2e_green green-fork-origin-destroyed). */
-    if (dropped)
-        forks_ended();
 }
 
 uint64_t capture_stream_ending(CUstream s)
@@ -337,6 +375,32 @@ CUresult capture_relaxed_stream_wait(const real_driver *R, CUstream s)
     CUresult r = R->StreamSynchronize(s);
     capture_restore(R, rs);
     return r;
+}
+
+/* Can the driver name a capture (cuStreamGetCaptureInfo)? */
+static bool identities_known(const real_driver *R)
+{
+    return R->StreamGetCaptureInfoV3 || R->StreamGetCaptureInfoV1;
+}
+
+/* Is the driver's answer for s (st) known, and while s's capture is active,
+ * which sequence is it (*seq; else 0: cuda.h promises an id only for an
+ * active capture, and an old driver may have no cuStreamGetCaptureInfo)?
+ * A per-thread default stream is asked about on its own thread only. */
+static bool capture_state(const real_driver *R, CUstream s, CUstreamCaptureStatus *st,
+                          uint64_t *seq)
+{
+    cuuint64_t id = 0;
+    CUresult r;
+    *st = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (R->StreamGetCaptureInfoV3)
+        r = R->StreamGetCaptureInfoV3(s, st, &id, NULL, NULL, NULL, NULL);
+    else if (R->StreamGetCaptureInfoV1)
+        r = R->StreamGetCaptureInfoV1(s, st, &id);
+    else
+        r = R->StreamIsCapturing(s, st);
+    *seq = r == CUDA_SUCCESS && *st == CU_STREAM_CAPTURE_STATUS_ACTIVE ? (uint64_t)id : 0;
+    return r == CUDA_SUCCESS;
 }
 
 /* The stream a capture call names: stream 0 of a _ptsz call is the calling
@@ -408,30 +472,48 @@ static capture_key before_begin_as(CUstream s, bool fork)
 
 static capture_key before_begin(CUstream s) { return before_begin_as(s, false); }
 
+/* After a begin (r): counted with its sequence's id, which the driver gives
+ * while the capture is active (one question per begin, a rare call). */
 static CUresult began(CUresult r, const capture_key *k)
 {
-    begin_done(k, r == CUDA_SUCCESS);
+    const real_driver *R = real_driver_get();
+    CUstreamCaptureStatus st;
+    uint64_t seq = 0;
+    if (r == CUDA_SUCCESS && R)
+        capture_state(R, k->s, &st, &seq);
+    begin_done(k, r == CUDA_SUCCESS, seq);
     streams_change_end();
     return r;
 }
 
 /* Around an EndCapture: the capture it may end is claimed before the real
- * call. It ended when the call succeeds or reports it invalidated or
- * unjoined; other answers (not capturing, wrong thread, a bad argument)
- * leave it on. */
-static uint64_t before_end(CUstream s)
+ * call, and its sequence's id learnt (forks of a capture the hooks did not
+ * see begin are counted all the same, and go with it). It ended when the
+ * call succeeds or reports it invalidated or unjoined; other answers (not
+ * capturing, wrong thread, a bad argument) leave it on. */
+typedef struct ending {
+    uint64_t claimed, seq;
+} ending;
+
+static ending before_end(CUstream s)
 {
     capture_key k = key_of(s);
-    return claim(&k, NULL);
+    ending e = {claim(&k, NULL), 0};
+    const real_driver *R = real_driver_get();
+    CUstreamCaptureStatus st;
+    if (R && !capture_none())
+        capture_state(R, s, &st, &e.seq);
+    return e;
 }
 
-static void ended(int r, uint64_t claimed)
+static void ended(int r, ending e)
 {
     const bool over = r == CUDA_SUCCESS || r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ||
                       r == CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
-    capture_ending_done(claimed, over); /* (its forks too, when it claimed one) */
-    if (over && !claimed) /* a capture the hooks did not count: its forks all the same */
-        forks_ended();
+    if (over && (e.claimed || !capture_none()))
+        captures_ended(e.claimed, e.seq);
+    else
+        capture_ending_done(e.claimed, false);
 }
 
 /*
@@ -441,49 +523,64 @@ static void ended(int r, uint64_t claimed)
  * dependencies; multi-stream graph capture and NCCL do it). Its work queued
  * before the wait still runs and may read blocks freed plainly, and from the
  * wait on no event can be recorded on it: exactly a begin's situation. So
- * while a capture may be under way, a wait on an explicit stream that is not
- * capturing is made like a begin (before_begin_as: the streams' write lock,
+ * while a capture may be under way, a wait on a stream that is not
+ * capturing (an explicit one, or the calling thread's per-thread default
+ * stream) is made like a begin (before_begin_as: the streams' write lock,
  * an entry, a stand-in on the stream), and the entry stays only if the
  * stream captures after it (the event was a captured one). Seals then skip
  * the fork, its stand-in covering its earlier work (capture_begun_on), its
- * green context knows it captures, and its destruction or its context's end
- * takes it away as a begun capture's. Its capture ends with the origin's,
- * which the hooks see only as the origin's end: after each end, every fork
- * whose stream no longer captures is taken away (forks_ended). With no
- * capture under way (capture_none) a wait costs one atomic load here.
+ * green context knows it captures, a blocking fork's capture keeps seals
+ * off the legacy stream (they look under the streams' read lock, which the
+ * wait's write lock excludes: e2e_fences ptsz-fork-vs-seal), and its
+ * destruction or its context's end takes it away as a begun capture's.
+ *
+ * Its capture ends with the origin's, which the hooks see only as the
+ * origin's end (or destruction, or its context's end): a fork is counted
+ * with its capture sequence's id (cuStreamGetCaptureInfo, asked after the
+ * wait, one question per fork), and every ending of that sequence takes it
+ * away (captures_ended), on whichever thread. A per-thread default stream
+ * could not be asked about from another thread, so before ids these forks
+ * were not counted at all, and a seal broke their captures (e2e_green
+ * green-ptsz-fork, e2e_fences ptsz-fork-vs-seal). A fork with no id (a
+ * driver without cuStreamGetCaptureInfo, or a capture already invalidated
+ * when the stream joined it, whose id cuda.h does not promise) is asked
+ * about after each end instead (unidentified_forks_ended); a per-thread
+ * default stream is counted only where ids are known, and one that joined
+ * an invalidated capture stays counted until a later capture on it (more
+ * questions asked, never fewer). With no capture under way (capture_none)
+ * a wait costs one atomic load here.
  */
 /* Lock-free: may a wait make s join a capture (a capture may be under way,
- * s is an explicit stream, and it does not capture yet)? */
+ * s is a stream that can be counted, and it does not capture yet)? */
 static bool may_fork(const real_driver *R, CUstream s)
 {
     CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
     return !capture_none() && R && s != NULL && s != CU_STREAM_LEGACY &&
-           s != CU_STREAM_PER_THREAD && R->StreamIsCapturing(s, &st) == CUDA_SUCCESS &&
-           st == CU_STREAM_CAPTURE_STATUS_NONE;
+           (s != CU_STREAM_PER_THREAD || identities_known(R)) &&
+           R->StreamIsCapturing(s, &st) == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
-/* After the wait: the entry stays if s captures now. */
+/* After the wait: the entry stays, with its sequence's id, if s captures
+ * now. */
 static void waited(const real_driver *R, CUstream s, const capture_key *k)
 {
     CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-    const bool forked = R->StreamIsCapturing(s, &st) == CUDA_SUCCESS &&
-                        st != CU_STREAM_CAPTURE_STATUS_NONE;
-    began(forked ? CUDA_SUCCESS : CUDA_ERROR_ILLEGAL_STATE, k);
+    uint64_t seq = 0;
+    const bool forked = capture_state(R, s, &st, &seq) && st != CU_STREAM_CAPTURE_STATUS_NONE;
+    begin_done(k, forked, seq);
+    streams_change_end();
 }
 
-/* After an end: the forks whose streams no longer capture are taken away.
- * Under the streams' write lock, as begins and forks are counted, so that
- * none is made between the question and the removal; the driver is asked
- * outside the table's lock. */
-static void forks_ended(void)
+/* The streams' write lock held: the forks without an id whose streams no
+ * longer capture are taken away (a per-thread default stream's only by its
+ * own thread's later capture: no other thread can ask about it). The
+ * driver is asked outside the table's lock. */
+static void unidentified_forks_ended(const real_driver *R)
 {
-    const real_driver *R = real_driver_get();
-    if (!R)
-        return;
-    streams_change_begin();
     for (size_t i = 0;; i++) {
         pthread_mutex_lock(&lock);
-        while (i < ntable && !(table[i].fork && table[i].mark == 0))
+        while (i < ntable && !(table[i].fork && table[i].seq == 0 && table[i].mark == 0 &&
+                               table[i].s != CU_STREAM_PER_THREAD))
             i++;
         const bool found = i < ntable;
         CUstream s = found ? table[i].s : NULL;
@@ -494,11 +591,11 @@ static void forks_ended(void)
         if (R->StreamIsCapturing(s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE)
             continue;
         pthread_mutex_lock(&lock);
-        if (i < ntable && table[i].fork && table[i].mark == 0 && table[i].s == s)
+        if (i < ntable && table[i].fork && table[i].seq == 0 && table[i].mark == 0 &&
+            table[i].s == s)
             drop(i--); /* slot i holds the last entry now */
         pthread_mutex_unlock(&lock);
     }
-    streams_change_end();
 }
 
 /* ---- driver door ------------------------------------------------------------------ */
@@ -528,9 +625,9 @@ static CUresult end(int z, CUstream s, CUgraph *g)
     CUresult (*f)(CUstream, CUgraph *) = REAL(StreamEndCapture[z]);
     if (!f)
         return CUDA_ERROR_NOT_INITIALIZED;
-    uint64_t claimed = before_end(named(s, z));
+    ending e = before_end(named(s, z));
     CUresult r = f(s, g);
-    ended(r, claimed);
+    ended(r, e);
     return r;
 }
 
@@ -649,9 +746,9 @@ static cudaError_t rt_end(rt_end_fn f, cudaStream_t s, cudaGraph_t *g, int z)
         return cudaErrorInsufficientDriver;
     if (!runtime_does_it())
         return f(s, g);
-    uint64_t claimed = before_end(named((CUstream)s, z));
+    ending en = before_end(named((CUstream)s, z));
     cudaError_t e = f(s, g);
-    ended((int)e, claimed);
+    ended((int)e, en);
     return e;
 }
 

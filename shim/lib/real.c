@@ -84,6 +84,8 @@ static void load_driver(void)
     LOOK(StreamGetId, "cuStreamGetId");
     LOOK(StreamGetFlags, "cuStreamGetFlags");
     LOOK(StreamIsCapturing, "cuStreamIsCapturing");
+    LOOK(StreamGetCaptureInfoV3, "cuStreamGetCaptureInfo_v3");
+    LOOK(StreamGetCaptureInfoV1, "cuStreamGetCaptureInfo");
     LOOK(StreamBeginCapture[0], "cuStreamBeginCapture_v2");
     LOOK(StreamBeginCapture[1], "cuStreamBeginCapture_v2_ptsz");
     LOOK(StreamBeginCaptureV1[0], "cuStreamBeginCapture");

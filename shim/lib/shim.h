@@ -186,6 +186,11 @@ typedef struct real_driver {
     CUresult (*StreamGetId)(CUstream, unsigned long long *); /* optional (CUDA 12.0) */
     CUresult (*StreamGetFlags)(CUstream, unsigned *);
     CUresult (*StreamIsCapturing)(CUstream, CUstreamCaptureStatus *);
+    /* A capture's identity: cuStreamGetCaptureInfo's _v3 (CUDA 12.3), else
+     * its v1 (10.1's: status and id), which libcuda still exports. */
+    CUresult (*StreamGetCaptureInfoV3)(CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *,
+                                       const CUgraphNode **, const CUgraphEdgeData **, size_t *);
+    CUresult (*StreamGetCaptureInfoV1)(CUstream, CUstreamCaptureStatus *, cuuint64_t *);
     CUresult (*StreamBeginCapture[2])(CUstream, CUstreamCaptureMode);
     CUresult (*StreamBeginCaptureV1[2])(CUstream); /* v1: no mode (global) */
     CUresult (*StreamBeginCaptureToGraph[2])(CUstream, CUgraph, const CUgraphNode *,

@@ -14,6 +14,12 @@
  *               primary context reset) are counted no more: a stream-ordered
  *               allocation and free then ask no capture question, as before
  *               any capture (the count said one was under way for good)
+ *   forks-ended streams that joined a capture by a wait (forks) go with it
+ *               when its origin's end ends it, where no question about them
+ *               can tell: another thread's per-thread default stream (only
+ *               its own thread could ask the driver), and a stream that
+ *               joined a capture already invalidated (the driver gives no
+ *               id for it); a pair then asks no capture question
  *   hooks-off   BFCSHIM_DRIVER_HOOKS=0: the driver door stays closed
  *   primary-release  the primary context's last cuDevicePrimaryCtxRelease
  *               destroys it and its pool; a retain after it gets a new pool
@@ -498,6 +504,76 @@ static void captures_gone(void)
     CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
 }
 
+/* forks-ended: a thread whose per-thread default stream joins the capture
+ * `origin` began (event `fork`), joins back (event `join`), and stays alive
+ * until told, so that only it could ask the driver about that stream. */
+typedef struct ptsz_joiner {
+    CUcontext ctx;
+    CUevent fork, join;
+    e2e_phase step; /* 1: joined and back; 2: please go */
+    CUresult wait_result, record_result;
+} ptsz_joiner;
+
+static void *ptsz_join_thread(void *arg)
+{
+    ptsz_joiner *j = arg;
+    D.CtxSetCurrent(j->ctx);
+    j->wait_result = D.StreamWaitEvent(CU_STREAM_PER_THREAD, j->fork, 0);
+    j->record_result = D.EventRecord(j->join, CU_STREAM_PER_THREAD);
+    e2e_phase_set(&j->step, 1);
+    e2e_phase_wait(&j->step, 2);
+    return NULL;
+}
+
+static void forks_ended(void)
+{
+    CHECK_EQ(D.Init(0), CUDA_SUCCESS);
+    CUcontext p0 = e2e_cu_primary_current(0);
+    CUstream s, origin, side;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&origin, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&side, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUevent fork, join;
+    CHECK_EQ(D.EventCreate(&fork, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    CHECK_EQ(D.EventCreate(&join, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    const uint64_t none = questions_of_a_pair(s);
+    CHECK_EQ(none, 0);
+    const uint64_t inv0 = fake_stats().capture_invalidations;
+
+    /* Another thread's per-thread default stream. */
+    capturing(origin);
+    CHECK_EQ(D.EventRecord(fork, origin), CUDA_SUCCESS);
+    ptsz_joiner j = {.ctx = p0, .fork = fork, .join = join, .step = E2E_PHASE_INIT};
+    pthread_t t;
+    CHECK_EQ(pthread_create(&t, NULL, ptsz_join_thread, &j), 0);
+    e2e_phase_wait(&j.step, 1);
+    CHECK_EQ(j.wait_result, CUDA_SUCCESS);
+    CHECK_EQ(j.record_result, CUDA_SUCCESS);
+    CHECK_EQ(D.StreamWaitEvent(origin, join, 0), CUDA_SUCCESS);
+    CUgraph g = NULL;
+    CHECK_EQ(D.StreamEndCapture(origin, &g), CUDA_SUCCESS);
+    CHECK_EQ(questions_of_a_pair(s), none); /* the fork went with the end */
+    e2e_phase_set(&j.step, 2);
+    pthread_join(t, NULL);
+
+    /* A stream that joins a capture already invalidated (a query of the
+     * capturing stream is refused and invalidates it). */
+    capturing(origin);
+    CHECK_EQ(D.StreamQuery(origin), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    CHECK_EQ(D.EventRecord(fork, origin), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamWaitEvent(side, fork, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamEndCapture(origin, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    CHECK_EQ(questions_of_a_pair(s), none);
+    CHECK_EQ(fake_stats().capture_invalidations, inv0 + 1);
+
+    CHECK_EQ(D.EventDestroy(fork), CUDA_SUCCESS);
+    CHECK_EQ(D.EventDestroy(join), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(side), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(origin), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+    CHECK_EQ(shim_log_lines(NULL, 0), 0);
+}
+
 static void hooks_off(void)
 {
     start(0);
@@ -972,7 +1048,7 @@ int main(int argc, char **argv)
     } scenarios[] = {
         {"basic", basic}, {"badinput", badinput}, {"contexts", contexts},
         {"async", async}, {"hooks-off", hooks_off}, {"platform-zero", platform_zero},
-        {"captures-gone", captures_gone},
+        {"captures-gone", captures_gone}, {"forks-ended", forks_ended},
         {"context-churn", context_churn}, {"fake-lifetime", fake_lifetime},
         {"primary-release", primary_release}, {"primary-churn", primary_churn},
         {"primary-v1", primary_v1},

@@ -53,9 +53,9 @@
  *                   thread's CU_STREAM_PER_THREAD while the green context is
  *                   current) joins a capture begun on a primary context's
  *                   stream: no fence may break that capture (found by an
- *                   audit: the hooks count forks of explicit streams only,
- *                   so the green context's count stays 0 and a plain seal's
- *                   cuGreenCtxRecordEvent invalidates the capture)
+ *                   audit: the hooks counted forks of explicit streams only,
+ *                   so the green context's count stayed 0 and a plain seal's
+ *                   cuGreenCtxRecordEvent invalidated the capture)
  *   fake-green      (driver door closed: the fake itself) what cuda.h says
  *                   of green contexts, streams and events
  */
