@@ -75,7 +75,7 @@
  *                    (the fake's before_next_event_query, inside the seal's
  *                    stand-in sweep): the seal must not record legacy work
  *                    into that capture (found by an audit: forks of the
- *                    per-thread stream take no lock a seal holds off, and
+ *                    per-thread stream took no lock a seal holds off, and
  *                    the legacy event invalidated the capture)
  *   bogus-end        another thread captures in global mode while this one
  *                    ends a capture on a stream that is not capturing, and

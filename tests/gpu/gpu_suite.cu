@@ -419,10 +419,18 @@ static cudaStream_t fork_into_capture(cudaStream_t s1, cudaEvent_t *fork)
     CUDA_OK(cudaEventCreateWithFlags(fork, cudaEventDisableTiming));
     CUDA_OK(cudaEventRecord(*fork, origin));
     CUDA_OK(cudaStreamWaitEvent(s1, *fork, 0));
-    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone, ost = cudaStreamCaptureStatusNone;
     CUDA_OK(cudaStreamIsCapturing(s1, &st));
     printf("  the fork's capture status: %d (1: active)\n", (int)st);
     CHECK(st == cudaStreamCaptureStatusActive);
+    /* The shim counts a fork under its capture sequence's id and takes it
+     * away with that sequence's end (capture.c): the fake gives a fork its
+     * origin's id; the driver must too. */
+    unsigned long long origin_id = 0, fork_id = 0;
+    CUDA_OK(cudaStreamGetCaptureInfo(origin, &ost, &origin_id));
+    CUDA_OK(cudaStreamGetCaptureInfo(s1, &st, &fork_id));
+    printf("  capture ids: origin %llu, fork %llu (must be one)\n", origin_id, fork_id);
+    CHECK(origin_id != 0 && origin_id == fork_id);
     return origin;
 }
 
@@ -601,11 +609,18 @@ static void misuse_once(const char *what, cudaStream_t s, cudaError_t expected,
     cudaGetLastError();
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     cudaError_t se = cudaStreamIsCapturing(s, &st);
+    /* cuda.h promises an id only while the capture is active: printed,
+     * whether the driver gives one for an invalidated capture (the shim
+     * does not count on it; the fake writes none). */
+    cudaStreamCaptureStatus ist = cudaStreamCaptureStatusNone;
+    unsigned long long id = 0;
+    cudaError_t ie = cudaStreamGetCaptureInfo(s, &ist, &id);
     cudaGraph_t g = NULL;
     cudaError_t end = cudaStreamEndCapture(s, &g);
     cudaGetLastError();
-    printf("  %s: %s (%d); then capturing %s %d, end %s (%d)\n", what, cudaGetErrorName(e), (int)e,
-           cudaGetErrorName(se), (int)st, cudaGetErrorName(end), (int)end);
+    printf("  %s: %s (%d); then capturing %s %d, capture info %s %d id %llu, end %s (%d)\n",
+           what, cudaGetErrorName(e), (int)e, cudaGetErrorName(se), (int)st,
+           cudaGetErrorName(ie), (int)ist, id, cudaGetErrorName(end), (int)end);
     CHECK(e == expected);
     CHECK(st == cudaStreamCaptureStatusInvalidated);
     CHECK(end == cudaErrorStreamCaptureInvalidated && g == NULL);
