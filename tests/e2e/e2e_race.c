@@ -20,7 +20,10 @@
  *   - captures (relaxed mode) begun and ended on non-blocking streams with
  *     work queued, other streams allocating and freeing meanwhile, and other
  *     non-blocking streams with work queued forked into them (a wait on an
- *     event recorded in the capture) and joined back at its end;
+ *     event recorded in the capture) and joined back at its end; with one
+ *     thread, the per-thread default stream forks in too (a blocking
+ *     stream: the legacy stream is left alone until the end, which other
+ *     threads' programs could not know);
  *   - completions of streams in any order, and synchronisations;
  *   - allocations and frees through the C interface of bfcshim.h as a
  *     third door (bfcshim_malloc, bfcshim_free, their stream-ordered
@@ -221,10 +224,11 @@ static _Thread_local int current_place;
  * legacy stream to every thread, which other threads' programs do not
  * know. */
 static _Thread_local int capturing = -1, capturing_place;
-/* Created non-blocking slots of the capturing place forked into that
- * capture (each waited on an event recorded in it), a bit each: they
- * capture too, with no begin of their own, until the capture's end joins
- * them back. */
+/* Slots of the capturing place forked into that capture (each waited on
+ * an event recorded in it), a bit each: they capture too, with no begin of
+ * their own, until the capture's end joins them back. Created non-blocking
+ * slots, and with one thread the per-thread default stream (slot 1), whose
+ * capture makes the legacy stream (slot 0) unusable meanwhile. */
 static _Thread_local unsigned forked;
 /* A program may not synchronise the device while any thread captures (the
  * fake, reading cuda.h harshly, invalidates the capture, as
@@ -261,7 +265,8 @@ static cudaStream_t stream_at(int d, int s)
 
 static bool is_capturing(int d, int s)
 {
-    return capturing >= 0 && capturing_place == d && (capturing == s || (forked >> s & 1));
+    return capturing >= 0 && capturing_place == d &&
+           (capturing == s || (forked >> s & 1) || (s == 0 && (forked >> 1 & 1)));
 }
 /* Streams destroyed with work maybe still queued, and their places. */
 typedef struct destroyed_stream {
@@ -351,6 +356,8 @@ static void new_block(bool async)
     int home = (int)pick(NSLOTS);
     if (is_capturing(place, home)) /* an allocation there would be the graph's */
         home = 0;
+    if (is_capturing(place, home)) /* the legacy stream, while a blocking fork captures */
+        return;
     size_t n = random_size();
     void *p = NULL;
     /* 0 the runtime, 1 the driver, 2 the C interface; plugin: the C
@@ -644,7 +651,7 @@ static void toggle_capture(void)
         cudaStream_t origin = slot[capturing_place][capturing];
         if (forked)
             use_place(capturing_place); /* an event of the streams' context */
-        for (int s = 2; s < NSLOTS; s++) /* join every fork back */
+        for (int s = 1; s < NSLOTS; s++) /* join every fork back */
             if (forked >> s & 1) {
                 cudaEvent_t e;
                 EXPECT(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
@@ -670,15 +677,16 @@ static void toggle_capture(void)
     trace("capture on stream slot %d of place %d begun", s, d);
 }
 
-/* Forks a created non-blocking stream of the capturing place into the
- * capture under way: it waits on an event recorded on the origin, as
- * multi-stream graph capture (and NCCL) do. Its work queued before the fork
- * still runs, and no begin was made on it: blocks freed meanwhile must still
- * wait for that work. */
+/* Forks a created non-blocking stream of the capturing place (or, with one
+ * thread, the per-thread default stream) into the capture under way: it
+ * waits on an event recorded on the origin, as multi-stream graph capture
+ * (and NCCL) do. Its work queued before the fork still runs, and no begin
+ * was made on it: blocks freed meanwhile must still wait for that work. */
 static void fork_into_capture(void)
 {
-    const int d = capturing_place, s = 2 + (int)pick(NSLOTS - 2);
-    if (is_capturing(d, s) || !slot_non_blocking[d][s])
+    const int d = capturing_place, s = 1 + (int)pick(NSLOTS - 1);
+    const bool per_thread = s == 1 && single_thread;
+    if (is_capturing(d, s) || !(slot_non_blocking[d][s] || per_thread))
         return;
     use_place(d); /* an event of the streams' context */
     cudaEvent_t e;
