@@ -262,7 +262,7 @@ static uint64_t claim(const capture_key *k, CUcontext ctx)
     return m;
 }
 
-static void unidentified_forks_ended(const real_driver *R);
+static void explicit_forks_ended(const real_driver *R);
 
 /* Lock held: the forks of capture sequence seq go (it is over). */
 static void drop_forks_of(uint64_t seq)
@@ -306,7 +306,7 @@ static void captures_ended(uint64_t m, uint64_t seq)
     pthread_mutex_unlock(&lock);
     const real_driver *R = real_driver_get();
     if (R)
-        unidentified_forks_ended(R);
+        explicit_forks_ended(R);
     streams_change_end();
 }
 
@@ -544,7 +544,8 @@ static void ended(int r, ending e)
  * green-ptsz-fork, e2e_fences ptsz-fork-vs-seal). A fork with no id (a
  * driver without cuStreamGetCaptureInfo, or a capture already invalidated
  * when the stream joined it, whose id cuda.h does not promise) is asked
- * about after each end instead (unidentified_forks_ended); a per-thread
+ * about after each end instead, as is every explicit stream's fork (one
+ * whose capture ended unseen; explicit_forks_ended); a per-thread
  * default stream is counted only where ids are known, and one that joined
  * an invalidated capture stays counted until a later capture on it (more
  * questions asked, never fewer). With no capture under way (capture_none)
@@ -571,15 +572,17 @@ static void waited(const real_driver *R, CUstream s, const capture_key *k)
     streams_change_end();
 }
 
-/* The streams' write lock held: the forks without an id whose streams no
- * longer capture are taken away (a per-thread default stream's only by its
- * own thread's later capture: no other thread can ask about it). The
- * driver is asked outside the table's lock. */
-static void unidentified_forks_ended(const real_driver *R)
+/* The streams' write lock held: the forks of explicit streams that no
+ * longer capture are taken away: those without an id, and any whose
+ * capture ended where the hooks could not see. A per-thread default
+ * stream's goes only with its capture's id, or its own thread's later
+ * capture: no other thread can ask about it. The driver is asked outside
+ * the table's lock. */
+static void explicit_forks_ended(const real_driver *R)
 {
     for (size_t i = 0;; i++) {
         pthread_mutex_lock(&lock);
-        while (i < ntable && !(table[i].fork && table[i].seq == 0 && table[i].mark == 0 &&
+        while (i < ntable && !(table[i].fork && table[i].mark == 0 &&
                                table[i].s != CU_STREAM_PER_THREAD))
             i++;
         const bool found = i < ntable;
@@ -591,8 +594,7 @@ static void unidentified_forks_ended(const real_driver *R)
         if (R->StreamIsCapturing(s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE)
             continue;
         pthread_mutex_lock(&lock);
-        if (i < ntable && table[i].fork && table[i].seq == 0 && table[i].mark == 0 &&
-            table[i].s == s)
+        if (i < ntable && table[i].fork && table[i].mark == 0 && table[i].s == s)
             drop(i--); /* slot i holds the last entry now */
         pthread_mutex_unlock(&lock);
     }
