@@ -28,6 +28,11 @@
  *                    could not see (libe2einterposer.so), then it is forked
  *                    into another: the stale entry stands in for nothing
  *   ptsz-fork        the thread's per-thread default stream is the fork
+ *   fork-unseen-end  a stream forks into a capture begun and ended where
+ *                    the shim cannot see (libe2einterposer.so), while a
+ *                    capture it counts is under way: once that one ends the
+ *                    fork is counted no more, and a stream-ordered pair asks
+ *                    no capture question
  *   legacy-capture   work on the legacy stream, then a blocking stream begins
  *                    capturing (the legacy stream becomes unusable): the
  *                    freed block waits for the capture's end
@@ -422,6 +427,61 @@ static void stale_begun(void)
     fork_round(origin, side, p, filler);
     CHECK_EQ(cudaStreamDestroy(side), cudaSuccess);
     CHECK_EQ(cudaStreamDestroy(origin), cudaSuccess);
+}
+
+/* The capture questions (cuStreamIsCapturing) a stream-ordered allocation
+ * and free on s ask: none while the shim knows no capture is under way. */
+static uint64_t pair_questions(cudaStream_t s)
+{
+    const uint64_t q0 = e2e_calls_of("cuStreamIsCapturing");
+    void *p = NULL;
+    CHECK_EQ(cudaMallocAsync(&p, MiB, s), cudaSuccess);
+    CHECK_EQ(cudaFreeAsync(p, s), cudaSuccess);
+    return e2e_calls_of("cuStreamIsCapturing") - q0;
+}
+
+static void fork_unseen_end(void)
+{
+    typedef CUresult (*begin_fn)(CUstream, CUstreamCaptureMode);
+    typedef CUresult (*end_fn)(CUstream, CUgraph *);
+    begin_fn begin_unseen = (begin_fn)dlsym(RTLD_DEFAULT, "interposer_begin_capture");
+    end_fn end_unseen = (end_fn)dlsym(RTLD_DEFAULT, "interposer_end_capture");
+    CHECK(begin_unseen && end_unseen);
+    if (!begin_unseen || !end_unseen)
+        return;
+    dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL); /* (for the library's RTLD_NEXT) */
+    cudaStream_t s, counted, origin, side;
+    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(cudaStreamCreateWithFlags(&counted, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
+    cudaEvent_t fork, join;
+    CHECK_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
+    CHECK_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
+    const uint64_t none = pair_questions(s);
+    CHECK_EQ(none, 0);
+    /* A capture the shim counts, so that the wait below is taken for a
+     * possible fork; then the unseen one, and its fork. */
+    CHECK_EQ(cudaStreamBeginCapture(counted, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    CHECK_EQ(begin_unseen((CUstream)origin, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(cudaEventRecord(fork, origin), cudaSuccess);
+    CHECK_EQ(cudaStreamWaitEvent(side, fork, 0), cudaSuccess);
+    CHECK_EQ(cudaEventRecord(join, side), cudaSuccess);
+    CHECK_EQ(cudaStreamWaitEvent(origin, join, 0), cudaSuccess);
+    CUgraph g = NULL;
+    CHECK_EQ(end_unseen((CUstream)origin, &g), CUDA_SUCCESS);
+    CHECK_EQ(cudaGraphDestroy((cudaGraph_t)g), cudaSuccess);
+    cudaGraph_t g2 = NULL;
+    CHECK_EQ(cudaStreamEndCapture(counted, &g2), cudaSuccess);
+    CHECK_EQ(cudaGraphDestroy(g2), cudaSuccess);
+    CHECK_EQ(pair_questions(s), none); /* the fork went with the end the shim saw */
+    CHECK_EQ(fake_stats().capture_invalidations, 0);
+    CHECK_EQ(cudaEventDestroy(fork), cudaSuccess);
+    CHECK_EQ(cudaEventDestroy(join), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(side), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(origin), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(counted), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
 
 /* This thread's per-thread default stream (a blocking one) is the fork: no
@@ -1233,7 +1293,7 @@ int main(int argc, char **argv)
         {"region-during-capture", region_during_capture},
         {"capture-fork", capture_fork},     {"free-in-fork", free_in_fork},
         {"fork-destroyed", fork_destroyed}, {"fork-destroyed-async", fork_destroyed_async},
-        {"stale-begun", stale_begun},       {"ptsz-fork", ptsz_fork},
+        {"stale-begun", stale_begun},       {"fork-unseen-end", fork_unseen_end},       {"ptsz-fork", ptsz_fork},
     };
     return e2e_main("e2e_fences", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }
