@@ -484,6 +484,54 @@ static void fork_unseen_end(void)
     CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
 
+/* ptsz-fork-unseen-end (audit): this thread's per-thread default stream
+ * forks into a capture the shim saw begin, so the fork is counted with the
+ * capture's id; the capture then ends where the shim cannot see
+ * (libe2einterposer.so). The origin then begins and ends again where the
+ * shim sees: that begin tells it the first capture is over (begin_done
+ * drops the origin's stale entry, seq and all), but not its forks, and the
+ * seen end drops only the second capture's forks and asks about explicit
+ * streams' forks. The per-thread fork of the first capture, whose id the
+ * shim held, stays counted: capture_none is false for good (every pair
+ * asks capture questions; in a green context its fences would be refused
+ * for good). */
+static void ptsz_fork_unseen_end(void)
+{
+    typedef CUresult (*end_fn)(CUstream, CUgraph *);
+    end_fn end_unseen = (end_fn)dlsym(RTLD_DEFAULT, "interposer_end_capture");
+    CHECK(end_unseen != NULL);
+    if (!end_unseen)
+        return;
+    dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL); /* (for the library's RTLD_NEXT) */
+    cudaStream_t s, origin;
+    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking), cudaSuccess);
+    cudaEvent_t fork, join;
+    CHECK_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
+    CHECK_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
+    const uint64_t none = pair_questions(s);
+    CHECK_EQ(none, 0);
+    CHECK_EQ(cudaStreamBeginCapture(origin, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    CHECK_EQ(cudaEventRecord(fork, origin), cudaSuccess);
+    CHECK_EQ(cudaStreamWaitEvent(cudaStreamPerThread, fork, 0), cudaSuccess); /* the fork */
+    CHECK_EQ(cudaEventRecord(join, cudaStreamPerThread), cudaSuccess);
+    CHECK_EQ(cudaStreamWaitEvent(origin, join, 0), cudaSuccess);
+    CUgraph g = NULL;
+    CHECK_EQ(end_unseen((CUstream)origin, &g), CUDA_SUCCESS);
+    CHECK_EQ(cudaGraphDestroy((cudaGraph_t)g), cudaSuccess);
+    /* Seen again: a begin (the first capture is over) and its end. */
+    CHECK_EQ(cudaStreamBeginCapture(origin, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    cudaGraph_t g2 = NULL;
+    CHECK_EQ(cudaStreamEndCapture(origin, &g2), cudaSuccess);
+    CHECK_EQ(cudaGraphDestroy(g2), cudaSuccess);
+    CHECK_EQ(pair_questions(s), none); /* nothing captures: nothing counted */
+    CHECK_EQ(fake_stats().capture_invalidations, 0);
+    CHECK_EQ(cudaEventDestroy(fork), cudaSuccess);
+    CHECK_EQ(cudaEventDestroy(join), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(origin), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
+}
+
 /* This thread's per-thread default stream (a blocking one) is the fork: no
  * stand-in, but the legacy stream is unusable while it captures, and the
  * plain lane waits for the capture's end. */
@@ -1293,7 +1341,8 @@ int main(int argc, char **argv)
         {"region-during-capture", region_during_capture},
         {"capture-fork", capture_fork},     {"free-in-fork", free_in_fork},
         {"fork-destroyed", fork_destroyed}, {"fork-destroyed-async", fork_destroyed_async},
-        {"stale-begun", stale_begun},       {"fork-unseen-end", fork_unseen_end},       {"ptsz-fork", ptsz_fork},
+        {"stale-begun", stale_begun},       {"fork-unseen-end", fork_unseen_end},
+        {"ptsz-fork-unseen-end", ptsz_fork_unseen_end},       {"ptsz-fork", ptsz_fork},
     };
     return e2e_main("e2e_fences", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }
