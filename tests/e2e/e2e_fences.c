@@ -532,6 +532,61 @@ static void ptsz_fork_unseen_end(void)
     CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
 
+/* ptsz-fork-unseen-begin-invalidated (audit): a capture begun where the
+ * shim cannot see (libe2einterposer.so), while one it counts is under way
+ * (so the wait below is taken for a possible fork); this thread's
+ * per-thread default stream forks into it while it is active (counted with
+ * its id) and joins back; then the capture is invalidated (a query of the
+ * capturing origin) and its origin ended where the shim sees. capture.c
+ * says forks of a capture the hooks did not see begin "are counted all the
+ * same, and go with it" (before_end): but before_end learns the id only
+ * while the capture is active, so an invalidated one ends with seq 0, and
+ * explicit_forks_ended skips per-thread streams. The fork stays counted
+ * after every capture has ended. */
+static void ptsz_fork_unseen_begin_invalidated(void)
+{
+    typedef CUresult (*begin_fn)(CUstream, CUstreamCaptureMode);
+    begin_fn begin_unseen = (begin_fn)dlsym(RTLD_DEFAULT, "interposer_begin_capture");
+    CHECK(begin_unseen != NULL);
+    if (!begin_unseen)
+        return;
+    dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL); /* (for the library's RTLD_NEXT) */
+    cudaStream_t s, counted, origin;
+    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(cudaStreamCreateWithFlags(&counted, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking), cudaSuccess);
+    cudaEvent_t fork, join;
+    CHECK_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
+    CHECK_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
+    const uint64_t none = pair_questions(s);
+    CHECK_EQ(none, 0);
+    const uint64_t inv0 = fake_stats().capture_invalidations;
+    CHECK_EQ(cudaStreamBeginCapture(counted, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    CHECK_EQ(begin_unseen((CUstream)origin, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(cudaEventRecord(fork, origin), cudaSuccess);
+    CHECK_EQ(cudaStreamWaitEvent(cudaStreamPerThread, fork, 0), cudaSuccess); /* the fork */
+    CHECK_EQ(cudaEventRecord(join, cudaStreamPerThread), cudaSuccess);
+    CHECK_EQ(cudaStreamWaitEvent(origin, join, 0), cudaSuccess);
+    /* Refused while origin captures, and the capture is invalidated. */
+    typedef CUresult (*query_fn)(CUstream);
+    query_fn query = (query_fn)dlsym(RTLD_DEFAULT, "cuStreamQuery");
+    CHECK(query != NULL);
+    if (query)
+        CHECK_EQ(query((CUstream)origin), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    CHECK_EQ(fake_stats().capture_invalidations, inv0 + 1);
+    cudaGraph_t g = NULL;
+    CHECK_EQ(cudaStreamEndCapture(origin, &g), cudaErrorStreamCaptureInvalidated);
+    cudaGraph_t g2 = NULL;
+    CHECK_EQ(cudaStreamEndCapture(counted, &g2), cudaSuccess);
+    CHECK_EQ(cudaGraphDestroy(g2), cudaSuccess);
+    CHECK_EQ(pair_questions(s), none); /* nothing captures: nothing counted */
+    CHECK_EQ(cudaEventDestroy(fork), cudaSuccess);
+    CHECK_EQ(cudaEventDestroy(join), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(origin), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(counted), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
+}
+
 /* This thread's per-thread default stream (a blocking one) is the fork: no
  * stand-in, but the legacy stream is unusable while it captures, and the
  * plain lane waits for the capture's end. */
@@ -1342,7 +1397,8 @@ int main(int argc, char **argv)
         {"capture-fork", capture_fork},     {"free-in-fork", free_in_fork},
         {"fork-destroyed", fork_destroyed}, {"fork-destroyed-async", fork_destroyed_async},
         {"stale-begun", stale_begun},       {"fork-unseen-end", fork_unseen_end},
-        {"ptsz-fork-unseen-end", ptsz_fork_unseen_end},       {"ptsz-fork", ptsz_fork},
+        {"ptsz-fork-unseen-end", ptsz_fork_unseen_end},
+        {"ptsz-fork-unseen-begin-invalidated", ptsz_fork_unseen_begin_invalidated},       {"ptsz-fork", ptsz_fork},
     };
     return e2e_main("e2e_fences", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }
