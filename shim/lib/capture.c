@@ -211,13 +211,21 @@ bool capture_begun_on(CUstream s)
     return found;
 }
 
-/* After the real begin: a begin that failed is taken back; one that
- * succeeded is counted, with its sequence's id (seq), and any older entry
- * on the same stream was a capture that ended where the shim could not see
- * (a stream captures once at a time), unless an ending call has claimed it
- * and will settle it. */
+static void drop_forks_of(uint64_t seq);
+
+/* After the real begin (the streams' write lock held): a begin that failed
+ * is taken back; one that succeeded is counted, with its sequence's id
+ * (seq), and any older entry on the same stream was a capture that ended
+ * where the shim could not see (a stream captures once at a time), unless
+ * an ending call has claimed it and will settle it: that entry goes, and
+ * the forks of its capture with it (else a per-thread fork of it, which no
+ * other thread can ask about, stayed counted for good: e2e_fences
+ * ptsz-fork-unseen-end, found by an audit). */
 static void begin_done(const capture_key *k, bool ok, uint64_t seq)
 {
+    enum { FEW = 8 }; /* superseded captures whose forks go; more stay counted */
+    uint64_t over[FEW];
+    size_t nover = 0;
     pthread_mutex_lock(&lock);
     size_t mine = ntable;
     for (size_t i = 0; i < ntable && mine == ntable; i++)
@@ -230,6 +238,10 @@ static void begin_done(const capture_key *k, bool ok, uint64_t seq)
         table[mine].seq = seq;
         for (size_t i = 0; i < ntable;)
             if (i != mine && table[i].mark == 0 && same_stream(&table[i], k)) {
+                /* (not this capture's own id: a wait racing a begin on the
+                 * same stream may supersede the begun entry with its fork) */
+                if (!table[i].fork && table[i].seq && table[i].seq != seq && nover < FEW)
+                    over[nover++] = table[i].seq;
                 drop(i);
                 if (mine == ntable) /* it moved into slot i */
                     mine = i;
@@ -237,6 +249,8 @@ static void begin_done(const capture_key *k, bool ok, uint64_t seq)
                 i++;
             }
     }
+    for (size_t j = 0; j < nover; j++)
+        drop_forks_of(over[j]);
     pthread_mutex_unlock(&lock);
 }
 
@@ -262,7 +276,7 @@ static uint64_t claim(const capture_key *k, CUcontext ctx)
     return m;
 }
 
-static void explicit_forks_ended(const real_driver *R);
+static void askable_forks_ended(const real_driver *R);
 
 /* Lock held: the forks of capture sequence seq go (it is over). */
 static void drop_forks_of(uint64_t seq)
@@ -306,7 +320,7 @@ static void captures_ended(uint64_t m, uint64_t seq)
     pthread_mutex_unlock(&lock);
     const real_driver *R = real_driver_get();
     if (R)
-        explicit_forks_ended(R);
+        askable_forks_ended(R);
     streams_change_end();
 }
 
@@ -545,10 +559,14 @@ static void ended(int r, ending e)
  * driver without cuStreamGetCaptureInfo, or a capture already invalidated
  * when the stream joined it, whose id cuda.h does not promise) is asked
  * about after each end instead, as is every explicit stream's fork (one
- * whose capture ended unseen; explicit_forks_ended); a per-thread
- * default stream is counted only where ids are known, and one that joined
- * an invalidated capture stays counted until a later capture on it (more
- * questions asked, never fewer). With no capture under way (capture_none)
+ * whose capture ended unseen) and the ending thread's own per-thread
+ * stream's (askable_forks_ended); a per-thread default stream is counted
+ * only where ids are known; another thread's that the shim cannot match
+ * to an ending (it joined an invalidated capture, or one begun unseen and
+ * invalidated before its end) stays counted until that thread ends a
+ * capture or captures on it again (more questions asked, never fewer). A
+ * capture whose entry a later begin on its stream supersedes (it ended
+ * unseen) takes its forks with it (begin_done). With no capture under way (capture_none)
  * a wait costs one atomic load here.
  */
 /* Lock-free: may a wait make s join a capture (a capture may be under way,
@@ -572,29 +590,57 @@ static void waited(const real_driver *R, CUstream s, const capture_key *k)
     streams_change_end();
 }
 
-/* The streams' write lock held: the forks of explicit streams that no
- * longer capture are taken away: those without an id, and any whose
- * capture ended where the hooks could not see. A per-thread default
- * stream's goes only with its capture's id, or its own thread's later
- * capture: no other thread can ask about it. The driver is asked outside
- * the table's lock. */
-static void explicit_forks_ended(const real_driver *R)
+/* The streams' write lock held: the forks that no longer capture and can be
+ * asked about are taken away: explicit streams' (those without an id, and
+ * any whose capture ended where the hooks could not see), and the calling
+ * thread's own per-thread default stream's in its current context (one
+ * that joined a capture the hooks did not see begin, which was invalidated
+ * before its end: that end learns no id; e2e_fences
+ * ptsz-fork-unseen-begin-invalidated, found by an audit). Another
+ * thread's per-thread fork goes only with its capture's id, or that
+ * thread's later capture on it: no other thread can ask the driver about
+ * it. The driver is asked outside the table's lock. */
+static void askable_forks_ended(const real_driver *R)
 {
+    const pthread_t self = pthread_self();
+    CUcontext cur = NULL;
+    bool cur_known = false;
     for (size_t i = 0;; i++) {
         pthread_mutex_lock(&lock);
-        while (i < ntable && !(table[i].fork && table[i].mark == 0 &&
-                               table[i].s != CU_STREAM_PER_THREAD))
-            i++;
+        for (; i < ntable; i++) {
+            const counted *e = &table[i];
+            if (!e->fork || e->mark != 0)
+                continue;
+            if (e->s != CU_STREAM_PER_THREAD)
+                break;
+            if (!pthread_equal(e->thread, self))
+                continue;
+            if (!cur_known) { /* (asked once, outside the lock: start again at i) */
+                pthread_mutex_unlock(&lock);
+                cur_known = R->CtxGetCurrent(&cur) == CUDA_SUCCESS;
+                pthread_mutex_lock(&lock);
+                if (!cur_known)
+                    cur = NULL;
+                cur_known = true;
+                i--;
+                continue;
+            }
+            if (cur && e->ctx == cur)
+                break;
+        }
         const bool found = i < ntable;
-        CUstream s = found ? table[i].s : NULL;
+        const counted seen = found ? table[i] : (counted){0};
         pthread_mutex_unlock(&lock);
         if (!found)
             break;
         CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-        if (R->StreamIsCapturing(s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE)
+        if (R->StreamIsCapturing(seen.s, &st) == CUDA_SUCCESS &&
+            st != CU_STREAM_CAPTURE_STATUS_NONE)
             continue;
         pthread_mutex_lock(&lock);
-        if (i < ntable && table[i].fork && table[i].mark == 0 && table[i].s == s)
+        const counted *e = i < ntable ? &table[i] : NULL;
+        if (e && e->fork && e->mark == 0 && e->s == seen.s && pthread_equal(e->thread, seen.thread) &&
+            e->ctx == seen.ctx)
             drop(i--); /* slot i holds the last entry now */
         pthread_mutex_unlock(&lock);
     }
