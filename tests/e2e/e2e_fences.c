@@ -440,151 +440,142 @@ static uint64_t pair_questions(cudaStream_t s)
     return e2e_calls_of("cuStreamIsCapturing") - q0;
 }
 
+/* libe2einterposer.so's begin and end: the driver's own functions, which
+ * the shim does not see (the scenarios run "stacked", tests/meson.build). */
+typedef struct unseen_calls {
+    CUresult (*begin)(CUstream, CUstreamCaptureMode);
+    CUresult (*end)(CUstream, CUgraph *);
+} unseen_calls;
+
+static bool find_unseen(unseen_calls *u)
+{
+    *(void **)&u->begin = dlsym(RTLD_DEFAULT, "interposer_begin_capture");
+    *(void **)&u->end = dlsym(RTLD_DEFAULT, "interposer_end_capture");
+    CHECK(u->begin && u->end);
+    dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL); /* (for the library's RTLD_NEXT) */
+    return u->begin && u->end;
+}
+
+/* `to` forks into origin's capture (a wait on ev[0] recorded there) and
+ * joins back (origin waits on ev[1] recorded on `to`). */
+static void fork_and_join(cudaStream_t origin, cudaStream_t to, cudaEvent_t ev[2])
+{
+    CHECK_EQ(cudaEventRecord(ev[0], origin), cudaSuccess);
+    CHECK_EQ(cudaStreamWaitEvent(to, ev[0], 0), cudaSuccess);
+    CHECK_EQ(cudaEventRecord(ev[1], to), cudaSuccess);
+    CHECK_EQ(cudaStreamWaitEvent(origin, ev[1], 0), cudaSuccess);
+}
+
+/* n non-blocking streams and two events, then `none`: the capture
+ * questions of a pair on the first stream with no capture under way (0). */
+static void unseen_setup(cudaStream_t *st, int n, cudaEvent_t ev[2])
+{
+    for (int i = 0; i < n; i++)
+        CHECK_EQ(cudaStreamCreateWithFlags(&st[i], cudaStreamNonBlocking), cudaSuccess);
+    for (int i = 0; i < 2; i++)
+        CHECK_EQ(cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming), cudaSuccess);
+    CHECK_EQ(pair_questions(st[0]), 0);
+}
+
+/* Every capture has ended: a pair asks no capture question (nothing stays
+ * counted), no capture was invalidated but `invalidated`; then all goes. */
+static void nothing_counted(cudaStream_t *st, int n, cudaEvent_t ev[2], uint64_t invalidated)
+{
+    CHECK_EQ(pair_questions(st[0]), 0);
+    CHECK_EQ(fake_stats().capture_invalidations, invalidated);
+    for (int i = 0; i < 2; i++)
+        CHECK_EQ(cudaEventDestroy(ev[i]), cudaSuccess);
+    for (int i = 0; i < n; i++)
+        CHECK_EQ(cudaStreamDestroy(st[i]), cudaSuccess);
+}
+
+static void end_seen(cudaStream_t origin, cudaError_t want)
+{
+    cudaGraph_t g = NULL;
+    CHECK_EQ(cudaStreamEndCapture(origin, &g), want);
+    if (g)
+        CHECK_EQ(cudaGraphDestroy(g), cudaSuccess);
+}
+
+static void end_unseen(const unseen_calls *u, cudaStream_t origin)
+{
+    CUgraph g = NULL;
+    CHECK_EQ(u->end((CUstream)origin, &g), CUDA_SUCCESS);
+    CHECK_EQ(cudaGraphDestroy((cudaGraph_t)g), cudaSuccess);
+}
+
 static void fork_unseen_end(void)
 {
-    typedef CUresult (*begin_fn)(CUstream, CUstreamCaptureMode);
-    typedef CUresult (*end_fn)(CUstream, CUgraph *);
-    begin_fn begin_unseen = (begin_fn)dlsym(RTLD_DEFAULT, "interposer_begin_capture");
-    end_fn end_unseen = (end_fn)dlsym(RTLD_DEFAULT, "interposer_end_capture");
-    CHECK(begin_unseen && end_unseen);
-    if (!begin_unseen || !end_unseen)
+    unseen_calls u;
+    if (!find_unseen(&u))
         return;
-    dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL); /* (for the library's RTLD_NEXT) */
-    cudaStream_t s, counted, origin, side;
-    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-    CHECK_EQ(cudaStreamCreateWithFlags(&counted, cudaStreamNonBlocking), cudaSuccess);
-    CHECK_EQ(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking), cudaSuccess);
-    CHECK_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
-    cudaEvent_t fork, join;
-    CHECK_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
-    CHECK_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
-    const uint64_t none = pair_questions(s);
-    CHECK_EQ(none, 0);
+    cudaStream_t st[4]; /* a pair's, counted, origin, side */
+    cudaEvent_t ev[2];
+    unseen_setup(st, 4, ev);
+    const uint64_t inv0 = fake_stats().capture_invalidations;
     /* A capture the shim counts, so that the wait below is taken for a
      * possible fork; then the unseen one, and its fork. */
-    CHECK_EQ(cudaStreamBeginCapture(counted, cudaStreamCaptureModeRelaxed), cudaSuccess);
-    CHECK_EQ(begin_unseen((CUstream)origin, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
-    CHECK_EQ(cudaEventRecord(fork, origin), cudaSuccess);
-    CHECK_EQ(cudaStreamWaitEvent(side, fork, 0), cudaSuccess);
-    CHECK_EQ(cudaEventRecord(join, side), cudaSuccess);
-    CHECK_EQ(cudaStreamWaitEvent(origin, join, 0), cudaSuccess);
-    CUgraph g = NULL;
-    CHECK_EQ(end_unseen((CUstream)origin, &g), CUDA_SUCCESS);
-    CHECK_EQ(cudaGraphDestroy((cudaGraph_t)g), cudaSuccess);
-    cudaGraph_t g2 = NULL;
-    CHECK_EQ(cudaStreamEndCapture(counted, &g2), cudaSuccess);
-    CHECK_EQ(cudaGraphDestroy(g2), cudaSuccess);
-    CHECK_EQ(pair_questions(s), none); /* the fork went with the end the shim saw */
-    CHECK_EQ(fake_stats().capture_invalidations, 0);
-    CHECK_EQ(cudaEventDestroy(fork), cudaSuccess);
-    CHECK_EQ(cudaEventDestroy(join), cudaSuccess);
-    CHECK_EQ(cudaStreamDestroy(side), cudaSuccess);
-    CHECK_EQ(cudaStreamDestroy(origin), cudaSuccess);
-    CHECK_EQ(cudaStreamDestroy(counted), cudaSuccess);
-    CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
+    CHECK_EQ(cudaStreamBeginCapture(st[1], cudaStreamCaptureModeRelaxed), cudaSuccess);
+    CHECK_EQ(u.begin((CUstream)st[2], CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    fork_and_join(st[2], st[3], ev);
+    end_unseen(&u, st[2]);
+    end_seen(st[1], cudaSuccess); /* the fork goes with the end the shim sees */
+    nothing_counted(st, 4, ev, inv0);
 }
 
-/* ptsz-fork-unseen-end (audit): this thread's per-thread default stream
- * forks into a capture the shim saw begin, so the fork is counted with the
- * capture's id; the capture then ends where the shim cannot see
- * (libe2einterposer.so). The origin then begins and ends again where the
- * shim sees: that begin tells it the first capture is over (begin_done
- * drops the origin's stale entry, seq and all), but not its forks, and the
- * seen end drops only the second capture's forks and asks about explicit
- * streams' forks. The per-thread fork of the first capture, whose id the
- * shim held, stays counted: capture_none is false for good (every pair
- * asks capture questions; in a green context its fences would be refused
- * for good). */
+/* ptsz-fork-unseen-end (found by an audit): this thread's per-thread
+ * default stream forks into a capture the shim saw begin (counted with the
+ * capture's id), which ends where the shim cannot see; the origin then
+ * begins and ends again where it sees. That begin tells the shim the first
+ * capture is over (begin_done drops the origin's stale entry): the forks of
+ * that capture must go too. They did not: no other thread could ask about
+ * a per-thread stream, and the fork stayed counted for good. */
 static void ptsz_fork_unseen_end(void)
 {
-    typedef CUresult (*end_fn)(CUstream, CUgraph *);
-    end_fn end_unseen = (end_fn)dlsym(RTLD_DEFAULT, "interposer_end_capture");
-    CHECK(end_unseen != NULL);
-    if (!end_unseen)
+    unseen_calls u;
+    if (!find_unseen(&u))
         return;
-    dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL); /* (for the library's RTLD_NEXT) */
-    cudaStream_t s, origin;
-    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-    CHECK_EQ(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking), cudaSuccess);
-    cudaEvent_t fork, join;
-    CHECK_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
-    CHECK_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
-    const uint64_t none = pair_questions(s);
-    CHECK_EQ(none, 0);
-    CHECK_EQ(cudaStreamBeginCapture(origin, cudaStreamCaptureModeRelaxed), cudaSuccess);
-    CHECK_EQ(cudaEventRecord(fork, origin), cudaSuccess);
-    CHECK_EQ(cudaStreamWaitEvent(cudaStreamPerThread, fork, 0), cudaSuccess); /* the fork */
-    CHECK_EQ(cudaEventRecord(join, cudaStreamPerThread), cudaSuccess);
-    CHECK_EQ(cudaStreamWaitEvent(origin, join, 0), cudaSuccess);
-    CUgraph g = NULL;
-    CHECK_EQ(end_unseen((CUstream)origin, &g), CUDA_SUCCESS);
-    CHECK_EQ(cudaGraphDestroy((cudaGraph_t)g), cudaSuccess);
-    /* Seen again: a begin (the first capture is over) and its end. */
-    CHECK_EQ(cudaStreamBeginCapture(origin, cudaStreamCaptureModeRelaxed), cudaSuccess);
-    cudaGraph_t g2 = NULL;
-    CHECK_EQ(cudaStreamEndCapture(origin, &g2), cudaSuccess);
-    CHECK_EQ(cudaGraphDestroy(g2), cudaSuccess);
-    CHECK_EQ(pair_questions(s), none); /* nothing captures: nothing counted */
-    CHECK_EQ(fake_stats().capture_invalidations, 0);
-    CHECK_EQ(cudaEventDestroy(fork), cudaSuccess);
-    CHECK_EQ(cudaEventDestroy(join), cudaSuccess);
-    CHECK_EQ(cudaStreamDestroy(origin), cudaSuccess);
-    CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
+    cudaStream_t st[2]; /* a pair's, origin */
+    cudaEvent_t ev[2];
+    unseen_setup(st, 2, ev);
+    const uint64_t inv0 = fake_stats().capture_invalidations;
+    CHECK_EQ(cudaStreamBeginCapture(st[1], cudaStreamCaptureModeRelaxed), cudaSuccess);
+    fork_and_join(st[1], cudaStreamPerThread, ev);
+    end_unseen(&u, st[1]);
+    CHECK_EQ(cudaStreamBeginCapture(st[1], cudaStreamCaptureModeRelaxed), cudaSuccess);
+    end_seen(st[1], cudaSuccess);
+    nothing_counted(st, 2, ev, inv0);
 }
 
-/* ptsz-fork-unseen-begin-invalidated (audit): a capture begun where the
- * shim cannot see (libe2einterposer.so), while one it counts is under way
- * (so the wait below is taken for a possible fork); this thread's
- * per-thread default stream forks into it while it is active (counted with
- * its id) and joins back; then the capture is invalidated (a query of the
- * capturing origin) and its origin ended where the shim sees. capture.c
- * says forks of a capture the hooks did not see begin "are counted all the
- * same, and go with it" (before_end): but before_end learns the id only
- * while the capture is active, so an invalidated one ends with seq 0, and
- * explicit_forks_ended skips per-thread streams. The fork stays counted
- * after every capture has ended. */
+/* ptsz-fork-unseen-begin-invalidated (found by an audit): a capture begun
+ * where the shim cannot see, while one it counts is under way (so the wait
+ * below is taken for a possible fork); this thread's per-thread default
+ * stream forks into it while it is active (counted with its id) and joins
+ * back; then the capture is invalidated (a query of the capturing origin)
+ * and its origin ended where the shim sees. That end learns no id (cuda.h
+ * gives one only while the capture is active), so the ending thread's own
+ * per-thread fork must be asked about: it was not, and stayed counted. */
 static void ptsz_fork_unseen_begin_invalidated(void)
 {
-    typedef CUresult (*begin_fn)(CUstream, CUstreamCaptureMode);
-    begin_fn begin_unseen = (begin_fn)dlsym(RTLD_DEFAULT, "interposer_begin_capture");
-    CHECK(begin_unseen != NULL);
-    if (!begin_unseen)
+    unseen_calls u;
+    if (!find_unseen(&u))
         return;
-    dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL); /* (for the library's RTLD_NEXT) */
-    cudaStream_t s, counted, origin;
-    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-    CHECK_EQ(cudaStreamCreateWithFlags(&counted, cudaStreamNonBlocking), cudaSuccess);
-    CHECK_EQ(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking), cudaSuccess);
-    cudaEvent_t fork, join;
-    CHECK_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
-    CHECK_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
-    const uint64_t none = pair_questions(s);
-    CHECK_EQ(none, 0);
+    cudaStream_t st[3]; /* a pair's, counted, origin */
+    cudaEvent_t ev[2];
+    unseen_setup(st, 3, ev);
     const uint64_t inv0 = fake_stats().capture_invalidations;
-    CHECK_EQ(cudaStreamBeginCapture(counted, cudaStreamCaptureModeRelaxed), cudaSuccess);
-    CHECK_EQ(begin_unseen((CUstream)origin, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
-    CHECK_EQ(cudaEventRecord(fork, origin), cudaSuccess);
-    CHECK_EQ(cudaStreamWaitEvent(cudaStreamPerThread, fork, 0), cudaSuccess); /* the fork */
-    CHECK_EQ(cudaEventRecord(join, cudaStreamPerThread), cudaSuccess);
-    CHECK_EQ(cudaStreamWaitEvent(origin, join, 0), cudaSuccess);
+    CHECK_EQ(cudaStreamBeginCapture(st[1], cudaStreamCaptureModeRelaxed), cudaSuccess);
+    CHECK_EQ(u.begin((CUstream)st[2], CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    fork_and_join(st[2], cudaStreamPerThread, ev);
     /* Refused while origin captures, and the capture is invalidated. */
     typedef CUresult (*query_fn)(CUstream);
     query_fn query = (query_fn)dlsym(RTLD_DEFAULT, "cuStreamQuery");
     CHECK(query != NULL);
     if (query)
-        CHECK_EQ(query((CUstream)origin), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-    CHECK_EQ(fake_stats().capture_invalidations, inv0 + 1);
-    cudaGraph_t g = NULL;
-    CHECK_EQ(cudaStreamEndCapture(origin, &g), cudaErrorStreamCaptureInvalidated);
-    cudaGraph_t g2 = NULL;
-    CHECK_EQ(cudaStreamEndCapture(counted, &g2), cudaSuccess);
-    CHECK_EQ(cudaGraphDestroy(g2), cudaSuccess);
-    CHECK_EQ(pair_questions(s), none); /* nothing captures: nothing counted */
-    CHECK_EQ(cudaEventDestroy(fork), cudaSuccess);
-    CHECK_EQ(cudaEventDestroy(join), cudaSuccess);
-    CHECK_EQ(cudaStreamDestroy(origin), cudaSuccess);
-    CHECK_EQ(cudaStreamDestroy(counted), cudaSuccess);
-    CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
+        CHECK_EQ(query((CUstream)st[2]), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    end_seen(st[2], cudaErrorStreamCaptureInvalidated);
+    end_seen(st[1], cudaSuccess);
+    nothing_counted(st, 3, ev, inv0 + 1);
 }
 
 /* This thread's per-thread default stream (a blocking one) is the fork: no
