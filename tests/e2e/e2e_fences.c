@@ -399,6 +399,29 @@ static void fork_destroyed_by(bool async)
 static void fork_destroyed(void) { fork_destroyed_by(false); }
 static void fork_destroyed_async(void) { fork_destroyed_by(true); }
 
+/* libe2einterposer.so's begin and end: the driver's own functions, which
+ * the shim does not see (the scenarios run "stacked", tests/meson.build). */
+typedef struct unseen_calls {
+    CUresult (*begin)(CUstream, CUstreamCaptureMode);
+    CUresult (*end)(CUstream, CUgraph *);
+} unseen_calls;
+
+static bool find_unseen(unseen_calls *u)
+{
+    *(void **)&u->begin = dlsym(RTLD_DEFAULT, "interposer_begin_capture");
+    *(void **)&u->end = dlsym(RTLD_DEFAULT, "interposer_end_capture");
+    CHECK(u->begin && u->end);
+    dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL); /* (for the library's RTLD_NEXT) */
+    return u->begin && u->end;
+}
+
+static void end_unseen(const unseen_calls *u, cudaStream_t origin)
+{
+    CUgraph g = NULL;
+    CHECK_EQ(u->end((CUstream)origin, &g), CUDA_SUCCESS);
+    CHECK_EQ(cudaGraphDestroy((cudaGraph_t)g), cudaSuccess);
+}
+
 /* `side` began a capture the hooks counted, and that capture was ended
  * where the shim cannot see (by a library preloaded after it, through the
  * driver's own function): its entry stays in capture.c's table. Later side
@@ -406,20 +429,15 @@ static void fork_destroyed_async(void) { fork_destroyed_by(true); }
  * stand-in of its work since (the audit of 0fac580). */
 static void stale_begun(void)
 {
-    typedef CUresult (*end_fn)(CUstream, CUgraph *);
-    end_fn end_unseen = (end_fn)dlsym(RTLD_DEFAULT, "interposer_end_capture");
-    CHECK(end_unseen != NULL);
-    if (!end_unseen)
+    unseen_calls u;
+    if (!find_unseen(&u))
         return;
-    dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL); /* (for the library's RTLD_NEXT) */
     char *p, *filler = fill_but_hole(&p);
     cudaStream_t origin, side;
     CHECK_EQ(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking), cudaSuccess);
     CHECK_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
     CHECK_EQ(cudaStreamBeginCapture(side, cudaStreamCaptureModeRelaxed), cudaSuccess);
-    CUgraph g0 = NULL;
-    CHECK_EQ(end_unseen((CUstream)side, &g0), CUDA_SUCCESS);
-    CHECK_EQ(cudaGraphDestroy((cudaGraph_t)g0), cudaSuccess);
+    end_unseen(&u, side);
     fork_work_ran = false;
     CHECK_EQ(fakecuda()->launch(side, fork_work, p), 0);
     CHECK_EQ(cudaFree(p), cudaSuccess);
@@ -438,22 +456,6 @@ static uint64_t pair_questions(cudaStream_t s)
     CHECK_EQ(cudaMallocAsync(&p, MiB, s), cudaSuccess);
     CHECK_EQ(cudaFreeAsync(p, s), cudaSuccess);
     return e2e_calls_of("cuStreamIsCapturing") - q0;
-}
-
-/* libe2einterposer.so's begin and end: the driver's own functions, which
- * the shim does not see (the scenarios run "stacked", tests/meson.build). */
-typedef struct unseen_calls {
-    CUresult (*begin)(CUstream, CUstreamCaptureMode);
-    CUresult (*end)(CUstream, CUgraph *);
-} unseen_calls;
-
-static bool find_unseen(unseen_calls *u)
-{
-    *(void **)&u->begin = dlsym(RTLD_DEFAULT, "interposer_begin_capture");
-    *(void **)&u->end = dlsym(RTLD_DEFAULT, "interposer_end_capture");
-    CHECK(u->begin && u->end);
-    dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL); /* (for the library's RTLD_NEXT) */
-    return u->begin && u->end;
 }
 
 /* `to` forks into origin's capture (a wait on ev[0] recorded there) and
@@ -495,13 +497,6 @@ static void end_seen(cudaStream_t origin, cudaError_t want)
     CHECK_EQ(cudaStreamEndCapture(origin, &g), want);
     if (g)
         CHECK_EQ(cudaGraphDestroy(g), cudaSuccess);
-}
-
-static void end_unseen(const unseen_calls *u, cudaStream_t origin)
-{
-    CUgraph g = NULL;
-    CHECK_EQ(u->end((CUstream)origin, &g), CUDA_SUCCESS);
-    CHECK_EQ(cudaGraphDestroy((cudaGraph_t)g), cudaSuccess);
 }
 
 static void fork_unseen_end(void)
@@ -1305,16 +1300,11 @@ static void bogus_end(void) { ends_then_query(stray_ends); }
  * ended. */
 static void unseen_capture_ended(cudaStream_t idle)
 {
-    typedef CUresult (*begin_fn)(CUstream, CUstreamCaptureMode);
-    begin_fn begin_unseen = (begin_fn)dlsym(RTLD_DEFAULT, "interposer_begin_capture");
-    CHECK(begin_unseen != NULL);
-    if (!begin_unseen)
+    unseen_calls u;
+    if (!find_unseen(&u))
         return;
-    dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL); /* (for the library's RTLD_NEXT) */
-    CHECK_EQ(begin_unseen((CUstream)idle, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
-    cudaGraph_t g = NULL;
-    CHECK_EQ(cudaStreamEndCapture(idle, &g), cudaSuccess);
-    CHECK_EQ(cudaGraphDestroy(g), cudaSuccess);
+    CHECK_EQ(u.begin((CUstream)idle, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    end_seen(idle, cudaSuccess);
 }
 
 static void unseen_end(void) { ends_then_query(unseen_capture_ended); }
