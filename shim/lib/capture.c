@@ -603,29 +603,16 @@ static void waited(const real_driver *R, CUstream s, const capture_key *k)
 static void askable_forks_ended(const real_driver *R)
 {
     const pthread_t self = pthread_self();
-    CUcontext cur = NULL;
-    bool cur_known = false;
+    CUcontext cur = NULL; /* (one question per ending: a rare call) */
+    if (R->CtxGetCurrent(&cur) != CUDA_SUCCESS)
+        cur = NULL;
     for (size_t i = 0;; i++) {
         pthread_mutex_lock(&lock);
         for (; i < ntable; i++) {
             const counted *e = &table[i];
-            if (!e->fork || e->mark != 0)
-                continue;
-            if (e->s != CU_STREAM_PER_THREAD)
-                break;
-            if (!pthread_equal(e->thread, self))
-                continue;
-            if (!cur_known) { /* (asked once, outside the lock: start again at i) */
-                pthread_mutex_unlock(&lock);
-                cur_known = R->CtxGetCurrent(&cur) == CUDA_SUCCESS;
-                pthread_mutex_lock(&lock);
-                if (!cur_known)
-                    cur = NULL;
-                cur_known = true;
-                i--;
-                continue;
-            }
-            if (cur && e->ctx == cur)
+            if (e->fork && e->mark == 0 &&
+                (e->s != CU_STREAM_PER_THREAD ||
+                 (cur && e->ctx == cur && pthread_equal(e->thread, self))))
                 break;
         }
         const bool found = i < ntable;
