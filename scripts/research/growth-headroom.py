@@ -54,7 +54,7 @@ def shim(build, trace, h, lag, streams):
     ps, s = d["pool_stats"], d["steady"]
     return (ps["peak_mapped_bytes"] / d["peak_live_bytes"], ps["num_growth_moves"],
             ps["moved_bytes_total"] / GiB, s["shim_calls_per_alloc"],
-            s["groups_per_alloc"]["map"], s["fence_waits"])
+            s["groups_per_alloc"]["map"], s["fence_waits"], s["gpu_drained"])
 
 
 def main():
@@ -81,21 +81,23 @@ def main():
     say("# scripts/research/growth-headroom.py --headrooms %s --lags %s --streams %s at %s%s"
         % (a.headrooms, a.lags, a.streams, rev, " (uncommitted changes)" if dirty else ""))
     say("# peak: peak mapped / peak live; moves: allocations that moved granules; moved GiB;"
-        " shim steady window (second half): calls and map/unmap calls per allocation, fence waits")
-    say("%-40s %2s %4s %4s %6s | %7s %5s %6s | %7s %5s %6s %6s %6s %5s" % (
+        " shim steady window (second half): calls and map/unmap calls per allocation, fence waits,"
+        " waits that left the modelled GPU nothing queued (drain: a bubble in a GPU-bound step)")
+    say("%-40s %2s %4s %4s %6s | %7s %5s %6s | %7s %5s %6s %6s %6s %5s %5s" % (
         "trace", "st", "head", "lag", "live", "engine", "moves", "GiB", "shim", "moves", "GiB",
-        "calls", "map", "waits"))
+        "calls", "map", "waits", "drain"))
     for t in a.traces:
         name = os.path.basename(t)
         for st in [int(x) for x in a.streams.split(",")]:
             for lag in [int(x) for x in a.lags.split(",")]:
                 for h in [int(x) for x in a.headrooms.split(",")]:
                     ep, em, eg, live = engine(a.build, t, h, lag)
-                    sp, sm, sg, calls, maps, waits = shim(a.build, t, h, lag, st)
+                    sp, sm, sg, calls, maps, waits, drained = shim(a.build, t, h, lag, st)
                     eng = ("%7.4f %5d %6.2f" % (ep, em, eg) if st == 1
                            else "%7s %5s %6s" % ("-", "-", "-"))
-                    say("%-40s %2d %4d %4d %6.2f | %s | %7.4f %5d %6.2f %6.3f %6.3f %5d" % (
-                        name[:40], st, h, lag, live / GiB, eng, sp, sm, sg, calls, maps, waits))
+                    say("%-40s %2d %4d %4d %6.2f | %s | %7.4f %5d %6.2f %6.3f %6.3f %5d %5d" % (
+                        name[:40], st, h, lag, live / GiB, eng, sp, sm, sg, calls, maps, waits,
+                        drained))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,15 @@
  * lag 0 every kernel completes before the next operation, as on an idle GPU.
  * A host that waits (cuEventSynchronize, a synchronisation) completes work
  * ahead of the model, as a real wait would; the model then finds it done.
+ *
+ * What such a wait costs a GPU-bound job (one whose host, left alone, keeps
+ * `lag` kernels queued) is not the wait but an empty queue: while kernels
+ * stay queued behind the work waited for, the GPU runs on and the host's
+ * lead alone shrinks; a wait that leaves nothing queued idles the GPU until
+ * the host queues again. So the model counts the kernels that completed
+ * ahead of it (`ran_ahead`: the host's lead lost to waits, in kernels) and,
+ * before each launch, whether waits completed every queued kernel
+ * (`drained`: one bubble in a GPU-bound job's step).
  */
 #ifndef BFCSHIM_TESTS_BENCH_GPU_LAG_H
 #define BFCSHIM_TESTS_BENCH_GPU_LAG_H
@@ -29,6 +38,7 @@ typedef struct gpu_lag {
         uint64_t at;
     } *ring;
     uint64_t head, n;
+    uint64_t ran_ahead, drained;
 } gpu_lag;
 
 bool gpu_lag_init(gpu_lag *g, const fakecuda_api *fake, uint64_t lag);

@@ -91,8 +91,8 @@ typedef struct window {
     uint64_t first_event, events, allocs, frees;
     call_tally on_alloc, on_free;
     uint64_t *ns_alloc, *ns_free; /* each door call's time */
-    uint64_t fence_waits_before, context_syncs_before;
-    uint64_t fence_waits, context_syncs;
+    uint64_t fence_waits_before, context_syncs_before, drained_before, ran_ahead_before;
+    uint64_t fence_waits, context_syncs, gpu_drained, gpu_ran_ahead;
 } window;
 
 static uint64_t now_ns(void)
@@ -336,6 +336,8 @@ static void window_json(json_out *j, const char *key, const results *r, window *
     json_double(j, "ns_free_mean", mean(w->ns_free, w->frees));
     json_u64(j, "fence_waits", w->fence_waits);
     json_u64(j, "context_syncs", w->context_syncs);
+    json_u64(j, "gpu_ran_ahead", w->gpu_ran_ahead);
+    json_u64(j, "gpu_drained", w->gpu_drained);
     uint64_t total = call_tally_total(&w->on_alloc) + call_tally_total(&w->on_free);
     json_u64(j, "shim_calls", total);
     json_double(j, "shim_calls_per_alloc", per(total, w->allocs));
@@ -454,6 +456,10 @@ static void print_table(results *r)
            (unsigned long long)median(r->steady.ns_free, r->steady.frees));
     printf("%-36s %14llu %14llu\n", "fence waits", (unsigned long long)r->all.fence_waits,
            (unsigned long long)r->steady.fence_waits);
+    printf("%-36s %14llu %14llu\n", "kernels waits ran ahead", (unsigned long long)r->all.gpu_ran_ahead,
+           (unsigned long long)r->steady.gpu_ran_ahead);
+    printf("%-36s %14llu %14llu\n", "queue drained by waits", (unsigned long long)r->all.gpu_drained,
+           (unsigned long long)r->steady.gpu_drained);
     printf("%-36s %14.4f %14.4f\n", "shim driver calls per allocation",
            per(call_tally_total(&r->all.on_alloc) + call_tally_total(&r->all.on_free),
                r->all.allocs),
@@ -597,6 +603,8 @@ int main(int argc, char **argv)
         if (i == steady_from) {
             r.steady.fence_waits_before = stat_u("num_fence_waits");
             r.steady.context_syncs_before = stat_u("num_context_syncs");
+            r.steady.drained_before = gpu.drained;
+            r.steady.ran_ahead_before = gpu.ran_ahead;
         }
         bool alloc = e->kind == TRACE_ALLOC;
         if (alloc)
@@ -648,6 +656,10 @@ int main(int argc, char **argv)
             return 1;
         }
     }
+    r.all.gpu_drained = gpu.drained;
+    r.all.gpu_ran_ahead = gpu.ran_ahead;
+    r.steady.gpu_drained = gpu.drained - r.steady.drained_before;
+    r.steady.gpu_ran_ahead = gpu.ran_ahead - r.steady.ran_ahead_before;
     gpu_lag_drain(&gpu);
     if (o.probe)
         return 0;

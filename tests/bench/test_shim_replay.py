@@ -65,6 +65,16 @@ def consistent(d, what):
         check(e in a["calls"] and c["in_alloc"] <= a["calls"][e]["in_alloc"] and
               c["in_free"] <= a["calls"][e]["in_free"], f"{what}: steady {e} within all")
     check(s["fence_waits"] <= a["fence_waits"], f"{what}: steady waits within all")
+    # What waits cost the modelled GPU (gpu_lag.h): kernels completed ahead
+    # of the model, and launches that found nothing queued; with the GPU
+    # caught up nothing is ever queued.
+    for k in ("gpu_ran_ahead", "gpu_drained"):
+        check(0 <= s[k] <= a[k] <= a["events"], f"{what}: {k} {s[k]} / {a[k]}")
+        if d["lag"] == 0:
+            check(a[k] == 0, f"{what}: {k} {a[k]} with nothing queued")
+    # A wait is for work not yet done, so it completes queued kernels.
+    check((a["fence_waits"] > 0) <= (a["gpu_ran_ahead"] > 0),
+          f"{what}: {a['fence_waits']} waits ran nothing ahead")
 
 
 def calls(w, entry):
@@ -118,9 +128,16 @@ for d, what in ((idle, "runtime door"), (two_behind, "runtime door, two streams"
 
 # The other variants hang together too.
 for args in (["--door", "async"], ["--door", "async", "--streams", "2"],
-             ["--pool", "growing", "--lag", "64"]):
+             ["--pool", "growing", "--lag", "64"],
+             ["--pool", "growing", "--lag", "64", "--streams", "2"]):
     d = run(*args)
     consistent(d, " ".join(args))
+    if args[-1] == "2" and "growing" in args:
+        # frees wait for fences there while the GPU is behind: the model
+        # sees the waits run kernels ahead of it
+        check(d["all"]["fence_waits"] > 0 and d["all"]["gpu_ran_ahead"] > 0,
+              f"{' '.join(args)}: waits {d['all']['fence_waits']}, "
+              f"ran ahead {d['all']['gpu_ran_ahead']}")
     if "async" in args:
         check(sum(calls(d["steady"], e) for e in CONTEXT_CALLS) == 0,
               f"{' '.join(args)}: context lookups in the steady window")
