@@ -25,6 +25,11 @@
 #   GPU_PROOF_TAR       also pack OUTDIR into this .tar.gz at the end
 #   GPU_PROOF_REHEARSE  1: tiny sizes, and the CPU where a framework has one,
 #                       to check the plumbing on a machine without a GPU
+#   GPU_PROOF_JAX_PYTHON, GPU_PROOF_TORCH_PYTHON  the Python that has JAX,
+#                       PyTorch (default: python3; a rehearsal finds JAX in
+#                       scripts/framework-venv.sh jax's environment); a
+#                       rehearsal with a CPU-only PyTorch there runs the
+#                       PyTorch steps on the CPU
 #
 # The quick profile (GPU_PROOF_STEPS=quick): a lent GPU has 15 minutes of
 # device time in all and 10 a command, so this builds and runs the biggest
@@ -153,6 +158,11 @@ ddp_device=cuda
 # JAX may live in another interpreter (GPU_PROOF_JAX_PYTHON; in a rehearsal,
 # scripts/framework-venv.sh jax's environment when python3 has no jax).
 jax_py=${GPU_PROOF_JAX_PYTHON:-$py}
+# PyTorch too (GPU_PROOF_TORCH_PYTHON): a rehearsal with a CPU-only PyTorch
+# runs the PyTorch steps' scripts end to end on the CPU (torch_train.py
+# takes the CPU when CUDA is not there), so that their arguments and
+# results are tried before a GPU's minutes are spent on them.
+torch_py=${GPU_PROOF_TORCH_PYTHON:-$py}
 if [ "${GPU_PROOF_REHEARSE:-0}" = 1 ]; then
     if ! "$jax_py" -c 'import jax' 2>/dev/null; then
         v=$("$root/scripts/framework-venv.sh" jax --find 2>/dev/null)
@@ -357,7 +367,7 @@ step_vmm() {
     run_arm vmm pooled-vmm-prealloc 120 yes BFCSHIM_VMM=on -- "$b" pooled-vmm-prealloc
     run_arm vmm pooled-one-region 120 yes BFCSHIM_VMM=off -- "$b" pooled-one-region
     bench_results vmm
-    local job=("$py" "$gpu/torch_train.py" --model gpt --steps 20 --warmup 5 --batch 8
+    local job=("$torch_py" "$gpu/torch_train.py" --model gpt --steps 20 --warmup 5 --batch 8
                "${gpt_size[@]}")
     for _ in $(seq "$repeat"); do
         run_arm vmm torch-gpt-A-native 200 no -- "${job[@]}" --arm A
@@ -393,7 +403,7 @@ step_numba_suite() {
 
 step_plugins() {
     local pp=("PYTHONPATH=$root/python" "BFCSHIM_LIBRARY=$lib")
-    local gpt=("$py" "$gpu/torch_train.py" --model gpt --steps 10 --warmup 3 --batch 8
+    local gpt=("$torch_py" "$gpu/torch_train.py" --model gpt --steps 10 --warmup 3 --batch 8
                "${gpt_size[@]}")
     run_arm plugins torch-gpt-A-native 200 no -- "${gpt[@]}" --arm A
     run_arm plugins torch-gpt-P-plugin 200 no "${pp[@]}" -- "${gpt[@]}" --arm P --plugin
@@ -444,7 +454,7 @@ torch_arms() {
     local step=$1 model=$2 nc="PYTORCH_NO_CUDA_MEMORY_CACHING=1"
     local async="PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync"
     shift 2
-    local job=("$py" "$gpu/torch_train.py" --model "$model" "$@")
+    local job=("$torch_py" "$gpu/torch_train.py" --model "$model" "$@")
     for _ in $(seq "$repeat"); do
         run_arm "$step" A-native 200 no -- "${job[@]}" --arm A
         run_arm "$step" B-shim-cache 200 yes -- "${job[@]}" --arm B
@@ -483,13 +493,13 @@ step_three() {
 
 step_ddp() {
     run_arm ddp shim-0.4-each 180 yes BFCSHIM_MEM_FRACTION=0.4 -- \
-        "$py" -m torch.distributed.run --standalone --nproc_per_node=2 \
+        "$torch_py" -m torch.distributed.run --standalone --nproc_per_node=2 \
         "$gpu/torch_ddp.py" --arm shim-0.4-each --device "$ddp_device"
 }
 
 step_maxbatch() {
     local nc="PYTORCH_NO_CUDA_MEMORY_CACHING=1" cap=16GiB
-    local job=("$py" "$gpu/torch_train.py" --model gpt "${gpt_size[@]}" --max-batch 1:64
+    local job=("$torch_py" "$gpu/torch_train.py" --model gpt "${gpt_size[@]}" --max-batch 1:64
                --cap "$cap")
     run_arm maxbatch A-native 200 no -- "${job[@]}" --arm A
     run_arm maxbatch C-shim-nocache 200 yes "$nc" BFCSHIM_MEM_LIMIT=$cap -- "${job[@]}" --arm C
@@ -502,7 +512,7 @@ step_maxbatch() {
 
 step_pressure() {
     local nc=PYTORCH_NO_CUDA_MEMORY_CACHING=1 tight=15.75GiB band=16GiB roomy=24GiB
-    local job=("$py" "$gpu/torch_train.py" --model gpt --steps 20 --warmup 5 --batch 8
+    local job=("$torch_py" "$gpu/torch_train.py" --model gpt --steps 20 --warmup 5 --batch 8
                "${gpt_size[@]}")
     for _ in $(seq "$repeat"); do
         for at in tight band roomy; do
@@ -518,14 +528,14 @@ step_pressure() {
     done
     local cap=16GiB
     run_arm pressure maxbatch-C-default 200 yes "$nc" \
-        BFCSHIM_MEM_LIMIT=$cap -- "$py" "$gpu/torch_train.py" --model gpt "${gpt_size[@]}" \
+        BFCSHIM_MEM_LIMIT=$cap -- "$torch_py" "$gpu/torch_train.py" --model gpt "${gpt_size[@]}" \
         --max-batch 1:64 --cap "$cap" --arm C
 }
 
 step_plan() {
     local t=$out/plan nc=PYTORCH_NO_CUDA_MEMORY_CACHING=1
     mkdir -p "$t"
-    local job=("$py" "$gpu/torch_train.py" --model gpt --steps 6 --warmup 1 --batch 8
+    local job=("$torch_py" "$gpu/torch_train.py" --model gpt --steps 6 --warmup 1 --batch 8
                "${gpt_size[@]}")
     run_arm plan C-record 200 yes "$nc" "BFCSHIM_TRACE=$t/run1.csv" -- "${job[@]}" --arm C
     if ! "$build/bfcshim" plan --json -o "$t/gpt.plan" "$t/run1.csv" >"$t/plan.json" \
@@ -579,16 +589,16 @@ step_traces() {
     mkdir -p "$t"
     run_arm traces torch-gpt-C 200 yes PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
         "BFCSHIM_TRACE=$t/torch-gpt-b8-training.csv" -- \
-        "$py" "$gpu/torch_train.py" --model gpt --steps 6 --warmup 1 --batch 8 --arm C
+        "$torch_py" "$gpu/torch_train.py" --model gpt --steps 6 --warmup 1 --batch 8 --arm C
     run_arm traces torch-resnet-C 200 yes PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
         "BFCSHIM_TRACE=$t/torch-resnet50-b64-training.csv" -- \
-        "$py" "$gpu/torch_train.py" --model resnet --steps 6 --warmup 1 --batch 64 --arm C
+        "$torch_py" "$gpu/torch_train.py" --model resnet --steps 6 --warmup 1 --batch 64 --arm C
     run_arm traces jax-C 150 yes XLA_PYTHON_CLIENT_ALLOCATOR=platform \
         "BFCSHIM_TRACE=$t/jax-mlp-platform.csv" -- "$py" "$gpu/jax_train.py" --arm C --steps 10
     run_arm traces cupy-B 120 yes "BFCSHIM_TRACE=$t/cupy-mix.csv" -- \
         "$py" "$gpu/cupy_job.py" --arm B --pool off --iters 20
     run_arm traces torch-gpt-A-snapshot 200 no -- \
-        "$py" "$gpu/torch_train.py" --model gpt --steps 6 --warmup 1 --batch 8 --arm A \
+        "$torch_py" "$gpu/torch_train.py" --model gpt --steps 6 --warmup 1 --batch 8 --arm A \
         --snapshot "$t/torch-gpt-b8-snapshot.pickle"
     gzip -f "$t"/*.csv "$t"/*.pickle 2>/dev/null
     ls -la "$t"
@@ -666,17 +676,17 @@ step_jax_pools() {
 # A, B, C at the defaults, two runs each, ResNet-50 then GPT-2 in every
 # round, so that one round alone answers for both models.
 step_torch_abc() {
-    have torch-abc torch || return 0
+    have torch-abc torch "$torch_py" || return 0
     local nc=PYTORCH_NO_CUDA_MEMORY_CACHING=1 round model size
     for round in 1 2; do
         for model in resnet gpt; do
             if [ "$model" = resnet ]; then
-                have torch-abc torchvision || continue
+                have torch-abc torchvision "$torch_py" || continue
                 size=(--batch 64 "${resnet_size[@]}")
             else
                 size=(--batch 8 "${gpt_size[@]}")
             fi
-            local job=("$py" "$gpu/torch_train.py" --model "$model" --steps 10 --warmup 3
+            local job=("$torch_py" "$gpu/torch_train.py" --model "$model" --steps 10 --warmup 3
                        "${size[@]}")
             run_arm torch-abc "$model-A-native" 40 no -- "${job[@]}" --arm A
             run_arm torch-abc "$model-B-shim-cache" 40 yes -- "${job[@]}" --arm B
@@ -686,8 +696,8 @@ step_torch_abc() {
 }
 
 step_torch_growth() {
-    have torch-growth torch || return 0
-    local job=("$py" "$gpu/torch_train.py" --model gpt --steps 10 --warmup 3 --batch 8
+    have torch-growth torch "$torch_py" || return 0
+    local job=("$torch_py" "$gpu/torch_train.py" --model gpt --steps 10 --warmup 3 --batch 8
                "${gpt_size[@]}")
     run_arm torch-growth G-shim-nocache-growing 40 yes PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
         BFCSHIM_PREALLOCATE=false -- "${job[@]}" --arm G
@@ -696,9 +706,9 @@ step_torch_growth() {
 }
 
 step_near_limit() {
-    have near-limit torch || return 0
+    have near-limit torch "$torch_py" || return 0
     local cap=16GiB nc=PYTORCH_NO_CUDA_MEMORY_CACHING=1
-    local job=("$py" "$gpu/torch_train.py" --model gpt "${gpt_size[@]}" --max-batch 1:64
+    local job=("$torch_py" "$gpu/torch_train.py" --model gpt "${gpt_size[@]}" --max-batch 1:64
                --cap "$cap" --then-steps 5)
     run_arm near-limit maxbatch-C-default 60 yes "$nc" BFCSHIM_MEM_LIMIT=$cap -- \
         "${job[@]}" --arm C
@@ -724,8 +734,8 @@ step_quick_owed() {
     local f=("$py" "$gpu/driver_facts.py" "${facts_size[@]}")
     run_arm quick-owed facts-native 40 no "${facts_env[@]}" -- "${f[@]}" --arm native
     run_arm quick-owed facts-shim 40 yes "${facts_env[@]}" -- "${f[@]}" --arm shim
-    if "$py" -c 'import torch' >/dev/null 2>&1; then
-        local gpt=("$py" "$gpu/torch_train.py" --model gpt --steps 10 --warmup 3 --batch 8
+    if "$torch_py" -c 'import torch' >/dev/null 2>&1; then
+        local gpt=("$torch_py" "$gpu/torch_train.py" --model gpt --steps 10 --warmup 3 --batch 8
                    "${gpt_size[@]}")
         # the spread layout near the limit, beside the default there
         # (BFCSHIM_CONTEXT_CACHE=check: PyTorch's threads and device
@@ -735,9 +745,9 @@ step_quick_owed() {
             BFCSHIM_MEM_LIMIT=15.75GiB BFCSHIM_CONTEXT_CACHE=check -- "${gpt[@]}" --arm CS-tight
         run_arm quick-owed C-tight-default 40 yes "$nc" BFCSHIM_MEM_LIMIT=15.75GiB \
             BFCSHIM_CONTEXT_CACHE=check -- "${gpt[@]}" --arm CD-tight
-        "$py" -c 'import torchvision' >/dev/null 2>&1 &&
+        "$torch_py" -c 'import torchvision' >/dev/null 2>&1 &&
             run_arm quick-owed resnet-C16b0-shim-nocache-interval16-nobytes 40 yes "$nc" \
-                BFCSHIM_FENCE_INTERVAL=16 BFCSHIM_FENCE_BYTES=0 -- "$py" "$gpu/torch_train.py" \
+                BFCSHIM_FENCE_INTERVAL=16 BFCSHIM_FENCE_BYTES=0 -- "$torch_py" "$gpu/torch_train.py" \
                 --model resnet --steps 10 --warmup 3 --batch 64 "${resnet_size[@]}" --arm C16b0
         run_arm quick-owed gpt-V0-shim-nocache-growing-release0 40 yes "$nc" \
             BFCSHIM_PREALLOCATE=false BFCSHIM_RELEASE_THRESHOLD=0 -- "${gpt[@]}" --arm V0

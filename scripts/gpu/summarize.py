@@ -77,6 +77,56 @@ def timed_table(results, step, key):
                         "passthru", "digest"])
 
 
+def timed_tables(results, step, key):
+    """timed_table per workload of STEP (torch-abc runs ResNet-50 and GPT-2
+    in one step: each model's arms are compared with its own first arm)."""
+    workloads = []
+    for r in results:
+        if r.get("step") == step and r.get(key) is not None and r.get("workload") not in workloads:
+            workloads.append(r.get("workload"))
+    out = []
+    for w in workloads:
+        t = timed_table([r for r in results if r.get("workload") == w and r.get(key) is not None],
+                        step, key)
+        if t:
+            out.append((w, t))
+    return out
+
+
+def arm_median(results, step, workload, arm, key):
+    return med(r.get(key) for r in results if r.get("step") == step and
+               r.get("workload") == workload and r.get("arm") == arm)
+
+
+def quick_goals(results):
+    """The quick profile's answers to issue 53's GPU goals, where its arms
+    ran: arm C within 3% of arm A and B within 1% (step time), the growing
+    pool's NVML peak within 5% of expandable_segments', the largest GPT
+    batch under C in 16 GiB (A's was 7, PyTorch's cudaMallocAsync's 8)."""
+    lines = []
+    for w in ("torch-resnet", "torch-gpt"):
+        a = arm_median(results, "torch-abc", w, "A", "step_ms_median")
+        for arm, goal in (("B", 1.01), ("C", 1.03)):
+            x = arm_median(results, "torch-abc", w, arm, "step_ms_median")
+            if a and x:
+                lines.append(f"  {w}: {arm}/A step time {x / a:.3f} (goal <= {goal:.2f}: "
+                             f"{'met' if x / a <= goal else 'missed'})")
+    g = arm_median(results, "torch-growth", "torch-gpt", "G", "nvml_peak_bytes")
+    e = arm_median(results, "torch-growth", "torch-gpt", "E", "nvml_peak_bytes")
+    if g and e:
+        lines.append(f"  growing pool: NVML peak {fmt_bytes(g)} against expandable_segments' "
+                     f"{fmt_bytes(e)}: {g / e:.3f} (goal <= 1.05: "
+                     f"{'met' if g / e <= 1.05 else 'missed'})")
+    for r in results:
+        if r.get("step") == "near-limit" and r.get("max_batch") is not None:
+            lines.append(f"  {r.get('arm_label')}: largest batch {r['max_batch']} under "
+                         f"{r.get('cap', '?')} (A's: 7; goal: at least 7, aiming at 8)")
+    if lines and not any(r.get("nvml_peak_bytes") for r in results):
+        lines.insert(0, "  (no NVML figure in these results, as in a rehearsal on the CPU: "
+                        "the lines below try the scripts, they measure no GPU)")
+    return "\n".join(lines) if lines else None
+
+
 def pressure_verdict(results):
     """The pressure step's band arms side by side, where one region also
     runs: the default pool over virtual memory is laid out as one region
@@ -173,14 +223,18 @@ def main():
         print(f"{len(rows)} runs, {len(rows) - len(bad)} exit 0")
         for r in bad:
             print("  not ok:", " ".join(r))
-    for step, key in (("torch-gpt", "step_ms_median"), ("torch-resnet", "step_ms_median"),
+    for step, key in (("torch-abc", "step_ms_median"), ("torch-growth", "step_ms_median"),
+                      ("jax-pools", "step_ms_median"), ("quick-owed", "step_ms_median"),
+                      ("torch-gpt", "step_ms_median"), ("torch-resnet", "step_ms_median"),
                       ("jax", "step_ms_median"), ("cupy", "iter_ms_median"),
                       ("vmm", "step_ms_median"), ("pressure", "step_ms_median"),
                       ("plan", "step_ms_median")):
-        t = timed_table(results, step, key)
-        if t:
-            print(f"\n== {step} (* = after warm-up)")
+        for workload, t in timed_tables(results, step, key):
+            print(f"\n== {step}: {workload} (* = after warm-up)")
             print(t)
+    goals = quick_goals(results)
+    if goals:
+        print(f"\n== issue 53's GPU goals, as far as these arms answer them\n{goals}")
     verdict = pressure_verdict(results)
     if verdict:
         print(f"\n== pressure: the default against one region, and spread\n{verdict}")
@@ -190,7 +244,8 @@ def main():
     suite = numba_suite_verdict(out)
     if suite:
         print(f"\n== numba-suite: Numba's own driver tests, native and under the shim\n{suite}")
-    for step in ("numba", "plugins", "three", "ddp", "maxbatch", "vmm", "pressure"):
+    for step in ("numba", "plugins", "three", "ddp", "maxbatch", "near-limit", "vmm",
+                 "pressure"):
         arms = by_arm(results, step)
         if not arms:
             continue
@@ -206,7 +261,8 @@ def main():
                                           "ok") if k in r}
                 if r.get("nvml_peak_bytes") is not None:
                     keep["nvml_peak"] = fmt_bytes(r["nvml_peak_bytes"])
-                shim = r.get("shim") or r.get("shim_rank0")
+                shim = (r.get("shim") or r.get("shim_rank0") or r.get("at_max_shim")
+                        or r.get("shim_after_search"))
                 if shim:
                     keep["pool"] = {k: shim[k] for k in ("num_allocs", "peak_bytes_in_use",
                                                          "peak_pool_bytes",
