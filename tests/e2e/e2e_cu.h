@@ -38,6 +38,7 @@ static struct {
     CUresult (*MemPoolSetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
     CUresult (*MemPoolTrimTo)(CUmemoryPool, size_t);
     CUresult (*StreamSynchronize)(CUstream);
+    CUresult (*CtxSynchronize)(void);
     CUresult (*StreamQuery)(CUstream);
     CUresult (*EventCreate)(CUevent *, unsigned);
     CUresult (*EventRecord)(CUevent, CUstream);
@@ -114,6 +115,7 @@ static inline void e2e_cu_load(void)
     E2E_CU(MemPoolSetAttribute, "cuMemPoolSetAttribute");
     E2E_CU(MemPoolTrimTo, "cuMemPoolTrimTo");
     E2E_CU(StreamSynchronize, "cuStreamSynchronize");
+    E2E_CU(CtxSynchronize, "cuCtxSynchronize");
     E2E_CU(StreamQuery, "cuStreamQuery");
     E2E_CU(EventCreate, "cuEventCreate");
     E2E_CU(EventRecord, "cuEventRecord");

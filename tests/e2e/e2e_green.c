@@ -56,6 +56,14 @@
  *                   audit: the hooks counted forks of explicit streams only,
  *                   so the green context's count stayed 0 and a plain seal's
  *                   cuGreenCtxRecordEvent invalidated the capture)
+ *   immediate-release  (BFCSHIM_FREE_POLICY=immediate, a growing pool over
+ *                   virtual memory giving granules back at once) a plain
+ *                   free under work queued on a green context's stream: the
+ *                   granule goes back only after a cuCtxSynchronize of the
+ *                   primary context, which waits for its green contexts too
+ *                   (cuda.h); the work must find its block mapped (found by
+ *                   an audit, where the fake did not wait for green contexts
+ *                   there and the work found it unmapped)
  *   fake-green      (driver door closed: the fake itself) what cuda.h says
  *                   of green contexts, streams and events
  */
@@ -592,6 +600,42 @@ static void green_second_capture_destroyed(void)
     CHECK_EQ(fake_stats().capture_invalidations, 0);
 }
 
+/* Work that writes its block if the block is still mapped, and says whether
+ * it found it so. */
+typedef struct late_write {
+    CUdeviceptr at;
+    bool ran, unmapped;
+} late_write;
+
+static void write_if_mapped(void *arg)
+{
+    late_write *w = arg;
+    w->unmapped = !fakecuda()->is_device_pointer(w->at) ||
+                  !fakecuda()->is_device_pointer(w->at + MiB - 1);
+    if (!w->unmapped)
+        memset((void *)(uintptr_t)w->at, 0x5a, MiB);
+    w->ran = true;
+}
+
+static void immediate_release(void)
+{
+    start();
+    CUgreenCtx g = e2e_green_make(dev0, NULL);
+    CUstream s = NULL;
+    CHECK_EQ(GR.GreenCtxStreamCreate(&s, g, CU_STREAM_NON_BLOCKING, 0), CUDA_SUCCESS);
+    late_write w = {.at = alloc_ok(MiB)};
+    CHECK_EQ(fakecuda()->launch(s, write_if_mapped, &w), 0);
+    uint64_t unmaps = fake_stats().vmm_unmap_calls;
+    CHECK_EQ(D.MemFree(w.at), CUDA_SUCCESS);
+    /* its granule went back (release threshold 0): after the green work */
+    CHECK(fake_stats().vmm_unmap_calls > unmaps);
+    CHECK(w.ran);
+    fakecuda()->complete_all();
+    CHECK(w.ran && !w.unmapped);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+    CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
+}
+
 /* The fake driver's green contexts, against cuda.h (driver door closed). */
 static void fake_green(void)
 {
@@ -661,6 +705,29 @@ static void fake_green(void)
     CHECK_EQ(fake_stats().capture_invalidations, s0.capture_invalidations + 1);
     CUgraph graph;
     CHECK_EQ(D.StreamEndCapture(s, &graph), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    /* "If the current context is the primary context, green contexts that
+     * have been created will also be synchronized" (cuCtxSynchronize):
+     * their work completes; while one of their streams captures, the
+     * synchronisation is refused (the harsher reading, as for the
+     * context's own streams) and the capture invalidated. */
+    queue_work(s, p);
+    CHECK_EQ(D.CtxSynchronize(), CUDA_SUCCESS);
+    CHECK(work_ran);
+    CHECK_EQ(fakecuda()->pending(s), 0);
+    s0 = fake_stats();
+    CHECK_EQ(D.StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSynchronize(), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    CHECK_EQ(fake_stats().capture_invalidations, s0.capture_invalidations + 1);
+    CHECK_EQ(D.StreamEndCapture(s, &graph), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    /* The green context's own synchronisation does not reach the primary
+     * context's work. */
+    queue_work(NULL, p);
+    CHECK_EQ(D.CtxSetCurrent(converted), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSynchronize(), CUDA_SUCCESS);
+    CHECK(!work_ran);
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSynchronize(), CUDA_SUCCESS);
+    CHECK(work_ran);
     /* A destroyed stream's queued work is no longer the green context's
      * (the harsher reading): only a stand-in recorded before covers it. */
     queue_work(s, p);
@@ -687,6 +754,7 @@ int main(int argc, char **argv)
         {"green-capture-destroyed", green_capture_destroyed},
         {"green-second-capture-destroyed", green_second_capture_destroyed},
         {"fake-green", fake_green},
+        {"immediate-release", immediate_release},
         {"green-fork", green_fork},
         {"green-fork-destroyed", green_fork_destroyed},
         {"green-ptsz-fork", green_ptsz_fork},

@@ -64,7 +64,9 @@
  *   green     green contexts: a converted context of their own, with its
  *             own default stream, sharing the primary context's memory;
  *             non-blocking streams; cuGreenCtxRecordEvent (see "green
- *             contexts" below for what cuda.h says and the fake does).
+ *             contexts" below for what cuda.h says and the fake does); a
+ *             cuCtxSynchronize of the primary context waits for its green
+ *             contexts' work too, as cuda.h says.
  *   vmm       cuMemAddressReserve/Create/Map/SetAccess/Unmap/Release on
  *             host memory: PROT_NONE reservations, memfd physical memory
  *             counted against the device, access enforced by page
@@ -2525,6 +2527,31 @@ EXPORT CUresult cuCtxDisablePeerAccess(CUcontext peer)
     return peer_switch(peer, 0, false);
 }
 
+/* Does a cuCtxSynchronize of context `c` wait for work of context `o`?
+ * Its own, and where c is a primary context, its green contexts' too:
+ * "If the current context is the primary context, green contexts that
+ * have been created will also be synchronized" (cuda.h). */
+static bool synchronised_with(const fctx *o, const fctx *c)
+{
+    return o == c || (c->primary && o->green && o->dev == c->dev);
+}
+
+/* Lock held on entry, released on return: completes every stream of the
+ * contexts a cuCtxSynchronize of c waits for (synchronised_with). */
+static void complete_synchronised_and_unlock(const fctx *c)
+{
+    work_item *all = NULL;
+    size_t nall = 0;
+    gather(&((fctx *)c)->legacy, UINT64_MAX, &all, &nall);
+    for (fgreen *g = G.greens; g; g = g->next)
+        if (&g->ctx != c && synchronised_with(&g->ctx, c))
+            gather(&g->ctx.legacy, UINT64_MAX, &all, &nall);
+    for (fstream *s = G.streams; s; s = s->next)
+        if (synchronised_with(s->ctx, c) && !s->dead)
+            gather(s, UINT64_MAX, &all, &nall);
+    unlock_and_run(all, nall);
+}
+
 EXPORT CUresult cuCtxSynchronize(void)
 {
     CALLED();
@@ -2534,22 +2561,22 @@ EXPORT CUresult cuCtxSynchronize(void)
         LEAVE(CUDA_ERROR_INVALID_CONTEXT);
     G.st.ctx_synchronize_calls++;
     pools_release_at_sync();
-    /* Synchronising a context while one of its streams captures is
-     * refused and invalidates those captures, whatever the modes. cuda.h
-     * does not say so for cuCtxSynchronize; it does for the other
-     * context-wide call, cuCtxRecordEvent ("will return
+    /* Synchronising a context while one of the streams it waits for
+     * captures is refused and invalidates those captures, whatever the
+     * modes. cuda.h does not say so for cuCtxSynchronize; it does for the
+     * other context-wide call, cuCtxRecordEvent ("will return
      * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED if the specified context hCtx
      * has a stream in the capture mode ... will invalidate all the
      * conflicting captures"), and the fake takes that harsher reading. */
     CUresult r = unsafe_call();
     for (fstream *o = G.streams; o; o = o->next)
-        if (o->ctx == c && live_capture(o)) {
+        if (synchronised_with(o->ctx, c) && live_capture(o)) {
             invalidate_counted(o);
             r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
         }
     if (r != CUDA_SUCCESS)
         LEAVE(r);
-    complete_everything_and_unlock(c);
+    complete_synchronised_and_unlock(c);
     return CUDA_SUCCESS;
 }
 
