@@ -57,8 +57,6 @@ static ptr_map handles;
 static bool handles_ready;
 static vmm_door_counts counts[SHIM_MAX_DEVICES];
 static atomic_bool named_around[SHIM_MAX_DEVICES], named_pooled[SHIM_MAX_DEVICES];
-/* Under lock: the pool that lent last on each device (adopt_loans). */
-static shim_pool *last_lender[SHIM_MAX_DEVICES];
 
 /* Device memory of a device the counters have room for. */
 static bool counted_kind(const CUmemAllocationProp *prop, size_t size)
@@ -107,45 +105,96 @@ static void name_once(int dev, size_t size, const shim_pool *lender)
  * memory allocations by cuMemCreate()", cuda.h; a primary context's reset
  * neither): when a pool dies with its context, the loans of the program's
  * memory still alive stay with it, and the device's next pool would lend
- * its whole limit again (e2e_vmm_door reset). So the first time a pool
- * lends on its device, it takes over the loans of dead pools there (a
- * loan it has no room for stays where it was, and the memory then counts
- * nowhere until its release: said once). Rare (after a reset), so a walk
- * of the records under the door's lock.
+ * its whole limit again (e2e_vmm_door reset). So the first lend on a device
+ * after any pool died takes over the loans of dead pools there, whichever
+ * pool lent last (e2e_vmm_door two-contexts: a created context's pool died
+ * after the primary context's had lent); a loan it has no room for stays
+ * where it was, and the memory then counts nowhere until its release (said
+ * once). The records are collected under the door's lock, but the new
+ * loans are made outside it: a loan may wait for fences, which takes the
+ * streams' read lock, and the fork handler takes the streams' write lock
+ * before this one (e2e_vmm_door fork-adopt: both waited for good). A record
+ * released meanwhile gives its new loan back.
  */
+typedef struct orphan {
+    CUmemGenericAllocationHandle h;
+    made *m;
+    shim_pool *dead_lender;
+    uint64_t size;
+    bool lent;
+} orphan;
+
+static size_t collect_orphans_locked(int dev, orphan **out)
+{
+    size_t n = 0, cap = 0;
+    *out = NULL;
+    for (uint64_t i = 0; handles_ready && i <= handles.mask; i++) {
+        if (!handles.slots[i].key)
+            continue;
+        made *m = (made *)(uintptr_t)handles.slots[i].val;
+        if (m->dev != dev || !m->lender || !atomic_load(&m->lender->dead))
+            continue;
+        if (n == cap) {
+            orphan *more = realloc(*out, (cap = cap ? 2 * cap : 8) * sizeof *more);
+            if (!more)
+                break; /* the rest waits for the next death */
+            *out = more;
+        }
+        (*out)[n++] = (orphan){handles.slots[i].key, m, m->lender, m->size, false};
+    }
+    return n;
+}
+
 static void adopt_loans(shim_pool *sp)
 {
+    static uint64_t scanned_deaths[SHIM_MAX_DEVICES]; /* under lock */
     const int dev = (int)sp->dev;
     if (dev < 0 || dev >= SHIM_MAX_DEVICES)
         return;
+    const uint64_t deaths = pools_deaths();
     pthread_mutex_lock(&lock);
-    if (last_lender[dev] != sp) {
-        last_lender[dev] = sp;
-        uint64_t unadopted = 0;
-        for (uint64_t i = 0; handles_ready && i <= handles.mask; i++) {
-            if (!handles.slots[i].key)
-                continue;
-            made *m = (made *)(uintptr_t)handles.slots[i].val;
-            if (m->dev != dev || !m->lender || m->lender == sp || !atomic_load(&m->lender->dead))
-                continue;
-            if (pools_lend(sp, m->size)) {
-                bfc_pool_end_loan(m->lender->bfc, m->size);
-                m->lender = sp;
-            } else {
-                unadopted += m->size;
-            }
+    orphan *o = NULL;
+    size_t n = 0;
+    if (scanned_deaths[dev] != deaths) {
+        scanned_deaths[dev] = deaths;
+        n = collect_orphans_locked(dev, &o);
+    }
+    pthread_mutex_unlock(&lock);
+    if (!n) {
+        free(o);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        o[i].lent = pools_lend(sp, o[i].size);
+    uint64_t unadopted = 0;
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < n; i++) {
+        if (!o[i].lent) {
+            unadopted += o[i].size;
+            continue;
         }
-        if (unadopted) {
-            static atomic_bool said;
-            char b[32];
-            shim_log_once(&said, LOG_WARN,
-                          "device %d: %s of the program's own cuMemCreate memory outlived its "
-                          "context and does not fit the new pool's limit: it is not counted "
-                          "until released",
-                          dev, format_size(unadopted, b, sizeof b));
+        /* Still the same record, still the dead pool's loan (a record
+         * released meanwhile is gone from the map; one made since under a
+         * reused handle has a live lender or none). */
+        made *m = handles_ready ? (made *)(uintptr_t)ptr_map_get(&handles, o[i].h) : NULL;
+        if (m == o[i].m && m->lender == o[i].dead_lender) {
+            bfc_pool_end_loan(m->lender->bfc, m->size);
+            m->lender = sp;
+        } else {
+            bfc_pool_end_loan(sp->bfc, o[i].size);
         }
     }
     pthread_mutex_unlock(&lock);
+    free(o);
+    if (unadopted) {
+        static atomic_bool said;
+        char b[32];
+        shim_log_once(&said, LOG_WARN,
+                      "device %d: %s of the program's own cuMemCreate memory outlived its "
+                      "context and does not fit the new pool's limit: it is not counted "
+                      "until released",
+                      dev, format_size(unadopted, b, sizeof b));
+    }
 }
 
 static void counts_refused(int dev)
@@ -208,10 +257,31 @@ static void end_allocation(made *gone)
     free(gone);
 }
 
+/* A create the driver refuses anyway: flags other than 0 ("for future use,
+ * must be zero now"), an invalid type, properties the granularity query
+ * refuses, or a size that is not a multiple of their minimum granularity
+ * (cuda.h). It goes to the driver untouched, which answers with its own
+ * code: bad input lends nothing and leaves the pool as it was (before, an
+ * unaligned size lent first, which gave back the pool's free memory or
+ * failed with CUDA_ERROR_OUT_OF_MEMORY and an out-of-memory report where
+ * CUDA says CUDA_ERROR_INVALID_VALUE: e2e_vmm_door bad-create). */
+static bool driver_refuses(size_t size, const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    if (flags != 0 || prop->type == CU_MEM_ALLOCATION_TYPE_INVALID)
+        return true;
+    size_t g = 0;
+    if (!REAL(MemGetAllocationGranularity))
+        return false; /* cannot tell: the loan decides, as before */
+    return REAL(MemGetAllocationGranularity)(&g, prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
+               CUDA_SUCCESS ||
+           g == 0 || size % g != 0;
+}
+
 SHIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                                  const CUmemAllocationProp *prop, unsigned long long flags)
 {
-    if (!handle || !shim_driver_door() || !counted_kind(prop, size))
+    if (!handle || !shim_driver_door() || !counted_kind(prop, size) ||
+        driver_refuses(size, prop, flags))
         return PASS(MemCreate, handle, size, prop, flags);
     const int dev = prop->location.id;
     shim_pool *sp = lender_for(dev);
@@ -257,6 +327,21 @@ SHIM_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h
 {
     if (!shim_driver_door())
         return PASS(MemRetainAllocationHandle, handle, addr);
+    /* The pool's memory is cuMemAlloc memory to the program, which has no
+     * allocation handle (CUDA_ERROR_INVALID_VALUE from the driver): the
+     * handle of the granule behind it would let the program keep, export
+     * or map the pool's memory past its block and the limit (found by an
+     * audit: e2e_vmm_door retain-pooled). */
+    if (pool_owning((CUdeviceptr)(uintptr_t)addr)) {
+        static atomic_bool said;
+        shim_log_once(&said, LOG_WARN,
+                      "cuMemRetainAllocationHandle(%p): the address is a pooled block's "
+                      "(cudaMalloc/cuMemAlloc memory), which has no allocation handle: "
+                      "CUDA_ERROR_INVALID_VALUE, as the driver answers for such memory "
+                      "(logged once)",
+                      addr);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
     pthread_mutex_lock(&lock);
     CUresult r = PASS(MemRetainAllocationHandle, handle, addr);
     if (r == CUDA_SUCCESS && handle)

@@ -532,6 +532,12 @@ bool pools_dead_block(CUdeviceptr addr)
     return false;
 }
 
+/* Pools forgotten so far (dead): the virtual memory door looks for loans
+ * to take over only after one more (door_vmm.c, adopt_loans). */
+static atomic_uint_fast64_t deaths;
+
+uint64_t pools_deaths(void) { return atomic_load(&deaths); }
+
 static void forget_if(bool (*match)(const shim_pool *, const void *), const void *arg)
 {
     size_t n = atomic_load(&npools);
@@ -540,6 +546,7 @@ static void forget_if(bool (*match)(const shim_pool *, const void *), const void
         if (sp && !atomic_load(&sp->dead) && match(sp, arg)) {
             atomic_store(&sp->forgotten_by, (uintptr_t)&teardown_thread);
             atomic_store(&sp->dead, true);
+            atomic_fetch_add(&deaths, 1);
             record_detach(sp);
             shim_log(LOG_INFO, "device %d: context gone, its pool is forgotten", (int)sp->dev);
         }

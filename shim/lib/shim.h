@@ -431,6 +431,8 @@ bool pools_forget_if_replaced(shim_pool *sp);
 /* Is addr a block that a pool whose context went still lists as live (a
  * plug-in's late free, after the context took the memory)? */
 bool pools_dead_block(CUdeviceptr addr);
+/* How many pools have died (their context gone) so far. */
+uint64_t pools_deaths(void);
 /* Is ctx the primary context of a live pool? */
 bool pools_context_is_primary(CUcontext ctx);
 /* The same for the device's primary context, if it is active. */

@@ -44,8 +44,27 @@
  *                 loan ends, the limit holds throughout (for TSan)
  *   reset         memory made by cuMemCreate outlives a primary context's
  *                 reset (cuda.h): the context's next pool still counts it
+ *   two-contexts  ... and a created context's destruction, after the
+ *                 primary context's pool had lent too: the primary's pool
+ *                 takes over the dead pool's loan at its next create
+ *   fork-adopt    a fork while that takeover's loan waits for fences: the
+ *                 fork handler takes the streams' lock, then the door's;
+ *                 the loan must not wait under the door's lock (the test's
+ *                 own pthread_rwlock_rdlock holds the loan at the streams'
+ *                 lock until the fork has begun; both waited for good)
+ *   retain-pooled cuMemRetainAllocationHandle on a pooled block (cuMemAlloc
+ *                 memory to the program): CUDA_ERROR_INVALID_VALUE, as the
+ *                 driver answers, never the handle of the pool's granule
+ *   bad-create    creates the driver refuses (flags, type, a size off the
+ *                 granularity, within and past the limit): its own code,
+ *                 nothing lent, the pool untouched
+ * (the last four were found by an audit; each failed before its fix)
  */
 #include <cuda.h>
+#include <dlfcn.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
 
 #include "e2e_cu.h"
 #include "shim_stats.h"
@@ -501,9 +520,171 @@ static void reset(void)
     delete(&big);
 }
 
+static CUmemAllocationProp plain_on(int dev)
+{
+    CUmemAllocationProp p = exportable_on(dev);
+    p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    return p;
+}
+
+static void two_contexts(void)
+{
+    start();
+    CUcontext primary = e2e_cu_primary_current(0);
+    CUdevice d;
+    CHECK_EQ(D.DeviceGet(&d, 0), CUDA_SUCCESS);
+    CUcontext other = NULL;
+    CHECK_EQ(D.CtxCreate(&other, NULL, 0, d), CUDA_SUCCESS); /* current now */
+    CUmemAllocationProp p = plain_on(0);
+    CUmemGenericAllocationHandle a = 0, b = 0, c = 0;
+    CHECK_EQ(D.MemCreate(&a, 400 * MiB, &p, 0), CUDA_SUCCESS); /* the created context's pool lends */
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    CHECK_EQ(D.MemCreate(&b, gran, &p, 0), CUDA_SUCCESS); /* the primary's pool lends */
+    CHECK_EQ(D.CtxDestroy(other), CUDA_SUCCESS);           /* a lives on */
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    long long limit = shim_stat_number("bytes_limit");
+    CUresult r = D.MemCreate(&c, 400 * MiB, &p, 0);
+    fprintf(stderr, "limit %lld, lent %lld: a second 400 MiB create: %d\n", limit,
+            shim_stat_number("bytes_lent"), (int)r);
+    CHECK(limit < (long long)(800 * MiB + gran));
+    CHECK_EQ(r, CUDA_ERROR_OUT_OF_MEMORY);
+    if (r == CUDA_SUCCESS)
+        CHECK_EQ(D.MemRelease(c), CUDA_SUCCESS);
+    /* Once a's memory goes, the loan it took over goes with it. */
+    CHECK_EQ(D.MemRelease(a), CUDA_SUCCESS);
+    CHECK_EQ(D.MemCreate(&c, 400 * MiB, &p, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.MemRelease(c), CUDA_SUCCESS);
+    CHECK_EQ(D.MemRelease(b), CUDA_SUCCESS);
+}
+
+/* fork-adopt: 1 makes the next pthread_rwlock_rdlock of the process (the
+ * streams' read lock, which a loan's seal takes) let the forking thread go
+ * and wait a while first, so that the fork handler takes the streams'
+ * write lock meanwhile. */
+static atomic_int hold_next_rdlock;
+static e2e_phase fork_phase = E2E_PHASE_INIT;
+
+int pthread_rwlock_rdlock(pthread_rwlock_t *l)
+{
+    static int (*real)(pthread_rwlock_t *);
+    if (!real)
+        real = (int (*)(pthread_rwlock_t *))dlsym(RTLD_NEXT, "pthread_rwlock_rdlock");
+    if (atomic_exchange(&hold_next_rdlock, 0)) {
+        e2e_phase_set(&fork_phase, 1);
+        struct timespec t = {0, 300 * 1000 * 1000};
+        nanosleep(&t, NULL);
+    }
+    return real(l);
+}
+
+static void *forker(void *arg)
+{
+    (void)arg;
+    e2e_phase_wait(&fork_phase, 1);
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(0);
+    waitpid(pid, NULL, 0);
+    return NULL;
+}
+
+static void stuck(int sig)
+{
+    (void)sig;
+    static const char m[] = "e2e_vmm_door fork-adopt: the fork and the door's takeover of "
+                            "loans waited for each other\n";
+    ssize_t w = write(2, m, sizeof m - 1);
+    (void)w;
+    _exit(3);
+}
+
+static void nothing(void *arg) { (void)arg; }
+
+static void fork_adopt(void)
+{
+    start();
+    CUmemAllocationProp p = plain_on(0);
+    CUmemGenericAllocationHandle h = 0, h2 = 0;
+    CHECK_EQ(D.MemCreate(&h, 64 * MiB, &p, 0), CUDA_SUCCESS);
+    CUdevice d;
+    CHECK_EQ(D.DeviceGet(&d, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxReset(d), CUDA_SUCCESS); /* h lives on, its pool does not */
+    e2e_cu_primary_current(0);
+    /* The new pool (preallocated) is all but full of a pending block, so
+     * the takeover's loan must seal a fence to get memory back. */
+    CUstream s = NULL;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUdeviceptr big = 0;
+    long long most = shim_stat_number("bytes_limit") - (long long)(8 * MiB);
+    CHECK_EQ(D.MemAlloc(&big, (size_t)most), CUDA_SUCCESS);
+    CHECK_EQ(fakecuda()->launch(s, nothing, NULL), 0);
+    CHECK_EQ(D.MemFreeAsync(big, s), CUDA_SUCCESS);
+    pthread_t t;
+    CHECK_EQ(pthread_create(&t, NULL, forker, NULL), 0);
+    signal(SIGALRM, stuck);
+    alarm(20);
+    atomic_store(&hold_next_rdlock, 1);
+    CUresult r = D.MemCreate(&h2, gran, &p, 0);
+    alarm(0);
+    if (atomic_exchange(&hold_next_rdlock, 0))
+        e2e_phase_set(&fork_phase, 1); /* no seal took the lock: let the forker go */
+    CHECK_EQ(pthread_join(t, NULL), 0);
+    CHECK_EQ(r, CUDA_SUCCESS);
+    if (r == CUDA_SUCCESS)
+        CHECK_EQ(D.MemRelease(h2), CUDA_SUCCESS);
+    CHECK_EQ(D.MemRelease(h), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+}
+
+static void retain_pooled(void)
+{
+    start();
+    CUdeviceptr a = alloc_ok(8 * MiB);
+    CUmemGenericAllocationHandle h = 0;
+    CHECK_EQ(D.MemRetainAllocationHandle(&h, (void *)(uintptr_t)a), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(D.MemRetainAllocationHandle(&h, (void *)(uintptr_t)(a + 3 * MiB)),
+             CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(fake_stats().vmm_retain_calls, 0);
+    CHECK_EQ(D.MemFree(a), CUDA_SUCCESS);
+    /* The program's own memory still answers. */
+    buffer b = make(gran);
+    CHECK_EQ(D.MemRetainAllocationHandle(&h, (void *)(uintptr_t)b.at), CUDA_SUCCESS);
+    CHECK(h == b.h);
+    CHECK_EQ(D.MemRelease(h), CUDA_SUCCESS);
+    delete(&b);
+}
+
+static void bad_create(void)
+{
+    start();
+    CUdeviceptr small = alloc_ok(MiB); /* the pool, preallocated */
+    long long pool = shim_stat_number("pool_bytes"), refused = shim_stat_number("vmm_door_refused");
+    long long limit = shim_stat_number("bytes_limit");
+    CUmemAllocationProp p = plain_on(0), bad = plain_on(0);
+    bad.type = CU_MEM_ALLOCATION_TYPE_INVALID;
+    CUmemGenericAllocationHandle h = 0;
+    CHECK_EQ(D.MemCreate(&h, (size_t)limit + gran + 4096, &p, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(D.MemCreate(&h, (size_t)limit / 2 + 4096, &p, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(D.MemCreate(&h, 2 * gran, &p, 1), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(D.MemCreate(&h, 2 * gran, &bad, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(shim_stat_number("pool_bytes"), pool);
+    CHECK_EQ(shim_stat_number("vmm_door_refused"), refused);
+    CHECK_EQ(shim_stat_number("bytes_lent"), 0);
+    /* A good one still lends. */
+    CHECK_EQ(D.MemCreate(&h, 2 * gran, &p, 0), CUDA_SUCCESS);
+    CHECK_EQ(shim_stat_number("bytes_lent"), (long long)(2 * gran));
+    CHECK_EQ(D.MemRelease(h), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(small), CUDA_SUCCESS);
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
+        {"two-contexts", two_contexts},
+        {"fork-adopt", fork_adopt},
+        {"retain-pooled", retain_pooled},
+        {"bad-create", bad_create},
         {"xla-platform", xla_platform},
         {"procaddr", procaddr},
         {"hooks-off", hooks_off},
