@@ -383,7 +383,7 @@ step_vmm() {
             "${job[@]}" --arm C1
     done
     run_arm vmm release-two-processes 150 yes "${v[@]}" "$nc" "PYTHONPATH=$root/python" \
-        "BFCSHIM_LIBRARY=$lib" -- "$py" "$gpu/vmm_release.py" --arm vmm --device "$ddp_device"
+        "BFCSHIM_LIBRARY=$lib" -- "$torch_py" "$gpu/vmm_release.py" --arm vmm --device "$ddp_device"
 }
 
 step_numba() {
@@ -427,15 +427,15 @@ step_jax() {
     local p="XLA_PYTHON_CLIENT_ALLOCATOR=platform"
     for _ in $(seq "$repeat"); do
         run_arm jax A-bfc 150 no "${small_env[@]}" -- \
-            "$py" "$gpu/jax_train.py" --arm A "${jax_size[@]}"
+            "$jax_py" "$gpu/jax_train.py" --arm A "${jax_size[@]}"
         run_arm jax B-platform 150 no "$p" "${small_env[@]}" -- \
-            "$py" "$gpu/jax_train.py" --arm B "${jax_size[@]}"
+            "$jax_py" "$gpu/jax_train.py" --arm B "${jax_size[@]}"
         run_arm jax C-platform-shim 150 yes "$p" "${small_env[@]}" -- \
-            "$py" "$gpu/jax_train.py" --arm C "${jax_size[@]}"
+            "$jax_py" "$gpu/jax_train.py" --arm C "${jax_size[@]}"
         run_arm jax C16-platform-shim-interval16 150 yes "$p" BFCSHIM_FENCE_INTERVAL=16 \
-            "${small_env[@]}" -- "$py" "$gpu/jax_train.py" --arm C16 "${jax_size[@]}"
+            "${small_env[@]}" -- "$jax_py" "$gpu/jax_train.py" --arm C16 "${jax_size[@]}"
         run_arm jax D-platform-shim-immediate 150 yes "$p" BFCSHIM_FREE_POLICY=immediate \
-            "${small_env[@]}" -- "$py" "$gpu/jax_train.py" --arm D "${jax_size[@]}"
+            "${small_env[@]}" -- "$jax_py" "$gpu/jax_train.py" --arm D "${jax_size[@]}"
     done
 }
 
@@ -589,17 +589,20 @@ step_traces() {
     mkdir -p "$t"
     run_arm traces torch-gpt-C 200 yes PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
         "BFCSHIM_TRACE=$t/torch-gpt-b8-training.csv" -- \
-        "$torch_py" "$gpu/torch_train.py" --model gpt --steps 6 --warmup 1 --batch 8 --arm C
+        "$torch_py" "$gpu/torch_train.py" --model gpt --steps 6 --warmup 1 --batch 8 \
+        "${gpt_size[@]}" --arm C
     run_arm traces torch-resnet-C 200 yes PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
         "BFCSHIM_TRACE=$t/torch-resnet50-b64-training.csv" -- \
-        "$torch_py" "$gpu/torch_train.py" --model resnet --steps 6 --warmup 1 --batch 64 --arm C
-    run_arm traces jax-C 150 yes XLA_PYTHON_CLIENT_ALLOCATOR=platform \
-        "BFCSHIM_TRACE=$t/jax-mlp-platform.csv" -- "$py" "$gpu/jax_train.py" --arm C --steps 10
+        "$torch_py" "$gpu/torch_train.py" --model resnet --steps 6 --warmup 1 --batch 64 \
+        "${resnet_size[@]}" --arm C
+    run_arm traces jax-C 150 yes XLA_PYTHON_CLIENT_ALLOCATOR=platform "${small_env[@]}" \
+        "BFCSHIM_TRACE=$t/jax-mlp-platform.csv" -- "$jax_py" "$gpu/jax_train.py" --arm C \
+        --steps 10 "${jax_size[@]}"
     run_arm traces cupy-B 120 yes "BFCSHIM_TRACE=$t/cupy-mix.csv" -- \
         "$py" "$gpu/cupy_job.py" --arm B --pool off --iters 20
     run_arm traces torch-gpt-A-snapshot 200 no -- \
-        "$torch_py" "$gpu/torch_train.py" --model gpt --steps 6 --warmup 1 --batch 8 --arm A \
-        --snapshot "$t/torch-gpt-b8-snapshot.pickle"
+        "$torch_py" "$gpu/torch_train.py" --model gpt --steps 6 --warmup 1 --batch 8 \
+        "${gpt_size[@]}" --arm A --snapshot "$t/torch-gpt-b8-snapshot.pickle"
     gzip -f "$t"/*.csv "$t"/*.pickle 2>/dev/null
     ls -la "$t"
 }
