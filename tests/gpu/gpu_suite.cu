@@ -88,7 +88,9 @@
  *                    made with the green context current comes from the
  *                    same pool (no second pool), and whether a
  *                    cuGreenCtxRecordEvent made after a stream is destroyed
- *                    still waits for that stream's kernel (the fake says no)
+ *                    still waits for that stream's kernel (the fake says no).
+ *                    Checked: a cuCtxSynchronize of the primary context
+ *                    waits for the green stream's kernel (cuda.h)
  *
  * The current context, remembered (shim/lib/current_context.c), against the
  * real cudart:
@@ -1460,6 +1462,23 @@ static void green_stream(void)
         expect_intact(p, q, s2, running);
     CUDA_OK(cudaFree(q));
     CUDA_OK(cudaFree(filler));
+
+    /* "If the current context is the primary context, green contexts that
+     * have been created will also be synchronized" (cuCtxSynchronize): the
+     * fake follows it, and the immediate free policy's release rests on
+     * it (e2e_green immediate-release). */
+    auto ctx_sync = (decltype(&cuCtxSynchronize))driver_fn("cuCtxSynchronize");
+    CHECK(ctx_sync != NULL);
+    CUDA_OK(cudaMalloc((void **)&p, HOLE));
+    late_fill<<<256, 256, 0, (cudaStream_t)gs>>>(p, HOLE / 4, 0xdeadu, LATE_NS);
+    CUDA_OK(cudaGetLastError());
+    CHECK(ctx_sync && ctx_sync() == CUDA_SUCCESS);
+    CHECK(record_green(g, e) == CUDA_SUCCESS);
+    bool waited = event_query(e) == CUDA_SUCCESS;
+    printf("  cuCtxSynchronize of the primary context waited for a %.0f ms kernel on the green "
+           "stream: %s (cuda.h, the fake: yes)\n", LATE_NS / 1e6, waited ? "yes" : "no");
+    CHECK(waited);
+    CUDA_OK(cudaFree(p));
 
     /* Does the green context's event still cover a destroyed stream? */
     CUDA_OK(cudaMalloc((void **)&p, HOLE));
