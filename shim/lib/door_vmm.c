@@ -119,47 +119,70 @@ static void name_once(int dev, size_t size, const shim_pool *lender)
 typedef struct orphan {
     CUmemGenericAllocationHandle h;
     made *m;
-    shim_pool *dead_lender;
     uint64_t size;
     bool lent;
 } orphan;
 
-static size_t collect_orphans_locked(int dev, orphan **out)
+/* Lock held: the records of device dev whose lender died, into *out;
+ * false when host memory ran out before the walk ended (*n holds what was
+ * collected: those are taken over, the rest at the next scan). */
+static bool collect_orphans_locked(int dev, orphan **out, size_t *n)
 {
-    size_t n = 0, cap = 0;
+    size_t cap = 0;
     *out = NULL;
+    *n = 0;
     for (uint64_t i = 0; handles_ready && i <= handles.mask; i++) {
         if (!handles.slots[i].key)
             continue;
         made *m = (made *)(uintptr_t)handles.slots[i].val;
         if (m->dev != dev || !m->lender || !atomic_load(&m->lender->dead))
             continue;
-        if (n == cap) {
+        if (*n == cap) {
             orphan *more = realloc(*out, (cap = cap ? 2 * cap : 8) * sizeof *more);
             if (!more)
-                break; /* the rest waits for the next death */
+                return false;
             *out = more;
         }
-        (*out)[n++] = (orphan){handles.slots[i].key, m, m->lender, m->size, false};
+        (*out)[(*n)++] = (orphan){handles.slots[i].key, m, m->size, false};
     }
-    return n;
+    return true;
 }
+
+/* Under lock: per device, the deaths the last complete scan saw, and
+ * whether a takeover is lending now (a create on that device waits for it:
+ * lending beside it, a create could take the room the orphans need, and
+ * their memory would then count nowhere). */
+static uint64_t scanned_deaths[SHIM_MAX_DEVICES];
+static bool adopting[SHIM_MAX_DEVICES];
+static pthread_cond_t adopted = PTHREAD_COND_INITIALIZER;
 
 static void adopt_loans(shim_pool *sp)
 {
-    static uint64_t scanned_deaths[SHIM_MAX_DEVICES]; /* under lock */
     const int dev = (int)sp->dev;
     if (dev < 0 || dev >= SHIM_MAX_DEVICES)
         return;
-    const uint64_t deaths = pools_deaths();
     pthread_mutex_lock(&lock);
+    while (adopting[dev])
+        pthread_cond_wait(&adopted, &lock); /* not holding the lock meanwhile */
+    const uint64_t deaths = pools_deaths();
     orphan *o = NULL;
     size_t n = 0;
+    bool complete = true;
     if (scanned_deaths[dev] != deaths) {
-        scanned_deaths[dev] = deaths;
-        n = collect_orphans_locked(dev, &o);
+        complete = collect_orphans_locked(dev, &o, &n);
+        if (complete)
+            scanned_deaths[dev] = deaths;
+        adopting[dev] = n > 0;
     }
     pthread_mutex_unlock(&lock);
+    if (!complete) {
+        static atomic_bool said;
+        shim_log_once(&said, LOG_WARN,
+                      "device %d: host memory ran out while looking for the program's "
+                      "cuMemCreate memory that outlived its context; the rest is looked "
+                      "for at the next create",
+                      dev);
+    }
     if (!n) {
         free(o);
         return;
@@ -173,17 +196,19 @@ static void adopt_loans(shim_pool *sp)
             unadopted += o[i].size;
             continue;
         }
-        /* Still the same record, still the dead pool's loan (a record
+        /* Still the same record, its loan still a dead pool's (a record
          * released meanwhile is gone from the map; one made since under a
          * reused handle has a live lender or none). */
         made *m = handles_ready ? (made *)(uintptr_t)ptr_map_get(&handles, o[i].h) : NULL;
-        if (m == o[i].m && m->lender == o[i].dead_lender) {
+        if (m == o[i].m && m->size == o[i].size && m->lender && atomic_load(&m->lender->dead)) {
             bfc_pool_end_loan(m->lender->bfc, m->size);
             m->lender = sp;
         } else {
             bfc_pool_end_loan(sp->bfc, o[i].size);
         }
     }
+    adopting[dev] = false;
+    pthread_cond_broadcast(&adopted);
     pthread_mutex_unlock(&lock);
     free(o);
     if (unadopted) {
@@ -280,9 +305,16 @@ static bool driver_refuses(size_t size, const CUmemAllocationProp *prop, unsigne
 SHIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                                  const CUmemAllocationProp *prop, unsigned long long flags)
 {
-    if (!handle || !shim_driver_door() || !counted_kind(prop, size) ||
-        driver_refuses(size, prop, flags))
+    if (!handle || !shim_driver_door() || !counted_kind(prop, size))
         return PASS(MemCreate, handle, size, prop, flags);
+    if (driver_refuses(size, prop, flags)) {
+        CUresult r = PASS(MemCreate, handle, size, prop, flags);
+        /* A driver that takes it after all: counted around the pool, never
+         * unseen. */
+        if (r == CUDA_SUCCESS && note_created(*handle, size, prop->location.id, NULL))
+            name_once(prop->location.id, size, NULL);
+        return r;
+    }
     const int dev = prop->location.id;
     shim_pool *sp = lender_for(dev);
     if (sp) {
@@ -389,6 +421,11 @@ void vmm_door_lock_for_fork(bool hold)
 void vmm_door_after_fork_child(void)
 {
     memset(counts, 0, sizeof counts);
+    /* no thread of the child is taking over loans, and the parent's are
+     * not the child's */
+    memset(adopting, 0, sizeof adopting);
+    memset(scanned_deaths, 0, sizeof scanned_deaths);
+    pthread_cond_init(&adopted, NULL); /* the parent's waiters are not here */
     /* loans made before the fork are the parent's: forgotten with the
      * records */
     handles_ready = false;
