@@ -420,8 +420,8 @@ static bool seal_ordered(shim_pool *sp, const real_driver *R, uint32_t lane, uin
     CUevent e = f ? take_event(sp, R) : NULL;
     if (!e || R->EventRecord(e, CU_STREAM_LEGACY) != CUDA_SUCCESS ||
         R->StreamWaitEvent(CU_STREAM_LEGACY, e, 0) != CUDA_SUCCESS) {
-        if (e)
-            give_event(sp, R, e);
+        if (e) /* not recycled: a refused record may mean an event of the wrong context */
+            R->EventDestroy(e);
         free(f);
         return false;
     }
@@ -691,8 +691,8 @@ bool fences_seal(void *ctx, uint32_t lane, uint64_t token)
         CUevent e = take_event(sp, R);
         if (!e || record(R, e, made < n ? streams[made] : NULL,
                          made < n ? NULL : greens[made - n]) != CUDA_SUCCESS) {
-            if (e)
-                give_event(sp, R, e);
+            if (e) /* not recycled: a refused record may mean an event of the wrong context */
+                R->EventDestroy(e);
             ok = false;
             break;
         }

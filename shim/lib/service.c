@@ -153,7 +153,13 @@ static bfc_status pool_alloc_in_context(shim_pool *sp, size_t size, uint32_t lan
 {
     bool current = next_in_current_context;
     next_in_current_context = false;
-    if (current) /* the door found sp as its current context's pool: entered */
+    /* The door found sp as its current context's pool: entered, unless the
+     * current context is a green context's, whose pool is its primary
+     * context's (green_canonical): seals made there would record the
+     * primary's lanes on the green default stream and take events of the
+     * wrong context (found by an audit: a block handed out under the
+     * primary's queued work, then every seal refused). */
+    if (current && !green_is_current())
         return bfc_pool_alloc(sp->bfc, size, lane, a);
     pool_context_scope scope;
     pools_context_lazy_begin(sp, &scope);

@@ -64,6 +64,12 @@
  *                   (cuda.h); the work must find its block mapped (found by
  *                   an audit, where the fake did not wait for green contexts
  *                   there and the work found it unmapped)
+ *   green-current-legacy, -legacy-nb, -stream, -async  work queued in the
+ *                   primary context (legacy stream; with a non-blocking
+ *                   stream made; on that stream, freed plainly or
+ *                   stream-ordered), the next allocation made with the green
+ *                   context current: not the block until the work ran, and
+ *                   the block back after it (found by an audit)
  *   fake-green      (driver door closed: the fake itself) what cuda.h says
  *                   of green contexts, streams and events
  */
@@ -636,6 +642,53 @@ static void immediate_release(void)
     CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
 }
 
+/* An allocation made with the green context's converted context current,
+ * after a free under work queued in the primary context (its legacy stream
+ * and a plain free; a non-blocking stream and a plain or stream-ordered
+ * free): its pool is the primary's, whose seals must run with the primary
+ * context current (found by an audit: the legacy lane's barrier went on
+ * the green default stream, so the block came back under the primary's
+ * work; and events made in the converted context were refused on primary
+ * streams and recycled, so every later seal failed and no free came back). */
+static void alloc_green_current(int kind)
+{
+    start();
+    CUcontext converted = NULL;
+    CUgreenCtx g = make_green(&converted);
+    CUstream nb = NULL;
+    if (kind != 0)
+        CHECK_EQ(D.StreamCreate(&nb, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUdeviceptr p, filler = fill_but_hole(&p);
+    queue_work(kind <= 1 ? NULL : nb, p);
+    if (kind == 3)
+        CHECK_EQ(D.MemFreeAsync(p, nb), CUDA_SUCCESS);
+    else
+        CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(converted), CUDA_SUCCESS);
+    CUdeviceptr q = 0;
+    CUresult r = D.MemAlloc(&q, MiB);
+    if (r == CUDA_SUCCESS)
+        expect_safe(p, q);
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    fakecuda()->complete_all();
+    if (r == CUDA_SUCCESS)
+        CHECK_EQ(D.MemFree(q), CUDA_SUCCESS);
+    /* and the block comes back once the work is done */
+    CUdeviceptr q2 = 0;
+    CHECK_EQ(D.MemAlloc(&q2, MiB), CUDA_SUCCESS);
+    if (q2)
+        CHECK_EQ(D.MemFree(q2), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(filler), CUDA_SUCCESS);
+    if (nb)
+        CHECK_EQ(D.StreamDestroy(nb), CUDA_SUCCESS);
+    CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
+}
+
+static void green_current_legacy(void) { alloc_green_current(0); }
+static void green_current_legacy_nb(void) { alloc_green_current(1); }
+static void green_current_stream(void) { alloc_green_current(2); }
+static void green_current_async(void) { alloc_green_current(3); }
+
 /* The fake driver's green contexts, against cuda.h (driver door closed). */
 static void fake_green(void)
 {
@@ -755,6 +808,10 @@ int main(int argc, char **argv)
         {"green-second-capture-destroyed", green_second_capture_destroyed},
         {"fake-green", fake_green},
         {"immediate-release", immediate_release},
+        {"green-current-legacy", green_current_legacy},
+        {"green-current-legacy-nb", green_current_legacy_nb},
+        {"green-current-stream", green_current_stream},
+        {"green-current-async", green_current_async},
         {"green-fork", green_fork},
         {"green-fork-destroyed", green_fork_destroyed},
         {"green-ptsz-fork", green_ptsz_fork},
