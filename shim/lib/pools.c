@@ -697,13 +697,24 @@ static bool lane_lookup(shim_pool *sp, CUstream s, unsigned long long id, uint32
  * retired to make room, which is always safe). */
 #define UNSEEN_LANES 16
 
+/* Is c the pool's context (or a green context of it, whose streams use its
+ * memory and are fenced as its own)? */
+static bool pool_context_is(const shim_pool *sp, CUcontext c)
+{
+    return c && (c == sp->ctx || green_canonical(c) == sp->ctx);
+}
+
+/* A lane is opened only for a stream of the pool's own context (asked once,
+ * when the lane opens): a stream-ordered free on another context's stream
+ * (another device's, a created context's) cannot be fenced by the pool's
+ * events (an event is recorded only on a stream of its context), and is
+ * settled instead (settle_foreign_stream). */
 static bool lane_worth_opening(shim_pool *sp, CUstream s)
 {
-    if (streams_all_seen())
-        return true;
     const real_driver *R = real_driver_get();
     CUcontext c = NULL;
-    return R && R->StreamGetCtx && R->StreamGetCtx(s, &c) == CUDA_SUCCESS && c == sp->ctx;
+    return R && R->StreamGetCtx && R->StreamGetCtx(s, &c) == CUDA_SUCCESS &&
+           pool_context_is(sp, c);
 }
 
 /* The lane of an explicit stream handle, opened on first use; BFC_NO_LANE if
@@ -777,8 +788,8 @@ static void settle_foreign_stream(shim_pool *sp, CUstream s)
 {
     const real_driver *R = real_driver_get();
     CUcontext c = NULL;
-    if (streams_all_seen() || !R || !R->StreamGetCtx || !R->StreamSynchronize ||
-        R->StreamGetCtx(s, &c) != CUDA_SUCCESS || c == sp->ctx)
+    if (!R || !R->StreamGetCtx || !R->StreamSynchronize ||
+        R->StreamGetCtx(s, &c) != CUDA_SUCCESS || pool_context_is(sp, c))
         return;
     /* (relaxed: the library sees no begin, and another thread may capture) */
     CUresult r = capture_relaxed_stream_wait(R, s);
@@ -788,8 +799,38 @@ static void settle_foreign_stream(shim_pool *sp, CUstream s)
                  (void *)s, (int)r);
 }
 
+/* The pool of the calling thread's current context, if it has one (never
+ * made here: a free must not make a pool). */
+static shim_pool *existing_current_pool(const real_driver *R, void *key, CUcontext *ctx)
+{
+    (void)key;
+    *ctx = NULL;
+    if (R->CtxGetCurrent(ctx) != CUDA_SUCCESS || !*ctx)
+        return NULL;
+    return pool_for_context(*ctx, false);
+}
+
 uint32_t pool_lane_for_free(shim_pool *sp, CUstream s, bool per_thread)
 {
+    /* The legacy and per-thread handles name the current context's
+     * streams: in another context than the pool's (another device current),
+     * its work is ordered by no fence of the pool; that stream is waited
+     * for on the host (relaxed), and the block goes to the plain lane
+     * (found by an audit: the block came back under device 1's queued
+     * work). The current context is remembered: no driver call in the
+     * common case. */
+    if (!svc_explicit_stream(s)) {
+        const real_driver *R = real_driver_get();
+        if (R && current_context_pool(R, existing_current_pool) != sp) {
+            CUresult r = capture_relaxed_stream_wait(R, s);
+            if (r != CUDA_SUCCESS)
+                shim_log(LOG_ERROR, "a stream-ordered free on the default stream of another "
+                                    "context: waiting for that stream failed (%d); its work "
+                                    "may still use the block",
+                         (int)r);
+            return sp->plain_lane;
+        }
+    }
     /* A block freed on a per-thread stream waits for every stream: the
      * legacy stream's fence covers the per-thread ones. */
     if (per_thread_stream(s, per_thread))

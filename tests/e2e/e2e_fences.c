@@ -855,6 +855,66 @@ static void stream_device(void)
     CHECK_EQ(cudaStreamDestroy(s1), cudaSuccess);
 }
 
+/* A block of device 0 freed stream-ordered on a stream of device 1 (its
+ * legacy stream, its per-thread default stream, or an explicit stream, then
+ * destroyed with its work queued, or not): the work device 1 queued before
+ * the free must run before the block is handed out again, and the block
+ * must come back once it has (found by an audit: the free went into device
+ * 0's pool's lanes, whose fences cannot order device 1's streams; the block
+ * came back under that work, or never). `how`: 0 legacy then cudaMalloc, 1
+ * legacy then cudaMallocAsync, 2 per-thread, 3 explicit, 4 explicit
+ * destroyed before the next allocation. */
+static atomic_bool other_device_ran;
+static void other_device_work(void *arg)
+{
+    memset(arg, 0x5a, MiB);
+    atomic_store(&other_device_ran, true);
+}
+
+static void free_on_other_device(int how)
+{
+    cudaStream_t s1 = NULL;
+    CHECK_EQ(cudaSetDevice(1), cudaSuccess);
+    CHECK_EQ(cudaFree(NULL), cudaSuccess);
+    if (how >= 3)
+        CHECK_EQ(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+    char *p, *filler = fill_but_hole(&p);
+    void *on = how <= 1 ? NULL : how == 2 ? (void *)CU_STREAM_PER_THREAD : (void *)s1;
+    CHECK_EQ(cudaSetDevice(1), cudaSuccess);
+    atomic_store(&other_device_ran, false);
+    CHECK_EQ(fakecuda()->launch(on, other_device_work, p), 0);
+    CHECK_EQ(cudaFreeAsync(p, how <= 1 ? 0 : how == 2 ? cudaStreamPerThread : s1), cudaSuccess);
+    if (how == 4)
+        CHECK_EQ(cudaStreamDestroy(s1), cudaSuccess); /* returns; the work goes on */
+    CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+    char *q = NULL;
+    if (how == 1)
+        CHECK_EQ(cudaMallocAsync((void **)&q, MiB, 0), cudaSuccess);
+    else
+        CHECK_EQ(cudaMalloc((void **)&q, MiB), cudaSuccess);
+    if (q == p && !atomic_load(&other_device_ran)) {
+        fprintf(stderr, "the block was handed out with device 1's work before its free "
+                        "still queued\n");
+        e2e_failures++;
+    }
+    fakecuda()->complete_all();
+    CHECK_EQ(cudaFree(q), cudaSuccess);
+    /* every block back: the hole is allocatable again */
+    CHECK_EQ(cudaMalloc((void **)&q, MiB), cudaSuccess);
+    CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+    if (how == 3)
+        CHECK_EQ(cudaStreamDestroy(s1), cudaSuccess);
+    CHECK_EQ(fake_stats().stale_handle_uses, 0);
+}
+
+static void other_device_legacy(void) { free_on_other_device(0); }
+static void other_device_legacy_async(void) { free_on_other_device(1); }
+static void other_device_ptsz(void) { free_on_other_device(2); }
+static void other_device_stream(void) { free_on_other_device(3); }
+static void other_device_stream_destroyed(void) { free_on_other_device(4); }
+
 static void custom_pool(void)
 {
     typedef CUresult (*create_fn)(CUmemoryPool *, const CUmemPoolProps *);
@@ -1363,6 +1423,11 @@ int main(int argc, char **argv)
         {"ptsz-capture", ptsz_capture},     {"global-capture", global_capture},
         {"reset-streams", reset_streams},   {"ctx-reuse", ctx_reuse},
         {"stream-device", stream_device},   {"custom-pool", custom_pool},
+        {"other-device-legacy", other_device_legacy},
+        {"other-device-legacy-async", other_device_legacy_async},
+        {"other-device-ptsz", other_device_ptsz},
+        {"other-device-stream", other_device_stream},
+        {"other-device-stream-destroyed", other_device_stream_destroyed},
         {"capture-v1", capture_v1},
         {"ordered-reuse", ordered_reuse},   {"ordered-then-non-blocking", ordered_then_non_blocking},
         {"ordered-other-device", ordered_other_device},
