@@ -915,6 +915,45 @@ static void other_device_ptsz(void) { free_on_other_device(2); }
 static void other_device_stream(void) { free_on_other_device(3); }
 static void other_device_stream_destroyed(void) { free_on_other_device(4); }
 
+/* Known open bugs (docs/limitations.md), found by an audit; meson expects
+ * these to fail until they are fixed.
+ * free-dead-stream: cudaFreeAsync of a pooled block on a stream already
+ * destroyed: CUDA refuses (cudaErrorInvalidResourceHandle: the fake, alone),
+ * and nothing should use the dead handle; the shim accepts the free (the
+ * block goes to the plain lane and comes back) and asks the driver about
+ * the handle. */
+static void free_dead_stream(void)
+{
+    cudaStream_t s;
+    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    char *p = alloc_ok(MiB);
+    CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
+    uint64_t stale = fake_stats().stale_handle_uses;
+    CHECK_EQ(cudaFreeAsync(p, s), cudaErrorInvalidResourceHandle);
+    cudaGetLastError();
+    CHECK(fake_stats().stale_handle_uses <= stale + 1); /* the program's own call, at most */
+    CHECK_EQ(cudaFree(p), cudaSuccess); /* refused, it is still the program's */
+}
+
+/* legacy-while-capturing: a stream-ordered free on the legacy stream while
+ * a blocking stream captures: CUDA refuses it
+ * (cudaErrorStreamCaptureImplicit) and invalidates the capture; the shim
+ * frees it into the pool (svc_stream_capturing reads the legacy stream's
+ * CAPTURE_IMPLICIT as "not capturing"). */
+static void legacy_while_capturing(void)
+{
+    cudaStream_t b;
+    CHECK_EQ(cudaStreamCreate(&b), cudaSuccess); /* blocking */
+    void *keep = alloc_ok(MiB);
+    CHECK_EQ(cudaStreamBeginCapture(b, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    CHECK_EQ(cudaFreeAsync(keep, 0), cudaErrorStreamCaptureImplicit);
+    cudaGraph_t g = NULL;
+    CHECK_EQ(cudaStreamEndCapture(b, &g), cudaErrorStreamCaptureInvalidated);
+    cudaGetLastError();
+    CHECK_EQ(cudaStreamDestroy(b), cudaSuccess);
+    CHECK_EQ(cudaFree(keep), cudaSuccess); /* refused, it is still the program's */
+}
+
 static void custom_pool(void)
 {
     typedef CUresult (*create_fn)(CUmemoryPool *, const CUmemPoolProps *);
@@ -1423,6 +1462,8 @@ int main(int argc, char **argv)
         {"ptsz-capture", ptsz_capture},     {"global-capture", global_capture},
         {"reset-streams", reset_streams},   {"ctx-reuse", ctx_reuse},
         {"stream-device", stream_device},   {"custom-pool", custom_pool},
+        {"free-dead-stream", free_dead_stream},
+        {"legacy-while-capturing", legacy_while_capturing},
         {"other-device-legacy", other_device_legacy},
         {"other-device-legacy-async", other_device_legacy_async},
         {"other-device-ptsz", other_device_ptsz},
