@@ -1147,30 +1147,42 @@ static void complete_and_unlock(fstream *s)
     unlock_and_run(w, n);
 }
 
-/* Does context c belong to what is being completed: context `only`, else
- * the contexts of device `dev`, else (dev < 0) every context? */
-static bool completing_ctx(const fctx *c, const fctx *only, int dev)
+/* What a completion covers: context `only`, else the contexts of device
+ * `dev`, else (dev < 0) every context. With `greens`, a primary context
+ * `only` covers the green contexts of its device too, as a cuCtxSynchronize
+ * of it does: "If the current context is the primary context, green
+ * contexts that have been created will also be synchronized" (cuda.h,
+ * cuCtxSynchronize). */
+typedef struct completion {
+    const fctx *only;
+    int dev;
+    bool greens;
+} completion;
+
+static bool completing_ctx(const fctx *c, const completion *w)
 {
-    return only ? c == only : dev < 0 || c->dev == dev;
+    if (!w->only)
+        return w->dev < 0 || c->dev == w->dev;
+    return c == w->only || (w->greens && w->only->primary && c->green && c->dev == w->only->dev);
 }
 
 /* Lock held on entry, released on return: completes every stream of the
  * contexts completing_ctx names and runs the callbacks. */
-static void complete_where_and_unlock(const fctx *only, int dev)
+static void complete_where_and_unlock(const completion *w)
 {
     work_item *all = NULL;
     size_t nall = 0;
     for (int d = 0; d < G.ndev; d++)
-        if (completing_ctx(&G.primary[d], only, dev))
+        if (completing_ctx(&G.primary[d], w))
             gather(&G.primary[d].legacy, UINT64_MAX, &all, &nall);
     for (size_t i = 0; i < G.ncreated; i++)
-        if (completing_ctx(G.created[i], only, dev))
+        if (completing_ctx(G.created[i], w))
             gather(&G.created[i]->legacy, UINT64_MAX, &all, &nall);
     for (fgreen *g = G.greens; g; g = g->next)
-        if (completing_ctx(&g->ctx, only, dev))
+        if (completing_ctx(&g->ctx, w))
             gather(&g->ctx.legacy, UINT64_MAX, &all, &nall);
     for (fstream *s = G.streams; s; s = s->next)
-        if (completing_ctx(s->ctx, only, dev) && !s->dead)
+        if (completing_ctx(s->ctx, w) && !s->dead)
             gather(s, UINT64_MAX, &all, &nall);
     unlock_and_run(all, nall);
 }
@@ -1179,7 +1191,7 @@ static void complete_where_and_unlock(const fctx *only, int dev)
  * context, or all) and runs the callbacks. */
 static void complete_everything_and_unlock(fctx *only)
 {
-    complete_where_and_unlock(only, -1);
+    complete_where_and_unlock(&(completion){only, -1, false});
 }
 
 /* Lock held: completes s if the fake runs with FAKECUDA_AUTOCOMPLETE. */
@@ -2527,31 +2539,6 @@ EXPORT CUresult cuCtxDisablePeerAccess(CUcontext peer)
     return peer_switch(peer, 0, false);
 }
 
-/* Does a cuCtxSynchronize of context `c` wait for work of context `o`?
- * Its own, and where c is a primary context, its green contexts' too:
- * "If the current context is the primary context, green contexts that
- * have been created will also be synchronized" (cuda.h). */
-static bool synchronised_with(const fctx *o, const fctx *c)
-{
-    return o == c || (c->primary && o->green && o->dev == c->dev);
-}
-
-/* Lock held on entry, released on return: completes every stream of the
- * contexts a cuCtxSynchronize of c waits for (synchronised_with). */
-static void complete_synchronised_and_unlock(const fctx *c)
-{
-    work_item *all = NULL;
-    size_t nall = 0;
-    gather(&((fctx *)c)->legacy, UINT64_MAX, &all, &nall);
-    for (fgreen *g = G.greens; g; g = g->next)
-        if (&g->ctx != c && synchronised_with(&g->ctx, c))
-            gather(&g->ctx.legacy, UINT64_MAX, &all, &nall);
-    for (fstream *s = G.streams; s; s = s->next)
-        if (synchronised_with(s->ctx, c) && !s->dead)
-            gather(s, UINT64_MAX, &all, &nall);
-    unlock_and_run(all, nall);
-}
-
 EXPORT CUresult cuCtxSynchronize(void)
 {
     CALLED();
@@ -2561,6 +2548,7 @@ EXPORT CUresult cuCtxSynchronize(void)
         LEAVE(CUDA_ERROR_INVALID_CONTEXT);
     G.st.ctx_synchronize_calls++;
     pools_release_at_sync();
+    const completion waited_for = {c, -1, true}; /* its green contexts too */
     /* Synchronising a context while one of the streams it waits for
      * captures is refused and invalidates those captures, whatever the
      * modes. cuda.h does not say so for cuCtxSynchronize; it does for the
@@ -2570,13 +2558,13 @@ EXPORT CUresult cuCtxSynchronize(void)
      * conflicting captures"), and the fake takes that harsher reading. */
     CUresult r = unsafe_call();
     for (fstream *o = G.streams; o; o = o->next)
-        if (synchronised_with(o->ctx, c) && live_capture(o)) {
+        if (completing_ctx(o->ctx, &waited_for) && live_capture(o)) {
             invalidate_counted(o);
             r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
         }
     if (r != CUDA_SUCCESS)
         LEAVE(r);
-    complete_synchronised_and_unlock(c);
+    complete_where_and_unlock(&waited_for);
     return CUDA_SUCCESS;
 }
 
@@ -3682,7 +3670,7 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
     const allocation *a = find_alloc(dptr, false);
     if (a && !a->stream_ordered) {
         G.st.free_synchronizations++;
-        complete_where_and_unlock(NULL, a->dev);
+        complete_where_and_unlock(&(completion){NULL, a->dev, false});
         pthread_mutex_lock(&G.lock);
     }
     LEAVE(do_free(dptr));
