@@ -779,11 +779,24 @@ uint32_t pool_lane_for_alloc(shim_pool *sp, CUstream s, bool per_thread)
     return lane == sp->plain_lane ? BFC_NO_LANE : lane;
 }
 
-/* Unseen, a stream-ordered free on a stream of another context (a
- * device-0 block freed on a device-1 stream, which cudaFreeAsync allows):
- * no event of the pool's context can fence it, and the plain lane's blind
- * fence covers only the pool's own context; so the stream's work is waited
- * for now, while the caller vouches for the stream. Rare, and correct. */
+/* Waits on the host for stream s of another context than the pool's, whose
+ * work no fence of the pool orders (relaxed: the library may not see a
+ * begin, and another thread may capture). */
+static void wait_for_foreign_stream(const real_driver *R, CUstream s)
+{
+    CUresult r = capture_relaxed_stream_wait(R, s);
+    if (r != CUDA_SUCCESS)
+        shim_log(LOG_ERROR, "a stream-ordered free on stream %p of another context: waiting "
+                            "for that stream failed (%d); its work may still use the block",
+                 (void *)s, (int)r);
+}
+
+/* A stream-ordered free on an explicit stream of another context (a
+ * device-0 block freed on a device-1 stream, which cudaFreeAsync allows; no
+ * lane opens for it): no event of the pool's context can fence it, and the
+ * plain lane's fences cover only the pool's own context; so the stream's
+ * work is waited for now, while the caller vouches for the stream. Rare,
+ * and correct. */
 static void settle_foreign_stream(shim_pool *sp, CUstream s)
 {
     const real_driver *R = real_driver_get();
@@ -791,12 +804,7 @@ static void settle_foreign_stream(shim_pool *sp, CUstream s)
     if (!R || !R->StreamGetCtx || !R->StreamSynchronize ||
         R->StreamGetCtx(s, &c) != CUDA_SUCCESS || pool_context_is(sp, c))
         return;
-    /* (relaxed: the library sees no begin, and another thread may capture) */
-    CUresult r = capture_relaxed_stream_wait(R, s);
-    if (r != CUDA_SUCCESS)
-        shim_log(LOG_ERROR, "a stream-ordered free on stream %p of another context: waiting "
-                            "for that stream failed (%d); its work may still use the block",
-                 (void *)s, (int)r);
+    wait_for_foreign_stream(R, s);
 }
 
 /* The pool of the calling thread's current context, if it has one (never
@@ -815,19 +823,14 @@ uint32_t pool_lane_for_free(shim_pool *sp, CUstream s, bool per_thread)
     /* The legacy and per-thread handles name the current context's
      * streams: in another context than the pool's (another device current),
      * its work is ordered by no fence of the pool; that stream is waited
-     * for on the host (relaxed), and the block goes to the plain lane
+     * for on the host, and the block goes to the plain lane
      * (found by an audit: the block came back under device 1's queued
      * work). The current context is remembered: no driver call in the
      * common case. */
     if (!svc_explicit_stream(s)) {
         const real_driver *R = real_driver_get();
         if (R && current_context_pool(R, existing_current_pool) != sp) {
-            CUresult r = capture_relaxed_stream_wait(R, s);
-            if (r != CUDA_SUCCESS)
-                shim_log(LOG_ERROR, "a stream-ordered free on the default stream of another "
-                                    "context: waiting for that stream failed (%d); its work "
-                                    "may still use the block",
-                         (int)r);
+            wait_for_foreign_stream(R, s);
             return sp->plain_lane;
         }
     }
