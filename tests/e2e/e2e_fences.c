@@ -243,20 +243,22 @@ static void captured_after_free(bool into_graph)
  * that work when the capture began. The free of the block that work uses
  * comes back only once side is out of the capture (joined, the capture
  * ended) and its work done. */
-static bool fork_work_ran;
-static void fork_work(void *arg)
+static bool earlier_work_ran;
+static void earlier_work(void *arg)
 {
     write_pattern(arg);
-    fork_work_ran = true;
+    earlier_work_ran = true;
 }
 
-/* q (1 MiB) was allocated after the hole was freed under the fork's earlier
- * work: if it overlaps the hole, that work must have run. (The fork's
- * captured operations stay in its queue, never run: pending() counts them.) */
-static void expect_fork_work_done(const char *hole, const char *q)
+/* q (1 MiB) was allocated after the hole was freed under earlier_work (the
+ * fork's, or another device's): if it overlaps the hole, that work must
+ * have run. (A fork's captured operations stay in its queue, never run:
+ * pending() counts them; so the work says when it ran.) */
+static void expect_earlier_work_done(const char *hole, const char *q)
 {
-    if (q < hole + MiB && hole < q + MiB && !fork_work_ran) {
-        fprintf(stderr, "the freed block was handed out before the fork's earlier work ran\n");
+    if (q < hole + MiB && hole < q + MiB && !earlier_work_ran) {
+        fprintf(stderr, "the freed block was handed out before work queued before its free "
+                        "ran\n");
         e2e_failures++;
     }
     CHECK_EQ(fake_stats().stale_handle_uses, 0);
@@ -278,7 +280,7 @@ static char *alloc_during_fork(const char *hole)
     char *q = NULL;
     cudaError_t e = cudaMalloc((void **)&q, MiB);
     if (e == cudaSuccess) {
-        expect_fork_work_done(hole, q);
+        expect_earlier_work_done(hole, q);
         return q;
     }
     CHECK_EQ(e, cudaErrorMemoryAllocation);
@@ -305,7 +307,7 @@ static void after_fork(const char *hole, char *q, char *filler)
 {
     if (!q) {
         q = alloc_ok(MiB);
-        expect_fork_work_done(hole, q);
+        expect_earlier_work_done(hole, q);
     }
     fakecuda()->complete_all();
     CHECK_EQ(cudaFree(q), cudaSuccess);
@@ -334,8 +336,8 @@ static void forked_after_free(bool free_before_fork)
     cudaStream_t origin, side;
     CHECK_EQ(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking), cudaSuccess);
     CHECK_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
-    fork_work_ran = false;
-    CHECK_EQ(fakecuda()->launch(side, fork_work, p), 0);
+    earlier_work_ran = false;
+    CHECK_EQ(fakecuda()->launch(side, earlier_work, p), 0);
     if (free_before_fork)
         CHECK_EQ(cudaFree(p), cudaSuccess);
     fakecuda_stats s0 = fake_stats();
@@ -375,8 +377,8 @@ static void fork_destroyed_by(bool async)
     cudaStream_t origin, side;
     CHECK_EQ(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking), cudaSuccess);
     CHECK_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
-    fork_work_ran = false;
-    CHECK_EQ(fakecuda()->launch(side, fork_work, p), 0);
+    earlier_work_ran = false;
+    CHECK_EQ(fakecuda()->launch(side, earlier_work, p), 0);
     if (async)
         CHECK_EQ(cudaFreeAsync(p, side), cudaSuccess);
     else
@@ -438,8 +440,8 @@ static void stale_begun(void)
     CHECK_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
     CHECK_EQ(cudaStreamBeginCapture(side, cudaStreamCaptureModeRelaxed), cudaSuccess);
     end_unseen(&u, side);
-    fork_work_ran = false;
-    CHECK_EQ(fakecuda()->launch(side, fork_work, p), 0);
+    earlier_work_ran = false;
+    CHECK_EQ(fakecuda()->launch(side, earlier_work, p), 0);
     CHECK_EQ(cudaFree(p), cudaSuccess);
     CHECK_EQ(cudaStreamBeginCapture(origin, cudaStreamCaptureModeRelaxed), cudaSuccess);
     fork_round(origin, side, p, filler);
@@ -581,8 +583,8 @@ static void ptsz_fork(void)
     char *p, *filler = fill_but_hole(&p);
     cudaStream_t origin;
     CHECK_EQ(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking), cudaSuccess);
-    fork_work_ran = false;
-    CHECK_EQ(fakecuda()->launch(cudaStreamPerThread, fork_work, p), 0);
+    earlier_work_ran = false;
+    CHECK_EQ(fakecuda()->launch(cudaStreamPerThread, earlier_work, p), 0);
     CHECK_EQ(cudaFree(p), cudaSuccess);
     CHECK_EQ(cudaStreamBeginCapture(origin, cudaStreamCaptureModeRelaxed), cudaSuccess);
     fork_round(origin, cudaStreamPerThread, p, filler);
@@ -864,13 +866,6 @@ static void stream_device(void)
  * came back under that work, or never). `how`: 0 legacy then cudaMalloc, 1
  * legacy then cudaMallocAsync, 2 per-thread, 3 explicit, 4 explicit
  * destroyed before the next allocation. */
-static atomic_bool other_device_ran;
-static void other_device_work(void *arg)
-{
-    memset(arg, 0x5a, MiB);
-    atomic_store(&other_device_ran, true);
-}
-
 static void free_on_other_device(int how)
 {
     cudaStream_t s1 = NULL;
@@ -882,8 +877,8 @@ static void free_on_other_device(int how)
     char *p, *filler = fill_but_hole(&p);
     void *on = how <= 1 ? NULL : how == 2 ? (void *)CU_STREAM_PER_THREAD : (void *)s1;
     CHECK_EQ(cudaSetDevice(1), cudaSuccess);
-    atomic_store(&other_device_ran, false);
-    CHECK_EQ(fakecuda()->launch(on, other_device_work, p), 0);
+    earlier_work_ran = false;
+    CHECK_EQ(fakecuda()->launch(on, earlier_work, p), 0);
     CHECK_EQ(cudaFreeAsync(p, how <= 1 ? 0 : how == 2 ? cudaStreamPerThread : s1), cudaSuccess);
     if (how == 4)
         CHECK_EQ(cudaStreamDestroy(s1), cudaSuccess); /* returns; the work goes on */
@@ -893,11 +888,7 @@ static void free_on_other_device(int how)
         CHECK_EQ(cudaMallocAsync((void **)&q, MiB, 0), cudaSuccess);
     else
         CHECK_EQ(cudaMalloc((void **)&q, MiB), cudaSuccess);
-    if (q == p && !atomic_load(&other_device_ran)) {
-        fprintf(stderr, "the block was handed out with device 1's work before its free "
-                        "still queued\n");
-        e2e_failures++;
-    }
+    expect_earlier_work_done(p, q);
     fakecuda()->complete_all();
     CHECK_EQ(cudaFree(q), cudaSuccess);
     /* every block back: the hole is allocatable again */
