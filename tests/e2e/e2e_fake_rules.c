@@ -1342,7 +1342,7 @@ static void fake_capture_misuse(void)
     /* Each prohibited call in a capture of its own: refused, and the
      * capture's end finds it invalidated. */
     const struct {
-        enum { QUERY_STREAM, SYNC_STREAM, QUERY_EVENT, SYNC_EVENT } op;
+        enum { QUERY_STREAM, SYNC_STREAM, QUERY_EVENT, SYNC_EVENT, ALLOC_ON, FREE_ON, RECORD_ON } op;
         CUstream capturing, asked; /* asked: the stream queried or synchronised */
         CUresult want;
     } misuses[] = {
@@ -1353,7 +1353,15 @@ static void fake_capture_misuse(void)
         /* the legacy stream while a blocking stream captures */
         {QUERY_STREAM, blocking, CU_STREAM_LEGACY, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT},
         {SYNC_STREAM, blocking, NULL, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT},
+        /* stream-ordered work there, as any: a stream-ordered allocation or
+         * free, an event recorded (how the shim refuses a pooled free) */
+        {ALLOC_ON, blocking, CU_STREAM_LEGACY, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT},
+        {FREE_ON, blocking, NULL, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT},
+        {RECORD_ON, blocking, CU_STREAM_LEGACY, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT},
     };
+    CUdeviceptr kept = 0;
+    CHECK_EQ(D.MemAllocAsync(&kept, 4096, other), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamSynchronize(other), CUDA_SUCCESS);
     const size_t nmisuses = sizeof misuses / sizeof misuses[0];
     for (size_t i = 0; i < nmisuses; i++) {
         CUstream c = misuses[i].capturing;
@@ -1362,6 +1370,14 @@ static void fake_capture_misuse(void)
         switch (misuses[i].op) {
         case QUERY_STREAM: r = D.StreamQuery(misuses[i].asked); break;
         case SYNC_STREAM: r = D.StreamSynchronize(misuses[i].asked); break;
+        case ALLOC_ON: {
+            CUdeviceptr p = 0;
+            r = D.MemAllocAsync(&p, 4096, misuses[i].asked);
+            CHECK(p == 0);
+            break;
+        }
+        case FREE_ON: r = D.MemFreeAsync(kept, misuses[i].asked); break;
+        case RECORD_ON: r = D.EventRecord(never, misuses[i].asked); break;
         case QUERY_EVENT:
         case SYNC_EVENT:
             CHECK_EQ(D.EventRecord(captured, c), CUDA_SUCCESS);
@@ -1373,6 +1389,7 @@ static void fake_capture_misuse(void)
         end_capture_invalidated(c);
     }
     CHECK_EQ(fake_stats().capture_invalidations, inv0 + nmisuses);
+    CHECK_EQ(D.MemFreeAsync(kept, other), CUDA_SUCCESS); /* refused above: still live */
 
     /* Not prohibited: a captured event asked about after its capture ended
      * (refused, nothing left to invalidate); the capture status of the

@@ -3713,6 +3713,11 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, C
     G.st.mem_alloc_async_calls++;
     if (s->capturing)
         G.st.graph_allocs++;
+    /* An allocation on the legacy stream is work queued there, as a free
+     * is: refused while a blocking stream captures, which is invalidated. */
+    CUresult r = s->capturing ? CUDA_SUCCESS : legacy_use(s);
+    if (r != CUDA_SUCCESS)
+        LEAVE(r);
     CUmemoryPool from = pool ? pool : G.current_pool[s->ctx->dev];
     LEAVE(do_alloc(s->ctx, dev, dptr, size, s, from));
 }
