@@ -141,9 +141,10 @@ static int api_alloc(void **ptr, size_t size, int device, CUstream s, bool strea
         return r;
     CUdeviceptr p = 0;
     shim_pool *sp = shim_active() ? api_pool(ctx) : NULL;
-    if (!sp || (stream_ordered && svc_stream_capturing(s, false))) {
-        /* A capturing stream's allocation belongs to the graph (as at the
-         * doors); no pool (not serving, or none could be made): the driver. */
+    if (!sp || (stream_ordered && svc_stream_state_of(s, false) != STREAM_USABLE)) {
+        /* A capturing stream's allocation belongs to the graph, and the
+         * driver refuses one on a blocked or dead stream (as at the doors);
+         * no pool (not serving, or none could be made): the driver. */
         if (sp)
             svc_note_passthrough();
         r = pass_alloc(R, ctx, size, s, stream_ordered, &p);

@@ -391,6 +391,19 @@ CUresult capture_relaxed_stream_wait(const real_driver *R, CUstream s)
     return r;
 }
 
+CUresult capture_legacy_use(const real_driver *R)
+{
+    if (!R)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUevent e = NULL;
+    CUresult r = R->EventCreate(&e, CU_EVENT_DISABLE_TIMING);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = R->EventRecord(e, CU_STREAM_LEGACY);
+    R->EventDestroy(e);
+    return r;
+}
+
 /* Can the driver name a capture (cuStreamGetCaptureInfo)? */
 static bool identities_known(const real_driver *R)
 {

@@ -86,6 +86,10 @@ static cudaError_t result_of(svc_status st)
         return cudaSuccess;
     case SVC_OOM:
         return fail(cudaErrorMemoryAllocation);
+    case SVC_DEAD_STREAM:
+        return fail(cudaErrorInvalidResourceHandle);
+    case SVC_CAPTURE_IMPLICIT:
+        return fail(cudaErrorStreamCaptureImplicit);
     default:
         return fail(cudaErrorInvalidValue);
     }
@@ -383,6 +387,8 @@ SHIM_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t s)
     uint64_t claimed = capture_stream_ending((CUstream)s);
     cudaError_t e = f ? f(s) : NO_RUNTIME;
     capture_ending_done(claimed, e == cudaSuccess);
+    if (e == cudaSuccess)
+        streams_destroyed((CUstream)s);
     return e;
 }
 

@@ -119,7 +119,10 @@ bool svc_explicit_stream(CUstream s)
 
 shim_pool *svc_async_pool(CUstream s, bool per_thread, shim_pool *(*current)(void))
 {
-    if (svc_stream_capturing(s, per_thread))
+    /* Passed through: the driver answers a capture's allocation (the graph
+     * owns it), and refuses one on a blocked legacy stream or a dead
+     * handle (the program's own call; the shim asks nothing about it). */
+    if (svc_stream_state_of(s, per_thread) != STREAM_USABLE)
         return NULL;
     return svc_explicit_stream(s) ? stream_pool(s) : current();
 }
@@ -229,6 +232,10 @@ CUresult svc_cuda_result(svc_status st)
         return CUDA_ERROR_OUT_OF_MEMORY;
     case SVC_UNSUPPORTED:
         return CUDA_ERROR_NOT_SUPPORTED;
+    case SVC_DEAD_STREAM:
+        return CUDA_ERROR_INVALID_HANDLE;
+    case SVC_CAPTURE_IMPLICIT:
+        return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
     default:
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -245,6 +252,33 @@ static svc_status bad_pointer(shim_pool *sp, CUdeviceptr ptr, const char *api)
     return SVC_INVALID;
 }
 
+/* A stream-ordered free CUDA refuses, refused the same way: the block stays
+ * the program's. On a destroyed stream, without the dead handle reaching
+ * the driver. On the legacy stream while a blocking stream captures, the
+ * legacy stream is used as the real free would use it (work queued on it),
+ * so that the driver refuses and invalidates those captures itself; should
+ * it accept (the capture ended meanwhile), SVC_OK: the free goes on. */
+static svc_status refused_stream_free(shim_pool *sp, CUdeviceptr ptr, CUstream stream,
+                                      svc_stream_state state, const char *api)
+{
+    bfc_addr base;
+    uint64_t size;
+    if (bfc_pool_lookup(sp->bfc, ptr, &base, &size) != BFC_OK || base != ptr)
+        return bad_pointer(sp, ptr, api);
+    if (state == STREAM_DEAD) {
+        shim_log(LOG_ERROR, "%s(0x%llx) on stream %p, which was destroyed: refused, the block "
+                            "is still the program's", api, (unsigned long long)ptr, (void *)stream);
+        return SVC_DEAD_STREAM;
+    }
+    CUresult r = capture_legacy_use(real_driver_get());
+    if (r == CUDA_SUCCESS)
+        return SVC_OK; /* not blocked after all: freed as usual */
+    shim_log(LOG_ERROR, "%s(0x%llx) on the legacy stream while a blocking stream captures: "
+                        "refused (%d), the block is still the program's", api,
+             (unsigned long long)ptr, (int)r);
+    return r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT ? SVC_CAPTURE_IMPLICIT : SVC_INVALID;
+}
+
 svc_status svc_free(CUdeviceptr ptr, free_kind kind, CUstream stream, bool per_thread,
                     const char *api)
 {
@@ -252,7 +286,14 @@ svc_status svc_free(CUdeviceptr ptr, free_kind kind, CUstream stream, bool per_t
     if (!sp)
         return SVC_PASS;
     bfc_status st;
-    if (kind == FREE_STREAM && svc_stream_capturing(stream, per_thread)) {
+    svc_stream_state state = kind == FREE_STREAM ? svc_stream_state_of(stream, per_thread)
+                                                 : STREAM_USABLE;
+    if (state == STREAM_DEAD || state == STREAM_LEGACY_BLOCKED) {
+        svc_status refused = refused_stream_free(sp, ptr, stream, state, api);
+        if (refused != SVC_OK)
+            return refused;
+    }
+    if (state == STREAM_CAPTURING) {
         /* The free becomes part of a graph that may run any number of times
          * later: the block can never be proven idle, so it is kept. */
         bfc_addr base;
@@ -432,15 +473,25 @@ svc_status svc_ipc_check(CUdeviceptr ptr, const char *api)
     return SVC_UNSUPPORTED;
 }
 
-bool svc_stream_capturing(CUstream s, bool per_thread)
+svc_stream_state svc_stream_state_of(CUstream s, bool per_thread)
 {
+    if (streams_dead(s))
+        return STREAM_DEAD;
     const real_driver *R = real_driver_get();
     if (!R || capture_none())
-        return false;
+        return STREAM_USABLE;
     if (s == NULL && per_thread)
         s = CU_STREAM_PER_THREAD;
     CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-    return R->StreamIsCapturing(s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
+    CUresult r = R->StreamIsCapturing(s, &st);
+    /* cuda.h: on the legacy stream while a blocking stream of its context
+     * captures, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT ("the legacy stream is
+     * in an unusable state until the blocking stream capture is
+     * terminated"). */
+    if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
+        return STREAM_LEGACY_BLOCKED;
+    return r == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE ? STREAM_CAPTURING
+                                                                      : STREAM_USABLE;
 }
 
 /* ---- platform mode -------------------------------------------------------------- */

@@ -559,6 +559,11 @@ relaxed_scope capture_relax_always(const real_driver *R);
  * refuse the wait and be invalidated. Never on a stream that captures (the
  * driver refuses that and invalidates its capture). */
 CUresult capture_relaxed_stream_wait(const real_driver *R, CUstream s);
+/* Work queued on the current context's legacy stream (an event recorded
+ * there), as a stream-ordered call on it would queue: while a blocking
+ * stream captures, the driver refuses it (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
+ * and invalidates those captures, which is CUDA's answer to that call. */
+CUresult capture_legacy_use(const real_driver *R);
 /* Is any stream capture (begun through the shim's doors) under way? */
 bool capture_underway(void);
 /* A call that may end captures without cuStreamEndCapture: claims them
@@ -660,6 +665,11 @@ bool streams_known(CUstream s);
 void streams_remove(CUstream s);
 /* The context went away: its streams are dead handles now. */
 void streams_forget_context(CUcontext ctx);
+/* After the driver destroyed stream s (not before: it may refuse). */
+void streams_destroyed(CUstream s);
+/* Was s seen destroyed and not made again since? Such a handle must not reach the driver: a stream-ordered free
+ * naming it is refused as CUDA refuses it (CUDA_ERROR_INVALID_HANDLE). */
+bool streams_dead(CUstream s);
 typedef struct known_stream {
     CUstream stream;
     bool non_blocking;
@@ -689,6 +699,8 @@ typedef enum svc_status {
     SVC_OOM,      /* out of memory: report written, error returned */
     SVC_INVALID,  /* a bad pointer or argument: logged once */
     SVC_UNSUPPORTED,
+    SVC_DEAD_STREAM,       /* a stream-ordered call on a destroyed stream */
+    SVC_CAPTURE_IMPLICIT,  /* on the legacy stream while a blocking stream captures */
 } svc_status;
 
 typedef enum free_kind { FREE_PLAIN, FREE_STREAM } free_kind;
@@ -784,8 +796,18 @@ bool svc_pool_query_done(void);
 uint64_t svc_buffer_id(const shim_pool *sp, uint64_t seq);
 /* IPC of a pooled pointer cannot be right: refuses it loudly. */
 svc_status svc_ipc_check(CUdeviceptr ptr, const char *api);
-/* Is the stream capturing? (Then stream-ordered calls pass through.) */
-bool svc_stream_capturing(CUstream s, bool per_thread);
+/* What a stream-ordered call on s meets: nothing in the way; a capture (its
+ * allocations pass through, its frees are kept: the graph owns them); the
+ * legacy stream while a blocking stream of its context captures, where CUDA
+ * refuses stream-ordered work and invalidates those captures; or a stream
+ * seen destroyed. */
+typedef enum svc_stream_state {
+    STREAM_USABLE,
+    STREAM_CAPTURING,
+    STREAM_LEGACY_BLOCKED,
+    STREAM_DEAD,
+} svc_stream_state;
+svc_stream_state svc_stream_state_of(CUstream s, bool per_thread);
 /* Platform mode bookkeeping: counts what passes through. platform_counting:
  * is this call one to count (platform mode, not the shim's own call)? */
 bool platform_counting(void);

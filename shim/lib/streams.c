@@ -43,6 +43,41 @@ static pthread_rwlock_t use_lock = PTHREAD_RWLOCK_INITIALIZER;
 static entry *all;
 static size_t nall, capall;
 
+/* The handles of the last GRAVES streams the driver destroyed, until a new
+ * stream gets the same handle: a stream-ordered call naming one is refused
+ * without the dead handle reaching the driver (streams_dead). Only handles
+ * seen to die are refused: a handle merely unknown may be a live stream made
+ * where the library does not look (the driver door closed), and refusing it
+ * would break a correct program; and a stream leaves the registry before
+ * its destroy or its context's (streams_remove, streams_forget_context),
+ * which the driver may refuse (a green context's converted context, say),
+ * so it is buried only once the destroy succeeded.
+ * Written under the lock, read without it: a program that hands a new
+ * stream to another thread orders its creation (and the unbury) before that
+ * thread's use, and `ngraves` lets the common case (no stream ever
+ * destroyed) skip the scan. */
+#define GRAVES 64
+static _Atomic(CUstream) graves[GRAVES];
+static size_t next_grave;
+static atomic_size_t ngraves;
+
+/* Lock held. */
+static void bury(CUstream s)
+{
+    atomic_store_explicit(&graves[next_grave], s, memory_order_relaxed);
+    next_grave = (next_grave + 1) % GRAVES;
+    if (atomic_load_explicit(&ngraves, memory_order_relaxed) < GRAVES)
+        atomic_fetch_add_explicit(&ngraves, 1, memory_order_relaxed);
+}
+
+/* Lock held: s names a live stream again. */
+static void unbury(CUstream s)
+{
+    for (size_t i = 0; i < GRAVES; i++)
+        if (atomic_load_explicit(&graves[i], memory_order_relaxed) == s)
+            atomic_store_explicit(&graves[i], NULL, memory_order_relaxed);
+}
+
 /* How many times the calling thread holds use_lock (in either mode): a
  * thread that holds it never asks for it again (streams_use_enter). A read
  * lock asked for again may wait for good behind a waiting writer (POSIX
@@ -127,6 +162,7 @@ void streams_add(CUstream s)
     while (i < nall && all[i].stream != s) /* a handle reused after a missed destroy */
         i++;
     entry *t = i < nall ? all : array_room(all, nall, &capall, sizeof *all, 32);
+    unbury(s);
     if (t) {
         all = t;
         all[i] = e;
@@ -232,4 +268,24 @@ bool streams_known(CUstream s)
         found = all[i].stream == s;
     pthread_mutex_unlock(&lock);
     return found;
+}
+
+void streams_destroyed(CUstream s)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&lock);
+    bury(s);
+    pthread_mutex_unlock(&lock);
+}
+
+bool streams_dead(CUstream s)
+{
+    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD ||
+        atomic_load_explicit(&ngraves, memory_order_relaxed) == 0)
+        return false;
+    for (size_t i = 0; i < GRAVES; i++)
+        if (atomic_load_explicit(&graves[i], memory_order_relaxed) == s)
+            return true;
+    return false;
 }

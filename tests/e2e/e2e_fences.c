@@ -54,6 +54,14 @@
  *   custom-pool      after cudaDeviceSetMemPool(dev, pool of the program's),
  *                    cudaMallocAsync on that device is the program's pool's;
  *                    cudaMallocFromPoolAsync naming the default pool is ours
+ *   free-dead-stream, alloc-dead-stream  stream-ordered calls on a destroyed
+ *                    stream are refused as CUDA refuses them, the shim asking
+ *                    the driver nothing about the dead handle
+ *                    (dead-stream-reborn: its handle given to a new stream
+ *                    is served again)
+ *   legacy-while-capturing, legacy-alloc-while-capturing  stream-ordered
+ *                    calls on the legacy stream while a blocking stream
+ *                    captures: refused, the capture invalidated
  *   capture-v1       a capture begun with CUDA 10.0's cuStreamBeginCapture
  *                    (dlsym, cuGetProcAddress at 10000): a stream-ordered
  *                    allocation on its stream is still the graph's
@@ -906,15 +914,18 @@ static void other_device_ptsz(void) { free_on_other_device(2); }
 static void other_device_stream(void) { free_on_other_device(3); }
 static void other_device_stream_destroyed(void) { free_on_other_device(4); }
 
-/* Known open bugs (docs/limitations.md), found by an audit; meson expects
- * these to fail until they are fixed.
- * free-dead-stream: cudaFreeAsync of a pooled block on a stream already
- * destroyed: CUDA refuses (cudaErrorInvalidResourceHandle: the fake, alone),
- * and nothing should use the dead handle; the shim accepts the free (the
- * block goes to the plain lane and comes back) and asks the driver about
- * the handle. */
+/* Found by an audit (both failed before, the first asking the driver about
+ * the dead handle).
+ * free-dead-stream: a stream-ordered free on a stream already destroyed:
+ * CUDA refuses it (cudaErrorInvalidResourceHandle: the fake, alone), at
+ * both doors, and nothing but the program's own calls may use the dead
+ * handle; the block is still the program's. */
 static void free_dead_stream(void)
 {
+    typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
+    free_async_fn driver_free =
+        (free_async_fn)dlsym(dlopen("libcuda.so.1", RTLD_NOW), "cuMemFreeAsync");
+    CHECK(driver_free != NULL);
     cudaStream_t s;
     CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
     char *p = alloc_ok(MiB);
@@ -922,15 +933,56 @@ static void free_dead_stream(void)
     uint64_t stale = fake_stats().stale_handle_uses;
     CHECK_EQ(cudaFreeAsync(p, s), cudaErrorInvalidResourceHandle);
     cudaGetLastError();
-    CHECK(fake_stats().stale_handle_uses <= stale + 1); /* the program's own call, at most */
+    /* the driver door's (with it closed, the fake's own answer) */
+    CHECK_EQ(driver_free((CUdeviceptr)(uintptr_t)p, (CUstream)s), CUDA_ERROR_INVALID_HANDLE);
+    CHECK(fake_stats().stale_handle_uses <= stale + 2); /* the program's own calls, at most */
     CHECK_EQ(cudaFree(p), cudaSuccess); /* refused, it is still the program's */
+}
+
+/* alloc-dead-stream: a stream-ordered allocation on a destroyed stream is
+ * the driver's to refuse (the program's own call), and the shim asks
+ * nothing about the handle. */
+static void alloc_dead_stream(void)
+{
+    cudaStream_t s;
+    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    void *p = NULL;
+    CHECK_EQ(cudaMallocAsync(&p, MiB, s), cudaSuccess); /* its lane opens */
+    CHECK_EQ(cudaFreeAsync(p, s), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
+    uint64_t stale = fake_stats().stale_handle_uses;
+    void *q = NULL;
+    CHECK_EQ(cudaMallocAsync(&q, MiB, s), cudaErrorInvalidResourceHandle);
+    cudaGetLastError();
+    CHECK(q == NULL);
+    CHECK(fake_stats().stale_handle_uses <= stale + 1);
+}
+
+/* dead-stream-reborn (FAKECUDA_REUSE_STREAM_HANDLES: the fake gives the
+ * next stream a destroyed one's handle, as a real driver may): the handle
+ * names a live stream again, and its stream-ordered calls are served. */
+static void dead_stream_reborn(void)
+{
+    cudaStream_t s, again;
+    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
+    CHECK_EQ(cudaStreamCreateWithFlags(&again, cudaStreamNonBlocking), cudaSuccess);
+    CHECK(again == s);
+    uint64_t stale = fake_stats().stale_handle_uses;
+    void *p = NULL;
+    CHECK_EQ(cudaMallocAsync(&p, MiB, again), cudaSuccess);
+    CHECK_EQ(cudaFreeAsync(p, again), cudaSuccess);
+    CHECK_EQ(cudaStreamSynchronize(again), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(again), cudaSuccess);
+    CHECK_EQ(fake_stats().stale_handle_uses, stale);
 }
 
 /* legacy-while-capturing: a stream-ordered free on the legacy stream while
  * a blocking stream captures: CUDA refuses it
- * (cudaErrorStreamCaptureImplicit) and invalidates the capture; the shim
- * frees it into the pool (svc_stream_capturing reads the legacy stream's
- * CAPTURE_IMPLICIT as "not capturing"). */
+ * (cudaErrorStreamCaptureImplicit) and invalidates the capture (the shim
+ * took it into the pool before: svc_stream_capturing read the legacy
+ * stream's CAPTURE_IMPLICIT as "not capturing"); an allocation there
+ * likewise (legacy-alloc-while-capturing). */
 static void legacy_while_capturing(void)
 {
     cudaStream_t b;
@@ -943,6 +995,21 @@ static void legacy_while_capturing(void)
     cudaGetLastError();
     CHECK_EQ(cudaStreamDestroy(b), cudaSuccess);
     CHECK_EQ(cudaFree(keep), cudaSuccess); /* refused, it is still the program's */
+}
+
+static void legacy_alloc_while_capturing(void)
+{
+    cudaStream_t b;
+    CHECK_EQ(cudaStreamCreate(&b), cudaSuccess); /* blocking */
+    CHECK_EQ(cudaFree(alloc_ok(MiB)), cudaSuccess); /* the pool is made */
+    CHECK_EQ(cudaStreamBeginCapture(b, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    void *p = NULL;
+    CHECK_EQ(cudaMallocAsync(&p, MiB, 0), cudaErrorStreamCaptureImplicit);
+    CHECK(p == NULL);
+    cudaGraph_t g = NULL;
+    CHECK_EQ(cudaStreamEndCapture(b, &g), cudaErrorStreamCaptureInvalidated);
+    cudaGetLastError();
+    CHECK_EQ(cudaStreamDestroy(b), cudaSuccess);
 }
 
 static void custom_pool(void)
@@ -1455,6 +1522,9 @@ int main(int argc, char **argv)
         {"stream-device", stream_device},   {"custom-pool", custom_pool},
         {"free-dead-stream", free_dead_stream},
         {"legacy-while-capturing", legacy_while_capturing},
+        {"legacy-alloc-while-capturing", legacy_alloc_while_capturing},
+        {"alloc-dead-stream", alloc_dead_stream},
+        {"dead-stream-reborn", dead_stream_reborn},
         {"other-device-legacy", other_device_legacy},
         {"other-device-legacy-async", other_device_legacy_async},
         {"other-device-ptsz", other_device_ptsz},
