@@ -75,7 +75,10 @@ int bfcshim_malloc_async(void **ptr, size_t size, int device, void *stream);
 int bfcshim_free_async(void *ptr, void *stream);
 
 /* PyTorch's CUDAPluggableAllocator entry points (stream-ordered, as above).
- * The allocation returns NULL when it fails. */
+ * The allocation returns NULL when it fails. The free is called, as PyTorch
+ * calls it, with the device and stream the block was allocated with: a NULL
+ * (legacy) stream then names the default stream of the context the block
+ * was allocated in, whichever context is current at the free. */
 void *bfcshim_torch_alloc(ssize_t size, int device, void *stream);
 void bfcshim_torch_free(void *ptr, size_t size, int device, void *stream);
 

@@ -21,7 +21,10 @@ traces (tests/data/traces/h100-*, ../shared/traces/real/*, and
                        stream, the library opened as a plug-in (not
                        preloaded: it sees no stream and no capture)
     plugin-2streams    the same on two non-blocking streams
-(the last five at the first two lags; the smallest limit for
+    torch-prealloc     bfcshim_torch_alloc/_free (PyTorch's pluggable
+                       allocator's calls, device 0) on the legacy stream,
+                       the library opened as a plug-in
+(the last six at the first two lags; the smallest limit for
 runtime-prealloc and runtime-2streams at those two), then
 build/tests/shim_step_calls
 (arm B: a PyTorch-shaped step with every block cached). One run at a time:
@@ -58,6 +61,7 @@ VARIANTS = [
     ("async-2streams", ["--door", "async", "--streams", "2", "--pool", "preallocated"], "two"),
     ("plugin-prealloc", ["--door", "plugin", "--pool", "preallocated"], "two"),
     ("plugin-2streams", ["--door", "plugin", "--streams", "2", "--pool", "preallocated"], "two"),
+    ("torch-prealloc", ["--door", "torch", "--pool", "preallocated"], "two"),
 ]
 
 
@@ -202,7 +206,7 @@ def main():
                          and i <= 1 else [])
                 d = run([replay, "--json", "--lag", str(lag), "--max-events",
                          str(a.max_events)] + args + extra + [t],
-                        plugin_env if "plugin" in args else env)
+                        plugin_env if "plugin" in args or "torch" in args else env)
                 if d["capped"]:
                     out("# %s capped at %d of %d events" % (name, d["events"],
                                                             d["trace_events"]))

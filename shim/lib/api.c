@@ -157,7 +157,9 @@ static int api_alloc(void **ptr, size_t size, int device, CUstream s, bool strea
     return (int)r;
 }
 
-static int api_free(void *ptr, CUstream s, bool stream_ordered, const char *api)
+/* device: the block's device as the caller names it (PyTorch's pluggable
+ * allocator does), or -1. */
+static int api_free(void *ptr, CUstream s, bool stream_ordered, int device, const char *api)
 {
     if (!ptr)
         return CUDA_SUCCESS;
@@ -194,9 +196,14 @@ static int api_free(void *ptr, CUstream s, bool stream_ordered, const char *api)
                                        "with it (logged once)", api, ptr);
         return CUDA_SUCCESS;
     }
-    svc_status st = shim_active() ? svc_free(p, stream_ordered ? FREE_STREAM : FREE_PLAIN, s,
-                                             false, api)
-                                  : SVC_PASS;
+    /* A legacy stream the caller names with the block's device is the one
+     * of the context the block was allocated in (bfcshim.h: PyTorch frees
+     * on the device and stream it allocated with, in primary contexts
+     * only), its pool's: nothing to ask, whatever context is current. */
+    free_kind kind = !stream_ordered ? FREE_PLAIN
+                     : owner && device >= 0 && owner->dev == device ? FREE_STREAM_DEVICE
+                                                                    : FREE_STREAM;
+    svc_status st = shim_active() ? svc_free(p, kind, s, false, api) : SVC_PASS;
     /* Where the library cannot see the stream destroyed (loaded without
      * LD_PRELOAD), the free's epoch is sealed now, while the caller
      * guarantees the stream exists: a seal at a later allocation could meet
@@ -222,7 +229,7 @@ SHIM_EXPORT int bfcshim_malloc(void **ptr, size_t size, int device)
 
 SHIM_EXPORT int bfcshim_free(void *ptr)
 {
-    return api_free(ptr, NULL, false, "bfcshim_free");
+    return api_free(ptr, NULL, false, -1, "bfcshim_free");
 }
 
 SHIM_EXPORT int bfcshim_malloc_async(void **ptr, size_t size, int device, void *stream)
@@ -232,7 +239,7 @@ SHIM_EXPORT int bfcshim_malloc_async(void **ptr, size_t size, int device, void *
 
 SHIM_EXPORT int bfcshim_free_async(void *ptr, void *stream)
 {
-    return api_free(ptr, (CUstream)stream, true, "bfcshim_free_async");
+    return api_free(ptr, (CUstream)stream, true, -1, "bfcshim_free_async");
 }
 
 /* PyTorch asks for size 0 never through its caching allocator, but a
@@ -250,8 +257,8 @@ SHIM_EXPORT void *bfcshim_torch_alloc(ssize_t size, int device, void *stream)
 
 SHIM_EXPORT void bfcshim_torch_free(void *ptr, size_t size, int device, void *stream)
 {
-    (void)size, (void)device; /* the pool knows both */
-    api_free(ptr, (CUstream)stream, true, "bfcshim_torch_free");
+    (void)size; /* the pool knows it */
+    api_free(ptr, (CUstream)stream, true, device, "bfcshim_torch_free");
 }
 
 SHIM_EXPORT int bfcshim_mem_get_info(int device, size_t *free_bytes, size_t *total_bytes)

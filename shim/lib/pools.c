@@ -818,7 +818,7 @@ static shim_pool *existing_current_pool(const real_driver *R, void *key, CUconte
     return pool_for_context(*ctx, false);
 }
 
-uint32_t pool_lane_for_free(shim_pool *sp, CUstream s, bool per_thread)
+uint32_t pool_lane_for_free(shim_pool *sp, CUstream s, bool per_thread, bool legacy_is_pools)
 {
     /* The legacy and per-thread handles name the current context's
      * streams: in another context than the pool's (another device current),
@@ -826,8 +826,11 @@ uint32_t pool_lane_for_free(shim_pool *sp, CUstream s, bool per_thread)
      * for on the host, and the block goes to the plain lane
      * (found by an audit: the block came back under device 1's queued
      * work). The current context is remembered: no driver call in the
-     * common case. */
-    if (!svc_explicit_stream(s)) {
+     * common case; and none where the caller named the block's device, whose
+     * legacy stream it means (PyTorch's pluggable allocator: loaded as a
+     * plug-in, the library remembers nothing, and asked at every free). */
+    bool legacy = s == NULL || s == CU_STREAM_LEGACY;
+    if (!svc_explicit_stream(s) && !(legacy_is_pools && legacy && !per_thread)) {
         const real_driver *R = real_driver_get();
         if (R && current_context_pool(R, existing_current_pool) != sp) {
             wait_for_foreign_stream(R, s);

@@ -286,8 +286,8 @@ svc_status svc_free(CUdeviceptr ptr, free_kind kind, CUstream stream, bool per_t
     if (!sp)
         return SVC_PASS;
     bfc_status st;
-    svc_stream_state state = kind == FREE_STREAM ? svc_stream_state_of(stream, per_thread)
-                                                 : STREAM_USABLE;
+    svc_stream_state state = kind != FREE_PLAIN ? svc_stream_state_of(stream, per_thread)
+                                                : STREAM_USABLE;
     if (state == STREAM_DEAD || state == STREAM_LEGACY_BLOCKED) {
         svc_status refused = refused_stream_free(sp, ptr, stream, state, api);
         if (refused != SVC_OK)
@@ -311,7 +311,8 @@ svc_status svc_free(CUdeviceptr ptr, free_kind kind, CUstream stream, bool per_t
         st = bfc_pool_free(sp->bfc, ptr);
     else {
         uint32_t lane = kind == FREE_PLAIN ? sp->plain_lane
-                                           : pool_lane_for_free(sp, stream, per_thread);
+                                           : pool_lane_for_free(sp, stream, per_thread,
+                                                                kind == FREE_STREAM_DEVICE);
         st = bfc_pool_free_deferred(sp->bfc, ptr, lane);
         if (st == BFC_ERR_BAD_LANE) /* the stream's lane closed under us */
             st = bfc_pool_free_deferred(sp->bfc, ptr, sp->plain_lane);

@@ -486,7 +486,9 @@ void pools_lock_for_fork(bool lock);
  * whose blocks other threads' streams share (the per-thread stream): they
  * then wait for every stream. create=false: lookup only. */
 uint32_t pool_lane_for_alloc(shim_pool *sp, CUstream stream, bool per_thread);
-uint32_t pool_lane_for_free(shim_pool *sp, CUstream stream, bool per_thread);
+/* legacy_is_pools: the caller vouches that a legacy stream it names is the
+ * pool's context's (FREE_STREAM_DEVICE). */
+uint32_t pool_lane_for_free(shim_pool *sp, CUstream stream, bool per_thread, bool legacy_is_pools);
 /* Seals the open epoch of stream s's lane in sp now, while s exists (a
  * plug-in's stream-ordered free where the library cannot see s destroyed:
  * a seal deferred to a later allocation could meet a dead handle). */
@@ -703,7 +705,11 @@ typedef enum svc_status {
     SVC_CAPTURE_IMPLICIT,  /* on the legacy stream while a blocking stream captures */
 } svc_status;
 
-typedef enum free_kind { FREE_PLAIN, FREE_STREAM } free_kind;
+/* FREE_STREAM_DEVICE: stream-ordered, by a caller that named the block's
+ * device (PyTorch's pluggable allocator), so that a legacy stream it names
+ * is the one of the context the block was allocated in, the owning pool's,
+ * whatever context is current: no need to ask the driver which one is. */
+typedef enum free_kind { FREE_PLAIN, FREE_STREAM, FREE_STREAM_DEVICE } free_kind;
 
 /* The driver API's code for a service answer (the driver door and the C
  * interface; the runtime door has its own, with the last error set). */

@@ -10,13 +10,16 @@
  *   LD_PRELOAD=build/libbfcshim.so LD_LIBRARY_PATH=build/tests/fake_cuda \
  *     build/tests/shim_replay [options] TRACE.csv[.gz]
  *
- *   --door runtime|async|plugin  cudaMalloc/cudaFree (default),
+ *   --door runtime|async|plugin|torch  cudaMalloc/cudaFree (default),
  *                          cudaMallocAsync/cudaFreeAsync, or the plug-in
  *                          interface's bfcshim_malloc_async/_free_async with
  *                          the library opened as a plug-in (dlopen of
  *                          $BFCSHIM_LIBRARY, RTLD_LOCAL; not preloaded): it
  *                          sees no stream and no capture, so its fences ask
- *                          more (relaxed capture mode, docs/limitations.md)
+ *                          more (relaxed capture mode, docs/limitations.md);
+ *                          torch: the same library's PyTorch entry points,
+ *                          bfcshim_torch_alloc/_free (device 0), as
+ *                          PyTorch's pluggable allocator calls them
  *   --streams 1|2          1 (default): every call and kernel on the legacy
  *                          stream, the traces' stream 0; 2: two non-blocking
  *                          streams, allocations alternating between them,
@@ -73,7 +76,7 @@
 
 extern char **environ;
 
-enum door { DOOR_RUNTIME, DOOR_ASYNC, DOOR_PLUGIN };
+enum door { DOOR_RUNTIME, DOOR_ASYNC, DOOR_PLUGIN, DOOR_TORCH };
 
 typedef struct options {
     enum door door;
@@ -133,8 +136,10 @@ static options parse(int argc, char **argv)
                 o.door = DOOR_ASYNC;
             else if (strcmp(optarg, "plugin") == 0)
                 o.door = DOOR_PLUGIN;
+            else if (strcmp(optarg, "torch") == 0)
+                o.door = DOOR_TORCH;
             else
-                usage("--door is runtime, async or plugin");
+                usage("--door is runtime, async, plugin or torch");
             break;
         case 's':
             o.streams = atoi(optarg);
@@ -320,7 +325,8 @@ typedef struct results {
 
 static const char *door_name(enum door d)
 {
-    return d == DOOR_RUNTIME ? "runtime" : d == DOOR_ASYNC ? "async" : "plugin";
+    static const char *const names[] = {"runtime", "async", "plugin", "torch"};
+    return names[d];
 }
 
 static void window_json(json_out *j, const char *key, const results *r, window *w)
@@ -509,6 +515,8 @@ static bool window_init(window *w, uint64_t first, uint64_t events)
 static struct {
     int (*malloc_async)(void **, size_t, int, void *);
     int (*free_async)(void *, void *);
+    void *(*torch_alloc)(ssize_t, int, void *);
+    void (*torch_free)(void *, size_t, int, void *);
     size_t (*stats_json)(char *, size_t);
 } plugin;
 
@@ -523,8 +531,11 @@ static bool plugin_open(void)
     }
     *(void **)&plugin.malloc_async = dlsym(h, "bfcshim_malloc_async");
     *(void **)&plugin.free_async = dlsym(h, "bfcshim_free_async");
+    *(void **)&plugin.torch_alloc = dlsym(h, "bfcshim_torch_alloc");
+    *(void **)&plugin.torch_free = dlsym(h, "bfcshim_torch_free");
     *(void **)&plugin.stats_json = dlsym(h, "bfcshim_stats_json");
-    return plugin.malloc_async && plugin.free_async && plugin.stats_json;
+    return plugin.malloc_async && plugin.free_async && plugin.torch_alloc && plugin.torch_free &&
+           plugin.stats_json;
 }
 
 /* A number of the pool's statistics, from the preloaded library or the
@@ -554,9 +565,10 @@ int main(int argc, char **argv)
         setenv("BFCSHIM_PREALLOCATE", strcmp(o.pool, "growing") == 0 ? "false" : "true", 1);
     const fakecuda_api *fake = fakecuda();
     bool preloaded = dlsym(RTLD_DEFAULT, "bfcshim_stats_json") != NULL;
-    if (o.door == DOOR_PLUGIN ? preloaded || !plugin_open() : !preloaded) {
+    bool as_plugin = o.door == DOOR_PLUGIN || o.door == DOOR_TORCH;
+    if (as_plugin ? preloaded || !plugin_open() : !preloaded) {
         fprintf(stderr, "shim_replay: libbfcshim.so must be %s\n",
-                o.door == DOOR_PLUGIN ? "opened as a plug-in ($BFCSHIM_LIBRARY), not preloaded"
+                as_plugin ? "opened as a plug-in ($BFCSHIM_LIBRARY), not preloaded"
                                       : "preloaded");
         return 2;
     }
@@ -617,7 +629,13 @@ int main(int argc, char **argv)
         call_meter_start(&door);
         uint64_t t0 = now_ns();
         cudaError_t rc;
-        if (o.door == DOOR_PLUGIN) /* CUresult codes; only success matters */
+        if (o.door == DOOR_TORCH) { /* NULL when it fails, as PyTorch sees it */
+            if (alloc)
+                ptr[e->slot] = plugin.torch_alloc((ssize_t)e->size, 0, s);
+            else
+                plugin.torch_free(ptr[e->slot], e->size, 0, s);
+            rc = !alloc || ptr[e->slot] ? cudaSuccess : cudaErrorMemoryAllocation;
+        } else if (o.door == DOOR_PLUGIN) /* CUresult codes; only success matters */
             rc = (alloc ? plugin.malloc_async(&ptr[e->slot], e->size, 0, s)
                         : plugin.free_async(ptr[e->slot], s)) == 0
                      ? cudaSuccess

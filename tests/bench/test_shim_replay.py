@@ -146,11 +146,21 @@ for args in (["--door", "async"], ["--door", "async", "--streams", "2"],
 # refused when preloaded, where it would measure the preloaded copy).
 plugin_env = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
 plugin_env["BFCSHIM_LIBRARY"] = libbfcshim
-for args in (["--door", "plugin"], ["--door", "plugin", "--streams", "2", "--lag", "64"]):
+by_door = {}
+for args in (["--door", "plugin"], ["--door", "plugin", "--streams", "2", "--lag", "64"],
+             ["--door", "torch"]):
     p = subprocess.run([replay, "--json", *args, trace], env=plugin_env, capture_output=True,
                        text=True)
     if check(p.returncode == 0, f"shim_replay {args}: status {p.returncode}: {p.stderr}"):
-        consistent(json.loads(p.stdout), " ".join(args))
+        by_door[" ".join(args)] = d = json.loads(p.stdout)
+        consistent(d, " ".join(args))
+# PyTorch's entry points name the block's device at the free: no question
+# about the current context there, where the generic plug-in free asks one.
+if len(by_door) == 3:
+    asked = {k: calls(d["steady"], "cuCtxGetCurrent") for k, d in by_door.items()}
+    check(asked["--door torch"] < asked["--door plugin"],
+          f"cuCtxGetCurrent per allocation: torch {asked['--door torch']}, "
+          f"plugin {asked['--door plugin']}")
 p = subprocess.run([replay, "--door", "plugin", trace], env=env, capture_output=True, text=True)
 check(p.returncode == 2 and "not preloaded" in p.stderr,
       f"--door plugin under LD_PRELOAD: status {p.returncode}")

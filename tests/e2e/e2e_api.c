@@ -16,6 +16,9 @@
  *              the ones holding live or still-queued blocks
  *   stats      bfcshim_stats_json (size probe, content), mem_get_info
  *   platform   (BFCSHIM_ALLOCATOR=platform) every call reaches the driver
+ *   torch-legacy  bfcshim_torch_free on device 0's default (legacy) stream
+ *              with device 1 current: device 0's legacy lane, no driver
+ *              question about the current context
  *   dead-stream  bfcshim_free_async on a stream destroyed since: no call on
  *              the dead handle, and the block is reused once its work is done
  */
@@ -167,6 +170,43 @@ static void async(void)
     CHECK_EQ(fake_stats().bytes_in_use[1], before);
     CHECK_EQ(bfcshim_free_async(w, s1), 0);
     F->complete_all();
+}
+
+/* PyTorch frees a block with its device and stream, the device's default
+ * stream as NULL, from a thread whose current device may be another: the
+ * block goes to its device's legacy lane, and the library asks the driver
+ * nothing about the current context (before, one cuCtxGetCurrent at every
+ * such free, and with another device current, a wait for that device's
+ * legacy stream and the plain lane). */
+static void torch_legacy(void)
+{
+    start();
+    CUcontext c0 = NULL, c1 = NULL;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c1, 1), CUDA_SUCCESS);
+    CUstream s2;
+    CHECK_EQ(D.StreamCreate(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    void *t = bfcshim_torch_alloc(4 * MiB, 0, NULL);
+    CHECK(t != NULL);
+    CHECK_EQ(F->launch(CU_STREAM_LEGACY, noop, NULL), 0); /* device 0's legacy stream */
+    CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
+    uint64_t asked = e2e_calls_of("cuCtxGetCurrent"), waits = e2e_calls_of("cuStreamSynchronize");
+    bfcshim_torch_free(t, 4 * MiB, 0, NULL);
+    CHECK_EQ(e2e_calls_of("cuCtxGetCurrent"), asked);
+    CHECK_EQ(e2e_calls_of("cuStreamSynchronize"), waits);
+    CHECK(F->pending(CU_STREAM_LEGACY) == 0); /* device 1's: nothing queued */
+    CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+    CHECK(F->pending(CU_STREAM_LEGACY) > 0); /* device 0's work still queued */
+    /* Another stream waits for that work; the legacy stream, in its own
+     * order, may have the block at once. */
+    void *u = bfcshim_torch_alloc(4 * MiB, 0, s2);
+    CHECK(u != NULL && u != t);
+    void *v = bfcshim_torch_alloc(4 * MiB, 0, NULL);
+    CHECK(v == t);
+    bfcshim_torch_free(u, 4 * MiB, 0, s2);
+    bfcshim_torch_free(v, 4 * MiB, 0, NULL);
+    F->complete_all();
+    CHECK_EQ(D.StreamDestroy(s2), CUDA_SUCCESS);
 }
 
 /* A stream-ordered free on a stream destroyed since the allocation (CuPy
@@ -333,7 +373,8 @@ int main(int argc, char **argv)
         void (*fn)(void);
     } scenarios[] = {{"plain", plain},   {"async", async},       {"badinput", badinput},
                      {"zero", zero},     {"trim", trim},         {"stats", stats},
-                     {"platform", platform}, {"dead-stream", dead_stream}};
+                     {"platform", platform}, {"dead-stream", dead_stream},
+                     {"torch-legacy", torch_legacy}};
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
         if (strcmp(s, scenarios[i].name) == 0) {
             scenarios[i].fn();
