@@ -36,7 +36,10 @@
  *                    checked against the fake's reading (querying or
  *                    synchronising the capturing stream, querying a
  *                    captured event, waiting on a non-captured event with
- *                    and without cudaEventWaitExternal)
+ *                    and without cudaEventWaitExternal; and on the legacy
+ *                    stream while a blocking stream captures, a
+ *                    stream-ordered allocation, a pooled block's free and
+ *                    an event record: refused, the capture invalidated)
  *   reset            cudaDeviceReset with streams alive, then enough
  *                    allocations and frees to need the frees retired
  *   first-malloc     cudaMalloc is the program's first runtime call; then an
@@ -642,6 +645,26 @@ static cudaError_t wait_queued(cudaStream_t s, void *ev)
     return cudaStreamWaitEvent(s, (cudaEvent_t)ev, 0);
 }
 
+/* Stream-ordered work on the legacy stream while a blocking stream
+ * captures (s is that stream; the legacy stream joins it): an allocation
+ * (passed through to the driver), a pooled block's free (the shim answers
+ * by recording an event there, so that the driver refuses and invalidates
+ * the capture as the free would: shim/lib/service.c, refused_stream_free),
+ * and that event record itself. */
+static cudaError_t alloc_on_legacy(cudaStream_t, void *)
+{
+    void *p = NULL;
+    cudaError_t e = cudaMallocAsync(&p, 1 << 20, 0);
+    if (e == cudaSuccess)
+        fprintf(stderr, "capture-misuse: cudaMallocAsync on the legacy stream was served\n");
+    return e;
+}
+static cudaError_t free_on_legacy(cudaStream_t, void *p) { return cudaFreeAsync(p, 0); }
+static cudaError_t record_on_legacy(cudaStream_t, void *ev)
+{
+    return cudaEventRecord((cudaEvent_t)ev, 0);
+}
+
 /* What the programming guide prohibits during a capture ("Prohibited and
  * Unhandled Operations"), on the real driver: the fake refuses each and
  * invalidates the capture, in relaxed mode too; the shim must never make
@@ -663,6 +686,18 @@ static void capture_misuse(void)
                 query_captured, captured);
     misuse_once("a wait on an event recorded outside it", s, cudaErrorStreamCaptureIsolation,
                 wait_queued, queued);
+    cudaStream_t blocking = NULL;
+    CUDA_OK(cudaStreamCreate(&blocking));
+    void *keep = NULL;
+    CUDA_OK(cudaMalloc(&keep, 1 << 20));
+    misuse_once("cudaMallocAsync on the legacy stream while a blocking stream captures", blocking,
+                cudaErrorStreamCaptureImplicit, alloc_on_legacy, NULL);
+    misuse_once("cudaFreeAsync of a pooled block there", blocking,
+                cudaErrorStreamCaptureImplicit, free_on_legacy, keep);
+    misuse_once("cudaEventRecord there", blocking, cudaErrorStreamCaptureImplicit,
+                record_on_legacy, queued);
+    CUDA_OK(cudaFree(keep)); /* refused above: still the program's */
+    CUDA_OK(cudaStreamDestroy(blocking));
     /* With cudaEventWaitExternal the wait is a node, the capture valid. */
     CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
     cudaError_t e = cudaStreamWaitEvent(s, queued, cudaEventWaitExternal);
