@@ -48,7 +48,8 @@ static size_t nall, capall;
  * without the dead handle reaching the driver (streams_dead). Only handles
  * seen to die are refused: a handle merely unknown may be a live stream made
  * where the library does not look (the driver door closed), and refusing it
- * would break a correct program; and a stream leaves the registry before
+ * would break a correct program (nor is any refused with the driver door
+ * closed, where creations go unseen); and a stream leaves the registry before
  * its destroy or its context's (streams_remove, streams_forget_context),
  * which the driver may refuse (a green context's converted context, say),
  * so it is buried only once the destroy succeeded.
@@ -283,6 +284,11 @@ bool streams_dead(CUstream s)
 {
     if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD ||
         atomic_load_explicit(&ngraves, memory_order_relaxed) == 0)
+        return false;
+    /* "Not made again since" needs every creation seen: with the driver
+     * door closed, a stream made through a driver function found by dlsym
+     * may get a buried handle unseen, and is live. */
+    if (!shim_driver_hooked() || !streams_all_seen())
         return false;
     for (size_t i = 0; i < GRAVES; i++)
         if (atomic_load_explicit(&graves[i], memory_order_relaxed) == s)

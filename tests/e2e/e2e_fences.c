@@ -58,7 +58,8 @@
  *                    stream are refused as CUDA refuses them, the shim asking
  *                    the driver nothing about the dead handle
  *                    (dead-stream-reborn: its handle given to a new stream
- *                    is served again)
+ *                    is served again; -unseen, with the driver door closed,
+ *                    also a stream made where the shim does not see it)
  *   legacy-while-capturing, legacy-alloc-while-capturing  stream-ordered
  *                    calls on the legacy stream while a blocking stream
  *                    captures: refused, the capture invalidated
@@ -969,12 +970,43 @@ static void dead_stream_reborn(void)
     CHECK_EQ(cudaStreamCreateWithFlags(&again, cudaStreamNonBlocking), cudaSuccess);
     CHECK(again == s);
     uint64_t stale = fake_stats().stale_handle_uses;
-    void *p = NULL;
+    uint64_t driver_allocs = fake_stats().mem_alloc_async_calls;
+    void *p = NULL, *pooled = alloc_ok(MiB);
     CHECK_EQ(cudaMallocAsync(&p, MiB, again), cudaSuccess);
+    CHECK_EQ(fake_stats().mem_alloc_async_calls, driver_allocs); /* the pool's */
     CHECK_EQ(cudaFreeAsync(p, again), cudaSuccess);
+    CHECK_EQ(cudaFreeAsync(pooled, again), cudaSuccess);
     CHECK_EQ(cudaStreamSynchronize(again), cudaSuccess);
     CHECK_EQ(cudaStreamDestroy(again), cudaSuccess);
     CHECK_EQ(fake_stats().stale_handle_uses, stale);
+}
+
+/* dead-stream-reborn-unseen (the driver door closed,
+ * FAKECUDA_REUSE_STREAM_HANDLES): a stream made through a driver function
+ * found by dlsym, unseen there, gets a destroyed runtime stream's handle;
+ * it is live, and its stream-ordered calls are served, not refused. */
+static void dead_stream_reborn_unseen(void)
+{
+    typedef CUresult (*create_fn)(CUstream *, unsigned);
+    typedef CUresult (*destroy_fn)(CUstream);
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    create_fn create = (create_fn)dlsym(h, "cuStreamCreate");
+    destroy_fn destroy = (destroy_fn)dlsym(h, "cuStreamDestroy_v2");
+    CHECK(create != NULL && destroy != NULL);
+    cudaStream_t s;
+    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
+    CUstream again = NULL;
+    CHECK_EQ(create(&again, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK(again == (CUstream)s);
+    uint64_t driver_allocs = fake_stats().mem_alloc_async_calls;
+    void *p = NULL, *pooled = alloc_ok(MiB);
+    CHECK_EQ(cudaMallocAsync(&p, MiB, (cudaStream_t)again), cudaSuccess);
+    CHECK_EQ(fake_stats().mem_alloc_async_calls, driver_allocs); /* the pool's */
+    CHECK_EQ(cudaFreeAsync(p, (cudaStream_t)again), cudaSuccess);
+    CHECK_EQ(cudaFreeAsync(pooled, (cudaStream_t)again), cudaSuccess);
+    CHECK_EQ(cudaStreamSynchronize((cudaStream_t)again), cudaSuccess);
+    CHECK_EQ(destroy(again), CUDA_SUCCESS);
 }
 
 /* legacy-while-capturing: a stream-ordered free on the legacy stream while
@@ -1525,6 +1557,7 @@ int main(int argc, char **argv)
         {"legacy-alloc-while-capturing", legacy_alloc_while_capturing},
         {"alloc-dead-stream", alloc_dead_stream},
         {"dead-stream-reborn", dead_stream_reborn},
+        {"dead-stream-reborn-unseen", dead_stream_reborn_unseen},
         {"other-device-legacy", other_device_legacy},
         {"other-device-legacy-async", other_device_legacy_async},
         {"other-device-ptsz", other_device_ptsz},
