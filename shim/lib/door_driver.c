@@ -340,8 +340,8 @@ static CUresult stream_destroy(CUresult (*f)(CUstream), CUstream s)
     uint64_t claimed = capture_stream_ending(s);
     CUresult r = CALL(f, s);
     capture_ending_done(claimed, r == CUDA_SUCCESS);
-    if (r == CUDA_SUCCESS)
-        streams_destroyed(s);
+    if (r != CUDA_SUCCESS)
+        streams_destroy_refused(s);
     return r;
 }
 

@@ -275,6 +275,24 @@ static cudaError_t malloc_async(int z, void **p, size_t size, cudaStream_t s, co
     return result_of(st);
 }
 
+/* A stream-ordered free on the legacy or per-thread stream names the
+ * runtime's current context's: on a thread that has made no runtime call
+ * yet, the runtime makes the device's primary context current first, as its
+ * own cudaFreeAsync would (and then, while a blocking stream captures,
+ * refuses the free; without a context the shim's question about the legacy
+ * stream was answered CUDA_ERROR_INVALID_CONTEXT and the free taken: found
+ * by an audit, e2e_fences legacy-while-capturing-new-thread). Remembered per
+ * thread: no driver call while the current context has a pool. */
+static void runtime_context_for_free(cudaStream_t s)
+{
+    const real_driver *R = real_driver_get();
+    if (!R || svc_explicit_stream((CUstream)s) || pools_current_existing(R))
+        return;
+    CUcontext cur = NULL;
+    if (R->CtxGetCurrent(&cur) != CUDA_SUCCESS || !cur)
+        runtime_context_started(R);
+}
+
 static cudaError_t free_async(int z, void *p, cudaStream_t s, const char *api)
 {
     REAL_RT(free_async_fn, f0, "cudaFreeAsync");
@@ -282,6 +300,7 @@ static cudaError_t free_async(int z, void *p, cudaStream_t s, const char *api)
     free_async_fn f = z ? f1 : f0;
     if (!shim_active() || !p)
         return counted_free(f ? f(p, s) : NO_RUNTIME, p);
+    runtime_context_for_free(s);
     svc_status st = svc_free((CUdeviceptr)(uintptr_t)p, FREE_STREAM, (CUstream)s, z, api);
     if (st == SVC_PASS) {
         shim_tls_bypass++;
@@ -387,8 +406,8 @@ SHIM_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t s)
     uint64_t claimed = capture_stream_ending((CUstream)s);
     cudaError_t e = f ? f(s) : NO_RUNTIME;
     capture_ending_done(claimed, e == cudaSuccess);
-    if (e == cudaSuccess)
-        streams_destroyed((CUstream)s);
+    if (e != cudaSuccess)
+        streams_destroy_refused((CUstream)s);
     return e;
 }
 

@@ -818,6 +818,11 @@ static shim_pool *existing_current_pool(const real_driver *R, void *key, CUconte
     return pool_for_context(*ctx, false);
 }
 
+shim_pool *pools_current_existing(const real_driver *R)
+{
+    return current_context_pool(R, existing_current_pool);
+}
+
 uint32_t pool_lane_for_free(shim_pool *sp, CUstream s, bool per_thread, bool legacy_is_pools)
 {
     /* The legacy and per-thread handles name the current context's
@@ -832,7 +837,7 @@ uint32_t pool_lane_for_free(shim_pool *sp, CUstream s, bool per_thread, bool leg
     bool legacy = s == NULL || s == CU_STREAM_LEGACY;
     if (!svc_explicit_stream(s) && !(legacy_is_pools && legacy && !per_thread)) {
         const real_driver *R = real_driver_get();
-        if (R && current_context_pool(R, existing_current_pool) != sp) {
+        if (R && pools_current_existing(R) != sp) {
             wait_for_foreign_stream(R, s);
             return sp->plain_lane;
         }

@@ -489,6 +489,9 @@ uint32_t pool_lane_for_alloc(shim_pool *sp, CUstream stream, bool per_thread);
 /* legacy_is_pools: the caller vouches that a legacy stream it names is the
  * pool's context's (FREE_STREAM_DEVICE). */
 uint32_t pool_lane_for_free(shim_pool *sp, CUstream stream, bool per_thread, bool legacy_is_pools);
+/* The pool of the calling thread's current context, if one exists (never
+ * made: a free must not make a pool); remembered per thread. */
+shim_pool *pools_current_existing(const real_driver *R);
 /* Seals the open epoch of stream s's lane in sp now, while s exists (a
  * plug-in's stream-ordered free where the library cannot see s destroyed:
  * a seal deferred to a later allocation could meet a dead handle). */
@@ -662,13 +665,14 @@ void streams_add(CUstream s);
 bool streams_all_seen(void);
 /* Is s a stream seen created and not yet destroyed? */
 bool streams_known(CUstream s);
-/* Before the stream is destroyed: gone from the registry, and no copy taken
- * under streams_use_begin is still in use when this returns. */
+/* Before the stream is destroyed: gone from the registry (and buried:
+ * streams_dead), and no copy taken under streams_use_begin is still in use
+ * when this returns. */
 void streams_remove(CUstream s);
 /* The context went away: its streams are dead handles now. */
 void streams_forget_context(CUcontext ctx);
-/* After the driver destroyed stream s (not before: it may refuse). */
-void streams_destroyed(CUstream s);
+/* The driver refused to destroy s (after streams_remove): it is not dead. */
+void streams_destroy_refused(CUstream s);
 /* Was s seen destroyed and not made again since? Such a handle must not reach the driver: a stream-ordered free
  * naming it is refused as CUDA refuses it (CUDA_ERROR_INVALID_HANDLE). */
 bool streams_dead(CUstream s);

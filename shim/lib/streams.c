@@ -43,16 +43,20 @@ static pthread_rwlock_t use_lock = PTHREAD_RWLOCK_INITIALIZER;
 static entry *all;
 static size_t nall, capall;
 
-/* The handles of the last GRAVES streams the driver destroyed, until a new
- * stream gets the same handle: a stream-ordered call naming one is refused
- * without the dead handle reaching the driver (streams_dead). Only handles
- * seen to die are refused: a handle merely unknown may be a live stream made
- * where the library does not look (the driver door closed), and refusing it
- * would break a correct program (nor is any refused with the driver door
- * closed, where creations go unseen); and a stream leaves the registry before
- * its destroy or its context's (streams_remove, streams_forget_context),
- * which the driver may refuse (a green context's converted context, say),
- * so it is buried only once the destroy succeeded.
+/* The handles of the last GRAVES streams destroyed, until a new stream gets
+ * the same handle: a stream-ordered call naming one is refused without the
+ * dead handle reaching the driver (streams_dead). Only handles seen to die
+ * are refused: a handle merely unknown may be a live stream made where the
+ * library does not look, and refusing it would break a correct program (nor
+ * is any refused with the driver door closed, where creations go unseen).
+ * A stream is buried as it leaves the registry, before the real destroy:
+ * once the driver has destroyed it, another thread's new stream may get its
+ * handle at once, and that stream's registration must come after the
+ * burial to undo it (buried after the destroy, a live stream was refused
+ * for good: e2e_fences dead-stream-reborn-in-window). A destroy the driver
+ * refuses unburies it (streams_destroy_refused). Streams that go with their
+ * context are not buried: that destroy may be refused after they left the
+ * registry (a green context's converted context, e2e_green green-async).
  * Written under the lock, read without it: a program that hands a new
  * stream to another thread orders its creation (and the unbury) before that
  * thread's use, and `ngraves` lets the common case (no stream ever
@@ -202,6 +206,7 @@ void streams_remove(CUstream s)
             all[i] = all[--nall];
             break;
         }
+    bury(s);
     pthread_mutex_unlock(&lock);
     remembered_pools_stale();
     wait_for_users();
@@ -271,12 +276,10 @@ bool streams_known(CUstream s)
     return found;
 }
 
-void streams_destroyed(CUstream s)
+void streams_destroy_refused(CUstream s)
 {
-    if (!s)
-        return;
     pthread_mutex_lock(&lock);
-    bury(s);
+    unbury(s);
     pthread_mutex_unlock(&lock);
 }
 

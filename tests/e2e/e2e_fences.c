@@ -59,10 +59,13 @@
  *                    the driver nothing about the dead handle
  *                    (dead-stream-reborn: its handle given to a new stream
  *                    is served again; -unseen, with the driver door closed,
- *                    also a stream made where the shim does not see it)
+ *                    also a stream made where the shim does not see it;
+ *                    -in-window, made by another thread as the driver
+ *                    destroys the old one)
  *   legacy-while-capturing, legacy-alloc-while-capturing  stream-ordered
  *                    calls on the legacy stream while a blocking stream
- *                    captures: refused, the capture invalidated
+ *                    captures: refused, the capture invalidated (-new-thread:
+ *                    the free made by a thread with no context current yet)
  *   capture-v1       a capture begun with CUDA 10.0's cuStreamBeginCapture
  *                    (dlsym, cuGetProcAddress at 10000): a stream-ordered
  *                    allocation on its stream is still the graph's
@@ -981,6 +984,34 @@ static void dead_stream_reborn(void)
     CHECK_EQ(fake_stats().stale_handle_uses, stale);
 }
 
+/* dead-stream-reborn-in-window (FAKECUDA_REUSE_STREAM_HANDLES): another
+ * thread's stream made between the driver's destroy of s and the shim's
+ * next step gets s's handle (the fake runs the creation there); it is
+ * live, and served (found by an audit: buried after the destroy, it was
+ * refused for good). */
+static void make_stream_into(void *out)
+{
+    CHECK_EQ(cudaStreamCreateWithFlags((cudaStream_t *)out, cudaStreamNonBlocking), cudaSuccess);
+}
+
+static void dead_stream_reborn_in_window(void)
+{
+    cudaStream_t s, t = NULL;
+    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    void *pooled = alloc_ok(MiB);
+    fakecuda()->after_next_stream_destroy(make_stream_into, &t);
+    CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
+    CHECK(t == s);
+    uint64_t driver_allocs = fake_stats().mem_alloc_async_calls;
+    void *p = NULL;
+    CHECK_EQ(cudaMallocAsync(&p, MiB, t), cudaSuccess);
+    CHECK_EQ(fake_stats().mem_alloc_async_calls, driver_allocs); /* the pool's */
+    CHECK_EQ(cudaFreeAsync(p, t), cudaSuccess);
+    CHECK_EQ(cudaFreeAsync(pooled, t), cudaSuccess);
+    CHECK_EQ(cudaStreamSynchronize(t), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(t), cudaSuccess);
+}
+
 /* dead-stream-reborn-unseen (the driver door closed,
  * FAKECUDA_REUSE_STREAM_HANDLES): a stream made through a driver function
  * found by dlsym, unseen there, gets a destroyed runtime stream's handle;
@@ -1022,6 +1053,33 @@ static void legacy_while_capturing(void)
     void *keep = alloc_ok(MiB);
     CHECK_EQ(cudaStreamBeginCapture(b, cudaStreamCaptureModeRelaxed), cudaSuccess);
     CHECK_EQ(cudaFreeAsync(keep, 0), cudaErrorStreamCaptureImplicit);
+    cudaGraph_t g = NULL;
+    CHECK_EQ(cudaStreamEndCapture(b, &g), cudaErrorStreamCaptureInvalidated);
+    cudaGetLastError();
+    CHECK_EQ(cudaStreamDestroy(b), cudaSuccess);
+    CHECK_EQ(cudaFree(keep), cudaSuccess); /* refused, it is still the program's */
+}
+
+/* legacy-while-capturing-new-thread: the same free made by a thread that
+ * has made no CUDA call yet: the runtime makes the device's context current
+ * first, then refuses (found by an audit: the shim's question about the
+ * legacy stream, asked with no context current, read "no capture"). */
+static void *free_on_legacy(void *p)
+{
+    return (void *)(intptr_t)cudaFreeAsync(p, 0);
+}
+
+static void legacy_while_capturing_new_thread(void)
+{
+    cudaStream_t b;
+    CHECK_EQ(cudaStreamCreate(&b), cudaSuccess); /* blocking */
+    void *keep = alloc_ok(MiB);
+    CHECK_EQ(cudaStreamBeginCapture(b, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    pthread_t t;
+    void *res = NULL;
+    CHECK_EQ(pthread_create(&t, NULL, free_on_legacy, keep), 0);
+    CHECK_EQ(pthread_join(t, &res), 0);
+    CHECK_EQ((int)(intptr_t)res, cudaErrorStreamCaptureImplicit);
     cudaGraph_t g = NULL;
     CHECK_EQ(cudaStreamEndCapture(b, &g), cudaErrorStreamCaptureInvalidated);
     cudaGetLastError();
@@ -1558,6 +1616,8 @@ int main(int argc, char **argv)
         {"alloc-dead-stream", alloc_dead_stream},
         {"dead-stream-reborn", dead_stream_reborn},
         {"dead-stream-reborn-unseen", dead_stream_reborn_unseen},
+        {"dead-stream-reborn-in-window", dead_stream_reborn_in_window},
+        {"legacy-while-capturing-new-thread", legacy_while_capturing_new_thread},
         {"other-device-legacy", other_device_legacy},
         {"other-device-legacy-async", other_device_legacy_async},
         {"other-device-ptsz", other_device_ptsz},

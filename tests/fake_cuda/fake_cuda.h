@@ -134,6 +134,13 @@ typedef struct fakecuda_api {
      * through no entry point: a change made through the driver's private
      * tables, which no interposer sees. Returns cuCtxSetCurrent's code. */
     int (*set_current_unseen)(void *ctx);
+    /* The next cuStreamDestroy (either version), from any thread, calls
+     * fn(arg) on its caller's thread once the stream is destroyed, outside
+     * the driver's lock, before it returns: what another thread may do
+     * between the driver's destroy and the caller's next step (make a
+     * stream, which may get the destroyed one's handle). Only one call runs
+     * it. */
+    void (*after_next_stream_destroy)(fakecuda_work fn, void *arg);
 } fakecuda_api;
 
 /* The fake driver's control table, or exit 77 (skip) when the loaded

@@ -2618,10 +2618,24 @@ static CUresult stream_destroy(CUstream h)
     LEAVE(CUDA_SUCCESS);
 }
 
+/* The test's work for after the next cuStreamDestroy
+ * (ctl_after_next_stream_destroy). */
+static _Atomic(fakecuda_work) after_destroy_work;
+static void *_Atomic after_destroy_arg;
+
+static CUresult stream_destroy_then_work(CUstream h)
+{
+    CUresult r = stream_destroy(h);
+    fakecuda_work w = atomic_exchange(&after_destroy_work, NULL);
+    if (w)
+        w(atomic_load(&after_destroy_arg));
+    return r;
+}
+
 EXPORT CUresult cuStreamDestroy_v2(CUstream h)
 {
     CALLED();
-    return stream_destroy(h);
+    return stream_destroy_then_work(h);
 }
 
 /* The v1 entry point (the top of this file). cuda.h documents only the
@@ -2633,7 +2647,7 @@ EXPORT CUresult cuStreamDestroy(CUstream h);
 EXPORT CUresult cuStreamDestroy(CUstream h)
 {
     CALLED();
-    return stream_destroy(h);
+    return stream_destroy_then_work(h);
 }
 
 /* cuda.h: the Id "is unique for the life of the program"; the special
@@ -5713,6 +5727,12 @@ static void ctl_before_next_event_query(fakecuda_work fn, void *arg)
     atomic_store(&next_query_work, fn);
 }
 
+static void ctl_after_next_stream_destroy(fakecuda_work fn, void *arg)
+{
+    atomic_store(&after_destroy_arg, arg);
+    atomic_store(&after_destroy_work, fn);
+}
+
 static void ctl_stats(fakecuda_stats *out)
 {
     ENTER();
@@ -5753,6 +5773,7 @@ static const fakecuda_api api = {
     .calls = ctl_calls,
     .before_next_event_query = ctl_before_next_event_query,
     .set_current_unseen = ctl_set_current_unseen,
+    .after_next_stream_destroy = ctl_after_next_stream_destroy,
 };
 
 EXPORT const fakecuda_api *fakecuda_api_table(void) { return &api; }
