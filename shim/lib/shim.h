@@ -673,8 +673,9 @@ void streams_remove(CUstream s);
 void streams_forget_context(CUcontext ctx);
 /* The driver refused to destroy s (after streams_remove): it is not dead. */
 void streams_destroy_refused(CUstream s);
-/* Was s seen destroyed and not made again since? Such a handle must not reach the driver: a stream-ordered free
- * naming it is refused as CUDA refuses it (CUDA_ERROR_INVALID_HANDLE). */
+/* Was s seen destroyed and not made again since? Such a handle must not
+ * reach the driver: a stream-ordered free naming it is refused as CUDA
+ * refuses it (CUDA_ERROR_INVALID_HANDLE). */
 bool streams_dead(CUstream s);
 typedef struct known_stream {
     CUstream stream;
