@@ -59,28 +59,52 @@ static size_t nall, capall;
  * registry (a green context's converted context, e2e_green green-async).
  * Written under the lock, read without it: a program that hands a new
  * stream to another thread orders its creation (and the unbury) before that
- * thread's use, and `ngraves` lets the common case (no stream ever
- * destroyed) skip the scan. */
+ * thread's use. Every stream-ordered call on an explicit stream asks, so a
+ * 64-bit filter (a bit per hash of each buried handle) answers most live
+ * handles with one load, the common case (no stream ever destroyed)
+ * included; the slots are scanned only on a hit. */
 #define GRAVES 64
 static _Atomic(CUstream) graves[GRAVES];
 static size_t next_grave;
-static atomic_size_t ngraves;
+static atomic_uint_fast64_t grave_bits;
+
+static uint64_t grave_bit(CUstream s)
+{
+    uint64_t h = (uint64_t)(uintptr_t)s;
+    h ^= h >> 29; /* handles are heap addresses: mix the high bits in */
+    h *= 0x9e3779b97f4a7c15ull;
+    return 1ull << (h >> 58);
+}
+
+/* Lock held: the filter again from the slots (after one changed). */
+static void refilter(void)
+{
+    uint64_t bits = 0;
+    for (size_t i = 0; i < GRAVES; i++) {
+        CUstream g = atomic_load_explicit(&graves[i], memory_order_relaxed);
+        if (g)
+            bits |= grave_bit(g);
+    }
+    atomic_store_explicit(&grave_bits, bits, memory_order_release);
+}
 
 /* Lock held. */
 static void bury(CUstream s)
 {
     atomic_store_explicit(&graves[next_grave], s, memory_order_relaxed);
     next_grave = (next_grave + 1) % GRAVES;
-    if (atomic_load_explicit(&ngraves, memory_order_relaxed) < GRAVES)
-        atomic_fetch_add_explicit(&ngraves, 1, memory_order_relaxed);
+    refilter();
 }
 
 /* Lock held: s names a live stream again. */
 static void unbury(CUstream s)
 {
+    if (!(atomic_load_explicit(&grave_bits, memory_order_relaxed) & grave_bit(s)))
+        return;
     for (size_t i = 0; i < GRAVES; i++)
         if (atomic_load_explicit(&graves[i], memory_order_relaxed) == s)
             atomic_store_explicit(&graves[i], NULL, memory_order_relaxed);
+    refilter();
 }
 
 /* How many times the calling thread holds use_lock (in either mode): a
@@ -286,7 +310,7 @@ void streams_destroy_refused(CUstream s)
 bool streams_dead(CUstream s)
 {
     if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD ||
-        atomic_load_explicit(&ngraves, memory_order_relaxed) == 0)
+        !(atomic_load_explicit(&grave_bits, memory_order_acquire) & grave_bit(s)))
         return false;
     /* "Not made again since" needs every creation seen: with the driver
      * door closed, a stream made through a driver function found by dlsym

@@ -62,6 +62,8 @@
  *                    also a stream made where the shim does not see it;
  *                    -in-window, made by another thread as the driver
  *                    destroys the old one)
+ *   stream-churn     streams made and destroyed on one thread while another
+ *                    allocates and frees stream-ordered: all served (TSan)
  *   legacy-while-capturing, legacy-alloc-while-capturing  stream-ordered
  *                    calls on the legacy stream while a blocking stream
  *                    captures: refused, the capture invalidated (-new-thread:
@@ -124,6 +126,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <time.h>
 
 #include "e2e_rt.h"
@@ -1040,6 +1043,44 @@ static void dead_stream_reborn_unseen(void)
     CHECK_EQ(destroy(again), CUDA_SUCCESS);
 }
 
+/* stream-churn: streams made and destroyed on one thread (the dead-handle
+ * filter and slots rewritten) while another allocates and frees
+ * stream-ordered on its own live stream (read without the lock): every
+ * call served (for TSan). */
+static atomic_int churn_stop;
+
+static void *churn(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < 2000 && !atomic_load(&churn_stop); i++) {
+        cudaStream_t x;
+        if (cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking) == cudaSuccess)
+            CHECK_EQ(cudaStreamDestroy(x), cudaSuccess);
+    }
+    return NULL;
+}
+
+static void stream_churn(void)
+{
+    cudaStream_t s;
+    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    pthread_t t;
+    CHECK_EQ(pthread_create(&t, NULL, churn, NULL), 0);
+    int refused = 0;
+    for (int i = 0; i < 2000; i++) {
+        void *p = NULL;
+        if (cudaMallocAsync(&p, 4096, s) != cudaSuccess || cudaFreeAsync(p, s) != cudaSuccess)
+            refused++;
+        if (i % 64 == 0)
+            fakecuda()->complete_all();
+    }
+    atomic_store(&churn_stop, 1);
+    CHECK_EQ(pthread_join(t, NULL), 0);
+    CHECK_EQ(refused, 0);
+    CHECK_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
+}
+
 /* legacy-while-capturing: a stream-ordered free on the legacy stream while
  * a blocking stream captures: CUDA refuses it
  * (cudaErrorStreamCaptureImplicit) and invalidates the capture (the shim
@@ -1617,6 +1658,7 @@ int main(int argc, char **argv)
         {"dead-stream-reborn", dead_stream_reborn},
         {"dead-stream-reborn-unseen", dead_stream_reborn_unseen},
         {"dead-stream-reborn-in-window", dead_stream_reborn_in_window},
+        {"stream-churn", stream_churn},
         {"legacy-while-capturing-new-thread", legacy_while_capturing_new_thread},
         {"other-device-legacy", other_device_legacy},
         {"other-device-legacy-async", other_device_legacy_async},
