@@ -412,11 +412,15 @@ static CUresult ctx_destroy(CUresult (*f)(CUcontext), CUcontext ctx)
     if (!primary) {
         pools_context_gone(ctx);
         primary_unlock(); /* a created context's destroy may take long: not held */
+    } else {
+        pools_hold_trims(ctx, true);
     }
     CUresult r = CALL(f, ctx);
     remembered_pools_stale();
     if (primary && r == CUDA_SUCCESS)
         pools_context_gone(ctx);
+    if (primary)
+        pools_hold_trims(ctx, false);
     pools_give_back_forgotten(r == CUDA_SUCCESS);
     capture_ending_done(claimed, r == CUDA_SUCCESS);
     if (r == CUDA_SUCCESS)
@@ -445,6 +449,7 @@ SHIM_EXPORT CUresult cuCtxDetach(CUcontext ctx)
 {
     const real_driver *R = real_driver_get();
     uint64_t claimed = capture_context_ending(ctx);
+    pools_hold_trims(ctx, true); /* maybe the last reference */
     CUresult r = PASS(CtxDetach, ctx);
     CUcontext cur = NULL;
     bool gone = r == CUDA_SUCCESS && ctx && R && R->CtxGetCurrent(&cur) == CUDA_SUCCESS &&
@@ -452,6 +457,7 @@ SHIM_EXPORT CUresult cuCtxDetach(CUcontext ctx)
     remembered_pools_stale();
     if (gone)
         pools_context_gone(ctx);
+    pools_hold_trims(ctx, false);
     pools_give_back_forgotten(gone);
     capture_ending_done(claimed, gone);
     if (gone)
@@ -633,9 +639,11 @@ static CUresult primary_release(CUresult (*f)(CUdevice), CUdevice dev)
     primary_lock();
     CUcontext ctx = real_active_primary(R, dev);
     uint64_t claimed = capture_context_ending(ctx);
+    pools_hold_trims(ctx, true); /* maybe the last: no other thread's trim inside */
     CUresult r = CALL(f, dev);
     remembered_pools_stale();
     after_primary_release(R, dev, ctx, r, claimed);
+    pools_hold_trims(ctx, false);
     primary_unlock();
     return r;
 }
@@ -678,6 +686,7 @@ SHIM_EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx g)
     primary_lock();
     CUcontext ctx = dev >= 0 ? real_active_primary(R, dev) : NULL;
     uint64_t claimed = capture_context_ending(ctx);
+    pools_hold_trims(ctx, true);
     CUresult r = PASS(GreenCtxDestroy, g);
     remembered_pools_stale();
     capture_ending_done(own, r == CUDA_SUCCESS);
@@ -685,6 +694,7 @@ SHIM_EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx g)
         after_primary_release(R, dev, ctx, r, claimed);
     else
         capture_ending_done(claimed, false);
+    pools_hold_trims(ctx, false);
     primary_unlock();
     return r;
 }

@@ -538,6 +538,50 @@ static atomic_uint_fast64_t deaths;
 
 uint64_t pools_deaths(void) { return atomic_load(&deaths); }
 
+/*
+ * Trims and teardowns. A trim reaches every pool of a device from any
+ * thread (cudaMemPoolTrimTo on a device's default pool, bfcshim_trim), also
+ * a pool whose context another thread is tearing down: a trim that found
+ * the pool alive went on pushing the dead context, recording events on its
+ * dead streams and querying dead events (found by an audit: e2e_vmm_pool
+ * trim-vs-destroy). So a trim enters the pool (counted in `trims`) only
+ * while it is neither dead nor closing, and a teardown marks it (dead, or
+ * closing around a call after which it may be forgotten) and then waits
+ * until no trim is inside before the real call. Both sides store, then
+ * load the other's flag (sequentially consistent), so at least one sees
+ * the other. A trim only waits for the GPU, never for a teardown: no
+ * deadlock.
+ */
+static bool trim_enter(shim_pool *sp)
+{
+    atomic_fetch_add(&sp->trims, 1);
+    if (!atomic_load(&sp->dead) && !atomic_load(&sp->closing))
+        return true;
+    atomic_fetch_sub(&sp->trims, 1);
+    return false;
+}
+
+static void trim_leave(shim_pool *sp) { atomic_fetch_sub(&sp->trims, 1); }
+
+static void trims_wait_out(const shim_pool *sp)
+{
+    while (atomic_load(&sp->trims) > 0)
+        nanosleep(&(struct timespec){0, 100000}, NULL);
+}
+
+void pools_hold_trims(CUcontext ctx, bool hold)
+{
+    size_t n = atomic_load(&npools);
+    for (size_t i = 0; ctx && i < n; i++) {
+        shim_pool *sp = atomic_load(&registry[i]);
+        if (!sp || sp->ctx != ctx || atomic_load(&sp->dead))
+            continue;
+        atomic_store(&sp->closing, hold);
+        if (hold)
+            trims_wait_out(sp);
+    }
+}
+
 static void forget_if(bool (*match)(const shim_pool *, const void *), const void *arg)
 {
     size_t n = atomic_load(&npools);
@@ -546,6 +590,7 @@ static void forget_if(bool (*match)(const shim_pool *, const void *), const void
         if (sp && !atomic_load(&sp->dead) && match(sp, arg)) {
             atomic_store(&sp->forgotten_by, (uintptr_t)&teardown_thread);
             atomic_store(&sp->dead, true);
+            trims_wait_out(sp); /* before the caller's real teardown call */
             atomic_fetch_add(&deaths, 1);
             record_detach(sp);
             shim_log(LOG_INFO, "device %d: context gone, its pool is forgotten", (int)sp->dev);
@@ -937,6 +982,8 @@ bool pools_lend(shim_pool *sp, uint64_t bytes)
 
 uint64_t pools_trim(shim_pool *sp)
 {
+    if (!trim_enter(sp))
+        return 0;
     /* Regions go back with cuMemFree, granules with cuMemUnmap, and fences
      * are recorded in the pool's context. */
     const real_driver *R = real_driver_get();
@@ -949,5 +996,6 @@ uint64_t pools_trim(shim_pool *sp)
     if (fences_sync_blind(sp))
         released += bfc_pool_trim(sp->bfc);
     real_ctx_leave(R, pushed);
+    trim_leave(sp);
     return released;
 }

@@ -286,6 +286,10 @@ typedef struct shim_pool {
      * context made again under the same handle has another */
     unsigned long long ctx_id;
     atomic_bool dead;     /* its context went away: no more use */
+    /* trims inside the pool now, and a teardown holding new ones off
+     * (pools.c, "trims and teardowns") */
+    atomic_int trims;
+    atomic_bool closing;
     atomic_bool given_back; /* (over virtual memory) its granules went back */
     /* the thread whose teardown forgot it (pools.c): only that thread gives
      * its granules back, after its own real call returned */
@@ -469,6 +473,11 @@ size_t pools_retired_unlisted(void);
 /* Gives back what the pool holds idle (bfc_pool_trim) in its context:
  * bytes released. */
 uint64_t pools_trim(shim_pool *sp);
+/* Around a real call that may end context ctx and whose pool is forgotten
+ * only after it (a primary context's release, a detach): trims of another
+ * thread are kept out of its pools and waited out first (hold true), and
+ * let in again after (hold false). */
+void pools_hold_trims(CUcontext ctx, bool hold);
 /* Lends `bytes` of sp's limit to memory the program makes itself
  * (bfc_pool_lend, in the pool's context; door_vmm.c); false when the limit
  * has no room for it even after giving back what the pool may. */

@@ -91,6 +91,10 @@
  *              limit up front: one warning says how much it took (over
  *              virtual memory nothing; one region what the device had), and
  *              allocations are served as memory allows
+ *   trim-vs-teardown  (growing, two devices) trims from one thread while
+ *              another ends contexts (a created one destroyed, a primary
+ *              one's last release) with work queued on their pooled blocks:
+ *              no dead handle used, no block unmapped under its work
  *   coarse-alignment  (device granule 64 KiB, BFCSHIM_ALIGNMENT=1MiB,
  *              preallocated) the pool maps in granules of the alignment and
  *              takes its whole limit up front
@@ -311,6 +315,96 @@ static void write_if_mapped(void *arg)
     if (!w->faulted)
         memset((void *)(uintptr_t)w->at, 0x5a, w->size);
     w->ran = true;
+}
+
+/* trim-vs-teardown: one thread makes a context, queues work on a pooled
+ * block of it, frees the block plainly (the next allocation seals the
+ * fence: events on its stream) and ends the context, over and over: a
+ * created context of device 0 destroyed, then device 1's primary context
+ * retained and released for the last time; meanwhile the main thread trims
+ * (device 0's default pool with cuMemPoolTrimTo to 0, and bfcshim_trim,
+ * every pool). No call of the shim's may name a handle (context, stream,
+ * event) the other thread's teardown has destroyed (found by an audit: a
+ * trim that found the pool alive pushed the dead context, sealed on its
+ * dead streams and queried its dead events), and no kernel may find its
+ * block unmapped. */
+static atomic_bool teardowns_done;
+static atomic_int blocks_gone;
+
+static void check_block(void *arg)
+{
+    CUdeviceptr at = (CUdeviceptr)(uintptr_t)arg;
+    if (!fakecuda()->is_device_pointer(at) || !fakecuda()->is_device_pointer(at + 3 * MiB - 1))
+        atomic_fetch_add(&blocks_gone, 1);
+    else
+        memset((void *)(uintptr_t)at, 0x5a, 3 * MiB);
+}
+
+/* Work on a pooled block of the current context, its plain free, and a
+ * seal; 0, or the step that failed. */
+static int use_and_free(void)
+{
+    CUstream s = NULL;
+    CUdeviceptr p = 0, q = 0;
+    if (D.StreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS ||
+        D.MemAlloc(&p, 3 * MiB) != CUDA_SUCCESS)
+        return 1;
+    for (int k = 0; k < 4; k++)
+        if (fakecuda()->launch(s, check_block, (void *)(uintptr_t)p) != 0)
+            return 2;
+    fakecuda()->complete(s); /* these ran with the block live */
+    if (fakecuda()->launch(s, check_block, (void *)(uintptr_t)p) != 0 ||
+        D.MemFree(p) != CUDA_SUCCESS || D.MemAlloc(&q, MiB) != CUDA_SUCCESS)
+        return 3;
+    return D.MemFree(q) == CUDA_SUCCESS ? 0 : 4;
+}
+
+static void *teardowns(void *arg)
+{
+    (void)arg;
+    intptr_t failed = 0;
+    for (int i = 0; i < 60 && !failed; i++) {
+        CUcontext c = NULL;
+        if (D.CtxCreate(&c, NULL, 0, 0) != CUDA_SUCCESS)
+            failed = 10;
+        else if ((failed = use_and_free()) == 0 && D.CtxDestroy(c) != CUDA_SUCCESS)
+            failed = 11;
+        if (!failed && (D.DevicePrimaryCtxRetain(&c, 1) != CUDA_SUCCESS ||
+                        D.CtxSetCurrent(c) != CUDA_SUCCESS))
+            failed = 20;
+        if (!failed && (failed = use_and_free()) == 0 &&
+            (D.CtxSetCurrent(NULL) != CUDA_SUCCESS || D.DevicePrimaryCtxRelease(1) != CUDA_SUCCESS))
+            failed = 21;
+    }
+    atomic_store(&teardowns_done, true);
+    return (void *)failed;
+}
+
+static void trim_vs_teardown(void)
+{
+    start();
+    CUdeviceptr keep = 0;
+    CHECK_EQ(D.MemAlloc(&keep, MiB), CUDA_SUCCESS);
+    CUmemoryPool dp = NULL;
+    CHECK_EQ(D.DeviceGetDefaultMemPool(&dp, 0), CUDA_SUCCESS);
+    pthread_t t;
+    CHECK_EQ(pthread_create(&t, NULL, teardowns, NULL), 0);
+    uint64_t trims = 0;
+    while (!atomic_load(&teardowns_done)) {
+        if (trims++ & 1)
+            trim();
+        else
+            CHECK_EQ(D.MemPoolTrimTo(dp, 0), CUDA_SUCCESS);
+    }
+    void *failed = NULL;
+    CHECK_EQ(pthread_join(t, &failed), 0);
+    CHECK_EQ((intptr_t)failed, 0);
+    fprintf(stderr, "trims %llu; stale handle uses %llu; kernels that found their block gone %d\n",
+            (unsigned long long)trims, (unsigned long long)fake_stats().stale_handle_uses,
+            atomic_load(&blocks_gone));
+    CHECK_EQ(atomic_load(&blocks_gone), 0);
+    CHECK_EQ(fake_stats().stale_handle_uses, 0);
+    CHECK_EQ(D.MemFree(keep), CUDA_SUCCESS);
 }
 
 static void immediate_other_device(void)
@@ -784,6 +878,7 @@ int main(int argc, char **argv)
                      {"ctxdestroy-busy", ctxdestroy_busy},
                      {"ctxdestroy-concurrent", ctxdestroy_concurrent},
                      {"immediate-other-device", immediate_other_device},
+                     {"trim-vs-teardown", trim_vs_teardown},
                      {"reset-busy", reset_busy},
                      {"peers", peers},
                      {"peers-gone", peers_gone},

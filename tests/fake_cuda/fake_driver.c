@@ -2358,11 +2358,16 @@ static CUresult push_current(CUcontext ctx)
     /* cuda.h lists CUDA_ERROR_INVALID_CONTEXT for a context that is not a
      * valid one; the fake's reading: a destroyed context is not (a reset
      * primary context still is: it is revived where it is used). Pushed
-     * contexts come off by "cuCtxDestroy() or cuCtxPopCurrent()", cuda.h. */
-    if (!c || c->magic != CTX_MAGIC || (!c->alive && !c->primary) || tls_ctx_depth == 16)
+     * contexts come off by "cuCtxDestroy() or cuCtxPopCurrent()", cuda.h.
+     * (Whether it lives is asked under the lock: another thread may retain
+     * or destroy it meanwhile.) */
+    if (!c || c->magic != CTX_MAGIC || tls_ctx_depth == 16)
         return CUDA_ERROR_INVALID_CONTEXT;
+    ENTER();
+    if (!c->alive && !c->primary)
+        LEAVE(CUDA_ERROR_INVALID_CONTEXT);
     tls_ctx_stack[tls_ctx_depth++] = c;
-    return CUDA_SUCCESS;
+    LEAVE(CUDA_SUCCESS);
 }
 
 static CUresult pop_current(CUcontext *pctx)
