@@ -447,12 +447,17 @@ void svc_pool_trim(CUmemoryPool pool, size_t keep)
     pool_query_done = true;
     /* A preallocated pool holds its memory whichever way it is laid out
      * (BFCSHIM_PREALLOCATE is the promise not to give it back); only
-     * bfcshim_trim() asks it to. */
-    if (shim_config_get()->preallocate)
-        return;
+     * bfcshim_trim() asks it to. Asked per pool: the virtual memory door
+     * makes a growing one whatever the setting, for a program whose first
+     * device memory is its own (JAX), and its idle granules go back at a
+     * trim as any growing pool's (found by an audit: they never did). */
     shim_pool *sp;
-    for (size_t i = 0; keep == 0 && pool && (sp = next_serving(pool, &i));)
-        pools_trim(sp);
+    for (size_t i = 0; keep == 0 && pool && (sp = next_serving(pool, &i));) {
+        bfc_options o;
+        bfc_pool_options(sp->bfc, &o);
+        if (!o.preallocate)
+            pools_trim(sp);
+    }
 }
 
 uint64_t svc_buffer_id(const shim_pool *sp, uint64_t seq)

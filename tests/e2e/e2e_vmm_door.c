@@ -52,6 +52,9 @@
  *                 the loan must not wait under the door's lock (the test's
  *                 own pthread_rwlock_rdlock holds the loan at the streams'
  *                 lock until the fork has begun; both waited for good)
+ *   trim-growing  the pool the door made growing (the program's own memory
+ *                 came first) gives its idle granules back at the program's
+ *                 cuMemPoolTrimTo(default pool, 0) (found by an audit)
  *   retain-pooled cuMemRetainAllocationHandle on a pooled block (cuMemAlloc
  *                 memory to the program): CUDA_ERROR_INVALID_VALUE, as the
  *                 driver answers, never the handle of the pool's granule
@@ -637,6 +640,34 @@ static void fork_adopt(void)
     CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
 }
 
+/* trim-growing: the program's own memory first, so the door makes the
+ * context's pool one that grows (whatever BFCSHIM_PREALLOCATE says); its
+ * idle granules go back at the program's cuMemPoolTrimTo(default, 0), as a
+ * growing pool's do (found by an audit: the preallocate setting alone kept
+ * them). */
+static void trim_growing(void)
+{
+    start();
+    buffer own = make(64 * MiB);
+    CUdeviceptr a = 0;
+    CHECK_EQ(D.MemAlloc(&a, 32 * MiB), CUDA_SUCCESS);
+    CHECK_EQ(shim_stat_number("prealloc_us"), 0); /* grew: nothing up front */
+    long long held = shim_stat_number("pool_bytes");
+    CHECK(held >= (long long)(32 * MiB));
+    CHECK_EQ(D.MemFree(a), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSynchronize(), CUDA_SUCCESS);
+    CUmemoryPool dp = NULL;
+    CHECK_EQ(D.DeviceGetDefaultMemPool(&dp, 0), CUDA_SUCCESS);
+    uint64_t in_use = fake_stats().bytes_in_use[0];
+    CHECK_EQ(D.MemPoolTrimTo(dp, 0), CUDA_SUCCESS);
+    fprintf(stderr, "pool bytes %lld -> %lld; device bytes in use %llu -> %llu\n", held,
+            shim_stat_number("pool_bytes"), (unsigned long long)in_use,
+            (unsigned long long)fake_stats().bytes_in_use[0]);
+    CHECK(shim_stat_number("pool_bytes") < held);
+    CHECK(fake_stats().bytes_in_use[0] + 32 * MiB <= in_use);
+    delete(&own);
+}
+
 static void retain_pooled(void)
 {
     start();
@@ -684,6 +715,7 @@ int main(int argc, char **argv)
         {"two-contexts", two_contexts},
         {"fork-adopt", fork_adopt},
         {"retain-pooled", retain_pooled},
+        {"trim-growing", trim_growing},
         {"bad-create", bad_create},
         {"xla-platform", xla_platform},
         {"procaddr", procaddr},
