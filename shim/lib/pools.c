@@ -565,7 +565,9 @@ static void trim_leave(shim_pool *sp) { atomic_fetch_sub(&sp->trims, 1); }
 
 static void trims_wait_out(const shim_pool *sp)
 {
-    while (atomic_load(&sp->trims) > 0)
+    /* (In a forked child the count may hold trims of parent threads that
+     * do not exist there: nothing to wait for.) */
+    while (atomic_load(&sp->trims) > 0 && !atomic_load(&shim_forked_child))
         nanosleep(&(struct timespec){0, 100000}, NULL);
 }
 
