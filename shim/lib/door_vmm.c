@@ -382,45 +382,6 @@ SHIM_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h
     return r;
 }
 
-/* Does [ptr, ptr + size) touch a pool's memory? (The program's own
- * mappings lie in its own reservations, disjoint from the pools'.) */
-static bool range_pooled(CUdeviceptr ptr, size_t size)
-{
-    return pool_owning(ptr) || (size > 0 && pool_owning(ptr + size - 1));
-}
-
-/* The pool's memory is cuMemAlloc memory to the program: cuMemUnmap and
- * cuMemSetAccess, which the driver refuses for such memory, would unmap a
- * pool's granules under its blocks or take their access away, and the
- * driver would take them, since the pool maps them itself (found by an
- * audit of the give-back paths). Refused as the driver refuses them for
- * cuMemAlloc memory, the pool intact. */
-static CUresult refuse_pooled_range(const char *api, CUdeviceptr ptr, size_t size)
-{
-    static atomic_bool said;
-    shim_log_once(&said, LOG_ERROR,
-                  "%s(0x%llx, %zu): the range is a pool's (cudaMalloc/cuMemAlloc memory to the "
-                  "program, which the virtual memory calls do not apply to): "
-                  "CUDA_ERROR_INVALID_VALUE, the pool untouched (logged once)",
-                  api, (unsigned long long)ptr, size);
-    return CUDA_ERROR_INVALID_VALUE;
-}
-
-SHIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
-{
-    if (shim_driver_door() && range_pooled(ptr, size))
-        return refuse_pooled_range("cuMemUnmap", ptr, size);
-    return PASS(MemUnmap, ptr, size);
-}
-
-SHIM_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
-                                    size_t count)
-{
-    if (shim_driver_door() && range_pooled(ptr, size))
-        return refuse_pooled_range("cuMemSetAccess", ptr, size);
-    return PASS(MemSetAccess, ptr, size, desc, count);
-}
-
 SHIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     if (!shim_driver_door())

@@ -93,8 +93,6 @@ static hook hooks[] = {
     H(cuMemCreate),
     H(cuMemRetainAllocationHandle),
     H(cuMemRelease),
-    H(cuMemUnmap),
-    H(cuMemSetAccess),
 };
 #pragma GCC diagnostic pop
 #define NHOOKS (sizeof hooks / sizeof hooks[0])

@@ -52,8 +52,6 @@
  *                 the loan must not wait under the door's lock (the test's
  *                 own pthread_rwlock_rdlock holds the loan at the streams'
  *                 lock until the fork has begun; both waited for good)
- *   unmap-pooled  cuMemUnmap and cuMemSetAccess over a pooled block:
- *                 refused as for cuMemAlloc memory, the pool intact
  *   trim-growing  the pool the door made growing (the program's own memory
  *                 came first) gives its idle granules back at the program's
  *                 cuMemPoolTrimTo(default pool, 0) (found by an audit)
@@ -642,27 +640,6 @@ static void fork_adopt(void)
     CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
 }
 
-/* unmap-pooled: cuMemUnmap and cuMemSetAccess over a pooled block's
- * address (cuMemAlloc memory to the program, which the driver refuses them
- * for): CUDA_ERROR_INVALID_VALUE, the block still mapped and usable, and
- * the program's own mapping unmapped as asked (found by an audit: the
- * driver took them, since the pool maps its granules itself). */
-static void unmap_pooled(void)
-{
-    start();
-    CUdeviceptr a = alloc_ok(8 * MiB);
-    CUmemAccessDesc acc = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0},
-                           .flags = CU_MEM_ACCESS_FLAGS_PROT_NONE};
-    CHECK_EQ(D.MemUnmap(a, gran), CUDA_ERROR_INVALID_VALUE);
-    CHECK_EQ(D.MemUnmap(a + 2 * gran, gran), CUDA_ERROR_INVALID_VALUE);
-    CHECK_EQ(D.MemSetAccess(a, gran, &acc, 1), CUDA_ERROR_INVALID_VALUE);
-    CHECK(fakecuda()->is_device_pointer(a) && fakecuda()->is_device_pointer(a + 8 * MiB - 1));
-    memset((void *)(uintptr_t)a, 0x3c, 8 * MiB);
-    CHECK_EQ(D.MemFree(a), CUDA_SUCCESS);
-    buffer own = make(gran);
-    delete(&own); /* its unmap and access calls pass through */
-}
-
 /* trim-growing: the program's own memory first, so the door makes the
  * context's pool one that grows (whatever BFCSHIM_PREALLOCATE says); its
  * idle granules go back at the program's cuMemPoolTrimTo(default, 0), as a
@@ -739,7 +716,6 @@ int main(int argc, char **argv)
         {"fork-adopt", fork_adopt},
         {"retain-pooled", retain_pooled},
         {"trim-growing", trim_growing},
-        {"unmap-pooled", unmap_pooled},
         {"bad-create", bad_create},
         {"xla-platform", xla_platform},
         {"procaddr", procaddr},
