@@ -291,7 +291,7 @@ SHIM_EXPORT size_t bfcshim_trim(void)
          * regions went with the context, their addresses maybe reused) */
         if (!sp || atomic_load(&sp->dead) || (!streams_all_seen() && pools_forget_if_replaced(sp)))
             continue;
-        released += pools_trim(sp);
+        released += pools_trim(sp, false);
     }
     char b[32];
     shim_log(LOG_INFO, "bfcshim_trim: %s given back to the device",

@@ -412,6 +412,7 @@ static CUresult ctx_destroy(CUresult (*f)(CUcontext), CUcontext ctx)
     if (!primary) {
         pools_context_gone(ctx);
         primary_unlock(); /* a created context's destroy may take long: not held */
+        pools_wait_dead_trims();
     } else {
         pools_hold_trims(ctx, true);
     }
@@ -493,6 +494,7 @@ static CUresult primary_reset(CUresult (*f)(CUdevice), CUdevice dev)
     CUcontext ctx = real_active_primary(real_driver_get(), dev);
     uint64_t claimed = capture_context_ending(ctx);
     pools_primary_gone(dev);
+    pools_wait_dead_trims();
     CUresult r = CALL(f, dev);
     remembered_pools_stale();
     pools_give_back_forgotten(r == CUDA_SUCCESS);

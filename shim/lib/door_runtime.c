@@ -468,6 +468,7 @@ SHIM_EXPORT cudaError_t cudaDeviceReset(void)
     if (get_device && get_device(&dev) == cudaSuccess) {
         ctx = real_active_primary(real_driver_get(), (CUdevice)dev);
         pools_primary_gone((CUdevice)dev);
+        pools_wait_dead_trims();
     }
     uint64_t claimed = capture_context_ending(ctx); /* (cudart's own reset may claim first) */
     cudaError_t e = f ? f() : NO_RUNTIME;

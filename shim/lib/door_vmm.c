@@ -330,7 +330,7 @@ SHIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
     /* Within the limit, yet the device has no room: the pool may hold free
      * memory that the loan did not need to give back (it gives back only
      * what the limit asks); give back all of it and try once more. */
-    if (r == CUDA_ERROR_OUT_OF_MEMORY && sp && pools_trim(sp) > 0)
+    if (r == CUDA_ERROR_OUT_OF_MEMORY && sp && pools_trim(sp, true) > 0)
         r = PASS(MemCreate, handle, size, prop, flags);
     if (r != CUDA_SUCCESS) {
         if (sp)

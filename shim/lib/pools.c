@@ -544,18 +544,34 @@ uint64_t pools_deaths(void) { return atomic_load(&deaths); }
  * a pool whose context another thread is tearing down: a trim that found
  * the pool alive went on pushing the dead context, recording events on its
  * dead streams and querying dead events (found by an audit: e2e_vmm_pool
- * trim-vs-destroy). So a trim enters the pool (counted in `trims`) only
- * while it is neither dead nor closing, and a teardown marks it (dead, or
- * closing around a call after which it may be forgotten) and then waits
- * until no trim is inside before the real call. Both sides store, then
- * load the other's flag (sequentially consistent), so at least one sees
- * the other. A trim only waits for the GPU, never for a teardown: no
- * deadlock.
+ * trim-vs-teardown). So a trim enters the pool (counted in `trims`) only
+ * while it is neither dead nor closing, and a teardown waits until no trim
+ * is inside before its real call: one that forgets the pool first marks it
+ * dead and then waits (pools_wait_dead_trims, outside the primary contexts'
+ * lock where the teardown can), one that may forget it only after the call
+ * holds it closing around the call (pools_hold_trims; a count, since two
+ * threads may detach one context). Both sides store, then load the other's
+ * mark (sequentially consistent), so at least one sees the other.
+ *
+ * A program's trim never waits for the GPU while it is inside (the
+ * engine's "give back what is idle now"; pools_trim_waits false): the
+ * barrier of an ordered pool is queried, not waited for, so a teardown
+ * waits for a few driver calls, not for queued work (a review found a
+ * non-last primary release held, with every other thread's retain, behind
+ * a trim waiting on a stuck kernel). What still waits: the immediate
+ * policy's context synchronisation before memory goes back, a region's
+ * cuMemFree without virtual memory, a plug-in's blind fences (no teardown
+ * is seen there), and the virtual memory door's trim when the device is out
+ * of memory.
  */
+static _Thread_local bool trim_no_waits;
+
+bool pools_trim_waits(void) { return !trim_no_waits; }
+
 static bool trim_enter(shim_pool *sp)
 {
     atomic_fetch_add(&sp->trims, 1);
-    if (!atomic_load(&sp->dead) && !atomic_load(&sp->closing))
+    if (!atomic_load(&sp->dead) && atomic_load(&sp->closing) <= 0)
         return true;
     atomic_fetch_sub(&sp->trims, 1);
     return false;
@@ -576,10 +592,26 @@ void pools_hold_trims(CUcontext ctx, bool hold)
     size_t n = atomic_load(&npools);
     for (size_t i = 0; ctx && i < n; i++) {
         shim_pool *sp = atomic_load(&registry[i]);
-        if (!sp || sp->ctx != ctx || atomic_load(&sp->dead))
+        if (!sp || sp->ctx != ctx)
             continue;
-        atomic_store(&sp->closing, hold);
-        if (hold)
+        if (hold) {
+            atomic_fetch_add(&sp->closing, 1);
+            trims_wait_out(sp);
+        } else {
+            /* (a pool made in between was never held: left at 0) */
+            int c = atomic_load(&sp->closing);
+            while (c > 0 && !atomic_compare_exchange_weak(&sp->closing, &c, c - 1))
+                ;
+        }
+    }
+}
+
+void pools_wait_dead_trims(void)
+{
+    size_t n = atomic_load(&npools);
+    for (size_t i = 0; i < n; i++) {
+        shim_pool *sp = atomic_load(&registry[i]);
+        if (sp && atomic_load(&sp->dead))
             trims_wait_out(sp);
     }
 }
@@ -591,8 +623,7 @@ static void forget_if(bool (*match)(const shim_pool *, const void *), const void
         shim_pool *sp = atomic_load(&registry[i]);
         if (sp && !atomic_load(&sp->dead) && match(sp, arg)) {
             atomic_store(&sp->forgotten_by, (uintptr_t)&teardown_thread);
-            atomic_store(&sp->dead, true);
-            trims_wait_out(sp); /* before the caller's real teardown call */
+            atomic_store(&sp->dead, true); /* trims keep out (pools_wait_dead_trims) */
             atomic_fetch_add(&deaths, 1);
             record_detach(sp);
             shim_log(LOG_INFO, "device %d: context gone, its pool is forgotten", (int)sp->dev);
@@ -982,10 +1013,12 @@ bool pools_lend(shim_pool *sp, uint64_t bytes)
     return s == BFC_OK;
 }
 
-uint64_t pools_trim(shim_pool *sp)
+uint64_t pools_trim(shim_pool *sp, bool may_wait)
 {
     if (!trim_enter(sp))
         return 0;
+    bool had = trim_no_waits;
+    trim_no_waits = !may_wait;
     /* Regions go back with cuMemFree, granules with cuMemUnmap, and fences
      * are recorded in the pool's context. */
     const real_driver *R = real_driver_get();
@@ -998,6 +1031,7 @@ uint64_t pools_trim(shim_pool *sp)
     if (fences_sync_blind(sp))
         released += bfc_pool_trim(sp->bfc);
     real_ctx_leave(R, pushed);
+    trim_no_waits = had;
     trim_leave(sp);
     return released;
 }

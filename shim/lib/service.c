@@ -456,7 +456,7 @@ void svc_pool_trim(CUmemoryPool pool, size_t keep)
         bfc_options o;
         bfc_pool_options(sp->bfc, &o);
         if (!o.preallocate)
-            pools_trim(sp);
+            pools_trim(sp, false);
     }
 }
 

@@ -289,7 +289,7 @@ typedef struct shim_pool {
     /* trims inside the pool now, and a teardown holding new ones off
      * (pools.c, "trims and teardowns") */
     atomic_int trims;
-    atomic_bool closing;
+    atomic_int closing;
     atomic_bool given_back; /* (over virtual memory) its granules went back */
     /* the thread whose teardown forgot it (pools.c): only that thread gives
      * its granules back, after its own real call returned */
@@ -472,7 +472,14 @@ shim_pool *pools_retired_at(size_t i);
 size_t pools_retired_unlisted(void);
 /* Gives back what the pool holds idle (bfc_pool_trim) in its context:
  * bytes released. */
-uint64_t pools_trim(shim_pool *sp);
+uint64_t pools_trim(shim_pool *sp, bool may_wait);
+/* Inside a trim that may not wait for the GPU (pools_trim(sp, false), the
+ * program's): false. The backend's release gate then queries rather than
+ * waits. */
+bool pools_trim_waits(void);
+/* Before the real call of a teardown that forgot its pools first: waits
+ * until no trim is inside a forgotten pool. */
+void pools_wait_dead_trims(void);
 /* Around a real call that may end context ctx and whose pool is forgotten
  * only after it (a primary context's release, a detach): trims of another
  * thread are kept out of its pools and waited out first (hold true), and

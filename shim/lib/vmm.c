@@ -483,7 +483,7 @@ static bool release_ready(void *ctx)
     shim_pool *sp = ctx;
     pools_context_needed(sp);
     if (shim_config_get()->free_policy != FREE_IMMEDIATE)
-        return fences_barrier_idle(sp, true);
+        return fences_barrier_idle(sp, pools_trim_waits());
     streams_use_begin();
     bool ready = false;
     /* The pool's context, not the caller's: a free arrives with whichever

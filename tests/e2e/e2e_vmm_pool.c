@@ -95,11 +95,15 @@
  *              another ends contexts (a created one destroyed, a primary
  *              one's last release) with work queued on their pooled blocks:
  *              no dead handle used, no block unmapped under its work
+ *   release-vs-stuck-trim  a trim while a kernel never ends returns (it
+ *              gives back what is idle, never waits for the GPU); a non-last
+ *              primary release and another thread's retain meanwhile too
  *   coarse-alignment  (device granule 64 KiB, BFCSHIM_ALIGNMENT=1MiB,
  *              preallocated) the pool maps in granules of the alignment and
  *              takes its whole limit up front
  */
 #include <cuda.h>
+#include <unistd.h>
 
 #include "e2e_cu.h"
 
@@ -405,6 +409,69 @@ static void trim_vs_teardown(void)
     CHECK_EQ(atomic_load(&blocks_gone), 0);
     CHECK_EQ(fake_stats().stale_handle_uses, 0);
     CHECK_EQ(D.MemFree(keep), CUDA_SUCCESS);
+}
+
+/* release-vs-stuck-trim: a trim while the GPU runs a kernel that does not
+ * end (NCCL waiting for a peer) gives back what is idle and returns; a
+ * non-last primary release meanwhile, and another thread's retain, return
+ * too (found by a review: the trim waited for the GPU inside the pool, and
+ * the release, holding the primary contexts' lock, waited for the trim). */
+static atomic_int trim_returned, release_returned, retain_returned;
+
+static void *trim_once(void *arg)
+{
+    (void)arg;
+    trim();
+    atomic_store(&trim_returned, 1);
+    return NULL;
+}
+
+static void *release_once(void *arg)
+{
+    (void)arg;
+    CHECK_EQ(D.DevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+    atomic_store(&release_returned, 1);
+    return NULL;
+}
+
+static void *retain_once(void *arg)
+{
+    (void)arg;
+    CUcontext c = NULL;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c, 0), CUDA_SUCCESS);
+    atomic_store(&retain_returned, 1);
+    return NULL;
+}
+
+/* Waits up to 2 s for *flag. */
+static int within_2s(atomic_int *flag)
+{
+    for (int i = 0; i < 200 && !atomic_load(flag); i++)
+        nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+    return atomic_load(flag);
+}
+
+static void release_vs_stuck_trim(void)
+{
+    start();
+    CUcontext c = NULL;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c, 0), CUDA_SUCCESS); /* a second reference */
+    CUdeviceptr p = 0;
+    CHECK_EQ(D.MemAlloc(&p, 8 * MiB), CUDA_SUCCESS);
+    CHECK_EQ(fakecuda()->launch_stuck(NULL), 0);
+    CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+    pthread_t t[3];
+    CHECK_EQ(pthread_create(&t[0], NULL, trim_once, NULL), 0);
+    CHECK(within_2s(&trim_returned));
+    CHECK_EQ(pthread_create(&t[1], NULL, release_once, NULL), 0);
+    CHECK_EQ(pthread_create(&t[2], NULL, retain_once, NULL), 0);
+    CHECK(within_2s(&release_returned) && within_2s(&retain_returned));
+    fprintf(stderr, "trim returned %d, the non-last release %d, another thread's retain %d\n",
+            atomic_load(&trim_returned), atomic_load(&release_returned),
+            atomic_load(&retain_returned));
+    fflush(stderr);
+    /* The kernel never ends: whatever still waits for it never returns. */
+    _exit(e2e_done("release-vs-stuck-trim"));
 }
 
 static void immediate_other_device(void)
@@ -879,6 +946,7 @@ int main(int argc, char **argv)
                      {"ctxdestroy-concurrent", ctxdestroy_concurrent},
                      {"immediate-other-device", immediate_other_device},
                      {"trim-vs-teardown", trim_vs_teardown},
+                     {"release-vs-stuck-trim", release_vs_stuck_trim},
                      {"reset-busy", reset_busy},
                      {"peers", peers},
                      {"peers-gone", peers_gone},
