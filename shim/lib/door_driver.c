@@ -363,6 +363,20 @@ SHIM_EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
     return r;
 }
 
+/* cuda.h: "Destroying the current mempool of a device sets the default
+ * mempool of that device as the current mempool for that device": the
+ * shim serves that device's stream-ordered allocations again (found by an
+ * audit: after a program destroyed its current pool, every later one went
+ * to the driver for the rest of the run, outside the limit and the
+ * statistics). */
+SHIM_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    CUresult r = PASS(MemPoolDestroy, pool);
+    if (r == CUDA_SUCCESS)
+        svc_note_pool_destroyed(pool);
+    return r;
+}
+
 /* The default pool's figures include the shim's pools, which serve it. */
 SHIM_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
                                            void *value)

@@ -82,6 +82,7 @@ static hook hooks[] = {
     H(cuCtxEnablePeerAccess),
     H(cuCtxDisablePeerAccess),
     H(cuDeviceSetMemPool),
+    H(cuMemPoolDestroy),
     H(cuMemPoolGetAttribute),
     H(cuMemPoolSetAttribute),
     H(cuMemPoolTrimTo),

@@ -55,6 +55,7 @@ static void load_driver(void)
     LOOK(DeviceGetAttribute, "cuDeviceGetAttribute");
     LOOK(DeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool");
     LOOK(DeviceSetMemPool, "cuDeviceSetMemPool");
+    LOOK(MemPoolDestroy, "cuMemPoolDestroy");
     LOOK(MemPoolGetAttribute, "cuMemPoolGetAttribute");
     LOOK(MemPoolSetAttribute, "cuMemPoolSetAttribute");
     LOOK(MemPoolTrimTo, "cuMemPoolTrimTo");

@@ -90,6 +90,14 @@ void svc_note_device_pool(CUdevice dev, CUmemoryPool pool)
     atomic_store(&set_pool[dev], pool == dflt ? NULL : pool);
 }
 
+void svc_note_pool_destroyed(CUmemoryPool pool)
+{
+    for (int dev = 0; pool && dev < TRACKED_DEVICES; dev++) {
+        CUmemoryPool was = pool;
+        atomic_compare_exchange_strong(&set_pool[dev], &was, NULL);
+    }
+}
+
 bool svc_default_pool_current(CUdevice dev)
 {
     return dev < 0 || dev >= TRACKED_DEVICES || atomic_load_explicit(&set_pool[dev],

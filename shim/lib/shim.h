@@ -160,6 +160,7 @@ typedef struct real_driver {
     CUresult (*DeviceGetAttribute)(int *, CUdevice_attribute, CUdevice);
     CUresult (*DeviceGetDefaultMemPool)(CUmemoryPool *, CUdevice);
     CUresult (*DeviceSetMemPool)(CUdevice, CUmemoryPool);
+    CUresult (*MemPoolDestroy)(CUmemoryPool);
     CUresult (*MemPoolGetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
     CUresult (*MemPoolSetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
     CUresult (*MemPoolTrimTo)(CUmemoryPool, size_t);
@@ -788,6 +789,9 @@ bool svc_explicit_stream(CUstream s);
  * pool? cuDeviceSetMemPool (both doors) tells us when it stops. */
 bool svc_default_pool_current(CUdevice dev);
 void svc_note_device_pool(CUdevice dev, CUmemoryPool pool);
+/* The program destroyed its pool `pool`: a device it was current for has
+ * its default pool current again (cuda.h), which the shim serves. */
+void svc_note_pool_destroyed(CUmemoryPool pool);
 /* `stream` is only recorded in the trace; the lane decides reuse. */
 /* Said by a door right before svc_alloc when it found sp as the pool of the
  * calling thread's current context (svc_current_pool, the runtime's): the

@@ -72,6 +72,8 @@
  *               least the bytes asked ("guaranteed to have at least
  *               minBytesToKeep bytes reserved", cuda.h); to 0 it gives the
  *               shim's idle regions back
+ *   pool-destroyed  the program's own pool made current, then destroyed:
+ *               stream-ordered allocations are the shim's again
  *   fake-pool-stats  (driver door closed) the fake's pools keep freed memory
  *               until a synchronisation above the release threshold, and
  *               cuMemGetInfo counts it as taken; trim, high marks
@@ -932,6 +934,45 @@ static void pool_stats(void)
     CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
 }
 
+/* pool-destroyed: the program's own pool, made current and destroyed:
+ * cuda.h, "Destroying the current mempool of a device sets the default
+ * mempool of that device as the current mempool", so stream-ordered
+ * allocations are the default pool's again, which the shim serves (found
+ * by an audit: they went to the driver for the rest of the run). */
+static void pool_destroyed(void)
+{
+    CUstream s;
+    CUmemoryPool dflt = default_pool_and_stream(&s);
+    CUdeviceptr warm = 0;
+    CHECK_EQ(D.MemAlloc(&warm, MiB), CUDA_SUCCESS); /* the shim's pool exists */
+    CUmemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = 0;
+    CUmemoryPool mine = NULL;
+    CHECK_EQ(D.MemPoolCreate(&mine, &props), CUDA_SUCCESS);
+    CHECK_EQ(D.DeviceSetMemPool(0, mine), CUDA_SUCCESS);
+    typedef CUresult (*destroy_fn)(CUmemoryPool);
+    typedef CUresult (*get_fn)(CUmemoryPool *, CUdevice);
+    destroy_fn destroy = (destroy_fn)e2e_dlsym(e2e_open_libcuda(), "cuMemPoolDestroy");
+    get_fn get = (get_fn)e2e_dlsym(e2e_open_libcuda(), "cuDeviceGetMemPool");
+    CHECK_EQ(destroy(mine), CUDA_SUCCESS);
+    CHECK_EQ(destroy(mine), CUDA_ERROR_INVALID_VALUE); /* no pool now */
+    CHECK_EQ(destroy(dflt), CUDA_ERROR_INVALID_VALUE); /* "cannot be destroyed" */
+    CUmemoryPool now = NULL;
+    CHECK_EQ(get(&now, 0), CUDA_SUCCESS);
+    CHECK(now == dflt);
+    const uint64_t before = fake_stats().bytes_in_use[0];
+    CUdeviceptr p = 0;
+    CHECK_EQ(D.MemAllocAsync(&p, MiB, s), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().bytes_in_use[0], before); /* pooled: no driver memory */
+    CHECK_EQ(D.MemFreeAsync(p, s), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(warm), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+}
+
 static void pool_trim(void)
 {
     CUstream s;
@@ -1061,6 +1102,7 @@ int main(int argc, char **argv)
         {"fake-waits-in-flight", fake_waits_in_flight},
         {"pool-stats", pool_stats}, {"fake-pool-stats", fake_pool_stats},
         {"pool-trim", pool_trim},
+        {"pool-destroyed", pool_destroyed},
         {"fake-before-init", before_init},
     };
     if (argc != 2) {

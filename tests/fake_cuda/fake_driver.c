@@ -1647,7 +1647,8 @@ static int pool_device(CUmemoryPool pool)
     if (v >= POOL_DEFAULT && v < POOL_DEFAULT + (unsigned)G.ndev)
         return (int)(v - POOL_DEFAULT);
     if (v >= POOL_CREATED + 16u && v < POOL_CREATED + 16u * (G.npools_created + 1u) &&
-        (int)(v % 16u) < G.ndev)
+        (int)(v % 16u) < G.ndev &&
+        G.pools[MAX_DEVICES + (v - POOL_CREATED) / 16u - 1u].dev >= 0) /* not destroyed */
         return (int)(v % 16u);
     return -1;
 }
@@ -1664,6 +1665,23 @@ EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
         (struct fpool){.reuse = {1, 1, 1}, .dev = props->location.id};
     *pool = (CUmemoryPool)(uintptr_t)(POOL_CREATED + ++G.npools_created * 16u +
                                       (unsigned)props->location.id);
+    LEAVE(CUDA_SUCCESS);
+}
+
+/* cuda.h: "Destroying the current mempool of a device sets the default
+ * mempool of that device as the current mempool for that device. A
+ * device's default memory pool cannot be destroyed." The handle is then no
+ * pool (its slot's device -1). */
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    CALLED();
+    ENTER_API();
+    int dev = pool_device(pool);
+    if (dev < 0 || pool == G.default_pool[dev])
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    if (G.current_pool[dev] == pool)
+        G.current_pool[dev] = G.default_pool[dev];
+    G.pools[MAX_DEVICES + ((uintptr_t)pool - POOL_CREATED) / 16u - 1u].dev = -1;
     LEAVE(CUDA_SUCCESS);
 }
 
@@ -5429,6 +5447,7 @@ static const proc procs[] = {
     P("cuDeviceSetMemPool", 11020, cuDeviceSetMemPool),
     P("cuDeviceGetMemPool", 11020, cuDeviceGetMemPool),
     P("cuMemPoolCreate", 11020, cuMemPoolCreate),
+    P("cuMemPoolDestroy", 11020, cuMemPoolDestroy),
     P("cuMemPoolGetAttribute", 11020, cuMemPoolGetAttribute),
     P("cuMemPoolSetAttribute", 11020, cuMemPoolSetAttribute),
     P("cuMemPoolTrimTo", 11020, cuMemPoolTrimTo),
