@@ -202,6 +202,13 @@ SHIM_EXPORT CUresult cuPointerGetAttributes(unsigned n, CUpointer_attribute *att
         return PASS(PointerGetAttributes, n, attrs, data, p);
     bfc_live_info b = {0};
     bool live = bfc_pool_block(sp->bfc, p, &b) == BFC_OK;
+    /* Free space of a pool (a freed block) is no CUDA pointer to the
+     * program: cuda.h, "the attributes are assigned default NULL values and
+     * CUDA_SUCCESS is returned", as the driver assigns them for an address
+     * it never gave out (NULL), not the values of the region behind it
+     * (found by an audit: a freed block read as mapped device memory). */
+    if (!live)
+        return PASS(PointerGetAttributes, n, attrs, data, (CUdeviceptr)0);
     CUpointer_attribute rest[ATTRS_MAX];
     void *rest_data[ATTRS_MAX];
     unsigned nrest = 0;

@@ -15,6 +15,9 @@
  *                  region, with a buffer id no other allocation ever had, the
  *                  pool's context and no legacy IPC (ptr-attr-vmm: the pool
  *                  over virtual memory, where the driver sees granules)
+ *   ptr-attrs-freed  (and -vmm) cuPointerGetAttributes of a freed pooled
+ *                  block: success and every attribute's NULL value, as for
+ *                  any address that is no CUDA pointer
  *   device-full    out of memory because the device itself is full (other
  *                  processes hold it): the report says so and suggests no
  *                  larger BFCSHIM_MEM_FRACTION
@@ -198,6 +201,40 @@ static void device_full(void)
     CHECK_EQ(cudaFree(p), cudaSuccess);
 }
 
+/* ptr-attrs-freed (and -vmm): a freed pooled block is no CUDA pointer:
+ * cuPointerGetAttributes answers CUDA_SUCCESS with "default NULL values"
+ * (cuda.h) for every attribute, not the region's (found by an audit: a
+ * freed block read as mapped device memory). */
+static void ptr_attrs_freed(void)
+{
+    typedef CUresult (*attrs_fn)(unsigned, CUpointer_attribute *, void **, CUdeviceptr);
+    attrs_fn attrs = (attrs_fn)driver("cuPointerGetAttributes");
+    char *a = NULL;
+    CHECK_EQ(cudaMalloc((void **)&a, 3 * MiB), cudaSuccess);
+    CHECK_EQ(cudaFree(a), cudaSuccess);
+    fakecuda()->complete_all();
+    CUpointer_attribute which[4] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                    CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
+                                    CU_POINTER_ATTRIBUTE_MAPPED,
+                                    CU_POINTER_ATTRIBUTE_RANGE_START_ADDR};
+    unsigned type = 99;
+    CUdeviceptr dp = 99, start = 99;
+    int mapped = 99;
+    void *out[4] = {&type, &dp, &mapped, &start};
+    CHECK_EQ(attrs(4, which, out, (CUdeviceptr)(uintptr_t)(a + 4096)), CUDA_SUCCESS);
+    CHECK_EQ(type, 0);
+    CHECK_EQ(dp, 0);
+    CHECK_EQ(mapped, 0);
+    CHECK_EQ(start, 0);
+    /* A live block still answers as its own. */
+    char *b = NULL;
+    CHECK_EQ(cudaMalloc((void **)&b, MiB), cudaSuccess);
+    CHECK_EQ(attrs(4, which, out, (CUdeviceptr)(uintptr_t)b), CUDA_SUCCESS);
+    CHECK_EQ(type, CU_MEMORYTYPE_DEVICE);
+    CHECK_EQ(start, (CUdeviceptr)(uintptr_t)b);
+    CHECK_EQ(cudaFree(b), cudaSuccess);
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -206,6 +243,8 @@ int main(int argc, char **argv)
         {"ptr-attr", ptr_attr},
         {"ptr-attr-vmm", ptr_attr},
         {"device-full", device_full},
+        {"ptr-attrs-freed", ptr_attrs_freed},
+        {"ptr-attrs-freed-vmm", ptr_attrs_freed},
     };
     return e2e_main("e2e_queries", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }
