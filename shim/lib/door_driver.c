@@ -80,7 +80,7 @@ SHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
 
 SHIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr p)
 {
-    if (!shim_driver_door() || p == 0)
+    if (!shim_pointer_door() || p == 0)
         return counted_free(PASS(MemFree, p), p);
     svc_status st = svc_free(p, FREE_PLAIN, NULL, false, "cuMemFree_v2");
     if (st == SVC_PASS)
@@ -124,7 +124,7 @@ SHIM_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 SHIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p)
 {
     shim_pool *sp;
-    if (!shim_driver_door() || !(sp = pool_owning(p)))
+    if (!shim_pointer_door() || !(sp = pool_owning(p)))
         return PASS(MemGetAddressRange, base, size, p);
     bfc_addr b = 0;
     uint64_t n = 0;
@@ -177,7 +177,7 @@ static bool pooled_attribute(const shim_pool *sp, const bfc_live_info *b, bool l
 SHIM_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr p)
 {
     shim_pool *sp;
-    if (!shim_driver_door() || !data || !(sp = pool_owning(p)))
+    if (!shim_pointer_door() || !data || !(sp = pool_owning(p)))
         return PASS(PointerGetAttribute, data, attr, p);
     bfc_live_info b;
     /* "If ptr is not a valid CUDA pointer then CUDA_ERROR_INVALID_VALUE" */
@@ -198,7 +198,7 @@ SHIM_EXPORT CUresult cuPointerGetAttributes(unsigned n, CUpointer_attribute *att
                                             CUdeviceptr p)
 {
     shim_pool *sp;
-    if (!attrs || !data || !shim_driver_door() || !(sp = pool_owning(p)))
+    if (!attrs || !data || !shim_pointer_door() || !(sp = pool_owning(p)))
         return PASS(PointerGetAttributes, n, attrs, data, p);
     bfc_live_info b = {0};
     bool live = bfc_pool_block(sp->bfc, p, &b) == BFC_OK;
@@ -230,7 +230,7 @@ SHIM_EXPORT CUresult cuPointerGetAttributes(unsigned n, CUpointer_attribute *att
 
 SHIM_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr p)
 {
-    if (shim_driver_door()) {
+    if (shim_pointer_door()) {
         svc_status st = svc_ipc_check(p, "cuIpcGetMemHandle");
         if (st != SVC_PASS)
             return svc_cuda_result(st);
@@ -258,7 +258,7 @@ static CUresult alloc_async(int z, CUdeviceptr *dptr, size_t size, CUstream s, c
 
 static CUresult free_async(int z, CUdeviceptr p, CUstream s, const char *api)
 {
-    if (!shim_driver_door() || p == 0)
+    if (!shim_pointer_door() || p == 0)
         return counted_free(PASS(MemFreeAsync[z], p, s), p);
     svc_status st = svc_free(p, FREE_STREAM, s, z, api);
     if (st == SVC_PASS)

@@ -40,6 +40,13 @@ bool shim_driver_door(void)
     return shim_active() && shim_config_get()->driver_hooks;
 }
 
+/* Closing the driver door (BFCSHIM_DRIVER_HOOKS=0) stops it serving, not
+ * recognising the pools' own pointers: cudaMalloc memory may be freed with
+ * cuMemFree, and a pooled pointer handed to the real driver frees or
+ * describes the whole region behind it (found by an audit: the first
+ * block's cuMemFree freed a one-region pool's region). */
+bool shim_pointer_door(void) { return shim_active(); }
+
 /* Lookups (dlsym, cuGetProcAddress) ignore the calling thread's bypass: it
  * routes *calls* the shim makes itself, while a table filled during such a
  * call (cudart initialising inside the shim's first cudaFree(NULL)) is kept

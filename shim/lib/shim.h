@@ -742,6 +742,10 @@ bool shim_active(void);
 /* Do the driver door's functions serve from the pools (bfc mode, driver
  * hooks on)? */
 bool shim_driver_door(void);
+/* Do the driver door's pointer-taking calls (free, address range, pointer
+ * attributes, IPC handle) recognise pooled pointers? Whenever the shim
+ * serves, the driver door open or not. */
+bool shim_pointer_door(void);
 /* Do dlsym and cuGetProcAddress hand out the driver door? Whenever driver
  * hooks are on: in bfc mode to serve, in platform mode to count what
  * programs that find the driver by dlsym (XLA, TensorFlow, Numba) allocate. */

@@ -26,6 +26,9 @@
  *   peers       peer access through the runtime reaches the pool over virtual
  *               memory, and goes on disable and reset (peers-hooks-off:
  *               the runtime door, the driver door closed)
+ *   mixed-doors cudaMalloc memory freed with cuMemFree, the driver door open
+ *               and closed (-hooks-off; -one-region-hooks-off over one
+ *               cuMemAlloc region): back to the pool, the pool intact
  *   exit-busy   the program exits while another thread holds the pool, waiting
  *               for a fence that never completes: exit must not hang (the
  *               stats and trace writers give a busy pool up)
@@ -703,6 +706,30 @@ static void peers(void)
     CHECK_EQ(cudaFree(b), cudaSuccess);
 }
 
+/* mixed-doors (-hooks-off, -one-region-hooks-off): cudaMalloc's memory
+ * freed with the driver's cuMemFree (one allocation, two APIs, as CUDA
+ * allows), the driver door open or closed: each block goes back to the
+ * pool, and the pool's memory stays (found by an audit: with the door
+ * closed the real cuMemFree got the pooled pointer; the first block's freed
+ * a one-region pool's whole region, and the next use of the pool crashed). */
+static void mixed_doors(void)
+{
+    typedef CUresult (*free_fn)(CUdeviceptr);
+    free_fn cu_free = (free_fn)dlsym(RTLD_DEFAULT, "cuMemFree_v2");
+    CHECK(cu_free != NULL);
+    if (!cu_free)
+        return;
+    const size_t sizes[] = {64 * MiB, MiB, 4096, 3 * MiB};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        char *p = alloc_ok(sizes[i]);
+        CHECK_EQ(cu_free((CUdeviceptr)(uintptr_t)p), CUDA_SUCCESS);
+    }
+    CHECK_EQ(fake_stats().stale_handle_uses, 0);
+    char *half = alloc_ok(LIMIT / 2);
+    memset(half, 1, LIMIT / 2); /* the pool's memory is still there */
+    CHECK_EQ(cudaFree(half), cudaSuccess);
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -713,6 +740,7 @@ int main(int argc, char **argv)
         {"stats-now", stats_now}, {"reset", reset},           {"exit-busy", exit_busy},
         {"plan", plan},           {"plan-bad", plan_bad},       {"plan-stray", plan_stray},
         {"pool-stats", pool_stats}, {"peers", peers},
+        {"mixed-doors", mixed_doors},
     };
     return e2e_main("e2e_runtime", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }
