@@ -965,6 +965,20 @@ static void alloc_dead_stream(void)
     CHECK(fake_stats().stale_handle_uses <= stale + 1);
 }
 
+/* Stream t, live under a handle a destroyed stream had, is served: its
+ * stream-ordered allocation is the pool's, and it takes that block and
+ * `pooled` (a block of the pool) back; then it is synchronised. */
+static void expect_reborn_served(cudaStream_t t, void *pooled)
+{
+    uint64_t driver_allocs = fake_stats().mem_alloc_async_calls;
+    void *p = NULL;
+    CHECK_EQ(cudaMallocAsync(&p, MiB, t), cudaSuccess);
+    CHECK_EQ(fake_stats().mem_alloc_async_calls, driver_allocs); /* the pool's */
+    CHECK_EQ(cudaFreeAsync(p, t), cudaSuccess);
+    CHECK_EQ(cudaFreeAsync(pooled, t), cudaSuccess);
+    CHECK_EQ(cudaStreamSynchronize(t), cudaSuccess);
+}
+
 /* dead-stream-reborn (FAKECUDA_REUSE_STREAM_HANDLES: the fake gives the
  * next stream a destroyed one's handle, as a real driver may): the handle
  * names a live stream again, and its stream-ordered calls are served. */
@@ -976,13 +990,7 @@ static void dead_stream_reborn(void)
     CHECK_EQ(cudaStreamCreateWithFlags(&again, cudaStreamNonBlocking), cudaSuccess);
     CHECK(again == s);
     uint64_t stale = fake_stats().stale_handle_uses;
-    uint64_t driver_allocs = fake_stats().mem_alloc_async_calls;
-    void *p = NULL, *pooled = alloc_ok(MiB);
-    CHECK_EQ(cudaMallocAsync(&p, MiB, again), cudaSuccess);
-    CHECK_EQ(fake_stats().mem_alloc_async_calls, driver_allocs); /* the pool's */
-    CHECK_EQ(cudaFreeAsync(p, again), cudaSuccess);
-    CHECK_EQ(cudaFreeAsync(pooled, again), cudaSuccess);
-    CHECK_EQ(cudaStreamSynchronize(again), cudaSuccess);
+    expect_reborn_served(again, alloc_ok(MiB));
     CHECK_EQ(cudaStreamDestroy(again), cudaSuccess);
     CHECK_EQ(fake_stats().stale_handle_uses, stale);
 }
@@ -1005,13 +1013,7 @@ static void dead_stream_reborn_in_window(void)
     fakecuda()->after_next_stream_destroy(make_stream_into, &t);
     CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
     CHECK(t == s);
-    uint64_t driver_allocs = fake_stats().mem_alloc_async_calls;
-    void *p = NULL;
-    CHECK_EQ(cudaMallocAsync(&p, MiB, t), cudaSuccess);
-    CHECK_EQ(fake_stats().mem_alloc_async_calls, driver_allocs); /* the pool's */
-    CHECK_EQ(cudaFreeAsync(p, t), cudaSuccess);
-    CHECK_EQ(cudaFreeAsync(pooled, t), cudaSuccess);
-    CHECK_EQ(cudaStreamSynchronize(t), cudaSuccess);
+    expect_reborn_served(t, pooled);
     CHECK_EQ(cudaStreamDestroy(t), cudaSuccess);
 }
 
@@ -1033,13 +1035,7 @@ static void dead_stream_reborn_unseen(void)
     CUstream again = NULL;
     CHECK_EQ(create(&again, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
     CHECK(again == (CUstream)s);
-    uint64_t driver_allocs = fake_stats().mem_alloc_async_calls;
-    void *p = NULL, *pooled = alloc_ok(MiB);
-    CHECK_EQ(cudaMallocAsync(&p, MiB, (cudaStream_t)again), cudaSuccess);
-    CHECK_EQ(fake_stats().mem_alloc_async_calls, driver_allocs); /* the pool's */
-    CHECK_EQ(cudaFreeAsync(p, (cudaStream_t)again), cudaSuccess);
-    CHECK_EQ(cudaFreeAsync(pooled, (cudaStream_t)again), cudaSuccess);
-    CHECK_EQ(cudaStreamSynchronize((cudaStream_t)again), cudaSuccess);
+    expect_reborn_served((cudaStream_t)again, alloc_ok(MiB));
     CHECK_EQ(destroy(again), CUDA_SUCCESS);
 }
 
