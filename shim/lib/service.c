@@ -267,19 +267,24 @@ static svc_status bad_pointer(shim_pool *sp, CUdeviceptr ptr, const char *api)
     return SVC_INVALID;
 }
 
-/* A stream-ordered free CUDA refuses, refused the same way: the block stays
- * the program's. On a destroyed stream, without the dead handle reaching
- * the driver. On the legacy stream while a blocking stream captures, the
- * legacy stream is used as the real free would use it (work queued on it),
- * so that the driver refuses and invalidates those captures itself; should
- * it accept (the capture ended meanwhile), SVC_OK: the free goes on. */
-static svc_status refused_stream_free(shim_pool *sp, CUdeviceptr ptr, CUstream stream,
-                                      svc_stream_state state, const char *api)
+/* Is ptr the start of a live block of sp? */
+static bool block_start(shim_pool *sp, CUdeviceptr ptr)
 {
     bfc_addr base;
     uint64_t size;
-    if (bfc_pool_lookup(sp->bfc, ptr, &base, &size) != BFC_OK || base != ptr)
-        return bad_pointer(sp, ptr, api);
+    return bfc_pool_lookup(sp->bfc, ptr, &base, &size) == BFC_OK && base == ptr;
+}
+
+/* A stream-ordered free of a block CUDA refuses, refused the same way: the
+ * block stays the program's. On a destroyed stream, without the dead handle
+ * reaching the driver. On the legacy stream while a blocking stream
+ * captures, the legacy stream is used as the real free would use it (work
+ * queued on it), so that the driver refuses and invalidates those captures
+ * itself; should it accept (the capture ended meanwhile), SVC_OK: the free
+ * goes on. */
+static svc_status refused_stream_free(CUdeviceptr ptr, CUstream stream, svc_stream_state state,
+                                      const char *api)
+{
     if (state == STREAM_DEAD) {
         shim_log(LOG_ERROR, "%s(0x%llx) on stream %p, which was destroyed: refused, the block "
                             "is still the program's", api, (unsigned long long)ptr, (void *)stream);
@@ -303,18 +308,18 @@ svc_status svc_free(CUdeviceptr ptr, free_kind kind, CUstream stream, bool per_t
     bfc_status st;
     svc_stream_state state = kind != FREE_PLAIN ? svc_stream_state_of(stream, per_thread)
                                                 : STREAM_USABLE;
+    /* Refused or kept below, the block is not freed: a bad pointer is said
+     * here (a freed one by the engine). */
+    if (state != STREAM_USABLE && !block_start(sp, ptr))
+        return bad_pointer(sp, ptr, api);
     if (state == STREAM_DEAD || state == STREAM_LEGACY_BLOCKED) {
-        svc_status refused = refused_stream_free(sp, ptr, stream, state, api);
+        svc_status refused = refused_stream_free(ptr, stream, state, api);
         if (refused != SVC_OK)
             return refused;
     }
     if (state == STREAM_CAPTURING) {
         /* The free becomes part of a graph that may run any number of times
          * later: the block can never be proven idle, so it is kept. */
-        bfc_addr base;
-        uint64_t size;
-        if (bfc_pool_lookup(sp->bfc, ptr, &base, &size) != BFC_OK || base != ptr)
-            return bad_pointer(sp, ptr, api);
         static atomic_bool said;
         shim_log_once(&said, LOG_WARN,
                       "%s of pooled memory on a capturing stream: the block is kept until exit "

@@ -1671,7 +1671,9 @@ EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 /* cuda.h: "Destroying the current mempool of a device sets the default
  * mempool of that device as the current mempool for that device. A
  * device's default memory pool cannot be destroyed." The handle is then no
- * pool (its slot's device -1). */
+ * pool (its slot's device -1). Its allocations stay valid until freed
+ * ("released automatically once there are no more outstanding
+ * allocations"); the fake keeps no account of the dead pool's cache. */
 EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
     CALLED();
@@ -3751,7 +3753,11 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, C
     if (s->capturing)
         G.st.graph_allocs++;
     /* An allocation on the legacy stream is work queued there, as a free
-     * is: refused while a blocking stream captures, which is invalidated. */
+     * is: refused while a blocking stream captures, which is invalidated
+     * (legacy_use: cuda.h's CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "a
+     * disallowed implicit dependency on a current capture sequence from
+     * cudaStreamLegacy"; the programming guide: "any attempted use of the
+     * legacy stream is invalid" while a blocking stream captures). */
     CUresult r = s->capturing ? CUDA_SUCCESS : legacy_use(s);
     if (r != CUDA_SUCCESS)
         LEAVE(r);
