@@ -29,7 +29,11 @@
  * FAKECUDA_REUSE_STREAM_HANDLES=1 (cuStreamCreate gives the most recently
  * destroyed stream's handle to the new stream at once, its old work still
  * queued: the driver promises nothing about handle values; by default a
- * destroyed stream's handle stays recognised as stale).
+ * destroyed stream's handle stays recognised as stale),
+ * FAKECUDA_STALE_BACKTRACE=1 (each use of a dead handle, counted in
+ * stale_handle_uses, also prints what it was, whose, and the caller's stack
+ * on stderr: how a rare one is traced to the shim's path, with addr2line on
+ * the library's offsets).
  */
 #ifndef BFCSHIM_TESTS_FAKE_CUDA_H
 #define BFCSHIM_TESTS_FAKE_CUDA_H

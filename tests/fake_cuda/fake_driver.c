@@ -169,6 +169,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <execinfo.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -305,6 +306,7 @@ typedef struct fevent {
     uint32_t magic;
     fctx *ctx;
     bool recorded, captured, dead;
+    bool destroyed;       /* dead by cuEventDestroy (not its context's end) */
     unsigned flags;       /* cuEventCreate's */
     /* A captured record's capture (its sequence and origin stream), and the
      * stream and position it was recorded at: a stream that waits on it
@@ -358,6 +360,7 @@ static struct {
     fstream *streams;
     stream_cell *free_cells;   /* FAKECUDA_REUSE_STREAM_HANDLES */
     bool reuse_stream_handles;
+    bool stale_backtrace;      /* FAKECUDA_STALE_BACKTRACE */
     uint64_t next_stream_id;
     uint64_t next_capture_seq; /* the last capture sequence begun */
     fevent *events;
@@ -570,6 +573,7 @@ static void configure(void)
     G.autocomplete = getenv("FAKECUDA_AUTOCOMPLETE") != NULL;
     G.zero_alloc = getenv("FAKECUDA_ZERO_ALLOC") != NULL;
     G.reuse_stream_handles = getenv("FAKECUDA_REUSE_STREAM_HANDLES") != NULL;
+    G.stale_backtrace = getenv("FAKECUDA_STALE_BACKTRACE") != NULL;
 }
 
 #define ENTER()                        \
@@ -700,6 +704,27 @@ static fstream *per_thread_stream(fctx *c)
     return s;
 }
 
+/* Lock held: counts a use of a dead handle; with FAKECUDA_STALE_BACKTRACE
+ * set, also prints the caller's stack, to find which path of the shim made
+ * a rare one (addresses in hidden functions: addr2line -e on the library). */
+static void count_stale_use_of(const char *what, const fctx *owner, const char *how)
+{
+    G.st.stale_handle_uses++;
+    if (G.stale_backtrace) {
+        void *frames[32];
+        const fctx *cur = current_ctx();
+        fprintf(stderr,
+                "fake: stale handle use %llu: %s of context %p (device %d, %s, %s; %s), current "
+                "context %p:\n",
+                (unsigned long long)G.st.stale_handle_uses, what, (const void *)owner,
+                owner ? owner->dev : -1, owner && owner->primary ? "primary" : "created",
+                owner && owner->alive ? "alive" : "gone", how, (const void *)cur);
+        backtrace_symbols_fd(frames, backtrace(frames, 32), 2);
+    }
+}
+
+static void count_stale_use(void) { count_stale_use_of("handle", NULL, "-"); }
+
 /* Lock held: the stream a handle names, or NULL for a bad handle. Handles
  * of destroyed streams, or of streams whose context went away, are bad, and
  * counted: the real driver may crash on them. */
@@ -715,7 +740,7 @@ static fstream *stream_of(CUstream h)
     if (!s)
         return NULL;
     if (s->destroyed || s->dead) {
-        G.st.stale_handle_uses++;
+        count_stale_use();
         return NULL;
     }
     return s;
@@ -738,7 +763,7 @@ static fevent *event_of(CUevent h)
     if (!e || e->magic != EVENT_MAGIC)
         return NULL;
     if (e->dead) {
-        G.st.stale_handle_uses++;
+        count_stale_use_of("event", e->ctx, e->destroyed ? "destroyed" : "context killed");
         return NULL;
     }
     return e;
@@ -2813,7 +2838,7 @@ static fgraph *graph_of(CUgraph h)
     if (!g || g->magic != GRAPH_MAGIC)
         return NULL;
     if (g->destroyed) {
-        G.st.stale_handle_uses++;
+        count_stale_use();
         return NULL;
     }
     return g;
@@ -3248,7 +3273,7 @@ EXPORT CUresult cuEventDestroy_v2(CUevent h)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
     /* Kept in the list (other events' records never point at it), only
      * marked: a later use is a stale handle. */
-    e->dead = true;
+    e->dead = e->destroyed = true;
     LEAVE(CUDA_SUCCESS);
 }
 
