@@ -78,6 +78,9 @@
  *                  alone), the legacy stream while a blocking stream
  *                  captures (_IMPLICIT), waiting on a non-captured event
  *                  without CU_EVENT_WAIT_EXTERNAL (_ISOLATION)
+ *   fake-capture-free-async  cuMemFreeAsync into a capture takes only a
+ *                  graph allocation (one made in a capture): memory from the
+ *                  pool or cuMemAlloc is an invalid value and stays live
  *   fake-capture-info  cuStreamGetCaptureInfo (v1, _v2, _v3, each with its
  *                  _ptsz twin, and from cuGetProcAddress by version): the
  *                  status, and only while the capture is active its
@@ -1426,6 +1429,47 @@ static void fake_capture_misuse(void)
     CHECK_EQ(D.StreamDestroy(blocking), CUDA_SUCCESS);
 }
 
+/* cuMemFreeAsync "During stream capture ... results in the creation of a
+ * free node and must therefore be passed the address of a graph
+ * allocation" (cuda.h); cuGraphAddMemFreeNode, the node it makes, "will
+ * return CUDA_ERROR_INVALID_VALUE if the user attempts to free ... an
+ * address that was not returned by an allocation node". So a free into a
+ * capture of memory the pool (or cuMemAlloc) gave out is refused and the
+ * memory stays live; an allocation made in a capture (a graph allocation)
+ * may be freed in one. Whether the refusal also invalidates the capture
+ * cuda.h does not say: not checked. */
+static void fake_capture_free_async(void)
+{
+    start();
+    NEED(GraphDestroy);
+    CUstream s;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUdeviceptr pooled = 0, plain = 0, graph_owned = 0;
+    CHECK_EQ(D.MemAllocAsync(&pooled, 4096, s), CUDA_SUCCESS);
+    CHECK_EQ(D.MemAlloc(&plain, 4096), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
+    const uint64_t frees0 = fake_stats().mem_free_async_calls;
+
+    CHECK_EQ(D.StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFreeAsync(pooled, s), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(D.MemFreeAsync(plain, s), CUDA_ERROR_INVALID_VALUE);
+    CHECK(fakecuda()->is_device_pointer(pooled));
+    CHECK(fakecuda()->is_device_pointer(plain));
+    CHECK_EQ(D.MemAllocAsync(&graph_owned, 4096, s), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFreeAsync(graph_owned, s), CUDA_SUCCESS);
+    CUgraph g = NULL;
+    (void)D.StreamEndCapture(s, &g);
+    if (g)
+        CHECK_EQ(X.GraphDestroy(g), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().mem_free_async_calls, frees0 + 3);
+
+    /* Outside the capture both go as usual. */
+    CHECK_EQ(D.MemFreeAsync(pooled, s), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(plain), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+}
+
 static void fake_capture_fork(void)
 {
     start();
@@ -2298,6 +2342,7 @@ int main(int argc, char **argv)
         {"fake-fork-rewait", fake_fork_rewait},
         {"fake-capture-fork", fake_capture_fork},
         {"fake-capture-misuse", fake_capture_misuse},
+        {"fake-capture-free-async", fake_capture_free_async},
         {"fake-capture-info", fake_capture_info},
         {"fake-ptds", fake_ptds},
         {"fake-copy-ranges", fake_copy_ranges},

@@ -117,7 +117,10 @@
  *             Stream-ordered allocations come from the stream's device
  *             ("the memory pool current to the stream's device", cuda.h),
  *             cuMemAllocFromPoolAsync's from its pool's; a device's current
- *             pool must be its own. cuMemFree of cuMemAlloc's memory first
+ *             pool must be its own; in a capture an allocation is the
+ *             graph's, and cuMemFreeAsync there takes only such a graph
+ *             allocation (anything else: CUDA_ERROR_INVALID_VALUE, the
+ *             memory kept). cuMemFree of cuMemAlloc's memory first
  *             completes the device's queued work (the programming guide:
  *             cudaFree "causes the GPU to synchronize"); of stream-ordered
  *             memory, not.
@@ -325,6 +328,7 @@ typedef struct allocation {
     int dev;
     fctx *ctx;
     bool stream_ordered; /* cuMemAllocAsync's: outlives cuCtxDestroy */
+    bool graph;          /* made in a capture: a graph allocation (cuMemAllocAsync) */
     CUmemoryPool pool;   /* the memory pool it came from (NULL: none, or a graph's) */
     uint64_t buffer_id; /* "a process-wide unique ID" (CU_POINTER_ATTRIBUTE_BUFFER_ID) */
 } allocation;
@@ -1305,7 +1309,8 @@ static CUresult do_alloc(fctx *c, int dev, CUdeviceptr *dptr, size_t size, const
         G.allocs = realloc(G.allocs, G.capallocs * sizeof *G.allocs);
     }
     G.allocs[G.nallocs++] =
-        (allocation){(uint64_t)(uintptr_t)p, size, dev, c, on != NULL, pool, ++G.next_buffer_id};
+        (allocation){(uint64_t)(uintptr_t)p, size, dev, c, on != NULL, graph, pool,
+                     ++G.next_buffer_id};
     G.st.bytes_in_use[dev] += size;
     pool_took(pool, size);
     *dptr = (CUdeviceptr)(uintptr_t)p;
@@ -3797,15 +3802,24 @@ static CUresult free_async(CUdeviceptr dptr, CUstream h)
     if (!s)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
     G.st.mem_free_async_calls++;
-    if (!find_alloc(dptr, false))
+    const allocation *a = find_alloc(dptr, false);
+    if (!a)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     /* Captured, the free is a node of the graph, which the fake does not
-     * run: it frees at once, as before. Otherwise the pool's bookkeeping
-     * changes now (the stream, in whose order later allocations come,
-     * may reuse it at once), and the memory stays mapped until the stream
-     * reaches the free: work queued before it still uses it. */
+     * run: it frees at once, as before. It takes only a graph allocation:
+     * "During stream capture, this function results in the creation of a
+     * free node and must therefore be passed the address of a graph
+     * allocation" (cuMemFreeAsync, cuda.h), and the node "will return
+     * CUDA_ERROR_INVALID_VALUE if the user attempts to free ... an address
+     * that was not returned by an allocation node" (cuGraphAddMemFreeNode):
+     * memory from a pool or cuMemAlloc is refused and stays live. (Whether
+     * that invalidates the capture cuda.h does not say: it does not here.)
+     * Otherwise the pool's bookkeeping changes now (the stream, in whose
+     * order later allocations come, may reuse it at once), and the memory
+     * stays mapped until the stream reaches the free: work queued before
+     * it still uses it. */
     if (s->capturing)
-        LEAVE(do_free(dptr));
+        LEAVE(a->graph ? do_free(dptr) : CUDA_ERROR_INVALID_VALUE);
     CUresult r = legacy_use(s);
     if (r != CUDA_SUCCESS)
         LEAVE(r);
