@@ -81,6 +81,11 @@
  *   fake-capture-free-async  cuMemFreeAsync into a capture takes only a
  *                  graph allocation (one made in a capture): memory from the
  *                  pool or cuMemAlloc is an invalid value and stays live
+ *   fake-capture-invalidated-use  once a capture is invalidated, its
+ *                  stream refuses further work (copies, memsets, kernels,
+ *                  records, waits, stream-ordered allocations and frees)
+ *                  and no stream joins it by a wait, each with
+ *                  CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, until it is ended
  *   fake-capture-info  cuStreamGetCaptureInfo (v1, _v2, _v3, each with its
  *                  _ptsz twin, and from cuGetProcAddress by version): the
  *                  status, and only while the capture is active its
@@ -1470,6 +1475,71 @@ static void fake_capture_free_async(void)
     CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
 }
 
+/* The programming guide ("Invalidation"): "When a capture graph is
+ * invalidated, further use of any streams which are being captured or
+ * captured events associated with the graph is invalid and will return an
+ * error, until stream capture is ended"; cuda.h's code for it,
+ * CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: "the current capture sequence on
+ * the stream has been invalidated due to a previous error". So once a
+ * prohibited call has invalidated a capture, work given to its stream (a
+ * copy, a memset, a host function, a kernel, an event record, a wait, a
+ * stream-ordered allocation or free) is refused, as is a wait on an event
+ * recorded in it (no stream joins an invalidated capture); after the end
+ * the stream takes work again. */
+static void nothing_here(void *arg) { *(bool *)arg = true; }
+
+static void fake_capture_invalidated_use(void)
+{
+    start();
+    NEED(MemcpyDtoDAsync);
+    NEED(MemsetD8Async);
+    NEED(StreamIsCapturing);
+    CUstream s, other;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&other, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUdeviceptr a = 0, b = 0, graph_owned = 0;
+    CHECK_EQ(D.MemAlloc(&a, 4096), CUDA_SUCCESS);
+    CHECK_EQ(D.MemAlloc(&b, 4096), CUDA_SUCCESS);
+    CUevent in_capture, later, never;
+    CHECK_EQ(D.EventCreate(&in_capture, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    CHECK_EQ(D.EventCreate(&later, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    CHECK_EQ(D.EventCreate(&never, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+
+    CHECK_EQ(D.StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(D.MemAllocAsync(&graph_owned, 4096, s), CUDA_SUCCESS);
+    CHECK_EQ(D.EventRecord(in_capture, s), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamQuery(s), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED); /* invalidates */
+    CHECK_EQ(capture_status(s), CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+
+    const CUresult inv = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    CHECK_EQ(X.MemcpyDtoDAsync(a, b, 64, s), inv);
+    CHECK_EQ(X.MemsetD8Async(a, 7, 64, s), inv);
+    CHECK_EQ(D.EventRecord(later, s), inv);
+    CHECK_EQ(D.StreamWaitEvent(s, never, 0), inv);
+    CUdeviceptr p = 0;
+    CHECK_EQ(D.MemAllocAsync(&p, 4096, s), inv);
+    CHECK(p == 0);
+    CHECK_EQ(D.MemFreeAsync(graph_owned, s), inv);
+    bool ran = false;
+    CHECK(fakecuda()->launch(s, nothing_here, &ran) != 0);
+    /* A stream waiting on an event recorded in the invalidated capture:
+     * refused, and it does not join the capture. */
+    CHECK_EQ(D.StreamWaitEvent(other, in_capture, 0), inv);
+    CHECK_EQ(capture_status(other), CU_STREAM_CAPTURE_STATUS_NONE);
+    end_capture_invalidated(s);
+
+    /* Ended: the stream takes work again. */
+    CHECK_EQ(X.MemsetD8Async(a, 7, 64, s), CUDA_SUCCESS);
+    CHECK_EQ(D.EventRecord(later, s), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
+    CHECK(bytes(a)[63] == 7);
+    CHECK(!ran);
+    CHECK_EQ(D.MemFree(a), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(b), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(other), CUDA_SUCCESS);
+}
+
 static void fake_capture_fork(void)
 {
     start();
@@ -2343,6 +2413,7 @@ int main(int argc, char **argv)
         {"fake-capture-fork", fake_capture_fork},
         {"fake-capture-misuse", fake_capture_misuse},
         {"fake-capture-free-async", fake_capture_free_async},
+        {"fake-capture-invalidated-use", fake_capture_invalidated_use},
         {"fake-capture-info", fake_capture_info},
         {"fake-ptds", fake_ptds},
         {"fake-copy-ranges", fake_copy_ranges},

@@ -85,6 +85,11 @@
  *             CUDA_ERROR_STREAM_CAPTURE_UNJOINED when a fork was not joined
  *             back (an end on a fork: _UNMATCHED). An invalidation
  *             invalidates the whole capture.
+ *             Once a capture is invalidated its streams refuse further
+ *             work (copies, memsets, host functions, kernels, records,
+ *             waits, stream-ordered allocations and frees) and no stream
+ *             joins it by a wait, with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+ *             until its end (the programming guide, "Invalidation").
  *             Legacy-stream work while a blocking stream captures
  *             invalidates that capture; cuStreamIsCapturing(CU_STREAM_LEGACY)
  *             then answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT. cuda.h
@@ -907,6 +912,20 @@ static CUresult captured_event_asked(const fevent *e)
     if (o)
         invalidate_counted(o);
     return CUDA_ERROR_CAPTURED_EVENT;
+}
+
+/* Lock held: may work be given to s? Not while it is in a capture that was
+ * invalidated: "When a capture graph is invalidated, further use of any
+ * streams which are being captured or captured events associated with the
+ * graph is invalid and will return an error, until stream capture is
+ * ended" (the programming guide, "Invalidation"), the error cuda.h names
+ * CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ("the current capture sequence on
+ * the stream has been invalidated due to a previous error"). Nothing is
+ * queued or captured, and the call changes nothing else. */
+static CUresult capture_usable(const fstream *s)
+{
+    return live_capture(s) && s->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+                                             : CUDA_SUCCESS;
 }
 
 /* Lock held: may the calling thread make a "potentially unsafe" call now
@@ -3221,6 +3240,14 @@ EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent ev, unsigned int flags)
     const bool external = flags & CU_EVENT_WAIT_EXTERNAL;
     if ((flags & ~(unsigned)CU_EVENT_WAIT_EXTERNAL) || (external && !live_capture(s)))
         LEAVE(CUDA_ERROR_INVALID_VALUE);
+    /* Neither a stream of an invalidated capture nor an event recorded in
+     * one may be used (capture_usable): no stream joins such a capture. */
+    const fstream *joined = live_capture_of(e);
+    CUresult usable = capture_usable(s);
+    if (usable == CUDA_SUCCESS && joined)
+        usable = capture_usable(joined);
+    if (usable != CUDA_SUCCESS)
+        LEAVE(usable);
     if (external) {
         submit(s, NULL, NULL); /* the external wait: a node of the graph */
         LEAVE(CUDA_SUCCESS);
@@ -3312,6 +3339,8 @@ static CUresult event_record(CUevent h, CUstream sh)
     if (e->ctx != s->ctx)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
     CUresult r = legacy_use(s);
+    if (r == CUDA_SUCCESS)
+        r = capture_usable(s);
     if (r != CUDA_SUCCESS)
         LEAVE(r);
     G.st.event_records++;
@@ -3464,6 +3493,8 @@ EXPORT CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void *data)
     if (!s || !fn)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     CUresult r = legacy_use(s);
+    if (r == CUDA_SUCCESS)
+        r = capture_usable(s);
     if (r != CUDA_SUCCESS)
         LEAVE(r);
     if (!captured_instead(s)) /* (captured: a host node of the graph) */
@@ -3780,17 +3811,17 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, C
     if (pool && dev < 0)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     G.st.mem_alloc_async_calls++;
-    if (s->capturing)
-        G.st.graph_allocs++;
     /* An allocation on the legacy stream is work queued there, as a free
      * is: refused while a blocking stream captures, which is invalidated
      * (legacy_use: cuda.h's CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "a
      * disallowed implicit dependency on a current capture sequence from
      * cudaStreamLegacy"; the programming guide: "any attempted use of the
      * legacy stream is invalid" while a blocking stream captures). */
-    CUresult r = s->capturing ? CUDA_SUCCESS : legacy_use(s);
+    CUresult r = s->capturing ? capture_usable(s) : legacy_use(s);
     if (r != CUDA_SUCCESS)
         LEAVE(r);
+    if (s->capturing)
+        G.st.graph_allocs++;
     CUmemoryPool from = pool ? pool : G.current_pool[s->ctx->dev];
     LEAVE(do_alloc(s->ctx, dev, dptr, size, s, from));
 }
@@ -3818,8 +3849,12 @@ static CUresult free_async(CUdeviceptr dptr, CUstream h)
      * order later allocations come, may reuse it at once), and the memory
      * stays mapped until the stream reaches the free: work queued before
      * it still uses it. */
-    if (s->capturing)
-        LEAVE(a->graph ? do_free(dptr) : CUDA_ERROR_INVALID_VALUE);
+    if (s->capturing) {
+        CUresult usable = capture_usable(s);
+        LEAVE(usable != CUDA_SUCCESS ? usable
+              : a->graph             ? do_free(dptr)
+                                     : CUDA_ERROR_INVALID_VALUE);
+    }
     CUresult r = legacy_use(s);
     if (r != CUDA_SUCCESS)
         LEAVE(r);
@@ -4226,6 +4261,8 @@ static CUresult copy_on(void *dst, const void *src, size_t n, CUstream h, bool s
     if (n && (!copy_range_ok(dst, n) || !copy_range_ok(src, n)))
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     CUresult r = legacy_use(s);
+    if (r == CUDA_SUCCESS)
+        r = capture_usable(s);
     if (r != CUDA_SUCCESS)
         LEAVE(r);
     if (n == 0)
@@ -4462,6 +4499,8 @@ static CUresult write_value64(CUstream h, CUdeviceptr addr, cuuint64_t value, un
     if (!inside)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     CUresult r = legacy_use(s);
+    if (r == CUDA_SUCCESS)
+        r = capture_usable(s);
     if (r != CUDA_SUCCESS)
         LEAVE(r);
     if (captured_instead(s)) {
@@ -4585,6 +4624,8 @@ static CUresult memset_on(CUstream h, CUdeviceptr d, uint32_t value, unsigned wi
     if (rows == 0)
         n = 0;
     CUresult r = legacy_use(s);
+    if (r == CUDA_SUCCESS)
+        r = capture_usable(s);
     if (r != CUDA_SUCCESS)
         LEAVE(r);
     if (n == 0)
@@ -5715,7 +5756,7 @@ static int ctl_launch(void *stream, fakecuda_work fn, void *arg)
     fstream *s = stream_of((CUstream)stream);
     if (!s)
         LEAVE(-1);
-    if (legacy_use(s) != CUDA_SUCCESS)
+    if (legacy_use(s) != CUDA_SUCCESS || capture_usable(s) != CUDA_SUCCESS)
         LEAVE(-1);
     /* A kernel launched on a capturing stream is the graph's: never run. */
     if (captured_instead(s)) {
