@@ -916,7 +916,12 @@ uint32_t pool_lane_for_free(shim_pool *sp, CUstream s, bool per_thread, bool leg
     if (!svc_explicit_stream(s) && !(legacy_is_pools && legacy && !per_thread)) {
         const real_driver *R = real_driver_get();
         if (R && pools_current_existing(R) != sp) {
-            wait_for_foreign_stream(R, s);
+            /* (stream 0 of a _ptsz call is the per-thread stream: waited
+             * for as 0, cuStreamSynchronize waited for the legacy stream,
+             * which need not have joined it; e2e_fences
+             * other-device-ptsz0, found by the per-thread audit) */
+            wait_for_foreign_stream(R, per_thread_stream(s, per_thread) ? CU_STREAM_PER_THREAD
+                                                                        : s);
             return sp->plain_lane;
         }
     }

@@ -105,6 +105,10 @@
  *                    library preloaded after it, libe2einterposer.so, began
  *                    it through the driver's own function) ended through the
  *                    shim: that end matches no capture the shim counted
+ *   other-device-ptsz0  a device-0 block freed on device 1's per-thread
+ *                    stream named as stream 0 of cudaFreeAsync_ptsz (-driver:
+ *                    cuMemFreeAsync_ptsz) after work queued there: that
+ *                    stream, not device 1's legacy one, is waited for
  *   ordered-other-device  the block comes back at once on device 0 (old
  *                    work queued on a blocking stream of device 0), and the
  *                    new owner's first use is on device 1's legacy stream
@@ -915,6 +919,46 @@ static void free_on_other_device(int how)
     CHECK_EQ(fake_stats().stale_handle_uses, 0);
 }
 
+/* The same per-thread default stream, named as a program built with
+ * --default-stream per-thread names it: stream 0 of cudaFreeAsync_ptsz
+ * (how 0) or cuMemFreeAsync_ptsz (how 1), which the runtime and driver
+ * read as the calling thread's per-thread stream, not the legacy one
+ * (found by the per-thread audit: the shim waited for device 1's legacy
+ * stream instead, which had nothing queued, and handed the block out
+ * under the per-thread stream's work). */
+static void free_on_other_device_ptsz0(int how)
+{
+    CHECK_EQ(cudaSetDevice(1), cudaSuccess);
+    CHECK_EQ(cudaFree(NULL), cudaSuccess);
+    CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+    char *p, *filler = fill_but_hole(&p);
+    CHECK_EQ(cudaSetDevice(1), cudaSuccess);
+    earlier_work_ran = false;
+    CHECK_EQ(fakecuda()->launch((void *)CU_STREAM_PER_THREAD, earlier_work, p), 0);
+    if (how == 0) {
+        cudaError_t (*free_ptsz)(void *, cudaStream_t) = (cudaError_t (*)(void *, cudaStream_t))
+            e2e_dlsym(RTLD_DEFAULT, "cudaFreeAsync_ptsz");
+        CHECK_EQ(free_ptsz(p, 0), cudaSuccess);
+    } else {
+        CUresult (*free_ptsz)(CUdeviceptr, CUstream) = (CUresult (*)(CUdeviceptr, CUstream))
+            e2e_dlsym(dlopen("libcuda.so.1", RTLD_NOW), "cuMemFreeAsync_ptsz");
+        CHECK_EQ(free_ptsz((CUdeviceptr)(uintptr_t)p, NULL), CUDA_SUCCESS);
+    }
+    CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+    char *q = NULL;
+    CHECK_EQ(cudaMalloc((void **)&q, MiB), cudaSuccess);
+    expect_earlier_work_done(p, q);
+    fakecuda()->complete_all();
+    CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaMalloc((void **)&q, MiB), cudaSuccess); /* every block back */
+    CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+    CHECK_EQ(fake_stats().stale_handle_uses, 0);
+}
+
+static void other_device_ptsz0(void) { free_on_other_device_ptsz0(0); }
+static void other_device_ptsz0_driver(void) { free_on_other_device_ptsz0(1); }
+
 static void other_device_legacy(void) { free_on_other_device(0); }
 static void other_device_legacy_async(void) { free_on_other_device(1); }
 static void other_device_ptsz(void) { free_on_other_device(2); }
@@ -1659,6 +1703,8 @@ int main(int argc, char **argv)
         {"other-device-legacy", other_device_legacy},
         {"other-device-legacy-async", other_device_legacy_async},
         {"other-device-ptsz", other_device_ptsz},
+        {"other-device-ptsz0", other_device_ptsz0},
+        {"other-device-ptsz0-driver", other_device_ptsz0_driver},
         {"other-device-stream", other_device_stream},
         {"other-device-stream-destroyed", other_device_stream_destroyed},
         {"capture-v1", capture_v1},
