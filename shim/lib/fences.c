@@ -439,6 +439,46 @@ static bool seal_ordered(shim_pool *sp, const real_driver *R, uint32_t lane, uin
     return true;
 }
 
+/*
+ * A stream-ordered free on the legacy stream goes into the legacy lane,
+ * whose blocks the next allocation on the legacy stream takes at once, in
+ * stream order. That order is CUDA's only if the free is a legacy-stream
+ * action: "the legacy stream first waits on all blocking streams, the
+ * action is queued in the legacy stream, and then all blocking streams
+ * wait on the legacy stream", so work that used the block on any blocking
+ * stream (another thread's per-thread default stream, say) before the free
+ * runs before work on any blocking stream after the allocation. The shim
+ * queues nothing for the free itself, so it makes the action: the legacy
+ * stream waits for an event recorded there once (the wait, not the record,
+ * is the action), before the block enters the lane, so that no allocation
+ * can take the block before the action is queued (e2e_fences
+ * legacy-lane-ptsz, found by the per-thread audit).
+ */
+bool fences_legacy_order(shim_pool *sp)
+{
+    const real_driver *R = real_driver_get();
+    if (!R || !R->StreamWaitEvent)
+        return false;
+    CUevent e = atomic_load_explicit(&sp->legacy_order_event, memory_order_acquire);
+    if (!e) {
+        CUevent made = NULL;
+        if (R->EventCreate(&made, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+            return false;
+        if (R->EventRecord(made, CU_STREAM_LEGACY) != CUDA_SUCCESS) {
+            R->EventDestroy(made);
+            return false;
+        }
+        CUevent none = NULL;
+        if (atomic_compare_exchange_strong(&sp->legacy_order_event, &none, made)) {
+            e = made;
+        } else { /* another thread's is there */
+            R->EventDestroy(made);
+            e = none;
+        }
+    }
+    return R->StreamWaitEvent(CU_STREAM_LEGACY, e, 0) == CUDA_SUCCESS;
+}
+
 bool fences_barrier_idle(shim_pool *sp, bool wait)
 {
     if (!sp->last_barrier || sp->barrier_idle)

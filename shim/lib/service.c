@@ -333,6 +333,14 @@ svc_status svc_free(CUdeviceptr ptr, free_kind kind, CUstream stream, bool per_t
         uint32_t lane = kind == FREE_PLAIN ? sp->plain_lane
                                            : pool_lane_for_free(sp, stream, per_thread,
                                                                 kind == FREE_STREAM_DEVICE);
+        /* A legacy-stream free must order other blocking streams' work as
+         * CUDA's does (fences_legacy_order): the action first, else every
+         * stream is waited for. (FREE_STREAM_DEVICE, PyTorch's entry
+         * point, is left as it was: its context need not be current, and
+         * PyTorch reuses a block on its own stream without such an order
+         * itself.) */
+        if (kind == FREE_STREAM && lane == sp->legacy_lane && !fences_legacy_order(sp))
+            lane = sp->plain_lane;
         st = bfc_pool_free_deferred(sp->bfc, ptr, lane);
         if (st == BFC_ERR_BAD_LANE) /* the stream's lane closed under us */
             st = bfc_pool_free_deferred(sp->bfc, ptr, sp->plain_lane);

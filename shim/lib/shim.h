@@ -337,6 +337,9 @@ typedef struct shim_pool {
     atomic_bool ordered;
     CUevent last_barrier;
     bool barrier_idle; /* last_barrier seen complete (under the engine's lock) */
+    /* an event recorded once on the legacy stream, which a stream-ordered
+     * free there makes the legacy stream wait for (fences_legacy_order) */
+    _Atomic(CUevent) legacy_order_event;
     /* passthrough counters */
     atomic_uint_fast64_t passthrough_allocs;
     /* found held by another thread at exit (record.c, stats_file.c): the
@@ -561,6 +564,10 @@ void fences_context_seen(CUcontext ctx);
  * reach, not idle; its old work is done once the last barrier is. Waits
  * for it when `wait`; true when it is done (or there is none). */
 bool fences_barrier_idle(shim_pool *sp, bool wait);
+/* Makes the pool's legacy stream take an action (a wait), as a real
+ * stream-ordered free there would; the pool's context current. False when
+ * it could not: the free then waits for every stream (the plain lane). */
+bool fences_legacy_order(shim_pool *sp);
 
 /* ---- graph capture (capture.c) ----------------------------------------------- */
 

@@ -75,6 +75,10 @@
  *                    its old work on a blocking stream still queued, and the
  *                    new owner's work on another blocking stream (the
  *                    per-thread one) runs after it (the seal's barrier)
+ *   legacy-lane-ptsz  work on this thread's per-thread stream, a free on the
+ *                    legacy stream, an allocation there by another thread
+ *                    that uses the block on its own per-thread stream: the
+ *                    implicit legacy-stream order must hold
  *   ordered-then-non-blocking  the same on the legacy stream, then a
  *                    non-blocking stream is made and uses the block: its
  *                    work still runs after the old owner's
@@ -1310,6 +1314,44 @@ static void ordered_reuse(void)
     CHECK_EQ(cudaStreamDestroy(b), cudaSuccess);
 }
 
+/* A block freed stream-ordered on the legacy stream after work on a
+ * blocking stream (this thread's per-thread default stream) used it, then
+ * allocated on the legacy stream by another thread, which uses it on its
+ * own per-thread default stream. Legal: the free, as a legacy-stream
+ * action, waits for every blocking stream, and the other thread's
+ * per-thread work waits for the legacy stream's allocation ("the legacy
+ * stream first waits on all blocking streams, the action is queued in the
+ * legacy stream, and then all blocking streams wait on the legacy
+ * stream"). The shim queues nothing on the legacy stream for either call,
+ * so taking the legacy lane's block at once leaves no such order: the new
+ * owner's work must still run after the old owner's (found by the
+ * per-thread audit). */
+static void *legacy_alloc_on_ptsz(void *arg)
+{
+    char **q = arg;
+    CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+    CHECK_EQ(cudaMallocAsync((void **)q, MiB, cudaStreamLegacy), cudaSuccess);
+    CHECK_EQ(fakecuda()->launch(cudaStreamPerThread, write_other, *q), 0);
+    fakecuda()->complete(cudaStreamPerThread); /* the new owner's work, first */
+    return NULL;
+}
+
+static void legacy_lane_ptsz(void)
+{
+    char *p, *filler = fill_but_hole(&p), *q = NULL;
+    CHECK_EQ(fakecuda()->launch(cudaStreamPerThread, write_pattern, p), 0);
+    CHECK_EQ(cudaFreeAsync(p, cudaStreamLegacy), cudaSuccess);
+    pthread_t t;
+    CHECK_EQ(pthread_create(&t, NULL, legacy_alloc_on_ptsz, &q), 0);
+    pthread_join(t, NULL);
+    fakecuda()->complete_all();
+    if (q)
+        expect_new_owner_last(q);
+    CHECK_EQ(cudaFreeAsync(q, cudaStreamLegacy), cudaSuccess);
+    CHECK_EQ(cudaStreamSynchronize(cudaStreamLegacy), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+}
+
 /* A block reused behind a barrier, then a non-blocking stream, which does
  * not wait for the legacy stream, made and given the block: its work must
  * still come after the old owner's (it waits for the last barrier). */
@@ -1708,6 +1750,7 @@ int main(int argc, char **argv)
         {"other-device-stream", other_device_stream},
         {"other-device-stream-destroyed", other_device_stream_destroyed},
         {"capture-v1", capture_v1},
+        {"legacy-lane-ptsz", legacy_lane_ptsz},
         {"ordered-reuse", ordered_reuse},   {"ordered-then-non-blocking", ordered_then_non_blocking},
         {"ordered-other-device", ordered_other_device},
         {"ordered-created-context", ordered_created_context},
