@@ -334,12 +334,17 @@ svc_status svc_free(CUdeviceptr ptr, free_kind kind, CUstream stream, bool per_t
                                            : pool_lane_for_free(sp, stream, per_thread,
                                                                 kind == FREE_STREAM_DEVICE);
         /* A legacy-stream free must order other blocking streams' work as
-         * CUDA's does (fences_legacy_order): the action first, else every
-         * stream is waited for. (FREE_STREAM_DEVICE, PyTorch's entry
-         * point, is left as it was: its context need not be current, and
-         * PyTorch reuses a block on its own stream without such an order
-         * itself.) */
-        if (kind == FREE_STREAM && lane == sp->legacy_lane && !fences_legacy_order(sp))
+         * CUDA's does. Preloaded, no allocation takes the legacy lane's
+         * blocks in stream order (pool_lane_for_alloc): its seal, a
+         * barrier or an event on the legacy stream, is that order. Loaded
+         * as a plug-in, where allocations still take them in order, the
+         * free makes the legacy stream act (fences_legacy_order), else the
+         * block waits for every stream (the plain lane).
+         * (FREE_STREAM_DEVICE, PyTorch's entry point, is left as it was:
+         * its context need not be current, and PyTorch reuses a block on
+         * its own stream without such an order itself.) */
+        if (kind == FREE_STREAM && lane == sp->legacy_lane && !streams_all_seen() &&
+            !fences_legacy_order(sp))
             lane = sp->plain_lane;
         st = bfc_pool_free_deferred(sp->bfc, ptr, lane);
         if (st == BFC_ERR_BAD_LANE) /* the stream's lane closed under us */

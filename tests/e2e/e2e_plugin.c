@@ -48,6 +48,12 @@
  *           made in relaxed mode, the capture ends with its graph, and the
  *           memory goes back (before: the capture was invalidated, nothing
  *           went back)
+ *   legacy-lane  (found by the per-thread audit) work on a blocking stream
+ *           uses a block, which is freed stream-ordered on the legacy
+ *           stream and allocated there again (at once, in stream order),
+ *           then used on another blocking stream: CUDA orders the new work
+ *           after the old (the free is a legacy-stream action), so the
+ *           plug-in's free must make the legacy stream act
  *   cost    10,000 allocation and free pairs with nothing queued (a 256 MiB
  *           pool, at most 64 MiB live): the driver calls they cost
  *           (printed), none of them an event, and one context
@@ -397,6 +403,33 @@ static void lane_growth(void)
 
 static void nothing(void *arg) { (void)arg; }
 
+static void write_a5(void *arg) { memset(arg, 0xa5, MiB); }
+
+static void legacy_lane(void)
+{
+    start();
+    CUstream old, next;
+    CHECK_EQ(D.StreamCreate(&old, 0), CUDA_SUCCESS); /* blocking, both */
+    CHECK_EQ(D.StreamCreate(&next, 0), CUDA_SUCCESS);
+    void *block = must_alloc_on(CU_STREAM_LEGACY, MiB);
+    CHECK_EQ(F->launch(old, write_mib, block), 0); /* 0x5a, the old owner's */
+    CHECK_EQ(B.free_async(block, CU_STREAM_LEGACY), 0);
+    void *q = must_alloc_on(CU_STREAM_LEGACY, MiB);
+    CHECK(q == block); /* in stream order, at once */
+    CHECK_EQ(F->launch(next, write_a5, q), 0);
+    F->complete(next); /* the new owner's work, as early as the driver allows */
+    F->complete_all();
+    const unsigned char *c = q;
+    if (c[0] != 0xa5 || c[MiB - 1] != 0xa5) {
+        fprintf(stderr, "the old owner's work ran after the new owner's\n");
+        e2e_failures++;
+    }
+    CHECK_EQ(B.free_async(q, CU_STREAM_LEGACY), 0);
+    CHECK_EQ(D.StreamDestroy(old), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(next), CUDA_SUCCESS);
+    F->complete_all();
+}
+
 static void query_during_capture(void)
 {
     start();
@@ -498,6 +531,7 @@ int main(int argc, char **argv)
         {"lane-growth", lane_growth},
         {"query-during-capture", query_during_capture},
         {"trim-during-capture", trim_during_capture},
+        {"legacy-lane", legacy_lane},
         {"cost", cost}};
     return e2e_main("e2e_plugin", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }
