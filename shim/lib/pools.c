@@ -870,10 +870,31 @@ uint32_t pool_lane_for_alloc(shim_pool *sp, CUstream s, bool per_thread)
 
 /* Waits on the host for stream s of another context than the pool's, whose
  * work no fence of the pool orders (relaxed: the library may not see a
- * begin, and another thread may capture). */
-static void wait_for_foreign_stream(const real_driver *R, CUstream s)
+ * begin, and another thread may capture). ctx: s's context, pushed for the
+ * event below; NULL when it is current (the legacy and per-thread
+ * handles).
+ *
+ * The free CUDA would queue on s is ordered after more than s's own queue:
+ * on the legacy stream it is a legacy-stream action, which "first waits on
+ * all blocking streams" (per-thread default streams of every thread
+ * included), and on a blocking stream it waits for the legacy stream's
+ * earlier work. The shim queues nothing for the free, so synchronising s
+ * alone waited for neither (e2e_fences other-device-legacy-after-ptsz,
+ * other-device-blocking-after-legacy: the block came back under device
+ * 1's work on the other kind of stream). So s first takes an action of its
+ * own, a wait for an event recorded on it (the wait, not the record, is
+ * the action), and the host then waits for s. */
+static void wait_for_foreign_stream(const real_driver *R, CUstream s, CUcontext ctx)
 {
+    bool pushed = ctx ? real_ctx_enter(R, ctx) : false;
+    CUevent e = NULL;
+    if (R->StreamWaitEvent && R->EventCreate(&e, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) {
+        if (R->EventRecord(e, s) == CUDA_SUCCESS)
+            R->StreamWaitEvent(s, e, 0);
+        R->EventDestroy(e);
+    }
     CUresult r = capture_relaxed_stream_wait(R, s);
+    real_ctx_leave(R, pushed);
     if (r != CUDA_SUCCESS)
         shim_log(LOG_ERROR, "a stream-ordered free on stream %p of another context: waiting "
                             "for that stream failed (%d); its work may still use the block",
@@ -893,7 +914,7 @@ static void settle_foreign_stream(shim_pool *sp, CUstream s)
     if (!R || !R->StreamGetCtx || !R->StreamSynchronize ||
         R->StreamGetCtx(s, &c) != CUDA_SUCCESS || pool_context_is(sp, c))
         return;
-    wait_for_foreign_stream(R, s);
+    wait_for_foreign_stream(R, s, c);
 }
 
 /* The pool of the calling thread's current context, if it has one (never
@@ -931,8 +952,9 @@ uint32_t pool_lane_for_free(shim_pool *sp, CUstream s, bool per_thread, bool leg
              * for as 0, cuStreamSynchronize waited for the legacy stream,
              * which need not have joined it; e2e_fences
              * other-device-ptsz0, found by the per-thread audit) */
-            wait_for_foreign_stream(R, per_thread_stream(s, per_thread) ? CU_STREAM_PER_THREAD
-                                                                        : s);
+            wait_for_foreign_stream(R,
+                                    per_thread_stream(s, per_thread) ? CU_STREAM_PER_THREAD : s,
+                                    NULL);
             return sp->plain_lane;
         }
     }

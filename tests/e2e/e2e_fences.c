@@ -113,6 +113,12 @@
  *                    stream named as stream 0 of cudaFreeAsync_ptsz (-driver:
  *                    cuMemFreeAsync_ptsz) after work queued there: that
  *                    stream, not device 1's legacy one, is waited for
+ *   other-device-legacy-after-ptsz  a device-0 block used on device 1's
+ *                    per-thread stream, freed on device 1's legacy stream
+ *                    (a legacy-stream action, which waits for it)
+ *   other-device-blocking-after-legacy  used on device 1's legacy stream,
+ *                    freed on a blocking stream of device 1 (which waits
+ *                    for the legacy stream's work)
  *   ordered-other-device  the block comes back at once on device 0 (old
  *                    work queued on a blocking stream of device 0), and the
  *                    new owner's first use is on device 1's legacy stream
@@ -960,6 +966,51 @@ static void free_on_other_device_ptsz0(int how)
     CHECK_EQ(fake_stats().stale_handle_uses, 0);
 }
 
+/* The implicit order on another device (found by the review of the
+ * legacy-stream change): a device-0 block used on device 1 by one kind of
+ * stream, then freed on device 1 on the other kind, with nothing queued on
+ * the stream it is freed on. how 0: used on device 1's per-thread stream
+ * (a blocking one), freed on device 1's legacy stream: the free is a
+ * legacy-stream action, which waits for every blocking stream. how 1: used
+ * on device 1's legacy stream, freed on a blocking stream of device 1,
+ * whose work waits for the legacy stream's. Either way CUDA orders the
+ * free after the use; synchronising the free's stream alone waits for
+ * nothing. */
+static void free_on_other_device_implicit(int how)
+{
+    cudaStream_t b = NULL;
+    CHECK_EQ(cudaSetDevice(1), cudaSuccess);
+    CHECK_EQ(cudaFree(NULL), cudaSuccess);
+    if (how == 1)
+        CHECK_EQ(cudaStreamCreate(&b), cudaSuccess); /* blocking */
+    CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+    char *p, *filler = fill_but_hole(&p);
+    CHECK_EQ(cudaSetDevice(1), cudaSuccess);
+    earlier_work_ran = false;
+    CHECK_EQ(fakecuda()->launch(how == 0 ? (void *)CU_STREAM_PER_THREAD : (void *)CU_STREAM_LEGACY,
+                                earlier_work, p),
+             0);
+    CHECK_EQ(cudaFreeAsync(p, how == 0 ? cudaStreamLegacy : b), cudaSuccess);
+    CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+    char *q = NULL;
+    CHECK_EQ(cudaMalloc((void **)&q, MiB), cudaSuccess);
+    expect_earlier_work_done(p, q);
+    fakecuda()->complete_all();
+    CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaMalloc((void **)&q, MiB), cudaSuccess); /* every block back */
+    CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+    if (b) {
+        CHECK_EQ(cudaSetDevice(1), cudaSuccess);
+        CHECK_EQ(cudaStreamDestroy(b), cudaSuccess);
+        CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+    }
+    CHECK_EQ(fake_stats().stale_handle_uses, 0);
+}
+
+static void other_device_legacy_after_ptsz(void) { free_on_other_device_implicit(0); }
+static void other_device_blocking_after_legacy(void) { free_on_other_device_implicit(1); }
+
 static void other_device_ptsz0(void) { free_on_other_device_ptsz0(0); }
 static void other_device_ptsz0_driver(void) { free_on_other_device_ptsz0(1); }
 
@@ -1747,6 +1798,8 @@ int main(int argc, char **argv)
         {"other-device-ptsz", other_device_ptsz},
         {"other-device-ptsz0", other_device_ptsz0},
         {"other-device-ptsz0-driver", other_device_ptsz0_driver},
+        {"other-device-legacy-after-ptsz", other_device_legacy_after_ptsz},
+        {"other-device-blocking-after-legacy", other_device_blocking_after_legacy},
         {"other-device-stream", other_device_stream},
         {"other-device-stream-destroyed", other_device_stream_destroyed},
         {"capture-v1", capture_v1},
