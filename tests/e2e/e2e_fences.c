@@ -79,6 +79,10 @@
  *                    legacy stream, an allocation there by another thread
  *                    that uses the block on its own per-thread stream: the
  *                    implicit legacy-stream order must hold
+ *   legacy-reuse-stuck-events, -ordered  a block freed on the legacy stream
+ *                    behind a kernel that never ends, allocated there
+ *                    again with the pool full: it comes back at once (in
+ *                    stream order, as CUDA's), no host wait for the kernel
  *   ordered-then-non-blocking  the same on the legacy stream, then a
  *                    non-blocking stream is made and uses the block: its
  *                    work still runs after the old owner's
@@ -1403,6 +1407,36 @@ static void legacy_lane_ptsz(void)
     CHECK_EQ(cudaFree(filler), cudaSuccess);
 }
 
+/* Stream-ordered reuse on the legacy stream needs no host wait in CUDA: a
+ * block freed there is the next allocation's there at once, in stream
+ * order, whatever the GPU still has queued (found by the review of the
+ * legacy-stream change). The pool is full but for the hole, the legacy
+ * stream runs a kernel that does not end (a persistent kernel the host
+ * releases later), and a non-blocking stream exists (how 0: the pool is
+ * not ordered, so the legacy lane's seal is an event that must complete)
+ * or not (how 1: an ordered pool's barrier). The allocation must come
+ * back, not wait for the kernel. */
+static void legacy_reuse_stuck(int how)
+{
+    cudaStream_t nb = NULL;
+    if (how == 0)
+        CHECK_EQ(cudaStreamCreateWithFlags(&nb, cudaStreamNonBlocking), cudaSuccess);
+    char *p, *filler = fill_but_hole(&p), *q = NULL;
+    CHECK_EQ(fakecuda()->launch_stuck(CU_STREAM_LEGACY), 0);
+    CHECK_EQ(cudaFreeAsync(p, cudaStreamLegacy), cudaSuccess);
+    alarm(20); /* a hang fails the test here */
+    CHECK_EQ(cudaMallocAsync((void **)&q, MiB, cudaStreamLegacy), cudaSuccess);
+    alarm(0);
+    CHECK(q != NULL);
+    (void)filler; /* the kernel never ends: nothing is given back */
+    if (nb)
+        (void)nb;
+    _exit(e2e_failures ? 1 : 0);
+}
+
+static void legacy_reuse_stuck_events(void) { legacy_reuse_stuck(0); }
+static void legacy_reuse_stuck_ordered(void) { legacy_reuse_stuck(1); }
+
 /* A block reused behind a barrier, then a non-blocking stream, which does
  * not wait for the legacy stream, made and given the block: its work must
  * still come after the old owner's (it waits for the last barrier). */
@@ -1804,6 +1838,8 @@ int main(int argc, char **argv)
         {"other-device-stream-destroyed", other_device_stream_destroyed},
         {"capture-v1", capture_v1},
         {"legacy-lane-ptsz", legacy_lane_ptsz},
+        {"legacy-reuse-stuck-events", legacy_reuse_stuck_events},
+        {"legacy-reuse-stuck-ordered", legacy_reuse_stuck_ordered},
         {"ordered-reuse", ordered_reuse},   {"ordered-then-non-blocking", ordered_then_non_blocking},
         {"ordered-other-device", ordered_other_device},
         {"ordered-created-context", ordered_created_context},
