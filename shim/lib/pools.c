@@ -850,20 +850,22 @@ uint32_t pool_lane_for_alloc(shim_pool *sp, CUstream s, bool per_thread)
     if (per_thread_stream(s, per_thread))
         return BFC_NO_LANE;
     /* With a green context current the legacy stream is its default
-     * stream, not the one the pool's legacy lane stands for. Nor, where
-     * the library sees every stream, are the legacy lane's blocks taken in
-     * stream order: a free on the legacy stream is a legacy-stream action
-     * in CUDA, which orders every blocking stream's work (other threads'
-     * per-thread default streams included) before the block's next use,
-     * and the shim queues nothing for it. The lane's seal does: an ordered
-     * pool's barrier (made when the pool needs the memory, at no wait) or
-     * an event on the legacy stream (e2e_fences legacy-lane-ptsz, found by
-     * the per-thread audit; taking them in order with a legacy-stream wait
-     * at each free cost 1.0-1.3 driver calls per allocation on the real
-     * traces, this 0.000-0.028). Loaded as a plug-in the library sees no
-     * stream and no barrier: each such free acts instead (svc_free). */
+     * stream, not the one the pool's legacy lane stands for. Nor is the
+     * legacy lane taken in an ordered pool (preloaded): a legacy-stream
+     * free there goes to the plain lane, whose barrier is the legacy-stream
+     * action CUDA's free is (svc_free; e2e_fences legacy-lane-ptsz). Else
+     * each such free made the legacy stream act before the block entered
+     * the lane, and the lane is taken at once, in stream order, with no
+     * host wait, as CUDA's pool does (e2e_fences legacy-reuse-stuck-events:
+     * waiting for the lane's event hung behind a kernel that CUDA's reuse
+     * does not wait for). The ordered state is left for good, so a block in
+     * the legacy lane was freed with its action. */
     if (s == NULL || s == CU_STREAM_LEGACY)
-        return green_is_current() || streams_all_seen() ? BFC_NO_LANE : sp->legacy_lane;
+        return green_is_current() ||
+                       (streams_all_seen() &&
+                        atomic_load_explicit(&sp->ordered, memory_order_acquire))
+                   ? BFC_NO_LANE
+                   : sp->legacy_lane;
     uint32_t lane = stream_lane(sp, s);
     return lane == sp->plain_lane ? BFC_NO_LANE : lane;
 }

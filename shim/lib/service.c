@@ -334,18 +334,34 @@ svc_status svc_free(CUdeviceptr ptr, free_kind kind, CUstream stream, bool per_t
                                            : pool_lane_for_free(sp, stream, per_thread,
                                                                 kind == FREE_STREAM_DEVICE);
         /* A legacy-stream free must order other blocking streams' work as
-         * CUDA's does. Preloaded, no allocation takes the legacy lane's
-         * blocks in stream order (pool_lane_for_alloc): its seal, a
-         * barrier or an event on the legacy stream, is that order. Loaded
-         * as a plug-in, where allocations still take them in order, the
-         * free makes the legacy stream act (fences_legacy_order), else the
-         * block waits for every stream (the plain lane).
-         * (FREE_STREAM_DEVICE, PyTorch's entry point, is left as it was:
-         * its context need not be current, and PyTorch reuses a block on
-         * its own stream without such an order itself.) */
-        if (kind == FREE_STREAM && lane == sp->legacy_lane && !streams_all_seen() &&
-            !fences_legacy_order(sp))
-            lane = sp->plain_lane;
+         * CUDA's does: it is a legacy-stream action, and the shim queues
+         * nothing for it.
+         *   - Preloaded, in an ordered pool: the block goes to the plain
+         *     lane, never taken in stream order, whose seal is a barrier on
+         *     the legacy stream (that action, at no wait). Not the legacy
+         *     lane: a pool leaves the state for good, and the legacy lane
+         *     is taken in order outside it (pool_lane_for_alloc), where a
+         *     block freed with no action would be handed out under other
+         *     blocking streams' work (e2e_fences legacy-lane-ptsz).
+         *   - Otherwise (not ordered, or loaded as a plug-in), allocations
+         *     on the legacy stream take the legacy lane in stream order, as
+         *     CUDA's do without a host wait (e2e_fences
+         *     legacy-reuse-stuck-events: waiting for the lane's event hung
+         *     behind a kernel CUDA does not wait for), so the free makes
+         *     the legacy stream act first (fences_legacy_order), else the
+         *     block waits for every stream (the plain lane).
+         * FREE_STREAM_DEVICE, PyTorch's entry point, names the pool's
+         * legacy stream with any context current, so it cannot act there
+         * without asking: loaded as a plug-in it is left as it was
+         * (PyTorch reuses a block on its own stream without such an order
+         * itself); preloaded, the block waits for every stream. */
+        if (lane == sp->legacy_lane) {
+            bool seen = streams_all_seen();
+            if (seen && atomic_load_explicit(&sp->ordered, memory_order_acquire))
+                lane = sp->plain_lane;
+            else if (kind == FREE_STREAM_DEVICE ? seen : !fences_legacy_order(sp))
+                lane = sp->plain_lane;
+        }
         st = bfc_pool_free_deferred(sp->bfc, ptr, lane);
         if (st == BFC_ERR_BAD_LANE) /* the stream's lane closed under us */
             st = bfc_pool_free_deferred(sp->bfc, ptr, sp->plain_lane);
