@@ -550,8 +550,10 @@ uint64_t pools_deaths(void) { return atomic_load(&deaths); }
  * dead and then waits (pools_wait_dead_trims, outside the primary contexts'
  * lock where the teardown can), one that may forget it only after the call
  * holds it closing around the call (pools_hold_trims; a count, since two
- * threads may detach one context). Both sides store, then load the other's
- * mark (sequentially consistent), so at least one sees the other.
+ * threads may detach one context), and marks it dead before it lets go.
+ * Both sides store, then load the other's mark (sequentially consistent),
+ * so at least one sees the other; a trim reads closing before dead
+ * (trim_enter).
  *
  * A program's trim never waits for the GPU while it is inside (the
  * engine's "give back what is idle now"; pools_trim_waits false): the
@@ -568,10 +570,20 @@ static _Thread_local bool trim_no_waits;
 
 bool pools_trim_waits(void) { return !trim_no_waits; }
 
+/* Closing is read before dead: a teardown that holds trims off goes from
+ * closing (dead not yet) to dead (closing no more), marking the pool dead
+ * before it lets go. Read the other way round, a trim could read dead
+ * before the mark and closing after the hold ended, and enter a pool whose
+ * context had just gone (traced with FAKECUDA_STALE_BACKTRACE: a trim
+ * queried a dead event of a primary context whose last release had
+ * finished; e2e_vmm_pool trim-vs-teardown, about one loaded TSan run in
+ * fifty). In this order a trim that reads closing 0 read it either before
+ * the hold, which then sees the trim and waits, or after it ended, and
+ * then reads dead. */
 static bool trim_enter(shim_pool *sp)
 {
     atomic_fetch_add(&sp->trims, 1);
-    if (!atomic_load(&sp->dead) && atomic_load(&sp->closing) <= 0)
+    if (atomic_load(&sp->closing) <= 0 && !atomic_load(&sp->dead))
         return true;
     atomic_fetch_sub(&sp->trims, 1);
     return false;
