@@ -24,6 +24,15 @@
  *                  handle to the next stream made, whose id is new); the
  *                  destroyed stream's queued work still runs, apart from the
  *                  new stream's; a NULL result is an invalid value
+ *   fake-event-handles  a dead event's handle (cuEventDestroy, or dead with
+ *                  its context: cuCtxDestroy, cuDevicePrimaryCtxReset) is
+ *                  stale, its uses refused and counted; with
+ *                  FAKECUDA_REUSE_EVENT_HANDLES (-reuse) the next event made
+ *                  gets it, the most recently dead first, and is a fresh
+ *                  event: never recorded (a query answers done though the
+ *                  old record is still pending), its own flags, of the
+ *                  context current at its creation; a late use of the old
+ *                  handle reaches it, uncounted
  *   fake-counts    the test-control table's own instruments: calls counted
  *                  per entry point, by the name called (a _ptsz twin and a
  *                  v1/_v2 pair apart, one count for a call whatever it
@@ -522,6 +531,112 @@ static void fake_stream_ids(void)
     F->complete_all();
     CHECK(ran);
     CHECK_EQ(D.StreamDestroy(s2), CUDA_SUCCESS);
+}
+
+static uint64_t stale_uses(void)
+{
+    fakecuda_stats st;
+    fakecuda()->stats(&st);
+    return st.stale_handle_uses;
+}
+
+static void fake_event_handles(void)
+{
+    start();
+    NEED(EventElapsedTime);
+    const fakecuda_api *F = fakecuda();
+    const bool reuse = getenv("FAKECUDA_REUSE_EVENT_HANDLES") != NULL;
+    CUstream s;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+
+    /* cuEventDestroy: an event recorded behind work not yet done dies; the
+     * next event made gets its handle (reuse) or a new one. */
+    CUevent old = NULL, fresh = NULL;
+    CHECK_EQ(D.EventCreate(&old, 0), CUDA_SUCCESS);
+    CHECK_EQ(F->launch(s, nothing, NULL), 0);
+    CHECK_EQ(D.EventRecord(old, s), CUDA_SUCCESS);
+    CHECK_EQ(D.EventQuery(old), CUDA_ERROR_NOT_READY);
+    CHECK_EQ(D.EventDestroy(old), CUDA_SUCCESS);
+    uint64_t stale = stale_uses();
+    CHECK_EQ(D.EventCreate(&fresh, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    CHECK_EQ(fresh == old, reuse);
+    /* The old handle: stale (counted), or the fresh event, which was never
+     * recorded, so done at once, though the old record is still pending. */
+    CHECK_EQ(D.EventQuery(old), reuse ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE);
+    CHECK_EQ(stale_uses() - stale, reuse ? 0 : 1);
+    CHECK_EQ(D.EventQuery(fresh), CUDA_SUCCESS);
+    CHECK_EQ(F->pending(s), 1);
+    /* Its own flags (timing disabled), its own records. */
+    float ms = -1;
+    CHECK_EQ(D.EventRecord(fresh, s), CUDA_SUCCESS);
+    CHECK_EQ(D.EventQuery(fresh), CUDA_ERROR_NOT_READY);
+    F->complete(s);
+    CHECK_EQ(D.EventQuery(fresh), CUDA_SUCCESS);
+    CHECK_EQ(X.EventElapsedTime(&ms, fresh, fresh), CUDA_ERROR_INVALID_HANDLE);
+    CHECK_EQ(D.EventDestroy(fresh), CUDA_SUCCESS);
+    if (!reuse)
+        CHECK_EQ(D.EventDestroy(old), CUDA_ERROR_INVALID_HANDLE);
+
+    /* The most recently destroyed first. */
+    CUevent a, b, c1, c2;
+    CHECK_EQ(D.EventCreate(&a, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.EventCreate(&b, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.EventDestroy(a), CUDA_SUCCESS);
+    CHECK_EQ(D.EventDestroy(b), CUDA_SUCCESS);
+    CHECK_EQ(D.EventCreate(&c1, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.EventCreate(&c2, 0), CUDA_SUCCESS);
+    CHECK_EQ(c1 == b, reuse);
+    CHECK_EQ(c2 == a, reuse);
+    CHECK(c1 != c2);
+    CHECK_EQ(D.EventDestroy(c1), CUDA_SUCCESS);
+    CHECK_EQ(D.EventDestroy(c2), CUDA_SUCCESS);
+    CHECK_EQ(D.EventCreate(&c1, 0), CUDA_SUCCESS); /* takes c2's cell again */
+    CHECK_EQ(c1 == a, reuse);
+    CHECK_EQ(D.EventDestroy(c1), CUDA_SUCCESS);
+
+    /* Dead with its context (cuCtxDestroy), recorded behind work that never
+     * ends: the handle goes to an event of the context current now, the
+     * primary one, where it records and completes as its own. */
+    CUdevice d1;
+    CHECK_EQ(D.DeviceGet(&d1, 1), CUDA_SUCCESS);
+    CUcontext primary = e2e_cu_primary_current(0), created = NULL;
+    CHECK_EQ(D.CtxCreate(&created, NULL, 0, d1), CUDA_SUCCESS);
+    CUstream cs;
+    CUevent in_ctx = NULL, after = NULL;
+    CHECK_EQ(D.StreamCreate(&cs, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.EventCreate(&in_ctx, 0), CUDA_SUCCESS);
+    CHECK_EQ(F->launch_stuck(cs), 0);
+    CHECK_EQ(D.EventRecord(in_ctx, cs), CUDA_SUCCESS);
+    CHECK_EQ(D.EventRecord(in_ctx, s), CUDA_ERROR_INVALID_HANDLE); /* another context's stream */
+    CHECK_EQ(D.CtxDestroy(created), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    CHECK_EQ(D.EventCreate(&after, 0), CUDA_SUCCESS);
+    CHECK_EQ(after == in_ctx, reuse);
+    CHECK_EQ(D.EventQuery(after), CUDA_SUCCESS);
+    CHECK_EQ(F->launch(s, nothing, NULL), 0);
+    CHECK_EQ(D.EventRecord(after, s), CUDA_SUCCESS); /* of the primary context now */
+    CHECK_EQ(D.EventQuery(in_ctx), reuse ? CUDA_ERROR_NOT_READY : CUDA_ERROR_INVALID_HANDLE);
+    F->complete(s);
+    CHECK_EQ(D.EventQuery(after), CUDA_SUCCESS);
+    CHECK_EQ(D.EventDestroy(after), CUDA_SUCCESS);
+
+    /* Dead with a primary context that cuDevicePrimaryCtxReset destroys. */
+    CUcontext p1 = NULL;
+    CUevent in_p1 = NULL, again = NULL;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&p1, d1), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(p1), CUDA_SUCCESS);
+    CHECK_EQ(D.EventCreate(&in_p1, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.EventRecord(in_p1, CU_STREAM_LEGACY), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxReset(d1), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    stale = stale_uses();
+    CHECK_EQ(D.EventCreate(&again, 0), CUDA_SUCCESS);
+    CHECK_EQ(again == in_p1, reuse);
+    CHECK_EQ(D.EventQuery(in_p1), reuse ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE);
+    CHECK_EQ(stale_uses() - stale, reuse ? 0 : 1);
+    CHECK_EQ(D.EventDestroy(again), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRelease(d1), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
 }
 
 /* cuGetProcAddress hands out what dlsym finds under the versioned name. */
@@ -2402,6 +2517,8 @@ int main(int argc, char **argv)
         {"fake-event-timing", fake_event_timing},
         {"fake-stream-ids", fake_stream_ids},
         {"fake-stream-ids-reuse", fake_stream_ids},
+        {"fake-event-handles", fake_event_handles},
+        {"fake-event-handles-reuse", fake_event_handles},
         {"fake-counts", fake_counts},
         {"fake-v1-entry-points", fake_v1_entry_points},
         {"fake-host-memory", fake_host_memory},

@@ -30,6 +30,13 @@
  * destroyed stream's handle to the new stream at once, its old work still
  * queued: the driver promises nothing about handle values; by default a
  * destroyed stream's handle stays recognised as stale),
+ * FAKECUDA_REUSE_EVENT_HANDLES=1 (cuEventCreate gives the most recently dead
+ * event's handle, one cuEventDestroy destroyed or one that died with its
+ * context (cuCtxDestroy, the last cuDevicePrimaryCtxRelease,
+ * cuDevicePrimaryCtxReset), to the new event: a fresh event of the new one's
+ * context, never recorded, so a late use of the old handle reaches it,
+ * uncounted, and a query answers for it; by default a dead event's handle
+ * stays recognised as stale and its uses are counted in stale_handle_uses),
  * FAKECUDA_STALE_BACKTRACE=1 (each use of a dead handle, counted in
  * stale_handle_uses, also prints what it was, whose, and the caller's stack
  * on stderr: how a rare one is traced to the shim's path, with addr2line on

@@ -52,7 +52,14 @@
  *             cuda.h) gets
  *             CUDA_ERROR_INVALID_HANDLE and is counted (stale_handle_uses:
  *             the real driver may crash instead; on an H100 a stale stream
- *             handle after cudaDeviceReset killed the process). cuCtxDestroy
+ *             handle after cudaDeviceReset killed the process), unless
+ *             FAKECUDA_REUSE_EVENT_HANDLES is set: then a dead event's handle
+ *             (cuEventDestroy, or dead with its context) is given to the next
+ *             event made, the most recently dead first, as a fresh event of
+ *             the new one's context (never recorded), and a late use of the
+ *             old handle silently reaches that event, as it may on a real
+ *             driver, which promises nothing about handle values (streams:
+ *             FAKECUDA_REUSE_STREAM_HANDLES, stream_cell). cuCtxDestroy
  *             keeps stream-ordered allocations ("not associated with any
  *             CUDA context"), and so does a reset or the last release
  *             ("cudaDeviceReset() will not destroy memory allocations by
@@ -326,6 +333,7 @@ typedef struct fevent {
     size_t ndeps, capdeps;
     dep *deps; /* the stream positions it completes with (event_add_dep) */
     struct fevent *next; /* all events (never freed while the context lives) */
+    struct fevent *next_free; /* FAKECUDA_REUSE_EVENT_HANDLES: dead events, most recent first */
 } fevent;
 
 typedef struct allocation {
@@ -373,6 +381,8 @@ static struct {
     uint64_t next_stream_id;
     uint64_t next_capture_seq; /* the last capture sequence begun */
     fevent *events;
+    fevent *free_events;       /* FAKECUDA_REUSE_EVENT_HANDLES */
+    bool reuse_event_handles;
     fgreen *greens;
     fgraph *graphs;
     fctx *created[64]; /* contexts from cuCtxCreate (destroyed slots reused) */
@@ -582,6 +592,7 @@ static void configure(void)
     G.autocomplete = getenv("FAKECUDA_AUTOCOMPLETE") != NULL;
     G.zero_alloc = getenv("FAKECUDA_ZERO_ALLOC") != NULL;
     G.reuse_stream_handles = getenv("FAKECUDA_REUSE_STREAM_HANDLES") != NULL;
+    G.reuse_event_handles = getenv("FAKECUDA_REUSE_EVENT_HANDLES") != NULL;
     G.stale_backtrace = getenv("FAKECUDA_STALE_BACKTRACE") != NULL;
 }
 
@@ -2010,6 +2021,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
  * (stale_handle_uses). */
 static void destroy_ctx_memory(fctx *c);
 static void peers_forget(const fctx *c);
+static void event_dies(fevent *e);
 static void kill_ctx(fctx *c)
 {
     /* The device finishes what the context queued before it goes (see
@@ -2026,8 +2038,8 @@ static void kill_ctx(fctx *c)
     c->legacy.nqueue = 0;
     c->legacy.completed = c->legacy.settled = c->legacy.submitted;
     for (fevent *e = G.events; e; e = e->next)
-        if (e->ctx == c)
-            e->dead = true;
+        if (e->ctx == c && !e->dead)
+            event_dies(e);
     destroy_ctx_memory(c);
     peers_forget(c);
     c->alive = false;
@@ -3286,14 +3298,39 @@ EXPORT CUresult cuEventCreate(CUevent *ph, unsigned int flags)
     CUresult usable = ctx_usable(c);
     if (usable != CUDA_SUCCESS)
         LEAVE(usable);
-    fevent *e = calloc(1, sizeof *e);
-    e->magic = EVENT_MAGIC;
-    e->ctx = c;
-    e->flags = flags;
-    e->next = G.events;
-    G.events = e;
+    fevent *e = G.free_events;
+    if (e) {
+        /* FAKECUDA_REUSE_EVENT_HANDLES: the most recently dead event's handle
+         * names a fresh event (never recorded, of context c); it stays in the
+         * list of all events, and its dependency table is kept for reuse. */
+        G.free_events = e->next_free;
+        *e = (fevent){.magic = EVENT_MAGIC, .ctx = c, .flags = flags, .next = e->next,
+                      .deps = e->deps, .capdeps = e->capdeps};
+    } else {
+        if (!(e = calloc(1, sizeof *e)))
+            LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+        e->magic = EVENT_MAGIC;
+        e->ctx = c;
+        e->flags = flags;
+        e->next = G.events;
+        G.events = e;
+    }
     *ph = (CUevent)e;
     LEAVE(CUDA_SUCCESS);
+}
+
+/* Lock held: live event e dies (cuEventDestroy, or its context's end). Its
+ * handle stays recognised as stale, unless FAKECUDA_REUSE_EVENT_HANDLES is
+ * set: then the next cuEventCreate may hand it out again (the most recently
+ * dead first), as the real driver may, since it promises nothing about
+ * handle values; a late use of it then reaches the new event, uncounted. */
+static void event_dies(fevent *e)
+{
+    e->dead = true;
+    if (G.reuse_event_handles) {
+        e->next_free = G.free_events;
+        G.free_events = e;
+    }
 }
 
 EXPORT CUresult cuEventDestroy_v2(CUevent h)
@@ -3304,8 +3341,10 @@ EXPORT CUresult cuEventDestroy_v2(CUevent h)
     if (!e)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
     /* Kept in the list (other events' records never point at it), only
-     * marked: a later use is a stale handle. */
-    e->dead = e->destroyed = true;
+     * marked: a later use is a stale handle (or, with
+     * FAKECUDA_REUSE_EVENT_HANDLES, reaches the next event made). */
+    e->destroyed = true;
+    event_dies(e);
     LEAVE(CUDA_SUCCESS);
 }
 
