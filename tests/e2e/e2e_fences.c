@@ -933,6 +933,22 @@ static void free_on_other_device(int how)
     CHECK_EQ(fake_stats().stale_handle_uses, 0);
 }
 
+/* After a device-0 block p was freed on a device-1 stream behind work that
+ * uses it: device 0's next allocation of its size must not be p before that
+ * work ran; then every block comes back, and the filler goes. */
+static void expect_other_device_free_safe(char *p, char *filler)
+{
+    CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+    char *q = NULL;
+    CHECK_EQ(cudaMalloc((void **)&q, MiB), cudaSuccess);
+    expect_earlier_work_done(p, q);
+    fakecuda()->complete_all();
+    CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaMalloc((void **)&q, MiB), cudaSuccess); /* every block back */
+    CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+}
+
 /* The same per-thread default stream, named as a program built with
  * --default-stream per-thread names it: stream 0 of cudaFreeAsync_ptsz
  * (how 0) or cuMemFreeAsync_ptsz (how 1), which the runtime and driver
@@ -958,15 +974,7 @@ static void free_on_other_device_ptsz0(int how)
             e2e_dlsym(dlopen("libcuda.so.1", RTLD_NOW), "cuMemFreeAsync_ptsz");
         CHECK_EQ(free_ptsz((CUdeviceptr)(uintptr_t)p, NULL), CUDA_SUCCESS);
     }
-    CHECK_EQ(cudaSetDevice(0), cudaSuccess);
-    char *q = NULL;
-    CHECK_EQ(cudaMalloc((void **)&q, MiB), cudaSuccess);
-    expect_earlier_work_done(p, q);
-    fakecuda()->complete_all();
-    CHECK_EQ(cudaFree(q), cudaSuccess);
-    CHECK_EQ(cudaMalloc((void **)&q, MiB), cudaSuccess); /* every block back */
-    CHECK_EQ(cudaFree(q), cudaSuccess);
-    CHECK_EQ(cudaFree(filler), cudaSuccess);
+    expect_other_device_free_safe(p, filler);
     CHECK_EQ(fake_stats().stale_handle_uses, 0);
 }
 
@@ -995,15 +1003,7 @@ static void free_on_other_device_implicit(int how)
                                 earlier_work, p),
              0);
     CHECK_EQ(cudaFreeAsync(p, how == 0 ? cudaStreamLegacy : b), cudaSuccess);
-    CHECK_EQ(cudaSetDevice(0), cudaSuccess);
-    char *q = NULL;
-    CHECK_EQ(cudaMalloc((void **)&q, MiB), cudaSuccess);
-    expect_earlier_work_done(p, q);
-    fakecuda()->complete_all();
-    CHECK_EQ(cudaFree(q), cudaSuccess);
-    CHECK_EQ(cudaMalloc((void **)&q, MiB), cudaSuccess); /* every block back */
-    CHECK_EQ(cudaFree(q), cudaSuccess);
-    CHECK_EQ(cudaFree(filler), cudaSuccess);
+    expect_other_device_free_safe(p, filler);
     if (b) {
         CHECK_EQ(cudaSetDevice(1), cudaSuccess);
         CHECK_EQ(cudaStreamDestroy(b), cudaSuccess);
