@@ -31,7 +31,9 @@
  * and TensorFlow through dlsym, both routed to the hooks. Where that routing
  * is not in place (the driver door closed, a forked child, the library
  * loaded as a plug-in rather than preloaded: streams_all_seen) nothing is
- * remembered.
+ * remembered; with the door closed (preloaded) the pool found is also
+ * checked against its context's id, since a teardown through a dlsym'd
+ * driver function goes unseen there (a plug-in checks in api.c).
  *
  * What cannot be seen: a change made through the driver's private tables
  * (cuGetExportTable). Public reimplementations of those tables name no call
@@ -119,6 +121,17 @@ static shim_pool *remembered_or_asked(const real_driver *R, remembered *m, void 
     atomic_fetch_add_explicit(&shim_context_lookups, 1, memory_order_relaxed);
     CUcontext ctx = NULL;
     sp = ask(R, key, &ctx);
+    /* With the driver door closed a context torn down through a driver
+     * function found with dlsym goes unseen, and its pool would live on:
+     * over virtual memory its memory outlives the context, but its events
+     * are dead handles, which the driver may give to the program's next
+     * events (e2e_fences unseen-reset-events-reused: such an event became
+     * a fence, read complete, and a block came back under queued work).
+     * So the pool's context is asked for its id, as a plug-in's is: one
+     * driver call per lookup, and only there (the door open, every
+     * teardown is seen). */
+    if (sp && !shim_driver_hooked() && streams_all_seen() && pools_forget_if_replaced(sp))
+        sp = ask(R, key, &ctx);
     *m = (remembered){key, ctx, on ? sp : NULL, now};
     return sp;
 }

@@ -1151,10 +1151,10 @@ static void dead_stream_reborn_unseen(void)
  * handles, as a real driver may give them: the next seal records the
  * program's event as its fence (take_event, fences.c), and once the program
  * records that event on an idle stream of its own, the fence reads complete
- * and a block freed behind queued legacy-stream work comes back under that
- * work. Expected to fail (e2e_known_failing) until the pool of a context
- * torn down unseen is noticed with the door closed as it is for a plug-in
- * (pools_forget_if_replaced). */
+ * and a block freed behind queued legacy-stream work came back under that
+ * work (found with the fake's event handle reuse; it failed until, with the
+ * door closed, the pool of a context torn down unseen is noticed as a
+ * plug-in's is: pools_forget_if_replaced at each lookup). */
 static void exp_nothing(void *a) { (void)a; }
 
 static void unseen_reset_events(void)
