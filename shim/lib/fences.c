@@ -440,21 +440,21 @@ static bool seal_ordered(shim_pool *sp, const real_driver *R, uint32_t lane, uin
 }
 
 /*
- * Loaded as a plug-in, a stream-ordered free on the legacy stream goes into
- * the legacy lane, whose blocks the next allocation on the legacy stream
- * takes at once, in stream order. That order is CUDA's only if the free is
- * a legacy-stream action: "the legacy stream first waits on all blocking
- * streams, the action is queued in the legacy stream, and then all
- * blocking streams wait on the legacy stream", so work that used the block
- * on any blocking stream (another thread's per-thread default stream, say)
- * before the free runs before work on any blocking stream after the
- * allocation. The shim queues nothing for the free itself, so it makes the
- * action: the legacy stream waits for an event recorded there once (the
- * wait, not the record, is the action), before the block enters the lane,
- * so that no allocation can take the block before the action is queued
- * (e2e_fences legacy-lane-ptsz, found by the per-thread audit). Preloaded,
- * the legacy lane is not taken in order and its seal is the action
- * (pool_lane_for_alloc).
+ * Where allocations on the legacy stream take the legacy lane in stream
+ * order (a pool that is not ordered, or the library loaded as a plug-in;
+ * pool_lane_for_alloc), a stream-ordered free there must be what CUDA's
+ * is, a legacy-stream action: "the legacy stream first waits on all
+ * blocking streams, the action is queued in the legacy stream, and then
+ * all blocking streams wait on the legacy stream", so work that used the
+ * block on any blocking stream (another thread's per-thread default
+ * stream, say) before the free runs before work on any blocking stream
+ * after the allocation. The shim queues nothing for the free itself, so it
+ * makes the action: the legacy stream waits for an event recorded there
+ * once (the wait, not the record, is the action), before the block enters
+ * the lane, so that no allocation can take the block before the action is
+ * queued (e2e_fences legacy-lane-ptsz, found by the per-thread audit). In
+ * an ordered pool the free goes to the plain lane instead, whose barrier
+ * is the action (svc_free).
  */
 bool fences_legacy_order(shim_pool *sp)
 {
