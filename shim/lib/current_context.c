@@ -57,6 +57,9 @@ enum { STREAMS_REMEMBERED = 4 };
 static _Thread_local remembered current, of_stream[STREAMS_REMEMBERED];
 static _Thread_local unsigned next_stream_slot;
 static atomic_uint_fast64_t epoch = 1;
+/* Set around a free's question (current_context_pool_unchecked): no
+ * replaced-context check there, one cuCtxGetId per allocation only. */
+static _Thread_local bool unchecked;
 atomic_uint_fast64_t shim_context_lookups, shim_context_cache_wrong;
 
 void current_context_moved(void) { current.sp = NULL; }
@@ -130,7 +133,8 @@ static shim_pool *remembered_or_asked(const real_driver *R, remembered *m, void 
      * So the pool's context is asked for its id, as a plug-in's is: one
      * driver call per lookup, and only there (the door open, every
      * teardown is seen). */
-    if (sp && !shim_driver_hooked() && streams_all_seen() && pools_forget_if_replaced(sp))
+    if (sp && !unchecked && !shim_driver_hooked() && streams_all_seen() &&
+        pools_forget_if_replaced(sp))
         sp = ask(R, key, &ctx);
     *m = (remembered){key, ctx, on ? sp : NULL, now};
     return sp;
@@ -139,6 +143,18 @@ static shim_pool *remembered_or_asked(const real_driver *R, remembered *m, void 
 shim_pool *current_context_pool(const real_driver *R, pool_lookup ask)
 {
     return remembered_or_asked(R, &current, NULL, ask);
+}
+
+/* The same, for a free's question (is the block's pool the current
+ * context's?): the pool found is not checked against its context's id, as
+ * before 9d1427e; an allocation's lookup checks it (e2e_fences
+ * hooks-off-free-cost: two cuCtxGetId per stream-ordered free). */
+shim_pool *current_context_pool_unchecked(const real_driver *R, pool_lookup ask)
+{
+    unchecked = true;
+    shim_pool *sp = remembered_or_asked(R, &current, NULL, ask);
+    unchecked = false;
+    return sp;
 }
 
 shim_pool *stream_context_pool(const real_driver *R, CUstream s, pool_lookup ask)

@@ -944,7 +944,7 @@ static shim_pool *existing_current_pool(const real_driver *R, void *key, CUconte
 
 shim_pool *pools_current_existing(const real_driver *R)
 {
-    return current_context_pool(R, existing_current_pool);
+    return current_context_pool_unchecked(R, existing_current_pool);
 }
 
 uint32_t pool_lane_for_free(shim_pool *sp, CUstream s, bool per_thread, bool legacy_is_pools)

@@ -772,6 +772,7 @@ typedef shim_pool *(*pool_lookup)(const real_driver *R, void *key, CUcontext *ct
  * s's context: the one remembered when no call since could have changed
  * it, else ask's answer (then remembered). */
 shim_pool *current_context_pool(const real_driver *R, pool_lookup ask);
+shim_pool *current_context_pool_unchecked(const real_driver *R, pool_lookup ask);
 shim_pool *stream_context_pool(const real_driver *R, CUstream s, pool_lookup ask);
 /* After a call that may have changed the calling thread's current context
  * (cuCtxSetCurrent, push, pop, a context created). */

@@ -1209,6 +1209,28 @@ static void unseen_reset_events(void)
     (void)sealed;
 }
 
+/* hooks-off-free-cost (review of 9d1427e): with the driver door closed a
+ * stream-ordered free on the legacy stream asks the current context's pool
+ * (pool_lane_for_free, runtime_context_for_free) and, through the
+ * replaced-context check, costs a cuCtxGetId each time although nothing
+ * changed: the check was meant for allocations only (one per allocation). */
+static void hooks_off_free_cost(void)
+{
+    enum { N = 8 };
+    void *d[N];
+    for (int i = 0; i < N; i++)
+        CHECK_EQ(cudaMalloc(&d[i], MiB), cudaSuccess);
+    uint64_t before = e2e_calls_of("cuCtxGetId");
+    for (int i = 0; i < N; i++)
+        CHECK_EQ(cudaFreeAsync(d[i], 0), cudaSuccess);
+    uint64_t asked = e2e_calls_of("cuCtxGetId") - before;
+    if (asked != 0) {
+        fprintf(stderr, "%d stream-ordered frees asked cuCtxGetId %llu times\n", N,
+                (unsigned long long)asked);
+        e2e_failures++;
+    }
+}
+
 /* stream-churn: streams made and destroyed on one thread (the dead-handle
  * filter and slots rewritten) while another allocates and frees
  * stream-ordered on its own live stream (read without the lock): every
@@ -1893,6 +1915,7 @@ int main(int argc, char **argv)
         {"dead-stream-reborn-unseen", dead_stream_reborn_unseen},
         {"unseen-reset-events", unseen_reset_events},
         {"unseen-reset-events-reused", unseen_reset_events},
+        {"hooks-off-free-cost", hooks_off_free_cost},
         {"dead-stream-reborn-in-window", dead_stream_reborn_in_window},
         {"stream-churn", stream_churn},
         {"legacy-while-capturing-new-thread", legacy_while_capturing_new_thread},
