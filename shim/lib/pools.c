@@ -683,9 +683,13 @@ bool pools_forget_if_replaced(shim_pool *sp)
     if (r == CUDA_SUCCESS && id == sp->ctx_id)
         return false;
     shim_log(LOG_INFO, "device %d: the pool's context went without the library seeing it "
-                       "(loaded without LD_PRELOAD); a new pool serves its successor",
+                       "(loaded without LD_PRELOAD, or the driver door closed); a new pool "
+                       "serves its successor",
              (int)sp->dev);
     forget_if(same_pool, sp);
+    /* As every teardown does: a trim that entered before the mark leaves
+     * before the memory goes (a trim never waits for the GPU inside). */
+    pools_wait_dead_trims();
     pools_give_back_forgotten(true);
     return true;
 }
