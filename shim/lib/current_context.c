@@ -57,9 +57,6 @@ enum { STREAMS_REMEMBERED = 4 };
 static _Thread_local remembered current, of_stream[STREAMS_REMEMBERED];
 static _Thread_local unsigned next_stream_slot;
 static atomic_uint_fast64_t epoch = 1;
-/* Set around a free's question (current_context_pool_unchecked): no
- * replaced-context check there, one cuCtxGetId per allocation only. */
-static _Thread_local bool unchecked;
 atomic_uint_fast64_t shim_context_lookups, shim_context_cache_wrong;
 
 void current_context_moved(void) { current.sp = NULL; }
@@ -111,8 +108,10 @@ static shim_pool *recalled(const real_driver *R, const remembered *m, void *key,
     return NULL;
 }
 
+/* check: with the driver door closed, ask the pool's context for its id
+ * (below); a free's question does not (current_context_pool_unchecked). */
 static shim_pool *remembered_or_asked(const real_driver *R, remembered *m, void *key,
-                                      pool_lookup ask)
+                                      pool_lookup ask, bool check)
 {
     bool on = remembering();
     uint64_t now = atomic_load_explicit(&epoch, memory_order_acquire);
@@ -131,9 +130,9 @@ static shim_pool *remembered_or_asked(const real_driver *R, remembered *m, void 
      * events (e2e_fences unseen-reset-events-reused: such an event became
      * a fence, read complete, and a block came back under queued work).
      * So the pool's context is asked for its id, as a plug-in's is: one
-     * driver call per lookup, and only there (the door open, every
-     * teardown is seen). */
-    if (sp && !unchecked && !shim_driver_hooked() && streams_all_seen() &&
+     * driver call per allocation's lookup, and only there (the door open,
+     * every teardown is seen). */
+    if (sp && check && !shim_driver_hooked() && streams_all_seen() &&
         pools_forget_if_replaced(sp))
         sp = ask(R, key, &ctx);
     *m = (remembered){key, ctx, on ? sp : NULL, now};
@@ -142,7 +141,7 @@ static shim_pool *remembered_or_asked(const real_driver *R, remembered *m, void 
 
 shim_pool *current_context_pool(const real_driver *R, pool_lookup ask)
 {
-    return remembered_or_asked(R, &current, NULL, ask);
+    return remembered_or_asked(R, &current, NULL, ask, true);
 }
 
 /* The same, for a free's question (is the block's pool the current
@@ -151,10 +150,7 @@ shim_pool *current_context_pool(const real_driver *R, pool_lookup ask)
  * hooks-off-free-cost: two cuCtxGetId per stream-ordered free). */
 shim_pool *current_context_pool_unchecked(const real_driver *R, pool_lookup ask)
 {
-    unchecked = true;
-    shim_pool *sp = remembered_or_asked(R, &current, NULL, ask);
-    unchecked = false;
-    return sp;
+    return remembered_or_asked(R, &current, NULL, ask, false);
 }
 
 shim_pool *stream_context_pool(const real_driver *R, CUstream s, pool_lookup ask)
@@ -166,5 +162,5 @@ shim_pool *stream_context_pool(const real_driver *R, CUstream s, pool_lookup ask
             m = &of_stream[i];
     if (!m)
         m = &of_stream[next_stream_slot++ % STREAMS_REMEMBERED];
-    return remembered_or_asked(R, m, (void *)s, ask);
+    return remembered_or_asked(R, m, (void *)s, ask, true);
 }

@@ -859,6 +859,11 @@ static bool per_thread_stream(CUstream s, bool per_thread_call)
     return s == CU_STREAM_PER_THREAD || (s == NULL && per_thread_call);
 }
 
+bool pool_legacy_by_barrier(shim_pool *sp)
+{
+    return streams_all_seen() && atomic_load_explicit(&sp->ordered, memory_order_acquire);
+}
+
 uint32_t pool_lane_for_alloc(shim_pool *sp, CUstream s, bool per_thread)
 {
     /* The per-thread default stream has one handle for many streams: its
@@ -877,11 +882,7 @@ uint32_t pool_lane_for_alloc(shim_pool *sp, CUstream s, bool per_thread)
      * does not wait for). The ordered state is left for good, so a block in
      * the legacy lane was freed with its action. */
     if (s == NULL || s == CU_STREAM_LEGACY)
-        return green_is_current() ||
-                       (streams_all_seen() &&
-                        atomic_load_explicit(&sp->ordered, memory_order_acquire))
-                   ? BFC_NO_LANE
-                   : sp->legacy_lane;
+        return green_is_current() || pool_legacy_by_barrier(sp) ? BFC_NO_LANE : sp->legacy_lane;
     uint32_t lane = stream_lane(sp, s);
     return lane == sp->plain_lane ? BFC_NO_LANE : lane;
 }

@@ -355,13 +355,10 @@ svc_status svc_free(CUdeviceptr ptr, free_kind kind, CUstream stream, bool per_t
          * without asking: loaded as a plug-in it is left as it was
          * (PyTorch reuses a block on its own stream without such an order
          * itself); preloaded, the block waits for every stream. */
-        if (lane == sp->legacy_lane) {
-            bool seen = streams_all_seen();
-            if (seen && atomic_load_explicit(&sp->ordered, memory_order_acquire))
-                lane = sp->plain_lane;
-            else if (kind == FREE_STREAM_DEVICE ? seen : !fences_legacy_order(sp))
-                lane = sp->plain_lane;
-        }
+        if (lane == sp->legacy_lane &&
+            (pool_legacy_by_barrier(sp) ||
+             (kind == FREE_STREAM_DEVICE ? streams_all_seen() : !fences_legacy_order(sp))))
+            lane = sp->plain_lane;
         st = bfc_pool_free_deferred(sp->bfc, ptr, lane);
         if (st == BFC_ERR_BAD_LANE) /* the stream's lane closed under us */
             st = bfc_pool_free_deferred(sp->bfc, ptr, sp->plain_lane);

@@ -501,6 +501,12 @@ uint64_t pools_limit_for(uint64_t total);
 /* For fork handlers: hold / release the pool registry. */
 void pools_lock_for_fork(bool lock);
 
+/* Is the legacy lane never taken in stream order, a legacy-stream free
+ * going to the plain lane, whose barrier is the legacy-stream action CUDA's
+ * free is? In an ordered pool, preloaded. pool_lane_for_alloc and svc_free
+ * both ask, and must agree: a block in the legacy lane must have been freed
+ * with its action (fences_legacy_order). */
+bool pool_legacy_by_barrier(shim_pool *sp);
 /* The lane for stream-ordered calls on `stream` (per_thread: the call is a
  * _ptsz one, so stream 0 is the per-thread stream). BFC_NO_LANE for a stream
  * whose blocks other threads' streams share (the per-thread stream): they
