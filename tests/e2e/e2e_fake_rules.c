@@ -1601,8 +1601,6 @@ static void fake_capture_free_async(void)
  * stream-ordered allocation or free) is refused, as is a wait on an event
  * recorded in it (no stream joins an invalidated capture); after the end
  * the stream takes work again. */
-static void nothing_here(void *arg) { *(bool *)arg = true; }
-
 static void fake_capture_invalidated_use(void)
 {
     start();
@@ -1636,7 +1634,7 @@ static void fake_capture_invalidated_use(void)
     CHECK(p == 0);
     CHECK_EQ(D.MemFreeAsync(graph_owned, s), inv);
     bool ran = false;
-    CHECK(fakecuda()->launch(s, nothing_here, &ran) != 0);
+    CHECK(fakecuda()->launch(s, set_flag, &ran) != 0);
     /* A stream waiting on an event recorded in the invalidated capture:
      * refused, and it does not join the capture. */
     CHECK_EQ(D.StreamWaitEvent(other, in_capture, 0), inv);

@@ -733,17 +733,15 @@ static void count_stale_use_of(const char *what, const fctx *owner, const char *
     if (G.stale_backtrace) {
         void *frames[32];
         const fctx *cur = current_ctx();
-        fprintf(stderr,
-                "fake: stale handle use %llu: %s of context %p (device %d, %s, %s; %s), current "
-                "context %p:\n",
-                (unsigned long long)G.st.stale_handle_uses, what, (const void *)owner,
-                owner ? owner->dev : -1, owner && owner->primary ? "primary" : "created",
-                owner && owner->alive ? "alive" : "gone", how, (const void *)cur);
+        fprintf(stderr, "fake: stale handle use %llu: %s (%s)",
+                (unsigned long long)G.st.stale_handle_uses, what, how);
+        if (owner) /* (a graph belongs to no context) */
+            fprintf(stderr, " of context %p (device %d, %s, %s)", (const void *)owner, owner->dev,
+                    owner->primary ? "primary" : "created", owner->alive ? "alive" : "gone");
+        fprintf(stderr, ", current context %p:\n", (const void *)cur);
         backtrace_symbols_fd(frames, backtrace(frames, 32), 2);
     }
 }
-
-static void count_stale_use(void) { count_stale_use_of("handle", NULL, "-"); }
 
 /* Lock held: the stream a handle names, or NULL for a bad handle. Handles
  * of destroyed streams, or of streams whose context went away, are bad, and
@@ -760,7 +758,7 @@ static fstream *stream_of(CUstream h)
     if (!s)
         return NULL;
     if (s->destroyed || s->dead) {
-        count_stale_use();
+        count_stale_use_of("stream", s->ctx, s->destroyed ? "destroyed" : "context killed");
         return NULL;
     }
     return s;
@@ -2874,7 +2872,7 @@ static fgraph *graph_of(CUgraph h)
     if (!g || g->magic != GRAPH_MAGIC)
         return NULL;
     if (g->destroyed) {
-        count_stale_use();
+        count_stale_use_of("graph", NULL, "destroyed");
         return NULL;
     }
     return g;
