@@ -39,6 +39,12 @@
  *                 context under the destroyed one's handle is served from the
  *                 old pool, whose regions went with the old context
  *                 (BFCSHIM_VMM=off: cuMemAlloc regions die with their context)
+ *   detach-stacked  (audit) the context pushed twice: the destroying
+ *                 cuCtxDetach pops only the top, the dead handle stays
+ *                 current beneath, so "still current" did not mean "only
+ *                 counted down": the pool lived on, and a new context under
+ *                 the handle was served from it, in no live allocation
+ *                 (BFCSHIM_VMM=off)
  */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -386,6 +392,35 @@ static void detach_reuse(void)
     }
 }
 
+/* The destroying detach of a context current twice on this thread's stack
+ * pops only the top copy (cuda.h: "if ctx is current to the calling thread
+ * then ctx will also be popped"), and the handle stays current beneath,
+ * dead: whether the detach destroyed cannot be read from the current
+ * context. */
+static void detach_stacked(void)
+{
+    start();
+    CUresult (*push)(CUcontext) = (ctx_fn)e2e_dlsym(e2e_open_libcuda(), "cuCtxPushCurrent_v2");
+    CUresult (*pop)(CUcontext *) = (ctx_out_fn)e2e_dlsym(e2e_open_libcuda(), "cuCtxPopCurrent_v2");
+    CUcontext made = NULL, again = NULL, popped = NULL;
+    CHECK_EQ(D.CtxCreate(&made, NULL, 0, 1), CUDA_SUCCESS); /* pushed over primary 0 */
+    CHECK_EQ(push(made), CUDA_SUCCESS);                      /* and once more */
+    served_in(made, "cuCtxCreate");
+    CHECK_EQ(ctx_detach()(made), CUDA_SUCCESS); /* usage 1 -> 0: destroyed, top popped */
+    CHECK_EQ(pop(&popped), CUDA_SUCCESS);       /* the dead copy beneath */
+    CHECK(popped == made);
+    CHECK_EQ(D.CtxCreate(&again, NULL, 0, 1), CUDA_SUCCESS);
+    CHECK(again == made); /* the fake reuses a destroyed context's handle */
+    CUdeviceptr d = 0;
+    CHECK_EQ(D.MemAlloc(&d, MiB), CUDA_SUCCESS);
+    if (!fakecuda()->is_device_pointer((uint64_t)d)) {
+        fprintf(stderr, "cuMemAlloc in the new context served 0x%llx, in no live allocation "
+                        "(the pool of the context a stacked cuCtxDetach destroyed)\n",
+                (unsigned long long)d);
+        e2e_failures++;
+    }
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -398,6 +433,7 @@ int main(int argc, char **argv)
         {"detach", detach},
         {"detach-off", detach},
         {"detach-reuse", detach_reuse},
+        {"detach-stacked", detach_stacked},
     };
     return e2e_main("e2e_current", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }
