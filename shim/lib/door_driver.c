@@ -462,20 +462,30 @@ SHIM_EXPORT CUresult shim_cuCtxDestroy_v1(CUcontext ctx)
 /* The deprecated usage-count release (CUDA 2.0; PyCUDA's Context.detach):
  * it destroys the context when the count reaches 0, and the context must be
  * current to the caller, so a destroying detach also pops it. Whether it
- * destroyed is learnt afterwards from the current context: still ctx, only
- * the count went down. Gone, it goes as a destroy's does (pool, streams,
- * captures, peer mappings), after the real call: the program detaches only
- * a context it has finished with. Either way the remembered current context
- * is forgotten (e2e_current detach, detach-reuse). */
+ * destroyed is learnt afterwards from the context's id ("unique for the
+ * life of the program"): asked before and after, no answer or another one
+ * means the context went. Not from the current context: a destroying
+ * detach pops only the top of the stack, and a context pushed twice stays
+ * current beneath, dead (e2e_current detach-stacked: taken for a count-down,
+ * its pool served the next context made under the handle); nor is it
+ * known that a detach that only counts down leaves the stack as it was.
+ * Without cuCtxGetId (a driver before 12.0) the current context still
+ * decides. Gone, it goes as a destroy's does (pool, streams, captures, peer
+ * mappings), after the real call: the program detaches only a context it
+ * has finished with. Either way the remembered current context is
+ * forgotten (e2e_current detach, detach-reuse). */
 SHIM_EXPORT CUresult cuCtxDetach(CUcontext ctx)
 {
     const real_driver *R = real_driver_get();
     uint64_t claimed = capture_context_ending(ctx);
     pools_hold_trims(ctx, true); /* maybe the last reference */
+    unsigned long long id = 0, after = 0;
+    bool by_id = ctx && R && R->CtxGetId && R->CtxGetId(ctx, &id) == CUDA_SUCCESS && id;
     CUresult r = PASS(CtxDetach, ctx);
     CUcontext cur = NULL;
-    bool gone = r == CUDA_SUCCESS && ctx && R && R->CtxGetCurrent(&cur) == CUDA_SUCCESS &&
-                cur != ctx;
+    bool gone = r == CUDA_SUCCESS && ctx && R &&
+                (by_id ? R->CtxGetId(ctx, &after) != CUDA_SUCCESS || after != id
+                       : R->CtxGetCurrent(&cur) == CUDA_SUCCESS && cur != ctx);
     remembered_pools_stale();
     if (gone)
         pools_context_gone(ctx);
