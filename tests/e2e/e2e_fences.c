@@ -129,6 +129,10 @@
  *                    (a peer copy or a peer kernel writing into it), which
  *                    no barrier on device 0's legacy stream orders: it must
  *                    still run after the old owner's work
+ *   unseen-reset-streams  (audit; door closed) a non-blocking stream made,
+ *                    then device 0's primary context reset unseen and made
+ *                    again: no seal of the new pool may touch the dead
+ *                    stream
  *   ordered-created-context  the same with a context created on device 0
  *                    (cuCtxCreate_v4): the shim must learn of it at its
  *                    creation, or device 0's pool stays ordered; -v1, -v2,
@@ -1209,6 +1213,36 @@ static void unseen_reset_events(void)
     (void)sealed;
 }
 
+/* unseen-reset-streams (audit; the driver door closed): a non-blocking
+ * stream made through the runtime (registered), then device 0's primary
+ * context reset through a driver function found with dlsym (unseen), made
+ * again under the same handle. The old pool is noticed and forgotten at the
+ * next allocation (pools_forget_if_replaced), but the dead context's
+ * streams stayed registered under its handle, the new context's: every
+ * seal of the new pool recorded an event on the dead stream (the fake
+ * counts the stale use; an H100 crashed on one after cudaDeviceReset). */
+static void unseen_reset_streams(void)
+{
+    typedef CUresult (*reset_fn)(CUdevice);
+    typedef CUresult (*retain_fn)(CUcontext *, CUdevice);
+    typedef CUresult (*setcur_fn)(CUcontext);
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    reset_fn reset = (reset_fn)dlsym(h, "cuDevicePrimaryCtxReset_v2");
+    retain_fn retain = (retain_fn)dlsym(h, "cuDevicePrimaryCtxRetain");
+    setcur_fn setcur = (setcur_fn)dlsym(h, "cuCtxSetCurrent");
+    CHECK(reset && retain && setcur);
+    cudaStream_t s = NULL;
+    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(cudaFree(alloc_ok(MiB)), cudaSuccess);
+    CHECK_EQ(reset(0), CUDA_SUCCESS); /* unseen: the door is closed; s dies */
+    CUcontext c = NULL;
+    CHECK_EQ(retain(&c, 0), CUDA_SUCCESS);
+    CHECK_EQ(setcur(c), CUDA_SUCCESS);
+    for (int i = 0; i < 4; i++) /* seals of the new pool (BFCSHIM_FENCE_INTERVAL=1) */
+        CHECK_EQ(cudaFree(alloc_ok(MiB)), cudaSuccess);
+    CHECK_EQ(fake_stats().stale_handle_uses, 0);
+}
+
 /* hooks-off-free-cost (review of 9d1427e): with the driver door closed a
  * stream-ordered free on the legacy stream asks the current context's pool
  * (pool_lane_for_free, runtime_context_for_free) and, through the
@@ -1915,6 +1949,7 @@ int main(int argc, char **argv)
         {"dead-stream-reborn-unseen", dead_stream_reborn_unseen},
         {"unseen-reset-events", unseen_reset_events},
         {"unseen-reset-events-reused", unseen_reset_events},
+        {"unseen-reset-streams", unseen_reset_streams},
         {"hooks-off-free-cost", hooks_off_free_cost},
         {"dead-stream-reborn-in-window", dead_stream_reborn_in_window},
         {"stream-churn", stream_churn},
