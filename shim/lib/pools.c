@@ -687,6 +687,10 @@ bool pools_forget_if_replaced(shim_pool *sp)
                        "serves its successor",
              (int)sp->dev);
     forget_if(same_pool, sp);
+    /* Its streams died with it, unseen, and are registered under the
+     * handle the new context may have: no seal may touch them (e2e_fences
+     * unseen-reset-streams). */
+    streams_forget_context_id(sp->ctx, sp->ctx_id);
     /* As every teardown does: a trim that entered before the mark leaves
      * before the memory goes (a trim never waits for the GPU inside). */
     pools_wait_dead_trims();

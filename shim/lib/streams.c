@@ -35,6 +35,7 @@
 typedef struct entry {
     CUstream stream;
     CUcontext ctx;
+    unsigned long long ctx_id; /* with the driver door closed (else 0: unknown) */
     bool non_blocking;
 } entry;
 
@@ -185,7 +186,16 @@ void streams_add(CUstream s)
     /* Flags unknown: counted as non-blocking, whose fences ask the most. */
     if (!R->StreamGetFlags || R->StreamGetFlags(s, &flags) != CUDA_SUCCESS)
         flags = CU_STREAM_NON_BLOCKING;
-    const entry e = {s, ctx, (flags & CU_STREAM_NON_BLOCKING) != 0};
+    /* With the driver door closed a context torn down through a driver
+     * function found with dlsym goes unseen, and its streams would stay
+     * registered under a handle a new context may have: the context's id
+     * tells them apart when the replacement is noticed
+     * (streams_forget_context_id). One driver call per stream made, and
+     * only there. */
+    unsigned long long id = 0;
+    if (!shim_driver_hooked() && ctx && R->CtxGetId && R->CtxGetId(ctx, &id) != CUDA_SUCCESS)
+        id = 0;
+    const entry e = {s, ctx, id, (flags & CU_STREAM_NON_BLOCKING) != 0};
     pthread_mutex_lock(&lock);
     size_t i = 0;
     while (i < nall && all[i].stream != s) /* a handle reused after a missed destroy */
@@ -215,6 +225,25 @@ void streams_forget_context(CUcontext ctx)
     pthread_mutex_lock(&lock);
     for (size_t i = 0; i < nall;)
         if (all[i].ctx == ctx)
+            all[i] = all[--nall];
+        else
+            i++;
+    pthread_mutex_unlock(&lock);
+    wait_for_users();
+}
+
+/* The streams of context ctx registered under its id `id` (a context the
+ * library saw go only now, by its id: pools_forget_if_replaced), as
+ * streams_forget_context; a stream whose context's id is unknown stays (its
+ * seals may then touch a dead handle, as before, but a live stream of the
+ * new context under the same handle is never left out of a fence). */
+void streams_forget_context_id(CUcontext ctx, unsigned long long id)
+{
+    if (!id)
+        return;
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < nall;)
+        if (all[i].ctx == ctx && all[i].ctx_id == id)
             all[i] = all[--nall];
         else
             i++;
