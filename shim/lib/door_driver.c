@@ -462,15 +462,14 @@ SHIM_EXPORT CUresult shim_cuCtxDestroy_v1(CUcontext ctx)
 /* The deprecated usage-count release (CUDA 2.0; PyCUDA's Context.detach):
  * it destroys the context when the count reaches 0, and the context must be
  * current to the caller, so a destroying detach also pops it. Whether it
- * destroyed is learnt afterwards from the context's id ("unique for the
- * life of the program"): asked before and after, no answer or another one
- * means the context went. Not from the current context: a destroying
- * detach pops only the top of the stack, and a context pushed twice stays
- * current beneath, dead (e2e_current detach-stacked: taken for a count-down,
- * its pool served the next context made under the handle); nor is it
- * known that a detach that only counts down leaves the stack as it was.
- * Without cuCtxGetId (a driver before 12.0) the current context still
- * decides. Gone, it goes as a destroy's does (pool, streams, captures, peer
+ * destroyed is learnt afterwards: popped from the thread's stack, it went;
+ * still current, it may have gone too, since a destroying detach pops only
+ * the top of the stack and a context pushed twice stays current beneath,
+ * dead (e2e_current detach-stacked: taken for a count-down, its pool served
+ * the next context made under the handle). Then its id ("unique for the
+ * life of the program"), asked before and after, decides: no answer or
+ * another one means it went. Without cuCtxGetId (a driver before 12.0) the
+ * current context alone decides. Gone, it goes as a destroy's does (pool, streams, captures, peer
  * mappings), after the real call: the program detaches only a context it
  * has finished with. Either way the remembered current context is
  * forgotten (e2e_current detach, detach-reuse). */
@@ -482,10 +481,15 @@ SHIM_EXPORT CUresult cuCtxDetach(CUcontext ctx)
     unsigned long long id = 0, after = 0;
     bool by_id = ctx && R && R->CtxGetId && R->CtxGetId(ctx, &id) == CUDA_SUCCESS && id;
     CUresult r = PASS(CtxDetach, ctx);
+    /* Popped: gone. Still current: gone only if its id says so; the
+     * question is then asked of the thread's current context, which the
+     * driver must answer (CUDA_ERROR_CONTEXT_IS_DESTROYED), never of a
+     * handle already off every stack. */
     CUcontext cur = NULL;
-    bool gone = r == CUDA_SUCCESS && ctx && R &&
-                (by_id ? R->CtxGetId(ctx, &after) != CUDA_SUCCESS || after != id
-                       : R->CtxGetCurrent(&cur) == CUDA_SUCCESS && cur != ctx);
+    bool popped = r == CUDA_SUCCESS && ctx && R && R->CtxGetCurrent(&cur) == CUDA_SUCCESS &&
+                  cur != ctx;
+    bool gone = popped || (r == CUDA_SUCCESS && by_id &&
+                           (R->CtxGetId(ctx, &after) != CUDA_SUCCESS || after != id));
     remembered_pools_stale();
     if (gone)
         pools_context_gone(ctx);
