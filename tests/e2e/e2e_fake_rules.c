@@ -57,6 +57,16 @@
  *                  checked, a range over neighbouring mappings accepted
  *   fake-pool-access  cuMemPoolSetAccess / cuMemPoolGetAccess: grants kept
  *                  per device, the owner's access not revocable, arguments
+ *   fake-pool-reuse  cuMemPoolCreate's properties (a device's pinned memory;
+ *                  host pools, Win32 and fabric handles not supported); a
+ *                  stream-ordered free's memory serves its own stream at
+ *                  once, another stream before the free is reached only with
+ *                  ALLOW_INTERNAL_DEPENDENCIES, after it with
+ *                  ALLOW_OPPORTUNISTIC; cuMemPoolTrimTo keeps what unreached
+ *                  frees hold
+ *   fake-vmm-args  cuMemAddressReserve's address hint page-aligned,
+ *                  cuMemSetAccess's flags one of the three; a handle
+ *                  released while mapped keeps its memory until unmapped
  *   fake-stream-write  cuStreamWriteValue64 (and the attribute that announces
  *                  it): stream work, device or page-locked memory only,
  *                  aligned, flags
@@ -200,6 +210,7 @@ static struct {
     CUresult (*StreamBeginCaptureToGraph)(CUstream, CUgraph, const CUgraphNode *,
                                           const CUgraphEdgeData *, size_t, CUstreamCaptureMode);
     CUresult (*GraphCreate)(CUgraph *, unsigned);
+    CUresult (*MemPoolDestroy)(CUmemoryPool);
 } X;
 
 /* Looked up without stopping the program: a scenario names what it lacks
@@ -252,6 +263,7 @@ static void load_more(void)
     X_CU(CaptureInfoV3[1], "cuStreamGetCaptureInfo_v3_ptsz");
     X_CU(StreamBeginCaptureToGraph, "cuStreamBeginCaptureToGraph");
     X_CU(GraphCreate, "cuGraphCreate");
+    X_CU(MemPoolDestroy, "cuMemPoolDestroy");
 #undef X_CU
 }
 
@@ -1070,6 +1082,130 @@ static void fake_pool_access(void)
     CHECK_EQ(X.MemPoolSetAccess(made, &to0, 1), CUDA_SUCCESS);
     CHECK_EQ(pool_access(made, 0), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     CHECK_EQ(pool_access(pool, 1), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+}
+
+static cuuint64_t pool_figure(CUmemoryPool pool, CUmemPool_attribute attr)
+{
+    cuuint64_t v = 0;
+    CHECK_EQ(D.MemPoolGetAttribute(pool, attr, &v), CUDA_SUCCESS);
+    return v;
+}
+
+static void set_reuse(CUmemoryPool pool, CUmemPool_attribute attr, int on)
+{
+    CHECK_EQ(D.MemPoolSetAttribute(pool, attr, &on), CUDA_SUCCESS);
+}
+
+/* cuMemPoolCreate's properties, and what a stream-ordered free's memory may
+ * serve before its stream reaches it: the freeing stream at once, another
+ * only as the reuse policies allow; a trim cannot give it back until then
+ * ("cannot release OS allocations that back outstanding asynchronous
+ * allocations"; unobserved frees "can count as outstanding", cuda.h). */
+static void fake_pool_reuse(void)
+{
+    start();
+    NEED(MemPoolDestroy);
+    CUmemPoolProps props = {.allocType = CU_MEM_ALLOCATION_TYPE_PINNED,
+                            .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+    CUmemoryPool pool;
+    CUmemPoolProps bad = props;
+    bad.location.type = CU_MEM_LOCATION_TYPE_INVALID;
+    CHECK_EQ(D.MemPoolCreate(&pool, &bad), CUDA_ERROR_INVALID_VALUE);
+    bad = props;
+    bad.allocType = CU_MEM_ALLOCATION_TYPE_INVALID;
+    CHECK_EQ(D.MemPoolCreate(&pool, &bad), CUDA_ERROR_INVALID_VALUE);
+    bad = props;
+    bad.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
+    CHECK_EQ(D.MemPoolCreate(&pool, &bad), CUDA_ERROR_INVALID_VALUE);
+    bad = props;
+    bad.location.type = CU_MEM_LOCATION_TYPE_HOST; /* host pools: not modelled */
+    CHECK_EQ(D.MemPoolCreate(&pool, &bad), CUDA_ERROR_NOT_SUPPORTED);
+    bad = props;
+    bad.handleTypes = (CUmemAllocationHandleType)0x100;
+    CHECK_EQ(D.MemPoolCreate(&pool, &bad), CUDA_ERROR_INVALID_VALUE);
+    bad = props;
+    bad.handleTypes = CU_MEM_HANDLE_TYPE_FABRIC;
+    CHECK_EQ(D.MemPoolCreate(&pool, &bad), CUDA_ERROR_NOT_SUPPORTED);
+    bad = props;
+    bad.handleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    CUmemoryPool ipc;
+    CHECK_EQ(D.MemPoolCreate(&ipc, &bad), CUDA_SUCCESS);
+    CHECK_EQ(X.MemPoolDestroy(ipc), CUDA_SUCCESS);
+
+    CHECK_EQ(D.MemPoolCreate(&pool, &props), CUDA_SUCCESS);
+    cuuint64_t keep_all = UINT64_MAX;
+    CHECK_EQ(D.MemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all),
+             CUDA_SUCCESS);
+    set_reuse(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, 0);
+    set_reuse(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, 0);
+    CUstream s1, s2;
+    CHECK_EQ(D.StreamCreate(&s1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    size_t fr, total;
+    CHECK_EQ(D.MemGetInfo(&fr, &total), CUDA_SUCCESS);
+    const size_t n = fr - fr % MiB; /* all the device has */
+    CUdeviceptr a, b;
+    CHECK_EQ(D.MemAllocFromPoolAsync(&a, n, pool, s1), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFreeAsync(a, s1), CUDA_SUCCESS);
+
+    /* Queued on s1, not reached: s2 may not have it (no policy allows). */
+    CHECK_EQ(D.MemAllocFromPoolAsync(&b, n, pool, s2), CUDA_ERROR_OUT_OF_MEMORY);
+    /* ... nor may a trim give it back. */
+    CHECK_EQ(D.MemPoolTrimTo(pool, 0), CUDA_SUCCESS);
+    CHECK_EQ(pool_figure(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), n);
+    /* s1 itself may, in stream order. */
+    CHECK_EQ(D.MemAllocFromPoolAsync(&b, n, pool, s1), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFreeAsync(b, s1), CUDA_SUCCESS);
+    /* Internal dependencies let s2 have it before s1 reaches the free. */
+    set_reuse(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, 1);
+    CHECK_EQ(D.MemAllocFromPoolAsync(&b, n, pool, s2), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFreeAsync(b, s2), CUDA_SUCCESS);
+    set_reuse(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, 0);
+    CHECK_EQ(D.MemAllocFromPoolAsync(&b, n, pool, s1), CUDA_ERROR_OUT_OF_MEMORY);
+    /* Reached (synchronised): opportunistic reuse serves any stream. */
+    CHECK_EQ(D.StreamSynchronize(s2), CUDA_SUCCESS);
+    CHECK_EQ(pool_figure(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), n);
+    set_reuse(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, 1);
+    CHECK_EQ(D.MemAllocFromPoolAsync(&b, n, pool, s1), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFreeAsync(b, s1), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamSynchronize(s1), CUDA_SUCCESS);
+    /* Every free reached: the trim gives it all back. */
+    CHECK_EQ(D.MemPoolTrimTo(pool, 0), CUDA_SUCCESS);
+    CHECK_EQ(pool_figure(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0);
+    CHECK_EQ(D.StreamDestroy(s1), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(s2), CUDA_SUCCESS);
+    CHECK_EQ(X.MemPoolDestroy(pool), CUDA_SUCCESS);
+}
+
+/* Virtual memory arguments cuda.h rules out: a reservation's address hint
+ * that is no multiple of the page size ("The size and address parameters
+ * must be a multiple of the host page size"), access flags that are none
+ * of CUmemAccess_flags' (refused, not read as no access); and what it
+ * allows: a handle released while mapped keeps its memory until unmapped. */
+static void fake_vmm_args(void)
+{
+    start();
+    const CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                      .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+    size_t g = 0;
+    CHECK_EQ(D.MemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+             CUDA_SUCCESS);
+    CUdeviceptr va = 0;
+    CHECK_EQ(D.MemAddressReserve(&va, g, 0, (CUdeviceptr)(0x7f0000000000ull + 1), 0),
+             CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(D.MemAddressReserve(&va, g, 0, 0, 0), CUDA_SUCCESS);
+    CUmemGenericAllocationHandle h;
+    CHECK_EQ(D.MemCreate(&h, g, &prop, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.MemMap(va, g, 0, h, 0), CUDA_SUCCESS);
+    CUmemAccessDesc odd = {.location = prop.location, .flags = (CUmemAccess_flags)2};
+    CHECK_EQ(D.MemSetAccess(va, g, &odd, 1), CUDA_ERROR_INVALID_VALUE);
+    CUmemAccessDesc rw = {.location = prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    CHECK_EQ(D.MemSetAccess(va, g, &rw, 1), CUDA_SUCCESS);
+    CHECK_EQ(D.MemRelease(h), CUDA_SUCCESS); /* the mapping keeps the memory */
+    memset(bytes(va), 0x5a, g);
+    CHECK_EQ(bytes(va)[g - 1], 0x5a);
+    CHECK_EQ(D.MemUnmap(va, g), CUDA_SUCCESS);
+    CHECK_EQ(D.MemAddressFree(va, g), CUDA_SUCCESS);
 }
 
 static void fake_stream_write(void)
@@ -2522,6 +2658,8 @@ int main(int argc, char **argv)
         {"fake-host-memory", fake_host_memory},
         {"fake-peer-copy", fake_peer_copy},
         {"fake-pool-access", fake_pool_access},
+        {"fake-pool-reuse", fake_pool_reuse},
+        {"fake-vmm-args", fake_vmm_args},
         {"fake-stream-write", fake_stream_write},
         {"fake-memset", fake_memset},
         {"fake-fork-rewait", fake_fork_rewait},

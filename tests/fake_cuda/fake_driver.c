@@ -1300,7 +1300,7 @@ static uint64_t device_free(int dev)
  * dev (-1: c's; a memory pool's device may be another). */
 static void pool_took(CUmemoryPool pool, uint64_t size);
 static void pool_gave(CUmemoryPool pool, uint64_t size);
-static uint64_t pool_kept(CUmemoryPool pool);
+static uint64_t pool_kept_for(CUmemoryPool pool, const fstream *on, uint64_t size);
 
 static CUresult do_alloc(fctx *c, int dev, CUdeviceptr *dptr, size_t size, const fstream *on,
                          CUmemoryPool pool)
@@ -1326,7 +1326,7 @@ static CUresult do_alloc(fctx *c, int dev, CUdeviceptr *dptr, size_t size, const
     if (graph)
         pool = NULL;
     /* What the pool keeps serves it first. */
-    if (size > device_free(dev) + pool_kept(pool))
+    if (size > device_free(dev) + pool_kept_for(pool, on, size))
         return CUDA_ERROR_OUT_OF_MEMORY;
     void *p = mmap(NULL, size ? size : 1, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -1347,14 +1347,20 @@ static CUresult do_alloc(fctx *c, int dev, CUdeviceptr *dptr, size_t size, const
 
 /* An allocation's host memory, unmapped when a stream reaches its
  * stream-ordered free (free_async). */
+struct pending_free;
 typedef struct unmap_later {
     uint64_t base, size;
+    struct pending_free *pf; /* the pool's record of the free, or NULL */
 } unmap_later;
+
+static void pending_free_reached(struct pending_free *pf);
 
 static void unmap_when_reached(void *arg)
 {
     unmap_later *u = arg;
     munmap((void *)(uintptr_t)u->base, u->size);
+    if (u->pf)
+        pending_free_reached(u->pf);
     free(u);
 }
 
@@ -1367,7 +1373,7 @@ static CUresult do_free_ex(CUdeviceptr dptr, unmap_later **later)
         return CUDA_ERROR_INVALID_VALUE;
     unmap_later *u = later ? malloc(sizeof *u) : NULL;
     if (u) {
-        *u = (unmap_later){a->base, a->size ? a->size : 1};
+        *u = (unmap_later){a->base, a->size ? a->size : 1, NULL};
         *later = u;
     } else {
         munmap((void *)(uintptr_t)a->base, a->size ? a->size : 1);
@@ -1715,8 +1721,31 @@ EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 {
     CALLED();
     ENTER_API();
-    if (!pool || !props || !is_device(props->location.id))
+    if (!pool || !props)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
+    /* Pools of host memory (CU_MEM_LOCATION_TYPE_HOST, _HOST_NUMA: "not
+     * IPC capable and ::CUmemPoolProps::handleTypes must be 0") are not
+     * modelled: not supported. Otherwise the pool is of a device's pinned
+     * memory; any other allocation type or location is an invalid value
+     * ("Specifying ::CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT as the
+     * ::CUmemPoolProps::CUmemLocation::type will result in
+     * ::CUDA_ERROR_INVALID_VALUE", cuMemPoolCreate), as is a device that is
+     * not there. handleTypes as for cuMemCreate: a file descriptor, or
+     * none ("CU_MEM_HANDLE_TYPE_NONE creates a memory pool that will not
+     * support IPC"); Win32 and fabric handles are not supported here, bits
+     * that name no type are invalid. */
+    if (props->location.type == CU_MEM_LOCATION_TYPE_HOST ||
+        props->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA)
+        LEAVE(CUDA_ERROR_NOT_SUPPORTED);
+    if (props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        props->location.type != CU_MEM_LOCATION_TYPE_DEVICE || !is_device(props->location.id))
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    const unsigned known = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | CU_MEM_HANDLE_TYPE_WIN32 |
+                           CU_MEM_HANDLE_TYPE_WIN32_KMT | CU_MEM_HANDLE_TYPE_FABRIC;
+    if ((unsigned)props->handleTypes & ~known)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    if ((unsigned)props->handleTypes & ~(unsigned)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        LEAVE(CUDA_ERROR_NOT_SUPPORTED);
     if (G.npools_created == MAX_CREATED_POOLS)
         LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
     G.pools[MAX_DEVICES + G.npools_created] =
@@ -1823,11 +1852,135 @@ static void pool_gave(CUmemoryPool pool, uint64_t size)
         f->used -= size;
 }
 
-/* Lock held: bytes one pool keeps without using them (0 for NULL). */
-static uint64_t pool_kept(CUmemoryPool pool)
+/*
+ * Frees the pool has taken back but whose memory it may not yet hand to
+ * anyone: a cuMemFreeAsync's bytes, from the call until its stream reaches
+ * the free. The stream-ordered allocator "is free to reallocate the memory
+ * as long as it can guarantee that compliant memory accesses will not
+ * overlap temporally" (cuda.h, CUDA_MALLOC_ASYNC overview), so:
+ *   - the freeing stream itself may reuse them at once (stream order);
+ *   - another stream only where a reuse policy allows it:
+ *     CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES ("insert new stream
+ *     dependencies in order to establish the stream ordering required to
+ *     reuse a piece of memory released by cuMemFreeAsync") before the free
+ *     is reached; after it, ..._REUSE_ALLOW_OPPORTUNISTIC ("reuse of
+ *     already completed frees when there is no dependency") or that one.
+ *     ..._REUSE_FOLLOW_EVENT_DEPENDENCIES needs the allocating stream's
+ *     dependency on the free, which the fake does not trace: the harsher
+ *     reading, it never grants reuse by itself. With a policy off, the
+ *     other stream's allocation needs memory of its own (out of memory
+ *     where the device has none), as it would on a GPU.
+ *   - cuMemPoolTrimTo and the release at a synchronisation cannot give
+ *     them back: "The allocator cannot release OS allocations that back
+ *     outstanding asynchronous allocations", and "Allocations that have
+ *     been asynchronously freed but whose completion has not been observed
+ *     on the host (eg. by a synchronize) can count as outstanding": here
+ *     they do, until their stream reaches the free (the harsher reading: a
+ *     program that trims to make room must first wait for its frees).
+ * A free reached while neither opportunistic nor internal reuse is allowed
+ * stays bound to its stream until the memory is trimmed away.
+ * The record is marked by the stream's work (outside the lock), read and
+ * dropped under the lock.
+ */
+typedef struct pending_free {
+    struct pending_free *next;
+    CUmemoryPool pool;
+    const fstream *stream; /* compared, never dereferenced */
+    uint64_t size;
+    _Atomic bool reached;
+} pending_free;
+
+static pending_free *pending_frees;
+
+static void pending_free_reached(pending_free *pf)
+{
+    atomic_store(&pf->reached, true);
+}
+
+/* Lock held: may stream `on` reuse pf's bytes now? */
+static bool pending_reusable_by(const pending_free *pf, const fstream *on)
+{
+    const struct fpool *f = pool_state(pf->pool);
+    if (!f || pf->stream == on)
+        return true;
+    const bool internal = f->reuse[CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES -
+                                   CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES];
+    const bool opportunistic = f->reuse[CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC -
+                                        CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES];
+    return internal || (opportunistic && atomic_load(&pf->reached));
+}
+
+/* Lock held: drops the records nobody needs any more (reached and free to
+ * all, or of a pool that is gone); with `pool`, also that pool's reached
+ * ones (its memory was trimmed). */
+static void pending_frees_prune(CUmemoryPool trimmed)
+{
+    for (pending_free **at = &pending_frees; *at;) {
+        pending_free *pf = *at;
+        const bool reached = atomic_load(&pf->reached);
+        if (!pool_state(pf->pool) || (reached && pending_reusable_by(pf, NULL)) ||
+            (reached && pf->pool == trimmed)) {
+            *at = pf->next;
+            if (reached) /* else the stream's work still holds it */
+                free(pf);
+            continue;
+        }
+        at = &pf->next;
+    }
+}
+
+/* Lock held: bytes of pool's frees its streams have not reached. */
+static uint64_t pool_outstanding_frees(CUmemoryPool pool)
+{
+    uint64_t n = 0;
+    for (const pending_free *pf = pending_frees; pf; pf = pf->next)
+        if (pf->pool == pool && !atomic_load(&pf->reached))
+            n += pf->size;
+    return n;
+}
+
+/* Lock held: bytes one pool keeps without using them that an allocation of
+ * `size` on stream `on` may take (0 for NULL: a graph's allocation). The
+ * bytes it takes from its own stream's frees are theirs no longer. */
+static uint64_t pool_kept_for(CUmemoryPool pool, const fstream *on, uint64_t size)
 {
     const struct fpool *f = pool_state(pool);
-    return f ? f->reserved - f->used : 0;
+    if (!f)
+        return 0;
+    pending_frees_prune(NULL);
+    uint64_t kept = f->reserved - f->used, bound = 0;
+    for (const pending_free *pf = pending_frees; pf; pf = pf->next)
+        if (pf->pool == pool && !pending_reusable_by(pf, on))
+            bound += pf->size;
+    uint64_t free_to_all = kept > bound ? kept - bound : 0;
+    /* Take the unbound bytes first, then the stream's own frees. */
+    uint64_t from_own = size > free_to_all ? size - free_to_all : 0;
+    for (pending_free *pf = pending_frees; pf && from_own; pf = pf->next)
+        if (pf->pool == pool && pf->stream == on) {
+            uint64_t t = pf->size < from_own ? pf->size : from_own;
+            pf->size -= t;
+            from_own -= t;
+        }
+    return free_to_all;
+}
+
+/* Lock held: records a stream-ordered free of `size` bytes of pool on
+ * stream s; NULL when it needs no record (no pool, host memory short: then
+ * the free is as good as reached). */
+static pending_free *pending_free_add(CUmemoryPool pool, const fstream *s, uint64_t size)
+{
+    if (!pool_state(pool) || !size)
+        return NULL;
+    pending_free *pf = malloc(sizeof *pf);
+    if (!pf)
+        return NULL;
+    pf->pool = pool;
+    pf->stream = s;
+    pf->size = size;
+    atomic_init(&pf->reached, false);
+    pf->next = pending_frees;
+    pending_frees = pf;
+    return pf;
 }
 
 /* Lock held: bytes the pools of dev keep without using them. */
@@ -1840,29 +1993,55 @@ static uint64_t pools_cached(int dev)
     return n;
 }
 
-/* Lock held: a pool keeps at most what it uses and `keep` more. */
-static void pool_trim(struct fpool *f, uint64_t keep)
+/* Lock held: a pool keeps at most what it uses, what its unreached frees
+ * hold (outstanding, above) and `keep` more. */
+static void pool_trim(CUmemoryPool pool, uint64_t keep)
 {
-    if (f->reserved > keep)
-        f->reserved = keep > f->used ? keep : f->used;
+    struct fpool *f = pool_state(pool);
+    if (!f)
+        return;
+    pending_frees_prune(NULL);
+    const uint64_t floor = f->used + pool_outstanding_frees(pool);
+    if (f->reserved > keep) {
+        f->reserved = keep > floor ? keep : floor < f->reserved ? floor : f->reserved;
+        pending_frees_prune(pool);
+    }
+}
+
+/* The handle of pool slot i (default pools first, then created ones). */
+static CUmemoryPool pool_handle_at(size_t i)
+{
+    return i < MAX_DEVICES ? (CUmemoryPool)(uintptr_t)(POOL_DEFAULT + i)
+                           : (CUmemoryPool)(uintptr_t)(POOL_CREATED + (i - MAX_DEVICES + 1) * 16u +
+                                                       (unsigned)G.pools[i].dev);
 }
 
 /* Lock held: at a synchronisation, each pool gives back what it keeps above
- * its release threshold. */
+ * its release threshold. Its unreached frees stay (pool_trim): a
+ * synchronisation calls it again once its wait is over (release_after_sync),
+ * when the frees the wait reached are no longer outstanding. */
 static void pools_release_at_sync(void)
 {
     for (size_t i = 0; i < MAX_DEVICES + MAX_CREATED_POOLS; i++)
-        pool_trim(&G.pools[i], G.pools[i].release_threshold);
+        if (G.pools[i].dev >= 0)
+            pool_trim(pool_handle_at(i), G.pools[i].release_threshold);
+}
+
+/* Lock not held: the release at the end of a synchronisation. */
+static void release_after_sync(void)
+{
+    pthread_mutex_lock(&G.lock);
+    pools_release_at_sync();
+    pthread_mutex_unlock(&G.lock);
 }
 
 EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 {
     CALLED();
     ENTER_API();
-    struct fpool *f = pool_state(pool);
-    if (!f)
+    if (!pool_state(pool))
         LEAVE(CUDA_ERROR_INVALID_VALUE);
-    pool_trim(f, keep);
+    pool_trim(pool, keep);
     LEAVE(CUDA_SUCCESS);
 }
 
@@ -2649,6 +2828,7 @@ EXPORT CUresult cuCtxSynchronize(void)
     if (r != CUDA_SUCCESS)
         LEAVE(r);
     complete_where_and_unlock(&waited_for);
+    release_after_sync();
     return CUDA_SUCCESS;
 }
 
@@ -2800,6 +2980,7 @@ static CUresult stream_sync(CUstream h)
     G.st.stream_synchronize_calls++;
     pools_release_at_sync();
     complete_and_unlock(s);
+    release_after_sync();
     return CUDA_SUCCESS;
 }
 
@@ -3518,6 +3699,7 @@ EXPORT CUresult cuEventSynchronize(CUevent h)
     pthread_mutex_lock(&G.lock);
     while (!event_done(e))
         pthread_cond_wait(&G.stuck_cond, &G.lock);
+    pools_release_at_sync(); /* the frees the wait reached too */
     pthread_mutex_unlock(&G.lock);
     return CUDA_SUCCESS;
 }
@@ -3895,10 +4077,14 @@ static CUresult free_async(CUdeviceptr dptr, CUstream h)
     CUresult r = legacy_use(s);
     if (r != CUDA_SUCCESS)
         LEAVE(r);
+    const CUmemoryPool pool = a->pool;
+    const uint64_t size = a->size;
     unmap_later *u = NULL;
     do_free_ex(dptr, &u);
-    if (u)
+    if (u) {
+        u->pf = pending_free_add(pool, s, size);
         submit(s, unmap_when_reached, u);
+    }
     maybe_autocomplete_and_unlock(s);
     return CUDA_SUCCESS;
 }
@@ -5193,13 +5379,15 @@ EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignm
     VMM_ENTER();
     if (VMM_REFUSED("cuMemAddressReserve"))
         LEAVE(CUDA_ERROR_NOT_SUPPORTED);
-    (void)addr; /* a hint */
-    /* "size ... must be a multiple of the host page size and the alignment
-     * must be a power of two or zero for default alignment"; "flags -
-     * Currently unused, must be zero". The default alignment, which cuda.h
-     * leaves open, is the granularity here. */
+    /* "The size and address parameters must be a multiple of the host page
+     * size and the alignment must be a power of two or zero for default
+     * alignment" (a non-zero addr is only a hint where to place the range,
+     * but it too must be page-aligned); "flags - Currently unused, must be
+     * zero". The default alignment, which cuda.h leaves open, is the
+     * granularity here. */
     const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    if (!ptr || size == 0 || size % page || flags || (alignment & (alignment - 1)))
+    if (!ptr || size == 0 || size % page || addr % page || flags ||
+        (alignment & (alignment - 1)))
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     size_t align = alignment > V.granularity ? alignment : V.granularity;
     uint8_t *p = mmap(NULL, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
@@ -5477,6 +5665,14 @@ EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
     for (size_t k = 0; k < count; k++)
         if (desc[k].location.type != CU_MEM_LOCATION_TYPE_DEVICE || !is_device(desc[k].location.id))
             LEAVE(CUDA_ERROR_INVALID_DEVICE);
+    /* Flags other than CUmemAccess_flags' three ("Default, make the address
+     * range not accessible", "Make the address range read accessible",
+     * "Make the address range read-write accessible") are an invalid value,
+     * refused before any is applied, as cuMemPoolSetAccess refuses them:
+     * not read as "no access". */
+    for (size_t k = 0; k < count; k++)
+        if (!access_flags_known(desc[k].flags))
+            LEAVE(CUDA_ERROR_INVALID_VALUE);
     for (size_t m = 0; m < V.nmapped; m++) {
         vmm_range *r = &V.mapped[m];
         if (r->base < ptr || r->base >= ptr + size)
