@@ -1811,7 +1811,8 @@ EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
  * reserved", and "The allocator cannot release OS allocations that back
  * outstanding asynchronous allocations" (cuMemPoolTrimTo). Freed memory
  * whose free the host has not yet observed "can count as outstanding"
- * there; the fake releases it (its frees take effect at once). Backing
+ * there; here it does until its stream reaches the free (pending_free,
+ * below), and only then may a trim or a synchronisation give it back. Backing
  * memory is the device's, so what a pool keeps is not free to cuMemGetInfo,
  * and serves the pool's next allocations. Exact bytes: "The OS allocations
  * may happen at different granularity from the user allocations", and the
