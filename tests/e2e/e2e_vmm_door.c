@@ -47,6 +47,11 @@
  *   two-contexts  ... and a created context's destruction, after the
  *                 primary context's pool had lent too: the primary's pool
  *                 takes over the dead pool's loan at its next create
+ *   create-takeover  the created context destroyed, and the primary's
+ *                 pool's takeover scan made, between the driver's answer
+ *                 to a create in it and the door's record of the create:
+ *                 the record's loan is still taken over (found by an
+ *                 audit)
  *   fork-adopt    a fork while that takeover's loan waits for fences: the
  *                 fork handler takes the streams' lock, then the door's;
  *                 the loan must not wait under the door's lock (the test's
@@ -560,6 +565,65 @@ static void two_contexts(void)
     CHECK_EQ(D.MemRelease(b), CUDA_SUCCESS);
 }
 
+/* create-takeover: what another thread does between the driver's answer to
+ * a create in a created context and the door's record of it (the fake's
+ * after_next_mem_create runs it there, on the creating thread): the
+ * context is destroyed, and the primary context's next create takes over
+ * the loans of the dead pool. The record is not in the door's map yet, so
+ * that takeover cannot see it; once recorded, its loan is the dead pool's,
+ * and the device's live pool lends its whole limit again unless a later
+ * takeover finds it (found by an audit: a second 400 MiB create beside the
+ * first succeeded under a 768 MiB limit). */
+static struct {
+    CUcontext other, primary;
+    bool ran;
+} takeover;
+
+static void destroy_and_take_over(void *arg)
+{
+    (void)arg;
+    CHECK_EQ(D.CtxDestroy(takeover.other), CUDA_SUCCESS); /* the create lives on */
+    CHECK_EQ(D.CtxSetCurrent(takeover.primary), CUDA_SUCCESS);
+    CUmemAllocationProp p = plain_on(0);
+    CUmemGenericAllocationHandle w = 0;
+    CHECK_EQ(D.MemCreate(&w, gran, &p, 0), CUDA_SUCCESS); /* the takeover's scan */
+    CHECK_EQ(D.MemRelease(w), CUDA_SUCCESS);
+    takeover.ran = true;
+}
+
+static void create_takeover(void)
+{
+    start();
+    takeover.primary = e2e_cu_primary_current(0);
+    CUdevice d;
+    CHECK_EQ(D.DeviceGet(&d, 0), CUDA_SUCCESS);
+    CUmemAllocationProp p = plain_on(0);
+    CUmemGenericAllocationHandle a = 0, b = 0, c = 0;
+    CHECK_EQ(D.MemCreate(&b, gran, &p, 0), CUDA_SUCCESS); /* the primary's pool */
+    CHECK_EQ(D.CtxCreate(&takeover.other, NULL, 0, d), CUDA_SUCCESS); /* current now */
+    /* The created context's pool made first: its making probes the driver
+     * with creates of its own, and the window is the program's create's. */
+    CHECK_EQ(D.MemCreate(&a, gran, &p, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.MemRelease(a), CUDA_SUCCESS);
+    fakecuda()->after_next_mem_create(destroy_and_take_over, NULL);
+    CHECK_EQ(D.MemCreate(&a, 400 * MiB, &p, 0), CUDA_SUCCESS); /* the created one's lends */
+    CHECK(takeover.ran); /* the primary's context current again */
+    long long limit = shim_stat_number("bytes_limit");
+    CUresult r = D.MemCreate(&c, 400 * MiB, &p, 0);
+    fprintf(stderr, "limit %lld, lent %lld: a second 400 MiB create: %d\n", limit,
+            shim_stat_number("bytes_lent"), (int)r);
+    CHECK(limit < (long long)(800 * MiB + gran));
+    if (r == CUDA_SUCCESS)
+        CHECK_EQ(D.MemRelease(c), CUDA_SUCCESS);
+    CHECK_EQ(r, CUDA_ERROR_OUT_OF_MEMORY);
+    /* Once a's memory goes, the loan it took over goes with it. */
+    CHECK_EQ(D.MemRelease(a), CUDA_SUCCESS);
+    CHECK_EQ(D.MemCreate(&c, 400 * MiB, &p, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.MemRelease(c), CUDA_SUCCESS);
+    CHECK_EQ(D.MemRelease(b), CUDA_SUCCESS);
+    CHECK_EQ(shim_stat_number("bytes_lent"), 0);
+}
+
 /* fork-adopt: 1 makes the next pthread_rwlock_rdlock of the process (the
  * streams' read lock, which a loan's seal takes) let the forking thread go
  * and wait a while first, so that the fork handler takes the streams'
@@ -713,6 +777,7 @@ int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
         {"two-contexts", two_contexts},
+        {"create-takeover", create_takeover},
         {"fork-adopt", fork_adopt},
         {"retain-pooled", retain_pooled},
         {"trim-growing", trim_growing},

@@ -152,6 +152,12 @@ typedef struct fakecuda_api {
      * stream, which may get the destroyed one's handle). Only one call runs
      * it. */
     void (*after_next_stream_destroy)(fakecuda_work fn, void *arg);
+    /* The next cuMemCreate, from any thread, calls fn(arg) on its caller's
+     * thread once the driver answered, outside the driver's lock, before
+     * it returns: what another thread may do between the driver's create
+     * and the caller's bookkeeping of it (tear its context down, take over
+     * the loans of dead pools). Only one call runs it. */
+    void (*after_next_mem_create)(fakecuda_work fn, void *arg);
 } fakecuda_api;
 
 /* The fake driver's control table, or exit 77 (skip) when the loaded

@@ -5442,10 +5442,9 @@ static bool vmm_handle_room(void)
     return true;
 }
 
-EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
-                            const CUmemAllocationProp *prop, unsigned long long flags)
+static CUresult mem_create(CUmemGenericAllocationHandle *handle, size_t size,
+                           const CUmemAllocationProp *prop, unsigned long long flags)
 {
-    CALLED();
     VMM_ENTER();
     if (VMM_REFUSED("cuMemCreate"))
         LEAVE(CUDA_ERROR_NOT_SUPPORTED);
@@ -5487,6 +5486,22 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     G.st.bytes_in_use[dev] += size;
     *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
     LEAVE(CUDA_SUCCESS);
+}
+
+/* The test's work for after the next cuMemCreate
+ * (ctl_after_next_mem_create). */
+static _Atomic(fakecuda_work) after_create_work;
+static void *_Atomic after_create_arg;
+
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                            const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    CALLED();
+    CUresult r = mem_create(handle, size, prop, flags);
+    fakecuda_work w = atomic_exchange(&after_create_work, NULL);
+    if (w)
+        w(atomic_load(&after_create_arg));
+    return r;
 }
 
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
@@ -6077,6 +6092,12 @@ static void ctl_after_next_stream_destroy(fakecuda_work fn, void *arg)
     atomic_store(&after_destroy_work, fn);
 }
 
+static void ctl_after_next_mem_create(fakecuda_work fn, void *arg)
+{
+    atomic_store(&after_create_arg, arg);
+    atomic_store(&after_create_work, fn);
+}
+
 static void ctl_stats(fakecuda_stats *out)
 {
     ENTER();
@@ -6118,6 +6139,7 @@ static const fakecuda_api api = {
     .before_next_event_query = ctl_before_next_event_query,
     .set_current_unseen = ctl_set_current_unseen,
     .after_next_stream_destroy = ctl_after_next_stream_destroy,
+    .after_next_mem_create = ctl_after_next_mem_create,
 };
 
 EXPORT const fakecuda_api *fakecuda_api_table(void) { return &api; }
