@@ -242,6 +242,16 @@ static bool note_created(CUmemGenericAllocationHandle h, size_t size, int dev, s
     if (kept) {
         *m = (made){size, dev, 1, lender};
         ptr_map_put(&handles, h, (uint64_t)(uintptr_t)m);
+        /* The lender died between its loan and this record: a takeover
+         * may have scanned for that death already, without this record
+         * (not in the map yet), and none would scan again before another
+         * pool died; the loan would stay the dead pool's and the live pool
+         * lend its whole limit beside it. The next create on the device
+         * scans again (e2e_vmm_door create-takeover). A death after this
+         * check counts in `deaths` after its mark, so a scan that sees
+         * that count sees this record too. */
+        if (lender && atomic_load(&lender->dead))
+            scanned_deaths[dev] = UINT64_MAX;
         vmm_door_counts *c = &counts[dev];
         if (lender) {
             c->pooled_creates++;
