@@ -70,6 +70,10 @@
  *                   stream-ordered), the next allocation made with the green
  *                   context current: not the block until the work ran, and
  *                   the block back after it (found by an audit)
+ *   green-other-device  a device-0 block used on a stream of device 1's
+ *                   green context and freed stream-ordered on it (device
+ *                   0, device 1's green or primary context current): the
+ *                   block comes back only after that work, no stale handle
  *   fake-green      (driver door closed: the fake itself) what cuda.h says
  *                   of green contexts, streams and events
  */
@@ -797,6 +801,50 @@ static void fake_green(void)
     CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
 }
 
+/* green-other-device: a device-0 block used by work on a stream of a green
+ * context of device 1 (peer access), then freed stream-ordered on that
+ * stream (cuMemFreeAsync allows any stream), with device 0's primary
+ * context current, device 1's green context current, or device 1's
+ * primary context current. No lane of device 0's pool can fence a stream
+ * of another device, so the shim makes that stream act (an event recorded
+ * on it, a green context's event, and waited for there) and waits for it on
+ * the host: the block must not come back under the work, and no handle may
+ * be used in a context that cannot take it (an audit's check: safe; fails
+ * when the foreign stream is not waited for). */
+static void green_other_device(void)
+{
+    for (int current = 0; current < 3; current++) {
+        start();
+        CUdevice dev1;
+        CHECK_EQ(D.DeviceGet(&dev1, 1), CUDA_SUCCESS);
+        CUcontext converted1 = NULL, primary1 = NULL;
+        CUgreenCtx g1 = e2e_green_make(dev1, &converted1);
+        CHECK_EQ(D.DevicePrimaryCtxRetain(&primary1, dev1), CUDA_SUCCESS);
+        CUstream s1 = green_stream(g1);
+        CUdeviceptr p, filler = fill_but_hole(&p);
+        const uint64_t stale = fake_stats().stale_handle_uses;
+        queue_work(s1, p);
+        CHECK_EQ(D.CtxSetCurrent(current == 0   ? primary
+                                 : current == 1 ? converted1
+                                                : primary1),
+                 CUDA_SUCCESS);
+        CHECK_EQ(D.MemFreeAsync(p, s1), CUDA_SUCCESS);
+        CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+        CUdeviceptr q = alloc_ok(MiB);
+        expect_safe(p, q);
+        fprintf(stderr, "current %d: the work %s before the next allocation; %s the hole\n",
+                current, work_ran ? "ran" : "had not run", q == p ? "it took" : "not");
+        CHECK_EQ(fake_stats().stale_handle_uses, stale);
+        fakecuda()->complete_all();
+        CHECK_EQ(D.MemFree(q), CUDA_SUCCESS);
+        CHECK_EQ(D.MemFree(filler), CUDA_SUCCESS);
+        CHECK_EQ(D.StreamDestroy(s1), CUDA_SUCCESS);
+        CHECK_EQ(GR.GreenCtxDestroy(g1), CUDA_SUCCESS);
+        CHECK_EQ(D.DevicePrimaryCtxRelease(dev1), CUDA_SUCCESS);
+        CHECK_EQ(fake_stats().capture_invalidations, 0);
+    }
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -816,6 +864,7 @@ int main(int argc, char **argv)
         {"green-fork-destroyed", green_fork_destroyed},
         {"green-ptsz-fork", green_ptsz_fork},
         {"green-fork-origin-destroyed", green_fork_origin_destroyed},
+        {"green-other-device", green_other_device},
     };
     e2e_cu_load();
     e2e_green_load();
