@@ -15,7 +15,7 @@
 
 #include "fake_cuda.h"
 
-/* As many as the fake has slots for (CALL_SLOTS in fake_driver.c). */
+/* As many as the fake has slots for (CALL_SLOTS in fake_internal.h). */
 enum { CALLS_MAX = 128 };
 
 /* What an entry point is for, as issue 53 asks them counted. */

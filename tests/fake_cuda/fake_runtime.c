@@ -484,7 +484,7 @@ EXPORT cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t keep)
 }
 
 /* As cudart does: the driver's copy and memset, on the legacy stream, with
- * their synchronization rules (fake_driver.c, "Copies"); the kind is
+ * their synchronization rules (fake_copies.c); the kind is
  * inferred from the pointers (unified addressing). */
 EXPORT cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
 {

@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
 """Every driver entry point of the fake counts its calls: each exported cu*
-function of fake_driver.c opens with CALLED() (or CALLED_AS, under the
+function of the fake driver's files opens with CALLED() (or CALLED_AS, under the
 symbol an __asm__ label exports it as), so that the call counts the
 shim-level benchmarks report (fakecuda_api.calls) miss no entry point, and a
 new one added without it fails here rather than go uncounted.
 
-usage: test_calls_counted.py FAKE_DRIVER_C
+usage: test_calls_counted.py FAKE_DRIVER_SOURCE...
 """
 import re
 import sys
 
-src = open(sys.argv[1]).read()
+src = "".join(open(path).read() for path in sys.argv[1:])
 defined, missing = 0, []
 for m in re.finditer(r"^EXPORT [A-Za-z_ ]+?\**(cu\w*)\(", src, re.M):
     depth, i = 1, m.end()

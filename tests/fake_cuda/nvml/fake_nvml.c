@@ -10,7 +10,7 @@
  * apply to it (NVML's documentation: "NVML enumerates all devices ...
  * regardless of CUDA_VISIBLE_DEVICES"), so device i is on the bus the fake
  * driver gives the machine's device i: 0x10 * (i + 1), domain 0, device 0,
- * function 0 (fake_driver.c, cuDeviceGetPCIBusId).
+ * function 0 (fake_contexts.c, cuDeviceGetPCIBusId).
  *
  * Rules kept from NVML's documentation (nvml.h): every call but nvmlInit*,
  * nvmlErrorString is NVML_ERROR_UNINITIALIZED until nvmlInit succeeds; init
