@@ -210,4 +210,32 @@ p = shim_run("dev-stderr", BFCSHIM_LOG_FILE="/dev/stderr", BFCSHIM_LOG_LEVEL="in
 check("bfcshim[" in p.stderr and "symbolic link" not in p.stderr,
       f"BFCSHIM_LOG_FILE=/dev/stderr logs to stderr: {p.stderr[-500:]!r}")
 
+# 10. A write that fails (a full disk; /dev/full fails every write with
+# ENOSPC) is said, naming the file, and the command exits non-zero: an
+# output cut short must not be taken for a whole one. The report page,
+# the memory map at failure and the recording wrote into a full disk and
+# said they had succeeded (exit 0); the shim's trace and OOM report were
+# lost without a word.
+FULL = "/dev/full"
+for name, args in {
+        "tracegen": ["tracegen", *gpt, "-o", FULL],
+        "plan": ["plan", job, "-o", FULL],
+        "report": ["report", job, "-o", FULL],
+        "replay-dump": ["replay", "--repeat", "1", job, "--dump-at-failure", FULL],
+        "replay-record": ["replay", "--repeat", "1", job, "--record", FULL],
+}.items():
+    p = cmd(*args)
+    check(p.returncode != 0, f"{name} into a full disk exits {p.returncode}")
+    check(f"{FULL} cannot be written (No space left on device)" in p.stderr
+          or f"{FULL}: No space left on device" in p.stderr,
+          f"{name} says the write failed: {p.stderr[-500:]!r}")
+
+shim_run("trace-full", BFCSHIM_TRACE=FULL)
+check(f"BFCSHIM_TRACE: {FULL}" in log_of("trace-full"),
+      f"a trace that cannot be written is said: {log_of('trace-full')[-500:]!r}")
+shim_run("oom-full", status=1, BFCSHIM_OOM_REPORT=FULL, FAKECUDA_MEM="64MiB")
+check(f"BFCSHIM_OOM_REPORT: {FULL} cannot be written (No space left on device)"
+      in log_of("oom-full"),
+      f"an OOM report that cannot be written is said: {log_of('oom-full')[-500:]!r}")
+
 check.finish()
