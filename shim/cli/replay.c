@@ -362,14 +362,14 @@ void replay_dump_first_failure(bfc_pool *pool, const trace *t, bfc_addr *slot_ad
  * map at the first allocation that fails: where the fragmentation is. With
  * --vmm, the preallocated pool over virtual memory's map one granule below
  * its smallest limit (vmm_min_limit, as --vmm measured it) follows. */
-static void dump_at_failure(const trace *t, const replay_opts *o, uint64_t min_bytes,
+static bool dump_at_failure(const trace *t, const replay_opts *o, uint64_t min_bytes,
                             uint64_t vmm_min_limit, bfc_addr *slot_addr)
 {
     /* Not appended to through a link planted at the name (out_file.h). */
     FILE *f = strcmp(o->dump_path, "-") == 0 ? stderr : out_file_fopen(o->dump_path, "a");
     if (!f) {
         cli_cannot_write("replay", o->dump_path, errno);
-        return;
+        return false;
     }
     const uint64_t unit = pool_unit(o);
     const uint64_t below = min_bytes - unit;
@@ -386,9 +386,17 @@ static void dump_at_failure(const trace *t, const replay_opts *o, uint64_t min_b
     bfc_pool_destroy(pool, true);
     if (o->vmm)
         replay_vmm_dump_at_failure(t, &o->policy, o->gpu_lag ? 0 : vmm_min_limit, slot_addr, f);
-out:
-    if (f != stderr)
-        fclose(f);
+out:;
+    /* A map cut short by a full disk is said, and fails the command. */
+    bool ok = !ferror(f);
+    int err = ok ? 0 : errno;
+    if (f != stderr && fclose(f) != 0 && ok) {
+        ok = false;
+        err = errno;
+    }
+    if (!ok)
+        cli_cannot_write("replay", o->dump_path, err ? err : EIO);
+    return ok;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -622,8 +630,10 @@ static int replay_one(const char *path, const replay_opts *o, bool first)
     r.efficiency = efficiency_of(&t, r.min_pool_bytes);
     if (o->vmm)
         replay_vmm_measure(&t, &o->policy, o->gpu_lag, r.min_pool_bytes, slot_addr, &r.vmm);
+    bool written = true; /* the outputs asked for (--dump-at-failure, --record) */
     if (o->dump_path && o->bisect)
-        dump_at_failure(&t, o, r.min_pool_bytes, r.vmm.prealloc_min_limit_bytes, slot_addr);
+        written = dump_at_failure(&t, o, r.min_pool_bytes, r.vmm.prealloc_min_limit_bytes,
+                                  slot_addr);
     r.timed_pool_bytes = o->pool_size ? o->pool_size : r.min_pool_bytes;
     if (r.timed_pool_bytes == 0)
         r.timed_pool_bytes = MIB;
@@ -635,8 +645,10 @@ static int replay_one(const char *path, const replay_opts *o, bool first)
     /* One recording for all repeats, as a process keeps one for its life. */
     trace_log *rec = NULL;
     trace_channel *channel = NULL;
-    if (o->record && !(rec = trace_log_open(o->record)))
+    if (o->record && !(rec = trace_log_open(o->record))) {
         cli_cannot_write("replay", o->record, errno);
+        written = false;
+    }
     if (rec)
         channel = trace_log_channel_open(rec);
     for (int i = 0; ns && plain_ns && cost && i < o->repeats && (channel || !o->record); i++) {
@@ -662,14 +674,22 @@ static int replay_one(const char *path, const replay_opts *o, bool first)
         if (!ran)
             break;
         trace_channel_flush(channel);
-        trace_log_flush(rec);
+        trace_log_flush(rec); /* (a write that failed is said at the close) */
         plain_ns[ok_runs] = pair[0];
         cost[ok_runs] = pair[0] > 0 ? pair[1] / pair[0] - 1 : 0;
         ns[ok_runs++] = pair[1];
     }
-    trace_log_close(rec);
-    int status = 0;
-    if (ok_runs == 0) {
+    /* A recording that lost events (a full disk) is said, and fails the
+     * command: it used to end as if the file were whole. */
+    int rec_error = trace_log_close(rec);
+    if (rec_error) {
+        cli_cannot_write("replay", o->record, rec_error);
+        written = false;
+    }
+    int status = written ? 0 : 1;
+    if (ok_runs == 0 && o->record && !rec) {
+        status = 1; /* said above: nothing ran without the recording */
+    } else if (ok_runs == 0) {
         fprintf(stderr, "bfcshim replay: %s: could not create a pool of %llu bytes\n", path,
                 (unsigned long long)r.timed_pool_bytes);
         status = 1;

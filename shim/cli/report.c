@@ -341,11 +341,19 @@ static int write_report(const report_opts *o, trace *t)
     embed_text(out, o->ab_text.text, o->ab_text.n);
     fputs("}", out);
     fputs(report_page_tail, out);
-    bool ok = fclose(out) == 0;
+    /* The error flag too: a write that failed while the page was written
+     * (a full disk) leaves fclose's own flush free to succeed, and the page
+     * cut short was reported as written. */
+    bool ok = !ferror(out);
+    int err = ok ? 0 : errno;
+    if (fclose(out) != 0 && ok) {
+        ok = false;
+        err = errno;
+    }
     free(bucket_max);
     free(slot_size);
     if (!ok) {
-        fprintf(stderr, "bfcshim report: %s: write failed\n", o->output);
+        cli_cannot_write("report", o->output, err ? err : EIO);
         return 1;
     }
     char a[32], b[32];

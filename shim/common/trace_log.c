@@ -135,6 +135,11 @@ struct trace_log {
     /* under m: buffers handed over so far, and the writer's view of the
      * rate: when it last looked, and the hand-overs it saw then */
     uint64_t handovers, handovers_seen, looked_us;
+    /* The errno of the first write that failed (a full disk), or 0: the
+     * trace is then incomplete, and trace_log_flush says so to a caller
+     * who can tell the user (the writes themselves go on failing quietly:
+     * the program must not). */
+    atomic_int write_error;
 };
 
 /* How often the writer reads the clock for the allocating threads: the
@@ -166,20 +171,25 @@ static uint32_t thread_id(void)
     return my_tid;
 }
 
-static void write_all(int fd, const char *p, size_t n)
+/* Disk full or closed: the trace is lost, the program is not. The first
+ * failure is kept in *error for trace_log_flush to report. */
+static void write_all(int fd, const char *p, size_t n, atomic_int *error)
 {
     while (n) {
         ssize_t w = write(fd, p, n);
         if (w < 0 && errno == EINTR)
             continue;
-        if (w <= 0)
-            return; /* disk full or closed: the trace is lost, the program is not */
+        if (w <= 0) {
+            int expected = 0;
+            atomic_compare_exchange_strong(error, &expected, w < 0 ? errno : EIO);
+            return;
+        }
         p += w;
         n -= (size_t)w;
     }
 }
 
-static void write_csv(int fd, uint64_t start_us, decode_state *dec, decode_state **current,
+static void write_csv(int fd, atomic_int *error, uint64_t start_us, decode_state *dec, decode_state **current,
                       const record *recs, size_t count)
 {
     decode_state *d = *current;
@@ -216,11 +226,11 @@ static void write_csv(int fd, uint64_t start_us, decode_state *dec, decode_state
         if (n > 0)
             used += (size_t)n;
         if (used > CHUNK - LINE) {
-            write_all(fd, out, used);
+            write_all(fd, out, used, error);
             used = 0;
         }
     }
-    write_all(fd, out, used);
+    write_all(fd, out, used, error);
     free(out);
 }
 
@@ -303,8 +313,8 @@ static void *writer_main(void *arg)
         t->writing = true;
         pthread_mutex_unlock(&t->m);
         record tag = {(uint64_t)MARK_CHANNEL << 2 | MARK, b->channel};
-        write_all(t->spool, (const char *)&tag, sizeof tag);
-        write_all(t->spool, (const char *)b->r, b->n * sizeof(record));
+        write_all(t->spool, (const char *)&tag, sizeof tag, &t->write_error);
+        write_all(t->spool, (const char *)b->r, b->n * sizeof(record), &t->write_error);
         pthread_mutex_lock(&t->m);
         t->spooled += (off_t)((b->n + 1) * sizeof(record));
         b->n = 0;
@@ -336,7 +346,14 @@ trace_log *trace_log_open(const char *path)
     if (t->fd < 0)
         goto fail;
     static const char header[] = "Thread,Time,Action,Pointer,Size,Stream\n";
-    write_all(t->fd, header, sizeof header - 1);
+    /* A file that cannot take the header (a full disk, /dev/full) is
+     * refused now, while the caller can still say so, rather than left
+     * holding a trace that is never written. */
+    write_all(t->fd, header, sizeof header - 1, &t->write_error);
+    if (atomic_load(&t->write_error)) {
+        errno = atomic_load(&t->write_error);
+        goto fail;
+    }
     size_t plen = strlen(path) + 16;
     char *spool_path = malloc(plen);
     if (!spool_path)
@@ -531,7 +548,7 @@ void trace_channel_close(trace_channel *c)
     pthread_mutex_unlock(&c->log->m);
 }
 
-void trace_log_flush(trace_log *t)
+int trace_log_flush(trace_log *t)
 {
     bfc_lock_acquire(&t->lock);
     if (t->main.next != t->main.cur->r)
@@ -548,27 +565,33 @@ void trace_log_flush(trace_log *t)
         if (want > BATCH * sizeof *batch)
             want = BATCH * sizeof *batch;
         ssize_t got = pread(t->spool, batch, want, t->converted);
-        if (got <= 0)
+        if (got <= 0) {
+            int expected = 0;
+            atomic_compare_exchange_strong(&t->write_error, &expected, got < 0 ? errno : EIO);
             break;
-        write_csv(t->fd, t->start_us, t->dec, &t->decoding, batch, (size_t)got / sizeof *batch);
+        }
+        write_csv(t->fd, &t->write_error, t->start_us, t->dec, &t->decoding, batch,
+                  (size_t)got / sizeof *batch);
         t->converted += got;
     }
     free(batch);
     pthread_mutex_unlock(&t->m);
     bfc_lock_release(&t->lock);
+    return atomic_load(&t->write_error);
 }
 
-void trace_log_close(trace_log *t)
+int trace_log_close(trace_log *t)
 {
     if (!t)
-        return;
-    trace_log_flush(t);
+        return 0;
+    int error = trace_log_flush(t);
     pthread_mutex_lock(&t->m);
     t->stop = true;
     pthread_cond_signal(&t->filled);
     pthread_mutex_unlock(&t->m);
     pthread_join(t->writer, NULL);
-    close(t->fd);
+    if (close(t->fd) != 0 && !error && errno != EINTR)
+        error = errno; /* a file system that writes at close (NFS) */
     close(t->spool);
     for (size_t i = 0; i < t->nchannels; i++)
         free(t->channels[i]);
@@ -578,4 +601,5 @@ void trace_log_close(trace_log *t)
     pthread_cond_destroy(&t->filled);
     pthread_cond_destroy(&t->emptied);
     free(t);
+    return error;
 }

@@ -32,16 +32,20 @@ typedef enum rec_action {
 } rec_action;
 
 /* Opens (truncates) path and writes the header; NULL with errno on failure,
- * ELOOP when path is a symbolic link (never followed: out_file.h). */
+ * ELOOP when path is a symbolic link (never followed: out_file.h), ENOSPC
+ * (or another write's errno) when the header cannot be written. */
 trace_log *trace_log_open(const char *path);
 /* Appends one event. Thread-safe. */
 void trace_log_event(trace_log *t, rec_action action, uint64_t ptr, uint64_t size,
                      uint64_t stream);
 /* Writes everything recorded so far to the file, as CSV. Not for the hot
- * path: it formats every event since the last flush. */
-void trace_log_flush(trace_log *t);
-/* Flushes, stops the writer and closes the file. */
-void trace_log_close(trace_log *t);
+ * path: it formats every event since the last flush. Returns 0, or the
+ * errno of the first write since the log opened that failed (a full disk):
+ * the file then misses events, and the caller should say so. */
+int trace_log_flush(trace_log *t);
+/* Flushes, stops the writer and closes the file; returns as
+ * trace_log_flush (a failed close too). */
+int trace_log_close(trace_log *t);
 /*
  * A channel records without the log's lock, for a producer that already
  * serialises its own events (the engine calls its on_event hook under its

@@ -32,6 +32,7 @@ enum { DETACH_WAIT_MS = 5000 };
 static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
 static atomic_int state;
 static _Atomic(trace_log *) active;
+static char active_path[4096]; /* its file, for the message when writing fails */
 
 static trace_log *log_for_event(void)
 {
@@ -47,6 +48,7 @@ static trace_log *log_for_event(void)
         bool named = pattern && shim_expand_path(pattern, path, sizeof path);
         trace_log *t = named ? trace_log_open(path) : NULL;
         if (t) {
+            snprintf(active_path, sizeof active_path, "%s", path);
             shim_log(LOG_INFO, "recording allocations to %s", path);
         } else if (named) {
             out_file_why(path, errno, why, sizeof why);
@@ -173,7 +175,13 @@ static void flush(bool at_exit)
             trace_channel_flush(c);
         bfc_pool_unlock(sp->bfc);
     }
-    trace_log_flush(atomic_load(&active));
+    /* A write that failed (a full disk) leaves the file without events:
+     * said once, as the user would otherwise replay a trace cut short. */
+    int err = trace_log_flush(atomic_load(&active));
+    static atomic_bool said;
+    if (err)
+        shim_log_once(&said, LOG_ERROR, "BFCSHIM_TRACE: %s cannot be written (%s); the trace "
+                                        "misses events", active_path, strerror(err));
 }
 
 void record_flush(void) { flush(false); }
