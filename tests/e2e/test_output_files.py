@@ -238,4 +238,30 @@ check(f"BFCSHIM_OOM_REPORT: {FULL} cannot be written (No space left on device)"
       in log_of("oom-full"),
       f"an OOM report that cannot be written is said: {log_of('oom-full')[-500:]!r}")
 
+# 11. A stats file that is not a regular file is written into, not
+# replaced: the temporary renamed over it replaced a FIFO (or, run as root,
+# /dev/null or /dev/stdout: the system's own) with a file, and the reader
+# got nothing. The same for a link of the user's own: followed, as the log
+# file's is (BFCSHIM_STATS_FILE=/dev/stdout is such a link, of the
+# system's, to /proc/self/fd/1; the link here is the same, made by us).
+fifo = path("stats.fifo")
+os.mkfifo(fifo)
+reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+shim_run("stats-fifo", BFCSHIM_STATS_FILE=fifo)
+got = b""
+try:
+    while chunk := os.read(reader, 1 << 16):
+        got += chunk
+except BlockingIOError:
+    pass
+os.close(reader)
+check(os.path.exists(fifo) and not os.path.isfile(fifo), "the FIFO is left a FIFO")
+check(got.startswith(b"{") and b'"pools"' in got, f"the stats came through the FIFO: {got[:200]!r}")
+
+to_stdout = path("stdout.json")
+os.symlink("/proc/self/fd/1", to_stdout)  # ours, as /dev/stdout is root's
+p = shim_run("stats-stdout", BFCSHIM_STATS_FILE=to_stdout)
+check(os.path.islink(to_stdout), "a link of our own to stdout is left a link")
+check('"pools"' in p.stdout, f"the stats went to stdout: {p.stdout[-300:]!r}")
+
 check.finish()
