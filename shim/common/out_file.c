@@ -123,6 +123,16 @@ bool out_file_replace(const char *tmp, const char *path)
     return rename(tmp, path) == 0;
 }
 
+bool out_file_in_place(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return false; /* a new file */
+    if (S_ISLNK(st.st_mode))
+        return trusted_link(path); /* another user's: refused by the rename */
+    return !S_ISREG(st.st_mode);
+}
+
 void out_file_why(const char *path, int err, char *buf, size_t size)
 {
     struct stat st;

@@ -36,6 +36,14 @@ int out_file_temp(const char *path, const char *suffix, mode_t mode, char *name,
  * somebody's doing, and is left for them to see. */
 bool out_file_replace(const char *tmp, const char *path);
 
+/* Whether an output made aside and renamed over path (out_file_temp,
+ * out_file_replace) must be written in place instead (out_file_open): a
+ * link nobody else can have planted, which is followed as out_file_open
+ * follows it (/dev/stdout; the rename replaced the link itself), or an
+ * existing file that is not a regular one (a FIFO, /dev/null: the rename
+ * replaced it with a file, the system's own when run as root). */
+bool out_file_in_place(const char *path);
+
 /* Why writing path failed with err, as words that follow the path in a
  * message: "is a symbolic link", or "cannot be written (strerror)". */
 void out_file_why(const char *path, int err, char *buf, size_t size);

@@ -248,11 +248,55 @@ static void write_json(FILE *f)
     json_end(&j);
 }
 
+/* Closes f, the stats written into it; false with errno when a write
+ * failed (a full disk), whose error flag fclose alone may not report. */
+static bool finish(FILE *f)
+{
+    bool ok = !ferror(f);
+    int err = ok ? 0 : errno;
+    if (fclose(f) != 0 && ok) {
+        ok = false;
+        err = errno;
+    }
+    if (!ok)
+        errno = err ? err : EIO;
+    return ok;
+}
+
+/* A FIFO, a device or a link of the user's own (out_file_in_place): the
+ * stats go into it, as into the log file. Opened without blocking, so that
+ * a FIFO nobody reads is refused (ENXIO) rather than hang the exit. */
+static bool write_in_place(const char *path)
+{
+    char why[160];
+    int fd = out_file_open(path, O_TRUNC | O_NONBLOCK);
+    FILE *f = NULL;
+    if (fd >= 0) {
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+        f = fdopen(fd, "w");
+        if (!f) {
+            int e = errno;
+            close(fd);
+            errno = e;
+        }
+    }
+    if (f) {
+        write_json(f);
+        if (finish(f))
+            return true;
+    }
+    out_file_why(path, errno, why, sizeof why);
+    shim_log(LOG_ERROR, "BFCSHIM_STATS_FILE: %s %s; not written", path, why);
+    return false;
+}
+
 bool stats_write_file(const char *pattern)
 {
     char path[4096], tmp[4200], why[160];
     if (!pattern || !shim_expand_path(pattern, path, sizeof path))
         return false;
+    if (out_file_in_place(path))
+        return write_in_place(path);
     /* Written aside and renamed, so a reader never sees half a file. The
      * temporary is a new file of a name nobody could know ahead
      * (out_file.h): a predictable one (it was PATH.tmp<pid>) let another
@@ -270,7 +314,7 @@ bool stats_write_file(const char *pattern)
         return false;
     }
     write_json(f);
-    bool ok = fclose(f) == 0 && out_file_replace(tmp, path);
+    bool ok = finish(f) && out_file_replace(tmp, path);
     if (!ok) {
         out_file_why(path, errno, why, sizeof why);
         unlink(tmp);
