@@ -48,6 +48,15 @@ static void values_accepted_and_refused(void)
         {"BFCSHIM_PLACEMENT", "Aligned", true},  {"BFCSHIM_LIBRARY", "anything", true},
         {"BFCSHIM_GROWTH_HEADROOM", "0.035", true}, {"BFCSHIM_GROWTH_HEADROOM", "0", true},
         {"BFCSHIM_GROWTH_HEADROOM", "1.5", false},
+        /* Blank is no number: strtod converts nothing and the bounds
+         * allowed 0, so " " read as a headroom of 0. */
+        {"BFCSHIM_GROWTH_HEADROOM", " ", false}, {"BFCSHIM_MEM_FRACTION", " ", false},
+        {"BFCSHIM_GROWTH_HEADROOM", "0x", false}, {"BFCSHIM_MEM_FRACTION", "1e400", false},
+        {"BFCSHIM_MEM_FRACTION", "nan", false},  {"BFCSHIM_MEM_LIMIT", "0x", false},
+        {"BFCSHIM_MEM_LIMIT", "-1", false},      {"BFCSHIM_MEM_LIMIT", "1e400", false},
+        {"BFCSHIM_MEM_LIMIT", "99999999999999999999", false},
+        {"BFCSHIM_MEM_LIMIT", "17000000TiB", false},
+        {"BFCSHIM_FENCE_INTERVAL", "0", false},  {"BFCSHIM_FENCE_INTERVAL", " ", false},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         bool ok = env_var_check(must_find(cases[i].name), cases[i].value, NULL, 0);
