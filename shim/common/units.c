@@ -83,9 +83,10 @@ bool parse_double_in(const char *text, double lo, double hi, double *out)
     char *end;
     errno = 0;
     double v = strtod(text, &end);
+    const bool converted = end != text; /* blank converts nothing, and reads as 0 */
     while (*end == ' ')
         end++;
-    if (errno || *end || !isfinite(v) || v < lo || v > hi)
+    if (!converted || errno || *end || !isfinite(v) || v < lo || v > hi)
         return false;
     *out = v;
     return true;
