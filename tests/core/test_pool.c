@@ -193,6 +193,27 @@ static void growth_mode_doubles_regions(void)
     fixture_end(&f);
 }
 
+/* An initial region near 2^64 (BFCSHIM_INITIAL_REGION=18446744073709551615)
+ * is the whole limit, as any larger than it is: rounded up to the region
+ * granularity it wrapped to 0, and every region began with a request of 0
+ * bytes, refused, then fell back to the bare need (20 small regions). */
+static void an_initial_region_past_the_limit_is_the_limit(void)
+{
+    static const uint64_t huge[] = {UINT64_MAX, UINT64_MAX - 1, 1ull << 40};
+    for (size_t i = 0; i < sizeof huge / sizeof huge[0]; i++) {
+        fixture f;
+        fixture_begin(&f, 10 * MiB);
+        f.opt.preallocate = false;
+        f.opt.initial_region_bytes = huge[i];
+        fixture_start(&f);
+        must_alloc(&f, 1 * MiB);
+        bfc_stats s = stats_of(&f);
+        CHECK_EQ(s.pool_bytes, 10 * MiB);
+        CHECK_EQ(s.num_region_alloc_failures, 0);
+        fixture_end(&f);
+    }
+}
+
 static void refused_regions_back_off_to_ninety_percent(void)
 {
     fixture f;
@@ -830,6 +851,7 @@ int main(void)
     RUN(the_largest_size_is_served_from_the_last_bin);
     RUN(preallocation_takes_the_limit_once);
     RUN(growth_mode_doubles_regions);
+    RUN(an_initial_region_past_the_limit_is_the_limit);
     RUN(refused_regions_back_off_to_ninety_percent);
     RUN(best_fit_prefers_smallest_then_lowest_address);
     RUN(split_only_when_the_remainder_is_worth_it);
