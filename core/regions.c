@@ -65,6 +65,10 @@ static uint64_t first_request_bytes(const bfc_pool *p, uint64_t need, uint64_t a
         want = avail;
     else
         want = need > p->next_region_bytes ? need : p->next_region_bytes;
+    /* Clipped before it is rounded: an initial region near 2^64
+     * (BFCSHIM_INITIAL_REGION takes any size) wrapped to 0 when rounded up. */
+    if (want > avail)
+        want = avail;
     want = round_up(want, p->opt.region_granularity);
     return want > avail ? avail : want;
 }
