@@ -40,6 +40,7 @@ typedef struct run_stats {
     uint64_t driver_alloc_calls, driver_free_calls;
     uint64_t peak_device_bytes; /* pool bytes (bfc) or live passed-through bytes (platform) */
     uint64_t peak_bytes_in_use, num_allocs, num_ooms;
+    bool stats_unwritten; /* --stats-file could not be written: the status says so */
 } run_stats;
 
 typedef struct arm {
@@ -242,8 +243,10 @@ static bool run_one(const ab_opts *o, const arm *a, const char *shim, const char
         r->nvml_peak = nvml_watch_stop(&w);
     r->has_stats = a->shim && read_stats(stats_path, r);
     const char *wanted = a->shim ? env_value(&a->env, "BFCSHIM_STATS_FILE") : NULL;
-    if (r->has_stats && wanted && !copy_file(stats_path, wanted))
+    if (r->has_stats && wanted && !copy_file(stats_path, wanted)) {
         cli_cannot_write("ab", wanted, errno);
+        r->stats_unwritten = true;
+    }
     return true;
 }
 
@@ -577,11 +580,12 @@ int cmd_ab(int argc, char **argv)
                 "the output)\n",
                 o.metric_pattern);
     /* The comparison worked; a job that failed is in the table, and in the
-     * status: 1 when any run did not exit 0. */
+     * status: 1 when any run did not exit 0, or its --stats-file could not
+     * be written (said above: a file cut short must not pass for one). */
     status = 0;
     for (int k = 0; k < 2; k++)
         for (int i = 0; i < arms[k].nruns; i++)
-            if (arms[k].runs[i].exit_status != 0)
+            if (arms[k].runs[i].exit_status != 0 || arms[k].runs[i].stats_unwritten)
                 status = 1;
 cleanup:
     rmdir(dir);

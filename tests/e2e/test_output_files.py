@@ -223,6 +223,7 @@ for name, args in {
         "report": ["report", job, "-o", FULL],
         "replay-dump": ["replay", "--repeat", "1", job, "--dump-at-failure", FULL],
         "replay-record": ["replay", "--repeat", "1", job, "--record", FULL],
+        "ab-stats": ["ab", "--repeat", "1", "--stats-file", FULL, "--", workload, "0", "1"],
 }.items():
     p = cmd(*args)
     check(p.returncode != 0, f"{name} into a full disk exits {p.returncode}")
