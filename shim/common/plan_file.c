@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define PLAN_MAGIC "bfcshim-plan 1"
 
@@ -16,19 +17,43 @@ void plan_file_free(plan_file *plan)
     memset(plan, 0, sizeof *plan);
 }
 
+/* A decimal number at s, digits only: strtoull alone would take a sign
+ * ("-1" is 2^64 - 1) and leading blanks. *end: just after it. */
+static bool decimal(const char *s, uint64_t *value, const char **end)
+{
+    if (*s < '0' || *s > '9')
+        return false;
+    char *e;
+    errno = 0;
+    unsigned long long v = strtoull(s, &e, 10);
+    if (errno)
+        return false;
+    *value = v;
+    *end = e;
+    return true;
+}
+
+/* The end of a line: a plan edited elsewhere may end its lines in CRLF. */
+static bool line_end(const char *s)
+{
+    return *s == '\0' || *s == '\n' || (*s == '\r' && (s[1] == '\n' || s[1] == '\0'));
+}
+
 /* "name value" with value a decimal number. */
 static bool header_line(const char *line, const char *name, uint64_t *value)
 {
     size_t n = strlen(name);
-    if (strncmp(line, name, n) != 0 || line[n] != ' ')
-        return false;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(line + n + 1, &end, 10);
-    if (errno || end == line + n + 1 || (*end && *end != '\n'))
-        return false;
-    *value = v;
-    return true;
+    const char *end;
+    return strncmp(line, name, n) == 0 && line[n] == ' ' && decimal(line + n + 1, value, &end) &&
+           line_end(end);
+}
+
+/* "size offset", two decimal numbers and a single space between them. */
+static bool entry_line(const char *line, bfc_plan_entry *e)
+{
+    const char *end;
+    return decimal(line, &e->size, &end) && *end == ' ' && decimal(end + 1, &e->offset, &end) &&
+           line_end(end);
 }
 
 bool plan_file_read(const char *path, plan_file *out, char *err, size_t errlen)
@@ -43,16 +68,31 @@ bool plan_file_read(const char *path, plan_file *out, char *err, size_t errlen)
     unsigned long lineno = 0;
     uint64_t entries = 0;
     bool ok = false;
+    /* Each entry takes 4 bytes of the file at least ("1 0\n"): a count
+     * past that is refused before its memory is asked for. */
+    struct stat st;
+    const uint64_t most = fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode)
+                              ? (uint64_t)st.st_size / 4
+                              : UINT64_MAX;
     /* The header: magic, then granularity, pool_bytes and entries. */
     const char *want[] = {"granularity", "pool_bytes", "entries"};
     uint64_t *into[] = {&out->granularity, &out->pool_bytes, &entries};
     int have = -1; /* -1: the magic line is next */
     while (fgets(line, sizeof line, f)) {
         lineno++;
+        /* A line the buffer cannot hold would be read as two, the second
+         * blamed under the next line's number. */
+        if (!strchr(line, '\n') && !feof(f)) {
+            snprintf(err, errlen, "%s:%lu: a line longer than %zu bytes", path, lineno,
+                     sizeof line - 2);
+            goto out;
+        }
         if (line[0] == '#' || line[0] == '\n')
             continue;
         if (have == -1) {
-            if (strncmp(line, PLAN_MAGIC, strlen(PLAN_MAGIC)) != 0) {
+            /* The magic line whole: "bfcshim-plan 12" is another format. */
+            if (strncmp(line, PLAN_MAGIC, strlen(PLAN_MAGIC)) != 0 ||
+                !line_end(line + strlen(PLAN_MAGIC))) {
                 snprintf(err, errlen, "%s:%lu: not a bfcshim plan (want '%s')", path, lineno,
                          PLAN_MAGIC);
                 goto out;
@@ -66,6 +106,11 @@ bool plan_file_read(const char *path, plan_file *out, char *err, size_t errlen)
                 goto out;
             }
             if (++have == 3) {
+                if (entries > most) {
+                    snprintf(err, errlen, "%s:%lu: %" PRIu64 " entries: more entries than the "
+                             "file can hold", path, lineno, entries);
+                    goto out;
+                }
                 if (entries > SIZE_MAX / sizeof *out->entries ||
                     !(out->entries = malloc((entries ? entries : 1) * sizeof *out->entries))) {
                     snprintf(err, errlen, "%s: %" PRIu64 " entries: out of host memory", path,
@@ -75,9 +120,8 @@ bool plan_file_read(const char *path, plan_file *out, char *err, size_t errlen)
             }
             continue;
         }
-        unsigned long long size, offset;
-        char extra;
-        if (sscanf(line, "%llu %llu %c", &size, &offset, &extra) != 2) {
+        bfc_plan_entry e;
+        if (!entry_line(line, &e)) {
             snprintf(err, errlen, "%s:%lu: expected 'size offset'", path, lineno);
             goto out;
         }
@@ -86,7 +130,7 @@ bool plan_file_read(const char *path, plan_file *out, char *err, size_t errlen)
                      lineno, entries);
             goto out;
         }
-        out->entries[out->n++] = (bfc_plan_entry){size, offset};
+        out->entries[out->n++] = e;
     }
     if (have < 3)
         snprintf(err, errlen, "%s: the header ends early (no '%s' line)", path,

@@ -535,11 +535,31 @@ def test_plan(d):
                       ("bfcshim-plan 1\ngranularity 256\npool_bytes 1\nentries 2\n256 0\n",
                        "announced"),
                       ("bfcshim-plan 1\ngranularity 256\npool_bytes 1\nentries 1\n256 x\n",
-                       ":5: expected 'size offset'")]:
+                       ":5: expected 'size offset'"),
+                      # A later format is not this one; a sign is no size
+                      # (strtoull took -1 for 2^64 - 1); a line longer than
+                      # the reader's buffer was read as two, the second
+                      # blamed under the wrong number; an entry count the
+                      # file cannot hold is refused before any memory.
+                      ("bfcshim-plan 12\ngranularity 256\npool_bytes 1\nentries 0\n",
+                       "not a bfcshim plan"),
+                      ("bfcshim-plan 1\ngranularity 256\npool_bytes 1\nentries -1\n",
+                       ":4: expected 'entries N'"),
+                      ("bfcshim-plan 1\ngranularity 256\npool_bytes 1\nentries 1\n-256 0\n",
+                       ":5: expected 'size offset'"),
+                      ("bfcshim-plan 1\ngranularity 256\npool_bytes 1\nentries 1\n256 " +
+                       "0" * 300 + "\n", ":5: a line longer than"),
+                      ("bfcshim-plan 1\ngranularity 256\npool_bytes 1\nentries 99999999999\n",
+                       "more entries than the file can hold")]:
         with open(bad, "w") as f:
             f.write(text)
         p = run("replay", "--plan", bad, t, ok=False)
         check(p.returncode == 2 and why in p.stderr, f"bad plan ({why}): {p.returncode} {p.stderr}")
+    # A plan whose lines end in CRLF (edited elsewhere) is the same plan.
+    with open(bad, "w", newline="") as f:
+        f.write(open(plan).read().replace("\n", "\r\n"))
+    (r,), _ = replay_json("--placement", "low", "--plan", bad, t)
+    check(r["plan"]["planned"] == 3, f"a CRLF plan: {r['plan']}")
     p = run("replay", "--granularity", "256", "--plan", plan, t, ok=False)
     check(p.returncode == 2 and "granularity" in p.stderr, f"granularity mismatch: {p.stderr}")
     p = run("plan", "--granularity", "256", "-o", plan, t)
