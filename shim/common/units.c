@@ -49,7 +49,9 @@ bool parse_size(const char *text, uint64_t *out)
     if (!suffix_shift(end, &shift) || !isfinite(value) || value < 0)
         return false;
     double bytes = value * (double)(UINT64_C(1) << shift);
-    if (bytes >= 18446744073709551616.0)
+    /* Less than a byte, but not 0, is no size: "0.5" would read as 0,
+     * which for a threshold means "none", the opposite of a small one. */
+    if (bytes >= 18446744073709551616.0 || (value > 0 && bytes < 1))
         return false;
     *out = (uint64_t)bytes;
     return true;

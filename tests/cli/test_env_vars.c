@@ -57,6 +57,10 @@ static void values_accepted_and_refused(void)
         {"BFCSHIM_MEM_LIMIT", "99999999999999999999", false},
         {"BFCSHIM_MEM_LIMIT", "17000000TiB", false},
         {"BFCSHIM_FENCE_INTERVAL", "0", false},  {"BFCSHIM_FENCE_INTERVAL", " ", false},
+        /* Less than a byte is no size: "0.5" read as 0, which for these
+         * means "none", the opposite of what a small value asks. */
+        {"BFCSHIM_FENCE_BYTES", "0.5", false},   {"BFCSHIM_RELEASE_THRESHOLD", "0.5", false},
+        {"BFCSHIM_FENCE_BYTES", "0.0", true},    {"BFCSHIM_FENCE_BYTES", "0.5KiB", true},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         bool ok = env_var_check(must_find(cases[i].name), cases[i].value, NULL, 0);
