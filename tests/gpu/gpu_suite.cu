@@ -51,6 +51,13 @@
  *                    of it is refused (CUDA_ERROR_INVALID_VALUE)
  *   destroy-primary  cuCtxDestroy on the primary context: the driver's answer
  *                    printed; refused, the pool and its blocks stay
+ *   detach           cuCtxDetach, the usage-count release: one that only
+ *                    counts down must leave the pool alive and its block
+ *                    intact, and one that destroys a context pushed twice
+ *                    must take the pool with it. Printed, what the shim
+ *                    assumes: a count-down leaves the context current; the
+ *                    destroyed context stays current beneath, and
+ *                    cuCtxGetId of it answers CUDA_ERROR_CONTEXT_IS_DESTROYED
  *   vmm-ptr-attr     what the driver answers for a mapped and a reserved
  *                    address of the virtual memory API, printed (the fake
  *                    answers as it reads cuda.h; this checks it), and
@@ -830,6 +837,80 @@ static void destroy_primary(void)
         CUDA_OK(cudaFree(p));
         CHECK(release(0) == CUDA_SUCCESS);
     }
+}
+
+/* Pools alive in the shim's statistics. */
+static int pools_alive(void)
+{
+    static auto stats = (size_t (*)(char *, size_t))dlsym(RTLD_DEFAULT, "bfcshim_stats_json");
+    static char doc[1 << 16];
+    if (!stats || !stats(doc, sizeof doc))
+        return -1;
+    int alive = 0;
+    for (const char *at = doc; (at = strstr(at, "\"alive\": true")); at++)
+        alive++;
+    return alive;
+}
+
+/* cuCtxDetach (the header). The shim decides whether a detach destroyed
+ * from the current context afterwards (popped: gone) and, while it is still
+ * current, from cuCtxGetId asked before and after (docs/design.md, the
+ * driver door): both are readings of the fake's that only a real driver
+ * can confirm. */
+static void detach(void)
+{
+    typedef CUresult (*create_fn)(CUcontext *, unsigned, CUdevice);
+    typedef CUresult (*attach_fn)(CUcontext *, unsigned);
+    typedef CUresult (*ctx_fn)(CUcontext);
+    typedef CUresult (*pop_fn)(CUcontext *);
+    typedef CUresult (*id_fn)(CUcontext, unsigned long long *);
+    auto create = (create_fn)driver_fn("cuCtxCreate_v2");
+    auto attach = (attach_fn)driver_fn("cuCtxAttach");
+    auto det = (ctx_fn)driver_fn("cuCtxDetach");
+    auto push = (ctx_fn)driver_fn("cuCtxPushCurrent_v2");
+    auto pop = (pop_fn)driver_fn("cuCtxPopCurrent_v2");
+    auto current = (pop_fn)driver_fn("cuCtxGetCurrent");
+    auto get_id = (id_fn)driver_fn("cuCtxGetId");
+    CHECK(create && attach && det && push && pop && current && get_id);
+    if (!create || !attach || !det || !push || !pop || !current || !get_id)
+        return;
+    CUDA_OK(cudaFree(0)); /* the primary context's pool is not the point */
+    const int before = pools_alive();
+    CUcontext c = NULL, a = NULL, cur = NULL;
+    CHECK(create(&c, 0, 0) == CUDA_SUCCESS); /* made and pushed */
+    unsigned *p = NULL;
+    CUDA_OK(cudaMalloc((void **)&p, 1 << 20));
+    fill<<<64, 256>>>(p, (1 << 20) / 4, 11u, 0);
+    CUDA_OK(cudaDeviceSynchronize());
+    CHECK(pools_alive() == before + 1);
+    CHECK(attach(&a, 0) == CUDA_SUCCESS && a == c); /* usage count 2 */
+    CUresult r = det(c);                            /* 1: counts down */
+    CHECK(current(&cur) == CUDA_SUCCESS);
+    printf("  a detach that counts down: %d; the context %s current (the shim and the fake: "
+           "stays)\n",
+           (int)r, cur == c ? "stays" : "is no longer");
+    CHECK(r == CUDA_SUCCESS);
+    CHECK(pools_alive() == before + 1);
+    if (cur != c)
+        CHECK(push(c) == CUDA_SUCCESS);
+    CHECK(count_bad_n(p, (1 << 20) / 4, 11u) == 0);
+    CUDA_OK(cudaFree(p));
+    CHECK(push(c) == CUDA_SUCCESS); /* pushed twice */
+    r = det(c);                     /* 0: destroys, pops one */
+    cur = NULL;
+    CUresult rc = current(&cur);
+    unsigned long long id = 0;
+    CUresult ri = get_id(c, &id);
+    printf("  a destroying detach of a context pushed twice: %d; then the current context is "
+           "%s (%d), cuCtxGetId of it answers %d (the fake: it, %d)\n",
+           (int)r, cur == c ? "it" : "another", (int)rc, (int)ri,
+           (int)CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    CHECK(r == CUDA_SUCCESS);
+    CHECK(pools_alive() == before);
+    /* Off the stack (at most the two pushes). */
+    for (int i = 0; i < 2 && cur == c; i++)
+        if (pop(&a) != CUDA_SUCCESS || current(&cur) != CUDA_SUCCESS)
+            break;
 }
 
 /* The driver's own answer (cuCtxGetCurrent is not interposed) against the
@@ -1888,6 +1969,7 @@ int main(int argc, char **argv)
         {"ptr-attr", ptr_attr},       {"vmm-ptr-attr", vmm_ptr_attr},
         {"vmm-retain", vmm_retain},   {"pressure", pressure},
         {"destroy-primary", destroy_primary},
+        {"detach", detach},
         {"global-capture", global_capture},
         {"ptds-capture", ptds_capture},
         {"reset-running", reset_running},
