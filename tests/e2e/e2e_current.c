@@ -374,6 +374,19 @@ static void detach(void)
     served_in(primary[0], "cuCtxDetach of the current context");
 }
 
+/* A cuMemAlloc in the context made under a destroyed one's handle must
+ * come from live memory, not from the destroyed context's pool (`whose`). */
+static void served_live(const char *whose)
+{
+    CUdeviceptr d = 0;
+    CHECK_EQ(D.MemAlloc(&d, MiB), CUDA_SUCCESS);
+    if (!fakecuda()->is_device_pointer((uint64_t)d)) {
+        fprintf(stderr, "cuMemAlloc in the new context served 0x%llx, in no live allocation "
+                        "(%s)\n", (unsigned long long)d, whose);
+        e2e_failures++;
+    }
+}
+
 static void detach_reuse(void)
 {
     start();
@@ -383,13 +396,7 @@ static void detach_reuse(void)
     CHECK_EQ(ctx_detach()(made), CUDA_SUCCESS);
     CHECK_EQ(D.CtxCreate(&again, NULL, 0, 1), CUDA_SUCCESS);
     CHECK(again == made); /* the fake reuses a destroyed context's handle */
-    CUdeviceptr d = 0;
-    CHECK_EQ(D.MemAlloc(&d, MiB), CUDA_SUCCESS);
-    if (!fakecuda()->is_device_pointer((uint64_t)d)) {
-        fprintf(stderr, "cuMemAlloc in the new context served 0x%llx, in no live allocation "
-                        "(the detached context's pool)\n", (unsigned long long)d);
-        e2e_failures++;
-    }
+    served_live("the detached context's pool");
 }
 
 /* The destroying detach of a context current twice on this thread's stack
@@ -411,14 +418,7 @@ static void detach_stacked(void)
     CHECK(popped == made);
     CHECK_EQ(D.CtxCreate(&again, NULL, 0, 1), CUDA_SUCCESS);
     CHECK(again == made); /* the fake reuses a destroyed context's handle */
-    CUdeviceptr d = 0;
-    CHECK_EQ(D.MemAlloc(&d, MiB), CUDA_SUCCESS);
-    if (!fakecuda()->is_device_pointer((uint64_t)d)) {
-        fprintf(stderr, "cuMemAlloc in the new context served 0x%llx, in no live allocation "
-                        "(the pool of the context a stacked cuCtxDetach destroyed)\n",
-                (unsigned long long)d);
-        e2e_failures++;
-    }
+    served_live("the pool of the context a stacked cuCtxDetach destroyed");
 }
 
 int main(int argc, char **argv)
