@@ -5,6 +5,8 @@
  */
 #include "fake_internal.h"
 
+test_hook before_event_query, after_stream_destroy, after_mem_create;
+
 static int ctl_launch(void *stream, fakecuda_work fn, void *arg)
 {
     ENTER();
@@ -88,20 +90,17 @@ static size_t ctl_calls(fakecuda_call_count *out, size_t n)
  * about the query (its capture mode) and the query itself. */
 static void ctl_before_next_event_query(fakecuda_work fn, void *arg)
 {
-    atomic_store(&next_query_arg, arg);
-    atomic_store(&next_query_work, fn);
+    test_hook_set(&before_event_query, fn, arg);
 }
 
 static void ctl_after_next_stream_destroy(fakecuda_work fn, void *arg)
 {
-    atomic_store(&after_destroy_arg, arg);
-    atomic_store(&after_destroy_work, fn);
+    test_hook_set(&after_stream_destroy, fn, arg);
 }
 
 static void ctl_after_next_mem_create(fakecuda_work fn, void *arg)
 {
-    atomic_store(&after_create_arg, arg);
-    atomic_store(&after_create_work, fn);
+    test_hook_set(&after_mem_create, fn, arg);
 }
 
 static void ctl_stats(fakecuda_stats *out)

@@ -471,12 +471,8 @@ host_allocation *find_host_alloc(uint64_t addr, bool interior);
 void host_free(host_allocation *h);
 
 /* fake_streams.c */
-extern _Atomic(fakecuda_work) after_destroy_work;
-extern void *_Atomic after_destroy_arg;
 void event_dies(fevent *e);
 void event_add_dep(fevent *e, fstream *s, uint64_t seq);
-extern _Atomic(fakecuda_work) next_query_work;
-extern void *_Atomic next_query_arg;
 
 /* fake_vmm.c */
 vmm_range *vmm_mapping_at(CUdeviceptr ptr);
@@ -484,8 +480,30 @@ bool vmm_mapping_range(CUdeviceptr ptr, CUdeviceptr *base, size_t *size);
 bool vmm_mapped_on(CUdeviceptr p, size_t n, int dev);
 bool vmm_reserved(CUdeviceptr ptr);
 CUresult vmm_pointer_attribute(CUdeviceptr ptr, CUpointer_attribute attr, void *data);
-extern _Atomic(fakecuda_work) after_create_work;
-extern void *_Atomic after_create_arg;
+
+/* fake_control.c: a test's work, run once at a chosen point of one entry
+ * point (fake_cuda.h: before_next_event_query, after_next_stream_destroy,
+ * after_next_mem_create), outside the driver's lock: the work may make
+ * other threads call the driver and wait for them. */
+typedef struct test_hook {
+    _Atomic(fakecuda_work) work;
+    void *_Atomic arg;
+} test_hook;
+extern test_hook before_event_query, after_stream_destroy, after_mem_create;
+
+static inline void test_hook_set(test_hook *h, fakecuda_work fn, void *arg)
+{
+    atomic_store(&h->arg, arg);
+    atomic_store(&h->work, fn);
+}
+
+/* Taken by one call alone. */
+static inline void test_hook_run(test_hook *h)
+{
+    fakecuda_work w = atomic_exchange(&h->work, NULL);
+    if (w)
+        w(atomic_load(&h->arg));
+}
 
 /* Entry points cuda.h does not declare under these names (the _ptsz and
  * _ptds twins, the versions before the newest), for cuGetProcAddress's

@@ -55,17 +55,10 @@ static CUresult stream_destroy(CUstream h)
     LEAVE(CUDA_SUCCESS);
 }
 
-/* The test's work for after the next cuStreamDestroy
- * (ctl_after_next_stream_destroy). */
-_Atomic(fakecuda_work) after_destroy_work;
-void *_Atomic after_destroy_arg;
-
 static CUresult stream_destroy_then_work(CUstream h)
 {
     CUresult r = stream_destroy(h);
-    fakecuda_work w = atomic_exchange(&after_destroy_work, NULL);
-    if (w)
-        w(atomic_load(&after_destroy_arg));
+    test_hook_run(&after_stream_destroy);
     return r;
 }
 
@@ -774,19 +767,10 @@ static bool event_done(const fevent *e)
     return true;
 }
 
-/* The test's work for the next cuEventQuery (ctl_before_next_event_query). */
-_Atomic(fakecuda_work) next_query_work;
-void *_Atomic next_query_arg;
-
 EXPORT CUresult cuEventQuery(CUevent h)
 {
     CALLED();
-    /* Taken by one query alone, and run before the driver's lock: the work
-     * may make other threads call the driver (begin a capture) and wait
-     * for them. */
-    fakecuda_work w = atomic_exchange(&next_query_work, NULL);
-    if (w)
-        w(atomic_load(&next_query_arg));
+    test_hook_run(&before_event_query); /* before the driver's lock */
     ENTER_API();
     fevent *e = event_of(h);
     if (!e)

@@ -412,19 +412,12 @@ static CUresult mem_create(CUmemGenericAllocationHandle *handle, size_t size,
     LEAVE(CUDA_SUCCESS);
 }
 
-/* The test's work for after the next cuMemCreate
- * (ctl_after_next_mem_create). */
-_Atomic(fakecuda_work) after_create_work;
-void *_Atomic after_create_arg;
-
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                             const CUmemAllocationProp *prop, unsigned long long flags)
 {
     CALLED();
     CUresult r = mem_create(handle, size, prop, flags);
-    fakecuda_work w = atomic_exchange(&after_create_work, NULL);
-    if (w)
-        w(atomic_load(&after_create_arg));
+    test_hook_run(&after_mem_create);
     return r;
 }
 
