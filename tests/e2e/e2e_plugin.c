@@ -54,6 +54,10 @@
  *           then used on another blocking stream: CUDA orders the new work
  *           after the old (the free is a legacy-stream action), so the
  *           plug-in's free must make the legacy stream act
+ *   dlclose (BFCSHIM_TRACE) the host unloads the library after a pooled
+ *           allocation and free: it stays loaded (the trace's writer
+ *           thread runs its code; before, that thread faulted once the
+ *           code was unmapped), and opened again it has the same pool
  *   cost    10,000 allocation and free pairs with nothing queued (a 256 MiB
  *           pool, at most 64 MiB live): the driver calls they cost
  *           (printed), none of them an event, and one context
@@ -92,6 +96,7 @@ static struct {
 } B;
 
 static const fakecuda_api *F;
+static void *lib; /* the library's handle (dlclose scenario) */
 
 /* The library as a plug-in (RTLD_LOCAL), the driver as a framework opens
  * it, device 0's primary context current. */
@@ -102,7 +107,7 @@ static void start(void)
      * mode=RTLD_GLOBAL): its cuStreamCreate is then the global scope's, but
      * the program's dlsym is still libc's, so it still sees no stream. */
     int scope = getenv("PLUGIN_GLOBAL") ? RTLD_GLOBAL : RTLD_LOCAL;
-    void *lib = path ? dlopen(path, RTLD_NOW | scope) : NULL;
+    lib = path ? dlopen(path, RTLD_NOW | scope) : NULL;
     if (!lib) {
         fprintf(stderr, "dlopen(LIBBFCSHIM=%s): %s\n", path ? path : "(unset)", dlerror());
         exit(1);
@@ -183,6 +188,27 @@ static void plain(void)
     CHECK_EQ(B.free(filler), 0);
     CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
     F->complete_all();
+}
+
+/* dlclose: a host that unloads its plug-in while the pools (and the trace's
+ * writer thread, BFCSHIM_TRACE) live. The library must stay: the writer
+ * runs its code, the pools keep the driver's memory, and its exit handler
+ * reports at the process's exit. Opened again, it is the same library
+ * with the same pool. */
+static void unload(void)
+{
+    start();
+    void *p = must_alloc(MiB);
+    CHECK_EQ(B.free(p), 0);
+    CHECK_EQ(dlclose(lib), 0);
+    /* a few of the writer's ticks (4 ms): unmapped, its next one faults */
+    nanosleep(&(struct timespec){0, 100 * 1000 * 1000}, NULL);
+    lib = dlopen(getenv("LIBBFCSHIM"), RTLD_NOW | RTLD_LOCAL);
+    CHECK(lib != NULL);
+    if (!lib)
+        return;
+    *(void **)&B.stats_json = e2e_dlsym(lib, "bfcshim_stats_json");
+    CHECK_EQ(pool_stat("num_allocs"), 1); /* the pool from before the dlclose */
 }
 
 /* Writes the block if it is still mapped when the work runs. No fork here
@@ -532,6 +558,7 @@ int main(int argc, char **argv)
         {"query-during-capture", query_during_capture},
         {"trim-during-capture", trim_during_capture},
         {"legacy-lane", legacy_lane},
-        {"cost", cost}};
+        {"cost", cost},
+        {"dlclose", unload}};
     return e2e_main("e2e_plugin", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }
