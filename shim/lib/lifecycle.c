@@ -21,7 +21,10 @@
  * Exit and unload: pools are never torn down. At exit the driver releases
  * the process's memory itself, and a destructor freeing regions could run
  * after the driver has shut down or while another thread still allocates.
- * A preloaded library is never unloaded.
+ * The library is never unloaded: preloaded, and also as a plug-in, whose
+ * dlclose is a no-op (linked -z nodelete): the trace's writer thread runs
+ * its code, and an atexit handler of a library that could be unloaded runs
+ * at its dlclose, while the host may still use the pools.
  */
 #include <stdlib.h>
 
