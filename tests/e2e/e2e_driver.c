@@ -36,6 +36,11 @@
  *               streams stay known, and plain frees stay fenced against them
  *   fork-busy   a child forked while a parent thread waits inside a pool
  *               reads the statistics at once, that pool reported busy
+ *   fork-in-sync  (growth over virtual memory, the immediate policy) work
+ *               queued on a stream forks (a host function starting a
+ *               process) while a trim waits for the context's work: the
+ *               fork completes (it hung in the fork handler, which waited
+ *               for the streams' lock the trimming thread held)
  *   primary-churn  four threads retain the primary context, allocate, free
  *               and release it, again and again: every block lies in a
  *               region the driver still has
@@ -998,6 +1003,40 @@ static void pool_trim(void)
     CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
 }
 
+/* fork-in-sync: queued work that forks (a host function starting a
+ * process, as Python code in a host function may) runs while the shim
+ * waits for the GPU in a trim (the immediate policy's cuCtxSynchronize
+ * before memory goes back). On a GPU the host function runs on the
+ * driver's thread while the trimming thread waits for it; the fake runs
+ * it in the waiting thread itself: either way the fork handlers must not
+ * wait for a lock the waiting thread holds. */
+static void fork_and_reap(void *arg)
+{
+    int *status = arg;
+    fflush(NULL);
+    pid_t child = fork();
+    if (child == 0)
+        _exit(7);
+    if (child < 0 || waitpid(child, status, 0) != child)
+        *status = -1;
+}
+
+static void fork_in_sync(void)
+{
+    CUstream s;
+    CUmemoryPool dflt = default_pool_and_stream(&s);
+    CUdeviceptr big = alloc_ok(64 * MiB);
+    int status = -1;
+    CHECK_EQ(fakecuda()->launch(s, fork_and_reap, &status), 0);
+    alarm(20); /* a hang fails the test here */
+    CHECK_EQ(D.MemFree(big), CUDA_SUCCESS);
+    CHECK_EQ(D.MemPoolTrimTo(dflt, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSynchronize(), CUDA_SUCCESS);
+    alarm(0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 7);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+}
+
 /* The fake's pools, as cuda.h describes them (no shim in the way). */
 static void fake_pool_stats(void)
 {
@@ -1107,6 +1146,7 @@ int main(int argc, char **argv)
         {"fake-waits-in-flight", fake_waits_in_flight},
         {"pool-stats", pool_stats}, {"fake-pool-stats", fake_pool_stats},
         {"pool-trim", pool_trim},
+        {"fork-in-sync", fork_in_sync},
         {"pool-destroyed", pool_destroyed},
         {"fake-before-init", before_init},
     };
