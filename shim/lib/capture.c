@@ -646,6 +646,18 @@ static void askable_forks_ended(const real_driver *R)
     }
 }
 
+/* Held across fork, so that a child that keeps the shim never inherits the
+ * table locked by a thread it does not have (the streams' use lock, which
+ * covered begins, is not held across fork: streams.c). No driver call is
+ * made under it. */
+void capture_lock_for_fork(bool hold)
+{
+    if (hold)
+        pthread_mutex_lock(&lock);
+    else
+        pthread_mutex_unlock(&lock);
+}
+
 /* ---- driver door ------------------------------------------------------------------ */
 
 static CUresult begin(int z, CUstream s, CUstreamCaptureMode mode)

@@ -65,6 +65,16 @@ static bool none(void) { return atomic_load_explicit(&live, memory_order_acquire
 
 bool green_any(void) { return !none(); }
 
+/* Held across fork (after the captures' lock, which takes it inside), so
+ * that a child never inherits it locked. No driver call is made under it. */
+void green_lock_for_fork(bool hold)
+{
+    if (hold)
+        pthread_mutex_lock(&lock);
+    else
+        pthread_mutex_unlock(&lock);
+}
+
 void green_created(CUgreenCtx g, CUdevice dev)
 {
     const real_driver *R = real_driver_get();

@@ -34,10 +34,18 @@ atomic_bool shim_forked_child;
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
+/* Only locks never held across a driver call that may wait for queued
+ * work: work that forks (a host function) runs while its waiter holds
+ * whatever it holds, and a handler waiting for one of those hangs the
+ * fork (e2e_driver fork-in-sync: the streams' use lock, held around a
+ * trim's cuCtxSynchronize). Such locks are made afresh in the child
+ * instead (the primary contexts' lock, the streams' use lock). */
 static void before_fork(void)
 {
     pools_lock_for_fork(true);
-    streams_lock();
+    streams_lock_for_fork(true);
+    capture_lock_for_fork(true);
+    green_lock_for_fork(true);
     platform_lock_for_fork(true);
     vmm_door_lock_for_fork(true);
 }
@@ -46,7 +54,9 @@ static void after_fork_parent(void)
 {
     vmm_door_lock_for_fork(false);
     platform_lock_for_fork(false);
-    streams_unlock();
+    green_lock_for_fork(false);
+    capture_lock_for_fork(false);
+    streams_lock_for_fork(false);
     pools_lock_for_fork(false);
 }
 
@@ -55,7 +65,10 @@ static void after_fork_child(void)
     vmm_door_lock_for_fork(false);
     vmm_door_after_fork_child();
     platform_lock_for_fork(false);
-    streams_unlock();
+    green_lock_for_fork(false);
+    capture_lock_for_fork(false);
+    streams_lock_for_fork(false);
+    streams_use_after_fork_child();
     pools_lock_for_fork(false);
     primary_lock_after_fork_child();
     record_after_fork_child();

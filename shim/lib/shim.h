@@ -601,6 +601,7 @@ CUresult capture_relaxed_stream_wait(const real_driver *R, CUstream s);
 CUresult capture_legacy_use(const real_driver *R);
 /* Is any stream capture (begun through the shim's doors) under way? */
 bool capture_underway(void);
+void capture_lock_for_fork(bool hold);
 /* A call that may end captures without cuStreamEndCapture: claims them
  * before the real call (a stream's destruction, a context's end), and
  * capture_ending_done takes them away after it if `gone` (the call
@@ -671,6 +672,7 @@ void green_stream_capturing(CUcontext converted, CUstream s);
 /* Captures on streams of context c (NULL: unknown) began (by > 0) or
  * ended (by < 0); called with capture.c's lock held. */
 void green_capture_changed(CUcontext c, int by);
+void green_lock_for_fork(bool hold);
 /* The context whose pool serves ctx: a green context's converted context
  * maps to its primary context; any other context to itself. */
 CUcontext green_canonical(CUcontext ctx);
@@ -722,8 +724,8 @@ void streams_use_end(void);
  * seals in flight and holds off new ones. */
 void streams_change_begin(void);
 void streams_change_end(void);
-void streams_lock(void);
-void streams_unlock(void);
+void streams_lock_for_fork(bool hold);
+void streams_use_after_fork_child(void);
 /* streams_use_begin unless the calling thread holds the lock already (in
  * either mode); returns whether it took it, for streams_use_leave. */
 bool streams_use_enter(void);

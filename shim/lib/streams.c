@@ -115,18 +115,29 @@ static void unbury(CUstream s)
  * never comes. */
 static _Thread_local unsigned held __attribute__((tls_model("initial-exec")));
 
-void streams_lock(void)
+/* Fork: the registry's mutex is held across it (a child that keeps the
+ * shim inherits a whole registry), never the use lock. That one is held
+ * around waits for the GPU (the immediate policy's cuCtxSynchronize before
+ * memory goes back, a barrier's cuEventSynchronize), and queued work that
+ * forks (a host function, on the driver's thread while this one waits, or
+ * in the waiting thread itself) would wait in the fork handler for ever
+ * (e2e_driver fork-in-sync). The mutex is never held across a driver call. */
+void streams_lock_for_fork(bool hold)
 {
-    pthread_rwlock_wrlock(&use_lock);
-    held++;
-    pthread_mutex_lock(&lock);
+    if (hold)
+        pthread_mutex_lock(&lock);
+    else
+        pthread_mutex_unlock(&lock);
 }
 
-void streams_unlock(void)
+/* The child has none of the parent's other threads, so none of their
+ * copies of the registry: the use lock starts free, but for the forking
+ * thread's own hold (forked from inside a section), which it will end. */
+void streams_use_after_fork_child(void)
 {
-    pthread_mutex_unlock(&lock);
-    held--;
-    pthread_rwlock_unlock(&use_lock);
+    pthread_rwlock_init(&use_lock, NULL);
+    if (held)
+        pthread_rwlock_rdlock(&use_lock);
 }
 
 void streams_use_begin(void)
