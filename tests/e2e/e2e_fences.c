@@ -1243,6 +1243,31 @@ static void unseen_reset_streams(void)
     CHECK_EQ(fake_stats().stale_handle_uses, 0);
 }
 
+/* unseen-reset-streams-no-pool (audit of a7cd432; door closed): the same,
+ * but nothing allocated before the reset, so the dead context had no pool
+ * and no replacement is ever noticed (pools_forget_if_replaced): its stream
+ * must still leave the registry before the new context's pool seals. */
+static void unseen_reset_streams_no_pool(void)
+{
+    typedef CUresult (*reset_fn)(CUdevice);
+    typedef CUresult (*retain_fn)(CUcontext *, CUdevice);
+    typedef CUresult (*setcur_fn)(CUcontext);
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    reset_fn reset = (reset_fn)dlsym(h, "cuDevicePrimaryCtxReset_v2");
+    retain_fn retain = (retain_fn)dlsym(h, "cuDevicePrimaryCtxRetain");
+    setcur_fn setcur = (setcur_fn)dlsym(h, "cuCtxSetCurrent");
+    CHECK(reset && retain && setcur);
+    cudaStream_t s = NULL;
+    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(reset(0), CUDA_SUCCESS); /* unseen: the door is closed; s dies */
+    CUcontext c = NULL;
+    CHECK_EQ(retain(&c, 0), CUDA_SUCCESS);
+    CHECK_EQ(setcur(c), CUDA_SUCCESS);
+    for (int i = 0; i < 4; i++) /* seals of the first pool (BFCSHIM_FENCE_INTERVAL=1) */
+        CHECK_EQ(cudaFree(alloc_ok(MiB)), cudaSuccess);
+    CHECK_EQ(fake_stats().stale_handle_uses, 0);
+}
+
 /* hooks-off-free-cost (review of 9d1427e): with the driver door closed a
  * stream-ordered free on the legacy stream asks the current context's pool
  * (pool_lane_for_free, runtime_context_for_free) and, through the
@@ -1950,6 +1975,7 @@ int main(int argc, char **argv)
         {"unseen-reset-events", unseen_reset_events},
         {"unseen-reset-events-reused", unseen_reset_events},
         {"unseen-reset-streams", unseen_reset_streams},
+        {"unseen-reset-streams-no-pool", unseen_reset_streams_no_pool},
         {"hooks-off-free-cost", hooks_off_free_cost},
         {"dead-stream-reborn-in-window", dead_stream_reborn_in_window},
         {"stream-churn", stream_churn},
