@@ -303,6 +303,9 @@ static shim_pool *create_pool(const real_driver *R, CUcontext ctx, CUdevice dev,
     sp->ctx = ctx;
     if (R->CtxGetId && R->CtxGetId(ctx, &sp->ctx_id) != CUDA_SUCCESS)
         sp->ctx_id = 0;
+    /* (the door closed: a context that died unseen with no pool left its
+     * streams under the handle this one may have) */
+    streams_forget_other_ids(ctx, sp->ctx_id);
     sp->dev = dev;
     sp->total_memory = total;
     sp->limit = limit;

@@ -704,6 +704,8 @@ void streams_remove(CUstream s);
 /* The context went away: its streams are dead handles now. */
 void streams_forget_context(CUcontext ctx);
 void streams_forget_context_id(CUcontext ctx, unsigned long long id);
+/* A pool is made for ctx (id `id`): streams under ctx with another id go. */
+void streams_forget_other_ids(CUcontext ctx, unsigned long long id);
 /* The driver refused to destroy s (after streams_remove): it is not dead. */
 void streams_destroy_refused(CUstream s);
 /* Was s seen destroyed and not made again since? Such a handle must not

@@ -262,6 +262,26 @@ void streams_forget_context_id(CUcontext ctx, unsigned long long id)
     wait_for_users();
 }
 
+/* A pool is made for context ctx, whose id is `id`: a stream registered
+ * under the same handle with another known id belongs to a context that
+ * died unseen (the door closed) before any pool of its own could be noticed
+ * replaced (pools_forget_if_replaced), and the new pool's seals must not
+ * touch it (e2e_fences unseen-reset-streams-no-pool). Only the leaf lock:
+ * no copy in use can hold such a stream for this pool, which has none yet,
+ * and a pool is made where the caller may hold the use lock. */
+void streams_forget_other_ids(CUcontext ctx, unsigned long long id)
+{
+    if (!id)
+        return;
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < nall;)
+        if (all[i].ctx == ctx && all[i].ctx_id && all[i].ctx_id != id)
+            all[i] = all[--nall];
+        else
+            i++;
+    pthread_mutex_unlock(&lock);
+}
+
 void streams_remove(CUstream s)
 {
     pthread_mutex_lock(&lock);
