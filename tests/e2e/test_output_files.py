@@ -265,4 +265,17 @@ p = shim_run("stats-stdout", BFCSHIM_STATS_FILE=to_stdout)
 check(os.path.islink(to_stdout), "a link of our own to stdout is left a link")
 check('"pools"' in p.stdout, f"the stats went to stdout: {p.stdout[-300:]!r}")
 
+# 12. (audit of a5d1b3c) A link of our own whose target runs through a
+# directory link another user planted: followed, the stats (and the log)
+# went wherever that user chose. Every link on the way must be ours or the
+# system's, not only the links of the chain's last components.
+os.mkdir(path("victim-dir"))
+v = victim("victim-dir/stats.json")
+plant(path("victim-dir"), path("their-dir"))  # a directory link of theirs
+own = path("own-into-theirs.json")
+os.symlink(path("their-dir/stats.json"), own)  # ours
+shim_run("stats-own-into-theirs", BFCSHIM_STATS_FILE=own)
+untouched(v, "stats through our link into their directory link")
+check(os.path.islink(own), "our link is left a link")
+
 check.finish()
