@@ -14,41 +14,92 @@
 
 #include "out_file.h"
 
-/* Is path a symbolic link that no other local user can have planted: it,
- * and every link it leads through, owned by us or by root? (The system's
- * own, such as /dev/stderr -> /proc/self/fd/2, and the user's own links are
- * followed; a link another user made in a shared directory is not.) A link
- * whose target cannot be looked at by name (/proc/self/fd's "pipe:[...]")
- * ends the chain. */
-static bool trusted_link(const char *path)
+/* Resolves path as the kernel would, one link at a time, into `out`: every
+ * link met on the way, in the last component or in a directory above it, at
+ * any depth, must be ours or root's (the system's own, such as /dev/stderr
+ * -> /proc/self/fd/2, and the user's own links are followed; a link another
+ * user made in a shared directory is not, nor one of theirs that a link of
+ * ours leads into: a directory link of theirs sent our writes wherever they
+ * chose). false: a link of another user's, a loop, too long a chain. Where
+ * a link's target cannot be looked at by name although the link leads
+ * somewhere (/proc/self/fd's "pipe:[...]", a magic link), the resolution
+ * ends at that link and *follow_last says so; else `out` holds no link as
+ * of now, and is opened with O_NOFOLLOW, so a link planted at its end since
+ * is refused. */
+static bool resolve_trusted(const char *path, char *out, size_t size, bool *follow_last)
 {
-    char cur[4096], next[4096];
-    snprintf(cur, sizeof cur, "%s", path);
-    struct stat st;
-    if (lstat(cur, &st) != 0 || !S_ISLNK(st.st_mode))
+    char cur[4096], next[4096], joined[8192];
+    *follow_last = false;
+    if (snprintf(cur, sizeof cur, "%s", path) >= (int)sizeof cur)
         return false;
-    for (int hops = 0; hops < 16; hops++) {
-        if (lstat(cur, &st) != 0 || !S_ISLNK(st.st_mode))
-            return true;
-        if (st.st_uid != geteuid() && st.st_uid != 0)
+    int hops = 0;
+    size_t at = 0; /* cur[0..at) is resolved, free of links */
+    while (cur[at]) {
+        /* the next component: cur[0..end) */
+        size_t end = at;
+        while (cur[end] == '/')
+            end++;
+        while (cur[end] && cur[end] != '/')
+            end++;
+        char prefix[4096];
+        snprintf(prefix, sizeof prefix, "%.*s", (int)end, cur);
+        struct stat st;
+        if (lstat(prefix, &st) != 0 || !S_ISLNK(st.st_mode)) {
+            /* not there (made by the open, or the open fails) or no link */
+            at = end;
+            continue;
+        }
+        if ((st.st_uid != geteuid() && st.st_uid != 0) || ++hops > 40)
             return false;
-        ssize_t n = readlink(cur, next, sizeof next - 1);
+        ssize_t n = readlink(prefix, next, sizeof next - 1);
         if (n < 0)
             return false;
         next[n] = 0;
-        if (next[0] != '/') { /* relative to the link's directory */
-            const char *slash = strrchr(cur, '/');
-            int dir = slash ? (int)(slash - cur) : 0;
-            char joined[4096];
-            if (snprintf(joined, sizeof joined, "%.*s%s%s", dir, cur, slash ? "/" : "", next) >=
-                (int)sizeof joined)
-                return false;
-            snprintf(cur, sizeof cur, "%s", joined);
-        } else {
-            snprintf(cur, sizeof cur, "%s", next);
+        struct stat target;
+        if (next[0] != '/' && stat(prefix, &target) == 0) {
+            /* Relative: it may still be a magic link ("pipe:[...]") that
+             * leads somewhere no name does. Tried by name first. */
+            const char *slash = strrchr(prefix, '/');
+            int dir = slash ? (int)(slash - prefix) : 0;
+            char tried[8192];
+            snprintf(tried, sizeof tried, "%.*s%s%s", dir, prefix, slash ? "/" : "", next);
+            if (lstat(tried, &st) != 0) {
+                if (cur[end]) /* a directory reached by a magic link: not ours to judge */
+                    return false;
+                *follow_last = true;
+                return snprintf(out, size, "%s", prefix) < (int)size;
+            }
         }
+        /* The link's target in its place, the rest after it; resolved
+         * again from the start (an absolute target) or from the link's
+         * directory. */
+        int len;
+        if (next[0] == '/') {
+            len = snprintf(joined, sizeof joined, "%s%s", next, cur + end);
+            at = 0;
+        } else {
+            const char *slash = memrchr(prefix, '/', end);
+            int dir = slash ? (int)(slash - prefix) : 0;
+            len = snprintf(joined, sizeof joined, "%.*s%s%s%s", dir, cur, slash ? "/" : "", next,
+                           cur + end);
+            at = slash ? (size_t)dir : 0;
+        }
+        if (len < 0 || (size_t)len >= sizeof cur)
+            return false;
+        memcpy(cur, joined, (size_t)len + 1);
     }
-    return false; /* a loop, or too long a chain */
+    return snprintf(out, size, "%s", cur) < (int)size;
+}
+
+/* Is path a symbolic link that no other local user can have planted (it,
+ * and every link it leads through, ours or root's: resolve_trusted)? */
+static bool trusted_link(const char *path)
+{
+    struct stat st;
+    char resolved[4096];
+    bool follow_last;
+    return lstat(path, &st) == 0 && S_ISLNK(st.st_mode) &&
+           resolve_trusted(path, resolved, sizeof resolved, &follow_last);
 }
 
 int out_file_open(const char *path, int how)
@@ -56,10 +107,20 @@ int out_file_open(const char *path, int how)
     /* O_NOFOLLOW: the last component alone is what another user can plant
      * in a shared directory; the directories above are the user's choice.
      * A link of the user's own or the system's (BFCSHIM_LOG_FILE=/dev/stderr)
-     * is followed. */
+     * is followed, to the end it was checked to have: the path resolved is
+     * opened, again with O_NOFOLLOW (a link planted at its end between the
+     * check and the open is refused), unless it ends at a magic link. */
     int fd = open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | how, 0644);
-    if (fd < 0 && errno == ELOOP && trusted_link(path))
-        fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | how, 0644);
+    char resolved[4096];
+    bool follow_last = false;
+    if (fd < 0 && errno == ELOOP) {
+        if (!resolve_trusted(path, resolved, sizeof resolved, &follow_last)) {
+            errno = ELOOP;
+            return -1;
+        }
+        fd = open(resolved, O_WRONLY | O_CREAT | O_CLOEXEC | how | (follow_last ? 0 : O_NOFOLLOW),
+                  0644);
+    }
     return fd;
 }
 
