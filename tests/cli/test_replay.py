@@ -560,6 +560,12 @@ def test_plan(d):
         f.write(open(plan).read().replace("\n", "\r\n"))
     (r,), _ = replay_json("--placement", "low", "--plan", bad, t)
     check(r["plan"]["planned"] == 3, f"a CRLF plan: {r['plan']}")
+    # (audit of 2aac5ac) Its blank lines too: skipped in LF, a blank CRLF
+    # line ("\r\n") was read as a header line and the plan refused.
+    with open(bad, "w", newline="") as f:
+        f.write(open(plan).read().replace("\n", "\n\n", 1).replace("\n", "\r\n"))
+    (r,), _ = replay_json("--placement", "low", "--plan", bad, t)
+    check(r["plan"]["planned"] == 3, f"a CRLF plan with a blank line: {r['plan']}")
     p = run("replay", "--granularity", "256", "--plan", plan, t, ok=False)
     check(p.returncode == 2 and "granularity" in p.stderr, f"granularity mismatch: {p.stderr}")
     p = run("plan", "--granularity", "256", "-o", plan, t)
