@@ -87,7 +87,8 @@ bool plan_file_read(const char *path, plan_file *out, char *err, size_t errlen)
                      sizeof line - 2);
             goto out;
         }
-        if (line[0] == '#' || line[0] == '\n')
+        /* (a blank line as line_end reads one: CRLF's too) */
+        if (line[0] == '#' || line_end(line))
             continue;
         if (have == -1) {
             /* The magic line whole: "bfcshim-plan 12" is another format. */
