@@ -480,14 +480,20 @@ SHIM_EXPORT CUresult cuCtxDetach(CUcontext ctx)
     pools_hold_trims(ctx, true); /* maybe the last reference */
     unsigned long long id = 0, after = 0;
     bool by_id = ctx && R && R->CtxGetId && R->CtxGetId(ctx, &id) == CUDA_SUCCESS && id;
-    CUresult r = PASS(CtxDetach, ctx);
-    /* Popped: gone. Still current: gone only if its id says so; the
-     * question is then asked of the thread's current context, which the
-     * driver must answer (CUDA_ERROR_CONTEXT_IS_DESTROYED), never of a
-     * handle already off every stack. */
     CUcontext cur = NULL;
+    const bool was_current = ctx && R && R->CtxGetCurrent(&cur) == CUDA_SUCCESS && cur == ctx;
+    CUresult r = PASS(CtxDetach, ctx);
+    /* Popped (current before, not after): gone. Still current, or never
+     * current (a driver that lets a program break the rule and count down a
+     * context it has not made current must not cost that context its
+     * pool): gone only if its id says so. The question is then asked of the
+     * thread's current context, which the driver must answer
+     * (CUDA_ERROR_CONTEXT_IS_DESTROYED), or of a context the program should
+     * not have detached; never of a handle popped off the stack. Without
+     * cuCtxGetId, as before 12.0, the current context alone decides. */
+    cur = NULL;
     bool popped = r == CUDA_SUCCESS && ctx && R && R->CtxGetCurrent(&cur) == CUDA_SUCCESS &&
-                  cur != ctx;
+                  cur != ctx && (was_current || !by_id);
     bool gone = popped || (r == CUDA_SUCCESS && by_id &&
                            (R->CtxGetId(ctx, &after) != CUDA_SUCCESS || after != id));
     remembered_pools_stale();

@@ -54,7 +54,9 @@
  *   detach           cuCtxDetach, the usage-count release: one that only
  *                    counts down must leave the pool alive and its block
  *                    intact, and one that destroys a context pushed twice
- *                    must take the pool with it. Printed, what the shim
+ *                    must take the pool with it; nor may a detach of a
+ *                    context not current (the rule) cost it its pool, if
+ *                    the driver takes one. Printed, what the shim
  *                    assumes: a count-down leaves the context current; the
  *                    destroyed context stays current beneath, and
  *                    cuCtxGetId of it answers CUDA_ERROR_CONTEXT_IS_DESTROYED
@@ -895,6 +897,17 @@ static void detach(void)
         CHECK(push(c) == CUDA_SUCCESS);
     CHECK(count_bad_n(p, (1 << 20) / 4, 11u) == 0);
     CUDA_OK(cudaFree(p));
+    /* Not current: cuda.h says it must be. A driver that counts it down
+     * anyway must not cost it its pool (the shim asks its id then). */
+    CHECK(attach(&a, 0) == CUDA_SUCCESS); /* 2 */
+    CHECK(pop(&a) == CUDA_SUCCESS && a == c);
+    r = det(c);
+    printf("  a detach of a context not current: %d (the fake refuses it: %d)\n", (int)r,
+           (int)CUDA_ERROR_INVALID_CONTEXT);
+    CHECK(pools_alive() == before + 1);
+    CHECK(push(c) == CUDA_SUCCESS);
+    if (r != CUDA_SUCCESS)
+        CHECK(det(c) == CUDA_SUCCESS); /* back to 1 */
     CHECK(push(c) == CUDA_SUCCESS); /* pushed twice */
     r = det(c);                     /* 0: destroys, pops one */
     cur = NULL;
