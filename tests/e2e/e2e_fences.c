@@ -1046,7 +1046,10 @@ static void free_dead_stream(void)
     CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
     uint64_t stale = fake_stats().stale_handle_uses;
     CHECK_EQ(cudaFreeAsync(p, s), cudaErrorInvalidResourceHandle);
-    cudaGetLastError();
+    /* and the runtime's last error says the same (an audit: it said
+     * cudaErrorInvalidValue, the only error but out of memory the runtime
+     * door could set) */
+    CHECK_EQ(cudaGetLastError(), cudaErrorInvalidResourceHandle);
     /* the driver door's (with it closed, the fake's own answer) */
     CHECK_EQ(driver_free((CUdeviceptr)(uintptr_t)p, (CUstream)s), CUDA_ERROR_INVALID_HANDLE);
     CHECK(fake_stats().stale_handle_uses <= stale + 2); /* the program's own calls, at most */
@@ -1341,6 +1344,7 @@ static void legacy_while_capturing(void)
     void *keep = alloc_ok(MiB);
     CHECK_EQ(cudaStreamBeginCapture(b, cudaStreamCaptureModeRelaxed), cudaSuccess);
     CHECK_EQ(cudaFreeAsync(keep, 0), cudaErrorStreamCaptureImplicit);
+    CHECK_EQ(cudaGetLastError(), cudaErrorStreamCaptureImplicit); /* (as free-dead-stream) */
     cudaGraph_t g = NULL;
     CHECK_EQ(cudaStreamEndCapture(b, &g), cudaErrorStreamCaptureInvalidated);
     cudaGetLastError();
@@ -1383,6 +1387,7 @@ static void legacy_alloc_while_capturing(void)
     CHECK_EQ(cudaStreamBeginCapture(b, cudaStreamCaptureModeRelaxed), cudaSuccess);
     void *p = NULL;
     CHECK_EQ(cudaMallocAsync(&p, MiB, 0), cudaErrorStreamCaptureImplicit);
+    CHECK_EQ(cudaGetLastError(), cudaErrorStreamCaptureImplicit);
     CHECK(p == NULL);
     cudaGraph_t g = NULL;
     CHECK_EQ(cudaStreamEndCapture(b, &g), cudaErrorStreamCaptureInvalidated);
