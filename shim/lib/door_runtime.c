@@ -16,8 +16,9 @@
  *     cudaGetLastError returns. The door cannot set it directly, so on a
  *     failure it makes the real runtime fail the same way with a call that
  *     has no other effect: cudaMalloc of an impossible size (out of memory)
- *     or into a NULL result pointer (invalid value), with the driver door
- *     bypassed for this thread.
+ *     or into a NULL result pointer (invalid value), cudaEventQuery(NULL)
+ *     (invalid resource handle), cudaStreamIsCapturing on the legacy stream
+ *     (capture implicit), with the driver door bypassed for this thread.
  */
 #include <stdint.h>
 
@@ -39,6 +40,8 @@ typedef cudaError_t (*device_reset_fn)(void);
 typedef cudaError_t (*get_device_fn)(int *);
 typedef cudaError_t (*peer_enable_fn)(int, unsigned);
 typedef cudaError_t (*peer_disable_fn)(int);
+typedef cudaError_t (*event_query_fn)(cudaEvent_t);
+typedef cudaError_t (*is_capturing_fn)(cudaStream_t, enum cudaStreamCaptureStatus *);
 
 /* No runtime behind us (a static cudart, or none): nothing to call. */
 #define NO_RUNTIME cudaErrorInsufficientDriver
@@ -69,10 +72,25 @@ static cudaError_t fail(cudaError_t e)
         rs = capture_relax_always(R);
     shim_tls_bypass++;
     void *p = NULL;
-    if (e == cudaErrorMemoryAllocation)
+    if (e == cudaErrorMemoryAllocation) {
         real_malloc(&p, SIZE_MAX & ~(size_t)0xfffff);
-    else
+    } else if (e == cudaErrorInvalidResourceHandle) {
+        /* A refused free on a destroyed stream: the dead handle must not
+         * reach the runtime, so an event no runtime ever made stands in
+         * (found by an audit: the last error said cudaErrorInvalidValue). */
+        REAL_RT(event_query_fn, query, "cudaEventQuery");
+        if (query)
+            query(NULL);
+    } else if (e == cudaErrorStreamCaptureImplicit) {
+        /* cuda.h: asking about the legacy stream while a blocking stream
+         * captures answers this, and invalidates nothing. */
+        REAL_RT(is_capturing_fn, capturing, "cudaStreamIsCapturing");
+        enum cudaStreamCaptureStatus st;
+        if (capturing)
+            capturing(cudaStreamLegacy, &st);
+    } else {
         real_malloc(NULL, 1);
+    }
     shim_tls_bypass--;
     if (R)
         capture_restore(R, rs);
