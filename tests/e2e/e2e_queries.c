@@ -6,7 +6,8 @@
  *                  pooled, and an IPC handle of it is refused (cudart must
  *                  have the shim's driver entry points, not the real ones);
  *                  first-malloc-hooks-off: the same through the runtime door
- *                  alone, before the driver is even initialised
+ *                  alone, before the driver is even initialised; and
+ *                  once freed, an IPC handle of it is invalid value
  *   meminfo-once   with other processes on the device and a growing pool,
  *                  cudaMemGetInfo and cuMemGetInfo_v2 report the same free
  *                  memory: what the device can still add plus the pool's
@@ -59,6 +60,15 @@ static void first_malloc(void)
     CHECK_ONE_LOG_LINE("refused");
     CHECK_EQ(fake_stats().ipc_handles, 0);
     CHECK_EQ(cudaFree(p), cudaSuccess);
+    /* Freed, it is no allocation at all: invalid value, as CUDA answers for
+     * any pointer it did not give out, with the last error, and a line
+     * saying what the pointer is (found by an audit: refused as a pooled
+     * block, cudaErrorNotSupported and a line calling it one). */
+    fakecuda()->complete_all();
+    CHECK_EQ(cudaIpcGetMemHandle(&h, p), cudaErrorInvalidValue);
+    CHECK_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+    CHECK_ONE_LOG_LINE("not the start of a live allocation");
+    CHECK_EQ(fake_stats().ipc_handles, 0);
 }
 
 /* FAKECUDA_OTHER_USED=256MiB on the 1 GiB device, BFCSHIM_PREALLOCATE=false,
