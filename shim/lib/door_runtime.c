@@ -254,9 +254,13 @@ SHIM_EXPORT cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *p)
     REAL_RT(ipc_fn, f, "cudaIpcGetMemHandle");
     /* With the driver door open, cudart's own cuIpcGetMemHandle refuses the
      * pointer and the runtime records the error as usual. */
-    if (shim_active() && !shim_driver_door() &&
-        svc_ipc_check((CUdeviceptr)(uintptr_t)p, "cudaIpcGetMemHandle") == SVC_UNSUPPORTED)
+    svc_status st = shim_active() && !shim_driver_door()
+                        ? svc_ipc_check((CUdeviceptr)(uintptr_t)p, "cudaIpcGetMemHandle")
+                        : SVC_PASS;
+    if (st == SVC_UNSUPPORTED)
         return cudaErrorNotSupported;
+    if (st != SVC_PASS) /* the pool's free space: never the real call (the region's handle) */
+        return fail(cudaErrorInvalidValue);
     return f ? f(handle, p) : NO_RUNTIME;
 }
 

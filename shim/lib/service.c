@@ -517,6 +517,11 @@ svc_status svc_ipc_check(CUdeviceptr ptr, const char *api)
     shim_pool *sp = pool_owning(ptr);
     if (!sp)
         return SVC_PASS;
+    /* An address of the pool's free space (a freed block) is no allocation
+     * at all: invalid value, as CUDA answers for a pointer it never gave
+     * out, not "unsupported" for a block (found by an audit). */
+    if (bfc_pool_block(sp->bfc, ptr, NULL) != BFC_OK)
+        return bad_pointer(sp, ptr, api);
     shim_log(LOG_ERROR,
              "%s(0x%llx): the pointer is a block inside a bfcshim pool region, which another "
              "process cannot open on its own; refused (run with BFCSHIM_ALLOCATOR=platform for "
