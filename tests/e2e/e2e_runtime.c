@@ -172,6 +172,16 @@ static void badinput(void)
     CHECK_EQ(cudaGetLastError(), cudaErrorInvalidValue);
     CHECK_ONE_LOG_LINE("NULL");
 
+    /* cudaMallocPitch's the same (an audit: the runtime's answer, no line) */
+    size_t pitch = 0;
+    void *pp = NULL;
+    CHECK_EQ(cudaMallocPitch(NULL, &pitch, 64, 4), cudaErrorInvalidValue);
+    CHECK_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+    CHECK_ONE_LOG_LINE("NULL");
+    CHECK_EQ(cudaMallocPitch(&pp, NULL, 64, 4), cudaErrorInvalidValue);
+    CHECK_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+    CHECK_ONE_LOG_LINE("NULL");
+
     void *z = (void *)1;
     CHECK_EQ(cudaMalloc(&z, 0), cudaSuccess); /* size 0 is legal: no complaint */
     CHECK(z == NULL);
