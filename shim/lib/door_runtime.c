@@ -219,7 +219,11 @@ SHIM_EXPORT cudaError_t cudaMallocPitch(void **p, size_t *pitch, size_t width, s
 {
     REAL_RT(pitch_fn, f, "cudaMallocPitch");
     shim_pool *sp;
-    if (!shim_active() || !p || !pitch || !(sp = runtime_pool())) {
+    bool active = shim_active();
+    if (active && (!p || !pitch)) /* (the runtime's own answer follows, as cudaMalloc's) */
+        shim_log(LOG_ERROR, "cudaMallocPitch(%p, %p, %zu x %zu): NULL result pointer", (void *)p,
+                 (void *)pitch, width, height);
+    if (!active || !p || !pitch || !(sp = runtime_pool())) {
         cudaError_t e = f ? f(p, pitch, width, height) : NO_RUNTIME;
         return counted_alloc(e, p, e == cudaSuccess && pitch ? *pitch * height : 0);
     }
