@@ -56,6 +56,18 @@ def main():
     kept = [bfcshim.cupy.malloc(1 << 20) for _ in range(10)]
     out["stale_handle_uses"] = stale_handle_uses()
     out["ext_stale"] = ext_stale
+    # Out of memory is CuPy's own error (code catching it, CuPy's included,
+    # must see it), and a size CuPy could never ask for is refused as such.
+    try:
+        bfcshim.cupy.malloc(1 << 50)
+        out["oom"] = "no error"
+    except Exception as e:  # noqa: BLE001 - the test decides
+        out["oom"] = f"{type(e).__module__}.{type(e).__qualname__}"
+    try:
+        bfcshim.cupy.malloc(-1)
+        out["negative"] = "no error"
+    except Exception as e:  # noqa: BLE001
+        out["negative"] = type(e).__name__
     out["in_use"] = sum(p["bytes_in_use"] for p in bfcshim.stats()["pools"])
     print(json.dumps(out), flush=True)
     del kept

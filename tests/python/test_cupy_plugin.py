@@ -32,4 +32,7 @@ check(out.get("stream_kept_while_array_lives") is True,
 check(out.get("stream_destroyed_after") is True, f"and goes after it: {out}")
 check(out.get("stale_handle_uses") == 0, f"no call on a destroyed stream: {out}")
 check(out.get("in_use") == 10 << 20, f"the two arrays were freed, the ten kept: {out}")
+check(out.get("oom") == "cupy.cuda.memory.OutOfMemoryError",
+      f"out of memory raises CuPy's OutOfMemoryError: {out}")
+check(out.get("negative") == "ValueError", f"a negative size is a ValueError: {out}")
 check.finish()

@@ -5,6 +5,8 @@ in order."""
 import contextlib
 import ctypes
 
+from . import memory  # noqa: F401
+
 _cu = ctypes.CDLL("libcuda.so.1")
 destroyed = []
 _allocator = None
