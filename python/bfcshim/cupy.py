@@ -17,6 +17,7 @@ pool.
 """
 import contextlib
 import ctypes
+import operator
 import weakref
 
 try:
@@ -58,15 +59,23 @@ class _Block:
 
 
 def malloc(nbytes):
-    """A CuPy allocator function (``cupy.cuda.set_allocator(malloc)``)."""
+    """A CuPy allocator function (``cupy.cuda.set_allocator(malloc)``).
+    Out of memory raises ``cupy.cuda.memory.OutOfMemoryError`` (a
+    ``MemoryError``), as CuPy's own pool does."""
+    nbytes = operator.index(nbytes)
+    if nbytes < 0:
+        raise ValueError(f"bfcshim.cupy.malloc: negative size {nbytes}")
     device = cupy.cuda.Device().id
     if nbytes == 0:
         return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(0, 0, None, device), 0)
     lib = _library.load()
     stream = cupy.cuda.get_current_stream()
     ptr = ctypes.c_void_p()
-    _library.check(lib.bfcshim_malloc_async(ctypes.byref(ptr), nbytes, device, stream.ptr),
-                   f"bfcshim_malloc_async({nbytes} bytes)")
+    try:
+        _library.check(lib.bfcshim_malloc_async(ctypes.byref(ptr), nbytes, device, stream.ptr),
+                       f"bfcshim_malloc_async({nbytes} bytes)")
+    except MemoryError as e:  # the cause keeps the shim's hint
+        raise cupy.cuda.memory.OutOfMemoryError(nbytes, -1) from e
     block = _Block(lib, ptr.value, stream)
     mem = cupy.cuda.UnownedMemory(ptr.value, nbytes, block, device)
     return cupy.cuda.MemoryPointer(mem, 0)
