@@ -61,6 +61,17 @@ def main():
     if os.environ.get("NUMBA_CLIENT_UNSEEN"):  # a fresh pool, one region
         print(json.dumps({"unseen_stream": unseen_stream_reuse(ctx)}), flush=True)
         return 0
+    if os.environ.get("NUMBA_CLIENT_OOM"):  # what an array too large raises
+        try:
+            cuda.device_array(1 << 50, dtype=np.uint8)
+            oom = {"error": None}
+        except Exception as e:  # noqa: BLE001 - the test decides
+            from numba.cuda.cudadrv.driver import CudaAPIError
+            oom = {"error": type(e).__name__, "is_memory_error": isinstance(e, MemoryError),
+                   "code": int(e.code) if isinstance(e, CudaAPIError) else None}
+        print(json.dumps({"oom": oom, "after_ok": bool(cuda.to_device(np.arange(10)).copy_to_host()
+                                                       .sum() == 45)}), flush=True)
+        return 0
     out = {"manager": type(ctx.memory_manager).__module__ + "." +
            type(ctx.memory_manager).__name__}
     rounds, bad = round_trips(30, [cuda.stream() for _ in range(3)], 200000, 2)

@@ -62,4 +62,13 @@ for name, extra in (("plugin-unseen", {}), ("preloaded-unseen", {"LD_PRELOAD": l
           f"{name}: a block freed under work on a stream the library may not see was handed "
           f"out again before that work ran: {unseen}")
     check(unseen.get("reused") is True, f"{name}: the block came back after the work: {unseen}")
+# Out of memory is Numba's own error, CudaAPIError with
+# CUDA_ERROR_OUT_OF_MEMORY, as under Numba's memory manager (code catching it
+# must see it), and still a MemoryError.
+for name, extra in (("plugin-oom", {}), ("preloaded-oom", {"LD_PRELOAD": lib})):
+    out, _ = run(name, NUMBA_CLIENT_OOM="1", **extra)
+    check(out.get("oom", {}).get("code") == 2 and out["oom"].get("is_memory_error") is True,
+          f"{name}: out of memory raises CudaAPIError(CUDA_ERROR_OUT_OF_MEMORY), a "
+          f"MemoryError: {out}")
+    check(out.get("after_ok") is True, f"{name}: the pool serves after it: {out}")
 check.finish()
