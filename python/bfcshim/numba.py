@@ -25,13 +25,25 @@ import weakref
 
 try:
     from numba.cuda import HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer
+    from numba.cuda.cudadrv import driver as _driver
 except ImportError as e:  # say which package the plug-in is for
     raise ImportError(f"bfcshim.numba is the plug-in for numba-cuda, which cannot be imported "
                       f"here ({e}): pip install numba-cuda") from e
 
 from . import _library, mem_get_info
 
-__all__ = ["BfcshimMemoryManager"]
+__all__ = ["BfcshimMemoryManager", "OutOfMemoryError"]
+
+try:  # the code as Numba's driver reports it (an enum over cuda.bindings)
+    _OUT_OF_MEMORY = _driver.binding.CUresult.CUDA_ERROR_OUT_OF_MEMORY
+except AttributeError:
+    _OUT_OF_MEMORY = 2
+
+
+class OutOfMemoryError(_driver.CudaAPIError, MemoryError):
+    """The pool cannot hold an array: Numba's own out-of-memory error
+    (``CudaAPIError`` with ``code`` CUDA_ERROR_OUT_OF_MEMORY, as Numba's
+    memory manager raises it), and a ``MemoryError``."""
 
 
 class BfcshimMemoryManager(HostOnlyCUDAMemoryManager):
@@ -51,8 +63,11 @@ class BfcshimMemoryManager(HostOnlyCUDAMemoryManager):
     def memalloc(self, size):
         lib = _library.load()
         ptr = ctypes.c_void_p()
-        _library.check(lib.bfcshim_malloc(ctypes.byref(ptr), size, self._device()),
-                       f"bfcshim_malloc({size} bytes)")
+        try:
+            _library.check(lib.bfcshim_malloc(ctypes.byref(ptr), size, self._device()),
+                           f"bfcshim_malloc({size} bytes)")
+        except MemoryError as e:
+            raise OutOfMemoryError(_OUT_OF_MEMORY, str(e)) from None
         address = ptr.value
         with self._live_lock:
             self._live[address] = size
