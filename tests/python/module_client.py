@@ -36,6 +36,13 @@ out["free_total_current"] = bfcshim.mem_get_info()
 path = os.path.join(work, f"stats-{mode}.json")
 bfcshim.write_stats(path)
 out["written"] = json.load(open(path))["pools"][0]["num_allocs"]
+os.environ.pop("BFCSHIM_STATS_FILE", None)
+for bad in ("", os.path.join(work, "no-such-dir", "stats.json")):
+    try:
+        bfcshim.write_stats(bad)
+        out.setdefault("bad_paths", []).append("no error")
+    except Exception as e:  # noqa: BLE001 - the test decides
+        out.setdefault("bad_paths", []).append(type(e).__name__)
 out["free"] = lib.bfcshim_free(p)
 cuda.cuMemFree_v2.argtypes = [ctypes.c_uint64]
 cuda.cuMemFree_v2(d)

@@ -42,6 +42,8 @@ check(plug.get("free_total") == [256 * MiB - 8 * MiB, 1024 * MiB],
       f"mem_get_info(0) is the pool's view: {plug.get('free_total')}")
 check(plug.get("free_total_current") == plug.get("free_total"), "device -1: the current one")
 check(plug.get("written") == 1, "write_stats wrote the same statistics")
+check(plug.get("bad_paths") == ["ValueError", "OSError"],
+      f"write_stats(''): ValueError; an unwritable path: OSError: {plug.get('bad_paths')}")
 check(plug.get("free") == 0 and plug.get("trimmed", 0) >= 8 * MiB and
       plug.get("after_trim") == 0, f"free then trim gives the region back: {plug}")
 check("CudaError" in plug.get("bad_device", "") and
