@@ -64,12 +64,18 @@ def stats():
 def write_stats(path=None):
     """Writes the statistics document to ``path`` (default: the
     BFCSHIM_STATS_FILE path; ``%p`` becomes the pid)."""
-    lib = _library.load()
-    arg = None if path is None else os.fsencode(path)
-    if arg is None and not os.environ.get("BFCSHIM_STATS_FILE"):
-        raise ValueError("write_stats: no path given and BFCSHIM_STATS_FILE is not set")
-    if lib.bfcshim_write_stats(arg) != 0:
-        raise OSError(f"bfcshim_write_stats: cannot write {path or os.environ['BFCSHIM_STATS_FILE']}")
+    if path is None:  # the library's, read at its first call
+        where = os.environ.get("BFCSHIM_STATS_FILE")
+        if not where:
+            raise ValueError("write_stats: no path given and BFCSHIM_STATS_FILE is not set")
+        arg = None
+    else:
+        arg = os.fsencode(path)
+        if not arg:
+            raise ValueError("write_stats: the path is empty")
+        where = os.fsdecode(arg)
+    if _library.load().bfcshim_write_stats(arg) != 0:
+        raise OSError(f"bfcshim_write_stats: cannot write {where} (the shim's log says why)")
 
 
 def trim():
