@@ -248,6 +248,12 @@ static void badinput(void)
     CHECK_EQ(bfcshim_malloc(NULL, MiB, 0), CUDA_ERROR_INVALID_VALUE);
     CHECK_EQ(bfcshim_malloc(&p, MiB, 7), CUDA_ERROR_INVALID_CONTEXT);
     CHECK(p == NULL);
+    /* -1 is the current context's device; any other negative number is no
+     * device at all, not the current one. */
+    CHECK_EQ(bfcshim_malloc(&p, MiB, -7), CUDA_ERROR_INVALID_VALUE);
+    CHECK(p == NULL);
+    CHECK_EQ(bfcshim_malloc_async(&p, MiB, -2, NULL), CUDA_ERROR_INVALID_VALUE);
+    CHECK(p == NULL);
     CHECK_EQ(bfcshim_malloc(&p, (size_t)1 << 50, 0), CUDA_ERROR_OUT_OF_MEMORY);
     CHECK_EQ(bfcshim_free((char *)a + 256), CUDA_ERROR_INVALID_VALUE); /* interior */
     CHECK_EQ(bfcshim_free(a), 0);
@@ -258,6 +264,8 @@ static void badinput(void)
     CHECK(bfcshim_torch_alloc(-1, 0, NULL) == NULL);
     size_t f = 0;
     CHECK_EQ(bfcshim_mem_get_info(0, NULL, &f), CUDA_ERROR_INVALID_VALUE);
+    size_t t = 0;
+    CHECK_EQ(bfcshim_mem_get_info(-3, &f, &t), CUDA_ERROR_INVALID_VALUE);
     /* The pool is intact: everything freed, one allocation served again. */
     char after[4096];
     bfcshim_stats_json(after, sizeof after);
