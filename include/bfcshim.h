@@ -52,7 +52,8 @@ int bfcshim_active(void);
  *
  * `device` picks the pool: the current context's when it belongs to that
  * device (or device is -1), else the device's primary context, which must be
- * active (any CUDA runtime call on the device activates it).
+ * active (any CUDA runtime call on the device activates it). A device below
+ * -1 is refused with CUDA_ERROR_INVALID_VALUE.
  *
  * bfcshim_malloc / bfcshim_free behave like cudaMalloc / cudaFree: a freed
  * block is handed out again only after the work queued on every stream of

@@ -47,6 +47,9 @@ static CUresult fail(CUresult r, const char *api, const char *fmt, ...)
 static CUresult context_for(const real_driver *R, int device, CUstream s, CUcontext *out,
                             const char *api)
 {
+    if (device < -1)
+        return fail(CUDA_ERROR_INVALID_VALUE, api,
+                    "device %d: a device number, or -1 for the current context's device", device);
     if (svc_explicit_stream(s)) {
         if (!R->StreamGetCtx || R->StreamGetCtx(s, out) != CUDA_SUCCESS || !*out)
             return fail(CUDA_ERROR_INVALID_HANDLE, api, "stream %p is not a valid stream",
