@@ -21,8 +21,12 @@
  *              question about the current context
  *   dead-stream  bfcshim_free_async on a stream destroyed since: no call on
  *              the dead handle, and the block is reused once its work is done
+ *   stats-nomem  bfcshim_stats_json when its document cannot be made (no
+ *              memory for open_memstream): 0, and the buffer terminated
  */
 #include <cuda.h>
+#include <dlfcn.h>
+#include <errno.h>
 
 #include "bfcshim.h"
 #include "e2e.h"
@@ -375,6 +379,39 @@ static void platform(void)
     F->complete_all();
 }
 
+/* The library's open_memstream is this one, the program's (stats-nomem):
+ * it fails while fail_memstream is set, as without memory. */
+static atomic_bool fail_memstream;
+
+FILE *open_memstream(char **ptr, size_t *size)
+{
+    if (atomic_load(&fail_memstream)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    FILE *(*real)(char **, size_t *);
+    *(void **)&real = dlsym(RTLD_NEXT, "open_memstream");
+    return real ? real(ptr, size) : NULL;
+}
+
+static void stats_nomem(void)
+{
+    start();
+    void *a = must_alloc(MiB, 0);
+    char buf[64];
+    memset(buf, 'x', sizeof buf);
+    atomic_store(&fail_memstream, true);
+    size_t got = bfcshim_stats_json(buf, sizeof buf);
+    atomic_store(&fail_memstream, false);
+    CHECK_EQ(got, 0);
+    CHECK(memchr(buf, 0, sizeof buf) != NULL); /* a C string, never the bytes before */
+    CHECK_EQ(strlen(buf), 0);
+    /* The next call makes the document as before. */
+    CHECK(bfcshim_stats_json(buf, sizeof buf) > sizeof buf);
+    CHECK_EQ(strlen(buf), sizeof buf - 1);
+    CHECK_EQ(bfcshim_free(a), 0);
+}
+
 int main(int argc, char **argv)
 {
     const char *s = argc > 1 ? argv[1] : "";
@@ -384,12 +421,13 @@ int main(int argc, char **argv)
     } scenarios[] = {{"plain", plain},   {"async", async},       {"badinput", badinput},
                      {"zero", zero},     {"trim", trim},         {"stats", stats},
                      {"platform", platform}, {"dead-stream", dead_stream},
-                     {"torch-legacy", torch_legacy}};
+                     {"torch-legacy", torch_legacy}, {"stats-nomem", stats_nomem}};
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
         if (strcmp(s, scenarios[i].name) == 0) {
             scenarios[i].fn();
             return e2e_done(s);
         }
-    fprintf(stderr, "usage: e2e_api plain|async|badinput|zero|trim|stats|platform|dead-stream\n");
+    fprintf(stderr, "usage: e2e_api plain|async|badinput|zero|trim|stats|platform|dead-stream|"
+                    "torch-legacy|stats-nomem\n");
     return 2;
 }
