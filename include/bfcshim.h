@@ -93,7 +93,8 @@ int bfcshim_mem_get_info(int device, size_t *free_bytes, size_t *total_bytes);
 /* The statistics of every pool as JSON (the BFCSHIM_STATS_FILE document,
  * docs/configuration.md), written into buf like snprintf: at most size bytes
  * including the terminating NUL; returns the document's length, so a return
- * >= size means the buffer was too small. */
+ * >= size means the buffer was too small. Returns 0, with buf an empty
+ * string, when the document cannot be made (no memory). */
 size_t bfcshim_stats_json(char *buf, size_t size);
 
 /* Writes the statistics to path (NULL: BFCSHIM_STATS_FILE); 0 on success,

@@ -56,6 +56,8 @@ def stats():
         need = lib.bfcshim_stats_json(None, 0)
         buf = ctypes.create_string_buffer(need + 4096)
         got = lib.bfcshim_stats_json(buf, len(buf))
+        if need == 0 or got == 0:  # bfcshim.h: the document could not be made
+            raise MemoryError("bfcshim_stats_json: no memory for the statistics document")
         if got < len(buf):
             return json.loads(buf.value.decode())
     raise RuntimeError("bfcshim_stats_json: the document kept growing")

@@ -332,6 +332,10 @@ SHIM_EXPORT size_t bfcshim_stats_json(char *buf, size_t size)
 {
     char *doc = NULL;
     size_t len = 0;
+    /* A C string whatever happens: empty when the document cannot be made
+     * (no memory), the 0 returned saying so (a document is never empty). */
+    if (buf && size)
+        buf[0] = 0;
     FILE *f = open_memstream(&doc, &len);
     if (!f)
         return 0;
