@@ -6,6 +6,7 @@ use the preloaded copy so that one pool serves both the program's driver
 calls and the module's."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -57,6 +58,20 @@ check(pre.get("pools") == 1 and pre.get("bytes_in_use") == 12 * MiB,
       f"one pool serves the driver door and the module: {pre}")
 check(pre.get("written") == 2, f"both allocations counted: {pre.get('written')}")
 check(pre.get("after_trim") == 0, "trim after both frees")
+
+# The preloaded file replaced since the process mapped it (an upgrade under a
+# running job: /proc/self/maps says "(deleted)"): still the preloaded copy,
+# never a second one with pools of its own.
+gone = os.path.join(work, "replaced", "libbfcshim.so")
+os.makedirs(os.path.dirname(gone))
+shutil.copy(lib, gone)
+e = testcheck.fake_cuda_env(fake_dir, PYTHONPATH=source, LD_PRELOAD=gone, BFCSHIM_LIBRARY=lib)
+p = subprocess.run([sys.executable, "-c", f"import os; os.unlink({gone!r})\n"
+                    "import bfcshim\nbfcshim.stats()\n"
+                    "print(sum(1 for l in open('/proc/self/maps') if l.rstrip().endswith("
+                    "'/libbfcshim.so')))"], env=e, capture_output=True, text=True)
+check(p.returncode == 0 and p.stdout.split()[-1:] == ["0"],
+      f"a replaced preloaded library: no second copy loaded: {p.stdout!r} {p.stderr[-800:]}")
 
 # A library that is neither preloaded nor findable: a clear error.
 e = testcheck.fake_cuda_env(fake_dir, PYTHONPATH=source)
