@@ -15,6 +15,8 @@ import threading
 
 API_VERSION = 1  # the BFCSHIM_API_VERSION this module speaks
 
+_DELETED = " (deleted)"  # /proc/self/maps: the file was removed or replaced since
+
 _lock = threading.Lock()
 _lib = None
 _path = None
@@ -37,7 +39,7 @@ def _loaded_copy():
         with open("/proc/self/maps") as maps:
             for line in maps:
                 name = line.rstrip("\n").split(None, 5)[-1]
-                if os.path.basename(name) == "libbfcshim.so":
+                if os.path.basename(name.removesuffix(_DELETED)) == "libbfcshim.so":
                     return name
     except OSError:
         pass
@@ -82,10 +84,16 @@ def load():
                 "package has no lib/libbfcshim.so (install it with pip, or set "
                 "BFCSHIM_LIBRARY to a built library)")
         try:
-            lib = ctypes.CDLL(path, mode=mode)
+            # A mapped copy whose file went (an upgrade under a running job)
+            # cannot be opened by name: the process's global scope reaches
+            # it where it was preloaded or linked.
+            lib = ctypes.CDLL(None if path.endswith(_DELETED) else path, mode=mode)
         except OSError as e:
             raise LibraryError(f"cannot load {path}: {e}") from None
         if not hasattr(lib, "bfcshim_api_version"):
+            if path.endswith(_DELETED):
+                raise LibraryError(f"{path}: the copy in this process, whose file was replaced "
+                                   "since, is not reachable; restart the process")
             raise LibraryError(
                 f"{path} predates the C interface (bfcshim.h); this module needs API version "
                 f"{API_VERSION}: preload the library from the same release")
