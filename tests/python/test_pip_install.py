@@ -30,6 +30,15 @@ if not check(p.returncode == 0, f"pip install failed ({p.returncode}):\n{p.stdou
     check.finish()
 
 version = open(os.path.join(source, "meson.build")).read().split("version : '")[1].split("'")[0]
+
+# The licence's text travels with the installed package (MIT: "this
+# permission notice shall be included in all copies").
+p = subprocess.run([py, "-c", "import importlib.metadata as m; d = m.distribution('bfcshim'); "
+                    "print(d.metadata.get('License-Expression'), "
+                    "[f.name for f in d.files if f.name == 'LICENSE'])"],
+                   capture_output=True, text=True)
+check(p.returncode == 0 and p.stdout.split() == ["MIT", "['LICENSE']"],
+      f"the installed package carries its licence: {p.stdout!r} {p.stderr[-500:]!r}")
 cmd = os.path.join(venv, "bin", "bfcshim")
 p = subprocess.run([cmd, "--version"], capture_output=True, text=True)
 check(p.returncode == 0 and version in p.stdout, f"bfcshim --version: {p.stdout!r} {p.stderr!r}")
