@@ -154,6 +154,45 @@ static void preallocation_takes_the_limit_once(void)
     fixture_end(&f);
 }
 
+/* A limit need not be a multiple of the granularity (a configured one, or
+ * what a loan leaves of it): regions must still be whole granules, or a
+ * chunk of an odd size lands in the bins and a block carved from its high
+ * end starts off the granularity. */
+static void a_limit_off_the_granularity_makes_whole_granule_regions(void)
+{
+    fixture f;
+    fixture_begin(&f, 1000); /* preallocated: the first region is the limit */
+    fixture_start(&f);
+    bfc_addr a = must_alloc(&f, 256);
+    CHECK_EQ(a % 256, 0);
+    CHECK_EQ(stats_of(&f).pool_bytes, 768);
+    fixture_end(&f);
+
+    fixture_begin_growing(&f, 3 * MiB + 100); /* the last region is clipped */
+    fixture_start(&f);
+    must_alloc(&f, 2 * MiB);
+    must_alloc(&f, 512 * KiB);
+    CHECK_EQ(stats_of(&f).pool_bytes % 256, 0);
+    fixture_end(&f);
+
+    fixture_begin(&f, 4 * MiB); /* a loan leaves a limit off the granularity */
+    f.opt.placement = BFC_PLACE_BY_AGE; /* the region's top edge is oldest */
+    fixture_start(&f);
+    CHECK_EQ(bfc_pool_lend(f.pool, 100), BFC_OK);
+    bfc_addr b = must_alloc(&f, 256), c = must_alloc(&f, 256);
+    CHECK_EQ(b % 256, 0);
+    CHECK_EQ(c % 256, 0);
+    CHECK(stats_of(&f).pool_bytes <= 4 * MiB - 100);
+    bfc_pool_end_loan(f.pool, 100);
+    fixture_end(&f);
+
+    fixture_begin(&f, 100); /* under one granule: nothing fits */
+    fixture_start(&f);
+    bfc_addr d = 0;
+    CHECK_EQ(bfc_pool_alloc(f.pool, 1, BFC_NO_LANE, &d), BFC_ERR_OOM);
+    fixture_end(&f);
+}
+
 static void growth_mode_doubles_regions(void)
 {
     fixture f;
@@ -850,6 +889,7 @@ int main(void)
     RUN(sizes_at_the_limit_are_too_large_once_rounded_onto_it);
     RUN(the_largest_size_is_served_from_the_last_bin);
     RUN(preallocation_takes_the_limit_once);
+    RUN(a_limit_off_the_granularity_makes_whole_granule_regions);
     RUN(growth_mode_doubles_regions);
     RUN(an_initial_region_past_the_limit_is_the_limit);
     RUN(refused_regions_back_off_to_ninety_percent);
