@@ -162,7 +162,13 @@ bool region_extend(bfc_pool *p, uint64_t rounded)
     if (p->opt.vmm)
         return regions_reserve(p) && chunk_store_reserve(&p->chunks, 1) &&
                region_reserve_va(p, rounded);
-    uint64_t avail = p->opt.limit_bytes - p->st.pool_bytes;
+    /* Regions are whole granules (every chunk is), and the limit need not
+     * be: a configured one, or what a loan leaves of it. Clipped to the
+     * limit itself, the last region ended off the granularity, and a block
+     * carved from its top started there. pool_bytes is whole granules and
+     * at most the limit, so at most the limit rounded down. */
+    const uint64_t g = p->opt.granularity;
+    uint64_t avail = p->opt.limit_bytes / g * g - p->st.pool_bytes;
     if (rounded > avail)
         return false;
     if (!regions_reserve(p) || !chunk_store_reserve(&p->chunks, 1))
