@@ -534,6 +534,41 @@ static void a_refused_closing_seal_moves_the_epoch(void)
     fixture_end(&f);
 }
 
+/* A lane's epoch moved into another lane (its stream is going away) waits
+ * for that lane's fence, but a reusable target's own allocations may reuse
+ * its pending blocks at once, in stream order: the moved blocks would go to
+ * the target's stream while the dying stream's work may still use them. So
+ * a reusable lane takes no such epoch: closing seals it later, as with no
+ * target, and nothing on the other lane gets the block before its fence. */
+static void an_epoch_never_moves_into_a_reusable_lane(void)
+{
+    for (int retire = 0; retire < 2; retire++) {
+        fixture f;
+        fixture_begin(&f, 1 * MiB);
+        start_with_fences(&f);
+        uint32_t other = open_lane(&f, true), lane = open_lane(&f, true);
+        bfc_addr a = must_alloc(&f, 512 * KiB), keep = must_alloc(&f, 256 * KiB);
+        CHECK_EQ(bfc_pool_free_deferred(f.pool, a, lane), BFC_OK);
+        fence_state.refuse_lane = lane;
+        if (retire)
+            bfc_pool_lane_retire_into(f.pool, lane, other);
+        else
+            bfc_pool_lane_close_into(f.pool, lane, other);
+        CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+        /* No fence is done: the only free space left is 256 KiB, and the
+         * block freed on `lane` must not serve `other`. */
+        bfc_addr b = 0;
+        bfc_status s = bfc_pool_alloc(f.pool, 512 * KiB, other, &b);
+        CHECK(s != BFC_OK || b != a);
+        CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+        if (s == BFC_OK)
+            must_free(&f, b);
+        must_free(&f, keep);
+        bfc_pool_lane_close(f.pool, other);
+        fixture_end(&f);
+    }
+}
+
 static void closing_a_lane_seals_its_epoch(void)
 {
     fixture f;
@@ -684,6 +719,7 @@ int main(void)
     RUN(the_fence_bytes_trigger_fences_large_frees_at_once);
     RUN(a_refused_seal_keeps_the_epoch_open);
     RUN(a_refused_closing_seal_moves_the_epoch);
+    RUN(an_epoch_never_moves_into_a_reusable_lane);
     RUN(closing_a_lane_seals_its_epoch);
     RUN(many_lanes);
     RUN(a_lazy_lane_is_sealed_only_when_its_memory_is_needed);
