@@ -501,13 +501,16 @@ void bfc_pool_lane_close(bfc_pool *pool, uint32_t lane);
 /* The same, but when the backend refuses to seal the lane's open epoch now
  * (its stream is going away, and a later seal could not name it), that
  * epoch's chunks move into lane `into`'s open epoch instead, whose fence
- * the owner makes cover the closed lane's work too. */
+ * the owner makes cover the closed lane's work too. `into` must not be
+ * reusable (its allocations would take the moved blocks before any fence);
+ * a reusable one is ignored, as a closed one is: the epoch stays and is
+ * sealed later, if it ever can be. */
 void bfc_pool_lane_close_into(bfc_pool *pool, uint32_t lane, uint32_t into);
 /* Closes a lane whose stream is gone and whose handle may already name
  * another stream: no seal is attempted (it would fence the wrong stream's
  * work); the open epoch, if any, moves into lane `into`'s open epoch, whose
  * fence the owner makes cover every stream. Sealed epochs keep their
- * tokens. */
+ * tokens. As for bfc_pool_lane_close_into, a reusable `into` is ignored. */
 void bfc_pool_lane_retire_into(bfc_pool *pool, uint32_t lane, uint32_t into);
 
 /* Makes every chunk of `lane` whose token is <= `completed` free. */

@@ -169,11 +169,22 @@ static void move_open_epoch(bfc_pool *p, lane *l, uint32_t into, lane *to)
     p->open_epochs--;
 }
 
+/* The lane that may take lane id's open epoch: `into` when it is open and
+ * not reusable. A reusable lane's own allocations take its pending blocks
+ * at once, in stream order, before any fence: blocks moved there would go
+ * to its stream while the closed lane's work may still use them. Its fence
+ * covering the closed lane's work does not help them. */
+static lane *epoch_target(bfc_pool *p, uint32_t id, uint32_t into)
+{
+    lane *to = into != id ? lane_get(p, into) : NULL;
+    return to && !to->bins ? to : NULL;
+}
+
 void bfc_pool_lane_close_into(bfc_pool *p, uint32_t id, uint32_t into)
 {
     bfc_lock_acquire(&p->lock);
     lane *l = lane_get(p, id);
-    lane *to = into != id ? lane_get(p, into) : NULL;
+    lane *to = epoch_target(p, id, into);
     if (l) {
         /* If the seal is refused, the epoch goes to `into` (its fence must
          * cover this lane's stream too), else it seals before a later
@@ -191,7 +202,7 @@ void bfc_pool_lane_retire_into(bfc_pool *p, uint32_t id, uint32_t into)
 {
     bfc_lock_acquire(&p->lock);
     lane *l = lane_get(p, id);
-    lane *to = into != id ? lane_get(p, into) : NULL;
+    lane *to = epoch_target(p, id, into);
     if (l) {
         /* `into` is the owner's plain lane, open for the pool's life; it
          * takes the epoch even if it stopped accepting frees, so that no
