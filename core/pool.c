@@ -433,9 +433,17 @@ static uint32_t carve_spare(bfc_pool *p, uint64_t rounded, uint64_t size)
     if (c == CHUNK_NIL)
         return CHUNK_NIL;
     c = carve_at(p, c, rounded, at, size);
+    /* Over vmm the spare space may be unmapped (a release threshold gave
+     * it back). While pending frees could hold the block, mapping there
+     * would skip the wait for them that the rule's path makes before it
+     * maps (refit_before_mapping): the rule places it instead. */
     if (p->opt.vmm && !block_mapped(p, c) &&
-        !back_allocation(p, &c, false, rounded, size, BFC_NO_LANE))
+        (p->st.pending_bytes >= rounded ||
+         !back_allocation(p, &c, false, rounded, size, BFC_NO_LANE))) {
+        if (p->st.pending_bytes >= rounded)
+            pool_make_free(p, c);
         return CHUNK_NIL;
+    }
     p->st.num_plan_spare++;
     return c;
 }

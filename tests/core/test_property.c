@@ -791,9 +791,14 @@ static void op_alloc(void)
      * device that refuses memory can keep the block from being mapped
      * there (then the rule places it). */
     const bool spare_allowed = !R.f.opt.vmm || !R.vmm_rules;
+    /* Over vmm, spare space a release threshold unmapped is left to the
+     * rule while pending frees could hold the block (the rule waits for
+     * them before it maps): then the spare is not certain. Pending bytes
+     * only fall during the call, so `before` decides conservatively. */
     const bool spare_certain =
         spare_allowed && !(R.f.opt.vmm && (R.f.dev.capacity < R.f.opt.limit_bytes ||
-                                           R.f.dev.refuse_above));
+                                           R.f.dev.refuse_above ||
+                                           before.pending_bytes >= rounded));
     const bool could_spare = consults && !planned && spare_allowed && plan_active() && ss.found;
     const bool want_spare = could_spare && spare_certain;
     if (planned && !consulted)
