@@ -583,8 +583,9 @@ static __attribute__((noinline)) void stay_within_headroom(bfc_pool *p, uint32_t
     const uint64_t need = p->st.bytes_in_use + p->st.pending_bytes + rounded;
     if (need > p->growth_need)
         p->growth_need = need;
-    /* need < BFC_SIZE_LIMIT (2^56) and the headroom below twice
-     * BFC_MAX_GROWTH_HEADROOM thousandths: no overflow. */
+    /* need < 2 * BFC_SIZE_LIMIT (2^49: in use and pending are mapped,
+     * under a limit below 2^48, plus a block below it) and the headroom
+     * below twice BFC_MAX_GROWTH_HEADROOM thousandths: no overflow. */
     const uint64_t cap = round_up(p->growth_need + p->growth_need / 1000 * p->growth_headroom,
                                   p->opt.map_granularity);
     uint32_t c = *cp;
