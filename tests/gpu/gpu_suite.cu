@@ -12,6 +12,9 @@
  *                plain allocations and frees meanwhile must not break it
  *   oom          out of memory with the runtime's last error, then recovery
  *   ipc          an IPC handle of a pooled block is refused
+ *   last-error   a refused call leaves the code it returns as cudart's last
+ *                error (a free on a destroyed stream, an IPC handle of a
+ *                freed block); printed: cudaEventQuery(NULL)'s answer
  *   meminfo      cudaMemGetInfo reports what the pool can still give
  *   meminfo-agree    the runtime and the driver report the same free memory
  *                    (the runtime door must not adjust a figure twice)
@@ -355,6 +358,39 @@ static void ipc(void)
     CHECK(cudaIpcGetMemHandle(&h, p) == cudaErrorNotSupported);
     cudaGetLastError();
     CUDA_OK(cudaFree(p));
+}
+
+/* The last error of a refused call, on the real cudart (docs/design.md,
+ * the runtime door: fail() has the runtime record the code it returns by a
+ * call that answers it: cudaEventQuery(NULL) for an invalid resource
+ * handle). Printed: what cudaEventQuery(NULL) answers (the fake:
+ * cudaErrorInvalidResourceHandle). Checked: a cudaFreeAsync of a pooled
+ * block on a destroyed stream is refused with that code, the last error
+ * says the same, and the block stays the program's. Also an IPC handle of
+ * a freed pooled block: invalid value, and the last error says so. */
+static unsigned long long count_bad_n(unsigned *q, size_t n, unsigned pattern);
+
+static void last_error(void)
+{
+    cudaGetLastError();
+    cudaError_t q = cudaEventQuery(NULL);
+    printf("  cudaEventQuery(NULL): %d (the fake: %d)\n", (int)q,
+           (int)cudaErrorInvalidResourceHandle);
+    cudaGetLastError();
+    cudaStream_t s = NULL;
+    CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CUDA_OK(cudaStreamDestroy(s));
+    unsigned *p = NULL;
+    CUDA_OK(cudaMalloc((void **)&p, 1 << 20));
+    CHECK(cudaFreeAsync(p, s) == cudaErrorInvalidResourceHandle);
+    CHECK(cudaGetLastError() == cudaErrorInvalidResourceHandle);
+    fill<<<64, 256>>>(p, (1 << 20) / 4, 13u, 0); /* still the program's */
+    CUDA_OK(cudaDeviceSynchronize());
+    CHECK(count_bad_n(p, (1 << 20) / 4, 13u) == 0);
+    CUDA_OK(cudaFree(p));
+    cudaIpcMemHandle_t h;
+    CHECK(cudaIpcGetMemHandle(&h, p) == cudaErrorInvalidValue);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);
 }
 
 static void meminfo(void)
@@ -1972,6 +2008,7 @@ int main(int argc, char **argv)
         {"reuse", reuse_plain},       {"reuse-async", reuse_async},
         {"capture", capture},         {"oom", oom},
         {"ipc", ipc},                 {"meminfo", meminfo},
+        {"last-error", last_error},
         {"meminfo-agree", meminfo_agree},
         {"stream-destroy", stream_destroy},
         {"capture-pending", capture_pending},
