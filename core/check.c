@@ -15,12 +15,15 @@
  *             ALLOCATED one in the address map, each PENDING one in its
  *             lane's FIFO (and bins); nothing else is in any of them; bitmaps
  *             mark exactly the non-empty bins; trees are valid red-black trees
- *   lanes     FIFO links agree both ways; tokens never decrease
+ *   lanes     FIFO links agree both ways; tokens never decrease; an open
+ *             epoch is its lane's newest token (its blocks the FIFO's tail)
+ *             and no newer than the pool's counter; a closed slot is blank
  *   store     every record is either handed out or on the free list
  *   backing   (vmm) every region has a bitmap and every byte of an allocated
  *             or pending chunk lies in a mapped granule; mapped granules add
  *             up to pool_bytes, regions to va_bytes
- *   stats     every counter equals a recount
+ *   stats     every counter equals a recount; peaks hold; loans stay within
+ *             the limit and add up with it
  */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -232,7 +235,10 @@ static void check_lanes(const bfc_pool *p, checker *k)
     for (uint32_t id = 1; id < p->nlanes; id++) {
         const lane *l = &p->lanes[id];
         if (!l->open) {
-            if (l->head || l->tail || l->count || l->bins || l->open_token)
+            /* A recycled slot must open as bfc_pool_lane_open makes it:
+             * eager, accepting, no tokens behind it. */
+            if (l->head || l->tail || l->count || l->bytes || l->bins || l->open_token ||
+                l->accepting || l->lazy || l->last_token)
                 fail(k, "closed lane %u still holds state", id);
             continue;
         }
@@ -276,8 +282,15 @@ static void check_lanes(const bfc_pool *p, checker *k)
             fail(k, "lane %u is closed and empty but its slot was not recycled", id);
         if (l->open_token) {
             open_epochs++;
-            if (l->open_token < l->last_token || l->open_token > p->token_counter)
-                fail(k, "lane %u: open epoch %" PRIu64 " out of order", id, l->open_token);
+            /* The open epoch is the lane's newest token (deferred frees and
+             * moved epochs both set last_token to it), so with the FIFO in
+             * token order its blocks are the FIFO's tail: a seal fences
+             * them all, and move_open_epoch finds them there. It was drawn
+             * from the pool's counter, which never goes back. */
+            if (l->open_token != l->last_token || l->open_token > p->token_counter)
+                fail(k, "lane %u: open epoch %" PRIu64 " is not its newest token %" PRIu64
+                     " (counter %" PRIu64 ")", id, l->open_token, l->last_token,
+                     p->token_counter);
         }
     }
     if (open_epochs != p->open_epochs)
@@ -337,6 +350,10 @@ static void check_stats(const bfc_pool *p, const recount *n, checker *k)
     if (s->pool_bytes > p->opt.limit_bytes)
         fail(k, "pool holds %" PRIu64 " bytes, above its limit %" PRIu64, s->pool_bytes,
              p->opt.limit_bytes);
+    /* Loans: never more than the configured limit, and the peak holds. */
+    if (s->bytes_lent > s->bytes_limit || s->peak_bytes_lent < s->bytes_lent)
+        fail(k, "%" PRIu64 " bytes lent (peak %" PRIu64 ") of a limit of %" PRIu64,
+             s->bytes_lent, s->peak_bytes_lent, s->bytes_limit);
     if (!p->abandoned && p->opt.limit_bytes + s->bytes_lent != s->bytes_limit)
         fail(k, "limit %" PRIu64 " and loans %" PRIu64 " do not add up to the configured %" PRIu64,
              p->opt.limit_bytes, s->bytes_lent, s->bytes_limit);

@@ -57,6 +57,8 @@
 #define MAX_PENDING 4096
 #define MAX_LANES 6
 #define MAX_PLAN 96
+#define MAX_LOANS 4
+#define MAX_TRIED 64
 
 typedef struct live_block {
     bfc_addr addr;
@@ -82,6 +84,10 @@ typedef struct model {
     uint64_t requested;
     bfc_addr freed[64]; /* recently freed addresses, for double frees */
     size_t nfreed;
+    bool lazy[MAX_LANES]; /* bfc_pool_lane_set_lazy, as the model last set it */
+    uint64_t loans[MAX_LOANS]; /* bfc_pool_lend's loans still in force */
+    size_t nloans;
+    uint64_t lent; /* their sum: what the pool's bytes_lent must say */
 } model;
 
 /* An entry of the seed's placement plan, if it has one. */
@@ -112,6 +118,17 @@ typedef struct run {
     bool plan_abandoned;
     uint64_t planned, plan_misses; /* allocations at / not at their planned place */
     uint64_t plan_spare;           /* allocations placed above the extent */
+    /* The extensions (loans, lazy lanes, closing into another lane, a limit
+     * off the granularity) draw from their own stream, so that --classic
+     * replays a seed exactly as before they existed (the regression seeds
+     * in tests/meson.build name such runs). */
+    bool classic;
+    uint64_t xrng;
+    bool loans_ever; /* a loan was made: the spare space may be unmapped */
+    /* Lanes the pool asked fence_seal about during the current operation. */
+    uint32_t tried[MAX_TRIED];
+    unsigned ntried;
+    uint64_t loans, loan_ooms, lazy_seals, moved_epochs;
 } run;
 
 static run R;
@@ -124,6 +141,22 @@ static int model_lane_index(uint32_t lane)
         if (R.m.lanes[i] == lane && lane != BFC_NO_LANE)
             return i;
     return -1;
+}
+
+/* The limit the pool works under: the configured one less what is lent
+ * (bfc_pool_lend). */
+static uint64_t eff_limit(void)
+{
+    return R.f.opt.limit_bytes - R.m.lent;
+}
+
+/* Did the pool ask fence_seal about `lane` during this operation? */
+static bool seal_tried(uint32_t lane)
+{
+    for (unsigned i = 0; i < R.ntried; i++)
+        if (R.tried[i] == lane)
+            return true;
+    return false;
 }
 
 /* Deferred lanes' tokens come from the pool's counter, explicit ones from
@@ -145,6 +178,8 @@ static bool fence_done(void *ctx, uint32_t lane, uint64_t token, bool wait)
 static bool fence_seal(void *ctx, uint32_t lane, uint64_t token)
 {
     (void)ctx;
+    if (R.ntried < MAX_TRIED)
+        R.tried[R.ntried++] = lane;
     if (rng_below(&R.rng, 10) == 0)
         return false; /* e.g. a stream is capturing: try again later */
     int i = model_lane_index(lane);
@@ -339,6 +374,17 @@ static void configure(void)
         f->opt.release_threshold = thresholds[rng_below(rng, 3)];
         f->dev.track_maps = true;
         f->dev.alignment = f->opt.map_granularity;
+    }
+    /* A quarter of the seeds: a limit that is no multiple of the
+     * granularity (nor of a map granule), a little above or below one
+     * (bfc.h asks only that it be > 0; the pool holds whole granules, at
+     * most the limit rounded down). */
+    if (!R.classic && rng_below(&R.xrng, 4) == 0) {
+        const uint64_t off = 1 + rng_below(&R.xrng, 3 * f->opt.granularity - 1);
+        if (off % f->opt.granularity == 0 || rng_below(&R.xrng, 2))
+            f->opt.limit_bytes -= off | 1;
+        else
+            f->opt.limit_bytes += off;
     }
     bfc_backend b = f->opt.vmm ? sim_device_vmm_backend(&f->dev) : sim_device_backend(&f->dev);
     if (R.with_fences)
@@ -594,6 +640,9 @@ static bool holds_aligned(const bfc_chunk_info *c, uint64_t rounded, uint64_t al
 
 /* ---- operations --------------------------------------------------------- */
 
+static uint64_t pending_bytes_of(uint32_t id);
+static uint64_t pending_bytes_with(uint32_t id, uint64_t token);
+
 static uint64_t draw_size(void)
 {
     uint64_t *rng = &R.rng, limit = R.f.opt.limit_bytes;
@@ -760,13 +809,63 @@ static void op_alloc(void)
     bool owed = false;
     mapped_search ms = {.rounded = rounded, .align = whole ? mg : natural_alignment(rounded)};
     if (R.f.opt.vmm && s.best.found && s.best.chunk.kind == BFC_CHUNK_FREE) {
-        owed = unmapped_on_device(best_place, rounded) > R.f.opt.limit_bytes - before.pool_bytes;
+        owed = unmapped_on_device(best_place, rounded) > eff_limit() - before.pool_bytes;
         bfc_pool_visit(R.f.pool, mapped_visitor, &ms);
     }
+    /* Lazy lanes (bfc_pool_lane_set_lazy): their open epochs, what their
+     * lanes hold (lanes_lazy_due counts every pending byte of such a lane)
+     * and what the epochs themselves hold (no retirement can take that). */
+    uint32_t lazy_ids[MAX_LANES];
+    unsigned nlazy = 0;
+    uint64_t held = 0, held_open = 0;
+    for (int i = DEFERRED_FIRST; i < MAX_LANES; i++) {
+        if (!m->lanes[i] || !m->lazy[i] || !m->open_epoch[i])
+            continue;
+        lazy_ids[nlazy++] = m->lanes[i];
+        held += pending_bytes_of(m->lanes[i]);
+        for (size_t k = 0; k < m->npend; k++)
+            if (m->pend[k].lane == m->lanes[i] && m->pend[k].token == m->open_epoch[i])
+                held_open += m->pend[k].hi - m->pend[k].lo;
+    }
+    const uint64_t room = before.pool_bytes - before.bytes_in_use - before.pending_bytes;
+    const bool lazy_due = held * 32 > before.bytes_in_use &&
+                          (!R.f.opt.preallocate || room < held * 4);
+    /* Over virtual memory: would the best fit need more mapped? (Asked
+     * before the call maps anything.) */
+    const bool best_mapped =
+        !R.f.opt.vmm || (s.best.found && mapped_on_device(s.best.chunk.addr, s.best.chunk.size));
+    R.ntried = 0;
     bfc_addr a = 0xdead00;
     bfc_status st = bfc_pool_alloc(R.f.pool, size, lane, &a);
     bfc_stats after_call = stats_of(&R.f);
-    const bool consults = valid && R.nplan && before.num_regions == 1 && st != BFC_ERR_BAD_LANE;
+    /* A lazy epoch is sealed only when the pool needs its memory (bfc.h):
+     * nothing served the block where it stood, the pool grew or would map
+     * more, the plan's place was taken, or the lazy lanes held their share
+     * (1/32 of the bytes in use; in a preallocated pool, with under four
+     * times that free beside them); never at the fence interval. A growing
+     * pool whose lazy epochs alone hold the share seals every one of them. */
+    bool lazy_tried = false;
+    for (unsigned i = 0; i < nlazy; i++)
+        lazy_tried |= seal_tried(lazy_ids[i]);
+    if (lazy_tried) {
+        R.lazy_seals++;
+        const bool needed =
+            lazy_due || st != BFC_OK || !s.best.found || (valid && R.nplan && before.num_regions == 1) ||
+            after_call.num_region_allocs != before.num_region_allocs ||
+            !best_mapped;
+        if (!needed)
+            FAIL_AT("alloc %" PRIu64 " sealed a lazy epoch (%" PRIu64 " held, %" PRIu64
+                    " in use) though its memory was not needed",
+                    rounded, held, before.bytes_in_use);
+    }
+    if (valid && (st == BFC_OK || st == BFC_ERR_OOM) && !R.f.opt.preallocate &&
+        held_open * 32 > before.bytes_in_use)
+        for (unsigned i = 0; i < nlazy; i++)
+            if (!seal_tried(lazy_ids[i]))
+                FAIL_AT("alloc %" PRIu64 " left lazy lane %u's epoch unsealed with %" PRIu64
+                        " of %" PRIu64 " bytes in use held", rounded, lazy_ids[i], held_open,
+                        before.bytes_in_use);
+    const bool consults = (valid && R.nplan && before.num_regions == 1) && st != BFC_ERR_BAD_LANE;
     const bool consulted = consults && k >= 0;
     const bool planned = after_call.num_planned != before.num_planned;
     const bool spared = after_call.num_plan_spare != before.num_plan_spare;
@@ -796,7 +895,7 @@ static void op_alloc(void)
      * them before it maps): then the spare is not certain. Pending bytes
      * only fall during the call, so `before` decides conservatively. */
     const bool spare_certain =
-        spare_allowed && !(R.f.opt.vmm && (R.f.dev.capacity < R.f.opt.limit_bytes ||
+        spare_allowed && !(R.f.opt.vmm && (R.f.dev.capacity < R.f.opt.limit_bytes || R.loans_ever ||
                                            R.f.dev.refuse_above ||
                                            before.pending_bytes >= rounded));
     const bool could_spare = consults && !planned && spare_allowed && plan_active() && ss.found;
@@ -841,9 +940,9 @@ static void op_alloc(void)
             bool device_refuses = R.f.dev.capacity < o->limit_bytes || R.f.dev.refuse_above;
             uint64_t slack = o->tsl_split ? rounded : o->min_split_bytes;
             if (!device_refuses &&
-                o->limit_bytes - after.pool_bytes >= rounded + slack + 2 * o->map_granularity)
+                eff_limit() - after.pool_bytes >= rounded + slack + 2 * o->map_granularity)
                 FAIL_AT("OOM for %" PRIu64 " bytes with %" PRIu64 " of the limit unmapped",
-                        rounded, o->limit_bytes - after.pool_bytes);
+                        rounded, eff_limit() - after.pool_bytes);
         } else if (s.best.found && after.num_retired == before.num_retired) {
             FAIL_AT("OOM for %" PRIu64 " bytes though chunk %#llx of %" PRIu64 " fits",
                     rounded, (unsigned long long)s.best.chunk.addr, s.best.chunk.size);
@@ -1036,13 +1135,57 @@ static void op_lanes(void)
     model *m = &R.m;
     int i = (int)rng_below(&R.rng, MAX_LANES);
     if (m->lanes[i]) {
-        bfc_pool_lane_close(R.f.pool, m->lanes[i]); /* seals an open epoch */
+        const uint32_t id = m->lanes[i];
+        const uint64_t epoch = m->open_epoch[i];
+        /* Plain close (classic), or close_into / retire_into a deferred
+         * lane's slot (only deferred lanes take epochs: their tokens come
+         * from the pool's counter): open or not, reusable or not, or this
+         * very lane. */
+        const unsigned mode = R.classic ? 0 : (unsigned)rng_below(&R.xrng, 3);
+        const int t = DEFERRED_FIRST + (int)rng_below(&R.xrng, MAX_LANES - DEFERRED_FIRST);
+        const uint32_t into = m->lanes[t];
+        const bool takes = into && t != i && !m->lane_reusable[t];
+        const uint64_t into_before = pending_bytes_of(into);
+        const uint64_t epoch_bytes = epoch ? pending_bytes_with(id, epoch) : 0;
+        R.ntried = 0;
+        if (mode == 0)
+            bfc_pool_lane_close(R.f.pool, id); /* seals an open epoch */
+        else if (mode == 1)
+            bfc_pool_lane_close_into(R.f.pool, id, into);
+        else
+            bfc_pool_lane_retire_into(R.f.pool, id, into);
+        if (epoch && mode != 2 && !seal_tried(id))
+            FAIL_AT("closing lane %u did not try to seal its open epoch", id);
+        if (mode == 2 && seal_tried(id))
+            FAIL_AT("retire_into sealed lane %u, whose stream is gone", id);
+        /* Refused (close_into) or never tried (retire_into): the epoch goes
+         * to a target that takes it, with that lane's open token (or the
+         * next of the counter); else it stays, for a later seal. */
+        const bool moved = m->open_epoch[i] && mode != 0 && takes;
+        const uint64_t want_into = into_before + (moved ? epoch_bytes : 0);
+        if (into && pending_bytes_of(into) != want_into)
+            FAIL_AT("closing lane %u %s lane %u (%s): %" PRIu64 " bytes pending there, "
+                    "expected %" PRIu64, id, mode == 1 ? "into" : mode == 2 ? "retired into" : "beside",
+                    into, m->lane_reusable[t] ? "reusable" : "not reusable",
+                    pending_bytes_of(into), want_into);
+        if (moved) {
+            const uint64_t token = m->open_epoch[t] ? m->open_epoch[t] : ++m->epoch_counter;
+            m->open_epoch[t] = token;
+            for (size_t k = 0; k < m->npend; k++)
+                if (m->pend[k].lane == id && m->pend[k].token == epoch) {
+                    m->pend[k].lane = into;
+                    m->pend[k].token = token;
+                }
+            m->open_epoch[i] = 0;
+            R.moved_epochs++;
+        }
         if (m->open_epoch[i]) { /* the seal was refused: a later one seals it */
-            closed_open_epoch[m->lanes[i]] = m->open_epoch[i];
+            closed_open_epoch[id] = m->open_epoch[i];
             R.closed_open_epochs++;
         }
         m->lanes[i] = 0; /* its pending ranges stay until retired */
         m->open_epoch[i] = 0;
+        m->lazy[i] = false;
     } else {
         bool reusable = rng_below(&R.rng, 3) != 0;
         uint32_t id = 0;
@@ -1057,8 +1200,123 @@ static void op_lanes(void)
         m->lanes[i] = id;
         m->lane_reusable[i] = reusable;
         m->open_epoch[i] = 0;
+        m->lazy[i] = false; /* lanes start eager, a recycled slot too */
         deferred_ids[id] = i >= DEFERRED_FIRST;
     }
+}
+
+/* Pending bytes the pool holds on lane `id` (0: none). */
+typedef struct lane_bytes {
+    uint32_t lane;
+    uint64_t token; /* 0: any */
+    uint64_t bytes;
+} lane_bytes;
+
+static void lane_bytes_visitor(void *arg, const bfc_chunk_info *c)
+{
+    lane_bytes *lb = arg;
+    if (c->kind == BFC_CHUNK_PENDING && c->lane == lb->lane && (!lb->token || c->seq == lb->token))
+        lb->bytes += c->size;
+}
+
+/* The pool's chunks, not the model's ranges: a block's chunk may be larger
+ * than its rounded size (an unsplit remainder), and the ranges record the
+ * rounded size only (enough for overlaps). */
+static uint64_t pending_bytes_with(uint32_t id, uint64_t token)
+{
+    lane_bytes lb = {id, token, 0};
+    if (id)
+        bfc_pool_visit(R.f.pool, lane_bytes_visitor, &lb);
+    return lb.bytes;
+}
+
+static uint64_t pending_bytes_of(uint32_t id)
+{
+    return pending_bytes_with(id, 0);
+}
+
+/* Makes a deferred lane lazy or eager again (or names a closed slot, which
+ * changes nothing), or seals one explicitly: a seal must be tried then. */
+static void op_lazy(void)
+{
+    model *m = &R.m;
+    const int i = DEFERRED_FIRST + (int)rng_below(&R.xrng, MAX_LANES - DEFERRED_FIRST);
+    if (!m->lanes[i])
+        return;
+    if (rng_below(&R.xrng, 4) == 0) {
+        R.ntried = 0;
+        const bool had = m->open_epoch[i];
+        const bool sealed = bfc_pool_seal_lane(R.f.pool, m->lanes[i]);
+        if (had && !seal_tried(m->lanes[i]))
+            FAIL_AT("an explicit seal of lane %u was not tried", m->lanes[i]);
+        if (sealed != !m->open_epoch[i])
+            FAIL_AT("seal_lane said %d, the epoch is %s", sealed,
+                    m->open_epoch[i] ? "open" : "sealed");
+        return;
+    }
+    m->lazy[i] = !m->lazy[i];
+    bfc_pool_lane_set_lazy(R.f.pool, m->lanes[i], m->lazy[i]);
+}
+
+/* Lends part of the limit (bfc_pool_lend: up to all that is left, or past
+ * it) or ends a loan (now and then more than is lent: clipped). */
+static void op_loan(void)
+{
+    model *m = &R.m;
+    if (m->nloans && rng_below(&R.xrng, 2)) {
+        if (rng_below(&R.xrng, 8) == 0) { /* every loan, and more */
+            bfc_pool_end_loan(R.f.pool, m->lent + 1 + rng_below(&R.xrng, R.f.opt.limit_bytes));
+            m->nloans = 0;
+            m->lent = 0;
+        } else {
+            const size_t i = rng_below(&R.xrng, m->nloans);
+            bfc_pool_end_loan(R.f.pool, m->loans[i]);
+            m->lent -= m->loans[i];
+            m->loans[i] = m->loans[--m->nloans];
+        }
+        return;
+    }
+    if (m->nloans == MAX_LOANS)
+        return;
+    const uint64_t left = eff_limit();
+    uint64_t bytes;
+    switch (rng_below(&R.xrng, 5)) {
+    case 0: bytes = left; break;                                        /* all of it */
+    case 1: bytes = left + 1 + rng_below(&R.xrng, R.f.opt.limit_bytes); break; /* past it */
+    case 2: bytes = rng_below(&R.xrng, left + 1); break;
+    default: bytes = rng_below(&R.xrng, left / 8 + 1); break;
+    }
+    const bfc_stats before = stats_of(&R.f);
+    R.ntried = 0;
+    const bfc_status st = bfc_pool_lend(R.f.pool, bytes);
+    const bfc_stats after = stats_of(&R.f);
+    if (bytes > left) {
+        /* More than the limit has left: refused, and nothing touched. */
+        if (st != BFC_ERR_OOM)
+            FAIL_AT("lend of %" PRIu64 " with %" PRIu64 " left gave %s", bytes, left,
+                    bfc_status_name(st));
+        if (memcmp(&before, &after, sizeof before) != 0)
+            FAIL_AT("a loan past the limit changed the statistics");
+    } else if (st == BFC_OK) {
+        if (after.pool_bytes > left - bytes)
+            FAIL_AT("lent %" PRIu64 " of %" PRIu64 " left, the pool still holds %" PRIu64,
+                    bytes, left, after.pool_bytes);
+        m->loans[m->nloans++] = bytes;
+        m->lent += bytes;
+        R.loans_ever = true;
+        R.loans++;
+    } else if (st == BFC_ERR_OOM) {
+        /* Refused only when even after giving back what it could the pool
+         * holds more than the loan leaves it. */
+        if (after.pool_bytes <= left - bytes)
+            FAIL_AT("lend of %" PRIu64 " refused though the pool holds %" PRIu64 " of %" PRIu64
+                    " left", bytes, after.pool_bytes, left);
+        R.loan_ooms++;
+        R.loans_ever = true; /* it may have given memory back */
+    } else {
+        FAIL_AT("lend of %" PRIu64 " gave %s", bytes, bfc_status_name(st));
+    }
+    pending_resync(); /* it retires, and may wait */
 }
 
 /* Retires tokens the simulated GPU has completed, in every lane the pool
@@ -1097,14 +1355,22 @@ static void check_model(void)
     if (s.bytes_requested != R.m.requested || s.num_allocs - s.num_frees != R.m.nlive)
         FAIL_AT("stats say %" PRIu64 " bytes / %" PRIu64 " live, model %" PRIu64 " / %zu",
                 s.bytes_requested, s.num_allocs - s.num_frees, R.m.requested, R.m.nlive);
-    if (s.pool_bytes > R.f.opt.limit_bytes || R.f.dev.held != s.pool_bytes)
-        FAIL_AT("pool holds %" PRIu64 " (device says %" PRIu64 "), limit %" PRIu64,
-                s.pool_bytes, R.f.dev.held, R.f.opt.limit_bytes);
+    if (s.pool_bytes > eff_limit() || R.f.dev.held != s.pool_bytes)
+        FAIL_AT("pool holds %" PRIu64 " (device says %" PRIu64 "), limit %" PRIu64
+                " less %" PRIu64 " lent", s.pool_bytes, R.f.dev.held, R.f.opt.limit_bytes,
+                R.m.lent);
+    if (s.bytes_lent != R.m.lent || s.bytes_limit != R.f.opt.limit_bytes ||
+        s.peak_bytes_lent < s.bytes_lent)
+        FAIL_AT("stats say %" PRIu64 " of %" PRIu64 " lent (peak %" PRIu64 "), model %" PRIu64
+                " of %" PRIu64, s.bytes_lent, s.bytes_limit, s.peak_bytes_lent, R.m.lent,
+                R.f.opt.limit_bytes);
     if (R.f.dev.misuse)
         FAIL_AT("the device saw %" PRIu64 " bad map/unmap/unreserve call(s)", R.f.dev.misuse);
     if (R.f.dev.keeping || R.f.dev.kept)
         FAIL_AT("the device still keeps %" PRIu64 " unmapped bytes after the call", R.f.dev.kept);
 }
+
+static bool classic;
 
 static void run_seed(uint64_t seed, uint64_t ops)
 {
@@ -1113,8 +1379,19 @@ static void run_seed(uint64_t seed, uint64_t ops)
     memset(closed_open_epoch, 0, sizeof closed_open_epoch);
     R.seed = seed;
     R.rng = seed * 0x2545F4914F6CDD1Dull + 1;
+    R.xrng = seed * 0x9E3779B97F4A7C15ull + 7;
+    R.classic = classic;
     configure();
     for (R.step = 0; R.step < ops && !harness_failures; R.step++) {
+        /* The extensions' operations, one step in 25, drawn from their own
+         * stream before the step's own (which then runs as it always did). */
+        if (!R.classic && rng_below(&R.xrng, 25) == 0) {
+            if (rng_below(&R.xrng, 2))
+                op_loan();
+            else
+                op_lazy();
+            check_model();
+        }
         uint64_t r = rng_below(&R.rng, 1000);
         bool crowded = R.m.nlive > MAX_LIVE * 3 / 4;
         if (r < (crowded ? 250u : 460u))
@@ -1130,7 +1407,15 @@ static void run_seed(uint64_t seed, uint64_t ops)
         else if (r < 980)
             op_lanes();
         else if (r < 999) {
+            uint64_t open[MAX_LANES];
+            for (int i = 0; i < MAX_LANES; i++)
+                open[i] = R.m.open_epoch[i] ? R.m.lanes[i] : 0;
+            R.ntried = 0;
             bfc_pool_trim(R.f.pool); /* seals epochs and retires what is done */
+            /* Every open epoch, lazy or not, is offered a seal. */
+            for (int i = 0; i < MAX_LANES; i++)
+                if (open[i] && !seal_tried((uint32_t)open[i]))
+                    FAIL_AT("trim did not try to seal lane %u's open epoch", (unsigned)open[i]);
             pending_resync();
             /* and restart some high-water marks (the checker holds them
              * between current and peak) */
@@ -1160,6 +1445,7 @@ int main(int argc, char **argv)
     static const struct option longopts[] = {
         {"seed", required_argument, 0, 's'}, {"seeds", required_argument, 0, 'S'},
         {"ops", required_argument, 0, 'n'},  {"quiet", no_argument, 0, 'q'},
+        {"classic", no_argument, 0, 'c'},
         {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
@@ -1173,10 +1459,12 @@ int main(int argc, char **argv)
             break;
         case 'n': ops = strtoull(optarg, NULL, 0); break;
         case 'q': quiet = true; break;
+        case 'c': classic = true; break;
         default: return 2;
         }
     }
     uint64_t total = 0, ooms = 0, bad = 0, planned = 0, plan_misses = 0, spare = 0, abandoned = 0;
+    uint64_t loans = 0, loan_ooms = 0, lazy_seals = 0, moved = 0;
     for (uint64_t seed = first; seed <= last && !harness_failures; seed++) {
         run_seed(seed, ops);
         total += R.step;
@@ -1186,6 +1474,10 @@ int main(int argc, char **argv)
         plan_misses += R.plan_misses;
         spare += R.plan_spare;
         abandoned += R.plan_abandoned;
+        loans += R.loans;
+        loan_ooms += R.loan_ooms;
+        lazy_seals += R.lazy_seals;
+        moved += R.moved_epochs;
         if (!quiet)
             printf("seed %" PRIu64 ": %" PRIu64 " ops (%" PRIu64 " allocs, %" PRIu64
                    " frees, %" PRIu64 " OOMs, %" PRIu64 " bad frees) %s\n",
@@ -1198,5 +1490,8 @@ int main(int argc, char **argv)
            " strays placed above the plan, %" PRIu64 " plans abandoned), %s\n",
            total, first, last, ooms, bad, planned, plan_misses, spare, abandoned,
            harness_failures ? "FAILED" : "all clean");
+    printf("property: %" PRIu64 " loans made, %" PRIu64 " refused, %" PRIu64
+           " allocations that sealed a lazy epoch, %" PRIu64 " epochs moved by closing into a lane\n",
+           loans, loan_ooms, lazy_seals, moved);
     return harness_result();
 }
