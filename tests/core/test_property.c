@@ -2,7 +2,7 @@
  * Property test: long seeded sequences of random operations against the
  * engine, each followed by the invariant checker and compared with a model.
  *
- *   test_property [--seeds A-B | --seed N] [--ops N] [--quiet]
+ *   test_property [--seeds A-B | --seed N] [--ops N] [--quiet] [--classic]
  *
  * Each seed also draws the pool's configuration (preallocation or growth,
  * granularity, split threshold, two-ended placement, garbage collection,
@@ -45,7 +45,26 @@
  *   - deferred frees (lanes 3..5) are sealed by a later allocation (the
  *     fence interval's, or any that finds nothing free) and never retire
  *     while their epoch is unsealed;
- *   - bytes requested and live counts agree with the model.
+ *   - bytes requested and live counts agree with the model;
+ *   - loans (bfc_pool_lend up to, at and past what the limit has left;
+ *     bfc_pool_end_loan, now and then of more than is lent): one past the
+ *     limit is refused and changes nothing; one granted leaves the pool
+ *     within the limit less the loan, one refused leaves it above that;
+ *     bytes_lent and bytes_limit agree with the model, and every check of
+ *     the limit above reads the limit less what is lent;
+ *   - lazy lanes: an allocation seals a lazy epoch only when the pool needs
+ *     memory (no fit, growth, more to map, a plan's place taken, or the
+ *     lazy lanes' share due), and a growing pool whose lazy epochs hold
+ *     1/32 of the bytes in use seals them all; a trim and an explicit seal
+ *     try every open epoch;
+ *   - closing a lane (plain, close_into, retire_into another deferred lane,
+ *     reusable or not): close tries the seal, retire_into never does; the
+ *     epoch moves only into an open, non-reusable target, whose pending
+ *     bytes grow by exactly the epoch's, and a reusable one receives nothing;
+ *   - a quarter of the seeds run under a limit that is no multiple of the
+ *     granularity.
+ * The extensions draw from a stream of their own; --classic leaves them out
+ * and replays a seed exactly as before they existed.
  * A failure prints the seed and step, so `--seed N --ops M` replays it.
  */
 #include <getopt.h>
