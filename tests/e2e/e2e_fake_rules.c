@@ -149,6 +149,10 @@
  *                  ignores, too), the three bus id formats, PCIe link, MIG
  *                  mode, the NVLink count field, NVLink state and capability
  *                  (not supported) and fabric info (not in a fabric)
+ *   fake-stream-flags  cuStreamCreate and cuStreamCreateWithPriority take
+ *                  only CU_STREAM_DEFAULT and CU_STREAM_NON_BLOCKING (anything
+ *                  else: an invalid value, no stream); an out-of-range
+ *                  priority is clamped; cuStreamGetFlags gives the flags back
  *   fake-visible-devices, fake-visible-uuid, fake-visible-none
  *                  CUDA_VISIBLE_DEVICES, read at cuInit (meson sets it, with
  *                  FAKECUDA_MEM=1GiB,2GiB): "1"; "GPU-fb,0,7,1" (a UUID
@@ -2643,6 +2647,33 @@ static void fake_ctx_create_versions(void)
     check_created(c, primary);
 }
 
+static void fake_stream_flags(void)
+{
+    start();
+    void *h = e2e_open_libcuda();
+    CUresult (*create_prio)(CUstream *, unsigned, int) =
+        (CUresult(*)(CUstream *, unsigned, int))e2e_dlsym(h, "cuStreamCreateWithPriority");
+    CUresult (*get_flags)(CUstream, unsigned *) =
+        (CUresult(*)(CUstream, unsigned *))e2e_dlsym(h, "cuStreamGetFlags");
+    CUstream s = NULL, nb, blk;
+    unsigned flags = 99;
+    /* cuStreamCreate: "Valid values for Flags are: CU_STREAM_DEFAULT ...
+     * CU_STREAM_NON_BLOCKING"; cuStreamCreateWithPriority takes the same. */
+    CHECK_EQ(D.StreamCreate(&s, 0x2), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(D.StreamCreate(&s, 0x80), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(create_prio(&s, 0x2, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK(s == NULL);
+    /* A priority out of range is clamped, not refused. */
+    CHECK_EQ(create_prio(&nb, CU_STREAM_NON_BLOCKING, -1000), CUDA_SUCCESS);
+    CHECK_EQ(get_flags(nb, &flags), CUDA_SUCCESS);
+    CHECK_EQ(flags, CU_STREAM_NON_BLOCKING);
+    CHECK_EQ(D.StreamCreate(&blk, CU_STREAM_DEFAULT), CUDA_SUCCESS);
+    CHECK_EQ(get_flags(blk, &flags), CUDA_SUCCESS);
+    CHECK_EQ(flags, CU_STREAM_DEFAULT);
+    CHECK_EQ(D.StreamDestroy(nb), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(blk), CUDA_SUCCESS);
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -2679,6 +2710,7 @@ int main(int argc, char **argv)
         {"fake-visible-devices", fake_visible_devices},
         {"fake-visible-uuid", fake_visible_uuid},
         {"fake-visible-none", fake_visible_none},
+        {"fake-stream-flags", fake_stream_flags},
     };
     return e2e_main("e2e_fake_rules", scenarios, sizeof scenarios / sizeof scenarios[0], argc,
                     argv);

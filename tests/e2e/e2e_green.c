@@ -723,6 +723,9 @@ static void fake_green(void)
     /* "CU_STREAM_NON_BLOCKING must be specified" */
     CUstream s = NULL;
     CHECK_EQ(GR.GreenCtxStreamCreate(&s, g, 0, 0), CUDA_ERROR_INVALID_VALUE);
+    /* and nothing cuStreamCreate's list of valid flags lacks */
+    CHECK_EQ(GR.GreenCtxStreamCreate(&s, g, CU_STREAM_NON_BLOCKING | 0x2, 0),
+             CUDA_ERROR_INVALID_VALUE);
     CHECK_EQ(GR.GreenCtxStreamCreate(&s, g, CU_STREAM_NON_BLOCKING, 0), CUDA_SUCCESS);
     CUgreenCtx got = NULL;
     CHECK_EQ(GR.StreamGetCtx(s, &cur), CUDA_SUCCESS);

@@ -153,7 +153,9 @@ EXPORT CUresult cuGreenCtxStreamCreate(CUstream *ph, CUgreenCtx h, unsigned int 
     CALLED();
     (void)priority;
     ENTER_API();
-    if (!ph || !(flags & CU_STREAM_NON_BLOCKING))
+    /* "CU_STREAM_NON_BLOCKING must be specified", and cuStreamCreate's list
+     * of valid flags holds nothing else: exactly that flag. */
+    if (!ph || flags != CU_STREAM_NON_BLOCKING)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     fgreen *g = green_of(h);
     if (!g || !g->ctx.alive)

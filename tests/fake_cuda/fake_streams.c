@@ -7,11 +7,16 @@
  */
 #include "fake_internal.h"
 
+/* cuStreamCreate: "Valid values for Flags are: CU_STREAM_DEFAULT ...
+ * CU_STREAM_NON_BLOCKING" (cuStreamCreateWithPriority: "See cuStreamCreate
+ * for a list of valid flags"); any other bit is refused with
+ * CUDA_ERROR_INVALID_VALUE, in both return lists, rather than kept and
+ * handed back by cuStreamGetFlags as if the driver knew it. */
 static CUresult create_stream(CUstream *ph, unsigned flags)
 {
     ENTER_API();
     fctx *c = current_ctx();
-    if (!ph)
+    if (!ph || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     CUresult usable = ctx_usable(c);
     if (usable != CUDA_SUCCESS)
