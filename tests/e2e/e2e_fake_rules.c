@@ -153,6 +153,10 @@
  *                  only CU_STREAM_DEFAULT and CU_STREAM_NON_BLOCKING (anything
  *                  else: an invalid value, no stream); an out-of-range
  *                  priority is clamped; cuStreamGetFlags gives the flags back
+ *   fake-host-func cuLaunchHostFunc: the stream is not done until the
+ *                  function ran; a bad stream is an invalid handle; a CUDA
+ *                  call made from the function is CUDA_ERROR_NOT_PERMITTED;
+ *                  in a capture, a node of the graph, never run
  *   fake-visible-devices, fake-visible-uuid, fake-visible-none
  *                  CUDA_VISIBLE_DEVICES, read at cuInit (meson sets it, with
  *                  FAKECUDA_MEM=1GiB,2GiB): "1"; "GPU-fb,0,7,1" (a UUID
@@ -2647,6 +2651,16 @@ static void fake_ctx_create_versions(void)
     check_created(c, primary);
 }
 
+/* Host functions that note their run, or what a CUDA call made from one
+ * answered. */
+static int host_runs;
+static void count_run(void *arg) { (void)arg; host_runs++; }
+static CUresult host_fn_api_answer = CUDA_SUCCESS;
+static void host_fn_calls_cuda(void *arg)
+{
+    host_fn_api_answer = D.EventQuery(*(CUevent *)arg);
+}
+
 static void fake_stream_flags(void)
 {
     start();
@@ -2671,6 +2685,49 @@ static void fake_stream_flags(void)
     CHECK_EQ(get_flags(blk, &flags), CUDA_SUCCESS);
     CHECK_EQ(flags, CU_STREAM_DEFAULT);
     CHECK_EQ(D.StreamDestroy(nb), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(blk), CUDA_SUCCESS);
+}
+
+static void fake_host_func(void)
+{
+    start();
+    CUresult (*host_func)(CUstream, CUhostFn, void *) =
+        (CUresult(*)(CUstream, CUhostFn, void *))e2e_dlsym(e2e_open_libcuda(), "cuLaunchHostFunc");
+    CUstream blk, gone;
+    CUevent e;
+    CUgraph g;
+    CHECK_EQ(D.StreamCreate(&blk, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.EventCreate(&e, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    /* Queued: the stream is not done until the function has run. */
+    host_runs = 0;
+    CHECK_EQ(host_func(blk, count_run, NULL), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamQuery(blk), CUDA_ERROR_NOT_READY);
+    CHECK_EQ(host_runs, 0);
+    CHECK_EQ(D.StreamSynchronize(blk), CUDA_SUCCESS);
+    CHECK_EQ(host_runs, 1);
+    CHECK_EQ(D.StreamQuery(blk), CUDA_SUCCESS);
+    /* A bad stream: CUDA_ERROR_INVALID_HANDLE, the code cuda.h lists. */
+    CHECK_EQ(D.StreamCreate(&gone, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(gone), CUDA_SUCCESS);
+    CHECK_EQ(host_func(gone, count_run, NULL), CUDA_ERROR_INVALID_HANDLE);
+    /* "The host function must not make any CUDA API calls. Attempting to
+     * use a CUDA API may result in CUDA_ERROR_NOT_PERMITTED": here it
+     * does; after the function, calls are answered again. */
+    host_fn_api_answer = CUDA_SUCCESS;
+    CHECK_EQ(host_func(blk, host_fn_calls_cuda, &e), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamSynchronize(blk), CUDA_SUCCESS);
+    CHECK_EQ(host_fn_api_answer, CUDA_ERROR_NOT_PERMITTED);
+    CHECK_EQ(D.EventQuery(e), CUDA_SUCCESS);
+    /* In a capture it is a node of the graph: never run. */
+    host_runs = 0;
+    CHECK_EQ(D.StreamBeginCapture(blk, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(host_func(blk, count_run, NULL), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamEndCapture(blk, &g), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamSynchronize(blk), CUDA_SUCCESS);
+    CHECK_EQ(host_runs, 0);
+    NEED(GraphDestroy);
+    CHECK_EQ(X.GraphDestroy(g), CUDA_SUCCESS);
+    CHECK_EQ(D.EventDestroy(e), CUDA_SUCCESS);
     CHECK_EQ(D.StreamDestroy(blk), CUDA_SUCCESS);
 }
 
@@ -2711,6 +2768,7 @@ int main(int argc, char **argv)
         {"fake-visible-uuid", fake_visible_uuid},
         {"fake-visible-none", fake_visible_none},
         {"fake-stream-flags", fake_stream_flags},
+        {"fake-host-func", fake_host_func},
     };
     return e2e_main("e2e_fake_rules", scenarios, sizeof scenarios / sizeof scenarios[0], argc,
                     argv);

@@ -210,6 +210,14 @@ static _Thread_local struct {
 } tls_ptds[MAX_DEVICES + 8];
 static _Thread_local int tls_nptds;
 _Thread_local CUstreamCaptureMode tls_capture_mode; /* GLOBAL (0) by default */
+/* Is the calling thread running a cuLaunchHostFunc host function? cuda.h:
+ * "The host function must not make any CUDA API calls. Attempting to use a
+ * CUDA API may result in CUDA_ERROR_NOT_PERMITTED, but this is not
+ * required." The fake takes the harsher reading: every entry point that
+ * checks initialisation (NEED_INIT) refuses such a call with that code, so
+ * that a library which calls the driver from a host function (its own, or
+ * one it wraps) is found here rather than deadlocking on a GPU. */
+_Thread_local bool tls_in_host_fn;
 static _Thread_local unsigned tls_thread;                  /* 0: not numbered yet */
 
 fctx *current_ctx(void)
@@ -738,6 +746,24 @@ uint64_t submit(fstream *s, fakecuda_work fn, void *arg)
     return seq;
 }
 
+/* Lock held: appends the program's host function fn (cuLaunchHostFunc),
+ * which runs with its CUDA calls refused (tls_in_host_fn). */
+void submit_host_fn(fstream *s, CUhostFn fn, void *arg)
+{
+    implicit_join(s);
+    enqueue(s, (work_item){.seq = ++s->submitted, .fn = (fakecuda_work)fn, .arg = arg,
+                           .host_fn = true});
+}
+
+/* Outside the lock: runs callback w, a host function with its CUDA calls
+ * refused. */
+static void run_work(const work_item *w)
+{
+    tls_in_host_fn = w->host_fn;
+    w->fn(w->arg);
+    tls_in_host_fn = false;
+}
+
 /* Lock held: an operation the program issues on a capturing stream "will
  * not be executed, but will instead be captured into a graph"
  * (cuStreamBeginCapture, cuda.h): it takes its place in the stream and
@@ -854,7 +880,9 @@ static void callbacks_ran(void) { pthread_cond_broadcast(&G.stuck_cond); }
  * too. Until a callback has run, its work does not count as done
  * (stream_done_to): cuEventQuery answers CUDA_SUCCESS only "if all captured
  * work has been completed". "The host function must not make any CUDA API
- * calls" (cuLaunchHostFunc); if a test's does, its batch runs at once
+ * calls" (cuLaunchHostFunc): a program's host function has its calls
+ * refused (tls_in_host_fn); a test's work (fakecuda_api's launch) may make
+ * them, and then their batch runs at once
  * rather than wait for its own turn to end, as part of the batch running
  * (batch_being_gathered): what it completes counts as done once that batch
  * has run. */
@@ -863,7 +891,7 @@ void unlock_and_run(work_item *w, size_t n)
     if (in_callbacks) {
         pthread_mutex_unlock(&G.lock);
         for (size_t i = 0; i < n; i++)
-            w[i].fn(w[i].arg);
+            run_work(&w[i]);
         pthread_mutex_lock(&G.lock);
         callbacks_ran();
         pthread_mutex_unlock(&G.lock);
@@ -876,7 +904,7 @@ void unlock_and_run(work_item *w, size_t n)
     pthread_mutex_unlock(&G.lock);
     in_callbacks = true;
     for (size_t i = 0; i < n; i++)
-        w[i].fn(w[i].arg);
+        run_work(&w[i]);
     in_callbacks = false;
     pthread_mutex_lock(&G.lock);
     G.batches_run++;

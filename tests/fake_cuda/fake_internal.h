@@ -59,6 +59,7 @@ typedef struct work_item {
     fakecuda_work fn;
     void *arg;
     bool stuck; /* never completes: a kernel that does not end */
+    bool host_fn; /* the program's cuLaunchHostFunc function, which may not call CUDA */
     /* cuStreamWaitEvent: nothing behind this item runs before the event's
      * stream positions have completed (a copy of its dependencies). */
     struct dep *waits;
@@ -259,6 +260,8 @@ enum { CALL_SLOTS = 256 };
     do {                                              \
         if (!atomic_load(&G.initialised))             \
             return CUDA_ERROR_NOT_INITIALIZED;        \
+        if (tls_in_host_fn)                           \
+            return CUDA_ERROR_NOT_PERMITTED;          \
     } while (0)
 #define ENTER_API() \
     NEED_INIT();    \
@@ -410,6 +413,7 @@ unsigned call_slot(const char *name);
 extern _Thread_local fctx *tls_ctx_stack[16];
 extern _Thread_local int tls_ctx_depth;
 extern _Thread_local CUstreamCaptureMode tls_capture_mode;
+extern _Thread_local bool tls_in_host_fn;
 fctx *current_ctx(void);
 CUresult ctx_usable(const fctx *c);
 unsigned this_thread(void);
@@ -437,6 +441,7 @@ CUresult unsafe_call(void);
 void enqueue(fstream *s, work_item w);
 dep *implicit_deps(const fstream *s, size_t *n);
 uint64_t submit(fstream *s, fakecuda_work fn, void *arg);
+void submit_host_fn(fstream *s, CUhostFn fn, void *arg);
 bool captured_instead(fstream *s);
 bool stream_done_to(const fstream *s, uint64_t seq);
 void gather(fstream *s, uint64_t upto, work_item **all, size_t *nall);

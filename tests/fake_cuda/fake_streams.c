@@ -868,7 +868,12 @@ EXPORT CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void *data)
     CALLED();
     ENTER_API();
     fstream *s = stream_of(h);
-    if (!s || !fn)
+    /* A bad stream is CUDA_ERROR_INVALID_HANDLE, the code cuda.h lists (not
+     * CUDA_ERROR_INVALID_VALUE, which it does not); no function is the
+     * runtime's cudaErrorInvalidValue. */
+    if (!s)
+        LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    if (!fn)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     CUresult r = legacy_use(s);
     if (r == CUDA_SUCCESS)
@@ -876,7 +881,7 @@ EXPORT CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void *data)
     if (r != CUDA_SUCCESS)
         LEAVE(r);
     if (!captured_instead(s)) /* (captured: a host node of the graph) */
-        submit(s, (fakecuda_work)fn, data);
+        submit_host_fn(s, fn, data);
     maybe_autocomplete_and_unlock(s);
     return CUDA_SUCCESS;
 }
