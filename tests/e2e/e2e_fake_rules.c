@@ -157,6 +157,13 @@
  *                  function ran; a bad stream is an invalid handle; a CUDA
  *                  call made from the function is CUDA_ERROR_NOT_PERMITTED;
  *                  in a capture, a node of the graph, never run
+ *   fake-stream-order  what was already as CUDA says, kept so: a wait takes
+ *                  the event's record at the call, its flags 0 or external
+ *                  (in a capture only); non-blocking streams apart from the
+ *                  legacy stream, blocking and per-thread ones behind it; a
+ *                  wait on another device's event legal and ordering;
+ *                  cuCtxSynchronize its own context only; a destroyed
+ *                  stream's work and the event behind it complete later
  *   fake-visible-devices, fake-visible-uuid, fake-visible-none
  *                  CUDA_VISIBLE_DEVICES, read at cuInit (meson sets it, with
  *                  FAKECUDA_MEM=1GiB,2GiB): "1"; "GPU-fb,0,7,1" (a UUID
@@ -2731,6 +2738,99 @@ static void fake_host_func(void)
     CHECK_EQ(D.StreamDestroy(blk), CUDA_SUCCESS);
 }
 
+/* What the fake already did as CUDA says, kept as it is: a wait takes the
+ * event's record at the time of the call; non-blocking streams do not
+ * order with the legacy stream, blocking and per-thread ones do; a wait on
+ * another device's event is legal and orders; cuCtxSynchronize covers its
+ * own context only; a destroyed stream's work and the events behind it
+ * still complete. */
+static void fake_stream_order(void)
+{
+    start();
+    CUstream nb, blk, other, s1;
+    CUevent e, e1;
+    CHECK_EQ(D.StreamCreate(&nb, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&blk, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&other, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.EventCreate(&e, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    /* Wait flags: 0 or CU_EVENT_WAIT_EXTERNAL, that one only in a capture. */
+    CHECK_EQ(D.StreamWaitEvent(blk, e, 0x2), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(D.StreamWaitEvent(blk, e, CU_EVENT_WAIT_EXTERNAL), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(D.EventQuery(e), CUDA_SUCCESS); /* never recorded: empty */
+    /* "cuStreamWaitEvent() use[s] the most recently captured state at the
+     * time of the API call": a later record on an idle stream changes
+     * nothing for the wait. */
+    host_runs = 0;
+    CHECK_EQ(fakecuda()->launch(nb, nothing, NULL), 0);
+    CHECK_EQ(D.EventRecord(e, nb), CUDA_SUCCESS);
+    CHECK_EQ(D.EventQuery(e), CUDA_ERROR_NOT_READY);
+    CHECK_EQ(D.StreamWaitEvent(other, e, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.EventRecord(e, blk), CUDA_SUCCESS);
+    CHECK_EQ(D.EventQuery(e), CUDA_SUCCESS);
+    CHECK_EQ(fakecuda()->launch(other, count_run, NULL), 0);
+    CHECK_EQ(D.StreamQuery(other), CUDA_ERROR_NOT_READY);
+    CHECK_EQ(fakecuda()->pending(nb), 1);
+    fakecuda()->complete(other);
+    CHECK_EQ(host_runs, 1);
+    CHECK_EQ(fakecuda()->pending(nb), 0); /* the GPU ran nb to get there */
+    /* Non-blocking: not behind legacy work; blocking: behind it. */
+    host_runs = 0;
+    CHECK_EQ(fakecuda()->launch(CU_STREAM_LEGACY, count_run, NULL), 0);
+    CHECK_EQ(fakecuda()->launch(nb, nothing, NULL), 0);
+    fakecuda()->complete(nb);
+    CHECK_EQ(host_runs, 0);
+    CHECK_EQ(fakecuda()->launch(blk, nothing, NULL), 0);
+    fakecuda()->complete(blk);
+    CHECK_EQ(host_runs, 1);
+    /* The per-thread default stream is a blocking one. */
+    CHECK_EQ(fakecuda()->launch(CU_STREAM_PER_THREAD, nothing, NULL), 0);
+    CHECK_EQ(D.EventRecord(e, CU_STREAM_LEGACY), CUDA_SUCCESS);
+    CHECK_EQ(D.EventQuery(e), CUDA_ERROR_NOT_READY);
+    fakecuda()->complete(CU_STREAM_PER_THREAD);
+    CHECK_EQ(D.EventQuery(e), CUDA_SUCCESS);
+    /* Another device's context: its event may be waited on ("hEvent may be
+     * from a different context or device than hStream"), not recorded on
+     * this context's stream. */
+    CUcontext primary = e2e_cu_primary_current(0), c1;
+    CUdevice d1;
+    CHECK_EQ(D.DeviceGet(&d1, 1), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxCreate(&c1, NULL, 0, d1), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&s1, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.EventCreate(&e1, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.EventRecord(e, s1), CUDA_ERROR_INVALID_HANDLE);
+    CHECK_EQ(fakecuda()->launch(s1, nothing, NULL), 0);
+    CHECK_EQ(D.EventRecord(e1, s1), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    CHECK_EQ(D.EventQuery(e1), CUDA_ERROR_NOT_READY);
+    CHECK_EQ(D.StreamWaitEvent(blk, e1, 0), CUDA_SUCCESS);
+    host_runs = 0;
+    CHECK_EQ(fakecuda()->launch(blk, count_run, NULL), 0);
+    CHECK_EQ(D.CtxSynchronize(), CUDA_SUCCESS); /* reaches s1 through the wait */
+    CHECK_EQ(host_runs, 1);
+    CHECK_EQ(D.EventQuery(e1), CUDA_SUCCESS);
+    /* cuCtxSynchronize: "the current context's tasks", not c1's. */
+    CHECK_EQ(fakecuda()->launch(s1, nothing, NULL), 0);
+    CHECK_EQ(D.CtxSynchronize(), CUDA_SUCCESS);
+    CHECK_EQ(fakecuda()->pending(s1), 1);
+    /* A stream and event of c1 go together whatever is current. */
+    CHECK_EQ(D.EventRecord(e1, s1), CUDA_SUCCESS);
+    /* Destroyed with work queued: returns at once, the work and the event
+     * behind it complete later; the handle is gone. */
+    CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(s1), CUDA_SUCCESS);
+    CHECK_EQ(D.EventQuery(e1), CUDA_ERROR_NOT_READY);
+    CHECK_EQ(D.EventRecord(e1, s1), CUDA_ERROR_INVALID_HANDLE);
+    CHECK_EQ(D.CtxSynchronize(), CUDA_SUCCESS);
+    CHECK_EQ(D.EventQuery(e1), CUDA_SUCCESS);
+    CHECK_EQ(D.EventDestroy(e1), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxDestroy(c1), CUDA_SUCCESS);
+    CHECK_EQ(D.EventDestroy(e), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(nb), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(blk), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(other), CUDA_SUCCESS);
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -2769,6 +2869,7 @@ int main(int argc, char **argv)
         {"fake-visible-none", fake_visible_none},
         {"fake-stream-flags", fake_stream_flags},
         {"fake-host-func", fake_host_func},
+        {"fake-stream-order", fake_stream_order},
     };
     return e2e_main("e2e_fake_rules", scenarios, sizeof scenarios / sizeof scenarios[0], argc,
                     argv);
