@@ -22,12 +22,15 @@
  *                    free and the next allocation, by waiting on an event
  *                    recorded in it (a fork: no begin on the stream itself)
  *   free-in-fork     ... and the block is freed while it is in the capture
+ *   capture-fork-ptsz  capture-fork with the fork's wait made through
+ *                    cuStreamWaitEvent_ptsz
  *   fork-destroyed   the fork is destroyed while in the capture (-async: the
  *                    block freed stream-ordered on it before the fork)
  *   stale-begun      the stream's earlier capture ended where the shim
  *                    could not see (libe2einterposer.so), then it is forked
  *                    into another: the stale entry stands in for nothing
  *   ptsz-fork        the thread's per-thread default stream is the fork
+ *                    (-driver: through cuStreamWaitEvent_ptsz on stream 0)
  *   fork-unseen-end  a stream forks into a capture begun and ended where
  *                    the shim cannot see (libe2einterposer.so), while a
  *                    capture it counts is under way: once that one ends the
@@ -367,7 +370,12 @@ static void fork_round(cudaStream_t origin, cudaStream_t side, const char *hole,
     CHECK_EQ(cudaEventDestroy(join), cudaSuccess);
 }
 
-static void forked_after_free(bool free_before_fork)
+/* The fork's wait through the driver's per-thread entry point, as a
+ * program built with --default-stream per-thread makes it (NULL: the
+ * runtime's cudaStreamWaitEvent, fork_into). */
+typedef CUresult (*wait_event_fn)(CUstream, CUevent, unsigned);
+
+static void forked_after_free_by(bool free_before_fork, wait_event_fn wait)
 {
     char *p, *filler = fill_but_hole(&p);
     cudaStream_t origin, side;
@@ -382,7 +390,12 @@ static void forked_after_free(bool free_before_fork)
     cudaEvent_t fork, join;
     CHECK_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
     CHECK_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
-    fork_into(origin, side, fork);
+    if (wait) {
+        CHECK_EQ(cudaEventRecord(fork, origin), cudaSuccess);
+        CHECK_EQ(wait((CUstream)side, (CUevent)fork, 0), CUDA_SUCCESS);
+    } else {
+        fork_into(origin, side, fork);
+    }
     enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     CHECK_EQ(cudaStreamIsCapturing(side, &st), cudaSuccess);
     CHECK_EQ(st, cudaStreamCaptureStatusActive);
@@ -628,8 +641,56 @@ static void ptsz_fork(void)
     CHECK_EQ(cudaStreamDestroy(origin), cudaSuccess);
 }
 
-static void capture_fork(void) { forked_after_free(true); }
-static void free_in_fork(void) { forked_after_free(false); }
+/* ptsz-fork-driver: the same through the driver's per-thread entry points,
+ * as a program built with --default-stream per-thread calls them
+ * (cuStreamWaitEvent_ptsz on stream 0 forks the thread's per-thread stream,
+ * cuEventRecord_ptsz joins it back): the shim's _ptsz wait must count the
+ * fork as its plain twin does. */
+static void ptsz_fork_driver(void)
+{
+    typedef CUresult (*wait_fn)(CUstream, CUevent, unsigned);
+    typedef CUresult (*record_fn)(CUevent, CUstream);
+    void *h = e2e_open_libcuda();
+    wait_fn wait_ptsz = (wait_fn)e2e_dlsym(h, "cuStreamWaitEvent_ptsz");
+    record_fn record_ptsz = (record_fn)e2e_dlsym(h, "cuEventRecord_ptsz");
+    char *p, *filler = fill_but_hole(&p);
+    cudaStream_t origin;
+    CHECK_EQ(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking), cudaSuccess);
+    earlier_work_ran = false;
+    CHECK_EQ(fakecuda()->launch(cudaStreamPerThread, earlier_work, p), 0);
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+    CHECK_EQ(cudaStreamBeginCapture(origin, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    cudaEvent_t fork, join;
+    CHECK_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
+    CHECK_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
+    CHECK_EQ(cudaEventRecord(fork, origin), cudaSuccess);
+    fakecuda_stats s0 = fake_stats();
+    CHECK_EQ(wait_ptsz(NULL, (CUevent)fork, 0), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().capture_forks, s0.capture_forks + 1);
+    char *q = alloc_during_fork(p);
+    CHECK_EQ(record_ptsz((CUevent)join, NULL), CUDA_SUCCESS);
+    CHECK_EQ(cudaStreamWaitEvent(origin, join, 0), cudaSuccess);
+    cudaGraph_t g = NULL;
+    CHECK_EQ(cudaStreamEndCapture(origin, &g), cudaSuccess);
+    if (g)
+        CHECK_EQ(cudaGraphDestroy(g), cudaSuccess);
+    CHECK_EQ(fake_stats().capture_invalidations, s0.capture_invalidations);
+    after_fork(p, q, filler);
+    CHECK_EQ(cudaEventDestroy(fork), cudaSuccess);
+    CHECK_EQ(cudaEventDestroy(join), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(origin), cudaSuccess);
+}
+
+static void capture_fork(void) { forked_after_free_by(true, NULL); }
+static void free_in_fork(void) { forked_after_free_by(false, NULL); }
+
+/* capture-fork-ptsz: the fork's wait is cuStreamWaitEvent_ptsz on the
+ * stream (the shim's _ptsz twin of its wait hook). */
+static void capture_fork_ptsz(void)
+{
+    forked_after_free_by(true, (wait_event_fn)e2e_dlsym(e2e_open_libcuda(),
+                                                        "cuStreamWaitEvent_ptsz"));
+}
 
 static void capture_begin(void) { captured_after_free(false); }
 static void capture_to_graph(void) { captured_after_free(true); }
@@ -2009,6 +2070,8 @@ int main(int argc, char **argv)
         {"ptsz-fork-vs-seal", ptsz_fork_vs_seal},
         {"bogus-end", bogus_end},           {"unseen-end", unseen_end},
         {"region-during-capture", region_during_capture},
+        {"ptsz-fork-driver", ptsz_fork_driver},
+        {"capture-fork-ptsz", capture_fork_ptsz},
         {"capture-fork", capture_fork},     {"free-in-fork", free_in_fork},
         {"fork-destroyed", fork_destroyed}, {"fork-destroyed-async", fork_destroyed_async},
         {"stale-begun", stale_begun},       {"fork-unseen-end", fork_unseen_end},

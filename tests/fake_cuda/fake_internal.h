@@ -555,6 +555,7 @@ EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream h, CUgraph g, const CU
                                                  CUstreamCaptureMode mode);
 EXPORT CUresult cuStreamEndCapture_ptsz(CUstream h, CUgraph *g);
 EXPORT CUresult cuEventRecord_ptsz(CUevent h, CUstream s);
+EXPORT CUresult cuStreamWaitEvent_ptsz(CUstream h, CUevent ev, unsigned int flags);
 EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end);
 EXPORT CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr d, const void *s, size_t n);
 EXPORT CUresult cuMemcpyDtoH_v2_ptds(void *d, CUdeviceptr s, size_t n);

@@ -128,6 +128,7 @@ static const proc procs[] = {
     P("cuGreenCtxRecordEvent", 12040, cuGreenCtxRecordEvent),
     P("cuStreamQuery", 2000, cuStreamQuery),
     P("cuStreamWaitEvent", 3020, cuStreamWaitEvent),
+    PZ("cuStreamWaitEvent", 7000, cuStreamWaitEvent_ptsz),
     P("cuStreamSynchronize", 2000, cuStreamSynchronize),
     PZ("cuStreamSynchronize", 7000, cuStreamSynchronize_ptsz),
     P("cuStreamIsCapturing", 10000, cuStreamIsCapturing),

@@ -588,9 +588,8 @@ static CUresult wait_on_capture(fstream *s, fevent *e)
  * capture that flag "is invalid" (CUDA_ERROR_INVALID_VALUE, as for a flag
  * cuda.h does not name). An event never recorded carries no work, so
  * waiting on it crosses nothing (the fake's reading). */
-EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent ev, unsigned int flags)
+static CUresult stream_wait_event(CUstream h, CUevent ev, unsigned int flags)
 {
-    CALLED();
     ENTER_API();
     fstream *s = stream_of(h);
     fevent *e = event_of(ev);
@@ -629,6 +628,21 @@ EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent ev, unsigned int flags)
         enqueue(s, w);
     }
     LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent ev, unsigned int flags)
+{
+    CALLED();
+    return stream_wait_event(h, ev, flags);
+}
+
+/* The per-thread default stream's twin: stream 0 is the calling thread's
+ * per-thread stream (libcuda exports it; a program built with
+ * --default-stream per-thread calls it through cuda.h's macro). */
+EXPORT CUresult cuStreamWaitEvent_ptsz(CUstream h, CUevent ev, unsigned int flags)
+{
+    CALLED();
+    return stream_wait_event(h ? h : CU_STREAM_PER_THREAD, ev, flags);
 }
 
 /* "CU_EVENT_INTERPROCESS must be specified along with
