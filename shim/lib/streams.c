@@ -231,15 +231,29 @@ void streams_add(CUstream s)
     remembered_pools_stale(); /* its handle may be a destroyed stream's */
 }
 
-void streams_forget_context(CUcontext ctx)
+/* Which entries of context ctx a sweep takes out (forget_where). */
+typedef enum { ANY_ID, THIS_ID, OTHER_KNOWN_ID } id_match;
+
+/* Takes out of the registry the entries of context ctx whose id matches;
+ * the caller waits for the copies in use (wait_for_users) where it can. */
+static void forget_where(CUcontext ctx, id_match how, unsigned long long id)
 {
     pthread_mutex_lock(&lock);
-    for (size_t i = 0; i < nall;)
-        if (all[i].ctx == ctx)
+    for (size_t i = 0; i < nall;) {
+        const entry *e = &all[i];
+        bool match = e->ctx == ctx && (how == ANY_ID || (how == THIS_ID && e->ctx_id == id) ||
+                                       (how == OTHER_KNOWN_ID && e->ctx_id && e->ctx_id != id));
+        if (match)
             all[i] = all[--nall];
         else
             i++;
+    }
     pthread_mutex_unlock(&lock);
+}
+
+void streams_forget_context(CUcontext ctx)
+{
+    forget_where(ctx, ANY_ID, 0);
     wait_for_users();
 }
 
@@ -252,13 +266,7 @@ void streams_forget_context_id(CUcontext ctx, unsigned long long id)
 {
     if (!id)
         return;
-    pthread_mutex_lock(&lock);
-    for (size_t i = 0; i < nall;)
-        if (all[i].ctx == ctx && all[i].ctx_id == id)
-            all[i] = all[--nall];
-        else
-            i++;
-    pthread_mutex_unlock(&lock);
+    forget_where(ctx, THIS_ID, id);
     wait_for_users();
 }
 
@@ -273,13 +281,7 @@ void streams_forget_other_ids(CUcontext ctx, unsigned long long id)
 {
     if (!id)
         return;
-    pthread_mutex_lock(&lock);
-    for (size_t i = 0; i < nall;)
-        if (all[i].ctx == ctx && all[i].ctx_id && all[i].ctx_id != id)
-            all[i] = all[--nall];
-        else
-            i++;
-    pthread_mutex_unlock(&lock);
+    forget_where(ctx, OTHER_KNOWN_ID, id);
 }
 
 void streams_remove(CUstream s)

@@ -1284,8 +1284,11 @@ static void unseen_reset_events(void)
  * next allocation (pools_forget_if_replaced), but the dead context's
  * streams stayed registered under its handle, the new context's: every
  * seal of the new pool recorded an event on the dead stream (the fake
- * counts the stale use; an H100 crashed on one after cudaDeviceReset). */
-static void unseen_reset_streams(void)
+ * counts the stale use; an H100 crashed on one after cudaDeviceReset).
+ * -no-pool (audit of a7cd432): nothing allocated before the reset, so the
+ * dead context had no pool and no replacement is ever noticed: its stream
+ * must still leave the registry before the new context's pool seals. */
+static void reset_streams_unseen(bool pool_before)
 {
     typedef CUresult (*reset_fn)(CUdevice);
     typedef CUresult (*retain_fn)(CUcontext *, CUdevice);
@@ -1297,7 +1300,8 @@ static void unseen_reset_streams(void)
     CHECK(reset && retain && setcur);
     cudaStream_t s = NULL;
     CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-    CHECK_EQ(cudaFree(alloc_ok(MiB)), cudaSuccess);
+    if (pool_before)
+        CHECK_EQ(cudaFree(alloc_ok(MiB)), cudaSuccess);
     CHECK_EQ(reset(0), CUDA_SUCCESS); /* unseen: the door is closed; s dies */
     CUcontext c = NULL;
     CHECK_EQ(retain(&c, 0), CUDA_SUCCESS);
@@ -1307,30 +1311,8 @@ static void unseen_reset_streams(void)
     CHECK_EQ(fake_stats().stale_handle_uses, 0);
 }
 
-/* unseen-reset-streams-no-pool (audit of a7cd432; door closed): the same,
- * but nothing allocated before the reset, so the dead context had no pool
- * and no replacement is ever noticed (pools_forget_if_replaced): its stream
- * must still leave the registry before the new context's pool seals. */
-static void unseen_reset_streams_no_pool(void)
-{
-    typedef CUresult (*reset_fn)(CUdevice);
-    typedef CUresult (*retain_fn)(CUcontext *, CUdevice);
-    typedef CUresult (*setcur_fn)(CUcontext);
-    void *h = dlopen("libcuda.so.1", RTLD_NOW);
-    reset_fn reset = (reset_fn)dlsym(h, "cuDevicePrimaryCtxReset_v2");
-    retain_fn retain = (retain_fn)dlsym(h, "cuDevicePrimaryCtxRetain");
-    setcur_fn setcur = (setcur_fn)dlsym(h, "cuCtxSetCurrent");
-    CHECK(reset && retain && setcur);
-    cudaStream_t s = NULL;
-    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-    CHECK_EQ(reset(0), CUDA_SUCCESS); /* unseen: the door is closed; s dies */
-    CUcontext c = NULL;
-    CHECK_EQ(retain(&c, 0), CUDA_SUCCESS);
-    CHECK_EQ(setcur(c), CUDA_SUCCESS);
-    for (int i = 0; i < 4; i++) /* seals of the first pool (BFCSHIM_FENCE_INTERVAL=1) */
-        CHECK_EQ(cudaFree(alloc_ok(MiB)), cudaSuccess);
-    CHECK_EQ(fake_stats().stale_handle_uses, 0);
-}
+static void unseen_reset_streams(void) { reset_streams_unseen(true); }
+static void unseen_reset_streams_no_pool(void) { reset_streams_unseen(false); }
 
 /* hooks-off-free-cost (review of 9d1427e): with the driver door closed a
  * stream-ordered free on the legacy stream asks the current context's pool
