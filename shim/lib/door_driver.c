@@ -469,10 +469,10 @@ SHIM_EXPORT CUresult shim_cuCtxDestroy_v1(CUcontext ctx)
  * the next context made under the handle). Then its id ("unique for the
  * life of the program"), asked before and after, decides: no answer or
  * another one means it went. Without cuCtxGetId (a driver before 12.0) the
- * current context alone decides. Gone, it goes as a destroy's does (pool, streams, captures, peer
- * mappings), after the real call: the program detaches only a context it
- * has finished with. Either way the remembered current context is
- * forgotten (e2e_current detach, detach-reuse). */
+ * current context alone decides. Gone, it goes as a destroy's does (pool,
+ * streams, captures, peer mappings), after the real call: the program
+ * detaches only a context it has finished with. Either way the remembered
+ * current context is forgotten (e2e_current detach, detach-reuse). */
 SHIM_EXPORT CUresult cuCtxDetach(CUcontext ctx)
 {
     const real_driver *R = real_driver_get();
