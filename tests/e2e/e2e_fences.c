@@ -304,12 +304,35 @@ static void expect_earlier_work_done(const char *hole, const char *q)
     CHECK_EQ(fake_stats().stale_handle_uses, 0);
 }
 
+/* The side stream's own fork and join calls through the driver's
+ * per-thread entry points, as a program built with --default-stream
+ * per-thread makes them (cuStreamWaitEvent_ptsz, cuEventRecord_ptsz: stream
+ * 0 is the calling thread's per-thread stream); NULL where the runtime's
+ * calls make them. */
+typedef struct ptsz_calls {
+    CUresult (*wait)(CUstream, CUevent, unsigned);
+    CUresult (*record)(CUevent, CUstream);
+} ptsz_calls;
+
+static ptsz_calls ptsz_driver_calls(void)
+{
+    void *h = e2e_open_libcuda();
+    ptsz_calls c = {(CUresult(*)(CUstream, CUevent, unsigned))e2e_dlsym(h, "cuStreamWaitEvent_ptsz"),
+                    (CUresult(*)(CUevent, CUstream))e2e_dlsym(h, "cuEventRecord_ptsz")};
+    return c;
+}
+
 /* `side`, with its earlier work, joins the capture begun on `origin` by a
- * wait on event `e` recorded there. */
-static void fork_into(cudaStream_t origin, cudaStream_t side, cudaEvent_t e)
+ * wait on event `e` recorded there (side's wait through `via`, or the
+ * runtime's when NULL). */
+static void fork_into(cudaStream_t origin, cudaStream_t side, cudaEvent_t e,
+                      const ptsz_calls *via)
 {
     CHECK_EQ(cudaEventRecord(e, origin), cudaSuccess);
-    CHECK_EQ(cudaStreamWaitEvent(side, e, 0), cudaSuccess);
+    if (via)
+        CHECK_EQ(via->wait((CUstream)side, (CUevent)e, 0), CUDA_SUCCESS);
+    else
+        CHECK_EQ(cudaStreamWaitEvent(side, e, 0), cudaSuccess);
 }
 
 /* An allocation while the fork captures (allowed in relaxed mode). The pool
@@ -328,11 +351,15 @@ static char *alloc_during_fork(const char *hole)
     return NULL;
 }
 
-/* `side` joins back into `origin` by event `e`, and the capture ends
- * valid. */
-static void join_and_end(cudaStream_t origin, cudaStream_t side, cudaEvent_t e)
+/* `side` joins back into `origin` by event `e` (side's record through
+ * `via`, or the runtime's when NULL), and the capture ends valid. */
+static void join_and_end(cudaStream_t origin, cudaStream_t side, cudaEvent_t e,
+                         const ptsz_calls *via)
 {
-    CHECK_EQ(cudaEventRecord(e, side), cudaSuccess);
+    if (via)
+        CHECK_EQ(via->record((CUevent)e, (CUstream)side), CUDA_SUCCESS);
+    else
+        CHECK_EQ(cudaEventRecord(e, side), cudaSuccess);
     CHECK_EQ(cudaStreamWaitEvent(origin, e, 0), cudaSuccess);
     cudaGraph_t g = NULL;
     CHECK_EQ(cudaStreamEndCapture(origin, &g), cudaSuccess);
@@ -357,25 +384,23 @@ static void after_fork(const char *hole, char *q, char *filler)
 /* One round with the hole freed under `side`'s earlier work: side forked
  * into the capture begun on `origin`, an allocation meanwhile, side joined
  * back and the capture ended, then the hole after it (after_fork). */
-static void fork_round(cudaStream_t origin, cudaStream_t side, const char *hole, char *filler)
+static void fork_round(cudaStream_t origin, cudaStream_t side, const char *hole, char *filler,
+                       const ptsz_calls *via)
 {
     cudaEvent_t fork, join;
     CHECK_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
     CHECK_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
-    fork_into(origin, side, fork);
+    fork_into(origin, side, fork, via);
     char *q = alloc_during_fork(hole);
-    join_and_end(origin, side, join);
+    join_and_end(origin, side, join, via);
     after_fork(hole, q, filler);
     CHECK_EQ(cudaEventDestroy(fork), cudaSuccess);
     CHECK_EQ(cudaEventDestroy(join), cudaSuccess);
 }
 
-/* The fork's wait through the driver's per-thread entry point, as a
- * program built with --default-stream per-thread makes it (NULL: the
- * runtime's cudaStreamWaitEvent, fork_into). */
-typedef CUresult (*wait_event_fn)(CUstream, CUevent, unsigned);
-
-static void forked_after_free_by(bool free_before_fork, wait_event_fn wait)
+/* wait_via: the fork's wait through the driver's per-thread entry point
+ * (NULL: the runtime's); the join is the runtime's either way. */
+static void forked_after_free_by(bool free_before_fork, const ptsz_calls *wait_via)
 {
     char *p, *filler = fill_but_hole(&p);
     cudaStream_t origin, side;
@@ -390,12 +415,7 @@ static void forked_after_free_by(bool free_before_fork, wait_event_fn wait)
     cudaEvent_t fork, join;
     CHECK_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
     CHECK_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
-    if (wait) {
-        CHECK_EQ(cudaEventRecord(fork, origin), cudaSuccess);
-        CHECK_EQ(wait((CUstream)side, (CUevent)fork, 0), CUDA_SUCCESS);
-    } else {
-        fork_into(origin, side, fork);
-    }
+    fork_into(origin, side, fork, wait_via);
     enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     CHECK_EQ(cudaStreamIsCapturing(side, &st), cudaSuccess);
     CHECK_EQ(st, cudaStreamCaptureStatusActive);
@@ -403,7 +423,7 @@ static void forked_after_free_by(bool free_before_fork, wait_event_fn wait)
     if (!free_before_fork)
         CHECK_EQ(cudaFree(p), cudaSuccess);
     char *q = alloc_during_fork(p);
-    join_and_end(origin, side, join);
+    join_and_end(origin, side, join, NULL);
     CHECK_EQ(cudaStreamIsCapturing(side, &st), cudaSuccess);
     CHECK_EQ(st, cudaStreamCaptureStatusNone);
     CHECK_EQ(fake_stats().capture_invalidations, s0.capture_invalidations);
@@ -436,7 +456,7 @@ static void fork_destroyed_by(bool async)
     CHECK_EQ(cudaStreamBeginCapture(origin, cudaStreamCaptureModeRelaxed), cudaSuccess);
     cudaEvent_t fork;
     CHECK_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
-    fork_into(origin, side, fork);
+    fork_into(origin, side, fork, NULL);
     CHECK_EQ(cudaStreamDestroy(side), cudaSuccess); /* its earlier work goes on */
     char *q = alloc_during_fork(p);
     cudaGraph_t g = NULL;
@@ -494,7 +514,7 @@ static void stale_begun(void)
     CHECK_EQ(fakecuda()->launch(side, earlier_work, p), 0);
     CHECK_EQ(cudaFree(p), cudaSuccess);
     CHECK_EQ(cudaStreamBeginCapture(origin, cudaStreamCaptureModeRelaxed), cudaSuccess);
-    fork_round(origin, side, p, filler);
+    fork_round(origin, side, p, filler, NULL);
     CHECK_EQ(cudaStreamDestroy(side), cudaSuccess);
     CHECK_EQ(cudaStreamDestroy(origin), cudaSuccess);
 }
@@ -627,8 +647,10 @@ static void ptsz_fork_unseen_begin_invalidated(void)
 
 /* This thread's per-thread default stream (a blocking one) is the fork: no
  * stand-in, but the legacy stream is unusable while it captures, and the
- * plain lane waits for the capture's end. */
-static void ptsz_fork(void)
+ * plain lane waits for the capture's end. -driver: the fork and the join
+ * through the driver's per-thread entry points on stream 0 (ptsz_calls):
+ * the shim's _ptsz wait hook must serve as its plain twin does. */
+static void per_thread_forked(const ptsz_calls *via)
 {
     char *p, *filler = fill_but_hole(&p);
     cudaStream_t origin;
@@ -637,48 +659,19 @@ static void ptsz_fork(void)
     CHECK_EQ(fakecuda()->launch(cudaStreamPerThread, earlier_work, p), 0);
     CHECK_EQ(cudaFree(p), cudaSuccess);
     CHECK_EQ(cudaStreamBeginCapture(origin, cudaStreamCaptureModeRelaxed), cudaSuccess);
-    fork_round(origin, cudaStreamPerThread, p, filler);
+    const fakecuda_stats s0 = fake_stats();
+    fork_round(origin, via ? NULL : cudaStreamPerThread, p, filler, via);
+    CHECK_EQ(fake_stats().capture_forks, s0.capture_forks + 1);
+    CHECK_EQ(fake_stats().capture_invalidations, s0.capture_invalidations);
     CHECK_EQ(cudaStreamDestroy(origin), cudaSuccess);
 }
 
-/* ptsz-fork-driver: the same through the driver's per-thread entry points,
- * as a program built with --default-stream per-thread calls them
- * (cuStreamWaitEvent_ptsz on stream 0 forks the thread's per-thread stream,
- * cuEventRecord_ptsz joins it back): the shim's _ptsz wait must count the
- * fork as its plain twin does. */
+static void ptsz_fork(void) { per_thread_forked(NULL); }
+
 static void ptsz_fork_driver(void)
 {
-    typedef CUresult (*wait_fn)(CUstream, CUevent, unsigned);
-    typedef CUresult (*record_fn)(CUevent, CUstream);
-    void *h = e2e_open_libcuda();
-    wait_fn wait_ptsz = (wait_fn)e2e_dlsym(h, "cuStreamWaitEvent_ptsz");
-    record_fn record_ptsz = (record_fn)e2e_dlsym(h, "cuEventRecord_ptsz");
-    char *p, *filler = fill_but_hole(&p);
-    cudaStream_t origin;
-    CHECK_EQ(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking), cudaSuccess);
-    earlier_work_ran = false;
-    CHECK_EQ(fakecuda()->launch(cudaStreamPerThread, earlier_work, p), 0);
-    CHECK_EQ(cudaFree(p), cudaSuccess);
-    CHECK_EQ(cudaStreamBeginCapture(origin, cudaStreamCaptureModeRelaxed), cudaSuccess);
-    cudaEvent_t fork, join;
-    CHECK_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
-    CHECK_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
-    CHECK_EQ(cudaEventRecord(fork, origin), cudaSuccess);
-    fakecuda_stats s0 = fake_stats();
-    CHECK_EQ(wait_ptsz(NULL, (CUevent)fork, 0), CUDA_SUCCESS);
-    CHECK_EQ(fake_stats().capture_forks, s0.capture_forks + 1);
-    char *q = alloc_during_fork(p);
-    CHECK_EQ(record_ptsz((CUevent)join, NULL), CUDA_SUCCESS);
-    CHECK_EQ(cudaStreamWaitEvent(origin, join, 0), cudaSuccess);
-    cudaGraph_t g = NULL;
-    CHECK_EQ(cudaStreamEndCapture(origin, &g), cudaSuccess);
-    if (g)
-        CHECK_EQ(cudaGraphDestroy(g), cudaSuccess);
-    CHECK_EQ(fake_stats().capture_invalidations, s0.capture_invalidations);
-    after_fork(p, q, filler);
-    CHECK_EQ(cudaEventDestroy(fork), cudaSuccess);
-    CHECK_EQ(cudaEventDestroy(join), cudaSuccess);
-    CHECK_EQ(cudaStreamDestroy(origin), cudaSuccess);
+    const ptsz_calls via = ptsz_driver_calls();
+    per_thread_forked(&via);
 }
 
 static void capture_fork(void) { forked_after_free_by(true, NULL); }
@@ -688,8 +681,8 @@ static void free_in_fork(void) { forked_after_free_by(false, NULL); }
  * stream (the shim's _ptsz twin of its wait hook). */
 static void capture_fork_ptsz(void)
 {
-    forked_after_free_by(true, (wait_event_fn)e2e_dlsym(e2e_open_libcuda(),
-                                                        "cuStreamWaitEvent_ptsz"));
+    const ptsz_calls via = ptsz_driver_calls();
+    forked_after_free_by(true, &via);
 }
 
 static void capture_begin(void) { captured_after_free(false); }
