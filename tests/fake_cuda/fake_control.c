@@ -13,7 +13,7 @@ static int ctl_launch(void *stream, fakecuda_work fn, void *arg)
     fstream *s = stream_of((CUstream)stream);
     if (!s)
         LEAVE(-1);
-    if (legacy_use(s) != CUDA_SUCCESS || capture_usable(s) != CUDA_SUCCESS)
+    if (work_usable(s) != CUDA_SUCCESS)
         LEAVE(-1);
     /* A kernel launched on a capturing stream is the graph's: never run. */
     if (captured_instead(s)) {

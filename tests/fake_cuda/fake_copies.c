@@ -93,9 +93,7 @@ static CUresult copy_on(void *dst, const void *src, size_t n, CUstream h, bool s
         LEAVE(sync_form ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE);
     if (n && (!copy_range_ok(dst, n) || !copy_range_ok(src, n)))
         LEAVE(CUDA_ERROR_INVALID_VALUE);
-    CUresult r = legacy_use(s);
-    if (r == CUDA_SUCCESS)
-        r = capture_usable(s);
+    CUresult r = work_usable(s);
     if (r != CUDA_SUCCESS)
         LEAVE(r);
     if (n == 0)
@@ -331,9 +329,7 @@ static CUresult write_value64(CUstream h, CUdeviceptr addr, cuuint64_t value, un
                        : vmm_mapped_on(addr, 8, -1);
     if (!inside)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
-    CUresult r = legacy_use(s);
-    if (r == CUDA_SUCCESS)
-        r = capture_usable(s);
+    CUresult r = work_usable(s);
     if (r != CUDA_SUCCESS)
         LEAVE(r);
     if (captured_instead(s)) {
@@ -456,9 +452,7 @@ static CUresult memset_on(CUstream h, CUdeviceptr d, uint32_t value, unsigned wi
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     if (rows == 0)
         n = 0;
-    CUresult r = legacy_use(s);
-    if (r == CUDA_SUCCESS)
-        r = capture_usable(s);
+    CUresult r = work_usable(s);
     if (r != CUDA_SUCCESS)
         LEAVE(r);
     if (n == 0)

@@ -638,6 +638,16 @@ CUresult capture_usable(const fstream *s)
                                              : CUDA_SUCCESS;
 }
 
+/* Lock held: may work (a copy, a memset, a host function, a kernel) be
+ * queued on s? The legacy stream's rule first (legacy_use: counted, and a
+ * blocking stream's capture invalidated), then an invalidated capture's
+ * refusal (capture_usable). */
+CUresult work_usable(fstream *s)
+{
+    CUresult r = legacy_use(s);
+    return r == CUDA_SUCCESS ? capture_usable(s) : r;
+}
+
 /* Lock held: may the calling thread make a "potentially unsafe" call now
  * (cuThreadExchangeStreamCaptureMode's rules)? If not, the captures it
  * conflicts with are invalidated and the call is refused. */

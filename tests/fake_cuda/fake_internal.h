@@ -437,6 +437,7 @@ CUresult status_asked(fstream *s);
 fstream *live_capture_of(const fevent *e);
 CUresult captured_event_asked(const fevent *e);
 CUresult capture_usable(const fstream *s);
+CUresult work_usable(fstream *s);
 CUresult unsafe_call(void);
 void enqueue(fstream *s, work_item w);
 dep *implicit_deps(const fstream *s, size_t *n);

@@ -738,9 +738,7 @@ static CUresult event_record(CUevent h, CUstream sh)
      * CUDA_ERROR_INVALID_HANDLE is returned" (cuEventRecord, cuda.h) */
     if (e->ctx != s->ctx)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
-    CUresult r = legacy_use(s);
-    if (r == CUDA_SUCCESS)
-        r = capture_usable(s);
+    CUresult r = work_usable(s);
     if (r != CUDA_SUCCESS)
         LEAVE(r);
     G.st.event_records++;
@@ -889,9 +887,7 @@ EXPORT CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void *data)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
     if (!fn)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
-    CUresult r = legacy_use(s);
-    if (r == CUDA_SUCCESS)
-        r = capture_usable(s);
+    CUresult r = work_usable(s);
     if (r != CUDA_SUCCESS)
         LEAVE(r);
     if (!captured_instead(s)) /* (captured: a host node of the graph) */
