@@ -102,7 +102,7 @@ static bool copy_file(const char *from, const char *to)
     char *text = slurp(from);
     FILE *f = text ? out_file_fopen(to, "w") : NULL;
     bool ok = f && fputs(text, f) >= 0;
-    if (f && fclose(f) != 0)
+    if (f && !out_file_close(f))
         ok = false;
     free(text);
     return ok;

@@ -388,14 +388,9 @@ static bool dump_at_failure(const trace *t, const replay_opts *o, uint64_t min_b
         replay_vmm_dump_at_failure(t, &o->policy, o->gpu_lag ? 0 : vmm_min_limit, slot_addr, f);
 out:;
     /* A map cut short by a full disk is said, and fails the command. */
-    bool ok = !ferror(f);
-    int err = ok ? 0 : errno;
-    if (f != stderr && fclose(f) != 0 && ok) {
-        ok = false;
-        err = errno;
-    }
+    bool ok = out_file_close(f);
     if (!ok)
-        cli_cannot_write("replay", o->dump_path, err ? err : EIO);
+        cli_cannot_write("replay", o->dump_path, errno);
     return ok;
 }
 

@@ -341,19 +341,13 @@ static int write_report(const report_opts *o, trace *t)
     embed_text(out, o->ab_text.text, o->ab_text.n);
     fputs("}", out);
     fputs(report_page_tail, out);
-    /* The error flag too: a write that failed while the page was written
-     * (a full disk) leaves fclose's own flush free to succeed, and the page
-     * cut short was reported as written. */
-    bool ok = !ferror(out);
-    int err = ok ? 0 : errno;
-    if (fclose(out) != 0 && ok) {
-        ok = false;
-        err = errno;
-    }
+    /* A page cut short by a full disk is said, not reported as written. */
+    bool ok = out_file_close(out);
+    int err = errno;
     free(bucket_max);
     free(slot_size);
     if (!ok) {
-        cli_cannot_write("report", o->output, err ? err : EIO);
+        cli_cannot_write("report", o->output, err);
         return 1;
     }
     char a[32], b[32];

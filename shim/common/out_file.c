@@ -194,6 +194,19 @@ bool out_file_in_place(const char *path)
     return !S_ISREG(st.st_mode);
 }
 
+bool out_file_close(FILE *f)
+{
+    bool ok = !ferror(f);
+    int err = ok ? 0 : errno;
+    if ((f == stdout || f == stderr ? fflush(f) : fclose(f)) != 0 && ok) {
+        ok = false;
+        err = errno;
+    }
+    if (!ok)
+        errno = err ? err : EIO;
+    return ok;
+}
+
 void out_file_why(const char *path, int err, char *buf, size_t size)
 {
     struct stat st;

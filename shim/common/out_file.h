@@ -44,6 +44,13 @@ bool out_file_replace(const char *tmp, const char *path);
  * replaced it with a file, the system's own when run as root). */
 bool out_file_in_place(const char *path);
 
+/* Closes f, an output just written (stdout and stderr: flushed only);
+ * false with errno when any write to it failed (a full disk). The stream's
+ * error flag is read as well as fclose's answer: a write that failed
+ * leaves fclose's own flush free to succeed, and an output cut short
+ * would pass for a whole one. */
+bool out_file_close(FILE *f);
+
 /* Why writing path failed with err, as words that follow the path in a
  * message: "is a symbolic link", or "cannot be written (strerror)". */
 void out_file_why(const char *path, int err, char *buf, size_t size);

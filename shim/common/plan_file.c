@@ -158,12 +158,7 @@ bool plan_file_write(const char *path, const plan_file *plan)
             plan->granularity, plan->pool_bytes, plan->n);
     for (size_t i = 0; i < plan->n; i++)
         fprintf(f, "%" PRIu64 " %" PRIu64 "\n", plan->entries[i].size, plan->entries[i].offset);
-    bool ok = !ferror(f);
-    if (f == stdout)
-        ok = fflush(f) == 0 && ok;
-    else
-        ok = fclose(f) == 0 && ok;
-    return ok;
+    return out_file_close(f);
 }
 
 void plan_counts_text(const bfc_stats *st, char *buf, size_t len)

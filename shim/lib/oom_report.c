@@ -242,14 +242,9 @@ void oom_report(shim_pool *sp, size_t size, const char *api)
         if (f) {
             /* A report the file could not take (a full disk) is said as
              * one it could not open is: it is in the log all the same. */
-            bool ok = fwrite(text, 1, len, f) == len;
-            int err = ok ? 0 : errno;
-            if (fclose(f) != 0 && ok) {
-                ok = false;
-                err = errno;
-            }
-            if (!ok) {
-                out_file_why(path, err ? err : EIO, why, sizeof why);
+            fwrite(text, 1, len, f);
+            if (!out_file_close(f)) {
+                out_file_why(path, errno, why, sizeof why);
                 shim_log(LOG_ERROR, "BFCSHIM_OOM_REPORT: %s %s; not written", path, why);
             }
         } else {

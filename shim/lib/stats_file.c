@@ -248,21 +248,6 @@ static void write_json(FILE *f)
     json_end(&j);
 }
 
-/* Closes f, the stats written into it; false with errno when a write
- * failed (a full disk), whose error flag fclose alone may not report. */
-static bool finish(FILE *f)
-{
-    bool ok = !ferror(f);
-    int err = ok ? 0 : errno;
-    if (fclose(f) != 0 && ok) {
-        ok = false;
-        err = errno;
-    }
-    if (!ok)
-        errno = err ? err : EIO;
-    return ok;
-}
-
 /* A FIFO, a device or a link of the user's own (out_file_in_place): the
  * stats go into it, as into the log file. Opened without blocking, so that
  * a FIFO nobody reads is refused (ENXIO) rather than hang the exit. */
@@ -282,7 +267,7 @@ static bool write_in_place(const char *path)
     }
     if (f) {
         write_json(f);
-        if (finish(f))
+        if (out_file_close(f))
             return true;
     }
     out_file_why(path, errno, why, sizeof why);
@@ -314,7 +299,7 @@ bool stats_write_file(const char *pattern)
         return false;
     }
     write_json(f);
-    bool ok = finish(f) && out_file_replace(tmp, path);
+    bool ok = out_file_close(f) && out_file_replace(tmp, path);
     if (!ok) {
         out_file_why(path, errno, why, sizeof why);
         unlink(tmp);
