@@ -437,12 +437,13 @@ static uint32_t carve_spare(bfc_pool *p, uint64_t rounded, uint64_t size)
      * it back). While pending frees could hold the block, mapping there
      * would skip the wait for them that the rule's path makes before it
      * maps (refit_before_mapping): the rule places it instead. */
-    if (p->opt.vmm && !block_mapped(p, c) &&
-        (p->st.pending_bytes >= rounded ||
-         !back_allocation(p, &c, false, rounded, size, BFC_NO_LANE))) {
-        if (p->st.pending_bytes >= rounded)
+    if (p->opt.vmm && !block_mapped(p, c)) {
+        if (p->st.pending_bytes >= rounded) {
             pool_make_free(p, c);
-        return CHUNK_NIL;
+            return CHUNK_NIL;
+        }
+        if (!back_allocation(p, &c, false, rounded, size, BFC_NO_LANE))
+            return CHUNK_NIL; /* (back_allocation made it free again) */
     }
     p->st.num_plan_spare++;
     return c;

@@ -636,9 +636,11 @@ EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent ev, unsigned int flags)
     return stream_wait_event(h, ev, flags);
 }
 
-/* The per-thread default stream's twin: stream 0 is the calling thread's
- * per-thread stream (libcuda exports it; a program built with
- * --default-stream per-thread calls it through cuda.h's macro). */
+/* The per-thread default stream's twin: cuda.h makes cuStreamWaitEvent
+ * __CUDA_API_PTSZ(cuStreamWaitEvent) under CUDA_API_PER_THREAD_DEFAULT_STREAM
+ * (nvcc --default-stream per-thread), and there stream 0 is the calling
+ * thread's per-thread stream (CU_STREAM_PER_THREAD: "an implicit stream
+ * with per-thread synchronization behavior", cuda.h). */
 EXPORT CUresult cuStreamWaitEvent_ptsz(CUstream h, CUevent ev, unsigned int flags)
 {
     CALLED();
