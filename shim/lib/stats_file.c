@@ -313,29 +313,60 @@ SHIM_EXPORT int bfcshim_write_stats(const char *path)
     return stats_write_file(path ? path : shim_config_get()->stats_file) ? 0 : -1;
 }
 
+/* The document in memory (bfcshim_stats_json). A stream of its own, not
+ * open_memstream: glibc's memory stream drops a write it finds no memory
+ * for without setting the error flag, and its fclose answers 0 when the
+ * last realloc fails, the buffer then NULL and the length the last flush's
+ * (the document was copied from NULL: e2e_api stats-nomem-write). Here a
+ * write that cannot grow the buffer copies nothing and answers 0, which
+ * sets the stream's error flag (fopencookie(3): "the number of bytes
+ * copied from buf, or 0 on error"). */
+typedef struct mem_doc {
+    char *text;
+    size_t len, cap;
+} mem_doc;
+
+static ssize_t mem_doc_write(void *cookie, const char *p, size_t n)
+{
+    mem_doc *d = cookie;
+    if (n > d->cap - d->len) {
+        size_t cap = d->cap ? d->cap : 4096;
+        while (cap - d->len < n && cap <= SIZE_MAX / 2)
+            cap *= 2;
+        char *t = cap - d->len >= n ? realloc(d->text, cap) : NULL;
+        if (!t) {
+            errno = ENOMEM;
+            return 0;
+        }
+        d->text = t;
+        d->cap = cap;
+    }
+    memcpy(d->text + d->len, p, n);
+    d->len += n;
+    return (ssize_t)n;
+}
+
 SHIM_EXPORT size_t bfcshim_stats_json(char *buf, size_t size)
 {
-    char *doc = NULL;
-    size_t len = 0;
+    mem_doc d = {0};
     /* A C string whatever happens: empty when the document cannot be made
-     * (no memory), the 0 returned saying so (a document is never empty). */
+     * whole (no memory), the 0 returned saying so (a document is never
+     * empty); never part of one. */
     if (buf && size)
         buf[0] = 0;
-    FILE *f = open_memstream(&doc, &len);
+    FILE *f = fopencookie(&d, "w", (cookie_io_functions_t){.write = mem_doc_write});
     if (!f)
         return 0;
     write_json(f);
-    if (fclose(f) != 0) {
-        free(doc);
-        return 0;
-    }
-    if (buf && size) {
-        size_t n = len < size - 1 ? len : size - 1;
-        memcpy(buf, doc, n);
+    /* Every write, the last flush's included: the error flag and fclose. */
+    const bool ok = out_file_close(f) && d.len > 0;
+    if (ok && buf && size) {
+        size_t n = d.len < size - 1 ? d.len : size - 1;
+        memcpy(buf, d.text, n);
         buf[n] = 0;
     }
-    free(doc);
-    return len;
+    free(d.text);
+    return ok ? d.len : 0;
 }
 
 /* Whether the request file req (lstat'ed into st) may ask for the stats:

@@ -22,7 +22,16 @@
  *   dead-stream  bfcshim_free_async on a stream destroyed since: no call on
  *              the dead handle, and the block is reused once its work is done
  *   stats-nomem  bfcshim_stats_json when its document cannot be made (no
- *              memory for open_memstream): 0, and the buffer terminated
+ *              memory for its stream): 0, and the buffer terminated
+ *   stats-nomem-write  bfcshim_stats_json when host memory runs out while
+ *              the document is written (every malloc and realloc of half
+ *              the document's size or more fails): 0 and an empty buffer, never a document cut
+ *              short reported whole, nor a copy from NULL (glibc's
+ *              open_memstream, used before, drops a write it has no room
+ *              for without setting the error flag, and its fclose answers 0
+ *              when the final realloc fails, leaving the buffer NULL: the
+ *              library crashed here). Skipped under the sanitizers, whose own
+ *              malloc this program's would replace
  */
 #include <cuda.h>
 #include <dlfcn.h>
@@ -379,19 +388,85 @@ static void platform(void)
     F->complete_all();
 }
 
-/* The library's open_memstream is this one, the program's (stats-nomem):
- * it fails while fail_memstream is set, as without memory. */
+/* The library's fopencookie is this one, the program's (stats-nomem): it
+ * fails while fail_memstream is set, as without memory. */
 static atomic_bool fail_memstream;
 
-FILE *open_memstream(char **ptr, size_t *size)
+FILE *fopencookie(void *cookie, const char *mode, cookie_io_functions_t io)
 {
     if (atomic_load(&fail_memstream)) {
         errno = ENOMEM;
         return NULL;
     }
-    FILE *(*real)(char **, size_t *);
-    *(void **)&real = dlsym(RTLD_NEXT, "open_memstream");
-    return real ? real(ptr, size) : NULL;
+    FILE *(*real)(void *, const char *, cookie_io_functions_t);
+    *(void **)&real = dlsym(RTLD_NEXT, "fopencookie");
+    return real ? real(cookie, mode, io) : NULL;
+}
+
+/* The library's malloc and realloc are these (stats-nomem-write): those of
+ * fail_from bytes or more fail while fail_from is set, as without memory.
+ * Not under a sanitizer: its runtime's malloc would be replaced by one that
+ * hands out glibc's blocks, which its free then refuses. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define FAIL_ALLOCS 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define FAIL_ALLOCS 0
+#endif
+#endif
+#ifndef FAIL_ALLOCS
+#define FAIL_ALLOCS 1
+#endif
+
+#if FAIL_ALLOCS
+static atomic_size_t fail_from;
+void *__libc_malloc(size_t);
+void *__libc_realloc(void *, size_t);
+
+void *malloc(size_t n)
+{
+    size_t f = atomic_load(&fail_from);
+    if (f && n >= f) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return __libc_malloc(n);
+}
+
+void *realloc(void *p, size_t n)
+{
+    size_t f = atomic_load(&fail_from);
+    if (f && n >= f) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return __libc_realloc(p, n);
+}
+#endif
+
+static void stats_nomem_write(void)
+{
+#if !FAIL_ALLOCS
+    exit(77); /* skipped */
+#else
+    start();
+    void *a = must_alloc(MiB, 0);
+    char whole[65536];
+    const size_t len = bfcshim_stats_json(whole, sizeof whole);
+    CHECK(len > 1024 && len < sizeof whole);
+    char buf[65536];
+    memset(buf, 'x', sizeof buf);
+    atomic_store(&fail_from, len / 2); /* no block can hold the document */
+    size_t got = bfcshim_stats_json(buf, sizeof buf);
+    atomic_store(&fail_from, 0);
+    CHECK(memchr(buf, 0, sizeof buf) != NULL);
+    CHECK_EQ(got, 0); /* no document, rather than part of one */
+    CHECK_EQ(strlen(buf), 0);
+    /* The next call makes the whole document. */
+    CHECK_EQ(bfcshim_stats_json(buf, sizeof buf), strlen(buf));
+    CHECK(strlen(buf) > 1024 && strcmp(buf + strlen(buf) - 2, "}\n") == 0);
+    CHECK_EQ(bfcshim_free(a), 0);
+#endif
 }
 
 static void stats_nomem(void)
@@ -421,13 +496,14 @@ int main(int argc, char **argv)
     } scenarios[] = {{"plain", plain},   {"async", async},       {"badinput", badinput},
                      {"zero", zero},     {"trim", trim},         {"stats", stats},
                      {"platform", platform}, {"dead-stream", dead_stream},
-                     {"torch-legacy", torch_legacy}, {"stats-nomem", stats_nomem}};
+                     {"torch-legacy", torch_legacy}, {"stats-nomem", stats_nomem},
+                     {"stats-nomem-write", stats_nomem_write}};
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
         if (strcmp(s, scenarios[i].name) == 0) {
             scenarios[i].fn();
             return e2e_done(s);
         }
     fprintf(stderr, "usage: e2e_api plain|async|badinput|zero|trim|stats|platform|dead-stream|"
-                    "torch-legacy|stats-nomem\n");
+                    "torch-legacy|stats-nomem|stats-nomem-write\n");
     return 2;
 }
