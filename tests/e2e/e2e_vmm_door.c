@@ -44,6 +44,10 @@
  *                 loan ends, the limit holds throughout (for TSan)
  *   reset         memory made by cuMemCreate outlives a primary context's
  *                 reset (cuda.h): the context's next pool still counts it
+ *   reset-alloc   (a 512 MiB limit) the same, the next pool made by a
+ *                 cuMemAlloc: it counts the orphan from its first
+ *                 allocation, not only at the program's next create
+ *                 (found by an audit)
  *   two-contexts  ... and a created context's destruction, after the
  *                 primary context's pool had lent too: the primary's pool
  *                 takes over the dead pool's loan at its next create
@@ -528,6 +532,38 @@ static void reset(void)
     delete(&big);
 }
 
+/* reset-alloc (BFCSHIM_MEM_LIMIT=512MiB): the same orphan, but the
+ * context's next pool is made by a plain cuMemAlloc, not by a create: it
+ * must count the orphan from its first allocation on, not only once the
+ * program creates again (found by an audit: the new pool served its whole
+ * limit beside the 256 MiB the program still held). */
+static void reset_alloc(void)
+{
+    start();
+    buffer big = make(256 * MiB);
+    CHECK_EQ(shim_stat_number("bytes_lent"), (long long)(256 * MiB));
+    CUdevice d;
+    CHECK_EQ(D.DeviceGet(&d, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxReset(d), CUDA_SUCCESS);
+    e2e_cu_primary_current(0);
+    memset((void *)(uintptr_t)big.at, 0x5a, big.size); /* still the program's */
+    CUdeviceptr p = 0;
+    CUresult r = D.MemAlloc(&p, 384 * MiB);
+    fprintf(stderr, "cuMemAlloc of 384 MiB beside the 256 MiB create, limit %lld: %d; "
+                    "lent %lld\n",
+            shim_stat_number("bytes_limit"), (int)r, shim_stat_number("bytes_lent"));
+    if (r == CUDA_SUCCESS)
+        CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+    CHECK_EQ(r, CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK_EQ(shim_stat_number("bytes_lent"), (long long)(256 * MiB));
+    CHECK_EQ(D.MemAlloc(&p, 128 * MiB), CUDA_SUCCESS); /* what is left of the limit */
+    CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+    delete(&big); /* its loan ends: the whole limit is the pool's again */
+    CHECK_EQ(shim_stat_number("bytes_lent"), 0);
+    CHECK_EQ(D.MemAlloc(&p, 384 * MiB), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+}
+
 static CUmemAllocationProp plain_on(int dev)
 {
     CUmemAllocationProp p = exportable_on(dev);
@@ -790,7 +826,8 @@ int main(int argc, char **argv)
         {"race-create", race_create},
         {"race-retain", race_retain},
         {"threads", threads},
-        {"reset", reset}};
+        {"reset", reset},
+        {"reset-alloc", reset_alloc}};
     return e2e_main("e2e_vmm_door", scenarios, sizeof scenarios / sizeof scenarios[0], argc,
                     argv);
 }
