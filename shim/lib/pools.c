@@ -459,8 +459,10 @@ static shim_pool *pool_get(CUcontext ctx, bool create, bool up_front)
         }
     }
     pthread_mutex_unlock(&reg_lock);
-    if (made) /* published first: see fences_ordered_begin */
+    if (made) { /* published first: see fences_ordered_begin */
         fences_ordered_begin(made);
+        vmm_door_pool_made(made); /* the program's memory that outlived a context */
+    }
     real_ctx_leave(R, pushed);
     return found;
 }

@@ -886,6 +886,7 @@ typedef struct vmm_door_counts {
 void vmm_door_get_counts(int dev, vmm_door_counts *out);
 /* Sums over devices (peak: the sum of each device's peak). */
 void vmm_door_total(vmm_door_counts *out);
+void vmm_door_pool_made(shim_pool *sp);
 void vmm_door_lock_for_fork(bool hold);
 void vmm_door_after_fork_child(void);
 /* Pitch and size of a pitched allocation: the width rounded up to the row
