@@ -48,6 +48,10 @@
  *                 cuMemAlloc: it counts the orphan from its first
  *                 allocation, not only at the program's next create
  *                 (found by an audit)
+ *   death-alloc   (a 512 MiB limit) a created context's pool lends and
+ *                 dies while the primary's pool exists, and the program
+ *                 then only allocates: the primary's pool counts the
+ *                 orphan from its next allocation (found by an audit)
  *   two-contexts  ... and a created context's destruction, after the
  *                 primary context's pool had lent too: the primary's pool
  *                 takes over the dead pool's loan at its next create
@@ -568,6 +572,40 @@ static CUmemAllocationProp plain_on(int dev)
     return p;
 }
 
+/* death-alloc (BFCSHIM_MEM_LIMIT=512MiB): the pool that should count the
+ * orphan already exists when its lender dies (the primary context's, made
+ * by a cuMemAlloc), and the program only allocates after: the orphan counts
+ * from the live pool's next allocation (found by an audit: the primary's
+ * pool served its whole limit beside the 256 MiB until the program's next
+ * create). */
+static void death_alloc(void)
+{
+    start();
+    CUcontext primary = e2e_cu_primary_current(0);
+    CUdeviceptr p = 0;
+    CHECK_EQ(D.MemAlloc(&p, 8 * MiB), CUDA_SUCCESS); /* the primary's pool */
+    CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+    CUdevice d;
+    CHECK_EQ(D.DeviceGet(&d, 0), CUDA_SUCCESS);
+    CUcontext other = NULL;
+    CHECK_EQ(D.CtxCreate(&other, NULL, 0, d), CUDA_SUCCESS); /* current now */
+    buffer big = make(256 * MiB);                             /* the created context's pool lends */
+    CHECK_EQ(D.CtxDestroy(other), CUDA_SUCCESS);              /* big lives on */
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    memset((void *)(uintptr_t)big.at, 0x5a, big.size); /* still the program's */
+    CUresult r = D.MemAlloc(&p, 384 * MiB);
+    fprintf(stderr, "cuMemAlloc of 384 MiB beside the 256 MiB orphan, limit 512 MiB: %d\n",
+            (int)r);
+    if (r == CUDA_SUCCESS)
+        CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+    CHECK_EQ(r, CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK_EQ(D.MemAlloc(&p, 128 * MiB), CUDA_SUCCESS); /* what is left of the limit */
+    CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+    delete(&big); /* its loan ends: the whole limit is the pool's again */
+    CHECK_EQ(D.MemAlloc(&p, 384 * MiB), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+}
+
 static void two_contexts(void)
 {
     start();
@@ -834,7 +872,8 @@ int main(int argc, char **argv)
         {"race-retain", race_retain},
         {"threads", threads},
         {"reset", reset},
-        {"reset-alloc", reset_alloc}};
+        {"reset-alloc", reset_alloc},
+        {"death-alloc", death_alloc}};
     return e2e_main("e2e_vmm_door", scenarios, sizeof scenarios / sizeof scenarios[0], argc,
                     argv);
 }
