@@ -106,8 +106,9 @@ static void name_once(int dev, size_t size, const shim_pool *lender)
  * neither): when a pool dies with its context, the loans of the program's
  * memory still alive stay with it, and the device's next pool would lend
  * its whole limit again (e2e_vmm_door reset). So the first lend on a device
- * after any pool died, and a pool made on it (vmm_door_pool_made), takes
- * over the loans of dead pools there, whichever
+ * after any pool died, a pool made on it, and a live one's first allocation
+ * after the death (vmm_door_take_over_loans), takes over the loans of dead
+ * pools there, whichever
  * pool lent last (e2e_vmm_door two-contexts: a created context's pool died
  * after the primary context's had lent); a loan it has no room for stays
  * where it was, and the memory then counts nowhere until its release (said
@@ -223,13 +224,14 @@ static void adopt_loans(shim_pool *sp)
     }
 }
 
-/* A pool just made (by any door) takes over the loans dead pools of its
- * device still hold, before it serves anything: waiting for the program's
- * next create, a pool made by a plain cuMemAlloc after a reset served its
- * whole limit beside the orphans (e2e_vmm_door reset-alloc, found by an
- * audit). Nothing to do, one lock taken, while no pool died since the last
- * scan. */
-void vmm_door_pool_made(shim_pool *sp)
+/* A pool just made (by any door), and a live one at its first allocation
+ * after a pool died (svc_alloc), takes over the loans dead pools of its
+ * device still hold: waiting for the program's next create, a pool made by
+ * a plain cuMemAlloc after a reset, or the primary context's pool after a
+ * created context's death, served its whole limit beside the orphans
+ * (e2e_vmm_door reset-alloc, death-alloc; found by an audit). Nothing to
+ * do, one lock taken, while no pool died since the last scan. */
+void vmm_door_take_over_loans(shim_pool *sp)
 {
     if (shim_config_get()->vmm_door == VMM_DOOR_POOL)
         adopt_loans(sp);

@@ -461,7 +461,7 @@ static shim_pool *pool_get(CUcontext ctx, bool create, bool up_front)
     pthread_mutex_unlock(&reg_lock);
     if (made) { /* published first: see fences_ordered_begin */
         fences_ordered_begin(made);
-        vmm_door_pool_made(made); /* the program's memory that outlived a context */
+        pools_take_over_loans(made); /* the program's memory that outlived a context */
     }
     real_ctx_leave(R, pushed);
     return found;
@@ -542,6 +542,12 @@ bool pools_dead_block(CUdeviceptr addr)
 static atomic_uint_fast64_t deaths;
 
 uint64_t pools_deaths(void) { return atomic_load(&deaths); }
+
+void pools_take_over_loans(shim_pool *sp)
+{
+    atomic_store(&sp->deaths_seen, pools_deaths());
+    vmm_door_take_over_loans(sp);
+}
 
 /*
  * Trims and teardowns. A trim reaches every pool of a device from any

@@ -191,6 +191,12 @@ svc_status svc_alloc(shim_pool *sp, size_t size, uint32_t lane, CUstream stream,
 {
     if (size > sp->limit / 2)
         preallocation_hint(sp, size, api, false);
+    /* A pool died: loans it held of the program's memory, which outlives
+     * it, count against this pool's limit before it serves (one load a call
+     * while no pool dies). */
+    if (__builtin_expect(pools_deaths() != atomic_load_explicit(&sp->deaths_seen,
+                                                               memory_order_relaxed), 0))
+        pools_take_over_loans(sp);
     bfc_addr a = 0;
     bfc_status st = pool_alloc_in_context(sp, size, lane, &a);
     if (st == BFC_OK) {

@@ -292,6 +292,9 @@ typedef struct shim_pool {
     atomic_int trims;
     atomic_int closing;
     atomic_bool given_back; /* (over virtual memory) its granules went back */
+    /* pools_deaths() when this pool last looked for loans that dead pools
+     * of its device still hold (service.c, svc_alloc) */
+    atomic_uint_fast64_t deaths_seen;
     /* the thread whose teardown forgot it (pools.c): only that thread gives
      * its granules back, after its own real call returned */
     atomic_uintptr_t forgotten_by;
@@ -441,6 +444,9 @@ bool pools_forget_if_replaced(shim_pool *sp);
 bool pools_dead_block(CUdeviceptr addr);
 /* How many pools have died (their context gone) so far. */
 uint64_t pools_deaths(void);
+/* Takes over the loans dead pools of sp's device hold (door_vmm.c), once
+ * per death seen: svc_alloc calls it when pools_deaths() moved. */
+void pools_take_over_loans(shim_pool *sp);
 /* Is ctx the primary context of a live pool? */
 bool pools_context_is_primary(CUcontext ctx);
 /* The same for the device's primary context, if it is active. */
@@ -886,7 +892,7 @@ typedef struct vmm_door_counts {
 void vmm_door_get_counts(int dev, vmm_door_counts *out);
 /* Sums over devices (peak: the sum of each device's peak). */
 void vmm_door_total(vmm_door_counts *out);
-void vmm_door_pool_made(shim_pool *sp);
+void vmm_door_take_over_loans(shim_pool *sp);
 void vmm_door_lock_for_fork(bool hold);
 void vmm_door_after_fork_child(void);
 /* Pitch and size of a pitched allocation: the width rounded up to the row
