@@ -32,6 +32,10 @@
  *              when the final realloc fails, leaving the buffer NULL: the
  *              library crashed here). Skipped under the sanitizers, whose own
  *              malloc this program's would replace
+ *   oom-report-nomem  the out-of-memory report when host memory runs out
+ *              while it is formatted: no part of a report in
+ *              BFCSHIM_OOM_REPORT's file, and the whole report the next
+ *              time (skipped under the sanitizers, as above)
  */
 #include <cuda.h>
 #include <dlfcn.h>
@@ -469,6 +473,45 @@ static void stats_nomem_write(void)
 #endif
 }
 
+/* oom-report-nomem (BFCSHIM_MEM_LIMIT=64MiB, BFCSHIM_OOM_REPORT set): host
+ * memory runs out while the out-of-memory report is formatted. No part of
+ * a report reaches the file, and the same situation once memory is back
+ * gets the whole report (it is not taken as already said). */
+static void oom_report_nomem(void)
+{
+#if !FAIL_ALLOCS
+    exit(77); /* skipped */
+#else
+    start();
+    const char *report = getenv("BFCSHIM_OOM_REPORT");
+    CHECK(report != NULL);
+    unlink(report);
+    void *a = must_alloc(MiB, 0);
+    void *p = NULL;
+    atomic_store(&fail_from, 1024); /* the report is longer */
+    int r = bfcshim_malloc(&p, 256 * MiB, 0);
+    atomic_store(&fail_from, 0);
+    CHECK(r != 0);
+    char text[65536] = "";
+    FILE *f = fopen(report, "r");
+    size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    if (f)
+        fclose(f);
+    CHECK_EQ(n, 0);
+    r = bfcshim_malloc(&p, 256 * MiB, 0);
+    CHECK(r != 0);
+    f = fopen(report, "r");
+    CHECK(f != NULL);
+    n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    if (f)
+        fclose(f);
+    text[n] = 0;
+    const char *end = "==== end of report ====\n";
+    CHECK(n > strlen(end) && strcmp(text + n - strlen(end), end) == 0);
+    CHECK_EQ(bfcshim_free(a), 0);
+#endif
+}
+
 static void stats_nomem(void)
 {
     start();
@@ -497,13 +540,14 @@ int main(int argc, char **argv)
                      {"zero", zero},     {"trim", trim},         {"stats", stats},
                      {"platform", platform}, {"dead-stream", dead_stream},
                      {"torch-legacy", torch_legacy}, {"stats-nomem", stats_nomem},
-                     {"stats-nomem-write", stats_nomem_write}};
+                     {"stats-nomem-write", stats_nomem_write},
+                     {"oom-report-nomem", oom_report_nomem}};
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
         if (strcmp(s, scenarios[i].name) == 0) {
             scenarios[i].fn();
             return e2e_done(s);
         }
     fprintf(stderr, "usage: e2e_api plain|async|badinput|zero|trim|stats|platform|dead-stream|"
-                    "torch-legacy|stats-nomem|stats-nomem-write\n");
+                    "torch-legacy|stats-nomem|stats-nomem-write|oom-report-nomem\n");
     return 2;
 }
