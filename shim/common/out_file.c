@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -192,6 +193,34 @@ bool out_file_in_place(const char *path)
     if (S_ISLNK(st.st_mode))
         return trusted_link(path); /* another user's: refused by the rename */
     return !S_ISREG(st.st_mode);
+}
+
+/* A write that cannot grow the buffer copies nothing and answers 0, which
+ * sets the stream's error flag (fopencookie(3): "the number of bytes copied
+ * from buf, or 0 on error"). */
+static ssize_t out_mem_write(void *cookie, const char *p, size_t n)
+{
+    out_mem *m = cookie;
+    if (n > m->cap - m->len) {
+        size_t cap = m->cap ? m->cap : 4096;
+        while (cap - m->len < n && cap <= SIZE_MAX / 2)
+            cap *= 2;
+        char *t = cap - m->len >= n ? realloc(m->text, cap) : NULL;
+        if (!t) {
+            errno = ENOMEM;
+            return 0;
+        }
+        m->text = t;
+        m->cap = cap;
+    }
+    memcpy(m->text + m->len, p, n);
+    m->len += n;
+    return (ssize_t)n;
+}
+
+FILE *out_mem_open(out_mem *m)
+{
+    return fopencookie(m, "w", (cookie_io_functions_t){.write = out_mem_write});
 }
 
 bool out_file_close(FILE *f)

@@ -51,6 +51,20 @@ bool out_file_in_place(const char *path);
  * would pass for a whole one. */
 bool out_file_close(FILE *f);
 
+/* A document written in memory (the stats JSON, the OOM report): open it
+ * with out_mem_open (an empty out_mem), write, close with out_file_close,
+ * whose false says the document is not whole; then free(m->text). A
+ * stream of its own, not open_memstream: glibc's memory stream drops a
+ * write it finds no memory for without setting the error flag, and its
+ * fclose answers 0 when its last realloc fails, the buffer then NULL and
+ * the length the last flush's (e2e_api stats-nomem-write). NULL with errno
+ * when the stream cannot be made. */
+typedef struct out_mem {
+    char *text; /* not NUL-terminated */
+    size_t len, cap;
+} out_mem;
+FILE *out_mem_open(out_mem *m);
+
 /* Why writing path failed with err, as words that follow the path in a
  * message: "is a symbolic link", or "cannot be written (strerror)". */
 void out_file_why(const char *path, int err, char *buf, size_t size);

@@ -40,6 +40,19 @@ static bool first_time(uint32_t key)
     return fresh;
 }
 
+/* A situation whose report could not be made (no host memory) is reported
+ * the next time it comes. */
+static void forget_situation(uint32_t key)
+{
+    pthread_mutex_lock(&seen_lock);
+    for (size_t i = 0; i < nseen; i++)
+        if (seen[i] == key) {
+            seen[i] = seen[--nseen];
+            break;
+        }
+    pthread_mutex_unlock(&seen_lock);
+}
+
 static unsigned log2_floor(uint64_t x)
 {
     return x ? 63u - (unsigned)__builtin_clzll(x) : 0;
@@ -225,13 +238,19 @@ void oom_report(shim_pool *sp, size_t size, const char *api)
     if (!first_time(key))
         return;
     /* Formatted once, then written whole to each destination. */
-    char *text = NULL;
-    size_t len = 0;
-    FILE *mem = open_memstream(&text, &len);
-    if (!mem)
+    out_mem m = {0};
+    FILE *mem = out_mem_open(&m);
+    if (mem)
+        write_report(mem, sp, &st, &fs, rounded, cause, size, api);
+    if (!mem || !out_file_close(mem)) { /* a line, never part of a report */
+        free(m.text);
+        forget_situation(key);
+        shim_log(LOG_ERROR, "%s(%zu bytes): no host memory to make the out-of-memory report; "
+                            "it is made the next time", api, size);
         return;
-    write_report(mem, sp, &st, &fs, rounded, cause, size, api);
-    fclose(mem);
+    }
+    const char *text = m.text;
+    const size_t len = m.len;
     ssize_t w = write(shim_log_fd(), text, len);
     (void)w;
     char path[4096], why[160];
@@ -252,5 +271,5 @@ void oom_report(shim_pool *sp, size_t size, const char *api)
             shim_log(LOG_ERROR, "BFCSHIM_OOM_REPORT: %s %s; not written", path, why);
         }
     }
-    free(text);
+    free(m.text);
 }

@@ -313,48 +313,15 @@ SHIM_EXPORT int bfcshim_write_stats(const char *path)
     return stats_write_file(path ? path : shim_config_get()->stats_file) ? 0 : -1;
 }
 
-/* The document in memory (bfcshim_stats_json). A stream of its own, not
- * open_memstream: glibc's memory stream drops a write it finds no memory
- * for without setting the error flag, and its fclose answers 0 when the
- * last realloc fails, the buffer then NULL and the length the last flush's
- * (the document was copied from NULL: e2e_api stats-nomem-write). Here a
- * write that cannot grow the buffer copies nothing and answers 0, which
- * sets the stream's error flag (fopencookie(3): "the number of bytes
- * copied from buf, or 0 on error"). */
-typedef struct mem_doc {
-    char *text;
-    size_t len, cap;
-} mem_doc;
-
-static ssize_t mem_doc_write(void *cookie, const char *p, size_t n)
-{
-    mem_doc *d = cookie;
-    if (n > d->cap - d->len) {
-        size_t cap = d->cap ? d->cap : 4096;
-        while (cap - d->len < n && cap <= SIZE_MAX / 2)
-            cap *= 2;
-        char *t = cap - d->len >= n ? realloc(d->text, cap) : NULL;
-        if (!t) {
-            errno = ENOMEM;
-            return 0;
-        }
-        d->text = t;
-        d->cap = cap;
-    }
-    memcpy(d->text + d->len, p, n);
-    d->len += n;
-    return (ssize_t)n;
-}
-
 SHIM_EXPORT size_t bfcshim_stats_json(char *buf, size_t size)
 {
-    mem_doc d = {0};
+    out_mem d = {0};
     /* A C string whatever happens: empty when the document cannot be made
      * whole (no memory), the 0 returned saying so (a document is never
      * empty); never part of one. */
     if (buf && size)
         buf[0] = 0;
-    FILE *f = fopencookie(&d, "w", (cookie_io_functions_t){.write = mem_doc_write});
+    FILE *f = out_mem_open(&d);
     if (!f)
         return 0;
     write_json(f);
