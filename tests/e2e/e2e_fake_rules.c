@@ -164,6 +164,13 @@
  *                  wait on another device's event legal and ordering;
  *                  cuCtxSynchronize its own context only; a destroyed
  *                  stream's work and the event behind it complete later
+ *   fake-more-stream-calls  cuEventRecordWithFlags (DEFAULT: a record;
+ *                  an unknown flag, or EXTERNAL outside a capture: invalid
+ *                  value; EXTERNAL in a capture: a node, the event
+ *                  untouched), cuStreamQuery_ptsz, cuStreamGetPriority (the
+ *                  clamped priority, 0) and cuLaunchHostFunc_ptsz, with
+ *                  stream 0 the per-thread stream in the _ptsz twins, and
+ *                  what cuGetProcAddress hands out for them
  *   fake-visible-devices, fake-visible-uuid, fake-visible-none
  *                  CUDA_VISIBLE_DEVICES, read at cuInit (meson sets it, with
  *                  FAKECUDA_MEM=1GiB,2GiB): "1"; "GPU-fb,0,7,1" (a UUID
@@ -2831,6 +2838,112 @@ static void fake_stream_order(void)
     CHECK_EQ(D.StreamDestroy(other), CUDA_SUCCESS);
 }
 
+/* The entry points a program may reach the driver by that the shim passes
+ * through (cuda.h's CUDA_API_PER_THREAD_DEFAULT_STREAM list maps each to a
+ * _ptsz twin): cuEventRecordWithFlags, cuStreamQuery_ptsz,
+ * cuStreamGetPriority, cuLaunchHostFunc_ptsz. */
+static void fake_more_stream_calls(void)
+{
+    start();
+    NEED(GetProcAddress);
+    void *h = e2e_open_libcuda();
+    CUresult (*record_flags[2])(CUevent, CUstream, unsigned);
+    CUresult (*query_ptsz)(CUstream);
+    CUresult (*priority[2])(CUstream, int *);
+    CUresult (*host_func_ptsz)(CUstream, CUhostFn, void *);
+    CUresult (*create_prio)(CUstream *, unsigned, int);
+    *(void **)&record_flags[0] = e2e_dlsym(h, "cuEventRecordWithFlags");
+    *(void **)&record_flags[1] = e2e_dlsym(h, "cuEventRecordWithFlags_ptsz");
+    *(void **)&query_ptsz = e2e_dlsym(h, "cuStreamQuery_ptsz");
+    *(void **)&priority[0] = e2e_dlsym(h, "cuStreamGetPriority");
+    *(void **)&priority[1] = e2e_dlsym(h, "cuStreamGetPriority_ptsz");
+    *(void **)&host_func_ptsz = e2e_dlsym(h, "cuLaunchHostFunc_ptsz");
+    *(void **)&create_prio = e2e_dlsym(h, "cuStreamCreateWithPriority");
+    /* cuGetProcAddress hands them out (cudaTypedefs.h's versions). */
+    proc_at("cuEventRecordWithFlags", 11010, "cuEventRecordWithFlags");
+    proc_ptds_at("cuEventRecordWithFlags", 11010, "cuEventRecordWithFlags_ptsz");
+    proc_at("cuStreamQuery", 2000, "cuStreamQuery");
+    proc_ptds_at("cuStreamQuery", 7000, "cuStreamQuery_ptsz");
+    proc_at("cuStreamGetPriority", 5050, "cuStreamGetPriority");
+    proc_ptds_at("cuStreamGetPriority", 7000, "cuStreamGetPriority_ptsz");
+    proc_ptds_at("cuLaunchHostFunc", 10000, "cuLaunchHostFunc_ptsz");
+
+    CUstream blk, prio;
+    CUevent e;
+    CUgraph g;
+    CHECK_EQ(D.StreamCreate(&blk, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.EventCreate(&e, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    /* CU_EVENT_RECORD_DEFAULT is cuEventRecord: the event waits for the
+     * stream's work. */
+    CHECK_EQ(fakecuda()->launch(blk, nothing, NULL), 0);
+    CHECK_EQ(record_flags[0](e, blk, CU_EVENT_RECORD_DEFAULT), CUDA_SUCCESS);
+    CHECK_EQ(D.EventQuery(e), CUDA_ERROR_NOT_READY);
+    fakecuda()->complete(blk);
+    CHECK_EQ(D.EventQuery(e), CUDA_SUCCESS);
+    /* An unknown flag, and EXTERNAL outside a capture ("invalid outside of
+     * stream capture"): invalid values, the event untouched. */
+    CHECK_EQ(fakecuda()->launch(blk, nothing, NULL), 0);
+    CHECK_EQ(record_flags[0](e, blk, 0x2), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(record_flags[0](e, blk, CU_EVENT_RECORD_EXTERNAL), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(D.EventQuery(e), CUDA_SUCCESS);
+    /* _ptsz: stream 0 is the per-thread stream, which does not wait for
+     * another blocking stream's work (the legacy stream would). */
+    CHECK_EQ(record_flags[1](e, NULL, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.EventQuery(e), CUDA_SUCCESS);
+    CHECK_EQ(record_flags[0](e, NULL, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.EventQuery(e), CUDA_ERROR_NOT_READY);
+    fakecuda()->complete(blk);
+    CHECK_EQ(D.EventQuery(e), CUDA_SUCCESS);
+    /* EXTERNAL in a capture: a node of the graph; the event is neither
+     * recorded now nor a captured event. */
+    CHECK_EQ(fakecuda()->launch(blk, nothing, NULL), 0);
+    CHECK_EQ(D.EventRecord(e, blk), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamBeginCapture(blk, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(record_flags[0](e, blk, CU_EVENT_RECORD_EXTERNAL), CUDA_SUCCESS);
+    CHECK_EQ(D.EventQuery(e), CUDA_ERROR_NOT_READY); /* still the record before */
+    CHECK_EQ(capture_status(blk), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    CHECK_EQ(D.StreamEndCapture(blk, &g), CUDA_SUCCESS);
+    CHECK(g != NULL);
+    NEED(GraphDestroy);
+    CHECK_EQ(X.GraphDestroy(g), CUDA_SUCCESS);
+    fakecuda()->complete(blk);
+    CHECK_EQ(D.EventQuery(e), CUDA_SUCCESS);
+    /* cuStreamQuery_ptsz: stream 0 is the per-thread stream. */
+    CHECK_EQ(fakecuda()->launch(blk, nothing, NULL), 0);
+    CHECK_EQ(query_ptsz(NULL), CUDA_SUCCESS);
+    CHECK_EQ(query_ptsz(blk), CUDA_ERROR_NOT_READY);
+    fakecuda()->complete(blk);
+    CHECK_EQ(fakecuda()->launch(CU_STREAM_PER_THREAD, nothing, NULL), 0);
+    CHECK_EQ(query_ptsz(NULL), CUDA_ERROR_NOT_READY);
+    fakecuda()->complete(CU_STREAM_PER_THREAD);
+    CHECK_EQ(query_ptsz(NULL), CUDA_SUCCESS);
+    /* cuLaunchHostFunc_ptsz: on the per-thread stream, queued. */
+    host_runs = 0;
+    CHECK_EQ(host_func_ptsz(NULL, count_run, NULL), CUDA_SUCCESS);
+    CHECK_EQ(fakecuda()->pending(CU_STREAM_PER_THREAD), 1);
+    CHECK_EQ(fakecuda()->pending(CU_STREAM_LEGACY), 0);
+    CHECK_EQ(host_runs, 0);
+    fakecuda()->complete(CU_STREAM_PER_THREAD);
+    CHECK_EQ(host_runs, 1);
+    CHECK_EQ(host_func_ptsz(blk, NULL, NULL), CUDA_ERROR_INVALID_VALUE);
+    /* cuStreamGetPriority: the clamped priority; the range is [0, 0]. */
+    int p = 7;
+    CHECK_EQ(create_prio(&prio, CU_STREAM_NON_BLOCKING, -1000), CUDA_SUCCESS);
+    for (int z = 0; z < 2; z++) {
+        p = 7;
+        CHECK_EQ(priority[z](prio, &p), CUDA_SUCCESS);
+        CHECK_EQ(p, 0);
+        p = 7;
+        CHECK_EQ(priority[z](NULL, &p), CUDA_SUCCESS);
+        CHECK_EQ(p, 0);
+        CHECK_EQ(priority[z](prio, NULL), CUDA_ERROR_INVALID_VALUE);
+    }
+    CHECK_EQ(D.StreamDestroy(prio), CUDA_SUCCESS);
+    CHECK_EQ(priority[0](prio, &p), CUDA_ERROR_INVALID_HANDLE);
+    CHECK_EQ(D.EventDestroy(e), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(blk), CUDA_SUCCESS);
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -2870,6 +2983,7 @@ int main(int argc, char **argv)
         {"fake-stream-flags", fake_stream_flags},
         {"fake-host-func", fake_host_func},
         {"fake-stream-order", fake_stream_order},
+        {"fake-more-stream-calls", fake_more_stream_calls},
     };
     return e2e_main("e2e_fake_rules", scenarios, sizeof scenarios / sizeof scenarios[0], argc,
                     argv);

@@ -557,6 +557,10 @@ EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream h, CUgraph g, const CU
 EXPORT CUresult cuStreamEndCapture_ptsz(CUstream h, CUgraph *g);
 EXPORT CUresult cuEventRecord_ptsz(CUevent h, CUstream s);
 EXPORT CUresult cuStreamWaitEvent_ptsz(CUstream h, CUevent ev, unsigned int flags);
+EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent h, CUstream s, unsigned int flags);
+EXPORT CUresult cuStreamQuery_ptsz(CUstream h);
+EXPORT CUresult cuStreamGetPriority_ptsz(CUstream h, int *priority);
+EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream h, CUhostFn fn, void *data);
 EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end);
 EXPORT CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr d, const void *s, size_t n);
 EXPORT CUresult cuMemcpyDtoH_v2_ptds(void *d, CUdeviceptr s, size_t n);

@@ -161,9 +161,8 @@ EXPORT CUresult cuStreamSynchronize_ptsz(CUstream h)
     return stream_sync(h ? h : CU_STREAM_PER_THREAD);
 }
 
-EXPORT CUresult cuStreamQuery(CUstream h)
+static CUresult stream_query(CUstream h)
 {
-    CALLED();
     ENTER_API();
     fstream *s = stream_of(h);
     if (!s)
@@ -174,6 +173,46 @@ EXPORT CUresult cuStreamQuery(CUstream h)
     if (r != CUDA_SUCCESS)
         LEAVE(r);
     LEAVE(stream_done_to(s, s->submitted) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY);
+}
+
+EXPORT CUresult cuStreamQuery(CUstream h) { CALLED(); return stream_query(h); }
+/* cuda.h: cuStreamQuery is __CUDA_API_PTSZ(cuStreamQuery) under
+ * CUDA_API_PER_THREAD_DEFAULT_STREAM; stream 0 is the per-thread stream. */
+EXPORT CUresult cuStreamQuery_ptsz(CUstream h)
+{
+    CALLED();
+    return stream_query(h ? h : CU_STREAM_PER_THREAD);
+}
+
+/* cuStreamGetPriority: the priority of a stream made by cuStreamCreate,
+ * cuStreamCreateWithPriority or cuGreenCtxStreamCreate, "the clamped
+ * priority" where it was made with one outside cuCtxGetStreamPriorityRange.
+ * The fake's range is [0, 0] (fake_contexts.c), so every stream's clamped
+ * priority is 0; the special handles answer the default priority, 0 too.
+ * A bad stream is CUDA_ERROR_INVALID_HANDLE, no place for the answer
+ * CUDA_ERROR_INVALID_VALUE (both listed). _ptsz: cuda.h's
+ * __CUDA_API_PTSZ(cuStreamGetPriority), stream 0 the per-thread stream. */
+static CUresult stream_get_priority(CUstream h, int *priority)
+{
+    ENTER_API();
+    fstream *s = stream_of(h);
+    if (!s)
+        LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    if (!priority)
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
+    *priority = 0;
+    LEAVE(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuStreamGetPriority(CUstream h, int *priority)
+{
+    CALLED();
+    return stream_get_priority(h, priority);
+}
+EXPORT CUresult cuStreamGetPriority_ptsz(CUstream h, int *priority)
+{
+    CALLED();
+    return stream_get_priority(h ? h : CU_STREAM_PER_THREAD, priority);
 }
 
 static CUresult is_capturing(CUstream h, CUstreamCaptureStatus *status)
@@ -729,7 +768,17 @@ void event_add_dep(fevent *e, fstream *s, uint64_t seq)
     e->deps[e->ndeps++] = (dep){s, seq};
 }
 
-static CUresult event_record(CUevent h, CUstream sh)
+/* Both records: cuEventRecord's and cuEventRecordWithFlags's (flags 0 is
+ * CU_EVENT_RECORD_DEFAULT, the same record). cuEventRecordWithFlags, cuda.h:
+ * flags are CU_EVENT_RECORD_DEFAULT and CU_EVENT_RECORD_EXTERNAL ("Event is
+ * captured in the graph as an external event node when performing stream
+ * capture. This flag is invalid outside of stream capture"): any other bit,
+ * or EXTERNAL on a stream that does not capture, is CUDA_ERROR_INVALID_VALUE
+ * (a listed code). An external record in a capture is a node of the graph,
+ * which records the event when the graph runs (the fake launches no
+ * graphs): the event is left as it was, neither recorded now nor a
+ * captured event that streams could join the capture by. */
+static CUresult event_record(CUevent h, CUstream sh, unsigned flags)
 {
     ENTER_API();
     fevent *e = event_of(h);
@@ -740,9 +789,16 @@ static CUresult event_record(CUevent h, CUstream sh)
      * CUDA_ERROR_INVALID_HANDLE is returned" (cuEventRecord, cuda.h) */
     if (e->ctx != s->ctx)
         LEAVE(CUDA_ERROR_INVALID_HANDLE);
+    const bool external = flags & CU_EVENT_RECORD_EXTERNAL;
+    if ((flags & ~(unsigned)CU_EVENT_RECORD_EXTERNAL) || (external && !live_capture(s)))
+        LEAVE(CUDA_ERROR_INVALID_VALUE);
     CUresult r = work_usable(s);
     if (r != CUDA_SUCCESS)
         LEAVE(r);
+    if (external) {
+        captured_instead(s); /* the external record: a node of the graph */
+        LEAVE(CUDA_SUCCESS);
+    }
     G.st.event_records++;
     e->recorded = true;
     e->recorded_ns = now_ns();
@@ -770,11 +826,26 @@ static CUresult event_record(CUevent h, CUstream sh)
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuEventRecord(CUevent h, CUstream s) { CALLED(); return event_record(h, s); }
+EXPORT CUresult cuEventRecord(CUevent h, CUstream s) { CALLED(); return event_record(h, s, 0); }
 EXPORT CUresult cuEventRecord_ptsz(CUevent h, CUstream s)
 {
     CALLED();
-    return event_record(h, s ? s : CU_STREAM_PER_THREAD);
+    return event_record(h, s ? s : CU_STREAM_PER_THREAD, 0);
+}
+
+/* CUDA 11.1's record with flags (event_record above). cuda.h maps it to
+ * __CUDA_API_PTSZ(cuEventRecordWithFlags) under
+ * CUDA_API_PER_THREAD_DEFAULT_STREAM: in the _ptsz twin stream 0 is the
+ * calling thread's per-thread stream. */
+EXPORT CUresult cuEventRecordWithFlags(CUevent h, CUstream s, unsigned int flags)
+{
+    CALLED();
+    return event_record(h, s, flags);
+}
+EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent h, CUstream s, unsigned int flags)
+{
+    CALLED();
+    return event_record(h, s ? s : CU_STREAM_PER_THREAD, flags);
 }
 
 /* Lock held. */
@@ -877,9 +948,8 @@ EXPORT CUresult cuEventSynchronize(CUevent h)
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void *data)
+static CUresult launch_host_func(CUstream h, CUhostFn fn, void *data)
 {
-    CALLED();
     ENTER_API();
     fstream *s = stream_of(h);
     /* A bad stream is CUDA_ERROR_INVALID_HANDLE, the code cuda.h lists (not
@@ -896,4 +966,17 @@ EXPORT CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void *data)
         submit_host_fn(s, fn, data);
     maybe_autocomplete_and_unlock(s);
     return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void *data)
+{
+    CALLED();
+    return launch_host_func(h, fn, data);
+}
+/* cuda.h: __CUDA_API_PTSZ(cuLaunchHostFunc) under
+ * CUDA_API_PER_THREAD_DEFAULT_STREAM; stream 0 is the per-thread stream. */
+EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream h, CUhostFn fn, void *data)
+{
+    CALLED();
+    return launch_host_func(h ? h : CU_STREAM_PER_THREAD, fn, data);
 }
