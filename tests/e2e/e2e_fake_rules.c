@@ -171,6 +171,10 @@
  *                  clamped priority, 0) and cuLaunchHostFunc_ptsz, with
  *                  stream 0 the per-thread stream in the _ptsz twins, and
  *                  what cuGetProcAddress hands out for them
+ *   fake-legacy-record  a record on the legacy stream is one of its
+ *                  operations: blocking (and per-thread) streams' later work
+ *                  runs after every blocking stream's work before it, a
+ *                  non-blocking stream's does not wait
  *   fake-visible-devices, fake-visible-uuid, fake-visible-none
  *                  CUDA_VISIBLE_DEVICES, read at cuInit (meson sets it, with
  *                  FAKECUDA_MEM=1GiB,2GiB): "1"; "GPU-fb,0,7,1" (a UUID
@@ -2944,6 +2948,44 @@ static void fake_more_stream_calls(void)
     CHECK_EQ(D.StreamDestroy(blk), CUDA_SUCCESS);
 }
 
+/* A record on the legacy stream is an operation of it like any other ("the
+ * legacy stream first waits on all blocking streams, the operation is
+ * queued in the legacy stream, and then all blocking streams wait on the
+ * legacy stream"): blocking-stream work issued after it runs after every
+ * blocking stream's work issued before it; a non-blocking stream's not. */
+static void fake_legacy_record(void)
+{
+    start();
+    CUstream a, b, nb;
+    CUevent e;
+    CHECK_EQ(D.StreamCreate(&a, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&b, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&nb, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.EventCreate(&e, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    host_runs = 0;
+    CHECK_EQ(fakecuda()->launch(a, count_run, NULL), 0);
+    CHECK_EQ(D.EventRecord(e, CU_STREAM_LEGACY), CUDA_SUCCESS);
+    CHECK_EQ(fakecuda()->launch(nb, nothing, NULL), 0);
+    fakecuda()->complete(nb);
+    CHECK_EQ(host_runs, 0);
+    CHECK_EQ(fakecuda()->launch(b, nothing, NULL), 0);
+    CHECK_EQ(D.StreamQuery(b), CUDA_ERROR_NOT_READY);
+    fakecuda()->complete(b);
+    CHECK_EQ(host_runs, 1); /* b's work waited for the record, so for a's */
+    CHECK_EQ(D.EventQuery(e), CUDA_SUCCESS);
+    /* The per-thread default stream is a blocking one: the same. */
+    host_runs = 0;
+    CHECK_EQ(fakecuda()->launch(a, count_run, NULL), 0);
+    CHECK_EQ(D.EventRecord(e, NULL), CUDA_SUCCESS);
+    CHECK_EQ(fakecuda()->launch(CU_STREAM_PER_THREAD, nothing, NULL), 0);
+    fakecuda()->complete(CU_STREAM_PER_THREAD);
+    CHECK_EQ(host_runs, 1);
+    CHECK_EQ(D.EventDestroy(e), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(a), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(b), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(nb), CUDA_SUCCESS);
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -2984,6 +3026,7 @@ int main(int argc, char **argv)
         {"fake-host-func", fake_host_func},
         {"fake-stream-order", fake_stream_order},
         {"fake-more-stream-calls", fake_more_stream_calls},
+        {"fake-legacy-record", fake_legacy_record},
     };
     return e2e_main("e2e_fake_rules", scenarios, sizeof scenarios / sizeof scenarios[0], argc,
                     argv);
