@@ -175,6 +175,9 @@
  *                  operations: blocking (and per-thread) streams' later work
  *                  runs after every blocking stream's work before it, a
  *                  non-blocking stream's does not wait
+ *   fake-wait-ended-capture  cuStreamWaitEvent on an event last recorded
+ *                  in a capture that has ended: CUDA_ERROR_CAPTURED_EVENT, a
+ *                  capturing waiter's capture invalidated
  *   fake-visible-devices, fake-visible-uuid, fake-visible-none
  *                  CUDA_VISIBLE_DEVICES, read at cuInit (meson sets it, with
  *                  FAKECUDA_MEM=1GiB,2GiB): "1"; "GPU-fb,0,7,1" (a UUID
@@ -1920,8 +1923,9 @@ static void fake_capture_fork(void)
     CHECK_EQ(D.StreamEndCapture(origin, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
     CHECK_EQ(capture_status(blocking), CU_STREAM_CAPTURE_STATUS_NONE);
 
-    /* An event of a capture that has ended joins nothing. */
-    CHECK_EQ(D.StreamWaitEvent(side, ev[0], 0), CUDA_SUCCESS);
+    /* An event of a capture that has ended joins nothing: a wait on it is
+     * refused (fake-wait-ended-capture). */
+    CHECK_EQ(D.StreamWaitEvent(side, ev[0], 0), CUDA_ERROR_CAPTURED_EVENT);
     CHECK_EQ(capture_status(side), CU_STREAM_CAPTURE_STATUS_NONE);
 
     for (int i = 0; i < 4; i++)
@@ -2986,6 +2990,37 @@ static void fake_legacy_record(void)
     CHECK_EQ(D.StreamDestroy(nb), CUDA_SUCCESS);
 }
 
+/* cuStreamWaitEvent on an event last recorded in a capture that has
+ * ended: CUDA_ERROR_CAPTURED_EVENT, as a query of it; a capturing waiter's
+ * capture is invalidated. A later plain record makes it usable again. */
+static void fake_wait_ended_capture(void)
+{
+    start();
+    CUstream s, other;
+    CUevent e;
+    CUgraph g;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&other, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.EventCreate(&e, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(D.EventRecord(e, s), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamEndCapture(s, &g), CUDA_SUCCESS);
+    NEED(GraphDestroy);
+    CHECK_EQ(X.GraphDestroy(g), CUDA_SUCCESS);
+    CHECK_EQ(D.EventQuery(e), CUDA_ERROR_CAPTURED_EVENT);
+    CHECK_EQ(D.StreamWaitEvent(other, e, 0), CUDA_ERROR_CAPTURED_EVENT);
+    CHECK_EQ(capture_status(other), CU_STREAM_CAPTURE_STATUS_NONE);
+    CHECK_EQ(D.StreamBeginCapture(other, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamWaitEvent(other, e, 0), CUDA_ERROR_CAPTURED_EVENT);
+    CHECK_EQ(capture_status(other), CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+    CHECK_EQ(D.StreamEndCapture(other, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    CHECK_EQ(D.EventRecord(e, s), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamWaitEvent(other, e, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.EventDestroy(e), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(other), CUDA_SUCCESS);
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -3027,6 +3062,7 @@ int main(int argc, char **argv)
         {"fake-stream-order", fake_stream_order},
         {"fake-more-stream-calls", fake_more_stream_calls},
         {"fake-legacy-record", fake_legacy_record},
+        {"fake-wait-ended-capture", fake_wait_ended_capture},
     };
     return e2e_main("e2e_fake_rules", scenarios, sizeof scenarios / sizeof scenarios[0], argc,
                     argv);

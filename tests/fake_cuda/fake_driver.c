@@ -120,7 +120,8 @@
  *             an event last recorded in a capture
  *             (CUDA_ERROR_CAPTURED_EVENT, "not permitted on an event which
  *             was last recorded in a capturing stream"; after that capture
- *             has ended, refused alone), and a capturing stream waiting on
+ *             has ended, refused alone, a cuStreamWaitEvent on it too), and
+ *             a capturing stream waiting on
  *             a non-captured event without CU_EVENT_WAIT_EXTERNAL
  *             (_ISOLATION; with it, the wait is a node of the graph).
  *   memory    cuMemGetInfo counts memory other processes use

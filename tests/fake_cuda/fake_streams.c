@@ -612,8 +612,8 @@ static CUresult wait_on_capture(fstream *s, fevent *e)
  * An event never recorded, or one whose work is done, adds nothing; on a
  * capturing stream the wait is the graph's, not the stream's. An event last
  * recorded in a capture under way makes the stream join it
- * (wait_on_capture); one recorded in a capture that has ended adds
- * nothing.
+ * (wait_on_capture); one recorded in a capture that has ended is refused
+ * (CUDA_ERROR_CAPTURED_EVENT, below).
  *
  * A capturing stream may not wait on work that was queued rather than
  * captured: "It is invalid to wait on a non-captured event from a stream
@@ -651,6 +651,21 @@ static CUresult stream_wait_event(CUstream h, CUevent ev, unsigned int flags)
     }
     if (live_capture_of(e))
         return wait_on_capture(s, e);
+    /* An event last recorded in a capture that has ended stands for nodes
+     * of a graph, not for work scheduled ("It is invalid to synchronize or
+     * query the execution status of ... a captured event, because they do
+     * not represent items scheduled for execution", the programming
+     * guide's "Prohibited and Unhandled Operations"), and cuda.h's
+     * CUDA_ERROR_CAPTURED_EVENT is "the operation is not permitted on an
+     * event which was last recorded in a capturing stream": a wait on it is
+     * refused with that code, as cuEventQuery and cuEventSynchronize are
+     * (the fake's reading; nothing is queued). A capturing waiter's capture
+     * is invalidated, as by any invalid operation in it. */
+    if (e->recorded && e->captured) {
+        if (live_capture(s))
+            invalidate_counted(s);
+        LEAVE(CUDA_ERROR_CAPTURED_EVENT);
+    }
     if (live_capture(s) && e->recorded && !e->captured) {
         invalidate_counted(s);
         LEAVE(CUDA_ERROR_STREAM_CAPTURE_ISOLATION);
