@@ -815,28 +815,6 @@ static CUresult event_record(CUevent h, CUstream sh, unsigned flags)
         LEAVE(CUDA_SUCCESS);
     }
     G.st.event_records++;
-    /* On the legacy stream the record is an operation of the stream like
-     * any other ("the legacy stream first waits on all blocking streams,
-     * the operation is queued in the legacy stream, and then all blocking
-     * streams wait on the legacy stream": stream-sync-behavior,
-     * docs.nvidia.com/cuda/cuda-driver-api/stream-sync-behavior.html; "See
-     * note on default stream behavior for what is captured in the default
-     * case", cuEventRecord in cuda.h): it takes a position there, behind a
-     * wait for the blocking streams' work (submit's implicit join), so
-     * that blocking-stream work issued after it waits for that work too.
-     * The event itself still completes with the positions it covers (its
-     * dependencies below: the legacy stream's work before the wait, and
-     * what the wait is for), not with the wait item, which only a
-     * completion of the legacy stream takes off its queue. With nothing
-     * queued and the stream done so far (no blocking stream had work), the
-     * GPU is past it at once. */
-    const uint64_t before = s->submitted;
-    if (s->legacy) {
-        const bool idle = s->nqueue == 0 && stream_done_to(s, before);
-        submit(s, NULL, NULL);
-        if (idle && s->nqueue == 0)
-            s->completed = s->settled = s->submitted;
-    }
     e->recorded = true;
     e->recorded_ns = now_ns();
     e->captured = s->capturing;
@@ -844,7 +822,7 @@ static CUresult event_record(CUevent h, CUstream sh, unsigned flags)
     e->capture_origin = s->capturing ? s->capture_origin : NULL;
     e->rec_stream = s;
     e->rec_work = s->cap_work;
-    e->rec_seq = before;
+    e->rec_seq = s->submitted;
     e->ndeps = 0;
     /* Complete once the work submitted before it is: an event on an idle
      * stream is complete at once, as on an idle GPU. The record is an
@@ -852,8 +830,14 @@ static CUresult event_record(CUevent h, CUstream sh, unsigned flags)
      * every blocking stream (destroyed ones too: their queued work goes on),
      * on a blocking one for the legacy stream (implicit_deps). Those are
      * the event's own dependencies, not a wait item, so that it completes
-     * only once their callbacks have run too (stream_done_to). */
-    event_add_dep(e, s, before);
+     * only once their callbacks have run too (stream_done_to). It takes no
+     * place of its own on the legacy stream, so later blocking-stream work
+     * does not wait for it: the stream synchronisation note names kernel
+     * launches and cudaStreamWaitEvent as the legacy stream's actions, and
+     * whether a record is one is not documented; this is the reading that
+     * makes a shim's life harder (e2e_fences ordered-reuse fails when the
+     * ordered pool's barrier records without waiting; fake-legacy-record). */
+    event_add_dep(e, s, s->submitted);
     size_t n;
     dep *implicit = implicit_deps(s, &n);
     for (size_t i = 0; i < n; i++)
