@@ -155,6 +155,12 @@
  *   unmap-running    cuMemUnmap of a mapping a running kernel writes (no
  *                    pool involved): does the unmap wait, does the kernel
  *                    fault (the fake assumes it does not wait)
+ *   legacy-record    a record on the legacy stream after a late kernel on
+ *                    one blocking stream, then a kernel on another blocking
+ *                    stream: does that kernel wait for the late one? The
+ *                    fake's answer is no (a record is no action there, the
+ *                    stricter reading: the ordered pool's barrier records
+ *                    and waits); a yes would let the barrier drop its wait
  *   attributes       every cuDeviceGetAttribute answer of device 0, to set
  *                    beside the fake's table (fake_driver.c, h100_attributes)
  *   pool-attributes  the default pool's figures under the shim (its pool
@@ -1999,6 +2005,36 @@ static void legacy_order(void)
     CUDA_OK(cudaStreamDestroy(nb));
 }
 
+__global__ void copy_word(const unsigned *src, unsigned *dst) { *dst = *src; }
+
+/* legacy-record (the header) */
+static void legacy_record(void)
+{
+    cudaStream_t a, b;
+    CUDA_OK(cudaStreamCreate(&a)); /* blocking streams */
+    CUDA_OK(cudaStreamCreate(&b));
+    unsigned *w = NULL;
+    CUDA_OK(cudaMalloc((void **)&w, 2 * sizeof *w));
+    CUDA_OK(cudaMemset(w, 0, 2 * sizeof *w));
+    cudaEvent_t e;
+    CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    CUDA_OK(cudaDeviceSynchronize());
+    late_fill<<<1, 1, 0, a>>>(w, 1, 1u, 200ull * 1000 * 1000); /* w[0] = 1, 200 ms late */
+    CUDA_OK(cudaEventRecord(e, cudaStreamLegacy));
+    copy_word<<<1, 1, 0, b>>>(w, w + 1);
+    CUDA_OK(cudaDeviceSynchronize());
+    unsigned h[2] = {0, 0};
+    CUDA_OK(cudaMemcpy(h, w, sizeof h, cudaMemcpyDeviceToHost));
+    printf("legacy-record: a blocking stream's kernel after a record on the legacy stream %s "
+           "for another blocking stream's earlier kernel (the fake: does not wait)\n",
+           h[1] == 1 ? "WAITED" : "did not wait");
+    CHECK(h[0] == 1);
+    CUDA_OK(cudaEventDestroy(e));
+    CUDA_OK(cudaFree(w));
+    CUDA_OK(cudaStreamDestroy(a));
+    CUDA_OK(cudaStreamDestroy(b));
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -2020,6 +2056,7 @@ int main(int argc, char **argv)
         {"vmm-retain", vmm_retain},   {"pressure", pressure},
         {"destroy-primary", destroy_primary},
         {"detach", detach},
+        {"legacy-record", legacy_record},
         {"global-capture", global_capture},
         {"ptds-capture", ptds_capture},
         {"reset-running", reset_running},
