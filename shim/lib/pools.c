@@ -545,8 +545,12 @@ uint64_t pools_deaths(void) { return atomic_load(&deaths); }
 
 void pools_take_over_loans(shim_pool *sp)
 {
-    atomic_store(&sp->deaths_seen, pools_deaths());
+    /* Marked seen only once taken over: an allocation on another thread
+     * meanwhile waits for this takeover (door_vmm.c) rather than serving
+     * the room the orphans need. */
+    const uint64_t d = pools_deaths();
     vmm_door_take_over_loans(sp);
+    atomic_store(&sp->deaths_seen, d);
 }
 
 /*
