@@ -200,9 +200,10 @@ static void adopt_loans(shim_pool *sp)
         }
         /* Still the same record, its loan still a dead pool's (a record
          * released meanwhile is gone from the map; one made since under a
-         * reused handle has a live lender or none). */
+         * reused handle has a live lender or none, or another device). */
         made *m = handles_ready ? (made *)(uintptr_t)ptr_map_get(&handles, o[i].h) : NULL;
-        if (m == o[i].m && m->size == o[i].size && m->lender && atomic_load(&m->lender->dead)) {
+        if (m == o[i].m && m->size == o[i].size && m->dev == dev && m->lender &&
+            atomic_load(&m->lender->dead)) {
             bfc_pool_end_loan(m->lender->bfc, m->size);
             m->lender = sp;
         } else {
