@@ -265,9 +265,10 @@ static int add_checked(const char *cmd, const char *option, const char *name, co
     char accepted[256];
     if (!env_var_check(env_var_find(name), value, accepted, sizeof accepted))
         return cli_bad_value(cmd, option, value, accepted), -1;
-    /* A file the library writes into a folder that is not there would fail
-     * when it is made (the statistics: at exit, after the whole job). A
-     * folder named with %p (the pid) is the library's to expand. */
+    /* A file the library writes into a folder that is not there, or in the
+     * place of a folder, would fail when it is made (the statistics: at
+     * exit, after the whole job). A folder named with %p (the pid) is the
+     * library's to expand. */
     static const char *const written[] = {"BFCSHIM_STATS_FILE", "BFCSHIM_TRACE",
                                           "BFCSHIM_OOM_REPORT", "BFCSHIM_LOG_FILE"};
     char folder[4096];
@@ -276,6 +277,10 @@ static int add_checked(const char *cmd, const char *option, const char *name, co
             out_file_folder_missing(value, folder, sizeof folder)) {
             fprintf(stderr, "bfcshim %s: %s %s: the folder %s does not exist\n", cmd, option,
                     value, folder);
+            return -1;
+        } else if (strcmp(name, written[i]) == 0 && out_file_names_folder(value)) {
+            fprintf(stderr, "bfcshim %s: %s %s: that is a folder; name a file in it\n", cmd,
+                    option, value);
             return -1;
         }
     return env_add(e, name, value) ? 1 : 0;

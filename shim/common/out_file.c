@@ -260,3 +260,10 @@ bool out_file_folder_missing(const char *path, char *folder, size_t size)
         return !S_ISDIR(st.st_mode);
     return errno == ENOENT || errno == ENOTDIR;
 }
+
+bool out_file_names_folder(const char *path)
+{
+    size_t n = strlen(path);
+    struct stat st;
+    return (n > 0 && path[n - 1] == '/') || (stat(path, &st) == 0 && S_ISDIR(st.st_mode));
+}

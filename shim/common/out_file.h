@@ -75,4 +75,8 @@ void out_file_why(const char *path, int err, char *buf, size_t size);
  * check at the start lets that be said while somebody is watching. */
 bool out_file_folder_missing(const char *path, char *folder, size_t size);
 
+/* Whether path names a folder (one that exists, or any path ending in '/'):
+ * a file cannot be made there, which again is found only at the write. */
+bool out_file_names_folder(const char *path);
+
 #endif

@@ -115,9 +115,10 @@ bool shim_expand_path(const char *pattern, char *out, size_t len)
     return true;
 }
 
-/* The statistics are written at exit: a folder missing now is said now,
- * while the job can still be stopped, not after it has run. The path stays
- * set, as the program may make the folder before it ends. */
+/* The statistics are written at exit: a folder missing now, or a path that
+ * names a folder, is said now, while the job can still be stopped, not
+ * after it has run. The path stays set, as the program may make the folder
+ * (or remove the one in the way) before it ends. */
 static void warn_missing_folder(const char *name, const char *pattern)
 {
     char path[4096], folder[4096];
@@ -125,6 +126,9 @@ static void warn_missing_folder(const char *name, const char *pattern)
         out_file_folder_missing(path, folder, sizeof folder))
         shim_log(LOG_ERROR, "%s: the folder %s does not exist; nothing can be written there",
                  name, folder);
+    else if (pattern && shim_expand_path(pattern, path, sizeof path) &&
+             out_file_names_folder(path))
+        shim_log(LOG_ERROR, "%s: %s is a folder; the file cannot be written there", name, path);
 }
 
 /* BFCSHIM_* names nobody reads: a warning each, with the nearest known. */

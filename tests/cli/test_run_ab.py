@@ -50,6 +50,24 @@ said = [l for l in p.stderr.splitlines() if f"the folder {missing} does not exis
 check(len(said) == 1 and "BFCSHIM_STATS_FILE" in said[0] and
       p.stderr.index(said[0]) < p.stderr.index("cannot create a file next to"),
       f"BFCSHIM_STATS_FILE into a missing folder said at the start: {p.stderr}")
+# A file to write that names a folder that exists is refused as well, by run
+# and by ab, before anything runs: the statistics would fail only at exit,
+# after the whole job (ab: after every run, exit status 1). The library, given
+# such a BFCSHIM_STATS_FILE, says so at its start.
+folder = os.path.join(work, "a-folder")
+os.makedirs(folder, exist_ok=True)
+for cmd in ("run", "ab"):
+    for opt in ("--stats-file", "--trace", "--oom-report", "--log-file"):
+        for path in (folder, folder + "/"):
+            p = sh(cmd, opt, path, "--", workload, "0", "2")
+            check(p.returncode == 2 and p.stdout == "" and "bfcshim ab: run " not in p.stderr and
+                  f"bfcshim {cmd}: {opt} {path}: " in p.stderr and "is a folder" in p.stderr,
+                  f"{cmd} {opt} {path} (a folder): {p.returncode} {p.stderr[-300:]}")
+p = sh("run", "--", workload, "0", "2", BFCSHIM_STATS_FILE=folder)
+said = [l for l in p.stderr.splitlines() if "is a folder" in l]
+check(len(said) == 1 and "BFCSHIM_STATS_FILE" in said[0] and "cannot be written" in p.stderr and
+      p.stderr.index(said[0]) < p.stderr.index("cannot be written"),
+      f"BFCSHIM_STATS_FILE naming a folder said at the start: {p.stderr}")
 # A bad option is one line with the command's prefix, not the whole help.
 for args, words in [(["--bogus", "--", workload], "bfcshim run: --bogus: unknown option"),
                     (["--fraction"], "bfcshim run: --fraction: needs a value"),
