@@ -435,13 +435,13 @@ static void ab_usage(FILE *f)
             "  --metric-name NAME   its label in the table (\"metric\")\n"
             "  --sequential         A A A B B B instead of interleaving\n"
             "  --json               the results as JSON (for `bfcshim report --ab`)\n"
-            "  --verbose            show the job's output\n"
+            "  -v, --verbose        show the job's output\n"
             "Options for arm B's shim:\n%s",
             launch_options_help);
 }
 
 enum { AB_REPEAT = 2000, AB_BASELINE, AB_ENV_A, AB_ENV_B, AB_METRIC, AB_METRIC_NAME,
-       AB_SEQUENTIAL, AB_JSON, AB_VERBOSE };
+       AB_SEQUENTIAL, AB_JSON };
 
 int cmd_ab(int argc, char **argv)
 {
@@ -455,7 +455,7 @@ int cmd_ab(int argc, char **argv)
         {"metric-name", required_argument, 0, AB_METRIC_NAME},
         {"sequential", no_argument, 0, AB_SEQUENTIAL},
         {"json", no_argument, 0, AB_JSON},
-        {"verbose", no_argument, 0, AB_VERBOSE},
+        {"verbose", no_argument, 0, 'v'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     ab_opts o = {.repeat = 3, .interleave = true, .metric_name = "metric"};
@@ -468,7 +468,7 @@ int cmd_ab(int argc, char **argv)
     optind = 1;
     env_add(&arms[0].env, "BFCSHIM_ALLOCATOR", "platform");
     opterr = 0; /* cli_bad_option says it in one line */
-    while ((c = getopt_long(argc, argv, "+:h", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "+:hv", longopts, NULL)) != -1) {
         switch (c) {
         case 'h': ab_usage(stdout); status = 0; goto out;
         case AB_REPEAT:
@@ -511,7 +511,7 @@ int cmd_ab(int argc, char **argv)
         case AB_METRIC_NAME: o.metric_name = optarg; break;
         case AB_SEQUENTIAL: o.interleave = false; break;
         case AB_JSON: o.json = true; break;
-        case AB_VERBOSE: o.verbose = true; break;
+        case 'v': o.verbose = true; break; /* the metric warning names -v */
         default: {
             /* --fake-gpu is where both arms run; every other option shapes
              * the shim's arm only. */

@@ -8,6 +8,7 @@ usage: test_run_ab.py BFCSHIM WORKLOAD FAKE_CUDA_DIR NVML_PROBE WORKDIR
 """
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -135,6 +136,14 @@ check(p.returncode == 0 and os.path.exists(ab_stats) and
 p = sh("ab", "--repeat", "1", "--metric", r"tokens/s ([0-9.]+)", "--", workload, "0", "1")
 check(p.returncode == 0 and "--metric 'tokens/s ([0-9.]+)' matched no line" in p.stderr,
       f"unmatched metric warned: {p.stderr[-500:]}")
+# The warning names the option that shows the job's output: that option works
+# (it named -v, which ab refused as unknown).
+said = re.search(r"; (\S+) shows the output", p.stderr)
+check(said is not None, f"the warning names an option: {p.stderr[-500:]}")
+if said:
+    p = sh("ab", "--repeat", "1", said.group(1), "--", workload, "0", "1")
+    check(p.returncode == 0 and "step 0 loss" in p.stderr + p.stdout,
+          f"ab {said.group(1)} shows the job's output: {p.returncode} {p.stderr[-300:]}")
 p = sh("ab", "--repeat", "1", "--metric", r"samples/s ([0-9.]+)", "--", workload, "0", "1")
 check("matched no line" not in p.stderr, "no warning when it matches")
 
