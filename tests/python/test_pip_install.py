@@ -42,6 +42,13 @@ check(p.returncode == 0 and p.stdout.split() == ["MIT", "['LICENSE']"],
 cmd = os.path.join(venv, "bin", "bfcshim")
 p = subprocess.run([cmd, "--version"], capture_output=True, text=True)
 check(p.returncode == 0 and version in p.stdout, f"bfcshim --version: {p.stdout!r} {p.stderr!r}")
+# The command's help names every command pip's bfcshim has: demo too, which
+# the README sends the user to first (it is the package's, not the C
+# command's, whose help this is).
+for args in (["--help"], []):
+    p = subprocess.run([cmd, *args], capture_output=True, text=True)
+    check("\n  demo " in p.stdout + p.stderr and "\n  run " in p.stdout + p.stderr,
+          f"bfcshim {' '.join(args)} lists demo: {p.stdout!r} {p.stderr!r}")
 
 # The user's first run: an unmodified CUDA program under the installed shim,
 # on the fake driver that comes in the package (--fake-gpu: no
