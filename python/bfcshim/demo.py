@@ -67,7 +67,11 @@ def main(argv=None):
         if not os.access(path, os.X_OK):
             raise SystemExit(f"bfcshim demo: {what} is not at {path} (install the package with "
                              "pip, or run scripts/demo.sh in a source tree)")
-    os.makedirs(a.outdir, exist_ok=True)
+    try:
+        os.makedirs(a.outdir, exist_ok=True)
+    except OSError as e:  # a file in the way, a read-only place
+        raise SystemExit(f"bfcshim demo: {a.outdir}: cannot make this folder for the demo's "
+                         f"files ({e.strerror}); name another") from None
     out = os.path.abspath(a.outdir)
     fake_notice = ("--fake-gpu:",)
 

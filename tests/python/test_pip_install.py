@@ -106,6 +106,17 @@ check("us/step" in p.stdout and "What the numbers mean" in p.stdout and
 check(os.path.getsize(os.path.join(demo_out, "report.html")) > 0
       if os.path.exists(os.path.join(demo_out, "report.html")) else False,
       "bfcshim demo wrote report.html")
+# An output folder that cannot be made (a file is in the way) is one line
+# naming it, not a Python traceback, and nothing runs.
+in_the_way = os.path.join(work, "a-file")
+open(in_the_way, "w").close()
+for out in (in_the_way, os.path.join(in_the_way, "sub")):
+    p = subprocess.run([cmd, "demo", out], env=demo_env, capture_output=True, text=True, cwd=work,
+                       timeout=300)
+    check(p.returncode != 0 and p.stdout == "" and len(p.stderr.splitlines()) == 1 and
+          p.stderr.startswith(f"bfcshim demo: {out}: "),
+          f"bfcshim demo {out} (cannot be made): {p.returncode} {p.stdout[-300:]!r} "
+          f"{p.stderr[-1000:]!r}")
 
 # The installed header is usable by a C program.
 p = subprocess.run([py, "-c", "import bfcshim, os; print(os.path.dirname(bfcshim.library_path()))"],
