@@ -131,15 +131,4 @@ def _main():
     if sys.argv[1:2] == ["demo"]:
         from . import demo
         sys.exit(demo.main(sys.argv[2:]))
-    if sys.argv[1:] in ([], ["-h"], ["--help"], ["help"]):
-        # The C command's list of commands, with the one only the package has.
-        p = subprocess.run([command_path(), *sys.argv[1:]], capture_output=True, text=True)
-        line = f"  {'demo':<10} what bfcshim does, in six steps, on the fake GPU that comes with it\n"
-        out = p.stdout or p.stderr
-        if "\n  version " in out:
-            out = out.replace("\n  version ", "\n" + line + "  version ", 1)
-        else:
-            out += line
-        (sys.stdout if p.stdout else sys.stderr).write(out)
-        sys.exit(p.returncode)
     os.execv(command_path(), ["bfcshim", *sys.argv[1:]])

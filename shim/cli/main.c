@@ -65,11 +65,18 @@ static const struct {
     {"plan", cmd_plan, "pack a trace offline: the bound, and a placement plan"},
 };
 
+/* The demo is the Python package's (it runs this command, a sample job
+ * and the fake GPU that pip installs with it): listed here all the same,
+ * since the README sends a new user to it first. */
+static const char demo_what[] = "what bfcshim does, in six steps, on the fake GPU (pip's "
+                                "bfcshim; scripts/demo.sh in a checkout)";
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: bfcshim COMMAND [OPTIONS]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].what);
+    fprintf(f, "  %-10s %s\n", "demo", demo_what);
     fprintf(f, "  %-10s %s\n\n'bfcshim COMMAND --help' describes each.\n", "version",
             "print the version");
 }
@@ -92,6 +99,11 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(cmd, commands[i].name))
             return commands[i].run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "demo")) { /* pip's bfcshim runs it before this command */
+        fprintf(stderr, "bfcshim demo: comes with the Python package (pip install .); in a "
+                        "source tree, run scripts/demo.sh\n");
+        return 2;
+    }
     fprintf(stderr, "bfcshim: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;
