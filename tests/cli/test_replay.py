@@ -230,6 +230,12 @@ def test_bad_options(d):
               len(p.stderr.splitlines()) == 1, f"{cmd} without a trace: {p.stderr!r}")
     p = run("frobnicate", ok=False)
     check(p.returncode == 2 and "unknown command" in p.stderr, "unknown command")
+    # The demo is the Python package's: the C command lists it and says where it is.
+    p = run("--help")
+    check("\n  demo " in p.stdout, f"the help lists demo: {p.stdout}")
+    p = run("demo", ok=False)
+    check(p.returncode == 2 and "scripts/demo.sh" in p.stderr and "pip install" in p.stderr,
+          f"demo from a build tree: {p.stderr!r}")
 
 
 def test_tracegen(d):
