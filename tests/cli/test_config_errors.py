@@ -51,6 +51,11 @@ p = run([program, "plain"], BFCSHIM_MEM_FRACTON="0.5")
 check(p.returncode == 0, f"an unknown name is not fatal: {p.stderr}")
 check("BFCSHIM_MEM_FRACTON is not a bfcshim variable" in p.stderr and
       "did you mean BFCSHIM_MEM_FRACTION?" in p.stderr, f"nearest name: {p.stderr}")
+# ... also in the wrong case, which the environment tells apart
+p = run([program, "plain"], bfcshim_mem_fraction="0.5")
+check(p.returncode == 0, f"a lower-case name is not fatal: {p.stderr}")
+check("bfcshim_mem_fraction is not a bfcshim variable" in p.stderr and
+      "did you mean BFCSHIM_MEM_FRACTION?" in p.stderr, f"lower case: {p.stderr}")
 
 # 5. bfcshim run checks --env and options before launching
 for argv, words in (
