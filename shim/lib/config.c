@@ -16,6 +16,7 @@
  * docs/configuration.md lists every variable with its XLA, TF and PyTorch
  * counterpart.
  */
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -131,14 +132,16 @@ static void warn_missing_folder(const char *name, const char *pattern)
         shim_log(LOG_ERROR, "%s: %s is a folder; the file cannot be written there", name, path);
 }
 
-/* BFCSHIM_* names nobody reads: a warning each, with the nearest known. */
+/* BFCSHIM_* names nobody reads, in any case (the environment tells
+ * bfcshim_mem_fraction from BFCSHIM_MEM_FRACTION): a warning each, with
+ * the nearest known name. */
 static void warn_unknown_names(void)
 {
     for (char **e = environ; e && *e; e++) {
-        if (strncmp(*e, "BFCSHIM_", 8) != 0)
+        if (strncasecmp(*e, "BFCSHIM_", 8) != 0)
             continue;
         const char *eq = strchr(*e, '=');
-        char name[128];
+        char name[128], upper[128];
         size_t n = eq ? (size_t)(eq - *e) : strlen(*e);
         if (n >= sizeof name)
             n = sizeof name - 1;
@@ -146,9 +149,11 @@ static void warn_unknown_names(void)
         name[n] = 0;
         if (env_var_find(name))
             continue;
+        for (size_t i = 0; i <= n; i++)
+            upper[i] = (char)toupper((unsigned char)name[i]);
         char hint[160];
         shim_log(LOG_WARN, "%s is not a bfcshim variable and does nothing%s", name,
-                 env_var_hint(name, hint, sizeof hint));
+                 env_var_hint(upper, hint, sizeof hint));
     }
 }
 
