@@ -1,5 +1,6 @@
 /* plan_file.c - reading and writing placement plans (plan_file.h). */
 #include "plan_file.h"
+#include "env_vars.h"
 #include "out_file.h"
 
 #include <errno.h>
@@ -104,6 +105,16 @@ bool plan_file_read(const char *path, plan_file *out, char *err, size_t errlen)
         if (have < 3) {
             if (!header_line(line, want[have], into[have])) {
                 snprintf(err, errlen, "%s:%lu: expected '%s N'", path, lineno, want[have]);
+                goto out;
+            }
+            /* A granularity no pool can have (0 divided the replay's pool
+             * size by zero): the range bfcshim plan writes and
+             * BFCSHIM_ALIGNMENT accepts. */
+            const uint64_t g = out->granularity;
+            if (have == 0 && (g < ENV_ALIGNMENT_MIN || g > ENV_ALIGNMENT_MAX || (g & (g - 1)))) {
+                snprintf(err, errlen, "%s:%lu: granularity %" PRIu64 ": not a power of two from "
+                         "%u to %u (as bfcshim plan --granularity)", path, lineno, g,
+                         ENV_ALIGNMENT_MIN, ENV_ALIGNMENT_MAX);
                 goto out;
             }
             if (++have == 3) {

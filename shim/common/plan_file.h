@@ -8,9 +8,10 @@
  *   pool_bytes 17008416512
  *   entries 7012
  *   <size> <offset>          one line per allocation, in recorded order
- * Sizes are rounded to the granularity; offsets count from the pool's
- * region base; pool_bytes is the region the packing needs. Lines starting
- * with '#' are comments.
+ * Sizes are rounded to the granularity, a power of two from 256 to 1 MiB
+ * (BFCSHIM_ALIGNMENT's range; any other is refused as it is read); offsets
+ * count from the pool's region base; pool_bytes is the region the packing
+ * needs. Lines starting with '#' are comments.
  *
  * Also the one line that says how a run followed its plan, so that the
  * shim's summary and `bfcshim replay` say it in the same words.

@@ -556,11 +556,21 @@ def test_plan(d):
                       ("bfcshim-plan 1\ngranularity 256\npool_bytes 1\nentries 1\n256 " +
                        "0" * 300 + "\n", ":5: a line longer than"),
                       ("bfcshim-plan 1\ngranularity 256\npool_bytes 1\nentries 99999999999\n",
-                       "more entries than the file can hold")]:
+                       "more entries than the file can hold"),
+                      # A granularity no pool can have (fuzz_plan_file): 0
+                      # divided the replay's --pool-size by zero (SIGFPE).
+                      ("bfcshim-plan 1\ngranularity 0\npool_bytes 0\nentries 1\n512 0\n",
+                       ":2: granularity 0: not a power of two"),
+                      ("bfcshim-plan 1\ngranularity 25\npool_bytes 0\nentries 0\n",
+                       ":2: granularity 25: not a power of two"),
+                      ("bfcshim-plan 1\ngranularity 2097152\npool_bytes 0\nentries 0\n",
+                       ":2: granularity 2097152: not a power of two")]:
         with open(bad, "w") as f:
             f.write(text)
-        p = run("replay", "--plan", bad, t, ok=False)
-        check(p.returncode == 2 and why in p.stderr, f"bad plan ({why}): {p.returncode} {p.stderr}")
+        for size in [[], ["--pool-size", "1GiB"]]:
+            p = run("replay", *size, "--plan", bad, t, ok=False)
+            check(p.returncode == 2 and why in p.stderr,
+                  f"bad plan ({why}) {size}: {p.returncode} {p.stderr}")
     # A plan whose lines end in CRLF (edited elsewhere) is the same plan.
     with open(bad, "w", newline="") as f:
         f.write(open(plan).read().replace("\n", "\r\n"))
