@@ -68,11 +68,14 @@ bool parse_power_of_two_in(const char *text, uint64_t lo, uint64_t hi, uint64_t 
 
 bool parse_whole_in(const char *text, uint64_t lo, uint64_t hi, uint64_t *out)
 {
-    if (!text || !*text || *text == '-')
+    /* Digits from the first byte: strtoull alone skips blanks and takes a
+     * sign (" -1" read as 2^64 - 1), and saturates past 2^64 - 1. */
+    if (!text || *text < '0' || *text > '9')
         return false;
     char *end;
+    errno = 0;
     unsigned long long v = strtoull(text, &end, 10);
-    if (*end || v < lo || v > hi)
+    if (errno || *end || v < lo || v > hi)
         return false;
     *out = v;
     return true;

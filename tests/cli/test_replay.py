@@ -217,6 +217,12 @@ def test_bad_options(d):
                          (["--granularity", "4096", "--pool-unit", "1024"], "at least the granularity"),
                          (["--placement", "middle"], "--placement 'middle'"),
                          (["--growth-headroom", "1001"], "--growth-headroom '1001'"),
+                         # (fuzz_units) a sign after a blank, and a number
+                         # past 2^64 - 1, were both read as 2^64 - 1
+                         (["--warmup-events", " -1"], "--warmup-events ' -1'"),
+                         (["--gpu-lag", "99999999999999999999999"],
+                          "--gpu-lag '99999999999999999999999'"),
+                         (["--fence-interval", "+5"], "--fence-interval '+5'"),
                          (["--pool-size", "1GiB", "--min-pool"], "exclude"),
                          (["--no-min-pool"], "needs --pool-size")]:
         p = run("replay", *args, t, ok=False)
