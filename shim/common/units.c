@@ -13,7 +13,7 @@ static bool suffix_shift(const char *s, unsigned *shift)
     static const struct { const char *name; unsigned shift; } table[] = {
         {"", 0},    {"b", 0},   {"k", 10},  {"kb", 10}, {"kib", 10}, {"m", 20},
         {"mb", 20}, {"mib", 20}, {"g", 30}, {"gb", 30}, {"gib", 30}, {"t", 40},
-        {"tb", 40}, {"tib", 40},
+        {"tb", 40}, {"tib", 40}, {"p", 50}, {"pb", 50}, {"pib", 50},
     };
     while (*s == ' ')
         s++;

@@ -10,10 +10,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Parses a size. Suffixes: B, K/KB/KiB, M/MB/MiB, G/GB/GiB, T/TB/TiB, any
- * case; KB and KiB both mean 1024 (as in XLA and PyTorch settings). A
- * fraction is allowed before a suffix ("1.5GiB"). Returns false for anything
- * else, including overflow and negative numbers. */
+/* Parses a size. Suffixes: B, K/KB/KiB, M/MB/MiB, G/GB/GiB, T/TB/TiB,
+ * P/PB/PiB, any case; KB and KiB both mean 1024 (as in XLA and PyTorch
+ * settings). A fraction is allowed before a suffix ("1.5GiB"). Whatever
+ * format_size prints reads back (within its rounding) unless it rounds past
+ * 2^64 - 1. Returns false for anything else, including overflow and
+ * negative numbers. */
 bool parse_size(const char *text, uint64_t *out);
 
 /* Parses a size (parse_size) that is a power of two in [lo, hi]. */
