@@ -41,6 +41,12 @@ text = open(log).read() if os.path.exists(log) else ""
 check("BFCSHIM_FENCE_INTERVAL='0' is not a whole number from 1 to 4096" in text,
       f"details in the log file: {text}")
 
+# ... a whole number is digits: no exponent, hex, sign, blank or fraction
+for value in ("1e2", "0x10", " 5", "5.0", "+5"):
+    p = run([program, "plain"], BFCSHIM_FENCE_INTERVAL=value)
+    check(p.returncode == 78 and f"BFCSHIM_FENCE_INTERVAL='{value}' is not a whole number" in
+          p.stderr, f"FENCE_INTERVAL={value!r} refused: {p.returncode} {p.stderr}")
+
 # 3. the opt-out: defaults, one line per setting and one that says so
 p = run([program, "plain"], BFCSHIM_MEM_FRACTION="lots", BFCSHIM_CONFIG_ERRORS="warn")
 check(p.returncode == 0 and "plain: ok" in p.stdout, f"runs on: {p.returncode} {p.stderr}")
