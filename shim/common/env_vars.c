@@ -92,7 +92,10 @@ static bool check(const env_var *v, const char *value)
         return parse_size(value, &size) && size >= v->lo && size <= v->hi &&
                (size & (size - 1)) == 0;
     case VAR_NUMBER: return parse_double_in(value, v->lo, v->hi, &d);
-    case VAR_WHOLE: return parse_double_in(value, v->lo, v->hi, &d) && d == (double)(long)d;
+    case VAR_WHOLE: { /* digits only, as the message says (units.h) */
+        uint64_t w;
+        return parse_whole_in(value, (uint64_t)v->lo, (uint64_t)v->hi, &w);
+    }
     case VAR_CHOICE: return env_var_choice(v, value) >= 0;
     case VAR_PATH: return *value != 0 && strlen(value) < 4000;
     case VAR_TOOL: return true;
