@@ -51,6 +51,16 @@ static void check_size(const char *text)
         p++;
     if (digits_only(p, &exact))
         must(v == exact, "a plain number read as another", text);
+    /* digits, a point and digits, then the unit: no exponent (units.h;
+     * "1.0e-400" read as 0, which for a threshold is "none") */
+    const char *q = p;
+    while (*q >= '0' && *q <= '9')
+        q++;
+    if (*q == '.')
+        for (q++; *q >= '0' && *q <= '9'; q++)
+            ;
+    must(!((*q == 'e' || *q == 'E') && (q[1] == '-' || q[1] == '+' || (q[1] >= '0' && q[1] <= '9'))),
+         "a size with an exponent", text);
     snprintf(buf, sizeof buf, "%llu", (unsigned long long)v);
     must(parse_size(buf, &again) && again == v, "a size printed in digits reads differently", text);
     /* as format_size prints it: three significant digits (rounded up past
