@@ -45,8 +45,13 @@ bool parse_size(const char *text, uint64_t *out)
         *out = (uint64_t)whole << shift;
         return true;
     }
+    /* Digits, a point and digits, then the unit: strtod alone also reads
+     * an exponent ("1.0e-400" underflowed to 0, a threshold's "none"). */
+    const char *frac = end + 1;
+    while (*frac >= '0' && *frac <= '9')
+        frac++;
     double value = strtod(text, &end);
-    if (!suffix_shift(end, &shift) || !isfinite(value) || value < 0)
+    if (end != frac || !suffix_shift(end, &shift) || !isfinite(value) || value < 0)
         return false;
     double bytes = value * (double)(UINT64_C(1) << shift);
     /* Less than a byte, but not 0, is no size: "0.5" would read as 0,
