@@ -55,8 +55,9 @@
  *   - lazy lanes: an allocation seals a lazy epoch only when the pool needs
  *     memory (no fit, growth, more to map, a plan's place taken, or the
  *     lazy lanes' share due), and a growing pool whose lazy epochs hold
- *     1/32 of the bytes in use seals them all; a trim and an explicit seal
- *     try every open epoch;
+ *     1/32 of the bytes in use seals them all (a lazy lane closed with its
+ *     seal refused still counts: its epoch stays lazy); a trim and an
+ *     explicit seal try every open epoch;
  *   - closing a lane (plain, close_into, retire_into another deferred lane,
  *     reusable or not): close tries the seal, retire_into never does; the
  *     epoch moves only into an open, non-reusable target, whose pending
@@ -182,8 +183,13 @@ static bool seal_tried(uint32_t lane)
  * the model's: each kind has its own simulated GPU progress. A lane closed
  * by the model may still drain, so its kind is looked up in `deferred_ids`. */
 static bool deferred_ids[65536];
-/* A closed lane's epoch whose seal was refused: its token, by lane id. */
+/* A closed lane's epoch whose seal was refused: its token, by lane id;
+ * and whether the lane was lazy when closed (it stays so in the pool: its
+ * epoch is sealed when the memory is needed, and lanes_lazy_due counts what
+ * it holds). */
 static uint64_t closed_open_epoch[65536];
+static bool closed_lazy[65536];
+static uint32_t max_lane_id; /* the highest lane id opened this seed */
 
 static bool fence_done(void *ctx, uint32_t lane, uint64_t token, bool wait)
 {
@@ -846,6 +852,19 @@ static void op_alloc(void)
             if (m->pend[k].lane == m->lanes[i] && m->pend[k].token == m->open_epoch[i])
                 held_open += m->pend[k].hi - m->pend[k].lo;
     }
+    /* Closed lanes that were lazy and whose epoch is still open (its seal
+     * was refused at the close) count as lazy lanes too. */
+    uint32_t closed_lazy_ids[MAX_TRIED];
+    unsigned nclosed_lazy = 0;
+    for (uint32_t id = 1; id <= max_lane_id && R.closed_open_epochs; id++) {
+        if (!closed_open_epoch[id] || !closed_lazy[id] || nclosed_lazy == MAX_TRIED)
+            continue;
+        closed_lazy_ids[nclosed_lazy++] = id;
+        held += pending_bytes_of(id);
+        for (size_t k = 0; k < m->npend; k++)
+            if (m->pend[k].lane == id && m->pend[k].token == closed_open_epoch[id])
+                held_open += m->pend[k].hi - m->pend[k].lo;
+    }
     const uint64_t room = before.pool_bytes - before.bytes_in_use - before.pending_bytes;
     const bool lazy_due = held * 32 > before.bytes_in_use &&
                           (!R.f.opt.preallocate || room < held * 4);
@@ -866,6 +885,8 @@ static void op_alloc(void)
     bool lazy_tried = false;
     for (unsigned i = 0; i < nlazy; i++)
         lazy_tried |= seal_tried(lazy_ids[i]);
+    for (unsigned i = 0; i < nclosed_lazy; i++)
+        lazy_tried |= seal_tried(closed_lazy_ids[i]);
     if (lazy_tried) {
         R.lazy_seals++;
         const bool needed =
@@ -884,6 +905,13 @@ static void op_alloc(void)
                 FAIL_AT("alloc %" PRIu64 " left lazy lane %u's epoch unsealed with %" PRIu64
                         " of %" PRIu64 " bytes in use held", rounded, lazy_ids[i], held_open,
                         before.bytes_in_use);
+    if (valid && (st == BFC_OK || st == BFC_ERR_OOM) && !R.f.opt.preallocate &&
+        held_open * 32 > before.bytes_in_use)
+        for (unsigned i = 0; i < nclosed_lazy; i++)
+            if (!seal_tried(closed_lazy_ids[i]))
+                FAIL_AT("alloc %" PRIu64 " left closed lazy lane %u's epoch unsealed with %" PRIu64
+                        " of %" PRIu64 " bytes in use held", rounded, closed_lazy_ids[i],
+                        held_open, before.bytes_in_use);
     const bool consults = (valid && R.nplan && before.num_regions == 1) && st != BFC_ERR_BAD_LANE;
     const bool consulted = consults && k >= 0;
     const bool planned = after_call.num_planned != before.num_planned;
@@ -1200,6 +1228,7 @@ static void op_lanes(void)
         }
         if (m->open_epoch[i]) { /* the seal was refused: a later one seals it */
             closed_open_epoch[id] = m->open_epoch[i];
+            closed_lazy[id] = m->lazy[i];
             R.closed_open_epochs++;
         }
         m->lanes[i] = 0; /* its pending ranges stay until retired */
@@ -1220,6 +1249,9 @@ static void op_lanes(void)
         m->lane_reusable[i] = reusable;
         m->open_epoch[i] = 0;
         m->lazy[i] = false; /* lanes start eager, a recycled slot too */
+        closed_lazy[id] = false;
+        if (id > max_lane_id)
+            max_lane_id = id;
         deferred_ids[id] = i >= DEFERRED_FIRST;
     }
 }
@@ -1396,6 +1428,8 @@ static void run_seed(uint64_t seed, uint64_t ops)
     memset(&R, 0, sizeof R);
     memset(deferred_ids, 0, sizeof deferred_ids);
     memset(closed_open_epoch, 0, sizeof closed_open_epoch);
+    memset(closed_lazy, 0, sizeof closed_lazy);
+    max_lane_id = 0;
     R.seed = seed;
     R.rng = seed * 0x2545F4914F6CDD1Dull + 1;
     R.xrng = seed * 0x9E3779B97F4A7C15ull + 7;
