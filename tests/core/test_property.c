@@ -148,6 +148,10 @@ typedef struct run {
     /* Lanes the pool asked fence_seal about during the current operation. */
     uint32_t tried[MAX_TRIED];
     unsigned ntried;
+    /* For each: had fence_done already reported a token done during this
+     * operation (a retirement may have changed the layout the model saw)? */
+    bool tried_after_done[MAX_TRIED];
+    bool done_seen;
     uint64_t loans, loan_ooms, lazy_seals, moved_epochs;
 } run;
 
@@ -197,14 +201,17 @@ static bool fence_done(void *ctx, uint32_t lane, uint64_t token, bool wait)
     uint64_t *done = deferred_ids[lane] ? &R.epoch_done_upto : &R.fence_done_upto;
     if (wait && token > *done)
         *done = token;
+    R.done_seen |= token <= *done;
     return token <= *done;
 }
 
 static bool fence_seal(void *ctx, uint32_t lane, uint64_t token)
 {
     (void)ctx;
-    if (R.ntried < MAX_TRIED)
+    if (R.ntried < MAX_TRIED) {
+        R.tried_after_done[R.ntried] = R.done_seen;
         R.tried[R.ntried++] = lane;
+    }
     if (rng_below(&R.rng, 10) == 0)
         return false; /* e.g. a stream is capturing: try again later */
     int i = model_lane_index(lane);
@@ -215,6 +222,15 @@ static bool fence_seal(void *ctx, uint32_t lane, uint64_t token)
         R.closed_open_epochs--;
     }
     return true;
+}
+
+/* Was `lane` first tried after a fence was reported done in this operation? */
+static bool seal_tried_after_done(uint32_t lane)
+{
+    for (unsigned i = 0; i < R.ntried; i++)
+        if (R.tried[i] == lane)
+            return R.tried_after_done[i];
+    return false;
 }
 
 #define FAIL_AT(...)                                                               \
@@ -873,6 +889,7 @@ static void op_alloc(void)
     const bool best_mapped =
         !R.f.opt.vmm || (s.best.found && mapped_on_device(s.best.chunk.addr, s.best.chunk.size));
     R.ntried = 0;
+    R.done_seen = false;
     bfc_addr a = 0xdead00;
     bfc_status st = bfc_pool_alloc(R.f.pool, size, lane, &a);
     bfc_stats after_call = stats_of(&R.f);
@@ -882,17 +899,25 @@ static void op_alloc(void)
      * (1/32 of the bytes in use; in a preallocated pool, with under four
      * times that free beside them); never at the fence interval. A growing
      * pool whose lazy epochs alone hold the share seals every one of them. */
-    bool lazy_tried = false;
-    for (unsigned i = 0; i < nlazy; i++)
+    bool lazy_tried = false, after_done = false;
+    for (unsigned i = 0; i < nlazy; i++) {
         lazy_tried |= seal_tried(lazy_ids[i]);
-    for (unsigned i = 0; i < nclosed_lazy; i++)
+        after_done |= seal_tried_after_done(lazy_ids[i]);
+    }
+    for (unsigned i = 0; i < nclosed_lazy; i++) {
         lazy_tried |= seal_tried(closed_lazy_ids[i]);
+        after_done |= seal_tried_after_done(closed_lazy_ids[i]);
+    }
     if (lazy_tried) {
         R.lazy_seals++;
+        /* Over virtual memory, a retirement at the allocation's start (the
+         * fence interval's poll) may free and unmap memory beside the best
+         * fit, so the block lands on granules to map: a lazy seal tried
+         * after such a retirement is not the model's to judge. */
         const bool needed =
             lazy_due || st != BFC_OK || !s.best.found || (valid && R.nplan && before.num_regions == 1) ||
             after_call.num_region_allocs != before.num_region_allocs ||
-            !best_mapped;
+            !best_mapped || (R.f.opt.vmm && after_done);
         if (!needed)
             FAIL_AT("alloc %" PRIu64 " sealed a lazy epoch (%" PRIu64 " held, %" PRIu64
                     " in use) though its memory was not needed",
