@@ -391,6 +391,10 @@ typedef struct bfc_stats {
     /* Allocations of a growing pool that moved free granules behind their
      * block rather than map past the headroom (growth_headroom; vmm). */
     uint64_t num_growth_moves;
+    /* Allocations whose best fit could not be backed within the limit even
+     * with every free granule given back, placed instead at an end of
+     * another free chunk that could, on granules its neighbours pin (vmm). */
+    uint64_t num_limit_moves;
     /* Bytes given back to the device so far: unmapped granules (vmm) and
      * returned regions. Under pressure a backend with keep may move
      * unmapped granules under the new block instead; they count here too. */

@@ -236,3 +236,48 @@ uint32_t place_on_mapped(const bfc_pool *p, uint64_t rounded, bfc_addr *at)
     *at = best_at;
     return best;
 }
+
+/* vmm: FREE chunk x holds `rounded` bytes at its low end, else its high
+ * end, with at most `room` bytes of unmapped granules under them. */
+static bool holds_within_room(const bfc_pool *p, const region *r, const chunk *x,
+                              uint64_t rounded, uint64_t room, bfc_addr *at)
+{
+    const bfc_addr hi = x->addr + x->size - rounded;
+    if (backing_missing(p, r, x->addr, x->addr + rounded) <= room) {
+        *at = x->addr;
+        return true;
+    }
+    if (hi != x->addr && backing_missing(p, r, hi, hi + rounded) <= room) {
+        *at = hi;
+        return true;
+    }
+    return false;
+}
+
+/*
+ * vmm, the last resort before an out-of-memory: best fit ignores backing,
+ * so the chunk it chose may need more granules mapped than the limit has
+ * room for while another chunk holds the block at an end on granules its
+ * neighbours pin (bfc_pool_free_space's largest free block is the largest
+ * such). One walk over the chunks, paid only where the allocation would
+ * otherwise fail.
+ */
+uint32_t place_within_room(const bfc_pool *p, uint64_t rounded, uint64_t room, bfc_addr *at)
+{
+    uint32_t best = CHUNK_NIL;
+    bfc_addr best_at = 0;
+    for (uint32_t ri = 0; ri < p->nregions; ri++)
+        for (uint32_t x = p->regions[ri].first; x != CHUNK_NIL; x = C(p, x)->next) {
+            const chunk *xc = C(p, x);
+            bfc_addr a;
+            if (xc->state != CHUNK_FREE || xc->size < rounded ||
+                (best != CHUNK_NIL && xc->size >= C(p, best)->size))
+                continue;
+            if (holds_within_room(p, &p->regions[ri], xc, rounded, room, &a)) {
+                best = x;
+                best_at = a;
+            }
+        }
+    *at = best_at;
+    return best;
+}

@@ -43,6 +43,10 @@ uint32_t place_fit(const bfc_pool *p, uint64_t rounded, uint32_t lane_id, uint64
 /* vmm, near the limit: the FREE chunk that holds `rounded` bytes wholly on
  * mapped granules, with the block's place in *at; CHUNK_NIL when none. */
 uint32_t place_on_mapped(const bfc_pool *p, uint64_t rounded, bfc_addr *at);
+/* vmm: the smallest FREE chunk that holds `rounded` bytes at one of its
+ * ends with at most `room` bytes of granules to map there, with the
+ * block's place in *at; CHUNK_NIL when none. */
+uint32_t place_within_room(const bfc_pool *p, uint64_t rounded, uint64_t room, bfc_addr *at);
 
 /* plan.c: placement from a recorded run's layout. The pool tries the plan's
  * place before the rule's (place_by_plan in pool.c), while it has one

@@ -623,6 +623,36 @@ static __attribute__((noinline)) void stay_within_headroom(bfc_pool *p, uint32_t
 }
 
 /*
+ * vmm, the last resort: the block could not be backed where best fit put
+ * it, even with every free granule given back (map_under_pressure). Those
+ * left mapped are pinned by live and pending blocks, and another free chunk
+ * may hold the block at an end on granules its neighbours pin, mapping no
+ * more than the limit has room for (place_within_room): it goes there
+ * (num_limit_moves), so that only granules pinned by blocks cause an
+ * out-of-memory, never where best fit put the block in address space. An
+ * unsplit remainder that needs more than the room fails as before.
+ */
+static bool back_within_room(bfc_pool *p, uint32_t *cp, uint64_t rounded, uint64_t size)
+{
+    /* The granules the failed block held are free again: they go too (the
+     * caller's keep moves them rather than give them back). */
+    backing_release_free(p);
+    bfc_addr at;
+    const uint32_t x = place_within_room(p, rounded, p->opt.limit_bytes - p->st.pool_bytes, &at);
+    if (x == CHUNK_NIL)
+        return false;
+    const uint32_t c = carve_at(p, x, rounded, at, size);
+    const bfc_addr lo = C(p, c)->addr, hi = lo + C(p, c)->size;
+    if (!backing_map(p, region_of(p, lo), lo, hi)) {
+        pool_make_free(p, c);
+        return false;
+    }
+    p->st.num_limit_moves++;
+    *cp = c;
+    return true;
+}
+
+/*
  * vmm: maps what just-carved chunk *cp lacks. The caller found it not wholly
  * mapped (block_mapped); out of line, so the steady state pays only that
  * test. When the limit forbids the mapping and the block may move (it is
@@ -662,10 +692,17 @@ static __attribute__((noinline)) bool back_allocation(bfc_pool *p, uint32_t *cp,
     if (p->backend.keep)
         p->backend.keep(p->backend.ctx, true);
     bool mapped = map_under_pressure(p, r, lo, hi);
+    if (!mapped) {
+        /* The limit forbade it (not a device that refused, which keeps
+         * what it mapped): the block may fit elsewhere. */
+        const bool limit = may_move && backing_missing(p, r, lo, hi) >
+                                           p->opt.limit_bytes - p->st.pool_bytes;
+        pool_make_free(p, c);
+        if (limit)
+            mapped = back_within_room(p, cp, rounded, size);
+    }
     if (p->backend.keep)
         p->backend.keep(p->backend.ctx, false);
-    if (!mapped)
-        pool_make_free(p, c);
     return mapped;
 }
 

@@ -24,7 +24,10 @@
  *     new granules, before that overflow only in a chunk under two
  *     granules);
  *   - an OOM happens only when no chunk fits and the pool could not grow
- *     (vmm: only when too little of the limit is unmapped to map the block);
+ *     (vmm: only when too little of the limit is unmapped to map the block,
+ *     and no free chunk holds it at an end with no more granules to map
+ *     than the limit leaves beside those blocks pin: then it goes there,
+ *     the pool's last resort, num_limit_moves);
  *   - vmm: every allocation is mapped on the device, which saw no mapping
  *     twice, no unmapping of what was not mapped, no keep left on (or kept
  *     memory left over) after a call, and nothing left at the end;
@@ -570,6 +573,79 @@ static void mapped_visitor(void *arg, const bfc_chunk_info *c)
     }
 }
 
+/* Over virtual memory, the pool's last resort (place_within_room): with
+ * every free granule given back, only granules that allocated and pending
+ * chunks touch stay mapped; the smallest free chunk (lowest address on
+ * ties) that holds the block at its low end, else its high end, with no
+ * more granules to map there than the limit has room for. */
+typedef struct room_search {
+    uint64_t rounded, mg;
+    uint64_t pinned;        /* bytes of granules non-free chunks touch */
+    uint64_t next_uncounted; /* granule index: those below are counted */
+    bool counting;          /* first pass: count pinned granules */
+    uint64_t room;
+    bool found, low; /* low: at the chunk's low end */
+    uint64_t size;
+    bfc_addr at;
+} room_search;
+
+/* Granules of [lo, lo + n) in free chunk c that no neighbour pins. */
+static uint64_t room_missing(const bfc_chunk_info *c, bfc_addr lo, uint64_t n, uint64_t mg)
+{
+    const bfc_addr end = c->addr + c->size;
+    uint64_t k = 0;
+    for (uint64_t gr = lo / mg; gr <= (lo + n - 1) / mg; gr++)
+        if (!(c->addr % mg && gr == c->addr / mg) && !(end % mg && gr == (end - 1) / mg))
+            k++;
+    return k * mg;
+}
+
+static void room_visitor(void *arg, const bfc_chunk_info *c)
+{
+    room_search *rs = arg;
+    const uint64_t mg = rs->mg;
+    if (rs->counting) {
+        if (c->kind == BFC_CHUNK_FREE)
+            return;
+        uint64_t first = c->addr / mg;
+        const uint64_t end = (c->addr + c->size + mg - 1) / mg;
+        if (first < rs->next_uncounted)
+            first = rs->next_uncounted;
+        if (end > first)
+            rs->pinned += (end - first) * mg;
+        rs->next_uncounted = end;
+        return;
+    }
+    if (c->kind != BFC_CHUNK_FREE || c->size < rs->rounded || (rs->found && c->size >= rs->size))
+        return;
+    const bfc_addr hi = c->addr + c->size - rs->rounded;
+    if (room_missing(c, c->addr, rs->rounded, mg) <= rs->room) {
+        rs->found = true, rs->size = c->size, rs->at = c->addr, rs->low = true;
+    } else if (hi != c->addr && room_missing(c, hi, rs->rounded, mg) <= rs->room) {
+        rs->found = true, rs->size = c->size, rs->at = hi, rs->low = false;
+    }
+}
+
+/* The engine's worth_splitting, restated. */
+static bool splits(uint64_t size, uint64_t rounded)
+{
+    const bfc_options *o = &R.f.opt;
+    const uint64_t rest = size - rounded;
+    if (o->tsl_split)
+        return size >= 2 * rounded || rest >= BFC_TSL_MAX_INTERNAL_FRAGMENTATION;
+    return rest >= (o->min_split_bytes > o->granularity ? o->min_split_bytes : o->granularity);
+}
+
+static room_search within_room(uint64_t rounded)
+{
+    room_search rs = {.rounded = rounded, .mg = R.f.opt.map_granularity, .counting = true};
+    bfc_pool_visit(R.f.pool, room_visitor, &rs);
+    rs.counting = false;
+    rs.room = eff_limit() > rs.pinned ? eff_limit() - rs.pinned : 0;
+    bfc_pool_visit(R.f.pool, room_visitor, &rs);
+    return rs;
+}
+
 typedef struct fit_search {
     uint64_t rounded;
     uint32_t lane;
@@ -847,6 +923,9 @@ static void op_alloc(void)
      * chunk's slack may need a granule more than the block, so a move the
      * block alone does not explain must still go where the search says. */
     const bfc_addr best_place = s.best.found ? best_fit_place(&s, rounded, align, whole) : 0;
+    room_search rs = {0};
+    if (R.f.opt.vmm && valid)
+        rs = within_room(rounded);
     bool owed = false;
     mapped_search ms = {.rounded = rounded, .align = whole ? mg : natural_alignment(rounded)};
     if (R.f.opt.vmm && s.best.found && s.best.chunk.kind == BFC_CHUNK_FREE) {
@@ -1015,6 +1094,16 @@ static void op_alloc(void)
                 eff_limit() - after.pool_bytes >= rounded + slack + 2 * o->map_granularity)
                 FAIL_AT("OOM for %" PRIu64 " bytes with %" PRIu64 " of the limit unmapped",
                         rounded, eff_limit() - after.pool_bytes);
+            /* Only granules blocks pin cause an OOM: none while a free
+             * chunk holds the block at an end within the limit's room
+             * (a plan's place never moves; an unsplit remainder may need
+             * more than the block). */
+            if (!device_refuses && rs.found && after.num_retired == before.num_retired &&
+                !(R.nplan && before.num_regions == 1) &&
+                !(rs.low && !splits(rs.size, rounded)))
+                FAIL_AT("OOM for %" PRIu64 " bytes though free chunk of %" PRIu64 " holds it at %#llx"
+                        " within the limit (%" PRIu64 " pinned)", rounded, rs.size,
+                        (unsigned long long)rs.at, rs.pinned);
         } else if (s.best.found && after.num_retired == before.num_retired) {
             FAIL_AT("OOM for %" PRIu64 " bytes though chunk %#llx of %" PRIu64 " fits",
                     rounded, (unsigned long long)s.best.chunk.addr, s.best.chunk.size);
@@ -1063,7 +1152,14 @@ static void op_alloc(void)
         bfc_addr expect = best_place;
         /* A move to mapped memory (owed, ms: above) goes where the search
          * says, and only where it found a place. */
-        if (R.f.opt.vmm && s.best.chunk.kind == BFC_CHUNK_FREE) {
+        const bool limit_moved = after_call.num_limit_moves != before.num_limit_moves;
+        if (limit_moved) {
+            /* The last resort: where the model's search says. */
+            if (!rs.found)
+                FAIL_AT("alloc %" PRIu64 " moved within the limit where the model finds no room",
+                        rounded);
+            expect = rs.at;
+        } else if (R.f.opt.vmm && s.best.chunk.kind == BFC_CHUNK_FREE) {
             if (refit ? !ms.found : owed && ms.found)
                 FAIL_AT("alloc %" PRIu64 " %s to mapped memory (%s a mapped fit)", rounded,
                         refit ? "moved" : "did not move", ms.found ? "with" : "without");

@@ -851,6 +851,52 @@ static void loans_come_out_of_the_limit(void)
     vmm_end(&f);
 }
 
+/* Best fit ignores backing: the smallest hole may need more granules mapped
+ * than the limit has room for while another holds the block at an end on
+ * a granule its neighbour pins. With every free granule given back, the
+ * block goes there rather than fail: only pinned granules cause an
+ * out-of-memory (found by test_property's allocation of the largest free
+ * block bfc_pool_free_space reports, seed 9). */
+static void a_block_the_limit_can_back_elsewhere_does_not_fail(void)
+{
+    fixture f;
+    vmm_begin(&f, 8 * GRAN);
+    f.opt.growth_headroom = 0;
+    vmm_start(&f);
+    /* Granules 0-6: A = [0, 2.5) free, pins at 2.5-3 and 3-3.5, C = [3.5,
+     * 6.5) free, a pin at 6.5-7 (in granules). */
+    const bfc_addr a = must_alloc(&f, 5 * MiB);
+    const bfc_addr p1 = must_alloc(&f, 1 * MiB), p2 = must_alloc(&f, 1 * MiB);
+    const bfc_addr c = must_alloc(&f, 6 * MiB), p3 = must_alloc(&f, 1 * MiB);
+    CHECK_EQ(p3, a + 13 * MiB);
+    must_free(&f, a);
+    must_free(&f, c);
+    /* A loan of half the limit: 7 granules mapped, 4 allowed. */
+    CHECK_EQ(bfc_pool_lend(f.pool, 4 * GRAN), BFC_OK);
+    CHECK(stats_of(&f).pool_bytes <= 4 * GRAN);
+    /* Granules 2, 3 and 6 are pinned: one more fits. A holds 3 MiB at its
+     * high end (granule 1 and pinned 2), C at either end; best fit picks
+     * A and the low-end rule puts it on granules 0 and 1. */
+    bfc_free_space fs;
+    bfc_pool_free_space(f.pool, &fs);
+    CHECK_EQ(fs.largest_free_block_bytes, 3 * MiB);
+    bfc_addr b = 0;
+    CHECK_EQ(bfc_pool_alloc(f.pool, 3 * MiB, BFC_NO_LANE, &b), BFC_OK);
+    CHECK_EQ(b, a + 2 * MiB);
+    check_mapped(&f, b, 3 * MiB);
+    bfc_stats s = stats_of(&f);
+    CHECK_EQ(s.num_limit_moves, 1);
+    CHECK_EQ(s.pool_bytes, 4 * GRAN);
+    CHECK_EQ(f.dev.held, 4 * GRAN);
+    CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+    must_free(&f, b);
+    must_free(&f, p1);
+    must_free(&f, p2);
+    must_free(&f, p3);
+    bfc_pool_end_loan(f.pool, 4 * GRAN);
+    vmm_end(&f);
+}
+
 /* Replays one fixed sequence of allocations and frees (sizes from 1 KiB to
  * 3 MiB, at most LIVE blocks; with `whole`, a third of them whole granules,
  * else those rounded up by 64 KiB) into a started pool and writes each
@@ -1268,6 +1314,7 @@ static void region_edges_do_not_draw_whole_granule_blocks(void)
 int main(void)
 {
     RUN(granules_are_mapped_as_blocks_land_on_them);
+    RUN(a_block_the_limit_can_back_elsewhere_does_not_fail);
     RUN(free_space_coalesces_across_growth_steps);
     RUN(pressure_gives_back_free_granules_before_failing);
     RUN(pressure_gives_back_only_the_shortfall_from_the_largest_holes);
