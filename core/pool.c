@@ -421,6 +421,7 @@ static uint32_t carve_planned(bfc_pool *p, uint64_t rounded, uint64_t size)
 
 static bool back_allocation(bfc_pool *p, uint32_t *cp, bool may_move, uint64_t rounded,
                             uint64_t size, uint32_t lane_id);
+static void undo_carve(bfc_pool *p, uint32_t c);
 
 /* An allocation the plan did not place, carved in the spare space above the
  * plan's extent (plan_spare_chunk), out of the planned layout's way, and
@@ -439,7 +440,7 @@ static uint32_t carve_spare(bfc_pool *p, uint64_t rounded, uint64_t size)
      * maps (refit_before_mapping): the rule places it instead. */
     if (p->opt.vmm && !block_mapped(p, c)) {
         if (p->st.pending_bytes >= rounded) {
-            pool_make_free(p, c);
+            undo_carve(p, c);
             return CHUNK_NIL;
         }
         if (!back_allocation(p, &c, false, rounded, size, BFC_NO_LANE))
@@ -454,7 +455,7 @@ static uint32_t carve_spare(bfc_pool *p, uint64_t rounded, uint64_t size)
 static uint32_t carve_again(bfc_pool *p, uint32_t c, uint64_t rounded, uint64_t size,
                             uint32_t lane_id)
 {
-    pool_make_free(p, c);
+    undo_carve(p, c);
     uint64_t align;
     c = place_fit(p, rounded, lane_id, &align);
     return carve(p, c, rounded, align, size);
@@ -514,7 +515,7 @@ static __attribute__((noinline)) uint32_t refit_on_mapped(bfc_pool *p, uint32_t 
                                                            uint64_t rounded, uint64_t size,
                                                            uint32_t lane_id)
 {
-    pool_make_free(p, c);
+    undo_carve(p, c);
     bfc_addr at;
     const uint32_t best = place_on_mapped(p, rounded, &at);
     if (best != CHUNK_NIL) {
@@ -844,7 +845,7 @@ static void unlink_next(bfc_pool *p, uint32_t c, uint32_t r)
  * merged chunk's key only grows, so it usually keeps the tree position of
  * the neighbour it absorbed (bins_resize, bins_substitute). Forced inline
  * into bfc_pool_free, the hot caller; pool_make_free serves the others. */
-static inline __attribute__((always_inline)) void make_free(bfc_pool *p, uint32_t c)
+static inline __attribute__((always_inline)) void make_free(bfc_pool *p, uint32_t c, bool release)
 {
     bin_set *bins = &p->free_bins;
     chunk *cc = C(p, c);
@@ -874,14 +875,23 @@ static inline __attribute__((always_inline)) void make_free(bfc_pool *p, uint32_
     /* vmm: mapped memory beyond the threshold goes back as soon as a whole
      * granule of it is free. The unsigned sum only overstates what is free
      * (granules shared with live blocks), which merely asks sooner. */
-    if (p->release_on_free && p->st.pool_bytes - p->st.bytes_in_use - p->st.pending_bytes >
-                                  p->opt.release_threshold)
+    if (release && p->release_on_free &&
+        p->st.pool_bytes - p->st.bytes_in_use - p->st.pending_bytes > p->opt.release_threshold)
         backing_after_free(p, c);
 }
 
 void pool_make_free(bfc_pool *p, uint32_t c)
 {
-    make_free(p, c);
+    make_free(p, c, true);
+}
+
+/* Gives back a block just carved for the allocation in progress, to carve
+ * it again elsewhere. No release: the threshold is for frees, and
+ * unmapping here would take the mapped memory the next carve looks for
+ * (refit_on_mapped) and map it again. */
+static void undo_carve(bfc_pool *p, uint32_t c)
+{
+    make_free(p, c, false);
 }
 
 bfc_status bfc_pool_free(bfc_pool *p, bfc_addr addr)
@@ -892,7 +902,7 @@ bfc_status bfc_pool_free(bfc_pool *p, bfc_addr addr)
     uint32_t c;
     const bfc_status s = pool_take_live(p, addr, &c);
     if (s == BFC_OK) {
-        make_free(p, c);
+        make_free(p, c, true);
         if (p->backend.on_event)
             p->backend.on_event(p->backend.event_ctx, BFC_EVENT_FREE, addr, 0, BFC_NO_LANE);
     }

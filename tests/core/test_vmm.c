@@ -897,6 +897,46 @@ static void a_block_the_limit_can_back_elsewhere_does_not_fail(void)
     vmm_end(&f);
 }
 
+/* Near the limit a block that would need granules mapped moves to a free
+ * chunk that holds it on mapped memory (refit_on_mapped). Giving the first
+ * carve back must not let the release threshold unmap that very memory
+ * (the free space it merges into is over the threshold) and so remap what
+ * the move exists to spare (found by test_property, seed 29262). */
+static void a_block_given_back_for_a_move_releases_nothing(void)
+{
+    fixture f;
+    vmm_begin(&f, 8 * GRAN);
+    f.opt.growth_headroom = 0;
+    f.opt.release_threshold = 7 * MiB; /* between 3.5 and 4 granules */
+    vmm_start(&f);
+    const bfc_addr a = must_alloc(&f, 3 * GRAN), b = must_alloc(&f, 3 * GRAN);
+    const bfc_addr p = must_alloc(&f, 1 * MiB), z = must_alloc(&f, 1 * MiB);
+    const bfc_addr q = must_alloc(&f, 1 * MiB);
+    CHECK_EQ(q, a + 7 * GRAN);
+    must_free(&f, a);
+    bfc_pool_trim(f.pool); /* granules 0-2 unmapped, b's 3-5 stay */
+    must_free(&f, b);      /* 3.5 granules free: under the threshold */
+    must_free(&f, z);      /* 4: over it, but z's chunk holds no granule */
+    bfc_stats s = stats_of(&f);
+    CHECK_EQ(s.pool_bytes, 5 * GRAN);
+    CHECK_EQ(bfc_pool_lend(f.pool, GRAN), BFC_OK); /* room for 2 granules */
+    /* Best fit is [0, 6) granules; its low end needs 3 granules mapped, its
+     * high end is mapped: the block goes there, nothing is remapped. */
+    const bfc_addr c = must_alloc(&f, 3 * GRAN);
+    bfc_stats t = stats_of(&f);
+    CHECK_EQ(c, a + 3 * GRAN);
+    CHECK_EQ(t.num_mapped_refits, s.num_mapped_refits + 1);
+    CHECK_EQ(t.num_map_calls, s.num_map_calls);
+    CHECK_EQ(t.num_unmap_calls, s.num_unmap_calls);
+    CHECK_EQ(t.pool_bytes, 5 * GRAN);
+    check_mapped(&f, c, 3 * GRAN);
+    must_free(&f, c);
+    must_free(&f, p);
+    must_free(&f, q);
+    bfc_pool_end_loan(f.pool, GRAN);
+    vmm_end(&f);
+}
+
 /* Replays one fixed sequence of allocations and frees (sizes from 1 KiB to
  * 3 MiB, at most LIVE blocks; with `whole`, a third of them whole granules,
  * else those rounded up by 64 KiB) into a started pool and writes each
@@ -1315,6 +1355,7 @@ int main(void)
 {
     RUN(granules_are_mapped_as_blocks_land_on_them);
     RUN(a_block_the_limit_can_back_elsewhere_does_not_fail);
+    RUN(a_block_given_back_for_a_move_releases_nothing);
     RUN(free_space_coalesces_across_growth_steps);
     RUN(pressure_gives_back_free_granules_before_failing);
     RUN(pressure_gives_back_only_the_shortfall_from_the_largest_holes);
