@@ -2,7 +2,7 @@
  * Property test: long seeded sequences of random operations against the
  * engine, each followed by the invariant checker and compared with a model.
  *
- *   test_property [--seeds A-B | --seed N] [--ops N] [--quiet] [--classic]
+ *   test_property [--seeds A-B | --seed N] [--ops N] [--quiet] [--classic] [--no-queries]
  *
  * Each seed also draws the pool's configuration (preallocation or growth,
  * granularity, split threshold, two-ended placement, garbage collection,
@@ -67,8 +67,16 @@
  *     bytes grow by exactly the epoch's, and a reusable one receives nothing;
  *   - a quarter of the seeds run under a limit that is no multiple of the
  *     granularity.
+ *   - queries (a third stream): bfc_pool_lookup / bfc_pool_block at a live
+ *     block's base, inside its request, past it in its chunk and at freed
+ *     addresses; bfc_pool_largest_live against every allocated chunk;
+ *     bfc_pool_free_space against the statistics and, over vmm, its largest
+ *     free block against the model's search for room, then now and then
+ *     an allocation of exactly that block; and plans installed, replaced
+ *     or removed while blocks are live.
  * The extensions draw from a stream of their own; --classic leaves them out
- * and replays a seed exactly as before they existed.
+ * and replays a seed exactly as before they existed; --no-queries leaves
+ * out the queries and mid-run plans alone.
  * A failure prints the seed and step, so `--seed N --ops M` replays it.
  */
 #include <getopt.h>
@@ -156,6 +164,11 @@ typedef struct run {
     bool tried_after_done[MAX_TRIED];
     bool done_seen;
     uint64_t loans, loan_ooms, lazy_seals, moved_epochs;
+    /* The queries and mid-run plans (op_query, op_replan) draw from a third
+     * stream, so that the extensions' stream stays as it was. */
+    uint64_t qrng;
+    uint64_t forced_size; /* op_alloc's next size, when not 0 */
+    uint64_t queries, largest_allocs, replans;
 } run;
 
 static run R;
@@ -762,6 +775,11 @@ static uint64_t pending_bytes_with(uint32_t id, uint64_t token);
 
 static uint64_t draw_size(void)
 {
+    if (R.forced_size) {
+        const uint64_t size = R.forced_size;
+        R.forced_size = 0;
+        return size;
+    }
     uint64_t *rng = &R.rng, limit = R.f.opt.limit_bytes;
     switch (rng_below(rng, 22)) {
     case 20:
@@ -1491,6 +1509,152 @@ static void op_loan(void)
     pending_resync(); /* it retires, and may wait */
 }
 
+/* The queries a report or an error message makes, against the model:
+ * bfc_pool_lookup / bfc_pool_block at a live block's base, inside its
+ * request and past it (its rounded slack), and at freed addresses;
+ * bfc_pool_largest_live against every allocated chunk; bfc_pool_free_space
+ * against bfc_stats (without vmm they are the same figures; over vmm the
+ * free chunks split into free_bytes and beyond_limit_bytes). Then, now and
+ * then, an allocation of the largest free block it reported: bfc.h says one
+ * free chunk holds it with the memory the limit lets the pool use, so only
+ * a device that refuses memory may fail it. */
+typedef struct alloc_sizes {
+    uint64_t sizes[MAX_LIVE + 1];
+    size_t n;
+} alloc_sizes;
+
+static void alloc_sizes_visitor(void *arg, const bfc_chunk_info *c)
+{
+    alloc_sizes *as = arg;
+    if (c->kind == BFC_CHUNK_ALLOCATED && as->n <= MAX_LIVE)
+        as->sizes[as->n++] = c->size;
+}
+
+static void op_query(void)
+{
+    model *m = &R.m;
+    R.queries++;
+    if (m->nlive) {
+        const live_block b = m->live[rng_below(&R.qrng, m->nlive)];
+        const uint64_t extent = chunk_extent(b.addr);
+        bfc_live_info li;
+        bfc_addr base = 0;
+        uint64_t size = 0;
+        bfc_status st = bfc_pool_block(R.f.pool, b.addr, &li);
+        if (st != BFC_OK || li.addr != b.addr || li.requested != b.size || li.size != extent)
+            FAIL_AT("block(%#llx) gave %s, %#llx, %" PRIu64 " of %" PRIu64 "; model %" PRIu64
+                    " of %" PRIu64, (unsigned long long)b.addr, bfc_status_name(st),
+                    (unsigned long long)li.addr, li.requested, li.size, b.size, extent);
+        const uint64_t in = rng_below(&R.qrng, b.size);
+        st = bfc_pool_lookup(R.f.pool, b.addr + in, &base, &size);
+        if (st != BFC_OK || base != b.addr || size != b.size)
+            FAIL_AT("lookup(%#llx + %" PRIu64 ") gave %s, %#llx, %" PRIu64,
+                    (unsigned long long)b.addr, in, bfc_status_name(st),
+                    (unsigned long long)base, size);
+        if (extent > b.size) {
+            const uint64_t past = b.size + rng_below(&R.qrng, extent - b.size);
+            st = bfc_pool_lookup(R.f.pool, b.addr + past, &base, &size);
+            if (st != BFC_ERR_NOT_ALLOCATED)
+                FAIL_AT("lookup(%#llx + %" PRIu64 "), past the request of %" PRIu64
+                        " in a chunk of %" PRIu64 ", gave %s", (unsigned long long)b.addr,
+                        past, b.size, extent, bfc_status_name(st));
+        }
+    }
+    if (m->nfreed) {
+        const bfc_addr a = m->freed[rng_below(&R.qrng, m->nfreed < 64 ? m->nfreed : 64)];
+        bool live = false;
+        for (size_t i = 0; i < m->nlive; i++)
+            live |= m->live[i].addr <= a && a < m->live[i].addr + m->live[i].size;
+        const bfc_status st = bfc_pool_lookup(R.f.pool, a, NULL, NULL);
+        const bfc_status want =
+            live ? BFC_OK : bfc_pool_owns(R.f.pool, a) ? BFC_ERR_NOT_ALLOCATED : BFC_ERR_NOT_OWNED;
+        if (st != want)
+            FAIL_AT("lookup of freed %#llx gave %s, expected %s", (unsigned long long)a,
+                    bfc_status_name(st), bfc_status_name(want));
+    }
+    /* The largest live blocks: the n largest chunks, largest first. */
+    {
+        static alloc_sizes as;
+        as.n = 0;
+        bfc_pool_visit(R.f.pool, alloc_sizes_visitor, &as);
+        bfc_live_info top[8];
+        const size_t want = 1 + rng_below(&R.qrng, 8);
+        const size_t got = bfc_pool_largest_live(R.f.pool, top, want);
+        if (got != (as.n < want ? as.n : want))
+            FAIL_AT("largest_live(%zu) gave %zu of %zu live", want, got, as.n);
+        for (size_t i = 0; i < got && i < 8; i++) {
+            if (i && top[i].size > top[i - 1].size)
+                FAIL_AT("largest_live: %" PRIu64 " after %" PRIu64, top[i].size,
+                        top[i - 1].size);
+            bool found = false;
+            for (size_t k = 0; k < m->nlive; k++)
+                found |= m->live[k].addr == top[i].addr && m->live[k].size == top[i].requested;
+            if (!found || chunk_extent(top[i].addr) != top[i].size)
+                FAIL_AT("largest_live gave %#llx (%" PRIu64 " of %" PRIu64
+                        "), no such live block", (unsigned long long)top[i].addr,
+                        top[i].requested, top[i].size);
+        }
+        if (got) {
+            size_t above = 0; /* chunks larger than the smallest reported */
+            for (size_t k = 0; k < as.n; k++)
+                above += as.sizes[k] > top[got - 1].size;
+            if (above > got)
+                FAIL_AT("largest_live(%zu) left out a chunk larger than %" PRIu64, want,
+                        top[got - 1].size);
+        }
+    }
+    bfc_free_space fs;
+    bfc_pool_free_space(R.f.pool, &fs);
+    const bfc_stats st = stats_of(&R.f);
+    if (!R.f.opt.vmm ? fs.free_bytes != st.free_bytes ||
+                           fs.largest_free_block_bytes != st.largest_free_block_bytes ||
+                           fs.beyond_limit_bytes != 0
+                     : fs.free_bytes + fs.beyond_limit_bytes != st.free_bytes ||
+                           fs.largest_free_block_bytes > fs.free_bytes ||
+                           fs.largest_free_block_bytes > st.largest_free_block_bytes)
+        FAIL_AT("free_space says %" PRIu64 " free (largest %" PRIu64 ", %" PRIu64
+                " beyond the limit), stats %" PRIu64 " (largest %" PRIu64 ")",
+                fs.free_bytes, fs.largest_free_block_bytes, fs.beyond_limit_bytes,
+                st.free_bytes, st.largest_free_block_bytes);
+    /* Over vmm the largest free block is the largest the last resort finds
+     * room for (place_within_room, restated as within_room). */
+    if (R.f.opt.vmm && fs.largest_free_block_bytes &&
+        (!within_room(fs.largest_free_block_bytes).found ||
+         within_room(fs.largest_free_block_bytes + R.f.opt.granularity).found))
+        FAIL_AT("free_space says the largest free block is %" PRIu64
+                ", the model's search for room disagrees", fs.largest_free_block_bytes);
+    const bool device_refuses = R.f.dev.capacity < R.f.opt.limit_bytes || R.f.dev.refuse_above;
+    if (fs.largest_free_block_bytes && !device_refuses && m->nlive < MAX_LIVE &&
+        rng_below(&R.qrng, 2)) {
+        R.forced_size = fs.largest_free_block_bytes;
+        R.largest_allocs++;
+        op_alloc();
+        R.forced_size = 0;
+    }
+}
+
+/* A plan installed, replaced or removed while blocks are live (the shim
+ * installs one whenever a run's plan file appears): each call restarts the
+ * cursor; n = 0 removes it. */
+static void op_replan(void)
+{
+    R.replans++;
+    if (R.nplan && rng_below(&R.qrng, 3) == 0) {
+        if (bfc_pool_set_plan(R.f.pool, NULL, 0) != BFC_OK)
+            FAIL_AT("removing the plan was refused");
+        R.nplan = 0;
+        R.plan_pos = R.plan_stray = R.plan_extent = 0;
+        R.plan_abandoned = false;
+        return;
+    }
+    /* install_plan draws from the main stream: lend it this one's. */
+    const uint64_t saved = R.rng;
+    R.rng = R.qrng;
+    install_plan();
+    R.qrng = R.rng;
+    R.rng = saved;
+}
+
 /* Retires tokens the simulated GPU has completed, in every lane the pool
  * knows, as the shim would from its event queries. */
 static void op_progress(void)
@@ -1543,6 +1707,7 @@ static void check_model(void)
 }
 
 static bool classic;
+static bool no_queries; /* --no-queries: replays a seed as before op_query existed */
 
 static void run_seed(uint64_t seed, uint64_t ops)
 {
@@ -1554,6 +1719,7 @@ static void run_seed(uint64_t seed, uint64_t ops)
     R.seed = seed;
     R.rng = seed * 0x2545F4914F6CDD1Dull + 1;
     R.xrng = seed * 0x9E3779B97F4A7C15ull + 7;
+    R.qrng = seed * 0xD1B54A32D192ED03ull + 11;
     R.classic = classic;
     configure();
     for (R.step = 0; R.step < ops && !harness_failures; R.step++) {
@@ -1564,6 +1730,14 @@ static void run_seed(uint64_t seed, uint64_t ops)
                 op_loan();
             else
                 op_lazy();
+            check_model();
+        }
+        /* Queries and mid-run plans, one step in 40, from the third stream. */
+        if (!R.classic && !no_queries && rng_below(&R.qrng, 40) == 0) {
+            if (rng_below(&R.qrng, 6))
+                op_query();
+            else
+                op_replan();
             check_model();
         }
         uint64_t r = rng_below(&R.rng, 1000);
@@ -1619,7 +1793,7 @@ int main(int argc, char **argv)
     static const struct option longopts[] = {
         {"seed", required_argument, 0, 's'}, {"seeds", required_argument, 0, 'S'},
         {"ops", required_argument, 0, 'n'},  {"quiet", no_argument, 0, 'q'},
-        {"classic", no_argument, 0, 'c'},
+        {"classic", no_argument, 0, 'c'},   {"no-queries", no_argument, 0, 'Q'},
         {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
@@ -1634,11 +1808,13 @@ int main(int argc, char **argv)
         case 'n': ops = strtoull(optarg, NULL, 0); break;
         case 'q': quiet = true; break;
         case 'c': classic = true; break;
+        case 'Q': no_queries = true; break;
         default: return 2;
         }
     }
     uint64_t total = 0, ooms = 0, bad = 0, planned = 0, plan_misses = 0, spare = 0, abandoned = 0;
     uint64_t loans = 0, loan_ooms = 0, lazy_seals = 0, moved = 0;
+    uint64_t queries = 0, largest_allocs = 0, replans = 0;
     for (uint64_t seed = first; seed <= last && !harness_failures; seed++) {
         run_seed(seed, ops);
         total += R.step;
@@ -1652,6 +1828,9 @@ int main(int argc, char **argv)
         loan_ooms += R.loan_ooms;
         lazy_seals += R.lazy_seals;
         moved += R.moved_epochs;
+        queries += R.queries;
+        largest_allocs += R.largest_allocs;
+        replans += R.replans;
         if (!quiet)
             printf("seed %" PRIu64 ": %" PRIu64 " ops (%" PRIu64 " allocs, %" PRIu64
                    " frees, %" PRIu64 " OOMs, %" PRIu64 " bad frees) %s\n",
@@ -1667,5 +1846,8 @@ int main(int argc, char **argv)
     printf("property: %" PRIu64 " loans made, %" PRIu64 " refused, %" PRIu64
            " allocations that sealed a lazy epoch, %" PRIu64 " epochs moved by closing into a lane\n",
            loans, loan_ooms, lazy_seals, moved);
+    printf("property: %" PRIu64 " queries (%" PRIu64 " allocations of the largest free block),"
+           " %" PRIu64 " plans installed or removed mid-run\n",
+           queries, largest_allocs, replans);
     return harness_result();
 }
