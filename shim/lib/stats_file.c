@@ -101,6 +101,9 @@ static void pool_json(json_out *j, shim_pool *sp, const pool_figures *f)
     json_u64(j, "num_unmap_calls", st.num_unmap_calls);
     json_u64(j, "num_mapped_refits", st.num_mapped_refits);
     json_u64(j, "num_growth_moves", st.num_growth_moves);
+    /* blocks the limit could not back at their best fit, placed at an end
+     * of another free chunk instead of failing */
+    json_u64(j, "num_limit_moves", st.num_limit_moves);
     /* What the pool can hand out now (within its limit, less its loans);
      * over virtual memory the free address space beside it. */
     json_u64(j, "largest_free_block_bytes", f->fs.largest_free_block_bytes);

@@ -856,6 +856,7 @@ static void growth_moves(void)
     }
     const fakecuda_stats after = fake_stats();
     CHECK_EQ(shim_stat_number("num_growth_moves"), off ? 0 : 1);
+    CHECK_EQ(shim_stat_number("num_limit_moves"), 0); /* reported; no block needed one */
     CHECK_EQ(after.vmm_create_calls - full.vmm_create_calls, off ? 4 : 1);
     CHECK_EQ(after.vmm_retain_calls - full.vmm_retain_calls, off ? 0 : 3);
     CHECK_EQ(shim_stat_number("moved_bytes_total"), (long long)(off ? 0 : 6 * MiB));
