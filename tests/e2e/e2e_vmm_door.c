@@ -536,6 +536,27 @@ static void reset(void)
     delete(&big);
 }
 
+/* With a 512 MiB limit, and the program's 256 MiB buffer big outliving the
+ * pool that lent it: the current context's pool counts it (a 384 MiB
+ * allocation is out of memory, 128 MiB is not), and once big is deleted
+ * the whole limit is the pool's again. */
+static void orphan_counted(buffer big, const char *what)
+{
+    memset((void *)(uintptr_t)big.at, 0x5a, big.size); /* still the program's */
+    CUdeviceptr p = 0;
+    CUresult r = D.MemAlloc(&p, 384 * MiB);
+    fprintf(stderr, "cuMemAlloc of 384 MiB beside the 256 MiB %s, limit 512 MiB: %d\n",
+            what, (int)r);
+    if (r == CUDA_SUCCESS)
+        CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+    CHECK_EQ(r, CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK_EQ(D.MemAlloc(&p, 128 * MiB), CUDA_SUCCESS); /* what is left of the limit */
+    CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+    delete(&big); /* its loan ends: the whole limit is the pool's again */
+    CHECK_EQ(D.MemAlloc(&p, 384 * MiB), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+}
+
 /* reset-alloc (BFCSHIM_MEM_LIMIT=512MiB): the same orphan, but the
  * context's next pool is made by a plain cuMemAlloc, not by a create: it
  * must count the orphan from its first allocation on, not only once the
@@ -550,19 +571,7 @@ static void reset_alloc(void)
     CHECK_EQ(D.DeviceGet(&d, 0), CUDA_SUCCESS);
     CHECK_EQ(D.DevicePrimaryCtxReset(d), CUDA_SUCCESS);
     e2e_cu_primary_current(0);
-    memset((void *)(uintptr_t)big.at, 0x5a, big.size); /* still the program's */
-    CUdeviceptr p = 0;
-    CUresult r = D.MemAlloc(&p, 384 * MiB);
-    fprintf(stderr, "cuMemAlloc of 384 MiB beside the 256 MiB create, limit 512 MiB: %d\n",
-            (int)r);
-    if (r == CUDA_SUCCESS)
-        CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
-    CHECK_EQ(r, CUDA_ERROR_OUT_OF_MEMORY);
-    CHECK_EQ(D.MemAlloc(&p, 128 * MiB), CUDA_SUCCESS); /* what is left of the limit */
-    CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
-    delete(&big); /* its loan ends: the whole limit is the pool's again */
-    CHECK_EQ(D.MemAlloc(&p, 384 * MiB), CUDA_SUCCESS);
-    CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+    orphan_counted(big, "create");
 }
 
 static CUmemAllocationProp plain_on(int dev)
@@ -592,18 +601,7 @@ static void death_alloc(void)
     buffer big = make(256 * MiB);                             /* the created context's pool lends */
     CHECK_EQ(D.CtxDestroy(other), CUDA_SUCCESS);              /* big lives on */
     CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
-    memset((void *)(uintptr_t)big.at, 0x5a, big.size); /* still the program's */
-    CUresult r = D.MemAlloc(&p, 384 * MiB);
-    fprintf(stderr, "cuMemAlloc of 384 MiB beside the 256 MiB orphan, limit 512 MiB: %d\n",
-            (int)r);
-    if (r == CUDA_SUCCESS)
-        CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
-    CHECK_EQ(r, CUDA_ERROR_OUT_OF_MEMORY);
-    CHECK_EQ(D.MemAlloc(&p, 128 * MiB), CUDA_SUCCESS); /* what is left of the limit */
-    CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
-    delete(&big); /* its loan ends: the whole limit is the pool's again */
-    CHECK_EQ(D.MemAlloc(&p, 384 * MiB), CUDA_SUCCESS);
-    CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+    orphan_counted(big, "orphan");
 }
 
 static void two_contexts(void)
