@@ -319,7 +319,31 @@ svc_status svc_free(CUdeviceptr ptr, free_kind kind, CUstream stream, bool per_t
     if (state != STREAM_USABLE && !block_start(sp, ptr))
         return bad_pointer(sp, ptr, api);
     if (state == STREAM_DEAD || state == STREAM_LEGACY_BLOCKED) {
-        svc_status refused = refused_stream_free(ptr, stream, state, api);
+        /* FREE_STREAM_DEVICE names the legacy stream of the pool's context,
+         * which need not be current (PyTorch frees a device's tensors with
+         * another device current), while the question above was about the
+         * current context's: a blocking stream capturing there must
+         * neither refuse the free nor see its capture invalidated by the
+         * refusal's legacy-stream use (e2e_api torch-legacy-capture, found
+         * by the plug-in audit: the capture failed and the block was
+         * lost). Asked again, and refused if at all, with the pool's
+         * context current: only on this rare path, so the common free
+         * still asks nothing about the current context. */
+        const real_driver *R = real_driver_get();
+        CUcontext cur = NULL;
+        bool pushed = false;
+        if (kind == FREE_STREAM_DEVICE && state == STREAM_LEGACY_BLOCKED && R &&
+            R->CtxGetCurrent(&cur) == CUDA_SUCCESS && cur != sp->ctx &&
+            R->CtxPushCurrent(sp->ctx) == CUDA_SUCCESS) {
+            pushed = true;
+            state = svc_stream_state_of(stream, per_thread);
+        }
+        svc_status refused =
+            state == STREAM_USABLE ? SVC_OK : refused_stream_free(ptr, stream, state, api);
+        if (pushed) {
+            CUcontext popped = NULL;
+            R->CtxPopCurrent(&popped);
+        }
         if (refused != SVC_OK)
             return refused;
     }

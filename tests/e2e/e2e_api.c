@@ -19,6 +19,12 @@
  *   torch-legacy  bfcshim_torch_free on device 0's default (legacy) stream
  *              with device 1 current: device 0's legacy lane, no driver
  *              question about the current context
+ *   torch-legacy-capture  (found by the plug-in audit) the same free while
+ *              a blocking stream of device 1, the current device, captures:
+ *              device 0's legacy stream is not blocked, so the free must
+ *              succeed and leave device 1's capture alone (before, the
+ *              library asked about, and used, device 1's legacy stream:
+ *              the capture was invalidated and the block lost)
  *   dead-stream  bfcshim_free_async on a stream destroyed since: no call on
  *              the dead handle, and the block is reused once its work is done
  *   stats-nomem  bfcshim_stats_json when its document cannot be made (no
@@ -54,6 +60,9 @@ static struct {
     CUresult (*StreamCreate)(CUstream *, unsigned);
     CUresult (*StreamDestroy)(CUstream);
     CUresult (*MemAlloc)(CUdeviceptr *, size_t);
+    CUresult (*StreamBeginCapture)(CUstream, CUstreamCaptureMode);
+    CUresult (*StreamEndCapture)(CUstream, CUgraph *);
+    CUresult (*GraphDestroy)(CUgraph);
 } D;
 
 static const fakecuda_api *F;
@@ -70,6 +79,9 @@ static void start(void)
     LOAD(StreamCreate, "cuStreamCreate");
     LOAD(StreamDestroy, "cuStreamDestroy_v2");
     LOAD(MemAlloc, "cuMemAlloc_v2");
+    LOAD(StreamBeginCapture, "cuStreamBeginCapture_v2");
+    LOAD(StreamEndCapture, "cuStreamEndCapture");
+    LOAD(GraphDestroy, "cuGraphDestroy");
     F = fakecuda();
     CUcontext c0, c1;
     CHECK_EQ(D.Init(0), CUDA_SUCCESS);
@@ -226,6 +238,48 @@ static void torch_legacy(void)
     bfcshim_torch_free(v, 4 * MiB, 0, NULL);
     F->complete_all();
     CHECK_EQ(D.StreamDestroy(s2), CUDA_SUCCESS);
+}
+
+/* PyTorch's free of a device-0 tensor on device 0's default stream while a
+ * blocking stream of device 1, the current device, captures (PyTorch frees
+ * from whatever device is current; a capture of another framework, say
+ * CuPy's, whose streams are blocking by default, is under way there). The
+ * legacy stream the free names is device 0's, which no capture blocks: the
+ * free goes through, and device 1's capture is not touched. */
+static void torch_legacy_capture(void)
+{
+    start();
+    CUcontext c0 = NULL, c1 = NULL;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c1, 1), CUDA_SUCCESS);
+    void *t = bfcshim_torch_alloc(4 * MiB, 0, NULL);
+    CHECK(t != NULL);
+    CHECK_EQ(F->launch(CU_STREAM_LEGACY, noop, NULL), 0); /* device 0's legacy stream */
+    CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
+    CUstream cap;
+    CHECK_EQ(D.StreamCreate(&cap, 0), CUDA_SUCCESS); /* blocking, device 1 */
+    CHECK_EQ(D.StreamBeginCapture(cap, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    const fakecuda_stats before = fake_stats();
+    bfcshim_torch_free(t, 4 * MiB, 0, NULL);
+    CUgraph g = NULL;
+    CHECK_EQ(D.StreamEndCapture(cap, &g), CUDA_SUCCESS);
+    if (fake_stats().capture_invalidations != before.capture_invalidations || !g) {
+        fprintf(stderr, "freeing a device-0 block on device 0's legacy stream invalidated "
+                        "device 1's capture\n");
+        e2e_failures++;
+    }
+    if (g)
+        CHECK_EQ(D.GraphDestroy(g), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(cap), CUDA_SUCCESS);
+    /* The free went through (device 0's pool, the only one, counts it). */
+    static char json[1 << 16];
+    CHECK(bfcshim_stats_json(json, sizeof json) > 0);
+    if (shim_stats_field(json, "num_frees") != 1) {
+        fprintf(stderr, "the free was lost: the block is still allocated\n");
+        e2e_failures++;
+    }
+    CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+    F->complete_all();
 }
 
 /* A stream-ordered free on a stream destroyed since the allocation (CuPy
@@ -539,7 +593,8 @@ int main(int argc, char **argv)
     } scenarios[] = {{"plain", plain},   {"async", async},       {"badinput", badinput},
                      {"zero", zero},     {"trim", trim},         {"stats", stats},
                      {"platform", platform}, {"dead-stream", dead_stream},
-                     {"torch-legacy", torch_legacy}, {"stats-nomem", stats_nomem},
+                     {"torch-legacy", torch_legacy},
+                     {"torch-legacy-capture", torch_legacy_capture}, {"stats-nomem", stats_nomem},
                      {"stats-nomem-write", stats_nomem_write},
                      {"oom-report-nomem", oom_report_nomem}};
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
@@ -548,6 +603,6 @@ int main(int argc, char **argv)
             return e2e_done(s);
         }
     fprintf(stderr, "usage: e2e_api plain|async|badinput|zero|trim|stats|platform|dead-stream|"
-                    "torch-legacy|stats-nomem|stats-nomem-write|oom-report-nomem\n");
+                    "torch-legacy|torch-legacy-capture|stats-nomem|stats-nomem-write|oom-report-nomem\n");
     return 2;
 }
