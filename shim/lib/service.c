@@ -330,20 +330,14 @@ svc_status svc_free(CUdeviceptr ptr, free_kind kind, CUstream stream, bool per_t
          * context current: only on this rare path, so the common free
          * still asks nothing about the current context. */
         const real_driver *R = real_driver_get();
-        CUcontext cur = NULL;
-        bool pushed = false;
-        if (kind == FREE_STREAM_DEVICE && state == STREAM_LEGACY_BLOCKED && R &&
-            R->CtxGetCurrent(&cur) == CUDA_SUCCESS && cur != sp->ctx &&
-            R->CtxPushCurrent(sp->ctx) == CUDA_SUCCESS) {
-            pushed = true;
+        const bool pushed = kind == FREE_STREAM_DEVICE && state == STREAM_LEGACY_BLOCKED && R &&
+                            real_ctx_enter(R, sp->ctx);
+        if (pushed)
             state = svc_stream_state_of(stream, per_thread);
-        }
         svc_status refused =
             state == STREAM_USABLE ? SVC_OK : refused_stream_free(ptr, stream, state, api);
-        if (pushed) {
-            CUcontext popped = NULL;
-            R->CtxPopCurrent(&popped);
-        }
+        if (pushed)
+            real_ctx_leave(R, pushed);
         if (refused != SVC_OK)
             return refused;
     }
