@@ -237,17 +237,36 @@ uint32_t place_on_mapped(const bfc_pool *p, uint64_t rounded, bfc_addr *at)
     return best;
 }
 
-/* vmm: FREE chunk x holds `rounded` bytes at its low end, else its high
- * end, with at most `room` bytes of unmapped granules under them. */
-static bool holds_within_room(const bfc_pool *p, const region *r, const chunk *x,
-                              uint64_t rounded, uint64_t room, bfc_addr *at)
+/* The end of what the pool's carve of `rounded` bytes at `at` in FREE
+ * chunk x takes (carve_at in pool.c): a remainder above the block too small
+ * to split off stays with it as slack (at its low end, the whole chunk). */
+static uint64_t carved_end(const bfc_pool *p, const chunk *x, uint64_t rounded, bfc_addr at)
 {
-    const bfc_addr hi = x->addr + x->size - rounded;
-    if (backing_missing(p, r, x->addr, x->addr + rounded) <= room) {
-        *at = x->addr;
+    const uint64_t end = x->addr + x->size;
+    if (at == x->addr)
+        return worth_splitting(&p->opt, x->size, rounded) ? at + rounded : end;
+    const uint64_t above = end - at - rounded;
+    return above && !worth_splitting(&p->opt, above + rounded, rounded) ? end : at + rounded;
+}
+
+/* vmm: FREE chunk x holds `rounded` bytes at its low end, else its high
+ * end, each at alignment `align`, with at most `room` bytes of unmapped
+ * granules under what the carve there takes. */
+static bool holds_within_room(const bfc_pool *p, const region *r, const chunk *x,
+                              uint64_t rounded, uint64_t align, uint64_t room, bfc_addr *at)
+{
+    const uint64_t end = x->addr + x->size;
+    const uint64_t lo = align ? round_up_pow2(x->addr, align) : x->addr;
+    if (lo + rounded <= end &&
+        backing_missing(p, r, lo, carved_end(p, x, rounded, lo)) <= room) {
+        *at = lo;
         return true;
     }
-    if (hi != x->addr && backing_missing(p, r, hi, hi + rounded) <= room) {
+    uint64_t hi = end - rounded;
+    if (align)
+        hi &= ~(align - 1);
+    if (hi >= x->addr && hi != lo &&
+        backing_missing(p, r, hi, carved_end(p, x, rounded, hi)) <= room) {
         *at = hi;
         return true;
     }
@@ -259,11 +278,14 @@ static bool holds_within_room(const bfc_pool *p, const region *r, const chunk *x
  * so the chunk it chose may need more granules mapped than the limit has
  * room for while another chunk holds the block at an end on granules its
  * neighbours pin (bfc_pool_free_space's largest free block is the largest
- * such). One walk over the chunks, paid only where the allocation would
- * otherwise fail.
+ * such). At the block's natural alignment where the chunk holds it so
+ * within the room, else unaligned, as place_on_mapped places it: alignment
+ * never turns a fit into an out-of-memory. One walk over the chunks, paid
+ * only where the allocation would otherwise fail.
  */
 uint32_t place_within_room(const bfc_pool *p, uint64_t rounded, uint64_t room, bfc_addr *at)
 {
+    const uint64_t align = natural_alignment(p, rounded);
     uint32_t best = CHUNK_NIL;
     bfc_addr best_at = 0;
     for (uint32_t ri = 0; ri < p->nregions; ri++)
@@ -273,7 +295,8 @@ uint32_t place_within_room(const bfc_pool *p, uint64_t rounded, uint64_t room, b
             if (xc->state != CHUNK_FREE || xc->size < rounded ||
                 (best != CHUNK_NIL && xc->size >= C(p, best)->size))
                 continue;
-            if (holds_within_room(p, &p->regions[ri], xc, rounded, room, &a)) {
+            if (holds_within_room(p, &p->regions[ri], xc, rounded, align, room, &a) ||
+                (align && holds_within_room(p, &p->regions[ri], xc, rounded, 0, room, &a))) {
                 best = x;
                 best_at = a;
             }

@@ -196,16 +196,6 @@ static void link_after(bfc_pool *p, uint32_t c, uint32_t r)
     cc->next = r;
 }
 
-/* Is the remainder of splitting `size` for `rounded` worth keeping? */
-static bool worth_splitting(const bfc_options *o, uint64_t size, uint64_t rounded)
-{
-    uint64_t rest = size - rounded;
-    if (o->tsl_split)
-        return size >= 2 * rounded || rest >= BFC_TSL_MAX_INTERNAL_FRAGMENTATION;
-    return rest >= (o->min_split_bytes > o->granularity ? o->min_split_bytes
-                                                         : o->granularity);
-}
-
 /*
  * Takes `rounded` bytes at address `at` inside FREE chunk c (at > c's start,
  * at + rounded <= its end): c keeps the gap below `at`, the
@@ -630,8 +620,9 @@ static __attribute__((noinline)) void stay_within_headroom(bfc_pool *p, uint32_t
  * may hold the block at an end on granules its neighbours pin, mapping no
  * more than the limit has room for (place_within_room): it goes there
  * (num_limit_moves), so that only granules pinned by blocks cause an
- * out-of-memory, never where best fit put the block in address space. An
- * unsplit remainder that needs more than the room fails as before.
+ * out-of-memory, never where best fit put the block in address space (the
+ * search weighs what the carve takes, an unsplit remainder included, so
+ * the mapping below fails only when the device refuses).
  */
 static bool back_within_room(bfc_pool *p, uint32_t *cp, uint64_t rounded, uint64_t size)
 {

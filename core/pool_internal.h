@@ -168,6 +168,18 @@ static inline uint64_t round_up_pow2(uint64_t x, uint64_t to)
     return (x + to - 1) & ~(to - 1);
 }
 
+/* Is the remainder of splitting `size` for `rounded` worth keeping? The
+ * pool's carves ask it (pool.c); the last resort's search asks it too, to
+ * see what a carve there would take (place_within_room). */
+static inline bool worth_splitting(const bfc_options *o, uint64_t size, uint64_t rounded)
+{
+    uint64_t rest = size - rounded;
+    if (o->tsl_split)
+        return size >= 2 * rounded || rest >= BFC_TSL_MAX_INTERNAL_FRAGMENTATION;
+    return rest >= (o->min_split_bytes > o->granularity ? o->min_split_bytes
+                                                         : o->granularity);
+}
+
 /* (size, address) order shared by every bin. */
 static inline int chunk_less(const chunk *a, const chunk *b)
 {

@@ -26,8 +26,9 @@
  *   - an OOM happens only when no chunk fits and the pool could not grow
  *     (vmm: only when too little of the limit is unmapped to map the block,
  *     and no free chunk holds it at an end with no more granules to map
- *     than the limit leaves beside those blocks pin: then it goes there,
- *     the pool's last resort, num_limit_moves);
+ *     under what the carve takes than the limit leaves beside those blocks
+ *     pin: then it goes there, aligned as the policy says where the room
+ *     allows, the pool's last resort, num_limit_moves);
  *   - vmm: every allocation is mapped on the device, which saw no mapping
  *     twice, no unmapping of what was not mapped, no keep left on (or kept
  *     memory left over) after a call, and nothing left at the end;
@@ -589,14 +590,17 @@ static void mapped_visitor(void *arg, const bfc_chunk_info *c)
 /* Over virtual memory, the pool's last resort (place_within_room): with
  * every free granule given back, only granules that allocated and pending
  * chunks touch stay mapped; the smallest free chunk (lowest address on
- * ties) that holds the block at its low end, else its high end, with no
- * more granules to map there than the limit has room for. */
+ * ties) that holds the block at its low end, else its high end (at its
+ * natural alignment first, else unaligned), with no more granules to map
+ * under what the carve there takes than the limit has room for. */
 typedef struct room_search {
     uint64_t rounded, mg;
     uint64_t pinned;        /* bytes of granules non-free chunks touch */
     uint64_t next_uncounted; /* granule index: those below are counted */
     bool counting;          /* first pass: count pinned granules */
     uint64_t room;
+    uint64_t align;  /* the block's natural alignment, tried first */
+    bool bare;       /* the block alone, not what a carve takes with it */
     bool found, low; /* low: at the chunk's low end */
     uint64_t size;
     bfc_addr at;
@@ -611,6 +615,52 @@ static uint64_t room_missing(const bfc_chunk_info *c, bfc_addr lo, uint64_t n, u
         if (!(c->addr % mg && gr == c->addr / mg) && !(end % mg && gr == (end - 1) / mg))
             k++;
     return k * mg;
+}
+
+/* The engine's worth_splitting, restated. */
+static bool splits(uint64_t size, uint64_t rounded)
+{
+    const bfc_options *o = &R.f.opt;
+    const uint64_t rest = size - rounded;
+    if (o->tsl_split)
+        return size >= 2 * rounded || rest >= BFC_TSL_MAX_INTERNAL_FRAGMENTATION;
+    return rest >= (o->min_split_bytes > o->granularity ? o->min_split_bytes : o->granularity);
+}
+
+/* What the engine's carve at `at` in free chunk c takes: a remainder above
+ * too small to split off stays with the block (at the low end, the whole
+ * chunk). */
+static uint64_t carved_size(const bfc_chunk_info *c, uint64_t rounded, bfc_addr at)
+{
+    const bfc_addr end = c->addr + c->size;
+    if (at == c->addr)
+        return splits(c->size, rounded) ? rounded : c->size;
+    const uint64_t above = end - at - rounded;
+    return above && !splits(above + rounded, rounded) ? end - at : rounded;
+}
+
+/* Free chunk c holds the block at its low end, else its high end, each at
+ * alignment `align`, with what the carve takes there within the room. */
+static bool room_place(room_search *rs, const bfc_chunk_info *c, uint64_t align)
+{
+    const bfc_addr end = c->addr + c->size;
+    const bfc_addr lo = align ? (c->addr + align - 1) / align * align : c->addr;
+    if (lo + rs->rounded <= end &&
+        room_missing(c, lo, rs->bare ? rs->rounded : carved_size(c, rs->rounded, lo), rs->mg) <=
+            rs->room) {
+        rs->found = true, rs->size = c->size, rs->at = lo, rs->low = true;
+        return true;
+    }
+    bfc_addr hi = end - rs->rounded;
+    if (align)
+        hi = hi / align * align;
+    if (hi >= c->addr && hi != lo &&
+        room_missing(c, hi, rs->bare ? rs->rounded : carved_size(c, rs->rounded, hi), rs->mg) <=
+            rs->room) {
+        rs->found = true, rs->size = c->size, rs->at = hi, rs->low = false;
+        return true;
+    }
+    return false;
 }
 
 static void room_visitor(void *arg, const bfc_chunk_info *c)
@@ -631,27 +681,19 @@ static void room_visitor(void *arg, const bfc_chunk_info *c)
     }
     if (c->kind != BFC_CHUNK_FREE || c->size < rs->rounded || (rs->found && c->size >= rs->size))
         return;
-    const bfc_addr hi = c->addr + c->size - rs->rounded;
-    if (room_missing(c, c->addr, rs->rounded, mg) <= rs->room) {
-        rs->found = true, rs->size = c->size, rs->at = c->addr, rs->low = true;
-    } else if (hi != c->addr && room_missing(c, hi, rs->rounded, mg) <= rs->room) {
-        rs->found = true, rs->size = c->size, rs->at = hi, rs->low = false;
-    }
+    if (!room_place(rs, c, rs->align) && rs->align)
+        room_place(rs, c, 0);
 }
 
-/* The engine's worth_splitting, restated. */
-static bool splits(uint64_t size, uint64_t rounded)
+/* bare: the block alone, unaligned (bfc_pool_free_space's figure); else
+ * what the engine's carve takes, at `align` first. */
+static room_search within_room(uint64_t rounded, uint64_t align, bool bare)
 {
-    const bfc_options *o = &R.f.opt;
-    const uint64_t rest = size - rounded;
-    if (o->tsl_split)
-        return size >= 2 * rounded || rest >= BFC_TSL_MAX_INTERNAL_FRAGMENTATION;
-    return rest >= (o->min_split_bytes > o->granularity ? o->min_split_bytes : o->granularity);
-}
-
-static room_search within_room(uint64_t rounded)
-{
-    room_search rs = {.rounded = rounded, .mg = R.f.opt.map_granularity, .counting = true};
+    room_search rs = {.rounded = rounded,
+                      .mg = R.f.opt.map_granularity,
+                      .counting = true,
+                      .align = bare ? 0 : align,
+                      .bare = bare};
     bfc_pool_visit(R.f.pool, room_visitor, &rs);
     rs.counting = false;
     rs.room = eff_limit() > rs.pinned ? eff_limit() - rs.pinned : 0;
@@ -943,7 +985,7 @@ static void op_alloc(void)
     const bfc_addr best_place = s.best.found ? best_fit_place(&s, rounded, align, whole) : 0;
     room_search rs = {0};
     if (R.f.opt.vmm && valid)
-        rs = within_room(rounded);
+        rs = within_room(rounded, whole ? mg : natural_alignment(rounded), false);
     bool owed = false;
     mapped_search ms = {.rounded = rounded, .align = whole ? mg : natural_alignment(rounded)};
     if (R.f.opt.vmm && s.best.found && s.best.chunk.kind == BFC_CHUNK_FREE) {
@@ -1113,12 +1155,11 @@ static void op_alloc(void)
                 FAIL_AT("OOM for %" PRIu64 " bytes with %" PRIu64 " of the limit unmapped",
                         rounded, eff_limit() - after.pool_bytes);
             /* Only granules blocks pin cause an OOM: none while a free
-             * chunk holds the block at an end within the limit's room
-             * (a plan's place never moves; an unsplit remainder may need
-             * more than the block). */
+             * chunk holds the block at an end, what the carve there takes
+             * (an unsplit remainder with it) within the limit's room (a
+             * plan's place never moves). */
             if (!device_refuses && rs.found && after.num_retired == before.num_retired &&
-                !(R.nplan && before.num_regions == 1) &&
-                !(rs.low && !splits(rs.size, rounded)))
+                !(R.nplan && before.num_regions == 1))
                 FAIL_AT("OOM for %" PRIu64 " bytes though free chunk of %" PRIu64 " holds it at %#llx"
                         " within the limit (%" PRIu64 " pinned)", rounded, rs.size,
                         (unsigned long long)rs.at, rs.pinned);
@@ -1628,8 +1669,8 @@ static void op_query(void)
     /* Over vmm the largest free block is the largest the last resort finds
      * room for (place_within_room, restated as within_room). */
     if (R.f.opt.vmm && fs.largest_free_block_bytes &&
-        (!within_room(fs.largest_free_block_bytes).found ||
-         within_room(fs.largest_free_block_bytes + R.f.opt.granularity).found))
+        (!within_room(fs.largest_free_block_bytes, 0, true).found ||
+         within_room(fs.largest_free_block_bytes + R.f.opt.granularity, 0, true).found))
         FAIL_AT("free_space says the largest free block is %" PRIu64
                 ", the model's search for room disagrees", fs.largest_free_block_bytes);
     const bool device_refuses = R.f.dev.capacity < R.f.opt.limit_bytes || R.f.dev.refuse_above;

@@ -897,6 +897,51 @@ static void a_block_the_limit_can_back_elsewhere_does_not_fail(void)
     vmm_end(&f);
 }
 
+/* The last resort places a block where BFC_PLACE_ALIGNED says when it can
+ * (bfc.h: at a multiple of its natural alignment; unaligned only where
+ * alignment would turn a fit into an out-of-memory), as the move to mapped
+ * memory does (place_on_mapped). Found reviewing place_within_room, which
+ * took a chunk's unaligned low end though its aligned place needed no more
+ * granules (test_property seeds 50828, 52834, 54895 moved blocks so). */
+static void a_block_the_limit_moves_keeps_its_alignment(void)
+{
+    fixture f;
+    vmm_begin(&f, 8 * GRAN);
+    f.opt.growth_headroom = 0;
+    f.opt.placement = BFC_PLACE_ALIGNED;
+    f.opt.align_bytes = 1 * MiB;
+    vmm_start(&f);
+    /* In MiB: X = [0, 4) and Y = [5.5, 9.5) free, the same size; s1 pins
+     * granule 2, s2 granule 4. */
+    const bfc_addr x = must_alloc(&f, 4 * MiB), s1 = must_alloc(&f, 3 * MiB / 2);
+    const bfc_addr y1 = must_alloc(&f, 7 * MiB / 2), y2 = must_alloc(&f, MiB / 2);
+    const bfc_addr s2 = must_alloc(&f, MiB / 2);
+    CHECK_EQ(s1, x + 4 * MiB);
+    CHECK_EQ(y1, x + 11 * MiB / 2);
+    CHECK_EQ(s2, x + 19 * MiB / 2);
+    must_free(&f, x);
+    must_free(&f, y1);
+    must_free(&f, y2);
+    /* Room for one granule beside the two pinned ones. */
+    CHECK_EQ(bfc_pool_lend(f.pool, 5 * GRAN), BFC_OK);
+    CHECK(stats_of(&f).pool_bytes <= 3 * GRAN);
+    /* 3 MiB (natural alignment 1 MiB): best fit X needs two granules; Y
+     * holds it at 5.5 MiB or, aligned, at 6 MiB, each on one new granule
+     * (3) beside the pinned 2 and 4: aligned it goes. */
+    bfc_addr b = 0;
+    CHECK_EQ(bfc_pool_alloc(f.pool, 3 * MiB, BFC_NO_LANE, &b), BFC_OK);
+    CHECK_EQ(stats_of(&f).num_limit_moves, 1);
+    CHECK_EQ(b, x + 6 * MiB);
+    check_mapped(&f, b, 3 * MiB);
+    CHECK_EQ(stats_of(&f).pool_bytes, 3 * GRAN);
+    CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+    must_free(&f, b);
+    must_free(&f, s1);
+    must_free(&f, s2);
+    bfc_pool_end_loan(f.pool, 5 * GRAN);
+    vmm_end(&f);
+}
+
 /* Near the limit a block that would need granules mapped moves to a free
  * chunk that holds it on mapped memory (refit_on_mapped). Giving the first
  * carve back must not let the release threshold unmap that very memory
@@ -1356,6 +1401,7 @@ int main(void)
     RUN(granules_are_mapped_as_blocks_land_on_them);
     RUN(a_block_the_limit_can_back_elsewhere_does_not_fail);
     RUN(a_block_given_back_for_a_move_releases_nothing);
+    RUN(a_block_the_limit_moves_keeps_its_alignment);
     RUN(free_space_coalesces_across_growth_steps);
     RUN(pressure_gives_back_free_granules_before_failing);
     RUN(pressure_gives_back_only_the_shortfall_from_the_largest_holes);
