@@ -186,57 +186,6 @@ uint32_t place_fit(const bfc_pool *p, uint64_t rounded, uint32_t lane_id, uint64
     return c;
 }
 
-/* vmm: FREE chunk x holds `rounded` bytes wholly on mapped granules: at
- * *at (its low end, else its high end, each at alignment `align`). */
-static bool holds_on_mapped(const bfc_pool *p, const region *r, const chunk *x, uint64_t rounded,
-                            uint64_t align, bfc_addr *at)
-{
-    const uint64_t end = x->addr + x->size;
-    uint64_t lo = align ? round_up_pow2(x->addr, align) : x->addr;
-    if (lo + rounded <= end && backing_covers(p, r, lo, lo + rounded)) {
-        *at = lo;
-        return true;
-    }
-    uint64_t hi = end - rounded;
-    if (align)
-        hi &= ~(align - 1);
-    if (hi >= x->addr && hi != lo && backing_covers(p, r, hi, hi + rounded)) {
-        *at = hi;
-        return true;
-    }
-    return false;
-}
-
-/*
- * vmm, near the limit: the FREE chunk that holds `rounded` bytes wholly on
- * mapped granules, with the block's place in *at; CHUNK_NIL when none. The
- * smallest such chunk, at its low end if that is mapped, else its high end,
- * each at the block's natural alignment if it holds it so there, else
- * unaligned. One walk over the chunks, paid only where a remap would cost
- * far more.
- */
-uint32_t place_on_mapped(const bfc_pool *p, uint64_t rounded, bfc_addr *at)
-{
-    const uint64_t align = natural_alignment(p, rounded);
-    uint32_t best = CHUNK_NIL;
-    bfc_addr best_at = 0;
-    for (uint32_t ri = 0; ri < p->nregions; ri++)
-        for (uint32_t x = p->regions[ri].first; x != CHUNK_NIL; x = C(p, x)->next) {
-            const chunk *xc = C(p, x);
-            bfc_addr a;
-            if (xc->state != CHUNK_FREE || xc->size < rounded ||
-                (best != CHUNK_NIL && xc->size >= C(p, best)->size))
-                continue;
-            if (holds_on_mapped(p, &p->regions[ri], xc, rounded, align, &a) ||
-                (align && holds_on_mapped(p, &p->regions[ri], xc, rounded, 0, &a))) {
-                best = x;
-                best_at = a;
-            }
-        }
-    *at = best_at;
-    return best;
-}
-
 /* The end of what the pool's carve of `rounded` bytes at `at` in FREE
  * chunk x takes (carve_at in pool.c): a remainder above the block too small
  * to split off stays with it as slack (at its low end, the whole chunk). */
@@ -249,41 +198,57 @@ static uint64_t carved_end(const bfc_pool *p, const chunk *x, uint64_t rounded, 
     return above && !worth_splitting(&p->opt, above + rounded, rounded) ? end : at + rounded;
 }
 
-/* vmm: FREE chunk x holds `rounded` bytes at its low end, else its high
- * end, each at alignment `align`, with at most `room` bytes of unmapped
- * granules under what the carve there takes. */
-static bool holds_within_room(const bfc_pool *p, const region *r, const chunk *x,
-                              uint64_t rounded, uint64_t align, uint64_t room, bfc_addr *at)
+/* Whether a block of `rounded` bytes at `at` in FREE chunk x of region r
+ * would do: the two searches below differ only in this. */
+typedef bool (*place_ok)(const bfc_pool *p, const region *r, const chunk *x, uint64_t rounded,
+                         bfc_addr at, uint64_t room);
+
+/* Wholly on mapped granules (the slack a carve keeps may not be: it is
+ * mapped where the block lands, under the limit when it fits). */
+static bool on_mapped(const bfc_pool *p, const region *r, const chunk *x, uint64_t rounded,
+                      bfc_addr at, uint64_t room)
+{
+    (void)x;
+    (void)room;
+    return backing_covers(p, r, at, at + rounded);
+}
+
+/* With at most `room` bytes of unmapped granules under what the carve
+ * there takes, slack included. */
+static bool within_room(const bfc_pool *p, const region *r, const chunk *x, uint64_t rounded,
+                        bfc_addr at, uint64_t room)
+{
+    return backing_missing(p, r, at, carved_end(p, x, rounded, at)) <= room;
+}
+
+/* FREE chunk x holds `rounded` bytes where ok says so: at *at, its low
+ * end, else its high end, each at alignment `align`. */
+static bool end_that_does(const bfc_pool *p, const region *r, const chunk *x, uint64_t rounded,
+                          uint64_t align, uint64_t room, place_ok ok, bfc_addr *at)
 {
     const uint64_t end = x->addr + x->size;
     const uint64_t lo = align ? round_up_pow2(x->addr, align) : x->addr;
-    if (lo + rounded <= end &&
-        backing_missing(p, r, lo, carved_end(p, x, rounded, lo)) <= room) {
+    if (lo + rounded <= end && ok(p, r, x, rounded, lo, room)) {
         *at = lo;
         return true;
     }
     uint64_t hi = end - rounded;
     if (align)
         hi &= ~(align - 1);
-    if (hi >= x->addr && hi != lo &&
-        backing_missing(p, r, hi, carved_end(p, x, rounded, hi)) <= room) {
+    if (hi >= x->addr && hi != lo && ok(p, r, x, rounded, hi, room)) {
         *at = hi;
         return true;
     }
     return false;
 }
 
-/*
- * vmm, the last resort before an out-of-memory: best fit ignores backing,
- * so the chunk it chose may need more granules mapped than the limit has
- * room for while another chunk holds the block at an end on granules its
- * neighbours pin (bfc_pool_free_space's largest free block is the largest
- * such). At the block's natural alignment where the chunk holds it so
- * within the room, else unaligned, as place_on_mapped places it: alignment
- * never turns a fit into an out-of-memory. One walk over the chunks, paid
- * only where the allocation would otherwise fail.
- */
-uint32_t place_within_room(const bfc_pool *p, uint64_t rounded, uint64_t room, bfc_addr *at)
+/* The smallest FREE chunk that holds `rounded` bytes at an end where ok
+ * says so, at the block's natural alignment if it holds it so there, else
+ * unaligned (alignment never turns a fit into a failure), with the block's
+ * place in *at; CHUNK_NIL when none. One walk over the chunks: both
+ * callers are out of line, where a remap or a failure would cost far more. */
+static uint32_t smallest_that_does(const bfc_pool *p, uint64_t rounded, uint64_t room,
+                                   place_ok ok, bfc_addr *at)
 {
     const uint64_t align = natural_alignment(p, rounded);
     uint32_t best = CHUNK_NIL;
@@ -291,16 +256,36 @@ uint32_t place_within_room(const bfc_pool *p, uint64_t rounded, uint64_t room, b
     for (uint32_t ri = 0; ri < p->nregions; ri++)
         for (uint32_t x = p->regions[ri].first; x != CHUNK_NIL; x = C(p, x)->next) {
             const chunk *xc = C(p, x);
+            const region *r = &p->regions[ri];
             bfc_addr a;
             if (xc->state != CHUNK_FREE || xc->size < rounded ||
                 (best != CHUNK_NIL && xc->size >= C(p, best)->size))
                 continue;
-            if (holds_within_room(p, &p->regions[ri], xc, rounded, align, room, &a) ||
-                (align && holds_within_room(p, &p->regions[ri], xc, rounded, 0, room, &a))) {
+            if (end_that_does(p, r, xc, rounded, align, room, ok, &a) ||
+                (align && end_that_does(p, r, xc, rounded, 0, room, ok, &a))) {
                 best = x;
                 best_at = a;
             }
         }
     *at = best_at;
     return best;
+}
+
+/* vmm, near the limit: the chunk that holds the block wholly on mapped
+ * granules (a move instead of a remap). */
+uint32_t place_on_mapped(const bfc_pool *p, uint64_t rounded, bfc_addr *at)
+{
+    return smallest_that_does(p, rounded, 0, on_mapped, at);
+}
+
+/*
+ * vmm, the last resort before an out-of-memory: best fit ignores backing,
+ * so the chunk it chose may need more granules mapped than the limit has
+ * room for while another chunk holds the block at an end on granules its
+ * neighbours pin (bfc_pool_free_space's largest free block is the largest
+ * such).
+ */
+uint32_t place_within_room(const bfc_pool *p, uint64_t rounded, uint64_t room, bfc_addr *at)
+{
+    return smallest_that_does(p, rounded, room, within_room, at);
 }
