@@ -25,6 +25,17 @@
  *              succeed and leave device 1's capture alone (before, the
  *              library asked about, and used, device 1's legacy stream:
  *              the capture was invalidated and the block lost)
+ *   torch-record-stream  Tensor.record_stream through
+ *              bfcshim_torch_record_stream: a tensor allocated and freed on
+ *              stream A (non-blocking, and the legacy stream), recorded on
+ *              stream B whose work is still queued, is handed out to another
+ *              stream only after B's work, and to A only behind it in A's
+ *              order
+ *   torch-record-cases  recorded on the free's own stream (nothing done),
+ *              twice on one stream and on a second (one wait each), on a
+ *              stream destroyed before the free, on a capturing stream (the
+ *              capture left intact), on another context's stream, and at a
+ *              pointer that is no block start (refused, one log line)
  *   dead-stream  bfcshim_free_async on a stream destroyed since: no call on
  *              the dead handle, and the block is reused once its work is done
  *   stats-nomem  bfcshim_stats_json when its document cannot be made (no
@@ -286,6 +297,200 @@ static void torch_legacy_capture(void)
  * frees an array on its allocation stream, also after the Stream object was
  * collected first): the dead handle never reaches the driver, and the block
  * comes back once the dead stream's queued work is done. */
+/* bfcshim_torch_record_stream, looked up at run time so that the scenarios
+ * below also run (and show what goes wrong) against a library without it:
+ * record_stream is then dropped, as PyTorch drops it when the allocator has
+ * no such function. */
+static void record_stream(void *ptr, CUstream s)
+{
+    static void (*fn)(void *, void *);
+    static bool looked;
+    if (!looked) {
+        *(void **)&fn = dlsym(RTLD_DEFAULT, "bfcshim_torch_record_stream");
+        looked = true;
+        if (!fn)
+            fprintf(stderr, "note: no bfcshim_torch_record_stream: record_stream is dropped\n");
+    }
+    if (fn)
+        fn(ptr, (void *)s);
+}
+
+/* t was freed on stream `a` after being recorded on stream `b`, whose work
+ * was still queued. Checks that the pool hands t out safely: to another
+ * stream only once b's work is done, to `a` (in a's order) only with a's
+ * later work behind b's. `who` names the case in a failure. */
+static void check_not_under(void *t, CUstream a, CUstream b, CUstream other, const char *who)
+{
+    /* a's own allocation may get t at once, in a's order: then a's work
+     * queued from now on must wait for b's. */
+    void *u = bfcshim_torch_alloc(4 * MiB, 0, a);
+    CHECK(u != NULL);
+    if (u == t) {
+        CHECK_EQ(F->launch(a ? a : CU_STREAM_LEGACY, noop, NULL), 0);
+        F->complete(a ? a : CU_STREAM_LEGACY);
+        if (F->pending(b) > 0 && F->pending(a ? a : CU_STREAM_LEGACY) == 0) {
+            fprintf(stderr, "%s: the recorded block went back to its stream with no wait "
+                            "for the recorded stream's work\n", who);
+            e2e_failures++;
+        }
+    }
+    /* Freed again on a: a's queue holds whatever wait the first free put
+     * there, before this free's own fence. */
+    bfcshim_torch_free(u, 4 * MiB, 0, a);
+    /* Another stream: t only once b's work has completed (the pool may
+     * wait for it, which the fake does by completing it). */
+    void *fill[MAX_FILL];
+    size_t n = fill_room(fill);
+    void *v = bfcshim_torch_alloc(4 * MiB, 0, other);
+    CHECK(v != NULL);
+    if (v == t && F->pending(b) > 0) {
+        fprintf(stderr, "%s: the recorded block was handed to another stream while the "
+                        "recorded stream's work was still queued\n", who);
+        e2e_failures++;
+    }
+    unfill(fill, n);
+    bfcshim_torch_free(v, 4 * MiB, 0, other);
+    F->complete_all();
+}
+
+/* A tensor of stream A used by stream B (DataParallel's scatter, an NCCL
+ * collective): PyTorch calls record_stream(B), then frees the tensor on A
+ * while B's work may still read it. */
+static void torch_record_stream(void)
+{
+    start();
+    CUstream a, b, c;
+    CHECK_EQ(D.StreamCreate(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&c, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    void *t = bfcshim_torch_alloc(4 * MiB, 0, a);
+    CHECK(t != NULL);
+    CHECK_EQ(F->launch(b, noop, NULL), 0); /* B reads t */
+    record_stream(t, b);
+    bfcshim_torch_free(t, 4 * MiB, 0, a);
+    check_not_under(t, a, b, c, "non-blocking A");
+
+    /* PyTorch's default stream: the legacy stream of device 0. */
+    t = bfcshim_torch_alloc(4 * MiB, 0, NULL);
+    CHECK(t != NULL);
+    CHECK_EQ(F->launch(b, noop, NULL), 0);
+    record_stream(t, b);
+    bfcshim_torch_free(t, 4 * MiB, 0, NULL);
+    check_not_under(t, NULL, b, c, "legacy A");
+    CHECK_EQ(fake_stats().stale_handle_uses, 0);
+    CHECK_EQ(D.StreamDestroy(a), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(b), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(c), CUDA_SUCCESS);
+}
+
+static void torch_record_cases(void)
+{
+    start();
+    CUstream a, b, c, cap;
+    CHECK_EQ(D.StreamCreate(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&c, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+
+    /* Recorded on its own stream: nothing to wait for, no driver call. */
+    void *t = bfcshim_torch_alloc(4 * MiB, 0, a);
+    CHECK_EQ(F->launch(a, noop, NULL), 0);
+    uint64_t waits = e2e_calls_of("cuStreamWaitEvent");
+    uint64_t syncs = e2e_calls_of("cuStreamSynchronize") + e2e_calls_of("cuCtxSynchronize");
+    record_stream(t, a);
+    bfcshim_torch_free(t, 4 * MiB, 0, a);
+    CHECK_EQ(e2e_calls_of("cuStreamWaitEvent"), waits);
+    void *u = bfcshim_torch_alloc(4 * MiB, 0, a);
+    CHECK(u == t); /* reused at once in a's order, as without the record */
+    CHECK_EQ(e2e_calls_of("cuStreamSynchronize") + e2e_calls_of("cuCtxSynchronize"), syncs);
+    bfcshim_torch_free(u, 4 * MiB, 0, a);
+    F->complete_all();
+
+    /* Twice on b, once on c: both waited for, b once. */
+    t = bfcshim_torch_alloc(4 * MiB, 0, a);
+    CHECK_EQ(F->launch(b, noop, NULL), 0);
+    CHECK_EQ(F->launch(c, noop, NULL), 0);
+    record_stream(t, b);
+    record_stream(t, b);
+    record_stream(t, c);
+    waits = e2e_calls_of("cuStreamWaitEvent");
+    bfcshim_torch_free(t, 4 * MiB, 0, a);
+    if (e2e_calls_of("cuStreamWaitEvent") != waits + 2) {
+        fprintf(stderr, "twice: %llu waits at the free, not 2\n",
+                (unsigned long long)(e2e_calls_of("cuStreamWaitEvent") - waits));
+        e2e_failures++;
+    }
+    CUstream d;
+    CHECK_EQ(D.StreamCreate(&d, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(F->launch(b, noop, NULL), 0); /* after the free: not the block's concern */
+    F->complete(c);
+    check_not_under(t, a, c, d, "twice, the second stream");
+
+    /* A recorded stream destroyed before the free: its queued work still
+     * runs, and the block must wait for it. */
+    CUstream e;
+    CHECK_EQ(D.StreamCreate(&e, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    t = bfcshim_torch_alloc(4 * MiB, 0, a);
+    CHECK_EQ(F->launch(e, noop, NULL), 0);
+    record_stream(t, e);
+    CHECK_EQ(D.StreamDestroy(e), CUDA_SUCCESS);
+    bfcshim_torch_free(t, 4 * MiB, 0, a);
+    check_not_under(t, a, e, d, "destroyed");
+
+    /* A recorded stream that captures at the free: its work queued before
+     * the capture still runs; no event may be recorded on it (that would be
+     * a node of the capture, and the waiting stream would join it). */
+    CHECK_EQ(D.StreamCreate(&cap, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    t = bfcshim_torch_alloc(4 * MiB, 0, a);
+    CHECK_EQ(F->launch(cap, noop, NULL), 0);
+    record_stream(t, cap);
+    CHECK_EQ(D.StreamBeginCapture(cap, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    const fakecuda_stats before = fake_stats();
+    bfcshim_torch_free(t, 4 * MiB, 0, a);
+    CUgraph g = NULL;
+    CHECK_EQ(D.StreamEndCapture(cap, &g), CUDA_SUCCESS);
+    if (fake_stats().capture_invalidations != before.capture_invalidations || !g) {
+        fprintf(stderr, "capturing: the free touched the recorded stream's capture\n");
+        e2e_failures++;
+    }
+    if (g)
+        CHECK_EQ(D.GraphDestroy(g), CUDA_SUCCESS);
+    check_not_under(t, a, cap, d, "capturing");
+
+    /* Another context's stream (device 1): waited for too. */
+    CUcontext c0 = NULL, c1 = NULL;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c1, 1), CUDA_SUCCESS);
+    CUstream other;
+    CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&other, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+    t = bfcshim_torch_alloc(4 * MiB, 0, a);
+    CHECK_EQ(F->launch(other, noop, NULL), 0);
+    record_stream(t, other);
+    bfcshim_torch_free(t, 4 * MiB, 0, a);
+    check_not_under(t, a, other, d, "another context");
+
+    /* Not a block start: refused with one log line, nothing else. */
+    t = bfcshim_torch_alloc(4 * MiB, 0, a);
+    int local;
+    const fakecuda_stats quiet = fake_stats();
+    record_stream((char *)t + 256, b);
+    record_stream(&local, b);
+    record_stream(NULL, b);
+    CHECK_EQ(fake_stats().event_records, quiet.event_records);
+    bfcshim_torch_free(t, 4 * MiB, 0, a);
+    record_stream(t, b); /* freed: no longer a live block */
+    u = bfcshim_torch_alloc(4 * MiB, 0, a);
+    CHECK(u == t); /* nothing was remembered for it */
+    bfcshim_torch_free(u, 4 * MiB, 0, a);
+    F->complete_all();
+    CHECK_EQ(D.StreamDestroy(a), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(b), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(c), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(d), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(cap), CUDA_SUCCESS);
+}
+
 static void dead_stream(void)
 {
     start();
@@ -594,7 +799,9 @@ int main(int argc, char **argv)
                      {"zero", zero},     {"trim", trim},         {"stats", stats},
                      {"platform", platform}, {"dead-stream", dead_stream},
                      {"torch-legacy", torch_legacy},
-                     {"torch-legacy-capture", torch_legacy_capture}, {"stats-nomem", stats_nomem},
+                     {"torch-legacy-capture", torch_legacy_capture},
+                     {"torch-record-stream", torch_record_stream},
+                     {"torch-record-cases", torch_record_cases}, {"stats-nomem", stats_nomem},
                      {"stats-nomem-write", stats_nomem_write},
                      {"oom-report-nomem", oom_report_nomem}};
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
@@ -603,6 +810,6 @@ int main(int argc, char **argv)
             return e2e_done(s);
         }
     fprintf(stderr, "usage: e2e_api plain|async|badinput|zero|trim|stats|platform|dead-stream|"
-                    "torch-legacy|torch-legacy-capture|stats-nomem|stats-nomem-write|oom-report-nomem\n");
+                    "torch-legacy|torch-legacy-capture|torch-record-stream|torch-record-cases|stats-nomem|stats-nomem-write|oom-report-nomem\n");
     return 2;
 }
