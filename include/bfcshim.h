@@ -38,7 +38,7 @@
 extern "C" {
 #endif
 
-#define BFCSHIM_API_VERSION 1
+#define BFCSHIM_API_VERSION 2
 
 /* The API version the loaded library implements (>= 1). */
 int bfcshim_api_version(void);
@@ -82,6 +82,13 @@ int bfcshim_free_async(void *ptr, void *stream);
  * was allocated in, whichever context is current at the free. */
 void *bfcshim_torch_alloc(ssize_t size, int device, void *stream);
 void bfcshim_torch_free(void *ptr, size_t size, int device, void *stream);
+/* PyTorch's record_stream function (API version 2): the block at ptr, as
+ * bfcshim_torch_alloc returned it and not yet freed, is used by work on
+ * `stream` too. Its bfcshim_torch_free then makes the freeing stream wait
+ * for the work queued on every such stream so far (or, where that cannot be
+ * done, frees it like bfcshim_free), so the block is never handed out under
+ * that work. Any other pointer is logged and ignored. */
+void bfcshim_torch_record_stream(void *ptr, void *stream);
 
 /* ---- memory and statistics ---------------------------------------------------- */
 

@@ -199,6 +199,19 @@ static int api_free(void *ptr, CUstream s, bool stream_ordered, int device, cons
                                        "with it (logged once)", api, ptr);
         return CUDA_SUCCESS;
     }
+    /* Streams the block was recorded on (Tensor.record_stream): their work
+     * queued so far is waited for by the free's stream, or the free becomes
+     * a plain one, or the block is kept (recorded_streams.c). One atomic
+     * load when nothing is recorded. */
+    if (owner) {
+        rs_verdict v = recorded_streams_before_free(owner, p, stream_ordered, s, api);
+        if (v == RS_KEEP)
+            return CUDA_SUCCESS;
+        if (v == RS_PLAIN) {
+            stream_ordered = false;
+            s = NULL;
+        }
+    }
     /* A legacy stream the caller names with the block's device is the one
      * of the context the block was allocated in (bfcshim.h: PyTorch frees
      * on the device and stream it allocated with, in primary contexts
@@ -262,6 +275,31 @@ SHIM_EXPORT void bfcshim_torch_free(void *ptr, size_t size, int device, void *st
 {
     (void)size; /* the pool knows it */
     api_free(ptr, (CUstream)stream, true, device, "bfcshim_torch_free");
+}
+
+/* Tensor.record_stream(stream) of a tensor at ptr (PyTorch's
+ * set_record_stream_fn): remembered for the block's free. Not a live block's
+ * start: one log line, nothing else. */
+SHIM_EXPORT void bfcshim_torch_record_stream(void *ptr, void *stream)
+{
+    const char *api = "bfcshim_torch_record_stream";
+    CUdeviceptr p = (CUdeviceptr)(uintptr_t)ptr;
+    if (!ptr || !shim_active() || !real_driver_get()) {
+        if (ptr && !shim_active()) {
+            static atomic_bool said;
+            shim_log_once(&said, LOG_WARN, "%s: the library is not serving (platform mode or "
+                                           "a forked child): not honoured (logged once)", api);
+        }
+        return;
+    }
+    shim_pool *owner = api_owner(p);
+    bfc_live_info li;
+    if (!owner || bfc_pool_block(owner->bfc, p, &li) != BFC_OK || li.addr != p) {
+        shim_log(LOG_ERROR, "%s(%p, %p): not the start of a live pooled allocation; ignored",
+                 api, ptr, stream);
+        return;
+    }
+    recorded_stream_add(owner, p, li.seq, (CUstream)stream, api);
 }
 
 SHIM_EXPORT int bfcshim_mem_get_info(int device, size_t *free_bytes, size_t *total_bytes)

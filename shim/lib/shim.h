@@ -828,6 +828,19 @@ void svc_note_pool_destroyed(CUmemoryPool pool);
 void svc_next_alloc_in_current_context(void);
 svc_status svc_alloc(shim_pool *sp, size_t size, uint32_t lane, CUstream stream,
                      CUdeviceptr *out, const char *api);
+/* Tensor.record_stream (recorded_streams.c): stream s used the live block
+ * at p (allocation sequence number seq of pool sp); remembered until the
+ * block's free. */
+void recorded_stream_add(shim_pool *sp, CUdeviceptr p, uint64_t seq, CUstream s,
+                         const char *api);
+/* Before the free of p (a block of sp) on stream s (stream_ordered) or
+ * plain: queues on s the waits for the streams the block was recorded on
+ * and forgets them. RS_PLAIN: free it as a plain free instead; RS_KEEP:
+ * do not free it (never safe to hand out). One atomic load while nothing is
+ * recorded. */
+typedef enum rs_verdict { RS_AS_ASKED, RS_PLAIN, RS_KEEP } rs_verdict;
+rs_verdict recorded_streams_before_free(shim_pool *sp, CUdeviceptr p, bool stream_ordered,
+                                        CUstream s, const char *api);
 svc_status svc_free(CUdeviceptr ptr, free_kind kind, CUstream stream, bool per_thread,
                     const char *api);
 /* Adjusts the device's free memory by what the current context's pool can

@@ -618,7 +618,12 @@ static void late_reuse(late_twist twist)
  * streams. A kernel on a non-blocking stream of the program's still writes
  * a pooled block late when bfcshim_free (the Numba plug-in's free) frees
  * it; the next allocation of its size must not get it while that kernel
- * runs. Printed: the context synchronisations that cost. */
+ * runs. Printed: the context synchronisations that cost.
+ * Owed here: bfcshim_torch_record_stream on the real driver (a block freed
+ * on stream A after a record on stream B whose kernel still reads it must
+ * not be handed out under that kernel; checked on the fake driver by
+ * e2e_api torch-record-stream), and a record_stream through a real
+ * PyTorch's set_record_stream_fn. */
 static void plugin(void)
 {
     const char *path = getenv("LIBBFCSHIM");

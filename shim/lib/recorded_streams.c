@@ -1,0 +1,265 @@
+/*
+ * recorded_streams.c - Tensor.record_stream for the PyTorch plug-in
+ * (bfcshim_torch_record_stream, api.c): the streams besides its own that a
+ * live block was used on, and what its stream-ordered free must do about
+ * them so that the block is never handed out under their queued work.
+ *
+ * A side table keyed by block address, with its own lock: one entry per
+ * recorded block, at most RS_STREAMS streams each (more: the block is freed
+ * as a plain free, which waits for every stream of its context), forgotten
+ * at the block's free. An entry also holds the block's pool and allocation
+ * sequence number, so that an entry left behind by a free that did not pass
+ * here (another door) is recognised as stale, never applied to the next
+ * block at that address. A free asks the table only while it holds an entry
+ * (one atomic load otherwise: nothing for programs that never record).
+ *
+ * At the free on stream S, for each recorded stream r other than S (cuda.h
+ * references beside each case):
+ *   - r usable, of any context: an event recorded on r (created in r's
+ *     context: "hEvent and hStream must be from the same context",
+ *     cuEventRecord) and cuStreamWaitEvent(S, event) ("hEvent may be from a
+ *     different context or device than hStream"). S's later work, and S's
+ *     lane fence that the pool's stream-ordered free records after it, then
+ *     complete only after r's work submitted before the free: reuse on S in
+ *     its order, and elsewhere after the fence, is safe. The event is
+ *     destroyed at once ("resources will be released automatically once the
+ *     device has completed hEvent", cuEventDestroy).
+ *   - r capturing (no event may be recorded on it: it would be a node of
+ *     the capture and S would join it), r the legacy stream while a blocking
+ *     stream captures, or r destroyed (seen destroyed when preloaded; as a
+ *     plug-in, the driver refuses the handle or names another stream by
+ *     cuStreamGetId, "unique for the life of the program"), or r the
+ *     per-thread default stream of some thread (not nameable from the
+ *     freeing thread), or the entry full: the free becomes a plain one, whose
+ *     fence covers every stream of the block's context, destroyed and
+ *     capturing streams' earlier work included (stand-ins when preloaded;
+ *     the blind fence's cuCtxSynchronize as a plug-in: docs/design.md, "Free
+ *     policy, and why the default is safe").
+ *   - the same for a stream of another context: the plain free does not
+ *     cover it, so the block is kept (never handed out again; rare, logged).
+ * S itself unusable (capturing, blocked, dead): svc_free decides as for any
+ * free (kept or refused), nothing is queued on S.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "shim.h"
+
+enum { RS_STREAMS = 4, RS_SLOTS = 4096 /* power of 2 */, RS_MAX_LIVE = RS_SLOTS / 2 };
+
+typedef struct rs_stream {
+    CUstream s;              /* CU_STREAM_LEGACY: the block's context's legacy stream */
+    CUcontext ctx;           /* s's context at the record */
+    unsigned long long id;   /* cuStreamGetId at the record (0: unknown) */
+} rs_stream;
+
+typedef struct rs_entry {
+    uintptr_t ptr; /* 0: empty slot */
+    shim_pool *sp;
+    uint64_t seq;  /* the block's allocation sequence number in sp */
+    bool plain;    /* free it as a plain free */
+    unsigned n;
+    rs_stream st[RS_STREAMS];
+} rs_entry;
+
+static pthread_mutex_t rs_lock = PTHREAD_MUTEX_INITIALIZER;
+static rs_entry *rs_table; /* RS_SLOTS, made at the first record */
+static size_t rs_count;
+static atomic_size_t rs_live; /* rs_count, read without the lock by frees */
+
+static size_t rs_home(uintptr_t p) { return (size_t)((p >> 8) * 0x9E3779B97F4A7C15ull >> 52) & (RS_SLOTS - 1); }
+
+/* Lock held: the slot of p, or of the empty slot where it would go. */
+static size_t rs_find(uintptr_t p)
+{
+    size_t i = rs_home(p);
+    while (rs_table[i].ptr && rs_table[i].ptr != p)
+        i = (i + 1) & (RS_SLOTS - 1);
+    return i;
+}
+
+/* Lock held: empties slot i, moving later entries of its cluster back
+ * (linear probing without tombstones). */
+static void rs_erase(size_t i)
+{
+    size_t j = i;
+    for (;;) {
+        rs_table[i].ptr = 0;
+        for (;;) {
+            j = (j + 1) & (RS_SLOTS - 1);
+            if (!rs_table[j].ptr)
+                goto done;
+            size_t h = rs_home(rs_table[j].ptr);
+            /* stays unless its home lies cyclically in (i, j] */
+            if (i <= j ? (i < h && h <= j) : (i < h || h <= j))
+                continue;
+            break;
+        }
+        rs_table[i] = rs_table[j];
+        i = j;
+    }
+done:
+    rs_count--;
+    atomic_store_explicit(&rs_live, rs_count, memory_order_relaxed);
+}
+
+void recorded_stream_add(shim_pool *sp, CUdeviceptr p, uint64_t seq, CUstream s,
+                         const char *api)
+{
+    const real_driver *R = real_driver_get();
+    rs_stream rec = {.s = s ? s : CU_STREAM_LEGACY, .ctx = sp->ctx};
+    bool plain = s == CU_STREAM_PER_THREAD; /* some thread's: not nameable at the free */
+    if (!plain && svc_explicit_stream(s)) {
+        if (!R->StreamGetCtx || R->StreamGetCtx(s, &rec.ctx) != CUDA_SUCCESS || !rec.ctx) {
+            shim_log(LOG_ERROR, "%s(0x%llx, %p): not a valid stream; ignored", api,
+                     (unsigned long long)p, (void *)s);
+            return;
+        }
+        /* The id tells a later question about the handle whether it still
+         * names this stream. Without ids, and without seeing destroys, a
+         * handle could name another stream by the free. */
+        if (!R->StreamGetId || R->StreamGetId(s, &rec.id) != CUDA_SUCCESS)
+            plain = !streams_all_seen();
+    }
+    pthread_mutex_lock(&rs_lock);
+    if (!rs_table && !(rs_table = calloc(RS_SLOTS, sizeof *rs_table))) {
+        pthread_mutex_unlock(&rs_lock);
+        shim_log(LOG_ERROR, "%s: no host memory for the recorded streams' table; the stream "
+                            "is not honoured", api);
+        return;
+    }
+    size_t i = rs_find((uintptr_t)p);
+    rs_entry *e = &rs_table[i];
+    if (e->ptr && (e->sp != sp || e->seq != seq)) /* stale: a block freed elsewhere */
+        *e = (rs_entry){.ptr = e->ptr};
+    if (!e->ptr) {
+        if (rs_count >= RS_MAX_LIVE) {
+            pthread_mutex_unlock(&rs_lock);
+            static atomic_bool said;
+            shim_log_once(&said, LOG_ERROR,
+                          "%s: more than %d live blocks recorded on other streams; this one's "
+                          "stream is not honoured (logged once)", api, RS_MAX_LIVE);
+            return;
+        }
+        *e = (rs_entry){.ptr = (uintptr_t)p, .sp = sp, .seq = seq};
+        rs_count++;
+        atomic_store_explicit(&rs_live, rs_count, memory_order_relaxed);
+    }
+    e->plain |= plain;
+    bool known = false;
+    for (unsigned k = 0; k < e->n; k++)
+        known |= e->st[k].s == rec.s && e->st[k].id == rec.id;
+    if (!known && !e->plain) {
+        if (e->n < RS_STREAMS)
+            e->st[e->n++] = rec;
+        else
+            e->plain = true;
+    }
+    pthread_mutex_unlock(&rs_lock);
+}
+
+/* Is the recorded stream r still the stream recorded, and not capturing?
+ * With its context current. */
+static bool rs_usable(const real_driver *R, const rs_stream *r)
+{
+    if (svc_explicit_stream(r->s)) {
+        if (streams_all_seen() ? !streams_known(r->s) : false)
+            return false; /* seen destroyed */
+        unsigned long long id = 0;
+        if (r->id && (!R->StreamGetId || R->StreamGetId(r->s, &id) != CUDA_SUCCESS ||
+                      id != r->id))
+            return false; /* destroyed, its handle maybe another stream's now */
+    }
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    /* CUDA_ERROR_STREAM_CAPTURE_IMPLICIT on the legacy stream: a blocking
+     * stream captures, the legacy stream is unusable (cuda.h) */
+    return R->StreamIsCapturing(r->s, &cs) == CUDA_SUCCESS && cs == CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+/* Makes s (of sp's context, current) wait for r's work submitted so far. */
+static bool rs_wait(const real_driver *R, shim_pool *sp, CUstream s, const rs_stream *r)
+{
+    bool pushed = real_ctx_enter(R, r->ctx);
+    CUevent ev = NULL;
+    CUresult res = R->EventCreate(&ev, CU_EVENT_DISABLE_TIMING);
+    if (res == CUDA_SUCCESS)
+        res = R->EventRecord(ev, r->s);
+    real_ctx_leave(R, pushed);
+    if (res == CUDA_SUCCESS) {
+        pushed = real_ctx_enter(R, sp->ctx);
+        res = R->StreamWaitEvent(s ? s : CU_STREAM_LEGACY, ev, 0);
+        real_ctx_leave(R, pushed);
+    }
+    if (ev)
+        R->EventDestroy(ev);
+    return res == CUDA_SUCCESS;
+}
+
+rs_verdict recorded_streams_before_free(shim_pool *sp, CUdeviceptr p, bool stream_ordered,
+                                        CUstream s, const char *api)
+{
+    if (atomic_load_explicit(&rs_live, memory_order_relaxed) == 0)
+        return RS_AS_ASKED;
+    rs_entry e = {0};
+    pthread_mutex_lock(&rs_lock);
+    if (rs_table) {
+        size_t i = rs_find((uintptr_t)p);
+        if (rs_table[i].ptr) {
+            e = rs_table[i];
+            rs_erase(i);
+        }
+    }
+    pthread_mutex_unlock(&rs_lock);
+    bfc_live_info li;
+    if (!e.ptr || e.sp != sp || bfc_pool_block(sp->bfc, p, &li) != BFC_OK || li.addr != p ||
+        li.seq != e.seq)
+        return RS_AS_ASKED; /* none, or a stale one (not this block's) */
+    const real_driver *R = real_driver_get();
+    if (!R)
+        return RS_AS_ASKED;
+    bool plain = e.plain, keep = false;
+    /* Questions and records under the streams' read lock: no stream of
+     * this registry is destroyed, and no seen capture begins, in between
+     * (a capture begun unseen, as a plug-in, is the program's race). */
+    bool took = streams_use_enter();
+    bool pushed = real_ctx_enter(R, sp->ctx);
+    /* The stream to queue the waits on: the free's own; for a plain free,
+     * the legacy stream of the block's context, which its fence (a legacy
+     * stream event, or a cuCtxSynchronize) comes after. Unusable (capturing,
+     * blocked, dead): a stream-ordered free is svc_free's to keep or refuse,
+     * as any; nothing is queued on it. */
+    CUstream target = stream_ordered ? s : NULL;
+    bool target_ok = svc_stream_state_of(target, false) == STREAM_USABLE;
+    if (stream_ordered && !target_ok)
+        plain = false;
+    for (unsigned k = 0; k < e.n && (target_ok || !stream_ordered); k++) {
+        const rs_stream *r = &e.st[k];
+        const bool mine = r->ctx == sp->ctx;
+        if (stream_ordered && (r->s == s || (!s && r->s == CU_STREAM_LEGACY)))
+            continue; /* the free's own stream */
+        if (!stream_ordered && mine)
+            continue; /* the plain free's fence covers every stream of the context */
+        bool in = real_ctx_enter(R, r->ctx);
+        bool usable = rs_usable(R, r);
+        real_ctx_leave(R, in);
+        if (usable && target_ok && rs_wait(R, sp, target, r))
+            continue;
+        if (mine)
+            plain = true;
+        else
+            keep = true;
+    }
+    real_ctx_leave(R, pushed);
+    streams_use_leave(took);
+    if (keep) {
+        static atomic_bool said;
+        shim_log_once(&said, LOG_WARN,
+                      "%s(0x%llx): recorded on another context's stream that is destroyed or "
+                      "capturing: the block is kept until exit (logged once)",
+                      api, (unsigned long long)p);
+        return RS_KEEP;
+    }
+    return plain && stream_ordered ? RS_PLAIN : RS_AS_ASKED;
+}
