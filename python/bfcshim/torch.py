@@ -14,9 +14,13 @@ What the pluggable path loses: ``torch.cuda.memory_stats``, ``memory_summary``,
 ``_snapshot``/memory_viz and ``empty_cache`` know nothing of the pool; use
 ``bfcshim.stats()``, ``bfcshim.trim()`` and ``BFCSHIM_TRACE`` instead.
 PyTorch calls the free with the stream the block was allocated on, so blocks
-are stream-ordered like in its caching allocator; ``Tensor.record_stream`` is
-not forwarded (PyTorch's pluggable allocator has no such entry point here):
-synchronise before freeing a tensor that another stream still uses.
+are stream-ordered like in its caching allocator. ``Tensor.record_stream(s)``
+(DataParallel's scatter, NCCL process groups, FSDP) reaches the library
+through the allocator's ``set_record_stream_fn`` where PyTorch has it: the
+free then makes the tensor's stream wait for the work queued on ``s`` so far,
+so the block is not handed out under it. Where PyTorch lacks it, ``install()``
+warns once and record_stream is dropped: make the tensor's stream wait for
+the other stream (``t_stream.wait_stream(s)``) before the tensor is freed.
 Alternatively, run the unmodified program under ``bfcshim run`` with
 ``PYTORCH_NO_CUDA_MEMORY_CACHING=1``, which keeps PyTorch's own statistics of
 what it asked for.
@@ -26,6 +30,9 @@ try:
 except ImportError as e:  # say which package the plug-in is for
     raise ImportError(f"bfcshim.torch is the plug-in for PyTorch, which cannot be imported "
                       f"here ({e}): pip install torch") from e
+
+import ctypes
+import warnings
 
 from . import _library
 
@@ -38,9 +45,32 @@ def allocator():
     """The CUDAPluggableAllocator over the bfcshim pool (one per process)."""
     global _allocator
     if _allocator is None:
-        _allocator = torch.cuda.memory.CUDAPluggableAllocator(
+        a = torch.cuda.memory.CUDAPluggableAllocator(
             _library.path(), "bfcshim_torch_alloc", "bfcshim_torch_free")
+        _wire_record_stream(a)
+        _allocator = a
     return _allocator
+
+
+def _wire_record_stream(a):
+    """Hands PyTorch bfcshim_torch_record_stream as the allocator's
+    record_stream function, or says once why Tensor.record_stream is not
+    honoured. Returns whether it was wired."""
+    native = a.allocator() if hasattr(a, "allocator") else None
+    setter = getattr(native, "set_record_stream_fn", None)
+    fn = getattr(_library.load(), "bfcshim_torch_record_stream", None)
+    if setter is not None and fn is not None:
+        setter(ctypes.cast(fn, ctypes.c_void_p).value)
+        return True
+    why = (f"torch {getattr(torch, '__version__', '?')}'s CUDAPluggableAllocator has no "
+           "set_record_stream_fn" if setter is None else
+           f"{_library.path()} has no bfcshim_torch_record_stream (an older library)")
+    warnings.warn(f"bfcshim.torch: {why}, so Tensor.record_stream is not honoured: a tensor "
+                  "used on another stream must have its own stream wait for that stream "
+                  "(its_stream.wait_stream(other)) before it is freed, or run the program "
+                  "under `bfcshim run` with PYTORCH_NO_CUDA_MEMORY_CACHING=1 instead",
+                  RuntimeWarning, stacklevel=3)
+    return False
 
 
 def install():

@@ -1,0 +1,1 @@
+from . import memory  # noqa: F401
