@@ -4,8 +4,8 @@
  * live block was used on, and what its stream-ordered free must do about
  * them so that the block is never handed out under their queued work.
  *
- * A side table keyed by block address, with its own lock: one entry per
- * recorded block, at most RS_STREAMS streams each (more: the block is freed
+ * A side table keyed by block address (ptr_map), with its own lock: one
+ * entry per recorded block, at most RS_STREAMS streams each (more: the block is freed
  * as a plain free, which waits for every stream of its context), forgotten
  * at the block's free. An entry also holds the block's pool and allocation
  * sequence number, so that an entry left behind by a free that did not pass
@@ -45,9 +45,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "ptr_map.h"
 #include "shim.h"
 
-enum { RS_STREAMS = 4, RS_SLOTS = 4096 /* power of 2 */, RS_MAX_LIVE = RS_SLOTS / 2 };
+enum { RS_STREAMS = 4, RS_MAX_LIVE = 2048 };
 
 typedef struct rs_stream {
     CUstream s;              /* CU_STREAM_LEGACY: the block's context's legacy stream */
@@ -65,45 +66,9 @@ typedef struct rs_entry {
 } rs_entry;
 
 static pthread_mutex_t rs_lock = PTHREAD_MUTEX_INITIALIZER;
-static rs_entry *rs_table; /* RS_SLOTS, made at the first record */
-static size_t rs_count;
-static atomic_size_t rs_live; /* rs_count, read without the lock by frees */
-
-static size_t rs_home(uintptr_t p) { return (size_t)((p >> 8) * 0x9E3779B97F4A7C15ull >> 52) & (RS_SLOTS - 1); }
-
-/* Lock held: the slot of p, or of the empty slot where it would go. */
-static size_t rs_find(uintptr_t p)
-{
-    size_t i = rs_home(p);
-    while (rs_table[i].ptr && rs_table[i].ptr != p)
-        i = (i + 1) & (RS_SLOTS - 1);
-    return i;
-}
-
-/* Lock held: empties slot i, moving later entries of its cluster back
- * (linear probing without tombstones). */
-static void rs_erase(size_t i)
-{
-    size_t j = i;
-    for (;;) {
-        rs_table[i].ptr = 0;
-        for (;;) {
-            j = (j + 1) & (RS_SLOTS - 1);
-            if (!rs_table[j].ptr)
-                goto done;
-            size_t h = rs_home(rs_table[j].ptr);
-            /* stays unless its home lies cyclically in (i, j] */
-            if (i <= j ? (i < h && h <= j) : (i < h || h <= j))
-                continue;
-            break;
-        }
-        rs_table[i] = rs_table[j];
-        i = j;
-    }
-done:
-    rs_count--;
-    atomic_store_explicit(&rs_live, rs_count, memory_order_relaxed);
-}
+static ptr_map rs_blocks; /* block address -> its rs_entry (malloc'd) */
+static bool rs_ready;
+static atomic_size_t rs_live; /* rs_blocks.count, read without the lock by frees */
 
 void recorded_stream_add(shim_pool *sp, CUdeviceptr p, uint64_t seq, CUstream s,
                          const char *api)
@@ -124,18 +89,13 @@ void recorded_stream_add(shim_pool *sp, CUdeviceptr p, uint64_t seq, CUstream s,
             plain = !streams_all_seen();
     }
     pthread_mutex_lock(&rs_lock);
-    if (!rs_table && !(rs_table = calloc(RS_SLOTS, sizeof *rs_table))) {
-        pthread_mutex_unlock(&rs_lock);
-        shim_log(LOG_ERROR, "%s: no host memory for the recorded streams' table; the stream "
-                            "is not honoured", api);
-        return;
-    }
-    size_t i = rs_find((uintptr_t)p);
-    rs_entry *e = &rs_table[i];
-    if (e->ptr && (e->sp != sp || e->seq != seq)) /* stale: a block freed elsewhere */
-        *e = (rs_entry){.ptr = e->ptr};
-    if (!e->ptr) {
-        if (rs_count >= RS_MAX_LIVE) {
+    rs_entry *e = NULL;
+    if (rs_ready || (rs_ready = ptr_map_init(&rs_blocks)))
+        e = (rs_entry *)(uintptr_t)ptr_map_get(&rs_blocks, p);
+    if (e && (e->sp != sp || e->seq != seq)) /* stale: a block freed elsewhere */
+        *e = (rs_entry){.ptr = e->ptr, .sp = sp, .seq = seq};
+    if (!e) {
+        if (rs_ready && rs_blocks.count >= RS_MAX_LIVE) {
             pthread_mutex_unlock(&rs_lock);
             static atomic_bool said;
             shim_log_once(&said, LOG_ERROR,
@@ -143,9 +103,15 @@ void recorded_stream_add(shim_pool *sp, CUdeviceptr p, uint64_t seq, CUstream s,
                           "stream is not honoured (logged once)", api, RS_MAX_LIVE);
             return;
         }
+        if (!rs_ready || !ptr_map_reserve(&rs_blocks, 1) || !(e = calloc(1, sizeof *e))) {
+            pthread_mutex_unlock(&rs_lock);
+            shim_log(LOG_ERROR, "%s: no host memory for the recorded streams' table; the "
+                                "stream is not honoured", api);
+            return;
+        }
         *e = (rs_entry){.ptr = (uintptr_t)p, .sp = sp, .seq = seq};
-        rs_count++;
-        atomic_store_explicit(&rs_live, rs_count, memory_order_relaxed);
+        ptr_map_put(&rs_blocks, p, (uintptr_t)e);
+        atomic_store_explicit(&rs_live, rs_blocks.count, memory_order_relaxed);
     }
     e->plain |= plain;
     bool known = false;
@@ -204,14 +170,13 @@ rs_verdict recorded_streams_before_free(shim_pool *sp, CUdeviceptr p, bool strea
         return RS_AS_ASKED;
     rs_entry e = {0};
     pthread_mutex_lock(&rs_lock);
-    if (rs_table) {
-        size_t i = rs_find((uintptr_t)p);
-        if (rs_table[i].ptr) {
-            e = rs_table[i];
-            rs_erase(i);
-        }
-    }
+    rs_entry *taken = rs_ready ? (rs_entry *)(uintptr_t)ptr_map_take(&rs_blocks, p) : NULL;
+    atomic_store_explicit(&rs_live, rs_ready ? rs_blocks.count : 0, memory_order_relaxed);
     pthread_mutex_unlock(&rs_lock);
+    if (taken) {
+        e = *taken;
+        free(taken);
+    }
     bfc_live_info li;
     if (!e.ptr || e.sp != sp || bfc_pool_block(sp->bfc, p, &li) != BFC_OK || li.addr != p ||
         li.seq != e.seq)
