@@ -234,6 +234,14 @@ def test_bad_options(d):
         p = run(cmd, ok=False)
         check(p.returncode == 2 and p.stderr.startswith(f"bfcshim {cmd}: no trace given") and
               len(p.stderr.splitlines()) == 1, f"{cmd} without a trace: {p.stderr!r}")
+    # outputs that cannot be files: said before the replay, in one line
+    os.makedirs(os.path.join(d, "outdir"), exist_ok=True)
+    for opt, out, words in (("--dump-at-failure", os.path.join(d, "outdir"), "is a folder"),
+                            ("--record", os.path.join(d, "outdir") + "/", "is a folder"),
+                            ("--record", os.path.join(d, "nodir", "r.csv"), "does not exist")):
+        p = run("replay", opt, out, t, ok=False)
+        check(p.returncode == 2 and words in p.stderr and len(p.stderr.splitlines()) == 1,
+              f"replay {opt} {out}: {p.returncode} {p.stderr!r}")
     p = run("frobnicate", ok=False)
     check(p.returncode == 2 and "unknown command" in p.stderr, "unknown command")
     # The demo is the Python package's: the C command lists it and says where it is.

@@ -105,6 +105,16 @@ for args, words in ((["--stats", path("ab.json")], "not a bfcshim statistics fil
     check(p.returncode == 2 and words in p.stderr and not os.path.exists(path("refused.html")),
           f"report {args}: {p.returncode} {p.stderr}")
 
+# An output that cannot be a file (a folder, or a missing folder's file):
+# said before any work, in one line, with the usage error's status.
+os.makedirs(path("outdir"), exist_ok=True)
+for out, words in ((path("outdir"), "is a folder"), (path("outdir") + "/", "is a folder"),
+                   (path("nodir/x.html"), "does not exist")):
+    p = subprocess.run([bfcshim, "report", path("job.csv"), "-o", out],
+                       env=env, capture_output=True, text=True)
+    check(p.returncode == 2 and words in p.stderr and len(p.stderr.splitlines()) == 1,
+          f"report -o {out}: {p.returncode} {p.stderr}")
+
 # A short job as the shim records it: 120 events inside one 4 ms clock
 # tick share a timestamp. The chart must go by event order (it used to plot
 # every point at x = 0 under an "events" axis from 0 to 1).
