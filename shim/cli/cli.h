@@ -81,6 +81,12 @@ int cli_bad_value(const char *cmd, const char *option, const char *value,
  * stderr, for an output that could not be opened. */
 void cli_cannot_write(const char *cmd, const char *path, int err);
 
+/* Whether path can be made as an output file: not a folder (one that
+ * exists, or a path ending in '/'), not in a missing folder; else one line
+ * saying so on stderr and false, before the command does any work ("-":
+ * stdout or stderr, fine). */
+bool cli_output_place_ok(const char *cmd, const char *option, const char *path);
+
 /* "--name" of the long option whose val is `val`. */
 const char *cli_option_name(const struct option *opts, int val);
 

@@ -271,18 +271,11 @@ static int add_checked(const char *cmd, const char *option, const char *name, co
      * library's to expand. */
     static const char *const written[] = {"BFCSHIM_STATS_FILE", "BFCSHIM_TRACE",
                                           "BFCSHIM_OOM_REPORT", "BFCSHIM_LOG_FILE"};
-    char folder[4096];
     for (size_t i = 0; i < sizeof written / sizeof *written; i++)
-        if (strcmp(name, written[i]) == 0 && !strstr(value, "%p") &&
-            out_file_folder_missing(value, folder, sizeof folder)) {
-            fprintf(stderr, "bfcshim %s: %s %s: the folder %s does not exist\n", cmd, option,
-                    value, folder);
+        if (strcmp(name, written[i]) == 0 &&
+            (!strstr(value, "%p") || out_file_names_folder(value)) &&
+            !cli_output_place_ok(cmd, option, value))
             return -1;
-        } else if (strcmp(name, written[i]) == 0 && out_file_names_folder(value)) {
-            fprintf(stderr, "bfcshim %s: %s %s: that is a folder; name a file in it\n", cmd,
-                    option, value);
-            return -1;
-        }
     return env_add(e, name, value) ? 1 : 0;
 }
 

@@ -41,6 +41,24 @@ void cli_cannot_write(const char *cmd, const char *path, int err)
     fprintf(stderr, "bfcshim %s: %s %s\n", cmd, path, why);
 }
 
+bool cli_output_place_ok(const char *cmd, const char *option, const char *path)
+{
+    char folder[4096];
+    if (strcmp(path, "-") == 0)
+        return true;
+    if (out_file_names_folder(path)) {
+        fprintf(stderr, "bfcshim %s: %s %s: that is a folder; name a file in it\n", cmd, option,
+                path);
+        return false;
+    }
+    if (out_file_folder_missing(path, folder, sizeof folder)) {
+        fprintf(stderr, "bfcshim %s: %s %s: the folder %s does not exist\n", cmd, option, path,
+                folder);
+        return false;
+    }
+    return true;
+}
+
 const char *cli_option_name(const struct option *opts, int val)
 {
     static char buf[64];

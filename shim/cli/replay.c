@@ -965,6 +965,9 @@ int cmd_replay(int argc, char **argv)
         fprintf(stderr, "bfcshim replay: --plan applies to the one-region replay, not --vmm\n");
         return 2;
     }
+    if ((o.dump_path && !cli_output_place_ok("replay", "--dump-at-failure", o.dump_path)) ||
+        (o.record && !cli_output_place_ok("replay", "--record", o.record)))
+        return 2;
     if (optind == argc) {
         fprintf(stderr, "bfcshim replay: no trace given: bfcshim replay [OPTIONS] "
                         "TRACE.csv[.gz]...; bfcshim replay --help lists the options\n");

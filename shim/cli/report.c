@@ -424,6 +424,8 @@ int cmd_report(int argc, char **argv)
         return 2;
     }
     o.trace = argv[optind];
+    if (!cli_output_place_ok("report", "-o", o.output))
+        return 2;
     if (o.stats && !load_input(o.stats, "--stats", "pools", STATS_WHAT, false, &o.stats_text))
         return 2;
     if (o.ab && !load_input(o.ab, "--ab", "arms", AB_WHAT, false, &o.ab_text)) {
