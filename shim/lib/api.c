@@ -203,20 +203,26 @@ static int api_free(void *ptr, CUstream s, bool stream_ordered, int device, cons
      * queued so far is waited for by the free's stream, or the free becomes
      * a plain one, or the block is kept (recorded_streams.c). One atomic
      * load when nothing is recorded. */
+    bool fenced = false;
     if (owner) {
         rs_verdict v = recorded_streams_before_free(owner, p, stream_ordered, s, api);
         if (v == RS_KEEP)
             return CUDA_SUCCESS;
         if (v == RS_PLAIN) {
+            /* Fenced under every policy: the immediate one's promise (the
+             * program freed nothing still in use) is not kept by a
+             * stream-ordered free (e2e_api torch-record-immediate). */
             stream_ordered = false;
             s = NULL;
+            fenced = true;
         }
     }
     /* A legacy stream the caller names with the block's device is the one
      * of the context the block was allocated in (bfcshim.h: PyTorch frees
      * on the device and stream it allocated with, in primary contexts
      * only), its pool's: nothing to ask, whatever context is current. */
-    free_kind kind = !stream_ordered ? FREE_PLAIN
+    free_kind kind = fenced            ? FREE_PLAIN_FENCED
+                     : !stream_ordered ? FREE_PLAIN
                      : owner && device >= 0 && owner->dev == device ? FREE_STREAM_DEVICE
                                                                     : FREE_STREAM;
     svc_status st = shim_active() ? svc_free(p, kind, s, false, api) : SVC_PASS;

@@ -312,8 +312,8 @@ svc_status svc_free(CUdeviceptr ptr, free_kind kind, CUstream stream, bool per_t
     if (!sp)
         return SVC_PASS;
     bfc_status st;
-    svc_stream_state state = kind != FREE_PLAIN ? svc_stream_state_of(stream, per_thread)
-                                                : STREAM_USABLE;
+    const bool plain = kind == FREE_PLAIN || kind == FREE_PLAIN_FENCED;
+    svc_stream_state state = !plain ? svc_stream_state_of(stream, per_thread) : STREAM_USABLE;
     /* Refused or kept below, the block is not freed: a bad pointer is said
      * here (a freed one by the engine). */
     if (state != STREAM_USABLE && !block_start(sp, ptr))
@@ -354,7 +354,7 @@ svc_status svc_free(CUdeviceptr ptr, free_kind kind, CUstream stream, bool per_t
     if (kind == FREE_PLAIN && shim_config_get()->free_policy == FREE_IMMEDIATE)
         st = bfc_pool_free(sp->bfc, ptr);
     else {
-        uint32_t lane = kind == FREE_PLAIN ? sp->plain_lane
+        uint32_t lane = plain ? sp->plain_lane
                                            : pool_lane_for_free(sp, stream, per_thread,
                                                                 kind == FREE_STREAM_DEVICE);
         /* A legacy-stream free must order other blocking streams' work as

@@ -755,7 +755,11 @@ typedef enum svc_status {
  * device (PyTorch's pluggable allocator), so that a legacy stream it names
  * is the one of the context the block was allocated in, the owning pool's,
  * whatever context is current: no need to ask the driver which one is. */
-typedef enum free_kind { FREE_PLAIN, FREE_STREAM, FREE_STREAM_DEVICE } free_kind;
+/* FREE_PLAIN_FENCED: a plain free that waits for its fence under every
+ * free policy, BFCSHIM_FREE_POLICY=immediate included: a stream-ordered
+ * free made plain because its block was recorded on a stream no event can
+ * be waited for (recorded_streams.c), whose work may still use it. */
+typedef enum free_kind { FREE_PLAIN, FREE_PLAIN_FENCED, FREE_STREAM, FREE_STREAM_DEVICE } free_kind;
 
 /* The driver API's code for a service answer (the driver door and the C
  * interface; the runtime door has its own, with the last error set). */

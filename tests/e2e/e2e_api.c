@@ -36,6 +36,9 @@
  *              stream destroyed before the free, on a capturing stream (the
  *              capture left intact), on another context's stream, and at a
  *              pointer that is no block start (refused, one log line)
+ *   torch-record-immediate  torch-record-cases under
+ *              BFCSHIM_FREE_POLICY=immediate: a free made plain by a record
+ *              still waits for its fence
  *   dead-stream  bfcshim_free_async on a stream destroyed since: no call on
  *              the dead handle, and the block is reused once its work is done
  *   stats-nomem  bfcshim_stats_json when its document cannot be made (no
@@ -491,6 +494,13 @@ static void torch_record_cases(void)
     CHECK_EQ(D.StreamDestroy(cap), CUDA_SUCCESS);
 }
 
+/* The same cases under BFCSHIM_FREE_POLICY=immediate: a stream-ordered
+ * free that a record makes plain (destroyed or capturing recorded stream)
+ * must still wait for its fence, not be handed out at once as the policy's
+ * own plain frees are (found by the record_stream audit: the destroyed and
+ * capturing cases' blocks went back with no wait). */
+static void torch_record_immediate(void) { torch_record_cases(); }
+
 static void dead_stream(void)
 {
     start();
@@ -801,7 +811,9 @@ int main(int argc, char **argv)
                      {"torch-legacy", torch_legacy},
                      {"torch-legacy-capture", torch_legacy_capture},
                      {"torch-record-stream", torch_record_stream},
-                     {"torch-record-cases", torch_record_cases}, {"stats-nomem", stats_nomem},
+                     {"torch-record-cases", torch_record_cases},
+                     {"torch-record-immediate", torch_record_immediate},
+                     {"stats-nomem", stats_nomem},
                      {"stats-nomem-write", stats_nomem_write},
                      {"oom-report-nomem", oom_report_nomem}};
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
@@ -810,6 +822,6 @@ int main(int argc, char **argv)
             return e2e_done(s);
         }
     fprintf(stderr, "usage: e2e_api plain|async|badinput|zero|trim|stats|platform|dead-stream|"
-                    "torch-legacy|torch-legacy-capture|torch-record-stream|torch-record-cases|stats-nomem|stats-nomem-write|oom-report-nomem\n");
+                    "torch-legacy|torch-legacy-capture|torch-record-stream|torch-record-cases|torch-record-immediate|stats-nomem|stats-nomem-write|oom-report-nomem\n");
     return 2;
 }
