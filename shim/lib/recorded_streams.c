@@ -9,8 +9,9 @@
  * as a plain free, which waits for every stream of its context), forgotten
  * at the block's free. An entry also holds the block's pool and allocation
  * sequence number, so that an entry left behind by a free that did not pass
- * here (another door) is recognised as stale, never applied to the next
- * block at that address. A free asks the table only while it holds an entry
+ * here (another door, or its pool's context's end) is recognised as stale,
+ * never applied to the next block at that address, and is forgotten when
+ * the table is full (rs_sweep_locked). A free asks the table only while it holds an entry
  * (one atomic load otherwise: nothing for programs that never record).
  *
  * At the free on stream S, for each recorded stream r other than S (cuda.h
@@ -70,6 +71,35 @@ static ptr_map rs_blocks; /* block address -> its rs_entry (malloc'd) */
 static bool rs_ready;
 static atomic_size_t rs_live; /* rs_blocks.count, read without the lock by frees */
 
+/* Does entry e still name a live block: its pool still owns the address
+ * (a forgotten pool is never dereferenced), and the block there is the one
+ * recorded (same start and allocation sequence number)? */
+static bool rs_entry_live(const rs_entry *e)
+{
+    bfc_live_info li;
+    return pool_owning((CUdeviceptr)e->ptr) == e->sp &&
+           bfc_pool_block(e->sp->bfc, (CUdeviceptr)e->ptr, &li) == BFC_OK &&
+           li.addr == (CUdeviceptr)e->ptr && li.seq == e->seq;
+}
+
+/* With rs_lock held, the table full: forgets the entries whose blocks went
+ * through another door (a program's cuMemFree or cudaFree of a tensor's
+ * pointer), or with their pool's context, which no free here takes away.
+ * Without it they filled the table for good, and every later record was
+ * dropped (e2e_api torch-record-stale). */
+static void rs_sweep_locked(void)
+{
+    uint64_t stale[RS_MAX_LIVE];
+    size_t n = 0;
+    for (uint64_t i = 0; i <= rs_blocks.mask && n < RS_MAX_LIVE; i++)
+        if (rs_blocks.slots[i].key &&
+            !rs_entry_live((const rs_entry *)(uintptr_t)rs_blocks.slots[i].val))
+            stale[n++] = rs_blocks.slots[i].key;
+    for (size_t k = 0; k < n; k++)
+        free((rs_entry *)(uintptr_t)ptr_map_take(&rs_blocks, stale[k]));
+    atomic_store_explicit(&rs_live, rs_blocks.count, memory_order_relaxed);
+}
+
 void recorded_stream_add(shim_pool *sp, CUdeviceptr p, uint64_t seq, CUstream s,
                          const char *api)
 {
@@ -95,6 +125,8 @@ void recorded_stream_add(shim_pool *sp, CUdeviceptr p, uint64_t seq, CUstream s,
     if (e && (e->sp != sp || e->seq != seq)) /* stale: a block freed elsewhere */
         *e = (rs_entry){.ptr = e->ptr, .sp = sp, .seq = seq};
     if (!e) {
+        if (rs_ready && rs_blocks.count >= RS_MAX_LIVE)
+            rs_sweep_locked();
         if (rs_ready && rs_blocks.count >= RS_MAX_LIVE) {
             pthread_mutex_unlock(&rs_lock);
             static atomic_bool said;

@@ -39,6 +39,8 @@
  *   torch-record-immediate  torch-record-cases under
  *              BFCSHIM_FREE_POLICY=immediate: a free made plain by a record
  *              still waits for its fence
+ *   torch-record-stale  2100 recorded blocks freed through cuMemFree (their
+ *              entries left behind): a later record is still honoured
  *   dead-stream  bfcshim_free_async on a stream destroyed since: no call on
  *              the dead handle, and the block is reused once its work is done
  *   stats-nomem  bfcshim_stats_json when its document cannot be made (no
@@ -74,6 +76,7 @@ static struct {
     CUresult (*StreamCreate)(CUstream *, unsigned);
     CUresult (*StreamDestroy)(CUstream);
     CUresult (*MemAlloc)(CUdeviceptr *, size_t);
+    CUresult (*MemFree)(CUdeviceptr);
     CUresult (*StreamBeginCapture)(CUstream, CUstreamCaptureMode);
     CUresult (*StreamEndCapture)(CUstream, CUgraph *);
     CUresult (*GraphDestroy)(CUgraph);
@@ -93,6 +96,7 @@ static void start(void)
     LOAD(StreamCreate, "cuStreamCreate");
     LOAD(StreamDestroy, "cuStreamDestroy_v2");
     LOAD(MemAlloc, "cuMemAlloc_v2");
+    LOAD(MemFree, "cuMemFree_v2");
     LOAD(StreamBeginCapture, "cuStreamBeginCapture_v2");
     LOAD(StreamEndCapture, "cuStreamEndCapture");
     LOAD(GraphDestroy, "cuGraphDestroy");
@@ -501,6 +505,39 @@ static void torch_record_cases(void)
  * capturing cases' blocks went back with no wait). */
 static void torch_record_immediate(void) { torch_record_cases(); }
 
+/* Recorded blocks freed through another door (the program's cuMemFree of
+ * a tensor's pointer, both ways in at once) leave their entries behind;
+ * more of them than the table's 2048 must not stop a later record from
+ * being honoured (before: every later record was dropped, logged once, and
+ * its block handed out under the recorded stream's work). */
+static void torch_record_stale(void)
+{
+    start();
+    CUstream a, b, c;
+    CHECK_EQ(D.StreamCreate(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&c, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    enum { N = 2100 };
+    static void *blk[N];
+    for (int i = 0; i < N; i++) {
+        blk[i] = bfcshim_torch_alloc(64 * 1024, 0, a);
+        CHECK(blk[i] != NULL);
+        record_stream(blk[i], b);
+    }
+    for (int i = 0; i < N; i++)
+        CHECK_EQ(D.MemFree((CUdeviceptr)(uintptr_t)blk[i]), CUDA_SUCCESS);
+    F->complete_all();
+    void *t = bfcshim_torch_alloc(4 * MiB, 0, a);
+    CHECK(t != NULL);
+    CHECK_EQ(F->launch(b, noop, NULL), 0);
+    record_stream(t, b);
+    bfcshim_torch_free(t, 4 * MiB, 0, a);
+    check_not_under(t, a, b, c, "after stale entries");
+    CHECK_EQ(D.StreamDestroy(a), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(b), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(c), CUDA_SUCCESS);
+}
+
 static void dead_stream(void)
 {
     start();
@@ -813,6 +850,7 @@ int main(int argc, char **argv)
                      {"torch-record-stream", torch_record_stream},
                      {"torch-record-cases", torch_record_cases},
                      {"torch-record-immediate", torch_record_immediate},
+                     {"torch-record-stale", torch_record_stale},
                      {"stats-nomem", stats_nomem},
                      {"stats-nomem-write", stats_nomem_write},
                      {"oom-report-nomem", oom_report_nomem}};
@@ -822,6 +860,6 @@ int main(int argc, char **argv)
             return e2e_done(s);
         }
     fprintf(stderr, "usage: e2e_api plain|async|badinput|zero|trim|stats|platform|dead-stream|"
-                    "torch-legacy|torch-legacy-capture|torch-record-stream|torch-record-cases|torch-record-immediate|stats-nomem|stats-nomem-write|oom-report-nomem\n");
+                    "torch-legacy|torch-legacy-capture|torch-record-stream|torch-record-cases|torch-record-immediate|torch-record-stale|stats-nomem|stats-nomem-write|oom-report-nomem\n");
     return 2;
 }
