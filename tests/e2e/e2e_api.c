@@ -36,6 +36,9 @@
  *              stream destroyed before the free, on a capturing stream (the
  *              capture left intact), on another context's stream, and at a
  *              pointer that is no block start (refused, one log line)
+ *   dead-stream-immediate  dead-stream under BFCSHIM_FREE_POLICY=immediate:
+ *              a stream-ordered free on a destroyed stream, made plain, is
+ *              still fenced (the policy's promise is about plain frees)
  *   torch-record-immediate  torch-record-cases under
  *              BFCSHIM_FREE_POLICY=immediate: a free made plain by a record
  *              still waits for its fence
@@ -850,6 +853,7 @@ int main(int argc, char **argv)
                      {"torch-record-stream", torch_record_stream},
                      {"torch-record-cases", torch_record_cases},
                      {"torch-record-immediate", torch_record_immediate},
+                     {"dead-stream-immediate", dead_stream},
                      {"torch-record-stale", torch_record_stale},
                      {"stats-nomem", stats_nomem},
                      {"stats-nomem-write", stats_nomem_write},
@@ -860,6 +864,6 @@ int main(int argc, char **argv)
             return e2e_done(s);
         }
     fprintf(stderr, "usage: e2e_api plain|async|badinput|zero|trim|stats|platform|dead-stream|"
-                    "torch-legacy|torch-legacy-capture|torch-record-stream|torch-record-cases|torch-record-immediate|torch-record-stale|stats-nomem|stats-nomem-write|oom-report-nomem\n");
+                    "torch-legacy|torch-legacy-capture|torch-record-stream|torch-record-cases|torch-record-immediate|torch-record-stale|dead-stream-immediate|stats-nomem|stats-nomem-write|oom-report-nomem\n");
     return 2;
 }
