@@ -176,7 +176,10 @@ static int api_free(void *ptr, CUstream s, bool stream_ordered, int device, cons
      * nor open a lane; where the library sees every stream it knows the
      * handle is gone, and the free becomes a plain one, which waits for
      * everything queued before it, the dead stream's work included
-     * (its stand-in). */
+     * (its stand-in), under every policy: the immediate one's promise is
+     * about plain frees, not this stream-ordered one (e2e_api
+     * dead-stream-immediate). */
+    bool fenced = false;
     if (stream_ordered && svc_explicit_stream(s) && shim_active() && streams_all_seen() &&
         !streams_known(s)) {
         static atomic_bool said;
@@ -185,6 +188,7 @@ static int api_free(void *ptr, CUstream s, bool stream_ordered, int device, cons
                       "bfcshim_free (logged once)", api, (void *)s);
         stream_ordered = false;
         s = NULL;
+        fenced = true;
     }
     /* The owner, looked up once (a pool whose context went unseen is
      * forgotten here first). A plug-in's finalizer may free a block after
@@ -203,7 +207,6 @@ static int api_free(void *ptr, CUstream s, bool stream_ordered, int device, cons
      * queued so far is waited for by the free's stream, or the free becomes
      * a plain one, or the block is kept (recorded_streams.c). One atomic
      * load when nothing is recorded. */
-    bool fenced = false;
     if (owner) {
         rs_verdict v = recorded_streams_before_free(owner, p, stream_ordered, s, api);
         if (v == RS_KEEP)
