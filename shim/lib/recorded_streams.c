@@ -209,9 +209,7 @@ rs_verdict recorded_streams_before_free(shim_pool *sp, CUdeviceptr p, bool strea
         e = *taken;
         free(taken);
     }
-    bfc_live_info li;
-    if (!e.ptr || e.sp != sp || bfc_pool_block(sp->bfc, p, &li) != BFC_OK || li.addr != p ||
-        li.seq != e.seq)
+    if (!e.ptr || e.sp != sp || !rs_entry_live(&e))
         return RS_AS_ASKED; /* none, or a stale one (not this block's) */
     const real_driver *R = real_driver_get();
     if (!R)
