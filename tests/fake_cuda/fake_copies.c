@@ -210,24 +210,24 @@ EXPORT CUresult cuMemcpy_ptds(CUdeviceptr d, CUdeviceptr s, size_t n)
 EXPORT CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr d, const void *s, size_t n, CUstream st)
 {
     CALLED();
-    return copy_on((void *)(uintptr_t)d, s, n, st ? st : CU_STREAM_PER_THREAD, false);
+    return copy_on((void *)(uintptr_t)d, s, n, ptsz_stream(st), false);
 }
 EXPORT CUresult cuMemcpyDtoHAsync_v2_ptsz(void *d, CUdeviceptr s, size_t n, CUstream st)
 {
     CALLED();
-    return copy_on(d, (const void *)(uintptr_t)s, n, st ? st : CU_STREAM_PER_THREAD, false);
+    return copy_on(d, (const void *)(uintptr_t)s, n, ptsz_stream(st), false);
 }
 EXPORT CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
 {
     CALLED();
     return copy_on((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n,
-                   st ? st : CU_STREAM_PER_THREAD, false);
+                   ptsz_stream(st), false);
 }
 EXPORT CUresult cuMemcpyAsync_ptsz(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
 {
     CALLED();
     return copy_on((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n,
-                   st ? st : CU_STREAM_PER_THREAD, false);
+                   ptsz_stream(st), false);
 }
 
 /* "Copies from device memory in one context to device memory in another
@@ -274,7 +274,7 @@ EXPORT CUresult cuMemcpyPeerAsync_ptsz(CUdeviceptr dst, CUcontext dst_ctx, CUdev
                                        CUcontext src_ctx, size_t n, CUstream h)
 {
     CALLED();
-    return copy_peer(dst, dst_ctx, src, src_ctx, n, h ? h : CU_STREAM_PER_THREAD, false);
+    return copy_peer(dst, dst_ctx, src, src_ctx, n, ptsz_stream(h), false);
 }
 
 /* cuMemcpyPeer, the synchronous form ("\note_sync"): the same copy, queued
@@ -356,7 +356,7 @@ EXPORT CUresult cuStreamWriteValue64_v2_ptsz(CUstream h, CUdeviceptr addr, cuuin
                                              unsigned int flags)
 {
     CALLED();
-    return write_value64(h ? h : CU_STREAM_PER_THREAD, addr, value, flags);
+    return write_value64(ptsz_stream(h), addr, value, flags);
 }
 
 /* "The cudaMemset functions are asynchronous with respect to the host
@@ -514,7 +514,7 @@ EXPORT CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstre
 EXPORT CUresult cuMemsetD8Async_ptsz(CUdeviceptr d, unsigned char v, size_t n, CUstream h)
 {
     CALLED();
-    return memset_on(h ? h : CU_STREAM_PER_THREAD, d, v, 1, n, 0, 1, false);
+    return memset_on(ptsz_stream(h), d, v, 1, n, 0, 1, false);
 }
 EXPORT CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream h)
 {
@@ -524,7 +524,7 @@ EXPORT CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUst
 EXPORT CUresult cuMemsetD16Async_ptsz(CUdeviceptr d, unsigned short v, size_t n, CUstream h)
 {
     CALLED();
-    return memset_on(h ? h : CU_STREAM_PER_THREAD, d, v, 2, n, 0, 1, false);
+    return memset_on(ptsz_stream(h), d, v, 2, n, 0, 1, false);
 }
 EXPORT CUresult cuMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream h)
 {
@@ -534,7 +534,7 @@ EXPORT CUresult cuMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstre
 EXPORT CUresult cuMemsetD32Async_ptsz(CUdeviceptr d, unsigned int v, size_t n, CUstream h)
 {
     CALLED();
-    return memset_on(h ? h : CU_STREAM_PER_THREAD, d, v, 4, n, 0, 1, false);
+    return memset_on(ptsz_stream(h), d, v, 4, n, 0, 1, false);
 }
 
 /* The 2D forms: Height rows of Width elements, dstPitch bytes apart
@@ -564,7 +564,7 @@ EXPORT CUresult cuMemsetD2D8Async_ptsz(CUdeviceptr d, size_t pitch, unsigned cha
                                       CUstream h)
 {
     CALLED();
-    return memset_on(h ? h : CU_STREAM_PER_THREAD, d, v, 1, n, pitch, rows, false);
+    return memset_on(ptsz_stream(h), d, v, 1, n, pitch, rows, false);
 }
 
 EXPORT CUresult cuMemsetD2D16_v2(CUdeviceptr d, size_t pitch, unsigned short v, size_t n, size_t rows)
@@ -587,7 +587,7 @@ EXPORT CUresult cuMemsetD2D16Async_ptsz(CUdeviceptr d, size_t pitch, unsigned sh
                                       CUstream h)
 {
     CALLED();
-    return memset_on(h ? h : CU_STREAM_PER_THREAD, d, v, 2, n, pitch, rows, false);
+    return memset_on(ptsz_stream(h), d, v, 2, n, pitch, rows, false);
 }
 
 EXPORT CUresult cuMemsetD2D32_v2(CUdeviceptr d, size_t pitch, unsigned int v, size_t n, size_t rows)
@@ -610,5 +610,5 @@ EXPORT CUresult cuMemsetD2D32Async_ptsz(CUdeviceptr d, size_t pitch, unsigned in
                                       CUstream h)
 {
     CALLED();
-    return memset_on(h ? h : CU_STREAM_PER_THREAD, d, v, 4, n, pitch, rows, false);
+    return memset_on(ptsz_stream(h), d, v, 4, n, pitch, rows, false);
 }

@@ -267,6 +267,13 @@ enum { CALL_SLOTS = 256 };
     NEED_INIT();    \
     ENTER()
 
+/* The stream a _ptsz entry point is called on. cuda.h maps each
+ * stream-taking entry point to its __CUDA_API_PTSZ twin under
+ * CUDA_API_PER_THREAD_DEFAULT_STREAM (nvcc --default-stream per-thread), and
+ * there stream 0 is the calling thread's per-thread default stream
+ * (CU_STREAM_PER_THREAD); any other handle names itself. */
+static inline CUstream ptsz_stream(CUstream s) { return s ? s : CU_STREAM_PER_THREAD; }
+
 /* What a completion covers: context `only`, else the contexts of device
  * `dev`, else (dev < 0) every context. With `greens`, a primary context
  * `only` covers the green contexts of its device too, as a cuCtxSynchronize

@@ -273,13 +273,13 @@ EXPORT CUresult cuMemAllocAsync(CUdeviceptr *d, size_t n, CUstream s)
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *d, size_t n, CUstream s)
 {
     CALLED();
-    return alloc_async(d, n, NULL, s ? s : CU_STREAM_PER_THREAD);
+    return alloc_async(d, n, NULL, ptsz_stream(s));
 }
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr d, CUstream s) { CALLED(); return free_async(d, s); }
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr d, CUstream s)
 {
     CALLED();
-    return free_async(d, s ? s : CU_STREAM_PER_THREAD);
+    return free_async(d, ptsz_stream(s));
 }
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s)
 {
@@ -289,7 +289,7 @@ EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *d, size_t n, CUmemoryPool p
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s)
 {
     CALLED();
-    return alloc_async(d, n, p, s ? s : CU_STREAM_PER_THREAD);
+    return alloc_async(d, n, p, ptsz_stream(s));
 }
 
 EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)

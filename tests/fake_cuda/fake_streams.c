@@ -111,7 +111,7 @@ EXPORT CUresult cuStreamGetId(CUstream h, unsigned long long *id)
 EXPORT CUresult cuStreamGetId_ptsz(CUstream h, unsigned long long *id)
 {
     CALLED();
-    return stream_get_id(h ? h : CU_STREAM_PER_THREAD, id);
+    return stream_get_id(ptsz_stream(h), id);
 }
 
 EXPORT CUresult cuStreamGetFlags(CUstream h, unsigned int *flags)
@@ -158,7 +158,7 @@ EXPORT CUresult cuStreamSynchronize(CUstream h) { CALLED(); return stream_sync(h
 EXPORT CUresult cuStreamSynchronize_ptsz(CUstream h)
 {
     CALLED();
-    return stream_sync(h ? h : CU_STREAM_PER_THREAD);
+    return stream_sync(ptsz_stream(h));
 }
 
 static CUresult stream_query(CUstream h)
@@ -176,12 +176,10 @@ static CUresult stream_query(CUstream h)
 }
 
 EXPORT CUresult cuStreamQuery(CUstream h) { CALLED(); return stream_query(h); }
-/* cuda.h: cuStreamQuery is __CUDA_API_PTSZ(cuStreamQuery) under
- * CUDA_API_PER_THREAD_DEFAULT_STREAM; stream 0 is the per-thread stream. */
 EXPORT CUresult cuStreamQuery_ptsz(CUstream h)
 {
     CALLED();
-    return stream_query(h ? h : CU_STREAM_PER_THREAD);
+    return stream_query(ptsz_stream(h));
 }
 
 /* cuStreamGetPriority: the priority of a stream made by cuStreamCreate,
@@ -190,8 +188,7 @@ EXPORT CUresult cuStreamQuery_ptsz(CUstream h)
  * The fake's range is [0, 0] (fake_contexts.c), so every stream's clamped
  * priority is 0; the special handles answer the default priority, 0 too.
  * A bad stream is CUDA_ERROR_INVALID_HANDLE, no place for the answer
- * CUDA_ERROR_INVALID_VALUE (both listed). _ptsz: cuda.h's
- * __CUDA_API_PTSZ(cuStreamGetPriority), stream 0 the per-thread stream. */
+ * CUDA_ERROR_INVALID_VALUE (both listed). */
 static CUresult stream_get_priority(CUstream h, int *priority)
 {
     ENTER_API();
@@ -212,7 +209,7 @@ EXPORT CUresult cuStreamGetPriority(CUstream h, int *priority)
 EXPORT CUresult cuStreamGetPriority_ptsz(CUstream h, int *priority)
 {
     CALLED();
-    return stream_get_priority(h ? h : CU_STREAM_PER_THREAD, priority);
+    return stream_get_priority(ptsz_stream(h), priority);
 }
 
 static CUresult is_capturing(CUstream h, CUstreamCaptureStatus *status)
@@ -240,7 +237,7 @@ EXPORT CUresult cuStreamIsCapturing(CUstream h, CUstreamCaptureStatus *st)
 EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream h, CUstreamCaptureStatus *st)
 {
     CALLED();
-    return is_capturing(h ? h : CU_STREAM_PER_THREAD, st);
+    return is_capturing(ptsz_stream(h), st);
 }
 
 /* Lock held: a new graph. */
@@ -352,7 +349,7 @@ EXPORT CUresult cuStreamGetCaptureInfo(CUstream h, CUstreamCaptureStatus *st, cu
 EXPORT CUresult cuStreamGetCaptureInfo_ptsz(CUstream h, CUstreamCaptureStatus *st, cuuint64_t *id)
 {
     CALLED();
-    return capture_info(h ? h : CU_STREAM_PER_THREAD, st, id, NULL, NULL, NULL, NULL);
+    return capture_info(ptsz_stream(h), st, id, NULL, NULL, NULL, NULL);
 }
 EXPORT CUresult cuStreamGetCaptureInfo_v2(CUstream h, CUstreamCaptureStatus *st, cuuint64_t *id,
                                           CUgraph *graph, const CUgraphNode **deps,
@@ -366,7 +363,7 @@ EXPORT CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream h, CUstreamCaptureStatus
                                                const CUgraphNode **deps, size_t *ndeps)
 {
     CALLED();
-    return capture_info(h ? h : CU_STREAM_PER_THREAD, st, id, graph, deps, NULL, ndeps);
+    return capture_info(ptsz_stream(h), st, id, graph, deps, NULL, ndeps);
 }
 EXPORT CUresult cuStreamGetCaptureInfo_v3(CUstream h, CUstreamCaptureStatus *st, cuuint64_t *id,
                                           CUgraph *graph, const CUgraphNode **deps,
@@ -381,7 +378,7 @@ EXPORT CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream h, CUstreamCaptureStatus
                                                const CUgraphEdgeData **edges, size_t *ndeps)
 {
     CALLED();
-    return capture_info(h ? h : CU_STREAM_PER_THREAD, st, id, graph, deps, edges, ndeps);
+    return capture_info(ptsz_stream(h), st, id, graph, deps, edges, ndeps);
 }
 
 /* Lock held (LEAVE releases it): both begins; into_graph is
@@ -423,7 +420,7 @@ EXPORT CUresult cuStreamBeginCapture_v2(CUstream h, CUstreamCaptureMode mode)
 EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream h, CUstreamCaptureMode mode)
 {
     CALLED();
-    return begin_plain(h ? h : CU_STREAM_PER_THREAD, mode);
+    return begin_plain(ptsz_stream(h), mode);
 }
 
 /* CUDA 10.0's begin, before capture modes (cudaTypedefs.h's
@@ -439,7 +436,7 @@ EXPORT CUresult cuStreamBeginCapture_v1(CUstream h)
 EXPORT CUresult cuStreamBeginCapture_v1_ptsz(CUstream h)
 {
     CALLED_AS("cuStreamBeginCapture_ptsz");
-    return begin_plain(h ? h : CU_STREAM_PER_THREAD, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    return begin_plain(ptsz_stream(h), CU_STREAM_CAPTURE_MODE_GLOBAL);
 }
 
 /* "dependencies - ... Can be NULL if numDependencies is 0"; the fake's
@@ -469,7 +466,7 @@ EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream h, CUgraph g, const CU
 {
     CALLED();
     (void)edges;
-    return begin_to_graph(h ? h : CU_STREAM_PER_THREAD, g, deps, n, mode);
+    return begin_to_graph(ptsz_stream(h), g, deps, n, mode);
 }
 
 /* Is fork o (a stream of origin's capture) joined back into the origin? It
@@ -544,7 +541,7 @@ EXPORT CUresult cuStreamEndCapture(CUstream h, CUgraph *g) { CALLED(); return en
 EXPORT CUresult cuStreamEndCapture_ptsz(CUstream h, CUgraph *g)
 {
     CALLED();
-    return end_capture(h ? h : CU_STREAM_PER_THREAD, g);
+    return end_capture(ptsz_stream(h), g);
 }
 
 EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
@@ -690,15 +687,12 @@ EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent ev, unsigned int flags)
     return stream_wait_event(h, ev, flags);
 }
 
-/* The per-thread default stream's twin: cuda.h makes cuStreamWaitEvent
- * __CUDA_API_PTSZ(cuStreamWaitEvent) under CUDA_API_PER_THREAD_DEFAULT_STREAM
- * (nvcc --default-stream per-thread), and there stream 0 is the calling
- * thread's per-thread stream (CU_STREAM_PER_THREAD: "an implicit stream
- * with per-thread synchronization behavior", cuda.h). */
+/* CU_STREAM_PER_THREAD: "an implicit stream with per-thread
+ * synchronization behavior" (cuda.h); ptsz_stream says when it is meant. */
 EXPORT CUresult cuStreamWaitEvent_ptsz(CUstream h, CUevent ev, unsigned int flags)
 {
     CALLED();
-    return stream_wait_event(h ? h : CU_STREAM_PER_THREAD, ev, flags);
+    return stream_wait_event(ptsz_stream(h), ev, flags);
 }
 
 /* "CU_EVENT_INTERPROCESS must be specified along with
@@ -851,13 +845,10 @@ EXPORT CUresult cuEventRecord(CUevent h, CUstream s) { CALLED(); return event_re
 EXPORT CUresult cuEventRecord_ptsz(CUevent h, CUstream s)
 {
     CALLED();
-    return event_record(h, s ? s : CU_STREAM_PER_THREAD, 0);
+    return event_record(h, ptsz_stream(s), 0);
 }
 
-/* CUDA 11.1's record with flags (event_record above). cuda.h maps it to
- * __CUDA_API_PTSZ(cuEventRecordWithFlags) under
- * CUDA_API_PER_THREAD_DEFAULT_STREAM: in the _ptsz twin stream 0 is the
- * calling thread's per-thread stream. */
+/* CUDA 11.1's record with flags (event_record above). */
 EXPORT CUresult cuEventRecordWithFlags(CUevent h, CUstream s, unsigned int flags)
 {
     CALLED();
@@ -866,7 +857,7 @@ EXPORT CUresult cuEventRecordWithFlags(CUevent h, CUstream s, unsigned int flags
 EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent h, CUstream s, unsigned int flags)
 {
     CALLED();
-    return event_record(h, s ? s : CU_STREAM_PER_THREAD, flags);
+    return event_record(h, ptsz_stream(s), flags);
 }
 
 /* Lock held. */
@@ -994,10 +985,8 @@ EXPORT CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void *data)
     CALLED();
     return launch_host_func(h, fn, data);
 }
-/* cuda.h: __CUDA_API_PTSZ(cuLaunchHostFunc) under
- * CUDA_API_PER_THREAD_DEFAULT_STREAM; stream 0 is the per-thread stream. */
 EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream h, CUhostFn fn, void *data)
 {
     CALLED();
-    return launch_host_func(h ? h : CU_STREAM_PER_THREAD, fn, data);
+    return launch_host_func(ptsz_stream(h), fn, data);
 }
