@@ -489,13 +489,17 @@ int cmd_ab(int argc, char **argv)
             }
             break;
         case AB_ENV_A:
-        case AB_ENV_B:
-            if (!env_add_assignment(&arms[c == AB_ENV_B].env, optarg)) {
-                cli_bad_value("ab", c == AB_ENV_A ? "--env-a" : "--env-b", optarg,
-                              "NAME=VALUE");
+        case AB_ENV_B: {
+            /* Checked as --env is: a bad BFCSHIM_* value would otherwise
+             * show up only as the arm's exit status 78 in the table. */
+            int r = launch_env_assignment("ab", c == AB_ENV_A ? "--env-a" : "--env-b", optarg,
+                                          &arms[c == AB_ENV_B].env);
+            if (r == 0)
+                fprintf(stderr, "bfcshim ab: out of memory\n");
+            if (r <= 0)
                 goto out;
-            }
             break;
+        }
         case AB_METRIC: {
             int e = regcomp(&o.metric, optarg, REG_EXTENDED);
             if (e) {

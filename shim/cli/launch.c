@@ -279,27 +279,26 @@ static int add_checked(const char *cmd, const char *option, const char *name, co
     return env_add(e, name, value) ? 1 : 0;
 }
 
-/* --env NAME=VALUE: any variable for the program; a BFCSHIM_* one must be a
- * known name with a valid value. */
-static int add_assignment(const char *cmd, const char *arg, env_list *e)
+/* --env NAME=VALUE (launch.h). */
+int launch_env_assignment(const char *cmd, const char *option, const char *arg, env_list *e)
 {
     const char *eq = strchr(arg, '=');
     char name[256];
     size_t n = eq ? (size_t)(eq - arg) : 0;
     if (!eq || n == 0 || n >= sizeof name)
-        return cli_bad_value(cmd, "--env", arg, "NAME=VALUE"), -1;
+        return cli_bad_value(cmd, option, arg, "NAME=VALUE"), -1;
     memcpy(name, arg, n);
     name[n] = 0;
     if (strncmp(name, "BFCSHIM_", 8) == 0) {
         if (!env_var_find(name)) {
             char hint[160];
-            fprintf(stderr, "bfcshim %s: --env %s: not a bfcshim variable%s\n", cmd, name,
+            fprintf(stderr, "bfcshim %s: %s %s: not a bfcshim variable%s\n", cmd, option, name,
                     env_var_hint(name, hint, sizeof hint));
             return -1;
         }
-        char option[300];
-        snprintf(option, sizeof option, "--env %s", name);
-        return add_checked(cmd, option, name, eq + 1, e);
+        char named[300];
+        snprintf(named, sizeof named, "%s %s", option, name);
+        return add_checked(cmd, named, name, eq + 1, e);
     }
     return env_add_assignment(e, arg) ? 1 : 0;
 }
@@ -324,7 +323,7 @@ int launch_option(const char *cmd, int opt, const char *arg, env_list *e)
     case LOPT_LOG_LEVEL: r = add_checked(cmd, "--log-level", "BFCSHIM_LOG_LEVEL", arg, e); break;
     case LOPT_LOG_FILE: r = add_checked(cmd, "--log-file", "BFCSHIM_LOG_FILE", arg, e); break;
     case LOPT_NO_DRIVER_HOOKS: r = env_add(e, "BFCSHIM_DRIVER_HOOKS", "false"); break;
-    case LOPT_ENV: r = add_assignment(cmd, arg, e); break;
+    case LOPT_ENV: r = launch_env_assignment(cmd, "--env", arg, e); break;
     case LOPT_FAKE_GPU: r = add_fake_gpu(cmd, e); break;
     default: return 0;
     }

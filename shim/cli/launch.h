@@ -73,6 +73,10 @@ enum {
         {"env", required_argument, 0, LOPT_ENV},                                         \
         {"fake-gpu", no_argument, 0, LOPT_FAKE_GPU}
 int launch_option(const char *cmd, int opt, const char *arg, env_list *e);
+/* NAME=VALUE given with `option` (--env, or ab's --env-a and --env-b): any
+ * variable for the program; a BFCSHIM_* one must be a known name with a
+ * value the library accepts. 1 added, 0 out of memory, -1 refused (said). */
+int launch_env_assignment(const char *cmd, const char *option, const char *arg, env_list *e);
 /* Usage lines for those options. */
 extern const char launch_options_help[];
 

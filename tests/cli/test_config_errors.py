@@ -5,8 +5,10 @@ its first CUDA call with the variable, the value and what is accepted
 (exit 78), also on stderr when the log goes to a file;
 BFCSHIM_CONFIG_ERRORS=warn runs on with the defaults; an unknown BFCSHIM_*
 name gets the nearest known one; `bfcshim run` refuses bad --env values and
-options before starting anything."""
+options before starting anything, and `bfcshim ab` its --env-a and --env-b
+values as well."""
 import os
+import re
 import subprocess
 import sys
 
@@ -76,4 +78,23 @@ for argv, words in (
 p = run([bfcshim, "run", "--env", "MY_VAR=1", "--env", "BFCSHIM_FENCE_BYTES=32MiB", "--",
          program, "plain"])
 check(p.returncode == 0 and "plain: ok" in p.stdout, f"good --env values pass: {p.stderr}")
+
+# 6. so does bfcshim ab, for each arm's variables (--env-a, --env-b) too: a
+# bad one is refused before any run, not found as arm B's exit 78 in a table
+for argv, words in (
+        (["--env-b", "BFCSHIM_GC=maybe"], "--env-b BFCSHIM_GC 'maybe' is not true or false"),
+        (["--env-a", "BFCSHIM_MEM_FRACTON=0.5"],
+         "--env-a BFCSHIM_MEM_FRACTON: not a bfcshim variable; did you mean "
+         "BFCSHIM_MEM_FRACTION?"),
+        (["--env-b", "BFCSHIM_STATS_FILE=" + os.path.join(work, "no-such-dir", "s.json")],
+         "the folder"),
+        (["--env", "BFCSHIM_ALIGNMENT=3"], "--env BFCSHIM_ALIGNMENT '3' is not a power of two")):
+    p = run([bfcshim, "ab", "--repeat", "1", *argv, "--", program, "plain"])
+    check(p.returncode == 2 and words in p.stderr and "run 1/" not in p.stderr,
+          f"bfcshim ab {argv}: {p.returncode} {p.stderr}")
+p = run([bfcshim, "ab", "--repeat", "1", "--env-a", "MY_VAR=1", "--env-b",
+         "BFCSHIM_FENCE_BYTES=32MiB", "--", program, "plain"])
+# (arm A is the platform mode, where "plain" finds no pool: only B's exit counts)
+check("exit status" in p.stdout and re.search(r"B: bfcshim pool \.\.\. .*exit 0", p.stderr),
+      f"good --env-a/-b values pass: {p.stderr}")
 check.finish()
