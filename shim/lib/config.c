@@ -238,7 +238,11 @@ static void parse(void)
     int place = (int)cfg.placement; /* the table lists the engine's names in its order */
     get_choice("BFCSHIM_PLACEMENT", &place);
     cfg.placement = (bfc_placement)place;
-    get_size("BFCSHIM_INITIAL_REGION", &cfg.initial_region);
+    uint64_t first = 0;
+    get_size("BFCSHIM_INITIAL_REGION", &first);
+    cfg.initial_region_set = first > 0; /* given, and valid (above 0) */
+    if (cfg.initial_region_set)
+        cfg.initial_region = first;
     double every = -1;
     get_number("BFCSHIM_FENCE_INTERVAL", &every);
     cfg.fence_interval_set = every >= 0; /* given, and valid */

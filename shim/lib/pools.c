@@ -383,6 +383,16 @@ static shim_pool *create_pool(const real_driver *R, CUcontext ctx, CUdevice dev,
              sp->vmm_granule ? " over virtual memory" : "",
              sp->vmm_spread ? ", spread over twice its limit of address space" : "", took,
              cfg->free_policy == FREE_FENCED ? "fenced" : "immediate");
+    /* A growing pool over virtual memory maps granules as blocks land in
+     * one reserved range: it has no regions for an initial size to shape,
+     * and a setting that silently did nothing would leave the user
+     * believing it acted. */
+    static atomic_bool said_initial;
+    if (!up_front && sp->vmm_granule && cfg->initial_region_set)
+        shim_log_once(&said_initial, LOG_WARN,
+                      "BFCSHIM_INITIAL_REGION has no effect on a pool growing over virtual "
+                      "memory (it maps granules as blocks land); it sizes the first region "
+                      "only with BFCSHIM_VMM=off");
     if (up_front && !taken)
         shim_log(LOG_WARN, "device %d: could not take the %s pool up front; memory will be "
                            "taken as allocations need it",

@@ -88,6 +88,7 @@ typedef struct shim_config {
     uint64_t alignment;
     bfc_placement placement;
     uint64_t initial_region;
+    bool initial_region_set; /* BFCSHIM_INITIAL_REGION given: warned of over virtual memory */
     uint32_t fence_interval; /* allocations between fence seals (engine option) */
     bool fence_interval_set; /* BFCSHIM_FENCE_INTERVAL given: unordered pools seal at it */
     uint64_t fence_bytes;    /* bytes freed that trigger a seal sooner (engine option) */

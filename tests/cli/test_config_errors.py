@@ -65,6 +65,17 @@ check(p.returncode == 0, f"a lower-case name is not fatal: {p.stderr}")
 check("bfcshim_mem_fraction is not a bfcshim variable" in p.stderr and
       "did you mean BFCSHIM_MEM_FRACTION?" in p.stderr, f"lower case: {p.stderr}")
 
+# ... and a valid setting that cannot act here says so instead of doing
+# nothing: a growing pool over virtual memory has no regions to size
+p = run([program, "trim"], BFCSHIM_PREALLOCATE="false", BFCSHIM_INITIAL_REGION="64MiB")
+check(p.returncode == 0, f"runs: {p.returncode} {p.stderr}")
+check("BFCSHIM_INITIAL_REGION has no effect" in p.stderr and "BFCSHIM_VMM=off" in p.stderr,
+      f"the initial region over virtual memory is said to do nothing: {p.stderr}")
+p = run([program, "trim"], BFCSHIM_PREALLOCATE="false", BFCSHIM_VMM="off",
+        BFCSHIM_INITIAL_REGION="64MiB")
+check(p.returncode == 0 and "BFCSHIM_INITIAL_REGION" not in p.stderr,
+      f"without virtual memory it acts, silently: {p.stderr}")
+
 # 5. bfcshim run checks --env and options before launching
 for argv, words in (
         (["--env", "BFCSHIM_MEM_FRACTION=2"], "--env BFCSHIM_MEM_FRACTION '2' is not a number"),
