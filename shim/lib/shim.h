@@ -953,7 +953,7 @@ void record_flush_at_exit(void);
 void record_after_fork_child(void);
 
 /* BFCSHIM_STATS_FILE / BFCSHIM_STATS. */
-bool stats_write_file(const char *path);
+bool stats_write_file(const char *path, const char *who);
 void stats_write_summary(int fd);
 /* Called on the allocation path: writes the stats file when the user asked
  * for it by creating STATS_FILE.request (checked every 1024 allocations). */

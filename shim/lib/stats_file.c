@@ -254,7 +254,7 @@ static void write_json(FILE *f)
 /* A FIFO, a device or a link of the user's own (out_file_in_place): the
  * stats go into it, as into the log file. Opened without blocking, so that
  * a FIFO nobody reads is refused (ENXIO) rather than hang the exit. */
-static bool write_in_place(const char *path)
+static bool write_in_place(const char *path, const char *who)
 {
     char why[160];
     int fd = out_file_open(path, O_TRUNC | O_NONBLOCK);
@@ -274,17 +274,17 @@ static bool write_in_place(const char *path)
             return true;
     }
     out_file_why(path, errno, why, sizeof why);
-    shim_log(LOG_ERROR, "BFCSHIM_STATS_FILE: %s %s; not written", path, why);
+    shim_log(LOG_ERROR, "%s: %s %s; not written", who, path, why);
     return false;
 }
 
-bool stats_write_file(const char *pattern)
+bool stats_write_file(const char *pattern, const char *who)
 {
     char path[4096], tmp[4200], why[160];
     if (!pattern || !shim_expand_path(pattern, path, sizeof path))
         return false;
     if (out_file_in_place(path))
-        return write_in_place(path);
+        return write_in_place(path, who);
     /* Written aside and renamed, so a reader never sees half a file. The
      * temporary is a new file of a name nobody could know ahead
      * (out_file.h): a predictable one (it was PATH.tmp<pid>) let another
@@ -297,8 +297,8 @@ bool stats_write_file(const char *pattern)
             close(fd);
             unlink(tmp);
         }
-        shim_log(LOG_ERROR, "BFCSHIM_STATS_FILE: cannot create a file next to %s (%s); not written",
-                 path, strerror(e));
+        shim_log(LOG_ERROR, "%s: cannot create a file next to %s (%s); not written", who, path,
+                 strerror(e));
         return false;
     }
     write_json(f);
@@ -306,14 +306,17 @@ bool stats_write_file(const char *pattern)
     if (!ok) {
         out_file_why(path, errno, why, sizeof why);
         unlink(tmp);
-        shim_log(LOG_ERROR, "BFCSHIM_STATS_FILE: %s %s; not written", path, why);
+        shim_log(LOG_ERROR, "%s: %s %s; not written", who, path, why);
     }
     return ok;
 }
 
 SHIM_EXPORT int bfcshim_write_stats(const char *path)
 {
-    return stats_write_file(path ? path : shim_config_get()->stats_file) ? 0 : -1;
+    /* The log names what the caller asked for: a path given here is not
+     * BFCSHIM_STATS_FILE's. */
+    return stats_write_file(path ? path : shim_config_get()->stats_file,
+                            path ? "bfcshim_write_stats" : "BFCSHIM_STATS_FILE") ? 0 : -1;
 }
 
 SHIM_EXPORT size_t bfcshim_stats_json(char *buf, size_t size)
@@ -376,7 +379,7 @@ void stats_poll_request(void)
     snprintf(req, sizeof req, "%s.request", path);
     struct stat st;
     if (lstat(req, &st) == 0 && request_is_ours(req, &st) && unlink(req) == 0)
-        stats_write_file(pattern);
+        stats_write_file(pattern, "BFCSHIM_STATS_FILE");
 }
 
 static void pool_summary(void *arg, shim_pool *sp, const pool_figures *pf)
@@ -475,7 +478,7 @@ void stats_at_exit(void)
     if (cfg->plan_path)
         each_pool(plan_verdict, NULL);
     if (cfg->stats_file)
-        stats_write_file(cfg->stats_file);
+        stats_write_file(cfg->stats_file, "BFCSHIM_STATS_FILE");
     if (cfg->stats_summary)
         stats_write_summary(STDERR_FILENO);
 }

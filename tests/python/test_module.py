@@ -45,6 +45,10 @@ check(plug.get("free_total_current") == plug.get("free_total"), "device -1: the 
 check(plug.get("written") == 1, "write_stats wrote the same statistics")
 check(plug.get("bad_paths") == ["ValueError", "OSError"],
       f"write_stats(''): ValueError; an unwritable path: OSError: {plug.get('bad_paths')}")
+# The library's line names the call that asked, not BFCSHIM_STATS_FILE (unset here).
+plug_log = open(os.path.join(work, "plugin.log")).read()
+check("bfcshim_write_stats: " in plug_log and "BFCSHIM_STATS_FILE" not in plug_log,
+      f"the unwritable path's log line names bfcshim_write_stats: {plug_log[-600:]}")
 check(plug.get("free") == 0 and plug.get("trimmed", 0) >= 8 * MiB and
       plug.get("after_trim") == 0, f"free then trim gives the region back: {plug}")
 check("CudaError" in plug.get("bad_device", "") and
