@@ -131,7 +131,7 @@ static void write_hint(FILE *f, const shim_config *cfg, const bfc_stats *st,
             format_size(st->bytes_limit, b, sizeof b));
     if (need <= 1.0 && st->bytes_limit < total)
         fprintf(f, "hint: raise the limit: this request needs at least "
-                   "BFCSHIM_MEM_FRACTION=%.2f (now %.2f) of the device's %s, or a "
+                   "BFCSHIM_MEM_FRACTION=%.2f (now %.2g) of the device's %s, or a "
                    "BFCSHIM_MEM_LIMIT of %s or more.\n",
                 need + 0.005, (double)st->bytes_limit / (double)total,
                 format_size(total, c, sizeof c),

@@ -372,13 +372,23 @@ static shim_pool *create_pool(const real_driver *R, CUcontext ctx, CUdevice dev,
     const uint64_t taken = up_front ? take_up_front(sp) : 0;
     /* what the pool maps up front over virtual memory: whole granules */
     const uint64_t whole = sp->vmm_granule ? limit / sp->vmm_granule * sp->vmm_granule : limit;
-    char lim[32], tot[32], got[32], took[48] = "";
+    char lim[32], tot[32], got[32], asked[32], took[48] = "", why[128];
     if (taken && taken >= whole)
         snprintf(took, sizeof took, " (taken in %.1f ms)", (double)sp->prealloc_us / 1e3);
-    shim_log(LOG_INFO, "device %d: pool of %s (%s of %s), %s%s%s%s, free policy %s", (int)dev,
-             format_size(limit, lim, sizeof lim),
-             cfg->mem_limit ? "BFCSHIM_MEM_LIMIT" : "BFCSHIM_MEM_FRACTION",
-             format_size(total, tot, sizeof tot),
+    /* Where the figure came from, in the user's own terms: a limit the
+     * device cannot hold is said to be capped, not printed as if it were
+     * the device's size. */
+    format_size(total, tot, sizeof tot);
+    if (!cfg->mem_limit)
+        snprintf(why, sizeof why, "BFCSHIM_MEM_FRACTION=%g of the device's %s", cfg->mem_fraction,
+                 tot);
+    else if (cfg->mem_limit > total)
+        snprintf(why, sizeof why, "BFCSHIM_MEM_LIMIT=%s, capped at the device's %s",
+                 format_size(cfg->mem_limit, asked, sizeof asked), tot);
+    else
+        snprintf(why, sizeof why, "BFCSHIM_MEM_LIMIT of the device's %s", tot);
+    shim_log(LOG_INFO, "device %d: pool of %s (%s), %s%s%s%s, free policy %s", (int)dev,
+             format_size(limit, lim, sizeof lim), why,
              up_front ? "preallocated" : "growing on demand",
              sp->vmm_granule ? " over virtual memory" : "",
              sp->vmm_spread ? ", spread over twice its limit of address space" : "", took,

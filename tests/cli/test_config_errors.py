@@ -108,4 +108,17 @@ p = run([bfcshim, "ab", "--repeat", "1", "--env-a", "MY_VAR=1", "--env-b",
 # (arm A is the platform mode, where "plain" finds no pool: only B's exit counts)
 check("exit status" in p.stdout and re.search(r"B: bfcshim pool \.\.\. .*exit 0", p.stderr),
       f"good --env-a/-b values pass: {p.stderr}")
+# 7. the pool's creation line says where its size came from in the user's
+# terms: a limit past the device is said to be capped (it read "MEM_LIMIT of
+# 1.00 GiB", the device's size, as if that were the limit), and an
+# out-of-memory hint gives a tiny fraction's value, not "now 0.00"
+p = run([program, "plain"], BFCSHIM_LOG_LEVEL="info", BFCSHIM_MEM_LIMIT="40GiB")
+check("pool of 1.00 GiB (BFCSHIM_MEM_LIMIT=40.0 GiB, capped at the device's 1.00 GiB)"
+      in p.stderr, f"a capped limit is said to be capped: {p.stderr}")
+p = run([program, "plain"], BFCSHIM_LOG_LEVEL="info", BFCSHIM_MEM_FRACTION="0.5")
+check("pool of 512 MiB (BFCSHIM_MEM_FRACTION=0.5 of the device's 1.00 GiB)" in p.stderr,
+      f"a fraction is named with its value: {p.stderr}")
+p = run([program, "plain"], BFCSHIM_MEM_FRACTION="0.000001")
+check("(now 0.002)" in p.stderr and "now 0.00)" not in p.stderr,
+      f"the hint names the fraction in force: {p.stderr}")
 check.finish()
