@@ -747,6 +747,14 @@ bfc_status bfc_pool_alloc(bfc_pool *p, uint64_t size, uint32_t lane_id,
         s = BFC_ERR_BAD_LANE;
         goto out;
     }
+    /* Two records for an aligned carve's gap and remainder, one for a new
+     * region, one map slot: reserved before anything changes (the seals
+     * and retirements below included), so that a failure leaves the pool
+     * as it was. Retiring only gives records back. */
+    if (!chunk_store_reserve(&p->chunks, 3) || !live_index_reserve(&p->live, &p->chunks, 1)) {
+        s = BFC_ERR_HOST_MEMORY;
+        goto out;
+    }
     /* Deferred frees: fence what was freed since the last fencing, and
      * retire what the GPU has finished since (every fence_interval-th
      * allocation, or once fence_bytes were freed; the slow path does both
@@ -766,12 +774,6 @@ bfc_status bfc_pool_alloc(bfc_pool *p, uint64_t size, uint32_t lane_id,
     if (p->open_epochs && lanes_lazy_due(p)) {
         lanes_seal_all(p, true);
         lanes_poll(p);
-    }
-    /* Two records for an aligned carve's gap and remainder, one for a new
-     * region, one map slot. */
-    if (!chunk_store_reserve(&p->chunks, 3) || !live_index_reserve(&p->live, &p->chunks, 1)) {
-        s = BFC_ERR_HOST_MEMORY;
-        goto out;
     }
     uint32_t c = CHUNK_NIL;
     if (__builtin_expect(p->plan != NULL, 0))

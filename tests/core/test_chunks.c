@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "chunks.h"
-#include "harness.h"
+#include "pool_fixture.h"
 
 /*
  * The store grows with realloc, which only promises 16-byte alignment: a
@@ -14,7 +14,8 @@
  * do so on their own (glibc's large blocks are mapped, always 16 bytes past
  * a page), so this program wraps malloc, realloc and free (--wrap), and
  * while `shifting`, its realloc moves every block to one 16 bytes further
- * from a line than the last.
+ * from a line than the last. While `refusing`, realloc fails (the store
+ * can grow only through it), as when host memory runs out.
  */
 void *__real_malloc(size_t n);
 void *__real_realloc(void *p, size_t n);
@@ -23,7 +24,7 @@ void *__wrap_malloc(size_t n);
 void *__wrap_realloc(void *p, size_t n);
 void __wrap_free(void *p);
 
-static bool shifting;
+static bool shifting, refusing;
 static int shifted_moves;
 static struct {
     char *block, *user; /* what malloc gave, what realloc returned */
@@ -46,6 +47,8 @@ void *__wrap_malloc(size_t n)
 
 void *__wrap_realloc(void *p, size_t n)
 {
+    if (refusing)
+        return NULL;
     if (!shifting || !p)
         return __real_realloc(p, n);
     size_t old = p == moved.user ? moved.n : p == last_malloc.p ? last_malloc.n : 0;
@@ -119,9 +122,71 @@ static void growth_to_another_offset_slides_the_records(void)
     shifting = false;
 }
 
+/* Deferred frees whose fences never complete, counting the seals made. */
+static uint64_t seals;
+
+static bool count_seal(void *ctx, uint32_t lane, uint64_t token)
+{
+    (void)ctx, (void)lane, (void)token;
+    seals++;
+    return true;
+}
+
+static bool never_done(void *ctx, uint32_t lane, uint64_t token, bool wait)
+{
+    (void)ctx, (void)lane, (void)token, (void)wait;
+    return false;
+}
+
+/* BFC_ERR_HOST_MEMORY from an allocation leaves the pool as it was: the
+ * records are reserved before the allocation seals epochs (the fence
+ * interval's seal, a lazy lane's share) or retires anything. Each step
+ * frees a block into a deferred lane and allocates again with realloc
+ * refusing, until the store must grow for that allocation. */
+static void refused_records_change_nothing(void)
+{
+    fixture f;
+    fixture_begin(&f, 64 * MiB);
+    f.opt.fence_interval = 1;
+    bfc_backend b = sim_device_backend(&f.dev);
+    b.fence_seal = count_seal;
+    b.fence_done = never_done;
+    fixture_start_with(&f, &b);
+    uint32_t lane;
+    REQUIRE(bfc_pool_lane_open(f.pool, false, &lane) == BFC_OK);
+    /* The first allocation makes the region (its table grows by realloc). */
+    bfc_addr first = 0;
+    REQUIRE(bfc_pool_alloc(f.pool, 256, BFC_NO_LANE, &first) == BFC_OK);
+    CHECK_EQ(bfc_pool_free_deferred(f.pool, first, lane), BFC_OK);
+    bool refused = false;
+    for (int i = 0; i < 100000 && !refused; i++) {
+        bfc_stats before = stats_of(&f);
+        const uint64_t seals_before = seals;
+        bfc_addr a = 0;
+        refusing = true;
+        bfc_status s = bfc_pool_alloc(f.pool, 256, BFC_NO_LANE, &a);
+        refusing = false;
+        if (s == BFC_ERR_HOST_MEMORY) {
+            refused = true;
+            bfc_stats after = stats_of(&f);
+            CHECK_EQ(seals, seals_before);
+            CHECK_EQ(after.num_pending_chunks, before.num_pending_chunks);
+            CHECK(memcmp(&before, &after, sizeof before) == 0);
+            break;
+        }
+        REQUIRE(s == BFC_OK);
+        CHECK_EQ(bfc_pool_free_deferred(f.pool, a, lane), BFC_OK);
+    }
+    CHECK(refused); /* else this case tested nothing */
+    CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+    bfc_pool_destroy(f.pool, true);
+    CHECK_EQ(f.dev.held, 0);
+}
+
 int main(void)
 {
     RUN(records_start_on_cache_lines);
     RUN(growth_to_another_offset_slides_the_records);
+    RUN(refused_records_change_nothing);
     return harness_result();
 }
