@@ -200,21 +200,26 @@ uint64_t backing_release(bfc_pool *p, region *r, bfc_addr lo, bfc_addr hi, int *
     return released;
 }
 
-uint64_t backing_release_free(bfc_pool *p)
+static uint64_t release_free_gated(bfc_pool *p, int *gate)
 {
     uint64_t released = 0;
-    int gate = 0;
     for (uint32_t ri = 0; ri < p->nregions; ri++) {
         region *r = &p->regions[ri];
         for (uint32_t c = r->first; c != CHUNK_NIL; c = C(p, c)->next) {
             const chunk *cc = C(p, c);
             if (cc->state == CHUNK_FREE && cc->size >= p->opt.map_granularity)
-                released += backing_release(p, r, cc->addr, cc->addr + cc->size, &gate);
-            if (gate < 0)
+                released += backing_release(p, r, cc->addr, cc->addr + cc->size, gate);
+            if (*gate < 0)
                 return released;
         }
     }
     return released;
+}
+
+uint64_t backing_release_free(bfc_pool *p)
+{
+    int gate = 0;
+    return release_free_gated(p, &gate);
 }
 
 /* Gives back at most `want` bytes (whole granules, rounded up) of the mapped
@@ -253,12 +258,16 @@ static int larger_chunk_first(const void *a, const void *b)
     return x->addr > y->addr ? -1 : x->addr < y->addr; /* then the higher */
 }
 
-uint64_t backing_release_some(bfc_pool *p, uint64_t want)
+uint64_t backing_release_some(bfc_pool *p, uint64_t want, bool *refused)
 {
     size_t n = 0, cap = 64;
+    int gate = 0;
+    uint64_t released = 0;
     release_candidate *order = malloc(cap * sizeof *order);
-    if (!order)
-        return backing_release_free(p);
+    if (!order) {
+        released = release_free_gated(p, &gate);
+        goto out;
+    }
     for (uint32_t ri = 0; ri < p->nregions; ri++)
         for (uint32_t c = p->regions[ri].first; c != CHUNK_NIL; c = C(p, c)->next) {
             const chunk *cc = C(p, c);
@@ -268,7 +277,8 @@ uint64_t backing_release_some(bfc_pool *p, uint64_t want)
                 release_candidate *more = realloc(order, 2 * cap * sizeof *order);
                 if (!more) {
                     free(order);
-                    return backing_release_free(p);
+                    released = release_free_gated(p, &gate);
+                    goto out;
                 }
                 order = more;
                 cap *= 2;
@@ -276,12 +286,13 @@ uint64_t backing_release_some(bfc_pool *p, uint64_t want)
             order[n++] = (release_candidate){cc->size, cc->addr, c, ri};
         }
     qsort(order, n, sizeof *order, larger_chunk_first);
-    uint64_t released = 0;
-    int gate = 0;
     for (size_t k = 0; k < n && released < want && gate >= 0; k++)
         released += release_top_of(p, &p->regions[order[k].region], order[k].c, want - released,
                                    &gate);
     free(order);
+out:
+    if (refused)
+        *refused = gate < 0;
     return released;
 }
 

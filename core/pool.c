@@ -532,7 +532,7 @@ static bool map_under_pressure(bfc_pool *p, region *r, bfc_addr lo, bfc_addr hi)
 {
     uint64_t missing = backing_missing(p, r, lo, hi);
     uint64_t room = p->opt.limit_bytes - p->st.pool_bytes;
-    if (missing > room && backing_release_some(p, missing - room) >= missing - room &&
+    if (missing > room && backing_release_some(p, missing - room, NULL) >= missing - room &&
         backing_map(p, r, lo, hi))
         return true;
     /* Mapped bytes when the last attempt failed: try again only once some
@@ -603,7 +603,7 @@ static __attribute__((noinline)) void stay_within_headroom(bfc_pool *p, uint32_t
     const uint64_t over = p->st.pool_bytes + missing - cap;
     if (p->backend.keep)
         p->backend.keep(p->backend.ctx, true);
-    if (backing_release_some(p, over < missing ? over : missing)) {
+    if (backing_release_some(p, over < missing ? over : missing, NULL)) {
         p->st.num_growth_moves++;
         if (p->growth_headroom < BFC_MAX_GROWTH_HEADROOM)
             p->growth_headroom += p->opt.growth_headroom_step;
@@ -930,13 +930,16 @@ bfc_status bfc_pool_lend(bfc_pool *p, uint64_t bytes)
         s = BFC_ERR_OOM;
     } else {
         const uint64_t most = p->opt.limit_bytes - bytes; /* what the pool may hold then */
-        bool polled = false;
+        bool polled = false, refused = false;
         while (p->st.pool_bytes > most) {
             if (p->opt.vmm)
-                backing_release_some(p, p->st.pool_bytes - most);
+                backing_release_some(p, p->st.pool_bytes - most, &refused);
             else
                 region_release_empty(p);
-            if (p->st.pool_bytes > most && !retire_or_wait(p, &polled)) {
+            /* A closed gate (release_ready: "not now") keeps whatever the
+             * fences would retire mapped too: waiting for them cannot help,
+             * only hold the lock. */
+            if (p->st.pool_bytes > most && (refused || !retire_or_wait(p, &polled))) {
                 s = BFC_ERR_OOM;
                 break;
             }

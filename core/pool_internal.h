@@ -230,8 +230,10 @@ uint64_t backing_release_free(bfc_pool *p);
  * many as there are, from the largest free chunks first, each from its top.
  * Best fit fills the smallest hole that holds a block, so the largest
  * free chunks are the last to be carved again: their granules are the ones
- * least likely to be mapped again soon. Returns the bytes. */
-uint64_t backing_release_some(bfc_pool *p, uint64_t want);
+ * least likely to be mapped again soon. Returns the bytes; *refused
+ * (unless NULL) says whether release_ready said "not now", so that nothing
+ * more can go back in this call. */
+uint64_t backing_release_some(bfc_pool *p, uint64_t want, bool *refused);
 /* Bytes of the granules under [lo, hi) that are not mapped. */
 uint64_t backing_missing(const bfc_pool *p, const region *r, bfc_addr lo, bfc_addr hi);
 /* Calls fn for the pieces of [lo, hi) that lie on runs of mapped and of

@@ -484,12 +484,14 @@ static void releases_wait_for_the_backend(void)
 }
 
 /* The simulated GPU: fences up to `gpu_done` have completed; a blocking
- * wait completes the token waited for. */
+ * wait completes the token waited for. `waits` counts the blocking calls. */
 static uint64_t gpu_done;
+static int waits;
 
 static bool fence_done(void *ctx, uint32_t lane, uint64_t token, bool wait)
 {
     (void)ctx, (void)lane;
+    waits += wait;
     if (wait && token > gpu_done)
         gpu_done = token;
     return token <= gpu_done;
@@ -849,6 +851,54 @@ static void loans_come_out_of_the_limit(void)
     must_free(&f, d);
     bfc_pool_lane_close(f.pool, lane);
     vmm_end(&f);
+}
+
+/* A loan needs memory given back; the backend answers "not now"
+ * (release_ready: a capture under way) while fences are pending. Waiting
+ * for them cannot help, since what they retire cannot go back either: the
+ * loan is refused without waiting once the gate has said no, and with
+ * nothing yet to ask about, after the one wait that gives it something.
+ * With the gate open the same loan waits for the fences it needs and is
+ * granted. */
+static void a_closed_gate_stops_a_loan_waiting(void)
+{
+    for (int free_first = 1; free_first >= 0; free_first--) {
+        fixture f;
+        vmm_begin(&f, 16 * MiB);
+        gpu_done = 0;
+        bfc_backend be = sim_device_vmm_backend(&f.dev);
+        be.fence_done = fence_done;
+        be.release_ready = release_ready;
+        fixture_start_with(&f, &be);
+        uint32_t lane = 0;
+        CHECK_EQ(bfc_pool_lane_open(f.pool, false, &lane), BFC_OK);
+        bfc_addr a[4], e = must_alloc(&f, 2 * MiB);
+        for (int i = 0; i < 4; i++)
+            a[i] = must_alloc(&f, 2 * MiB);
+        for (int i = 0; i < 4; i++)
+            CHECK_EQ(bfc_pool_free_fenced(f.pool, a[i], lane, (uint64_t)i + 1), BFC_OK);
+        if (free_first)
+            must_free(&f, e); /* mapped free space: the gate is asked at once */
+        ready = false;
+        asks = waits = 0;
+        CHECK_EQ(bfc_pool_lend(f.pool, 14 * MiB), BFC_ERR_OOM);
+        CHECK_EQ(waits, free_first ? 0 : 1);
+        CHECK(asks >= 1);
+        bfc_stats s = stats_of(&f);
+        CHECK_EQ(s.bytes_lent, 0);
+        CHECK_EQ(s.pool_bytes, 10 * MiB);
+        CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+        if (!free_first)
+            must_free(&f, e);
+        ready = true;
+        waits = 0;
+        CHECK_EQ(bfc_pool_lend(f.pool, 14 * MiB), BFC_OK);
+        CHECK_EQ(waits, free_first ? 3 : 2); /* the last fence need not be */
+        CHECK_EQ(stats_of(&f).pool_bytes, 2 * MiB); /* what the loan leaves */
+        bfc_pool_end_loan(f.pool, 14 * MiB);
+        bfc_pool_lane_close(f.pool, lane);
+        vmm_end(&f);
+    }
 }
 
 /* Best fit ignores backing: the smallest hole may need more granules mapped
@@ -1423,6 +1473,7 @@ int main(void)
     RUN(mapping_waits_for_pending_frees_first);
     RUN(refused_mapping_leaves_the_pool_as_it_was);
     RUN(limit_bounds_mapped_bytes_not_address_space);
+    RUN(a_closed_gate_stops_a_loan_waiting);
     RUN(free_space_counts_only_what_the_limit_backs);
     RUN(preallocation_maps_the_limit_at_once);
     RUN(loans_come_out_of_the_limit);
