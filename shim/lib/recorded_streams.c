@@ -11,8 +11,21 @@
  * sequence number, so that an entry left behind by a free that did not pass
  * here (another door, or its pool's context's end) is recognised as stale,
  * never applied to the next block at that address, and is forgotten when
- * the table is full (rs_sweep_locked). A free asks the table only while it holds an entry
- * (one atomic load otherwise: nothing for programs that never record).
+ * the table is full (rs_sweep_locked). A free asks the table only while it
+ * holds an entry or a record was dropped (one atomic load otherwise:
+ * nothing for programs that never record).
+ *
+ * A record that cannot be kept (RS_MAX_LIVE live recorded blocks after the
+ * sweep, or no host memory) is not lost: it raises a mark of the block's
+ * pool (rs_drop_locked), the highest allocation sequence number of a block
+ * with a dropped record. The block is known by address only, and sequence
+ * numbers only grow, so every block of the pool allocated up to the mark
+ * is freed as if so recorded (a stream of the pool's context: a plain
+ * free; another context's: kept), and blocks allocated after it are not
+ * concerned: the degrade ends with the blocks live at the drop, at the
+ * cost of one lookup of the block at each free while any mark is set
+ * (e2e_api torch-record-full). A sticky flag would fence every later free
+ * for good; a count of dropped records could not tell which free ends one.
  *
  * At the free on stream S, for each recorded stream r other than S (cuda.h
  * references beside each case):
@@ -69,7 +82,32 @@ typedef struct rs_entry {
 static pthread_mutex_t rs_lock = PTHREAD_MUTEX_INITIALIZER;
 static ptr_map rs_blocks; /* block address -> its rs_entry (malloc'd) */
 static bool rs_ready;
-static atomic_size_t rs_live; /* rs_blocks.count, read without the lock by frees */
+static size_t rs_degraded;     /* pools with a dropped record's mark (never fewer) */
+/* rs_blocks.count + rs_degraded, read without the lock by frees: 0 while
+ * no free has anything to ask */
+static atomic_size_t rs_live;
+
+static void rs_publish_locked(void)
+{
+    atomic_store_explicit(&rs_live, (rs_ready ? rs_blocks.count : 0) + rs_degraded,
+                          memory_order_relaxed);
+}
+
+/* With rs_lock held: the record of stream rec for block seq of sp could
+ * not be kept. Every block of sp allocated up to seq (the dropped one among
+ * them) is freed as if so recorded, by its allocation sequence number: a
+ * stream of sp's context, a plain free; another context's stream, kept.
+ * Blocks allocated after the drop are not concerned. */
+static void rs_drop_locked(shim_pool *sp, uint64_t seq, const rs_stream *rec)
+{
+    if (!atomic_load(&sp->rs_drop_plain) && !atomic_load(&sp->rs_drop_keep)) {
+        rs_degraded++;
+        rs_publish_locked();
+    }
+    atomic_uint_fast64_t *mark = rec->ctx == sp->ctx ? &sp->rs_drop_plain : &sp->rs_drop_keep;
+    if (atomic_load(mark) < seq)
+        atomic_store(mark, seq);
+}
 
 /* Does entry e still name a live block: its pool still owns the address
  * (a forgotten pool is never dereferenced), and the block there is the one
@@ -97,7 +135,7 @@ static void rs_sweep_locked(void)
             stale[n++] = rs_blocks.slots[i].key;
     for (size_t k = 0; k < n; k++)
         free((rs_entry *)(uintptr_t)ptr_map_take(&rs_blocks, stale[k]));
-    atomic_store_explicit(&rs_live, rs_blocks.count, memory_order_relaxed);
+    rs_publish_locked();
 }
 
 void recorded_stream_add(shim_pool *sp, CUdeviceptr p, uint64_t seq, CUstream s,
@@ -128,22 +166,26 @@ void recorded_stream_add(shim_pool *sp, CUdeviceptr p, uint64_t seq, CUstream s,
         if (rs_ready && rs_blocks.count >= RS_MAX_LIVE)
             rs_sweep_locked();
         if (rs_ready && rs_blocks.count >= RS_MAX_LIVE) {
+            rs_drop_locked(sp, seq, &rec);
             pthread_mutex_unlock(&rs_lock);
             static atomic_bool said;
             shim_log_once(&said, LOG_ERROR,
-                          "%s: more than %d live blocks recorded on other streams; this one's "
-                          "stream is not honoured (logged once)", api, RS_MAX_LIVE);
+                          "%s: more than %d live blocks recorded on other streams; the "
+                          "blocks of this pool allocated so far are freed as plain frees, or "
+                          "kept (logged once)", api, RS_MAX_LIVE);
             return;
         }
         if (!rs_ready || !ptr_map_reserve(&rs_blocks, 1) || !(e = calloc(1, sizeof *e))) {
+            rs_drop_locked(sp, seq, &rec);
             pthread_mutex_unlock(&rs_lock);
             shim_log(LOG_ERROR, "%s: no host memory for the recorded streams' table; the "
-                                "stream is not honoured", api);
+                                "blocks of this pool allocated so far are freed as plain "
+                                "frees, or kept", api);
             return;
         }
         *e = (rs_entry){.ptr = (uintptr_t)p, .sp = sp, .seq = seq};
         ptr_map_put(&rs_blocks, p, (uintptr_t)e);
-        atomic_store_explicit(&rs_live, rs_blocks.count, memory_order_relaxed);
+        rs_publish_locked();
     }
     e->plain |= plain;
     bool known = false;
@@ -203,18 +245,29 @@ rs_verdict recorded_streams_before_free(shim_pool *sp, CUdeviceptr p, bool strea
     rs_entry e = {0};
     pthread_mutex_lock(&rs_lock);
     rs_entry *taken = rs_ready ? (rs_entry *)(uintptr_t)ptr_map_take(&rs_blocks, p) : NULL;
-    atomic_store_explicit(&rs_live, rs_ready ? rs_blocks.count : 0, memory_order_relaxed);
+    rs_publish_locked();
     pthread_mutex_unlock(&rs_lock);
     if (taken) {
         e = *taken;
         free(taken);
     }
-    if (!e.ptr || e.sp != sp || !rs_entry_live(&e))
-        return RS_AS_ASKED; /* none, or a stale one (not this block's) */
+    const bool live = e.ptr && e.sp == sp && rs_entry_live(&e); /* else none, or stale */
+    /* Dropped records (rs_drop_locked): the block is one of them if it was
+     * allocated no later than the last drop in its pool. */
+    const uint64_t drop_plain = atomic_load(&sp->rs_drop_plain),
+                   drop_keep = atomic_load(&sp->rs_drop_keep);
+    if (!live) {
+        bfc_live_info li;
+        if ((!drop_plain && !drop_keep) || bfc_pool_block(sp->bfc, p, &li) != BFC_OK ||
+            li.addr != p)
+            return RS_AS_ASKED;
+        e = (rs_entry){.ptr = (uintptr_t)p, .sp = sp, .seq = li.seq};
+    }
     const real_driver *R = real_driver_get();
     if (!R)
         return RS_AS_ASKED;
-    bool plain = e.plain, keep = false;
+    e.plain |= e.seq <= drop_plain;
+    bool plain = e.plain, keep = e.seq <= drop_keep;
     /* Questions and records under the streams' read lock: no stream of
      * this registry is destroyed, and no seen capture begins, in between
      * (a capture begun unseen, as a plug-in, is the program's race). */
@@ -252,7 +305,8 @@ rs_verdict recorded_streams_before_free(shim_pool *sp, CUdeviceptr p, bool strea
         static atomic_bool said;
         shim_log_once(&said, LOG_WARN,
                       "%s(0x%llx): recorded on another context's stream that is destroyed or "
-                      "capturing: the block is kept until exit (logged once)",
+                      "capturing, or whose record was dropped: the block is kept until exit "
+                      "(logged once)",
                       api, (unsigned long long)p);
         return RS_KEEP;
     }

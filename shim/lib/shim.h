@@ -344,6 +344,12 @@ typedef struct shim_pool {
     /* an event recorded once on the legacy stream, which a stream-ordered
      * free there makes the legacy stream wait for (fences_legacy_order) */
     _Atomic(CUevent) legacy_order_event;
+    /* recorded_streams.c: the highest allocation sequence number of a
+     * block whose Tensor.record_stream was dropped (the table full, or no
+     * host memory), 0 if none: on a stream of this pool's context (its
+     * free is made plain), on another context's stream (the block is
+     * kept). Only ever raised; written under the table's lock */
+    atomic_uint_fast64_t rs_drop_plain, rs_drop_keep;
     /* passthrough counters */
     atomic_uint_fast64_t passthrough_allocs;
     /* found held by another thread at exit (record.c, stats_file.c): the

@@ -44,6 +44,9 @@
  *              still waits for its fence
  *   torch-record-stale  2100 recorded blocks freed through cuMemFree (their
  *              entries left behind): a later record is still honoured
+ *   torch-record-full  a record dropped because 2048 live recorded blocks
+ *              fill the table: its block is still not handed out under
+ *              the recorded stream's work
  *   dead-stream  bfcshim_free_async on a stream destroyed since: no call on
  *              the dead handle, and the block is reused once its work is done
  *   stats-nomem  bfcshim_stats_json when its document cannot be made (no
@@ -541,6 +544,38 @@ static void torch_record_stale(void)
     CHECK_EQ(D.StreamDestroy(c), CUDA_SUCCESS);
 }
 
+/* More live recorded blocks than the table holds (2048): the record that
+ * finds it full is dropped, and its block's free must still not hand it out
+ * under the recorded stream's queued work (before: logged once, then freed
+ * in its own stream's order as if never recorded). */
+static void torch_record_full(void)
+{
+    start();
+    CUstream a, b, c;
+    CHECK_EQ(D.StreamCreate(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&c, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    enum { N = 2048 };
+    static void *blk[N];
+    for (int i = 0; i < N; i++) {
+        blk[i] = bfcshim_torch_alloc(64 * 1024, 0, a);
+        CHECK(blk[i] != NULL);
+        record_stream(blk[i], b);
+    }
+    void *t = bfcshim_torch_alloc(4 * MiB, 0, a);
+    CHECK(t != NULL);
+    CHECK_EQ(F->launch(b, noop, NULL), 0);
+    record_stream(t, b); /* the table is full of live blocks: dropped */
+    bfcshim_torch_free(t, 4 * MiB, 0, a);
+    check_not_under(t, a, b, c, "table full");
+    for (int i = 0; i < N; i++)
+        bfcshim_torch_free(blk[i], 64 * 1024, 0, a);
+    F->complete_all();
+    CHECK_EQ(D.StreamDestroy(a), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(b), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(c), CUDA_SUCCESS);
+}
+
 static void dead_stream(void)
 {
     start();
@@ -855,6 +890,7 @@ int main(int argc, char **argv)
                      {"torch-record-immediate", torch_record_immediate},
                      {"dead-stream-immediate", dead_stream},
                      {"torch-record-stale", torch_record_stale},
+                     {"torch-record-full", torch_record_full},
                      {"stats-nomem", stats_nomem},
                      {"stats-nomem-write", stats_nomem_write},
                      {"oom-report-nomem", oom_report_nomem}};
@@ -864,6 +900,6 @@ int main(int argc, char **argv)
             return e2e_done(s);
         }
     fprintf(stderr, "usage: e2e_api plain|async|badinput|zero|trim|stats|platform|dead-stream|"
-                    "torch-legacy|torch-legacy-capture|torch-record-stream|torch-record-cases|torch-record-immediate|torch-record-stale|dead-stream-immediate|stats-nomem|stats-nomem-write|oom-report-nomem\n");
+                    "torch-legacy|torch-legacy-capture|torch-record-stream|torch-record-cases|torch-record-immediate|torch-record-stale|torch-record-full|dead-stream-immediate|stats-nomem|stats-nomem-write|oom-report-nomem\n");
     return 2;
 }
