@@ -27,6 +27,16 @@
  * (e2e_api torch-record-full). A sticky flag would fence every later free
  * for good; a count of dropped records could not tell which free ends one.
  *
+ * Handle 0: PyTorch passes 0 for the default stream of every device (c10's
+ * CUDAStream::stream() answers nullptr for a default stream), and its
+ * set_record_stream_fn callback gets no device; Tensor.record_stream runs
+ * under a guard of the tensor's device, so the current device does not tell
+ * either. A record on 0 (or CU_STREAM_LEGACY) is therefore taken as the
+ * legacy stream of any device: the block's own context's, and at the free
+ * that of each other device's primary context that has a pool, as a
+ * recorded stream of another context (PyTorch works on a device only with
+ * memory allocated there; e2e_api torch-record-other-default).
+ *
  * At the free on stream S, for each recorded stream r other than S (cuda.h
  * references beside each case):
  *   - r usable, of any context: an event recorded on r (created in r's
@@ -75,6 +85,7 @@ typedef struct rs_entry {
     shim_pool *sp;
     uint64_t seq;  /* the block's allocation sequence number in sp */
     bool plain;    /* free it as a plain free */
+    bool legacy_any; /* recorded on handle 0: some device's legacy stream */
     unsigned n;
     rs_stream st[RS_STREAMS];
 } rs_entry;
@@ -93,12 +104,14 @@ static void rs_publish_locked(void)
                           memory_order_relaxed);
 }
 
-/* With rs_lock held: the record of stream rec for block seq of sp could
- * not be kept. Every block of sp allocated up to seq (the dropped one among
- * them) is freed as if so recorded, by its allocation sequence number: a
- * stream of sp's context, a plain free; another context's stream, kept.
- * Blocks allocated after the drop are not concerned. */
-static void rs_drop_locked(shim_pool *sp, uint64_t seq, const rs_stream *rec)
+/* With rs_lock held: the record of stream rec (legacy_any: handle 0) for
+ * block seq of sp could not be kept. Every block of sp allocated up to seq
+ * (the dropped one among them) is freed as if so recorded, by its
+ * allocation sequence number: a stream of sp's context, a plain free; on
+ * handle 0, also a wait for every other device's legacy stream; another
+ * context's stream, kept. Blocks allocated after the drop are not
+ * concerned. */
+static void rs_drop_locked(shim_pool *sp, uint64_t seq, const rs_stream *rec, bool legacy_any)
 {
     if (!atomic_load(&sp->rs_drop_plain) && !atomic_load(&sp->rs_drop_keep)) {
         rs_degraded++;
@@ -107,6 +120,8 @@ static void rs_drop_locked(shim_pool *sp, uint64_t seq, const rs_stream *rec)
     atomic_uint_fast64_t *mark = rec->ctx == sp->ctx ? &sp->rs_drop_plain : &sp->rs_drop_keep;
     if (atomic_load(mark) < seq)
         atomic_store(mark, seq);
+    if (legacy_any && atomic_load(&sp->rs_drop_legacy) < seq)
+        atomic_store(&sp->rs_drop_legacy, seq);
 }
 
 /* Does entry e still name a live block: its pool still owns the address
@@ -143,6 +158,9 @@ void recorded_stream_add(shim_pool *sp, CUdeviceptr p, uint64_t seq, CUstream s,
 {
     const real_driver *R = real_driver_get();
     rs_stream rec = {.s = s ? s : CU_STREAM_LEGACY, .ctx = sp->ctx};
+    /* PyTorch passes 0 for the default stream of every device, and no
+     * device (c10's CUDAStream::stream()): some device's legacy stream */
+    const bool legacy_any = rec.s == CU_STREAM_LEGACY;
     bool plain = s == CU_STREAM_PER_THREAD; /* some thread's: not nameable at the free */
     if (!plain && svc_explicit_stream(s)) {
         if (!R->StreamGetCtx || R->StreamGetCtx(s, &rec.ctx) != CUDA_SUCCESS || !rec.ctx) {
@@ -166,7 +184,7 @@ void recorded_stream_add(shim_pool *sp, CUdeviceptr p, uint64_t seq, CUstream s,
         if (rs_ready && rs_blocks.count >= RS_MAX_LIVE)
             rs_sweep_locked();
         if (rs_ready && rs_blocks.count >= RS_MAX_LIVE) {
-            rs_drop_locked(sp, seq, &rec);
+            rs_drop_locked(sp, seq, &rec, legacy_any);
             pthread_mutex_unlock(&rs_lock);
             static atomic_bool said;
             shim_log_once(&said, LOG_ERROR,
@@ -176,7 +194,7 @@ void recorded_stream_add(shim_pool *sp, CUdeviceptr p, uint64_t seq, CUstream s,
             return;
         }
         if (!rs_ready || !ptr_map_reserve(&rs_blocks, 1) || !(e = calloc(1, sizeof *e))) {
-            rs_drop_locked(sp, seq, &rec);
+            rs_drop_locked(sp, seq, &rec, legacy_any);
             pthread_mutex_unlock(&rs_lock);
             shim_log(LOG_ERROR, "%s: no host memory for the recorded streams' table; the "
                                 "blocks of this pool allocated so far are freed as plain "
@@ -188,6 +206,7 @@ void recorded_stream_add(shim_pool *sp, CUdeviceptr p, uint64_t seq, CUstream s,
         rs_publish_locked();
     }
     e->plain |= plain;
+    e->legacy_any |= legacy_any;
     bool known = false;
     for (unsigned k = 0; k < e->n; k++)
         known |= e->st[k].s == rec.s && e->st[k].id == rec.id;
@@ -267,6 +286,7 @@ rs_verdict recorded_streams_before_free(shim_pool *sp, CUdeviceptr p, bool strea
     if (!R)
         return RS_AS_ASKED;
     e.plain |= e.seq <= drop_plain;
+    e.legacy_any |= e.seq <= atomic_load(&sp->rs_drop_legacy);
     bool plain = e.plain, keep = e.seq <= drop_keep;
     /* Questions and records under the streams' read lock: no stream of
      * this registry is destroyed, and no seen capture begins, in between
@@ -297,6 +317,23 @@ rs_verdict recorded_streams_before_free(shim_pool *sp, CUdeviceptr p, bool strea
         if (mine)
             plain = true;
         else
+            keep = true;
+    }
+    /* Handle 0 may have named any device's legacy stream: each other
+     * device's primary context's with a pool (PyTorch works on a device
+     * only with memory it allocated there) is waited for as a recorded
+     * stream of another context. */
+    for (size_t i = 0; e.legacy_any && !keep && (target_ok || !stream_ordered) &&
+                       i < pools_count(); i++) {
+        shim_pool *q = pools_at(i);
+        if (!q || q == sp || !q->primary || q->dev == sp->dev || atomic_load(&q->dead) ||
+            (!streams_all_seen() && pools_forget_if_replaced(q)))
+            continue;
+        const rs_stream r = {.s = CU_STREAM_LEGACY, .ctx = q->ctx};
+        bool in = real_ctx_enter(R, r.ctx);
+        bool usable = rs_usable(R, &r);
+        real_ctx_leave(R, in);
+        if (!usable || !target_ok || !rs_wait(R, sp, target, &r))
             keep = true;
     }
     real_ctx_leave(R, pushed);

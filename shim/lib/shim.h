@@ -347,9 +347,10 @@ typedef struct shim_pool {
     /* recorded_streams.c: the highest allocation sequence number of a
      * block whose Tensor.record_stream was dropped (the table full, or no
      * host memory), 0 if none: on a stream of this pool's context (its
-     * free is made plain), on another context's stream (the block is
-     * kept). Only ever raised; written under the table's lock */
-    atomic_uint_fast64_t rs_drop_plain, rs_drop_keep;
+     * free is made plain), on handle 0 (also waits for every device's
+     * legacy stream), on another context's stream (the block is kept).
+     * Only ever raised; written under the table's lock */
+    atomic_uint_fast64_t rs_drop_plain, rs_drop_legacy, rs_drop_keep;
     /* passthrough counters */
     atomic_uint_fast64_t passthrough_allocs;
     /* found held by another thread at exit (record.c, stats_file.c): the

@@ -47,6 +47,9 @@
  *   torch-record-full  a record dropped because 2048 live recorded blocks
  *              fill the table: its block is still not handed out under
  *              the recorded stream's work
+ *   torch-record-other-default  record_stream(t, 0) meaning device 1's
+ *              default stream (PyTorch passes 0 for every device's) with
+ *              device 0 current: the free waits for device 1's legacy stream
  *   dead-stream  bfcshim_free_async on a stream destroyed since: no call on
  *              the dead handle, and the block is reused once its work is done
  *   stats-nomem  bfcshim_stats_json when its document cannot be made (no
@@ -576,6 +579,51 @@ static void torch_record_full(void)
     CHECK_EQ(D.StreamDestroy(c), CUDA_SUCCESS);
 }
 
+/* record_stream(t, 0): PyTorch passes 0 for the default stream of EVERY
+ * device (c10's CUDAStream::stream() answers nullptr for a default stream,
+ * and set_record_stream_fn's callback gets no device), and Tensor.
+ * record_stream runs under a guard of the tensor's device. A device-0
+ * tensor read by work on device 1's default stream (peer access) is
+ * recorded as 0 with device 0 current; its free must wait for device 1's
+ * legacy stream too. */
+static void torch_record_other_default(void)
+{
+    start();
+    CUcontext c0 = NULL, c1 = NULL;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c1, 1), CUDA_SUCCESS);
+    void *one = must_alloc(MiB, 1); /* device 1 in use by the program */
+    CUstream a;
+    CHECK_EQ(D.StreamCreate(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    void *t = bfcshim_torch_alloc(4 * MiB, 0, a);
+    CHECK(t != NULL);
+    CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
+    CHECK_EQ(F->launch(CU_STREAM_LEGACY, noop, NULL), 0); /* device 1's default stream reads t */
+    CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+    record_stream(t, NULL); /* under the tensor's device guard: device 0 current */
+    bfcshim_torch_free(t, 4 * MiB, 0, a);
+    /* a's next allocation gets t in a's order: a's work from now on must
+     * come after device 1's legacy stream's. (A block for another stream
+     * is not asked for: fill_room reads the largest free block of both
+     * devices' pools.) */
+    void *u = bfcshim_torch_alloc(4 * MiB, 0, a);
+    CHECK(u == t);
+    CHECK_EQ(F->launch(a, noop, NULL), 0);
+    F->complete(a);
+    CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
+    const uint64_t queued = F->pending(CU_STREAM_LEGACY);
+    CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+    if (queued > 0 && F->pending(a) == 0) {
+        fprintf(stderr, "recorded on 0: the block went back to its stream with no wait for "
+                        "device 1's default stream's work\n");
+        e2e_failures++;
+    }
+    bfcshim_torch_free(u, 4 * MiB, 0, a);
+    F->complete_all();
+    CHECK_EQ(bfcshim_free(one), 0);
+    CHECK_EQ(D.StreamDestroy(a), CUDA_SUCCESS);
+}
+
 static void dead_stream(void)
 {
     start();
@@ -891,6 +939,7 @@ int main(int argc, char **argv)
                      {"dead-stream-immediate", dead_stream},
                      {"torch-record-stale", torch_record_stale},
                      {"torch-record-full", torch_record_full},
+                     {"torch-record-other-default", torch_record_other_default},
                      {"stats-nomem", stats_nomem},
                      {"stats-nomem-write", stats_nomem_write},
                      {"oom-report-nomem", oom_report_nomem}};
@@ -900,6 +949,6 @@ int main(int argc, char **argv)
             return e2e_done(s);
         }
     fprintf(stderr, "usage: e2e_api plain|async|badinput|zero|trim|stats|platform|dead-stream|"
-                    "torch-legacy|torch-legacy-capture|torch-record-stream|torch-record-cases|torch-record-immediate|torch-record-stale|torch-record-full|dead-stream-immediate|stats-nomem|stats-nomem-write|oom-report-nomem\n");
+                    "torch-legacy|torch-legacy-capture|torch-record-stream|torch-record-cases|torch-record-immediate|torch-record-stale|torch-record-full|torch-record-other-default|dead-stream-immediate|stats-nomem|stats-nomem-write|oom-report-nomem\n");
     return 2;
 }
