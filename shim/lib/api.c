@@ -207,10 +207,13 @@ static int api_free(void *ptr, CUstream s, bool stream_ordered, int device, cons
      * queued so far is waited for by the free's stream, or the free becomes
      * a plain one, or the block is kept (recorded_streams.c). One atomic
      * load when nothing is recorded. */
+    void *held = NULL; /* the block's record, until the free's outcome is known */
     if (owner) {
-        rs_verdict v = recorded_streams_before_free(owner, p, stream_ordered, s, api);
-        if (v == RS_KEEP)
+        rs_verdict v = recorded_streams_before_free(owner, p, stream_ordered, s, api, &held);
+        if (v == RS_KEEP) {
+            recorded_streams_after_free(held, true);
             return CUDA_SUCCESS;
+        }
         if (v == RS_PLAIN) {
             /* Fenced under every policy: the immediate one's promise (the
              * program freed nothing still in use) is not kept by a
@@ -229,6 +232,8 @@ static int api_free(void *ptr, CUstream s, bool stream_ordered, int device, cons
                      : owner && device >= 0 && owner->dev == device ? FREE_STREAM_DEVICE
                                                                     : FREE_STREAM;
     svc_status st = shim_active() ? svc_free(p, kind, s, false, api) : SVC_PASS;
+    if (held) /* refused (capturing legacy stream, dead stream): still recorded */
+        recorded_streams_after_free(held, st == SVC_OK);
     /* Where the library cannot see the stream destroyed (loaded without
      * LD_PRELOAD), the free's epoch is sealed now, while the caller
      * guarantees the stream exists: a seal at a later allocation could meet

@@ -7,7 +7,10 @@
  * A side table keyed by block address (ptr_map), with its own lock: one
  * entry per recorded block, at most RS_STREAMS streams each (more: the block is freed
  * as a plain free, which waits for every stream of its context), forgotten
- * at the block's free. An entry also holds the block's pool and allocation
+ * once the block's free goes through: a free that svc_free refuses (on the
+ * legacy stream while a blocking stream captures, on a dead stream) leaves
+ * the block the program's, and its entry in the table for the next free
+ * (recorded_streams_after_free; e2e_plugin record-refused). An entry also holds the block's pool and allocation
  * sequence number, so that an entry left behind by a free that did not pass
  * here (another door, or its pool's context's end) is recognised as stale,
  * never applied to the next block at that address, and is forgotten when
@@ -257,8 +260,9 @@ static bool rs_wait(const real_driver *R, shim_pool *sp, CUstream s, const rs_st
 }
 
 rs_verdict recorded_streams_before_free(shim_pool *sp, CUdeviceptr p, bool stream_ordered,
-                                        CUstream s, const char *api)
+                                        CUstream s, const char *api, void **held)
 {
+    *held = NULL;
     if (atomic_load_explicit(&rs_live, memory_order_relaxed) == 0)
         return RS_AS_ASKED;
     rs_entry e = {0};
@@ -266,11 +270,17 @@ rs_verdict recorded_streams_before_free(shim_pool *sp, CUdeviceptr p, bool strea
     rs_entry *taken = rs_ready ? (rs_entry *)(uintptr_t)ptr_map_take(&rs_blocks, p) : NULL;
     rs_publish_locked();
     pthread_mutex_unlock(&rs_lock);
-    if (taken) {
+    if (taken)
         e = *taken;
+    const bool live = e.ptr && e.sp == sp && rs_entry_live(&e);
+    if (taken && !live) { /* a stale one (not this block's) */
         free(taken);
+        taken = NULL;
     }
-    const bool live = e.ptr && e.sp == sp && rs_entry_live(&e); /* else none, or stale */
+    /* Held until the caller says whether the free went through: a refused
+     * one leaves the block the program's, recorded as before
+     * (recorded_streams_after_free; e2e_plugin record-refused). */
+    *held = taken;
     /* Dropped records (rs_drop_locked): the block is one of them if it was
      * allocated no later than the last drop in its pool. */
     const uint64_t drop_plain = atomic_load(&sp->rs_drop_plain),
@@ -348,4 +358,29 @@ rs_verdict recorded_streams_before_free(shim_pool *sp, CUdeviceptr p, bool strea
         return RS_KEEP;
     }
     return plain && stream_ordered ? RS_PLAIN : RS_AS_ASKED;
+}
+
+void recorded_streams_after_free(void *held, bool freed)
+{
+    rs_entry *e = held;
+    if (!e)
+        return;
+    if (!freed && rs_entry_live(e)) {
+        /* Refused: the block is still the program's, and its record too.
+         * Back in the table; where another record of it came in between,
+         * or no host memory, its streams are dropped records (safe). */
+        pthread_mutex_lock(&rs_lock);
+        if (rs_ready && !ptr_map_get(&rs_blocks, e->ptr) && ptr_map_reserve(&rs_blocks, 1)) {
+            ptr_map_put(&rs_blocks, e->ptr, (uintptr_t)e);
+            rs_publish_locked();
+            e = NULL;
+        } else {
+            const rs_stream own = {.s = CU_STREAM_LEGACY, .ctx = e->sp->ctx};
+            rs_drop_locked(e->sp, e->seq, &own, e->legacy_any);
+            for (unsigned k = 0; k < e->n; k++)
+                rs_drop_locked(e->sp, e->seq, &e->st[k], false);
+        }
+        pthread_mutex_unlock(&rs_lock);
+    }
+    free(e);
 }

@@ -846,13 +846,16 @@ svc_status svc_alloc(shim_pool *sp, size_t size, uint32_t lane, CUstream stream,
 void recorded_stream_add(shim_pool *sp, CUdeviceptr p, uint64_t seq, CUstream s,
                          const char *api);
 /* Before the free of p (a block of sp) on stream s (stream_ordered) or
- * plain: queues on s the waits for the streams the block was recorded on
- * and forgets them. RS_PLAIN: free it as a plain free instead; RS_KEEP:
- * do not free it (never safe to hand out). One atomic load while nothing is
- * recorded. */
+ * plain: queues on s the waits for the streams the block was recorded on.
+ * RS_PLAIN: free it as a plain free instead; RS_KEEP: do not free it (never
+ * safe to hand out). *held: the block's record (NULL: none), which the
+ * caller hands to recorded_streams_after_free once it knows whether the
+ * block was freed (forgotten) or the free refused (kept for the next free).
+ * One atomic load while nothing is recorded. */
 typedef enum rs_verdict { RS_AS_ASKED, RS_PLAIN, RS_KEEP } rs_verdict;
 rs_verdict recorded_streams_before_free(shim_pool *sp, CUdeviceptr p, bool stream_ordered,
-                                        CUstream s, const char *api);
+                                        CUstream s, const char *api, void **held);
+void recorded_streams_after_free(void *held, bool freed);
 svc_status svc_free(CUdeviceptr ptr, free_kind kind, CUstream stream, bool per_thread,
                     const char *api);
 /* Adjusts the device's free memory by what the current context's pool can

@@ -54,6 +54,11 @@
  *           then used on another blocking stream: CUDA orders the new work
  *           after the old (the free is a legacy-stream action), so the
  *           plug-in's free must make the legacy stream act
+ *   record-refused  a block recorded on a stream whose work still uses it,
+ *           whose first free (PyTorch's, on the legacy stream while a
+ *           blocking stream captures) is refused: the record still holds
+ *           at the free that goes through (before, the refused free had
+ *           forgotten it)
  *   dlclose (BFCSHIM_TRACE) the host unloads the library after a pooled
  *           allocation and free: it stays loaded (the trace's writer
  *           thread runs its code; before, that thread faulted once the
@@ -93,6 +98,8 @@ static struct {
     size_t (*stats_json)(char *, size_t);
     int (*free_async)(void *, void *);
     int (*malloc_async)(void **, size_t, int, void *);
+    void (*torch_free)(void *, size_t, int, void *);
+    void (*torch_record_stream)(void *, void *);
 } B;
 
 static const fakecuda_api *F;
@@ -119,6 +126,8 @@ static void start(void)
     *(void **)&B.stats_json = e2e_dlsym(lib, "bfcshim_stats_json");
     *(void **)&B.free_async = e2e_dlsym(lib, "bfcshim_free_async");
     *(void **)&B.malloc_async = e2e_dlsym(lib, "bfcshim_malloc_async");
+    *(void **)&B.torch_free = e2e_dlsym(lib, "bfcshim_torch_free");
+    *(void **)&B.torch_record_stream = e2e_dlsym(lib, "bfcshim_torch_record_stream");
     void *cu = e2e_open_libcuda();
     *(void **)&D.Init = e2e_dlsym(cu, "cuInit");
     *(void **)&D.DevicePrimaryCtxRetain = e2e_dlsym(cu, "cuDevicePrimaryCtxRetain");
@@ -456,6 +465,50 @@ static void legacy_lane(void)
     F->complete_all();
 }
 
+/* A tensor on device 0's default stream, recorded on stream b whose work
+ * (0x5a) still uses it, freed by PyTorch on the legacy stream while a
+ * blocking stream of device 0 captures: the free is refused
+ * (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) and the block stays the program's.
+ * Freed again once the capture is over, the record must still hold: the
+ * legacy stream's next allocation may get the block in stream order, and
+ * its work (0xa5) must then run after b's. */
+static void record_refused(void)
+{
+    start();
+    CUstream b, cap;
+    CHECK_EQ(D.StreamCreate(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&cap, 0), CUDA_SUCCESS); /* blocking */
+    void *t = must_alloc_on(NULL, MiB);
+    CHECK_EQ(F->launch(b, write_mib, t), 0); /* 0x5a, b's */
+    B.torch_record_stream(t, b);
+    CHECK_EQ(D.StreamBeginCapture(cap, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    const uint64_t frees = (uint64_t)pool_stat("num_frees");
+    B.torch_free(t, MiB, 0, NULL); /* refused */
+    CHECK_EQ((uint64_t)pool_stat("num_frees"), frees);
+    CUgraph g = NULL;
+    D.StreamEndCapture(cap, &g); /* invalidated by the refusal's legacy use */
+    if (g)
+        CHECK_EQ(D.GraphDestroy(g), CUDA_SUCCESS);
+    B.torch_free(t, MiB, 0, NULL); /* again: now it goes through */
+    void *q = must_alloc_on(NULL, MiB);
+    if (q == t) {
+        CHECK_EQ(F->launch(CU_STREAM_LEGACY, write_a5, q), 0);
+        F->complete(CU_STREAM_LEGACY); /* the new owner's work, as early as allowed */
+        F->complete_all();
+        const unsigned char *c = q;
+        if (c[0] != 0xa5 || c[MiB - 1] != 0xa5) {
+            fprintf(stderr, "after a refused free: the recorded stream's work ran after the "
+                            "block's next owner's\n");
+            e2e_failures++;
+        }
+    }
+    F->complete_all();
+    B.torch_free(q, MiB, 0, NULL);
+    CHECK_EQ(D.StreamDestroy(b), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(cap), CUDA_SUCCESS);
+    F->complete_all();
+}
+
 static void query_during_capture(void)
 {
     start();
@@ -558,6 +611,7 @@ int main(int argc, char **argv)
         {"query-during-capture", query_during_capture},
         {"trim-during-capture", trim_during_capture},
         {"legacy-lane", legacy_lane},
+        {"record-refused", record_refused},
         {"cost", cost},
         {"dlclose", unload}};
     return e2e_main("e2e_plugin", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
