@@ -18,6 +18,13 @@
  * holds an entry or a record was dropped (one atomic load otherwise:
  * nothing for programs that never record).
  *
+ * Other doors: a recorded block freed by cuMemFree/cudaFree(Async) of its
+ * pointer (preloaded) ignores its record, and its entry goes stale. PyTorch
+ * never does that: a tensor of a pluggable allocator is freed only through
+ * the allocator's free function (CUDAPluggableAllocator::raw_delete), which
+ * is bfcshim_torch_free; bfcshim_free and bfcshim_free_async pass here too.
+ * (docs/limitations.md.)
+ *
  * A record that cannot be kept (RS_MAX_LIVE live recorded blocks after the
  * sweep, or no host memory) is not lost: it raises a mark of the block's
  * pool (rs_drop_locked), the highest allocation sequence number of a block
