@@ -43,9 +43,10 @@
  * under a guard of the tensor's device, so the current device does not tell
  * either. A record on 0 (or CU_STREAM_LEGACY) is therefore taken as the
  * legacy stream of any device: the block's own context's, and at the free
- * that of each other device's primary context that has a pool, as a
- * recorded stream of another context (PyTorch works on a device only with
- * memory allocated there; e2e_api torch-record-other-default).
+ * that of each other device's context that has a pool, as a recorded
+ * stream of another context (PyTorch works on a device only with memory
+ * allocated there; e2e_api torch-record-other-default, e2e_plugin
+ * record-zero-other-device).
  *
  * At the free on stream S, for each recorded stream r other than S (cuda.h
  * references beside each case):
@@ -336,15 +337,22 @@ rs_verdict recorded_streams_before_free(shim_pool *sp, CUdeviceptr p, bool strea
         else
             keep = true;
     }
-    /* Handle 0 may have named any device's legacy stream: each other
-     * device's primary context's with a pool (PyTorch works on a device
-     * only with memory it allocated there) is waited for as a recorded
-     * stream of another context. */
+    /* Handle 0 may have named any device's legacy stream: that of each
+     * other device's context with a pool (PyTorch works on a device only
+     * with memory it allocated there; as a plug-in the library does not
+     * know a pool's context to be the primary one, PyTorch's) is waited for
+     * as a recorded stream of another context. A pool whose context went
+     * unseen (reset without LD_PRELOAD) is passed over, its work gone with
+     * it; asked, not forgotten here: forgetting waits for the streams'
+     * users, this free among them (e2e_plugin record-zero-reset hung). */
     for (size_t i = 0; e.legacy_any && !keep && (target_ok || !stream_ordered) &&
                        i < pools_count(); i++) {
         shim_pool *q = pools_at(i);
-        if (!q || q == sp || !q->primary || q->dev == sp->dev || atomic_load(&q->dead) ||
-            (!streams_all_seen() && pools_forget_if_replaced(q)))
+        unsigned long long id = 0;
+        if (!q || q == sp || q->dev == sp->dev || atomic_load(&q->dead))
+            continue;
+        if (!streams_all_seen() && q->ctx_id && R->CtxGetId &&
+            (R->CtxGetId(q->ctx, &id) != CUDA_SUCCESS || id != q->ctx_id))
             continue;
         const rs_stream r = {.s = CU_STREAM_LEGACY, .ctx = q->ctx};
         bool in = real_ctx_enter(R, r.ctx);

@@ -59,6 +59,13 @@
  *           blocking stream captures) is refused: the record still holds
  *           at the free that goes through (before, the refused free had
  *           forgotten it)
+ *   record-zero-other-device  record_stream(t, 0) meaning device 1's
+ *           default stream, whose work reads the device-0 block: its next
+ *           owner on its stream comes after that work
+ *   record-zero-reset  a block recorded on handle 0 (any device's default
+ *           stream) freed after the program reset device 1 unseen and
+ *           made its primary context again: the free neither hangs nor
+ *           keeps the block
  *   dlclose (BFCSHIM_TRACE) the host unloads the library after a pooled
  *           allocation and free: it stays loaded (the trace's writer
  *           thread runs its code; before, that thread faulted once the
@@ -72,6 +79,7 @@
  */
 #include <cuda.h>
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include "e2e.h"
 
@@ -509,6 +517,75 @@ static void record_refused(void)
     F->complete_all();
 }
 
+/* record_stream(t, 0) as PyTorch's plug-in makes it: 0 is the default
+ * stream of any device (no device is passed), here device 1's, whose work
+ * reads the device-0 block; the library loaded as a plug-in (its pools are
+ * not known as primary contexts'). The block's next owner on its stream
+ * must come after device 1's legacy stream's work. */
+static void record_zero_other_device(void)
+{
+    start();
+    CUstream a;
+    CHECK_EQ(D.StreamCreate(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    void *t = must_alloc_on(a, MiB);
+    CUcontext c0, c1;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c1, 1), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
+    void *one = NULL;
+    CHECK_EQ(B.malloc(&one, MiB, 1), 0); /* device 1's pool */
+    CHECK_EQ(F->launch(CU_STREAM_LEGACY, write_mib, t), 0); /* 0x5a, device 1's default stream */
+    CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+    B.torch_record_stream(t, NULL); /* under the tensor's device guard */
+    B.torch_free(t, MiB, 0, a);
+    void *q = must_alloc_on(a, MiB);
+    if (q == t) {
+        CHECK_EQ(F->launch(a, write_a5, q), 0);
+        F->complete(a); /* the new owner's work, as early as allowed */
+        F->complete_all();
+        const unsigned char *c = q;
+        if (c[0] != 0xa5 || c[MiB - 1] != 0xa5) {
+            fprintf(stderr, "recorded on 0: device 1's default stream's work ran after the "
+                            "block's next owner's\n");
+            e2e_failures++;
+        }
+    }
+    F->complete_all();
+    B.torch_free(q, MiB, 0, a);
+    CHECK_EQ(D.StreamDestroy(a), CUDA_SUCCESS);
+}
+
+/* A block recorded on handle 0 (some device's default stream) is freed
+ * after the program reset device 1 unseen and made its primary context
+ * again, device 1's pool's context gone:
+ * the free, which looks at every other device's pool, must neither hang
+ * (a replaced pool forgotten there waited for the streams' users, the
+ * free itself among them) nor keep the block for that dead context. */
+static void record_zero_reset(void)
+{
+    start();
+    void *t = must_alloc_on(NULL, MiB); /* device 0's pool: the first in the stats */
+    CUcontext c0, c1;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c1, 1), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
+    void *one = NULL;
+    CHECK_EQ(B.malloc(&one, MiB, 1), 0); /* device 1's pool */
+    CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+    B.torch_record_stream(t, NULL);
+    CHECK_EQ(D.DevicePrimaryCtxReset(1), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c1, 1), CUDA_SUCCESS); /* made again */
+    alarm(60); /* a hang fails the scenario */
+    const uint64_t frees = (uint64_t)pool_stat("num_frees");
+    B.torch_free(t, MiB, 0, NULL);
+    alarm(0);
+    if ((uint64_t)pool_stat("num_frees") != frees + 1) {
+        fprintf(stderr, "recorded on 0, device 1 reset: the block was not freed\n");
+        e2e_failures++;
+    }
+    F->complete_all();
+}
+
 static void query_during_capture(void)
 {
     start();
@@ -612,6 +689,8 @@ int main(int argc, char **argv)
         {"trim-during-capture", trim_during_capture},
         {"legacy-lane", legacy_lane},
         {"record-refused", record_refused},
+        {"record-zero-reset", record_zero_reset},
+        {"record-zero-other-device", record_zero_other_device},
         {"cost", cost},
         {"dlclose", unload}};
     return e2e_main("e2e_plugin", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
