@@ -39,6 +39,14 @@
  *                  answered), none for test control; complete_to completes
  *                  a stream up to a position, the legacy stream's earlier
  *                  work with it where a blocking stream joined it
+ *   fake-fail-call  fail_call, the injected failures: the nth call from now
+ *                  of one entry point answers a code cuda.h documents for
+ *                  it (counted, doing nothing: no event recorded), the
+ *                  calls before and after it as usual; sticky, every call
+ *                  from the nth on (a faulted context); codes cuda.h does
+ *                  not list for the entry point refused; counted per entry
+ *                  point (a _ptsz twin apart) and exactly once under
+ *                  concurrent callers
  *   fake-v1-entry-points  the v1 cuStreamDestroy, cuCtxDestroy,
  *                  cuDevicePrimaryCtxRelease and cuDevicePrimaryCtxReset that
  *                  libcuda still exports for old binaries: cuGetProcAddress
@@ -3020,6 +3028,95 @@ static void fake_wait_ended_capture(void)
     CHECK_EQ(D.StreamDestroy(other), CUDA_SUCCESS);
 }
 
+/* fail_call (fake_cuda.h): one counted call fails with a documented code. */
+typedef struct {
+    atomic_uint failed;
+    int calls;
+} fail_race;
+
+static void *create_events(void *arg)
+{
+    fail_race *r = arg;
+    e2e_cu_primary_current(0);
+    for (int i = 0; i < r->calls; i++) {
+        CUevent e = NULL;
+        CUresult res = D.EventCreate(&e, CU_EVENT_DISABLE_TIMING);
+        if (res == CUDA_ERROR_OUT_OF_MEMORY)
+            atomic_fetch_add(&r->failed, 1);
+        else {
+            CHECK_EQ(res, CUDA_SUCCESS);
+            CHECK_EQ(D.EventDestroy(e), CUDA_SUCCESS);
+        }
+    }
+    return NULL;
+}
+
+static void fake_fail_call(void)
+{
+    start();
+    const fakecuda_api *f = fakecuda();
+    /* Codes cuda.h does not list for the entry point, and entry points
+     * without a table entry, are refused. */
+    CHECK_EQ(f->fail_call("cuEventRecord", 1, CUDA_ERROR_OUT_OF_MEMORY, 0), -1);
+    CHECK_EQ(f->fail_call("cuEventCreate", 1, CUDA_ERROR_NOT_READY, 0), -1);
+    CHECK_EQ(f->fail_call("cuEventCreate", 1, CUDA_SUCCESS, 0), -1);
+    CHECK_EQ(f->fail_call("cuGreenCtxRecordEvent", 1, CUDA_ERROR_ILLEGAL_ADDRESS, 0), -1);
+    CHECK_EQ(f->fail_call("cuMemcpyHtoD_v2", 1, CUDA_ERROR_INVALID_VALUE, 0), -1);
+    /* The second cuEventCreate from now fails, once. */
+    CHECK_EQ(f->fail_call("cuEventCreate", 2, CUDA_ERROR_OUT_OF_MEMORY, 0), 0);
+    uint64_t made = calls_of("cuEventCreate");
+    CUevent a = NULL, b = NULL, c = NULL;
+    CHECK_EQ(D.EventCreate(&a, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.EventCreate(&b, 0), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK(b == NULL);
+    CHECK_EQ(D.EventCreate(&c, 0), CUDA_SUCCESS);
+    CHECK_EQ(calls_of("cuEventCreate") - made, 3); /* the failed one counted too */
+    /* A failed record records nothing: the event keeps its earlier state
+     * (never recorded: complete), though the stream has work queued. */
+    CUstream s;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(f->launch(s, nothing, NULL), 0);
+    CHECK_EQ(f->fail_call("cuEventRecord", 1, CUDA_ERROR_INVALID_CONTEXT, 0), 0);
+    CHECK_EQ(D.EventRecord(a, s), CUDA_ERROR_INVALID_CONTEXT);
+    CHECK_EQ(D.EventQuery(a), CUDA_SUCCESS);
+    CHECK_EQ(D.EventRecord(a, s), CUDA_SUCCESS);
+    CHECK_EQ(D.EventQuery(a), CUDA_ERROR_NOT_READY);
+    /* Counted per entry point: cuEventRecord_ptsz is its own. */
+    void *h = e2e_open_libcuda();
+    CUresult (*record_ptsz)(CUevent, CUstream) =
+        (CUresult (*)(CUevent, CUstream))e2e_dlsym(h, "cuEventRecord_ptsz");
+    CHECK_EQ(f->fail_call("cuEventRecord", 1, CUDA_ERROR_INVALID_HANDLE, 0), 0);
+    CHECK_EQ(record_ptsz(c, NULL), CUDA_SUCCESS);
+    CHECK_EQ(D.EventRecord(c, CU_STREAM_LEGACY), CUDA_ERROR_INVALID_HANDLE);
+    /* Sticky: the first query from now and every later one answer the
+     * faulted context's error, until cleared (n = 0). */
+    CHECK_EQ(f->fail_call("cuEventQuery", 1, CUDA_ERROR_ILLEGAL_ADDRESS, 1), 0);
+    for (int i = 0; i < 3; i++)
+        CHECK_EQ(D.EventQuery(a), CUDA_ERROR_ILLEGAL_ADDRESS);
+    f->complete_all();
+    CHECK_EQ(D.EventQuery(a), CUDA_ERROR_ILLEGAL_ADDRESS);
+    CHECK_EQ(f->fail_call("cuEventQuery", 0, 0, 0), 0);
+    CHECK_EQ(D.EventQuery(a), CUDA_SUCCESS);
+    /* Arming again replaces the rule. */
+    CHECK_EQ(f->fail_call("cuStreamSynchronize", 1, CUDA_ERROR_INVALID_HANDLE, 0), 0);
+    CHECK_EQ(f->fail_call("cuStreamSynchronize", 2, CUDA_ERROR_LAUNCH_FAILED, 0), 0);
+    CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamSynchronize(s), CUDA_ERROR_LAUNCH_FAILED);
+    CHECK_EQ(D.StreamSynchronize(s), CUDA_SUCCESS);
+    /* Concurrent callers: exactly one of 2 x 500 calls fails. */
+    fail_race r = {.calls = 500};
+    CHECK_EQ(f->fail_call("cuEventCreate", 700, CUDA_ERROR_OUT_OF_MEMORY, 0), 0);
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++)
+        CHECK_EQ(pthread_create(&t[i], NULL, create_events, &r), 0);
+    for (int i = 0; i < 2; i++)
+        pthread_join(t[i], NULL);
+    CHECK_EQ(atomic_load(&r.failed), 1);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+    CHECK_EQ(D.EventDestroy(a), CUDA_SUCCESS);
+    CHECK_EQ(D.EventDestroy(c), CUDA_SUCCESS);
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -3031,6 +3128,7 @@ int main(int argc, char **argv)
         {"fake-event-handles", fake_event_handles},
         {"fake-event-handles-reuse", fake_event_handles},
         {"fake-counts", fake_counts},
+        {"fake-fail-call", fake_fail_call},
         {"fake-v1-entry-points", fake_v1_entry_points},
         {"fake-host-memory", fake_host_memory},
         {"fake-peer-copy", fake_peer_copy},

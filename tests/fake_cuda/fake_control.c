@@ -117,6 +117,11 @@ static void ctl_fail_alloc_after(uint64_t n)
     pthread_mutex_unlock(&G.lock);
 }
 
+static int ctl_fail_call(const char *name, uint64_t n, int code, int sticky)
+{
+    return failure_arm(name, n, (CUresult)code, sticky != 0);
+}
+
 static int ctl_is_device_pointer(uint64_t addr)
 {
     ENTER();
@@ -145,6 +150,7 @@ static const fakecuda_api api = {
     .set_current_unseen = ctl_set_current_unseen,
     .after_next_stream_destroy = ctl_after_next_stream_destroy,
     .after_next_mem_create = ctl_after_next_mem_create,
+    .fail_call = ctl_fail_call,
 };
 
 EXPORT const fakecuda_api *fakecuda_api_table(void) { return &api; }

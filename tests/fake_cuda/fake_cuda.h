@@ -158,6 +158,22 @@ typedef struct fakecuda_api {
      * and the caller's bookkeeping of it (tear its context down, take over
      * the loans of dead pools). Only one call runs it. */
     void (*after_next_mem_create)(fakecuda_work fn, void *arg);
+    /* The nth call from now (from any thread; n >= 1) of entry point
+     * `name`, counted under that exported name as calls() counts it, is
+     * counted and then answers `code` without doing anything; with sticky,
+     * so does every later call of it, as after a kernel's fault. One rule
+     * per entry point: arming again replaces it, n == 0 clears it. Only
+     * codes cuda.h documents for that entry point (its \return list, and
+     * CUDA_ERROR_ILLEGAL_ADDRESS or CUDA_ERROR_LAUNCH_FAILED where it notes
+     * "error codes from previous, asynchronous launches"), for the entry
+     * points fake_driver.c lists (cuEventCreate, cuEventRecord[_ptsz],
+     * cuGreenCtxRecordEvent, cuEventQuery, cuEventSynchronize,
+     * cuStreamWaitEvent[_ptsz], cuCtxSynchronize, cuStreamSynchronize[_ptsz],
+     * cuStreamIsCapturing[_ptsz], cuStreamGetCaptureInfo_v3[_ptsz],
+     * cuCtxGetId, cuStreamGetId[_ptsz], cuMemCreate, cuMemMap, cuMemUnmap,
+     * cuMemSetAccess). Returns 0, or -1 (nothing armed) for another entry
+     * point or code. */
+    int (*fail_call)(const char *name, uint64_t n, int code, int sticky);
 } fakecuda_api;
 
 /* The fake driver's control table, or exit 77 (skip) when the loaded

@@ -157,6 +157,9 @@
  *             run here, only one built with -cudart shared, on the fake
  *             libcudart.
  *   failures  FAKECUDA_FAIL_ALLOC / fail_alloc_after make one cuMemAlloc fail;
+ *             fail_call makes the Nth call of one entry point from now
+ *             answer a code cuda.h documents for it (or that call and
+ *             every later one: a context lost to a kernel's fault);
  *             FAKECUDA_VMM_REFUSE makes one virtual memory call always fail
  *             (or, =cuMemSetAccess:multi, set access over one mapping only).
  * Everything takes one global mutex; host callbacks run outside it.
@@ -200,6 +203,144 @@ unsigned call_slot(const char *name)
     }
     pthread_mutex_unlock(&call_slots_lock);
     return i < CALL_SLOTS ? (unsigned)i + 1 : 0;
+}
+
+/*
+ * Injected failures (fake_cuda.h's fail_call). Only the codes cuda.h lists
+ * in an entry point's "\return" may be injected into it, and, where its
+ * comment carries "\notefnerr" ("This function may also return error codes
+ * from previous, asynchronous launches"), the errors a faulted kernel
+ * leaves for every later call: CUDA_ERROR_ILLEGAL_ADDRESS ("This leaves the
+ * process in an inconsistent state and any further CUDA work will return
+ * the same error", cuda.h's CUresult) and CUDA_ERROR_LAUNCH_FAILED (the
+ * same words). The _ptsz twins share their entry point's comment.
+ */
+#define DOC_COMMON CUDA_ERROR_DEINITIALIZED, CUDA_ERROR_NOT_INITIALIZED
+static const struct documented {
+    const char *name;
+    bool notefnerr;
+    CUresult codes[8];
+} documented[] = {
+    {"cuEventCreate", true,
+     {DOC_COMMON, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY}},
+    {"cuEventRecord", true,
+     {DOC_COMMON, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE}},
+    {"cuEventRecord_ptsz", true,
+     {DOC_COMMON, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE}},
+    {"cuGreenCtxRecordEvent", false,
+     {DOC_COMMON, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_HANDLE,
+      CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED}},
+    {"cuEventQuery", true,
+     {DOC_COMMON, CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_READY}},
+    {"cuEventSynchronize", true,
+     {DOC_COMMON, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_HANDLE}},
+    {"cuStreamWaitEvent", true, {DOC_COMMON, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_HANDLE}},
+    {"cuStreamWaitEvent_ptsz", true,
+     {DOC_COMMON, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_HANDLE}},
+    {"cuCtxSynchronize", true, {DOC_COMMON, CUDA_ERROR_INVALID_CONTEXT}},
+    {"cuStreamSynchronize", true, {DOC_COMMON, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_HANDLE}},
+    {"cuStreamSynchronize_ptsz", true,
+     {DOC_COMMON, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_HANDLE}},
+    {"cuStreamIsCapturing", true,
+     {DOC_COMMON, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT}},
+    {"cuStreamIsCapturing_ptsz", true,
+     {DOC_COMMON, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT}},
+    {"cuStreamGetCaptureInfo_v3", true,
+     {CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, CUDA_ERROR_LOSSY_QUERY}},
+    {"cuStreamGetCaptureInfo_v3_ptsz", true,
+     {CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, CUDA_ERROR_LOSSY_QUERY}},
+    {"cuCtxGetId", true,
+     {DOC_COMMON, CUDA_ERROR_CONTEXT_IS_DESTROYED, CUDA_ERROR_INVALID_CONTEXT,
+      CUDA_ERROR_INVALID_VALUE}},
+    {"cuStreamGetId", true, {CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_INVALID_HANDLE}},
+    {"cuStreamGetId_ptsz", true, {CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_INVALID_HANDLE}},
+    {"cuMemCreate", true,
+     {DOC_COMMON, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_INVALID_DEVICE,
+      CUDA_ERROR_NOT_PERMITTED, CUDA_ERROR_NOT_SUPPORTED}},
+    {"cuMemMap", true,
+     {DOC_COMMON, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_OUT_OF_MEMORY,
+      CUDA_ERROR_NOT_PERMITTED, CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_ILLEGAL_STATE}},
+    {"cuMemUnmap", true,
+     {DOC_COMMON, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_PERMITTED, CUDA_ERROR_NOT_SUPPORTED}},
+    {"cuMemSetAccess", true,
+     {CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_NOT_SUPPORTED}},
+};
+
+static const struct documented *documented_for(const char *name, CUresult code)
+{
+    for (size_t i = 0; i < sizeof documented / sizeof documented[0]; i++) {
+        const struct documented *d = &documented[i];
+        if (strcmp(d->name, name) != 0)
+            continue;
+        if (d->notefnerr &&
+            (code == CUDA_ERROR_ILLEGAL_ADDRESS || code == CUDA_ERROR_LAUNCH_FAILED))
+            return d;
+        for (size_t k = 0; k < sizeof d->codes / sizeof d->codes[0]; k++)
+            if (d->codes[k] == code && code != CUDA_SUCCESS)
+                return d;
+        return NULL;
+    }
+    return NULL;
+}
+
+/* One rule per entry point: its countdown (the call that takes it to 0
+ * fails), the code, and whether every later call fails too (fired). */
+static struct failure_rule {
+    const char *name; /* documented[]'s, or NULL: a free slot */
+    uint64_t countdown;
+    CUresult code;
+    bool sticky, fired;
+} rules[sizeof documented / sizeof documented[0]];
+static pthread_mutex_t rules_lock = PTHREAD_MUTEX_INITIALIZER;
+atomic_uint failures_armed;
+
+int failure_arm(const char *name, uint64_t n, CUresult code, bool sticky)
+{
+    const struct documented *d = name ? documented_for(name, code) : NULL;
+    if (name && n && !d)
+        return -1;
+    pthread_mutex_lock(&rules_lock);
+    struct failure_rule *r = NULL, *free_slot = NULL;
+    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++) {
+        if (rules[i].name && name && strcmp(rules[i].name, name) == 0)
+            r = &rules[i];
+        else if (!rules[i].name && !free_slot)
+            free_slot = &rules[i];
+    }
+    if (r) { /* replaced, or cleared (n == 0) */
+        *r = (struct failure_rule){0};
+        atomic_fetch_sub(&failures_armed, 1);
+    } else {
+        r = free_slot;
+    }
+    if (n) {
+        *r = (struct failure_rule){.name = d->name, .countdown = n, .code = code, .sticky = sticky};
+        atomic_fetch_add(&failures_armed, 1);
+    }
+    pthread_mutex_unlock(&rules_lock);
+    return 0;
+}
+
+CUresult injected_failure(const char *symbol)
+{
+    CUresult code = CUDA_SUCCESS;
+    pthread_mutex_lock(&rules_lock);
+    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++) {
+        struct failure_rule *r = &rules[i];
+        if (!r->name || strcmp(r->name, symbol) != 0)
+            continue;
+        if (r->fired || --r->countdown == 0) {
+            code = r->code;
+            r->fired = true;
+            if (!r->sticky) { /* spent */
+                *r = (struct failure_rule){0};
+                atomic_fetch_sub(&failures_armed, 1);
+            }
+        }
+        break;
+    }
+    pthread_mutex_unlock(&rules_lock);
+    return code;
 }
 
 _Thread_local fctx *tls_ctx_stack[16];

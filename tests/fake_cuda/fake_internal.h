@@ -236,6 +236,11 @@ enum { CALL_SLOTS = 256 };
         if (s_)                                                                  \
             atomic_fetch_add_explicit(&call_counts[s_ - 1].n, 1,                 \
                                       memory_order_relaxed);                     \
+        if (atomic_load_explicit(&failures_armed, memory_order_relaxed)) {       \
+            CUresult f_ = injected_failure(symbol);                              \
+            if (f_ != CUDA_SUCCESS)                                              \
+                return f_;                                                       \
+        }                                                                        \
     } while (0)
 
 #define ENTER()                        \
@@ -417,6 +422,14 @@ extern struct call_count call_counts[CALL_SLOTS];
 
 extern atomic_size_t ncall_slots;
 unsigned call_slot(const char *name);
+
+/* Injected failures (fake_cuda.h's fail_call): rules armed, and the answer
+ * a counted call of entry point `symbol` gives instead of its own
+ * (CUDA_SUCCESS: none, the call goes on). Checked by CALLED after the count,
+ * before the call does anything. */
+extern atomic_uint failures_armed;
+CUresult injected_failure(const char *symbol);
+int failure_arm(const char *name, uint64_t n, CUresult code, bool sticky);
 extern _Thread_local fctx *tls_ctx_stack[16];
 extern _Thread_local int tls_ctx_depth;
 extern _Thread_local CUstreamCaptureMode tls_capture_mode;
