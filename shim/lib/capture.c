@@ -461,11 +461,19 @@ void capture_stand_in(CUstream s, bool legacy_too)
     bool pushed = real_ctx_enter(R, ctx);
     CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
     /* A stream that already captures has had its stand-in (its work since
-     * is a graph's, and an event on it would be a captured one). */
-    if (R->StreamIsCapturing(s, &st) == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_NONE)
-        fences_stand_in(sp, s);
-    if (legacy_too && R->StreamIsCapturing(CU_STREAM_LEGACY, &st) == CUDA_SUCCESS)
-        fences_stand_in(sp, CU_STREAM_LEGACY);
+     * is a graph's, and an event on it would be a captured one). When the
+     * driver cannot say, a stand-in all the same: captured, it never
+     * completes and the plain lane's blocks wait (memory, not safety). */
+    CUresult r = R->StreamIsCapturing(s, &st);
+    if (r != CUDA_SUCCESS || st == CU_STREAM_CAPTURE_STATUS_NONE)
+        fences_stand_in(sp, s, r != CUDA_SUCCESS);
+    /* (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: a blocking stream captures, and
+     * its stand-in covered the legacy stream's work then) */
+    if (legacy_too) {
+        r = R->StreamIsCapturing(CU_STREAM_LEGACY, &st);
+        if (r != CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
+            fences_stand_in(sp, CU_STREAM_LEGACY, r != CUDA_SUCCESS);
+    }
     real_ctx_leave(R, pushed);
 }
 

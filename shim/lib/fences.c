@@ -32,7 +32,9 @@
  * begins a capture, one event is recorded on it (and on the legacy stream
  * when a blocking stream begins capturing): a stand-in. Every plain seal
  * includes each stand-in that has not completed yet; a completed stand-in
- * is dropped once no fence refers to it.
+ * is dropped once no fence refers to it. A stand-in the driver refuses is
+ * replaced by a host wait for the stream; when that fails too, the pool
+ * keeps its freed blocks for good (fences_keep_freed).
  *
  * Blind fences. Loaded as a plug-in without LD_PRELOAD, the library sees
  * none of the program's streams (streams_all_seen), so no set of events can
@@ -287,7 +289,33 @@ static bool stand_in_on(shim_pool *sp, CUstream s, CUgreenCtx g)
     return true;
 }
 
-void fences_stand_in(shim_pool *sp, CUstream s) { stand_in_on(sp, s, NULL); }
+void fences_keep_freed(shim_pool *sp, CUresult r)
+{
+    if (atomic_exchange(&sp->keep_freed, true))
+        return;
+    shim_log(LOG_ERROR, "device %d: queued work could be neither fenced nor waited for "
+                        "(the driver answered %d): freed memory of this pool is kept from "
+                        "now on, never reused", (int)sp->dev, (int)r);
+}
+
+void fences_stand_in(shim_pool *sp, CUstream s, bool unknown)
+{
+    if (stand_in_on(sp, s, NULL))
+        return;
+    /* No event: the host waits for what it would have covered, before the
+     * stream goes or begins capturing. */
+    const real_driver *R = real_driver_get();
+    CUresult r = !R ? CUDA_ERROR_NOT_INITIALIZED
+                 : unknown ? CUDA_ERROR_UNKNOWN
+                           : capture_relaxed_stream_wait(R, s);
+    if (r != CUDA_SUCCESS) {
+        fences_keep_freed(sp, r);
+        return;
+    }
+    static atomic_bool said;
+    shim_log_once(&said, LOG_DEBUG, "a stand-in event could not be recorded: the host waited "
+                                    "for the stream instead");
+}
 
 bool fences_stand_in_green(shim_pool *sp, CUgreenCtx g) { return stand_in_on(sp, NULL, g); }
 
@@ -483,6 +511,8 @@ bool fences_legacy_order(shim_pool *sp)
 
 bool fences_barrier_idle(shim_pool *sp, bool wait)
 {
+    if (atomic_load_explicit(&sp->keep_freed, memory_order_relaxed))
+        return false;
     if (!sp->last_barrier || sp->barrier_idle)
         return true;
     sp->barrier_idle = event_done(real_driver_get(), sp->last_barrier, wait);
@@ -656,6 +686,8 @@ void fences_context_seen(CUcontext ctx)
 bool fences_seal(void *ctx, uint32_t lane, uint64_t token)
 {
     shim_pool *sp = ctx;
+    if (atomic_load_explicit(&sp->keep_freed, memory_order_relaxed))
+        return false; /* (fences_keep_freed) */
     pools_context_needed(sp);
     const real_driver *R = real_driver_get();
     /* Only the plain lane fences other streams than its own. */
@@ -794,6 +826,8 @@ static void drop_head(shim_pool *sp, const real_driver *R, fence_queue *q)
 bool fences_done(void *ctx, uint32_t lane, uint64_t token, bool wait)
 {
     shim_pool *sp = ctx;
+    if (atomic_load_explicit(&sp->keep_freed, memory_order_relaxed))
+        return false; /* (fences_keep_freed) */
     pools_context_needed(sp);
     const real_driver *R = real_driver_get();
     fence_queue *q = sp->fences[lane];

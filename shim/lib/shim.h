@@ -288,6 +288,11 @@ typedef struct shim_pool {
      * context made again under the same handle has another */
     unsigned long long ctx_id;
     atomic_bool dead;     /* its context went away: no more use */
+    /* work the fences no longer cover may still use freed blocks (a
+     * stand-in could be neither recorded nor replaced by a host wait): no
+     * fence is sealed or completes from then on, and freed blocks are kept
+     * (fences.c, fences_keep_freed) */
+    atomic_bool keep_freed;
     /* trims inside the pool now, and a teardown holding new ones off
      * (pools.c, "trims and teardowns") */
     atomic_int trims;
@@ -549,8 +554,15 @@ bool fences_done(void *ctx, uint32_t lane, uint64_t token, bool wait);
  * capture forbids it now (then false). */
 bool fences_sync_blind(shim_pool *sp);
 /* Records a stand-in event on s (of sp's context, which is current): every
- * plain-free fence waits for it until it completes. */
-void fences_stand_in(shim_pool *sp, CUstream s);
+ * plain-free fence waits for it until it completes. When none can be
+ * recorded, the host waits for s instead; when that fails too, the pool
+ * keeps its freed blocks for good (fences_keep_freed). unknown: the driver
+ * could not say whether s captures (no host wait then: it would invalidate
+ * a capture). */
+void fences_stand_in(shim_pool *sp, CUstream s, bool unknown);
+/* From now on no fence of sp is sealed or completes: freed blocks are
+ * kept, never reused (one log line, naming the driver's code r). */
+void fences_keep_freed(shim_pool *sp, CUresult r);
 /* The same for all the work of green context g (an event of sp's context,
  * which is current, recorded with cuGreenCtxRecordEvent); false if it could
  * not be recorded. */

@@ -1,0 +1,134 @@
+/*
+ * e2e_drvfail.c - the shim's safety machinery when the driver calls it makes
+ * fail (the fake's fail_call, fake_cuda.h: one call of one entry point
+ * answers a code cuda.h documents for it, or every call from then on, as
+ * after a kernel's fault). A failure may cost memory or a host wait, never
+ * a block handed out while work queued before its free may still use it.
+ * Each scenario fills the pool around one 1 MiB hole, as e2e_fences does,
+ * so the next 1 MiB allocation can only land in the block just freed.
+ * Scenarios:
+ *
+ *   destroy-stand-in-create  a non-blocking stream with work queued on the
+ *                    block is destroyed, and the stand-in's cuEventCreate
+ *                    fails (CUDA_ERROR_OUT_OF_MEMORY); then the block is
+ *                    freed and allocated again
+ *   destroy-stand-in-record  the same, the stand-in's cuEventRecord failing
+ *   destroy-after-stand-in-create  freed first, then the stream destroyed
+ *                    with the stand-in failing
+ *   destroy-is-capturing  the same, cuStreamIsCapturing failing at the
+ *                    destroy (CUDA_ERROR_INVALID_VALUE): whether the stream
+ *                    captures is not known
+ *   destroy-sticky   the same with a faulted context: cuEventCreate and
+ *                    cuStreamSynchronize answer CUDA_ERROR_ILLEGAL_ADDRESS
+ *                    from the destroy on (no stand-in, no host wait): the
+ *                    block may not come back at all
+ */
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include "e2e_rt.h"
+
+#define MiB (UINT64_C(1) << 20)
+
+static char *fill_but_hole(char **hole)
+{
+    *hole = alloc_ok(MiB);
+    return alloc_ok(free_memory() - MiB / 2);
+}
+
+static void write_pattern(void *arg) { memset(arg, 0x5a, MiB); }
+
+/* q was allocated after the hole was freed under work queued on `s`: if it
+ * is the hole, that work must have completed first. */
+static void expect_safe(const char *hole, const char *q, void *s)
+{
+    uint64_t left = fakecuda()->pending(s);
+    if (q == hole && left) {
+        fprintf(stderr, "the freed block was handed out with %llu operation(s) still "
+                        "queued before its free\n", (unsigned long long)left);
+        e2e_failures++;
+    }
+}
+
+static void arm(const char *name, int code)
+{
+    CHECK_EQ(fakecuda()->fail_call(name, 1, code, 0), 0);
+}
+
+/* A non-blocking stream with work queued on the hole is destroyed while
+ * `fails` (the stand-in's call) answers `code`. */
+static void destroyed_with_failure(bool before_free, const char *fails, int code)
+{
+    char *p, *filler = fill_but_hole(&p);
+    cudaStream_t s;
+    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(fakecuda()->launch(s, write_pattern, p), 0);
+    if (!before_free)
+        CHECK_EQ(cudaFree(p), cudaSuccess);
+    arm(fails, code);
+    CHECK_EQ(cudaStreamDestroy(s), cudaSuccess); /* returns; the work goes on */
+    CHECK_EQ(fakecuda()->fail_call(fails, 0, 0, 0), 0); /* (spent, or not reached) */
+    if (before_free)
+        CHECK_EQ(cudaFree(p), cudaSuccess);
+    char *q = alloc_ok(MiB);
+    expect_safe(p, q, s);
+    fakecuda()->complete_all();
+    CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+}
+
+static void destroy_stand_in_create(void)
+{
+    destroyed_with_failure(true, "cuEventCreate", CUDA_ERROR_OUT_OF_MEMORY);
+}
+
+static void destroy_stand_in_record(void)
+{
+    destroyed_with_failure(true, "cuEventRecord", CUDA_ERROR_INVALID_VALUE);
+}
+
+static void destroy_after_stand_in_create(void)
+{
+    destroyed_with_failure(false, "cuEventCreate", CUDA_ERROR_OUT_OF_MEMORY);
+}
+
+static void destroy_is_capturing(void)
+{
+    destroyed_with_failure(true, "cuStreamIsCapturing", CUDA_ERROR_INVALID_VALUE);
+}
+
+static void destroy_sticky(void)
+{
+    char *p, *filler = fill_but_hole(&p);
+    cudaStream_t s;
+    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(fakecuda()->launch(s, write_pattern, p), 0);
+    static const char *const dead[] = {"cuEventCreate", "cuStreamSynchronize",
+                                       "cuCtxSynchronize", "cuEventSynchronize"};
+    for (size_t i = 0; i < sizeof dead / sizeof dead[0]; i++)
+        CHECK_EQ(fakecuda()->fail_call(dead[i], 1, CUDA_ERROR_ILLEGAL_ADDRESS, 1), 0);
+    CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+    void *q = NULL;
+    cudaError_t e = cudaMalloc(&q, MiB); /* may fail: the block is not known idle */
+    CHECK(e == cudaSuccess || e == cudaErrorMemoryAllocation);
+    expect_safe(p, q, s);
+    for (size_t i = 0; i < sizeof dead / sizeof dead[0]; i++)
+        CHECK_EQ(fakecuda()->fail_call(dead[i], 0, 0, 0), 0);
+    fakecuda()->complete_all();
+    if (q)
+        CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+}
+
+int main(int argc, char **argv)
+{
+    static const e2e_scenario scenarios[] = {
+        {"destroy-stand-in-create", destroy_stand_in_create},
+        {"destroy-stand-in-record", destroy_stand_in_record},
+        {"destroy-after-stand-in-create", destroy_after_stand_in_create},
+        {"destroy-is-capturing", destroy_is_capturing},
+        {"destroy-sticky", destroy_sticky},
+    };
+    return e2e_main("e2e_drvfail", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
+}
