@@ -942,7 +942,7 @@ uint32_t pool_lane_for_alloc(shim_pool *sp, CUstream s, bool per_thread)
  * 1's work on the other kind of stream). So s first takes an action of its
  * own, a wait for an event recorded on it (the wait, not the record, is
  * the action), and the host then waits for s. */
-static void wait_for_foreign_stream(const real_driver *R, CUstream s, CUcontext ctx)
+static bool wait_for_foreign_stream(const real_driver *R, CUstream s, CUcontext ctx)
 {
     bool pushed = ctx ? real_ctx_enter(R, ctx) : false;
     CUevent e = NULL;
@@ -953,10 +953,13 @@ static void wait_for_foreign_stream(const real_driver *R, CUstream s, CUcontext 
     }
     CUresult r = capture_relaxed_stream_wait(R, s);
     real_ctx_leave(R, pushed);
+    /* Not waited for: its work may still use the block, which no fence of
+     * the pool covers: the caller keeps it (BFC_NO_LANE). */
     if (r != CUDA_SUCCESS)
         shim_log(LOG_ERROR, "a stream-ordered free on stream %p of another context: waiting "
-                            "for that stream failed (%d); its work may still use the block",
+                            "for that stream failed (%d); the block is kept until exit",
                  (void *)s, (int)r);
+    return r == CUDA_SUCCESS;
 }
 
 /* A stream-ordered free on an explicit stream of another context (a
@@ -965,14 +968,14 @@ static void wait_for_foreign_stream(const real_driver *R, CUstream s, CUcontext 
  * plain lane's fences cover only the pool's own context; so the stream's
  * work is waited for now, while the caller vouches for the stream. Rare,
  * and correct. */
-static void settle_foreign_stream(shim_pool *sp, CUstream s)
+static bool settle_foreign_stream(shim_pool *sp, CUstream s)
 {
     const real_driver *R = real_driver_get();
     CUcontext c = NULL;
     if (!R || !R->StreamGetCtx || !R->StreamSynchronize ||
         R->StreamGetCtx(s, &c) != CUDA_SUCCESS || pool_context_is(sp, c))
-        return;
-    wait_for_foreign_stream(R, s, c);
+        return true;
+    return wait_for_foreign_stream(R, s, c);
 }
 
 /* The pool of the calling thread's current context, if it has one (never
@@ -1010,10 +1013,12 @@ uint32_t pool_lane_for_free(shim_pool *sp, CUstream s, bool per_thread, bool leg
              * for as 0, cuStreamSynchronize waited for the legacy stream,
              * which need not have joined it; e2e_fences
              * other-device-ptsz0, found by the per-thread audit) */
-            wait_for_foreign_stream(R,
-                                    per_thread_stream(s, per_thread) ? CU_STREAM_PER_THREAD : s,
-                                    NULL);
-            return sp->plain_lane;
+            return wait_for_foreign_stream(R,
+                                           per_thread_stream(s, per_thread) ? CU_STREAM_PER_THREAD
+                                                                            : s,
+                                           NULL)
+                       ? sp->plain_lane
+                       : BFC_NO_LANE;
         }
     }
     /* A block freed on a per-thread stream waits for every stream: the
@@ -1025,9 +1030,9 @@ uint32_t pool_lane_for_free(shim_pool *sp, CUstream s, bool per_thread, bool leg
     if (s == NULL || s == CU_STREAM_LEGACY)
         return green_is_current() ? sp->plain_lane : sp->legacy_lane;
     uint32_t lane = stream_lane(sp, s);
-    if (lane == BFC_NO_LANE)
-        settle_foreign_stream(sp, s);
-    return lane == BFC_NO_LANE ? sp->plain_lane : lane;
+    if (lane != BFC_NO_LANE)
+        return lane;
+    return settle_foreign_stream(sp, s) ? sp->plain_lane : BFC_NO_LANE;
 }
 
 void pools_seal_stream_lane(shim_pool *sp, CUstream s)

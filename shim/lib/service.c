@@ -357,6 +357,8 @@ svc_status svc_free(CUdeviceptr ptr, free_kind kind, CUstream stream, bool per_t
         uint32_t lane = plain ? sp->plain_lane
                                            : pool_lane_for_free(sp, stream, per_thread,
                                                                 kind == FREE_STREAM_DEVICE);
+        if (lane == BFC_NO_LANE) /* kept: another context's stream not waited for (logged) */
+            return block_start(sp, ptr) ? SVC_OK : bad_pointer(sp, ptr, api);
         /* A legacy-stream free must order other blocking streams' work as
          * CUDA's does: it is a legacy-stream action, and the shim queues
          * nothing for it.

@@ -532,7 +532,9 @@ bool pool_legacy_by_barrier(shim_pool *sp);
  * then wait for every stream. create=false: lookup only. */
 uint32_t pool_lane_for_alloc(shim_pool *sp, CUstream stream, bool per_thread);
 /* legacy_is_pools: the caller vouches that a legacy stream it names is the
- * pool's context's (FREE_STREAM_DEVICE). */
+ * pool's context's (FREE_STREAM_DEVICE). BFC_NO_LANE: another context's
+ * stream that could not be waited for, whose work may still use the block:
+ * the caller keeps it. */
 uint32_t pool_lane_for_free(shim_pool *sp, CUstream stream, bool per_thread, bool legacy_is_pools);
 /* The pool of the calling thread's current context, if one exists (never
  * made: a free must not make a pool); remembered per thread. */

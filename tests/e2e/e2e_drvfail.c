@@ -22,6 +22,12 @@
  *                    cuStreamSynchronize answer CUDA_ERROR_ILLEGAL_ADDRESS
  *                    from the destroy on (no stand-in, no host wait): the
  *                    block may not come back at all
+ *   foreign-free-sync  a device-0 block freed with cudaFreeAsync on a
+ *                    device-1 stream behind work there (the shim waits for
+ *                    that stream on the host: no device-0 fence covers it),
+ *                    and that wait fails (cuStreamSynchronize answers
+ *                    CUDA_ERROR_INVALID_CONTEXT, the event wait before it
+ *                    too): the block must not come back under that work
  */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -121,6 +127,44 @@ static void destroy_sticky(void)
     CHECK_EQ(cudaFree(filler), cudaSuccess);
 }
 
+static bool earlier_work_ran;
+static void earlier_work(void *arg)
+{
+    (void)arg;
+    earlier_work_ran = true;
+}
+
+static void foreign_free_sync(void)
+{
+    cudaStream_t s1 = NULL;
+    CHECK_EQ(cudaSetDevice(1), cudaSuccess);
+    CHECK_EQ(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+    char *p, *filler = fill_but_hole(&p);
+    CHECK_EQ(cudaSetDevice(1), cudaSuccess);
+    earlier_work_ran = false;
+    CHECK_EQ(fakecuda()->launch(s1, earlier_work, p), 0);
+    arm("cuStreamWaitEvent", CUDA_ERROR_INVALID_CONTEXT);
+    arm("cuStreamSynchronize", CUDA_ERROR_INVALID_CONTEXT);
+    CHECK_EQ(cudaFreeAsync(p, s1), cudaSuccess);
+    CHECK_EQ(fakecuda()->fail_call("cuStreamWaitEvent", 0, 0, 0), 0);
+    CHECK_EQ(fakecuda()->fail_call("cuStreamSynchronize", 0, 0, 0), 0);
+    CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+    void *q = NULL;
+    cudaError_t e = cudaMalloc(&q, MiB);
+    CHECK(e == cudaSuccess || e == cudaErrorMemoryAllocation);
+    if (q == p && !earlier_work_ran) {
+        fprintf(stderr, "the block freed on device 1's stream came back before that "
+                        "stream's work ran\n");
+        e2e_failures++;
+    }
+    fakecuda()->complete_all();
+    if (q)
+        CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(s1), cudaSuccess);
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -129,6 +173,7 @@ int main(int argc, char **argv)
         {"destroy-after-stand-in-create", destroy_after_stand_in_create},
         {"destroy-is-capturing", destroy_is_capturing},
         {"destroy-sticky", destroy_sticky},
+        {"foreign-free-sync", foreign_free_sync},
     };
     return e2e_main("e2e_drvfail", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }
