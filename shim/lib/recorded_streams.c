@@ -72,6 +72,12 @@
  *     policy, and why the default is safe").
  *   - the same for a stream of another context: the plain free does not
  *     cover it, so the block is kept (never handed out again; rare, logged).
+ *     At the record, too: a per-thread stream, or a handle that cannot be
+ *     told later, of another context keeps the block; another context's
+ *     stream finding the entry full takes the slot of one of the block's
+ *     context (the free becoming plain), else keeps the block; and a free
+ *     already made plain still names another context's streams (its fence
+ *     does not cover them: e2e_api torch-record-other-after-plain).
  * S itself unusable (capturing, blocked, dead): svc_free decides as for any
  * free (kept or refused), nothing is queued on S.
  */
@@ -96,6 +102,7 @@ typedef struct rs_entry {
     shim_pool *sp;
     uint64_t seq;  /* the block's allocation sequence number in sp */
     bool plain;    /* free it as a plain free */
+    bool keep;     /* an unnameable stream of another context: never hand it out */
     bool legacy_any; /* recorded on handle 0: some device's legacy stream */
     unsigned n;
     rs_stream st[RS_STREAMS];
@@ -164,6 +171,19 @@ static void rs_sweep_locked(void)
     rs_publish_locked();
 }
 
+/* Makes e's free a plain one, whose fence covers every stream of the
+ * block's context: its streams of that context need no name any more, and
+ * leave their slots to another context's. */
+static void rs_make_plain(rs_entry *e)
+{
+    unsigned n = 0;
+    for (unsigned k = 0; k < e->n; k++)
+        if (e->st[k].ctx != e->sp->ctx)
+            e->st[n++] = e->st[k];
+    e->n = n;
+    e->plain = true;
+}
+
 void recorded_stream_add(shim_pool *sp, CUdeviceptr p, uint64_t seq, CUstream s,
                          const char *api)
 {
@@ -172,8 +192,10 @@ void recorded_stream_add(shim_pool *sp, CUdeviceptr p, uint64_t seq, CUstream s,
     /* PyTorch passes 0 for the default stream of every device, and no
      * device (c10's CUDAStream::stream()): some device's legacy stream */
     const bool legacy_any = rec.s == CU_STREAM_LEGACY;
-    bool plain = s == CU_STREAM_PER_THREAD; /* some thread's: not nameable at the free */
-    if (!plain && svc_explicit_stream(s)) {
+    /* Not nameable at the free: some thread's per-thread stream, or a
+     * handle whose identity cannot be told later */
+    bool nameless = s == CU_STREAM_PER_THREAD;
+    if (!nameless && svc_explicit_stream(s)) {
         if (!R->StreamGetCtx || R->StreamGetCtx(s, &rec.ctx) != CUDA_SUCCESS || !rec.ctx) {
             shim_log(LOG_ERROR, "%s(0x%llx, %p): not a valid stream; ignored", api,
                      (unsigned long long)p, (void *)s);
@@ -183,8 +205,12 @@ void recorded_stream_add(shim_pool *sp, CUdeviceptr p, uint64_t seq, CUstream s,
          * names this stream. Without ids, and without seeing destroys, a
          * handle could name another stream by the free. */
         if (!R->StreamGetId || R->StreamGetId(s, &rec.id) != CUDA_SUCCESS)
-            plain = !streams_all_seen();
+            nameless = !streams_all_seen();
     }
+    /* A plain free's fence covers every stream of the block's context
+     * only: a stream of another context is waited for by name, or the
+     * block is kept. */
+    const bool mine = rec.ctx == sp->ctx;
     pthread_mutex_lock(&rs_lock);
     rs_entry *e = NULL;
     if (rs_ready || (rs_ready = ptr_map_init(&rs_blocks)))
@@ -216,16 +242,26 @@ void recorded_stream_add(shim_pool *sp, CUdeviceptr p, uint64_t seq, CUstream s,
         ptr_map_put(&rs_blocks, p, (uintptr_t)e);
         rs_publish_locked();
     }
-    e->plain |= plain;
     e->legacy_any |= legacy_any;
     bool known = false;
     for (unsigned k = 0; k < e->n; k++)
         known |= e->st[k].s == rec.s && e->st[k].id == rec.id;
-    if (!known && !e->plain) {
+    if (nameless) {
+        if (mine)
+            e->plain = true;
+        else
+            e->keep = true;
+    } else if (!known && !(mine && e->plain)) {
+        /* (a stream of the block's context is covered once the free is
+         * plain; another context's is not, whatever the entry holds) */
+        if (e->n == RS_STREAMS && !mine)
+            rs_make_plain(e); /* room for it, if the entry holds one of its context */
         if (e->n < RS_STREAMS)
             e->st[e->n++] = rec;
-        else
+        else if (mine)
             e->plain = true;
+        else
+            e->keep = true;
     }
     pthread_mutex_unlock(&rs_lock);
 }
@@ -305,7 +341,7 @@ rs_verdict recorded_streams_before_free(shim_pool *sp, CUdeviceptr p, bool strea
         return RS_AS_ASKED;
     e.plain |= e.seq <= drop_plain;
     e.legacy_any |= e.seq <= atomic_load(&sp->rs_drop_legacy);
-    bool plain = e.plain, keep = e.seq <= drop_keep;
+    bool plain = e.plain, keep = e.keep || e.seq <= drop_keep;
     /* Questions and records under the streams' read lock: no stream of
      * this registry is destroyed, and no seen capture begins, in between
      * (a capture begun unseen, as a plug-in, is the program's race). */
@@ -394,6 +430,8 @@ void recorded_streams_after_free(void *held, bool freed)
             rs_drop_locked(e->sp, e->seq, &own, e->legacy_any);
             for (unsigned k = 0; k < e->n; k++)
                 rs_drop_locked(e->sp, e->seq, &e->st[k], false);
+            if (e->keep) /* (a context that is not the pool's: the keep mark) */
+                rs_drop_locked(e->sp, e->seq, &(const rs_stream){.ctx = NULL}, false);
         }
         pthread_mutex_unlock(&rs_lock);
     }

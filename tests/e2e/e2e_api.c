@@ -50,6 +50,11 @@
  *   torch-record-other-default  record_stream(t, 0) meaning device 1's
  *              default stream (PyTorch passes 0 for every device's) with
  *              device 0 current: the free waits for device 1's legacy stream
+ *   torch-record-other-after-plain  a block whose record already made its
+ *              free a plain one (a per-thread stream; five streams, more
+ *              than an entry holds) then recorded on device 1's stream with
+ *              queued work: a plain free's fence covers only the block's
+ *              context, so that stream must still be waited for
  *   dead-stream  bfcshim_free_async on a stream destroyed since: no call on
  *              the dead handle, and the block is reused once its work is done
  *   stats-nomem  bfcshim_stats_json when its document cannot be made (no
@@ -624,6 +629,54 @@ static void torch_record_other_default(void)
     CHECK_EQ(D.StreamDestroy(a), CUDA_SUCCESS);
 }
 
+/* A record that makes the free a plain one (the per-thread default stream,
+ * not nameable at the free; more streams than an entry holds) must not
+ * swallow a later record on another context's stream: the plain free's
+ * fence covers every stream of the block's context only (before: the
+ * later record was ignored, and the block handed out under device 1's
+ * queued work). */
+static void torch_record_other_after_plain(void)
+{
+    start();
+    CUcontext c0 = NULL, c1 = NULL;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c1, 1), CUDA_SUCCESS);
+    CUstream other, a, d, s[4];
+    CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&other, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&d, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    for (int i = 0; i < 4; i++)
+        CHECK_EQ(D.StreamCreate(&s[i], CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+
+    void *t = bfcshim_torch_alloc(4 * MiB, 0, a);
+    CHECK(t != NULL);
+    record_stream(t, CU_STREAM_PER_THREAD); /* the free becomes a plain one */
+    CHECK_EQ(F->launch(other, noop, NULL), 0); /* device 1 reads t */
+    record_stream(t, other);
+    bfcshim_torch_free(t, 4 * MiB, 0, a);
+    check_not_under(t, a, other, d, "per-thread, then another context");
+
+    t = bfcshim_torch_alloc(4 * MiB, 0, a);
+    CHECK(t != NULL);
+    for (int i = 0; i < 4; i++)
+        record_stream(t, s[i]);
+    CHECK_EQ(F->launch(other, noop, NULL), 0);
+    record_stream(t, other); /* a fifth stream: the entry is full */
+    bfcshim_torch_free(t, 4 * MiB, 0, a);
+    check_not_under(t, a, other, d, "five streams, the fifth another context's");
+
+    F->complete_all();
+    for (int i = 0; i < 4; i++)
+        CHECK_EQ(D.StreamDestroy(s[i]), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(a), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(d), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(other), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+}
+
 static void dead_stream(void)
 {
     start();
@@ -940,6 +993,7 @@ int main(int argc, char **argv)
                      {"torch-record-stale", torch_record_stale},
                      {"torch-record-full", torch_record_full},
                      {"torch-record-other-default", torch_record_other_default},
+                     {"torch-record-other-after-plain", torch_record_other_after_plain},
                      {"stats-nomem", stats_nomem},
                      {"stats-nomem-write", stats_nomem_write},
                      {"oom-report-nomem", oom_report_nomem}};
@@ -949,6 +1003,6 @@ int main(int argc, char **argv)
             return e2e_done(s);
         }
     fprintf(stderr, "usage: e2e_api plain|async|badinput|zero|trim|stats|platform|dead-stream|"
-                    "torch-legacy|torch-legacy-capture|torch-record-stream|torch-record-cases|torch-record-immediate|torch-record-stale|torch-record-full|torch-record-other-default|dead-stream-immediate|stats-nomem|stats-nomem-write|oom-report-nomem\n");
+                    "torch-legacy|torch-legacy-capture|torch-record-stream|torch-record-cases|torch-record-immediate|torch-record-stale|torch-record-full|torch-record-other-default|torch-record-other-after-plain|dead-stream-immediate|stats-nomem|stats-nomem-write|oom-report-nomem\n");
     return 2;
 }
