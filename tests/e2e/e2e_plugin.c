@@ -66,6 +66,10 @@
  *           stream) freed after the program reset device 1 unseen and
  *           made its primary context again: the free neither hangs nor
  *           keeps the block
+ *   record-threads  two threads record (on a stream, and on handle 0) and
+ *           free blocks while a third makes and destroys streams, captures
+ *           on a blocking one and resets device 1 unseen: no block comes
+ *           back under its recorded stream's write, no deadlock (TSan)
  *   dlclose (BFCSHIM_TRACE) the host unloads the library after a pooled
  *           allocation and free: it stays loaded (the trace's writer
  *           thread runs its code; before, that thread faulted once the
@@ -586,6 +590,100 @@ static void record_zero_reset(void)
     F->complete_all();
 }
 
+/* Two threads record blocks (on a stream of their own, every other one on
+ * handle 0 too) and free them while a third makes and destroys streams,
+ * captures on a blocking stream (the legacy stream blocked meanwhile) and
+ * resets device 1 unseen under the handle-0 frees' walk of the pools.
+ * Each worker checks that a block it gets back at once on its own stream
+ * is not under the recorded stream's queued write; run under TSan for the
+ * locks' order. */
+static atomic_bool rt_stop;
+static CUcontext rt_c0;
+
+static void *rt_worker(void *arg)
+{
+    const bool zero = arg != NULL;
+    CHECK_EQ(D.CtxSetCurrent(rt_c0), CUDA_SUCCESS);
+    CUstream a, b;
+    CHECK_EQ(D.StreamCreate(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    for (int i = 0; i < 400; i++) {
+        void *t = must_alloc_on(a, MiB);
+        CHECK_EQ(F->launch(b, write_mib, t), 0);
+        B.torch_record_stream(t, b);
+        if (zero && i % 2)
+            B.torch_record_stream(t, NULL);
+        B.torch_free(t, MiB, 0, a);
+        void *q = must_alloc_on(a, MiB);
+        if (q == t) {
+            CHECK_EQ(F->launch(a, write_a5, q), 0);
+            F->complete(a);
+            F->complete(b);
+            const unsigned char *c = q;
+            if (c[0] != 0xa5 || c[MiB - 1] != 0xa5) {
+                fprintf(stderr, "threads: the recorded stream's write ran after the block's "
+                                "next owner's\n");
+                e2e_failures++;
+            }
+        }
+        B.torch_free(q, MiB, 0, a);
+        if (i % 16 == 0)
+            F->complete_all();
+    }
+    F->complete_all();
+    CHECK_EQ(D.StreamDestroy(a), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(b), CUDA_SUCCESS);
+    return NULL;
+}
+
+static void *rt_churn(void *arg)
+{
+    (void)arg;
+    CHECK_EQ(D.CtxSetCurrent(rt_c0), CUDA_SUCCESS);
+    for (int i = 0; !atomic_load(&rt_stop); i++) {
+        CUstream s;
+        CHECK_EQ(D.StreamCreate(&s, i % 3 ? CU_STREAM_NON_BLOCKING : 0), CUDA_SUCCESS);
+        CHECK_EQ(F->launch(s, nothing, NULL), 0);
+        if (i % 5 == 0 && D.StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED) ==
+                              CUDA_SUCCESS) {
+            CUgraph g = NULL;
+            D.StreamEndCapture(s, &g); /* maybe invalidated by a free's legacy use */
+            if (g)
+                D.GraphDestroy(g);
+        }
+        CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+        if (i % 7 == 0) {
+            CUcontext c1;
+            CHECK_EQ(D.DevicePrimaryCtxRetain(&c1, 1), CUDA_SUCCESS);
+            CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
+            void *one = NULL;
+            if (B.malloc(&one, MiB, 1) == 0)
+                B.free(one);
+            if (i % 21 == 0)
+                D.DevicePrimaryCtxReset(1); /* unseen: its pool goes stale */
+            CHECK_EQ(D.CtxSetCurrent(rt_c0), CUDA_SUCCESS);
+        }
+    }
+    return NULL;
+}
+
+static void record_threads(void)
+{
+    start();
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&rt_c0, 0), CUDA_SUCCESS);
+    alarm(240); /* a deadlock fails the scenario */
+    pthread_t w0, w1, ch;
+    CHECK_EQ(pthread_create(&ch, NULL, rt_churn, NULL), 0);
+    CHECK_EQ(pthread_create(&w0, NULL, rt_worker, NULL), 0);
+    CHECK_EQ(pthread_create(&w1, NULL, rt_worker, (void *)1), 0);
+    pthread_join(w0, NULL);
+    pthread_join(w1, NULL);
+    atomic_store(&rt_stop, true);
+    pthread_join(ch, NULL);
+    alarm(0);
+    F->complete_all();
+}
+
 static void query_during_capture(void)
 {
     start();
@@ -691,6 +789,7 @@ int main(int argc, char **argv)
         {"record-refused", record_refused},
         {"record-zero-reset", record_zero_reset},
         {"record-zero-other-device", record_zero_other_device},
+        {"record-threads", record_threads},
         {"cost", cost},
         {"dlclose", unload}};
     return e2e_main("e2e_plugin", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
