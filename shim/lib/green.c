@@ -39,7 +39,8 @@
  * context's later events still cover a destroyed stream's queued work). So
  * does a green context that is destroyed; its streams are dead handles then
  * ("will return CUDA_ERROR_CONTEXT_IS_DESTROYED") and leave the stream
- * registry.
+ * registry. A stand-in the driver refuses is replaced by a host wait, and
+ * when that fails too the pool keeps its freed blocks (cover).
  */
 #include <stdlib.h>
 
@@ -147,6 +148,36 @@ static bool stand_in(const real_driver *R, const green *e)
     return ok;
 }
 
+/* Covers what green context e's stream s (NULL: the whole green context)
+ * queued so far, in e's primary context's pool: a stand-in, unless
+ * no_event (the green context captures: an event would break that capture),
+ * else a host wait (for s: cuStreamSynchronize; for the whole green context:
+ * cuCtxSynchronize of the primary context, which "if the current context is
+ * the primary context, green contexts that have been created will also be
+ * synchronized", cuda.h; not while any capture is under way, which it would
+ * break). When neither can be made, the pool keeps its freed blocks for good
+ * (fences_keep_freed): work nothing covers may still use them. */
+static void cover(const real_driver *R, const green *e, CUstream s, bool no_event)
+{
+    shim_pool *sp = pool_for_context(e->primary, false);
+    if (!sp)
+        return; /* nothing was ever freed there */
+    if (!no_event && stand_in(R, e))
+        return;
+    CUresult r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (s) {
+        r = capture_relaxed_stream_wait(R, s);
+    } else if (R->CtxSynchronize && capture_none()) {
+        bool pushed = real_ctx_enter(R, sp->ctx);
+        relaxed_scope rs = capture_relax_always(R);
+        r = R->CtxSynchronize();
+        capture_restore(R, rs);
+        real_ctx_leave(R, pushed);
+    }
+    if (r != CUDA_SUCCESS)
+        fences_keep_freed(sp, r);
+}
+
 /* Does s capture (or sit in an invalidated capture)? */
 static bool stream_captures(const real_driver *R, CUstream s)
 {
@@ -173,8 +204,7 @@ void green_stream_capturing(CUcontext converted, CUstream s)
      * to synchronize ... a stream which is being captured"), so the host
      * waits for that work now: rare, two streams of one green context in
      * captures at once. */
-    if (copy.captures > 1 || !stand_in(R, &copy))
-        capture_relaxed_stream_wait(R, s);
+    cover(R, &copy, s, copy.captures > 1);
 }
 
 bool green_stream_destroyed(CUstream s)
@@ -193,8 +223,7 @@ bool green_stream_destroyed(CUstream s)
      * never runs. */
     if (copy.captures > 0 && stream_captures(R, s))
         return true;
-    if (copy.captures > 0 || !stand_in(R, &copy))
-        capture_relaxed_stream_wait(R, s);
+    cover(R, &copy, s, copy.captures > 0);
     return true;
 }
 
@@ -217,10 +246,13 @@ int green_destroying(CUgreenCtx g, CUcontext *converted)
     if (!found.g || !R)
         return -1;
     *converted = found.converted;
-    /* (While it captures, the event would fail and break the capture.) */
-    if (found.captures > 0 || !stand_in(R, &found))
+    /* (While it captures, the event would fail and break the capture, and
+     * so would the host wait.) */
+    if (found.captures > 0)
         shim_log(LOG_WARN, "a green context was destroyed while its work could not be "
                            "fenced: blocks it used may be reused early");
+    else
+        cover(R, &found, NULL, false);
     streams_forget_context(found.converted);
     return found.dev;
 }

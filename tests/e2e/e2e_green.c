@@ -76,6 +76,17 @@
  *                   block comes back only after that work, no stale handle
  *   fake-green      (driver door closed: the fake itself) what cuda.h says
  *                   of green contexts, streams and events
+ *   green-drvfail-destroy, -capture, -ctx-destroy  (the fake's fail_call)
+ *                   a green stream with work on the hole is destroyed, or
+ *                   begins a capture and is destroyed in it, or the green
+ *                   context is destroyed with work on its default stream,
+ *                   while the stand-in's cuGreenCtxRecordEvent fails and so
+ *                   does the host wait that replaces it (cuStreamSynchronize,
+ *                   cuCtxSynchronize): the block may be kept, never handed
+ *                   out under that work (found by an audit: the failed wait
+ *                   was ignored, and the block came back under the work;
+ *                   the green context's was not even tried); each first
+ *                   with the wait succeeding: the block comes back
  */
 #include <cuda.h>
 #include <dlfcn.h>
@@ -848,6 +859,110 @@ static void green_other_device(void)
     }
 }
 
+/* The green-drvfail scenarios: the next call of the stand-in's entry point
+ * answers `code`, and with wait_fails so does the next of each host wait's
+ * (fail_call); code 0 clears them. */
+static void fail_next(bool wait_fails, int code)
+{
+    static const char *const names[] = {"cuGreenCtxRecordEvent", "cuStreamSynchronize",
+                                        "cuCtxSynchronize"};
+    for (size_t i = 0; i < (wait_fails || !code ? 3 : 1); i++)
+        CHECK_EQ(fakecuda()->fail_call(names[i], code ? 1 : 0, code, 0), 0);
+}
+
+/* The hole, freed once nothing but what the shim did when the stand-in
+ * failed covers the work on it, is wanted again: not while the work is
+ * queued. When the host could wait, the work has run and the hole comes
+ * back; else the allocation may fail (the pool keeps its freed blocks). */
+static void hole_not_under_work(CUdeviceptr p, CUdeviceptr filler, bool waited)
+{
+    CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+    CUdeviceptr q = 0;
+    CUresult r = D.MemAlloc(&q, MiB);
+    CHECK(r == CUDA_SUCCESS || (!waited && r == CUDA_ERROR_OUT_OF_MEMORY));
+    if (r == CUDA_SUCCESS)
+        expect_safe(p, q);
+    if (waited)
+        CHECK(work_ran && overlaps_hole(p, q));
+    fakecuda()->complete_all();
+    if (r == CUDA_SUCCESS)
+        CHECK_EQ(D.MemFree(q), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(filler), CUDA_SUCCESS);
+}
+
+/* green-drvfail-destroy: the green stream is destroyed. Each scenario runs
+ * twice: the host wait succeeds, then fails too (the pool keeps its freed
+ * blocks from then on). */
+static void green_drvfail_destroy_with(bool wait_fails)
+{
+    start();
+    CUgreenCtx g = make_green(NULL);
+    CUstream s = green_stream(g);
+    CUdeviceptr p, filler = fill_but_hole(&p);
+    queue_work(s, p);
+    fail_next(wait_fails, CUDA_ERROR_INVALID_CONTEXT);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS); /* returns; the work goes on */
+    fail_next(wait_fails, 0);
+    hole_not_under_work(p, filler, !wait_fails);
+    CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
+    CHECK_EQ(fake_stats().capture_invalidations, 0);
+}
+
+static void green_drvfail_destroy(void)
+{
+    green_drvfail_destroy_with(false);
+    green_drvfail_destroy_with(true);
+}
+
+/* green-drvfail-capture: the green stream begins a capture (no event can
+ * be recorded on it from then on, nor can it be waited for) and is
+ * destroyed in it, which ends the capture. */
+static void green_drvfail_capture_with(bool wait_fails)
+{
+    start();
+    CUgreenCtx g = make_green(NULL);
+    CUstream s = green_stream(g);
+    CUdeviceptr p, filler = fill_but_hole(&p);
+    queue_work(s, p);
+    fail_next(wait_fails, CUDA_ERROR_INVALID_CONTEXT);
+    CHECK_EQ(D.StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    fail_next(wait_fails, 0);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS);
+    hole_not_under_work(p, filler, !wait_fails);
+    CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
+}
+
+static void green_drvfail_capture(void)
+{
+    green_drvfail_capture_with(false);
+    green_drvfail_capture_with(true);
+}
+
+/* green-drvfail-ctx-destroy: work on the green context's default stream,
+ * then the green context is destroyed (cuda.h does not say that it waits
+ * for that work: the fake does not). */
+static void green_drvfail_ctx_destroy_with(bool wait_fails)
+{
+    start();
+    CUcontext converted = NULL;
+    CUgreenCtx g = make_green(&converted);
+    CUdeviceptr p, filler = fill_but_hole(&p);
+    CHECK_EQ(D.CtxSetCurrent(converted), CUDA_SUCCESS);
+    queue_work(NULL, p);
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    fail_next(wait_fails, CUDA_ERROR_INVALID_CONTEXT);
+    CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
+    fail_next(wait_fails, 0);
+    hole_not_under_work(p, filler, !wait_fails);
+    CHECK_EQ(fake_stats().capture_invalidations, 0);
+}
+
+static void green_drvfail_ctx_destroy(void)
+{
+    green_drvfail_ctx_destroy_with(false);
+    green_drvfail_ctx_destroy_with(true);
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -868,6 +983,9 @@ int main(int argc, char **argv)
         {"green-ptsz-fork", green_ptsz_fork},
         {"green-fork-origin-destroyed", green_fork_origin_destroyed},
         {"green-other-device", green_other_device},
+        {"green-drvfail-destroy", green_drvfail_destroy},
+        {"green-drvfail-capture", green_drvfail_capture},
+        {"green-drvfail-ctx-destroy", green_drvfail_ctx_destroy},
     };
     e2e_cu_load();
     e2e_green_load();
