@@ -320,16 +320,16 @@ SHIM_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size
 SHIM_EXPORT CUresult cuStreamCreate(CUstream *s, unsigned flags)
 {
     CUresult r = PASS(StreamCreate, s, flags);
-    if (r == CUDA_SUCCESS && s)
-        streams_add(*s);
+    if (r == CUDA_SUCCESS && s && (r = streams_add(*s)) != CUDA_SUCCESS)
+        *s = NULL;
     return r;
 }
 
 SHIM_EXPORT CUresult cuStreamCreateWithPriority(CUstream *s, unsigned flags, int priority)
 {
     CUresult r = PASS(StreamCreateWithPriority, s, flags, priority);
-    if (r == CUDA_SUCCESS && s)
-        streams_add(*s);
+    if (r == CUDA_SUCCESS && s && (r = streams_add(*s)) != CUDA_SUCCESS)
+        *s = NULL;
     return r;
 }
 
@@ -746,7 +746,7 @@ SHIM_EXPORT CUresult cuGreenCtxStreamCreate(CUstream *s, CUgreenCtx g, unsigned 
                                             int priority)
 {
     CUresult r = PASS(GreenCtxStreamCreate, s, g, flags, priority);
-    if (r == CUDA_SUCCESS && s)
-        streams_add(*s);
+    if (r == CUDA_SUCCESS && s && (r = streams_add(*s)) != CUDA_SUCCESS)
+        *s = NULL;
     return r;
 }

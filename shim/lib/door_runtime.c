@@ -399,9 +399,15 @@ SHIM_EXPORT cudaError_t cudaMallocFromPoolAsync_ptsz(void **p, size_t size, cuda
 /* Registered here as well as in the driver door, which may be closed. */
 static cudaError_t registered(cudaError_t e, cudaStream_t *s)
 {
-    if (e == cudaSuccess && s)
-        streams_add((CUstream)*s);
-    return e;
+    if (e != cudaSuccess || !s)
+        return e;
+    CUresult r = streams_add((CUstream)*s);
+    if (r == CUDA_SUCCESS)
+        return e;
+    *s = NULL; /* (destroyed: fences_ordered_stream_made) */
+    return r == CUDA_ERROR_ILLEGAL_ADDRESS ? cudaErrorIllegalAddress
+           : r == CUDA_ERROR_LAUNCH_FAILED ? cudaErrorLaunchFailure
+                                           : cudaErrorMemoryAllocation;
 }
 
 SHIM_EXPORT cudaError_t cudaStreamCreate(cudaStream_t *s)

@@ -619,12 +619,12 @@ static void lanes_eager(shim_pool *sp)
         set_lanes_lazy(sp, false);
 }
 
-void fences_ordered_stream_made(CUcontext ctx, CUstream s)
+CUresult fences_ordered_stream_made(CUcontext ctx, CUstream s)
 {
     const real_driver *R = real_driver_get();
     shim_pool *sp = R ? pool_for_context(ctx, false) : NULL;
     if (!sp)
-        return;
+        return CUDA_SUCCESS;
     /* The state is asked under the write lock, not before: a pool made
      * meanwhile stores it under that lock after copying the registry, and
      * a look before the store, with the stream registered after the copy,
@@ -635,15 +635,33 @@ void fences_ordered_stream_made(CUcontext ctx, CUstream s)
     CUevent b = end_ordered(sp, &was);
     /* Blocks reused after that barrier may still have old work queued
      * before it: s runs nothing until it is done. If the wait cannot be
-     * made, the host waits instead. */
-    if (b && R->StreamWaitEvent(s, b, 0) != CUDA_SUCCESS)
-        event_done(R, b, true);
+     * made, the host waits instead; if that fails too, s may not be used
+     * (the caller destroys it): blocks handed out behind the barrier
+     * cannot be taken back. */
+    CUresult r = CUDA_SUCCESS;
+    if (b && R->StreamWaitEvent(s, b, 0) != CUDA_SUCCESS) {
+        relaxed_scope rs = capture_relax_always(R);
+        r = R->EventSynchronize(b);
+        capture_restore(R, rs);
+    }
     streams_change_end();
     if (was) {
         lanes_eager(sp);
         shim_log(LOG_DEBUG, "device %d: a non-blocking stream: plain frees are fenced with "
                             "events from now on", (int)sp->dev);
     }
+    if (r == CUDA_SUCCESS)
+        return r;
+    shim_log(LOG_ERROR, "device %d: a new non-blocking stream could be made to wait for the "
+                        "pool's last barrier neither on the device nor on the host (the driver "
+                        "answered %d): the stream is refused", (int)sp->dev, (int)r);
+    /* (cuStreamCreate's codes, cuda.h: the errors of earlier launches, a
+     * lost context, or none of them: out of memory) */
+    return r == CUDA_ERROR_ILLEGAL_ADDRESS || r == CUDA_ERROR_LAUNCH_FAILED ||
+                   r == CUDA_ERROR_INVALID_CONTEXT || r == CUDA_ERROR_DEINITIALIZED ||
+                   r == CUDA_ERROR_NOT_INITIALIZED
+               ? r
+               : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 /* The host waits for the last barriers, since the work that may now reach

@@ -581,8 +581,10 @@ bool fences_lazy_pool(shim_pool *sp);
 bool fences_legacy_blocked(const real_driver *R);
 /* A stream s that does not follow the legacy stream's order (non-blocking)
  * was made in ctx: pools of ctx leave the ordered state for good, and s
- * waits for their last barrier before any work of its own. */
-void fences_ordered_stream_made(CUcontext ctx, CUstream s);
+ * waits for their last barrier before any work of its own (on the device,
+ * else on the host). Returns the code for the program when neither wait
+ * could be made: s must not be used (streams_add destroys it). */
+CUresult fences_ordered_stream_made(CUcontext ctx, CUstream s);
 /* A green context was made on dev: its streams and default stream do not
  * follow the primary context's legacy stream, so every pool of the device
  * (dev -1: of every device, for a second context) leaves the ordered state,
@@ -718,8 +720,11 @@ bool green_is_current(void);
 int green_fence_targets(const real_driver *R, const shim_pool *sp, bool plain, CUstream own,
                         CUgreenCtx **out);
 
-/* Streams we have seen created and not destroyed (streams.c). */
-void streams_add(CUstream s);
+/* Streams we have seen created and not destroyed (streams.c). Returns
+ * CUDA_SUCCESS, or the code the program's stream creation answers when the
+ * new stream could not be ordered after the pools' last barriers
+ * (fences_ordered_stream_made): it has been destroyed then. */
+CUresult streams_add(CUstream s);
 /* Is every stream the program makes seen here, i.e. is the library
  * interposing (preloaded) rather than loaded as a plug-in? */
 bool streams_all_seen(void);

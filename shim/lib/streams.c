@@ -185,11 +185,11 @@ static void wait_for_users(void)
     streams_change_end();
 }
 
-void streams_add(CUstream s)
+CUresult streams_add(CUstream s)
 {
     const real_driver *R = real_driver_get();
     if (!R || !s)
-        return;
+        return CUDA_SUCCESS;
     CUcontext ctx = NULL;
     unsigned flags = 0;
     if (!R->StreamGetCtx || R->StreamGetCtx(s, &ctx) != CUDA_SUCCESS)
@@ -226,9 +226,13 @@ void streams_add(CUstream s)
     /* Registered first (when there was room): a pool made meanwhile either
      * sees it or is found here (fences_ordered_begin). Not registered, it
      * ends the ordered state all the same. */
-    if (e.non_blocking)
-        fences_ordered_stream_made(ctx, s);
+    CUresult r = e.non_blocking ? fences_ordered_stream_made(ctx, s) : CUDA_SUCCESS;
     remembered_pools_stale(); /* its handle may be a destroyed stream's */
+    if (r != CUDA_SUCCESS) { /* (nothing queued on it yet) */
+        streams_remove(s);
+        R->StreamDestroy(s);
+    }
+    return r;
 }
 
 /* Which entries of context ctx a sweep takes out (forget_where). */

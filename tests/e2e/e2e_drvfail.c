@@ -28,6 +28,14 @@
  *                    and that wait fails (cuStreamSynchronize answers
  *                    CUDA_ERROR_INVALID_CONTEXT, the event wait before it
  *                    too): the block must not come back under that work
+ *   ordered-stream-wait  an ordered pool (no non-blocking stream) hands the
+ *                    hole out at once behind its barrier, with the old
+ *                    owner's work still queued; then a non-blocking stream
+ *                    is made, whose cuStreamWaitEvent on the last barrier
+ *                    fails, and so does the host wait that replaces it
+ *                    (cuEventSynchronize, CUDA_ERROR_INVALID_CONTEXT): the
+ *                    new owner's work on that stream must not run before
+ *                    the old owner's (the stream may be refused instead)
  */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -117,7 +125,9 @@ static void destroy_sticky(void)
     CHECK_EQ(cudaFree(p), cudaSuccess);
     void *q = NULL;
     cudaError_t e = cudaMalloc(&q, MiB); /* may fail: the block is not known idle */
-    CHECK(e == cudaSuccess || e == cudaErrorMemoryAllocation);
+    /* (refused: out of memory, or the event wait's CUDA_ERROR_INVALID_CONTEXT,
+     * which cudaStreamCreateWithFlags answers as cudaErrorDeviceUninitialized) */
+    CHECK(e == cudaSuccess || e == cudaErrorMemoryAllocation || e == cudaErrorDeviceUninitialized);
     expect_safe(p, q, s);
     for (size_t i = 0; i < sizeof dead / sizeof dead[0]; i++)
         CHECK_EQ(fakecuda()->fail_call(dead[i], 0, 0, 0), 0);
@@ -152,7 +162,9 @@ static void foreign_free_sync(void)
     CHECK_EQ(cudaSetDevice(0), cudaSuccess);
     void *q = NULL;
     cudaError_t e = cudaMalloc(&q, MiB);
-    CHECK(e == cudaSuccess || e == cudaErrorMemoryAllocation);
+    /* (refused: out of memory, or the event wait's CUDA_ERROR_INVALID_CONTEXT,
+     * which cudaStreamCreateWithFlags answers as cudaErrorDeviceUninitialized) */
+    CHECK(e == cudaSuccess || e == cudaErrorMemoryAllocation || e == cudaErrorDeviceUninitialized);
     if (q == p && !earlier_work_ran) {
         fprintf(stderr, "the block freed on device 1's stream came back before that "
                         "stream's work ran\n");
@@ -165,6 +177,39 @@ static void foreign_free_sync(void)
     CHECK_EQ(cudaStreamDestroy(s1), cudaSuccess);
 }
 
+static void write_other(void *arg) { memset(arg, 0xa5, MiB); }
+
+static void ordered_stream_wait(void)
+{
+    char *p, *filler = fill_but_hole(&p);
+    CHECK_EQ(fakecuda()->launch(NULL, write_pattern, p), 0); /* the legacy stream */
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+    char *q = alloc_ok(MiB); /* (the hole at once when the pool is ordered) */
+    arm("cuStreamWaitEvent", CUDA_ERROR_INVALID_CONTEXT);
+    arm("cuEventSynchronize", CUDA_ERROR_INVALID_CONTEXT);
+    cudaStream_t s = NULL;
+    cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    CHECK_EQ(fakecuda()->fail_call("cuStreamWaitEvent", 0, 0, 0), 0);
+    CHECK_EQ(fakecuda()->fail_call("cuEventSynchronize", 0, 0, 0), 0);
+    /* (refused: out of memory, or the event wait's CUDA_ERROR_INVALID_CONTEXT,
+     * which cudaStreamCreateWithFlags answers as cudaErrorDeviceUninitialized) */
+    CHECK(e == cudaSuccess || e == cudaErrorMemoryAllocation || e == cudaErrorDeviceUninitialized);
+    if (e == cudaSuccess) {
+        /* The new owner's work, run first: it must wait for the old one's. */
+        CHECK_EQ(fakecuda()->launch(s, write_other, q), 0);
+        fakecuda()->complete(s);
+    }
+    fakecuda()->complete_all();
+    if (e == cudaSuccess && ((unsigned char)q[0] != 0xa5 || (unsigned char)q[MiB - 1] != 0xa5)) {
+        fprintf(stderr, "the old owner's work ran after the new owner's on the new stream\n");
+        e2e_failures++;
+    }
+    CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+    if (e == cudaSuccess)
+        CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -174,6 +219,7 @@ int main(int argc, char **argv)
         {"destroy-is-capturing", destroy_is_capturing},
         {"destroy-sticky", destroy_sticky},
         {"foreign-free-sync", foreign_free_sync},
+        {"ordered-stream-wait", ordered_stream_wait},
     };
     return e2e_main("e2e_drvfail", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }
