@@ -708,14 +708,27 @@ static bool same_ctx(const shim_pool *sp, const void *arg)
 
 static bool same_pool(const shim_pool *sp, const void *arg) { return sp == arg; }
 
-bool pools_forget_if_replaced(shim_pool *sp)
+ctx_identity pools_context_identity(const shim_pool *sp)
 {
     const real_driver *R = real_driver_get();
     unsigned long long id = 0;
-    if (!R || !R->CtxGetId || !sp->ctx_id || atomic_load(&sp->dead))
-        return false;
+    if (!R || !R->CtxGetId || !sp->ctx_id)
+        return CTX_SAME;
     CUresult r = R->CtxGetId(sp->ctx, &id);
-    if (r == CUDA_SUCCESS && id == sp->ctx_id)
+    if (r == CUDA_SUCCESS)
+        return id == sp->ctx_id ? CTX_SAME : CTX_REPLACED;
+    return r == CUDA_ERROR_CONTEXT_IS_DESTROYED || r == CUDA_ERROR_INVALID_CONTEXT ? CTX_REPLACED
+                                                                                 : CTX_UNKNOWN;
+}
+
+bool pools_forget_if_replaced(shim_pool *sp)
+{
+    /* Only an answer that the context is not the pool's forgets it: a
+     * failure that says nothing of the context (CTX_UNKNOWN) keeps the pool
+     * and its memory, which live blocks and queued work may still use
+     * (e2e_plugin record-zero-ctxid-fails: the pool was forgotten, and the
+     * queued work found its block unmapped). */
+    if (atomic_load(&sp->dead) || pools_context_identity(sp) != CTX_REPLACED)
         return false;
     shim_log(LOG_INFO, "device %d: the pool's context went without the library seeing it "
                        "(loaded without LD_PRELOAD, or the driver door closed); a new pool "

@@ -384,12 +384,17 @@ rs_verdict recorded_streams_before_free(shim_pool *sp, CUdeviceptr p, bool strea
     for (size_t i = 0; e.legacy_any && !keep && (target_ok || !stream_ordered) &&
                        i < pools_count(); i++) {
         shim_pool *q = pools_at(i);
-        unsigned long long id = 0;
         if (!q || q == sp || q->dev == sp->dev || atomic_load(&q->dead))
             continue;
-        if (!streams_all_seen() && q->ctx_id && R->CtxGetId &&
-            (R->CtxGetId(q->ctx, &id) != CUDA_SUCCESS || id != q->ctx_id))
+        /* (not known whether it is still q's: its stream cannot be waited
+         * for, nor passed over) */
+        ctx_identity same = streams_all_seen() ? CTX_SAME : pools_context_identity(q);
+        if (same == CTX_REPLACED)
             continue;
+        if (same == CTX_UNKNOWN) {
+            keep = true;
+            break;
+        }
         const rs_stream r = {.s = CU_STREAM_LEGACY, .ctx = q->ctx};
         bool in = real_ctx_enter(R, r.ctx);
         bool usable = rs_usable(R, &r);

@@ -452,6 +452,13 @@ void pools_context_gone(CUcontext ctx);
  * (cuCtxGetId). If not, the pool is forgotten, its memory given back (the
  * old context's work ended with it), and true returned. */
 bool pools_forget_if_replaced(shim_pool *sp);
+/* What the driver says of sp's context (cuCtxGetId): still the pool's
+ * (CTX_SAME, also when no id can be asked for), replaced (another id, or
+ * no live context under the handle: CUDA_ERROR_CONTEXT_IS_DESTROYED,
+ * CUDA_ERROR_INVALID_CONTEXT), or not known (another failure: an earlier
+ * launch's error, a driver shutting down), which is neither. */
+typedef enum { CTX_SAME, CTX_REPLACED, CTX_UNKNOWN } ctx_identity;
+ctx_identity pools_context_identity(const shim_pool *sp);
 /* Is addr a block that a pool whose context went still lists as live (a
  * plug-in's late free, after the context took the memory)? */
 bool pools_dead_block(CUdeviceptr addr);

@@ -62,6 +62,13 @@
  *   record-zero-other-device  record_stream(t, 0) meaning device 1's
  *           default stream, whose work reads the device-0 block: its next
  *           owner on its stream comes after that work
+ *   record-zero-ctxid-fails  the same, one cuCtxGetId failing at the
+ *           free (fail_call, CUDA_ERROR_ILLEGAL_ADDRESS): whether device
+ *           0's pool's context, then device 1's, is still the pool's is not
+ *           known. Found by an audit: the failure was read as "replaced":
+ *           device 0's live pool was forgotten and its memory given back
+ *           under the queued work (which faulted), and device 1's default
+ *           stream was passed over (the next owner's work ran first)
  *   record-zero-reset  a block recorded on handle 0 (any device's default
  *           stream) freed after the program reset device 1 unseen and
  *           made its primary context again: the free neither hangs nor
@@ -526,7 +533,7 @@ static void record_refused(void)
  * reads the device-0 block; the library loaded as a plug-in (its pools are
  * not known as primary contexts'). The block's next owner on its stream
  * must come after device 1's legacy stream's work. */
-static void record_zero_other_device(void)
+static void record_zero_other_device_with(uint64_t id_fails)
 {
     start();
     CUstream a;
@@ -541,7 +548,10 @@ static void record_zero_other_device(void)
     CHECK_EQ(F->launch(CU_STREAM_LEGACY, write_mib, t), 0); /* 0x5a, device 1's default stream */
     CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
     B.torch_record_stream(t, NULL); /* under the tensor's device guard */
+    if (id_fails) /* the id_fails'th cuCtxGetId of the free fails */
+        CHECK_EQ(F->fail_call("cuCtxGetId", id_fails, CUDA_ERROR_ILLEGAL_ADDRESS, 0), 0);
     B.torch_free(t, MiB, 0, a);
+    CHECK_EQ(F->fail_call("cuCtxGetId", 0, 0, 0), 0);
     void *q = must_alloc_on(a, MiB);
     if (q == t) {
         CHECK_EQ(F->launch(a, write_a5, q), 0);
@@ -557,6 +567,19 @@ static void record_zero_other_device(void)
     F->complete_all();
     B.torch_free(q, MiB, 0, a);
     CHECK_EQ(D.StreamDestroy(a), CUDA_SUCCESS);
+}
+
+static void record_zero_other_device(void) { record_zero_other_device_with(0); }
+
+/* record-zero-ctxid-fails: the same, while one cuCtxGetId of the free
+ * answers CUDA_ERROR_ILLEGAL_ADDRESS (fail_call; once, though a real fault's
+ * would stay), which says nothing of the context: the first (is device 0's
+ * pool's context still its own?) and then the second (device 1's, whose
+ * default stream's work may still read the block). */
+static void record_zero_ctxid_fails(void)
+{
+    record_zero_other_device_with(1);
+    record_zero_other_device_with(2);
 }
 
 /* A block recorded on handle 0 (some device's default stream) is freed
@@ -789,6 +812,7 @@ int main(int argc, char **argv)
         {"record-refused", record_refused},
         {"record-zero-reset", record_zero_reset},
         {"record-zero-other-device", record_zero_other_device},
+        {"record-zero-ctxid-fails", record_zero_ctxid_fails},
         {"record-threads", record_threads},
         {"cost", cost},
         {"dlclose", unload}};
