@@ -36,6 +36,11 @@
  *                    (cuEventSynchronize, CUDA_ERROR_INVALID_CONTEXT): the
  *                    new owner's work on that stream must not run before
  *                    the old owner's (the stream may be refused instead)
+ *   fence-query      a plain free behind work on a non-blocking stream, and
+ *                    every cuEventQuery fails (CUDA_ERROR_INVALID_VALUE)
+ *                    while the next allocation needs the block: a refused
+ *                    query means "not known yet", never "complete" (the
+ *                    host waits for the fence instead)
  */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -210,6 +215,25 @@ static void ordered_stream_wait(void)
         CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
 
+/* A fence whose event query fails (every query, while armed): the block
+ * stays pending until a successful answer, here the engine's host wait. */
+static void fence_query(void)
+{
+    char *p, *filler = fill_but_hole(&p);
+    cudaStream_t s;
+    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(fakecuda()->launch(s, write_pattern, p), 0);
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+    CHECK_EQ(fakecuda()->fail_call("cuEventQuery", 1, CUDA_ERROR_INVALID_VALUE, 1), 0);
+    char *q = alloc_ok(MiB);
+    CHECK_EQ(fakecuda()->fail_call("cuEventQuery", 0, 0, 0), 0);
+    expect_safe(p, q, s);
+    fakecuda()->complete_all();
+    CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -220,6 +244,7 @@ int main(int argc, char **argv)
         {"destroy-sticky", destroy_sticky},
         {"foreign-free-sync", foreign_free_sync},
         {"ordered-stream-wait", ordered_stream_wait},
+        {"fence-query", fence_query},
     };
     return e2e_main("e2e_drvfail", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }
