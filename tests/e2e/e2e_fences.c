@@ -132,6 +132,11 @@
  *                    (a peer copy or a peer kernel writing into it), which
  *                    no barrier on device 0's legacy stream orders: it must
  *                    still run after the old owner's work
+ *   ordered-then-other-device  the same with device 1's context made after
+ *                    device 0's pool became ordered: a block reused behind
+ *                    the barrier before it, and one freed after it, each
+ *                    written from device 1 (mutation testing: neither the
+ *                    end of the state nor its host wait was pinned)
  *   unseen-reset-streams  (audit; door closed) a non-blocking stream made,
  *                    then device 0's primary context reset unseen and made
  *                    again: no seal of the new pool may touch the dead
@@ -1737,10 +1742,54 @@ static void ordered_other_context(other_kind how)
 }
 
 static void ordered_other_device(void) { ordered_other_context(OTHER_DEVICE); }
+
 static void ordered_created_context(void) { ordered_other_context(CREATED_V4); }
 static void ordered_created_context_v1(void) { ordered_other_context(CREATED_V1); }
 static void ordered_created_context_v2(void) { ordered_other_context(CREATED_V2); }
 static void ordered_created_context_v3(void) { ordered_other_context(CREATED_V3); }
+
+/* The new owner's write into q on the legacy stream of context `other`,
+ * run before the rest of the GPU's work. */
+static void write_from(CUcontext other, char *q)
+{
+    CHECK_EQ(drv("cuCtxPushCurrent_v2", ctx_fn)(other), CUDA_SUCCESS);
+    CHECK_EQ(fakecuda()->launch(NULL, write_other, q), 0);
+    fakecuda()->complete(NULL);
+    CUcontext popped;
+    CHECK_EQ(drv("cuCtxPopCurrent_v2", ctx_out_fn)(&popped), CUDA_SUCCESS);
+    fakecuda()->complete_all();
+}
+
+/* ordered-then-other-device: the second context (device 1's) comes after
+ * device 0's pool entered the ordered state. First a block reused behind a
+ * barrier, its old work still queued, is written from device 1 once that
+ * context exists: the host must wait for the last barrier when the state
+ * ends (fences_ordered_end_device). Then a block freed behind new work is
+ * reused and written from device 1: the state must have ended
+ * (fences_context_seen), the barrier ordering nothing for device 1. */
+static void ordered_then_other_device(void)
+{
+    char *p, *filler = fill_but_hole(&p);
+    cudaStream_t b;
+    CHECK_EQ(cudaStreamCreate(&b), cudaSuccess); /* blocking, device 0 */
+    CHECK_EQ(fakecuda()->launch(b, write_pattern, p), 0);
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+    char *q = alloc_ok(MiB);
+    if (!e2e_driver_door_closed())
+        CHECK(q == p); /* reused at once behind the barrier */
+    CUcontext other = other_context(OTHER_DEVICE);
+    write_from(other, q);
+    expect_new_owner_last(q);
+    CHECK_EQ(fakecuda()->launch(b, write_pattern, q), 0);
+    CHECK_EQ(cudaFree(q), cudaSuccess);
+    char *r = alloc_ok(MiB);
+    write_from(other, r);
+    if (r == q)
+        expect_new_owner_last(r);
+    CHECK_EQ(cudaFree(r), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(b), cudaSuccess);
+}
 
 /* Waits up to ms milliseconds for phase `phase`; true if it came. */
 static bool phase_wait_for(e2e_phase *p, int phase, long ms)
@@ -2036,6 +2085,7 @@ int main(int argc, char **argv)
         {"legacy-reuse-stuck-ordered", legacy_reuse_stuck_ordered},
         {"ordered-reuse", ordered_reuse},   {"ordered-then-non-blocking", ordered_then_non_blocking},
         {"ordered-other-device", ordered_other_device},
+        {"ordered-then-other-device", ordered_then_other_device},
         {"ordered-created-context", ordered_created_context},
         {"ordered-created-context-v1", ordered_created_context_v1},
         {"ordered-created-context-v2", ordered_created_context_v2},
