@@ -86,6 +86,11 @@
  *                    behind a kernel that never ends, allocated there
  *                    again with the pool full: it comes back at once (in
  *                    stream order, as CUDA's), no host wait for the kernel
+ *   ordered-stream-destroy  ordered-reuse with the old work's blocking
+ *                    stream destroyed before the free, and the fake's
+ *                    legacy stream not waiting for destroyed streams
+ *                    (FAKECUDA_LEGACY_SKIPS_DESTROYED): the barrier must
+ *                    wait for the destroyed stream's stand-in
  *   ordered-then-non-blocking  the same on the legacy stream, then a
  *                    non-blocking stream is made and uses the block: its
  *                    work still runs after the old owner's
@@ -1563,6 +1568,33 @@ static void ordered_reuse(void)
     CHECK_EQ(cudaStreamDestroy(b), cudaSuccess);
 }
 
+/* ordered-stream-destroy: the old work is on a blocking stream destroyed
+ * before the free, under FAKECUDA_LEGACY_SKIPS_DESTROYED (the legacy
+ * stream's implicit wait leaves destroyed streams out, a reading the
+ * stream synchronisation note allows). The barrier must still order the
+ * new owner after it: the legacy stream waits for the destroyed stream's
+ * stand-in explicitly (seal_ordered). Mutation testing: without that wait
+ * no test failed, the fake's default reading making it redundant. */
+static void ordered_stream_destroy(void)
+{
+    char *p, *filler = fill_but_hole(&p);
+    cudaStream_t b;
+    CHECK_EQ(cudaStreamCreate(&b), cudaSuccess); /* blocking */
+    CHECK_EQ(fakecuda()->launch(b, write_pattern, p), 0);
+    CHECK_EQ(cudaStreamDestroy(b), cudaSuccess); /* returns; the work goes on */
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+    char *q = alloc_ok(MiB);
+    if (!e2e_driver_door_closed())
+        CHECK(q == p); /* reused at once behind the barrier */
+    CHECK_EQ(fakecuda()->launch(cudaStreamPerThread, write_other, q), 0);
+    fakecuda()->complete(cudaStreamPerThread);
+    fakecuda()->complete_all();
+    if (q == p)
+        expect_new_owner_last(q);
+    CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+}
+
 /* A block freed stream-ordered on the legacy stream after work on a
  * blocking stream (this thread's per-thread default stream) used it, then
  * allocated on the legacy stream by another thread, which uses it on its
@@ -2084,6 +2116,7 @@ int main(int argc, char **argv)
         {"legacy-reuse-stuck-events", legacy_reuse_stuck_events},
         {"legacy-reuse-stuck-ordered", legacy_reuse_stuck_ordered},
         {"ordered-reuse", ordered_reuse},   {"ordered-then-non-blocking", ordered_then_non_blocking},
+        {"ordered-stream-destroy", ordered_stream_destroy},
         {"ordered-other-device", ordered_other_device},
         {"ordered-then-other-device", ordered_then_other_device},
         {"ordered-created-context", ordered_created_context},

@@ -30,6 +30,10 @@
  * destroyed stream's handle to the new stream at once, its old work still
  * queued: the driver promises nothing about handle values; by default a
  * destroyed stream's handle stays recognised as stale),
+ * FAKECUDA_LEGACY_SKIPS_DESTROYED=1 (the legacy stream's implicit wait for
+ * every blocking stream leaves out destroyed ones, whose queued work still
+ * runs: the stream synchronisation note does not say whether a destroyed
+ * stream is among "all blocking streams"; by default it is),
  * FAKECUDA_REUSE_EVENT_HANDLES=1 (cuEventCreate gives the most recently dead
  * event's handle, one cuEventDestroy destroyed or one that died with its
  * context (cuCtxDestroy, the last cuDevicePrimaryCtxRelease,

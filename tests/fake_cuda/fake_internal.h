@@ -363,6 +363,7 @@ struct fake_state {
     fstream *streams;
     stream_cell *free_cells;   /* FAKECUDA_REUSE_STREAM_HANDLES */
     bool reuse_stream_handles;
+    bool legacy_skips_destroyed; /* FAKECUDA_LEGACY_SKIPS_DESTROYED */
     bool stale_backtrace;      /* FAKECUDA_STALE_BACKTRACE */
     uint64_t next_stream_id;
     uint64_t next_capture_seq; /* the last capture sequence begun */

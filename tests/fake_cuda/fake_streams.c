@@ -821,7 +821,8 @@ static CUresult event_record(CUevent h, CUstream sh, unsigned flags)
     /* Complete once the work submitted before it is: an event on an idle
      * stream is complete at once, as on an idle GPU. The record is an
      * operation like any other: on the legacy stream it also waits for
-     * every blocking stream (destroyed ones too: their queued work goes on),
+     * every blocking stream (destroyed ones too: their queued work goes on;
+     * not with FAKECUDA_LEGACY_SKIPS_DESTROYED),
      * on a blocking one for the legacy stream (implicit_deps). Those are
      * the event's own dependencies, not a wait item, so that it completes
      * only once their callbacks have run too (stream_done_to). It takes no
