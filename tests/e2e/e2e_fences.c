@@ -91,6 +91,10 @@
  *                    legacy stream not waiting for destroyed streams
  *                    (FAKECUDA_LEGACY_SKIPS_DESTROYED): the barrier must
  *                    wait for the destroyed stream's stand-in
+ *   ordered-region-trim  a growing pool over regions, a block freed behind
+ *                    work on a blocking stream, then trimmed: its region
+ *                    must not go back before that work ran (the fake's
+ *                    cuMemFree not synchronising: FAKECUDA_FREE_NO_SYNC)
  *   ordered-then-non-blocking  the same on the legacy stream, then a
  *                    non-blocking stream is made and uses the block: its
  *                    work still runs after the old owner's
@@ -1595,6 +1599,34 @@ static void ordered_stream_destroy(void)
     CHECK_EQ(cudaFree(filler), cudaSuccess);
 }
 
+/* ordered-region-trim: a growing pool over cuMemAlloc regions, ordered, and
+ * the fake's cuMemFree not synchronising (FAKECUDA_FREE_NO_SYNC, a reading
+ * cuda.h's "may perform implicit synchronization" allows). A block freed
+ * behind work on a blocking stream, then a trim: the barrier makes the
+ * block reusable at once, its region is idle, and it goes back with
+ * cuMemFree. Not before the old work ran (region_free waits for the last
+ * barrier). Mutation testing: without that wait no test failed, the
+ * fake's cuMemFree completing the device's work itself. */
+static void ordered_region_trim(void)
+{
+    char *p = alloc_ok(MiB);
+    cudaStream_t b;
+    CHECK_EQ(cudaStreamCreate(&b), cudaSuccess); /* blocking */
+    CHECK_EQ(fakecuda()->launch(b, write_pattern, p), 0);
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+    cudaMemPool_t pool;
+    CHECK_EQ(cudaDeviceGetDefaultMemPool(&pool, 0), cudaSuccess);
+    CHECK_EQ(cudaMemPoolTrimTo(pool, 0), cudaSuccess);
+    if (!fakecuda()->is_device_pointer((uint64_t)(uintptr_t)p) && fakecuda()->pending(b)) {
+        fprintf(stderr, "the block's region went back with %llu operation(s) still queued "
+                        "on it\n", (unsigned long long)fakecuda()->pending(b));
+        _exit(1); /* (that work would fault) */
+    }
+    CHECK(!fakecuda()->is_device_pointer((uint64_t)(uintptr_t)p)); /* it went back */
+    fakecuda()->complete_all();
+    CHECK_EQ(cudaStreamDestroy(b), cudaSuccess);
+}
+
 /* A block freed stream-ordered on the legacy stream after work on a
  * blocking stream (this thread's per-thread default stream) used it, then
  * allocated on the legacy stream by another thread, which uses it on its
@@ -2117,6 +2149,7 @@ int main(int argc, char **argv)
         {"legacy-reuse-stuck-ordered", legacy_reuse_stuck_ordered},
         {"ordered-reuse", ordered_reuse},   {"ordered-then-non-blocking", ordered_then_non_blocking},
         {"ordered-stream-destroy", ordered_stream_destroy},
+        {"ordered-region-trim", ordered_region_trim},
         {"ordered-other-device", ordered_other_device},
         {"ordered-then-other-device", ordered_then_other_device},
         {"ordered-created-context", ordered_created_context},

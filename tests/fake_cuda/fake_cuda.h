@@ -34,6 +34,9 @@
  * every blocking stream leaves out destroyed ones, whose queued work still
  * runs: the stream synchronisation note does not say whether a destroyed
  * stream is among "all blocking streams"; by default it is),
+ * FAKECUDA_FREE_NO_SYNC=1 (cuMemFree of cuMemAlloc's memory does not
+ * complete the device's queued work first: cuda.h says only that it "may
+ * perform implicit synchronization"; by default it does),
  * FAKECUDA_REUSE_EVENT_HANDLES=1 (cuEventCreate gives the most recently dead
  * event's handle, one cuEventDestroy destroyed or one that died with its
  * context (cuCtxDestroy, the last cuDevicePrimaryCtxRelease,

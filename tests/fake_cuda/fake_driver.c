@@ -467,6 +467,7 @@ void configure(void)
     G.reuse_stream_handles = getenv("FAKECUDA_REUSE_STREAM_HANDLES") != NULL;
     G.reuse_event_handles = getenv("FAKECUDA_REUSE_EVENT_HANDLES") != NULL;
     G.legacy_skips_destroyed = getenv("FAKECUDA_LEGACY_SKIPS_DESTROYED") != NULL;
+    G.free_no_sync = getenv("FAKECUDA_FREE_NO_SYNC") != NULL;
     G.stale_backtrace = getenv("FAKECUDA_STALE_BACKTRACE") != NULL;
 }
 

@@ -364,6 +364,7 @@ struct fake_state {
     stream_cell *free_cells;   /* FAKECUDA_REUSE_STREAM_HANDLES */
     bool reuse_stream_handles;
     bool legacy_skips_destroyed; /* FAKECUDA_LEGACY_SKIPS_DESTROYED */
+    bool free_no_sync;           /* FAKECUDA_FREE_NO_SYNC */
     bool stale_backtrace;      /* FAKECUDA_STALE_BACKTRACE */
     uint64_t next_stream_id;
     uint64_t next_capture_seq; /* the last capture sequence begun */

@@ -150,6 +150,8 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
  * twin: "the memory is released back to the pool" when the stream reaches
  * the free ("Frees memory with stream ordered semantics", cuda.h), so work
  * queued on the stream before it still finds the memory (free_async).
+ * "May": with FAKECUDA_FREE_NO_SYNC the free does not synchronise, and
+ * work still queued on the memory faults when it runs.
  */
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
@@ -163,7 +165,7 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
     if (!dptr)
         LEAVE(CUDA_ERROR_INVALID_VALUE);
     const allocation *a = find_alloc(dptr, false);
-    if (a && !a->stream_ordered) {
+    if (a && !a->stream_ordered && !G.free_no_sync) {
         G.st.free_synchronizations++;
         complete_where_and_unlock(&(completion){NULL, a->dev, false});
         pthread_mutex_lock(&G.lock);
