@@ -55,6 +55,10 @@
  *              than an entry holds) then recorded on device 1's stream with
  *              queued work: a plain free's fence covers only the block's
  *              context, so that stream must still be waited for
+ *   torch-record-reused-handle  recorded on a stream destroyed before the
+ *              free, its handle given to a new stream at once
+ *              (FAKECUDA_REUSE_STREAM_HANDLES): the free must wait for the
+ *              old stream's queued work, not for the new stream's
  *   dead-stream  bfcshim_free_async on a stream destroyed since: no call on
  *              the dead handle, and the block is reused once its work is done
  *   stats-nomem  bfcshim_stats_json when its document cannot be made (no
@@ -510,6 +514,66 @@ static void torch_record_cases(void)
     CHECK_EQ(D.StreamDestroy(c), CUDA_SUCCESS);
     CHECK_EQ(D.StreamDestroy(d), CUDA_SUCCESS);
     CHECK_EQ(D.StreamDestroy(cap), CUDA_SUCCESS);
+}
+
+/* The recorded stream destroyed before the free, its handle given to the
+ * next stream made (FAKECUDA_REUSE_STREAM_HANDLES): the handle names a new,
+ * idle stream, and only the record's stream id tells (rs_usable). The old
+ * stream's queued work must still be waited for. Mutation testing: without
+ * the id check no test failed. */
+static bool old_work_ran;
+static void old_work(void *arg)
+{
+    (void)arg;
+    old_work_ran = true;
+}
+
+static void torch_record_reused_handle(void)
+{
+    start();
+    CUstream a, d, e, e2;
+    CHECK_EQ(D.StreamCreate(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&d, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&e, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    void *t = bfcshim_torch_alloc(4 * MiB, 0, a);
+    CHECK(t != NULL);
+    old_work_ran = false;
+    CHECK_EQ(F->launch(e, old_work, NULL), 0); /* e reads t */
+    record_stream(t, e);
+    CHECK_EQ(D.StreamDestroy(e), CUDA_SUCCESS); /* returns; the work goes on */
+    CHECK_EQ(D.StreamCreate(&e2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK(e2 == e); /* the handle, reused */
+    bfcshim_torch_free(t, 4 * MiB, 0, a);
+    /* a's own allocation may get t at once, in a's order: a's later work
+     * must then wait for the old stream's. */
+    void *u = bfcshim_torch_alloc(4 * MiB, 0, a);
+    CHECK(u != NULL);
+    if (u == t) {
+        CHECK_EQ(F->launch(a, noop, NULL), 0);
+        F->complete(a);
+        if (!old_work_ran && F->pending(a) == 0) {
+            fprintf(stderr, "the recorded block went back to its stream with no wait for "
+                            "the destroyed recorded stream's work\n");
+            e2e_failures++;
+        }
+    }
+    bfcshim_torch_free(u, 4 * MiB, 0, a);
+    /* Another stream: t only once that work ran. */
+    void *fill[MAX_FILL];
+    size_t n = fill_room(fill);
+    void *v = bfcshim_torch_alloc(4 * MiB, 0, d);
+    CHECK(v != NULL);
+    if (v == t && !old_work_ran) {
+        fprintf(stderr, "the recorded block was handed to another stream while the destroyed "
+                        "recorded stream's work was still queued\n");
+        e2e_failures++;
+    }
+    unfill(fill, n);
+    bfcshim_torch_free(v, 4 * MiB, 0, d);
+    F->complete_all();
+    CHECK_EQ(D.StreamDestroy(a), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(d), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(e2), CUDA_SUCCESS);
 }
 
 /* The same cases under BFCSHIM_FREE_POLICY=immediate: a stream-ordered
@@ -991,6 +1055,7 @@ int main(int argc, char **argv)
                      {"torch-record-immediate", torch_record_immediate},
                      {"dead-stream-immediate", dead_stream},
                      {"torch-record-stale", torch_record_stale},
+                     {"torch-record-reused-handle", torch_record_reused_handle},
                      {"torch-record-full", torch_record_full},
                      {"torch-record-other-default", torch_record_other_default},
                      {"torch-record-other-after-plain", torch_record_other_after_plain},
