@@ -22,6 +22,12 @@
  *                    cuStreamSynchronize answer CUDA_ERROR_ILLEGAL_ADDRESS
  *                    from the destroy on (no stand-in, no host wait): the
  *                    block may not come back at all
+ *   destroy-no-wait  the stand-in's cuEventCreate and the host wait that
+ *                    replaces it (cuStreamSynchronize) each fail once at the
+ *                    destroy, later calls succeeding: no seal can cover the
+ *                    destroyed stream's work, so the pool keeps its freed
+ *                    blocks (fences_keep_freed) rather than hand the block
+ *                    out under it
  *   foreign-free-sync  a device-0 block freed with cudaFreeAsync on a
  *                    device-1 stream behind work there (the shim waits for
  *                    that stream on the host: no device-0 fence covers it),
@@ -142,6 +148,32 @@ static void destroy_sticky(void)
     CHECK_EQ(cudaFree(filler), cudaSuccess);
 }
 
+/* Mutation testing: with fences_keep_freed taken out of fences_stand_in,
+ * destroy-sticky still passed (its sticky cuEventCreate failure refuses
+ * every later seal too); here only the destroy's calls fail, and the next
+ * seal, made of the legacy stream's event alone, completes at once. */
+static void destroy_no_wait(void)
+{
+    char *p, *filler = fill_but_hole(&p);
+    cudaStream_t s;
+    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(fakecuda()->launch(s, write_pattern, p), 0);
+    arm("cuEventCreate", CUDA_ERROR_OUT_OF_MEMORY);
+    arm("cuStreamSynchronize", CUDA_ERROR_INVALID_CONTEXT);
+    CHECK_EQ(cudaStreamDestroy(s), cudaSuccess); /* returns; the work goes on */
+    CHECK_EQ(fakecuda()->fail_call("cuEventCreate", 0, 0, 0), 0);
+    CHECK_EQ(fakecuda()->fail_call("cuStreamSynchronize", 0, 0, 0), 0);
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+    void *q = NULL;
+    cudaError_t e = cudaMalloc(&q, MiB); /* may fail: the block is kept */
+    CHECK(e == cudaSuccess || e == cudaErrorMemoryAllocation);
+    expect_safe(p, q, s);
+    fakecuda()->complete_all();
+    if (q)
+        CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+}
+
 static bool earlier_work_ran;
 static void earlier_work(void *arg)
 {
@@ -242,6 +274,7 @@ int main(int argc, char **argv)
         {"destroy-after-stand-in-create", destroy_after_stand_in_create},
         {"destroy-is-capturing", destroy_is_capturing},
         {"destroy-sticky", destroy_sticky},
+        {"destroy-no-wait", destroy_no_wait},
         {"foreign-free-sync", foreign_free_sync},
         {"ordered-stream-wait", ordered_stream_wait},
         {"fence-query", fence_query},
