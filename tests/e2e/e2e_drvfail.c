@@ -42,6 +42,10 @@
  *                    (cuEventSynchronize, CUDA_ERROR_INVALID_CONTEXT): the
  *                    new owner's work on that stream must not run before
  *                    the old owner's (the stream may be refused instead)
+ *   foreign-free-legacy-sync  the same with the block freed on stream 0
+ *                    while device 1 is current (device 1's legacy stream,
+ *                    found by the current context rather than by a stream
+ *                    handle of its own)
  *   fence-query      a plain free behind work on a non-blocking stream, and
  *                    every cuEventQuery fails (CUDA_ERROR_INVALID_VALUE)
  *                    while the next allocation needs the block: a refused
@@ -247,6 +251,39 @@ static void ordered_stream_wait(void)
         CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
 
+/* foreign-free-legacy-sync. Mutation testing: with the block of a failed
+ * wait for another context's legacy or per-thread stream put in the plain
+ * lane anyway (pool_lane_for_free), no test failed; foreign-free-sync
+ * covers only an explicit stream's handle (settle_foreign_stream). */
+static void foreign_free_legacy_sync(void)
+{
+    CHECK_EQ(cudaSetDevice(1), cudaSuccess);
+    CHECK_EQ(cudaFree(NULL), cudaSuccess); /* device 1's context */
+    CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+    char *p, *filler = fill_but_hole(&p);
+    CHECK_EQ(cudaSetDevice(1), cudaSuccess);
+    earlier_work_ran = false;
+    CHECK_EQ(fakecuda()->launch(NULL, earlier_work, p), 0); /* device 1's legacy stream */
+    arm("cuStreamWaitEvent", CUDA_ERROR_INVALID_CONTEXT);
+    arm("cuStreamSynchronize", CUDA_ERROR_INVALID_CONTEXT);
+    CHECK_EQ(cudaFreeAsync(p, 0), cudaSuccess);
+    CHECK_EQ(fakecuda()->fail_call("cuStreamWaitEvent", 0, 0, 0), 0);
+    CHECK_EQ(fakecuda()->fail_call("cuStreamSynchronize", 0, 0, 0), 0);
+    CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+    void *q = NULL;
+    cudaError_t e = cudaMalloc(&q, MiB);
+    CHECK(e == cudaSuccess || e == cudaErrorMemoryAllocation);
+    if (q == p && !earlier_work_ran) {
+        fprintf(stderr, "the block freed on device 1's legacy stream came back before that "
+                        "stream's work ran\n");
+        e2e_failures++;
+    }
+    fakecuda()->complete_all();
+    if (q)
+        CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+}
+
 /* A fence whose event query fails (every query, while armed): the block
  * stays pending until a successful answer, here the engine's host wait. */
 static void fence_query(void)
@@ -277,6 +314,7 @@ int main(int argc, char **argv)
         {"destroy-no-wait", destroy_no_wait},
         {"foreign-free-sync", foreign_free_sync},
         {"ordered-stream-wait", ordered_stream_wait},
+        {"foreign-free-legacy-sync", foreign_free_legacy_sync},
         {"fence-query", fence_query},
     };
     return e2e_main("e2e_drvfail", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
