@@ -189,11 +189,22 @@ uint64_t backing_release(bfc_pool *p, region *r, bfc_addr lo, bfc_addr hi, int *
         if (gate && !gate_open(p, gate))
             break;
         p->st.num_unmap_calls++;
-        p->backend.unmap(p->backend.ctx, r->base + i * g, (j - i) * g);
-        bit_fill(r->backed, i, j, false);
-        if (r->base + i * g < r->backed_to)
+        uint64_t done = p->backend.unmap(p->backend.ctx, r->base + i * g, (j - i) * g) / g;
+        done = done < j - i ? done : j - i;
+        bit_fill(r->backed, i, i + done, false);
+        if (done && r->base + i * g < r->backed_to)
             r->backed_to = r->base + i * g;
-        released += (j - i) * g;
+        released += done * g;
+        if (i + done < j) {
+            /* The device refused granule i + done: it and the rest of the
+             * run stay mapped and counted, free space like any other (its
+             * memory is intact). Unmapping more now would most likely be
+             * refused too (a dead context refuses every call): this
+             * release ends, and with it the batch. */
+            if (gate)
+                *gate = -1;
+            break;
+        }
     }
     p->st.pool_bytes -= released;
     p->st.released_bytes_total += released;

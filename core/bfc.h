@@ -124,10 +124,17 @@ typedef struct bfc_backend {
      * returns 0 on success and anything else when the device has no memory
      * (then nothing of the range may stay mapped). unmap is called only for
      * granules that lie wholly inside free space: no allocation uses them
-     * and no fence on them is outstanding. Called with the pool locked.
+     * and no fence on them is outstanding. It returns the bytes it unmapped
+     * from the start of the range: size, or, when the device refuses a
+     * granule, the granules before it (a multiple of map_granularity), the
+     * refused one and those after it left mapped, their memory intact (the
+     * shim: a cuMemUnmap that fails). The pool keeps those counted as
+     * mapped (pool_bytes), free and usable, and stops that release (a
+     * batch's gate closes: release_ready's "not now"); a later release tries
+     * them again. Called with the pool locked.
      */
     int (*map)(void *ctx, bfc_addr addr, uint64_t size);
-    void (*unmap)(void *ctx, bfc_addr addr, uint64_t size);
+    uint64_t (*unmap)(void *ctx, bfc_addr addr, uint64_t size);
     /*
      * Optional (vmm): asked once before the pool gives back granules of free
      * space on its own initiative (past release_threshold, on

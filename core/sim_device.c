@@ -177,16 +177,19 @@ static int sim_map(void *ctx, bfc_addr addr, uint64_t size)
     return 0;
 }
 
-static void sim_unmap(void *ctx, bfc_addr addr, uint64_t size)
+static uint64_t sim_unmap(void *ctx, bfc_addr addr, uint64_t size)
 {
     sim_device *d = ctx;
     d->unmap_calls++;
+    if (d->fail_unmap && d->unmap_calls == d->fail_unmap)
+        size = d->fail_unmap_after < size ? d->fail_unmap_after : size; /* the rest stays */
     if (d->track_maps)
         track_remove(d, addr, size);
     if (d->keeping)
         d->kept += size; /* still held */
     else
         d->held -= size;
+    return size;
 }
 
 static void sim_keep(void *ctx, bool on)

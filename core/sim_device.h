@@ -30,6 +30,9 @@ typedef struct sim_device {
     bool keeping;
     uint64_t kept, created_bytes, moved_bytes, keep_calls;
     uint64_t fail_map;        /* refuse the Nth map call (1-based; 0: none) */
+    /* The Nth unmap call (1-based; 0: none) unmaps only its first
+     * fail_unmap_after bytes (a granule multiple) and leaves the rest. */
+    uint64_t fail_unmap, fail_unmap_after;
     bool track_maps;
     uint64_t misuse;
     struct sim_range {

@@ -192,29 +192,43 @@ static bool push_kept(shim_pool *sp, CUmemGenericAllocationHandle h)
  * while the engine moves memory, keeps each granule's physical memory
  * (its handle retained first) for the maps that follow. A refusal is said
  * (once per call, naming the device, as every other message here does):
- * the device does not get that memory back. */
-static void unmap_granules(shim_pool *sp, const real_driver *R, bfc_addr addr, uint64_t size)
+ * the device does not get that memory back. With `stop`, the first refusal
+ * ends the call, the granules from there on left mapped; without, every
+ * granule is tried. Returns the bytes unmapped before the first refusal
+ * (bfc_backend.unmap's answer: cuMemUnmap refused leaves the mapping as it
+ * was, so those granules stay mapped and intact). */
+static uint64_t unmap_granules(shim_pool *sp, const real_driver *R, bfc_addr addr, uint64_t size,
+                               bool stop)
 {
     const uint64_t g = sp->vmm_granule;
     const bool keeping = sp->vmm_keeping && R->MemRetainAllocationHandle;
     CUresult first = CUDA_SUCCESS;
-    uint64_t stuck = 0;
+    uint64_t stuck = 0, done = size;
     for (uint64_t off = 0; off < size; off += g) {
         CUmemGenericAllocationHandle h = 0;
         bool retained = keeping &&
                         R->MemRetainAllocationHandle(&h, (void *)(uintptr_t)(addr + off)) ==
                             CUDA_SUCCESS;
         CUresult r = R->MemUnmap(addr + off, (size_t)g);
-        if (r != CUDA_SUCCESS) {
-            first = first == CUDA_SUCCESS ? r : first;
-            stuck += g;
-        }
         if (retained && (r != CUDA_SUCCESS || !push_kept(sp, h)))
             R->MemRelease(h);
+        if (r != CUDA_SUCCESS) {
+            if (first == CUDA_SUCCESS) {
+                first = r;
+                done = off;
+            }
+            stuck += stop ? size - off : g;
+            if (stop)
+                break;
+        }
     }
     if (stuck)
-        shim_log(LOG_WARN, "device %d: cuMemUnmap failed (%d): %llu bytes at 0x%llx stay mapped",
-                 (int)sp->dev, (int)first, (unsigned long long)stuck, (unsigned long long)addr);
+        shim_log(LOG_WARN,
+                 "device %d: cuMemUnmap failed (%d): %llu bytes at 0x%llx stay mapped%s",
+                 (int)sp->dev, (int)first, (unsigned long long)stuck,
+                 (unsigned long long)(addr + done),
+                 stop ? " (the pool keeps them, free, and tries again later)" : "");
+    return done;
 }
 
 /* The access list of the pool's mappings: its own device, and every device
@@ -426,7 +440,7 @@ static int map_range(void *ctx, bfc_addr addr, uint64_t size)
     if (r != CUDA_SUCCESS) {
         /* All or nothing: the engine counts the range as unmapped (what was
          * mapped goes back to the kept granules while memory moves). */
-        unmap_granules(sp, R, addr, done);
+        unmap_granules(sp, R, addr, done, false);
         shim_log(LOG_DEBUG, "device %d: mapping %llu bytes at 0x%llx failed at %s (%d)",
                  (int)sp->dev, (unsigned long long)size, (unsigned long long)addr, step, (int)r);
         return 1;
@@ -434,10 +448,10 @@ static int map_range(void *ctx, bfc_addr addr, uint64_t size)
     return 0;
 }
 
-static void unmap_range(void *ctx, bfc_addr addr, uint64_t size)
+static uint64_t unmap_range(void *ctx, bfc_addr addr, uint64_t size)
 {
     pools_context_needed(ctx);
-    unmap_granules(ctx, real_driver_get(), addr, size);
+    return unmap_granules(ctx, real_driver_get(), addr, size, true);
 }
 
 /* The engine moves memory between keep(true) and keep(false): unmapped

@@ -22,7 +22,9 @@
  *
  * Each step is an allocation (now and then on the reusable lane), a free of
  * one of the four kinds, a trim, a loan or its end, an explicit seal of the
- * barrier lane or a retirement; the device refuses 0 to 14% of maps and
+ * barrier lane or a retirement; the device refuses 0 to 14% of maps, 0 to
+ * 9% of unmaps (a refused one unmaps the granules before a drawn one and
+ * leaves the rest mapped: the shim's cuMemUnmap refused) and
  * release_ready says no 0 to 70% of the times it is asked, per seed. The
  * seed also draws the limit, preallocation, spread, release threshold,
  * fence interval, split threshold and placement.
@@ -32,11 +34,12 @@
  *     unmap, the step reports it);
  *   - every live block is mapped on the device, which saw no double map or
  *     unmap of unmapped memory (sim_device.track_maps), and no keep bracket
- *     is open or memory kept;
+ *     is open or memory kept, and the pool counts as mapped (pool_bytes)
+ *     what the device holds;
  *   - bfc_pool_check passes.
  * At the end the pool is destroyed (its unmaps are not gated: documented)
  * and the device holds nothing. Over the whole run, the faults must have
- * been injected (refused maps, gates closed, yeses answered while memory
+ * been injected (refused maps and unmaps, gates closed, yeses answered while memory
  * was dirty), or the run checked nothing.
  * A failure prints the seed and step; `--seed N --ops M` replays it.
  */
@@ -81,7 +84,7 @@ typedef struct run {
     fixture f;
     bfc_backend sim; /* the simulated device's own callbacks */
     uint64_t op_rng, dev_rng; /* operations; the device's answers */
-    unsigned map_fail_pct, gate_no_pct;
+    unsigned map_fail_pct, gate_no_pct, unmap_fail_pct;
     /* The simulated GPU: the host's clock and how far the GPU has run. */
     uint64_t now, gpu_done;
     VEC(uint64_t) fenced_tick; /* fenced lane: its token's tick */
@@ -98,7 +101,7 @@ typedef struct run {
     size_t nlive;
     uint64_t lent;
     /* What was exercised. */
-    uint64_t map_failures, gates_closed, gates_opened_dirty, unmaps;
+    uint64_t map_failures, gates_closed, gates_opened_dirty, unmaps, unmap_failures;
 } run;
 
 static void vec_tick_set(uint64_t **at, size_t *n, size_t *cap, uint64_t token, uint64_t tick)
@@ -150,7 +153,10 @@ static int gb_map(void *ctx, bfc_addr addr, uint64_t size)
     return R->sim.map(R->sim.ctx, addr, size);
 }
 
-static void gb_unmap(void *ctx, bfc_addr addr, uint64_t size)
+/* A refused unmap unmaps the granules before a drawn one and leaves that
+ * one and the rest mapped (the shim's cuMemUnmap refused), saying how far
+ * it got. */
+static uint64_t gb_unmap(void *ctx, bfc_addr addr, uint64_t size)
 {
     run *R = ctx;
     const range u = {addr, addr + size};
@@ -161,7 +167,13 @@ static void gb_unmap(void *ctx, bfc_addr addr, uint64_t size)
                 R->violated = true;
                 R->violation = u;
             }
-    R->sim.unmap(R->sim.ctx, addr, size);
+    if (!R->destroying && rng_below(&R->dev_rng, 100) < R->unmap_fail_pct) {
+        R->unmap_failures++;
+        size = rng_below(&R->dev_rng, size / GRAN) * GRAN;
+        if (size == 0)
+            return 0;
+    }
+    return R->sim.unmap(R->sim.ctx, addr, size);
 }
 
 /* Yes forgets every dirty range: the shim's yes waited for their work. */
@@ -237,6 +249,7 @@ static void configure(run *R)
     uint64_t *g = &R->op_rng;
     bfc_options *o = &R->f.opt;
     R->map_fail_pct = rng_below(g, 3) == 0 ? 0 : (unsigned)rng_below(g, 15);
+    R->unmap_fail_pct = rng_below(g, 3) == 0 ? 0 : (unsigned)rng_below(g, 10);
     R->gate_no_pct = (unsigned)rng_below(g, 71);
     o->vmm = true;
     o->map_granularity = GRAN;
@@ -395,6 +408,13 @@ static bool step_clean(run *R)
         return fail(R, "the device saw a double map or an unmap of unmapped memory");
     if (R->f.dev.keeping || R->f.dev.kept)
         return fail(R, "a keep bracket was left open, or memory kept after the call");
+    bfc_stats st;
+    bfc_pool_stats(R->f.pool, &st);
+    if (st.pool_bytes != R->f.dev.held) {
+        snprintf(what, sizeof what, "the pool counts %" PRIu64 " bytes mapped, the device holds %" PRIu64,
+                 st.pool_bytes, R->f.dev.held);
+        return fail(R, what);
+    }
     if (bfc_pool_check(R->f.pool, stderr) != 0)
         return fail(R, "bfc_pool_check");
     return true;
@@ -438,7 +458,8 @@ int main(int argc, char **argv)
         default: return 2;
         }
     }
-    uint64_t steps = 0, map_failures = 0, gates_closed = 0, gates_opened_dirty = 0, unmaps = 0;
+    uint64_t steps = 0, map_failures = 0, gates_closed = 0, gates_opened_dirty = 0, unmaps = 0,
+             unmap_failures = 0;
     for (uint64_t seed = first; seed <= last && !harness_failures; seed++) {
         start(&R, seed);
         for (R.step = 0; R.step < ops; R.step++) {
@@ -452,20 +473,23 @@ int main(int argc, char **argv)
         gates_closed += R.gates_closed;
         gates_opened_dirty += R.gates_opened_dirty;
         unmaps += R.unmaps;
+        unmap_failures += R.unmap_failures;
         if (!quiet)
-            printf("seed %" PRIu64 ": %u%% maps refused, gate closed %u%%: %" PRIu64
-                   " refusals, %" PRIu64 " gates closed, %" PRIu64 " unmaps %s\n",
-                   seed, R.map_fail_pct, R.gate_no_pct, R.map_failures, R.gates_closed,
-                   R.unmaps, harness_failures ? "FAILED" : "clean");
+            printf("seed %" PRIu64 ": %u%% maps refused, %u%% unmaps refused, gate closed %u%%: %" PRIu64
+                   " refusals, %" PRIu64 " gates closed, %" PRIu64 " unmaps (%" PRIu64
+                   " refused) %s\n",
+                   seed, R.map_fail_pct, R.unmap_fail_pct, R.gate_no_pct, R.map_failures,
+                   R.gates_closed, R.unmaps, R.unmap_failures, harness_failures ? "FAILED" : "clean");
     }
     printf("give_back: %" PRIu64 " steps over seeds %" PRIu64 "-%" PRIu64 ", %" PRIu64
            " maps refused, %" PRIu64 " gates closed, %" PRIu64 " opened over dirty memory, %" PRIu64
-           " unmaps, %s\n",
-           steps, first, last, map_failures, gates_closed, gates_opened_dirty, unmaps,
+           " unmaps (%" PRIu64 " refused), %s\n",
+           steps, first, last, map_failures, gates_closed, gates_opened_dirty, unmaps, unmap_failures,
            harness_failures ? "FAILED" : "all clean");
     /* A run long enough to mean anything must have met every fault. */
     if (!harness_failures && steps >= 10000) {
         CHECK(map_failures > 0);
+        CHECK(unmap_failures > 0);
         CHECK(gates_closed > 0);
         CHECK(gates_opened_dirty > 0);
     }

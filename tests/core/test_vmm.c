@@ -711,6 +711,58 @@ static void refused_mapping_leaves_the_pool_as_it_was(void)
     vmm_end(&f);
 }
 
+/* The device refuses an unmap part way (the shim: a cuMemUnmap refused):
+ * the granules it left stay counted as mapped, free and usable, the limit
+ * bounds what the device holds, and a later release gives them back. */
+static void refused_unmap_stays_mapped_and_counted(void)
+{
+    fixture f;
+    vmm_begin(&f, 16 * MiB);
+    vmm_start(&f);
+    must_free(&f, must_alloc(&f, 8 * MiB));
+    CHECK_EQ(f.dev.held, 8 * MiB);
+    f.dev.fail_unmap = f.dev.unmap_calls + 1;
+    f.dev.fail_unmap_after = 2 * GRAN; /* the last two granules stay */
+    CHECK_EQ(bfc_pool_trim(f.pool), 4 * MiB);
+    CHECK_EQ(f.dev.held, 4 * MiB);
+    CHECK_EQ(stats_of(&f).pool_bytes, 4 * MiB);
+    CHECK_EQ(stats_of(&f).released_bytes_total, 4 * MiB);
+    CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+    /* The whole limit: the stuck granules serve, or move, never add. */
+    bfc_addr a = must_alloc(&f, 16 * MiB);
+    check_mapped(&f, a, 16 * MiB);
+    CHECK_EQ(f.dev.held, 16 * MiB);
+    CHECK_EQ(f.dev.kept, 0);
+    must_free(&f, a);
+    CHECK_EQ(bfc_pool_trim(f.pool), 16 * MiB);
+    CHECK_EQ(f.dev.held, 0);
+    vmm_end(&f);
+}
+
+static void a_refused_unmap_ends_the_release(void)
+{
+    /* Two free chunks; the first unmap is refused outright: nothing more is
+     * tried in that batch (the device would refuse it too), the next trim
+     * gives both back. */
+    fixture f;
+    vmm_begin(&f, 64 * MiB);
+    vmm_start(&f);
+    bfc_addr a = must_alloc(&f, 4 * MiB), b = must_alloc(&f, 2 * MiB), c = must_alloc(&f, 4 * MiB);
+    must_free(&f, a);
+    must_free(&f, c);
+    const uint64_t calls = f.dev.unmap_calls;
+    f.dev.fail_unmap = calls + 1;
+    f.dev.fail_unmap_after = 0;
+    CHECK_EQ(bfc_pool_trim(f.pool), 0);
+    CHECK_EQ(f.dev.unmap_calls, calls + 1);
+    const uint64_t held = f.dev.held;
+    CHECK_EQ(stats_of(&f).pool_bytes, held);
+    CHECK_EQ(bfc_pool_trim(f.pool), held - 2 * MiB);
+    CHECK_EQ(f.dev.held, 2 * MiB);
+    must_free(&f, b);
+    vmm_end(&f);
+}
+
 static void limit_bounds_mapped_bytes_not_address_space(void)
 {
     fixture f;
@@ -1472,6 +1524,8 @@ int main(void)
     RUN(pressure_waits_for_fences_then_unmaps);
     RUN(mapping_waits_for_pending_frees_first);
     RUN(refused_mapping_leaves_the_pool_as_it_was);
+    RUN(refused_unmap_stays_mapped_and_counted);
+    RUN(a_refused_unmap_ends_the_release);
     RUN(limit_bounds_mapped_bytes_not_address_space);
     RUN(a_closed_gate_stops_a_loan_waiting);
     RUN(free_space_counts_only_what_the_limit_backs);

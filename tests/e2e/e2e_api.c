@@ -14,6 +14,10 @@
  *   zero       size 0 succeeds with NULL and no log line, as cudaMalloc
  *   trim       (growth mode) trim gives idle regions back to the device, not
  *              the ones holding live or still-queued blocks
+ *   trim-unmap-fails  (growth mode) the driver refuses one cuMemUnmap during
+ *              a trim: the trim reports what the device got back, the pool
+ *              counts the refused granule mapped, the next trim gives it
+ *              back
  *   stats      bfcshim_stats_json (size probe, content), mem_get_info
  *   platform   (BFCSHIM_ALLOCATOR=platform) every call reaches the driver
  *   torch-legacy  bfcshim_torch_free on device 0's default (legacy) stream
@@ -854,6 +858,39 @@ static void trim(void)
     CHECK_EQ(bfcshim_free(keep), 0);
 }
 
+/* The driver refuses one cuMemUnmap (CUDA_ERROR_NOT_PERMITTED, in cuda.h's
+ * list for it): that granule stays mapped, and the pool must count it so:
+ * trim reports what the device got back, and the next trim gives the rest.
+ * (The pool counted the refused granule unmapped: trim said 64 MiB while
+ * the device got back 62, and the pool could map past its limit by them.) */
+static void trim_unmap_fails(void)
+{
+    start();
+    void *a = must_alloc(64 * MiB, 0);
+    void *keep = must_alloc(MiB, 1);
+    const uint64_t held = fake_stats().bytes_in_use[0];
+    CHECK(held >= 64 * MiB);
+    CHECK_EQ(bfcshim_free(a), 0);
+    CHECK_EQ(F->fail_call("cuMemUnmap", 2, CUDA_ERROR_NOT_PERMITTED, 0), 0);
+    const size_t released = bfcshim_trim();
+    const uint64_t left = fake_stats().bytes_in_use[0];
+    CHECK(left > 0); /* the refused granule */
+    CHECK_EQ(released, held - left);
+    char text[16384];
+    bfcshim_stats_json(text, sizeof text);
+    char want[64];
+    snprintf(want, sizeof want, "\"pool_bytes\": %llu,", (unsigned long long)left);
+    const char *dev0 = strstr(text, "\"device\": 0,");
+    CHECK(dev0 && strstr(dev0, want) == strstr(dev0, "\"pool_bytes\"")); /* what the device holds */
+    /* The refused granule is free memory the pool still maps: the next trim
+     * gives it back. */
+    CHECK_EQ(bfcshim_trim(), left);
+    CHECK_EQ(fake_stats().bytes_in_use[0], 0);
+    void *b = must_alloc(64 * MiB, 0);
+    CHECK_EQ(bfcshim_free(b), 0);
+    CHECK_EQ(bfcshim_free(keep), 0);
+}
+
 static void stats(void)
 {
     start();
@@ -1047,6 +1084,7 @@ int main(int argc, char **argv)
         void (*fn)(void);
     } scenarios[] = {{"plain", plain},   {"async", async},       {"badinput", badinput},
                      {"zero", zero},     {"trim", trim},         {"stats", stats},
+                     {"trim-unmap-fails", trim_unmap_fails},
                      {"platform", platform}, {"dead-stream", dead_stream},
                      {"torch-legacy", torch_legacy},
                      {"torch-legacy-capture", torch_legacy_capture},
@@ -1067,7 +1105,7 @@ int main(int argc, char **argv)
             scenarios[i].fn();
             return e2e_done(s);
         }
-    fprintf(stderr, "usage: e2e_api plain|async|badinput|zero|trim|stats|platform|dead-stream|"
+    fprintf(stderr, "usage: e2e_api plain|async|badinput|zero|trim|trim-unmap-fails|stats|platform|dead-stream|"
                     "torch-legacy|torch-legacy-capture|torch-record-stream|torch-record-cases|torch-record-immediate|torch-record-stale|torch-record-full|torch-record-other-default|torch-record-other-after-plain|dead-stream-immediate|stats-nomem|stats-nomem-write|oom-report-nomem\n");
     return 2;
 }
