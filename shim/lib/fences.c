@@ -234,12 +234,27 @@ static bool queue_push(shim_pool *sp, uint32_t lane, fence *f)
 
 /* Keeps stand-in event e (recorded) until it completes and no fence refers
  * to it. */
+/* Host memory ran out before stand-in e could be kept: the host waits for
+ * it now (correctness first). When that wait fails nothing covers the
+ * stream's work: the pool keeps its freed blocks (fences_keep_freed), as
+ * when neither a stand-in nor a wait can be made (e2e_api stand-in-nomem:
+ * the failed wait was ignored, and the block came back under the destroyed
+ * stream's work). */
+static void wait_stand_in_now(shim_pool *sp, const real_driver *R, CUevent e)
+{
+    relaxed_scope rs = capture_relax_always(R);
+    CUresult r = R->EventSynchronize(e);
+    capture_restore(R, rs);
+    R->EventDestroy(e);
+    if (r != CUDA_SUCCESS)
+        fences_keep_freed(sp, r);
+}
+
 static void keep_stand_in(shim_pool *sp, const real_driver *R, CUevent e)
 {
     stand_in *si = calloc(1, sizeof *si);
     if (!si) {
-        event_done(R, e, true); /* correctness first: wait for it now */
-        R->EventDestroy(e);
+        wait_stand_in_now(sp, R, e);
         return;
     }
     si->ev = e;
@@ -254,11 +269,10 @@ static void keep_stand_in(shim_pool *sp, const real_driver *R, CUevent e)
     if (!t) {
         pthread_mutex_unlock(&sp->stand_in_lock);
         streams_use_leave(took);
-        /* Without room to remember it, wait for it now: correctness
-         * first (this only happens when host memory runs out). */
-        event_done(R, e, true);
-        R->EventDestroy(e);
+        /* Without room to remember it, wait for it now (this only
+         * happens when host memory runs out). */
         free(si);
+        wait_stand_in_now(sp, R, e);
         return;
     }
     sp->stand_ins = t;

@@ -65,6 +65,8 @@
  *              old stream's queued work, not for the new stream's
  *   dead-stream  bfcshim_free_async on a stream destroyed since: no call on
  *              the dead handle, and the block is reused once its work is done
+ *   stand-in-nomem  a destroyed stream's stand-in that host memory cannot
+ *              keep, and whose wait then fails: the pool keeps its frees
  *   stats-nomem  bfcshim_stats_json when its document cannot be made (no
  *              memory for its stream): 0, and the buffer terminated
  *   stats-nomem-write  bfcshim_stats_json when host memory runs out while
@@ -1019,6 +1021,56 @@ static void stats_nomem_write(void)
 #endif
 }
 
+/* stand-in-nomem: a non-blocking stream with work queued on block a is
+ * destroyed; the stand-in event is made, but host memory runs out before
+ * the pool can remember it (the stand-ins' array cannot grow), so the host
+ * waits for it at once, and that wait fails (cuEventSynchronize:
+ * CUDA_ERROR_INVALID_CONTEXT, in cuda.h's list). Nothing covers the
+ * stream's work then: a, freed after, must not be handed out while that
+ * work is queued (the pool keeps its freed blocks). */
+static void stand_in_nomem(void)
+{
+#if !FAIL_ALLOCS
+    exit(77); /* skipped */
+#else
+    start();
+    void *a = must_alloc(2 * MiB, 0);
+    /* Sixteen stand-ins pending fill the stand-ins' array (8 pointers, then
+     * 16): the next one needs 256 bytes, more than the fake's own blocks
+     * for the event (its first dependency table is 128 bytes). */
+    for (int i = 0; i < 16; i++) {
+        CUstream t;
+        CHECK_EQ(D.StreamCreate(&t, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+        CHECK_EQ(F->launch(t, noop, NULL), 0);
+        CHECK_EQ(D.StreamDestroy(t), CUDA_SUCCESS);
+    }
+    CUstream s;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(F->launch(s, noop, NULL), 0);
+    CHECK_EQ(F->fail_call("cuEventSynchronize", 1, CUDA_ERROR_INVALID_CONTEXT, 0), 0);
+    atomic_store(&fail_from, 256);
+    const uint64_t waits = e2e_calls_of("cuEventSynchronize");
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS); /* its work goes on */
+    atomic_store(&fail_from, 0);
+    CHECK_EQ(e2e_calls_of("cuEventSynchronize"), waits + 1); /* the path was taken */
+    CHECK_EQ(F->fail_call("cuEventSynchronize", 0, 0, 0), 0);
+    CHECK_EQ(bfcshim_free(a), 0);
+    void *fill[MAX_FILL];
+    size_t n = fill_room(fill);
+    void *b = NULL;
+    int r = bfcshim_malloc(&b, 2 * MiB, 0);
+    if (r == 0 && b == a && F->pending(s)) {
+        fprintf(stderr, "the freed block was handed out with the destroyed stream's work "
+                        "still queued\n");
+        e2e_failures++;
+    }
+    F->complete_all();
+    if (r == 0)
+        CHECK_EQ(bfcshim_free(b), 0);
+    unfill(fill, n);
+#endif
+}
+
 /* oom-report-nomem (BFCSHIM_MEM_LIMIT=64MiB, BFCSHIM_OOM_REPORT set): host
  * memory runs out while the out-of-memory report is formatted. No part of
  * a report reaches the file, and the same situation once memory is back
@@ -1099,6 +1151,7 @@ int main(int argc, char **argv)
                      {"torch-record-other-after-plain", torch_record_other_after_plain},
                      {"stats-nomem", stats_nomem},
                      {"stats-nomem-write", stats_nomem_write},
+                     {"stand-in-nomem", stand_in_nomem},
                      {"oom-report-nomem", oom_report_nomem}};
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
         if (strcmp(s, scenarios[i].name) == 0) {
@@ -1106,6 +1159,6 @@ int main(int argc, char **argv)
             return e2e_done(s);
         }
     fprintf(stderr, "usage: e2e_api plain|async|badinput|zero|trim|trim-unmap-fails|stats|platform|dead-stream|"
-                    "torch-legacy|torch-legacy-capture|torch-record-stream|torch-record-cases|torch-record-immediate|torch-record-stale|torch-record-full|torch-record-other-default|torch-record-other-after-plain|dead-stream-immediate|stats-nomem|stats-nomem-write|oom-report-nomem\n");
+                    "torch-legacy|torch-legacy-capture|torch-record-stream|torch-record-cases|torch-record-immediate|torch-record-stale|torch-record-full|torch-record-other-default|torch-record-other-after-plain|dead-stream-immediate|stats-nomem|stats-nomem-write|stand-in-nomem|oom-report-nomem\n");
     return 2;
 }
