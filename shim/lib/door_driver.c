@@ -467,8 +467,10 @@ SHIM_EXPORT CUresult shim_cuCtxDestroy_v1(CUcontext ctx)
  * the top of the stack and a context pushed twice stays current beneath,
  * dead (e2e_current detach-stacked: taken for a count-down, its pool served
  * the next context made under the handle). Then its id ("unique for the
- * life of the program"), asked before and after, decides: no answer or
- * another one means it went. Without cuCtxGetId (a driver before 12.0) the
+ * life of the program"), asked before and after, decides: another one, or
+ * no live context under the handle (CUDA_ERROR_CONTEXT_IS_DESTROYED,
+ * CUDA_ERROR_INVALID_CONTEXT), means it went; another failure says nothing
+ * and keeps the pool (pools_identity_of). Without cuCtxGetId (a driver before 12.0) the
  * current context alone decides. Gone, it goes as a destroy's does (pool,
  * streams, captures, peer mappings), after the real call: the program
  * detaches only a context it has finished with. Either way the remembered
@@ -478,7 +480,7 @@ SHIM_EXPORT CUresult cuCtxDetach(CUcontext ctx)
     const real_driver *R = real_driver_get();
     uint64_t claimed = capture_context_ending(ctx);
     pools_hold_trims(ctx, true); /* maybe the last reference */
-    unsigned long long id = 0, after = 0;
+    unsigned long long id = 0;
     bool by_id = ctx && R && R->CtxGetId && R->CtxGetId(ctx, &id) == CUDA_SUCCESS && id;
     CUcontext cur = NULL;
     const bool was_current = ctx && R && R->CtxGetCurrent(&cur) == CUDA_SUCCESS && cur == ctx;
@@ -489,13 +491,17 @@ SHIM_EXPORT CUresult cuCtxDetach(CUcontext ctx)
      * pool): gone only if its id says so. The question is then asked of the
      * thread's current context, which the driver must answer
      * (CUDA_ERROR_CONTEXT_IS_DESTROYED), or of a context the program should
-     * not have detached; never of a handle popped off the stack. Without
-     * cuCtxGetId, as before 12.0, the current context alone decides. */
+     * not have detached; never of a handle popped off the stack. Only an
+     * answer says "gone" (another id, or no live context under the handle):
+     * a failure that says nothing of the context (an earlier launch's
+     * error) keeps its pool, which live blocks may still use (e2e_current
+     * detach-id-fails: the pool was forgotten and the live block's memory
+     * given back). Without cuCtxGetId, as before 12.0, the current context
+     * alone decides. */
     cur = NULL;
     bool popped = r == CUDA_SUCCESS && ctx && R && R->CtxGetCurrent(&cur) == CUDA_SUCCESS &&
                   cur != ctx && (was_current || !by_id);
-    bool gone = popped || (r == CUDA_SUCCESS && by_id &&
-                           (R->CtxGetId(ctx, &after) != CUDA_SUCCESS || after != id));
+    bool gone = popped || (r == CUDA_SUCCESS && by_id && pools_identity_of(ctx, id) == CTX_REPLACED);
     remembered_pools_stale();
     if (gone)
         pools_context_gone(ctx);

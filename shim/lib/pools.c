@@ -708,17 +708,22 @@ static bool same_ctx(const shim_pool *sp, const void *arg)
 
 static bool same_pool(const shim_pool *sp, const void *arg) { return sp == arg; }
 
-ctx_identity pools_context_identity(const shim_pool *sp)
+ctx_identity pools_identity_of(CUcontext ctx, unsigned long long was)
 {
     const real_driver *R = real_driver_get();
     unsigned long long id = 0;
-    if (!R || !R->CtxGetId || !sp->ctx_id)
+    if (!R || !R->CtxGetId || !was)
         return CTX_SAME;
-    CUresult r = R->CtxGetId(sp->ctx, &id);
+    CUresult r = R->CtxGetId(ctx, &id);
     if (r == CUDA_SUCCESS)
-        return id == sp->ctx_id ? CTX_SAME : CTX_REPLACED;
+        return id == was ? CTX_SAME : CTX_REPLACED;
     return r == CUDA_ERROR_CONTEXT_IS_DESTROYED || r == CUDA_ERROR_INVALID_CONTEXT ? CTX_REPLACED
                                                                                  : CTX_UNKNOWN;
+}
+
+ctx_identity pools_context_identity(const shim_pool *sp)
+{
+    return pools_identity_of(sp->ctx, sp->ctx_id);
 }
 
 bool pools_forget_if_replaced(shim_pool *sp)

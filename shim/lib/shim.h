@@ -459,6 +459,9 @@ bool pools_forget_if_replaced(shim_pool *sp);
  * launch's error, a driver shutting down), which is neither. */
 typedef enum { CTX_SAME, CTX_REPLACED, CTX_UNKNOWN } ctx_identity;
 ctx_identity pools_context_identity(const shim_pool *sp);
+/* The same of context handle ctx, whose id was `was` (0: none known,
+ * CTX_SAME). */
+ctx_identity pools_identity_of(CUcontext ctx, unsigned long long was);
 /* Is addr a block that a pool whose context went still lists as live (a
  * plug-in's late free, after the context took the memory)? */
 bool pools_dead_block(CUdeviceptr addr);

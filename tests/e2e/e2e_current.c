@@ -45,6 +45,9 @@
  *                 counted down": the pool lived on, and a new context under
  *                 the handle was served from it, in no live allocation
  *                 (BFCSHIM_VMM=off)
+ *   detach-id-fails  a cuCtxDetach that only counts down, the cuCtxGetId
+ *                 after it failing with an earlier launch's error: the
+ *                 context lives, and its pool and live block must too
  */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -421,6 +424,38 @@ static void detach_stacked(void)
     served_live("the pool of the context a stacked cuCtxDetach destroyed");
 }
 
+/* A cuCtxDetach that only counts down, while the cuCtxGetId asked after it
+ * fails with an earlier launch's error (CUDA_ERROR_ILLEGAL_ADDRESS: cuda.h
+ * notes "error codes from previous, asynchronous launches" for it), which
+ * says nothing of the context: it lives on, and so must its pool and the
+ * memory of its live block. */
+static void detach_id_fails(void)
+{
+    start();
+    CUcontext made = NULL, same = NULL;
+    CHECK_EQ(D.CtxCreate(&made, NULL, 0, 1), CUDA_SUCCESS); /* pushed over primary 0 */
+    CUdeviceptr live = 0;
+    CHECK_EQ(D.MemAlloc(&live, MiB), CUDA_SUCCESS);
+    CUresult (*attach)(CUcontext *, unsigned) =
+        (CUresult(*)(CUcontext *, unsigned))e2e_dlsym(e2e_open_libcuda(), "cuCtxAttach");
+    CHECK_EQ(attach(&same, 0), CUDA_SUCCESS);
+    CHECK(same == made);
+    const uint64_t asked = e2e_calls_of("cuCtxGetId");
+    /* the detach's second: the one asked after the real call */
+    CHECK_EQ(fakecuda()->fail_call("cuCtxGetId", 2, CUDA_ERROR_ILLEGAL_ADDRESS, 0), 0);
+    CHECK_EQ(ctx_detach()(made), CUDA_SUCCESS); /* usage 2 -> 1 */
+    CHECK_EQ(fakecuda()->fail_call("cuCtxGetId", 0, 0, 0), 0);
+    CHECK_EQ(e2e_calls_of("cuCtxGetId"), asked + 2);
+    if (!fakecuda()->is_device_pointer((uint64_t)live)) {
+        fprintf(stderr, "the live block of a context a cuCtxDetach only counted down lost its "
+                        "memory\n");
+        e2e_failures++;
+    }
+    served_in(made, "a cuCtxDetach that only counted down");
+    CHECK_EQ(D.MemFree(live), CUDA_SUCCESS);
+    CHECK_EQ(ctx_detach()(made), CUDA_SUCCESS); /* usage 1 -> 0 */
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -434,6 +469,7 @@ int main(int argc, char **argv)
         {"detach-off", detach},
         {"detach-reuse", detach_reuse},
         {"detach-stacked", detach_stacked},
+        {"detach-id-fails", detach_id_fails},
     };
     return e2e_main("e2e_current", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }
