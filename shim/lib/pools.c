@@ -296,13 +296,28 @@ static shim_pool *create_pool(const real_driver *R, CUcontext ctx, CUdevice dev,
         return NULL;
     }
     uint64_t limit = pools_limit_for(total);
+    /* The context's id is what tells, where the library sees no context go
+     * (a plug-in, the door closed), that the pool's context was replaced
+     * under the same handle (pools_context_identity). A pool made without
+     * it could never be found replaced: after an unseen reset it would
+     * serve the new context from the dead one's memory (e2e_drvfail
+     * pool-id-fails-hooks-off). So when the driver has cuCtxGetId and
+     * refuses it now, no pool is made: the call passes through unpooled,
+     * and the next one asks again. Without cuCtxGetId (before 12.0) there
+     * is no id to know. */
+    unsigned long long ctx_id = 0;
+    CUresult id_r = R->CtxGetId ? R->CtxGetId(ctx, &ctx_id) : CUDA_SUCCESS;
+    if (id_r != CUDA_SUCCESS || (R->CtxGetId && !ctx_id)) {
+        shim_log(LOG_DEBUG, "device %d: no pool for now: the context's id is not known (%d)",
+                 (int)dev, (int)id_r);
+        return NULL;
+    }
 
     shim_pool *sp = calloc(1, sizeof *sp);
     if (!sp)
         return NULL;
     sp->ctx = ctx;
-    if (R->CtxGetId && R->CtxGetId(ctx, &sp->ctx_id) != CUDA_SUCCESS)
-        sp->ctx_id = 0;
+    sp->ctx_id = ctx_id;
     /* (the door closed: a context that died unseen with no pool left its
      * streams under the handle this one may have) */
     streams_forget_other_ids(ctx, sp->ctx_id);

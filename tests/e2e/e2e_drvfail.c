@@ -51,8 +51,14 @@
  *                    while the next allocation needs the block: a refused
  *                    query means "not known yet", never "complete" (the
  *                    host waits for the fence instead)
+ *   pool-id-fails    (BFCSHIM_VMM=off) the cuCtxGetId asked when device 0's
+ *                    pool is made fails; the primary context is then reset
+ *                    (unseen with the driver door closed) and made again
+ *                    under the same handle: the next allocation must not
+ *                    come from the dead context's pool
  */
 #include <cuda.h>
+#include <dlfcn.h>
 #include <cuda_runtime_api.h>
 
 #include "e2e_rt.h"
@@ -303,6 +309,42 @@ static void fence_query(void)
     CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
 
+/* pool-id-fails (BFCSHIM_VMM=off: cuMemAlloc regions die with their
+ * context): the cuCtxGetId asked when device 0's pool is made fails
+ * (CUDA_ERROR_ILLEGAL_ADDRESS: an earlier launch's error, which cuda.h
+ * notes for it); then the primary context is reset where the shim does
+ * not see it (through dlsym: with the driver door closed, unseen) and made
+ * again under the same handle. The next allocation must come from live
+ * memory, not from the dead context's pool, which a pool without an id
+ * could never be found to be. */
+static void pool_id_fails(void)
+{
+    typedef CUresult (*reset_fn)(CUdevice);
+    typedef CUresult (*retain_fn)(CUcontext *, CUdevice);
+    typedef CUresult (*setcur_fn)(CUcontext);
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    reset_fn reset = (reset_fn)dlsym(h, "cuDevicePrimaryCtxReset_v2");
+    retain_fn retain = (retain_fn)dlsym(h, "cuDevicePrimaryCtxRetain");
+    setcur_fn setcur = (setcur_fn)dlsym(h, "cuCtxSetCurrent");
+    CHECK(reset && retain && setcur);
+    CHECK_EQ(cudaFree(NULL), cudaSuccess); /* the primary context, no pool yet */
+    CHECK_EQ(fakecuda()->fail_call("cuCtxGetId", 1, CUDA_ERROR_ILLEGAL_ADDRESS, 0), 0);
+    char *p = alloc_ok(MiB);
+    CHECK_EQ(fakecuda()->fail_call("cuCtxGetId", 0, 0, 0), 0);
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+    CHECK_EQ(reset(0), CUDA_SUCCESS);
+    CUcontext c = NULL;
+    CHECK_EQ(retain(&c, 0), CUDA_SUCCESS);
+    CHECK_EQ(setcur(c), CUDA_SUCCESS);
+    char *q = alloc_ok(MiB);
+    if (!fakecuda()->is_device_pointer((uint64_t)(uintptr_t)q)) {
+        fprintf(stderr, "after the context was made again, 0x%llx was served from the dead "
+                        "context's pool\n", (unsigned long long)(uintptr_t)q);
+        e2e_failures++;
+    }
+    CHECK_EQ(cudaFree(q), cudaSuccess);
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -316,6 +358,7 @@ int main(int argc, char **argv)
         {"ordered-stream-wait", ordered_stream_wait},
         {"foreign-free-legacy-sync", foreign_free_legacy_sync},
         {"fence-query", fence_query},
+        {"pool-id-fails", pool_id_fails},
     };
     return e2e_main("e2e_drvfail", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }
