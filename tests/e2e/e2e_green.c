@@ -16,6 +16,11 @@
  *   green-default   work on the green context's default stream (the legacy
  *                   stream while it is current); freed plainly, and freed
  *                   with cuMemFreeAsync on that default stream
+ *   green-default-after-pool  green-default with the pool made (and
+ *                   ordered: a barrier instead of fences) before the green
+ *                   context: the creation must end the ordered state
+ *                   (mutation testing: without fences_ordered_end_device in
+ *                   cuGreenCtxCreate the block came back under the work)
  *   green-capture   another stream of the green context captures when the
  *                   allocation comes: no fence may break that capture, and
  *                   none may pretend to cover the work
@@ -270,6 +275,27 @@ static void green_default(void)
 {
     on_green_default(false);
     on_green_default(true);
+}
+
+/* The pool is made, and ordered (a barrier on the legacy stream instead of
+ * fences: no non-blocking stream, no green context yet), before the green
+ * context: its creation must end that state, since the green context's
+ * default stream is not in the primary context's legacy-stream order. Work
+ * there writes the hole, which is freed plainly from the primary context. */
+static void green_default_after_pool(void)
+{
+    start();
+    CUdeviceptr p, filler = fill_but_hole(&p);
+    CUdeviceptr r = alloc_ok(MiB / 4); /* the pool ordered, serving */
+    CHECK_EQ(D.MemFree(r), CUDA_SUCCESS);
+    CUcontext converted = NULL;
+    CUgreenCtx g = make_green(&converted);
+    CHECK_EQ(D.CtxSetCurrent(converted), CUDA_SUCCESS);
+    queue_work(NULL, p); /* the green context's default stream */
+    CHECK_EQ(D.CtxSetCurrent(primary), CUDA_SUCCESS);
+    CHECK_EQ(D.MemFree(p), CUDA_SUCCESS);
+    take_hole_again(p, filler);
+    CHECK_EQ(GR.GreenCtxDestroy(g), CUDA_SUCCESS);
 }
 
 static void green_capture_with(bool refused_destroy)
@@ -968,6 +994,7 @@ int main(int argc, char **argv)
     static const e2e_scenario scenarios[] = {
         {"shared-pool", shared_pool},     {"green-stream", on_green_stream},
         {"green-default", green_default}, {"green-capture", green_capture},
+        {"green-default-after-pool", green_default_after_pool},
         {"green-destroy", green_destroy}, {"green-async", green_async},
         {"green-async-capture-destroy", green_async_capture_destroy},
         {"green-capture-destroyed", green_capture_destroyed},
