@@ -10,6 +10,7 @@ typedef struct fences {
     uint64_t polls, waits;
     uint32_t last_wait_lane;
     bool refuse_seal;
+    bool refuse_wait; /* the owner cannot wait (cuEventSynchronize failed) */
     uint32_t refuse_lane; /* refuses to seal this lane only (0: none) */
     uint64_t seals, sealed_token[16];
     uint32_t sealed_lane[16];
@@ -23,6 +24,8 @@ static bool fence_done(void *ctx, uint32_t lane, uint64_t token, bool wait)
     if (wait) {
         fence_state.waits++;
         fence_state.last_wait_lane = lane;
+        if (fence_state.refuse_wait)
+            return false;
         if (token > fence_state.done)
             fence_state.done = token;
         return true;
@@ -84,6 +87,30 @@ static void pending_blocks_wait_for_their_fence(void)
     bfc_pool_retire(f.pool, lane, 5);
     CHECK_EQ(stats_of(&f).pending_bytes, 0);
     CHECK(!bfc_pool_lane_oldest(f.pool, lane, &t));
+    CHECK_EQ(must_alloc(&f, 1 * MiB), a);
+    fixture_end(&f);
+}
+
+/* The slow path's wait for the oldest fence fails (the shim: a failed
+ * cuEventSynchronize, a pool that keeps its freed blocks): the block stays
+ * pending, and the allocation that needed it finds the pool full. Mutation
+ * testing: lanes_wait_oldest retiring the token whatever the owner answered
+ * survived every core and e2e test; here it hands the block out. */
+static void a_failed_wait_keeps_the_block_pending(void)
+{
+    fixture f;
+    fixture_begin(&f, 1 * MiB);
+    start_with_fences(&f);
+    uint32_t lane = open_lane(&f, false);
+    bfc_addr a = must_alloc(&f, 1 * MiB);
+    CHECK_EQ(bfc_pool_free_deferred(f.pool, a, lane), BFC_OK);
+    fence_state.refuse_wait = true;
+    bfc_addr b = 0;
+    CHECK_EQ(bfc_pool_alloc(f.pool, 1 * MiB, BFC_NO_LANE, &b), BFC_ERR_OOM);
+    CHECK(fence_state.waits > 0);
+    CHECK_EQ(stats_of(&f).pending_bytes, 1 * MiB);
+    CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+    fence_state.refuse_wait = false;
     CHECK_EQ(must_alloc(&f, 1 * MiB), a);
     fixture_end(&f);
 }
@@ -702,6 +729,7 @@ static void a_growing_pool_seals_a_lazy_lane_holding_a_share_of_its_use(void)
 int main(void)
 {
     RUN(pending_blocks_wait_for_their_fence);
+    RUN(a_failed_wait_keeps_the_block_pending);
     RUN(the_freeing_lane_reuses_at_once_others_do_not);
     RUN(non_reusable_lanes_hold_blocks_for_everyone);
     RUN(tokens_must_not_go_backwards);
