@@ -55,9 +55,10 @@
  * stream-ordered free goes on its stream; a block whose stream is destroyed
  * is only freed plainly afterwards; a block from cuMemAllocAsync is freed
  * plainly only once its work is done (cuMemFree does not synchronise for
- * those); nothing is allocated into, freed into, used on or synchronised
- * with a capturing stream, and nothing synchronises the device during a
- * capture.
+ * those), and as a plug-in so is every block the library does not pool
+ * (cuMemFree only "may" synchronise for the others: cuda.h); nothing is
+ * allocated into, freed into, used on or synchronised with a capturing
+ * stream, and nothing synchronises the device during a capture.
  *
  * Tags are written and checked once per 256 bytes: every block starts on a
  * 512-byte boundary and is a multiple of it, so a block that overlaps
@@ -479,12 +480,15 @@ static void free_block(size_t i, bool async)
         if (b->async && b->orphan) {
             use_place(b->place);
             device_synchronize();
-        } else if (b->async && plugin && !b->api) {
-            /* The driver's own stream-ordered memory: its last work may be
-             * on another stream than its home (handed over implicitly
-             * between the legacy stream and a blocking one), which a
-             * stream's synchronisation does not wait for. No capture runs
-             * as a plug-in. */
+        } else if (plugin && !b->api) {
+            /* The driver's own memory, which no shim fences: cuMemFree
+             * "may perform implicit synchronization" for cuMemAlloc's
+             * (cuda.h), so a correct program waits for its work first, and
+             * must for cuMemAllocAsync's. Its last work may be on another
+             * stream than its home (handed over implicitly between the
+             * legacy stream and a blocking one), which a stream's
+             * synchronisation does not wait for. No capture runs as a
+             * plug-in. */
             use_place(b->place);
             device_synchronize();
         } else if (b->async) {
