@@ -183,6 +183,10 @@
  *                  blocking stream's earlier work, but later blocking-stream
  *                  work does not wait for it (the stricter reading: the
  *                  shim's barrier must wait, not only record)
+ *   fake-legacy-destroyed  legacy-stream work does not wait for a
+ *                  blocking stream destroyed with work queued (that work
+ *                  still runs), only for live ones; with
+ *                  FAKECUDA_LEGACY_SKIPS_DESTROYED=0 (-waits) it does
  *   fake-wait-ended-capture  cuStreamWaitEvent on an event last recorded
  *                  in a capture that has ended: CUDA_ERROR_CAPTURED_EVENT, a
  *                  capturing waiter's capture invalidated
@@ -2997,6 +3001,38 @@ static void fake_legacy_record(void)
     CHECK_EQ(D.StreamDestroy(nb), CUDA_SUCCESS);
 }
 
+/* Whether the legacy stream's implicit wait ("the legacy stream first waits
+ * on all blocking streams", stream synchronisation behaviour) includes a
+ * blocking stream destroyed with work queued is not documented: cuda.h
+ * says only that cuStreamDestroy returns at once and the stream's resources
+ * go "once the device has completed all work" in it. The fake's default is
+ * the harder reading for the shim, that it does not (only an explicit wait
+ * orders that work: e2e_fences ordered-stream-destroy);
+ * FAKECUDA_LEGACY_SKIPS_DESTROYED=0 takes the other. A live blocking
+ * stream is waited for either way. */
+static void fake_legacy_destroyed(void)
+{
+    start();
+    const char *reading = getenv("FAKECUDA_LEGACY_SKIPS_DESTROYED");
+    const bool waits = reading && strcmp(reading, "0") == 0;
+    CUstream live, gone;
+    CHECK_EQ(D.StreamCreate(&live, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&gone, 0), CUDA_SUCCESS);
+    host_runs = 0;
+    CHECK_EQ(fakecuda()->launch(gone, count_run, NULL), 0);
+    CHECK_EQ(D.StreamDestroy(gone), CUDA_SUCCESS);
+    CHECK_EQ(fakecuda()->launch(live, count_run, NULL), 0);
+    CHECK_EQ(fakecuda()->launch(CU_STREAM_LEGACY, nothing, NULL), 0);
+    fakecuda()->complete(CU_STREAM_LEGACY); /* and what it waits for */
+    CHECK_EQ(fakecuda()->pending(CU_STREAM_LEGACY), 0);
+    CHECK_EQ(fakecuda()->pending(live), 0);
+    CHECK_EQ(fakecuda()->pending(gone), waits ? 0 : 1);
+    CHECK_EQ(host_runs, waits ? 2 : 1);
+    fakecuda()->complete(gone); /* its work goes on after the destroy */
+    CHECK_EQ(host_runs, 2);
+    CHECK_EQ(D.StreamDestroy(live), CUDA_SUCCESS);
+}
+
 /* cuStreamWaitEvent on an event last recorded in a capture that has
  * ended: CUDA_ERROR_CAPTURED_EVENT, as a query of it; a capturing waiter's
  * capture is invalidated. A later plain record makes it usable again. */
@@ -3159,6 +3195,8 @@ int main(int argc, char **argv)
         {"fake-stream-order", fake_stream_order},
         {"fake-more-stream-calls", fake_more_stream_calls},
         {"fake-legacy-record", fake_legacy_record},
+        {"fake-legacy-destroyed", fake_legacy_destroyed},
+        {"fake-legacy-destroyed-waits", fake_legacy_destroyed},
         {"fake-wait-ended-capture", fake_wait_ended_capture},
     };
     return e2e_main("e2e_fake_rules", scenarios, sizeof scenarios / sizeof scenarios[0], argc,

@@ -89,8 +89,8 @@
  *   ordered-stream-destroy  ordered-reuse with the old work's blocking
  *                    stream destroyed before the free, and the fake's
  *                    legacy stream not waiting for destroyed streams
- *                    (FAKECUDA_LEGACY_SKIPS_DESTROYED): the barrier must
- *                    wait for the destroyed stream's stand-in
+ *                    (its default, FAKECUDA_LEGACY_SKIPS_DESTROYED): the
+ *                    barrier must wait for the destroyed stream's stand-in
  *   ordered-region-trim  a growing pool over regions, a block freed behind
  *                    work on a blocking stream, then trimmed: its region
  *                    must not go back before that work ran (the fake's
@@ -1573,12 +1573,13 @@ static void ordered_reuse(void)
 }
 
 /* ordered-stream-destroy: the old work is on a blocking stream destroyed
- * before the free, under FAKECUDA_LEGACY_SKIPS_DESTROYED (the legacy
- * stream's implicit wait leaves destroyed streams out, a reading the
- * stream synchronisation note allows). The barrier must still order the
- * new owner after it: the legacy stream waits for the destroyed stream's
- * stand-in explicitly (seal_ordered). Mutation testing: without that wait
- * no test failed, the fake's default reading making it redundant. */
+ * before the free, the fake's legacy stream not waiting for destroyed
+ * streams (its default; FAKECUDA_LEGACY_SKIPS_DESTROYED=0 takes the other
+ * reading, a reading the stream synchronisation note allows too). The
+ * barrier must still order the new owner after it: the legacy stream
+ * waits for the destroyed stream's stand-in explicitly (seal_ordered).
+ * Mutation testing: without that wait no test failed while the fake's
+ * default was the other reading, which made it redundant. */
 static void ordered_stream_destroy(void)
 {
     char *p, *filler = fill_but_hole(&p);

@@ -30,10 +30,11 @@
  * destroyed stream's handle to the new stream at once, its old work still
  * queued: the driver promises nothing about handle values; by default a
  * destroyed stream's handle stays recognised as stale),
- * FAKECUDA_LEGACY_SKIPS_DESTROYED=1 (the legacy stream's implicit wait for
- * every blocking stream leaves out destroyed ones, whose queued work still
- * runs: the stream synchronisation note does not say whether a destroyed
- * stream is among "all blocking streams"; by default it is),
+ * FAKECUDA_LEGACY_SKIPS_DESTROYED (default 1: the legacy stream's implicit
+ * wait for every blocking stream leaves out destroyed ones, whose queued
+ * work still runs: the stream synchronisation note does not say whether a
+ * destroyed stream is among "all blocking streams", and the shim must be
+ * safe either way; =0 takes the other reading, that it is),
  * FAKECUDA_FREE_NO_SYNC=1 (cuMemFree of cuMemAlloc's memory does not
  * complete the device's queued work first: cuda.h says only that it "may
  * perform implicit synchronization"; by default it does),

@@ -36,7 +36,10 @@
  *             cuStreamDestroy returns at once and the stream's queued work
  *             goes on until it completes ("resources ... released
  *             automatically once the device has completed all work",
- *             cuda.h); the handle is invalid from then on.
+ *             cuda.h); the handle is invalid from then on, and the legacy
+ *             stream's implicit wait leaves that work out (whether "all
+ *             blocking streams" includes a destroyed one is not
+ *             documented; FAKECUDA_LEGACY_SKIPS_DESTROYED=0 includes it).
  *   lifetime  cuCtxDestroy, cuDevicePrimaryCtxReset and the last primary
  *             release first finish the context's queued work (work that
  *             never ends is dropped). The headers say only that the reset
@@ -410,6 +413,14 @@ uint64_t parse_bytes(const char *s)
     return (uint64_t)(v * (double)mul);
 }
 
+/* A switch between two readings of the documentation: unset, `dflt`; "0",
+ * off; anything else, on. */
+static bool env_reading(const char *name, bool dflt)
+{
+    const char *v = getenv(name);
+    return v ? strcmp(v, "0") != 0 : dflt;
+}
+
 /* Lock held. */
 void configure(void)
 {
@@ -466,7 +477,9 @@ void configure(void)
     G.zero_alloc = getenv("FAKECUDA_ZERO_ALLOC") != NULL;
     G.reuse_stream_handles = getenv("FAKECUDA_REUSE_STREAM_HANDLES") != NULL;
     G.reuse_event_handles = getenv("FAKECUDA_REUSE_EVENT_HANDLES") != NULL;
-    G.legacy_skips_destroyed = getenv("FAKECUDA_LEGACY_SKIPS_DESTROYED") != NULL;
+    /* Where the documentation allows two readings, the harder one for the
+     * shim is the default and "0" selects the other (fake_cuda.h). */
+    G.legacy_skips_destroyed = env_reading("FAKECUDA_LEGACY_SKIPS_DESTROYED", true);
     G.free_no_sync = getenv("FAKECUDA_FREE_NO_SYNC") != NULL;
     G.stale_backtrace = getenv("FAKECUDA_STALE_BACKTRACE") != NULL;
 }
@@ -829,12 +842,16 @@ void enqueue(fstream *s, work_item w)
 
 /* Lock held: has stream o work queued that a new operation of the legacy
  * stream in its context must wait for? Blocking streams do, destroyed ones
- * too (their queued work goes on), captured work does not run. */
+ * (whose queued work goes on) only with FAKECUDA_LEGACY_SKIPS_DESTROYED=0,
+ * captured work does not run. */
 static bool legacy_must_wait_for(const fstream *o, const fctx *c)
 {
     /* (a destroyed stream's queued work: whether the legacy stream waits
-     * for it is not documented; waited for unless
-     * FAKECUDA_LEGACY_SKIPS_DESTROYED takes the other reading) */
+     * for it is not documented: "the legacy default stream ... waits on all
+     * blocking streams" (stream synchronisation behaviour) names no
+     * destroyed ones, and cuStreamDestroy says only that its work
+     * completes (cuda.h); not waited for, the harder reading for the shim,
+     * unless FAKECUDA_LEGACY_SKIPS_DESTROYED=0 takes the other) */
     return o->ctx == c && blocking(o) && !o->dead && !live_capture(o) &&
            !(G.legacy_skips_destroyed && o->destroyed) &&
            !stream_done_to(o, o->submitted);

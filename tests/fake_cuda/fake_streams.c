@@ -821,8 +821,8 @@ static CUresult event_record(CUevent h, CUstream sh, unsigned flags)
     /* Complete once the work submitted before it is: an event on an idle
      * stream is complete at once, as on an idle GPU. The record is an
      * operation like any other: on the legacy stream it also waits for
-     * every blocking stream (destroyed ones too: their queued work goes on;
-     * not with FAKECUDA_LEGACY_SKIPS_DESTROYED),
+     * every blocking stream (not destroyed ones, whose queued work goes on:
+     * legacy_must_wait_for; they too with FAKECUDA_LEGACY_SKIPS_DESTROYED=0),
      * on a blocking one for the legacy stream (implicit_deps). Those are
      * the event's own dependencies, not a wait item, so that it completes
      * only once their callbacks have run too (stream_done_to). It takes no
