@@ -3,7 +3,9 @@
 # runs the whole test suite in each; the last line reads "N passed, M failed".
 #
 #   default    release + LTO build (what users run): every suite (real JAX,
-#              suite jax, only here: sanitizer builds do not define it)
+#              suite jax, only here: sanitizer builds do not define it),
+#              then the e2e suite again with the fake's cuMemFree not
+#              synchronising (FAKECUDA_FREE_NO_SYNC=1)
 #   asan       AddressSanitizer + UndefinedBehaviorSanitizer: every suite
 #   tsan       ThreadSanitizer: the multi-threaded suites and the shim end to end
 #   libfuzzer  clang + libFuzzer: a 30-second session per fuzz target
@@ -95,6 +97,27 @@ case " ${BFCSHIM_CHECK_ONLY:-default asan tsan libfuzzer} " in
             failed=$((failed + 1)); echo "  demo FAILED:"; tail -20 build-check/demo.log
         fi
         echo "  demo: $((SECONDS - demo_started)) s" ;;
+esac
+# The e2e suite again on the default build, with the fake's cuMemFree not
+# synchronising (FAKECUDA_FREE_NO_SYNC=1): cuda.h says only that it "may",
+# and the shim must not rely on it; the fake's default keeps the
+# synchronisation that real clients rely on (tests/fake_cuda/fake_cuda.h).
+# The tests that pin the default set FAKECUDA_FREE_NO_SYNC=0 themselves.
+case " ${BFCSHIM_CHECK_ONLY:-default asan tsan libfuzzer} " in
+    *" default "*)
+        echo "== free-no-sync (e2e suite, default build)"
+        nosync_started=$SECONDS
+        rm -f build-check/default/meson-logs/testlog.json
+        if [ -f build-check/default/build.ninja ]; then
+            FAKECUDA_FREE_NO_SYNC=1 meson test -C build-check/default --print-errorlogs \
+                --suite e2e >build-check/free-no-sync.test.log 2>&1
+            grep -E "^ *[0-9]+/[0-9]+ .*(FAIL|TIMEOUT|ERROR)" build-check/free-no-sync.test.log |
+                sed 's/^/  /'
+            count build-check/default
+        else
+            failed=$((failed + 1)); echo "  no default build"
+        fi
+        echo "  free-no-sync: $((SECONDS - nosync_started)) s" ;;
 esac
 config asan -Db_sanitize=address,undefined -Db_lundef=false -Db_lto=false \
     -Dbuildtype=debugoptimized -Dproperty_ops=100000 -- --timeout-multiplier 4

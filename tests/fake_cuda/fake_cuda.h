@@ -37,7 +37,14 @@
  * safe either way; =0 takes the other reading, that it is),
  * FAKECUDA_FREE_NO_SYNC=1 (cuMemFree of cuMemAlloc's memory does not
  * complete the device's queued work first: cuda.h says only that it "may
- * perform implicit synchronization"; by default it does),
+ * perform implicit synchronization"; by default, and with =0, it does. Not
+ * the default, unlike the switch above: the Programming Guide says cudaFree
+ * "causes the GPU to synchronize across all executing CUDA streams",
+ * cuda.h asks the caller to make sure no work still uses the memory only
+ * for stream-ordered pointers, and Numba's own tests free memory their
+ * queued copies still target (test_numba_suite crashes without the shim
+ * under =1). The shim must not rely on it: scripts/check.sh runs the e2e
+ * suite a second time under =1, and the tests that rely on it set =0),
  * FAKECUDA_REUSE_EVENT_HANDLES=1 (cuEventCreate gives the most recently dead
  * event's handle, one cuEventDestroy destroyed or one that died with its
  * context (cuCtxDestroy, the last cuDevicePrimaryCtxRelease,

@@ -478,9 +478,10 @@ void configure(void)
     G.reuse_stream_handles = getenv("FAKECUDA_REUSE_STREAM_HANDLES") != NULL;
     G.reuse_event_handles = getenv("FAKECUDA_REUSE_EVENT_HANDLES") != NULL;
     /* Where the documentation allows two readings, the harder one for the
-     * shim is the default and "0" selects the other (fake_cuda.h). */
+     * shim is the default and "0" selects the other, except for cuMemFree's
+     * synchronisation, which real clients rely on (fake_cuda.h). */
     G.legacy_skips_destroyed = env_reading("FAKECUDA_LEGACY_SKIPS_DESTROYED", true);
-    G.free_no_sync = getenv("FAKECUDA_FREE_NO_SYNC") != NULL;
+    G.free_no_sync = env_reading("FAKECUDA_FREE_NO_SYNC", false);
     G.stale_backtrace = getenv("FAKECUDA_STALE_BACKTRACE") != NULL;
 }
 

@@ -150,8 +150,10 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
  * twin: "the memory is released back to the pool" when the stream reaches
  * the free ("Frees memory with stream ordered semantics", cuda.h), so work
  * queued on the stream before it still finds the memory (free_async).
- * "May": with FAKECUDA_FREE_NO_SYNC the free does not synchronise, and
- * work still queued on the memory faults when it runs.
+ * "May": with FAKECUDA_FREE_NO_SYNC=1 the free does not synchronise, and
+ * work still queued on the memory faults when it runs (the shim must not
+ * rely on the synchronisation: scripts/check.sh runs the e2e suite under
+ * it too).
  */
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
