@@ -65,26 +65,6 @@
 
 #define MiB (UINT64_C(1) << 20)
 
-static char *fill_but_hole(char **hole)
-{
-    *hole = alloc_ok(MiB);
-    return alloc_ok(free_memory() - MiB / 2);
-}
-
-static void write_pattern(void *arg) { memset(arg, 0x5a, MiB); }
-
-/* q was allocated after the hole was freed under work queued on `s`: if it
- * is the hole, that work must have completed first. */
-static void expect_safe(const char *hole, const char *q, void *s)
-{
-    uint64_t left = fakecuda()->pending(s);
-    if (q == hole && left) {
-        fprintf(stderr, "the freed block was handed out with %llu operation(s) still "
-                        "queued before its free\n", (unsigned long long)left);
-        e2e_failures++;
-    }
-}
-
 static void arm(const char *name, int code)
 {
     CHECK_EQ(fakecuda()->fail_call(name, 1, code, 0), 0);

@@ -1,6 +1,6 @@
 /*
  * e2e_rt.h - helpers for the end-to-end programs that use the CUDA runtime
- * (e2e_runtime, e2e_fences, e2e_queries).
+ * (e2e_runtime, e2e_fences, e2e_queries, e2e_drvfail, e2e_race).
  */
 #ifndef BFCSHIM_TESTS_E2E_RT_H
 #define BFCSHIM_TESTS_E2E_RT_H
@@ -25,6 +25,39 @@ static inline size_t free_memory(void)
     size_t f = 0, t = 0;
     CHECK_EQ(cudaMemGetInfo(&f, &t), cudaSuccess);
     return f;
+}
+
+/*
+ * The one-hole setting of the programs that check reuse under queued work
+ * (e2e_fences, e2e_drvfail): the pool is filled around one 1 MiB hole, so
+ * the next 1 MiB allocation can only land in the block just freed, and
+ * work queued before the free must have run by then.
+ */
+#define E2E_HOLE (UINT64_C(1) << 20)
+
+/* The 1 MiB block *hole, and a filler that leaves less than 1 MiB anywhere
+ * else in the pool. */
+static inline char *fill_but_hole(char **hole)
+{
+    *hole = alloc_ok(E2E_HOLE);
+    return alloc_ok(free_memory() - E2E_HOLE / 2);
+}
+
+/* The work the tests queue on the hole: it writes it, as a kernel would. */
+static inline void write_pattern(void *arg) { memset(arg, 0x5a, E2E_HOLE); }
+
+/* q was allocated after the hole was freed under work queued on `s`: if it
+ * is the hole, that work must have completed first; and the shim never
+ * touched a stale handle on the way. */
+static inline void expect_safe(const char *hole, const char *q, void *s)
+{
+    uint64_t left = fakecuda()->pending(s);
+    if (q == hole && left) {
+        fprintf(stderr, "the freed block was handed out with %llu operation(s) still "
+                        "queued before its free\n", (unsigned long long)left);
+        e2e_failures++;
+    }
+    CHECK_EQ(fake_stats().stale_handle_uses, 0);
 }
 
 #endif

@@ -248,8 +248,6 @@ static void growth(void)
     CHECK_EQ(cudaFree(a), cudaSuccess);
 }
 
-static void write_pattern(void *arg) { memset(arg, 0x5a, MiB); }
-
 static void streams(void)
 {
     cudaStream_t A, B;
