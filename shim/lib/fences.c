@@ -525,12 +525,15 @@ bool fences_legacy_order(shim_pool *sp)
 
 bool fences_barrier_idle(shim_pool *sp, bool wait)
 {
-    if (atomic_load_explicit(&sp->keep_freed, memory_order_relaxed))
-        return false;
-    if (!sp->last_barrier || sp->barrier_idle)
-        return true;
-    sp->barrier_idle = event_done(real_driver_get(), sp->last_barrier, wait);
-    return sp->barrier_idle;
+    /* The wait comes first, even in a pool that keeps its freed blocks:
+     * nothing goes back by choice then (release_ready: false), but a
+     * region the engine gives back all the same (region_free) must not go
+     * before the work queued ahead of the last barrier (e2e_drvfail
+     * ordered-trim-kept: it went back with that work queued). */
+    if (sp->last_barrier && !sp->barrier_idle)
+        sp->barrier_idle = event_done(real_driver_get(), sp->last_barrier, wait);
+    const bool idle = !sp->last_barrier || sp->barrier_idle;
+    return idle && !atomic_load_explicit(&sp->keep_freed, memory_order_relaxed);
 }
 
 /* The one context known so far, until a second one makes `several` true

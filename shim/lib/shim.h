@@ -608,7 +608,8 @@ void fences_context_seen(CUcontext ctx);
 /* Engine's lock held, before memory leaves the pool (an unmap, a region
  * freed): a block an ordered seal made reusable is free of later work's
  * reach, not idle; its old work is done once the last barrier is. Waits
- * for it when `wait`; true when it is done (or there is none). */
+ * for it when `wait`; true when it is done (or there is none), never in a
+ * pool that keeps its freed blocks (fences_keep_freed), which still waits. */
 bool fences_barrier_idle(shim_pool *sp, bool wait);
 /* Makes the pool's legacy stream take an action (a wait), as a real
  * stream-ordered free there would; the pool's context current. False when

@@ -28,6 +28,13 @@
  *                    destroyed stream's work, so the pool keeps its freed
  *                    blocks (fences_keep_freed) rather than hand the block
  *                    out under it
+ *   ordered-trim-kept  an ordered pool growing over regions (cuMemFree not
+ *                    synchronising): a block freed behind work on a
+ *                    blocking stream, made free behind the barrier, then a
+ *                    blocking stream destroyed with neither stand-in nor
+ *                    host wait (the pool keeps its freed blocks), then a
+ *                    trim: the block's region must not go back before the
+ *                    old work ran (region_free's wait for the last barrier)
  *   foreign-free-sync  a device-0 block freed with cudaFreeAsync on a
  *                    device-1 stream behind work there (the shim waits for
  *                    that stream on the host: no device-0 fence covers it),
@@ -325,6 +332,38 @@ static void pool_id_fails(void)
     CHECK_EQ(cudaFree(q), cudaSuccess);
 }
 
+/* ordered-trim-kept: a pool that keeps its freed blocks still gives back
+ * an idle region only once the work queued before its last barrier ran. */
+static void ordered_trim_kept(void)
+{
+    void *p = NULL, *big = NULL;
+    CHECK_EQ(cudaMalloc(&p, MiB), cudaSuccess); /* the first region */
+    cudaStream_t b, d;
+    CHECK_EQ(cudaStreamCreate(&b), cudaSuccess); /* blocking: the pool stays ordered */
+    CHECK_EQ(fakecuda()->launch(b, write_pattern, p), 0);
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+    /* too large for the first region: the slow path seals the free (a
+     * barrier), and the block's region is all free */
+    CHECK_EQ(cudaMalloc(&big, 16 * MiB), cudaSuccess);
+    CHECK_EQ(cudaStreamCreate(&d), cudaSuccess);
+    arm("cuEventCreate", CUDA_ERROR_OUT_OF_MEMORY);
+    arm("cuStreamSynchronize", CUDA_ERROR_INVALID_CONTEXT);
+    CHECK_EQ(cudaStreamDestroy(d), cudaSuccess); /* the pool keeps its freed blocks */
+    CHECK_EQ(fakecuda()->fail_call("cuEventCreate", 0, 0, 0), 0);
+    CHECK_EQ(fakecuda()->fail_call("cuStreamSynchronize", 0, 0, 0), 0);
+    cudaMemPool_t pool;
+    CHECK_EQ(cudaDeviceGetDefaultMemPool(&pool, 0), cudaSuccess);
+    CHECK_EQ(cudaMemPoolTrimTo(pool, 0), cudaSuccess);
+    if (!fakecuda()->is_device_pointer((uint64_t)(uintptr_t)p) && fakecuda()->pending(b)) {
+        fprintf(stderr, "the block's region went back with %llu operation(s) still queued "
+                        "on it\n", (unsigned long long)fakecuda()->pending(b));
+        _exit(1); /* (that work would fault) */
+    }
+    fakecuda()->complete_all();
+    CHECK_EQ(cudaFree(big), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(b), cudaSuccess);
+}
+
 int main(int argc, char **argv)
 {
     static const e2e_scenario scenarios[] = {
@@ -339,6 +378,7 @@ int main(int argc, char **argv)
         {"foreign-free-legacy-sync", foreign_free_legacy_sync},
         {"fence-query", fence_query},
         {"pool-id-fails", pool_id_fails},
+        {"ordered-trim-kept", ordered_trim_kept},
     };
     return e2e_main("e2e_drvfail", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }
