@@ -77,6 +77,9 @@ static void arm(const char *name, int code)
     CHECK_EQ(fakecuda()->fail_call(name, 1, code, 0), 0);
 }
 
+/* The rule armed for name is lifted (spent, or not reached). */
+static void disarm(const char *name) { CHECK_EQ(fakecuda()->fail_call(name, 0, 0, 0), 0); }
+
 /* A non-blocking stream with work queued on the hole is destroyed while
  * `fails` (the stand-in's call) answers `code`. */
 static void destroyed_with_failure(bool before_free, const char *fails, int code)
@@ -89,7 +92,7 @@ static void destroyed_with_failure(bool before_free, const char *fails, int code
         CHECK_EQ(cudaFree(p), cudaSuccess);
     arm(fails, code);
     CHECK_EQ(cudaStreamDestroy(s), cudaSuccess); /* returns; the work goes on */
-    CHECK_EQ(fakecuda()->fail_call(fails, 0, 0, 0), 0); /* (spent, or not reached) */
+    disarm(fails);
     if (before_free)
         CHECK_EQ(cudaFree(p), cudaSuccess);
     char *q = alloc_ok(MiB);
@@ -138,7 +141,7 @@ static void destroy_sticky(void)
     CHECK(e == cudaSuccess || e == cudaErrorMemoryAllocation || e == cudaErrorDeviceUninitialized);
     expect_safe(p, q, s);
     for (size_t i = 0; i < sizeof dead / sizeof dead[0]; i++)
-        CHECK_EQ(fakecuda()->fail_call(dead[i], 0, 0, 0), 0);
+        disarm(dead[i]);
     fakecuda()->complete_all();
     if (q)
         CHECK_EQ(cudaFree(q), cudaSuccess);
@@ -158,8 +161,8 @@ static void destroy_no_wait(void)
     arm("cuEventCreate", CUDA_ERROR_OUT_OF_MEMORY);
     arm("cuStreamSynchronize", CUDA_ERROR_INVALID_CONTEXT);
     CHECK_EQ(cudaStreamDestroy(s), cudaSuccess); /* returns; the work goes on */
-    CHECK_EQ(fakecuda()->fail_call("cuEventCreate", 0, 0, 0), 0);
-    CHECK_EQ(fakecuda()->fail_call("cuStreamSynchronize", 0, 0, 0), 0);
+    disarm("cuEventCreate");
+    disarm("cuStreamSynchronize");
     CHECK_EQ(cudaFree(p), cudaSuccess);
     void *q = NULL;
     cudaError_t e = cudaMalloc(&q, MiB); /* may fail: the block is kept */
@@ -191,8 +194,8 @@ static void foreign_free_sync(void)
     arm("cuStreamWaitEvent", CUDA_ERROR_INVALID_CONTEXT);
     arm("cuStreamSynchronize", CUDA_ERROR_INVALID_CONTEXT);
     CHECK_EQ(cudaFreeAsync(p, s1), cudaSuccess);
-    CHECK_EQ(fakecuda()->fail_call("cuStreamWaitEvent", 0, 0, 0), 0);
-    CHECK_EQ(fakecuda()->fail_call("cuStreamSynchronize", 0, 0, 0), 0);
+    disarm("cuStreamWaitEvent");
+    disarm("cuStreamSynchronize");
     CHECK_EQ(cudaSetDevice(0), cudaSuccess);
     void *q = NULL;
     cudaError_t e = cudaMalloc(&q, MiB);
@@ -223,8 +226,8 @@ static void ordered_stream_wait(void)
     arm("cuEventSynchronize", CUDA_ERROR_INVALID_CONTEXT);
     cudaStream_t s = NULL;
     cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-    CHECK_EQ(fakecuda()->fail_call("cuStreamWaitEvent", 0, 0, 0), 0);
-    CHECK_EQ(fakecuda()->fail_call("cuEventSynchronize", 0, 0, 0), 0);
+    disarm("cuStreamWaitEvent");
+    disarm("cuEventSynchronize");
     /* (refused: out of memory, or the event wait's CUDA_ERROR_INVALID_CONTEXT,
      * which cudaStreamCreateWithFlags answers as cudaErrorDeviceUninitialized) */
     CHECK(e == cudaSuccess || e == cudaErrorMemoryAllocation || e == cudaErrorDeviceUninitialized);
@@ -260,8 +263,8 @@ static void foreign_free_legacy_sync(void)
     arm("cuStreamWaitEvent", CUDA_ERROR_INVALID_CONTEXT);
     arm("cuStreamSynchronize", CUDA_ERROR_INVALID_CONTEXT);
     CHECK_EQ(cudaFreeAsync(p, 0), cudaSuccess);
-    CHECK_EQ(fakecuda()->fail_call("cuStreamWaitEvent", 0, 0, 0), 0);
-    CHECK_EQ(fakecuda()->fail_call("cuStreamSynchronize", 0, 0, 0), 0);
+    disarm("cuStreamWaitEvent");
+    disarm("cuStreamSynchronize");
     CHECK_EQ(cudaSetDevice(0), cudaSuccess);
     void *q = NULL;
     cudaError_t e = cudaMalloc(&q, MiB);
@@ -288,7 +291,7 @@ static void fence_query(void)
     CHECK_EQ(cudaFree(p), cudaSuccess);
     CHECK_EQ(fakecuda()->fail_call("cuEventQuery", 1, CUDA_ERROR_INVALID_VALUE, 1), 0);
     char *q = alloc_ok(MiB);
-    CHECK_EQ(fakecuda()->fail_call("cuEventQuery", 0, 0, 0), 0);
+    disarm("cuEventQuery");
     expect_safe(p, q, s);
     fakecuda()->complete_all();
     CHECK_EQ(cudaFree(q), cudaSuccess);
@@ -317,7 +320,7 @@ static void pool_id_fails(void)
     CHECK_EQ(cudaFree(NULL), cudaSuccess); /* the primary context, no pool yet */
     CHECK_EQ(fakecuda()->fail_call("cuCtxGetId", 1, CUDA_ERROR_ILLEGAL_ADDRESS, 0), 0);
     char *p = alloc_ok(MiB);
-    CHECK_EQ(fakecuda()->fail_call("cuCtxGetId", 0, 0, 0), 0);
+    disarm("cuCtxGetId");
     CHECK_EQ(cudaFree(p), cudaSuccess);
     CHECK_EQ(reset(0), CUDA_SUCCESS);
     CUcontext c = NULL;
@@ -349,8 +352,8 @@ static void ordered_trim_kept(void)
     arm("cuEventCreate", CUDA_ERROR_OUT_OF_MEMORY);
     arm("cuStreamSynchronize", CUDA_ERROR_INVALID_CONTEXT);
     CHECK_EQ(cudaStreamDestroy(d), cudaSuccess); /* the pool keeps its freed blocks */
-    CHECK_EQ(fakecuda()->fail_call("cuEventCreate", 0, 0, 0), 0);
-    CHECK_EQ(fakecuda()->fail_call("cuStreamSynchronize", 0, 0, 0), 0);
+    disarm("cuEventCreate");
+    disarm("cuStreamSynchronize");
     cudaMemPool_t pool;
     CHECK_EQ(cudaDeviceGetDefaultMemPool(&pool, 0), cudaSuccess);
     CHECK_EQ(cudaMemPoolTrimTo(pool, 0), cudaSuccess);

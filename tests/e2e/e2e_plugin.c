@@ -459,6 +459,24 @@ static void nothing(void *arg) { (void)arg; }
 
 static void write_a5(void *arg) { memset(arg, 0xa5, MiB); }
 
+/* Block q's next owner writes it on stream s as early as the driver allows
+ * (then `also` runs, or all the rest): the work queued before the block
+ * went back must have run first, so the new owner's bytes are the last. */
+static void expect_new_owner_last(void *q, CUstream s, CUstream also, const char *what)
+{
+    CHECK_EQ(F->launch(s, write_a5, q), 0);
+    F->complete(s);
+    if (also)
+        F->complete(also);
+    else
+        F->complete_all();
+    const unsigned char *c = q;
+    if (c[0] != 0xa5 || c[MiB - 1] != 0xa5) {
+        fprintf(stderr, "%s: the earlier work ran after the block's next owner's\n", what);
+        e2e_failures++;
+    }
+}
+
 static void legacy_lane(void)
 {
     start();
@@ -470,14 +488,7 @@ static void legacy_lane(void)
     CHECK_EQ(B.free_async(block, CU_STREAM_LEGACY), 0);
     void *q = must_alloc_on(CU_STREAM_LEGACY, MiB);
     CHECK(q == block); /* in stream order, at once */
-    CHECK_EQ(F->launch(next, write_a5, q), 0);
-    F->complete(next); /* the new owner's work, as early as the driver allows */
-    F->complete_all();
-    const unsigned char *c = q;
-    if (c[0] != 0xa5 || c[MiB - 1] != 0xa5) {
-        fprintf(stderr, "the old owner's work ran after the new owner's\n");
-        e2e_failures++;
-    }
+    expect_new_owner_last(q, next, NULL, "legacy lane");
     CHECK_EQ(B.free_async(q, CU_STREAM_LEGACY), 0);
     CHECK_EQ(D.StreamDestroy(old), CUDA_SUCCESS);
     CHECK_EQ(D.StreamDestroy(next), CUDA_SUCCESS);
@@ -510,17 +521,8 @@ static void record_refused(void)
         CHECK_EQ(D.GraphDestroy(g), CUDA_SUCCESS);
     B.torch_free(t, MiB, 0, NULL); /* again: now it goes through */
     void *q = must_alloc_on(NULL, MiB);
-    if (q == t) {
-        CHECK_EQ(F->launch(CU_STREAM_LEGACY, write_a5, q), 0);
-        F->complete(CU_STREAM_LEGACY); /* the new owner's work, as early as allowed */
-        F->complete_all();
-        const unsigned char *c = q;
-        if (c[0] != 0xa5 || c[MiB - 1] != 0xa5) {
-            fprintf(stderr, "after a refused free: the recorded stream's work ran after the "
-                            "block's next owner's\n");
-            e2e_failures++;
-        }
-    }
+    if (q == t)
+        expect_new_owner_last(q, CU_STREAM_LEGACY, NULL, "after a refused free");
     F->complete_all();
     B.torch_free(q, MiB, 0, NULL);
     CHECK_EQ(D.StreamDestroy(b), CUDA_SUCCESS);
@@ -553,17 +555,8 @@ static void record_zero_other_device_with(uint64_t id_fails)
     B.torch_free(t, MiB, 0, a);
     CHECK_EQ(F->fail_call("cuCtxGetId", 0, 0, 0), 0);
     void *q = must_alloc_on(a, MiB);
-    if (q == t) {
-        CHECK_EQ(F->launch(a, write_a5, q), 0);
-        F->complete(a); /* the new owner's work, as early as allowed */
-        F->complete_all();
-        const unsigned char *c = q;
-        if (c[0] != 0xa5 || c[MiB - 1] != 0xa5) {
-            fprintf(stderr, "recorded on 0: device 1's default stream's work ran after the "
-                            "block's next owner's\n");
-            e2e_failures++;
-        }
-    }
+    if (q == t)
+        expect_new_owner_last(q, a, NULL, "recorded on 0 (device 1's default stream)");
     F->complete_all();
     B.torch_free(q, MiB, 0, a);
     CHECK_EQ(D.StreamDestroy(a), CUDA_SUCCESS);
@@ -638,17 +631,8 @@ static void *rt_worker(void *arg)
             B.torch_record_stream(t, NULL);
         B.torch_free(t, MiB, 0, a);
         void *q = must_alloc_on(a, MiB);
-        if (q == t) {
-            CHECK_EQ(F->launch(a, write_a5, q), 0);
-            F->complete(a);
-            F->complete(b);
-            const unsigned char *c = q;
-            if (c[0] != 0xa5 || c[MiB - 1] != 0xa5) {
-                fprintf(stderr, "threads: the recorded stream's write ran after the block's "
-                                "next owner's\n");
-                e2e_failures++;
-            }
-        }
+        if (q == t)
+            expect_new_owner_last(q, a, b, "threads");
         B.torch_free(q, MiB, 0, a);
         if (i % 16 == 0)
             F->complete_all();
