@@ -16,7 +16,8 @@ grows over virtual memory with room to spare:
           legacy stream (1) or on two non-blocking streams in turn (2: the
           pool is not ordered, frees wait for fences; the engine's lagged
           replay is this case, and is printed with streams 1 only)
-and prints peak mapped / peak live, the allocations that moved granules to
+and prints peak mapped / peak live (and, through the shim, the least a pool that
+neither waits nor knows streams could hold at that lag), the allocations that moved granules to
 stay within the headroom, the bytes moved (the engine: unmapped; the shim:
 moved), and for the shim the driver calls per allocation in the steady
 window (the replay's second half) and how many of them map or unmap. A
@@ -54,7 +55,8 @@ def shim(build, trace, h, lag, streams):
     ps, s = d["pool_stats"], d["steady"]
     return (ps["peak_mapped_bytes"] / d["peak_live_bytes"], ps["num_growth_moves"],
             ps["moved_bytes_total"] / GiB, s["shim_calls_per_alloc"],
-            s["groups_per_alloc"]["map"], s["fence_waits"], s["gpu_drained"])
+            s["groups_per_alloc"]["map"], s["fence_waits"], s["gpu_drained"],
+            d["blind_bound_bytes"] / d["peak_live_bytes"])
 
 
 def main():
@@ -83,21 +85,24 @@ def main():
     say("# peak: peak mapped / peak live; moves: allocations that moved granules; moved GiB;"
         " shim steady window (second half): calls and map/unmap calls per allocation, fence waits,"
         " waits that left the modelled GPU nothing queued (drain: a bubble in a GPU-bound step)")
-    say("%-40s %2s %4s %4s %6s | %7s %5s %6s | %7s %5s %6s %6s %6s %5s %5s" % (
-        "trace", "st", "head", "lag", "live", "engine", "moves", "GiB", "shim", "moves", "GiB",
-        "calls", "map", "waits", "drain"))
+    say("# bound: the least a pool that neither waits for the GPU nor knows a block's stream"
+        " holds at this lag (live plus what the last `lag` events freed: shim_replay.c); a"
+        " one-stream pool is ordered and not bound by it")
+    say("%-40s %2s %4s %4s %6s | %7s %5s %6s | %7s %7s %5s %6s %6s %6s %5s %5s" % (
+        "trace", "st", "head", "lag", "live", "engine", "moves", "GiB", "shim", "bound", "moves",
+        "GiB", "calls", "map", "waits", "drain"))
     for t in a.traces:
         name = os.path.basename(t)
         for st in [int(x) for x in a.streams.split(",")]:
             for lag in [int(x) for x in a.lags.split(",")]:
                 for h in [int(x) for x in a.headrooms.split(",")]:
                     ep, em, eg, live = engine(a.build, t, h, lag)
-                    sp, sm, sg, calls, maps, waits, drained = shim(a.build, t, h, lag, st)
+                    sp, sm, sg, calls, maps, waits, drained, bound = shim(a.build, t, h, lag, st)
                     eng = ("%7.4f %5d %6.2f" % (ep, em, eg) if st == 1
                            else "%7s %5s %6s" % ("-", "-", "-"))
-                    say("%-40s %2d %4d %4d %6.2f | %s | %7.4f %5d %6.2f %6.3f %6.3f %5d %5d" % (
-                        name[:40], st, h, lag, live / GiB, eng, sp, sm, sg, calls, maps, waits,
-                        drained))
+                    say("%-40s %2d %4d %4d %6.2f | %s | %7.4f %7.4f %5d %6.2f %6.3f %6.3f %5d %5d"
+                        % (name[:40], st, h, lag, live / GiB, eng, sp, bound, sm, sg, calls, maps,
+                           waits, drained))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
  * preloaded shim, on the fake driver, with a modelled GPU some operations
  * behind the host, and reports per allocation the driver calls the shim
  * made (by entry point), what each door call took, the pool's fence waits
- * and its peaks. The driver calls are the figure that stands in for the
+ * and its peaks, beside the least any pool could hold at that lag without
+ * waiting for the GPU or knowing streams (prefix_peaks). The driver calls are the figure that stands in for the
  * shim's cost on a GPU without one (issue 53): each is a trip into the
  * driver there, and their number does not move with the machine.
  *
@@ -186,24 +187,47 @@ static options parse(int argc, char **argv)
 
 /* The peak of live bytes over the first n events (the trace's own peak
  * covers all of them). */
-static uint64_t prefix_peak_live(const trace *t, size_t n)
+/*
+ * The first n events' peak live bytes, and the least that a pool which
+ * neither waits for the GPU nor knows which stream will use a block could
+ * hold at this lag: live bytes plus those freed in the last `lag` events,
+ * at its peak. A plain free's block may still be read by any stream's
+ * kernels queued before it, and the modelled GPU has run all but the last
+ * `lag` of them (gpu_lag.h); so, without a host wait, no allocation can
+ * safely take a block freed fewer than `lag` events before it, whatever
+ * the placement. One stream's pool is not bound by it (the ordered pool
+ * reuses in the legacy stream's order); two non-blocking streams' is,
+ * unless the host waits for fences (which the pool counts).
+ */
+static void prefix_peaks(const trace *t, size_t n, uint64_t lag, uint64_t *peak_live,
+                         uint64_t *peak_blind)
 {
     uint64_t *size = calloc(t->nslots ? t->nslots : 1, sizeof *size);
-    uint64_t live = 0, peak = 0;
-    for (size_t i = 0; size && i < n; i++) {
+    uint64_t *freed = calloc(n ? n : 1, sizeof *freed); /* by event: bytes freed there */
+    uint64_t live = 0, pending = 0;
+    *peak_live = *peak_blind = 0;
+    for (size_t i = 0; size && freed && i < n; i++) {
+        /* pending: freed at events (i - lag, i) */
+        if (lag && i >= 1)
+            pending += freed[i - 1];
+        if (lag && i >= lag)
+            pending -= freed[i - lag];
         const trace_event *e = &t->ev[i];
         if (e->kind == TRACE_ALLOC) {
             live += e->size;
             size[e->slot] = e->size;
-            if (live > peak)
-                peak = live;
+            if (live > *peak_live)
+                *peak_live = live;
+            if (live + pending > *peak_blind)
+                *peak_blind = live + pending;
         } else {
             live -= size[e->slot];
+            freed[i] = size[e->slot];
             size[e->slot] = 0;
         }
     }
+    free(freed);
     free(size);
-    return peak;
 }
 
 /* ---- the smallest limit: this program again, one run per limit -------------- */
@@ -314,7 +338,7 @@ static double per(uint64_t x, uint64_t allocs) { return allocs ? (double)x / (do
 typedef struct results {
     const options *o;
     const trace *t;
-    uint64_t events, failures, free_errors, bench_calls, peak_live;
+    uint64_t events, failures, free_errors, bench_calls, peak_live, peak_blind;
     window all, steady;
     const call_meter *m;
     /* the pool's statistics at the end */
@@ -387,6 +411,7 @@ static void print_json(results *r)
     json_u64(&j, "free_errors", r->free_errors);
     json_u64(&j, "bench_calls", r->bench_calls);
     json_u64(&j, "peak_live_bytes", r->peak_live);
+    json_u64(&j, "blind_bound_bytes", r->peak_blind);
     json_object_open(&j, "pool_stats");
     json_i64(&j, "num_allocs", r->num_allocs);
     json_i64(&j, "num_ooms", r->ooms);
@@ -492,6 +517,10 @@ static void print_table(results *r)
     printf("peak mapped / peak live %.4f; the pool was %s\n",
            r->peak_live ? (double)r->peak_mapped / (double)r->peak_live : 0,
            r->prealloc_us > 0 ? "taken up front (preallocated)" : "grown as needed");
+    printf("a pool that neither waits nor knows a block's stream holds at least %.4f x peak "
+           "live at this lag (live plus what the last %llu events freed)\n",
+           r->peak_live ? (double)r->peak_blind / (double)r->peak_live : 0,
+           (unsigned long long)r->o->lag);
     if (r->o->min_limit)
         printf("smallest preallocated limit %s (%llu bytes, %.4f x peak live; %llu runs)\n",
                format_size(r->min_limit.bytes, a, sizeof a),
@@ -579,7 +608,8 @@ int main(int argc, char **argv)
     }
     const uint64_t events = o.max_events < t.nev ? o.max_events : t.nev;
     const uint64_t steady_from = (uint64_t)(o.steady * (double)events);
-    results r = {.o = &o, .t = &t, .events = events, .peak_live = prefix_peak_live(&t, events)};
+    results r = {.o = &o, .t = &t, .events = events};
+    prefix_peaks(&t, events, o.lag, &r.peak_live, &r.peak_blind);
     void **ptr = calloc(t.nslots ? t.nslots : 1, sizeof *ptr);
     unsigned char *on = calloc(t.nslots ? t.nslots : 1, 1);
     gpu_lag gpu;

@@ -77,6 +77,31 @@ def consistent(d, what):
           f"{what}: {a['fence_waits']} waits ran nothing ahead")
 
 
+def blind_bound(lag):
+    """Peak live plus what the last `lag` events freed (shim_replay's
+    blind_bound_bytes), computed here from the trace apart from the C
+    replay: at each allocation, live bytes plus those freed fewer than
+    `lag` events before it."""
+    import gzip
+    with gzip.open(trace, "rt") as f:
+        rows = f.read().splitlines()
+    head = rows[0].split(",")
+    act, ptr, size = head.index("Action"), head.index("Pointer"), head.index("Size")
+    sizes, freed_at, live, peak = {}, [], 0, 0
+    for row in rows[1:]:
+        c = row.split(",")
+        if c[act].startswith("alloc"):
+            freed_at.append(0)
+            live += int(c[size])
+            sizes[c[ptr]] = int(c[size])
+            pending = sum(freed_at[max(0, len(freed_at) - lag):-1]) if lag else 0
+            peak = max(peak, live + pending)
+        elif c[ptr] in sizes:
+            freed_at.append(sizes[c[ptr]])
+            live -= sizes.pop(c[ptr])
+    return peak
+
+
 def calls(w, entry):
     c = w["calls"].get(entry, {"in_alloc": 0, "in_free": 0})
     return c["in_alloc"] + c["in_free"]
@@ -96,6 +121,12 @@ consistent(idle, "lag 0")
 behind = run("--lag", "64")
 consistent(behind, "lag 64")
 check(idle["lag"] == 0 and behind["lag"] == 64, "lags reported")
+# What no pool could do without waiting or knowing streams: at lag 0 peak
+# live itself; behind, the same figure computed here.
+check(idle["blind_bound_bytes"] == idle["peak_live_bytes"] == blind_bound(0),
+      f"lag 0 bound {idle['blind_bound_bytes']}, live {idle['peak_live_bytes']}")
+check(behind["blind_bound_bytes"] == blind_bound(64) > behind["peak_live_bytes"],
+      f"lag 64 bound {behind['blind_bound_bytes']}, computed {blind_bound(64)}")
 # One stream: the pool is ordered (design.md, "Free policy"): a plain free's
 # block comes back behind a barrier made only when the pool needs it, so
 # the fence costs the same few calls at any lag, no event is ever asked
@@ -138,6 +169,9 @@ for args in (["--door", "async"], ["--door", "async", "--streams", "2"],
         check(d["all"]["fence_waits"] > 0 and d["all"]["gpu_ran_ahead"] > 0,
               f"{' '.join(args)}: waits {d['all']['fence_waits']}, "
               f"ran ahead {d['all']['gpu_ran_ahead']}")
+        # and below the bound only by what those waits ran ahead
+        check(d["blind_bound_bytes"] > d["peak_live_bytes"],
+              f"{' '.join(args)}: bound {d['blind_bound_bytes']}")
     if "async" in args:
         check(sum(calls(d["steady"], e) for e in CONTEXT_CALLS) == 0,
               f"{' '.join(args)}: context lookups in the steady window")
