@@ -5,7 +5,7 @@
  */
 #include "fake_internal.h"
 
-test_hook before_event_query, after_stream_destroy, after_mem_create;
+test_hook before_event_query, after_stream_destroy, after_mem_create, after_is_capturing;
 
 static int ctl_launch(void *stream, fakecuda_work fn, void *arg)
 {
@@ -103,6 +103,11 @@ static void ctl_after_next_mem_create(fakecuda_work fn, void *arg)
     test_hook_set(&after_mem_create, fn, arg);
 }
 
+static void ctl_after_stream_is_capturing(uint64_t n, fakecuda_work fn, void *arg)
+{
+    test_hook_set_nth(&after_is_capturing, n, fn, arg);
+}
+
 static void ctl_stats(fakecuda_stats *out)
 {
     ENTER();
@@ -151,6 +156,7 @@ static const fakecuda_api api = {
     .after_next_stream_destroy = ctl_after_next_stream_destroy,
     .after_next_mem_create = ctl_after_next_mem_create,
     .fail_call = ctl_fail_call,
+    .after_stream_is_capturing = ctl_after_stream_is_capturing,
 };
 
 EXPORT const fakecuda_api *fakecuda_api_table(void) { return &api; }

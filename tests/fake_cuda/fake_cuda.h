@@ -189,6 +189,13 @@ typedef struct fakecuda_api {
      * cuMemSetAccess). Returns 0, or -1 (nothing armed) for another entry
      * point or code. */
     int (*fail_call)(const char *name, uint64_t n, int code, int sticky);
+    /* The nth call from now (from any thread; n >= 1) of cuStreamIsCapturing
+     * (that exported name; not its _ptsz twin) calls fn(arg) on its caller's
+     * thread once the driver answered, outside the driver's lock, before
+     * it returns: what another thread may do (end a capture) between a
+     * library's question about a stream and what it does with the answer.
+     * Only one call runs it; arming again replaces it, n == 0 clears it. */
+    void (*after_stream_is_capturing)(uint64_t n, fakecuda_work fn, void *arg);
 } fakecuda_api;
 
 /* The fake driver's control table, or exit 77 (skip) when the loaded

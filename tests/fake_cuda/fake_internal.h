@@ -511,23 +511,40 @@ CUresult vmm_pointer_attribute(CUdeviceptr ptr, CUpointer_attribute attr, void *
 
 /* fake_control.c: a test's work, run once at a chosen point of one entry
  * point (fake_cuda.h: before_next_event_query, after_next_stream_destroy,
- * after_next_mem_create), outside the driver's lock: the work may make
- * other threads call the driver and wait for them. */
+ * after_next_mem_create, after_stream_is_capturing), outside the driver's
+ * lock: the work may make other threads call the driver and wait for them.
+ * countdown: the call that takes it to 0 runs the work (1 for the next). */
 typedef struct test_hook {
     _Atomic(fakecuda_work) work;
     void *_Atomic arg;
+    atomic_uint_fast64_t countdown;
 } test_hook;
-extern test_hook before_event_query, after_stream_destroy, after_mem_create;
+extern test_hook before_event_query, after_stream_destroy, after_mem_create,
+    after_is_capturing;
 
 static inline void test_hook_set(test_hook *h, fakecuda_work fn, void *arg)
 {
+    atomic_store(&h->work, NULL);
+    atomic_store(&h->countdown, 1);
     atomic_store(&h->arg, arg);
     atomic_store(&h->work, fn);
 }
 
-/* Taken by one call alone. */
+/* The same, run by the nth call from now (n >= 1); n == 0 clears it. */
+static inline void test_hook_set_nth(test_hook *h, uint64_t n, fakecuda_work fn, void *arg)
+{
+    atomic_store(&h->work, NULL);
+    atomic_store(&h->countdown, n);
+    atomic_store(&h->arg, arg);
+    if (n)
+        atomic_store(&h->work, fn);
+}
+
+/* Taken by one call alone: the one that takes the countdown to 0. */
 static inline void test_hook_run(test_hook *h)
 {
+    if (!atomic_load(&h->work) || atomic_fetch_sub(&h->countdown, 1) != 1)
+        return;
     fakecuda_work w = atomic_exchange(&h->work, NULL);
     if (w)
         w(atomic_load(&h->arg));

@@ -232,7 +232,9 @@ static CUresult is_capturing(CUstream h, CUstreamCaptureStatus *status)
 EXPORT CUresult cuStreamIsCapturing(CUstream h, CUstreamCaptureStatus *st)
 {
     CALLED();
-    return is_capturing(h, st);
+    CUresult r = is_capturing(h, st);
+    test_hook_run(&after_is_capturing); /* answered, outside the driver's lock */
+    return r;
 }
 EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream h, CUstreamCaptureStatus *st)
 {
