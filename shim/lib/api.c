@@ -208,8 +208,12 @@ static int api_free(void *ptr, CUstream s, bool stream_ordered, int device, cons
      * a plain one, or the block is kept (recorded_streams.c). One atomic
      * load when nothing is recorded. */
     void *held = NULL; /* the block's record, until the free's outcome is known */
+    /* the free's stream as the record's decision found it unusable: the
+     * free acts on that answer (svc_free_seen), never on a later one */
+    svc_stream_state unusable = STREAM_USABLE;
     if (owner) {
-        rs_verdict v = recorded_streams_before_free(owner, p, stream_ordered, s, api, &held);
+        rs_verdict v = recorded_streams_before_free(owner, p, stream_ordered, s, api, &unusable,
+                                                    &held);
         if (v == RS_KEEP) {
             recorded_streams_after_free(held, true);
             return CUDA_SUCCESS;
@@ -231,7 +235,9 @@ static int api_free(void *ptr, CUstream s, bool stream_ordered, int device, cons
                      : !stream_ordered ? FREE_PLAIN
                      : owner && device >= 0 && owner->dev == device ? FREE_STREAM_DEVICE
                                                                     : FREE_STREAM;
-    svc_status st = shim_active() ? svc_free(p, kind, s, false, api) : SVC_PASS;
+    svc_status st = !shim_active()                ? SVC_PASS
+                    : unusable != STREAM_USABLE ? svc_free_seen(p, kind, s, false, unusable, api)
+                                                : svc_free(p, kind, s, false, api);
     if (held) /* refused (capturing legacy stream, dead stream): still recorded */
         recorded_streams_after_free(held, st == SVC_OK);
     /* Where the library cannot see the stream destroyed (loaded without

@@ -79,7 +79,10 @@
  *     already made plain still names another context's streams (its fence
  *     does not cover them: e2e_api torch-record-other-after-plain).
  * S itself unusable (capturing, blocked, dead): svc_free decides as for any
- * free (kept or refused), nothing is queued on S.
+ * free (kept or refused), nothing is queued on S, and it decides on the
+ * answer given here (svc_free_seen): S found usable by a second question
+ * (a capture ended in between) would take the block in its order with no
+ * wait queued.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -304,9 +307,11 @@ static bool rs_wait(const real_driver *R, shim_pool *sp, CUstream s, const rs_st
 }
 
 rs_verdict recorded_streams_before_free(shim_pool *sp, CUdeviceptr p, bool stream_ordered,
-                                        CUstream s, const char *api, void **held)
+                                        CUstream s, const char *api,
+                                        svc_stream_state *unusable, void **held)
 {
     *held = NULL;
+    *unusable = STREAM_USABLE;
     if (atomic_load_explicit(&rs_live, memory_order_relaxed) == 0)
         return RS_AS_ASKED;
     rs_entry e = {0};
@@ -353,9 +358,18 @@ rs_verdict recorded_streams_before_free(shim_pool *sp, CUdeviceptr p, bool strea
      * blocked, dead): a stream-ordered free is svc_free's to keep or refuse,
      * as any; nothing is queued on it. */
     CUstream target = stream_ordered ? s : NULL;
-    bool target_ok = svc_stream_state_of(target, false) == STREAM_USABLE;
-    if (stream_ordered && !target_ok)
+    const svc_stream_state target_state = svc_stream_state_of(target, false);
+    bool target_ok = target_state == STREAM_USABLE;
+    if (stream_ordered && !target_ok) {
         plain = false;
+        /* svc_free must decide on this answer, not ask again: a capture
+         * ending in between (another thread's; unseen as a plug-in, and no
+         * lock here holds an end back) would find s usable and free the
+         * block in s's order, s never made to wait for the recorded
+         * streams (e2e_plugin record-capture-ends,
+         * record-legacy-capture-ends). */
+        *unusable = target_state;
+    }
     for (unsigned k = 0; k < e.n && (target_ok || !stream_ordered); k++) {
         const rs_stream *r = &e.st[k];
         const bool mine = r->ctx == sp->ctx;

@@ -870,6 +870,17 @@ void svc_note_pool_destroyed(CUmemoryPool pool);
 void svc_next_alloc_in_current_context(void);
 svc_status svc_alloc(shim_pool *sp, size_t size, uint32_t lane, CUstream stream,
                      CUdeviceptr *out, const char *api);
+/* What a stream-ordered call on s meets: nothing in the way; a capture (its
+ * allocations pass through, its frees are kept: the graph owns them); the
+ * legacy stream while a blocking stream of its context captures, where CUDA
+ * refuses stream-ordered work and invalidates those captures; or a stream
+ * seen destroyed. */
+typedef enum svc_stream_state {
+    STREAM_USABLE,
+    STREAM_CAPTURING,
+    STREAM_LEGACY_BLOCKED,
+    STREAM_DEAD,
+} svc_stream_state;
 /* Tensor.record_stream (recorded_streams.c): stream s used the live block
  * at p (allocation sequence number seq of pool sp); remembered until the
  * block's free. */
@@ -881,13 +892,23 @@ void recorded_stream_add(shim_pool *sp, CUdeviceptr p, uint64_t seq, CUstream s,
  * safe to hand out). *held: the block's record (NULL: none), which the
  * caller hands to recorded_streams_after_free once it knows whether the
  * block was freed (forgotten) or the free refused (kept for the next free).
+ * *unusable: s's state where the record's decision found it unusable
+ * (nothing queued on it), which the free must then act on without asking
+ * again (svc_free_seen); STREAM_USABLE otherwise (usable, or not asked).
  * One atomic load while nothing is recorded. */
 typedef enum rs_verdict { RS_AS_ASKED, RS_PLAIN, RS_KEEP } rs_verdict;
 rs_verdict recorded_streams_before_free(shim_pool *sp, CUdeviceptr p, bool stream_ordered,
-                                        CUstream s, const char *api, void **held);
+                                        CUstream s, const char *api,
+                                        svc_stream_state *unusable, void **held);
 void recorded_streams_after_free(void *held, bool freed);
 svc_status svc_free(CUdeviceptr ptr, free_kind kind, CUstream stream, bool per_thread,
                     const char *api);
+/* svc_free of a stream-ordered free whose stream a caller already found
+ * unusable (*seen: capturing, blocked or dead) and acted on (queued nothing
+ * on it): decided on that answer, never freed in the stream's order; where
+ * the refusal finds the legacy stream usable after all, the block is kept. */
+svc_status svc_free_seen(CUdeviceptr ptr, free_kind kind, CUstream stream, bool per_thread,
+                         svc_stream_state seen, const char *api);
 /* Adjusts the device's free memory by what the current context's pool can
  * still give. A query that passes through both doors is adjusted once: the
  * runtime door calls svc_meminfo_begin, then the real runtime (which may
@@ -914,17 +935,6 @@ bool svc_pool_query_done(void);
 uint64_t svc_buffer_id(const shim_pool *sp, uint64_t seq);
 /* IPC of a pooled pointer cannot be right: refuses it loudly. */
 svc_status svc_ipc_check(CUdeviceptr ptr, const char *api);
-/* What a stream-ordered call on s meets: nothing in the way; a capture (its
- * allocations pass through, its frees are kept: the graph owns them); the
- * legacy stream while a blocking stream of its context captures, where CUDA
- * refuses stream-ordered work and invalidates those captures; or a stream
- * seen destroyed. */
-typedef enum svc_stream_state {
-    STREAM_USABLE,
-    STREAM_CAPTURING,
-    STREAM_LEGACY_BLOCKED,
-    STREAM_DEAD,
-} svc_stream_state;
 svc_stream_state svc_stream_state_of(CUstream s, bool per_thread);
 /* Platform mode bookkeeping: counts what passes through. platform_counting:
  * is this call one to count (platform mode, not the shim's own call)? */

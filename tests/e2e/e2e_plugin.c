@@ -59,6 +59,14 @@
  *           blocking stream captures) is refused: the record still holds
  *           at the free that goes through (before, the refused free had
  *           forgotten it)
+ *   record-capture-ends, record-legacy-capture-ends  a recorded block's
+ *           stream-ordered free on a stream that captures (on the legacy
+ *           stream while a blocking stream captures) when the free asks
+ *           about it, the capture ended by another thread right after
+ *           (the fake's after_stream_is_capturing): the free must not put
+ *           the block in the stream's order without its wait for the
+ *           recorded stream (before, a second question found the stream
+ *           usable and it did: the next owner ran under the old work)
  *   record-zero-other-device  record_stream(t, 0) meaning device 1's
  *           default stream, whose work reads the device-0 block: its next
  *           owner on its stream comes after that work
@@ -530,6 +538,63 @@ static void record_refused(void)
     F->complete_all();
 }
 
+/* record-capture-ends, record-legacy-capture-ends: the free's stream S
+ * (a stream of its own; the legacy stream, blocked by a blocking stream's
+ * capture) is unusable when the free asks about it for the record, and
+ * nothing is queued on it; another thread ends the capture right after
+ * that question (the fake's after_stream_is_capturing hook). The free must
+ * act on that answer, not on a later one finding S usable: a block freed
+ * in S's stream order with no wait for b, the recorded stream whose work
+ * (0x5a) still uses it, comes back to S's next allocation under that
+ * work. */
+typedef struct capture_end {
+    CUstream s;
+    CUgraph g;
+    bool ran;
+} capture_end;
+
+static void end_capture(void *arg)
+{
+    capture_end *c = arg;
+    c->ran = true;
+    CHECK_EQ(D.StreamEndCapture(c->s, &c->g), CUDA_SUCCESS);
+}
+
+static void record_capture_ends_on(bool legacy)
+{
+    start();
+    CUstream a, b, cap;
+    CHECK_EQ(D.StreamCreate(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&cap, 0), CUDA_SUCCESS); /* blocking */
+    CUstream s = legacy ? NULL : a; /* the free's */
+    void *t = must_alloc_on(s, MiB);
+    CHECK_EQ(F->launch(b, write_mib, t), 0); /* 0x5a, b's */
+    B.torch_record_stream(t, b);
+    capture_end c = {.s = legacy ? cap : a};
+    CHECK_EQ(D.StreamBeginCapture(c.s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    F->after_stream_is_capturing(1, end_capture, &c);
+    B.torch_free(t, MiB, 0, s);
+    F->after_stream_is_capturing(0, NULL, NULL);
+    CHECK(c.ran);
+    if (c.g)
+        CHECK_EQ(D.GraphDestroy(c.g), CUDA_SUCCESS);
+    void *q = must_alloc_on(s, MiB);
+    if (q == t)
+        expect_new_owner_last(q, legacy ? CU_STREAM_LEGACY : a, NULL,
+                              legacy ? "legacy stream's capture ended after the question"
+                                     : "capture ended after the question");
+    F->complete_all();
+    B.torch_free(q, MiB, 0, s);
+    CHECK_EQ(D.StreamDestroy(a), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(b), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(cap), CUDA_SUCCESS);
+    F->complete_all();
+}
+
+static void record_capture_ends(void) { record_capture_ends_on(false); }
+static void record_legacy_capture_ends(void) { record_capture_ends_on(true); }
+
 /* record_stream(t, 0) as PyTorch's plug-in makes it: 0 is the default
  * stream of any device (no device is passed), here device 1's, whose work
  * reads the device-0 block; the library loaded as a plug-in (its pools are
@@ -794,6 +859,8 @@ int main(int argc, char **argv)
         {"trim-during-capture", trim_during_capture},
         {"legacy-lane", legacy_lane},
         {"record-refused", record_refused},
+        {"record-capture-ends", record_capture_ends},
+        {"record-legacy-capture-ends", record_legacy_capture_ends},
         {"record-zero-reset", record_zero_reset},
         {"record-zero-other-device", record_zero_other_device},
         {"record-zero-ctxid-fails", record_zero_ctxid_fails},
