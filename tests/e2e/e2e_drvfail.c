@@ -28,6 +28,15 @@
  *                    destroyed stream's work, so the pool keeps its freed
  *                    blocks (fences_keep_freed) rather than hand the block
  *                    out under it
+ *   legacy-lane-kept  a pool with a non-blocking stream: a block freed on
+ *                    the legacy stream behind work on a blocking stream,
+ *                    which is then destroyed with neither stand-in nor host
+ *                    wait (the pool keeps its freed blocks): the block
+ *                    comes back on the legacy stream in stream order, and
+ *                    the new owner's work still runs after the old owner's
+ *   destroy-no-wait-blocking  the same stream destroyed first, the block
+ *                    freed with cudaFree and allocated on the legacy
+ *                    stream: kept, or handed out only once that work ran
  *   ordered-trim-kept  an ordered pool growing over regions (cuMemFree not
  *                    synchronising): a block freed behind work on a
  *                    blocking stream, made free behind the barrier, then a
@@ -216,6 +225,62 @@ static void foreign_free_sync(void)
 
 static void write_other(void *arg) { memset(arg, 0xa5, MiB); }
 
+/* A blocking stream destroyed with neither stand-in nor host wait (the pool
+ * keeps its freed blocks from then on), in a pool that is not ordered (a
+ * non-blocking stream exists), where the legacy lane is taken in stream
+ * order, which keeping freed blocks does not stop; the fake's legacy
+ * stream does not wait for destroyed streams (its default). (lane) is:
+ *   true   legacy-lane-kept: the block was freed on the legacy stream
+ *          before the destroy (a legacy-stream action, ordered after the
+ *          stream's work while it lived); it comes back there in stream
+ *          order, and the new owner's work on this thread's per-thread
+ *          stream must still run after the old owner's;
+ *   false  destroy-no-wait-blocking: freed with cudaFree after the destroy
+ *          and allocated on the legacy stream: refused or safe, never the
+ *          block under the destroyed stream's work.
+ * (found sound by the audit of the legacy lane's stream-order reuse) */
+static void kept_on_legacy(bool lane)
+{
+    cudaStream_t nb, b;
+    CHECK_EQ(cudaStreamCreateWithFlags(&nb, cudaStreamNonBlocking), cudaSuccess);
+    char *p, *filler = fill_but_hole(&p), *q = NULL;
+    CHECK_EQ(cudaStreamCreate(&b), cudaSuccess); /* blocking */
+    CHECK_EQ(fakecuda()->launch(b, write_pattern, p), 0);
+    if (lane)
+        CHECK_EQ(cudaFreeAsync(p, cudaStreamLegacy), cudaSuccess);
+    arm("cuEventCreate", CUDA_ERROR_OUT_OF_MEMORY);
+    arm("cuStreamSynchronize", CUDA_ERROR_INVALID_CONTEXT);
+    CHECK_EQ(cudaStreamDestroy(b), cudaSuccess); /* returns; the work goes on */
+    disarm("cuEventCreate");
+    disarm("cuStreamSynchronize");
+    if (!lane)
+        CHECK_EQ(cudaFree(p), cudaSuccess);
+    cudaError_t e = cudaMallocAsync((void **)&q, MiB, cudaStreamLegacy);
+    if (lane) {
+        CHECK_EQ(e, cudaSuccess);
+        CHECK(q == p); /* in stream order, at once */
+        CHECK_EQ(fakecuda()->launch(cudaStreamPerThread, write_other, q), 0);
+        fakecuda()->complete(cudaStreamPerThread); /* the new owner's work, first */
+    } else {
+        CHECK(e == cudaSuccess || e == cudaErrorMemoryAllocation);
+        expect_safe(p, q, b);
+    }
+    fakecuda()->complete_all();
+    if (lane && ((unsigned char)q[0] != 0xa5 || (unsigned char)q[MiB - 1] != 0xa5)) {
+        fprintf(stderr, "the old owner's work ran after the new owner's\n");
+        e2e_failures++;
+    }
+    CHECK_EQ(fake_stats().stale_handle_uses, 0);
+    if (q)
+        CHECK_EQ(cudaFreeAsync(q, cudaStreamLegacy), cudaSuccess);
+    CHECK_EQ(cudaStreamSynchronize(cudaStreamLegacy), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(nb), cudaSuccess);
+}
+
+static void legacy_lane_kept(void) { kept_on_legacy(true); }
+static void destroy_no_wait_blocking(void) { kept_on_legacy(false); }
+
 static void ordered_stream_wait(void)
 {
     char *p, *filler = fill_but_hole(&p);
@@ -382,6 +447,8 @@ int main(int argc, char **argv)
         {"fence-query", fence_query},
         {"pool-id-fails", pool_id_fails},
         {"ordered-trim-kept", ordered_trim_kept},
+        {"legacy-lane-kept", legacy_lane_kept},
+        {"destroy-no-wait-blocking", destroy_no_wait_blocking},
     };
     return e2e_main("e2e_drvfail", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
 }

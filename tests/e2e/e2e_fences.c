@@ -82,6 +82,20 @@
  *                    legacy stream, an allocation there by another thread
  *                    that uses the block on its own per-thread stream: the
  *                    implicit legacy-stream order must hold
+ *   legacy-lane-destroyed  a pool with a non-blocking stream: work on a
+ *                    blocking stream, a free on the legacy stream, the
+ *                    stream destroyed, the block back on the legacy stream
+ *                    in stream order: the new owner's work on the
+ *                    per-thread stream still runs after the old owner's
+ *   legacy-alloc-destroyed, -after  the stream destroyed before (after) a
+ *                    cudaFree of the block, which is then allocated on the
+ *                    legacy stream: its stand-in, not the legacy stream's
+ *                    wait (which leaves destroyed streams out), covers it
+ *   ordered-destroyed-then-non-blocking, ordered-destroyed-reused-then-
+ *                    non-blocking  the same in an ordered pool that a
+ *                    non-blocking stream ends before the allocation, or
+ *                    after the block came back behind the barrier (and is
+ *                    used on that stream)
  *   legacy-reuse-stuck-events, -ordered  a block freed on the legacy stream
  *                    behind a kernel that never ends, allocated there
  *                    again with the pool full: it comes back at once (in
@@ -1701,6 +1715,85 @@ static void ordered_then_non_blocking(void)
     CHECK_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
 
+/* A destroyed blocking stream's work and the legacy stream, in a pool that
+ * is not ordered (a non-blocking stream exists), where an allocation on the
+ * legacy stream takes the legacy lane's blocks in stream order; the fake's
+ * legacy stream does not wait for destroyed streams (its default,
+ * FAKECUDA_LEGACY_SKIPS_DESTROYED). (how) is:
+ *   0  legacy-lane-destroyed: the block is freed on the legacy stream
+ *      while the blocking stream lives (the free, a legacy-stream action,
+ *      is ordered after its work), the stream is destroyed, and the block
+ *      comes back on the legacy stream at once; the new owner uses it on
+ *      this thread's per-thread stream, whose work waits for the legacy
+ *      stream's: it must still run after the old owner's;
+ *   1  legacy-alloc-destroyed: the stream is destroyed, then the block is
+ *      freed with cudaFree (which synchronises in CUDA: a correct program)
+ *      and allocated on the legacy stream: the plain lane's fence must
+ *      cover the destroyed stream's work (its stand-in), not the legacy
+ *      stream's wait, which leaves it out;
+ *   2  legacy-alloc-destroyed-after: the same, destroyed after the free;
+ *   3  ordered-destroyed-then-non-blocking: 1 in a pool that is ordered
+ *      until a non-blocking stream is made between the free and the
+ *      allocation (the free waits in the plain lane, unsealed);
+ *   4  ordered-destroyed-reused-then-non-blocking: the block comes back
+ *      behind the ordered pool's barrier (which waits for the stand-in),
+ *      then a non-blocking stream is made and the new owner uses it there.
+ * (found sound by the audit of the legacy lane's stream-order reuse) */
+static void legacy_destroyed(int how)
+{
+    cudaStream_t nb = NULL, b;
+    if (how <= 2)
+        CHECK_EQ(cudaStreamCreateWithFlags(&nb, cudaStreamNonBlocking), cudaSuccess);
+    char *p, *filler = fill_but_hole(&p), *q = NULL;
+    CHECK_EQ(cudaStreamCreate(&b), cudaSuccess); /* blocking */
+    CHECK_EQ(fakecuda()->launch(b, write_pattern, p), 0);
+    if (how == 0) {
+        CHECK_EQ(cudaFreeAsync(p, cudaStreamLegacy), cudaSuccess);
+        CHECK_EQ(cudaStreamDestroy(b), cudaSuccess); /* returns; the work goes on */
+        CHECK_EQ(cudaMallocAsync((void **)&q, MiB, cudaStreamLegacy), cudaSuccess);
+        CHECK(q == p); /* in stream order, at once */
+        CHECK_EQ(fakecuda()->pending(b), 1);
+    } else if (how == 4) {
+        CHECK_EQ(cudaStreamDestroy(b), cudaSuccess);
+        CHECK_EQ(cudaFree(p), cudaSuccess);
+        q = alloc_ok(MiB);
+        if (!e2e_driver_door_closed())
+            CHECK(q == p); /* at once, behind the barrier */
+        CHECK_EQ(cudaStreamCreateWithFlags(&nb, cudaStreamNonBlocking), cudaSuccess);
+    } else {
+        if (how != 2)
+            CHECK_EQ(cudaStreamDestroy(b), cudaSuccess);
+        CHECK_EQ(cudaFree(p), cudaSuccess);
+        if (how == 2)
+            CHECK_EQ(cudaStreamDestroy(b), cudaSuccess);
+        if (how == 3)
+            CHECK_EQ(cudaStreamCreateWithFlags(&nb, cudaStreamNonBlocking), cudaSuccess);
+        CHECK_EQ(cudaMallocAsync((void **)&q, MiB, cudaStreamLegacy), cudaSuccess);
+        expect_safe(p, q, b);
+    }
+    /* The new owner's work, run first: it must come after the old one's. */
+    cudaStream_t user = how == 4 ? nb : cudaStreamPerThread;
+    CHECK_EQ(fakecuda()->launch(user, write_other, q), 0);
+    fakecuda()->complete(user);
+    fakecuda()->complete_all();
+    if (q == p)
+        expect_new_owner_last(q);
+    CHECK_EQ(fake_stats().stale_handle_uses, 0);
+    if (how == 4)
+        CHECK_EQ(cudaFree(q), cudaSuccess);
+    else
+        CHECK_EQ(cudaFreeAsync(q, cudaStreamLegacy), cudaSuccess);
+    CHECK_EQ(cudaStreamSynchronize(cudaStreamLegacy), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+    CHECK_EQ(cudaStreamDestroy(nb), cudaSuccess);
+}
+
+static void legacy_lane_destroyed(void) { legacy_destroyed(0); }
+static void legacy_alloc_destroyed(void) { legacy_destroyed(1); }
+static void legacy_alloc_destroyed_after(void) { legacy_destroyed(2); }
+static void ordered_destroyed_then_non_blocking(void) { legacy_destroyed(3); }
+static void ordered_destroyed_reused_then_non_blocking(void) { legacy_destroyed(4); }
+
 /* The new owner's first use is on another device's stream (a peer write:
  * cudaMemcpyPeerAsync into it, or a kernel with peer access). Device 1's
  * streams do not wait for device 0's legacy stream, so a barrier there
@@ -2123,6 +2216,12 @@ int main(int argc, char **argv)
         {"other-device-stream-destroyed", other_device_stream_destroyed},
         {"capture-v1", capture_v1},
         {"legacy-lane-ptsz", legacy_lane_ptsz},
+        {"legacy-lane-destroyed", legacy_lane_destroyed},
+        {"legacy-alloc-destroyed", legacy_alloc_destroyed},
+        {"legacy-alloc-destroyed-after", legacy_alloc_destroyed_after},
+        {"ordered-destroyed-then-non-blocking", ordered_destroyed_then_non_blocking},
+        {"ordered-destroyed-reused-then-non-blocking",
+         ordered_destroyed_reused_then_non_blocking},
         {"legacy-reuse-stuck-events", legacy_reuse_stuck_events},
         {"legacy-reuse-stuck-ordered", legacy_reuse_stuck_ordered},
         {"ordered-reuse", ordered_reuse},   {"ordered-then-non-blocking", ordered_then_non_blocking},
