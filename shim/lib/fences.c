@@ -497,6 +497,18 @@ static bool seal_ordered(shim_pool *sp, const real_driver *R, uint32_t lane, uin
  * queued (e2e_fences legacy-lane-ptsz, found by the per-thread audit). In
  * an ordered pool the free goes to the plain lane instead, whose barrier
  * is the action (svc_free).
+ *
+ * Whether the legacy stream waits for a destroyed stream's queued work is
+ * not documented (the fake says no), and this reuse does not depend on it:
+ * nothing but such a free puts a block in the lane (a plain free's block,
+ * a destroyed stream's epoch, go to the plain lane, whose fence includes
+ * the stand-ins), and the program orders every earlier use before the
+ * free by what CUDA documents (an event, a host wait, or a legacy-stream
+ * action queued while that use's blocking stream lived, this wait among
+ * them), all queued before the wait. Nor does a pool that keeps its freed
+ * blocks stop it: no fence is asked (e2e_fences legacy-lane-destroyed,
+ * legacy-alloc-destroyed; e2e_drvfail legacy-lane-kept,
+ * destroy-no-wait-blocking).
  */
 bool fences_legacy_order(shim_pool *sp)
 {
