@@ -155,16 +155,19 @@ bool backing_map(bfc_pool *p, region *r, bfc_addr lo, bfc_addr hi)
         return false;
     for (i = first; next_run(r->backed, &i, end, false, &j); i = j) {
         p->st.num_map_calls++;
-        if (p->backend.map(p->backend.ctx, r->base + i * g, (j - i) * g) != 0) {
-            /* Runs mapped before this one stay: they are counted, and free
-             * space gives them back like any other granule. */
+        uint64_t done = p->backend.map(p->backend.ctx, r->base + i * g, (j - i) * g) / g;
+        done = done < j - i ? done : j - i;
+        /* What the backend says is mapped is counted, even when the run
+         * failed (granules it could not take back); runs mapped before this
+         * one stay too. Free space gives them back like any other granule. */
+        bit_fill(r->backed, i, i + done, true);
+        prefix_after_map(p, r, i, i + done);
+        p->st.pool_bytes += done * g;
+        if (i + done < j) {
             p->st.num_map_failures++;
             pool_note_pool_bytes(p);
             return false;
         }
-        bit_fill(r->backed, i, j, true);
-        prefix_after_map(p, r, i, j);
-        p->st.pool_bytes += (j - i) * g;
     }
     pool_note_pool_bytes(p);
     return true;

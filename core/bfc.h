@@ -121,8 +121,12 @@ typedef struct bfc_backend {
      * cuMemUnmap). Both ranges are multiples of map_granularity, inside one
      * region. map must leave any granule-aligned sub-range unmappable on its
      * own later (the shim makes one physical allocation per granule); it
-     * returns 0 on success and anything else when the device has no memory
-     * (then nothing of the range may stay mapped). unmap is called only for
+     * returns the bytes it mapped from the start of the range: size, or,
+     * when the device has no memory (or refuses), fewer (a multiple of
+     * map_granularity), those granules mapped and usable, the rest not
+     * mapped at all (the shim: a failed map whose rollback a cuMemUnmap
+     * refused). The pool counts what map says is mapped (pool_bytes) and
+     * gives it back as free space later. unmap is called only for
      * granules that lie wholly inside free space: no allocation uses them
      * and no fence on them is outstanding. It returns the bytes it unmapped
      * from the start of the range: size, or, when the device refuses a
@@ -133,7 +137,7 @@ typedef struct bfc_backend {
      * batch's gate closes: release_ready's "not now"); a later release tries
      * them again. Called with the pool locked.
      */
-    int (*map)(void *ctx, bfc_addr addr, uint64_t size);
+    uint64_t (*map)(void *ctx, bfc_addr addr, uint64_t size);
     uint64_t (*unmap)(void *ctx, bfc_addr addr, uint64_t size);
     /*
      * Optional (vmm): asked once before the pool gives back granules of free

@@ -160,21 +160,21 @@ static void track_remove(sim_device *d, uint64_t base, uint64_t size)
 
 /* Physical memory behind a map: kept memory first (while keeping), then
  * the device's. */
-static int sim_map(void *ctx, bfc_addr addr, uint64_t size)
+static uint64_t sim_map(void *ctx, bfc_addr addr, uint64_t size)
 {
     sim_device *d = ctx;
     d->map_calls++;
     const uint64_t moved = size < d->kept ? size : d->kept, fresh = size - moved;
     if ((d->fail_map && d->map_calls == d->fail_map) || fresh > d->capacity - d->held ||
         (d->refuse_above && size > d->refuse_above))
-        return 1;
+        return 0;
     if (d->track_maps && !track_add(d, addr, size))
-        return 1;
+        return 0;
     d->kept -= moved;
     d->moved_bytes += moved;
     d->created_bytes += fresh;
     d->held += fresh;
-    return 0;
+    return size;
 }
 
 static uint64_t sim_unmap(void *ctx, bfc_addr addr, uint64_t size)

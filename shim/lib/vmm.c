@@ -420,7 +420,16 @@ static CUresult map_one(shim_pool *sp, const real_driver *R, CUdeviceptr at,
     return r;
 }
 
-static int map_range(void *ctx, bfc_addr addr, uint64_t size)
+/* bfc_backend.map: all of [addr, addr + size) mapped and made accessible,
+ * or, on a failure, rolled back. The rollback unmaps from the top down and
+ * ends at a refused cuMemUnmap (the mapping stays as it was): that granule
+ * and those below it stay mapped, a prefix the engine is told of so that it
+ * counts them (pool_bytes as the device holds them) and gives them back
+ * later as free space; before, they were lost to the pool and a later map
+ * over them was refused. They are usable only once accessible: when
+ * cuMemSetAccess refuses them too, they are reported unmapped (lost, as
+ * before, rather than handed out to fault). */
+static uint64_t map_range(void *ctx, bfc_addr addr, uint64_t size)
 {
     shim_pool *sp = ctx;
     pools_context_needed(sp);
@@ -435,17 +444,22 @@ static int map_range(void *ctx, bfc_addr addr, uint64_t size)
             break;
     if (r == CUDA_SUCCESS) {
         step = "cuMemSetAccess";
-        r = grant(sp, R, addr, size);
+        if ((r = grant(sp, R, addr, size)) == CUDA_SUCCESS)
+            return size;
     }
-    if (r != CUDA_SUCCESS) {
-        /* All or nothing: the engine counts the range as unmapped (what was
-         * mapped goes back to the kept granules while memory moves). */
-        unmap_granules(sp, R, addr, done, false);
-        shim_log(LOG_DEBUG, "device %d: mapping %llu bytes at 0x%llx failed at %s (%d)",
-                 (int)sp->dev, (unsigned long long)size, (unsigned long long)addr, step, (int)r);
-        return 1;
+    /* What was mapped goes back (to the kept granules while memory moves). */
+    uint64_t left = done;
+    while (left > 0 && unmap_granules(sp, R, addr + left - g, g, true) == g)
+        left -= g;
+    shim_log(LOG_DEBUG, "device %d: mapping %llu bytes at 0x%llx failed at %s (%d)",
+             (int)sp->dev, (unsigned long long)size, (unsigned long long)addr, step, (int)r);
+    if (left && grant(sp, R, addr, left) != CUDA_SUCCESS) {
+        shim_log(LOG_WARN, "device %d: %llu bytes at 0x%llx stay mapped but inaccessible: "
+                           "the pool cannot use them",
+                 (int)sp->dev, (unsigned long long)left, (unsigned long long)addr);
+        return 0;
     }
-    return 0;
+    return left;
 }
 
 static uint64_t unmap_range(void *ctx, bfc_addr addr, uint64_t size)

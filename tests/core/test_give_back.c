@@ -143,12 +143,12 @@ static void gb_region_free(void *ctx, bfc_addr base, uint64_t size)
     R->sim.region_free(R->sim.ctx, base, size);
 }
 
-static int gb_map(void *ctx, bfc_addr addr, uint64_t size)
+static uint64_t gb_map(void *ctx, bfc_addr addr, uint64_t size)
 {
     run *R = ctx;
     if (rng_below(&R->dev_rng, 100) < R->map_fail_pct) {
         R->map_failures++;
-        return 1;
+        return 0;
     }
     return R->sim.map(R->sim.ctx, addr, size);
 }

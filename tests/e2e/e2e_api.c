@@ -18,6 +18,9 @@
  *              a trim: the trim reports what the device got back, the pool
  *              counts the refused granule mapped, the next trim gives it
  *              back
+ *   map-rollback-unmap-fails  (growth mode) a map fails part way and the
+ *              shim's rollback meets a refused cuMemUnmap: the pool counts
+ *              the granule left mapped and gives it back later
  *   stats      bfcshim_stats_json (size probe, content), mem_get_info
  *   platform   (BFCSHIM_ALLOCATOR=platform) every call reaches the driver
  *   torch-legacy  bfcshim_torch_free on device 0's default (legacy) stream
@@ -893,6 +896,43 @@ static void trim_unmap_fails(void)
     CHECK_EQ(bfcshim_free(keep), 0);
 }
 
+/* A map under the pool fails part way (cuMemMap refused on the third
+ * granule of a 64 MiB block), and the shim's rollback of the granules it
+ * had mapped meets a refused cuMemUnmap (CUDA_ERROR_NOT_PERMITTED, in
+ * cuda.h's list for it): that granule stays mapped on the device, so the
+ * pool must count it (pool_bytes as the device holds it) and give it back
+ * like any free granule, here on a trim, leaving the device nothing. */
+static void map_rollback_unmap_fails(void)
+{
+    start();
+    void *keep = must_alloc(MiB, 1);
+    /* Device 0's pool made (its trial of the driver's calls done) and empty. */
+    void *first = must_alloc(MiB, 0);
+    CHECK_EQ(bfcshim_free(first), 0);
+    bfcshim_trim();
+    CHECK_EQ(fake_stats().bytes_in_use[0], 0);
+    CHECK_EQ(F->fail_call("cuMemMap", 3, CUDA_ERROR_OUT_OF_MEMORY, 0), 0);
+    CHECK_EQ(F->fail_call("cuMemUnmap", 1, CUDA_ERROR_NOT_PERMITTED, 0), 0);
+    void *a = NULL;
+    int rc = bfcshim_malloc(&a, 64 * MiB, 0);
+    F->fail_call("cuMemMap", 0, 0, 0);
+    F->fail_call("cuMemUnmap", 0, 0, 0);
+    const uint64_t held = fake_stats().bytes_in_use[0];
+    char text[16384];
+    bfcshim_stats_json(text, sizeof text);
+    char want[64];
+    snprintf(want, sizeof want, "\"pool_bytes\": %llu,", (unsigned long long)held);
+    const char *dev0 = strstr(text, "\"device\": 0,");
+    CHECK(dev0 && strstr(dev0, want) == strstr(dev0, "\"pool_bytes\"")); /* what the device holds */
+    if (rc == 0)
+        CHECK_EQ(bfcshim_free(a), 0);
+    bfcshim_trim();
+    CHECK_EQ(fake_stats().bytes_in_use[0], 0); /* nothing lost on the device */
+    void *b = must_alloc(64 * MiB, 0); /* and the range maps again */
+    CHECK_EQ(bfcshim_free(b), 0);
+    CHECK_EQ(bfcshim_free(keep), 0);
+}
+
 static void stats(void)
 {
     start();
@@ -1137,6 +1177,7 @@ int main(int argc, char **argv)
     } scenarios[] = {{"plain", plain},   {"async", async},       {"badinput", badinput},
                      {"zero", zero},     {"trim", trim},         {"stats", stats},
                      {"trim-unmap-fails", trim_unmap_fails},
+                     {"map-rollback-unmap-fails", map_rollback_unmap_fails},
                      {"platform", platform}, {"dead-stream", dead_stream},
                      {"torch-legacy", torch_legacy},
                      {"torch-legacy-capture", torch_legacy_capture},
@@ -1158,7 +1199,7 @@ int main(int argc, char **argv)
             scenarios[i].fn();
             return e2e_done(s);
         }
-    fprintf(stderr, "usage: e2e_api plain|async|badinput|zero|trim|trim-unmap-fails|stats|platform|dead-stream|"
+    fprintf(stderr, "usage: e2e_api plain|async|badinput|zero|trim|trim-unmap-fails|map-rollback-unmap-fails|stats|platform|dead-stream|"
                     "torch-legacy|torch-legacy-capture|torch-record-stream|torch-record-cases|torch-record-immediate|torch-record-stale|torch-record-full|torch-record-other-default|torch-record-other-after-plain|dead-stream-immediate|stats-nomem|stats-nomem-write|stand-in-nomem|oom-report-nomem\n");
     return 2;
 }
