@@ -405,9 +405,15 @@ static cudaError_t registered(cudaError_t e, cudaStream_t *s)
     if (r == CUDA_SUCCESS)
         return e;
     *s = NULL; /* (destroyed: fences_ordered_stream_made) */
+    /* (fences_ordered_stream_made's codes, as cudart answers them: a lost
+     * context is no shortage of memory. Unreachable while only a hooked
+     * driver door lets a pool be ordered, fences.c's ordered check.) */
     return r == CUDA_ERROR_ILLEGAL_ADDRESS ? cudaErrorIllegalAddress
            : r == CUDA_ERROR_LAUNCH_FAILED ? cudaErrorLaunchFailure
-                                           : cudaErrorMemoryAllocation;
+           : r == CUDA_ERROR_INVALID_CONTEXT ? cudaErrorDeviceUninitialized
+           : r == CUDA_ERROR_DEINITIALIZED ? cudaErrorCudartUnloading
+           : r == CUDA_ERROR_NOT_INITIALIZED ? cudaErrorInitializationError
+                                             : cudaErrorMemoryAllocation;
 }
 
 SHIM_EXPORT cudaError_t cudaStreamCreate(cudaStream_t *s)
