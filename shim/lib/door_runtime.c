@@ -405,10 +405,13 @@ static cudaError_t registered(cudaError_t e, cudaStream_t *s)
     if (r == CUDA_SUCCESS)
         return e;
     *s = NULL; /* (destroyed: fences_ordered_stream_made) */
-    /* (fences_ordered_stream_made's codes, as cudart answers them: a lost
-     * context is no shortage of memory. Unreachable while only a hooked
-     * driver door lets a pool be ordered, fences.c's ordered check.) */
+    /* (streams_add's codes, as cudart answers them: a lost context is no
+     * shortage of memory. fences_ordered_stream_made's are unreachable from
+     * here while only a hooked driver door lets a pool be ordered (fences.c's
+     * ordered check); cuCtxGetId's, refused with the driver door closed, are
+     * not: e2e_fences unseen-reset-streams-id-fails.) */
     return r == CUDA_ERROR_ILLEGAL_ADDRESS ? cudaErrorIllegalAddress
+           : r == CUDA_ERROR_CONTEXT_IS_DESTROYED ? cudaErrorContextIsDestroyed
            : r == CUDA_ERROR_LAUNCH_FAILED ? cudaErrorLaunchFailure
            : r == CUDA_ERROR_INVALID_CONTEXT ? cudaErrorDeviceUninitialized
            : r == CUDA_ERROR_DEINITIALIZED ? cudaErrorCudartUnloading

@@ -734,7 +734,8 @@ int green_fence_targets(const real_driver *R, const shim_pool *sp, bool plain, C
 /* Streams we have seen created and not destroyed (streams.c). Returns
  * CUDA_SUCCESS, or the code the program's stream creation answers when the
  * new stream could not be ordered after the pools' last barriers
- * (fences_ordered_stream_made): it has been destroyed then. */
+ * (fences_ordered_stream_made), or, with the driver door closed, its
+ * context's id could not be had: it has been destroyed then. */
 CUresult streams_add(CUstream s);
 /* Is every stream the program makes seen here, i.e. is the library
  * interposing (preloaded) rather than loaded as a plug-in? */

@@ -202,10 +202,24 @@ CUresult streams_add(CUstream s)
      * registered under a handle a new context may have: the context's id
      * tells them apart when the replacement is noticed
      * (streams_forget_context_id). One driver call per stream made, and
-     * only there. */
+     * only there. A stream whose context's id the driver refuses is
+     * refused in turn (destroyed; nothing is queued on it yet): registered
+     * with id 0, "unknown", no sweep by id could take it out, and after an
+     * unseen reset the new context's pool would seal on the dead handle
+     * (e2e_fences unseen-reset-streams-id-fails); not registered, nothing
+     * would cover its work. */
     unsigned long long id = 0;
-    if (!shim_driver_hooked() && ctx && R->CtxGetId && R->CtxGetId(ctx, &id) != CUDA_SUCCESS)
-        id = 0;
+    if (!shim_driver_hooked() && ctx && R->CtxGetId) {
+        CUresult r = R->CtxGetId(ctx, &id);
+        if (r != CUDA_SUCCESS) {
+            shim_log(LOG_WARN, "a new stream's context id could not be had (the driver "
+                               "answered %d): the stream is destroyed and its creation "
+                               "refused",
+                     (int)r);
+            R->StreamDestroy(s);
+            return r;
+        }
+    }
     const entry e = {s, ctx, id, (flags & CU_STREAM_NON_BLOCKING) != 0};
     pthread_mutex_lock(&lock);
     size_t i = 0;

@@ -1286,7 +1286,7 @@ static void unseen_reset_events(void)
  * -no-pool (audit of a7cd432): nothing allocated before the reset, so the
  * dead context had no pool and no replacement is ever noticed: its stream
  * must still leave the registry before the new context's pool seals. */
-static void reset_streams_unseen(bool pool_before)
+static void reset_streams_unseen_id(bool pool_before, bool id_fails)
 {
     typedef CUresult (*reset_fn)(CUdevice);
     typedef CUresult (*retain_fn)(CUcontext *, CUdevice);
@@ -1297,7 +1297,18 @@ static void reset_streams_unseen(bool pool_before)
     setcur_fn setcur = (setcur_fn)dlsym(h, "cuCtxSetCurrent");
     CHECK(reset && retain && setcur);
     cudaStream_t s = NULL;
-    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    if (id_fails) {
+        CHECK_EQ(cudaFree(NULL), cudaSuccess); /* the context made: the next id asked is s's */
+        CHECK_EQ(fakecuda()->fail_call("cuCtxGetId", 1, CUDA_ERROR_INVALID_CONTEXT, 0), 0);
+        /* refused as the driver refused the id (cudart's code for it), the
+         * stream destroyed: nothing left to outlive the reset */
+        CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),
+                 cudaErrorDeviceUninitialized);
+        CHECK(s == NULL);
+        CHECK_EQ(fakecuda()->fail_call("cuCtxGetId", 0, 0, 0), 0);
+    } else {
+        CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    }
     if (pool_before)
         CHECK_EQ(cudaFree(alloc_ok(MiB)), cudaSuccess);
     CHECK_EQ(reset(0), CUDA_SUCCESS); /* unseen: the door is closed; s dies */
@@ -1309,8 +1320,15 @@ static void reset_streams_unseen(bool pool_before)
     CHECK_EQ(fake_stats().stale_handle_uses, 0);
 }
 
-static void unseen_reset_streams(void) { reset_streams_unseen(true); }
-static void unseen_reset_streams_no_pool(void) { reset_streams_unseen(false); }
+static void unseen_reset_streams(void) { reset_streams_unseen_id(true, false); }
+static void unseen_reset_streams_no_pool(void) { reset_streams_unseen_id(false, false); }
+/* -id-fails: the driver refuses s's context id as s is registered
+ * (cuCtxGetId's CUDA_ERROR_INVALID_CONTEXT, in cuda.h's list). Registered
+ * with id 0, "unknown", neither sweep by id took it out, and the new
+ * context's pool sealed on the dead handle (stale_handle_uses 6): the
+ * creation is refused instead. */
+static void unseen_reset_streams_id_fails(void) { reset_streams_unseen_id(true, true); }
+static void unseen_reset_streams_no_pool_id_fails(void) { reset_streams_unseen_id(false, true); }
 
 /* hooks-off-free-cost (review of 9d1427e): with the driver door closed a
  * stream-ordered free on the legacy stream asks the current context's pool
@@ -2201,6 +2219,8 @@ int main(int argc, char **argv)
         {"unseen-reset-events-reused", unseen_reset_events},
         {"unseen-reset-streams", unseen_reset_streams},
         {"unseen-reset-streams-no-pool", unseen_reset_streams_no_pool},
+        {"unseen-reset-streams-id-fails", unseen_reset_streams_id_fails},
+        {"unseen-reset-streams-no-pool-id-fails", unseen_reset_streams_no_pool_id_fails},
         {"hooks-off-free-cost", hooks_off_free_cost},
         {"dead-stream-reborn-in-window", dead_stream_reborn_in_window},
         {"stream-churn", stream_churn},
