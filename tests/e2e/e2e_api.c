@@ -863,6 +863,18 @@ static void trim(void)
     CHECK_EQ(bfcshim_free(keep), 0);
 }
 
+/* Device 0's pool counts what the device holds for it (pool_bytes in the
+ * stats document, the first such key after device 0's). */
+static void expect_pool_bytes_dev0(uint64_t bytes)
+{
+    char text[16384];
+    bfcshim_stats_json(text, sizeof text);
+    char want[64];
+    snprintf(want, sizeof want, "\"pool_bytes\": %llu,", (unsigned long long)bytes);
+    const char *dev0 = strstr(text, "\"device\": 0,");
+    CHECK(dev0 && strstr(dev0, want) == strstr(dev0, "\"pool_bytes\""));
+}
+
 /* The driver refuses one cuMemUnmap (CUDA_ERROR_NOT_PERMITTED, in cuda.h's
  * list for it): that granule stays mapped, and the pool must count it so:
  * trim reports what the device got back, and the next trim gives the rest.
@@ -881,12 +893,7 @@ static void trim_unmap_fails(void)
     const uint64_t left = fake_stats().bytes_in_use[0];
     CHECK(left > 0); /* the refused granule */
     CHECK_EQ(released, held - left);
-    char text[16384];
-    bfcshim_stats_json(text, sizeof text);
-    char want[64];
-    snprintf(want, sizeof want, "\"pool_bytes\": %llu,", (unsigned long long)left);
-    const char *dev0 = strstr(text, "\"device\": 0,");
-    CHECK(dev0 && strstr(dev0, want) == strstr(dev0, "\"pool_bytes\"")); /* what the device holds */
+    expect_pool_bytes_dev0(left); /* what the device holds */
     /* The refused granule is free memory the pool still maps: the next trim
      * gives it back. */
     CHECK_EQ(bfcshim_trim(), left);
@@ -918,12 +925,7 @@ static void map_rollback_unmap_fails(void)
     F->fail_call("cuMemMap", 0, 0, 0);
     F->fail_call("cuMemUnmap", 0, 0, 0);
     const uint64_t held = fake_stats().bytes_in_use[0];
-    char text[16384];
-    bfcshim_stats_json(text, sizeof text);
-    char want[64];
-    snprintf(want, sizeof want, "\"pool_bytes\": %llu,", (unsigned long long)held);
-    const char *dev0 = strstr(text, "\"device\": 0,");
-    CHECK(dev0 && strstr(dev0, want) == strstr(dev0, "\"pool_bytes\"")); /* what the device holds */
+    expect_pool_bytes_dev0(held); /* what the device holds */
     if (rc == 0)
         CHECK_EQ(bfcshim_free(a), 0);
     bfcshim_trim();
