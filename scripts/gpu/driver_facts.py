@@ -20,6 +20,29 @@ and under the shim (LD_PRELOAD) for the shim's.
                   stream: which addresses come back, and whether the other
                   stream's write was overwritten by the first stream's late
                   work (early reuse)
+  free-sync       cuMemFree of a cuMemAlloc block (what cudaFree calls)
+                  while a non-blocking and then a blocking stream is busy
+                  with memsets: cuStreamQuery of the busy stream right
+                  after the free (CUDA_ERROR_NOT_READY: the free did not
+                  wait for it) and the free's time; cuda.h says only that
+                  it "may perform implicit synchronization" (the fake's
+                  FAKECUDA_FREE_NO_SYNC)
+  legacy-destroyed  whether an action on the legacy stream waits for work
+                  queued on a blocking stream destroyed before it: memsets
+                  and an event eb on blocking stream b, cuStreamDestroy(b),
+                  the action, then cuEventQuery(eb) (NOT_READY: it did not
+                  wait); the action an event record (then
+                  cuEventSynchronize of it) or a cuStreamWaitEvent on a
+                  complete event (then cuStreamSynchronize of the legacy
+                  stream); each beside the same with b alive (documented to
+                  wait), and cuStreamSynchronize of the legacy stream alone
+                  (no action) with b alive. Undocumented (the fake's
+                  FAKECUDA_LEGACY_SKIPS_DESTROYED); the shim does not rely
+                  on either answer (docs/design.md, "The barrier")
+
+Each of the last two answers "waits", "does not wait" or "inconclusive"
+(the queue drained before the question was put, or the control with b
+alive did not wait), beside its raw codes and times.
 
 Prints one `RESULT {json}` line (gpucommon.emit), every answer a CUresult
 number (0 = CUDA_SUCCESS) or a value; a call the library lacks reads
@@ -213,6 +236,129 @@ def free_async(size, rounds):
     return out
 
 
+NOT_READY = 600  # CUDA_ERROR_NOT_READY
+LEGACY = P(1)    # CU_STREAM_LEGACY
+
+
+def busy_queue(s, ptr, size, rounds):
+    """Queues `rounds` memsets of `size` bytes at ptr on s; the last code."""
+    ms = [U64, ctypes.c_uint, ctypes.c_size_t, P]
+    r = 0
+    for _ in range(rounds):
+        r = call("cuMemsetD32Async", ptr, 0x33333333, size // 4, s, types=ms) or r
+    return r
+
+
+def free_sync(size, rounds):
+    """cuMemFree of an unrelated cuMemAlloc block while a stream is busy."""
+    st = [P, ctypes.c_size_t]
+    busy = U64()
+    r = call("cuMemAlloc_v2", ctypes.byref(busy), size, types=st)
+    if r != 0:
+        return {"alloc": r}
+    out = {"size": size, "busy_memsets": rounds}
+    for name, flags in (("non_blocking", 1), ("blocking", 0)):
+        s = P()
+        o = {"create": call("cuStreamCreate", ctypes.byref(s), flags, types=[P, ctypes.c_uint])}
+        other = U64()
+        o["alloc"] = call("cuMemAlloc_v2", ctypes.byref(other), 2 << 20, types=st)
+        if o["create"] != 0 or o["alloc"] != 0:
+            out[name] = o
+            continue
+        o["memset"] = busy_queue(s, busy, size, rounds)
+        o["query_before"] = call("cuStreamQuery", s, types=[P])
+        t0 = time.perf_counter()
+        o["free"] = call("cuMemFree_v2", other, types=[U64])
+        o["free_ms"] = 1e3 * (time.perf_counter() - t0)
+        o["query_after"] = call("cuStreamQuery", s, types=[P])
+        t0 = time.perf_counter()
+        o["sync"] = call("cuStreamSynchronize", s, types=[P])
+        o["drain_ms"] = 1e3 * (time.perf_counter() - t0)  # what was left after the free
+        o["answer"] = ("inconclusive" if o["query_before"] != NOT_READY or o["free"] != 0 else
+                       "does not wait" if o["query_after"] == NOT_READY else
+                       "waits" if o["query_after"] == 0 else "inconclusive")
+        call("cuStreamDestroy_v2", s, types=[P])
+        out[name] = o
+    call("cuMemFree_v2", busy, types=[U64])
+    answers = {out[k].get("answer") for k in ("non_blocking", "blocking")}
+    out["answer"] = answers.pop() if len(answers) == 1 else "differs by stream"
+    return out
+
+
+def legacy_case(busy, size, rounds, action, destroy, done):
+    """Blocking stream b busy, event eb after its memsets, b destroyed or
+    not, then `action` on the legacy stream and the host's wait for it:
+    whether eb was complete then."""
+    o = {}
+    b, eb, el = P(), P(), P()
+    o["create"] = call("cuStreamCreate", ctypes.byref(b), 0, types=[P, ctypes.c_uint])
+    ev = [P, ctypes.c_uint]
+    call("cuEventCreate", ctypes.byref(eb), 2, types=ev)  # CU_EVENT_DISABLE_TIMING
+    call("cuEventCreate", ctypes.byref(el), 2, types=ev)
+    o["memset"] = busy_queue(b, busy, size, rounds)
+    o["record_b"] = call("cuEventRecord", eb, b, types=[P, P])
+    if destroy:
+        o["destroy"] = call("cuStreamDestroy_v2", b, types=[P])
+    o["query_before"] = call("cuEventQuery", eb, types=[P])
+    t0 = time.perf_counter()
+    if action == "record":
+        o["action"] = call("cuEventRecord", el, LEGACY, types=[P, P])
+        o["host_wait"] = call("cuEventSynchronize", el, types=[P])
+    elif action == "wait":
+        o["action"] = call("cuStreamWaitEvent", LEGACY, done, 0, types=[P, P, ctypes.c_uint])
+        o["host_wait"] = call("cuStreamSynchronize", LEGACY, types=[P])
+    else:  # no action: the host's wait alone
+        o["host_wait"] = call("cuStreamSynchronize", LEGACY, types=[P])
+    o["host_wait_ms"] = 1e3 * (time.perf_counter() - t0)
+    o["query_after"] = call("cuEventQuery", eb, types=[P])
+    o["waits"] = (None if o["query_before"] != NOT_READY or o["host_wait"] != 0 else
+                  o["query_after"] == 0 if o["query_after"] in (0, NOT_READY) else None)
+    call("cuEventSynchronize", eb, types=[P])
+    if not destroy:
+        call("cuStreamDestroy_v2", b, types=[P])
+    for e in (eb, el):
+        call("cuEventDestroy_v2", e, types=[P])
+    return o
+
+
+def legacy_destroyed(size, rounds):
+    """Does an action on the legacy stream wait for a destroyed blocking
+    stream's queued work? Each action against the same with b alive."""
+    busy = U64()
+    r = call("cuMemAlloc_v2", ctypes.byref(busy), size, types=[P, ctypes.c_size_t])
+    if r != 0:
+        return {"alloc": r}
+    idle, done = P(), P()
+    call("cuStreamCreate", ctypes.byref(idle), 1, types=[P, ctypes.c_uint])
+    call("cuEventCreate", ctypes.byref(done), 2, types=[P, ctypes.c_uint])
+    call("cuEventRecord", done, idle, types=[P, P])
+    call("cuEventSynchronize", done, types=[P])  # complete before every wait on it
+    out = {"size": size, "busy_memsets": rounds}
+    call("cuCtxSynchronize")
+    alone = legacy_case(busy, size, rounds, None, False, done)
+    out["sync_alone_alive"] = alone
+    for action in ("record", "wait"):
+        v = {}
+        for state, destroy in (("alive", False), ("destroyed", True)):
+            call("cuCtxSynchronize")
+            v[state] = legacy_case(busy, size, rounds, action, destroy, done)
+        w = v["destroyed"]["waits"]
+        # the control must wait (documented), and for the wait variant the
+        # host's stream synchronisation alone must not, or it answers instead
+        sound = v["alive"]["waits"] is True and (action != "wait" or alone["waits"] is False)
+        v["answer"] = ("inconclusive" if not sound or w is None else
+                       "waits" if w else "does not wait")
+        out[action] = v
+    answers = {out[a]["answer"] for a in ("record", "wait")} - {"inconclusive"}
+    out["answer"] = (answers.pop() if len(answers) == 1 else
+                     "inconclusive" if not answers else "differs by action")
+    call("cuCtxSynchronize")
+    call("cuEventDestroy_v2", done, types=[P])
+    call("cuStreamDestroy_v2", idle, types=[P])
+    call("cuMemFree_v2", busy, types=[U64])
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--arm", default="native")
@@ -232,7 +378,9 @@ def main():
         ("mib", "mb", "m")) else int(args.size)
     for name, probe in (("stream_ids", stream_ids), ("ctx_ids", lambda: ctx_ids(dev, primary)),
                         ("relaxed_sync", relaxed_sync),
-                        ("free_async", lambda: free_async(size, args.busy))):
+                        ("free_async", lambda: free_async(size, args.busy)),
+                        ("free_sync", lambda: free_sync(size, args.busy)),
+                        ("legacy_destroyed", lambda: legacy_destroyed(size, args.busy))):
         try:
             res[name] = probe()
         except Exception as e:  # one probe's failure must not lose the others
