@@ -59,7 +59,12 @@
 #   quick-owed   what is still owed, by value: driver facts
 #                (driver_facts.py: cuStreamGetId, cuCtxGetId,
 #                cuCtxSynchronize in relaxed capture, cuMemFreeAsync
-#                order; natively and under the shim), the spread
+#                order, free-sync: whether cuMemFree waits for work
+#                on other streams, legacy-destroyed: whether the
+#                legacy stream waits for a destroyed blocking
+#                stream's work; natively and under the shim; each of
+#                the last two "waits", "does not wait" or
+#                "inconclusive"), the spread
 #                layout near the limit, ResNet C16b0, GPT V0
 #                (release threshold 0), the plug-ins, Numba's suite
 #                                                                 the rest
