@@ -36,7 +36,9 @@ and under the shim (LD_PRELOAD) for the shim's.
                   complete event (then cuStreamSynchronize of the legacy
                   stream); each beside the same with b alive (documented to
                   wait), and cuStreamSynchronize of the legacy stream alone
-                  (no action) with b alive. Undocumented (the fake's
+                  (no action) with b alive; whether that wait on a
+                  complete event is an action at all (with b alive) is
+                  wait_on_complete_event_is_action. Undocumented (the fake's
                   FAKECUDA_LEGACY_SKIPS_DESTROYED); the shim does not rely
                   on either answer (docs/design.md, "The barrier")
 
@@ -349,6 +351,12 @@ def legacy_destroyed(size, rounds):
         v["answer"] = ("inconclusive" if not sound or w is None else
                        "waits" if w else "does not wait")
         out[action] = v
+    # docs/benchmarks.md leaves owed whether a cuStreamWaitEvent on a
+    # complete event is still a legacy-stream action: it is when the live
+    # control of the wait variant waits and the synchronisation alone not
+    live, syn = out["wait"]["alive"]["waits"], alone["waits"]
+    out["wait_on_complete_event_is_action"] = (None if live is None or syn is not False else
+                                               live)
     answers = {out[a]["answer"] for a in ("record", "wait")} - {"inconclusive"}
     out["answer"] = (answers.pop() if len(answers) == 1 else
                      "inconclusive" if not answers else "differs by action")

@@ -57,6 +57,8 @@ def legacy(res, tag, want):
     alone = d.get("sync_alone_alive", {})
     check(alone.get("waits") is False,
           f"{tag}: the legacy stream's synchronisation alone is no action: {alone}")
+    check(d.get("wait_on_complete_event_is_action") is True,
+          f"{tag}: the fake's wait on a complete event is a legacy-stream action: {d}")
     for action in ("record", "wait"):
         v = d.get(action, {})
         check(v.get("answer") == want, f"{tag}: legacy_destroyed {action} answers {want!r}: {v}")
