@@ -67,6 +67,14 @@
  *           the block in the stream's order without its wait for the
  *           recorded stream (before, a second question found the stream
  *           usable and it did: the next owner ran under the old work)
+ *   record-other-current-{async,torch}-{pool,current}  a recorded
+ *           device-0 block freed stream-ordered on handle 0 with device
+ *           1's context current, a blocking stream capturing in the
+ *           block's (pool) or the current context: bfcshim_free_async's 0
+ *           is the current context's legacy stream, bfcshim_torch_free's
+ *           the block's; the free on the blocked one is refused, the other
+ *           goes through, and the block is neither lost nor handed out
+ *           under the recorded stream's work
  *   record-zero-other-device  record_stream(t, 0) meaning device 1's
  *           default stream, whose work reads the device-0 block: its next
  *           owner on its stream comes after that work
@@ -640,6 +648,95 @@ static void record_zero_ctxid_fails(void)
     record_zero_other_device_with(2);
 }
 
+/* record-other-current-*: a device-0 block, recorded on device 0's stream b
+ * whose work (0x5a) still uses it, freed stream-ordered on handle 0 while
+ * device 1's context is current and a blocking stream captures in one of
+ * the two contexts (that context's legacy stream blocked; cuda.h,
+ * cuStreamIsCapturing: CUDA_ERROR_STREAM_CAPTURE_IMPLICIT). Which legacy
+ * stream the free names depends on the entry point: bfcshim_free_async's
+ * 0 is the current context's, as cudaFreeAsync's (bfcshim.h), and
+ * bfcshim_torch_free's with the block's device is the block's context's.
+ * A free on the blocked one is refused, the block the program's (freed
+ * again once the capture ended); a free on the other goes through, and
+ * leaves the capture alone. Either way the block is not lost (the pool
+ * filled around it, the next allocation on device 0's legacy stream gets
+ * it), and that owner comes after b's work. */
+static void record_other_current_with(bool torch, bool pool_blocked)
+{
+    start();
+    CUcontext c0, c1;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c1, 1), CUDA_SUCCESS);
+    CUstream b, cap;
+    CHECK_EQ(D.StreamCreate(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    void *t = must_alloc_on(NULL, MiB); /* device 0's pool: the first in the stats */
+    void *filler = must_alloc(pool_free_bytes() - MiB / 2); /* only the block is left */
+    CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
+    void *one = NULL;
+    CHECK_EQ(B.malloc(&one, MiB, 1), 0); /* device 1's pool */
+    CHECK_EQ(D.CtxSetCurrent(pool_blocked ? c0 : c1), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&cap, 0), CUDA_SUCCESS); /* blocking, in the blocked context */
+    CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+    CHECK_EQ(F->launch(b, write_mib, t), 0); /* 0x5a, b's */
+    B.torch_record_stream(t, b);
+    CHECK_EQ(D.StreamBeginCapture(cap, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
+    const uint64_t frees = (uint64_t)pool_stat("num_frees");
+    const uint64_t invalidated = fake_stats().capture_invalidations;
+    /* the free's legacy stream: the blocked one? */
+    const bool refused = torch == pool_blocked;
+    int r = CUDA_SUCCESS;
+    if (torch)
+        B.torch_free(t, MiB, 0, NULL);
+    else
+        r = B.free_async(t, NULL);
+    const bool freed = (uint64_t)pool_stat("num_frees") == frees + 1;
+    fprintf(stderr, "%s, %s blocked: r=%d freed=%d captures invalidated +%llu\n",
+            torch ? "bfcshim_torch_free" : "bfcshim_free_async",
+            pool_blocked ? "the pool's context" : "the current context", r, freed,
+            (unsigned long long)(fake_stats().capture_invalidations - invalidated));
+    if (refused) {
+        CHECK(!torch ? r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT : true);
+        CHECK(!freed);
+    } else {
+        CHECK_EQ(r, CUDA_SUCCESS);
+        CHECK_EQ(fake_stats().capture_invalidations, invalidated);
+        if (!freed) {
+            fprintf(stderr, "a free on a usable legacy stream: the block was kept, not freed\n");
+            e2e_failures++;
+        }
+    }
+    CUgraph g = NULL;
+    D.StreamEndCapture(cap, &g); /* invalidated by a refusal's legacy use */
+    if (g)
+        CHECK_EQ(D.GraphDestroy(g), CUDA_SUCCESS);
+    if (refused) { /* again, the capture over: now it goes through */
+        if (torch)
+            B.torch_free(t, MiB, 0, NULL);
+        else
+            CHECK_EQ(B.free_async(t, NULL), CUDA_SUCCESS);
+        CHECK_EQ((uint64_t)pool_stat("num_frees"), frees + 1);
+    }
+    CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+    void *q = must_alloc_on(NULL, MiB); /* the block: nothing else is free */
+    CHECK(q == t);
+    if (q == t)
+        expect_new_owner_last(q, CU_STREAM_LEGACY, NULL, "freed with another context current");
+    F->complete_all();
+    B.torch_free(q, MiB, 0, NULL);
+    CHECK_EQ(B.free(filler), 0);
+    CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
+    CHECK_EQ(B.free(one), 0);
+    CHECK_EQ(D.StreamDestroy(cap), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(b), CUDA_SUCCESS);
+    F->complete_all();
+}
+
+static void record_other_current_async_current(void) { record_other_current_with(false, false); }
+static void record_other_current_torch_pool(void) { record_other_current_with(true, true); }
+static void record_other_current_torch_current(void) { record_other_current_with(true, false); }
+
 /* A block recorded on handle 0 (some device's default stream) is freed
  * after the program reset device 1 unseen and made its primary context
  * again, device 1's pool's context gone:
@@ -861,6 +958,9 @@ int main(int argc, char **argv)
         {"record-refused", record_refused},
         {"record-capture-ends", record_capture_ends},
         {"record-legacy-capture-ends", record_legacy_capture_ends},
+        {"record-other-current-async-current", record_other_current_async_current},
+        {"record-other-current-torch-pool", record_other_current_torch_pool},
+        {"record-other-current-torch-current", record_other_current_torch_current},
         {"record-zero-reset", record_zero_reset},
         {"record-zero-other-device", record_zero_other_device},
         {"record-zero-ctxid-fails", record_zero_ctxid_fails},
