@@ -211,9 +211,14 @@ static int api_free(void *ptr, CUstream s, bool stream_ordered, int device, cons
     /* the free's stream as the record's decision found it unusable: the
      * free acts on that answer (svc_free_seen), never on a later one */
     svc_stream_state unusable = STREAM_USABLE;
+    /* A legacy stream the caller names with the block's device is the one
+     * of the context the block was allocated in (bfcshim.h: PyTorch frees
+     * on the device and stream it allocated with, in primary contexts
+     * only), its pool's: nothing to ask, whatever context is current. */
+    const bool device_named = owner && device >= 0 && owner->dev == device;
     if (owner) {
-        rs_verdict v = recorded_streams_before_free(owner, p, stream_ordered, s, api, &unusable,
-                                                    &held);
+        rs_verdict v = recorded_streams_before_free(owner, p, stream_ordered, s, device_named,
+                                                    api, &unusable, &held);
         if (v == RS_KEEP) {
             recorded_streams_after_free(held, true);
             return CUDA_SUCCESS;
@@ -227,14 +232,10 @@ static int api_free(void *ptr, CUstream s, bool stream_ordered, int device, cons
             fenced = true;
         }
     }
-    /* A legacy stream the caller names with the block's device is the one
-     * of the context the block was allocated in (bfcshim.h: PyTorch frees
-     * on the device and stream it allocated with, in primary contexts
-     * only), its pool's: nothing to ask, whatever context is current. */
     free_kind kind = fenced            ? FREE_PLAIN_FENCED
                      : !stream_ordered ? FREE_PLAIN
-                     : owner && device >= 0 && owner->dev == device ? FREE_STREAM_DEVICE
-                                                                    : FREE_STREAM;
+                     : device_named    ? FREE_STREAM_DEVICE
+                                       : FREE_STREAM;
     svc_status st = !shim_active()                ? SVC_PASS
                     : unusable != STREAM_USABLE ? svc_free_seen(p, kind, s, false, unusable, api)
                                                 : svc_free(p, kind, s, false, api);

@@ -82,7 +82,10 @@
  * free (kept or refused), nothing is queued on S, and it decides on the
  * answer given here (svc_free_seen): S found usable by a second question
  * (a capture ended in between) would take the block in its order with no
- * wait queued.
+ * wait queued. Handle 0 naming the current context's legacy stream
+ * (bfcshim_free_async) in another context than the block's: svc_free
+ * waits for it on the host and frees into the plain lane, so the record
+ * is handled as for a plain free (e2e_plugin record-other-current-*).
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -307,7 +310,7 @@ static bool rs_wait(const real_driver *R, shim_pool *sp, CUstream s, const rs_st
 }
 
 rs_verdict recorded_streams_before_free(shim_pool *sp, CUdeviceptr p, bool stream_ordered,
-                                        CUstream s, const char *api,
+                                        CUstream s, bool legacy_is_pools, const char *api,
                                         svc_stream_state *unusable, void **held)
 {
     *held = NULL;
@@ -347,6 +350,22 @@ rs_verdict recorded_streams_before_free(shim_pool *sp, CUdeviceptr p, bool strea
     e.plain |= e.seq <= drop_plain;
     e.legacy_any |= e.seq <= atomic_load(&sp->rs_drop_legacy);
     bool plain = e.plain, keep = e.keep || e.seq <= drop_keep;
+    /* Handle 0 not named with the block's device is the current context's
+     * legacy stream (bfcshim_free_async, as cudaFreeAsync). In another
+     * context than the block's, svc_free asks about that stream, waits for
+     * it on the host and puts the block in the plain lane
+     * (pool_lane_for_free, on the same question: is the current context's
+     * pool sp?), whose fence covers every stream of the block's context:
+     * the record is then handled as for a plain free, its streams of other
+     * contexts waited for on the block's context's legacy stream, which
+     * that fence comes after. As a stream-ordered free on that legacy
+     * stream, the record asked about the wrong context's: blocked there
+     * (a capture in the block's context, none in the current one), the
+     * block was kept for good although the free goes through
+     * (e2e_plugin record-other-current-async-pool). */
+    if (stream_ordered && (s == NULL || s == CU_STREAM_LEGACY) && !legacy_is_pools &&
+        pools_current_existing(R) != sp)
+        stream_ordered = false; /* (never RS_PLAIN: svc_free's host wait is needed) */
     /* Questions and records under the streams' read lock: no stream of
      * this registry is destroyed, and no seen capture begins, in between
      * (a capture begun unseen, as a plug-in, is the program's race). */

@@ -889,6 +889,9 @@ void recorded_stream_add(shim_pool *sp, CUdeviceptr p, uint64_t seq, CUstream s,
                          const char *api);
 /* Before the free of p (a block of sp) on stream s (stream_ordered) or
  * plain: queues on s the waits for the streams the block was recorded on.
+ * legacy_is_pools: handle 0 names the legacy stream of sp's context (the
+ * caller named the block's device: FREE_STREAM_DEVICE), not the current
+ * context's.
  * RS_PLAIN: free it as a plain free instead; RS_KEEP: do not free it (never
  * safe to hand out). *held: the block's record (NULL: none), which the
  * caller hands to recorded_streams_after_free once it knows whether the
@@ -899,7 +902,7 @@ void recorded_stream_add(shim_pool *sp, CUdeviceptr p, uint64_t seq, CUstream s,
  * One atomic load while nothing is recorded. */
 typedef enum rs_verdict { RS_AS_ASKED, RS_PLAIN, RS_KEEP } rs_verdict;
 rs_verdict recorded_streams_before_free(shim_pool *sp, CUdeviceptr p, bool stream_ordered,
-                                        CUstream s, const char *api,
+                                        CUstream s, bool legacy_is_pools, const char *api,
                                         svc_stream_state *unusable, void **held);
 void recorded_streams_after_free(void *held, bool freed);
 svc_status svc_free(CUdeviceptr ptr, free_kind kind, CUstream stream, bool per_thread,

@@ -74,7 +74,9 @@
  *           is the current context's legacy stream, bfcshim_torch_free's
  *           the block's; the free on the blocked one is refused, the other
  *           goes through, and the block is neither lost nor handed out
- *           under the recorded stream's work
+ *           under the recorded stream's work (found by an audit: async-pool
+ *           kept the block for good, the record having asked about the
+ *           block's context's legacy stream)
  *   record-zero-other-device  record_stream(t, 0) meaning device 1's
  *           default stream, whose work reads the device-0 block: its next
  *           owner on its stream comes after that work
@@ -660,7 +662,9 @@ static void record_zero_ctxid_fails(void)
  * again once the capture ended); a free on the other goes through, and
  * leaves the capture alone. Either way the block is not lost (the pool
  * filled around it, the next allocation on device 0's legacy stream gets
- * it), and that owner comes after b's work. */
+ * it), and that owner comes after b's work. Found by an audit: with the
+ * pool's context blocked, bfcshim_free_async's record asked about that
+ * context's legacy stream, and the block was kept for good. */
 static void record_other_current_with(bool torch, bool pool_blocked)
 {
     start();
@@ -733,6 +737,7 @@ static void record_other_current_with(bool torch, bool pool_blocked)
     F->complete_all();
 }
 
+static void record_other_current_async_pool(void) { record_other_current_with(false, true); }
 static void record_other_current_async_current(void) { record_other_current_with(false, false); }
 static void record_other_current_torch_pool(void) { record_other_current_with(true, true); }
 static void record_other_current_torch_current(void) { record_other_current_with(true, false); }
@@ -958,6 +963,7 @@ int main(int argc, char **argv)
         {"record-refused", record_refused},
         {"record-capture-ends", record_capture_ends},
         {"record-legacy-capture-ends", record_legacy_capture_ends},
+        {"record-other-current-async-pool", record_other_current_async_pool},
         {"record-other-current-async-current", record_other_current_async_current},
         {"record-other-current-torch-pool", record_other_current_torch_pool},
         {"record-other-current-torch-current", record_other_current_torch_current},
