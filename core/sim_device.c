@@ -164,9 +164,13 @@ static uint64_t sim_map(void *ctx, bfc_addr addr, uint64_t size)
 {
     sim_device *d = ctx;
     d->map_calls++;
+    if (d->fail_map && d->map_calls == d->fail_map) {
+        if (!d->fail_map_after)
+            return 0;
+        size = d->fail_map_after < size ? d->fail_map_after : size; /* the rest fails */
+    }
     const uint64_t moved = size < d->kept ? size : d->kept, fresh = size - moved;
-    if ((d->fail_map && d->map_calls == d->fail_map) || fresh > d->capacity - d->held ||
-        (d->refuse_above && size > d->refuse_above))
+    if (fresh > d->capacity - d->held || (d->refuse_above && size > d->refuse_above))
         return 0;
     if (d->track_maps && !track_add(d, addr, size))
         return 0;

@@ -30,6 +30,10 @@ typedef struct sim_device {
     bool keeping;
     uint64_t kept, created_bytes, moved_bytes, keep_calls;
     uint64_t fail_map;        /* refuse the Nth map call (1-based; 0: none) */
+    /* ... after mapping its first fail_map_after bytes (a granule multiple;
+     * 0: none), which it reports mapped (the shim: a failed map whose
+     * rollback a cuMemUnmap refused). */
+    uint64_t fail_map_after;
     /* The Nth unmap call (1-based; 0: none) unmaps only its first
      * fail_unmap_after bytes (a granule multiple) and leaves the rest. */
     uint64_t fail_unmap, fail_unmap_after;

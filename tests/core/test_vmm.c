@@ -711,6 +711,74 @@ static void refused_mapping_leaves_the_pool_as_it_was(void)
     vmm_end(&f);
 }
 
+/* The device maps part of a run and fails the rest (the shim: a failed map
+ * whose rollback a cuMemUnmap refused): what it mapped is counted, free
+ * once the allocation fails, and given back or reused later; the pool
+ * counts what the device holds throughout. The block starts inside granule
+ * 0 (already mapped), so the run starts at granule 1. */
+static void partial_map_is_counted_and_given_back(void)
+{
+    fixture f;
+    vmm_begin(&f, 64 * MiB);
+    vmm_start(&f);
+    bfc_addr a = must_alloc(&f, 1 * MiB);
+    f.dev.fail_map = f.dev.map_calls + 1;
+    f.dev.fail_map_after = 2 * GRAN; /* granules 1 and 2 of 1..4 */
+    bfc_addr out = 0x1234;
+    CHECK_EQ(bfc_pool_alloc(f.pool, 8 * MiB, BFC_NO_LANE, &out), BFC_ERR_OOM);
+    CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+    CHECK_EQ(stats_of(&f).pool_bytes, f.dev.held);
+    CHECK_EQ(stats_of(&f).num_map_failures, 1);
+    bfc_addr b = must_alloc(&f, 8 * MiB); /* the device relents */
+    check_mapped(&f, b, 8 * MiB);
+    CHECK_EQ(stats_of(&f).pool_bytes, f.dev.held);
+    CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+    must_free(&f, b);
+    must_free(&f, a);
+    bfc_pool_trim(f.pool);
+    CHECK_EQ(f.dev.held, 0);
+    CHECK_EQ(stats_of(&f).pool_bytes, 0);
+    vmm_end(&f);
+}
+
+/* The same over two runs of one map call (a mapped granule between them):
+ * the first run maps, the second maps part. */
+static void partial_map_of_a_second_run(void)
+{
+    fixture f;
+    vmm_begin(&f, 64 * MiB);
+    vmm_start(&f);
+    bfc_addr a = must_alloc(&f, 4 * MiB);     /* granules 0, 1 */
+    bfc_addr pin = must_alloc(&f, 1 * MiB);   /* granule 2 */
+    must_free(&f, a);
+    CHECK_EQ(bfc_pool_trim(f.pool), 4 * MiB); /* granules 0, 1 back */
+    CHECK_EQ(f.dev.held, GRAN);
+    /* granules 0 and 1 once more, then back */
+    bfc_addr below = must_alloc(&f, 4 * MiB);
+    CHECK_EQ(below, a);
+    must_free(&f, below);
+    CHECK_EQ(bfc_pool_trim(f.pool), 4 * MiB);
+    must_free(&f, pin);
+    /* granule 2 mapped and free between unmapped 0..1 and 3..: one block
+     * across them all maps two runs */
+    const uint64_t calls = f.dev.map_calls;
+    f.dev.fail_map = calls + 2;
+    f.dev.fail_map_after = GRAN;
+    bfc_addr out = 0;
+    bfc_status st = bfc_pool_alloc(f.pool, 10 * MiB, BFC_NO_LANE, &out);
+    CHECK_EQ(st, BFC_ERR_OOM);
+    CHECK_EQ(f.dev.map_calls - calls, 2); /* both runs asked */
+    CHECK_EQ(bfc_pool_check(f.pool, stderr), 0);
+    CHECK_EQ(stats_of(&f).pool_bytes, f.dev.held);
+    bfc_addr b = must_alloc(&f, 10 * MiB);
+    check_mapped(&f, b, 10 * MiB);
+    CHECK_EQ(stats_of(&f).pool_bytes, f.dev.held);
+    must_free(&f, b);
+    bfc_pool_trim(f.pool);
+    CHECK_EQ(f.dev.held, 0);
+    vmm_end(&f);
+}
+
 /* The device refuses an unmap part way (the shim: a cuMemUnmap refused):
  * the granules it left stay counted as mapped, free and usable, the limit
  * bounds what the device holds, and a later release gives them back. */
@@ -1524,6 +1592,8 @@ int main(void)
     RUN(pressure_waits_for_fences_then_unmaps);
     RUN(mapping_waits_for_pending_frees_first);
     RUN(refused_mapping_leaves_the_pool_as_it_was);
+    RUN(partial_map_is_counted_and_given_back);
+    RUN(partial_map_of_a_second_run);
     RUN(refused_unmap_stays_mapped_and_counted);
     RUN(a_refused_unmap_ends_the_release);
     RUN(limit_bounds_mapped_bytes_not_address_space);
