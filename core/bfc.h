@@ -332,9 +332,12 @@ typedef struct bfc_options {
      * map past it first moves to mapped free memory that holds it, then
      * moves free granules behind it (unmapped where they lie, mapped there,
      * the memory kept in between), and grows only when neither is enough.
-     * Each move of granules raises the headroom by growth_headroom_step, so
-     * a job whose steady state needs more room stops moving memory after a
-     * few steps. 0: map wherever best fit lands. Defaults
+     * A move of granules made once the need has stopped growing (it grew by
+     * less than the move moves since the last move) raises the headroom by
+     * growth_headroom_step, so a job whose steady state needs more room
+     * stops moving memory after a few steps; moves while the need still
+     * grows (a job's first step) raise nothing. 0: map wherever best fit
+     * lands. Defaults
      * BFC_DEFAULT_GROWTH_HEADROOM and BFC_DEFAULT_GROWTH_HEADROOM_STEP.
      */
     uint32_t growth_headroom;
@@ -402,6 +405,10 @@ typedef struct bfc_stats {
     /* Allocations of a growing pool that moved free granules behind their
      * block rather than map past the headroom (growth_headroom; vmm). */
     uint64_t num_growth_moves;
+    /* A growing pool's headroom now, in thousandths: growth_headroom, plus
+     * growth_headroom_step for each move made once the need had stopped
+     * growing (vmm). */
+    uint64_t growth_headroom;
     /* Allocations whose best fit could not be backed within the limit even
      * with every free granule given back, placed instead at an end of
      * another free chunk that could, on granules its neighbours pin (vmm). */

@@ -117,7 +117,9 @@ void lanes_seal_all(bfc_pool *p, bool lazy_too)
 #define LAZY_HELD_SHARE 32
 #define LAZY_ROOM_FACTOR 4
 
-bool lanes_lazy_due(const bfc_pool *p)
+/* The bytes that lazy lanes with an open epoch hold: frees no fence has
+ * been asked for yet, which return only once the lanes are sealed. */
+uint64_t lanes_lazy_held(const bfc_pool *p)
 {
     uint64_t held = 0;
     for (uint32_t id = 1; id < p->nlanes; id++) {
@@ -125,6 +127,12 @@ bool lanes_lazy_due(const bfc_pool *p)
         if (l->open && l->lazy && l->open_token)
             held += l->bytes;
     }
+    return held;
+}
+
+bool lanes_lazy_due(const bfc_pool *p)
+{
+    const uint64_t held = lanes_lazy_held(p);
     if (held * LAZY_HELD_SHARE <= p->st.bytes_in_use)
         return false;
     if (!p->opt.preallocate)

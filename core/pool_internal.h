@@ -78,9 +78,11 @@ struct bfc_pool {
     uint32_t polls_to_skip, poll_gap;
     uint64_t alloc_seq;
     /* vmm, growing: the most bytes the pool has needed at once (in use,
-     * pending and a block being placed), and the headroom over it now, in
-     * thousandths (bfc_options.growth_headroom, raised by each move). */
+     * pending and a block being placed), the headroom over it now, in
+     * thousandths (bfc_options.growth_headroom, raised by moves made once
+     * the need stopped growing), and the need at the last move. */
     uint64_t growth_need;
+    uint64_t need_at_move;
     uint32_t growth_headroom;
     /* The placement rules as the policy tests them, derived from opt (and
      * as_one_region) by place_set_rules; read only by the policy
@@ -280,6 +282,7 @@ bool lanes_wait_oldest(bfc_pool *p);
 /* Seals every open epoch; the fence interval counts again from here. */
 void lanes_seal_all(bfc_pool *p, bool lazy_too);
 bool lanes_lazy_due(const bfc_pool *p);
+uint64_t lanes_lazy_held(const bfc_pool *p);
 void lanes_fini(bfc_pool *p);
 uint64_t lanes_host_bytes(const bfc_pool *p);
 void lane_retire_locked(bfc_pool *p, uint32_t id, uint64_t completed);

@@ -14,6 +14,7 @@ void pool_stats_locked(const bfc_pool *p, bfc_stats *out)
     out->num_free_chunks = pool_free_chunks(p);
     out->num_chunks = p->chunks.used;
     out->num_regions = p->nregions;
+    out->growth_headroom = p->growth_headroom;
     out->bytes_reserved = out->pool_bytes;
     out->peak_bytes_reserved = out->peak_pool_bytes;
     out->internal_fragmentation_bytes = out->bytes_in_use - out->bytes_requested;

@@ -101,6 +101,8 @@ static void pool_json(json_out *j, shim_pool *sp, const pool_figures *f)
     json_u64(j, "num_unmap_calls", st.num_unmap_calls);
     json_u64(j, "num_mapped_refits", st.num_mapped_refits);
     json_u64(j, "num_growth_moves", st.num_growth_moves);
+    /* the headroom those moves left (thousandths of the need) */
+    json_u64(j, "growth_headroom", st.growth_headroom);
     /* blocks the limit could not back at their best fit, placed at an end
      * of another free chunk instead of failing */
     json_u64(j, "num_limit_moves", st.num_limit_moves);
