@@ -130,6 +130,24 @@ uint64_t lanes_lazy_held(const bfc_pool *p)
     return held;
 }
 
+/* The bytes of lazy lanes' open epochs alone: lanes_lazy_held less what
+ * their sealed epochs hold, whose fences were asked for (pending for the
+ * GPU, they come back by themselves). An open epoch is its lane's FIFO
+ * tail, the chunks stamped with its token (move_open_epoch). */
+uint64_t lanes_lazy_open_bytes(const bfc_pool *p)
+{
+    uint64_t held = 0;
+    for (uint32_t id = 1; id < p->nlanes; id++) {
+        const lane *l = &p->lanes[id];
+        if (!l->open || !l->lazy || !l->open_token)
+            continue;
+        for (uint32_t c = l->tail; c != CHUNK_NIL && C(p, c)->stamp == l->open_token;
+             c = C(p, c)->qprev)
+            held += C(p, c)->size;
+    }
+    return held;
+}
+
 bool lanes_lazy_due(const bfc_pool *p)
 {
     const uint64_t held = lanes_lazy_held(p);

@@ -598,10 +598,11 @@ static __attribute__((noinline)) void stay_within_headroom(bfc_pool *p, uint32_t
      * pool's: no fence asked for yet) do not come back by themselves, and
      * when they are fewer than the shortfall they could not make it up
      * even sealed: they do not stop a move (before, a few KiB of them
-     * kept the GPT-2 job's logits from moving). */
+     * kept the GPT-2 job's logits from moving). Only their open epochs
+     * count: a lazy lane's sealed epochs are pending for the GPU. */
     const uint64_t shortfall = p->st.pool_bytes + missing - cap;
     if (p->st.pending_bytes &&
-        (p->st.pending_bytes >= shortfall || lanes_lazy_held(p) < p->st.pending_bytes))
+        (p->st.pending_bytes >= shortfall || lanes_lazy_open_bytes(p) < p->st.pending_bytes))
         return;
     *cp = c = refit_on_mapped(p, c, rounded, size, lane_id);
     const bfc_addr lo = C(p, c)->addr, hi = lo + C(p, c)->size;

@@ -283,6 +283,7 @@ bool lanes_wait_oldest(bfc_pool *p);
 void lanes_seal_all(bfc_pool *p, bool lazy_too);
 bool lanes_lazy_due(const bfc_pool *p);
 uint64_t lanes_lazy_held(const bfc_pool *p);
+uint64_t lanes_lazy_open_bytes(const bfc_pool *p);
 void lanes_fini(bfc_pool *p);
 uint64_t lanes_host_bytes(const bfc_pool *p);
 void lane_retire_locked(bfc_pool *p, uint32_t id, uint64_t completed);

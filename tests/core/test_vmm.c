@@ -677,6 +677,43 @@ static void frees_pending_for_the_gpu_stop_a_move_however_few(void)
     vmm_end(&f);
 }
 
+static void a_lazy_lanes_sealed_frees_stop_a_move(void)
+{
+    /* lazily_held_frees_do_not_stop_a_move with a 32 KiB block freed into
+     * the lazy lane and the lane sealed (its fence asked for, the GPU not
+     * past it: pending for the GPU, it comes back by itself), then another
+     * 32 KiB freed into the lane's new open epoch. Only that one is held
+     * lazily; the first stops the move as any frees pending for the GPU do
+     * (frees_pending_for_the_gpu_stop_a_move_however_few), though the lane
+     * counts both. */
+    fixture f;
+    vmm_begin(&f, 1024 * MiB);
+    gpu_done = 0;
+    bfc_backend b = sim_device_vmm_backend(&f.dev);
+    b.fence_done = fence_done;
+    b.fence_seal = fence_seal;
+    fixture_start_with(&f, &b);
+    uint32_t lane = 0;
+    CHECK_EQ(bfc_pool_lane_open(f.pool, false, &lane), BFC_OK);
+    bfc_pool_lane_set_lazy(f.pool, lane, true);
+    bfc_addr a, c, d = holes_under_the_headroom(&f, &a, &c);
+    bfc_addr e1 = must_alloc(&f, 32 * KiB), e2 = must_alloc(&f, 32 * KiB);
+    CHECK_EQ(bfc_pool_free_deferred(f.pool, e1, lane), BFC_OK);
+    CHECK(bfc_pool_seal_lane(f.pool, lane));
+    CHECK_EQ(bfc_pool_free_deferred(f.pool, e2, lane), BFC_OK);
+    CHECK_EQ(stats_of(&f).pending_bytes, 64 * KiB);
+    CHECK_EQ(must_alloc(&f, 8 * MiB), d + 2 * MiB);
+    bfc_stats t = stats_of(&f);
+    CHECK_EQ(t.num_growth_moves, 0);
+    CHECK_EQ(t.pool_bytes, 20 * MiB);
+    CHECK(sim_device_mapped(&f.dev, c, 6 * MiB));
+    gpu_done = UINT64_MAX;
+    bfc_pool_trim(f.pool);
+    CHECK_EQ(stats_of(&f).pending_bytes, 0);
+    bfc_pool_lane_close(f.pool, lane);
+    vmm_end(&f);
+}
+
 static void a_move_gives_nothing_back(void)
 {
     /* Five 2 MiB holes between live blocks (24 MiB needed: 26 MiB of
@@ -1710,6 +1747,7 @@ int main(void)
     RUN(nothing_moves_while_blocks_are_pending);
     RUN(lazily_held_frees_do_not_stop_a_move);
     RUN(frees_pending_for_the_gpu_stop_a_move_however_few);
+    RUN(a_lazy_lanes_sealed_frees_stop_a_move);
     RUN(lazily_held_frees_that_could_cover_the_shortfall_stop_a_move);
     RUN(a_move_gives_nothing_back);
     RUN(a_closed_gate_stops_the_move);
