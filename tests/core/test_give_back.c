@@ -102,6 +102,7 @@ typedef struct run {
     uint64_t lent;
     /* What was exercised. */
     uint64_t map_failures, gates_closed, gates_opened_dirty, unmaps, unmap_failures;
+    uint64_t growth_moves, growth_moves_pending; /* num_growth_moves; with blocks pending */
 } run;
 
 static void vec_tick_set(uint64_t **at, size_t *n, size_t *cap, uint64_t token, uint64_t tick)
@@ -305,7 +306,16 @@ static void op_alloc(run *R)
                                            : 1 + rng_below(g, 256 * KiB);
     uint32_t lane = rng_below(g, 5) == 0 ? R->reusable_lane : BFC_NO_LANE;
     bfc_addr a = 0;
-    if (bfc_pool_alloc(R->f.pool, size, lane, &a) != BFC_OK)
+    bfc_stats before;
+    bfc_pool_stats(R->f.pool, &before);
+    const bfc_status st = bfc_pool_alloc(R->f.pool, size, lane, &a);
+    bfc_stats after;
+    bfc_pool_stats(R->f.pool, &after);
+    if (after.num_growth_moves != before.num_growth_moves) {
+        R->growth_moves++;
+        R->growth_moves_pending += before.pending_bytes != 0;
+    }
+    if (st != BFC_OK)
         return; /* refused maps and loans make OOMs ordinary here */
     R->live_addr[R->nlive] = a;
     R->live_size[R->nlive++] = size;
@@ -458,6 +468,7 @@ int main(int argc, char **argv)
         default: return 2;
         }
     }
+    uint64_t gmoves = 0, gmoves_pending = 0;
     uint64_t steps = 0, map_failures = 0, gates_closed = 0, gates_opened_dirty = 0, unmaps = 0,
              unmap_failures = 0;
     for (uint64_t seed = first; seed <= last && !harness_failures; seed++) {
@@ -474,6 +485,8 @@ int main(int argc, char **argv)
         gates_opened_dirty += R.gates_opened_dirty;
         unmaps += R.unmaps;
         unmap_failures += R.unmap_failures;
+        gmoves += R.growth_moves;
+        gmoves_pending += R.growth_moves_pending;
         if (!quiet)
             printf("seed %" PRIu64 ": %u%% maps refused, %u%% unmaps refused, gate closed %u%%: %" PRIu64
                    " refusals, %" PRIu64 " gates closed, %" PRIu64 " unmaps (%" PRIu64
@@ -486,6 +499,9 @@ int main(int argc, char **argv)
            " unmaps (%" PRIu64 " refused), %s\n",
            steps, first, last, map_failures, gates_closed, gates_opened_dirty, unmaps, unmap_failures,
            harness_failures ? "FAILED" : "all clean");
+    printf("give_back: %" PRIu64 " allocations moved granules to stay within a growing pool's"
+           " headroom, %" PRIu64 " of them with blocks pending\n",
+           gmoves, gmoves_pending);
     /* A run long enough to mean anything must have met every fault. */
     if (!harness_failures && steps >= 10000) {
         CHECK(map_failures > 0);

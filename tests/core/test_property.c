@@ -3,6 +3,7 @@
  * engine, each followed by the invariant checker and compared with a model.
  *
  *   test_property [--seeds A-B | --seed N] [--ops N] [--quiet] [--classic] [--no-queries]
+ *                 [--growing-lazy]
  *
  * Each seed also draws the pool's configuration (preallocation or growth,
  * granularity, split threshold, two-ended placement, garbage collection,
@@ -165,6 +166,9 @@ typedef struct run {
     bool tried_after_done[MAX_TRIED];
     bool done_seen;
     uint64_t loans, loan_ooms, lazy_seals, moved_epochs;
+    /* A growing pool's moves (num_growth_moves), and those made with blocks
+     * pending (only lazy lanes' open epochs may hold them then). */
+    uint64_t growth_moves, growth_moves_pending;
     /* The queries and mid-run plans (op_query, op_replan) draw from a third
      * stream, so that the extensions' stream stays as it was. */
     uint64_t qrng;
@@ -210,6 +214,11 @@ static bool deferred_ids[65536];
  * it holds). */
 static uint64_t closed_open_epoch[65536];
 static bool closed_lazy[65536];
+
+/* --growing-lazy: every seed a growing pool over virtual memory (its
+ * headroom at the default, so that blocks landing past it move granules)
+ * whose lanes start lazy, so that moves meet frees held in lazy epochs. */
+static bool growing_lazy;
 static uint32_t max_lane_id; /* the highest lane id opened this seed */
 
 static bool fence_done(void *ctx, uint32_t lane, uint64_t token, bool wait)
@@ -419,7 +428,9 @@ static void configure(void)
      * reservations run out and more are made) to the default, and release
      * thresholds from "at once" to "never". The device tracks its own
      * mappings. */
-    f->opt.vmm = rng_below(rng, 3) == 0;
+    f->opt.vmm = rng_below(rng, 3) == 0 || growing_lazy;
+    if (growing_lazy)
+        f->opt.preallocate = false;
     if (f->opt.vmm) {
         const uint64_t grans[] = {4 * KiB, 64 * KiB, f->opt.limit_bytes / 4};
         f->opt.map_granularity = grans[rng_below(rng, 3)];
@@ -1032,6 +1043,10 @@ static void op_alloc(void)
     bfc_addr a = 0xdead00;
     bfc_status st = bfc_pool_alloc(R.f.pool, size, lane, &a);
     bfc_stats after_call = stats_of(&R.f);
+    if (after_call.num_growth_moves != before.num_growth_moves) {
+        R.growth_moves++;
+        R.growth_moves_pending += before.pending_bytes != 0;
+    }
     /* A lazy epoch is sealed only when the pool needs its memory (bfc.h):
      * nothing served the block where it stood, the pool grew or would map
      * more, the plan's place was taken, or the lazy lanes held their share
@@ -1438,6 +1453,10 @@ static void op_lanes(void)
         m->lane_reusable[i] = reusable;
         m->open_epoch[i] = 0;
         m->lazy[i] = false; /* lanes start eager, a recycled slot too */
+        if (growing_lazy) {
+            m->lazy[i] = true;
+            bfc_pool_lane_set_lazy(R.f.pool, id, true);
+        }
         closed_lazy[id] = false;
         if (id > max_lane_id)
             max_lane_id = id;
@@ -1844,6 +1863,7 @@ int main(int argc, char **argv)
         {"seed", required_argument, 0, 's'}, {"seeds", required_argument, 0, 'S'},
         {"ops", required_argument, 0, 'n'},  {"quiet", no_argument, 0, 'q'},
         {"classic", no_argument, 0, 'c'},   {"no-queries", no_argument, 0, 'Q'},
+        {"growing-lazy", no_argument, 0, 'g'},
         {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
@@ -1859,11 +1879,12 @@ int main(int argc, char **argv)
         case 'q': quiet = true; break;
         case 'c': classic = true; break;
         case 'Q': no_queries = true; break;
+        case 'g': growing_lazy = true; break;
         default: return 2;
         }
     }
     uint64_t total = 0, ooms = 0, bad = 0, planned = 0, plan_misses = 0, spare = 0, abandoned = 0;
-    uint64_t loans = 0, loan_ooms = 0, lazy_seals = 0, moved = 0;
+    uint64_t loans = 0, loan_ooms = 0, lazy_seals = 0, moved = 0, gmoves = 0, gmoves_pending = 0;
     uint64_t queries = 0, largest_allocs = 0, replans = 0;
     for (uint64_t seed = first; seed <= last && !harness_failures; seed++) {
         run_seed(seed, ops);
@@ -1878,6 +1899,8 @@ int main(int argc, char **argv)
         loan_ooms += R.loan_ooms;
         lazy_seals += R.lazy_seals;
         moved += R.moved_epochs;
+        gmoves += R.growth_moves;
+        gmoves_pending += R.growth_moves_pending;
         queries += R.queries;
         largest_allocs += R.largest_allocs;
         replans += R.replans;
@@ -1896,6 +1919,9 @@ int main(int argc, char **argv)
     printf("property: %" PRIu64 " loans made, %" PRIu64 " refused, %" PRIu64
            " allocations that sealed a lazy epoch, %" PRIu64 " epochs moved by closing into a lane\n",
            loans, loan_ooms, lazy_seals, moved);
+    printf("property: %" PRIu64 " allocations that moved granules to stay within a growing"
+           " pool's headroom, %" PRIu64 " of them with blocks pending\n",
+           gmoves, gmoves_pending);
     printf("property: %" PRIu64 " queries (%" PRIu64 " allocations of the largest free block),"
            " %" PRIu64 " plans installed or removed mid-run\n",
            queries, largest_allocs, replans);
