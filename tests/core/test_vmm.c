@@ -581,6 +581,23 @@ static bool fence_seal(void *ctx, uint32_t lane, uint64_t token)
     return true;
 }
 
+/* A started growing pool (1 GiB limit) whose fences the test completes
+ * (gpu_done) and whose one lane is lazy, like an ordered pool's: frees
+ * into it wait in an open epoch until the pool seals it. Returns the lane. */
+static uint32_t start_with_a_lazy_lane(fixture *f)
+{
+    vmm_begin(f, 1024 * MiB);
+    gpu_done = 0;
+    bfc_backend b = sim_device_vmm_backend(&f->dev);
+    b.fence_done = fence_done;
+    b.fence_seal = fence_seal;
+    fixture_start_with(f, &b);
+    uint32_t lane = 0;
+    CHECK_EQ(bfc_pool_lane_open(f->pool, false, &lane), BFC_OK);
+    bfc_pool_lane_set_lazy(f->pool, lane, true);
+    return lane;
+}
+
 static void lazily_held_frees_do_not_stop_a_move(void)
 {
     /* As nothing_moves_while_blocks_are_pending, but the block pending is a
@@ -591,15 +608,7 @@ static void lazily_held_frees_do_not_stop_a_move(void)
      * behind the block as with nothing pending (before, a few KiB held so
      * kept the GPT-2 jobs' logits from moving). */
     fixture f;
-    vmm_begin(&f, 1024 * MiB);
-    gpu_done = 0;
-    bfc_backend b = sim_device_vmm_backend(&f.dev);
-    b.fence_done = fence_done;
-    b.fence_seal = fence_seal;
-    fixture_start_with(&f, &b);
-    uint32_t lane = 0;
-    CHECK_EQ(bfc_pool_lane_open(f.pool, false, &lane), BFC_OK);
-    bfc_pool_lane_set_lazy(f.pool, lane, true);
+    uint32_t lane = start_with_a_lazy_lane(&f);
     bfc_addr a, c, d = holes_under_the_headroom(&f, &a, &c);
     bfc_addr e = must_alloc(&f, 64 * KiB);
     CHECK_EQ(bfc_pool_free_deferred(f.pool, e, lane), BFC_OK);
@@ -628,15 +637,7 @@ static void lazily_held_frees_that_could_cover_the_shortfall_stop_a_move(void)
      * growing pool does as its lazy lanes fill: the block maps new memory
      * rather than move. */
     fixture f;
-    vmm_begin(&f, 1024 * MiB);
-    gpu_done = 0;
-    bfc_backend b = sim_device_vmm_backend(&f.dev);
-    b.fence_done = fence_done;
-    b.fence_seal = fence_seal;
-    fixture_start_with(&f, &b);
-    uint32_t lane = 0;
-    CHECK_EQ(bfc_pool_lane_open(f.pool, false, &lane), BFC_OK);
-    bfc_pool_lane_set_lazy(f.pool, lane, true);
+    uint32_t lane = start_with_a_lazy_lane(&f);
     must_alloc(&f, 64 * MiB);
     bfc_addr a, c;
     holes_under_the_headroom(&f, &a, &c);
@@ -687,15 +688,7 @@ static void a_lazy_lanes_sealed_frees_stop_a_move(void)
      * (frees_pending_for_the_gpu_stop_a_move_however_few), though the lane
      * counts both. */
     fixture f;
-    vmm_begin(&f, 1024 * MiB);
-    gpu_done = 0;
-    bfc_backend b = sim_device_vmm_backend(&f.dev);
-    b.fence_done = fence_done;
-    b.fence_seal = fence_seal;
-    fixture_start_with(&f, &b);
-    uint32_t lane = 0;
-    CHECK_EQ(bfc_pool_lane_open(f.pool, false, &lane), BFC_OK);
-    bfc_pool_lane_set_lazy(f.pool, lane, true);
+    uint32_t lane = start_with_a_lazy_lane(&f);
     bfc_addr a, c, d = holes_under_the_headroom(&f, &a, &c);
     bfc_addr e1 = must_alloc(&f, 32 * KiB), e2 = must_alloc(&f, 32 * KiB);
     CHECK_EQ(bfc_pool_free_deferred(f.pool, e1, lane), BFC_OK);
