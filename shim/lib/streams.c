@@ -216,6 +216,10 @@ CUresult streams_add(CUstream s)
                                "answered %d): the stream is destroyed and its creation "
                                "refused",
                      (int)r);
+            /* (an entry a missed destroy left under this handle goes too,
+             * and what remembers the handle: it names no stream now) */
+            streams_remove(s);
+            remembered_pools_stale();
             R->StreamDestroy(s);
             return r;
         }
