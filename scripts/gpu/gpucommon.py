@@ -110,6 +110,10 @@ def shim_totals(doc):
             # the program's own cuMemCreate memory, lent the pools' limits
             "bytes_lent", "peak_bytes_lent", "vmm_door_pooled_creates", "vmm_door_refused")
     out = {k: sum(p.get(k, 0) for p in doc.get("pools", [])) for k in keys}
+    # a growing pool's headroom at the end (thousandths of its need): the
+    # largest of the pools', not a sum
+    out["growth_headroom"] = max((p.get("growth_headroom", 0) for p in doc.get("pools", [])),
+                                 default=0)
     # what the program made itself with cuMemCreate around the pools
     # (BFCSHIM_VMM_DOOR=count, or no pool could lend): every device's, from
     # the top

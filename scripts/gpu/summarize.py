@@ -270,6 +270,7 @@ def main():
                                                          "num_map_calls", "num_unmap_calls",
                                                          "num_mapped_refits",
                                                          "num_growth_moves",
+                                                         "growth_headroom",
                                                          "pressure_map_us_total",
                                                          "released_bytes_total",
                                                          "moved_bytes_total", "prealloc_us")
