@@ -77,6 +77,14 @@
  *           under the recorded stream's work (found by an audit: async-pool
  *           kept the block for good, the record having asked about the
  *           block's context's legacy stream)
+ *   record-other-current-async-pool-legacy  async-pool with the handle
+ *           CU_STREAM_LEGACY for 0 (the same stream; found by mutation
+ *           testing: only 0 was tried)
+ *   record-current-async  a recorded block freed by bfcshim_free_async on
+ *           handle 0 with its own context current: the legacy stream's
+ *           next owner comes after the recorded non-blocking stream's work
+ *           (found by mutation testing: nothing failed when every such
+ *           free was handled as another context's)
  *   record-zero-other-device  record_stream(t, 0) meaning device 1's
  *           default stream, whose work reads the device-0 block: its next
  *           owner on its stream comes after that work
@@ -665,7 +673,7 @@ static void record_zero_ctxid_fails(void)
  * it), and that owner comes after b's work. Found by an audit: with the
  * pool's context blocked, bfcshim_free_async's record asked about that
  * context's legacy stream, and the block was kept for good. */
-static void record_other_current_with(bool torch, bool pool_blocked)
+static void record_other_current_on(bool torch, bool pool_blocked, CUstream zero)
 {
     start();
     CUcontext c0, c1;
@@ -693,7 +701,7 @@ static void record_other_current_with(bool torch, bool pool_blocked)
     if (torch)
         B.torch_free(t, MiB, 0, NULL);
     else
-        r = B.free_async(t, NULL);
+        r = B.free_async(t, zero);
     const bool freed = (uint64_t)pool_stat("num_frees") == frees + 1;
     fprintf(stderr, "%s, %s blocked: r=%d freed=%d captures invalidated +%llu\n",
             torch ? "bfcshim_torch_free" : "bfcshim_free_async",
@@ -718,7 +726,7 @@ static void record_other_current_with(bool torch, bool pool_blocked)
         if (torch)
             B.torch_free(t, MiB, 0, NULL);
         else
-            CHECK_EQ(B.free_async(t, NULL), CUDA_SUCCESS);
+            CHECK_EQ(B.free_async(t, zero), CUDA_SUCCESS);
         CHECK_EQ((uint64_t)pool_stat("num_frees"), frees + 1);
     }
     CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
@@ -737,10 +745,47 @@ static void record_other_current_with(bool torch, bool pool_blocked)
     F->complete_all();
 }
 
+static void record_other_current_with(bool torch, bool pool_blocked)
+{
+    record_other_current_on(torch, pool_blocked, NULL);
+}
+
 static void record_other_current_async_pool(void) { record_other_current_with(false, true); }
+/* bfcshim_free_async's CU_STREAM_LEGACY names the current context's legacy
+ * stream as its 0 does (cuda.h, CU_STREAM_LEGACY: "the legacy stream";
+ * cudaFreeAsync's stream is the current device's) */
+static void record_other_current_async_pool_legacy(void)
+{
+    record_other_current_on(false, true, CU_STREAM_LEGACY);
+}
 static void record_other_current_async_current(void) { record_other_current_with(false, false); }
 static void record_other_current_torch_pool(void) { record_other_current_with(true, true); }
 static void record_other_current_torch_current(void) { record_other_current_with(true, false); }
+
+/* record-current-async: a recorded block freed by bfcshim_free_async on
+ * handle 0 with the block's own context current, the usual case: a
+ * stream-ordered free on that context's legacy stream, which must wait for
+ * the recorded non-blocking stream b (whose work, 0x5a, still uses the
+ * block; a non-blocking stream is not ordered by the legacy stream, cuda.h
+ * CU_STREAM_NON_BLOCKING) before the legacy stream's next allocation gets
+ * the block in its order. */
+static void record_current_async(void)
+{
+    start();
+    CUstream b;
+    CHECK_EQ(D.StreamCreate(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    void *t = must_alloc_on(NULL, MiB);
+    CHECK_EQ(F->launch(b, write_mib, t), 0); /* 0x5a, b's */
+    B.torch_record_stream(t, b);
+    CHECK_EQ(B.free_async(t, NULL), CUDA_SUCCESS);
+    void *q = must_alloc_on(NULL, MiB);
+    if (q == t)
+        expect_new_owner_last(q, CU_STREAM_LEGACY, NULL, "freed async with its context current");
+    F->complete_all();
+    CHECK_EQ(B.free_async(q, NULL), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(b), CUDA_SUCCESS);
+    F->complete_all();
+}
 
 /* A block recorded on handle 0 (some device's default stream) is freed
  * after the program reset device 1 unseen and made its primary context
@@ -964,7 +1009,9 @@ int main(int argc, char **argv)
         {"record-capture-ends", record_capture_ends},
         {"record-legacy-capture-ends", record_legacy_capture_ends},
         {"record-other-current-async-pool", record_other_current_async_pool},
+        {"record-other-current-async-pool-legacy", record_other_current_async_pool_legacy},
         {"record-other-current-async-current", record_other_current_async_current},
+        {"record-current-async", record_current_async},
         {"record-other-current-torch-pool", record_other_current_torch_pool},
         {"record-other-current-torch-current", record_other_current_torch_current},
         {"record-zero-reset", record_zero_reset},
