@@ -1330,6 +1330,41 @@ static void unseen_reset_streams_no_pool(void) { reset_streams_unseen_id(false, 
 static void unseen_reset_streams_id_fails(void) { reset_streams_unseen_id(true, true); }
 static void unseen_reset_streams_no_pool_id_fails(void) { reset_streams_unseen_id(false, true); }
 
+/* unseen-destroy-id-fails (FAKECUDA_REUSE_STREAM_HANDLES): a stream destroyed
+ * unseen (cuStreamDestroy_v2 found with dlsym, the door closed) stays
+ * registered; the next stream made gets its handle (the fake's reuse), and
+ * the driver refuses that stream's context id. The refusal destroys the new
+ * stream (cuda.h: a handle names nothing once cuStreamDestroy returned), so
+ * the entry the missed destroy left under the handle must go too: else
+ * every seal of the pool records on the dead handle (stale_handle_uses).
+ * And the refused stream is destroyed, not leaked: the next stream made
+ * gets its handle again. Found by mutation testing: neither the
+ * streams_remove nor the cuStreamDestroy of the refusal was tested. */
+static void unseen_destroy_id_fails(void)
+{
+    typedef CUresult (*destroy_fn)(CUstream);
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    destroy_fn destroy = (destroy_fn)dlsym(h, "cuStreamDestroy_v2");
+    CHECK(destroy != NULL);
+    CHECK_EQ(cudaFree(alloc_ok(MiB)), cudaSuccess); /* the pool and its context */
+    cudaStream_t old = NULL, s = NULL, again = NULL;
+    CHECK_EQ(cudaStreamCreateWithFlags(&old, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(destroy((CUstream)old), CUDA_SUCCESS); /* unseen */
+    CHECK_EQ(fakecuda()->fail_call("cuCtxGetId", 1, CUDA_ERROR_INVALID_CONTEXT, 0), 0);
+    CHECK_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),
+             cudaErrorDeviceUninitialized);
+    CHECK_EQ(fakecuda()->fail_call("cuCtxGetId", 0, 0, 0), 0);
+    for (int i = 0; i < 4; i++) /* seals (BFCSHIM_FENCE_INTERVAL=1) */
+        CHECK_EQ(cudaFree(alloc_ok(MiB)), cudaSuccess);
+    CHECK_EQ(fake_stats().stale_handle_uses, 0);
+    CHECK_EQ(cudaStreamCreateWithFlags(&again, cudaStreamNonBlocking), cudaSuccess);
+    if (again != old) {
+        fprintf(stderr, "the refused stream was not destroyed: its handle is not reused\n");
+        e2e_failures++;
+    }
+    CHECK_EQ(cudaStreamDestroy(again), cudaSuccess);
+}
+
 /* hooks-off-free-cost (review of 9d1427e): with the driver door closed a
  * stream-ordered free on the legacy stream asks the current context's pool
  * (pool_lane_for_free, runtime_context_for_free) and, through the
@@ -2221,6 +2256,7 @@ int main(int argc, char **argv)
         {"unseen-reset-streams-no-pool", unseen_reset_streams_no_pool},
         {"unseen-reset-streams-id-fails", unseen_reset_streams_id_fails},
         {"unseen-reset-streams-no-pool-id-fails", unseen_reset_streams_no_pool_id_fails},
+        {"unseen-destroy-id-fails", unseen_destroy_id_fails},
         {"hooks-off-free-cost", hooks_off_free_cost},
         {"dead-stream-reborn-in-window", dead_stream_reborn_in_window},
         {"stream-churn", stream_churn},
