@@ -21,6 +21,9 @@
  *   map-rollback-unmap-fails  (growth mode) a map fails part way and the
  *              shim's rollback meets a refused cuMemUnmap: the pool counts
  *              the granule left mapped and gives it back later
+ *   map-rollback-second-unmap-fails, map-rollback-grant-fails  the same,
+ *              the rollback's second unmap refused; its first and the
+ *              grant of what stays mapped refused (nothing of it handed out)
  *   stats      bfcshim_stats_json (size probe, content), mem_get_info
  *   platform   (BFCSHIM_ALLOCATOR=platform) every call reaches the driver
  *   torch-legacy  bfcshim_torch_free on device 0's default (legacy) stream
@@ -909,7 +912,18 @@ static void trim_unmap_fails(void)
  * cuda.h's list for it): that granule stays mapped on the device, so the
  * pool must count it (pool_bytes as the device holds it) and give it back
  * like any free granule, here on a trim, leaving the device nothing. */
-static void map_rollback_unmap_fails(void)
+/* map-rollback-unmap-fails: the first cuMemUnmap of the rollback (its top
+ * granule) refused; -second: the second refused, the top granule given
+ * back and one fewer left mapped (the prefix reported is what stays
+ * mapped, not what was mapped); -grant-fails: the first refused and the
+ * cuMemSetAccess that makes the prefix usable refused too (CUDA_ERROR_
+ * NOT_SUPPORTED, in cuda.h's list for it), so the prefix is lost to the
+ * pool and none of it handed out. Each then hands out a small block,
+ * written at once: touching memory mapped without access faults in the
+ * fake as on a GPU. (-second and -grant-fails: found by mutation testing,
+ * reporting the whole mapped part, leaving out the grant, or reporting an
+ * ungranted prefix passed every test.) */
+static void map_rollback_with(uint64_t unmap_nth, bool grant_fails)
 {
     start();
     void *keep = must_alloc(MiB, 1);
@@ -919,21 +933,45 @@ static void map_rollback_unmap_fails(void)
     bfcshim_trim();
     CHECK_EQ(fake_stats().bytes_in_use[0], 0);
     CHECK_EQ(F->fail_call("cuMemMap", 3, CUDA_ERROR_OUT_OF_MEMORY, 0), 0);
-    CHECK_EQ(F->fail_call("cuMemUnmap", 1, CUDA_ERROR_NOT_PERMITTED, 0), 0);
+    CHECK_EQ(F->fail_call("cuMemUnmap", unmap_nth, CUDA_ERROR_NOT_PERMITTED, 0), 0);
+    if (grant_fails)
+        CHECK_EQ(F->fail_call("cuMemSetAccess", 1, CUDA_ERROR_NOT_SUPPORTED, 0), 0);
     void *a = NULL;
     int rc = bfcshim_malloc(&a, 64 * MiB, 0);
     F->fail_call("cuMemMap", 0, 0, 0);
     F->fail_call("cuMemUnmap", 0, 0, 0);
+    F->fail_call("cuMemSetAccess", 0, 0, 0);
     const uint64_t held = fake_stats().bytes_in_use[0];
-    expect_pool_bytes_dev0(held); /* what the device holds */
+    if (!grant_fails)
+        expect_pool_bytes_dev0(held); /* what the device holds */
     if (rc == 0)
         CHECK_EQ(bfcshim_free(a), 0);
+    if (grant_fails) {
+        /* The prefix without access stays mapped where the pool thinks
+         * nothing is: a map there is refused (the pool does not place the
+         * block elsewhere: it may fail). Whatever it hands out is usable. */
+        void *small = NULL;
+        if (bfcshim_malloc(&small, MiB, 0) == 0) {
+            memset(small, 0x5a, MiB);
+            CHECK_EQ(bfcshim_free(small), 0);
+        }
+        CHECK_EQ(bfcshim_free(keep), 0);
+        return;
+    }
+    void *small = must_alloc(MiB, 0); /* in the granule left mapped */
+    memset(small, 0x5a, MiB);
+    CHECK_EQ(bfcshim_free(small), 0);
     bfcshim_trim();
     CHECK_EQ(fake_stats().bytes_in_use[0], 0); /* nothing lost on the device */
     void *b = must_alloc(64 * MiB, 0); /* and the range maps again */
+    memset(b, 0xa5, 64 * MiB);
     CHECK_EQ(bfcshim_free(b), 0);
     CHECK_EQ(bfcshim_free(keep), 0);
 }
+
+static void map_rollback_unmap_fails(void) { map_rollback_with(1, false); }
+static void map_rollback_second_unmap_fails(void) { map_rollback_with(2, false); }
+static void map_rollback_grant_fails(void) { map_rollback_with(1, true); }
 
 static void stats(void)
 {
@@ -1180,6 +1218,8 @@ int main(int argc, char **argv)
                      {"zero", zero},     {"trim", trim},         {"stats", stats},
                      {"trim-unmap-fails", trim_unmap_fails},
                      {"map-rollback-unmap-fails", map_rollback_unmap_fails},
+                     {"map-rollback-second-unmap-fails", map_rollback_second_unmap_fails},
+                     {"map-rollback-grant-fails", map_rollback_grant_fails},
                      {"platform", platform}, {"dead-stream", dead_stream},
                      {"torch-legacy", torch_legacy},
                      {"torch-legacy-capture", torch_legacy_capture},
