@@ -374,23 +374,12 @@ static void fence_query(void)
  * could never be found to be. */
 static void pool_id_fails(void)
 {
-    typedef CUresult (*reset_fn)(CUdevice);
-    typedef CUresult (*retain_fn)(CUcontext *, CUdevice);
-    typedef CUresult (*setcur_fn)(CUcontext);
-    void *h = dlopen("libcuda.so.1", RTLD_NOW);
-    reset_fn reset = (reset_fn)dlsym(h, "cuDevicePrimaryCtxReset_v2");
-    retain_fn retain = (retain_fn)dlsym(h, "cuDevicePrimaryCtxRetain");
-    setcur_fn setcur = (setcur_fn)dlsym(h, "cuCtxSetCurrent");
-    CHECK(reset && retain && setcur);
     CHECK_EQ(cudaFree(NULL), cudaSuccess); /* the primary context, no pool yet */
     CHECK_EQ(fakecuda()->fail_call("cuCtxGetId", 1, CUDA_ERROR_ILLEGAL_ADDRESS, 0), 0);
     char *p = alloc_ok(MiB);
     disarm("cuCtxGetId");
     CHECK_EQ(cudaFree(p), cudaSuccess);
-    CHECK_EQ(reset(0), CUDA_SUCCESS);
-    CUcontext c = NULL;
-    CHECK_EQ(retain(&c, 0), CUDA_SUCCESS);
-    CHECK_EQ(setcur(c), CUDA_SUCCESS);
+    unseen_primary_reset(0);
     char *q = alloc_ok(MiB);
     if (!fakecuda()->is_device_pointer((uint64_t)(uintptr_t)q)) {
         fprintf(stderr, "after the context was made again, 0x%llx was served from the dead "

@@ -1225,28 +1225,19 @@ static void exp_nothing(void *a) { (void)a; }
 
 static void unseen_reset_events(void)
 {
-    typedef CUresult (*reset_fn)(CUdevice);
-    typedef CUresult (*retain_fn)(CUcontext *, CUdevice);
-    typedef CUresult (*setcur_fn)(CUcontext);
     typedef CUresult (*evc_fn)(CUevent *, unsigned);
     typedef CUresult (*evr_fn)(CUevent, CUstream);
     typedef CUresult (*sc_fn)(CUstream *, unsigned);
     void *h = dlopen("libcuda.so.1", RTLD_NOW);
-    reset_fn reset = (reset_fn)dlsym(h, "cuDevicePrimaryCtxReset_v2");
-    retain_fn retain = (retain_fn)dlsym(h, "cuDevicePrimaryCtxRetain");
-    setcur_fn setcur = (setcur_fn)dlsym(h, "cuCtxSetCurrent");
     evc_fn evc = (evc_fn)dlsym(h, "cuEventCreate");
     evr_fn evr = (evr_fn)dlsym(h, "cuEventRecord");
     sc_fn sc = (sc_fn)dlsym(h, "cuStreamCreate");
-    CHECK(reset && retain && setcur && evc && evr && sc);
+    CHECK(evc && evr && sc);
     /* Seals whose fences completed: their events become the pool's spares. */
     for (int i = 0; i < 4; i++)
         CHECK_EQ(cudaFree(alloc_ok(MiB)), cudaSuccess);
     char *keep = alloc_ok(MiB);
-    CHECK_EQ(reset(0), CUDA_SUCCESS); /* unseen: the door is closed */
-    CUcontext c = NULL;
-    CHECK_EQ(retain(&c, 0), CUDA_SUCCESS);
-    CHECK_EQ(setcur(c), CUDA_SUCCESS);
+    unseen_primary_reset(0); /* unseen: the door is closed */
     enum { NEV = 16 };
     CUevent mine[NEV];
     for (int i = 0; i < NEV; i++)
@@ -1288,14 +1279,6 @@ static void unseen_reset_events(void)
  * must still leave the registry before the new context's pool seals. */
 static void reset_streams_unseen_id(bool pool_before, bool id_fails)
 {
-    typedef CUresult (*reset_fn)(CUdevice);
-    typedef CUresult (*retain_fn)(CUcontext *, CUdevice);
-    typedef CUresult (*setcur_fn)(CUcontext);
-    void *h = dlopen("libcuda.so.1", RTLD_NOW);
-    reset_fn reset = (reset_fn)dlsym(h, "cuDevicePrimaryCtxReset_v2");
-    retain_fn retain = (retain_fn)dlsym(h, "cuDevicePrimaryCtxRetain");
-    setcur_fn setcur = (setcur_fn)dlsym(h, "cuCtxSetCurrent");
-    CHECK(reset && retain && setcur);
     cudaStream_t s = NULL;
     if (id_fails) {
         CHECK_EQ(cudaFree(NULL), cudaSuccess); /* the context made: the next id asked is s's */
@@ -1311,10 +1294,7 @@ static void reset_streams_unseen_id(bool pool_before, bool id_fails)
     }
     if (pool_before)
         CHECK_EQ(cudaFree(alloc_ok(MiB)), cudaSuccess);
-    CHECK_EQ(reset(0), CUDA_SUCCESS); /* unseen: the door is closed; s dies */
-    CUcontext c = NULL;
-    CHECK_EQ(retain(&c, 0), CUDA_SUCCESS);
-    CHECK_EQ(setcur(c), CUDA_SUCCESS);
+    unseen_primary_reset(0); /* unseen: the door is closed; s dies */
     for (int i = 0; i < 4; i++) /* seals of the new pool (BFCSHIM_FENCE_INTERVAL=1) */
         CHECK_EQ(cudaFree(alloc_ok(MiB)), cudaSuccess);
     CHECK_EQ(fake_stats().stale_handle_uses, 0);
@@ -1904,6 +1884,18 @@ static CUcontext other_context(other_kind how)
     return c;
 }
 
+/* The new owner's write into q on the legacy stream of context `other`,
+ * run before the rest of the GPU's work. */
+static void write_from(CUcontext other, char *q)
+{
+    CHECK_EQ(drv("cuCtxPushCurrent_v2", ctx_fn)(other), CUDA_SUCCESS);
+    CHECK_EQ(fakecuda()->launch(NULL, write_other, q), 0);
+    fakecuda()->complete(NULL);
+    CUcontext popped;
+    CHECK_EQ(drv("cuCtxPopCurrent_v2", ctx_out_fn)(&popped), CUDA_SUCCESS);
+    fakecuda()->complete_all();
+}
+
 static void ordered_other_context(other_kind how)
 {
     CUcontext other = other_context(how);
@@ -1913,13 +1905,7 @@ static void ordered_other_context(other_kind how)
     CHECK_EQ(fakecuda()->launch(b, write_pattern, p), 0);
     CHECK_EQ(cudaFree(p), cudaSuccess);
     char *q = alloc_ok(MiB);
-    /* the other context's legacy stream: the peer write of the new owner */
-    CHECK_EQ(drv("cuCtxPushCurrent_v2", ctx_fn)(other), CUDA_SUCCESS);
-    CHECK_EQ(fakecuda()->launch(NULL, write_other, q), 0);
-    fakecuda()->complete(NULL);
-    CUcontext popped;
-    CHECK_EQ(drv("cuCtxPopCurrent_v2", ctx_out_fn)(&popped), CUDA_SUCCESS);
-    fakecuda()->complete_all();
+    write_from(other, q); /* the peer write of the new owner */
     if (q == p)
         expect_new_owner_last(q);
     CHECK_EQ(cudaFree(q), cudaSuccess);
@@ -1935,18 +1921,6 @@ static void ordered_created_context(void) { ordered_other_context(CREATED_V4); }
 static void ordered_created_context_v1(void) { ordered_other_context(CREATED_V1); }
 static void ordered_created_context_v2(void) { ordered_other_context(CREATED_V2); }
 static void ordered_created_context_v3(void) { ordered_other_context(CREATED_V3); }
-
-/* The new owner's write into q on the legacy stream of context `other`,
- * run before the rest of the GPU's work. */
-static void write_from(CUcontext other, char *q)
-{
-    CHECK_EQ(drv("cuCtxPushCurrent_v2", ctx_fn)(other), CUDA_SUCCESS);
-    CHECK_EQ(fakecuda()->launch(NULL, write_other, q), 0);
-    fakecuda()->complete(NULL);
-    CUcontext popped;
-    CHECK_EQ(drv("cuCtxPopCurrent_v2", ctx_out_fn)(&popped), CUDA_SUCCESS);
-    fakecuda()->complete_all();
-}
 
 /* ordered-then-other-device: the second context (device 1's) comes after
  * device 0's pool entered the ordered state. First a block reused behind a

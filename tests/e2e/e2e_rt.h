@@ -5,7 +5,9 @@
 #ifndef BFCSHIM_TESTS_E2E_RT_H
 #define BFCSHIM_TESTS_E2E_RT_H
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 
 #include "e2e.h"
 
@@ -58,6 +60,26 @@ static inline void expect_safe(const char *hole, const char *q, void *s)
         e2e_failures++;
     }
     CHECK_EQ(fake_stats().stale_handle_uses, 0);
+}
+
+/* Device dev's primary context reset, then retained again and made current,
+ * through driver functions found with dlsym: with the driver door closed
+ * (BFCSHIM_DRIVER_HOOKS=0) the shim sees none of it, and the new context
+ * may have the dead one's handle. */
+static inline void unseen_primary_reset(CUdevice dev)
+{
+    typedef CUresult (*reset_fn)(CUdevice);
+    typedef CUresult (*retain_fn)(CUcontext *, CUdevice);
+    typedef CUresult (*setcur_fn)(CUcontext);
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    reset_fn reset = (reset_fn)dlsym(h, "cuDevicePrimaryCtxReset_v2");
+    retain_fn retain = (retain_fn)dlsym(h, "cuDevicePrimaryCtxRetain");
+    setcur_fn setcur = (setcur_fn)dlsym(h, "cuCtxSetCurrent");
+    CHECK(reset && retain && setcur);
+    CHECK_EQ(reset(dev), CUDA_SUCCESS);
+    CUcontext c = NULL;
+    CHECK_EQ(retain(&c, dev), CUDA_SUCCESS);
+    CHECK_EQ(setcur(c), CUDA_SUCCESS);
 }
 
 #endif

@@ -522,15 +522,8 @@ typedef struct test_hook {
 extern test_hook before_event_query, after_stream_destroy, after_mem_create,
     after_is_capturing;
 
-static inline void test_hook_set(test_hook *h, fakecuda_work fn, void *arg)
-{
-    atomic_store(&h->work, NULL);
-    atomic_store(&h->countdown, 1);
-    atomic_store(&h->arg, arg);
-    atomic_store(&h->work, fn);
-}
-
-/* The same, run by the nth call from now (n >= 1); n == 0 clears it. */
+/* Arms h to run fn(arg) in the nth call from now (n >= 1); n == 0 clears
+ * it. */
 static inline void test_hook_set_nth(test_hook *h, uint64_t n, fakecuda_work fn, void *arg)
 {
     atomic_store(&h->work, NULL);
@@ -538,6 +531,12 @@ static inline void test_hook_set_nth(test_hook *h, uint64_t n, fakecuda_work fn,
     atomic_store(&h->arg, arg);
     if (n)
         atomic_store(&h->work, fn);
+}
+
+/* The same for the next call. */
+static inline void test_hook_set(test_hook *h, fakecuda_work fn, void *arg)
+{
+    test_hook_set_nth(h, 1, fn, arg);
 }
 
 /* Taken by one call alone: the one that takes the countdown to 0. */
