@@ -231,8 +231,9 @@ typedef enum bfc_placement {
 #define BFC_DEFAULT_FENCE_BYTES (UINT64_C(64) << 20)
 #define BFC_MAX_FENCE_INTERVAL 4096u
 /* bfc_options.growth_headroom and growth_headroom_step, in thousandths:
- * 3.5% over the pool's need, 0.5% more after each move (docs/benchmarks.md,
- * "A growing pool that moves memory rather than grow"). */
+ * 3.5% over the pool's need, 0.5% more for each fifth of it moved once it
+ * stopped growing (docs/benchmarks.md, "A growing pool that moves memory
+ * rather than grow", "The headroom rises by bytes moved"). */
 #define BFC_DEFAULT_GROWTH_HEADROOM 35u
 #define BFC_DEFAULT_GROWTH_HEADROOM_STEP 5u
 /* Each at most this (the pool's need again); moves stop raising it there. */
@@ -332,11 +333,12 @@ typedef struct bfc_options {
      * map past it first moves to mapped free memory that holds it, then
      * moves free granules behind it (unmapped where they lie, mapped there,
      * the memory kept in between), and grows only when neither is enough.
-     * A move of granules made once the need has stopped growing (it grew by
-     * less than the move moves since the last move) raises the headroom by
-     * growth_headroom_step, so a job whose steady state needs more room
-     * stops moving memory after a few steps; moves while the need still
-     * grows (a job's first step) raise nothing. 0: map wherever best fit
+     * Once the need has stopped growing (it grew by less than a move moves
+     * since the last move), each fifth of the need that moves of granules
+     * move raises the headroom by growth_headroom_step, so a job whose
+     * steady state needs more room stops moving memory, having moved at
+     * most a fifth of its need for each step; moves while the need still
+     * grows (a job's first step) count nothing. 0: map wherever best fit
      * lands. Defaults
      * BFC_DEFAULT_GROWTH_HEADROOM and BFC_DEFAULT_GROWTH_HEADROOM_STEP.
      */
@@ -406,8 +408,8 @@ typedef struct bfc_stats {
      * block rather than map past the headroom (growth_headroom; vmm). */
     uint64_t num_growth_moves;
     /* A growing pool's headroom now, in thousandths: growth_headroom, plus
-     * growth_headroom_step for each move made once the need had stopped
-     * growing (vmm). */
+     * growth_headroom_step for each fifth of the need moved once the need
+     * had stopped growing (vmm). */
     uint64_t growth_headroom;
     /* Allocations whose best fit could not be backed within the limit even
      * with every free granule given back, placed instead at an end of

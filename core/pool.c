@@ -562,17 +562,25 @@ static bool map_under_pressure(bfc_pool *p, region *r, bfc_addr lo, bfc_addr hi)
  * it, the shortfall only, from the largest holes (as under pressure), and
  * only what that leaves is mapped new, by the caller. A move costs about
  * 100 us a granule on a GPU; a job whose steady state needs more room than
- * the headroom would move memory in every step, so a move made once the
- * need has stopped growing (it grew by less than the move moves since the
- * last one) raises the headroom, and moves die out after the first steps.
- * Moves while the need still grows (a job's first step reaching its peak)
- * raise nothing: each of those raised the headroom before, and the peak
- * followed the raised cap (GPT-2: 5.7% over peak live, now 4.0%; replayed
- * 30 steps long, the same five moves). Never waits for a fence, and does
- * nothing while blocks are pending for the GPU (below); the release gate
- * may wait for the last barrier, as every release does. Out of line: the
- * steady state, which maps nothing, never gets here.
+ * the headroom would move memory in every step, so once the need has
+ * stopped growing (it grew by less than a move moves since the last one),
+ * each fifth of the need that moves move raises the headroom by its step,
+ * and moves die out. The guard counts bytes, the cost, not moves: when each
+ * move raised it, the few moves that settle the layout after the first
+ * step (the GPT-2 job on two streams: four moves of 0.08-0.38 GiB, 2% of
+ * its 15.6 GiB need each) raised it four times, and the peak followed the
+ * cap to 5.5% over peak live; counted in bytes, 4.0%, and replayed 30 and
+ * 100 steps long the same 16 moves, none after step 30). The price is a bound of a fifth of
+ * the need moved for each step of headroom a job turns out to need (GPT-2:
+ * 3 GiB, about 0.15 s, once). Moves while the need still grows (a job's
+ * first step reaching its peak) count nothing: each of those raised the
+ * headroom once, and the peak followed the raised cap (GPT-2: 5.7% over
+ * peak live). Never waits for a fence, and does nothing while blocks are
+ * pending for the GPU (below); the release gate may wait for the last
+ * barrier, as every release does. Out of line: the steady state, which
+ * maps nothing, never gets here.
  */
+#define GROWTH_RISE_PER_NEED_MOVED 5u
 static __attribute__((noinline)) void stay_within_headroom(bfc_pool *p, uint32_t *cp,
                                                            uint64_t rounded, uint64_t size,
                                                            uint32_t lane_id)
@@ -621,8 +629,12 @@ static __attribute__((noinline)) void stay_within_headroom(bfc_pool *p, uint32_t
         /* (growth_need only grows: no underflow) */
         const bool still_growing = p->growth_need - p->need_at_move >= want;
         p->need_at_move = p->growth_need;
-        if (!still_growing && p->growth_headroom < BFC_MAX_GROWTH_HEADROOM)
-            p->growth_headroom += p->opt.growth_headroom_step;
+        p->moved_at_need = still_growing ? 0 : p->moved_at_need + want;
+        if (p->moved_at_need >= p->growth_need / GROWTH_RISE_PER_NEED_MOVED) {
+            p->moved_at_need = 0;
+            if (p->growth_headroom < BFC_MAX_GROWTH_HEADROOM)
+                p->growth_headroom += p->opt.growth_headroom_step;
+        }
         backing_map(p, r, lo, hi); /* what it cannot map, the caller maps */
     }
     if (p->backend.keep)

@@ -79,10 +79,13 @@ struct bfc_pool {
     uint64_t alloc_seq;
     /* vmm, growing: the most bytes the pool has needed at once (in use,
      * pending and a block being placed), the headroom over it now, in
-     * thousandths (bfc_options.growth_headroom, raised by moves made once
-     * the need stopped growing), and the need at the last move. */
+     * thousandths (bfc_options.growth_headroom, raised for each fifth of
+     * the need that moves move once it stopped growing), the need at the
+     * last move, and the bytes moves have moved since the need last grew
+     * or the headroom last rose. */
     uint64_t growth_need;
     uint64_t need_at_move;
+    uint64_t moved_at_need;
     uint32_t growth_headroom;
     /* The placement rules as the policy tests them, derived from opt (and
      * as_one_region) by place_set_rules; read only by the policy

@@ -343,7 +343,7 @@ typedef struct results {
     const call_meter *m;
     /* the pool's statistics at the end */
     long long num_allocs, peak_in_use, peak_mapped, reserved, limit, map_calls, unmap_calls,
-        growth_moves, moved, ooms, vmm, prealloc_us;
+        growth_moves, moved, growth_headroom, ooms, vmm, prealloc_us;
     limit_search min_limit;
 } results;
 
@@ -423,6 +423,7 @@ static void print_json(results *r)
     json_i64(&j, "num_unmap_calls", r->unmap_calls);
     json_i64(&j, "num_growth_moves", r->growth_moves);
     json_i64(&j, "moved_bytes_total", r->moved);
+    json_i64(&j, "growth_headroom", r->growth_headroom);
     json_bool(&j, "vmm", r->vmm == 1);
     json_i64(&j, "prealloc_us", r->prealloc_us);
     json_object_close(&j);
@@ -726,6 +727,7 @@ int main(int argc, char **argv)
     r.unmap_calls = stat_n("num_unmap_calls");
     r.growth_moves = stat_n("num_growth_moves");
     r.moved = stat_n("moved_bytes_total");
+    r.growth_headroom = stat_n("growth_headroom");
     r.vmm = stat_n("vmm");
     r.prealloc_us = stat_n("prealloc_us");
     if (o.min_limit)
