@@ -624,12 +624,21 @@ static __attribute__((noinline)) void stay_within_headroom(bfc_pool *p, uint32_t
     if (p->backend.keep)
         p->backend.keep(p->backend.ctx, true);
     const uint64_t want = over < missing ? over : missing;
-    if (backing_release_some(p, want, NULL)) {
+    const uint64_t released = backing_release_some(p, want, NULL);
+    if (released) {
         p->st.num_growth_moves++;
-        /* (growth_need only grows: no underflow) */
-        const bool still_growing = p->growth_need - p->need_at_move >= want;
+        /* What moved: what free space gave back, which the block maps.
+         * Fewer than wanted when free space holds fewer mapped granules
+         * (the caller maps the rest new: growth, not a move); more only
+         * when the release, short of memory for its sort, gave back all
+         * free space (what the block does not map leaves at keep(false)).
+         * Not `want`: a move that moved one granule of two counted two,
+         * and raised the headroom for memory the pool mapped new.
+         * (growth_need only grows: no underflow) */
+        const uint64_t moved = released < want ? released : want;
+        const bool still_growing = p->growth_need - p->need_at_move >= moved;
         p->need_at_move = p->growth_need;
-        p->moved_at_need = still_growing ? 0 : p->moved_at_need + want;
+        p->moved_at_need = still_growing ? 0 : p->moved_at_need + moved;
         if (p->moved_at_need >= p->growth_need / GROWTH_RISE_PER_NEED_MOVED) {
             p->moved_at_need = 0;
             if (p->growth_headroom < BFC_MAX_GROWTH_HEADROOM)

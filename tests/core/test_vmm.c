@@ -356,6 +356,88 @@ static void moves_at_the_same_need_raise_the_headroom_for_each_fifth_of_it(void)
     vmm_end(&f);
 }
 
+static void a_move_counts_the_bytes_it_moved_not_those_it_was_asked_to(void)
+{
+    /* Blocks k0, s0, k1, s1 of 2 MiB, then three runs of 1, 2 and 1 MiB
+     * blocks (the 2 MiB one, h, straddles two granules, each shared with a
+     * 1 MiB neighbour), then a 4 MiB block y at the top: a need of 20 MiB,
+     * whose 3.5% allows 22 in whole granules. The first round (k0 and y
+     * freed, a block one granule larger at y's place) maps that granule;
+     * the second (k1) moves one from k1's hole, as the need grows from
+     * nothing. The third frees both h blocks and y and asks for a block
+     * two granules larger: 20 MiB in use again, two granules lacking, both
+     * past the headroom. Only one mapped granule lies wholly in free space
+     * (k0's; the h holes hold none): one granule moves and the caller maps
+     * the other. 2 MiB moved at a steady need, below a fifth of it (4
+     * MiB): the headroom stays (before, the move counted the 4 MiB it
+     * was asked to move, and raised it). */
+    fixture f;
+    vmm_begin(&f, 1024 * MiB);
+    vmm_start(&f);
+    bfc_addr k0 = must_alloc(&f, 2 * MiB), s[2];
+    s[0] = must_alloc(&f, 2 * MiB);
+    bfc_addr k1 = must_alloc(&f, 2 * MiB);
+    s[1] = must_alloc(&f, 2 * MiB);
+    bfc_addr h[2];
+    for (int i = 0; i < 2; i++) {
+        must_alloc(&f, 1 * MiB);
+        h[i] = must_alloc(&f, 2 * MiB);
+        must_alloc(&f, 1 * MiB);
+    }
+    uint64_t size = 4 * MiB;
+    bfc_addr y = must_alloc(&f, size);
+    CHECK_EQ(y, k0 + 16 * MiB);
+    CHECK_EQ(stats_of(&f).pool_bytes, 20 * MiB);
+    must_free(&f, k0);
+    must_free(&f, y);
+    CHECK_EQ(must_alloc(&f, size += 2 * MiB), y);
+    CHECK_EQ(stats_of(&f).pool_bytes, 22 * MiB);
+    CHECK_EQ(stats_of(&f).num_growth_moves, 0);
+    must_free(&f, k1);
+    must_free(&f, y);
+    CHECK_EQ(must_alloc(&f, size += 2 * MiB), y);
+    CHECK_EQ(stats_of(&f).num_growth_moves, 1);
+    CHECK_EQ(f.dev.moved_bytes, 2 * MiB);
+    must_free(&f, h[0]);
+    must_free(&f, h[1]);
+    must_free(&f, y);
+    CHECK_EQ(must_alloc(&f, size += 4 * MiB), y);
+    bfc_stats t = stats_of(&f);
+    CHECK_EQ(t.bytes_in_use, 20 * MiB);
+    CHECK_EQ(t.num_growth_moves, 2);
+    CHECK_EQ(f.dev.moved_bytes, 4 * MiB);
+    CHECK_EQ(t.pool_bytes, 24 * MiB);
+    CHECK(!sim_device_mapped(&f.dev, k0, GRAN));
+    check_mapped(&f, y, size);
+    CHECK_EQ(t.growth_headroom, BFC_DEFAULT_GROWTH_HEADROOM);
+    /* s0 goes (a mapped granule between k0's and k1's unmapped holes) and
+     * y grows by two granules: 22 MiB in use, the need grown by one. Both
+     * granules lie past the headroom (24 MiB), one moves: a move that moved
+     * no more than the need grew, as the need grows (before, it counted as
+     * steady: it was asked to move two). Then s1 goes and y grows by one
+     * granule at that need, which moves: 4 MiB moved at a steady need, below
+     * a fifth of it (4.4 MiB), and the headroom stays. */
+    must_free(&f, s[0]);
+    must_free(&f, y);
+    CHECK_EQ(must_alloc(&f, size += 4 * MiB), y);
+    t = stats_of(&f);
+    CHECK_EQ(t.bytes_in_use, 22 * MiB);
+    CHECK_EQ(t.num_growth_moves, 3);
+    CHECK_EQ(f.dev.moved_bytes, 6 * MiB);
+    CHECK_EQ(t.pool_bytes, 26 * MiB);
+    must_free(&f, s[1]);
+    must_free(&f, y);
+    CHECK_EQ(must_alloc(&f, size += 2 * MiB), y);
+    t = stats_of(&f);
+    CHECK_EQ(t.bytes_in_use, 22 * MiB);
+    CHECK_EQ(t.num_growth_moves, 4);
+    CHECK_EQ(f.dev.moved_bytes, 8 * MiB);
+    CHECK_EQ(t.pool_bytes, 26 * MiB);
+    check_mapped(&f, y, size);
+    CHECK_EQ(t.growth_headroom, BFC_DEFAULT_GROWTH_HEADROOM);
+    vmm_end(&f);
+}
+
 static void no_headroom_grows_wherever_best_fit_lands(void)
 {
     /* growth_headroom 0: the 8 MiB block maps four new granules. */
@@ -1776,6 +1858,7 @@ int main(void)
     RUN(a_move_while_the_need_grows_raises_nothing);
     RUN(a_move_at_the_same_need_raises_nothing_below_a_fifth_of_it);
     RUN(moves_at_the_same_need_raise_the_headroom_for_each_fifth_of_it);
+    RUN(a_move_counts_the_bytes_it_moved_not_those_it_was_asked_to);
     RUN(no_headroom_grows_wherever_best_fit_lands);
     RUN(nothing_moves_while_blocks_are_pending);
     RUN(lazily_held_frees_do_not_stop_a_move);
