@@ -231,9 +231,9 @@ typedef enum bfc_placement {
 #define BFC_DEFAULT_FENCE_BYTES (UINT64_C(64) << 20)
 #define BFC_MAX_FENCE_INTERVAL 4096u
 /* bfc_options.growth_headroom and growth_headroom_step, in thousandths:
- * 3.5% over the pool's need, 0.5% more for each fifth of it moved once it
- * stopped growing (docs/benchmarks.md, "A growing pool that moves memory
- * rather than grow", "The headroom rises by bytes moved"). */
+ * 3.5% over the pool's need, 0.5% more for each fifth of it moved beyond
+ * what it grew meanwhile (docs/benchmarks.md, "A growing pool that moves
+ * memory rather than grow", "The headroom rises by bytes moved"). */
 #define BFC_DEFAULT_GROWTH_HEADROOM 35u
 #define BFC_DEFAULT_GROWTH_HEADROOM_STEP 5u
 /* Each at most this (the pool's need again); moves stop raising it there. */
@@ -333,14 +333,14 @@ typedef struct bfc_options {
      * map past it first moves to mapped free memory that holds it, then
      * moves free granules behind it (unmapped where they lie, mapped there,
      * the memory kept in between), and grows only when neither is enough.
-     * Once the need has stopped growing (it grew by less than a move moves
-     * since the last move), each fifth of the need that moves of granules
-     * move raises the headroom by growth_headroom_step, so a job whose
-     * steady state needs more room stops moving memory, having moved at
-     * most a fifth of its need for each step; moves while the need still
-     * grows (a job's first step) count nothing. 0: map wherever best fit
-     * lands. Defaults
-     * BFC_DEFAULT_GROWTH_HEADROOM and BFC_DEFAULT_GROWTH_HEADROOM_STEP.
+     * The bytes such moves of granules move beyond what the need grew
+     * meanwhile add up, and each fifth of the need they reach raises the
+     * headroom by growth_headroom_step, so a job whose steady state needs
+     * more room stops moving memory, having moved at most its need's
+     * growth and a fifth of its need for each step; moves while the need
+     * still grows (a job's first step) count nothing. 0: map wherever
+     * best fit lands. Defaults BFC_DEFAULT_GROWTH_HEADROOM and
+     * BFC_DEFAULT_GROWTH_HEADROOM_STEP.
      */
     uint32_t growth_headroom;
     uint32_t growth_headroom_step;
@@ -408,8 +408,8 @@ typedef struct bfc_stats {
      * block rather than map past the headroom (growth_headroom; vmm). */
     uint64_t num_growth_moves;
     /* A growing pool's headroom now, in thousandths: growth_headroom, plus
-     * growth_headroom_step for each fifth of the need moved once the need
-     * had stopped growing (vmm). */
+     * growth_headroom_step for each fifth of the need moved beyond what
+     * the need grew meanwhile (vmm). */
     uint64_t growth_headroom;
     /* Allocations whose best fit could not be backed within the limit even
      * with every free granule given back, placed instead at an end of

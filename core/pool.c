@@ -562,23 +562,31 @@ static bool map_under_pressure(bfc_pool *p, region *r, bfc_addr lo, bfc_addr hi)
  * it, the shortfall only, from the largest holes (as under pressure), and
  * only what that leaves is mapped new, by the caller. A move costs about
  * 100 us a granule on a GPU; a job whose steady state needs more room than
- * the headroom would move memory in every step, so once the need has
- * stopped growing (it grew by less than a move moves since the last one),
- * each fifth of the need that moves move raises the headroom by its step,
- * and moves die out. The guard counts bytes, the cost, not moves: when each
- * move raised it, the few moves that settle the layout after the first
- * step (the GPT-2 job on two streams: four moves of 0.08-0.38 GiB, 2% of
- * its 15.6 GiB need each) raised it four times, and the peak followed the
- * cap to 5.5% over peak live; counted in bytes, 4.0%, and replayed 30 and
- * 100 steps long the same 16 moves, none after step 30). The price is a bound of a fifth of
- * the need moved for each step of headroom a job turns out to need (GPT-2:
- * 3 GiB, about 0.15 s, once). Moves while the need still grows (a job's
- * first step reaching its peak) count nothing: each of those raised the
- * headroom once, and the peak followed the raised cap (GPT-2: 5.7% over
- * peak live). Never waits for a fence, and does nothing while blocks are
- * pending for the GPU (below); the release gate may wait for the last
- * barrier, as every release does. Out of line: the steady state, which
- * maps nothing, never gets here.
+ * the headroom would move memory in every step, so the bytes moves move
+ * beyond what the need grew meanwhile add up (moved_at_need: each move adds
+ * what it moved less what the need grew since the move before, never going
+ * below zero), and each fifth of the need they reach raises the headroom by
+ * its step: moves die out. The guard counts bytes, the cost, not moves:
+ * when each move made once the need had stopped growing raised it, the few
+ * moves that settle the layout after the first step (the GPT-2 job on two
+ * streams: four moves of 0.08-0.38 GiB, 2% of its 15.6 GiB need each)
+ * raised it four times, and the peak followed the cap to 5.5% over peak
+ * live; counted in bytes, 4.0% (replayed 30 and 100 steps long, the same 16
+ * moves, none after step 30). The price: a job moves at most its need's
+ * growth, and a fifth of its need for each step of headroom it turns out
+ * to need (GPT-2: 3 GiB, about 0.15 s, once). Moves while the need still
+ * grows by what they move (a job's first step reaching its peak) count
+ * nothing: each of those raised the headroom once, and the peak followed
+ * the raised cap (GPT-2: 5.7% over peak live). Growth beyond a move takes
+ * back what moves before it added (a perturbed copy of the GPT-2 trace
+ * moves 0.5 GiB in its first step before its need's last 1.3 GiB: counted,
+ * its peak went from 3.8% to 5.3% over peak live), but never starts the
+ * count again: then a need that grew by a granule every few steady moves
+ * kept the headroom where it was while memory moved in every step. Never
+ * waits for a fence, and does nothing while blocks are pending for the GPU
+ * (below); the release gate may wait for the last barrier, as every
+ * release does. Out of line: the steady state, which maps nothing, never
+ * gets here.
  */
 #define GROWTH_RISE_PER_NEED_MOVED 5u
 static __attribute__((noinline)) void stay_within_headroom(bfc_pool *p, uint32_t *cp,
@@ -633,12 +641,14 @@ static __attribute__((noinline)) void stay_within_headroom(bfc_pool *p, uint32_t
          * when the release, short of memory for its sort, gave back all
          * free space (what the block does not map leaves at keep(false)).
          * Not `want`: a move that moved one granule of two counted two,
-         * and raised the headroom for memory the pool mapped new.
-         * (growth_need only grows: no underflow) */
+         * and raised the headroom for memory the pool mapped new. */
         const uint64_t moved = released < want ? released : want;
-        const bool still_growing = p->growth_need - p->need_at_move >= moved;
+        /* The count takes back what the need grew since the last move
+         * (above); growth_need only grows: no underflow. */
+        const uint64_t grew = p->growth_need - p->need_at_move;
         p->need_at_move = p->growth_need;
-        p->moved_at_need = still_growing ? 0 : p->moved_at_need + moved;
+        p->moved_at_need += moved;
+        p->moved_at_need = p->moved_at_need > grew ? p->moved_at_need - grew : 0;
         if (p->moved_at_need >= p->growth_need / GROWTH_RISE_PER_NEED_MOVED) {
             p->moved_at_need = 0;
             if (p->growth_headroom < BFC_MAX_GROWTH_HEADROOM)

@@ -80,9 +80,9 @@ struct bfc_pool {
     /* vmm, growing: the most bytes the pool has needed at once (in use,
      * pending and a block being placed), the headroom over it now, in
      * thousandths (bfc_options.growth_headroom, raised for each fifth of
-     * the need that moves move once it stopped growing), the need at the
-     * last move, and the bytes moves have moved since the need last grew
-     * or the headroom last rose. */
+     * the need that moves move beyond its growth), the need at the last
+     * move, and the bytes moves have moved beyond the need's growth since
+     * the headroom last rose (never below zero). */
     uint64_t growth_need;
     uint64_t need_at_move;
     uint64_t moved_at_need;

@@ -438,6 +438,73 @@ static void a_move_counts_the_bytes_it_moved_not_those_it_was_asked_to(void)
     vmm_end(&f);
 }
 
+/*
+ * moves_at_the_same_need_raise_the_headroom_for_each_fifth_of_it's rounds
+ * (a need of 40 MiB; the first round maps a granule, each later one moves
+ * one, the first of them as the need grows from nothing), with the sixth
+ * round asking for `grow` more in use: y grows by that and a granule, the
+ * need by `grow`, and one granule moves (the rest is mapped, within the
+ * headroom of the new need). pool[] and headroom[]: each round's mapped
+ * MiB and headroom.
+ */
+static void steady_moves_around_a_growing_one(uint64_t grow, const uint64_t pool[8],
+                                              const uint64_t headroom[8])
+{
+    fixture f;
+    vmm_begin(&f, 1024 * MiB);
+    vmm_start(&f);
+    bfc_addr k[8];
+    for (int i = 0; i < 8; i++) {
+        k[i] = must_alloc(&f, 2 * MiB);
+        must_alloc(&f, 2 * MiB);
+    }
+    uint64_t size = 8 * MiB;
+    bfc_addr y = must_alloc(&f, size);
+    for (int i = 0; i < 8; i++) {
+        must_free(&f, k[i]);
+        must_free(&f, y);
+        size += 2 * MiB + (i == 5 ? grow : 0);
+        CHECK_EQ(must_alloc(&f, size), y);
+        bfc_stats t = stats_of(&f);
+        CHECK_EQ(t.bytes_in_use, 40 * MiB + (i < 5 ? 0 : grow));
+        CHECK_EQ(t.pool_bytes, pool[i] * MiB);
+        CHECK_EQ(t.num_growth_moves, (uint64_t)i);
+        CHECK_EQ(f.dev.moved_bytes, (uint64_t)i * 2 * MiB);
+        CHECK_EQ(t.growth_headroom, headroom[i]);
+        check_mapped(&f, y, size);
+    }
+    vmm_end(&f);
+}
+
+static void a_move_as_the_need_grows_keeps_the_moves_at_the_same_need_counted(void)
+{
+    /* The need grows by a granule (to 42 MiB: the headroom allows 44), and
+     * the move then moves a granule: as the need grows, it adds nothing,
+     * and the three steady moves before it (6 MiB) still count: two more
+     * reach a fifth of the need (8.4 MiB), and the second raises the
+     * headroom. Before, a move as the need grew started the count again,
+     * and a job whose need grew by a granule every few steady moves moved
+     * memory in every step without the headroom ever rising. */
+    static const uint64_t pool[8] = {42, 42, 42, 42, 42, 44, 44, 44};
+    static const uint64_t headroom[8] = {35, 35, 35, 35, 35, 35, 35, 40};
+    steady_moves_around_a_growing_one(2 * MiB, pool, headroom);
+}
+
+static void a_need_grown_by_what_moved_takes_back_the_moves_at_the_same_need(void)
+{
+    /* The need grows by four granules (to 48 MiB: the headroom allows 50),
+     * and the move then moves a granule: the growth beyond it (6 MiB) takes
+     * back the three steady moves before it, and the two after (4 MiB) stay
+     * below a fifth of the need (9.6 MiB). Those moves were the layout
+     * growing, not a steady state short of room (a perturbed copy of the
+     * GPT-2 trace moves 0.5 GiB in its first step before its need's last
+     * 1.3 GiB: counted, its headroom rose and its peak went from 1.038 to
+     * 1.053 of peak live). */
+    static const uint64_t pool[8] = {42, 42, 42, 42, 42, 50, 50, 50};
+    static const uint64_t headroom[8] = {35, 35, 35, 35, 35, 35, 35, 35};
+    steady_moves_around_a_growing_one(8 * MiB, pool, headroom);
+}
+
 static void no_headroom_grows_wherever_best_fit_lands(void)
 {
     /* growth_headroom 0: the 8 MiB block maps four new granules. */
@@ -1859,6 +1926,8 @@ int main(void)
     RUN(a_move_at_the_same_need_raises_nothing_below_a_fifth_of_it);
     RUN(moves_at_the_same_need_raise_the_headroom_for_each_fifth_of_it);
     RUN(a_move_counts_the_bytes_it_moved_not_those_it_was_asked_to);
+    RUN(a_move_as_the_need_grows_keeps_the_moves_at_the_same_need_counted);
+    RUN(a_need_grown_by_what_moved_takes_back_the_moves_at_the_same_need);
     RUN(no_headroom_grows_wherever_best_fit_lands);
     RUN(nothing_moves_while_blocks_are_pending);
     RUN(lazily_held_frees_do_not_stop_a_move);
