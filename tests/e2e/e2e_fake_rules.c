@@ -138,7 +138,8 @@
  *   fake-primary-reset  cuDevicePrimaryCtxReset (_v2 and v1) destroys the
  *                  primary context and its memory but keeps its retain
  *                  count: the holders' releases succeed, and after a retain
- *                  revives it only the last release destroys it
+ *                  revives it only the last release destroys it; while
+ *                  reset and current, it has no legacy or per-thread stream
  *   fake-ctx-stack  cuCtxDestroy pops a context only when it is current (the
  *                  top of the thread's stack); deeper, its dead handle
  *                  stays, and a pop reaches it; a destroyed context cannot
@@ -2556,6 +2557,11 @@ static void fake_primary_reset(void)
     CHECK(!fakecuda()->is_device_pointer(before_reset));
     CUdeviceptr p = 0;
     CHECK_EQ(D.MemAlloc(&p, 4096), CUDA_ERROR_CONTEXT_IS_DESTROYED); /* still current */
+    /* Nor has it a legacy or per-thread stream any more (before, the fake
+     * made a per-thread stream for the inactive context, and took work) */
+    CHECK(D.StreamSynchronize(CU_STREAM_LEGACY) != CUDA_SUCCESS);
+    CHECK(D.StreamSynchronize(CU_STREAM_PER_THREAD) != CUDA_SUCCESS);
+    CHECK(fakecuda()->launch(CU_STREAM_PER_THREAD, nothing, NULL) != 0);
 
     /* A retain makes it active again; the two earlier holds still count. */
     CHECK_EQ(D.DevicePrimaryCtxRetain(&c, d1), CUDA_SUCCESS);

@@ -613,8 +613,13 @@ fstream *stream_of(CUstream h)
         fctx *c = current_ctx();
         return c && c->alive ? &c->legacy : NULL;
     }
-    if (h == CU_STREAM_PER_THREAD)
-        return per_thread_stream(current_ctx());
+    if (h == CU_STREAM_PER_THREAD) {
+        /* (as the legacy stream: none in a destroyed or inactive context;
+         * before, a per-thread stream was made for it, and work queued
+         * there was taken) */
+        fctx *c = current_ctx();
+        return c && c->alive ? per_thread_stream(c) : NULL;
+    }
     fstream *s = cell_stream(h);
     if (!s)
         return NULL;
