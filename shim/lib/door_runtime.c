@@ -108,6 +108,9 @@ static cudaError_t result_of(svc_status st)
         return fail(cudaErrorInvalidResourceHandle);
     case SVC_CAPTURE_IMPLICIT:
         return fail(cudaErrorStreamCaptureImplicit);
+    case SVC_NO_CONTEXT: /* (the runtime makes one current first: not seen here) */
+    case SVC_CONTEXT_DESTROYED:
+        return fail(cudaErrorContextIsDestroyed);
     default:
         return fail(cudaErrorInvalidValue);
     }
@@ -328,6 +331,19 @@ static cudaError_t free_async(int z, void *p, cudaStream_t s, const char *api)
         return counted_free(f ? f(p, s) : NO_RUNTIME, p);
     runtime_context_for_free(s);
     svc_status st = svc_free((CUdeviceptr)(uintptr_t)p, FREE_STREAM, (CUstream)s, z, api);
+    if (st == SVC_CONTEXT_DESTROYED || st == SVC_NO_CONTEXT) {
+        /* No live context current (a primary context reset by
+         * cudaDeviceReset stays current, inactive): the runtime's own free
+         * would first revive it, as its next call does, and free on its
+         * stream. So does the door, and asks again; where the runtime
+         * cannot, its error (and last error) is the answer. */
+        shim_tls_bypass++;
+        cudaError_t e = real_free(NULL);
+        shim_tls_bypass--;
+        if (e != cudaSuccess)
+            return e;
+        st = svc_free((CUdeviceptr)(uintptr_t)p, FREE_STREAM, (CUstream)s, z, api);
+    }
     if (st == SVC_PASS) {
         shim_tls_bypass++;
         cudaError_t e = f ? f(p, s) : NO_RUNTIME;

@@ -975,7 +975,7 @@ uint32_t pool_lane_for_alloc(shim_pool *sp, CUstream s, bool per_thread)
  * 1's work on the other kind of stream). So s first takes an action of its
  * own, a wait for an event recorded on it (the wait, not the record, is
  * the action), and the host then waits for s. */
-static bool wait_for_foreign_stream(const real_driver *R, CUstream s, CUcontext ctx)
+static CUresult wait_for_foreign_stream(const real_driver *R, CUstream s, CUcontext ctx)
 {
     bool pushed = ctx ? real_ctx_enter(R, ctx) : false;
     CUevent e = NULL;
@@ -986,13 +986,16 @@ static bool wait_for_foreign_stream(const real_driver *R, CUstream s, CUcontext 
     }
     CUresult r = capture_relaxed_stream_wait(R, s);
     real_ctx_leave(R, pushed);
-    /* Not waited for: its work may still use the block, which no fence of
-     * the pool covers: the caller keeps it (BFC_NO_LANE). */
-    if (r != CUDA_SUCCESS)
-        shim_log(LOG_ERROR, "a stream-ordered free on stream %p of another context: waiting "
-                            "for that stream failed (%d); the block is kept until exit",
-                 (void *)s, (int)r);
-    return r == CUDA_SUCCESS;
+    return r;
+}
+
+/* Not waited for: its work may still use the block, which no fence of the
+ * pool covers: the caller keeps it (BFC_NO_LANE). */
+static void say_kept(CUstream s, CUresult r)
+{
+    shim_log(LOG_ERROR, "a stream-ordered free on stream %p of another context: waiting "
+                        "for that stream failed (%d); the block is kept until exit",
+             (void *)s, (int)r);
 }
 
 /* A stream-ordered free on an explicit stream of another context (a
@@ -1008,7 +1011,10 @@ static bool settle_foreign_stream(shim_pool *sp, CUstream s)
     if (!R || !R->StreamGetCtx || !R->StreamSynchronize ||
         R->StreamGetCtx(s, &c) != CUDA_SUCCESS || pool_context_is(sp, c))
         return true;
-    return wait_for_foreign_stream(R, s, c);
+    CUresult r = wait_for_foreign_stream(R, s, c);
+    if (r != CUDA_SUCCESS)
+        say_kept(s, r);
+    return r == CUDA_SUCCESS;
 }
 
 /* The pool of the calling thread's current context, if it has one (never
@@ -1027,8 +1033,10 @@ shim_pool *pools_current_existing(const real_driver *R)
     return current_context_pool_unchecked(R, existing_current_pool);
 }
 
-uint32_t pool_lane_for_free(shim_pool *sp, CUstream s, bool per_thread, bool legacy_is_pools)
+uint32_t pool_lane_for_free(shim_pool *sp, CUstream s, bool per_thread, bool legacy_is_pools,
+                            CUresult *refused)
 {
+    *refused = CUDA_SUCCESS;
     /* The legacy and per-thread handles name the current context's
      * streams: in another context than the pool's (another device current),
      * its work is ordered by no fence of the pool; that stream is waited
@@ -1046,12 +1054,28 @@ uint32_t pool_lane_for_free(shim_pool *sp, CUstream s, bool per_thread, bool leg
              * for as 0, cuStreamSynchronize waited for the legacy stream,
              * which need not have joined it; e2e_fences
              * other-device-ptsz0, found by the per-thread audit) */
-            return wait_for_foreign_stream(R,
-                                           per_thread_stream(s, per_thread) ? CU_STREAM_PER_THREAD
-                                                                            : s,
-                                           NULL)
-                       ? sp->plain_lane
-                       : BFC_NO_LANE;
+            CUstream named = per_thread_stream(s, per_thread) ? CU_STREAM_PER_THREAD : s;
+            CUresult r = wait_for_foreign_stream(R, named, NULL);
+            if (r == CUDA_SUCCESS)
+                return sp->plain_lane;
+            /* No such stream: no context is current, or the current one
+             * was destroyed or is a primary context reset since (inactive).
+             * CUDA refuses a free there (cuda.h: CUDA_ERROR_INVALID_CONTEXT,
+             * CUDA_ERROR_CONTEXT_IS_DESTROYED), and so does the shim, the
+             * block staying the program's: kept, it was lost for good
+             * behind a CUDA_SUCCESS (e2e_api free-async-other-dead, -ptsz,
+             * free-async-no-context; found by an audit). Asked only now
+             * that the wait failed: nothing on the common path. Any other
+             * answer keeps the block, as before: the stream may be there
+             * and its work still use the block (e2e_drvfail
+             * foreign-free-legacy-sync). */
+            unsigned long long id = 0;
+            CUresult why = R->CtxGetId ? R->CtxGetId(NULL, &id) : CUDA_SUCCESS;
+            if (why == CUDA_ERROR_INVALID_CONTEXT || why == CUDA_ERROR_CONTEXT_IS_DESTROYED)
+                *refused = why;
+            else
+                say_kept(named, r);
+            return BFC_NO_LANE;
         }
     }
     /* A block freed on a per-thread stream waits for every stream: the

@@ -257,6 +257,10 @@ CUresult svc_cuda_result(svc_status st)
         return CUDA_ERROR_INVALID_HANDLE;
     case SVC_CAPTURE_IMPLICIT:
         return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    case SVC_NO_CONTEXT:
+        return CUDA_ERROR_INVALID_CONTEXT;
+    case SVC_CONTEXT_DESTROYED:
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     default:
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -372,11 +376,24 @@ static svc_status free_in_state(CUdeviceptr ptr, free_kind kind, CUstream stream
     if (kind == FREE_PLAIN && shim_config_get()->free_policy == FREE_IMMEDIATE)
         st = bfc_pool_free(sp->bfc, ptr);
     else {
+        CUresult refused = CUDA_SUCCESS;
         uint32_t lane = plain ? sp->plain_lane
-                                           : pool_lane_for_free(sp, stream, per_thread,
-                                                                kind == FREE_STREAM_DEVICE);
+                              : pool_lane_for_free(sp, stream, per_thread,
+                                                   kind == FREE_STREAM_DEVICE, &refused);
+        if (lane == BFC_NO_LANE && !block_start(sp, ptr))
+            return bad_pointer(sp, ptr, api);
+        if (lane == BFC_NO_LANE && refused != CUDA_SUCCESS) {
+            /* no live context current: no such stream, as CUDA answers */
+            shim_log(LOG_ERROR, "%s(0x%llx) on the %s stream while %s: refused (%d), the "
+                                "block is still the program's", api, (unsigned long long)ptr,
+                     stream == CU_STREAM_PER_THREAD || per_thread ? "per-thread" : "legacy",
+                     refused == CUDA_ERROR_INVALID_CONTEXT ? "no context is current"
+                                                           : "the current context is destroyed",
+                     (int)refused);
+            return refused == CUDA_ERROR_INVALID_CONTEXT ? SVC_NO_CONTEXT : SVC_CONTEXT_DESTROYED;
+        }
         if (lane == BFC_NO_LANE) /* kept: another context's stream not waited for (logged) */
-            return block_start(sp, ptr) ? SVC_OK : bad_pointer(sp, ptr, api);
+            return SVC_OK;
         /* A legacy-stream free must order other blocking streams' work as
          * CUDA's does: it is a legacy-stream action, and the shim queues
          * nothing for it.

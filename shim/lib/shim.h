@@ -544,8 +544,12 @@ uint32_t pool_lane_for_alloc(shim_pool *sp, CUstream stream, bool per_thread);
 /* legacy_is_pools: the caller vouches that a legacy stream it names is the
  * pool's context's (FREE_STREAM_DEVICE). BFC_NO_LANE: another context's
  * stream that could not be waited for, whose work may still use the block:
- * the caller keeps it. */
-uint32_t pool_lane_for_free(shim_pool *sp, CUstream stream, bool per_thread, bool legacy_is_pools);
+ * the caller keeps it; or, with *refused set to the driver's code
+ * (CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_CONTEXT_IS_DESTROYED), a legacy
+ * or per-thread handle while no live context is current: there is no such
+ * stream, and the caller refuses the free as CUDA does. */
+uint32_t pool_lane_for_free(shim_pool *sp, CUstream stream, bool per_thread, bool legacy_is_pools,
+                            CUresult *refused);
 /* The pool of the calling thread's current context, if one exists (never
  * made: a free must not make a pool); remembered per thread. */
 shim_pool *pools_current_existing(const real_driver *R);
@@ -788,6 +792,8 @@ typedef enum svc_status {
     SVC_UNSUPPORTED,
     SVC_DEAD_STREAM,       /* a stream-ordered call on a destroyed stream */
     SVC_CAPTURE_IMPLICIT,  /* on the legacy stream while a blocking stream captures */
+    SVC_NO_CONTEXT,        /* on the legacy or per-thread stream with no context current */
+    SVC_CONTEXT_DESTROYED, /* ... with a destroyed (or reset) context current */
 } svc_status;
 
 /* FREE_STREAM_DEVICE: stream-ordered, by a caller that named the block's

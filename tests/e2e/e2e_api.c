@@ -69,6 +69,12 @@
  *              free, its handle given to a new stream at once
  *              (FAKECUDA_REUSE_STREAM_HANDLES): the free must wait for the
  *              old stream's queued work, not for the new stream's
+ *   free-async-other-dead, free-async-other-dead-ptsz, free-async-no-context
+ *              bfcshim_free_async of a device-0 block on handle 0 (on
+ *              CU_STREAM_PER_THREAD) with device 1's reset primary context
+ *              current (with no context current): CUDA refuses it (no such
+ *              stream); the block stays the program's, is not kept for
+ *              good, and comes back once freed again and its work ran
  *   dead-stream  bfcshim_free_async on a stream destroyed since: no call on
  *              the dead handle, and the block is reused once its work is done
  *   stand-in-nomem  a destroyed stream's stand-in that host memory cannot
@@ -103,6 +109,7 @@ static struct {
     CUresult (*Init)(unsigned);
     CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
     CUresult (*CtxSetCurrent)(CUcontext);
+    CUresult (*DevicePrimaryCtxReset)(CUdevice);
     CUresult (*StreamCreate)(CUstream *, unsigned);
     CUresult (*StreamDestroy)(CUstream);
     CUresult (*MemAlloc)(CUdeviceptr *, size_t);
@@ -123,6 +130,7 @@ static void start(void)
     LOAD(Init, "cuInit");
     LOAD(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
     LOAD(CtxSetCurrent, "cuCtxSetCurrent");
+    LOAD(DevicePrimaryCtxReset, "cuDevicePrimaryCtxReset_v2");
     LOAD(StreamCreate, "cuStreamCreate");
     LOAD(StreamDestroy, "cuStreamDestroy_v2");
     LOAD(MemAlloc, "cuMemAlloc_v2");
@@ -777,6 +785,103 @@ static void dead_stream(void)
     F->complete_all();
 }
 
+/* free-async-other-dead, free-async-other-dead-ptsz, free-async-no-context:
+ * bfcshim_free_async's handle 0 (CU_STREAM_PER_THREAD) names the current
+ * context's legacy (per-thread) stream, as cudaFreeAsync's does. When the
+ * current context is device 1's primary context reset while current
+ * (inactive: "a primary context which has not yet been initialized",
+ * CUDA_ERROR_CONTEXT_IS_DESTROYED in cuda.h), or no context is current at
+ * all (CUDA_ERROR_INVALID_CONTEXT), there is no such stream, and CUDA
+ * refuses the free. The device-0 block, used by work queued on device 0's
+ * legacy stream, must then stay the program's: not freed, and not kept for
+ * good either (found by an audit: the shim's host wait for the dead
+ * context's stream failed, and the block was kept until exit behind a
+ * CUDA_SUCCESS). Freed again with device 0 current, it comes back to the
+ * pool once that work ran, and never before. */
+typedef struct free_on {
+    void *t;
+    CUstream zero;
+    int r;
+} free_on;
+
+static void *free_async_thread(void *arg)
+{
+    free_on *f = arg; /* a thread of its own: no context current */
+    f->r = bfcshim_free_async(f->t, f->zero);
+    return NULL;
+}
+
+static bool dead_case_work_ran;
+static void dead_case_work(void *arg)
+{
+    (void)arg;
+    dead_case_work_ran = true;
+}
+
+static void free_async_other_dead_on(CUstream zero, bool no_context)
+{
+    start();
+    CUcontext c0 = NULL, c1 = NULL;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c1, 1), CUDA_SUCCESS);
+    void *t = must_alloc(4 * MiB, 0); /* device 0's pool: the first in the stats */
+    dead_case_work_ran = false;
+    CHECK_EQ(F->launch(CU_STREAM_LEGACY, dead_case_work, NULL), 0); /* device 0's, using t */
+    static char json[1 << 16];
+    CHECK(bfcshim_stats_json(json, sizeof json) > 0);
+    const long long frees = shim_stats_field(json, "num_frees");
+    free_on f = {.t = t, .zero = zero, .r = -1};
+    if (no_context) {
+        pthread_t th;
+        CHECK_EQ(pthread_create(&th, NULL, free_async_thread, &f), 0);
+        pthread_join(th, NULL);
+    } else {
+        CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
+        CHECK_EQ(D.DevicePrimaryCtxReset(1), CUDA_SUCCESS); /* c1 stays current, inactive */
+        f.r = bfcshim_free_async(t, zero);
+    }
+    CHECK(bfcshim_stats_json(json, sizeof json) > 0);
+    const bool freed = shim_stats_field(json, "num_frees") == frees + 1;
+    fprintf(stderr, "bfcshim_free_async(%s) %s: %d, %s\n",
+            zero == CU_STREAM_PER_THREAD ? "CU_STREAM_PER_THREAD" : "0",
+            no_context ? "with no context current" : "with a reset context current", f.r,
+            freed ? "freed" : "not freed");
+    if (f.r == CUDA_SUCCESS && !freed) {
+        fprintf(stderr, "the free succeeded but the block was kept: it never comes back\n");
+        e2e_failures++;
+    }
+    CHECK(f.r != CUDA_SUCCESS); /* as CUDA: there is no such stream */
+    CHECK(!freed);
+    CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+    if (f.r != CUDA_SUCCESS) /* still the program's: freed again, where it can be */
+        CHECK_EQ(bfcshim_free_async(t, NULL), 0);
+    /* The rest of the pool taken, the next 4 MiB is t: back in the pool,
+     * and handed out only after device 0's work that used it (the host
+     * waits for it). */
+    void *fill[MAX_FILL];
+    size_t n = fill_room(fill);
+    void *v = NULL;
+    int r = bfcshim_malloc(&v, 4 * MiB, 0);
+    if (r != 0 || v != t) {
+        fprintf(stderr, "the block did not come back (%d)\n", r);
+        e2e_failures++;
+    } else if (!dead_case_work_ran) {
+        fprintf(stderr, "the block came back before device 0's work that used it ran\n");
+        e2e_failures++;
+    }
+    unfill(fill, n);
+    if (v)
+        CHECK_EQ(bfcshim_free(v), 0);
+    F->complete_all();
+}
+
+static void free_async_other_dead(void) { free_async_other_dead_on(NULL, false); }
+static void free_async_other_dead_ptsz(void)
+{
+    free_async_other_dead_on(CU_STREAM_PER_THREAD, false);
+}
+static void free_async_no_context(void) { free_async_other_dead_on(NULL, true); }
+
 static void badinput(void)
 {
     start();
@@ -1232,6 +1337,9 @@ int main(int argc, char **argv)
                      {"torch-record-full", torch_record_full},
                      {"torch-record-other-default", torch_record_other_default},
                      {"torch-record-other-after-plain", torch_record_other_after_plain},
+                     {"free-async-other-dead", free_async_other_dead},
+                     {"free-async-other-dead-ptsz", free_async_other_dead_ptsz},
+                     {"free-async-no-context", free_async_no_context},
                      {"stats-nomem", stats_nomem},
                      {"stats-nomem-write", stats_nomem_write},
                      {"stand-in-nomem", stand_in_nomem},
@@ -1242,6 +1350,6 @@ int main(int argc, char **argv)
             return e2e_done(s);
         }
     fprintf(stderr, "usage: e2e_api plain|async|badinput|zero|trim|trim-unmap-fails|map-rollback-unmap-fails|stats|platform|dead-stream|"
-                    "torch-legacy|torch-legacy-capture|torch-record-stream|torch-record-cases|torch-record-immediate|torch-record-stale|torch-record-full|torch-record-other-default|torch-record-other-after-plain|dead-stream-immediate|stats-nomem|stats-nomem-write|stand-in-nomem|oom-report-nomem\n");
+                    "torch-legacy|torch-legacy-capture|torch-record-stream|torch-record-cases|torch-record-immediate|torch-record-stale|torch-record-full|torch-record-other-default|torch-record-other-after-plain|dead-stream-immediate|free-async-other-dead|free-async-other-dead-ptsz|free-async-no-context|stats-nomem|stats-nomem-write|stand-in-nomem|oom-report-nomem\n");
     return 2;
 }

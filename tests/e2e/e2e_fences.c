@@ -143,6 +143,14 @@
  *                    stream named as stream 0 of cudaFreeAsync_ptsz (-driver:
  *                    cuMemFreeAsync_ptsz) after work queued there: that
  *                    stream, not device 1's legacy one, is waited for
+ *   other-device-reset-free  a device-0 block freed with cudaFreeAsync on
+ *                    stream 0 right after cudaDeviceReset of device 1, the
+ *                    current device (its primary context current, inactive,
+ *                    until the runtime's next call revives it, as that free
+ *                    does): the free succeeds, and the block comes back,
+ *                    after device 0's work that used it (found by an audit:
+ *                    the wait for the dead context's stream failed, and the
+ *                    block was kept for good)
  *   other-device-legacy-after-ptsz  a device-0 block used on device 1's
  *                    per-thread stream, freed on device 1's legacy stream
  *                    (a legacy-stream action, which waits for it)
@@ -1079,6 +1087,20 @@ static void other_device_legacy_after_ptsz(void) { free_on_other_device_implicit
 static void other_device_blocking_after_legacy(void) { free_on_other_device_implicit(1); }
 
 static void other_device_ptsz0(void) { free_on_other_device_ptsz0(0); }
+
+static void other_device_reset_free(void)
+{
+    CHECK_EQ(cudaSetDevice(1), cudaSuccess);
+    CHECK_EQ(cudaFree(NULL), cudaSuccess);
+    CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+    char *p, *filler = fill_but_hole(&p);
+    earlier_work_ran = false;
+    CHECK_EQ(fakecuda()->launch(NULL, earlier_work, p), 0); /* device 0's legacy stream */
+    CHECK_EQ(cudaSetDevice(1), cudaSuccess);
+    CHECK_EQ(cudaDeviceReset(), cudaSuccess); /* device 1's context: current, inactive */
+    CHECK_EQ(cudaFreeAsync(p, 0), cudaSuccess);
+    expect_other_device_free_safe(p, filler); /* with device 0 current */
+}
 static void other_device_ptsz0_driver(void) { free_on_other_device_ptsz0(1); }
 
 static void other_device_legacy(void) { free_on_other_device(0); }
@@ -2239,6 +2261,7 @@ int main(int argc, char **argv)
         {"other-device-legacy-async", other_device_legacy_async},
         {"other-device-ptsz", other_device_ptsz},
         {"other-device-ptsz0", other_device_ptsz0},
+        {"other-device-reset-free", other_device_reset_free},
         {"other-device-ptsz0-driver", other_device_ptsz0_driver},
         {"other-device-legacy-after-ptsz", other_device_legacy_after_ptsz},
         {"other-device-blocking-after-legacy", other_device_blocking_after_legacy},
