@@ -83,9 +83,12 @@
  * answer given here (svc_free_seen): S found usable by a second question
  * (a capture ended in between) would take the block in its order with no
  * wait queued. Handle 0 naming the current context's legacy stream
- * (bfcshim_free_async) in another context than the block's: svc_free
- * waits for it on the host and frees into the plain lane, so the record
- * is handled as for a plain free (e2e_plugin record-other-current-*).
+ * (bfcshim_free_async) in another context than the block's: that stream
+ * is asked about first (blocked: refused by svc_free, as CUDA refuses it);
+ * usable, svc_free waits for it on the host and frees into the plain
+ * lane, so the record is handled as for a plain free, a record on handle 0
+ * not waiting for that stream a second time (e2e_plugin
+ * record-other-current-*, record-zero-other-current-*).
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -363,9 +366,29 @@ rs_verdict recorded_streams_before_free(shim_pool *sp, CUdeviceptr p, bool strea
      * (a capture in the block's context, none in the current one), the
      * block was kept for good although the free goes through
      * (e2e_plugin record-other-current-async-pool). */
+    /* That stream is the free's own, asked about first, in its context
+     * (current; nothing pushed yet): blocked by a capture there, the free
+     * is svc_free's to refuse as CUDA does, on this answer, nothing queued
+     * (e2e_plugin record-zero-other-current-async-current: the record's
+     * wait for each device's default stream, this one among them, found it
+     * blocked first, and the free CUDA refuses was taken and its block
+     * kept for good). Usable, svc_free's host wait covers its work, so
+     * the record on handle 0 does not wait for it again (`current` below;
+     * ...-async-pool: with the block's context's legacy stream blocked,
+     * that wait had nowhere to be queued, and the block was kept for good
+     * though the free goes through). */
+    shim_pool *current = NULL;
     if (stream_ordered && (s == NULL || s == CU_STREAM_LEGACY) && !legacy_is_pools &&
-        pools_current_existing(R) != sp)
+        (current = pools_current_existing(R)) != sp) {
+        const svc_stream_state own = svc_stream_state_of(s, false);
+        if (own != STREAM_USABLE) {
+            *unusable = own;
+            return RS_AS_ASKED;
+        }
         stream_ordered = false; /* (never RS_PLAIN: svc_free's host wait is needed) */
+    } else {
+        current = NULL;
+    }
     /* Questions and records under the streams' read lock: no stream of
      * this registry is destroyed, and no seen capture begins, in between
      * (a capture begun unseen, as a plug-in, is the program's race). */
@@ -417,7 +440,7 @@ rs_verdict recorded_streams_before_free(shim_pool *sp, CUdeviceptr p, bool strea
     for (size_t i = 0; e.legacy_any && !keep && (target_ok || !stream_ordered) &&
                        i < pools_count(); i++) {
         shim_pool *q = pools_at(i);
-        if (!q || q == sp || q->dev == sp->dev || atomic_load(&q->dead))
+        if (!q || q == sp || q == current || q->dev == sp->dev || atomic_load(&q->dead))
             continue;
         /* (not known whether it is still q's: its stream cannot be waited
          * for, nor passed over) */

@@ -80,6 +80,10 @@
  *   record-other-current-async-pool-legacy  async-pool with the handle
  *           CU_STREAM_LEGACY for 0 (the same stream; found by mutation
  *           testing: only 0 was tried)
+ *   record-zero-other-current-async-{current,pool}  the async cases above,
+ *           the block also recorded on handle 0 (some device's default
+ *           stream): refused on the blocked current context's legacy
+ *           stream, freed on a usable one, never kept for good
  *   record-current-async  a recorded block freed by bfcshim_free_async on
  *           handle 0 with its own context current: the legacy stream's
  *           next owner comes after the recorded non-blocking stream's work
@@ -673,7 +677,8 @@ static void record_zero_ctxid_fails(void)
  * it), and that owner comes after b's work. Found by an audit: with the
  * pool's context blocked, bfcshim_free_async's record asked about that
  * context's legacy stream, and the block was kept for good. */
-static void record_other_current_on(bool torch, bool pool_blocked, CUstream zero)
+static void record_other_current_on(bool torch, bool pool_blocked, CUstream zero,
+                                    bool also_zero)
 {
     start();
     CUcontext c0, c1;
@@ -691,6 +696,8 @@ static void record_other_current_on(bool torch, bool pool_blocked, CUstream zero
     CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
     CHECK_EQ(F->launch(b, write_mib, t), 0); /* 0x5a, b's */
     B.torch_record_stream(t, b);
+    if (also_zero) /* and on 0: some device's default stream */
+        B.torch_record_stream(t, NULL);
     CHECK_EQ(D.StreamBeginCapture(cap, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
     CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
     const uint64_t frees = (uint64_t)pool_stat("num_frees");
@@ -747,7 +754,7 @@ static void record_other_current_on(bool torch, bool pool_blocked, CUstream zero
 
 static void record_other_current_with(bool torch, bool pool_blocked)
 {
-    record_other_current_on(torch, pool_blocked, NULL);
+    record_other_current_on(torch, pool_blocked, NULL, false);
 }
 
 static void record_other_current_async_pool(void) { record_other_current_with(false, true); }
@@ -756,7 +763,24 @@ static void record_other_current_async_pool(void) { record_other_current_with(fa
  * cudaFreeAsync's stream is the current device's) */
 static void record_other_current_async_pool_legacy(void)
 {
-    record_other_current_on(false, true, CU_STREAM_LEGACY);
+    record_other_current_on(false, true, CU_STREAM_LEGACY, false);
+}
+/* record-zero-other-current-async-{current,pool}: the same, the block also
+ * recorded on handle 0 (any device's default stream, device 1's among
+ * them). Found by an audit: the record's wait for device 1's default
+ * stream was asked about and queued before the free's own stream was: with
+ * device 1's legacy stream blocked (current), the free CUDA refuses was
+ * taken and the block kept for good; with device 0's blocked (pool), the
+ * wait had nowhere to be queued, and the block was kept for good though
+ * the free goes through (svc_free waits for device 1's legacy stream on
+ * the host, which covers that record). */
+static void record_zero_other_current_async_current(void)
+{
+    record_other_current_on(false, false, NULL, true);
+}
+static void record_zero_other_current_async_pool(void)
+{
+    record_other_current_on(false, true, NULL, true);
 }
 static void record_other_current_async_current(void) { record_other_current_with(false, false); }
 static void record_other_current_torch_pool(void) { record_other_current_with(true, true); }
@@ -1011,6 +1035,8 @@ int main(int argc, char **argv)
         {"record-other-current-async-pool", record_other_current_async_pool},
         {"record-other-current-async-pool-legacy", record_other_current_async_pool_legacy},
         {"record-other-current-async-current", record_other_current_async_current},
+        {"record-zero-other-current-async-current", record_zero_other_current_async_current},
+        {"record-zero-other-current-async-pool", record_zero_other_current_async_pool},
         {"record-current-async", record_current_async},
         {"record-other-current-torch-pool", record_other_current_torch_pool},
         {"record-other-current-torch-current", record_other_current_torch_current},
