@@ -84,6 +84,12 @@
  *           the block also recorded on handle 0 (some device's default
  *           stream): refused on the blocked current context's legacy
  *           stream, freed on a usable one, never kept for good
+ *   torch-free-other-current  bfcshim_torch_free of a device-0 block on
+ *           device 0's default stream (0, with its device) while device 1
+ *           is current, no record, work on device 0's default stream still
+ *           writing it: a plain allocation and one on another stream get it
+ *           only after that work; device 0's default stream may at once, its
+ *           next owner's work there running after the old
  *   record-current-async  a recorded block freed by bfcshim_free_async on
  *           handle 0 with its own context current: the legacy stream's
  *           next owner comes after the recorded non-blocking stream's work
@@ -147,6 +153,7 @@ static struct {
     size_t (*stats_json)(char *, size_t);
     int (*free_async)(void *, void *);
     int (*malloc_async)(void **, size_t, int, void *);
+    void *(*torch_alloc)(ssize_t, int, void *);
     void (*torch_free)(void *, size_t, int, void *);
     void (*torch_record_stream)(void *, void *);
 } B;
@@ -175,6 +182,7 @@ static void start(void)
     *(void **)&B.stats_json = e2e_dlsym(lib, "bfcshim_stats_json");
     *(void **)&B.free_async = e2e_dlsym(lib, "bfcshim_free_async");
     *(void **)&B.malloc_async = e2e_dlsym(lib, "bfcshim_malloc_async");
+    *(void **)&B.torch_alloc = e2e_dlsym(lib, "bfcshim_torch_alloc");
     *(void **)&B.torch_free = e2e_dlsym(lib, "bfcshim_torch_free");
     *(void **)&B.torch_record_stream = e2e_dlsym(lib, "bfcshim_torch_record_stream");
     void *cu = e2e_open_libcuda();
@@ -811,6 +819,72 @@ static void record_current_async(void)
     F->complete_all();
 }
 
+/* torch-free-other-current: PyTorch frees a device-0 tensor with its
+ * device and its (default) stream, 0, while device 1's context is current,
+ * and no record_stream: the free names device 0's legacy stream without
+ * asking which context is current (FREE_STREAM_DEVICE), whose queued work
+ * (0x5a) still writes the block. The pool filled around it, the next
+ * allocation of its size is the block or nothing. `how`: 0, a plain
+ * allocation; 1, one on another stream of device 0 (device 1 still
+ * current); both must come after that work (a host wait for it, here); 2,
+ * PyTorch's next allocation on device 0's default stream, which may take
+ * the block at once in its order, its next owner's work then running after
+ * the old. */
+static bool torch_old_ran;
+static void torch_old_work(void *arg)
+{
+    write_mib(arg);
+    torch_old_ran = true;
+}
+
+static void torch_free_other_current_how(int how)
+{
+    start();
+    CUcontext c0, c1;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c1, 1), CUDA_SUCCESS);
+    CUstream b;
+    CHECK_EQ(D.StreamCreate(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    void *t = must_alloc_on(NULL, MiB); /* device 0's pool: the first in the stats */
+    void *filler = must_alloc(pool_free_bytes() - MiB / 2); /* only the block is left */
+    torch_old_ran = false;
+    CHECK_EQ(F->launch(CU_STREAM_LEGACY, torch_old_work, t), 0); /* device 0's */
+    CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
+    B.torch_free(t, MiB, 0, NULL);
+    /* (as a plug-in, an allocation for a device whose context is not
+     * current is refused, but for an explicit stream's) */
+    if (how != 1)
+        CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+    void *q = NULL;
+    if (how == 0)
+        CHECK_EQ(B.malloc(&q, MiB, 0), 0);
+    else if (how == 1)
+        CHECK_EQ(B.malloc_async(&q, MiB, 0, b), 0);
+    else
+        q = B.torch_alloc(MiB, 0, NULL);
+    CHECK(q == t); /* nothing else is free */
+    if (q == t && how <= 1 && !torch_old_ran) {
+        fprintf(stderr, "freed by PyTorch with device 1 current: handed out (%s) before "
+                        "device 0's default stream's work that used it ran\n",
+                how == 0 ? "plain" : "another stream");
+        e2e_failures++;
+    }
+    CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+    if (q == t && how >= 2) /* the new owner on device 0's default stream */
+        expect_new_owner_last(q, CU_STREAM_LEGACY, NULL, "torch free, another context current");
+    F->complete_all();
+    if (q)
+        CHECK_EQ(B.free(q), 0);
+    CHECK_EQ(B.free(filler), 0);
+    CHECK_EQ(D.StreamDestroy(b), CUDA_SUCCESS);
+}
+
+static void torch_free_other_current(void)
+{
+    for (int how = 0; how < 3; how++)
+        torch_free_other_current_how(how);
+}
+
 /* A block recorded on handle 0 (some device's default stream) is freed
  * after the program reset device 1 unseen and made its primary context
  * again, device 1's pool's context gone:
@@ -1036,6 +1110,7 @@ int main(int argc, char **argv)
         {"record-other-current-async-pool-legacy", record_other_current_async_pool_legacy},
         {"record-other-current-async-current", record_other_current_async_current},
         {"record-zero-other-current-async-current", record_zero_other_current_async_current},
+        {"torch-free-other-current", torch_free_other_current},
         {"record-zero-other-current-async-pool", record_zero_other_current_async_pool},
         {"record-current-async", record_current_async},
         {"record-other-current-torch-pool", record_other_current_torch_pool},
