@@ -63,7 +63,8 @@ int bfcshim_active(void);
  *
  * bfcshim_malloc_async / bfcshim_free_async behave like cudaMallocAsync /
  * cudaFreeAsync: the block may be used by work on `stream` (a CUstream or
- * cudaStream_t; NULL is the legacy default stream) and, once freed, is
+ * cudaStream_t; NULL is the legacy default stream of the current context,
+ * as theirs, whatever `device` says) and, once freed, is
  * handed out again at once to allocations on the same stream and to others
  * after the work queued on `stream` has finished. A block used on other
  * streams must be freed with bfcshim_free, or after those streams are

@@ -43,10 +43,12 @@ static CUresult fail(CUresult r, const char *api, const char *fmt, ...)
 
 /* The context a call on `device` (and `stream`) means: an explicit stream's
  * own; else the current context when it is the device's (or device < 0);
- * else the device's primary context, which must be active. */
+ * else the device's primary context, which must be active (*is_current
+ * false: another context is current, or none). */
 static CUresult context_for(const real_driver *R, int device, CUstream s, CUcontext *out,
-                            const char *api)
+                            bool *is_current, const char *api)
 {
+    *is_current = false;
     if (device < -1)
         return fail(CUDA_ERROR_INVALID_VALUE, api,
                     "device %d: a device number, or -1 for the current context's device", device);
@@ -61,6 +63,7 @@ static CUresult context_for(const real_driver *R, int device, CUstream s, CUcont
     if (R->CtxGetCurrent(&cur) == CUDA_SUCCESS && cur &&
         (device < 0 || (R->CtxGetDevice(&dev) == CUDA_SUCCESS && dev == device))) {
         *out = cur;
+        *is_current = true;
         return CUDA_SUCCESS;
     }
     if (device >= 0 && (*out = real_active_primary(R, device)) != NULL)
@@ -82,11 +85,11 @@ static CUresult context_for(const real_driver *R, int device, CUstream s, CUcont
 
 /* The driver, and the context the call means (context_for). */
 static CUresult driver_and_context(int device, CUstream s, const real_driver **R,
-                                   CUcontext *ctx, const char *api)
+                                   CUcontext *ctx, bool *is_current, const char *api)
 {
     if (!(*R = real_driver_get()))
         return fail(CUDA_ERROR_NOT_INITIALIZED, api, "no CUDA driver (libcuda.so.1)");
-    return context_for(*R, device, s, ctx, api);
+    return context_for(*R, device, s, ctx, is_current, api);
 }
 
 /* Not served from a pool: the real driver's call in ctx, counted in
@@ -126,8 +129,11 @@ static shim_pool *api_owner(CUdeviceptr p)
     return sp;
 }
 
+/* zero_is_devices: a legacy stream (0) names the default stream of the
+ * context the allocation is made in (PyTorch's entry points), not the
+ * current context's (cudaMallocAsync's, bfcshim_malloc_async's). */
 static int api_alloc(void **ptr, size_t size, int device, CUstream s, bool stream_ordered,
-                     const char *api)
+                     bool zero_is_devices, const char *api)
 {
     if (!ptr)
         return fail(CUDA_ERROR_INVALID_VALUE, api, "NULL result pointer");
@@ -139,7 +145,8 @@ static int api_alloc(void **ptr, size_t size, int device, CUstream s, bool strea
         return CUDA_SUCCESS;
     const real_driver *R;
     CUcontext ctx = NULL;
-    CUresult r = driver_and_context(device, s, &R, &ctx, api);
+    bool is_current = false;
+    CUresult r = driver_and_context(device, s, &R, &ctx, &is_current, api);
     if (r != CUDA_SUCCESS)
         return r;
     CUdeviceptr p = 0;
@@ -152,7 +159,19 @@ static int api_alloc(void **ptr, size_t size, int device, CUstream s, bool strea
             svc_note_passthrough();
         r = pass_alloc(R, ctx, size, s, stream_ordered, &p);
     } else {
-        uint32_t lane = stream_ordered ? pool_lane_for_alloc(sp, s, false) : BFC_NO_LANE;
+        /* 0 of bfcshim_malloc_async names the current context's legacy
+         * stream, as cudaMallocAsync's (and bfcshim_free_async's) does:
+         * with another context current than the pool's, not the stream the
+         * pool's legacy lane stands for, whose blocks are then taken only
+         * once their fence completed (e2e_api
+         * malloc-async-other-device-zero: the block came back in the pool's
+         * legacy stream order, and the current device's legacy stream,
+         * which that order does not reach, ran its new owner's work before
+         * the old). */
+        const bool foreign_zero =
+            !svc_explicit_stream(s) && !is_current && !zero_is_devices;
+        uint32_t lane = stream_ordered && !foreign_zero ? pool_lane_for_alloc(sp, s, false)
+                                                        : BFC_NO_LANE;
         r = svc_cuda_result(svc_alloc(sp, size, lane, s, &p, api));
     }
     if (r == CUDA_SUCCESS)
@@ -261,7 +280,7 @@ static int api_free(void *ptr, CUstream s, bool stream_ordered, int device, cons
 
 SHIM_EXPORT int bfcshim_malloc(void **ptr, size_t size, int device)
 {
-    return api_alloc(ptr, size, device, NULL, false, "bfcshim_malloc");
+    return api_alloc(ptr, size, device, NULL, false, false, "bfcshim_malloc");
 }
 
 SHIM_EXPORT int bfcshim_free(void *ptr)
@@ -271,7 +290,7 @@ SHIM_EXPORT int bfcshim_free(void *ptr)
 
 SHIM_EXPORT int bfcshim_malloc_async(void **ptr, size_t size, int device, void *stream)
 {
-    return api_alloc(ptr, size, device, (CUstream)stream, true, "bfcshim_malloc_async");
+    return api_alloc(ptr, size, device, (CUstream)stream, true, false, "bfcshim_malloc_async");
 }
 
 SHIM_EXPORT int bfcshim_free_async(void *ptr, void *stream)
@@ -286,7 +305,7 @@ SHIM_EXPORT void *bfcshim_torch_alloc(ssize_t size, int device, void *stream)
 {
     void *p = NULL;
     if (size > 0)
-        api_alloc(&p, (size_t)size, device, (CUstream)stream, true, "bfcshim_torch_alloc");
+        api_alloc(&p, (size_t)size, device, (CUstream)stream, true, true, "bfcshim_torch_alloc");
     else if (size < 0)
         fail(CUDA_ERROR_INVALID_VALUE, "bfcshim_torch_alloc", "negative size %zd", size);
     return p;
@@ -330,7 +349,8 @@ SHIM_EXPORT int bfcshim_mem_get_info(int device, size_t *free_bytes, size_t *tot
         return fail(CUDA_ERROR_INVALID_VALUE, api, "NULL result pointer");
     const real_driver *R;
     CUcontext ctx = NULL;
-    CUresult r = driver_and_context(device, NULL, &R, &ctx, api);
+    bool is_current = false;
+    CUresult r = driver_and_context(device, NULL, &R, &ctx, &is_current, api);
     if (r != CUDA_SUCCESS)
         return r;
     bool pushed = real_ctx_enter(R, ctx);

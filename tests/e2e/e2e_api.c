@@ -75,6 +75,11 @@
  *              current (with no context current): CUDA refuses it (no such
  *              stream); the block stays the program's, is not kept for
  *              good, and comes back once freed again and its work ran
+ *   malloc-async-other-device-zero  bfcshim_malloc_async(device 0, 0)
+ *              with device 1 current: 0 is the current device's legacy
+ *              stream, so a block freed on device 0's, its work there still
+ *              queued, does not come back in that stream's order (with
+ *              device 0 current it does, at once)
  *   dead-stream  bfcshim_free_async on a stream destroyed since: no call on
  *              the dead handle, and the block is reused once its work is done
  *   stand-in-nomem  a destroyed stream's stand-in that host memory cannot
@@ -882,6 +887,57 @@ static void free_async_other_dead_ptsz(void)
 }
 static void free_async_no_context(void) { free_async_other_dead_on(NULL, true); }
 
+/* malloc-async-other-device-zero: bfcshim_malloc_async on handle 0 for
+ * device 0 while device 1's context is current. Its 0 is "the legacy
+ * default stream" as cudaMallocAsync's (bfcshim.h), which is the current
+ * device's, as bfcshim_free_async's 0 is taken; it is not device 0's
+ * legacy stream. A block freed on device 0's legacy stream, whose work
+ * there still uses it, must then not come back in device 0's legacy
+ * stream order: its new owner's work on device 1's legacy stream is not
+ * ordered after that work (found by an audit: the block came back at once,
+ * and device 1's work ran first). With device 0's context current, the
+ * same allocation takes it at once, in its order. */
+static bool zero_old_ran;
+static void zero_old_work(void *arg)
+{
+    (void)arg;
+    zero_old_ran = true;
+}
+
+static void malloc_async_other_device_zero(void)
+{
+    start();
+    CUcontext c0 = NULL, c1 = NULL;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c1, 1), CUDA_SUCCESS);
+    for (int other = 1; other >= 0; other--) {
+        void *t = NULL, *q = NULL;
+        CHECK_EQ(bfcshim_malloc_async(&t, 4 * MiB, 0, NULL), 0);
+        zero_old_ran = false;
+        CHECK_EQ(F->launch(CU_STREAM_LEGACY, zero_old_work, NULL), 0); /* device 0's, using t */
+        CHECK_EQ(bfcshim_free_async(t, NULL), 0); /* on device 0's legacy stream */
+        if (other)
+            CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
+        void *fill[MAX_FILL];
+        size_t n = fill_room(fill);
+        CHECK_EQ(bfcshim_malloc_async(&q, 4 * MiB, 0, NULL), 0);
+        CHECK(q == t); /* nothing else is free */
+        if (other && q == t && !zero_old_ran) {
+            fprintf(stderr, "with device 1 current, bfcshim_malloc_async(device 0, 0) got the "
+                            "block in device 0's legacy stream order, before device 0's "
+                            "work that used it ran\n");
+            e2e_failures++;
+        }
+        if (!other)
+            CHECK(!zero_old_ran); /* in its own legacy stream's order: at once */
+        CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+        F->complete_all();
+        unfill(fill, n);
+        CHECK_EQ(bfcshim_free_async(q, NULL), 0);
+        F->complete_all();
+    }
+}
+
 static void badinput(void)
 {
     start();
@@ -1340,6 +1396,7 @@ int main(int argc, char **argv)
                      {"free-async-other-dead", free_async_other_dead},
                      {"free-async-other-dead-ptsz", free_async_other_dead_ptsz},
                      {"free-async-no-context", free_async_no_context},
+                     {"malloc-async-other-device-zero", malloc_async_other_device_zero},
                      {"stats-nomem", stats_nomem},
                      {"stats-nomem-write", stats_nomem_write},
                      {"stand-in-nomem", stand_in_nomem},
@@ -1350,6 +1407,6 @@ int main(int argc, char **argv)
             return e2e_done(s);
         }
     fprintf(stderr, "usage: e2e_api plain|async|badinput|zero|trim|trim-unmap-fails|map-rollback-unmap-fails|stats|platform|dead-stream|"
-                    "torch-legacy|torch-legacy-capture|torch-record-stream|torch-record-cases|torch-record-immediate|torch-record-stale|torch-record-full|torch-record-other-default|torch-record-other-after-plain|dead-stream-immediate|free-async-other-dead|free-async-other-dead-ptsz|free-async-no-context|stats-nomem|stats-nomem-write|stand-in-nomem|oom-report-nomem\n");
+                    "torch-legacy|torch-legacy-capture|torch-record-stream|torch-record-cases|torch-record-immediate|torch-record-stale|torch-record-full|torch-record-other-default|torch-record-other-after-plain|dead-stream-immediate|free-async-other-dead|free-async-other-dead-ptsz|free-async-no-context|malloc-async-other-device-zero|stats-nomem|stats-nomem-write|stand-in-nomem|oom-report-nomem\n");
     return 2;
 }
