@@ -341,9 +341,16 @@ rs_verdict recorded_streams_before_free(shim_pool *sp, CUdeviceptr p, bool strea
     const uint64_t drop_plain = atomic_load(&sp->rs_drop_plain),
                    drop_keep = atomic_load(&sp->rs_drop_keep);
     if (!live) {
+        /* A block allocated after the last drop is not concerned: freed
+         * as if nothing had been recorded, with no question (before, each
+         * such free asked for the current context under the streams' lock
+         * for the rest of the run: 1 driver call more a free, e2e_api
+         * torch-record-full). */
         bfc_live_info li;
         if ((!drop_plain && !drop_keep) || bfc_pool_block(sp->bfc, p, &li) != BFC_OK ||
-            li.addr != p)
+            li.addr != p ||
+            (li.seq > drop_plain && li.seq > drop_keep &&
+             li.seq > atomic_load(&sp->rs_drop_legacy)))
             return RS_AS_ASKED;
         e = (rs_entry){.ptr = (uintptr_t)p, .sp = sp, .seq = li.seq};
     }
