@@ -204,6 +204,19 @@ void recorded_stream_add(shim_pool *sp, CUdeviceptr p, uint64_t seq, CUstream s,
     /* Not nameable at the free: some thread's per-thread stream, or a
      * handle whose identity cannot be told later */
     bool nameless = s == CU_STREAM_PER_THREAD;
+    if (nameless) {
+        /* The calling thread's per-thread stream in the current context,
+         * which need not be the block's: another context's is covered by
+         * no plain fence of the pool (e2e_api torch-record-ptsz-other-device:
+         * taken as the block's context's, the block came back under device
+         * 1's per-thread work). With no context current it names no stream;
+         * not known which, another context's (kept). */
+        CUcontext cur = NULL;
+        if (R->CtxGetCurrent(&cur) != CUDA_SUCCESS)
+            rec.ctx = NULL;
+        else if (cur)
+            rec.ctx = green_canonical(cur);
+    }
     if (!nameless && svc_explicit_stream(s)) {
         if (!R->StreamGetCtx || R->StreamGetCtx(s, &rec.ctx) != CUDA_SUCCESS || !rec.ctx) {
             shim_log(LOG_ERROR, "%s(0x%llx, %p): not a valid stream; ignored", api,

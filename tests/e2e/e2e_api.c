@@ -66,6 +66,9 @@
  *              than an entry holds) then recorded on device 1's stream with
  *              queued work: a plain free's fence covers only the block's
  *              context, so that stream must still be waited for
+ *   torch-record-ptsz-other-device  recorded on CU_STREAM_PER_THREAD with
+ *              device 1 current (device 1's per-thread stream, whose work
+ *              reads the device-0 block): not handed out under that work
  *   torch-record-reused-handle  recorded on a stream destroyed before the
  *              free, its handle given to a new stream at once
  *              (FAKECUDA_REUSE_STREAM_HANDLES): the free must wait for the
@@ -738,6 +741,55 @@ static void torch_record_other_default(void)
     F->complete_all();
     CHECK_EQ(bfcshim_free(one), 0);
     CHECK_EQ(D.StreamDestroy(a), CUDA_SUCCESS);
+}
+
+/* torch-record-ptsz-other-device: a device-0 tensor recorded on
+ * CU_STREAM_PER_THREAD with device 1's context current names device 1's
+ * per-thread stream (the calling thread's, in the current context), whose
+ * work reads it. Not nameable at the free and of another context, it must
+ * keep the block from being handed out under that work (found by an
+ * audit: the record was taken as device 0's per-thread stream, the free
+ * made plain, and the plain fence, which covers device 0's streams only,
+ * let another stream's allocation get the block with device 1's work
+ * queued). */
+static bool ptsz_old_ran;
+static void ptsz_old_work(void *arg)
+{
+    (void)arg;
+    ptsz_old_ran = true;
+}
+
+static void torch_record_ptsz_other_device(void)
+{
+    start();
+    CUcontext c0 = NULL, c1 = NULL;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c1, 1), CUDA_SUCCESS);
+    CUstream a, other;
+    CHECK_EQ(D.StreamCreate(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&other, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    void *t = bfcshim_torch_alloc(4 * MiB, 0, a);
+    CHECK(t != NULL);
+    CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
+    ptsz_old_ran = false;
+    CHECK_EQ(F->launch(CU_STREAM_PER_THREAD, ptsz_old_work, NULL), 0); /* device 1's, reads t */
+    record_stream(t, CU_STREAM_PER_THREAD);
+    CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+    bfcshim_torch_free(t, 4 * MiB, 0, a);
+    void *fill[MAX_FILL];
+    size_t n = fill_room(fill);
+    void *q = bfcshim_torch_alloc(4 * MiB, 0, other);
+    if (q == t && !ptsz_old_ran) {
+        fprintf(stderr, "recorded on device 1's per-thread stream: the block was handed out "
+                        "under that stream's queued work\n");
+        e2e_failures++;
+    }
+    if (q)
+        bfcshim_torch_free(q, 4 * MiB, 0, other);
+    unfill(fill, n);
+    F->complete_all();
+    CHECK_EQ(D.StreamDestroy(a), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(other), CUDA_SUCCESS);
 }
 
 /* A record that makes the free a plain one (the per-thread default stream,
@@ -1415,6 +1467,7 @@ int main(int argc, char **argv)
                      {"torch-record-full", torch_record_full},
                      {"torch-record-other-default", torch_record_other_default},
                      {"torch-record-other-after-plain", torch_record_other_after_plain},
+                     {"torch-record-ptsz-other-device", torch_record_ptsz_other_device},
                      {"free-async-other-dead", free_async_other_dead},
                      {"free-async-other-dead-ptsz", free_async_other_dead_ptsz},
                      {"free-async-no-context", free_async_no_context},
@@ -1429,6 +1482,6 @@ int main(int argc, char **argv)
             return e2e_done(s);
         }
     fprintf(stderr, "usage: e2e_api plain|async|badinput|zero|trim|trim-unmap-fails|map-rollback-unmap-fails|stats|platform|dead-stream|"
-                    "torch-legacy|torch-legacy-capture|torch-record-stream|torch-record-cases|torch-record-immediate|torch-record-stale|torch-record-full|torch-record-other-default|torch-record-other-after-plain|dead-stream-immediate|free-async-other-dead|free-async-other-dead-ptsz|free-async-no-context|malloc-async-other-device-zero|stats-nomem|stats-nomem-write|stand-in-nomem|oom-report-nomem\n");
+                    "torch-legacy|torch-legacy-capture|torch-record-stream|torch-record-cases|torch-record-immediate|torch-record-stale|torch-record-full|torch-record-other-default|torch-record-other-after-plain|torch-record-ptsz-other-device|dead-stream-immediate|free-async-other-dead|free-async-other-dead-ptsz|free-async-no-context|malloc-async-other-device-zero|stats-nomem|stats-nomem-write|stand-in-nomem|oom-report-nomem\n");
     return 2;
 }
