@@ -189,26 +189,6 @@ static int api_free(void *ptr, CUstream s, bool stream_ordered, int device, cons
     if (!R)
         return fail(CUDA_ERROR_NOT_INITIALIZED, api, "no CUDA driver (libcuda.so.1)");
     CUdeviceptr p = (CUdeviceptr)(uintptr_t)ptr;
-    /* A plug-in may free on a stream the program destroyed since (CuPy
-     * frees an array on its allocation stream, also after a Stream object
-     * collected before its arrays). A dead handle must not reach the driver
-     * nor open a lane; where the library sees every stream it knows the
-     * handle is gone, and the free becomes a plain one, which waits for
-     * everything queued before it, the dead stream's work included
-     * (its stand-in), under every policy: the immediate one's promise is
-     * about plain frees, not this stream-ordered one (e2e_api
-     * dead-stream-immediate). */
-    bool fenced = false;
-    if (stream_ordered && svc_explicit_stream(s) && shim_active() && streams_all_seen() &&
-        !streams_known(s)) {
-        static atomic_bool said;
-        shim_log_once(&said, LOG_INFO,
-                      "%s on stream %p, which is not a live stream (destroyed?): freed as "
-                      "bfcshim_free (logged once)", api, (void *)s);
-        stream_ordered = false;
-        s = NULL;
-        fenced = true;
-    }
     /* The owner, looked up once (a pool whose context went unseen is
      * forgotten here first). A plug-in's finalizer may free a block after
      * its context went (the program reset the device, or released its
@@ -221,6 +201,43 @@ static int api_free(void *ptr, CUstream s, bool stream_ordered, int device, cons
         shim_log_once(&said, LOG_INFO, "%s(%p): its pool's context went first; the block went "
                                        "with it (logged once)", api, ptr);
         return CUDA_SUCCESS;
+    }
+    /* A plug-in may free on a stream the program destroyed since (CuPy
+     * frees an array on its allocation stream, also after a Stream object
+     * collected before its arrays). A dead handle must not reach the driver
+     * nor open a lane; where the library sees every stream and saw this one
+     * destroyed as a stream of the block's context (one of the last 1024
+     * destroyed), the free becomes a plain one, which waits for everything
+     * queued before it, the dead stream's work included (its stand-in, of
+     * the block's pool), under every policy: the immediate one's promise is
+     * about plain frees, not this stream-ordered one (e2e_api
+     * dead-stream-immediate). Another context's dead stream is covered by
+     * no fence of the block's pool (its stand-in, if any, is its own
+     * context's pool's), and the context of a handle not remembered is not
+     * known: those frees are refused, as CUDA refuses a dead handle, the
+     * block staying the program's (e2e_api dead-stream-other-device: made
+     * plain, the block came back under the dead stream's queued work;
+     * found by an audit). With the driver door closed a handle the registry
+     * does not know may be a live stream made through a driver function
+     * found by dlsym: svc_free asks the driver about it, and refuses it if
+     * it names no stream. */
+    bool fenced = false;
+    if (stream_ordered && svc_explicit_stream(s) && owner && streams_all_seen() &&
+        !streams_known(s)) {
+        if (pools_context_is(owner, streams_dead_context(s))) {
+            static atomic_bool said;
+            shim_log_once(&said, LOG_INFO,
+                          "%s on stream %p, which is not a live stream (destroyed?): freed as "
+                          "bfcshim_free (logged once)", api, (void *)s);
+            stream_ordered = false;
+            s = NULL;
+            fenced = true;
+        } else if (shim_driver_hooked()) {
+            return fail(CUDA_ERROR_INVALID_HANDLE, api,
+                        "%p on stream %p, which is not a live stream of the block's context "
+                        "(destroyed?): refused, the block is still the program's", ptr,
+                        (void *)s);
+        }
     }
     /* Streams the block was recorded on (Tensor.record_stream): their work
      * queued so far is waited for by the free's stream, or the free becomes

@@ -870,22 +870,41 @@ static bool pool_context_is(const shim_pool *sp, CUcontext c)
     return c && (c == sp->ctx || green_canonical(c) == sp->ctx);
 }
 
+bool pools_context_is(const shim_pool *sp, CUcontext c) { return pool_context_is(sp, c); }
+
+/* What the driver says of an explicit stream's context (cuStreamGetCtx),
+ * asked at most once per call: a handle that names no stream is asked about
+ * once, not twice. */
+typedef struct stream_ctx {
+    bool asked;
+    CUresult r;
+    CUcontext c;
+} stream_ctx;
+
+static CUresult ask_stream_ctx(CUstream s, stream_ctx *q)
+{
+    if (!q->asked) {
+        const real_driver *R = real_driver_get();
+        q->asked = true;
+        q->c = NULL;
+        q->r = R && R->StreamGetCtx ? R->StreamGetCtx(s, &q->c) : CUDA_ERROR_NOT_SUPPORTED;
+    }
+    return q->r;
+}
+
 /* A lane is opened only for a stream of the pool's own context (asked once,
  * when the lane opens): a stream-ordered free on another context's stream
  * (another device's, a created context's) cannot be fenced by the pool's
  * events (an event is recorded only on a stream of its context), and is
  * settled instead (settle_foreign_stream). */
-static bool lane_worth_opening(shim_pool *sp, CUstream s)
+static bool lane_worth_opening(shim_pool *sp, CUstream s, stream_ctx *q)
 {
-    const real_driver *R = real_driver_get();
-    CUcontext c = NULL;
-    return R && R->StreamGetCtx && R->StreamGetCtx(s, &c) == CUDA_SUCCESS &&
-           pool_context_is(sp, c);
+    return ask_stream_ctx(s, q) == CUDA_SUCCESS && pool_context_is(sp, q->c);
 }
 
 /* The lane of an explicit stream handle, opened on first use; BFC_NO_LANE if
- * one cannot be had. */
-static uint32_t stream_lane(shim_pool *sp, CUstream s)
+ * one cannot be had. q: what the driver said of s's context, if asked. */
+static uint32_t stream_lane(shim_pool *sp, CUstream s, stream_ctx *q)
 {
     uint32_t lane;
     unsigned long long id;
@@ -893,7 +912,7 @@ static uint32_t stream_lane(shim_pool *sp, CUstream s)
         return BFC_NO_LANE;
     if (lane_lookup(sp, s, id, &lane))
         return lane;
-    if (!lane_worth_opening(sp, s) || bfc_pool_lane_open(sp->bfc, true, &lane) != BFC_OK)
+    if (!lane_worth_opening(sp, s, q) || bfc_pool_lane_open(sp->bfc, true, &lane) != BFC_OK)
         return BFC_NO_LANE;
     if (fences_lazy_pool(sp)) /* sealed when the pool needs its memory */
         bfc_pool_lane_set_lazy(sp->bfc, lane, true);
@@ -955,7 +974,8 @@ uint32_t pool_lane_for_alloc(shim_pool *sp, CUstream s, bool per_thread)
      * the legacy lane was freed with its action. */
     if (s == NULL || s == CU_STREAM_LEGACY)
         return green_is_current() || pool_legacy_by_barrier(sp) ? BFC_NO_LANE : sp->legacy_lane;
-    uint32_t lane = stream_lane(sp, s);
+    stream_ctx q = {0};
+    uint32_t lane = stream_lane(sp, s, &q);
     return lane == sp->plain_lane ? BFC_NO_LANE : lane;
 }
 
@@ -998,20 +1018,47 @@ static void say_kept(CUstream s, CUresult r)
              (void *)s, (int)r);
 }
 
-/* A stream-ordered free on an explicit stream of another context (a
- * device-0 block freed on a device-1 stream, which cudaFreeAsync allows; no
- * lane opens for it): no event of the pool's context can fence it, and the
- * plain lane's fences cover only the pool's own context; so the stream's
- * work is waited for now, while the caller vouches for the stream. Rare,
- * and correct. */
-static bool settle_foreign_stream(shim_pool *sp, CUstream s)
+/* A stream-ordered free on an explicit stream no lane serves: a stream of
+ * the pool's context without a lane (plug-in, no stream id, or no room)
+ * goes to the plain lane, whose fence covers every stream of the context;
+ * a stream of another context (a device-0 block freed on a device-1
+ * stream, which cudaFreeAsync allows; no lane opens for it) is not covered
+ * by any fence of the pool (an event of the pool's context cannot be
+ * recorded on it, and the plain lane's fences cover only the pool's own
+ * context), so its work is waited for now, while the caller vouches for
+ * the stream. Rare, and correct.
+ *
+ * A handle whose context the driver cannot name (cuStreamGetCtx:
+ * CUDA_ERROR_INVALID_HANDLE, _INVALID_CONTEXT, _CONTEXT_IS_DESTROYED) names
+ * no live stream: destroyed unseen (a plug-in), or beyond the dead handles
+ * streams.c remembers, or with its context. CUDA refuses the free, and so
+ * does the shim (*refused, the block staying the program's). Taken as the
+ * pool's own, the block went to the plain lane with no wait, though the
+ * stream may have been another context's, whose queued work no fence of
+ * the pool covers (a destroyed stream's work goes on: cuStreamDestroy
+ * "will return immediately"): e2e_fences other-device-dead-stream,
+ * e2e_plugin cross-context-dead, found by an audit. Any other failure (an
+ * earlier launch's error) keeps the block, with one line. */
+static bool settle_foreign_stream(shim_pool *sp, CUstream s, stream_ctx *q, CUresult *refused)
 {
     const real_driver *R = real_driver_get();
-    CUcontext c = NULL;
-    if (!R || !R->StreamGetCtx || !R->StreamSynchronize ||
-        R->StreamGetCtx(s, &c) != CUDA_SUCCESS || pool_context_is(sp, c))
+    if (!R || !R->StreamGetCtx || !R->StreamSynchronize)
         return true;
-    CUresult r = wait_for_foreign_stream(R, s, c);
+    CUresult g = ask_stream_ctx(s, q);
+    if (g == CUDA_ERROR_INVALID_HANDLE || g == CUDA_ERROR_INVALID_CONTEXT ||
+        g == CUDA_ERROR_CONTEXT_IS_DESTROYED) {
+        *refused = g;
+        return false;
+    }
+    if (g != CUDA_SUCCESS) {
+        shim_log(LOG_ERROR, "a stream-ordered free on stream %p: the driver cannot say whose "
+                            "stream it is (%d); the block is kept until exit",
+                 (void *)s, (int)g);
+        return false;
+    }
+    if (pool_context_is(sp, q->c))
+        return true;
+    CUresult r = wait_for_foreign_stream(R, s, q->c);
     if (r != CUDA_SUCCESS)
         say_kept(s, r);
     return r == CUDA_SUCCESS;
@@ -1086,10 +1133,11 @@ uint32_t pool_lane_for_free(shim_pool *sp, CUstream s, bool per_thread, bool leg
      * the green contexts' included (the plain lane's fence). */
     if (s == NULL || s == CU_STREAM_LEGACY)
         return green_is_current() ? sp->plain_lane : sp->legacy_lane;
-    uint32_t lane = stream_lane(sp, s);
+    stream_ctx q = {0};
+    uint32_t lane = stream_lane(sp, s, &q);
     if (lane != BFC_NO_LANE)
         return lane;
-    return settle_foreign_stream(sp, s) ? sp->plain_lane : BFC_NO_LANE;
+    return settle_foreign_stream(sp, s, &q, refused) ? sp->plain_lane : BFC_NO_LANE;
 }
 
 void pools_seal_stream_lane(shim_pool *sp, CUstream s)

@@ -545,11 +545,16 @@ uint32_t pool_lane_for_alloc(shim_pool *sp, CUstream stream, bool per_thread);
  * pool's context's (FREE_STREAM_DEVICE). BFC_NO_LANE: another context's
  * stream that could not be waited for, whose work may still use the block:
  * the caller keeps it; or, with *refused set to the driver's code
- * (CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_CONTEXT_IS_DESTROYED), a legacy
- * or per-thread handle while no live context is current: there is no such
- * stream, and the caller refuses the free as CUDA does. */
+ * (CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_CONTEXT_IS_DESTROYED, and for an
+ * explicit handle CUDA_ERROR_INVALID_HANDLE), a legacy or per-thread handle
+ * while no live context is current, or an explicit handle whose context
+ * the driver cannot name: there is no such stream, and the caller refuses
+ * the free as CUDA does. */
 uint32_t pool_lane_for_free(shim_pool *sp, CUstream stream, bool per_thread, bool legacy_is_pools,
                             CUresult *refused);
+/* Is c the pool's context (or a green context of it, whose streams use its
+ * memory and are fenced as its own)? */
+bool pools_context_is(const shim_pool *sp, CUcontext c);
 /* The pool of the calling thread's current context, if one exists (never
  * made: a free must not make a pool); remembered per thread. */
 shim_pool *pools_current_existing(const real_driver *R);
@@ -761,6 +766,10 @@ void streams_destroy_refused(CUstream s);
  * reach the driver: a stream-ordered free naming it is refused as CUDA
  * refuses it (CUDA_ERROR_INVALID_HANDLE). */
 bool streams_dead(CUstream s);
+/* The context s had if s is one of the last 1024 streams destroyed (not
+ * made again since, as the registry saw), registered with one; else NULL.
+ * Answers also with the driver door closed, where streams_dead does not. */
+CUcontext streams_dead_context(CUstream s);
 typedef struct known_stream {
     CUstream stream;
     bool non_blocking;

@@ -69,6 +69,20 @@ static _Atomic(CUstream) graves[GRAVES];
 static size_t next_grave;
 static atomic_uint_fast64_t grave_bits;
 
+/* The contexts of the last OBITUARIES streams destroyed (more than the
+ * graves: only a stream-ordered free of the C interface on a handle the
+ * registry does not know asks, rarely, and scans them), until a new stream
+ * gets the same handle; under the lock. A free on a destroyed stream of its
+ * block's context is covered by that context's plain fence (the stream's
+ * stand-in is in the block's pool); one of another context is not
+ * (streams_dead_context, api.c). */
+#define OBITUARIES 1024
+static struct obituary {
+    CUstream s;
+    CUcontext ctx;
+} obituaries[OBITUARIES];
+static size_t next_obituary;
+
 static uint64_t grave_bit(CUstream s)
 {
     uint64_t h = (uint64_t)(uintptr_t)s;
@@ -89,17 +103,22 @@ static void refilter(void)
     atomic_store_explicit(&grave_bits, bits, memory_order_release);
 }
 
-/* Lock held. */
-static void bury(CUstream s)
+/* Lock held. ctx: its context, as registered (NULL: it was not). */
+static void bury(CUstream s, CUcontext ctx)
 {
     atomic_store_explicit(&graves[next_grave], s, memory_order_relaxed);
     next_grave = (next_grave + 1) % GRAVES;
     refilter();
+    obituaries[next_obituary] = (struct obituary){s, ctx};
+    next_obituary = (next_obituary + 1) % OBITUARIES;
 }
 
 /* Lock held: s names a live stream again. */
 static void unbury(CUstream s)
 {
+    for (size_t i = 0; i < OBITUARIES; i++)
+        if (obituaries[i].s == s)
+            obituaries[i] = (struct obituary){NULL, NULL};
     if (!(atomic_load_explicit(&grave_bits, memory_order_relaxed) & grave_bit(s)))
         return;
     for (size_t i = 0; i < GRAVES; i++)
@@ -308,13 +327,15 @@ void streams_forget_other_ids(CUcontext ctx, unsigned long long id)
 
 void streams_remove(CUstream s)
 {
+    CUcontext ctx = NULL;
     pthread_mutex_lock(&lock);
     for (size_t i = 0; i < nall; i++)
         if (all[i].stream == s) {
+            ctx = all[i].ctx;
             all[i] = all[--nall];
             break;
         }
-    bury(s);
+    bury(s, ctx);
     pthread_mutex_unlock(&lock);
     remembered_pools_stale();
     wait_for_users();
@@ -389,6 +410,17 @@ void streams_destroy_refused(CUstream s)
     pthread_mutex_lock(&lock);
     unbury(s);
     pthread_mutex_unlock(&lock);
+}
+
+CUcontext streams_dead_context(CUstream s)
+{
+    CUcontext ctx = NULL;
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; s && i < OBITUARIES && !ctx; i++)
+        if (obituaries[i].s == s)
+            ctx = obituaries[i].ctx;
+    pthread_mutex_unlock(&lock);
+    return ctx;
 }
 
 bool streams_dead(CUstream s)

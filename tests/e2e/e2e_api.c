@@ -86,6 +86,10 @@
  *              device 0 current it does, at once)
  *   dead-stream  bfcshim_free_async on a stream destroyed since: no call on
  *              the dead handle, and the block is reused once its work is done
+ *   dead-stream-other-device (-immediate)  the same with the stream of
+ *              device 1 and the block of device 0, whose work on the dead
+ *              stream still writes it: refused (CUDA refuses a dead
+ *              handle), the block never handed out under that work
  *   stand-in-nomem  a destroyed stream's stand-in that host memory cannot
  *              keep, and whose wait then fails: the pool keeps its frees
  *   stats-nomem  bfcshim_stats_json when its document cannot be made (no
@@ -864,6 +868,55 @@ static void dead_stream(void)
     F->complete_all();
 }
 
+/* dead-stream-other-device (-immediate): dead-stream with the block of
+ * device 0 and the stream of device 1 (cudaFreeAsync allows any stream),
+ * whose queued work still writes the block. The plain free dead-stream
+ * makes of it is fenced by device 0's pool alone, which covers no stream
+ * of device 1 (the destroyed stream's stand-in is device 1's pool's). The
+ * handle names no stream: CUDA refuses the free, and so must the library,
+ * the block staying the program's and never handed out under that work.
+ * Found by an audit: the free succeeded and the block came back under it. */
+static bool other_ran;
+static void write_other(void *arg)
+{
+    memset(arg, 0x5a, MiB);
+    other_ran = true;
+}
+
+static void dead_stream_other_device(void)
+{
+    start();
+    CUcontext c0, c1;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c1, 1), CUDA_SUCCESS);
+    void *t = must_alloc(MiB, 0); /* device 0's pool: the first in the stats */
+    CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
+    CUstream s;
+    CHECK_EQ(D.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    void *one = must_alloc(MiB, 1); /* device 1's pool, which takes the stand-in */
+    CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+    other_ran = false;
+    CHECK_EQ(F->launch(s, write_other, t), 0);
+    CHECK_EQ(D.StreamDestroy(s), CUDA_SUCCESS); /* its work goes on */
+    CHECK_EQ(bfcshim_free_async(t, s), CUDA_ERROR_INVALID_HANDLE);
+    void *fill[MAX_FILL];
+    size_t n = fill_room(fill);
+    void *q = NULL;
+    if (bfcshim_malloc(&q, MiB, 0) == 0 && q == t && !other_ran) {
+        fprintf(stderr, "a block freed on a dead stream of device 1 was handed out under that "
+                        "stream's queued work\n");
+        e2e_failures++;
+    }
+    unfill(fill, n);
+    F->complete_all();
+    if (q != t)
+        CHECK_EQ(bfcshim_free(t), 0); /* refused: still the program's */
+    if (q)
+        CHECK_EQ(bfcshim_free(q), 0);
+    CHECK_EQ(fake_stats().stale_handle_uses, 0);
+    CHECK_EQ(bfcshim_free(one), 0);
+}
+
 /* free-async-other-dead, free-async-other-dead-ptsz, free-async-no-context:
  * bfcshim_free_async's handle 0 (CU_STREAM_PER_THREAD) names the current
  * context's legacy (per-thread) stream, as cudaFreeAsync's does. When the
@@ -1462,6 +1515,8 @@ int main(int argc, char **argv)
                      {"torch-record-cases", torch_record_cases},
                      {"torch-record-immediate", torch_record_immediate},
                      {"dead-stream-immediate", dead_stream},
+                     {"dead-stream-other-device", dead_stream_other_device},
+                     {"dead-stream-other-device-immediate", dead_stream_other_device},
                      {"torch-record-stale", torch_record_stale},
                      {"torch-record-reused-handle", torch_record_reused_handle},
                      {"torch-record-full", torch_record_full},
@@ -1482,6 +1537,6 @@ int main(int argc, char **argv)
             return e2e_done(s);
         }
     fprintf(stderr, "usage: e2e_api plain|async|badinput|zero|trim|trim-unmap-fails|map-rollback-unmap-fails|stats|platform|dead-stream|"
-                    "torch-legacy|torch-legacy-capture|torch-record-stream|torch-record-cases|torch-record-immediate|torch-record-stale|torch-record-full|torch-record-other-default|torch-record-other-after-plain|torch-record-ptsz-other-device|dead-stream-immediate|free-async-other-dead|free-async-other-dead-ptsz|free-async-no-context|malloc-async-other-device-zero|stats-nomem|stats-nomem-write|stand-in-nomem|oom-report-nomem\n");
+                    "torch-legacy|torch-legacy-capture|torch-record-stream|torch-record-cases|torch-record-immediate|torch-record-stale|torch-record-full|torch-record-other-default|torch-record-other-after-plain|torch-record-ptsz-other-device|dead-stream-immediate|dead-stream-other-device|dead-stream-other-device-immediate|free-async-other-dead|free-async-other-dead-ptsz|free-async-no-context|malloc-async-other-device-zero|stats-nomem|stats-nomem-write|stand-in-nomem|oom-report-nomem\n");
     return 2;
 }

@@ -151,6 +151,12 @@
  *                    after device 0's work that used it (found by an audit:
  *                    the wait for the dead context's stream failed, and the
  *                    block was kept for good)
+ *   other-device-dead-stream, other-device-reset-stream  a device-0 block
+ *                    used on a device-1 stream, freed stream-ordered on it
+ *                    after the stream was destroyed (and 65 more after it,
+ *                    past the dead handles the shim remembers) or device
+ *                    1 reset: refused as CUDA refuses a dead handle, the
+ *                    block never handed out under that stream's work
  *   other-device-legacy-after-ptsz  a device-0 block used on device 1's
  *                    per-thread stream, freed on device 1's legacy stream
  *                    (a legacy-stream action, which waits for it)
@@ -1087,6 +1093,72 @@ static void other_device_legacy_after_ptsz(void) { free_on_other_device_implicit
 static void other_device_blocking_after_legacy(void) { free_on_other_device_implicit(1); }
 
 static void other_device_ptsz0(void) { free_on_other_device_ptsz0(0); }
+
+/* A device-0 block used by work on device 1's stream s1, then freed
+ * stream-ordered on s1 after s1 went: destroyed (cuStreamDestroy returns
+ * at once and its work goes on; then GRAVES_PLUS more streams destroyed,
+ * past the 64 dead handles the shim remembers, so that it no longer knows
+ * s1 for dead), or with its context (device 1 reset, which finishes its
+ * work first). The handle names no stream: CUDA refuses the free (the
+ * fake: cudaErrorInvalidResourceHandle, cuStreamGetCtx's answer), and so
+ * must the shim, the block staying the program's, never handed out under
+ * s1's work, and freed normally later. Found by an audit: cuStreamGetCtx
+ * failed and the block went to device 0's plain lane with no wait and a
+ * cudaSuccess; device 0's fences do not cover device 1's streams, and the
+ * block came back under s1's queued work. */
+enum { GRAVES_PLUS = 65 };
+
+static void free_on_gone_other_stream(bool reset)
+{
+    cudaStream_t s1;
+    CHECK_EQ(cudaSetDevice(1), cudaSuccess);
+    CHECK_EQ(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+    char *p, *filler = fill_but_hole(&p);
+    CHECK_EQ(cudaSetDevice(1), cudaSuccess);
+    earlier_work_ran = false;
+    CHECK_EQ(fakecuda()->launch(s1, earlier_work, p), 0);
+    if (reset) {
+        CHECK_EQ(cudaDeviceReset(), cudaSuccess);
+    } else {
+        CHECK_EQ(cudaStreamDestroy(s1), cudaSuccess); /* returns; the work goes on */
+        for (int i = 0; i < GRAVES_PLUS; i++) {
+            cudaStream_t t;
+            CHECK_EQ(cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking), cudaSuccess);
+            CHECK(t != s1);
+            CHECK_EQ(cudaStreamDestroy(t), cudaSuccess);
+        }
+    }
+    CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+    const uint64_t stale = fake_stats().stale_handle_uses;
+    CHECK_EQ(cudaFreeAsync(p, s1), cudaErrorInvalidResourceHandle);
+    CHECK_EQ(cudaGetLastError(), cudaErrorInvalidResourceHandle);
+    /* the shim's questions about the handle (with the driver door closed,
+     * where a capture may begin unseen, whether it captures; then its
+     * context), where the program's own free would have handed it to the
+     * driver */
+    CHECK(fake_stats().stale_handle_uses <= stale + 2);
+    char *q = NULL;
+    if (cudaMalloc((void **)&q, MiB) == cudaSuccess) {
+        if (q < p + MiB && p < q + MiB && !earlier_work_ran) {
+            fprintf(stderr, "a block freed on a dead stream of device 1 was handed out "
+                            "under that stream's queued work\n");
+            e2e_failures++;
+        }
+        CHECK_EQ(cudaFree(q), cudaSuccess);
+    } else {
+        cudaGetLastError(); /* the pool is full: the block is still the program's */
+    }
+    fakecuda()->complete_all();
+    if (q != p)
+        CHECK_EQ(cudaFree(p), cudaSuccess); /* refused, it is still the program's */
+    q = alloc_ok(MiB); /* and back once freed: the hole again (nothing else fits) */
+    CHECK_EQ(cudaFree(q), cudaSuccess);
+    CHECK_EQ(cudaFree(filler), cudaSuccess);
+}
+
+static void other_device_dead_stream(void) { free_on_gone_other_stream(false); }
+static void other_device_reset_stream(void) { free_on_gone_other_stream(true); }
 
 static void other_device_reset_free(void)
 {
@@ -2267,6 +2339,8 @@ int main(int argc, char **argv)
         {"other-device-blocking-after-legacy", other_device_blocking_after_legacy},
         {"other-device-stream", other_device_stream},
         {"other-device-stream-destroyed", other_device_stream_destroyed},
+        {"other-device-dead-stream", other_device_dead_stream},
+        {"other-device-reset-stream", other_device_reset_stream},
         {"capture-v1", capture_v1},
         {"legacy-lane-ptsz", legacy_lane_ptsz},
         {"legacy-lane-destroyed", legacy_lane_destroyed},

@@ -34,6 +34,10 @@
  *           0 under the same handle): a plain allocation must not get the
  *           block while the destroyed stream's work is queued, nor touch
  *           the dead handle
+ *   cross-context-dead  (found by an audit) the same free on the device-1
+ *           stream after the program destroyed it, its work still queued:
+ *           refused as CUDA refuses a dead handle, and the block not handed
+ *           out under that work
  *   lane-growth  400 streams used once and destroyed unseen: the pool's
  *           metadata stops growing (a bounded lane table)
  *   query-during-capture  a block freed stream-ordered, its stream's work
@@ -463,6 +467,51 @@ static void cross_context_reused(void)
         B.free(q);
     B.free(filler);
     D.StreamDestroy(made);
+}
+
+/* cross-context-dead: a stream-ordered free of a device-0 block on a
+ * device-1 stream the program destroyed (unseen) with its work still
+ * queued. The handle names no stream: CUDA refuses the free, and so must
+ * the library, the block staying the program's. Found by an audit: the
+ * library asked the dead handle's context, was refused, and put the block
+ * in the plain lane with no wait and a success; that lane's fence (a
+ * cuCtxSynchronize of device 0's context) does not wait for device 1's
+ * work, and the block came back under it. */
+static void cross_context_dead(void)
+{
+    start();
+    CUcontext c0, c1;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c1, 1), CUDA_SUCCESS);
+    CUstream other;
+    CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamCreate(&other, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+    void *block = must_alloc(MiB);
+    void *filler = must_alloc(pool_free_bytes() - MiB / 2); /* only the block is left */
+    late_write w = {.at = block};
+    CHECK_EQ(F->launch(other, write_once, &w), 0);
+    CHECK_EQ(D.StreamDestroy(other), CUDA_SUCCESS); /* its work goes on */
+    const uint64_t stale = fake_stats().stale_handle_uses;
+    CHECK_EQ(B.free_async(block, other), CUDA_ERROR_INVALID_HANDLE);
+    /* the library's questions about the handle (whether it captures, its
+     * id, its context: as a plug-in it sees no stream go), where the
+     * program's own free would have handed it to the driver */
+    CHECK(fake_stats().stale_handle_uses <= stale + 3);
+    void *q = NULL;
+    if (B.malloc(&q, MiB, 0) == CUDA_SUCCESS && q == block && !w.ran) {
+        fprintf(stderr, "a block freed on a dead stream of device 1 was handed out while "
+                        "that stream's queued work still uses it\n");
+        e2e_failures++;
+    }
+    F->complete_all();
+    if (q != block)
+        CHECK_EQ(B.free(block), 0); /* refused: still the program's */
+    if (q)
+        CHECK_EQ(B.free(q), 0);
+    q = must_alloc(MiB); /* back: nothing else fits */
+    CHECK_EQ(B.free(q), 0);
+    CHECK_EQ(B.free(filler), 0);
 }
 
 /* Lanes of streams destroyed unseen, whose handles are never reused,
@@ -1099,6 +1148,7 @@ int main(int argc, char **argv)
         {"reused-handle", reused_handle},
         {"cross-context-reused", cross_context_reused},
         {"cross-context", cross_context_reused},
+        {"cross-context-dead", cross_context_dead},
         {"lane-growth", lane_growth},
         {"query-during-capture", query_during_capture},
         {"trim-during-capture", trim_during_capture},

@@ -437,8 +437,10 @@ static void free_block(size_t i, bool async)
     const bool driver = door == 1;
     const CUdeviceptr d = (CUdeviceptr)(uintptr_t)b->mem;
     /* The C interface may free an orphan on its destroyed stream (the CuPy
-     * plug-in does): where the library sees streams it knows the stream is
-     * gone. Not as a plug-in: then the caller must keep the stream alive
+     * plug-in did): where the library sees streams it knows the stream is
+     * gone, and remembers it as one of the block's context (among the last
+     * 1024 destroyed, far more than a run here destroys between an orphan's
+     * stream and its free). Not as a plug-in: then the caller must keep the stream alive
      * until the free (bfcshim.h), as the CuPy plug-in does. */
     /* Nor where the driver hands a destroyed stream's handle to the next
      * stream made (FAKECUDA_REUSE_STREAM_HANDLES): the handle then names
