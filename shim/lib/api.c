@@ -151,7 +151,24 @@ static int api_alloc(void **ptr, size_t size, int device, CUstream s, bool strea
         return r;
     CUdeviceptr p = 0;
     shim_pool *sp = shim_active() ? api_pool(ctx) : NULL;
-    if (!sp || (stream_ordered && svc_stream_state_of(s, false) != STREAM_USABLE)) {
+    /* Whether the stream is usable. PyTorch's 0 names the legacy stream of
+     * ctx (zero_is_devices), which need not be current: asked with ctx
+     * current, only while a capture may be under way and another context
+     * is current (is_current: known already). Asked of the current
+     * context's legacy stream instead, a capture blocking ctx's let the
+     * pool serve an allocation CUDA refuses (and whose refusal invalidates
+     * that capture), and one blocking the current context's sent a
+     * servable allocation to the driver (e2e_api
+     * torch-alloc-other-current-pool, -current; found by an audit; the
+     * free side's twin is torch-legacy-capture). */
+    svc_stream_state state = STREAM_USABLE;
+    if (sp && stream_ordered) {
+        const bool pushed = zero_is_devices && !is_current && (s == NULL || s == CU_STREAM_LEGACY) &&
+                            !capture_none() && real_ctx_enter(R, ctx);
+        state = svc_stream_state_of(s, false);
+        real_ctx_leave(R, pushed);
+    }
+    if (!sp || state != STREAM_USABLE) {
         /* A capturing stream's allocation belongs to the graph, and the
          * driver refuses one on a blocked or dead stream (as at the doors);
          * no pool (not serving, or none could be made): the driver. */

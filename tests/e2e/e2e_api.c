@@ -35,6 +35,12 @@
  *              succeed and leave device 1's capture alone (before, the
  *              library asked about, and used, device 1's legacy stream:
  *              the capture was invalidated and the block lost)
+ *   torch-alloc-other-current-{pool,current}  (found by an audit)
+ *              bfcshim_torch_alloc on device 0's default stream with device
+ *              1 current while a blocking stream captures in device 0's
+ *              context (refused by the driver, the capture invalidated, as
+ *              CUDA does) or in device 1's (served from the pool, the
+ *              capture left alone)
  *   torch-record-stream  Tensor.record_stream through
  *              bfcshim_torch_record_stream: a tensor allocated and freed on
  *              stream A (non-blocking, and the legacy stream), recorded on
@@ -361,6 +367,75 @@ static void torch_legacy_capture(void)
     CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
     F->complete_all();
 }
+
+/* torch-alloc-other-current-{pool,current}: PyTorch's allocation on device
+ * 0's default stream (0, with its device) while device 1 is current and a
+ * blocking stream captures in device 0's context (pool) or device 1's
+ * (current). The stream the allocation names is device 0's legacy stream
+ * (bfcshim.h), whatever is current. Blocked (pool), CUDA refuses the
+ * allocation and invalidates the capture ("the legacy stream is in an
+ * unusable state until the blocking stream capture is terminated",
+ * cuStreamIsCapturing), and so must the library (the driver's own
+ * refusal, passed through with device 0's context current). Not blocked
+ * (current), the pool serves it, and device 1's capture is left alone.
+ * Found by an audit: the library asked about the current context's legacy
+ * stream, and served the first from the pool (the capture intact, the
+ * block taken as in device 0's legacy order) while passing the second to
+ * the driver. */
+static void torch_alloc_other_current(bool pool_blocked)
+{
+    start();
+    CUcontext c0 = NULL, c1 = NULL;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c1, 1), CUDA_SUCCESS);
+    void *t = bfcshim_torch_alloc(4 * MiB, 0, NULL); /* device 0's pool */
+    CHECK(t != NULL);
+    CHECK_EQ(D.CtxSetCurrent(pool_blocked ? c0 : c1), CUDA_SUCCESS);
+    CUstream cap;
+    CHECK_EQ(D.StreamCreate(&cap, 0), CUDA_SUCCESS); /* blocking, in the blocked context */
+    CHECK_EQ(D.StreamBeginCapture(cap, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
+    const fakecuda_stats before = fake_stats();
+    static char json[1 << 16];
+    CHECK(bfcshim_stats_json(json, sizeof json) > 0);
+    const long long allocs = shim_stats_field(json, "num_allocs");
+    void *u = bfcshim_torch_alloc(4 * MiB, 0, NULL);
+    const fakecuda_stats after = fake_stats();
+    CHECK(bfcshim_stats_json(json, sizeof json) > 0);
+    const bool pooled = shim_stats_field(json, "num_allocs") == allocs + 1;
+    fprintf(stderr, "%s blocked: u=%p pooled=%d driver allocations +%llu captures "
+                    "invalidated +%llu\n", pool_blocked ? "device 0's (the pool's)" : "device 1's",
+            u, pooled, (unsigned long long)(after.mem_alloc_async_calls -
+                                            before.mem_alloc_async_calls),
+            (unsigned long long)(after.capture_invalidations - before.capture_invalidations));
+    if (pool_blocked) {
+        if (u || after.capture_invalidations == before.capture_invalidations) {
+            fprintf(stderr, "an allocation on device 0's legacy stream while a blocking stream "
+                            "of device 0 captures was served: CUDA refuses it and invalidates "
+                            "the capture\n");
+            e2e_failures++;
+        }
+    } else {
+        CHECK(u != NULL);
+        CHECK(pooled);
+        CHECK_EQ(after.mem_alloc_async_calls, before.mem_alloc_async_calls);
+        CHECK_EQ(after.capture_invalidations, before.capture_invalidations);
+    }
+    CUgraph g = NULL;
+    CHECK_EQ(D.CtxSetCurrent(pool_blocked ? c0 : c1), CUDA_SUCCESS);
+    CUresult end = D.StreamEndCapture(cap, &g);
+    CHECK(pool_blocked || (end == CUDA_SUCCESS && g));
+    if (g)
+        CHECK_EQ(D.GraphDestroy(g), CUDA_SUCCESS);
+    CHECK_EQ(D.StreamDestroy(cap), CUDA_SUCCESS);
+    CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+    bfcshim_torch_free(u, 4 * MiB, 0, NULL);
+    bfcshim_torch_free(t, 4 * MiB, 0, NULL);
+    F->complete_all();
+}
+
+static void torch_alloc_other_current_pool(void) { torch_alloc_other_current(true); }
+static void torch_alloc_other_current_current(void) { torch_alloc_other_current(false); }
 
 /* A stream-ordered free on a stream destroyed since the allocation (CuPy
  * frees an array on its allocation stream, also after the Stream object was
@@ -1511,6 +1586,9 @@ int main(int argc, char **argv)
                      {"platform", platform}, {"dead-stream", dead_stream},
                      {"torch-legacy", torch_legacy},
                      {"torch-legacy-capture", torch_legacy_capture},
+                     {"torch-alloc-other-current-pool", torch_alloc_other_current_pool},
+                     {"torch-alloc-other-current-current",
+                      torch_alloc_other_current_current},
                      {"torch-record-stream", torch_record_stream},
                      {"torch-record-cases", torch_record_cases},
                      {"torch-record-immediate", torch_record_immediate},
@@ -1537,6 +1615,6 @@ int main(int argc, char **argv)
             return e2e_done(s);
         }
     fprintf(stderr, "usage: e2e_api plain|async|badinput|zero|trim|trim-unmap-fails|map-rollback-unmap-fails|stats|platform|dead-stream|"
-                    "torch-legacy|torch-legacy-capture|torch-record-stream|torch-record-cases|torch-record-immediate|torch-record-stale|torch-record-full|torch-record-other-default|torch-record-other-after-plain|torch-record-ptsz-other-device|dead-stream-immediate|dead-stream-other-device|dead-stream-other-device-immediate|free-async-other-dead|free-async-other-dead-ptsz|free-async-no-context|malloc-async-other-device-zero|stats-nomem|stats-nomem-write|stand-in-nomem|oom-report-nomem\n");
+                    "torch-legacy|torch-legacy-capture|torch-alloc-other-current-pool|torch-alloc-other-current-current|torch-record-stream|torch-record-cases|torch-record-immediate|torch-record-stale|torch-record-full|torch-record-other-default|torch-record-other-after-plain|torch-record-ptsz-other-device|dead-stream-immediate|dead-stream-other-device|dead-stream-other-device-immediate|free-async-other-dead|free-async-other-dead-ptsz|free-async-no-context|malloc-async-other-device-zero|stats-nomem|stats-nomem-write|stand-in-nomem|oom-report-nomem\n");
     return 2;
 }
