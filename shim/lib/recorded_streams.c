@@ -83,12 +83,16 @@
  * answer given here (svc_free_seen): S found usable by a second question
  * (a capture ended in between) would take the block in its order with no
  * wait queued. Handle 0 naming the current context's legacy stream
- * (bfcshim_free_async) in another context than the block's: that stream
- * is asked about first (blocked: refused by svc_free, as CUDA refuses it);
- * usable, svc_free waits for it on the host and frees into the plain
- * lane, so the record is handled as for a plain free, a record on handle 0
- * not waiting for that stream a second time (e2e_plugin
- * record-other-current-*, record-zero-other-current-*).
+ * (bfcshim_free_async), or CU_STREAM_PER_THREAD its per-thread stream, in
+ * another context than the block's: that stream is asked about first
+ * (blocked: refused by svc_free, as CUDA refuses it; capturing: kept, as
+ * any free on a capturing stream); usable, svc_free waits for it on the
+ * host and frees into the plain lane, so the record is handled as for a
+ * plain free, a record on handle 0 not waiting for the current context's
+ * legacy stream a second time (the host wait covers it: a per-thread
+ * stream is a blocking one, whose action waits for the legacy stream's
+ * earlier work) (e2e_plugin record-other-current-*,
+ * record-zero-other-current-*; e2e_api record-free-ptsz-other-current).
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -397,8 +401,16 @@ rs_verdict recorded_streams_before_free(shim_pool *sp, CUdeviceptr p, bool strea
      * ...-async-pool: with the block's context's legacy stream blocked,
      * that wait had nowhere to be queued, and the block was kept for good
      * though the free goes through). */
+    /* So is CU_STREAM_PER_THREAD, the current context's per-thread stream
+     * (for any caller: legacy_is_pools speaks for a legacy stream only),
+     * on the same question as pool_lane_for_free's. Asked in the block's
+     * context instead, a capture on that context's per-thread stream of
+     * this thread kept the block for good, though the free, on a usable
+     * stream of the current context, goes through (e2e_api
+     * record-free-ptsz-other-current, found by an audit). */
     shim_pool *current = NULL;
-    if (stream_ordered && (s == NULL || s == CU_STREAM_LEGACY) && !legacy_is_pools &&
+    const bool legacy = s == NULL || s == CU_STREAM_LEGACY;
+    if (stream_ordered && !svc_explicit_stream(s) && !(legacy && legacy_is_pools) &&
         (current = pools_current_existing(R)) != sp) {
         const svc_stream_state own = svc_stream_state_of(s, false);
         if (own != STREAM_USABLE) {

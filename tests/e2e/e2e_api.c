@@ -75,6 +75,12 @@
  *   torch-record-ptsz-other-device  recorded on CU_STREAM_PER_THREAD with
  *              device 1 current (device 1's per-thread stream, whose work
  *              reads the device-0 block): not handed out under that work
+ *   record-free-ptsz-other-current  (found by an audit) a block recorded on
+ *              a stream of its device freed by bfcshim_free_async on
+ *              CU_STREAM_PER_THREAD with device 1 current, while device 0's
+ *              per-thread stream captures: the free (on device 1's
+ *              per-thread stream, usable) goes through, and the block comes
+ *              back after the recorded stream's work
  *   torch-record-reused-handle  recorded on a stream destroyed before the
  *              free, its handle given to a new stream at once
  *              (FAKECUDA_REUSE_STREAM_HANDLES): the free must wait for the
@@ -177,6 +183,14 @@ static void *must_alloc(size_t size, int device)
 }
 
 static void noop(void *arg) { (void)arg; }
+
+/* Work on another stream that writes a 1 MiB block, and says it ran. */
+static bool other_ran;
+static void write_other(void *arg)
+{
+    memset(arg, 0x5a, MiB);
+    other_ran = true;
+}
 
 /* Every call the fake driver took so far, by anyone. */
 static uint64_t driver_calls(void)
@@ -871,6 +885,68 @@ static void torch_record_ptsz_other_device(void)
     CHECK_EQ(D.StreamDestroy(other), CUDA_SUCCESS);
 }
 
+/* record-free-ptsz-other-current: a device-0 block recorded on device 0's
+ * stream b, whose work still writes it, freed by bfcshim_free_async on
+ * CU_STREAM_PER_THREAD with device 1 current, while this thread's
+ * per-thread stream of device 0 captures. The free's stream is device 1's
+ * per-thread stream ("the per-thread default stream of the current
+ * context", as cudaFreeAsync's), which is usable: CUDA takes the free, and
+ * so must the library, leaving device 0's capture alone; the block comes
+ * back after b's work. Found by an audit: the record asked about (and
+ * would have queued its wait on) device 0's per-thread stream, found it
+ * capturing, and kept the block for good behind a CUDA_SUCCESS. */
+static void record_free_ptsz_other_current(void)
+{
+    start();
+    CUcontext c0 = NULL, c1 = NULL;
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c0, 0), CUDA_SUCCESS);
+    CHECK_EQ(D.DevicePrimaryCtxRetain(&c1, 1), CUDA_SUCCESS);
+    CUstream b;
+    CHECK_EQ(D.StreamCreate(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    void *t = must_alloc(MiB, 0); /* device 0's pool: the first in the stats */
+    void *one = must_alloc(MiB, 1);
+    other_ran = false;
+    CHECK_EQ(F->launch(b, write_other, t), 0);
+    record_stream(t, b);
+    CHECK_EQ(D.StreamBeginCapture(CU_STREAM_PER_THREAD, CU_STREAM_CAPTURE_MODE_RELAXED),
+             CUDA_SUCCESS); /* device 0's per-thread stream of this thread */
+    CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
+    static char json[1 << 16];
+    CHECK(bfcshim_stats_json(json, sizeof json) > 0);
+    const long long frees = shim_stats_field(json, "num_frees");
+    const uint64_t invalidated = fake_stats().capture_invalidations;
+    CHECK_EQ(bfcshim_free_async(t, CU_STREAM_PER_THREAD), 0); /* device 1's */
+    CHECK(bfcshim_stats_json(json, sizeof json) > 0);
+    if (shim_stats_field(json, "num_frees") != frees + 1) {
+        fprintf(stderr, "a free on device 1's usable per-thread stream kept the block for good "
+                        "(device 0's per-thread stream captures)\n");
+        e2e_failures++;
+    }
+    CHECK_EQ(fake_stats().capture_invalidations, invalidated);
+    CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
+    CUgraph g = NULL;
+    CHECK_EQ(D.StreamEndCapture(CU_STREAM_PER_THREAD, &g), CUDA_SUCCESS);
+    CHECK(g != NULL);
+    if (g)
+        CHECK_EQ(D.GraphDestroy(g), CUDA_SUCCESS);
+    /* The block comes back (nothing else fits), and only after b's work. */
+    void *fill[MAX_FILL];
+    size_t n = fill_room(fill);
+    void *q = NULL;
+    CHECK_EQ(bfcshim_malloc(&q, MiB, 0), 0);
+    if (q == t && !other_ran) {
+        fprintf(stderr, "the recorded block was handed out under the recorded stream's "
+                        "queued work\n");
+        e2e_failures++;
+    }
+    unfill(fill, n);
+    F->complete_all();
+    if (q)
+        CHECK_EQ(bfcshim_free(q), 0);
+    CHECK_EQ(bfcshim_free(one), 0);
+    CHECK_EQ(D.StreamDestroy(b), CUDA_SUCCESS);
+}
+
 /* A record that makes the free a plain one (the per-thread default stream,
  * not nameable at the free; more streams than an entry holds) must not
  * swallow a later record on another context's stream: the plain free's
@@ -951,13 +1027,6 @@ static void dead_stream(void)
  * handle names no stream: CUDA refuses the free, and so must the library,
  * the block staying the program's and never handed out under that work.
  * Found by an audit: the free succeeded and the block came back under it. */
-static bool other_ran;
-static void write_other(void *arg)
-{
-    memset(arg, 0x5a, MiB);
-    other_ran = true;
-}
-
 static void dead_stream_other_device(void)
 {
     start();
@@ -1601,6 +1670,7 @@ int main(int argc, char **argv)
                      {"torch-record-other-default", torch_record_other_default},
                      {"torch-record-other-after-plain", torch_record_other_after_plain},
                      {"torch-record-ptsz-other-device", torch_record_ptsz_other_device},
+                     {"record-free-ptsz-other-current", record_free_ptsz_other_current},
                      {"free-async-other-dead", free_async_other_dead},
                      {"free-async-other-dead-ptsz", free_async_other_dead_ptsz},
                      {"free-async-no-context", free_async_no_context},
@@ -1615,6 +1685,6 @@ int main(int argc, char **argv)
             return e2e_done(s);
         }
     fprintf(stderr, "usage: e2e_api plain|async|badinput|zero|trim|trim-unmap-fails|map-rollback-unmap-fails|stats|platform|dead-stream|"
-                    "torch-legacy|torch-legacy-capture|torch-alloc-other-current-pool|torch-alloc-other-current-current|torch-record-stream|torch-record-cases|torch-record-immediate|torch-record-stale|torch-record-full|torch-record-other-default|torch-record-other-after-plain|torch-record-ptsz-other-device|dead-stream-immediate|dead-stream-other-device|dead-stream-other-device-immediate|free-async-other-dead|free-async-other-dead-ptsz|free-async-no-context|malloc-async-other-device-zero|stats-nomem|stats-nomem-write|stand-in-nomem|oom-report-nomem\n");
+                    "torch-legacy|torch-legacy-capture|torch-alloc-other-current-pool|torch-alloc-other-current-current|torch-record-stream|torch-record-cases|torch-record-immediate|torch-record-stale|torch-record-full|torch-record-other-default|torch-record-other-after-plain|torch-record-ptsz-other-device|record-free-ptsz-other-current|dead-stream-immediate|dead-stream-other-device|dead-stream-other-device-immediate|free-async-other-dead|free-async-other-dead-ptsz|free-async-no-context|malloc-async-other-device-zero|stats-nomem|stats-nomem-write|stand-in-nomem|oom-report-nomem\n");
     return 2;
 }
