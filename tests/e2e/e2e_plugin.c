@@ -429,20 +429,32 @@ static void reused_handle(void)
  * is never retired. A plain allocation's seal-all then records the stale
  * lane's fence on the new stream: its completion says nothing about the
  * destroyed stream's queued work, and the block is handed out under it. */
-static void cross_context_reused(void)
+/* The start of the cross-context scenarios: a non-blocking stream of device
+ * 1 (returned), device 0 current again, a 1 MiB block of device 0's pool
+ * with only it left free beside the filler, and work queued on device 1's
+ * stream that writes the block later (*w). */
+static CUstream block_under_other_device_work(void **block, void **filler, late_write *w)
 {
-    start();
     CUcontext c0, c1;
     CHECK_EQ(D.DevicePrimaryCtxRetain(&c0, 0), CUDA_SUCCESS);
     CHECK_EQ(D.DevicePrimaryCtxRetain(&c1, 1), CUDA_SUCCESS);
-    CUstream other, made;
+    CUstream other;
     CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
     CHECK_EQ(D.StreamCreate(&other, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
     CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
-    void *block = must_alloc(MiB);
-    void *filler = must_alloc(pool_free_bytes() - MiB / 2); /* only the block is left */
-    late_write w = {.at = block};
-    CHECK_EQ(F->launch(other, write_once, &w), 0);
+    *block = must_alloc(MiB);
+    *filler = must_alloc(pool_free_bytes() - MiB / 2); /* only the block is left */
+    *w = (late_write){.at = *block};
+    CHECK_EQ(F->launch(other, write_once, w), 0);
+    return other;
+}
+
+static void cross_context_reused(void)
+{
+    start();
+    void *block, *filler;
+    late_write w;
+    CUstream made, other = block_under_other_device_work(&block, &filler, &w);
     CHECK_EQ(B.free_async(block, other), 0);
     CHECK_EQ(D.StreamDestroy(other), CUDA_SUCCESS); /* its work goes on */
     CHECK_EQ(D.StreamCreate(&made, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS); /* device 0 */
@@ -480,17 +492,9 @@ static void cross_context_reused(void)
 static void cross_context_dead(void)
 {
     start();
-    CUcontext c0, c1;
-    CHECK_EQ(D.DevicePrimaryCtxRetain(&c0, 0), CUDA_SUCCESS);
-    CHECK_EQ(D.DevicePrimaryCtxRetain(&c1, 1), CUDA_SUCCESS);
-    CUstream other;
-    CHECK_EQ(D.CtxSetCurrent(c1), CUDA_SUCCESS);
-    CHECK_EQ(D.StreamCreate(&other, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-    CHECK_EQ(D.CtxSetCurrent(c0), CUDA_SUCCESS);
-    void *block = must_alloc(MiB);
-    void *filler = must_alloc(pool_free_bytes() - MiB / 2); /* only the block is left */
-    late_write w = {.at = block};
-    CHECK_EQ(F->launch(other, write_once, &w), 0);
+    void *block, *filler;
+    late_write w;
+    CUstream other = block_under_other_device_work(&block, &filler, &w);
     CHECK_EQ(D.StreamDestroy(other), CUDA_SUCCESS); /* its work goes on */
     const uint64_t stale = fake_stats().stale_handle_uses;
     CHECK_EQ(B.free_async(block, other), CUDA_ERROR_INVALID_HANDLE);
