@@ -614,9 +614,13 @@ fstream *stream_of(CUstream h)
         return c && c->alive ? &c->legacy : NULL;
     }
     if (h == CU_STREAM_PER_THREAD) {
-        /* (as the legacy stream: none in a destroyed or inactive context;
-         * before, a per-thread stream was made for it, and work queued
-         * there was taken) */
+        /* As the legacy stream: none in a destroyed or inactive context
+         * (cuda.h, CUDA_ERROR_CONTEXT_IS_DESTROYED: "the context current to
+         * the calling thread has been destroyed using cuCtxDestroy, or is a
+         * primary context which has not yet been initialized"; the special
+         * handles name the current context's streams, cuStreamGetCtx).
+         * Before, a per-thread stream was made for it, and work queued
+         * there was taken. */
         fctx *c = current_ctx();
         return c && c->alive ? per_thread_stream(c) : NULL;
     }
