@@ -863,14 +863,10 @@ static bool lane_lookup(shim_pool *sp, CUstream s, unsigned long long id, uint32
  * retired to make room, which is always safe). */
 #define UNSEEN_LANES 16
 
-/* Is c the pool's context (or a green context of it, whose streams use its
- * memory and are fenced as its own)? */
-static bool pool_context_is(const shim_pool *sp, CUcontext c)
+bool pools_context_is(const shim_pool *sp, CUcontext c)
 {
     return c && (c == sp->ctx || green_canonical(c) == sp->ctx);
 }
-
-bool pools_context_is(const shim_pool *sp, CUcontext c) { return pool_context_is(sp, c); }
 
 /* What the driver says of an explicit stream's context (cuStreamGetCtx),
  * asked at most once per call: a handle that names no stream is asked about
@@ -899,7 +895,7 @@ static CUresult ask_stream_ctx(CUstream s, stream_ctx *q)
  * settled instead (settle_foreign_stream). */
 static bool lane_worth_opening(shim_pool *sp, CUstream s, stream_ctx *q)
 {
-    return ask_stream_ctx(s, q) == CUDA_SUCCESS && pool_context_is(sp, q->c);
+    return ask_stream_ctx(s, q) == CUDA_SUCCESS && pools_context_is(sp, q->c);
 }
 
 /* The lane of an explicit stream handle, opened on first use; BFC_NO_LANE if
@@ -1056,7 +1052,7 @@ static bool settle_foreign_stream(shim_pool *sp, CUstream s, stream_ctx *q, CUre
                  (void *)s, (int)g);
         return false;
     }
-    if (pool_context_is(sp, q->c))
+    if (pools_context_is(sp, q->c))
         return true;
     CUresult r = wait_for_foreign_stream(R, s, q->c);
     if (r != CUDA_SUCCESS)

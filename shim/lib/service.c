@@ -382,27 +382,27 @@ static svc_status free_in_state(CUdeviceptr ptr, free_kind kind, CUstream stream
                                                    kind == FREE_STREAM_DEVICE, &refused);
         if (lane == BFC_NO_LANE && !block_start(sp, ptr))
             return bad_pointer(sp, ptr, api);
-        if (lane == BFC_NO_LANE && refused != CUDA_SUCCESS && svc_explicit_stream(stream)) {
-            /* a handle whose context the driver cannot name: no such
-             * stream (destroyed where the shim could not see, or with its
-             * context), as CUDA answers (pool_lane_for_free) */
-            shim_log(LOG_ERROR, "%s(0x%llx) on stream %p, which names no live stream (the "
-                                "driver answers %d: destroyed?): refused, the block is still "
-                                "the program's", api, (unsigned long long)ptr, (void *)stream,
-                     (int)refused);
-            return refused == CUDA_ERROR_INVALID_HANDLE  ? SVC_DEAD_STREAM
+        if (lane == BFC_NO_LANE && refused != CUDA_SUCCESS) {
+            /* No such stream, as CUDA answers (pool_lane_for_free): an
+             * explicit handle whose context the driver cannot name
+             * (destroyed where the shim could not see, or with its
+             * context), or the legacy or per-thread handle while no live
+             * context is current. */
+            if (svc_explicit_stream(stream))
+                shim_log(LOG_ERROR, "%s(0x%llx) on stream %p, which names no live stream (the "
+                                    "driver answers %d: destroyed?): refused, the block is still "
+                                    "the program's", api, (unsigned long long)ptr,
+                         (void *)stream, (int)refused);
+            else
+                shim_log(LOG_ERROR, "%s(0x%llx) on the %s stream while %s: refused (%d), the "
+                                    "block is still the program's", api, (unsigned long long)ptr,
+                         stream == CU_STREAM_PER_THREAD || per_thread ? "per-thread" : "legacy",
+                         refused == CUDA_ERROR_INVALID_CONTEXT ? "no context is current"
+                                                               : "the current context is destroyed",
+                         (int)refused);
+            return refused == CUDA_ERROR_INVALID_HANDLE    ? SVC_DEAD_STREAM
                    : refused == CUDA_ERROR_INVALID_CONTEXT ? SVC_NO_CONTEXT
                                                            : SVC_CONTEXT_DESTROYED;
-        }
-        if (lane == BFC_NO_LANE && refused != CUDA_SUCCESS) {
-            /* no live context current: no such stream, as CUDA answers */
-            shim_log(LOG_ERROR, "%s(0x%llx) on the %s stream while %s: refused (%d), the "
-                                "block is still the program's", api, (unsigned long long)ptr,
-                     stream == CU_STREAM_PER_THREAD || per_thread ? "per-thread" : "legacy",
-                     refused == CUDA_ERROR_INVALID_CONTEXT ? "no context is current"
-                                                           : "the current context is destroyed",
-                     (int)refused);
-            return refused == CUDA_ERROR_INVALID_CONTEXT ? SVC_NO_CONTEXT : SVC_CONTEXT_DESTROYED;
         }
         if (lane == BFC_NO_LANE) /* kept: another context's stream not waited for (logged) */
             return SVC_OK;
