@@ -316,18 +316,21 @@ static void a_move_at_the_same_need_raises_nothing_below_a_fifth_of_it(void)
     vmm_end(&f);
 }
 
-static void moves_at_the_same_need_raise_the_headroom_for_each_fifth_of_it(void)
+/*
+ * Eight 2 MiB blocks k[i], each followed by a 2 MiB spacer, then an 8 MiB
+ * block y at the top: a need of 40 MiB, whose 3.5% allows 42 in whole
+ * granules. Each round frees the next k (a mapped 2 MiB hole) and replaces
+ * y with a block one granule larger at y's place: 40 MiB in use again, no
+ * new need, one granule lacking. The first round maps it (42 MiB); from
+ * then on the granule moves from a hole, 2 MiB a move, the first move as
+ * the need grows from nothing. The sixth round asks for `grow` more in use:
+ * y grows by that and a granule, the need by `grow`, and one granule moves
+ * (the rest is mapped, within the headroom of the new need). pool[] and
+ * headroom[]: each round's mapped MiB and headroom.
+ */
+static void steady_moves_around_a_growing_one(uint64_t grow, const uint64_t pool[8],
+                                              const uint64_t headroom[8])
 {
-    /* Eight 2 MiB blocks k[i], each followed by a 2 MiB spacer, then an 8
-     * MiB block y at the top: a need of 40 MiB, whose 3.5% allows 42 in whole
-     * granules. Each round frees the next k (a mapped 2 MiB hole) and
-     * replaces y with a block one granule larger at y's place: 40 MiB in
-     * use again, no new need, one granule lacking. The first round maps it
-     * (42 MiB); from then on the granule moves from a hole, 2 MiB a move.
-     * The first move counts as the need growing (from nothing); the next
-     * four move 8 MiB, a fifth of the need, and the fourth of them raises
-     * the headroom by its step; the count starts again, and the two moves
-     * after raise nothing. */
     fixture f;
     vmm_begin(&f, 1024 * MiB);
     vmm_start(&f);
@@ -339,21 +342,32 @@ static void moves_at_the_same_need_raise_the_headroom_for_each_fifth_of_it(void)
     uint64_t size = 8 * MiB;
     bfc_addr y = must_alloc(&f, size);
     CHECK_EQ(stats_of(&f).pool_bytes, 40 * MiB);
-    static const uint64_t moves[8] = {0, 1, 2, 3, 4, 5, 6, 7};
-    static const uint64_t headroom[8] = {35, 35, 35, 35, 35, 40, 40, 40};
     for (int i = 0; i < 8; i++) {
         must_free(&f, k[i]);
         must_free(&f, y);
-        size += 2 * MiB;
+        size += 2 * MiB + (i == 5 ? grow : 0);
         CHECK_EQ(must_alloc(&f, size), y);
         bfc_stats t = stats_of(&f);
-        CHECK_EQ(t.pool_bytes, 42 * MiB);
-        CHECK_EQ(t.num_growth_moves, moves[i]);
-        CHECK_EQ(f.dev.moved_bytes, moves[i] * 2 * MiB);
+        CHECK_EQ(t.bytes_in_use, 40 * MiB + (i < 5 ? 0 : grow));
+        CHECK_EQ(t.pool_bytes, pool[i] * MiB);
+        CHECK_EQ(t.num_growth_moves, (uint64_t)i);
+        CHECK_EQ(f.dev.moved_bytes, (uint64_t)i * 2 * MiB);
         CHECK_EQ(t.growth_headroom, headroom[i]);
         check_mapped(&f, y, size);
     }
     vmm_end(&f);
+}
+
+static void moves_at_the_same_need_raise_the_headroom_for_each_fifth_of_it(void)
+{
+    /* steady_moves_around_a_growing_one with no growth: the first move
+     * counts as the need growing (from nothing); the next four move 8 MiB,
+     * a fifth of the need, and the fourth of them raises the headroom by
+     * its step; the count starts again, and the two moves after raise
+     * nothing. */
+    static const uint64_t pool[8] = {42, 42, 42, 42, 42, 42, 42, 42};
+    static const uint64_t headroom[8] = {35, 35, 35, 35, 35, 40, 40, 40};
+    steady_moves_around_a_growing_one(0, pool, headroom);
 }
 
 static void a_move_counts_the_bytes_it_moved_not_those_it_was_asked_to(void)
@@ -435,44 +449,6 @@ static void a_move_counts_the_bytes_it_moved_not_those_it_was_asked_to(void)
     CHECK_EQ(t.pool_bytes, 26 * MiB);
     check_mapped(&f, y, size);
     CHECK_EQ(t.growth_headroom, BFC_DEFAULT_GROWTH_HEADROOM);
-    vmm_end(&f);
-}
-
-/*
- * moves_at_the_same_need_raise_the_headroom_for_each_fifth_of_it's rounds
- * (a need of 40 MiB; the first round maps a granule, each later one moves
- * one, the first of them as the need grows from nothing), with the sixth
- * round asking for `grow` more in use: y grows by that and a granule, the
- * need by `grow`, and one granule moves (the rest is mapped, within the
- * headroom of the new need). pool[] and headroom[]: each round's mapped
- * MiB and headroom.
- */
-static void steady_moves_around_a_growing_one(uint64_t grow, const uint64_t pool[8],
-                                              const uint64_t headroom[8])
-{
-    fixture f;
-    vmm_begin(&f, 1024 * MiB);
-    vmm_start(&f);
-    bfc_addr k[8];
-    for (int i = 0; i < 8; i++) {
-        k[i] = must_alloc(&f, 2 * MiB);
-        must_alloc(&f, 2 * MiB);
-    }
-    uint64_t size = 8 * MiB;
-    bfc_addr y = must_alloc(&f, size);
-    for (int i = 0; i < 8; i++) {
-        must_free(&f, k[i]);
-        must_free(&f, y);
-        size += 2 * MiB + (i == 5 ? grow : 0);
-        CHECK_EQ(must_alloc(&f, size), y);
-        bfc_stats t = stats_of(&f);
-        CHECK_EQ(t.bytes_in_use, 40 * MiB + (i < 5 ? 0 : grow));
-        CHECK_EQ(t.pool_bytes, pool[i] * MiB);
-        CHECK_EQ(t.num_growth_moves, (uint64_t)i);
-        CHECK_EQ(f.dev.moved_bytes, (uint64_t)i * 2 * MiB);
-        CHECK_EQ(t.growth_headroom, headroom[i]);
-        check_mapped(&f, y, size);
-    }
     vmm_end(&f);
 }
 

@@ -183,23 +183,10 @@ static void destroy_no_wait(void)
     CHECK_EQ(cudaFree(filler), cudaSuccess);
 }
 
-static bool earlier_work_ran;
-static void earlier_work(void *arg)
-{
-    (void)arg;
-    earlier_work_ran = true;
-}
-
 static void foreign_free_sync(void)
 {
     cudaStream_t s1 = NULL;
-    CHECK_EQ(cudaSetDevice(1), cudaSuccess);
-    CHECK_EQ(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking), cudaSuccess);
-    CHECK_EQ(cudaSetDevice(0), cudaSuccess);
-    char *p, *filler = fill_but_hole(&p);
-    CHECK_EQ(cudaSetDevice(1), cudaSuccess);
-    earlier_work_ran = false;
-    CHECK_EQ(fakecuda()->launch(s1, earlier_work, p), 0);
+    char *p, *filler = hole_under_other_device_work(&s1, &p);
     arm("cuStreamWaitEvent", CUDA_ERROR_INVALID_CONTEXT);
     arm("cuStreamSynchronize", CUDA_ERROR_INVALID_CONTEXT);
     CHECK_EQ(cudaFreeAsync(p, s1), cudaSuccess);

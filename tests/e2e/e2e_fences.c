@@ -302,13 +302,6 @@ static void captured_after_free(bool into_graph)
  * that work when the capture began. The free of the block that work uses
  * comes back only once side is out of the capture (joined, the capture
  * ended) and its work done. */
-static bool earlier_work_ran;
-static void earlier_work(void *arg)
-{
-    write_pattern(arg);
-    earlier_work_ran = true;
-}
-
 /* q (1 MiB) was allocated after the hole was freed under earlier_work (the
  * fork's, or another device's): if it overlaps the hole, that work must
  * have run. (A fork's captured operations stay in its queue, never run:
@@ -1111,13 +1104,7 @@ enum { GRAVES_PLUS = 65 };
 static void free_on_gone_other_stream(bool reset)
 {
     cudaStream_t s1;
-    CHECK_EQ(cudaSetDevice(1), cudaSuccess);
-    CHECK_EQ(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking), cudaSuccess);
-    CHECK_EQ(cudaSetDevice(0), cudaSuccess);
-    char *p, *filler = fill_but_hole(&p);
-    CHECK_EQ(cudaSetDevice(1), cudaSuccess);
-    earlier_work_ran = false;
-    CHECK_EQ(fakecuda()->launch(s1, earlier_work, p), 0);
+    char *p, *filler = hole_under_other_device_work(&s1, &p);
     if (reset) {
         CHECK_EQ(cudaDeviceReset(), cudaSuccess);
     } else {

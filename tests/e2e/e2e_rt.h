@@ -48,6 +48,30 @@ static inline char *fill_but_hole(char **hole)
 /* The work the tests queue on the hole: it writes it, as a kernel would. */
 static inline void write_pattern(void *arg) { memset(arg, 0x5a, E2E_HOLE); }
 
+/* The same, saying that it ran: work whose queue the check cannot read (a
+ * fork's captured operations stay queued, another device's stream went). */
+static bool earlier_work_ran;
+static inline void earlier_work(void *arg)
+{
+    write_pattern(arg);
+    earlier_work_ran = true;
+}
+
+/* A non-blocking stream of device 1 (*s1), device 0's pool filled around
+ * its hole (*hole; returns the filler), and earlier_work queued on *s1 on
+ * the hole; device 1 is current on return. */
+static inline char *hole_under_other_device_work(cudaStream_t *s1, char **hole)
+{
+    CHECK_EQ(cudaSetDevice(1), cudaSuccess);
+    CHECK_EQ(cudaStreamCreateWithFlags(s1, cudaStreamNonBlocking), cudaSuccess);
+    CHECK_EQ(cudaSetDevice(0), cudaSuccess);
+    char *filler = fill_but_hole(hole);
+    CHECK_EQ(cudaSetDevice(1), cudaSuccess);
+    earlier_work_ran = false;
+    CHECK_EQ(fakecuda()->launch(*s1, earlier_work, *hole), 0);
+    return filler;
+}
+
 /* q was allocated after the hole was freed under work queued on `s`: if it
  * is the hole, that work must have completed first; and the shim never
  * touched a stale handle on the way. */
